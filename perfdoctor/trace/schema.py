@@ -1,0 +1,67 @@
+"""msgspec schemas for the parts of a Chrome trace perfdoctor reads.
+
+Typed decoding is the fast path: msgspec skips every field not named here (Input Dims, grid, ...)
+without building Python objects for it. Values whose type varies between Kineto versions are
+declared as unions; anything that still fails validation sends the loader to its untyped path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+NAN = float("nan")
+Num = float  # JSON ints are accepted; NaN marks "absent" so columns convert at C speed
+IntOrStr = Union[int, str]
+
+
+class Args(msgspec.Struct, frozen=True, gc=False):
+    """The event `args` perfdoctor uses. Field order is the column order of EventTable.args."""
+
+    external_id: Num = msgspec.field(name="External id", default=NAN)
+    external_id_legacy: Num = msgspec.field(name="external id", default=NAN)
+    correlation: Num = NAN
+    device: Num = NAN
+    stream: Union[float, str] = NAN
+    total_reserved: Num = msgspec.field(name="Total Reserved", default=NAN)
+    total_allocated: Num = msgspec.field(name="Total Allocated", default=NAN)
+    nbytes: Num = msgspec.field(name="Bytes", default=NAN)
+    device_type: Num = msgspec.field(name="Device Type", default=NAN)
+    device_id: Num = msgspec.field(name="Device Id", default=NAN)
+    label: Union[str, None] = msgspec.field(name="name", default=None)   # M events: process/thread name
+    labels: Union[str, None] = None                                      # M events: "CPU", "GPU 0"
+
+
+NO_ARGS = Args()
+NUMERIC_ARGS = ("external_id", "external_id_legacy", "correlation", "device", "stream",
+                "total_reserved", "total_allocated", "nbytes", "device_type", "device_id")
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: IntOrStr = 0
+    tid: IntOrStr = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: Args = NO_ARGS
+
+
+class TraceDoc(msgspec.Struct):
+    """A whole trace file (the object form). Unknown top-level keys are ignored."""
+
+    traceEvents: list[Event] = []
+    deviceProperties: Union[list[dict[str, Any]], None] = None
+    distributedInfo: Union[dict[str, Any], None] = None
+    displayTimeUnit: Union[str, None] = None
+    schemaVersion: Union[int, str, None] = None
+    traceName: Union[str, None] = None
+
+
+META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schemaVersion", "traceName")
+
+EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+DOC_DECODER = msgspec.json.Decoder(TraceDoc)
+ANY_DECODER = msgspec.json.Decoder()
