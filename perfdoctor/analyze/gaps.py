@@ -1,0 +1,106 @@
+"""Idle-device gaps inside steps, attributed HTA-style and by what the host was doing.
+
+A gap is a maximal run of time inside one step with no kernel, copy or memset on any device.
+Classification (after HTA's idle-time breakdown, with the threshold in microseconds):
+- kernel wait: the gap is shorter than KERNEL_WAIT_US (back-to-back launch latency);
+- host wait: the work that ends the gap was launched after the gap began (the CPU was late),
+  or nothing follows in the step;
+- other: the work was already launched before the gap began (waiting on a dependency).
+Independently, idle time is split by the host's activity: data wait > sync > other runtime
+calls > traced CPU ops > untraced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.analyze.timeline import Timeline
+from perfdoctor.trace.table import EventTable
+
+KERNEL_WAIT_US = 30.0
+TOP_GAPS = 5
+HOST_ACTIVITY = ("data_wait", "sync", "runtime", "cpu_ops", "untraced")
+
+
+@dataclass
+class Gap:
+    step: str
+    offset_ms: float
+    duration_ms: float
+    kind: str              # host_wait | kernel_wait | other
+    host_activity: str     # one of HOST_ACTIVITY
+    host_event: str | None  # the traced host event overlapping the gap most
+
+
+def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> tuple[dict, list[Gap]]:
+    total = float(steps.duration.sum())
+    idle = ~tl.cover["device"] & (tl.step_of >= 0)
+    out = {"gpu.kernel_wait_threshold_us": KERNEL_WAIT_US, "gpu.idle_share": tl.total(idle) / total}
+    # Host activity during idle time (priority as in HOST_ACTIVITY).
+    layers = [tl.cover["data_loading"], tl.cover["sync"], tl.cover["runtime"], tl.cover["cpu_exec"]]
+    host_role = tl.seg.assign(layers, default=len(layers))
+    for i, name in enumerate(("data_wait", "sync", "runtime", "cpu_ops", "untraced")):
+        key = {"data_wait": "gpu.idle_while_data_wait_share", "sync": "gpu.idle_while_sync_share",
+               "runtime": "gpu.idle_while_runtime_share", "cpu_ops": "gpu.idle_while_cpu_ops_share",
+               "untraced": "gpu.idle_while_untraced_share"}[name]
+        out[key] = tl.total(idle & (host_role == i)) / total
+
+    # Merge idle segments into gaps (a new gap starts where the previous segment was not idle,
+    # or at a step boundary).
+    idx = np.flatnonzero(idle)
+    if len(idx) == 0:
+        out.update({"gpu.idle_host_wait_share": 0.0, "gpu.idle_kernel_wait_share": 0.0,
+                    "gpu.idle_other_share": 0.0})
+        return out, []
+    new = np.ones(len(idx), bool)
+    new[1:] = (np.diff(idx) != 1) | (tl.step_of[idx[1:]] != tl.step_of[idx[:-1]])
+    gid = np.cumsum(new) - 1
+    g_start = tl.seg.start[idx[new]]
+    g_len = np.bincount(gid, weights=tl.seg.length[idx])
+    g_end = g_start + g_len
+    g_step = tl.step_of[idx[new]]
+
+    # What ends each gap: the first device activity starting at or after its end.
+    dev, launch = device_launch_index(t, k)
+    order = np.argsort(t.ts[dev], kind="stable")
+    dev, launch = dev[order], launch[order]
+    d_ts = t.ts[dev]
+    nxt = np.searchsorted(d_ts, g_end - 1e-6)
+    has_next = nxt < len(dev)
+    nxt_c = np.minimum(nxt, max(len(dev) - 1, 0))
+    in_step = has_next & (steps.index_of(d_ts[nxt_c]) == g_step) if len(dev) else has_next
+    lrow = launch[nxt_c] if len(dev) else np.full(len(g_start), -1)
+    launched_late = np.where(lrow >= 0, t.ts[np.maximum(lrow, 0)] >= g_start, False)
+    kind = np.where(g_len <= KERNEL_WAIT_US, 0, np.where(~in_step | launched_late, 1, 2))
+    for i, key in enumerate(("gpu.idle_kernel_wait_share", "gpu.idle_host_wait_share",
+                             "gpu.idle_other_share")):
+        out[key] = float(g_len[kind == i].sum()) / total
+
+    gap_role = np.bincount(gid * (len(layers) + 1) + host_role[idx], weights=tl.seg.length[idx],
+                           minlength=len(g_start) * (len(layers) + 1)).reshape(len(g_start), -1)
+    top = np.argsort(-g_len, kind="stable")[:TOP_GAPS]
+    host_rows = np.flatnonzero(k.cpu_op | k.dataloader | k.runtime)
+    gaps = [Gap(step=steps.labels[g_step[g]],
+                offset_ms=float(g_start[g] - steps.start[g_step[g]]) / 1e3,
+                duration_ms=float(g_len[g]) / 1e3,
+                kind=("kernel_wait", "host_wait", "other")[kind[g]],
+                host_activity=HOST_ACTIVITY[int(np.argmax(gap_role[g]))],
+                host_event=_main_host_event(t, host_rows, g_start[g], g_end[g]))
+            for g in top if g_len[g] > 0]
+    return out, gaps
+
+
+def _main_host_event(t: EventTable, rows: np.ndarray, a: float, b: float) -> str | None:
+    """The host event overlapping [a, b) the most; the shorter (more specific) one on ties."""
+    s, e = t.ts[rows], t.ts[rows] + t.dur[rows]
+    ov = np.minimum(e, b) - np.maximum(s, a)
+    hit = ov > 0
+    if not hit.any():
+        return None
+    cand = rows[hit]
+    score = ov[hit] - 1e-9 * t.dur[cand]
+    return t.names[t.name[cand[int(np.argmax(score))]]]

@@ -1,0 +1,85 @@
+"""What each event is: kernel, memcpy, runtime call, CPU op, DataLoader wait, ...
+
+Kineto renamed its categories over the years (2021: Operator/Runtime/Kernel/Memcpy/Memset;
+now cpu_op/cuda_runtime/kernel/gpu_memcpy/gpu_memset) and uses the CUDA category names for
+HIP on ROCm, so every test here accepts all spellings and decides by category, then by name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfdoctor.trace.table import EventTable
+
+KERNEL_CATS = ("kernel",)
+MEMCPY_CATS = ("gpu_memcpy", "memcpy")
+MEMSET_CATS = ("gpu_memset", "memset")
+RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver")
+CPU_OP_CATS = ("cpu_op", "operator")
+HOST_ANNOTATION_CATS = ("user_annotation", "python_function")
+
+STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
+DATALOADER_RX = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#.*__next__$")
+COMM_KERNEL_RX = re.compile(r"nccl|rccl", re.I)
+# Host-side collective ops (the only communication visible in CPU-only / gloo traces).
+COMM_OP_RX = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
+SYNC_RUNTIME_RX = re.compile(
+    r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy|MemcpyWithStream)$")
+MALLOC_RX = re.compile(r"^(cuda|hip)(Malloc|MallocHost|MallocManaged|MallocAsync)$")
+FREE_RX = re.compile(r"^(cuda|hip)(Free|FreeHost|FreeAsync)$")
+LAUNCH_RX = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|"
+                       r"hipLaunchKernel|hipExtLaunchKernel|hipExtModuleLaunchKernel|hipModuleLaunchKernel|"
+                       r"cudaLaunchCooperativeKernel|cudaGraphLaunch|hipGraphLaunch)$")
+
+
+@dataclass
+class Kinds:
+    """Boolean row masks over an EventTable, computed once per trace."""
+
+    complete: np.ndarray      # ph == 'X' (duration events)
+    kernel: np.ndarray
+    comm_kernel: np.ndarray
+    memcpy: np.ndarray
+    memset: np.ndarray
+    runtime: np.ndarray
+    cpu_op: np.ndarray        # aten/autograd ops and host annotations, minus steps and loader waits
+    comm_op: np.ndarray       # host-side collectives (gloo/c10d)
+    step: np.ndarray
+    dataloader: np.ndarray
+    memory: np.ndarray        # '[memory]' instant events
+    platform: str             # "cuda" | "rocm" | "cpu"
+
+    @property
+    def device_activity(self) -> np.ndarray:
+        return self.kernel | self.memcpy | self.memset
+
+
+def classify(t: EventTable) -> Kinds:
+    x = t.ph == ord("X")
+    kernel = x & t.cat_mask(*KERNEL_CATS)
+    memcpy = x & t.cat_mask(*MEMCPY_CATS)
+    memset = x & t.cat_mask(*MEMSET_CATS)
+    runtime = x & t.cat_mask(*RUNTIME_CATS)
+    host = x & t.cat_mask(*CPU_OP_CATS, *HOST_ANNOTATION_CATS)
+    step = host & t.name_mask(lambda n: STEP_RX.match(n) is not None)
+    loader = host & t.name_mask(lambda n: DATALOADER_RX.match(n) is not None)
+    comm_kernel = kernel & t.name_mask(lambda n: COMM_KERNEL_RX.search(n) is not None)
+    comm_op = host & t.name_mask(lambda n: COMM_OP_RX.match(n) is not None)
+    memory = (t.ph == ord("i")) & t.name_mask(lambda n: n == "[memory]")
+    return Kinds(complete=x, kernel=kernel, comm_kernel=comm_kernel, memcpy=memcpy, memset=memset,
+                 runtime=runtime, cpu_op=host & ~step & ~loader, comm_op=comm_op, step=step,
+                 dataloader=loader, memory=memory, platform=detect_platform(t, kernel | memcpy | memset, runtime))
+
+
+def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray) -> str:
+    """cpu when nothing ran on a device; rocm when HIP names or an AMD device say so."""
+    props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
+    if not device_rows.any():
+        return "cpu"
+    rt_names = {t.names[c] for c in np.unique(t.name[runtime_rows])}
+    if any(n.startswith("hip") for n in rt_names) or re.search(r"AMD|Radeon|Instinct", props):
+        return "rocm"
+    return "cuda"

@@ -1,0 +1,80 @@
+"""Caching-allocator activity: malloc/free in steady state and reserved memory over time.
+
+The caching allocator should stop calling cudaMalloc/cudaFree once warm; calls in steady-state
+steps, or reserved memory ([memory] events, `Total Reserved`) going up and down, mean it keeps
+returning memory to the driver and asking again (fragmentation / varying shapes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import FREE_RX, MALLOC_RX, Kinds
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+DEVICE_TYPE_CPU = 0
+
+
+def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
+    steady = steps.steady()
+    n = len(steady)
+    in_steady = np.isin(steps.index_of(t.ts), steady)
+    steady_time = float(steps.duration[steady].sum())
+    mal = k.runtime & t.name_mask(lambda s: MALLOC_RX.match(s) is not None) & in_steady
+    fre = k.runtime & t.name_mask(lambda s: FREE_RX.match(s) is not None) & in_steady
+    out: dict = {"memory.malloc_per_step": int(mal.sum()) / n if n else None,
+                 "memory.free_per_step": int(fre.sum()) / n if n else None,
+                 "memory.alloc_api_share": float(t.dur[mal | fre].sum()) / steady_time if steady_time else None}
+    mem = np.flatnonzero(k.memory)
+    out["memory.events"] = len(mem)
+    dev_mem = mem[(t.args["device_type"][mem] != DEVICE_TYPE_CPU) & ~np.isnan(t.args["device_type"][mem])]
+    reserved = t.args["total_reserved"][dev_mem]
+    has = ~np.isnan(reserved)
+    series: dict = {}
+    if not has.any():
+        out.update({"memory.peak_reserved_bytes": None, "memory.peak_allocated_bytes": None,
+                    "memory.reserved_swing": None, "memory.reserved_changes_per_step": None,
+                    "memory.peak_reserved_fraction": None})
+        return out, series
+    rows = dev_mem[has]
+    rows = rows[np.argsort(t.ts[rows], kind="stable")]
+    res, alloc = t.args["total_reserved"][rows], t.args["total_allocated"][rows]
+    out["memory.peak_reserved_bytes"] = float(res.max())
+    out["memory.peak_allocated_bytes"] = float(np.nanmax(alloc)) if (~np.isnan(alloc)).any() else None
+    st = in_steady[rows]
+    if st.sum() >= 2:
+        r = res[st]
+        out["memory.reserved_swing"] = float((r.max() - r.min()) / r.max()) if r.max() > 0 else 0.0
+        out["memory.reserved_changes_per_step"] = int((np.diff(r) != 0).sum()) / n
+    else:
+        out["memory.reserved_swing"] = None
+        out["memory.reserved_changes_per_step"] = None
+    out["memory.peak_reserved_fraction"] = _fraction_of_device(t, rows, res)
+    series = _downsample(t.ts[rows] - steps.start[0], res, alloc)
+    return out, series
+
+
+def _fraction_of_device(t: EventTable, rows: np.ndarray, res: np.ndarray) -> float | None:
+    totals = {p.get("id"): p.get("totalGlobalMem") for p in t.meta.device_properties}
+    best = None
+    dev_ids = t.args["device_id"][rows]
+    for d in np.unique(dev_ids[~np.isnan(dev_ids)]):
+        mem = totals.get(int(d))
+        if isinstance(mem, (int, float)) and mem > 0:
+            frac = float(res[dev_ids == d].max()) / mem
+            best = frac if best is None else max(best, frac)
+    return best
+
+
+def _downsample(ts: np.ndarray, res: np.ndarray, alloc: np.ndarray, points: int = 200) -> dict:
+    """Reserved/allocated over time for reports: at most `points` samples (max per bin)."""
+    if len(ts) <= points:
+        idx = np.arange(len(ts))
+    else:
+        bins = np.linspace(ts[0], ts[-1], points + 1)
+        b = np.clip(np.searchsorted(bins, ts, side="right") - 1, 0, points - 1)
+        idx = np.unique(np.searchsorted(b, np.arange(points)))
+        idx = idx[idx < len(ts)]
+    return {"t_ms": (ts[idx] / 1e3).round(3).tolist(), "reserved_bytes": res[idx].tolist(),
+            "allocated_bytes": np.nan_to_num(alloc[idx], nan=0.0).tolist()}

@@ -1,0 +1,118 @@
+"""analyze(table) -> TraceAnalysis: every registered metric for one trace, plus details."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfdoctor.analyze import registry
+from perfdoctor.analyze.device import device_metrics
+from perfdoctor.analyze.gaps import Gap, idle_gaps
+from perfdoctor.analyze.host import host_metrics
+from perfdoctor.analyze.kinds import Kinds, classify
+from perfdoctor.analyze.memory import memory_metrics
+from perfdoctor.analyze.steps import Steps, find_steps
+from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, build_timeline
+from perfdoctor.errors import TraceFormatError
+from perfdoctor.trace.table import EventTable
+
+
+@dataclass
+class TraceAnalysis:
+    path: str
+    metrics: dict
+    steps: Steps
+    step_breakdown_ms: np.ndarray          # (steps, 8) in BREAKDOWN order
+    gaps: list[Gap] = field(default_factory=list)
+    memory_series: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rank(self):
+        return self.metrics.get("trace.rank")
+
+
+def analyze(t: EventTable) -> TraceAnalysis:
+    k = classify(t)
+    steps = find_steps(t, k)
+    if len(steps) == 0 or float(steps.duration.sum()) <= 0:
+        raise TraceFormatError(f"{t.meta.path}: no timed (complete 'X') events to analyse")
+    tl = build_timeline(t, k, steps)
+    bm = breakdown_matrix(tl, len(steps))
+    total = float(steps.duration.sum())
+    m: dict = dict.fromkeys(registry.names())
+    m.update(_trace_metrics(t, k))
+    m.update(_step_metrics(steps))
+    m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
+    m.update(_input_metrics(t, k, tl, total))
+    m.update(_comm_metrics(tl, k, total))
+    gaps, series = [], {}
+    if k.platform != "cpu":
+        m.update(device_metrics(t, k, steps))
+        gap_metrics, gaps = idle_gaps(t, k, steps, tl)
+        m.update(gap_metrics)
+        m.update(host_metrics(t, k, steps))
+    mem, series = memory_metrics(t, k, steps)
+    if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
+        mem = {key: v for key, v in mem.items() if key == "memory.events"}
+    m.update(mem)
+    registry.check(m)
+    notes = list(steps.notes)
+    return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
+                         gaps=gaps, memory_series=series if k.platform != "cpu" else {},
+                         notes=notes, warnings=list(t.meta.warnings))
+
+
+def _trace_metrics(t: EventTable, k: Kinds) -> dict:
+    props = t.meta.device_properties
+    dev = props[0] if props and k.platform != "cpu" else {}
+    cc = None
+    if k.platform == "cuda" and "computeMajor" in dev:
+        cc = f"{dev['computeMajor']}.{dev.get('computeMinor', 0)}"
+    info = t.meta.distributed_info
+    return {"trace.events": len(t), "trace.platform": k.platform,
+            "trace.device_name": dev.get("name"), "trace.compute_capability": cc,
+            "trace.device_memory_bytes": dev.get("totalGlobalMem"),
+            "trace.rank": t.meta.rank,
+            "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
+            "trace.truncated": t.meta.truncated}
+
+
+def _step_metrics(steps: Steps) -> dict:
+    d = steps.duration / 1e3
+    return {"steps.count": len(steps), "steps.source": steps.source,
+            "steps.time_mean_ms": float(d.mean()), "steps.time_median_ms": float(np.median(d)),
+            "steps.time_p90_ms": float(np.percentile(d, 90)), "steps.time_min_ms": float(d.min()),
+            "steps.time_max_ms": float(d.max()),
+            "steps.time_cv": float(d.std() / d.mean()) if d.mean() > 0 else 0.0}
+
+
+def _input_metrics(t: EventTable, k: Kinds, tl: Timeline, total: float) -> dict:
+    loader_names = {t.names[c] for c in np.unique(t.name[k.dataloader])}
+    if any("_SingleProcessDataLoaderIter" in n for n in loader_names):
+        loader, nw0 = "single_process", True
+    elif any("_MultiProcessingDataLoaderIter" in n for n in loader_names):
+        loader, nw0 = "multi_process", False
+    elif any("DataPipe" in n for n in loader_names):
+        loader, nw0 = "datapipe", None
+    else:
+        loader, nw0 = None, None
+    wait = tl.cover["data_loading"]
+    wait_t = tl.total(wait)
+    return {"input.data_wait_share": tl.total(tl.role == BREAKDOWN.index("data_loading")) / total,
+            "input.data_wait_host_share": wait_t / total, "input.loader": loader,
+            "input.num_workers_zero": nw0,
+            "input.traced_op_share_of_wait": tl.total(wait & tl.cover["cpu_exec"]) / wait_t if wait_t else None}
+
+
+def _comm_metrics(tl: Timeline, k: Kinds, total: float) -> dict:
+    comm = tl.cover["communication"]
+    ct = tl.total(comm)
+    if ct == 0:
+        return {"comm.share": 0.0, "comm.exposed_share": 0.0, "comm.overlap": None}
+    overlap = None if k.platform == "cpu" else tl.total(comm & tl.cover["compute"]) / ct
+    return {"comm.share": ct / total,
+            "comm.exposed_share": tl.total(tl.role == BREAKDOWN.index("communication")) / total,
+            "comm.overlap": overlap}

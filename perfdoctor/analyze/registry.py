@@ -1,0 +1,117 @@
+"""The metric registry: every metric perfdoctor computes, by name, with unit and meaning.
+
+This is the contract between analysis and everything downstream (verdict, rules, reports, the
+JSON schema). Analyzers may only emit registered names (tests enforce it); a metric whose
+input is absent from a trace is None ("unknown"), never a made-up number.
+
+Units: share = fraction of wall-clock step time (0..1, summed over the analysed steps);
+fraction = a ratio of two other quantities (0..1); ms / us = time; count; per_step = count
+per step; bytes; bool; str.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    doc: str
+
+
+REGISTRY: dict[str, Metric] = {}
+
+
+def _m(name: str, unit: str, doc: str) -> None:
+    assert name not in REGISTRY, name
+    REGISTRY[name] = Metric(name, unit, doc)
+
+
+# -- trace ---------------------------------------------------------------------------------
+_m("trace.events", "count", "Events read from the trace (flow arrows excluded).")
+_m("trace.platform", "str", "cuda, rocm or cpu (cpu: no device activity in the trace).")
+_m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
+_m("trace.compute_capability", "str", "CUDA compute capability major.minor (None when unknown).")
+_m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
+_m("trace.rank", "count", "Distributed rank from distributedInfo (None for single-process runs).")
+_m("trace.world_size", "count", "Distributed world size from distributedInfo.")
+_m("trace.truncated", "bool", "The file ended early (profiler killed mid-write); only parsed events are used.")
+# -- steps ---------------------------------------------------------------------------------
+_m("steps.count", "count", "Steps analysed.")
+_m("steps.source", "str", "What defined the steps: ProfilerStep, DataLoader iterations, optimizer steps, whole trace.")
+_m("steps.time_mean_ms", "ms", "Mean wall-clock step time (device work included).")
+_m("steps.time_median_ms", "ms", "Median wall-clock step time.")
+_m("steps.time_p90_ms", "ms", "90th percentile step time.")
+_m("steps.time_min_ms", "ms", "Fastest step.")
+_m("steps.time_max_ms", "ms", "Slowest step.")
+_m("steps.time_cv", "fraction", "Coefficient of variation of step time (std / mean).")
+# -- breakdown (priority: kernel > memcpy > memset > communication > runtime > data loading > CPU exec > other)
+for _role, _doc in (
+        ("kernel", "a compute kernel runs on the device"),
+        ("memcpy", "a device memory copy runs and no kernel does"),
+        ("memset", "a device memset runs and no kernel or copy does"),
+        ("communication", "a collective (NCCL/RCCL kernel, or gloo op on CPU runs) runs, not overlapped by compute"),
+        ("runtime", "the host is in a CUDA/HIP runtime call (launch, sync, malloc) and the device is idle"),
+        ("data_loading", "the host waits for the next batch (DataLoader/DataPipe __next__) and the device is idle"),
+        ("cpu_exec", "the host runs traced CPU ops / annotations and the device is idle"),
+        ("other", "nothing traced runs (untraced Python, waiting) and the device is idle")):
+    _m(f"breakdown.{_role}", "share", f"Share of step time in which {_doc}. The eight shares sum to 1.")
+# -- input pipeline ------------------------------------------------------------------------
+_m("input.data_wait_share", "share", "Exposed data wait: share of step time the trainer waits for a batch while the device is idle (= breakdown.data_loading).")
+_m("input.data_wait_host_share", "share", "Share of step time the host spends inside DataLoader/DataPipe __next__, overlapped or not.")
+_m("input.loader", "str", "single_process, multi_process, datapipe, or None when no loader annotation is traced.")
+_m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_SingleProcessDataLoaderIter); None when unknown.")
+_m("input.traced_op_share_of_wait", "fraction", "Share of data-wait time covered by traced CPU ops (transforms, collate) on the trainer thread.")
+# -- device ----------------------------------------------------------------------------------
+_m("gpu.kernel_busy_share", "share", "Union of kernel time on all devices / step time (the TensorBoard plugin's GPU utilisation).")
+_m("gpu.busy_share", "share", "Union of kernels, copies and memsets / step time.")
+_m("gpu.idle_share", "share", "Share of step time with no kernel, copy or memset on any device.")
+_m("gpu.idle_host_wait_share", "share", "Idle time ended by work the host launched only after the device went idle (HTA 'host wait').")
+_m("gpu.idle_kernel_wait_share", "share", "Idle gaps shorter than gpu.kernel_wait_threshold_us between device work (launch latency; HTA 'kernel wait').")
+_m("gpu.idle_other_share", "share", "Idle time whose next work was launched before the gap began (dependencies, syncs on other streams).")
+_m("gpu.kernel_wait_threshold_us", "us", "Gap length (microseconds) below which an idle gap counts as kernel wait.")
+_m("gpu.idle_while_data_wait_share", "share", "Device idle while the host waits in DataLoader __next__.")
+_m("gpu.idle_while_sync_share", "share", "Device idle while the host is in a synchronising call.")
+_m("gpu.idle_while_runtime_share", "share", "Device idle while the host is in other runtime calls (launches, malloc).")
+_m("gpu.idle_while_cpu_ops_share", "share", "Device idle while the host runs traced CPU ops.")
+_m("gpu.idle_while_untraced_share", "share", "Device idle while nothing is traced on the host.")
+_m("gpu.kernels_per_step", "per_step", "Kernels per step.")
+_m("gpu.kernel_median_us", "us", "Median kernel duration.")
+_m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels shorter than the runtime call that launched them.")
+# -- syncs and copies ------------------------------------------------------------------------
+_m("sync.per_step", "per_step", "Host-device synchronisations per step (stream/device/event syncs, blocking memcpy, DtoH copies under item/_local_scalar_dense/nonzero).")
+_m("sync.share", "share", "Share of step time the host spends blocked in synchronising calls.")
+_m("sync.scalar_dtoh_per_step", "per_step", "DtoH copies issued by aten::item / _local_scalar_dense / nonzero per step.")
+_m("memcpy.pageable_h2d_per_step", "per_step", "Host-to-device copies from pageable (unpinned) memory per step.")
+_m("memcpy.pageable_h2d_share", "share", "Device time in pageable HtoD copies / step time.")
+_m("memcpy.h2d_share", "share", "Device time in all HtoD copies / step time.")
+# -- allocator and memory ------------------------------------------------------------------
+_m("memory.malloc_per_step", "per_step", "cudaMalloc/hipMalloc calls per steady-state step (first step excluded when there are 3+).")
+_m("memory.free_per_step", "per_step", "cudaFree/hipFree calls per steady-state step.")
+_m("memory.alloc_api_share", "share", "Share of steady-state step time in malloc/free runtime calls.")
+_m("memory.events", "count", "[memory] allocator events in the trace (profile_memory=True).")
+_m("memory.peak_reserved_bytes", "bytes", "Peak device memory reserved by the caching allocator ([memory] Total Reserved).")
+_m("memory.peak_allocated_bytes", "bytes", "Peak device memory allocated to tensors ([memory] Total Allocated).")
+_m("memory.reserved_swing", "fraction", "(max - min) / max of reserved memory over steady-state steps; > 0.05 means the allocator keeps growing and releasing.")
+_m("memory.reserved_changes_per_step", "per_step", "Times reserved memory changed per steady-state step.")
+_m("memory.peak_reserved_fraction", "fraction", "Peak reserved / device memory.")
+# -- tensor cores ----------------------------------------------------------------------------
+_m("tensor_core.kernel_share", "fraction", "Tensor-core kernel time / all kernel time.")
+_m("tensor_core.eligible_share", "fraction", "GEMM/convolution kernel time (tensor-core eligible) / all kernel time.")
+_m("tensor_core.eligible_step_share", "share", "GEMM/convolution kernel time / step time (what mixed precision can speed up).")
+# -- communication ---------------------------------------------------------------------------
+_m("comm.share", "share", "Union of collective time / step time.")
+_m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
+_m("comm.overlap", "fraction", "Collective time overlapped by compute / collective time.")
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def check(values: dict) -> None:
+    unknown = set(values) - set(REGISTRY)
+    if unknown:
+        raise KeyError(f"unregistered metrics: {sorted(unknown)}")

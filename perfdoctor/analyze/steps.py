@@ -1,0 +1,156 @@
+"""Training steps: where each step starts and ends on the wall clock.
+
+Primary source: `ProfilerStep#N` host annotations. As in the TensorBoard plugin, a step is
+extended to the end of the device work its host range launched (the GPU runs behind the CPU),
+and starts no earlier than the previous step ended, so steps tile the time line without
+overlap. A last step whose kernels were only partly captured (fewer than 80% of the previous
+step's) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
+optimizer steps, or the whole trace as one pseudo-step, and say which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import STEP_RX, Kinds
+from perfdoctor.trace.table import EventTable
+
+TAIL_KEEP_RATIO = 0.8
+
+
+@dataclass
+class Steps:
+    start: np.ndarray
+    end: np.ndarray
+    labels: list[str]
+    source: str                      # "ProfilerStep" | "DataLoader iterations" | "optimizer steps" | "whole trace"
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def duration(self) -> np.ndarray:
+        return self.end - self.start
+
+    @property
+    def span(self) -> tuple[float, float]:
+        return float(self.start[0]), float(self.end[-1])
+
+    def index_of(self, times: np.ndarray) -> np.ndarray:
+        """Step index containing each time, or -1."""
+        idx = np.searchsorted(self.start, times, side="right") - 1
+        ok = idx >= 0
+        ok[ok] = times[ok] < self.end[idx[ok]]
+        return np.where(ok, idx, -1)
+
+    def steady(self) -> np.ndarray:
+        """Indices of steady-state steps: all but the first when there are 3 or more."""
+        n = len(self)
+        return np.arange(1, n) if n >= 3 else np.arange(n)
+
+
+def device_launch_index(t: EventTable, k: Kinds) -> tuple[np.ndarray, np.ndarray]:
+    """(device rows, the runtime row that launched each, or -1), joined on `correlation`."""
+    dev = np.flatnonzero(k.device_activity)
+    rt = np.flatnonzero(k.runtime)
+    corr = t.args["correlation"]
+    rt_corr = corr[rt]
+    ok = ~np.isnan(rt_corr)
+    rt, rt_corr = rt[ok], rt_corr[ok]
+    order = np.argsort(rt_corr, kind="stable")
+    rt, rt_corr = rt[order], rt_corr[order]
+    dc = corr[dev]
+    pos = np.searchsorted(rt_corr, dc)
+    pos_c = np.minimum(pos, max(len(rt_corr) - 1, 0))
+    hit = (len(rt_corr) > 0) & (pos < len(rt_corr)) & (rt_corr[pos_c] == dc) if len(rt_corr) else np.zeros(len(dev), bool)
+    launch = np.where(hit, rt[pos_c] if len(rt) else -1, -1)
+    return dev, launch
+
+
+def find_steps(t: EventTable, k: Kinds) -> Steps:
+    rows = np.flatnonzero(k.step)
+    if len(rows):
+        return _profiler_steps(t, k, rows)
+    for finder in (_loader_steps, _optimizer_steps):
+        s = finder(t, k)
+        if s is not None:
+            return s
+    return _whole_trace(t, k)
+
+
+def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
+    # One annotation per step number: keep the longest (some traces repeat them per thread).
+    nums = np.array([int(STEP_RX.match(t.names[c]).group(1)) for c in t.name[rows]])
+    best: dict[int, int] = {}
+    for r, n in zip(rows, nums):
+        if n not in best or t.dur[r] > t.dur[best[n]]:
+            best[n] = r
+    rows = np.array(sorted(best.values(), key=lambda r: t.ts[r]))
+    hs, he = t.ts[rows], t.ts[rows] + t.dur[rows]
+    labels = [str(int(STEP_RX.match(t.names[c]).group(1))) for c in t.name[rows]]
+    notes: list[str] = []
+    dev, launch = device_launch_index(t, k)
+    linked = launch >= 0
+    if not linked.any():
+        return Steps(hs.copy(), np.maximum(he, hs), labels, "ProfilerStep", notes)
+    lr = launch[linked]
+    # A launch belongs to the step whose host range contains it entirely.
+    si = np.searchsorted(hs, t.ts[lr], side="right") - 1
+    inside = (si >= 0) & (t.ts[lr] + t.dur[lr] <= he[np.maximum(si, 0)])
+    si, dend = si[inside], (t.ts + t.dur)[dev[linked]][inside]
+    dev_end = np.full(len(rows), -np.inf)
+    np.maximum.at(dev_end, si, dend)
+    counts = np.bincount(si, minlength=len(rows))
+    start, end = np.empty(len(rows)), np.empty(len(rows))
+    prev = hs[0]
+    for i in range(len(rows)):
+        start[i] = max(prev, hs[i])
+        end[i] = max(he[i], dev_end[i]) if counts[i] else max(he[i], start[i])
+        end[i] = max(end[i], start[i])
+        prev = end[i]
+    keep = len(rows)
+    if len(rows) > 1:
+        last = np.flatnonzero(counts)
+        if len(last):
+            keep = last[-1] + 1
+            if last[-1] > 0 and counts[last[-1] - 1] * TAIL_KEEP_RATIO > counts[last[-1]]:
+                keep = last[-1]
+        if keep < len(rows):
+            notes.append(f"dropped the last {len(rows) - keep} step(s): the profiler did not capture "
+                         "all the device work they launched")
+    return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes)
+
+
+def _loader_steps(t: EventTable, k: Kinds) -> Steps | None:
+    rows = np.flatnonzero(k.dataloader)
+    if len(rows) < 2:
+        return None
+    st = np.sort(t.ts[rows])
+    return Steps(st[:-1], st[1:], [str(i) for i in range(len(st) - 1)], "DataLoader iterations",
+                 ["no ProfilerStep annotations: a step is the time from one DataLoader batch request "
+                  "to the next (the last, open-ended iteration is not counted)"])
+
+
+def _optimizer_steps(t: EventTable, k: Kinds) -> Steps | None:
+    rows = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith("Optimizer.step#")))
+    if len(rows) < 2:
+        return None
+    ends = np.sort(t.ts[rows] + t.dur[rows])
+    return Steps(ends[:-1], ends[1:], [str(i) for i in range(len(ends) - 1)], "optimizer steps",
+                 ["no ProfilerStep or DataLoader annotations: a step is the time between the ends of "
+                  "consecutive optimizer steps"])
+
+
+def _whole_trace(t: EventTable, k: Kinds) -> Steps:
+    rows = np.flatnonzero(k.cpu_op | k.runtime | k.device_activity | k.dataloader)
+    if len(rows) == 0:
+        rows = np.flatnonzero(k.complete & ~t.cat_mask("Trace"))
+    if len(rows) == 0:
+        return Steps(np.zeros(0), np.zeros(0), [], "whole trace", ["no timed events"])
+    lo, hi = float(t.ts[rows].min()), float((t.ts[rows] + t.dur[rows]).max())
+    return Steps(np.array([lo]), np.array([hi]), ["all"], "whole trace",
+                 ["no ProfilerStep, DataLoader or optimizer annotations: the whole trace is analysed "
+                  "as one pseudo-step, so per-step numbers are whole-trace numbers"])
