@@ -88,7 +88,7 @@ _m("memcpy.pageable_h2d_per_step", "per_step", "Host-to-device copies from pagea
 _m("memcpy.pageable_h2d_share", "share", "Device time in pageable HtoD copies / step time.")
 _m("memcpy.h2d_share", "share", "Device time in all HtoD copies / step time.")
 # -- allocator and memory ------------------------------------------------------------------
-_m("memory.malloc_per_step", "per_step", "cudaMalloc/hipMalloc calls per steady-state step (first step excluded when there are 3+).")
+_m("memory.malloc_per_step", "per_step", "cudaMalloc/hipMalloc calls per steady-state step (the first step is warm-up and excluded when there are 2+).")
 _m("memory.free_per_step", "per_step", "cudaFree/hipFree calls per steady-state step.")
 _m("memory.alloc_api_share", "share", "Share of steady-state step time in malloc/free runtime calls.")
 _m("memory.events", "count", "[memory] allocator events in the trace (profile_memory=True).")

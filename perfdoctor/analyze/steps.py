@@ -47,9 +47,9 @@ class Steps:
         return np.where(ok, idx, -1)
 
     def steady(self) -> np.ndarray:
-        """Indices of steady-state steps: all but the first when there are 3 or more."""
+        """Indices of steady-state steps: all but the first (warm-up) when there are 2 or more."""
         n = len(self)
-        return np.arange(1, n) if n >= 3 else np.arange(n)
+        return np.arange(1, n) if n >= 2 else np.arange(n)
 
 
 def device_launch_index(t: EventTable, k: Kinds) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tracegen
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"integration data absent: {SHARED_TRACES} (present in CI beside the checkout)")
+    return SHARED_TRACES
+
+
+@pytest.fixture
+def analyze_spec(tmp_path):
+    """Write a tracegen spec to disk, load and analyse it; returns (analysis, truth)."""
+    import tracegen as tg
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+
+    def run(spec, name="t.json", **write_kw):
+        path = tmp_path / name
+        truth = tg.write(spec, path, **write_kw)
+        return analyze(load_trace(path)), truth
+    return run

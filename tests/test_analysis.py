@@ -1,0 +1,156 @@
+"""Every metric against the generator's ground truth (tests/tracegen.py places every event)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tracegen as tg
+from perfdoctor.analyze import registry
+from perfdoctor.analyze.timeline import BREAKDOWN
+
+S = tg.StepSpec
+
+
+def approx(x, rel=1e-6, abs=1e-9):
+    return pytest.approx(x, rel=rel, abs=abs)
+
+
+def test_registry_is_the_contract(analyze_spec):
+    a, _ = analyze_spec(tg.TraceSpec(steps=[S()] * 3))
+    assert set(a.metrics) == set(registry.REGISTRY)
+    for name, m in registry.REGISTRY.items():
+        assert m.unit and m.doc, name
+    with pytest.raises(KeyError):
+        registry.check({"no.such_metric": 1})
+
+
+@pytest.mark.parametrize("fmt", ["kineto", "legacy2021"])
+@pytest.mark.parametrize("ns", [False, True])
+def test_steps_and_breakdown_match_truth(analyze_spec, fmt, ns):
+    steps = [S(data_wait_us=2000, kernels=30, kernel_us=80), S(data_wait_us=1000, kernels=10, kernel_us=200),
+             S(data_wait_us=3000, kernels=20, kernel_us=50)]
+    a, truth = analyze_spec(tg.TraceSpec(steps=steps, fmt=fmt, ns_resolution=ns))
+    m = a.metrics
+    assert m["steps.count"] == truth.n_steps == 3 and m["steps.source"] == "ProfilerStep"
+    wall = np.array(truth.step_wall_device_us)
+    assert a.steps.duration == approx(wall, rel=1e-9, abs=0.3)
+    assert m["steps.time_median_ms"] == approx(np.median(wall) / 1e3, rel=1e-4)
+    total = wall.sum()
+    assert m["breakdown.kernel"] == approx(sum(truth.kernel_busy_us) / total, rel=1e-4)
+    assert m["input.data_wait_host_share"] == approx(sum(truth.data_wait_us) / total, rel=1e-4)
+    assert sum(m[f"breakdown.{r}"] for r in BREAKDOWN) == approx(1.0)
+    assert a.step_breakdown_ms.sum(axis=1) == approx(wall / 1e3, rel=1e-6)
+    assert m["input.loader"] == "single_process" and m["input.num_workers_zero"] is True
+
+
+def test_device_work_past_host_step_extends_the_step(analyze_spec):
+    # 40 kernels of 300 us queue far behind 2 ms of host launches: steps end on the GPU.
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(cpu_ops_us=2000, kernels=40, kernel_us=300)] * 3))
+    assert truth.step_wall_device_us[0] > truth.step_wall_us[0] * 2
+    assert a.steps.duration == approx(np.array(truth.step_wall_device_us), abs=0.3)
+    assert a.metrics["breakdown.kernel"] > 0.95
+    assert a.metrics["gpu.kernel_busy_share"] == approx(sum(truth.kernel_busy_us) / sum(truth.step_wall_device_us), rel=1e-4)
+
+
+def test_syncs_copies_and_allocator(analyze_spec):
+    steps = [S(syncs=3, item_syncs=2, pageable_h2d=2, pinned_h2d=1, mallocs=2, frees=1)] * 4
+    a, truth = analyze_spec(tg.TraceSpec(steps=steps, memory_events=True, reserved_churn=True))
+    m = a.metrics
+    assert m["sync.per_step"] == approx(np.mean(truth.syncs)) == 5
+    assert m["sync.scalar_dtoh_per_step"] == 2
+    assert m["memcpy.pageable_h2d_per_step"] == approx(np.mean(truth.pageable_h2d)) == 2
+    assert m["memory.malloc_per_step"] == 2 and m["memory.free_per_step"] == 1
+    assert m["memory.reserved_changes_per_step"] == approx(np.mean(truth.reserved_changes[1:]))
+    assert m["memory.peak_allocated_bytes"] == truth.peak_allocated_bytes
+    assert 0 < m["memory.reserved_swing"] < 1
+    assert m["memory.peak_reserved_fraction"] == approx(m["memory.peak_reserved_bytes"] / 2**35)
+    assert len(a.memory_series["t_ms"]) == len(a.memory_series["reserved_bytes"]) > 0
+
+
+def test_quiet_allocator_and_no_syncs(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(mallocs=3)] + [S()] * 3, memory_events=True))
+    m = a.metrics
+    assert m["memory.malloc_per_step"] == 0 and m["memory.free_per_step"] == 0   # warm-up step excluded
+    assert m["memory.reserved_changes_per_step"] == 0 and m["memory.reserved_swing"] == 0
+    assert m["sync.per_step"] == 0 and m["memcpy.pageable_h2d_per_step"] == 0
+
+
+def test_tensor_core_shares(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(kernels=20, kernel_us=100, gemm_ops=8, tensor_core_kernels=3)] * 3))
+    m = a.metrics
+    assert m["tensor_core.kernel_share"] == approx(truth.tensor_core_kernel_us / truth.kernel_us_total)
+    assert m["tensor_core.eligible_share"] == approx(8 / 20)   # 8 GEMM kernels, 3 of them on tensor cores
+    b, _ = analyze_spec(tg.TraceSpec(steps=[S(kernels=20, gemm_ops=8)] * 3), name="fp32.json")
+    assert b.metrics["tensor_core.kernel_share"] == 0 and b.metrics["tensor_core.eligible_share"] == approx(0.4)
+
+
+def test_communication_share_and_overlap(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(kernels=10, kernel_us=100, nccl_kernels=2, nccl_us=400)] * 3,
+                                         rank=0, world_size=2))
+    m = a.metrics
+    total = sum(truth.step_wall_device_us)
+    assert m["comm.share"] == approx(sum(truth.nccl_busy_us) / total, rel=1e-4)
+    assert 0 <= m["comm.overlap"] <= 1
+    assert m["comm.exposed_share"] == approx(m["comm.share"] * (1 - m["comm.overlap"]), rel=1e-4)
+    assert m["trace.rank"] == 0 and m["trace.world_size"] == 2
+
+
+def test_idle_gaps_are_attributed_to_data_wait(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(data_wait_us=4000, kernels=10, kernel_us=100)] * 3))
+    m = a.metrics
+    parts = ("gpu.idle_host_wait_share", "gpu.idle_kernel_wait_share", "gpu.idle_other_share")
+    assert sum(m[p] for p in parts) == approx(m["gpu.idle_share"])
+    host = [k for k in m if k.startswith("gpu.idle_while_")]
+    assert sum(m[k] for k in host) == approx(m["gpu.idle_share"])
+    raw = sum(truth.data_wait_us) / sum(truth.step_wall_device_us)
+    assert m["input.data_wait_host_share"] == approx(raw, rel=1e-4)
+    # Exposed wait: the previous step's last kernels overlap the start of the wait.
+    assert m["gpu.idle_while_data_wait_share"] == approx(m["input.data_wait_share"])
+    assert 0.97 * raw < m["input.data_wait_share"] < raw
+    g = a.gaps[0]
+    assert g.kind == "host_wait" and g.host_activity == "data_wait"
+    assert g.host_event.startswith("enumerate(DataLoader)#_SingleProcessDataLoaderIter")
+    assert g.duration_ms >= 4.0
+
+
+def test_back_to_back_kernels_are_kernel_wait(analyze_spec):
+    # Tiny kernels launched faster than they run: gaps are launch latency (< 30 us), not host waits.
+    a, _ = analyze_spec(tg.TraceSpec(steps=[S(cpu_ops_us=1500, kernels=50, kernel_us=25)] * 3))
+    m = a.metrics
+    assert m["gpu.idle_kernel_wait_share"] > 0.5 * m["gpu.idle_share"] > 0
+    assert m["gpu.kernel_wait_threshold_us"] == 30.0
+
+
+def test_fallback_to_dataloader_iterations(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(data_wait_us=1000)] * 4, profiler_steps=False))
+    assert a.metrics["steps.source"] == "DataLoader iterations"
+    assert a.metrics["steps.count"] == 3                 # the last, open-ended iteration is not counted
+    starts = np.array(truth.step_start_us)
+    assert a.steps.start == approx(starts[:3], abs=0.3)
+    assert any("DataLoader" in n for n in a.notes)
+
+
+def test_fallback_to_whole_trace(analyze_spec):
+    a, _ = analyze_spec(tg.TraceSpec(steps=[S()] * 2, profiler_steps=False), name="w.json")
+    # tracegen emits a DataLoader annotation only when data_wait_us > 0: no loader, no optimizer
+    assert a.metrics["steps.source"] == "whole trace" and a.metrics["steps.count"] == 1
+
+
+def test_cpu_only_trace_has_no_device_numbers(analyze_spec):
+    a, _ = analyze_spec(tg.TraceSpec(steps=[S(data_wait_us=500)] * 3, device="cpu"))
+    m = a.metrics
+    assert m["trace.platform"] == "cpu" and m["trace.device_name"] is None
+    for k, v in m.items():
+        if k.split(".")[0] in ("gpu", "sync", "memcpy", "tensor_core") or k.startswith("memory.") and k != "memory.events":
+            assert v is None, k
+    assert m["breakdown.kernel"] == 0 and a.gaps == []
+
+
+def test_rocm_trace_is_recognised(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(syncs=2, pageable_h2d=1)] * 3, device="rocm"))
+    m = a.metrics
+    assert m["trace.platform"] == "rocm" and m["trace.compute_capability"] is None
+    # The pageable copy is a blocking hipMemcpyWithStream on ROCm: a sync point of its own.
+    assert m["sync.per_step"] == np.mean(truth.syncs) + 1 == 3
+    assert m["gpu.kernel_busy_share"] > 0

@@ -1,0 +1,108 @@
+"""The command line: output formats, exit codes, one-line errors, no torch on the report path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tracegen as tg
+from perfdoctor.analyze import registry
+
+S = tg.StepSpec
+
+
+def run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "perfdoctor", *map(str, args)], capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+@pytest.fixture
+def trace(tmp_path):
+    p = tmp_path / "w.pt.trace.json.gz"
+    tg.write(tg.TraceSpec(steps=[S(data_wait_us=4000, pageable_h2d=1)] * 4), p)
+    return p
+
+
+def test_terminal_report(trace):
+    r = run("report", trace)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "INPUT-BOUND" in out and "Step breakdown" in out and "data loading" in out
+    assert "DataLoader runs with num_workers=0" in out
+    assert "Largest idle-GPU gaps" in out
+
+
+def test_json_schema(trace, tmp_path):
+    r = run("report", trace, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1 and doc["tool"].startswith("perfdoctor ")
+    assert set(doc) == {"schema_version", "tool", "input", "verdict", "flags", "traces", "cross_rank", "units"}
+    assert doc["verdict"]["bound"] == "input" and doc["verdict"]["confidence_label"] in ("high", "medium", "low")
+    t = doc["traces"][0]
+    assert set(t["metrics"]) == set(registry.REGISTRY) == set(doc["units"])
+    assert len(t["steps"]) == 4 and set(t["steps"][0]["breakdown_ms"]) >= {"kernel", "data_loading", "other"}
+    assert sum(t["steps"][0]["breakdown_ms"].values()) == pytest.approx(t["steps"][0]["duration_ms"], rel=1e-4)
+    assert {f["id"] for f in doc["flags"]} >= {"num_workers_zero", "pageable_copies"}
+    assert all(set(f) == {"id", "title", "severity", "summary", "evidence", "traces"} for f in doc["flags"])
+    # -o writes the same document; with --format json nothing goes to stdout
+    out = tmp_path / "r.json"
+    r2 = run("report", trace, "-f", "json", "-o", out)
+    assert r2.returncode == 0 and r2.stdout == "" and json.loads(out.read_text())["verdict"] == doc["verdict"]
+    r3 = run("report", trace, "-o", out)
+    assert "INPUT-BOUND" in r3.stdout and json.loads(out.read_text())["schema_version"] == 1
+
+
+def test_directory_of_ranks(tmp_path):
+    for r, dw in ((0, 4000), (1, 6000)):
+        tg.write(tg.TraceSpec(steps=[S(data_wait_us=dw)] * 4, rank=r, world_size=2), tmp_path / f"rank{r}.json")
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    assert [t["label"] for t in doc["traces"]] == ["rank 0", "rank 1"]
+    cr = doc["cross_rank"]
+    assert cr["count"] == 2 and cr["slowest"] == "rank 1" and cr["spread"] > 0.1
+    assert doc["verdict"]["summary"].startswith("[2/2 ranks]")
+    assert "Across 2 traces" in run("report", tmp_path).stdout
+
+
+@pytest.mark.parametrize("setup,message", [
+    (lambda p: None, "no such file"),
+    (lambda p: p.write_text("not json"), "not a JSON trace"),
+    (lambda p: p.write_bytes(b""), "empty file"),
+    (lambda p: p.write_text('{"a": 1}'), "no 'traceEvents'"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, setup, message):
+    p = tmp_path / "x.json"
+    setup(p)
+    r = run("report", p)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("perfdoctor: error:") and message in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_usage_errors_exit_2(trace):
+    assert run("report").returncode == 2
+    assert run("report", trace, "--format", "yaml").returncode == 2
+    assert run("frobnicate").returncode == 2
+
+
+def test_unwritable_output_is_a_clean_error(trace, tmp_path):
+    r = run("report", trace, "-o", tmp_path / "missing-dir" / "r.json")
+    assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_version_and_help():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("perfdoctor ")
+    h = run("--help")
+    assert h.returncode == 0 and "report" in h.stdout
+
+
+def test_report_path_never_imports_torch(trace):
+    code = ("import sys; from perfdoctor.cli import main\n"
+            "try:\n    main(['report', sys.argv[1], '-f', 'json'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\nprint('ok', file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, timeout=60)
+    assert r.stderr.strip().endswith("ok"), r.stderr

@@ -1,0 +1,95 @@
+"""Verdicts and flags on traces whose bottleneck is known by construction."""
+
+from __future__ import annotations
+
+import pytest
+
+import tracegen as tg
+from perfdoctor.diagnose.flags import flags_for
+from perfdoctor.diagnose.verdict import decide, shares
+
+S = tg.StepSpec
+
+
+def diagnose(analyze_spec, spec, **kw):
+    a, truth = analyze_spec(spec, **kw)
+    return decide(a.metrics), {f.id: f for f in flags_for(a.metrics, a.gaps)}, a.metrics
+
+
+@pytest.mark.parametrize("spec,bound", [
+    (tg.TraceSpec(steps=[S(data_wait_us=6000, kernels=20, kernel_us=100)] * 4), "input"),
+    (tg.TraceSpec(steps=[S(cpu_ops_us=2000, kernels=40, kernel_us=300)] * 4), "device"),
+    (tg.TraceSpec(steps=[S(cpu_ops_us=12000, kernels=20, kernel_us=30)] * 4), "host"),
+    (tg.TraceSpec(steps=[S(cpu_ops_us=1000, kernels=5, kernel_us=50, nccl_kernels=3, nccl_us=4000)] * 4,
+                  rank=0, world_size=8), "communication"),
+    (tg.TraceSpec(steps=[S(cpu_ops_us=8000)] * 4, device="cpu"), "device"),
+    (tg.TraceSpec(steps=[S(data_wait_us=5000, cpu_ops_us=3000)] * 4, device="cpu"), "input"),
+    (tg.TraceSpec(steps=[S(data_wait_us=6000, kernels=20, kernel_us=100)] * 4, device="rocm"), "input"),
+])
+def test_verdict_names_the_constructed_bottleneck(analyze_spec, spec, bound):
+    v, _, m = diagnose(analyze_spec, spec)
+    assert v.bound == bound, v.summary
+    assert v.confidence >= 0.5 and v.summary
+    assert sum(shares(m).values()) == pytest.approx(1.0)
+    assert v.evidence[f"{'device' if bound == 'device' else bound.split('_')[0]}_share"] == max(
+        v.evidence[k] for k in v.evidence if k.endswith("_share")) or bound == "input"
+
+
+def test_input_bound_below_device_dominance(analyze_spec):
+    """Input wait ~30% with the device busy ~65%: input-bound, because the device is not >= 80%."""
+    v, _, m = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=3000, cpu_ops_us=1500, kernels=30, kernel_us=100)] * 4))
+    sh = shares(m)
+    assert sh["device"] < 0.8 and sh["input"] > sh["host"]
+    assert v.bound == "input"
+
+
+def test_cpu_only_summary_never_talks_about_a_gpu(analyze_spec):
+    v, flags, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(cpu_ops_us=8000)] * 4, device="cpu"))
+    assert "CPU" in v.summary and "GPU" not in v.summary and "device idles" not in v.summary
+    assert not set(flags) & {"idle_gpu_gaps", "host_device_sync", "pageable_copies", "no_tensor_cores",
+                             "allocator_thrashing", "memory_pressure"}
+
+
+def test_thin_evidence_lowers_confidence(analyze_spec):
+    v, _, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=6000)] * 2))
+    assert v.confidence <= 0.6 and any("2 step" in n for n in v.notes)
+    v, _, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=6000)] * 5, profiler_steps=False), name="f.json")
+    assert v.confidence <= 0.5 and any("DataLoader iterations" in n for n in v.notes)
+    v, _, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=6000)] * 6), name="c.json", truncate_at=0.7)
+    assert v.confidence <= 0.6 and any("truncated" in n for n in v.notes)
+
+
+def test_inconclusive_on_almost_nothing():
+    m = {"steps.count": 1, "steps.time_mean_ms": 0.05, "trace.platform": "cuda"}
+    assert decide(m).bound == "inconclusive"
+
+
+def test_flags_fire_on_their_signals(analyze_spec):
+    spec = tg.TraceSpec(steps=[S(data_wait_us=3000, syncs=2, item_syncs=1, pageable_h2d=2, mallocs=1, frees=1,
+                                 kernels=20, gemm_ops=10)] * 4, memory_events=True, reserved_churn=True)
+    _, flags, m = diagnose(analyze_spec, spec)
+    assert set(flags) == {"num_workers_zero", "idle_gpu_gaps", "host_device_sync", "pageable_copies",
+                          "allocator_thrashing", "no_tensor_cores"}
+    assert flags["host_device_sync"].evidence["sync.per_step"] == 3
+    assert flags["num_workers_zero"].evidence["input.data_wait_share"] == m["input.data_wait_share"]
+    assert "largest_gap" in flags["idle_gpu_gaps"].evidence
+
+
+def test_flags_stay_quiet_on_a_clean_run(analyze_spec):
+    spec = tg.TraceSpec(steps=[S(cpu_ops_us=2000, kernels=40, kernel_us=300, gemm_ops=10, tensor_core_kernels=10,
+                                 mallocs=0)] * 4, num_workers=4, memory_events=True)
+    v, flags, _ = diagnose(analyze_spec, spec)
+    assert v.bound == "device" and flags == {}
+
+
+def test_no_tensor_core_flag_needs_a_tensor_core_gpu(analyze_spec):
+    old = tg.TraceSpec(steps=[S(kernels=20, gemm_ops=10)] * 3, compute_major=6)
+    _, flags, _ = diagnose(analyze_spec, old)
+    assert "no_tensor_cores" not in flags
+    _, flags, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(kernels=20, gemm_ops=10)] * 3, device="rocm"), name="r.json")
+    assert "no_tensor_cores" not in flags and "pageable_copies" not in flags
+
+
+def test_num_workers_flag_needs_measurable_wait(analyze_spec):
+    _, flags, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=20, cpu_ops_us=2000, kernels=40, kernel_us=300)] * 4))
+    assert "num_workers_zero" not in flags

@@ -1,0 +1,151 @@
+"""Reading every supported trace shape, and refusing bad input cleanly."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+import tracegen as tg
+from perfdoctor.errors import TraceFormatError
+from perfdoctor.trace import reader
+from perfdoctor.trace.loader import find_trace_files, load_trace
+
+STEPS = [tg.StepSpec(data_wait_us=500, kernels=8, syncs=1)] * 3
+
+
+def _names(t):
+    return [t.names[c] for c in t.name]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(name="a.json"), dict(name="a.json.gz"), dict(name="w.pt.trace.json.gz"),
+    dict(name="a.json", indent=False), dict(name="a.json", bare_list=True),
+    dict(name="a.json.gz", bare_list=True, indent=False),
+])
+def test_every_container_gives_the_same_events(tmp_path, kw):
+    spec = tg.TraceSpec(steps=STEPS, memory_events=True)
+    name = kw.pop("name")
+    truth = tg.write(spec, tmp_path / name, **kw)
+    t = load_trace(tmp_path / name)
+    obj, _ = tg.build(spec)
+    events = obj["traceEvents"]
+    non_flow = [e for e in events if e.get("ph") not in ("s", "f", "t")]
+    assert len(t) == len(non_flow) == truth.num_events - (len(events) - len(non_flow))
+    assert t.meta.n_flow_events == len(events) - len(non_flow)
+    assert _names(t) == [e.get("name", "") for e in non_flow]
+    assert np.allclose(t.ts, [e["ts"] for e in non_flow])
+    if not kw.get("bare_list"):
+        assert t.meta.device_properties[0]["computeMajor"] == 7
+    assert not t.meta.truncated and t.meta.warnings == []
+
+
+def test_small_chunks_cut_only_between_events(tmp_path, monkeypatch):
+    """Force many cuts (including attempts inside nested args) and compare with one decode."""
+    spec = tg.TraceSpec(steps=STEPS * 4, memory_events=True)
+    tg.write(spec, tmp_path / "a.json")
+    whole = load_trace(tmp_path / "a.json")
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
+    monkeypatch.setattr(reader, "READ_BYTES", 512)
+    cut = load_trace(tmp_path / "a.json")
+    assert _names(cut) == _names(whole)
+    for k in whole.args:
+        assert np.array_equal(cut.args[k], whole.args[k], equal_nan=True)
+
+
+def test_nested_list_of_objects_in_args_survives_cutting(tmp_path, monkeypatch):
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5,
+           "args": {"nested": [{"a": 1}, {"b": 2}] * 20}} for i in range(200)]
+    (tmp_path / "n.json").write_text(json.dumps({"traceEvents": ev}))
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(reader, "READ_BYTES", 256)
+    t = load_trace(tmp_path / "n.json")
+    assert _names(t) == [e["name"] for e in ev]
+
+
+def test_legacy_2021_format(tmp_path):
+    spec = tg.TraceSpec(steps=STEPS, fmt="legacy2021")
+    tg.write(spec, tmp_path / "old.json.gz")
+    t = load_trace(tmp_path / "old.json.gz")
+    assert {"Operator", "Runtime", "Kernel"} <= set(t.cats)
+    assert any(isinstance(x, str) for x in t.tids)   # 2021 traces use string thread ids
+    assert t.meta.device_properties == []
+
+
+def test_nanosecond_resolution_keeps_fractions(tmp_path):
+    spec = tg.TraceSpec(steps=STEPS, ns_resolution=True)
+    tg.write(spec, tmp_path / "ns.json")
+    t = load_trace(tmp_path / "ns.json")
+    assert t.meta.display_time_unit == "ns"
+    assert (t.dur % 1 != 0).any()                      # sub-microsecond durations survive
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_truncated_file_uses_parsed_events_and_warns(tmp_path, gz):
+    spec = tg.TraceSpec(steps=STEPS * 3)
+    name = "cut.json.gz" if gz else "cut.json"
+    tg.write(spec, tmp_path / name, truncate_at=0.6)
+    t = load_trace(tmp_path / name)
+    full, _ = tg.build(spec)
+    n_full = sum(e.get("ph") not in ("s", "f") for e in full["traceEvents"])
+    assert t.meta.truncated
+    assert any("truncated" in w for w in t.meta.warnings)
+    assert 0.3 * n_full < len(t) < 0.75 * n_full
+    assert _names(t) == [e["name"] for e in full["traceEvents"] if e.get("ph") not in ("s", "f")][: len(t)]
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_truncated_gzip_stream(tmp_path, size):
+    steps = STEPS * (2 if size == "small" else 60)
+    tg.write(tg.TraceSpec(steps=steps), tmp_path / "cut.json.gz", truncate_gz_stream=True, truncate_at=0.6)
+    t = load_trace(tmp_path / "cut.json.gz")
+    assert t.meta.truncated and len(t) > 0
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "empty file"),
+    (b"   \n", "empty file"),
+    (b"hello world", "not a JSON trace"),
+    (b"\x00\x01\x02binary", "not a JSON trace"),
+    (b'{"foo": 1, "bar": [1, 2]}', "no 'traceEvents'"),
+    (b'{"traceEvents": []}', "no events"),
+    (b"[]", "no events"),
+    (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "x"', "no events could be parsed"),
+])
+def test_bad_input_is_one_clear_error(tmp_path, content, message):
+    p = tmp_path / "bad.json"
+    p.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message):
+        load_trace(p)
+
+
+def test_corrupt_gzip(tmp_path):
+    p = tmp_path / "bad.json.gz"
+    p.write_bytes(b"\x1f\x8b" + b"\x00garbage" * 10)
+    with pytest.raises(TraceFormatError, match="decompress"):
+        load_trace(p)
+
+
+def test_events_of_unexpected_types_use_the_slow_path(tmp_path):
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2, "args": {"External id": None}},
+          {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1.5, "tid": [1], "ts": 3, "dur": 1},
+          "not an event", 7]
+    (tmp_path / "odd.json").write_text(json.dumps({"traceEvents": ev}))
+    t = load_trace(tmp_path / "odd.json")
+    assert _names(t) == ["a", "b"]
+    assert any("skipped 2 malformed" in w for w in t.meta.warnings)
+
+
+def test_directory_discovery(tmp_path):
+    with pytest.raises(TraceFormatError, match="no such file"):
+        find_trace_files(tmp_path / "missing")
+    with pytest.raises(TraceFormatError, match="no trace files"):
+        find_trace_files(tmp_path)
+    for r in (1, 0):
+        tg.write(tg.TraceSpec(steps=STEPS, rank=r, world_size=2), tmp_path / f"rank{r}.pt.trace.json.gz")
+    (tmp_path / "notes.txt").write_text("x")
+    files = find_trace_files(tmp_path)
+    assert [f.name for f in files] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    assert [load_trace(f).meta.rank for f in files] == [0, 1]

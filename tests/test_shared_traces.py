@@ -1,0 +1,130 @@
+"""Integration tests on the real traces in ../shared/traces (skipped when that folder is absent).
+
+Reference numbers are from ../shared/traces/MANIFEST.md (torch-tb-profiler 0.4.3's reading)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfdoctor.diagnose.offline import diagnose_path
+
+pytestmark = pytest.mark.integration
+
+NW0 = "tb_plugin/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz"
+NW4 = "tb_plugin/resnet50_num_workers_4/worker0.1623213129365.pt.trace.json.gz"
+CUDA_ONLY_FLAGS = {"pageable_copies", "no_tensor_cores"}
+CUDA_WORDS = ("CUDA", "cuda", "tensor core", "pin_memory", "AMP")
+
+
+def report(shared_traces, rel):
+    return diagnose_path(str(shared_traces / rel))
+
+
+def metrics(doc):
+    return doc["traces"][0]["metrics"]
+
+
+def test_every_trace_parses(shared_traces):
+    files = sorted(p for p in shared_traces.rglob("*.json*") if p.is_file())
+    assert len(files) >= 15
+    for f in files:
+        doc = diagnose_path(str(f))
+        m = metrics(doc)
+        assert m["trace.events"] > 0 and m["steps.count"] >= 1, f
+        assert doc["verdict"]["bound"] in {"input_io", "input_cpu", "input", "host", "device", "communication", "inconclusive"}
+
+
+def test_resnet50_num_workers_0_is_input_bound(shared_traces):
+    doc = report(shared_traces, NW0)
+    m = metrics(doc)
+    assert doc["verdict"]["bound"].startswith("input")
+    assert m["input.data_wait_share"] == pytest.approx(0.229, abs=0.03)
+    assert m["steps.time_mean_ms"] == pytest.approx(154.9, rel=0.02)
+    assert m["gpu.kernel_busy_share"] == pytest.approx(0.636, abs=0.03)
+    assert m["input.num_workers_zero"] is True
+    assert "num_workers_zero" in {f["id"] for f in doc["flags"]}
+    assert "num_workers=0" in doc["verdict"]["summary"]
+
+
+def test_resnet50_num_workers_4_is_not_input_bound_and_flags_tensor_cores(shared_traces):
+    doc = report(shared_traces, NW4)
+    m = metrics(doc)
+    assert not doc["verdict"]["bound"].startswith("input")
+    assert m["input.data_wait_share"] < 0.01
+    assert m["breakdown.kernel"] == pytest.approx(0.694, abs=0.03)
+    assert m["breakdown.other"] == pytest.approx(0.109, abs=0.03)
+    assert m["tensor_core.kernel_share"] == 0 and m["trace.compute_capability"] == "7.0"
+    assert "no_tensor_cores" in {f["id"] for f in doc["flags"]}
+
+
+def test_2021_format_traces(shared_traces):
+    m0 = metrics(report(shared_traces, "tb_plugin/profiler_api_num_workers_0/worker0.pt.trace.json.gz"))
+    m4 = metrics(report(shared_traces, "tb_plugin/profiler_api_num_workers_4/worker0.pt.trace.json.gz"))
+    assert m0["input.data_wait_share"] == pytest.approx(0.210, abs=0.03)
+    assert m0["gpu.kernel_busy_share"] == pytest.approx(0.678, abs=0.03)
+    assert m4["input.data_wait_share"] < 0.01
+    assert m4["gpu.kernel_busy_share"] == pytest.approx(0.836, abs=0.03)
+    assert m0["trace.compute_capability"] is None   # no deviceProperties in 2021 traces
+
+
+def test_df_index_resolver_memory_events(shared_traces):
+    doc = report(shared_traces, "hta/df_index_resolver/df_index_resolver.json.gz")
+    m = metrics(doc)
+    assert m["memory.events"] == 28010
+    assert m["memory.peak_reserved_bytes"] > 1e10 and m["memory.peak_allocated_bytes"] > 1e9
+    assert 0 < m["memory.peak_reserved_fraction"] < 1
+    assert m["steps.count"] == 5 and m["steps.time_mean_ms"] == pytest.approx(347.5, rel=0.01)
+    # Reserved memory is flat and there are no cudaMalloc/cudaFree in steady state: no churn.
+    assert m["memory.reserved_swing"] == 0 and m["memory.free_per_step"] == 0
+    assert "allocator_thrashing" not in {f["id"] for f in doc["flags"]}
+    assert doc["traces"][0]["memory_timeline"]["reserved_bytes"]
+
+
+def test_two_rank_directory(shared_traces):
+    doc = diagnose_path(str(shared_traces / "hta/trace_filter"))
+    assert [t["label"] for t in doc["traces"]] == ["rank 0", "rank 1"]
+    assert doc["cross_rank"]["count"] == 2
+    assert set(doc["cross_rank"]["step_time_median_ms"]) == {"rank 0", "rank 1"}
+    for t in doc["traces"]:
+        assert t["metrics"]["comm.share"] > 0.2          # NCCL collectives are visible on both ranks
+
+
+@pytest.mark.parametrize("rel", ["hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+                                 "hta/rank_non_gpu/rank_non_gpu.json.gz"])
+def test_cpu_only_traces_get_no_gpu_numbers(shared_traces, rel):
+    doc = report(shared_traces, rel)
+    m = metrics(doc)
+    assert m["trace.platform"] == "cpu" and m["trace.device_name"] is None
+    gpu_metrics = [k for k in m if k.startswith(("gpu.", "tensor_core.", "sync.", "memcpy."))]
+    assert gpu_metrics and all(m[k] is None for k in gpu_metrics)
+    assert not doc["flags"] or all(f["id"] not in CUDA_ONLY_FLAGS | {"idle_gpu_gaps"} for f in doc["flags"])
+    assert "GPU" not in doc["verdict"]["summary"]
+
+
+def test_cpu_only_verdicts(shared_traces):
+    assert report(shared_traces, "hta/rank_non_gpu/rank_non_gpu.json.gz")["verdict"]["bound"] == "device"
+    assert report(shared_traces, "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")["verdict"]["bound"] == "communication"
+
+
+def test_amd_trace_gets_no_cuda_advice(shared_traces):
+    doc = report(shared_traces, "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    m = metrics(doc)
+    assert m["trace.platform"] == "rocm" and m["trace.compute_capability"] is None
+    assert m["breakdown.runtime"] == pytest.approx(0.72, abs=0.03)
+    assert not {f["id"] for f in doc["flags"]} & CUDA_ONLY_FLAGS
+    text = doc["verdict"]["summary"] + " ".join(f["summary"] + f["title"] for f in doc["flags"])
+    assert not any(w in text for w in CUDA_WORDS)
+
+
+def test_ns_resolution_trace_is_gpu_bound(shared_traces):
+    doc = report(shared_traces, "hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    assert doc["verdict"]["bound"] == "device"
+    assert metrics(doc)["breakdown.kernel"] == pytest.approx(0.968, abs=0.02)
+
+
+def test_trace_without_profiler_steps_states_its_fallback(shared_traces):
+    doc = report(shared_traces, "hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz")
+    m = metrics(doc)
+    assert m["steps.source"] == "whole trace" and m["breakdown.runtime"] == pytest.approx(0.97, abs=0.02)
+    assert any("pseudo-step" in n for n in doc["traces"][0]["notes"])
+    assert doc["verdict"]["confidence"] <= 0.5
