@@ -154,3 +154,48 @@ def test_rocm_trace_is_recognised(analyze_spec):
     # The pageable copy is a blocking hipMemcpyWithStream on ROCm: a sync point of its own.
     assert m["sync.per_step"] == np.mean(truth.syncs) + 1 == 3
     assert m["gpu.kernel_busy_share"] > 0
+
+
+def test_kernel_statistics_and_launch_boundness(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(kernels=12, kernel_us=3)] * 3))   # 3 us kernels, ~5 us launches
+    m = a.metrics
+    assert m["gpu.kernels_per_step"] == 12 and m["gpu.kernel_median_us"] == 3
+    assert m["gpu.launch_bound_kernel_fraction"] == 1.0
+    b, _ = analyze_spec(tg.TraceSpec(steps=[S(kernels=12, kernel_us=400)] * 3), name="long.json")
+    assert b.metrics["gpu.launch_bound_kernel_fraction"] == 0.0
+
+
+def test_copy_and_allocator_time_shares(analyze_spec):
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(pageable_h2d=2, pinned_h2d=3, mallocs=2, frees=2)] * 3))
+    m = a.metrics
+    wall = sum(truth.step_wall_device_us)
+    assert m["memcpy.h2d_share"] == approx(sum(truth.memcpy_us) / wall, rel=1e-4)
+    assert 0 < m["memcpy.pageable_h2d_share"] < m["memcpy.h2d_share"]
+    # 4 allocator calls of a few us each per step of a few ms: a small, nonzero share
+    assert 0 < m["memory.alloc_api_share"] < 0.05
+
+
+def test_step_time_statistics(analyze_spec):
+    steps = [S(cpu_ops_us=1000 * (i + 1), kernels=4) for i in range(5)]
+    a, truth = analyze_spec(tg.TraceSpec(steps=steps))
+    m = a.metrics
+    d = np.array(truth.step_wall_device_us) / 1e3
+    assert m["steps.time_mean_ms"] == approx(d.mean(), rel=1e-4)
+    assert m["steps.time_min_ms"] == approx(d.min(), rel=1e-4) and m["steps.time_max_ms"] == approx(d.max(), rel=1e-4)
+    assert m["steps.time_p90_ms"] == approx(np.percentile(d, 90), rel=1e-4)
+    assert m["steps.time_cv"] == approx(d.std() / d.mean(), rel=1e-3)
+
+
+def test_trace_metadata_metrics(analyze_spec):
+    a, _ = analyze_spec(tg.TraceSpec(steps=[S()] * 3, compute_major=8, rank=3, world_size=4))
+    m = a.metrics
+    assert m["trace.platform"] == "cuda" and m["trace.compute_capability"].startswith("8.")
+    assert m["trace.device_memory_bytes"] == 2**35 and m["trace.rank"] == 3 and m["trace.world_size"] == 4
+    assert m["trace.truncated"] is False and m["trace.events"] > 0 and m["trace.device_name"]
+
+
+def test_datapipe_and_multiprocess_loader_names(analyze_spec):
+    a, _ = analyze_spec(tg.TraceSpec(steps=[S(data_wait_us=500)] * 3, num_workers=4))
+    assert a.metrics["input.loader"] == "multi_process" and a.metrics["input.num_workers_zero"] is False
+    b, _ = analyze_spec(tg.TraceSpec(steps=[S(data_wait_us=0)] * 3), name="none.json")
+    assert b.metrics["input.loader"] is None and b.metrics["input.num_workers_zero"] is None
