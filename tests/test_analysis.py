@@ -193,7 +193,7 @@ def test_step_time_statistics(analyze_spec):
 def test_trace_metadata_metrics(analyze_spec):
     a, _ = analyze_spec(tg.TraceSpec(steps=[S()] * 3, compute_major=8, rank=3, world_size=4))
     m = a.metrics
-    assert m["trace.platform"] == "cuda" and m["trace.compute_capability"].startswith("8.")
+    assert m["trace.platform"] == "cuda" and m["trace.compute_capability"] == 8.0
     assert m["trace.device_memory_bytes"] == 2**35 and m["trace.rank"] == 3 and m["trace.world_size"] == 4
     assert m["trace.truncated"] is False and m["trace.events"] > 0 and m["trace.device_name"]
 

@@ -40,14 +40,20 @@ def test_json_schema(trace, tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1 and doc["tool"].startswith("perfdoctor ")
-    assert set(doc) == {"schema_version", "tool", "input", "verdict", "flags", "traces", "cross_rank", "units"}
+    assert set(doc) == {"schema_version", "tool", "input", "verdict", "flags", "findings", "traces", "cross_rank", "units"}
     assert doc["verdict"]["bound"] == "input" and doc["verdict"]["confidence_label"] in ("high", "medium", "low")
     t = doc["traces"][0]
     assert set(t["metrics"]) == set(registry.REGISTRY) == set(doc["units"])
     assert len(t["steps"]) == 4 and set(t["steps"][0]["breakdown_ms"]) >= {"kernel", "data_loading", "other"}
     assert sum(t["steps"][0]["breakdown_ms"].values()) == pytest.approx(t["steps"][0]["duration_ms"], rel=1e-4)
-    assert {f["id"] for f in doc["flags"]} >= {"num_workers_zero", "pageable_copies"}
-    assert all(set(f) == {"id", "title", "severity", "summary", "evidence", "traces"} for f in doc["flags"])
+    assert {f["slug"] for f in doc["flags"]} >= {"num-workers-zero", "pageable-copies"}
+    assert all(set(f) == {"id", "slug", "title", "severity", "summary", "evidence", "source", "traces"} for f in doc["flags"])
+    top = doc["findings"][0]
+    assert top["slug"] == "loader-workers" and top["ranked"]
+    share = doc["verdict"]["evidence"]["share.input"]
+    assert 1.0 < top["gain"]["bound"] <= (1 / (1 - share)) * (1 + 1e-4)   # 6-digit rounding
+    assert set(top) >= {"id", "slug", "kind", "title", "summary", "evidence", "gain", "fix", "source", "traces", "on_bottleneck"}
+    assert top["on_bottleneck"]
     # -o writes the same document; with --format json nothing goes to stdout
     out = tmp_path / "r.json"
     r2 = run("report", trace, "-f", "json", "-o", out)

@@ -5,15 +5,33 @@ from __future__ import annotations
 import pytest
 
 import tracegen as tg
-from perfdoctor.diagnose.flags import flags_for
-from perfdoctor.diagnose.verdict import decide, shares
+from perfdoctor.diagnose.confidence import confidence
+from perfdoctor.rules.engine import evaluate
+from perfdoctor.rules.loader import load_rules
 
 S = tg.StepSpec
+RULES = load_rules()
+
+
+class V:
+    """The verdict as the report shows it: rule outcome plus confidence policy."""
+
+    def __init__(self, diag, m):
+        f = diag.verdict
+        self.bound = f.rule.bound if f else "inconclusive"
+        self.summary = f.summary if f else ""
+        self.evidence = f.evidence if f else {}
+        self.confidence, self.notes, self.secondary = confidence(self.bound, m)
+
+
+def shares(m):
+    return {k.split(".")[1]: m[k] for k in ("share.device", "share.input", "share.host", "share.communication")}
 
 
 def diagnose(analyze_spec, spec, **kw):
     a, truth = analyze_spec(spec, **kw)
-    return decide(a.metrics), {f.id: f for f in flags_for(a.metrics, a.gaps)}, a.metrics
+    d = evaluate(RULES, a.metrics)
+    return V(d, a.metrics), {f.rule.slug.replace("-", "_"): f for f in d.flags}, a.metrics
 
 
 @pytest.mark.parametrize("spec,bound", [
@@ -30,9 +48,10 @@ def test_verdict_names_the_constructed_bottleneck(analyze_spec, spec, bound):
     v, _, m = diagnose(analyze_spec, spec)
     assert v.bound == bound, v.summary
     assert v.confidence >= 0.5 and v.summary
-    assert sum(shares(m).values()) == pytest.approx(1.0)
-    assert v.evidence[f"{'device' if bound == 'device' else bound.split('_')[0]}_share"] == max(
-        v.evidence[k] for k in v.evidence if k.endswith("_share")) or bound == "input"
+    sh = shares(m)
+    assert sum(sh.values()) == pytest.approx(1.0)
+    if bound != "device":   # the named cause is the largest idle cause
+        assert sh[bound] == max(sh["input"], sh["host"], sh["communication"])
 
 
 def test_input_bound_below_device_dominance(analyze_spec):
@@ -60,19 +79,24 @@ def test_thin_evidence_lowers_confidence(analyze_spec):
 
 
 def test_inconclusive_on_almost_nothing():
-    m = {"steps.count": 1, "steps.time_mean_ms": 0.05, "trace.platform": "cuda"}
-    assert decide(m).bound == "inconclusive"
+    from perfdoctor.analyze import registry
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"steps.count": 1, "steps.time_mean_ms": 0.05, "trace.platform": "cuda", "share.device": 0.0,
+              "share.input": 0.0, "share.host": 1.0, "share.communication": 0.0})
+    d = evaluate(RULES, m)
+    assert d.verdict.rule.bound == "inconclusive" and d.fixes == []
 
 
 def test_flags_fire_on_their_signals(analyze_spec):
     spec = tg.TraceSpec(steps=[S(data_wait_us=3000, syncs=2, item_syncs=1, pageable_h2d=2, mallocs=1, frees=1,
                                  kernels=20, gemm_ops=10)] * 4, memory_events=True, reserved_churn=True)
     _, flags, m = diagnose(analyze_spec, spec)
+    # memory_headroom too: < 1% of the 32 GiB reserved while the device is busy < 50%
     assert set(flags) == {"num_workers_zero", "idle_gpu_gaps", "host_device_sync", "pageable_copies",
-                          "allocator_thrashing", "no_tensor_cores"}
+                          "allocator_thrashing", "no_tensor_cores", "memory_headroom"}
     assert flags["host_device_sync"].evidence["sync.per_step"] == 3
     assert flags["num_workers_zero"].evidence["input.data_wait_share"] == m["input.data_wait_share"]
-    assert "largest_gap" in flags["idle_gpu_gaps"].evidence
+    assert flags["idle_gpu_gaps"].evidence["gpu.idle_share"] == m["gpu.idle_share"] >= 0.1
 
 
 def test_flags_stay_quiet_on_a_clean_run(analyze_spec):

@@ -12,8 +12,18 @@ pytestmark = pytest.mark.integration
 
 NW0 = "tb_plugin/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz"
 NW4 = "tb_plugin/resnet50_num_workers_4/worker0.1623213129365.pt.trace.json.gz"
-CUDA_ONLY_FLAGS = {"pageable_copies", "no_tensor_cores"}
+CUDA_ONLY_FLAGS = {"pageable-copies", "no-tensor-cores"}
 CUDA_WORDS = ("CUDA", "cuda", "tensor core", "pin_memory", "AMP")
+
+
+def assert_no_cuda_advice(doc):
+    """Nothing CUDA-specific in the verdict, flags or fixes (ids and texts)."""
+    from perfdoctor.rules.loader import load_rules
+    cuda_only = {r.id for r in load_rules() if r.devices == ["cuda"]}
+    items = doc["flags"] + doc["findings"]
+    assert not cuda_only & {f["id"] for f in items}
+    text = doc["verdict"]["summary"] + " ".join(f["summary"] + f["title"] + (f.get("fix") or {}).get("text", "") for f in items)
+    assert not any(w in text for w in CUDA_WORDS), text
 
 
 def report(shared_traces, rel):
@@ -42,8 +52,11 @@ def test_resnet50_num_workers_0_is_input_bound(shared_traces):
     assert m["steps.time_mean_ms"] == pytest.approx(154.9, rel=0.02)
     assert m["gpu.kernel_busy_share"] == pytest.approx(0.636, abs=0.03)
     assert m["input.num_workers_zero"] is True
-    assert "num_workers_zero" in {f["id"] for f in doc["flags"]}
-    assert "num_workers=0" in doc["verdict"]["summary"]
+    assert "num-workers-zero" in {f["slug"] for f in doc["flags"]}
+    # issue 3: a DataLoader fix ranks first, bounded by removing the data wait entirely
+    top = doc["findings"][0]
+    assert top["slug"] == "loader-workers"
+    assert top["gain"]["bound"] <= 1 / (1 - m["input.data_wait_share"]) + 1e-9
 
 
 def test_resnet50_num_workers_4_is_not_input_bound_and_flags_tensor_cores(shared_traces):
@@ -53,8 +66,12 @@ def test_resnet50_num_workers_4_is_not_input_bound_and_flags_tensor_cores(shared
     assert m["input.data_wait_share"] < 0.01
     assert m["breakdown.kernel"] == pytest.approx(0.694, abs=0.03)
     assert m["breakdown.other"] == pytest.approx(0.109, abs=0.03)
-    assert m["tensor_core.kernel_share"] == 0 and m["trace.compute_capability"] == "7.0"
-    assert "no_tensor_cores" in {f["id"] for f in doc["flags"]}
+    assert m["tensor_core.kernel_share"] == 0 and m["trace.compute_capability"] == 7.0
+    assert "no-tensor-cores" in {f["slug"] for f in doc["flags"]}
+    # issue 3: mixed precision is offered, a DataLoader fix is not
+    slugs = [f["slug"] for f in doc["findings"]]
+    assert any("precision" in s or "amp" in s for s in slugs), slugs
+    assert "loader-workers" not in slugs
 
 
 def test_2021_format_traces(shared_traces):
@@ -76,7 +93,8 @@ def test_df_index_resolver_memory_events(shared_traces):
     assert m["steps.count"] == 5 and m["steps.time_mean_ms"] == pytest.approx(347.5, rel=0.01)
     # Reserved memory is flat and there are no cudaMalloc/cudaFree in steady state: no churn.
     assert m["memory.reserved_swing"] == 0 and m["memory.free_per_step"] == 0
-    assert "allocator_thrashing" not in {f["id"] for f in doc["flags"]}
+    assert "allocator-thrashing" not in {f["slug"] for f in doc["flags"]}
+    assert not any(("alloc" in f["slug"] or "expandable" in f["slug"]) for f in doc["findings"])
     assert doc["traces"][0]["memory_timeline"]["reserved_bytes"]
 
 
@@ -97,8 +115,9 @@ def test_cpu_only_traces_get_no_gpu_numbers(shared_traces, rel):
     assert m["trace.platform"] == "cpu" and m["trace.device_name"] is None
     gpu_metrics = [k for k in m if k.startswith(("gpu.", "tensor_core.", "sync.", "memcpy."))]
     assert gpu_metrics and all(m[k] is None for k in gpu_metrics)
-    assert not doc["flags"] or all(f["id"] not in CUDA_ONLY_FLAGS | {"idle_gpu_gaps"} for f in doc["flags"])
+    assert all(f["slug"] not in CUDA_ONLY_FLAGS | {"idle-gpu-gaps"} for f in doc["flags"])
     assert "GPU" not in doc["verdict"]["summary"]
+    assert_no_cuda_advice(doc)
 
 
 def test_cpu_only_verdicts(shared_traces):
@@ -111,9 +130,8 @@ def test_amd_trace_gets_no_cuda_advice(shared_traces):
     m = metrics(doc)
     assert m["trace.platform"] == "rocm" and m["trace.compute_capability"] is None
     assert m["breakdown.runtime"] == pytest.approx(0.72, abs=0.03)
-    assert not {f["id"] for f in doc["flags"]} & CUDA_ONLY_FLAGS
-    text = doc["verdict"]["summary"] + " ".join(f["summary"] + f["title"] for f in doc["flags"])
-    assert not any(w in text for w in CUDA_WORDS)
+    assert not {f["slug"] for f in doc["flags"]} & CUDA_ONLY_FLAGS
+    assert_no_cuda_advice(doc)
 
 
 def test_ns_resolution_trace_is_gpu_bound(shared_traces):

@@ -38,5 +38,6 @@ def test_real_cpu_trace(cpu_trace_dir):
     assert doc["verdict"]["bound"] == "input_cpu"
     assert all(v is None for k, v in m.items() if k.startswith(("gpu.", "tensor_core.", "sync.", "memcpy.")))
     assert m["memory.events"] > 0 and m["memory.peak_reserved_bytes"] is None   # CPU allocations only
-    assert "num_workers_zero" in {f["id"] for f in doc["flags"]}
+    assert "num-workers-zero" in {f["slug"] for f in doc["flags"]}
+    assert doc["findings"][0]["slug"] == "loader-workers"          # the DataLoader fix ranks first
     assert "GPU" not in doc["verdict"]["summary"]

@@ -12,6 +12,7 @@ from perfdoctor.analyze.gaps import Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
 from perfdoctor.analyze.memory import memory_metrics
+from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, build_timeline
 from perfdoctor.errors import TraceFormatError
@@ -54,6 +55,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
         gap_metrics, gaps = idle_gaps(t, k, steps, tl)
         m.update(gap_metrics)
         m.update(host_metrics(t, k, steps))
+    m.update(pattern_metrics(t, k, steps))
+    m.update(verdict_shares(m))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}
@@ -70,7 +73,7 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
     dev = props[0] if props and k.platform != "cpu" else {}
     cc = None
     if k.platform == "cuda" and "computeMajor" in dev:
-        cc = f"{dev['computeMajor']}.{dev.get('computeMinor', 0)}"
+        cc = float(f"{dev['computeMajor']}.{dev.get('computeMinor', 0)}")
     info = t.meta.distributed_info
     return {"trace.events": len(t), "trace.platform": k.platform,
             "trace.device_name": dev.get("name"), "trace.compute_capability": cc,
@@ -78,6 +81,17 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
             "trace.truncated": t.meta.truncated}
+
+
+def verdict_shares(m: dict) -> dict:
+    """The four competing shares of the step; the verdict rules compare them."""
+    b = {r: m[f"breakdown.{r}"] or 0.0 for r in BREAKDOWN}
+    if m["trace.platform"] == "cpu":
+        device, host = b["cpu_exec"] + b["kernel"], b["runtime"] + b["other"]
+    else:
+        device, host = b["kernel"] + b["memcpy"] + b["memset"], b["runtime"] + b["cpu_exec"] + b["other"]
+    return {"share.device": device, "share.input": b["data_loading"], "share.host": host,
+            "share.communication": b["communication"]}
 
 
 def _step_metrics(steps: Steps) -> dict:

@@ -33,7 +33,8 @@ def _m(name: str, unit: str, doc: str) -> None:
 _m("trace.events", "count", "Events read from the trace (flow arrows excluded).")
 _m("trace.platform", "str", "cuda, rocm or cpu (cpu: no device activity in the trace).")
 _m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
-_m("trace.compute_capability", "str", "CUDA compute capability major.minor (None when unknown).")
+_m("trace.compute_capability", "version", "CUDA compute capability as major.minor, e.g. 7.0 or 8.6 (None when unknown or not CUDA).")
+_m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
 _m("trace.rank", "count", "Distributed rank from distributedInfo (None for single-process runs).")
 _m("trace.world_size", "count", "Distributed world size from distributedInfo.")
@@ -58,6 +59,15 @@ for _role, _doc in (
         ("cpu_exec", "the host runs traced CPU ops / annotations and the device is idle"),
         ("other", "nothing traced runs (untraced Python, waiting) and the device is idle")):
     _m(f"breakdown.{_role}", "share", f"Share of step time in which {_doc}. The eight shares sum to 1.")
+# -- the four competing shares behind the verdict (sum to 1) ---------------------------------
+_m("share.device", "share", "Device busy: kernels + copies + memsets (on CPU-only runs: the model's traced ops).")
+_m("share.input", "share", "Exposed data wait (= breakdown.data_loading).")
+_m("share.host", "share", "Host-side idle causes: runtime calls + traced CPU ops + untraced time (CPU-only: runtime + untraced).")
+_m("share.communication", "share", "Exposed communication (= breakdown.communication).")
+# -- the machine the run used (measured by `perfdoctor run`; None for a trace alone) ---------
+_m("machine.cpu_count", "count", "CPU cores usable by the training process.")
+_m("machine.free_cores", "count", "Cores not busy during the run (cpu_count minus average busy cores).")
+_m("machine.ram_free_bytes", "bytes", "Free RAM during the run.")
 # -- input pipeline ------------------------------------------------------------------------
 _m("input.data_wait_share", "share", "Exposed data wait: share of step time the trainer waits for a batch while the device is idle (= breakdown.data_loading).")
 _m("input.data_wait_host_share", "share", "Share of step time the host spends inside DataLoader/DataPipe __next__, overlapped or not.")
@@ -101,6 +111,15 @@ _m("memory.peak_reserved_fraction", "fraction", "Peak reserved / device memory."
 _m("tensor_core.kernel_share", "fraction", "Tensor-core kernel time / all kernel time.")
 _m("tensor_core.eligible_share", "fraction", "GEMM/convolution kernel time (tensor-core eligible) / all kernel time.")
 _m("tensor_core.eligible_step_share", "share", "GEMM/convolution kernel time / step time (what mixed precision can speed up).")
+# -- model-level patterns --------------------------------------------------------------------
+_m("attention.math_ops_per_step", "per_step", "aten::_scaled_dot_product_attention_math calls per step (the unfused fallback).")
+_m("attention.fused_ops_per_step", "per_step", "Flash / memory-efficient / cuDNN SDPA calls per step.")
+_m("attention.math_kernel_share", "share", "Device time of kernels launched inside math-attention ops / step time.")
+_m("parallel.data_parallel", "bool", "torch.nn.DataParallel ran (DataParallel.forward annotations).")
+_m("optimizer.step_share", "share", "Share of step time inside Optimizer.step annotations (host).")
+_m("optimizer.kernels_per_step", "per_step", "Kernels launched inside Optimizer.step per step.")
+_m("optimizer.fused", "bool", "Optimizer kernels are fused / multi-tensor (multi_tensor_apply, fused_*); None without optimizer annotations.")
+_m("gpu.kernels_per_step_cv", "fraction", "Variation of kernel count across steady steps (std / mean): shape or control-flow churn.")
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")

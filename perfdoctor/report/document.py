@@ -1,17 +1,8 @@
 """The report document: the versioned, JSON-serialisable result of a diagnosis.
 
-Schema (version SCHEMA_VERSION; documented in README "JSON output"):
-{
-  "schema_version": 1, "tool": "perfdoctor 0.1.0", "input": PATH,
-  "verdict": {bound, confidence, confidence_label, summary, evidence, secondary, notes},
-  "flags": [{id, title, severity, summary, evidence, traces}],
-  "traces": [{path, label, rank, metrics{name: value}, verdict, flags,
-              steps[{label, start_ms, duration_ms, breakdown_ms{role: ms}}],
-              idle_gaps[{step, offset_ms, duration_ms, kind, host_activity, host_event}],
-              memory_timeline{t_ms, reserved_bytes, allocated_bytes} | null, notes, warnings}],
-  "cross_rank": null | {count, step_time_median_ms{label: ms}, spread, slowest, fastest, verdicts, agree},
-  "units": {metric name: unit}
-}
+Schema version SCHEMA_VERSION, documented in README ("JSON output"). Top level: schema_version,
+tool, input, verdict, flags, findings (ranked fixes), traces (per file: metrics, steps,
+idle_gaps, memory_timeline, its own verdict/flags/findings, skipped rules), cross_rank, units.
 """
 
 from __future__ import annotations
@@ -25,8 +16,8 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis
 from perfdoctor.analyze.ranks import overall_bound, summarize
 from perfdoctor.analyze.timeline import BREAKDOWN
-from perfdoctor.diagnose.flags import Flag, flags_for
-from perfdoctor.diagnose.verdict import Verdict, decide
+from perfdoctor.diagnose.confidence import confidence, label
+from perfdoctor.rules.engine import Diagnosis, Finding
 
 SCHEMA_VERSION = 1
 
@@ -36,35 +27,31 @@ def trace_label(a: TraceAnalysis, index: int) -> str:
     return f"rank {r}" if r is not None else os.path.basename(a.path) or f"trace {index}"
 
 
-def build_document(input_path: str, analyses: list[TraceAnalysis]) -> dict:
-    traces, verdicts, flag_lists = [], [], []
-    labels = _unique([trace_label(a, i) for i, a in enumerate(analyses)])
-    for a, label in zip(analyses, labels):
-        v = decide(a.metrics)
-        fl = flags_for(a.metrics, a.gaps)
-        verdicts.append(v)
-        flag_lists.append(fl)
-        traces.append(_trace_doc(a, label, v, fl))
+def build_document(input_path: str, results: list[tuple[TraceAnalysis, Diagnosis]]) -> dict:
+    labels = _unique([trace_label(a, i) for i, (a, _) in enumerate(results)])
+    traces = [_trace_doc(a, d, lab) for (a, d), lab in zip(results, labels)]
     cross = None
-    if len(analyses) == 1:
-        verdict = verdicts[0]
-    else:
-        rs = summarize(labels, [a.metrics for a in analyses], [v.bound for v in verdicts])
+    verdict = traces[0]["verdict"]
+    if len(traces) > 1:
+        bounds = [t["verdict"]["bound"] for t in traces]
+        rs = summarize(labels, [a.metrics for a, _ in results], bounds)
         cross = asdict(rs)
         slow = labels.index(rs.slowest)
-        bound = overall_bound([v.bound for v in verdicts], slow)
-        base = verdicts[slow] if verdicts[slow].bound == bound else next(v for v in verdicts if v.bound == bound)
-        verdict = Verdict(bound, min(v.confidence for v in verdicts if v.bound == bound),
-                          f"[{sum(v.bound == bound for v in verdicts)}/{len(verdicts)} ranks] {base.summary}",
-                          base.evidence, base.secondary, list(base.notes))
+        bound = overall_bound(bounds, slow)
+        base = traces[slow]["verdict"] if bounds[slow] == bound else next(t["verdict"] for t in traces if t["verdict"]["bound"] == bound)
+        verdict = {**base, "summary": f"[{bounds.count(bound)}/{len(bounds)} ranks] {base['summary']}",
+                   "confidence": min(t["verdict"]["confidence"] for t in traces if t["verdict"]["bound"] == bound),
+                   "notes": list(base["notes"])}
+        verdict["confidence_label"] = label(verdict["confidence"])
         if not rs.agree:
-            verdict.notes.append("ranks disagree: " + ", ".join(f"{k}: {b}" for k, b in rs.verdicts.items()))
+            verdict["notes"].append("ranks disagree: " + ", ".join(f"{k}: {b}" for k, b in rs.verdicts.items()))
         if rs.spread > 0.05:
-            verdict.notes.append(f"step time differs by {100 * rs.spread:.0f}% across ranks "
-                                 f"(slowest {rs.slowest}, fastest {rs.fastest})")
+            verdict["notes"].append(f"step time differs by {100 * rs.spread:.0f}% across ranks "
+                                    f"(slowest {rs.slowest}, fastest {rs.fastest})")
     return _clean({
         "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}", "input": input_path,
-        "verdict": _verdict_doc(verdict), "flags": _merge_flags(labels, flag_lists),
+        "verdict": verdict, "flags": _merge(labels, [t["flags"] for t in traces], _flag_order),
+        "findings": _merge(labels, [t["findings"] for t in traces], _finding_order),
         "traces": traces, "cross_rank": cross,
         "units": {name: m.unit for name, m in registry.REGISTRY.items()},
     })
@@ -79,34 +66,66 @@ def _unique(labels: list[str]) -> list[str]:
     return out
 
 
-def _verdict_doc(v: Verdict) -> dict:
-    return {"bound": v.bound, "confidence": v.confidence, "confidence_label": v.confidence_label,
-            "summary": v.summary, "evidence": v.evidence, "secondary": v.secondary, "notes": v.notes}
+def _verdict_doc(d: Diagnosis, m: dict) -> dict:
+    v = d.verdict
+    bound = v.rule.bound if v else "inconclusive"
+    conf, notes, secondary = confidence(bound, m)
+    return {"bound": bound, "rule": v.rule.id if v else None, "title": v.rule.title if v else "Inconclusive",
+            "confidence": conf, "confidence_label": label(conf),
+            "summary": v.summary if v else "No verdict rule applies to this trace (the numbers it needs are unknown).",
+            "evidence": v.evidence if v else {}, "secondary": secondary, "notes": notes}
 
 
-def _flag_doc(f: Flag) -> dict:
-    return {"id": f.id, "title": f.title, "severity": f.severity, "summary": f.summary, "evidence": f.evidence}
+def _flag_doc(f: Finding) -> dict:
+    r = f.rule
+    return {"id": r.id, "slug": r.slug, "title": r.title, "severity": r.severity, "summary": f.summary,
+            "evidence": f.evidence, "source": r.source}
 
 
-def _merge_flags(labels: list[str], flag_lists: list[list[Flag]]) -> list[dict]:
-    """One entry per flag id; the evidence of the first trace raising it, and which traces did."""
+def _finding_doc(f: Finding) -> dict:
+    r = f.rule
+    gain = None
+    if r.gain is not None:
+        gain = {"bound": f.gain, "share": f.share, "speedup": f.speedup, "label": r.gain.label,
+                "assumption": r.gain.assumption, "text": f.gain_text}
+    return {"id": r.id, "slug": r.slug, "kind": r.kind, "title": r.title, "summary": f.summary,
+            "evidence": f.evidence, "ranked": f.ranked, "on_bottleneck": f.on_bottleneck, "gain": gain, "no_gain_reason": r.no_gain_reason,
+            "fix": {"text": " ".join((r.fix_text or "").split()), "snippet": r.snippet, "snippet_lang": r.snippet_lang},
+            "source": r.source}
+
+
+def _flag_order(d: dict):
+    return ({"high": 0, "medium": 1, "low": 2}.get(d["severity"], 3), d["id"])
+
+
+def _finding_order(d: dict):
+    """As rules.engine.rank_key: fixes for the named bottleneck first, then by bound."""
+    g = (d.get("gain") or {}).get("bound")
+    return (not d["ranked"], not d["on_bottleneck"], -(g or 0.0), d["id"])
+
+
+def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:
+    """One entry per rule id: the entry of the trace where it matters most, and which traces had it."""
     merged: dict[str, dict] = {}
-    for label, fl in zip(labels, flag_lists):
-        for f in fl:
-            d = merged.setdefault(f.id, {**_flag_doc(f), "traces": []})
-            d["traces"].append(label)
-    order = {"high": 0, "medium": 1, "low": 2}
-    return sorted(merged.values(), key=lambda d: order[d["severity"]])
+    for lab, items in zip(labels, per_trace):
+        for item in items:
+            cur = merged.get(item["id"])
+            if cur is None or order(item) < order(cur):
+                merged[item["id"]] = {**item, "traces": (cur or {}).get("traces", [])}
+            merged[item["id"]]["traces"].append(lab)
+    return sorted(merged.values(), key=order)
 
 
-def _trace_doc(a: TraceAnalysis, label: str, v: Verdict, fl: list[Flag]) -> dict:
+def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
     s = a.steps
     steps = [{"label": s.labels[i], "start_ms": (s.start[i] - s.start[0]) / 1e3,
               "duration_ms": (s.end[i] - s.start[i]) / 1e3,
               "breakdown_ms": dict(zip(BREAKDOWN, a.step_breakdown_ms[i].tolist()))}
              for i in range(len(s))]
-    return {"path": a.path, "label": label, "rank": a.metrics.get("trace.rank"),
-            "metrics": a.metrics, "verdict": _verdict_doc(v), "flags": [_flag_doc(f) for f in fl],
+    return {"path": a.path, "label": lab, "rank": a.metrics.get("trace.rank"), "metrics": a.metrics,
+            "verdict": _verdict_doc(d, a.metrics), "flags": [_flag_doc(f) for f in d.flags],
+            "findings": [_finding_doc(f) for f in d.fixes],
+            "skipped": [{"rule": rid, "unknown": names} for rid, names in d.skipped],
             "steps": steps, "idle_gaps": [asdict(g) for g in a.gaps],
             "memory_timeline": a.memory_series or None, "notes": a.notes, "warnings": a.warnings}
 

@@ -1,4 +1,4 @@
-"""Rich terminal rendering of a report document (one screen: verdict, breakdown, flags, gaps)."""
+"""Rich terminal rendering of a report document: verdict, breakdown, ranked fixes, flags, gaps."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
 CPU_ROLE_LABEL = {**ROLE_LABEL, "cpu_exec": "CPU ops (compute)", "communication": "communication (gloo)"}
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
+TOP_FIXES = 5
 
 
 def render(doc: dict, console: Console | None = None) -> None:
@@ -25,7 +26,7 @@ def render(doc: dict, console: Console | None = None) -> None:
     first = doc["traces"][0]
     m = first["metrics"]
     dev = m.get("trace.device_name") or ("CPU only" if m["trace.platform"] == "cpu" else "device unknown")
-    where = f"{len(doc['traces'])} traces" if len(doc["traces"]) > 1 else first["path"]
+    where = f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"]
     c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     c.print(Text(f"{m['trace.platform']} · {dev} · {m['steps.count']} step(s) from {m['steps.source']}"
                  f" · median step {m['steps.time_median_ms']:.1f} ms", style="dim"))
@@ -33,15 +34,17 @@ def render(doc: dict, console: Console | None = None) -> None:
     c.print(Text.assemble((f" {BOUND_TITLE[v['bound']]} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
     c.print(v["summary"])
+    if v["secondary"]:
+        c.print(Text("  also significant: " + ", ".join(v["secondary"]), style="dim"))
     for n in v["notes"]:
         c.print(Text(f"  note: {n}", style="dim"))
     if doc.get("cross_rank"):
         _ranks(c, doc)
     _breakdown(c, first)
+    _fixes(c, doc["findings"])
     _flags(c, doc["flags"])
     _gaps(c, first)
-    warnings = [w for t in doc["traces"] for w in t["warnings"]]
-    for w in dict.fromkeys(warnings):
+    for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         c.print(Text(f"warning: {w}", style="yellow"))
 
 
@@ -50,17 +53,38 @@ def _breakdown(c: Console, t: dict) -> None:
     labels = CPU_ROLE_LABEL if m["trace.platform"] == "cpu" else ROLE_LABEL
     n = max(len(t["steps"]), 1)
     c.print()
-    title = f"Step breakdown ({t['label']}, mean of {n} step(s))" if t["label"].startswith("rank") else f"Step breakdown (mean of {n} step(s))"
-    c.print(Text(title, style="bold"))
+    c.print(Text(f"Step breakdown ({t['label']}, mean of {n} step(s))", style="bold"))
     table = Table.grid(padding=(0, 2))
-    for role, label in labels.items():
+    for role, name in labels.items():
         share = m[f"breakdown.{role}"] or 0.0
         if share < 0.0005:
             continue
         ms = sum(s["breakdown_ms"][role] for s in t["steps"]) / n
-        bar = "█" * int(round(share * BAR)) or "▏"
-        table.add_row(label, f"{ms:9.2f} ms", f"{100 * share:5.1f}%", Text(bar, style="green"))
+        table.add_row("  " + name, f"{ms:9.2f} ms", f"{100 * share:5.1f}%",
+                      Text("█" * int(round(share * BAR)) or "▏", style="green"))
     c.print(table)
+
+
+def _fixes(c: Console, findings: list[dict]) -> None:
+    ranked = [f for f in findings if f["ranked"]]
+    rest = [f for f in findings if not f["ranked"]] + ranked[TOP_FIXES:]
+    c.print()
+    if ranked:
+        c.print(Text("Fixes, ranked by expected gain (Amdahl bound on the measured share)", style="bold"))
+    else:
+        c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
+    for i, f in enumerate(ranked[:TOP_FIXES], 1):
+        c.print(Text.assemble((f" {i}. {f['title']}", "bold"), ("  ", ""), (f["gain"]["text"], "green")))
+        c.print(f"    {f['summary']}")
+        c.print(Text(f"    fix: {_first_sentence(f['fix']['text'])}", style="default"))
+        if i == 1 and f["fix"]["snippet"]:
+            for line in f["fix"]["snippet"].rstrip().splitlines():
+                c.print(Text(f"      {line}", style="cyan"))
+        c.print(Text(f"    [{f['id']} · {_cite(f['source'])} · assumes {f['gain']['assumption']}]", style="dim"))
+    if rest:
+        c.print(Text("  Also worth a look (no speed claim, or below 1%): "
+                     + "; ".join(f"{f['title']} ({f['id']})" for f in rest), style="dim"))
+    c.print(Text("  `perfdoctor rules show ID` prints a fix in full.", style="dim"))
 
 
 def _flags(c: Console, flags: list[dict]) -> None:
@@ -69,10 +93,9 @@ def _flags(c: Console, flags: list[dict]) -> None:
     c.print()
     c.print(Text("Flags", style="bold"))
     for f in flags:
-        c.print(Text.assemble((f"  [{f['severity']}] ", SEV_STYLE[f["severity"]]), (f["title"], "bold")))
+        c.print(Text.assemble((f"  [{f['severity']}] ", SEV_STYLE.get(f["severity"], "")), (f["title"], "bold"),
+                              (f"  ({f['id']})", "dim")))
         c.print(f"    {f['summary']}")
-        ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f["evidence"].items() if v is not None)
-        c.print(Text(f"    evidence: {ev}", style="dim"))
 
 
 def _gaps(c: Console, t: dict) -> None:
@@ -83,7 +106,7 @@ def _gaps(c: Console, t: dict) -> None:
     c.print(Text("Largest idle-GPU gaps", style="bold"))
     table = Table.grid(padding=(0, 2))
     for g in gaps:
-        table.add_row(f"step {g['step']}", f"+{g['offset_ms']:.2f} ms", f"{g['duration_ms']:.2f} ms",
+        table.add_row(f"  step {g['step']}", f"+{g['offset_ms']:.2f} ms", f"{g['duration_ms']:.2f} ms",
                       g["kind"].replace("_", " "), Text(_short(g["host_event"] or g["host_activity"]), style="dim"))
     c.print(table)
 
@@ -97,16 +120,18 @@ def _ranks(c: Console, doc: dict) -> None:
         table.add_column(col)
     for t in doc["traces"]:
         table.add_row(t["label"], f"{t['metrics']['steps.time_median_ms']:.1f} ms", t["verdict"]["bound"],
-                      ", ".join(f["id"] for f in t["flags"]) or "-")
+                      ", ".join(f["slug"] for f in t["flags"]) or "-")
     c.print(table)
 
 
-def _fmt(name: str, v) -> str:
-    if isinstance(v, float) and name.endswith(("_share", "_fraction", "_swing")) or name.endswith("share"):
-        return f"{100 * v:.1f}%"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
+def _cite(src: dict) -> str:
+    return f"{src.get('article')}, {src.get('section')}"
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    end = text.find(". ")
+    return text if end == -1 else text[: end + 1]
 
 
 def _short(s: str, n: int = 48) -> str:

@@ -1,0 +1,55 @@
+"""Model-level patterns: attention implementation, DataParallel, optimizer fusion, shape churn."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze import intervals
+from perfdoctor.analyze.host import _contained
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.trace.table import EventTable
+
+MATH_ATTENTION = re.compile(r"^aten::_scaled_dot_product_attention_math")
+FUSED_ATTENTION = re.compile(r"^aten::_(scaled_dot_product_(flash|efficient|cudnn)_attention|flash_attention_forward|efficient_attention_forward)")
+FUSED_OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
+
+
+def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    n, total = len(steps), float(steps.duration.sum())
+    in_steps = steps.index_of(t.ts) >= 0
+    math_ops = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: MATH_ATTENTION.match(s) is not None))
+    fused_ops = k.cpu_op & in_steps & t.name_mask(lambda s: FUSED_ATTENTION.match(s) is not None)
+    out = {"attention.math_ops_per_step": len(math_ops) / n,
+           "attention.fused_ops_per_step": int(fused_ops.sum()) / n,
+           "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
+           "trace.devices_used": None, "attention.math_kernel_share": None,
+           "optimizer.kernels_per_step": None, "optimizer.fused": None, "gpu.kernels_per_step_cv": None}
+    opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
+    s_, e_ = intervals.clip(t.ts[opt], t.ts[opt] + t.dur[opt], *steps.span)
+    out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
+    if k.platform == "cpu":
+        return out
+    kr = np.flatnonzero(k.kernel)
+    dev_ids = t.args["device"][kr]
+    out["trace.devices_used"] = int(len(np.unique(dev_ids[~np.isnan(dev_ids)]))) or (1 if len(kr) else 0)
+    dev, launch = device_launch_index(t, k)
+    is_k = k.kernel[dev] & (launch >= 0)
+    kd, kl = dev[is_k], launch[is_k]
+    if len(math_ops):
+        inside = _contained(t, kl, math_ops)
+        out["attention.math_kernel_share"] = float(t.dur[kd[inside]].sum()) / total
+    elif out["attention.fused_ops_per_step"] or len(kd):
+        out["attention.math_kernel_share"] = 0.0
+    if len(opt):
+        inside = _contained(t, kl, opt)
+        out["optimizer.kernels_per_step"] = int(inside.sum()) / n
+        names = {t.names[c] for c in np.unique(t.name[kd[inside]])}
+        out["optimizer.fused"] = any(FUSED_OPTIMIZER_KERNEL.search(x) for x in names) if names else None
+    steady = steps.steady()
+    if len(steady) >= 2:
+        per = np.bincount(steps.index_of(t.ts[kr]) + 1, minlength=n + 1)[1:][steady]
+        out["gpu.kernels_per_step_cv"] = float(per.std() / per.mean()) if per.mean() > 0 else None
+    return out

@@ -1,0 +1,48 @@
+"""How sure a verdict is: the margin over the runner-up, weakened where evidence is thin.
+
+The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says how firmly.
+- device-bound: 0.6 at the 80% line, rising to 1.0 at 90% device busy;
+- input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
+  is at least twice the runner-up;
+- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, and 0.4
+  when most of the step is untraced.
+"""
+
+from __future__ import annotations
+
+CAUSES = ("input", "host", "communication")
+
+
+def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
+    """(confidence 0..1, notes explaining reductions, secondary causes >= 5% of the step)."""
+    sh = {c: m.get(f"share.{c}") or 0.0 for c in ("device",) + CAUSES}
+    cause = "input" if bound.startswith("input") else bound
+    secondary = [c for c in sorted(CAUSES, key=sh.get, reverse=True) if sh[c] >= 0.05 and c != cause]
+    notes: list[str] = []
+    if bound == "inconclusive":
+        return 0.0, notes, secondary
+    if bound == "device":
+        conf = 0.6 + 0.4 * min(1.0, max(0.0, sh["device"] - 0.8) / 0.1)
+    else:
+        others = [sh[c] for c in CAUSES if c != cause]
+        top, runner = sh.get(cause, 0.0), max(others)
+        margin = (top - runner) / top if top > 0 else 0.0
+        conf = 0.4 + 0.6 * min(1.0, margin / 0.5)
+    if m.get("steps.source") != "ProfilerStep":
+        conf = min(conf, 0.5)
+        notes.append(f"steps come from {m.get('steps.source')}, not ProfilerStep annotations")
+    elif (m.get("steps.count") or 0) < 3:
+        conf = min(conf, 0.6)
+        notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
+    if m.get("trace.truncated"):
+        conf = min(conf, 0.6)
+        notes.append("the trace file was truncated; the verdict uses the events before the cut")
+    if (m.get("breakdown.other") or 0) > 0.5:
+        conf = min(conf, 0.4)
+        notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
+                     "profile with Python stacks to see it")
+    return round(conf, 2), notes, secondary
+
+
+def label(conf: float) -> str:
+    return "high" if conf >= 0.75 else "medium" if conf >= 0.5 else "low"

@@ -1,0 +1,41 @@
+"""Run each rule's own test cases: metrics in, fires or not, gain range out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfdoctor.analyze import registry
+from perfdoctor.rules.engine import Diagnosis, _fire, _gain
+from perfdoctor.rules.model import Rule
+
+
+@dataclass
+class CaseResult:
+    rule: Rule
+    name: str
+    ok: bool
+    message: str
+
+
+def run_cases(rule: Rule) -> list[CaseResult]:
+    out = []
+    for case in rule.cases:
+        values = dict.fromkeys(registry.REGISTRY)
+        values["verdict.bound"] = None
+        values.update(case.metrics)
+        diag = Diagnosis(verdict=None)
+        finding = _fire(rule, values, diag)
+        fired = finding is not None
+        if fired != case.fires:
+            why = f" (unknown: {', '.join(diag.skipped[0][1]) or 'a comparison met None'})" if diag.skipped else ""
+            out.append(CaseResult(rule, case.name, False, f"expected fires={case.fires}, got {fired}{why}"))
+            continue
+        if fired and case.gain is not None:
+            _gain(finding, values)
+            lo, hi = case.gain
+            if finding.gain is None or not lo <= finding.gain <= hi:
+                out.append(CaseResult(rule, case.name, False,
+                                      f"gain {finding.gain} outside expected [{lo}, {hi}] ({finding.gain_text})"))
+                continue
+        out.append(CaseResult(rule, case.name, True, "ok"))
+    return out

@@ -1,0 +1,185 @@
+"""Find, parse and validate rule files. Every problem is reported with its file and rule id."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfdoctor.analyze import registry
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.rules import expr
+from perfdoctor.rules.model import BOUNDS, DEVICES, KINDS, TARGETS, Case, Gain, Rule
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REQUIRED = ("id", "slug", "kind", "title", "devices", "when", "summary", "source")
+
+
+@dataclass
+class RuleProblem:
+    path: str
+    rule_id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.rule_id or '?'}: {self.message}"
+
+
+class RulesInvalid(PerfdoctorError):
+    def __init__(self, problems: list[RuleProblem]):
+        self.problems = problems
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more problem(s); run `perfdoctor rules check`)" if len(problems) > 1 else ""
+        super().__init__(f"invalid rule {first}{more}")
+
+
+def builtin_rules_dir() -> Path:
+    """rules/ of a source checkout, else the copy installed with the package."""
+    env = os.environ.get("PERFDOCTOR_RULES")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent.parent / "rules"
+    if here.is_dir():
+        return here
+    return Path(sys.prefix) / "share" / "perfdoctor" / "rules"
+
+
+def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bool = True) -> list[Rule]:
+    """Load the built-in rules plus user rule dirs; raises RulesInvalid listing every problem."""
+    dirs = ([builtin_rules_dir()] if builtin else []) + [Path(d) for d in (extra_dirs or [])]
+    files, problems = [], []
+    for d in dirs:
+        if not d.is_dir():
+            problems.append(RuleProblem(str(d), None, "rules directory not found"))
+            continue
+        files += sorted(d.glob("*.toml"))
+    raw = [(f, _read(f)) for f in files]
+    # Names rules may use beyond the registry: the verdict and every flag's outcome.
+    known = set(registry.REGISTRY) | {"verdict.bound"} | {
+        "flag." + data["slug"].replace("-", "_") for _, (data, _) in raw
+        if isinstance(data, dict) and data.get("kind") == "flag" and isinstance(data.get("slug"), str)}
+    rules = []
+    for f, (data, prob) in raw:
+        if prob is not None:
+            problems.append(prob)
+            continue
+        rule, probs = parse_rule(f, data, known)
+        problems += probs
+        if rule is not None:
+            rules.append(rule)
+    seen: dict[str, str] = {}
+    for r in rules:
+        for key in (r.id, r.slug):
+            if key in seen:
+                problems.append(RuleProblem(r.path, r.id, f"duplicate id/slug {key!r} (also in {seen[key]})"))
+            seen[key] = r.path
+    if problems:
+        raise RulesInvalid(problems)
+    return rules
+
+
+def _read(path: Path) -> tuple[dict | None, RuleProblem | None]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, RuleProblem(str(path), None, f"cannot read: {exc}")
+    except tomllib.TOMLDecodeError as exc:
+        return None, RuleProblem(str(path), None, f"TOML syntax error: {exc}")
+
+
+def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, list[RuleProblem]]:
+    p = str(path)
+    rid = data.get("id") if isinstance(data.get("id"), str) else None
+    probs: list[RuleProblem] = []
+
+    def bad(msg: str) -> None:
+        probs.append(RuleProblem(p, rid, msg))
+
+    for k in REQUIRED:
+        if k not in data:
+            bad(f"missing field {k!r}")
+    if probs:
+        return None, probs
+    kind = data["kind"]
+    if kind not in KINDS:
+        bad(f"kind must be one of {KINDS}, not {kind!r}")
+    devices = data["devices"] if isinstance(data["devices"], list) else [data["devices"]]
+    for d in devices:
+        if d not in DEVICES:
+            bad(f"unknown device {d!r} (allowed: {', '.join(DEVICES)})")
+    when_names = _names(data["when"], known, bad, "when")
+    for name in expr.template_names(str(data["summary"])):
+        if name not in known:
+            bad(f"summary uses unknown metric {name!r}")
+    src = data["source"]
+    if not isinstance(src, dict) or not src.get("article") or not src.get("section"):
+        bad("source needs 'article' (file in shared/articles or a peer tool/doc) and 'section'")
+    evidence = list(data.get("evidence", []))
+    for name in evidence:
+        if name not in known:
+            bad(f"evidence lists unknown metric {name!r}")
+    gain, no_gain = None, data.get("no_gain_reason")
+    if "gain" in data:
+        g = data["gain"]
+        missing = [k for k in ("share", "speedup", "assumption", "label") if k not in g]
+        if missing:
+            bad(f"gain needs {', '.join(missing)}")
+        else:
+            gain = Gain(str(g["share"]), str(g["speedup"]), g["assumption"], g["label"],
+                        _names(str(g["share"]), known, bad, "gain.share"),
+                        _names(str(g["speedup"]), known, bad, "gain.speedup"))
+    fix = data.get("fix", {})
+    if kind == "fix":
+        if gain is None and not no_gain:
+            bad("a fix needs [gain] (share, speedup, assumption, label) or no_gain_reason")
+        if not fix.get("text"):
+            bad("a fix needs [fix] text")
+    targets = data.get("targets", [])
+    if not isinstance(targets, list) or any(t not in TARGETS for t in targets):
+        bad(f"targets must be a list drawn from {TARGETS}")
+        targets = []
+    if kind == "verdict" and data.get("bound") not in BOUNDS:
+        bad(f"a verdict rule needs bound in {BOUNDS}")
+    cases = _cases(data.get("cases", []), known, bad)
+    if not any(c.fires for c in cases) or not any(not c.fires for c in cases):
+        bad("needs at least one firing and one non-firing test case")
+    if probs:
+        return None, probs
+    return Rule(id=data["id"], slug=data["slug"], kind=kind, title=data["title"], devices=devices,
+                when=str(data["when"]), summary=str(data["summary"]), source=src, cases=cases, path=p,
+                priority=int(data.get("priority", 100)), bound=data.get("bound"),
+                severity=data.get("severity", "medium"), evidence=evidence, gain=gain,
+                no_gain_reason=no_gain, fix_text=fix.get("text"), snippet=fix.get("snippet"),
+                snippet_lang=fix.get("snippet_lang", "python"), when_names=when_names, targets=targets), []
+
+
+def _names(text: str, known: set[str], bad, where: str) -> list[str]:
+    try:
+        return expr.metric_names(text, known)
+    except expr.ExprError as exc:
+        bad(f"{where}: {exc}")
+        return []
+
+
+def _cases(raw, known: set[str], bad) -> list[Case]:
+    out = []
+    for i, c in enumerate(raw if isinstance(raw, list) else []):
+        name = c.get("name", f"case {i + 1}")
+        metrics = c.get("metrics", {})
+        unknown = [k for k in metrics if k not in known]
+        if unknown:
+            bad(f"case {name!r} sets unknown metrics {unknown}")
+        if "fires" not in c:
+            bad(f"case {name!r} needs fires = true/false")
+            continue
+        g = c.get("gain")
+        if g is not None and not (isinstance(g, list) and len(g) == 2):
+            bad(f"case {name!r}: gain must be [low, high]")
+            g = None
+        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g else None))
+    return out

@@ -1,0 +1,69 @@
+"""A rule as loaded from one TOML file (format documented in README, "Rules")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("verdict", "flag", "fix")
+DEVICES = ("cuda", "rocm", "cpu", "any")
+BOUNDS = ("input_io", "input_cpu", "input", "host", "device", "communication", "inconclusive")
+TARGETS = ("input", "host", "device", "communication")
+
+
+def target_of(bound: str | None) -> str | None:
+    """input_io / input_cpu / input all address the input pipeline."""
+    if bound is None:
+        return None
+    return "input" if bound.startswith("input") else bound
+
+
+@dataclass
+class Gain:
+    share: str                 # expression: the measured share of step time the fix attacks
+    speedup: str               # expression: assumed speed-up of that share ("inf" = removed)
+    assumption: str            # why that speed-up
+    label: str                 # what the share is, in words ("data wait")
+    share_names: list[str] = field(default_factory=list)
+    speedup_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Case:
+    name: str
+    metrics: dict[str, Any]
+    fires: bool
+    gain: tuple[float, float] | None = None   # expected [low, high] of the bound
+
+
+@dataclass
+class Rule:
+    id: str
+    slug: str
+    kind: str
+    title: str
+    devices: list[str]
+    when: str
+    summary: str                              # template over metric values
+    source: dict[str, Any]
+    cases: list[Case]
+    path: str
+    priority: int = 100                       # verdict rules: first firing (lowest) wins
+    bound: str | None = None                  # verdict rules: the verdict they give
+    severity: str = "medium"                  # flags
+    evidence: list[str] = field(default_factory=list)
+    gain: Gain | None = None                  # fixes; None = no speed claim
+    no_gain_reason: str | None = None         # fixes without a speed claim say why
+    fix_text: str | None = None
+    snippet: str | None = None
+    snippet_lang: str = "python"
+    when_names: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)   # fixes: the verdict classes they address
+
+    @property
+    def flag_name(self) -> str:
+        """How other rules refer to this flag's outcome: flag.<slug with underscores>."""
+        return "flag." + self.slug.replace("-", "_")
+
+    def applies_to(self, platform: str) -> bool:
+        return "any" in self.devices or platform in self.devices
