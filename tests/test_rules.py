@@ -1,0 +1,247 @@
+"""The rule engine and the rule catalog in rules/."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from perfdoctor.analyze import registry
+from perfdoctor.rules import expr
+from perfdoctor.rules.check import run_cases
+from perfdoctor.rules.engine import evaluate
+from perfdoctor.rules.gain import amdahl, describe
+from perfdoctor.rules.loader import RulesInvalid, load_rules
+
+RULES = load_rules()
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.id}-{r.slug}")
+def test_rule_cases(rule):
+    failures = [f"{c.name}: {c.message}" for c in run_cases(rule) if not c.ok]
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.id}-{r.slug}")
+def test_rule_is_complete_and_bounded(rule):
+    assert rule.source.get("article") and rule.source.get("section")
+    assert any(c.fires for c in rule.cases) and any(not c.fires for c in rule.cases)
+    if rule.kind != "fix":
+        return
+    assert rule.fix_text and (rule.gain is not None or rule.no_gain_reason)
+    if rule.gain is None:
+        return
+    assert rule.gain.share_names, "the attacked share must be a measured metric"
+    # Whatever the speed-up assumption evaluates to, the bound never exceeds removing the share.
+    for share in (0.05, 0.3, 0.9):
+        values = dict.fromkeys(registry.REGISTRY)
+        for c in rule.cases:
+            values.update(c.metrics)
+        for n in rule.gain.share_names:
+            values[n] = share
+        try:
+            s = float(expr.Evaluator(values).eval(rule.gain.share))
+            sp = float(expr.Evaluator(values).eval(rule.gain.speedup))
+        except (TypeError, ValueError):
+            continue
+        if 0 < s < 1 and sp > 1:
+            assert amdahl(s, sp) <= 1 / (1 - s) + 1e-12
+
+
+def test_catalog_has_every_verdict_and_the_catalog_flags():
+    bounds = {r.bound for r in RULES if r.kind == "verdict"}
+    assert {"device", "input", "input_cpu", "host", "communication", "inconclusive"} <= bounds
+    flags = {r.slug for r in RULES if r.kind == "flag"}
+    assert {"allocator-thrashing", "idle-gpu-gaps", "host-device-sync", "pageable-copies", "num-workers-zero",
+            "no-tensor-cores", "math-attention", "data-parallel", "memory-pressure", "memory-headroom",
+            "unfused-optimizer", "shape-churn"} <= flags
+    assert sum(r.kind == "fix" for r in RULES) >= 20
+
+
+def test_every_article_is_cited():
+    cited = {r.source["article"] for r in RULES} | {a for r in RULES for a in r.source.get("also", [])}
+    text = " ".join(cited)
+    for art in ("000_b401e2bda0f90be3.txt", "001_83940edd4f8b10bc.txt", "002_49d6f12255666ecc.txt",
+                "003_7bbbd8e6e30a68ae.txt"):
+        assert art in text
+
+
+def test_amdahl():
+    assert amdahl(0.5, math.inf) == pytest.approx(2.0)
+    assert amdahl(0.5, 2.0) == pytest.approx(1 / 0.75)
+    assert amdahl(0.0, 10.0) == 1.0
+    assert amdahl(0.229, math.inf) == pytest.approx(1 / 0.771)
+    assert math.isinf(amdahl(1.0, math.inf))
+    assert describe(1.297, 0.229, "data wait") == "up to 1.30x (data wait is 22.9% of each step)"
+
+
+def test_expressions_are_validated_not_evaluated_blindly():
+    known = {"share.input", "verdict.bound", "machine.free_cores"}
+    assert expr.metric_names("share.input >= 0.2 and verdict.bound in ('input', 'host')", known) == [
+        "share.input", "verdict.bound"]
+    for bad in ("__import__('os').system('x')", "share.input.__class__", "[x for x in (1, 2)]",
+                "(lambda: 1)()", "share.inputs > 0", "share.input[0]", "open('f')", "share.input >="):
+        with pytest.raises(expr.ExprError):
+            expr.metric_names(bad, known)
+
+
+def test_three_valued_logic(tmp_path):
+    """A condition that needs an unknown metric does not fire; `True or unknown` does."""
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"trace.platform": "cuda", "steps.count": 4, "steps.time_mean_ms": 10.0, "share.device": 0.5,
+              "share.input": 0.1, "share.host": 0.4, "share.communication": 0.0,
+              "memory.free_per_step": 2.0})   # reserved_swing unknown
+    d = evaluate(RULES, m)
+    assert "allocator-thrashing" in {f.rule.slug for f in d.flags}       # True or unknown
+    m["memory.free_per_step"] = 0.0
+    d = evaluate(RULES, m)
+    assert "allocator-thrashing" not in {f.rule.slug for f in d.flags}   # False or unknown
+    assert any(rid == "PD205" for rid, _ in d.skipped)
+
+
+def test_templates_render_metrics():
+    assert expr.render_template("{a.b:pct} and {c:.1f} {d}", {"a.b": 0.2291, "c": 2.25, "d": None}) == \
+        "22.9% and 2.2 unknown"
+
+
+BROKEN = {
+    "syntax": ('id = "X1"\nslug = "x"\nkind = "flag"\ntitle = [unclosed\n', "TOML syntax error"),
+    "unknown_metric": ("""
+        id = "X2"
+        slug = "x2"
+        kind = "flag"
+        title = "t"
+        devices = ["any"]
+        when = "input.no_such_metric > 1"
+        summary = "s"
+        [source]
+        article = "a"
+        section = "s"
+        [[cases]]
+        metrics = {}
+        fires = true
+        [[cases]]
+        metrics = {}
+        fires = false
+        """, "unknown metric 'input.no_such_metric'"),
+    "missing_field": ('id = "X3"\nslug = "x3"\nkind = "fix"\n', "missing field 'title'"),
+    "no_cases": ("""
+        id = "X4"
+        slug = "x4"
+        kind = "flag"
+        title = "t"
+        devices = ["any"]
+        when = "share.input > 0.1"
+        summary = "s"
+        [source]
+        article = "a"
+        section = "s"
+        """, "needs at least one firing and one non-firing test case"),
+    "duplicate": (open(RULES[0].path).read(), "duplicate id/slug"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_rules_check_rejects_broken_files_with_file_and_id(tmp_path, case):
+    text, message = BROKEN[case]
+    (tmp_path / f"{case}.toml").write_text(textwrap.dedent(text))
+    with pytest.raises(RulesInvalid) as err:
+        load_rules([tmp_path])
+    assert any(message in str(p) and f"{case}.toml" in p.path for p in err.value.problems)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "check", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"{case}.toml" in r.stderr and message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_rules_check_fails_on_a_wrong_case(tmp_path):
+    (tmp_path / "mine.toml").write_text(textwrap.dedent("""
+        id = "USR1"
+        slug = "my-rule"
+        kind = "flag"
+        title = "mine"
+        devices = ["any"]
+        when = "share.input > 0.1"
+        summary = "input {share.input:pct}"
+        [source]
+        article = "team wiki"
+        section = "input budget"
+        [[cases]]
+        name = "claims to fire but will not"
+        metrics = { "share.input" = 0.05 }
+        fires = true
+        [[cases]]
+        metrics = { "share.input" = 0.0 }
+        fires = false
+        """))
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "check", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "USR1" in r.stdout and "1 failed" in r.stdout
+
+
+def test_user_rules_join_the_report(tmp_path):
+    import tracegen as tg
+    rules_dir = tmp_path / "myrules"
+    rules_dir.mkdir()
+    (rules_dir / "USR2.toml").write_text(textwrap.dedent("""
+        id = "USR2"
+        slug = "team-input-budget"
+        kind = "fix"
+        targets = ["input"]
+        title = "Our input budget is exceeded"
+        devices = ["any"]
+        when = "share.input > 0.1"
+        summary = "input takes {share.input:pct}"
+        [gain]
+        share = "share.input"
+        speedup = "2"
+        assumption = "our cache halves loading time"
+        label = "data wait"
+        [fix]
+        text = "Use the team cache."
+        [source]
+        article = "team wiki"
+        section = "input budget"
+        [[cases]]
+        metrics = { "share.input" = 0.5 }
+        fires = true
+        gain = [1.33, 1.34]
+        [[cases]]
+        metrics = { "share.input" = 0.0 }
+        fires = false
+        """))
+    trace = tmp_path / "t.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=4000)] * 4), trace)
+    import json
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(trace), "--rules", str(rules_dir), "-f", "json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    found = {f["id"]: f for f in json.loads(r.stdout)["findings"]}
+    assert "USR2" in found and found["USR2"]["gain"]["bound"] < 2.0
+
+
+def test_device_filter_keeps_cuda_advice_off_rocm_and_cpu():
+    for platform in ("rocm", "cpu"):
+        m = dict.fromkeys(registry.REGISTRY)
+        m.update({"trace.platform": platform, "steps.count": 4, "steps.time_mean_ms": 10.0,
+                  "share.device": 0.5, "share.input": 0.3, "share.host": 0.2, "share.communication": 0.0,
+                  "memcpy.pageable_h2d_per_step": 4.0, "tensor_core.eligible_share": 0.9,
+                  "tensor_core.kernel_share": 0.0, "trace.compute_capability": 9.0})
+        d = evaluate(RULES, m)
+        fired = [f.rule for f in d.flags + d.fixes]
+        assert all(r.devices != ["cuda"] for r in fired), [r.id for r in fired if r.devices == ["cuda"]]
+
+
+def test_rules_cli_list_and_show():
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "list"], capture_output=True, text=True,
+                       timeout=60, env={"COLUMNS": "200", "PATH": ""})
+    assert r.returncode == 0 and "PD301" in r.stdout and "verdict" in r.stdout
+    s = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "show", "loader-workers"],
+                       capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0 and "Amdahl" in s.stdout and "000_b401e2bda0f90be3.txt" in s.stdout
+    bad = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "show", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no rule" in bad.stderr
