@@ -17,7 +17,7 @@ ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
 CPU_ROLE_LABEL = {**ROLE_LABEL, "cpu_exec": "CPU ops (compute)", "communication": "communication (gloo)"}
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
-TOP_FIXES = 5
+DETAILED = 3     # fixes shown with text and citation; the rest one line each
 
 
 def render(doc: dict, console: Console | None = None) -> None:
@@ -67,24 +67,29 @@ def _breakdown(c: Console, t: dict) -> None:
 
 def _fixes(c: Console, findings: list[dict]) -> None:
     ranked = [f for f in findings if f["ranked"]]
-    rest = [f for f in findings if not f["ranked"]] + ranked[TOP_FIXES:]
+    rest = [f for f in findings if not f["ranked"]]
     c.print()
     if ranked:
-        c.print(Text("Fixes, ranked by expected gain (Amdahl bound on the measured share)", style="bold"))
+        c.print(Text("Fixes, ranked: the verdict's bottleneck first, then by expected gain "
+                     "(an Amdahl bound on the measured share)", style="bold"))
     else:
         c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
-    for i, f in enumerate(ranked[:TOP_FIXES], 1):
-        c.print(Text.assemble((f" {i}. {f['title']}", "bold"), ("  ", ""), (f["gain"]["text"], "green")))
+    for i, f in enumerate(ranked, 1):
+        head = Text.assemble((f" {i}. {f['title']}", "bold"), ("  ", ""), (f["gain"]["text"], "green"))
+        if i > DETAILED:
+            c.print(head)
+            continue
+        c.print(head)
         c.print(f"    {f['summary']}")
-        c.print(Text(f"    fix: {_first_sentence(f['fix']['text'])}", style="default"))
+        c.print(f"    fix: {_first_sentence(f['fix']['text'])}")
         if i == 1 and f["fix"]["snippet"]:
             for line in f["fix"]["snippet"].rstrip().splitlines():
                 c.print(Text(f"      {line}", style="cyan"))
-        c.print(Text(f"    [{f['id']} · {_cite(f['source'])} · assumes {f['gain']['assumption']}]", style="dim"))
+        c.print(Text(f"    [{f['id']} · {_cite(f['source'])}]", style="dim"))
     if rest:
-        c.print(Text("  Also worth a look (no speed claim, or below 1%): "
+        c.print(Text("  Also worth a look (no speed claim): "
                      + "; ".join(f"{f['title']} ({f['id']})" for f in rest), style="dim"))
-    c.print(Text("  `perfdoctor rules show ID` prints a fix in full.", style="dim"))
+    c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
 
 def _flags(c: Console, flags: list[dict]) -> None:
@@ -125,7 +130,9 @@ def _ranks(c: Console, doc: dict) -> None:
 
 
 def _cite(src: dict) -> str:
-    return f"{src.get('article')}, {src.get('section')}"
+    art = str(src.get("article"))
+    art = f"article {art[:3]}" if art[:3].isdigit() else art
+    return f"{art}, {src.get('section')}"
 
 
 def _first_sentence(text: str) -> str:
