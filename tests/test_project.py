@@ -41,3 +41,21 @@ def test_dockerfile_lints_clean():
         pytest.skip("hadolint not installed (it comes with the test extra on Linux x86_64/aarch64)")
     r = subprocess.run([hadolint, str(REPO / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_readme_shows_a_complete_rule_file():
+    rule = (REPO / "rules" / "PD301-loader-workers.toml").read_text()
+    assert "```toml\n" + rule + "```" in README
+
+
+def test_readme_coverage_table_lists_every_fix_rule():
+    from perfdoctor.rules.loader import load_rules
+    table = README.split("### Which rule covers which article section", 1)[1]
+    fixes = [r.id for r in load_rules() if r.kind == "fix"]
+    cited = set(re.findall(r"PD\d{3}", table))
+    for lo, hi in re.findall(r"PD(\d{3})-PD(\d{3})", table):
+        cited |= {f"PD{i}" for i in range(int(lo), int(hi) + 1)}
+    missing = [f for f in fixes if f not in cited]
+    assert not missing, f"fix rules missing from the README coverage table: {missing}"
+    for art in ("000", "001", "002", "003"):
+        assert f"| {art} |" in table
