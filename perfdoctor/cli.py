@@ -66,6 +66,71 @@ def report(
     render(doc)
 
 
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def run(
+    target: Optional[list[str]] = typer.Argument(None, metavar="SCRIPT [ARGS]...",
+                                                 help="The training script and its arguments, exactly as for `python`."),
+    module: Optional[str] = typer.Option(None, "-m", metavar="MODULE", help="Run a module, as `python -m MODULE`."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1,
+                                            help="Stop the script gracefully after N measured steps."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=1, metavar="SECONDS",
+                                             help="Stop the script gracefully after this long."),
+    skip_steps: int = typer.Option(5, "--skip-steps", min=0, help="Warm-up steps before the trace window."),
+    trace_steps: int = typer.Option(5, "--trace-steps", min=1, help="Steps recorded by torch.profiler."),
+    memory: bool = typer.Option(False, "--memory", help="Also profile memory (allocator events) in the trace."),
+    no_trace: bool = typer.Option(False, "--no-trace", help="Do not record a torch.profiler trace."),
+    stacks: bool = typer.Option(False, "--stacks", help="Sample Python stacks of the trainer and loader workers "
+                                                         "with py-spy (costs 8-25% on a busy 2-core machine)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default perfdoctor-runs/<time>-<script>)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report here."),
+    rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
+                                                    help="Extra rule directory (repeatable)."),
+) -> None:
+    """Run a training script unmodified, watch it, and diagnose it (report on stderr).
+
+    Exit code: the script's own (128+N if a signal N killed it); 2 for perfdoctor usage errors."""
+    from perfdoctor.collect.launcher import RunConfig, launch
+
+    argv = list(target or [])
+    if module:
+        argv = [module, *argv]
+    elif not argv:
+        raise PerfdoctorError("give a script (perfdoctor run train.py ARGS) or a module (perfdoctor run -m pkg.train)")
+    elif not Path(argv[0]).is_file():
+        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
+                    skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks)
+    res = launch(cfg)
+    try:
+        _report_run(res, output, [str(d) for d in rules_dirs or []])
+    except PerfdoctorError as exc:
+        print(f"perfdoctor: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # the script's exit code wins over a diagnosis bug
+        if os.environ.get("PERFDOCTOR_DEBUG") == "1":
+            raise
+        print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {exc} "
+              "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
+    raise typer.Exit(res.exit_code)
+
+
+def _report_run(res, output: Optional[Path], rule_dirs: list[str]) -> None:
+    from rich.console import Console
+
+    from perfdoctor.diagnose.live import diagnose_run, write_run_events
+    from perfdoctor.report.json_out import to_json
+    from perfdoctor.report.terminal import render
+
+    doc = diagnose_run(res, rule_dirs)
+    (res.run_dir / "report.json").write_bytes(to_json(doc))
+    write_run_events(res.run_dir)
+    if output is not None:
+        try:
+            output.write_bytes(to_json(doc))
+        except OSError as exc:
+            raise PerfdoctorError(f"cannot write {output}: {exc.strerror or exc}") from None
+    render(doc, Console(stderr=True, highlight=False))
+
+
 rules_app = typer.Typer(no_args_is_help=True, help="List, show and check the diagnosis rules (rules/*.toml).")
 app.add_typer(rules_app, name="rules")
 

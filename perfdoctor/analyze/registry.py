@@ -120,6 +120,17 @@ _m("optimizer.step_share", "share", "Share of step time inside Optimizer.step an
 _m("optimizer.kernels_per_step", "per_step", "Kernels launched inside Optimizer.step per step.")
 _m("optimizer.fused", "bool", "Optimizer kernels are fused / multi-tensor (multi_tensor_apply, fused_*); None without optimizer annotations.")
 _m("gpu.kernels_per_step_cv", "fraction", "Variation of kernel count across steady steps (std / mean): shape or control-flow churn.")
+# -- the live run's step hooks (perfdoctor run; None for a trace alone) -----------------------
+_m("run.steps", "count", "Steps the hooks measured (optimizer steps, or DataLoader iterations without an optimizer).")
+_m("run.step_time_median_ms", "ms", "Median wall-clock step time over measured steps outside the profiled window.")
+_m("run.step_time_p90_ms", "ms", "90th percentile of those step times.")
+_m("run.steps_per_s", "count", "Steps per second at the median step time.")
+_m("run.data_wait_share", "share", "Time inside DataLoader __next__ / step time, over every measured step (not only the traced ones).")
+_m("run.profiled_steps", "count", "Steps recorded by torch.profiler (excluded from run.* step statistics).")
+_m("run.skipped_optimizer_steps", "count", "Steps whose optimizer step GradScaler skipped (inf/NaN gradients).")
+_m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, crashed, interrupted or killed.")
+_m("run.exit_code", "count", "The script's exit code (128+N when signal N killed it).")
+_m("run.stopped_early", "bool", "perfdoctor stopped the script (--max-steps / --duration).")
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")

@@ -117,11 +117,12 @@ def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:
 
 
 def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
-    s = a.steps
-    steps = [{"label": s.labels[i], "start_ms": (s.start[i] - s.start[0]) / 1e3,
-              "duration_ms": (s.end[i] - s.start[i]) / 1e3,
-              "breakdown_ms": dict(zip(BREAKDOWN, a.step_breakdown_ms[i].tolist()))}
-             for i in range(len(s))]
+    s = a.steps      # None when a live run recorded no trace
+    steps = [] if s is None else [
+        {"label": s.labels[i], "start_ms": (s.start[i] - s.start[0]) / 1e3,
+         "duration_ms": (s.end[i] - s.start[i]) / 1e3,
+         "breakdown_ms": dict(zip(BREAKDOWN, a.step_breakdown_ms[i].tolist()))}
+        for i in range(len(s))]
     return {"path": a.path, "label": lab, "rank": a.metrics.get("trace.rank"), "metrics": a.metrics,
             "verdict": _verdict_doc(d, a.metrics), "flags": [_flag_doc(f) for f in d.flags],
             "findings": [_finding_doc(f) for f in d.fixes],

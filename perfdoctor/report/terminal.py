@@ -26,8 +26,13 @@ def render(doc: dict, console: Console | None = None) -> None:
     first = doc["traces"][0]
     m = first["metrics"]
     dev = m.get("trace.device_name") or ("CPU only" if m["trace.platform"] == "cpu" else "device unknown")
+    if m.get("steps.count") is None:     # a live run without a trace
+        m = {**m, "steps.count": 0, "steps.source": "no trace", "steps.time_median_ms": m.get("run.step_time_median_ms") or 0.0}
     where = f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"]
-    c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
+    if doc.get("run"):
+        _run_header(c, doc["run"], m)
+    else:
+        c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     c.print(Text(f"{m['trace.platform']} · {dev} · {m['steps.count']} step(s) from {m['steps.source']}"
                  f" · median step {m['steps.time_median_ms']:.1f} ms", style="dim"))
     c.print()
@@ -46,6 +51,26 @@ def render(doc: dict, console: Console | None = None) -> None:
     _gaps(c, first)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         c.print(Text(f"warning: {w}", style="yellow"))
+
+
+OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
+           "exit": "the script exited", "crashed": "the script crashed", "interrupted": "interrupted",
+           "killed": "the script was killed"}
+
+
+def _run_header(c: Console, run: dict, m: dict) -> None:
+    how = OUTCOME.get(run["outcome"], run["outcome"])
+    if run.get("stopped_by"):
+        how += f" (--{run['stopped_by']})"
+    c.print(Text.assemble(("perfdoctor run ", "bold"), (run["command"], "bold"),
+                          (f" · {how} · exit code {run['exit_code']}", "")))
+    if m.get("run.step_time_median_ms") is not None:
+        c.print(Text(f"{m['run.steps']} steps measured in {run['wall_s']:.1f} s: median {m['run.step_time_median_ms']:.1f} ms"
+                     f" (p90 {m['run.step_time_p90_ms']:.1f} ms), data wait {100 * (m['run.data_wait_share'] or 0):.1f}%"
+                     " of step time (outside the profiled window)", style="dim"))
+    c.print(Text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
+    for n in run.get("notes", []):
+        c.print(Text(f"note: {n}", style="yellow"))
 
 
 def _breakdown(c: Console, t: dict) -> None:

@@ -1,0 +1,192 @@
+"""Parent side of `perfdoctor run`: start the child, sample the system, forward signals.
+
+The child (child.py) inherits stdin/stdout/stderr, so the script's output passes through
+untouched. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (a terminal's Ctrl-C
+reaches both; the child's KeyboardInterrupt is what ends the run). --duration asks the child to
+stop at its next step boundary (SIGUSR1), then insists (SIGINT, SIGKILL) after a grace period.
+Progress lines go to stderr only when it is a terminal. Everything measured lands in the run
+directory; nothing here formats a report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from perfdoctor.collect.child import ENV
+
+STOP_GRACE_S = 30.0
+PROGRESS_EVERY_S = 5.0
+
+
+@dataclass
+class RunConfig:
+    argv: list[str]                      # [script or module name, *args]
+    module: str | None = None            # -m MODULE
+    run_dir: Path | None = None
+    max_steps: int | None = None
+    duration: float | None = None
+    skip: int = 5
+    active: int = 5
+    memory: bool = False
+    trace: bool = True
+    stacks: bool = False
+    interval: float = 0.5
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    exit_code: int
+    signal: int | None
+    wall_s: float
+    child: dict = field(default_factory=dict)
+    stopped_by: str | None = None        # "max-steps" | "duration" | None
+    notes: list[str] = field(default_factory=list)
+
+
+def default_run_dir(cfg: RunConfig, root: str = "perfdoctor-runs") -> Path:
+    stem = cfg.module or Path(cfg.argv[0]).stem
+    base = Path(root) / f"{datetime.now():%Y%m%d-%H%M%S}-{re.sub(r'[^A-Za-z0-9_.-]', '_', stem)}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
+def launch(cfg: RunConfig) -> RunResult:
+    run_dir = cfg.run_dir or default_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
+                 "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
+                 "memory": cfg.memory, "trace": cfg.trace}
+    env = dict(os.environ, **{ENV: json.dumps(child_cfg)})
+    notes: list[str] = []
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "perfdoctor.collect.child"], env=env)
+    samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
+    forwarded: list[int] = []
+
+    def forward(signum, frame):
+        forwarded.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped_by, stop_sent_at = None, None
+    progress = _Progress(run_dir) if sys.stderr.isatty() else None
+    try:
+        while True:
+            try:
+                proc.wait(timeout=cfg.interval)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            elapsed = time.monotonic() - t0
+            if cfg.duration and elapsed >= cfg.duration and stop_sent_at is None:
+                stopped_by, stop_sent_at = "duration", elapsed
+                proc.send_signal(signal.SIGUSR1)
+            elif stop_sent_at is not None and elapsed - stop_sent_at > STOP_GRACE_S:
+                notes.append(f"the script did not stop within {STOP_GRACE_S:.0f} s of the request; interrupted it")
+                proc.send_signal(signal.SIGINT if elapsed - stop_sent_at < 2 * STOP_GRACE_S else signal.SIGKILL)
+            if progress:
+                progress.tick(elapsed)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _stop_samplers(samplers, run_dir, notes)
+    code = proc.returncode
+    sig = -code if code < 0 else None
+    exit_code = 128 + sig if sig else code
+    child = _read_json(run_dir / "child.json")
+    if child.get("outcome") == "stopped":
+        stopped_by = stopped_by or "max-steps"
+    elif stopped_by == "duration" and child.get("outcome") != "stopped":
+        stopped_by = None if not child else stopped_by
+    if not child:
+        notes.append("the script ended before perfdoctor could record its summary (killed?)")
+    res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes)
+    (run_dir / "run.json").write_text(json.dumps({
+        "argv": cfg.argv, "module": cfg.module, "exit_code": exit_code, "signal": sig,
+        "wall_s": round(res.wall_s, 3), "stopped_by": stopped_by, "forwarded_signals": forwarded,
+        "notes": notes, "config": {k: v for k, v in child_cfg.items() if k != "run_dir"}}, indent=1))
+    return res
+
+
+def _start_samplers(cfg: RunConfig, pid: int, run_dir: Path, notes: list[str]) -> list:
+    out = []
+    try:
+        from perfdoctor.collect.samplers import SystemSampler
+        s = SystemSampler(pid, interval=cfg.interval)
+        s.start()
+        out.append(s)
+    except Exception as exc:  # sampling must never break the user's run
+        notes.append(f"system sampling unavailable: {type(exc).__name__}: {exc}")
+    if cfg.stacks:
+        try:
+            from perfdoctor.collect.stacks import StackSampler
+            st = StackSampler(lambda: _pids(out), str(run_dir / "stacks"))
+            st.start()
+            out.append(st)
+        except Exception as exc:
+            notes.append(f"py-spy stacks unavailable: {type(exc).__name__}: {exc}")
+    return out
+
+
+def _pids(samplers) -> list[int]:
+    for s in samplers:
+        if hasattr(s, "pids"):
+            return s.pids()
+    return []
+
+
+def _stop_samplers(samplers: list, run_dir: Path, notes: list[str]) -> None:
+    for s in samplers:
+        try:
+            s.stop()
+        except Exception as exc:
+            notes.append(f"stopping a sampler failed: {exc}")
+    for s in samplers:
+        if hasattr(s, "samples"):
+            (run_dir / "samples.json").write_text(json.dumps({"samples": s.samples, "notes": s.notes}))
+        notes.extend(getattr(s, "notes", []) if not hasattr(s, "samples") else [])
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class _Progress:
+    """A line on stderr every few seconds: steps so far, time per step, data wait."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "steps.jsonl"
+        self.last = 0.0
+
+    def tick(self, elapsed: float) -> None:
+        if elapsed - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = elapsed
+        try:
+            lines = self.path.read_text().splitlines()[-20:]
+            recs = [json.loads(x) for x in lines if x.strip()]
+        except (OSError, ValueError):
+            return
+        if not recs:
+            print(f"[perfdoctor] {elapsed:.0f} s, waiting for the first training step", file=sys.stderr)
+            return
+        dur = sorted(r["dur"] for r in recs)[len(recs) // 2]
+        wait = sum(r["wait"] for r in recs) / max(sum(r["dur"] for r in recs), 1e-9)
+        print(f"[perfdoctor] step {recs[-1]['step']} · {dur * 1e3:.1f} ms/step · data wait {100 * wait:.0f}%",
+              file=sys.stderr)

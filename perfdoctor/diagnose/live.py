@@ -1,0 +1,153 @@
+"""`perfdoctor run`'s diagnosis: run directory -> metrics -> rules -> report document.
+
+Metrics come from three places, each saying only what it measured:
+- the trace of the profiled window (the same analysis as `report`), when one was recorded;
+- the step hooks (every step of the run: step time, data wait), as `run.*`;
+- the system samplers (loader processes, CPU, IO, PSI, GPU), as `system.*`, `loader.*`,
+  `machine.*` and `input.split`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from perfdoctor.analyze import registry
+from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
+from perfdoctor.collect.launcher import RunResult
+from perfdoctor.report.document import build_document
+from perfdoctor.rules.engine import evaluate
+from perfdoctor.rules.loader import load_rules
+from perfdoctor.trace.loader import load_trace
+
+
+@dataclass
+class StepsOnly:
+    """Stands in for a TraceAnalysis when no trace was recorded (hooks and samples only)."""
+
+    path: str
+    metrics: dict
+    steps: None = None
+    step_breakdown_ms: None = None
+    gaps: list = field(default_factory=list)
+    memory_series: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+
+def read_steps(run_dir: Path) -> list[dict]:
+    """Recorded steps of the final step mode (optimizer or DataLoader fallback)."""
+    try:
+        recs = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+    if recs:
+        last_mode = recs[-1].get("mode")
+        recs = [r for r in recs if r.get("mode") == last_mode]
+    return recs
+
+
+def clean_steps(steps: list[dict]) -> list[dict]:
+    """Steps that measure the script, not us: not profiled, not right after the trace export."""
+    return [s for s in steps if not s.get("profiled") and not s.get("perturbed")]
+
+
+def step_metrics(steps: list[dict], res: RunResult) -> dict:
+    good = clean_steps(steps) or steps
+    d = np.array([s["dur"] for s in good]) * 1e3
+    w = np.array([s["wait"] for s in good]) * 1e3
+    out = {"run.steps": len(steps), "run.outcome": res.child.get("outcome") or "killed",
+           "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
+           "run.profiled_steps": sum(1 for s in steps if s.get("profiled")),
+           "run.skipped_optimizer_steps": sum(1 for s in steps if s.get("skipped")),
+           "run.step_time_median_ms": None, "run.step_time_p90_ms": None, "run.data_wait_share": None,
+           "run.steps_per_s": None}
+    if len(d):
+        med = float(np.median(d))
+        out.update({"run.step_time_median_ms": med, "run.step_time_p90_ms": float(np.percentile(d, 90)),
+                    "run.data_wait_share": float(w.sum() / d.sum()) if d.sum() > 0 else None,
+                    "run.steps_per_s": 1e3 / med if med > 0 else None})
+    return out
+
+
+def _system(run_dir: Path) -> tuple[dict, list[str]]:
+    try:
+        data = json.loads((run_dir / "samples.json").read_text())
+    except (OSError, ValueError):
+        return {}, []
+    try:
+        from perfdoctor.analyze.system import system_metrics
+    except ImportError:
+        return {}, data.get("notes", [])
+    return system_metrics(data.get("samples", []), data.get("notes", [])), data.get("notes", [])
+
+
+def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
+    run_dir = res.run_dir
+    rules = load_rules(rule_dirs)
+    steps = read_steps(run_dir)
+    traces = sorted((run_dir / "trace").glob("*.pt.trace.json*")) if (run_dir / "trace").is_dir() else []
+    analysis: TraceAnalysis | StepsOnly
+    notes = list(res.child.get("notes", [])) + list(res.notes)
+    if traces:
+        analysis = analyze(load_trace(traces[0]))
+    else:
+        m = dict.fromkeys(registry.REGISTRY)
+        m["trace.platform"] = "cuda" if res.child.get("cuda_available") else "cpu"
+        analysis = StepsOnly(str(run_dir), m)
+        notes.append("no trace was recorded (" + _why_no_trace(res, steps) + "): the diagnosis uses step "
+                     "timings and system samples only")
+    m = analysis.metrics
+    m.update(step_metrics(steps, res))
+    sysm, sample_notes = _system(run_dir)
+    m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
+    notes += [n for n in sample_notes if n not in notes]
+    registry.check(m)
+    doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
+    doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes
+    try:
+        launched = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        launched = {}
+    argv = launched.get("argv") or []
+    command = " ".join((["-m"] if launched.get("module") else []) + list(argv))
+    doc["run"] = {"dir": str(run_dir), "command": command, "outcome": m["run.outcome"], "exit_code": res.exit_code,
+                  "signal": res.signal, "stopped_by": res.stopped_by, "wall_s": round(res.wall_s, 3),
+                  "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes}
+    return doc
+
+
+def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
+    state = res.child.get("profiler")
+    if not res.child.get("torch_imported"):
+        return "the script never imported torch"
+    if state == "skipped":
+        return "the script runs its own profiler"
+    if state == "failed":
+        return "torch.profiler failed"
+    return f"the run ended after {len(steps)} step(s), before the profiled window"
+
+
+def write_run_events(run_dir: Path) -> None:
+    """TensorBoard scalars of the run: step time and data wait per step, system samples over time."""
+    from perfdoctor.report.tb_events import EventWriter
+
+    steps = read_steps(run_dir)
+    with EventWriter(run_dir / "tensorboard") as w:
+        for s in steps:
+            w.scalars(s["step"], {"step/time_ms": s["dur"] * 1e3, "step/data_wait_ms": s["wait"] * 1e3,
+                                  "step/data_wait_share": s["wait"] / s["dur"] if s["dur"] > 0 else None},
+                      wall_time=s.get("end"))
+        try:
+            samples = json.loads((run_dir / "samples.json").read_text()).get("samples", [])
+        except (OSError, ValueError):
+            samples = []
+        try:
+            from perfdoctor.analyze.system import sample_scalars
+        except ImportError:
+            return
+        for i, smp in enumerate(samples):
+            w.scalars(i, sample_scalars(smp))
