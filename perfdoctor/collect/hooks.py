@@ -45,6 +45,8 @@ class Session:
         self.lock = threading.Lock()
         self.mode = None                 # "optimizer" | "dataloader"
         self.primary = None              # id of the optimizer that defines step boundaries
+        self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
+        self.user_profilers = 0          # the script's own torch.profiler objects, started and not stopped
         self.steps = 0
         self.batches_without_step = 0
         self.t_boundary = time.perf_counter()
@@ -105,30 +107,42 @@ class Session:
             orig = cls.step
 
             def step(scaler, optimizer, *a, _orig=orig, **kw):
-                before = session.steps
+                calls = session.optimizer_calls
                 out = _orig(scaler, optimizer, *a, **kw)
-                if session.steps == before and session.primary in (None, id(optimizer)):
+                if session.optimizer_calls == calls:           # the scaler skipped optimizer.step()
                     session._on_optimizer_step(optimizer, (), {}, skipped=True)
                 return out
             step._perfdoctor = True
             cls.step = step
 
     def _wrap_user_profiler(self) -> None:
+        """Know when the script has a torch.profiler of its own, from start() to stop(): a
+        scheduled profiler is not 'enabled' during its wait phase, yet starting a second one
+        then crashes Kineto when the first wakes up."""
         import torch.profiler as tp
         session = self
-        orig = tp.profile.start
+        orig_start, orig_stop = tp.profile.start, tp.profile.stop
 
         def start(prof, *a, **kw):
-            if prof is not session.prof and session.prof_state in ("recording", "exported"):
-                session._stop_profiler(partial=True)
-                session.notes.append("the script started its own profiler: perfdoctor stopped its trace "
-                                     "early; analyse the script's trace with `perfdoctor report`")
-                session.prof_state = "skipped"
-            return orig(prof, *a, **kw)
-        tp.profile.start = start
+            if prof is not session.prof:
+                session.user_profilers += 1
+                if session.prof_state in ("recording", "exported"):
+                    session._stop_profiler(partial=True)
+                    session.notes.append("the script started its own profiler: perfdoctor stopped its trace "
+                                         "early; analyse the script's trace with `perfdoctor report`")
+                    session.prof_state = "skipped"
+            return orig_start(prof, *a, **kw)
+
+        def stop(prof, *a, **kw):
+            if prof is not session.prof and session.user_profilers:
+                session.user_profilers -= 1
+            return orig_stop(prof, *a, **kw)
+        tp.profile.start, tp.profile.stop = start, stop
 
     # -- step boundaries ------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
+        if not skipped:
+            self.optimizer_calls += 1
         if self.primary is None:
             self.primary = id(optimizer)
             if self.mode == "dataloader":
@@ -190,7 +204,7 @@ class Session:
     def _start_profiler(self) -> None:
         torch = self.torch
         try:
-            if torch.autograd.profiler._is_profiler_enabled:
+            if self.user_profilers or torch.autograd.profiler._is_profiler_enabled:
                 self.prof_state = "skipped"
                 self.notes.append("the script runs its own profiler: perfdoctor did not start a second one; "
                                   "analyse the script's trace with `perfdoctor report`")
