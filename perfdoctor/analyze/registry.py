@@ -136,6 +136,34 @@ _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
 _m("comm.overlap", "fraction", "Collective time overlapped by compute / collective time.")
 
+# -- system samples (perfdoctor run) ---------------------------------------------------------
+# From perfdoctor/analyze/system.py (SystemSampler samples); None for a trace alone. "cores": CPU
+# time per wall second (1.0 = one core fully busy); thresholds of input.split: system.py docstring.
+_m("system.samples", "count", "System samples taken while the script ran (every ~0.5 s).")
+_m("system.sampler_core_fraction", "fraction", "CPU the sampler itself used, as a fraction of one core.")
+_m("system.cpu_count", "count", "Logical CPUs of the machine (machine.cpu_count: those usable by the trainer).")
+_m("system.cpu_busy_share", "fraction", "Mean busy fraction of the usable cores (all but idle and iowait).")
+_m("system.iowait_share", "fraction", "Mean share of CPU time idle with IO outstanding (iowait; per core, so one blocked task on N cores shows at most 1/N).")
+_m("system.psi_cpu_some_avg10", "fraction", "Mean of the kernel's PSI cpu 'some' avg10 (share of time runnable tasks waited for a CPU), /100.")
+_m("system.psi_io_some_avg10", "fraction", "Mean of the kernel's PSI io 'some' avg10 (share of time some task was stalled on IO), /100.")
+_m("system.psi_memory_some_avg10", "fraction", "Mean of the kernel's PSI memory 'some' avg10 (share of time some task was stalled on memory reclaim), /100.")
+_m("system.psi_io_some_share", "fraction", "Share of the sampled wall time in which some task was stalled on IO (PSI io 'some' total over the run).")
+_m("system.disk_read_mb_s", "MB/s", "Bytes read from the machine's disks per second (all processes; 1 MB = 1e6 bytes).")
+_m("system.disk_busy_share", "fraction", "Share of wall time the busiest disk had IO in flight (iostat %util).")
+_m("system.ram_available_bytes", "bytes", "Mean available RAM (MemAvailable) while the script ran.")
+_m("loader.workers", "count", "Most DataLoader worker processes alive at once (python descendants of the trainer, forkserver and trackers excluded); 0 = num_workers=0.")
+_m("loader.worker_cpu_mean", "cores", "Mean CPU use of one worker (1.0 = a full core).")
+_m("loader.worker_disk_sleep_share", "fraction", "Share of worker samples in uninterruptible disk sleep (state D: blocked on storage).")
+_m("loader.worker_read_mb_s", "MB/s", "Storage reads of all workers together (read_bytes: page-cache hits excluded).")
+_m("loader.worker_runq_wait_mean", "cores", "Mean time one worker waited in the run queue for a CPU per wall second.")
+_m("loader.trainer_cpu_mean", "cores", "Mean CPU use of the trainer process (all its threads; 1.0 = a full core).")
+_m("loader.trainer_disk_sleep_share", "fraction", "Share of samples in which the trainer's main thread was in disk sleep (state D).")
+_m("loader.trainer_read_mb_s", "MB/s", "Storage reads of the trainer process (read_bytes).")
+_m("loader.threads_oversubscription", "ratio", "Runnable threads per usable core: (on-CPU + run-queue wait) of trainer and workers per wall second / machine.cpu_count; > 1 means threads queued for CPU.")
+_m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kernel ran) of the devices the run used; None without NVML.")
+_m("gpu.memory_used_fraction_peak", "fraction", "Peak NVML memory used / total on the devices the run used (all processes on them).")
+_m("input.split", "str", "What the input pipeline waits on in a live run: cpu, io, other (neither: remote storage, locks), or None (too few samples).")
+
 
 def names() -> list[str]:
     return list(REGISTRY)

@@ -145,9 +145,24 @@ def write_run_events(run_dir: Path) -> None:
             samples = json.loads((run_dir / "samples.json").read_text()).get("samples", [])
         except (OSError, ValueError):
             samples = []
-        try:
-            from perfdoctor.analyze.system import sample_scalars
-        except ImportError:
-            return
         for i, smp in enumerate(samples):
-            w.scalars(i, sample_scalars(smp))
+            w.scalars(i, sample_scalars(smp), wall_time=smp.get("unix"))
+
+
+def sample_scalars(smp: dict) -> dict:
+    """One system sample as TensorBoard scalars (percent of one core for processes)."""
+    sysd, trainer, workers = smp.get("system") or {}, smp.get("trainer") or {}, smp.get("workers") or []
+    wcpu = [w["cpu_percent"] for w in workers if w.get("cpu_percent") is not None]
+    out = {"system/cpu_busy_percent": sysd.get("cpu_usable_percent"),
+           "system/iowait_percent": sysd.get("iowait_percent"),
+           "system/psi_io_some_avg10": ((sysd.get("psi") or {}).get("io") or {}).get("some_avg10"),
+           "trainer/cpu_percent": trainer.get("cpu_percent"),
+           "loader/workers": float(len(workers)),
+           "loader/worker_cpu_percent_mean": sum(wcpu) / len(wcpu) if wcpu else None,
+           "loader/workers_disk_sleep": float(sum(w.get("state") == "disk-sleep" for w in workers))}
+    for g in smp.get("gpu") or []:          # NVML devices (None without an NVIDIA GPU: nothing written)
+        i = g.get("index")
+        out[f"gpu{i}/util_percent"] = g.get("util_percent")
+        out[f"gpu{i}/memory_used_bytes"] = g.get("memory_used_bytes")
+        out[f"gpu{i}/sm_clock_mhz"] = g.get("sm_clock_mhz")
+    return out

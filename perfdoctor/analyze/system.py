@@ -1,0 +1,324 @@
+"""system_metrics(samples, notes) -> registered metrics from `perfdoctor run`'s system samples.
+
+Pure functions of the SystemSampler samples (perfdoctor/collect/samplers.py). A value that the
+samples cannot support is None ("unknown"), never a default.
+
+The loader: DataLoader worker processes (role 'worker') seen in at least two samples (a python
+process seen once is a short-lived helper, not a worker); with num_workers=0 there are none and
+the trainer process itself is the loader, so `input.split` uses the trainer's numbers (the
+loader.worker_* metrics stay None: there is no worker to measure).
+
+input.split: does the loader wait on storage ('io'), on the CPU ('cpu'), or on neither
+('other')? Decided in this order; every threshold is a principle, not a fit to one machine:
+
+'cpu' when any of
+  * loader CPU demand >= 0.9 core per process: on-CPU time plus run-queue wait (time it was
+    runnable but had no core) per wall second. A process that wants a core >= 90% of the time
+    is limited by CPU; 0.9 rather than 1.0 leaves room for the sampling jitter and the short
+    IPC handoffs every worker makes (the same 90% line datapath-doctor uses for workers).
+  * the CPU is saturated AND the loader is runnable (on a CPU or queued for one) at least half
+    of the time (demand >= 0.5 core per process): CPU is then the larger part of the loader's
+    time and more loader parallelism has no CPU to run on. Saturated means
+    system.cpu_busy_share >= 0.9 (nearly all usable cores busy), or the trainer's process tree
+    uses >= 90% of its cgroup CPU quota (containers: the quota throttles it before the host's
+    cores look busy, and throttled time is not run-queue time). The demand guard keeps a
+    sleeping loader on a machine busy with other jobs from being called CPU-bound; and when
+    the loader is also caught in disk sleep more often than it is runnable, storage is the
+    larger wait and the 'io' tests below decide.
+
+'io' (only when not 'cpu': the loader is off-CPU > 10% of the time) when any of
+  * loader disk-sleep share >= 0.2: the loader processes themselves were caught in state D
+    (uninterruptible sleep: waiting for block-device or network-filesystem IO) in at least a
+    fifth of the samples. Page-cache hits and CPU work never show D, so a sampler catches D
+    only when storage latency is a first-order part of the loader's time; at 20% removing it
+    alone would make the loader 1.25x faster.
+  * the loader reads from storage (read_bytes >= 1 MB/s: more than metadata and lazily
+    imported modules) AND the system shows an IO stall: PSI io 'some' >= 0.2 of wall time (a
+    task stalled on IO a fifth of the time; background logging and writeback stay at a few
+    percent), or iowait >= 0.5 core (on average half a CPU idles waiting for IO: iowait is
+    per-core time, so it is scaled by the core count rather than compared as a percent), or a
+    disk busy >= 0.8 of wall time (iostat %util: the device had IO in flight nearly all the
+    time). System-wide signals count only together with the loader's own reads, so another
+    job's IO on the same host cannot make our loader look IO-bound.
+
+'other' otherwise: the loader is off-CPU without evidence of storage waits - sockets or
+remote object storage (S3/HTTP reads sleep in S, not D), locks, queues, sleeps, or the loader
+is simply idle because the run is not input-bound (the rules only read the split for
+input-bound runs).
+
+None when fewer than MIN_SAMPLES samples carry the loader's CPU numbers (2 s at the default
+0.5 s interval; fewer are dominated by start-up).
+
+loader.threads_oversubscription = (on-CPU time + run-queue wait) of the trainer and the
+workers per wall second, summed over their threads, divided by the usable cores: the average
+number of runnable threads per core. <= 1: every runnable thread had a core; > 1: threads
+queued for CPU (too many workers, or intra-op thread pools in every worker). Averaged over
+the intervals in which workers ran (the whole run with num_workers=0), so the trainer's
+start-up before the first worker does not dilute it.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import fmean
+
+MIN_SAMPLES = 4
+CPU_CORE_BUSY = 0.9          # per-process CPU demand (cores) that counts as CPU-bound
+CPU_ALL_BUSY = 0.9           # share of usable cores busy that counts as saturated
+RUNNABLE_WHEN_SATURATED = 0.5  # loader demand that makes saturated cores its limit
+DISK_SLEEP_SHARE = 0.2       # loader samples in state D
+READ_MB_S = 1.0              # loader storage reads that count as "reading from storage"
+PSI_IO_SHARE = 0.2           # PSI io some: share of wall time with a task stalled on IO
+IOWAIT_CORES = 0.5           # iowait expressed in cores
+DISK_BUSY = 0.8              # busiest disk's share of wall time with IO in flight
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return fmean(xs) if xs else None
+
+
+def _key(p: dict):
+    return p["pid"], p.get("create_time")
+
+
+def _span(samples: list[dict]) -> float:
+    return samples[-1]["t"] - samples[0]["t"] if len(samples) >= 2 else 0.0
+
+
+def _rate(samples: list[dict], procs_of, field: str) -> float | None:
+    """Per wall second while the processes ran: the sum over processes of positive deltas of a
+    cumulative field, divided by the time of the intervals in which they were measured."""
+    total, span = 0.0, 0.0
+    for a, b in zip(samples, samples[1:]):
+        before = {_key(p): p for p in procs_of(a)}
+        pairs = [(before[_key(p)], p) for p in procs_of(b) if _key(p) in before
+                 and p.get(field) is not None and before[_key(p)].get(field) is not None]
+        if pairs and b["t"] > a["t"]:
+            span += b["t"] - a["t"]
+            total += sum(max(0.0, p[field] - q[field]) for q, p in pairs)
+    return total / span if span > 0 else None
+
+
+def _per_proc_rate(samples: list[dict], procs_of, field: str) -> float | None:
+    """Mean over (interval, process) of delta(field) / delta(t): e.g. run-queue seconds per second."""
+    vals = []
+    for a, b in zip(samples, samples[1:]):
+        dt = b["t"] - a["t"]
+        if dt <= 0:
+            continue
+        before = {_key(p): p for p in procs_of(a)}
+        for p in procs_of(b):
+            q = before.get(_key(p))
+            if q is not None and p.get(field) is not None and q.get(field) is not None:
+                vals.append(max(0.0, p[field] - q[field]) / dt)
+    return fmean(vals) if vals else None
+
+
+def _usable_cores(sys0: dict) -> float | None:
+    n = sys0.get("usable_cpus") or sys0.get("cpu_count")
+    q = sys0.get("cpu_quota_cores")
+    if n is None:
+        return q
+    return min(n, q) if q else n
+
+
+def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
+    """Registered system/loader/gpu/machine metrics and input.split from sampler samples.
+
+    notes: the sampler's notes; explanations for unknown results are appended to it (when a
+    list is given).
+    """
+    out: dict = {}
+    notes = notes if notes is not None else []
+    samples = sorted((s for s in samples or [] if s.get("system") is not None), key=lambda s: s["t"])
+    n = len(samples)
+    out["system.samples"] = n
+    out["system.sampler_core_fraction"] = None
+    if n == 0:
+        notes.append("no system samples: machine and loader metrics unknown")
+        return _fill(out)
+    span = _span(samples)
+    costs = [s.get("cost_s") for s in samples if s.get("cost_s") is not None]
+    if costs and n >= 2 and span > 0:
+        out["system.sampler_core_fraction"] = sum(costs) / (span * n / (n - 1))
+    systems = [s["system"] for s in samples]
+    last = systems[-1]
+
+    # -- machine ---------------------------------------------------------------------------
+    cores = _usable_cores(last)
+    out["system.cpu_count"] = last.get("cpu_count")
+    out["machine.cpu_count"] = cores
+    busy = _mean([(x.get("cpu_usable_percent") if x.get("cpu_usable_percent") is not None
+                   else x.get("cpu_total_percent")) for x in systems])
+    busy = busy / 100 if busy is not None else None
+    out["system.cpu_busy_share"] = busy
+    iowait = _mean([x.get("iowait_percent") for x in systems])
+    out["system.iowait_share"] = iowait / 100 if iowait is not None else None
+    for res in ("cpu", "io", "memory"):
+        v = _mean([((x.get("psi") or {}).get(res) or {}).get("some_avg10") for x in systems])
+        out[f"system.psi_{res}_some_avg10"] = v / 100 if v is not None else None
+    out["system.psi_io_some_share"] = _psi_share(samples, "io")
+    out.update(_disk(samples))
+    avail = [x.get("ram_available_bytes") for x in systems if x.get("ram_available_bytes") is not None]
+    out["system.ram_available_bytes"] = int(fmean(avail)) if avail else None
+    out["machine.ram_free_bytes"] = min(avail) if avail else None
+
+    # -- processes -------------------------------------------------------------------------
+    counts: dict = {}
+    for s in samples:
+        for w in s.get("workers") or []:
+            counts[_key(w)] = counts.get(_key(w), 0) + 1
+    steady = {k for k, c in counts.items() if c >= 2}
+
+    def workers(s):
+        return [w for w in s.get("workers") or [] if _key(w) in steady]
+
+    def trainer(s):
+        return [s["trainer"]] if s.get("trainer") else []
+
+    def tree(s):
+        return trainer(s) + workers(s)
+
+    out["loader.workers"] = max(len(workers(s)) for s in samples)
+    wsamples = [w for s in samples for w in workers(s)]
+    tsamples = [p for s in samples for p in trainer(s)]
+    loader = _loader_numbers(samples, workers, wsamples)
+    trainer_n = _loader_numbers(samples, trainer, tsamples)
+    has_workers = bool(steady)
+    out["loader.worker_cpu_mean"] = loader["cpu"] if has_workers else None
+    out["loader.worker_disk_sleep_share"] = loader["d"] if has_workers else None
+    out["loader.worker_read_mb_s"] = loader["read"] if has_workers else None
+    out["loader.worker_runq_wait_mean"] = loader["runq"] if has_workers else None
+    out["loader.trainer_cpu_mean"] = trainer_n["cpu"]
+    out["loader.trainer_disk_sleep_share"] = trainer_n["d"]
+    out["loader.trainer_read_mb_s"] = trainer_n["read"]
+    demand = None
+    if cores:
+        vals = []
+        for a, b in zip(samples, samples[1:]):
+            dt = b["t"] - a["t"]
+            before = {_key(p): p for p in tree(a)}
+            pairs = [(before[_key(p)], p) for p in tree(b) if _key(p) in before]
+            if steady and not any(p["role"] == "worker" for _, p in pairs):
+                continue                     # start-up / tear-down without the loader running
+            if dt <= 0 or not pairs or any(p.get("sched_cpu_s") is None or q.get("sched_cpu_s") is None
+                                           for q, p in pairs):
+                continue
+            vals.append(sum(max(0.0, p["sched_cpu_s"] - q["sched_cpu_s"])
+                            + max(0.0, p["runq_wait_s"] - q["runq_wait_s"]) for q, p in pairs) / dt)
+        demand = fmean(vals) / cores if vals else None
+    out["loader.threads_oversubscription"] = demand
+
+    # free cores: idle share of the usable cores; under a cgroup quota also quota - tree usage
+    free = None
+    if cores is not None and busy is not None:
+        free = cores * (1 - busy)
+        quota = last.get("cpu_quota_cores")
+        tree_cpu = _mean([sum((p.get("cpu_percent") or 0) for p in trainer(s) + (s.get("workers") or [])
+                              + (s.get("helpers") or [])) / 100 for s in samples[1:]])
+        if quota and tree_cpu is not None:
+            free = min(free, quota - tree_cpu)
+        free = int(math.floor(max(0.0, free)))
+    out["machine.free_cores"] = free
+
+    out.update(_gpu(samples))
+    out["input.split"] = _split(out, loader if has_workers else trainer_n, samples, trainer, notes)
+    return _fill(out)
+
+
+def _loader_numbers(samples, procs_of, flat) -> dict:
+    cpu = [p["cpu_percent"] / 100 for p in flat if p.get("cpu_percent") is not None]
+    states = [p.get("state") for p in flat if p.get("state")]
+    reads = _rate(samples, procs_of, "read_bytes")
+    n_cpu = sum(any(p.get("cpu_percent") is not None for p in procs_of(s)) for s in samples)
+    return {"cpu": fmean(cpu) if cpu else None, "n_cpu": n_cpu,
+            "d": sum(st == "disk-sleep" for st in states) / len(states) if states else None,
+            "read": reads / 1e6 if reads is not None else None,
+            "runq": _per_proc_rate(samples, procs_of, "runq_wait_s")}
+
+
+def _psi_share(samples, res) -> float | None:
+    pts = [(s["t"], s["system"]["psi"][res]["some_total_us"]) for s in samples
+           if (s["system"].get("psi") or {}).get(res)]
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return None
+    return min(1.0, max(0.0, (pts[-1][1] - pts[0][1]) / 1e6 / (pts[-1][0] - pts[0][0])))
+
+
+def _disk(samples) -> dict:
+    pts = [(s["t"], s["system"]["disk"]) for s in samples if s["system"].get("disk")]
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return {"system.disk_read_mb_s": None, "system.disk_busy_share": None}
+    rate = (pts[-1][1]["read_bytes"] - pts[0][1]["read_bytes"]) / (pts[-1][0] - pts[0][0]) / 1e6
+    busy = []
+    for (ta, a), (tb, b) in zip(pts, pts[1:]):
+        dt_ms = (tb - ta) * 1e3
+        ds = [(b["busy_ms"][k] - a["busy_ms"][k]) / dt_ms for k in b.get("busy_ms") or {}
+              if dt_ms > 0 and b["busy_ms"][k] is not None and (a.get("busy_ms") or {}).get(k) is not None]
+        if ds:
+            busy.append(min(1.0, max(0.0, max(ds))))
+    return {"system.disk_read_mb_s": max(0.0, rate), "system.disk_busy_share": fmean(busy) if busy else None}
+
+
+def _gpu(samples) -> dict:
+    gs = [s["gpu"] for s in samples if s.get("gpu")]
+    if not gs:
+        return {"gpu.util_mean": None, "gpu.memory_used_fraction_peak": None}
+    ours = set()
+    for s in samples:
+        for p in ([s["trainer"]] if s.get("trainer") else []) + (s.get("workers") or []) + (s.get("helpers") or []):
+            ours.add(p["pid"])
+    used = {d["index"] for g in gs for d in g if d.get("pids") and ours & set(d["pids"])}
+    # no device lists our pids (a pid namespace hides them, or no CUDA context yet): all devices
+    pick = (lambda d: d["index"] in used) if used else (lambda d: True)
+    util = _mean([_mean([d["util_percent"] for d in g if pick(d)]) for g in gs])
+    frac = [d["memory_used_bytes"] / d["memory_total_bytes"] for g in gs for d in g
+            if pick(d) and d.get("memory_used_bytes") is not None and d.get("memory_total_bytes")]
+    return {"gpu.util_mean": util / 100 if util is not None else None,
+            "gpu.memory_used_fraction_peak": max(frac) if frac else None}
+
+
+def _split(m: dict, ld: dict, samples, trainer, notes) -> str | None:
+    if ld["cpu"] is None or ld["n_cpu"] < MIN_SAMPLES:
+        notes.append(f"input split unknown: fewer than {MIN_SAMPLES} samples of the loader's CPU use "
+                     "(the run was too short to sample)")
+        return None
+    demand = ld["cpu"] + (ld["runq"] or 0.0)
+    busy = m["system.cpu_busy_share"]
+    quota = samples[-1]["system"].get("cpu_quota_cores")
+    tree_cpu = _mean([sum((p.get("cpu_percent") or 0) for p in trainer(s) + (s.get("workers") or []))
+                      / 100 for s in samples[1:]])
+    saturated = ((busy is not None and busy >= CPU_ALL_BUSY)
+                 or (quota and tree_cpu is not None and tree_cpu >= CPU_ALL_BUSY * quota))
+    d_share = ld["d"] or 0.0
+    if demand >= CPU_CORE_BUSY or (saturated and demand >= RUNNABLE_WHEN_SATURATED and demand >= d_share):
+        return "cpu"
+    if ld["d"] is not None and ld["d"] >= DISK_SLEEP_SHARE:
+        return "io"
+    reading = ld["read"] is not None and ld["read"] >= READ_MB_S
+    psi = m["system.psi_io_some_share"]
+    iow = m["system.iowait_share"]
+    ncpu = m["system.cpu_count"]
+    disk = m["system.disk_busy_share"]
+    stalled = ((psi is not None and psi >= PSI_IO_SHARE)
+               or (iow is not None and ncpu and iow * ncpu >= IOWAIT_CORES)
+               or (disk is not None and disk >= DISK_BUSY))
+    if reading and stalled:
+        return "io"
+    return "other"
+
+
+_NAMES = ("system.samples", "system.sampler_core_fraction", "system.cpu_count", "system.cpu_busy_share",
+          "system.iowait_share", "system.psi_cpu_some_avg10", "system.psi_io_some_avg10",
+          "system.psi_memory_some_avg10", "system.psi_io_some_share", "system.disk_read_mb_s",
+          "system.disk_busy_share", "system.ram_available_bytes", "loader.workers",
+          "loader.worker_cpu_mean", "loader.worker_disk_sleep_share", "loader.worker_read_mb_s",
+          "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_disk_sleep_share",
+          "loader.trainer_read_mb_s", "loader.threads_oversubscription", "gpu.util_mean",
+          "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.free_cores",
+          "machine.ram_free_bytes", "input.split")
+
+
+def _fill(out: dict) -> dict:
+    return {k: out.get(k) for k in _NAMES}

@@ -1,0 +1,503 @@
+"""System sampling for `perfdoctor run`: the trainer, its loader workers, the machine, the GPUs.
+
+`SystemSampler(root_pid, interval=0.5)` samples in a background thread while the user's script
+runs. Each sample is a JSON-serialisable dict:
+
+    t          seconds since start() (monotonic clock); unix: wall-clock time (to align with traces)
+    cost_s     CPU seconds the sampler thread spent taking this sample (its own overhead)
+    trainer    process dict for root_pid (None once it is gone)
+    workers    process dicts of DataLoader workers (python processes descending from the trainer)
+    helpers    process dicts of the other descendants (role 'forkserver', 'helper', 'other')
+    system     machine-wide CPU, iowait, load, PSI, disk and RAM counters
+    gpu        list of per-device dicts from NVML, or None when NVML is unavailable
+
+A process dict holds: pid, ppid, role ('trainer', 'worker', 'forkserver', 'helper', 'other'),
+name, create_time, cpu_percent (100 = one full core, over the previous interval; None on the
+first sight of a process: there is no interval yet), state ('running', 'sleeping',
+'disk-sleep', ... as psutil names /proc states; the state of the main thread), num_threads,
+read_bytes (cumulative bytes the process caused to be fetched from storage) and read_chars
+(cumulative bytes passed to read()-like calls, page-cache hits, pipes and sockets included)
+from /proc/<pid>/io (None when not readable), and sched_cpu_s / runq_wait_s: cumulative
+seconds on a CPU / waiting in a run queue for one, from /proc/<pid>/task/*/schedstat summed
+over the threads (per-thread deltas are accumulated, so exited threads keep their share; a
+process with more than MAX_THREADS_READ threads falls back to the main thread's line).
+
+Unknown values are None, never guessed. Anything that could not be sampled at all is said once
+in `notes`.
+
+Cost: children are found through /proc/<pid>/task/<tid>/children (cost grows with the
+trainer's process tree, not with the number of processes on the host; psutil's recursive
+children() scans every process on the machine), falling back to psutil where the kernel lacks
+that file. Each sample records its own CPU cost in cost_s; `overhead()` summarises it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+NO_GPU_NOTE = "no NVIDIA GPU found (NVML unavailable): GPU utilisation not sampled"
+PSI_NOTE = "PSI (/proc/pressure/{res}) unavailable on this kernel: {res} pressure not sampled"
+MAX_THREADS_READ = 256                     # per-thread schedstat/children reads per process
+_HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
+                 "compile_worker", "torch._inductor", "multiprocessing.popen_spawn_posix")
+_FORKSERVER_MARK = "multiprocessing.forkserver"
+_PY_NAMES = ("pt_main_thread", "pt_data_worker", "pt_autograd")
+_SKIP_DISKS = ("loop", "ram", "zram", "dm-", "md", "sr", "fd")
+
+
+def _is_python(exe: str | None, name: str | None, trainer_exe: str | None) -> bool:
+    base = os.path.basename(exe or "")
+    if base.startswith(("python", "pypy")) or (exe and exe == trainer_exe):
+        return True
+    return bool(name) and (name.startswith(("python", "pypy")) or name in _PY_NAMES)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read().decode()
+    except OSError:
+        return None
+
+
+class _Tracked:
+    """A psutil.Process kept across samples, with what we accumulate for it."""
+
+    __slots__ = ("proc", "pid", "create_time", "role", "exe", "name", "cmd", "primed",
+                 "tid_last", "sched_cpu_ns", "runq_ns", "sched_ok", "ppid")
+
+    def __init__(self, proc: psutil.Process, create_time: float):
+        self.proc, self.pid, self.create_time = proc, proc.pid, create_time
+        self.role, self.exe, self.name, self.cmd = "other", None, None, ""
+        self.primed = False
+        self.tid_last: dict[int, tuple[int, int]] = {}
+        self.sched_cpu_ns = self.runq_ns = 0
+        self.sched_ok = False
+        self.ppid = None
+
+
+class SystemSampler:
+    """Samples the trainer process tree and the machine every `interval` seconds.
+
+    start() primes the counters and starts the thread; stop() returns within about one
+    sample's cost (it does not wait out the interval). `samples` and `notes` grow while it
+    runs; read them after stop(). `current_pids()` is safe to call from other threads.
+    """
+
+    def __init__(self, root_pid: int, interval: float = 0.5):
+        self.root_pid = int(root_pid)
+        self.interval = float(interval)
+        self.samples: list[dict] = []
+        self.notes: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tracked: dict[int, _Tracked] = {}
+        self._t0 = 0.0
+        self._prev_cpu = None
+        self._latest: list[tuple[int, str]] = []
+        self._children_file = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+        self._psi_missing: set[str] = set()
+        self._nvml = None
+        self._gpu_handles: list = []
+        self._trainer_exe = None
+        self._disks: list[str] | None = None
+        self._affinity: list[int] | None = None
+        self._quota: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "SystemSampler":
+        self._t0 = time.monotonic()
+        self._init_static()
+        self._init_gpu()
+        self._prev_cpu = psutil.cpu_times(percpu=True)
+        procs = self._processes()            # prime cpu_percent on everything alive now
+        self._latest = [(p["pid"], p["role"]) for p in procs if p["role"] in ("trainer", "worker")]
+        self._thread = threading.Thread(target=self._run, name="perfdoctor-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval)
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - shutdown failure changes nothing we report
+                pass
+            self._nvml = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def current_pids(self) -> list[tuple[int, str]]:
+        """(pid, role) of the trainer and its workers as of the latest sample."""
+        return list(self._latest)
+
+    def pids(self) -> list[int]:
+        """Pids of the trainer and its workers as of the latest sample (current_pids without roles)."""
+        return [pid for pid, _ in self._latest]
+
+    def overhead(self) -> dict:
+        """The sampler's own CPU cost: mean CPU seconds per sample and as a fraction of one core."""
+        costs = [s["cost_s"] for s in self.samples]
+        if not costs:
+            return {"samples": 0, "cpu_s_per_sample": None, "core_fraction": None}
+        mean = sum(costs) / len(costs)
+        return {"samples": len(costs), "cpu_s_per_sample": mean,
+                "core_fraction": mean / self.interval}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"interval": self.interval, "root_pid": self.root_pid,
+                                          "notes": self.notes, "samples": self.samples}))
+
+    def _run(self) -> None:
+        next_t = time.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, next_t - time.monotonic())):
+            c0 = time.thread_time()
+            try:
+                s = self._sample()
+            except Exception as e:  # noqa: BLE001 - a sampler bug must not kill the user's run
+                self._note(f"system sampler stopped after an error: {type(e).__name__}: {e}")
+                return
+            s["cost_s"] = round(time.thread_time() - c0, 6)
+            self.samples.append(s)
+            next_t += self.interval
+            if next_t < time.monotonic():    # fell behind (suspended VM, huge tree): skip ahead
+                next_t = time.monotonic() + self.interval
+
+    def _note(self, msg: str) -> None:
+        if msg not in self.notes:
+            self.notes.append(msg)
+
+    # -- one sample ------------------------------------------------------------------------
+    def _sample(self) -> dict:
+        procs = self._processes()
+        trainer = next((p for p in procs if p["role"] == "trainer"), None)
+        workers = [p for p in procs if p["role"] == "worker"]
+        helpers = [p for p in procs if p["role"] not in ("trainer", "worker")]
+        self._latest = [(p["pid"], p["role"]) for p in ([trainer] if trainer else []) + workers]
+        return {"t": round(time.monotonic() - self._t0, 4), "unix": round(time.time(), 3),
+                "trainer": trainer, "workers": workers, "helpers": helpers,
+                "system": self._system(), "gpu": self._gpu()}
+
+    def _processes(self) -> list[dict]:
+        """Walk the tree from root_pid; sample every live process in it."""
+        out: list[dict] = []
+        seen: set[int] = set()
+        stack: list[tuple[int, int | None, str | None]] = [(self.root_pid, None, None)]
+        while stack:
+            pid, ppid, parent_role = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            tr = self._track(pid)
+            if tr is None:
+                continue
+            if ppid is not None:
+                tr.ppid = ppid
+            d, kids = self._proc(tr, parent_role)
+            if d is not None:
+                out.append(d)
+            stack.extend((k, pid, tr.role) for k in kids)
+        for pid in list(self._tracked):
+            if pid not in seen:
+                del self._tracked[pid]       # gone: drop its psutil.Process
+        return out
+
+    def _track(self, pid: int) -> _Tracked | None:
+        tr = self._tracked.get(pid)
+        try:
+            if tr is not None:
+                # kept across samples: psutil's cpu_percent needs the previous reading. (A pid
+                # freed and reused inside our own tree within one interval would be mistaken
+                # for the old process; with pid_max in the millions this is not guarded.)
+                return tr
+            p = psutil.Process(pid)
+            tr = _Tracked(p, p.create_time())
+            tr.ppid = p.ppid()
+            self._tracked[pid] = tr
+            return tr
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def _classify(self, tr: _Tracked, parent_role: str | None) -> None:
+        p = tr.proc
+        try:
+            exe = p.exe()
+        except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            exe = None
+        if tr.name is not None and exe == tr.exe and tr.primed:
+            return                            # unchanged since last look (no exec happened)
+        tr.exe = exe
+        try:
+            tr.name = p.name()
+            tr.cmd = " ".join(p.cmdline())
+        except (psutil.AccessDenied, psutil.ZombieProcess):
+            tr.name = tr.name or "?"
+        if tr.pid == self.root_pid:
+            tr.role = "trainer"
+            self._trainer_exe = exe
+        elif not _is_python(exe, tr.name, self._trainer_exe):
+            tr.role = "other"                 # shell, nvidia-smi, ldconfig, compilers ...
+        elif _FORKSERVER_MARK in tr.cmd:
+            # forkserver children are forked from it and keep its command line
+            tr.role = "worker" if parent_role == "forkserver" else "forkserver"
+        elif any(m in tr.cmd for m in _HELPER_MARKS):
+            tr.role = "helper"
+        else:
+            tr.role = "worker"
+
+    def _proc(self, tr: _Tracked, parent_role: str | None) -> tuple[dict | None, list[int]]:
+        p = tr.proc
+        try:
+            with p.oneshot():
+                self._classify(tr, parent_role)
+                cpu = p.cpu_percent(None)
+                status = p.status()
+                nthreads = p.num_threads()
+                try:
+                    io = p.io_counters()
+                    rb, rc = io.read_bytes, getattr(io, "read_chars", None)
+                except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                    rb = rc = None
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            self._tracked.pop(tr.pid, None)
+            return None, []
+        except psutil.AccessDenied:
+            return None, []
+        kids = self._threads(tr, nthreads)
+        d = {"pid": tr.pid, "ppid": tr.ppid, "role": tr.role, "name": tr.name,
+             "create_time": tr.create_time,
+             "cpu_percent": round(cpu, 2) if tr.primed else None,
+             "state": status, "num_threads": nthreads, "read_bytes": rb, "read_chars": rc,
+             "sched_cpu_s": round(tr.sched_cpu_ns / 1e9, 6) if tr.sched_ok else None,
+             "runq_wait_s": round(tr.runq_ns / 1e9, 6) if tr.sched_ok else None}
+        tr.primed = True
+        return d, kids
+
+    def _threads(self, tr: _Tracked, nthreads: int) -> list[int]:
+        """Accumulate schedstat deltas per thread; collect child pids. Returns the children."""
+        pid = tr.pid
+        base = f"/proc/{pid}/task"
+        try:
+            tids = [int(t) for t in os.listdir(base)] if nthreads <= MAX_THREADS_READ else [pid]
+        except OSError:
+            return []
+        kids: list[int] = []
+        last, new_last = tr.tid_last, {}
+        ok = False
+        for tid in tids:
+            line = _read(f"{base}/{tid}/schedstat")
+            if line:
+                parts = line.split()
+                if len(parts) >= 2:
+                    run, wait = int(parts[0]), int(parts[1])
+                    r0, w0 = last.get(tid, (0, 0) if tr.primed else (run, wait))
+                    tr.sched_cpu_ns += max(0, run - r0)
+                    tr.runq_ns += max(0, wait - w0)
+                    new_last[tid] = (run, wait)
+                    ok = True
+            if self._children_file:
+                c = _read(f"{base}/{tid}/children")
+                if c:
+                    kids.extend(int(x) for x in c.split())
+        if tr.primed is False and ok:
+            # first sight: the counters start here; the process's earlier life is not counted
+            tr.sched_cpu_ns = tr.runq_ns = 0
+        tr.tid_last = new_last
+        tr.sched_ok = tr.sched_ok or ok
+        if not self._children_file:
+            try:
+                kids = [c.pid for c in tr.proc.children(recursive=False)]
+            except psutil.Error:
+                kids = []
+        return kids
+
+    # -- machine ---------------------------------------------------------------------------
+    def _init_static(self) -> None:
+        try:
+            self._affinity = sorted(os.sched_getaffinity(self.root_pid))
+        except OSError:
+            self._affinity = None
+        self._quota = _cgroup_cpu_quota(self.root_pid)
+        try:
+            self._disks = [d for d in os.listdir("/sys/block") if not d.startswith(_SKIP_DISKS)]
+        except OSError:
+            self._disks = None
+
+    def _system(self) -> dict:
+        now = psutil.cpu_times(percpu=True)
+        per_core, iowait = _cpu_deltas(self._prev_cpu, now)
+        self._prev_cpu = now
+        total = sum(b for b, _ in per_core) / len(per_core) if per_core else None
+        usable = None
+        if per_core and self._affinity:
+            sel = [per_core[i][0] for i in self._affinity if i < len(per_core)]
+            usable = sum(sel) / len(sel) if sel else None
+        try:
+            load = list(os.getloadavg())
+        except OSError:
+            load = None
+        vm = psutil.virtual_memory()
+        return {"cpu_count": psutil.cpu_count(),
+                "usable_cpus": len(self._affinity) if self._affinity else None,
+                "cpu_quota_cores": self._quota,
+                "cpu_percent": [round(b, 2) for b, _ in per_core] if per_core else None,
+                "cpu_total_percent": round(total, 2) if total is not None else None,
+                "cpu_usable_percent": round(usable, 2) if usable is not None else None,
+                "iowait_percent": round(iowait, 2) if iowait is not None else None,
+                "loadavg": load,
+                "psi": {res: self._psi(res) for res in ("cpu", "io", "memory")},
+                "disk": self._disk(),
+                "ram_available_bytes": vm.available, "ram_total_bytes": vm.total}
+
+    def _psi(self, res: str) -> dict | None:
+        if res in self._psi_missing:
+            return None
+        text = _read(f"/proc/pressure/{res}")
+        if text is None:
+            self._psi_missing.add(res)
+            self._note(PSI_NOTE.format(res=res))
+            return None
+        for line in text.splitlines():
+            if line.startswith("some"):
+                kv = dict(x.split("=", 1) for x in line.split()[1:])
+                return {"some_avg10": float(kv["avg10"]), "some_total_us": int(kv["total"])}
+        return None
+
+    def _disk(self) -> dict | None:
+        """Whole disks from /proc/diskstats (psutil's reader stats every device in /sys: 5x dearer).
+
+        Fields after the name: reads completed, merged, sectors read (always 512 bytes), ...,
+        io_ticks (ms with IO in flight) at index 9 of the counters.
+        """
+        text = _read("/proc/diskstats")
+        if not text:
+            self._note("disk counters (/proc/diskstats) unavailable: storage reads not sampled")
+            return None
+        keep = set(self._disks) if self._disks is not None else None
+        rb = rc = 0
+        busy: dict[str, int] = {}
+        for line in text.splitlines():
+            f = line.split()
+            if len(f) < 13:
+                continue
+            name = f[2]
+            if keep is not None and name not in keep:
+                continue
+            if keep is None and name.startswith(_SKIP_DISKS):
+                continue
+            rc += int(f[3])
+            rb += int(f[5]) * 512
+            busy[name] = int(f[12])
+        return {"read_bytes": rb, "read_count": rc, "busy_ms": busy}
+
+    # -- GPU -------------------------------------------------------------------------------
+    def _init_gpu(self) -> None:
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+            self._gpu_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            self._nvml = pynvml
+        except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, driver errors
+            self._nvml = None
+            self._gpu_handles = []
+        if self._nvml is None or not self._gpu_handles:
+            self._note(NO_GPU_NOTE)
+            if self._nvml is not None:
+                try:
+                    self._nvml.nvmlShutdown()
+                except Exception:  # noqa: BLE001
+                    pass
+            self._nvml = None
+
+    def _gpu(self) -> list[dict] | None:
+        nv = self._nvml
+        if nv is None:
+            return None
+        out = []
+        for i, h in enumerate(self._gpu_handles):
+            d = {"index": i, "util_percent": None, "mem_util_percent": None, "memory_used_bytes": None,
+                 "memory_total_bytes": None, "sm_clock_mhz": None, "pids": None}
+            try:
+                u = nv.nvmlDeviceGetUtilizationRates(h)
+                d["util_percent"], d["mem_util_percent"] = u.gpu, u.memory
+            except Exception:  # noqa: BLE001 - leave None: unknown, not zero
+                pass
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h)
+                d["memory_used_bytes"], d["memory_total_bytes"] = m.used, m.total
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                d["sm_clock_mhz"] = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                d["pids"] = [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+            except Exception:  # noqa: BLE001
+                pass
+            out.append(d)
+        return out
+
+
+def _cpu_deltas(prev, now) -> tuple[list[tuple[float, float]], float | None]:
+    """Per core (busy %, iowait %) since the previous reading, and iowait % of all cores.
+
+    Busy = everything but idle and iowait (psutil's definition); guest time is already inside
+    user time on Linux and is not counted twice.
+    """
+    if not prev or len(prev) != len(now):
+        return [], None
+    cores, io_sum, tot_sum = [], 0.0, 0.0
+    for a, b in zip(prev, now):
+        da = {f: getattr(b, f) - getattr(a, f) for f in b._fields}
+        total = sum(v for f, v in da.items() if f not in ("guest", "guest_nice"))
+        idle = da.get("idle", 0.0) + da.get("iowait", 0.0)
+        if total <= 0:
+            cores.append((0.0, 0.0))
+            continue
+        cores.append((max(0.0, 100.0 * (total - idle) / total),
+                      100.0 * da.get("iowait", 0.0) / total))
+        io_sum += da.get("iowait", 0.0)
+        tot_sum += total
+    return cores, (100.0 * io_sum / tot_sum if tot_sum > 0 else None)
+
+
+def _cgroup_cpu_quota(pid: int) -> float | None:
+    """CPU quota of the process's cgroup in cores (cgroup v2 cpu.max or v1 cfs_quota), or None."""
+    text = _read(f"/proc/{pid}/cgroup")
+    if not text:
+        return None
+    for line in text.splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if ctrls == "":                                       # cgroup v2
+            val = _read(f"/sys/fs/cgroup{path}/cpu.max") or _read("/sys/fs/cgroup/cpu.max")
+            if val:
+                q, period = (val.split() + ["100000"])[:2]
+                if q != "max":
+                    return int(q) / int(period)
+        elif "cpu" in ctrls.split(","):                       # cgroup v1
+            for root in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+                q = _read(f"{root}{path}/cpu.cfs_quota_us") or _read(f"{root}/cpu.cfs_quota_us")
+                per = _read(f"{root}{path}/cpu.cfs_period_us") or _read(f"{root}/cpu.cfs_period_us")
+                if q and per and int(q) > 0:
+                    return int(q) / int(per)
+    return None
+
+
+def load_samples(path: str | Path) -> tuple[list[dict], list[str]]:
+    """Read what SystemSampler.save wrote: (samples, notes)."""
+    doc = json.loads(Path(path).read_text())
+    return doc.get("samples", []), doc.get("notes", [])
