@@ -11,6 +11,12 @@ loader.worker_* metrics stay None: there is no worker to measure).
 input.split: does the loader wait on storage ('io'), on the CPU ('cpu'), or on neither
 ('other')? Decided in this order; every threshold is a principle, not a fit to one machine:
 
+'io' first when the loader was caught in disk sleep (state D) in >= 20% of the samples while
+its on-CPU time (without run-queue wait) stays below 0.9 core: a process blocked on storage a
+fifth of the time is IO-limited for that share, and run-queue wait, which grows with other jobs
+on the machine, must not outvote real disk sleep. (With num_workers=0 the trainer's CPU also
+holds the model's compute, which would otherwise mask its disk sleep.)
+
 'cpu' when any of
   * loader CPU demand >= 0.9 core per process: on-CPU time plus run-queue wait (time it was
     runnable but had no core) per wall second. A process that wants a core >= 90% of the time
@@ -292,10 +298,13 @@ def _split(m: dict, ld: dict, samples, trainer, notes) -> str | None:
     saturated = ((busy is not None and busy >= CPU_ALL_BUSY)
                  or (quota and tree_cpu is not None and tree_cpu >= CPU_ALL_BUSY * quota))
     d_share = ld["d"] or 0.0
+    # Disk sleep first: a process blocked on storage in >= 20% of samples is IO-limited for that
+    # share, unless it also spends a whole core on CPU. (Run-queue wait, part of `demand`, grows
+    # with other jobs on the machine and must not outvote real disk sleep.)
+    if d_share >= DISK_SLEEP_SHARE and ld["cpu"] < CPU_CORE_BUSY:
+        return "io"
     if demand >= CPU_CORE_BUSY or (saturated and demand >= RUNNABLE_WHEN_SATURATED and demand >= d_share):
         return "cpu"
-    if ld["d"] is not None and ld["d"] >= DISK_SLEEP_SHARE:
-        return "io"
     reading = ld["read"] is not None and ld["read"] >= READ_MB_S
     psi = m["system.psi_io_some_share"]
     iow = m["system.iowait_share"]
