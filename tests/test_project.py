@@ -59,3 +59,18 @@ def test_readme_coverage_table_lists_every_fix_rule():
     assert not missing, f"fix rules missing from the README coverage table: {missing}"
     for art in ("000", "001", "002", "003"):
         assert f"| {art} |" in table
+
+
+def test_readme_demo_command_runs(tmp_path):
+    """The quick start's demo (its last `&&` part) runs from the repo root and diagnoses."""
+    pytest.importorskip("torch", reason="the demo trains with torch")
+    import shlex
+    import sys
+    block = README.split("## Quick start (set up and run the demo)", 1)[1]
+    cmd = re.search(r"```bash\n(.+?)\n```", block, re.S).group(1).strip()
+    demo = shlex.split(cmd.split("&&")[-1])
+    assert demo[:2] == ["perfdoctor", "run"]
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(tmp_path / "run"), *demo[2:]],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "INPUT-BOUND (CPU)" in r.stderr and "DataLoader runs with num_workers=0" in r.stderr

@@ -1,0 +1,191 @@
+"""`perfdoctor run` on the example scripts: exit codes, output, signals, steps, trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="perfdoctor run tests need torch (test dependency)")
+
+REPO = Path(__file__).resolve().parent.parent
+EX = REPO / "examples"
+
+
+def prun(*args, out: Path, cwd=None, timeout=240, **kw):
+    return subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, **kw)
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def steps(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_exit_code_and_output_pass_through(tmp_path):
+    bare = subprocess.run([sys.executable, str(EX / "exit_code.py"), "--exit-after", "8", "--code", "3"],
+                          capture_output=True, text=True, timeout=120)
+    r = prun("--skip-steps", "2", "--trace-steps", "2", EX / "exit_code.py", "--exit-after", "8",
+             "--code", "3", out=tmp_path / "run")
+    assert bare.returncode == 3 and r.returncode == 3
+    assert r.stdout == bare.stdout                      # the script's stdout, untouched
+    doc = report(tmp_path / "run")
+    assert doc["run"]["outcome"] == "exit" and doc["run"]["exit_code"] == 3
+    assert doc["traces"][0]["metrics"]["run.exit_code"] == 3
+    assert "perfdoctor run" in r.stderr                  # the report goes to stderr
+
+
+def test_crash_keeps_traceback_exit_code_and_partial_report(tmp_path):
+    r = prun("--skip-steps", "1", "--trace-steps", "20", EX / "crash.py", "--crash-after", "6", out=tmp_path / "run")
+    assert r.returncode == 1
+    assert "Traceback (most recent call last)" in r.stderr   # Python's own traceback, from the script
+    doc = report(tmp_path / "run")
+    assert doc["run"]["outcome"] == "crashed"
+    assert doc["traces"][0]["metrics"]["run.steps"] >= 4
+    assert list((tmp_path / "run" / "trace").glob("*.pt.trace.json.gz"))   # the cut-short window is kept
+
+
+def test_max_steps_stops_gracefully(tmp_path):
+    r = prun("--max-steps", "12", "--skip-steps", "2", "--trace-steps", "3", EX / "compute_bound.py",
+             "--steps", "100000", "--width", "256", "--batch-size", "32", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert "done" not in r.stdout                        # the script did not run to its end
+    doc = report(tmp_path / "run")
+    assert doc["run"]["outcome"] == "stopped" and doc["run"]["stopped_by"] == "max-steps"
+    assert len(steps(tmp_path / "run")) == 12
+    assert "--max-steps" in r.stderr
+    m = doc["traces"][0]["metrics"]
+    assert m["steps.source"] == "ProfilerStep" and m["steps.count"] == 3
+    assert (tmp_path / "run" / "tensorboard").is_dir()
+
+
+def test_duration_stops_gracefully(tmp_path):
+    t0 = time.monotonic()
+    r = prun("--duration", "6", "--no-trace", EX / "compute_bound.py", "--steps", "100000", "--width", "256",
+             "--batch-size", "32", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 40
+    doc = report(tmp_path / "run")
+    assert doc["run"]["stopped_by"] == "duration" and doc["run"]["outcome"] == "stopped"
+
+
+def test_sigint_is_forwarded_and_leaves_a_report(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), "--no-trace",
+                          str(EX / "compute_bound.py"), "--steps", "100000", "--width", "256", "--batch-size", "32"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (out / "steps.jsonl").exists() and len(steps(out)) >= 3:
+            break
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)                          # to perfdoctor only: it must forward it
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "KeyboardInterrupt" in err
+    assert report(out)["run"]["outcome"] == "interrupted"
+
+
+def test_no_optimizer_falls_back_to_dataloader_iterations(tmp_path):
+    r = prun("--skip-steps", "2", "--trace-steps", "3", EX / "no_optimizer.py", "--steps", "40", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    recs = steps(tmp_path / "run")
+    assert recs and all(s["mode"] == "dataloader" for s in recs)
+    assert len(recs) >= 25                                # 40 batches minus the fallback's first 8
+    assert any("DataLoader iteration" in n for n in report(tmp_path / "run")["run"]["notes"])
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
+    r = prun("--no-trace", EX / "grad_accum.py", "--steps", "40", "--accum", "4", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    recs = steps(tmp_path / "run")
+    # Boundaries every 4 micro-batches (micro 4, 8, ..., 40); the script skips the updates at
+    # micro 20 and 40 by hand, so 8 updates of two optimizers each. The first update starts the
+    # count; a hand-skipped update merges its micro-batches into the next step.
+    assert [s["batches"] for s in recs] == [4, 4, 4, 8, 4, 4, 4]
+
+
+GRADSCALER = r"""
+import torch, torch.nn as nn
+m = nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(12):
+    loss = m(torch.randn(8, 4)).sum()
+    scaler.scale(loss).backward()
+    if i in (5, 6):
+        m.weight.grad.fill_(float("inf"))        # overflow: GradScaler skips this optimizer step
+    scaler.step(opt); scaler.update(); opt.zero_grad()
+print("gradscaler: done")
+"""
+
+
+def test_gradscaler_skipped_steps_still_end_a_step(tmp_path):
+    script = tmp_path / "scaler.py"
+    script.write_text(GRADSCALER)
+    r = prun("--no-trace", script, out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    recs = steps(tmp_path / "run")
+    assert len(recs) == 11                     # 12 iterations, the first starts the count
+    assert [s["step"] for s in recs if s.get("skipped")] == [5, 6]
+
+
+def test_spawned_workers(tmp_path):
+    r = prun("--skip-steps", "2", "--trace-steps", "2", EX / "spawn_workers.py", "--steps", "12", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert "spawn_workers: done" in r.stdout
+    assert len(steps(tmp_path / "run")) >= 10
+
+
+def test_module_mode(tmp_path):
+    r = prun("--skip-steps", "2", "--trace-steps", "2", "-m", "pkg_train.train", "--steps", "12",
+             out=tmp_path / "run", cwd=EX)
+    assert r.returncode == 0, r.stderr
+    assert "as module __main__" in r.stdout
+    assert report(tmp_path / "run")["run"]["command"].startswith("-m pkg_train.train")
+
+
+def test_script_that_profiles_itself(tmp_path):
+    r = prun("--skip-steps", "0", EX / "self_profiling.py", "--trace-dir", tmp_path / "own", "--steps", "12",
+             out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    notes = " ".join(report(tmp_path / "run")["run"]["notes"])
+    assert "own profiler" in notes
+    assert list((tmp_path / "own").glob("*.json*"))        # the script's own trace still got written
+
+
+def test_missing_script_is_a_usage_error(tmp_path):
+    r = prun(tmp_path / "nope.py", out=tmp_path / "run")
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+# Steps per run: enough measured time after the ~3 s of imports for the 0.5 s samplers to see
+# the steady state (examples/ README numbers: fast IO steps need a few hundred).
+@pytest.mark.parametrize("script,args,n,bound,split", [
+    ("cpu_bound_loader.py", ["--workers", "0"], 30, "input_cpu", "cpu"),
+    ("cpu_bound_loader.py", ["--workers", "2"], 150, "input_cpu", "cpu"),
+    ("io_bound_loader.py", ["--workers", "0", "--size-mb", "256", "--steps", "100000"], 300, "input_io", "io"),
+    ("io_bound_loader.py", ["--workers", "2", "--size-mb", "256", "--steps", "100000"], 400, "input_io", "io"),
+    ("compute_bound.py", [], 15, "device", None),
+    ("overhead_bound.py", [], 60, "host", None),
+], ids=["cpu-loader-w0", "cpu-loader-w2", "io-loader-w0", "io-loader-w2", "compute", "overhead"])
+def test_examples_get_their_verdict(tmp_path, script, args, n, bound, split):
+    out = tmp_path / "run"
+    r = prun("--max-steps", str(n), EX / script, *args, out=out)
+    assert r.returncode == 0, r.stderr
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert doc["verdict"]["bound"] == bound, doc["verdict"]["summary"]
+    if split:
+        assert m["input.split"] == split
+    assert m["steps.source"] == "ProfilerStep" and m["run.steps"] == n
+    assert m["machine.cpu_count"] >= 1 and m["gpu.util_mean"] is None     # no GPU here: no GPU numbers
+    assert "no NVIDIA GPU found" in " ".join(doc["run"]["notes"])
