@@ -8,7 +8,7 @@ HIP on ROCm, so every test here accepts all spellings and decides by category, t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,6 +51,7 @@ class Kinds:
     dataloader: np.ndarray
     memory: np.ndarray        # '[memory]' instant events
     platform: str             # "cuda" | "rocm" | "cpu"
+    cache: dict = field(default_factory=dict, repr=False)   # per-trace joins computed once (steps.py)
 
     @property
     def device_activity(self) -> np.ndarray:

@@ -19,7 +19,7 @@ DEVICE_TYPE_CPU = 0
 def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
     steady = steps.steady()
     n = len(steady)
-    in_steady = np.isin(steps.index_of(t.ts), steady)
+    in_steady = np.isin(steps.of_events(t), steady)
     steady_time = float(steps.duration[steady].sum())
     mal = k.runtime & t.name_mask(lambda s: MALLOC_RX.match(s) is not None) & in_steady
     fre = k.runtime & t.name_mask(lambda s: FREE_RX.match(s) is not None) & in_steady

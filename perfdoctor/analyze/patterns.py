@@ -19,7 +19,7 @@ FUSED_OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fu
 
 def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     n, total = len(steps), float(steps.duration.sum())
-    in_steps = steps.index_of(t.ts) >= 0
+    in_steps = steps.of_events(t) >= 0
     math_ops = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: MATH_ATTENTION.match(s) is not None))
     fused_ops = k.cpu_op & in_steps & t.name_mask(lambda s: FUSED_ATTENTION.match(s) is not None)
     out = {"attention.math_ops_per_step": len(math_ops) / n,

@@ -46,6 +46,13 @@ class Steps:
         ok[ok] = times[ok] < self.end[idx[ok]]
         return np.where(ok, idx, -1)
 
+    def of_events(self, t: EventTable) -> np.ndarray:
+        """Step index of every event's start (-1 outside steps), computed once per table."""
+        cached = getattr(self, "_of_events", None)
+        if cached is None or cached[0] is not t:
+            self._of_events = (t, self.index_of(t.ts))
+        return self._of_events[1]
+
     def steady(self) -> np.ndarray:
         """Indices of steady-state steps: all but the first (warm-up) when there are 2 or more."""
         n = len(self)
@@ -53,7 +60,14 @@ class Steps:
 
 
 def device_launch_index(t: EventTable, k: Kinds) -> tuple[np.ndarray, np.ndarray]:
-    """(device rows, the runtime row that launched each, or -1), joined on `correlation`."""
+    """(device rows, the runtime row that launched each, or -1), joined on `correlation`.
+    Computed once per trace (cached on the Kinds)."""
+    if "launch" not in k.cache:
+        k.cache["launch"] = _device_launch_index(t, k)
+    return k.cache["launch"]
+
+
+def _device_launch_index(t: EventTable, k: Kinds) -> tuple[np.ndarray, np.ndarray]:
     dev = np.flatnonzero(k.device_activity)
     rt = np.flatnonzero(k.runtime)
     corr = t.args["correlation"]
