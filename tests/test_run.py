@@ -189,3 +189,33 @@ def test_examples_get_their_verdict(tmp_path, script, args, n, bound, split):
     assert m["steps.source"] == "ProfilerStep" and m["run.steps"] == n
     assert m["machine.cpu_count"] >= 1 and m["gpu.util_mean"] is None     # no GPU here: no GPU numbers
     assert "no NVIDIA GPU found" in " ".join(doc["run"]["notes"])
+
+
+EARLY = r"""
+import os, sys
+assert "torch" not in sys.modules, "torch was imported before the script"
+os.environ["OMP_NUM_THREADS"] = "1"               # must still take effect
+import torch
+assert torch.get_num_threads() == 1, torch.get_num_threads()
+print("argv", sys.argv[1:], "path0", sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(6):
+    m(torch.randn(8, 4)).sum().backward(); opt.step(); opt.zero_grad()
+"""
+
+
+def test_script_imports_torch_itself_with_python_semantics(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text(EARLY)
+    r = prun("--no-trace", script, "--flag", "x", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert "argv ['--flag', 'x'] path0 True" in r.stdout
+
+
+def test_stacks_are_sampled_or_refusal_is_explained(tmp_path):
+    r = prun("--stacks", "--no-trace", "--duration", "8", EX / "cpu_bound_loader.py", "--workers", "1",
+             "--steps", "100000", out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    dumps = list((tmp_path / "run" / "stacks").glob("stacks-*.txt"))
+    notes = " ".join(report(tmp_path / "run")["run"]["notes"])
+    assert dumps or "py-spy could not attach" in notes
