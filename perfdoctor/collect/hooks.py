@@ -268,7 +268,8 @@ class Session:
             if self.prof_state in ("recording", "exported"):
                 self._stop_profiler(partial=self.prof_state == "recording")
             info = {"outcome": outcome, "exit_code": exit_code, "error": error, "steps": self.steps,
-                    "mode": self.mode, "profiler": self.prof_state, "notes": self.notes,
+                    "mode": self.mode, "profiler": self.prof_state, "trace_enabled": self.trace_enabled,
+                    "notes": self.notes,
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available())}

@@ -141,10 +141,11 @@ def _start_samplers(cfg: RunConfig, pid: int, run_dir: Path, notes: list[str]) -
     return out
 
 
-def _pids(samplers) -> list[int]:
+def _pids(samplers) -> list:
+    """(pid, role) of the trainer and its loader workers, from the system sampler."""
     for s in samplers:
-        if hasattr(s, "pids"):
-            return s.pids()
+        if hasattr(s, "current_pids"):
+            return s.current_pids()
     return []
 
 
@@ -155,9 +156,14 @@ def _stop_samplers(samplers: list, run_dir: Path, notes: list[str]) -> None:
         except Exception as exc:
             notes.append(f"stopping a sampler failed: {exc}")
     for s in samplers:
-        if hasattr(s, "samples"):
+        if hasattr(s, "samples"):            # the system sampler: its notes travel with its samples
             (run_dir / "samples.json").write_text(json.dumps({"samples": s.samples, "notes": s.notes}))
-        notes.extend(getattr(s, "notes", []) if not hasattr(s, "samples") else [])
+        elif hasattr(s, "classes"):          # py-spy stacks: what each role was doing
+            notes.extend(s.notes)
+            summary = {role: dict(c) for role, c in s.classes().items()}
+            if summary:
+                notes.append("py-spy stacks: " + "; ".join(
+                    f"{role}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) for role, c in summary.items()))
 
 
 def _read_json(path: Path) -> dict:

@@ -247,16 +247,21 @@ class StackSampler:
     def _dump(self, pid: int, role: str) -> dict | None:
         t = time.monotonic() - self._t0
         before = _probe(pid, pid)
-        try:
-            p = subprocess.run([*self.cmd, "dump", "--pid", str(pid), "--nonblocking"],
-                               capture_output=True, text=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self.failures += 1
-            return None
-        except OSError as e:
-            self._note(f"py-spy could not run ({e}): stacks skipped")
-            self.cmd = None
-            return None
+        for attempt in range(3):
+            try:
+                p = subprocess.run([*self.cmd, "dump", "--pid", str(pid), "--nonblocking"],
+                                   capture_output=True, text=True, timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self.failures += 1
+                return None
+            except OSError as e:
+                self._note(f"py-spy could not run ({e}): stacks skipped")
+                self.cmd = None
+                return None
+            # ESRCH while the process lives: a thread ended while py-spy listed them. Transient.
+            if p.returncode == 0 or "No such process" not in (p.stderr or "") or not _pid_alive(pid):
+                break
+            time.sleep(0.05)
         if p.returncode != 0:
             msg = (p.stderr or "") + (p.stdout or "")
             if not _pid_alive(pid):

@@ -122,6 +122,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 
 def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
     state = res.child.get("profiler")
+    if res.child.get("trace_enabled") is False:
+        return "--no-trace"
     if not res.child.get("torch_imported"):
         return "the script never imported torch"
     if state == "skipped":
