@@ -85,10 +85,15 @@ def run(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report here."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
+    baselines: Optional[list[Path]] = typer.Option(None, "--baseline", "-b", metavar="RUN",
+                                                   help="Gate this run against baseline run(s) (repeatable), "
+                                                        "as `perfdoctor gate` with its defaults."),
+    strict: bool = typer.Option(False, "--strict", help="With --baseline: inconclusive / not comparable fail too."),
 ) -> None:
     """Run a training script unmodified, watch it, and diagnose it (report on stderr).
 
-    Exit code: the script's own (128+N if a signal N killed it); 2 for perfdoctor usage errors."""
+    Exit code: the script's own (128+N if a signal N killed it); when the script succeeded and
+    --baseline is given, the gate's (0 pass, 1 regression, 3 inconclusive); 2 for usage errors."""
     from perfdoctor.collect.launcher import RunConfig, launch
 
     argv = list(target or [])
@@ -100,17 +105,36 @@ def run(
         raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks)
+    for b in baselines or []:
+        if not b.exists():
+            raise PerfdoctorError(f"no such baseline: {b}")
     res = launch(cfg)
+    code = res.exit_code
     try:
         _report_run(res, output, [str(d) for d in rules_dirs or []])
+        if baselines and code == 0:
+            code = _gate_run(res.run_dir, baselines, strict)
     except PerfdoctorError as exc:
         print(f"perfdoctor: error: {exc}", file=sys.stderr)
+        code = code or exc.exit_code
     except Exception as exc:  # the script's exit code wins over a diagnosis bug
         if os.environ.get("PERFDOCTOR_DEBUG") == "1":
             raise
         print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {exc} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
-    raise typer.Exit(res.exit_code)
+    raise typer.Exit(code)
+
+
+def _gate_run(run_dir: Path, baselines: list[Path], strict: bool) -> int:
+    from rich.console import Console
+
+    from perfdoctor.gate.gate import gate_paths
+    from perfdoctor.gate.render import github, render_terminal
+
+    res = gate_paths(run_dir, baselines)
+    github(res, strict, sys.stderr)          # stdout belongs to the script
+    render_terminal(res, Console(stderr=True, highlight=False))
+    return res.exit_code(strict)
 
 
 def _report_run(res, output: Optional[Path], rule_dirs: list[str]) -> None:
@@ -129,6 +153,64 @@ def _report_run(res, output: Optional[Path], rule_dirs: list[str]) -> None:
         except OSError as exc:
             raise PerfdoctorError(f"cannot write {output}: {exc.strerror or exc}") from None
     render(doc, Console(stderr=True, highlight=False))
+
+
+@app.command()
+def compare(
+    before: Path = typer.Argument(..., metavar="BEFORE", help="Run directory or report JSON file: the reference."),
+    after: Path = typer.Argument(..., metavar="AFTER", help="Run directory or report JSON file: the changed run."),
+    fmt: Format = typer.Option(Format.terminal, "--format", "-f", help="What to print on stdout."),
+) -> None:
+    """Two runs side by side: step time, throughput, breakdown, verdict and fixes, against the noise."""
+    from perfdoctor.gate.compare import compare_paths, render_compare
+    from perfdoctor.report.json_out import to_json
+
+    doc = compare_paths(before, after)
+    if fmt is Format.json:
+        sys.stdout.buffer.write(to_json(doc))
+        return
+    render_compare(doc)
+
+
+@app.command()
+def gate(
+    current: Path = typer.Argument(..., metavar="CURRENT",
+                                   help="The run to judge: run directory (or report JSON file)."),
+    baselines: list[Path] = typer.Option(..., "--baseline", "-b", metavar="RUN",
+                                         help="Baseline run directory or report (repeatable: several runs "
+                                              "measure the run-to-run noise)."),
+    min_effect: float = typer.Option(0.10, "--min-effect", min=0.0,
+                                     help="Smallest step-time change that counts (0.10 = 10%)."),
+    min_share: float = typer.Option(0.10, "--min-share", min=0.0,
+                                    help="Smallest change of a share (data wait, idle device) that counts "
+                                         "(0.10 = 10 points)."),
+    min_steps: int = typer.Option(10, "--min-steps", min=2, help="Steady-state steps needed, else inconclusive."),
+    noise_k: float = typer.Option(3.0, "--noise-k", min=0.0,
+                                  help="With several baselines: the change must exceed this many spreads."),
+    max_other_load: float = typer.Option(0.25, "--max-other-load", min=0.0,
+                                         help="Step time is inconclusive when other processes used more than "
+                                              "this share of the CPU cores during a run (1 = never)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail (exit 1) on inconclusive / not comparable too."),
+    junit: Optional[Path] = typer.Option(None, "--junit", metavar="FILE", help="Also write JUnit XML here."),
+    fmt: Format = typer.Option(Format.terminal, "--format", "-f", help="What to print on stdout."),
+) -> None:
+    """Performance gate for CI: is CURRENT slower than the baseline(s)?
+
+    Exit code: 0 pass/improvement, 1 regression, 2 usage/input error, 3 inconclusive/not comparable."""
+    from perfdoctor.gate.gate import gate_paths
+    from perfdoctor.gate.render import github, junit as write_junit, render_terminal
+    from perfdoctor.report.json_out import to_json
+
+    res = gate_paths(current, baselines, min_effect=min_effect, min_share=min_share, min_steps=min_steps,
+                     noise_k=noise_k, max_other_load=max_other_load)
+    if junit is not None:
+        write_junit(res, junit)
+    github(res, strict, sys.stderr if fmt is Format.json else sys.stdout)
+    if fmt is Format.json:
+        sys.stdout.buffer.write(to_json(res.to_dict()))
+    else:
+        render_terminal(res)
+    raise typer.Exit(res.exit_code(strict))
 
 
 rules_app = typer.Typer(no_args_is_help=True, help="List, show and check the diagnosis rules (rules/*.toml).")

@@ -1,0 +1,321 @@
+"""`perfdoctor gate`: is the current run slower than the baseline run(s)?
+
+Decision rules (documented in the README, "Performance gate"):
+
+Step time (median of the steady-state steps, see perfdoctor.gate.stats):
+- one baseline (within-run noise only, the weaker test): regression when the current median is
+  at least --min-effect slower AND the 95% bootstrap CI of the ratio of medians lies above 1
+  AND the one-sided Mann-Whitney U test gives p < alpha (0.01); improvement symmetrically;
+  a change of at least --min-effect without that evidence is inconclusive; otherwise pass.
+- several baselines (run-to-run noise): center = median of the baselines' medians, spread =
+  scaled MAD of those medians (1.4826 * MAD). Regression when the current median exceeds the
+  center by more than --min-effect AND by more than --noise-k (3) spreads AND is slower than
+  every baseline; improvement symmetrically; otherwise pass.
+- fewer than --min-steps (10) steady steps in the current run (or in every baseline):
+  inconclusive. No step records (a bare report.json): inconclusive.
+- environment fingerprints differ (device model/count, torch version, CPU count, batch size):
+  absolute times are "not comparable" and only shares and the verdict are gated.
+- other processes used more than max(--max-other-load (0.25) x CPU count, 0.5) cores during the
+  current or a baseline run (system.cpu_busy_share x machine.cpu_count minus the trainer's and
+  the loader workers' CPU): step time is inconclusive (a noisy neighbour, not the code).
+
+Shares (share.input = exposed data wait, gpu.idle_share = idle device), gated whatever the
+fingerprint: regression when the share grows by at least --min-share (0.10 = 10 points) AND
+(several baselines) by more than --noise-k spreads of the baselines' shares, or (one baseline,
+step records on both sides) the per-step data-wait fractions are higher by a one-sided
+Mann-Whitney test, p < alpha. A verdict change is a warning, never a failure on its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from perfdoctor.gate import stats
+from perfdoctor.gate.load import RunData, fingerprint_diff, load_run
+
+PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE = (
+    "pass", "regression", "improvement", "inconclusive", "not comparable")
+EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, INCONCLUSIVE: 3, NOT_COMPARABLE: 3}
+SHARES = (("share.input", "data wait"), ("gpu.idle_share", "idle device"))
+BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
+               "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
+               "inconclusive": "inconclusive"}
+
+
+@dataclass
+class GateOptions:
+    min_effect: float = 0.10     # relative step-time change that matters
+    min_share: float = 0.10      # absolute share change that matters (0.10 = 10 points)
+    noise_k: float = 3.0         # with several baselines: times their spread
+    alpha: float = 0.01          # one-sided significance level (one baseline)
+    min_steps: int = stats.MIN_STEPS
+    k_mad: float = stats.K_MAD
+    max_other_load: float = 0.25  # share of the machine's cores other processes may use during a run
+
+
+@dataclass
+class Row:
+    metric: str
+    baseline: str
+    current: str
+    change: str
+    threshold: str
+    status: str            # pass, regression, improvement, inconclusive, not comparable, warning, info
+    reason: str
+    values: dict = field(default_factory=dict)
+
+
+@dataclass
+class GateResult:
+    outcome: str
+    reason: str
+    rows: list
+    method: str
+    notes: list
+    fingerprint: dict
+
+    def exit_code(self, strict: bool = False) -> int:
+        code = EXIT[self.outcome]
+        return 1 if strict and code == 3 else code
+
+    def to_dict(self) -> dict:
+        return {"outcome": self.outcome, "reason": self.reason, "method": self.method,
+                "exit_code": self.exit_code(), "rows": [asdict(r) for r in self.rows],
+                "notes": self.notes, "fingerprint": self.fingerprint}
+
+
+def gate_paths(current, baselines, **options) -> GateResult:
+    """Gate a run (directory or report JSON) against one or more baselines. Options: see GateOptions."""
+    from perfdoctor.errors import PerfdoctorError
+    if not baselines:
+        raise PerfdoctorError("give at least one --baseline")
+    return gate_runs(load_run(current), [load_run(b) for b in baselines], GateOptions(**options))
+
+
+def _pct(x: float | None) -> str:
+    return "unknown" if x is None else f"{100 * x:.0f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "unknown" if x is None else f"{1e3 * x:.1f} ms"
+
+
+def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None) -> GateResult:
+    opt = opt or GateOptions()
+    notes: list[str] = []
+    diffs: list[str] = []
+    unknown: set[str] = set()
+    for b in bases:
+        d, u = fingerprint_diff(b.fingerprint, cur.fingerprint)
+        diffs += [x for x in d if x not in diffs]
+        unknown.update(u)
+    if unknown:
+        notes.append("environment not fully known (" + ", ".join(sorted(unknown)) + "): compared on what is known")
+    rows: list[Row] = []
+    method = "within-run (one baseline: weaker evidence)" if len(bases) == 1 else f"run-to-run ({len(bases)} baselines)"
+    if diffs:
+        why = ("environment differs (" + "; ".join(diffs) + "): absolute times not compared, "
+               "gating shares and verdict only")
+        notes.append(why)
+        rows.append(Row("step time (median)", _ms_med(bases), _ms_one(cur), "", "", NOT_COMPARABLE, why))
+    else:
+        busy = [f"{r.label if r is not cur else 'the current run'}: {load:.1f} of {cores} cores"
+                for r in [cur, *bases] for load, cores in [other_load(r)]
+                if load is not None and load > max(opt.max_other_load * cores, 0.5)]
+        if busy:
+            why = ("the machine was busy with other work (" + "; ".join(busy) + " used by other processes): "
+                   "step times are not comparable, rerun on a quiet machine")
+            rows.append(Row("step time (median)", _ms_med(bases), _ms_one(cur), "", "", INCONCLUSIVE, why))
+        else:
+            rows.append(_step_time(cur, bases, opt, notes))
+    for key, label in SHARES:
+        r = _share(cur, bases, key, label, opt)
+        if r is not None:
+            rows.append(r)
+    rows.append(_verdict(cur, bases))
+    outcome = _outcome(rows)
+    return GateResult(outcome, _reason(outcome, rows, cur), rows, method, notes,
+                      {"current": cur.fingerprint, "baselines": [b.fingerprint for b in bases],
+                       "differs": diffs, "unknown": sorted(unknown)})
+
+
+def other_load(r: RunData) -> tuple[float | None, int | None]:
+    """Cores used by processes other than the trainer and its loader workers during the run:
+    system.cpu_busy_share x machine.cpu_count - trainer cores - workers x worker cores
+    (None when the run has no system samples)."""
+    m = r.metrics
+    busy, cores = m.get("system.cpu_busy_share"), m.get("machine.cpu_count")
+    trainer = m.get("loader.trainer_cpu_mean")
+    if busy is None or not cores or trainer is None:
+        return None, cores
+    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
+    return max(0.0, busy * cores - own), cores
+
+
+def _ms_one(r: RunData) -> str:
+    v = r.metrics.get("run.step_time_median_ms")
+    return "unknown" if v is None else f"{v:.1f} ms"
+
+
+def _ms_med(rs: list[RunData]) -> str:
+    vs = [r.metrics.get("run.step_time_median_ms") for r in rs]
+    vs = [v for v in vs if v is not None]
+    return "unknown" if not vs else f"{float(np.median(vs)):.1f} ms"
+
+
+def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list[str]) -> Row:
+    name = "step time (median)"
+    if cur.steps is None:
+        return Row(name, "", _ms_one(cur), "", "", INCONCLUSIVE,
+                   "no step records for the current run (give its run directory, not only report.json)")
+    cs = stats.steady_state(cur.steps, opt.k_mad)
+    notes.append(f"current: {cs.describe()}")
+    bss = []
+    for b in bases:
+        if b.steps is None:
+            notes.append(f"baseline {b.label}: no step records, not used for step time")
+            continue
+        s = stats.steady_state(b.steps, opt.k_mad)
+        notes.append(f"baseline {b.label}: {s.describe()}")
+        if s.n < opt.min_steps:
+            notes.append(f"baseline {b.label}: fewer than {opt.min_steps} steady steps, not used for step time")
+            continue
+        bss.append(s)
+    if cs.n < opt.min_steps:
+        return Row(name, "", _ms(cs.median), "", f">= {opt.min_steps} steady steps", INCONCLUSIVE,
+                   f"only {cs.n} steady-state steps in the current run (need {opt.min_steps})",
+                   {"current_steps": cs.n})
+    if not bss:
+        return Row(name, "", _ms(cs.median), "", f">= {opt.min_steps} steady steps", INCONCLUSIVE,
+                   f"no baseline with {opt.min_steps} or more steady-state steps")
+    if len(bss) == 1:
+        return _within(name, bss[0], cs, opt)
+    return _across(name, bss, cs, opt)
+
+
+def _within(name: str, b: stats.Steady, c: stats.Steady, opt: GateOptions) -> Row:
+    ratio = c.median / b.median
+    lo, hi = stats.bootstrap_ratio_ci(b.durs, c.durs)
+    p_slow = stats.mann_whitney_greater(b.durs, c.durs)
+    p_fast = stats.mann_whitney_greater(c.durs, b.durs)
+    change = ratio - 1
+    values = {"baseline_median_s": b.median, "current_median_s": c.median, "ratio": ratio, "ci95": [lo, hi],
+              "p_slower": p_slow, "p_faster": p_fast, "baseline_steps": b.n, "current_steps": c.n}
+    thr = f"±{100 * opt.min_effect:.0f}%, significant"
+    ci = f"CI95 of the ratio {lo:.2f}-{hi:.2f}, Mann-Whitney p={min(p_slow, p_fast):.2g}"
+    base, curs, chg = _ms(b.median), _ms(c.median), f"{100 * change:+.1f}%"
+    if change >= opt.min_effect:
+        if lo > 1 and p_slow < opt.alpha:
+            return Row(name, base, curs, chg, thr, REGRESSION,
+                       f"step time {base} -> {curs} ({chg}; {ci}; one baseline: within-run noise only)", values)
+        return Row(name, base, curs, chg, thr, INCONCLUSIVE,
+                   f"step time {chg} but not beyond the within-run noise ({ci})", values)
+    if change <= -opt.min_effect:
+        if hi < 1 and p_fast < opt.alpha:
+            return Row(name, base, curs, chg, thr, IMPROVEMENT, f"step time {base} -> {curs} ({chg}; {ci})", values)
+        return Row(name, base, curs, chg, thr, INCONCLUSIVE,
+                   f"step time {chg} but not beyond the within-run noise ({ci})", values)
+    return Row(name, base, curs, chg, thr, PASS, f"step time {chg}, within ±{100 * opt.min_effect:.0f}% ({ci})",
+               values)
+
+
+def _across(name: str, bss: list[stats.Steady], c: stats.Steady, opt: GateOptions) -> Row:
+    meds = np.array([s.median for s in bss])
+    center, spread = float(np.median(meds)), stats.mad(meds)
+    change = c.median / center - 1
+    noise = opt.noise_k * spread / center
+    need = max(opt.min_effect, noise)
+    values = {"baseline_medians_s": meds.tolist(), "baseline_center_s": center, "baseline_spread_s": spread,
+              "current_median_s": c.median, "change": change, "threshold": need, "current_steps": c.n}
+    base = f"{_ms(center)} (x{len(bss)}, ±{_ms(spread)})"
+    curs, chg = _ms(c.median), f"{100 * change:+.1f}%"
+    thr = f"±{100 * need:.1f}%"
+    if change > need and c.median > meds.max():
+        return Row(name, base, curs, chg, thr, REGRESSION,
+                   f"step time {_ms(center)} -> {curs} ({chg}), beyond the baselines' run-to-run spread", values)
+    if change < -need and c.median < meds.min():
+        return Row(name, base, curs, chg, thr, IMPROVEMENT, f"step time {_ms(center)} -> {curs} ({chg})", values)
+    return Row(name, base, curs, chg, thr, PASS,
+               f"step time {chg}, within {thr} (max of {100 * opt.min_effect:.0f}% and {opt.noise_k:g}x "
+               "the baselines' spread)", values)
+
+
+def _share(cur: RunData, bases: list[RunData], key: str, label: str, opt: GateOptions) -> Row | None:
+    cv = cur.metrics.get(key)
+    bv = [b.metrics.get(key) for b in bases]
+    bv = [v for v in bv if v is not None]
+    if cv is None and not bv:
+        return None                                  # e.g. gpu.idle_share of CPU-only runs
+    name = f"{label} ({key})"
+    if cv is None or not bv:
+        return Row(name, _pct(float(np.median(bv)) if bv else None), _pct(cv), "", "", INCONCLUSIVE,
+                   f"{label} unknown on one side")
+    arr = np.array(bv, dtype=float)
+    center = float(np.median(arr))
+    diff = cv - center
+    need = opt.min_share
+    evidence = "threshold only"
+    ok_evidence = True
+    if len(arr) > 1:
+        need = max(opt.min_share, opt.noise_k * stats.mad(arr))
+        ok_evidence = cv > arr.max() if diff > 0 else cv < arr.min()
+        evidence = f"{len(arr)} baselines"
+    elif key == "share.input" and cur.steps and bases[0].steps:
+        a, b = _wait_fractions(bases[0].steps, opt), _wait_fractions(cur.steps, opt)
+        if len(a) >= opt.min_steps and len(b) >= opt.min_steps:
+            p = stats.mann_whitney_greater(a, b) if diff > 0 else stats.mann_whitney_greater(b, a)
+            ok_evidence = p < opt.alpha
+            evidence = f"per-step data wait, Mann-Whitney p={p:.2g}"
+    chg = f"{100 * diff:+.0f} pts"
+    thr = f"±{100 * need:.0f} pts"
+    values = {"baseline": center, "current": cv, "change": diff, "threshold": need, "evidence": evidence}
+    words = f"{label} {_pct(center)} -> {_pct(cv)}"
+    if abs(diff) >= need and ok_evidence:
+        status = REGRESSION if diff > 0 else IMPROVEMENT
+        return Row(name, _pct(center), _pct(cv), chg, thr, status, f"{words} ({evidence})", values)
+    if abs(diff) >= need:
+        return Row(name, _pct(center), _pct(cv), chg, thr, INCONCLUSIVE,
+                   f"{words} but not beyond the noise ({evidence})", values)
+    return Row(name, _pct(center), _pct(cv), chg, thr, PASS, f"{words}, within {thr}", values)
+
+
+def _wait_fractions(steps: list[dict], opt: GateOptions) -> np.ndarray:
+    s = stats.steady_state(steps, opt.k_mad)
+    return s.waits / s.durs if s.n else np.array([])
+
+
+def _verdict(cur: RunData, bases: list[RunData]) -> Row:
+    common = Counter(b.verdict for b in bases).most_common(1)[0][0]
+    c = cur.verdict
+    if c == common:
+        return Row("verdict", str(common), str(c), "", "", PASS, f"verdict unchanged ({c})")
+    return Row("verdict", str(common), str(c), "changed", "", "warning",
+               f"verdict {common} -> {c}: now {BOUND_WORDS.get(c, c)}")
+
+
+def _outcome(rows: list[Row]) -> str:
+    st = [r.status for r in rows]
+    if REGRESSION in st:
+        return REGRESSION
+    if NOT_COMPARABLE in st:
+        return NOT_COMPARABLE
+    if INCONCLUSIVE in st:
+        return INCONCLUSIVE
+    if IMPROVEMENT in st:
+        return IMPROVEMENT
+    return PASS
+
+
+def _reason(outcome: str, rows: list[Row], cur: RunData) -> str:
+    verdict = next((r for r in rows if r.metric == "verdict"), None)
+    hits = [r for r in rows if r.status == outcome and r.metric != "verdict"]
+    if outcome == PASS:
+        text = "no regression: " + "; ".join(r.reason for r in rows if r.status == PASS and r.metric != "verdict")
+    else:
+        text = "; ".join(r.reason for r in hits)
+    if verdict is not None and verdict.status == "warning":
+        text += f": now {BOUND_WORDS.get(cur.verdict, cur.verdict)}"
+    return text

@@ -1,0 +1,102 @@
+"""Read what `compare` and `gate` need from a run directory or a report JSON file."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfdoctor.errors import PerfdoctorError
+
+# What must match for absolute step times to be comparable: (key, label).
+FINGERPRINT = (("device", "device model"), ("device_count", "device count"), ("torch", "torch version"),
+               ("cpu_count", "CPU count"), ("batch_size", "batch size"))
+_BATCH = re.compile(r"--batch[-_]size(?:=|\s+)(\d+)\b")
+
+
+@dataclass
+class RunData:
+    """One side of a comparison: the report document, the step records (None without a run
+    directory) and the environment fingerprint (None = unknown)."""
+
+    label: str
+    doc: dict
+    steps: list | None = None
+    fingerprint: dict = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> dict:
+        traces = self.doc.get("traces") or [{}]
+        return traces[0].get("metrics") or {}
+
+    @property
+    def verdict(self) -> str | None:
+        return (self.doc.get("verdict") or {}).get("bound")
+
+    @property
+    def fix_ids(self) -> list[str]:
+        return [f.get("id") for f in self.doc.get("findings") or [] if f.get("id")]
+
+
+def load_run(path: str | Path) -> RunData:
+    """A run directory (report.json + steps.jsonl + child.json) or a report JSON file. A report
+    file inside a run directory also gets that directory's step records."""
+    p = Path(path)
+    if p.is_dir():
+        run_dir, report = p, p / "report.json"
+        if not report.is_file():
+            raise PerfdoctorError(f"{p}: no report.json in this directory (is it a `perfdoctor run` directory?)")
+    elif p.is_file():
+        report = p
+        run_dir = p.parent if (p.parent / "steps.jsonl").is_file() else None
+    else:
+        raise PerfdoctorError(f"{p}: no such file or directory")
+    try:
+        doc = json.loads(report.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PerfdoctorError(f"cannot read {report}: {exc}") from None
+    except ValueError as exc:
+        raise PerfdoctorError(f"{report}: not a JSON document ({exc})") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc or not isinstance(doc.get("traces"), list):
+        raise PerfdoctorError(f"{report}: not a perfdoctor report (no schema_version/traces)")
+    steps = None
+    child: dict = {}
+    if run_dir is not None:
+        from perfdoctor.diagnose.live import read_steps
+        steps = read_steps(run_dir) if (run_dir / "steps.jsonl").is_file() else None
+        try:
+            child = json.loads((run_dir / "child.json").read_text())
+        except (OSError, ValueError):
+            child = {}
+    return RunData(label=str(p), doc=doc, steps=steps, fingerprint=fingerprint(doc, child))
+
+
+def fingerprint(doc: dict, child: dict | None = None) -> dict:
+    """Device model and count, torch version, CPU count and batch size; None where unknown.
+    Batch size is known only when the command line passed --batch-size/--batch_size."""
+    m = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
+    platform = m.get("trace.platform")
+    device = m.get("trace.device_name") or ("cpu" if platform == "cpu" else None)
+    count = m.get("trace.devices_used")
+    if count is None and platform == "cpu":
+        count = 0
+    bs = None
+    command = (doc.get("run") or {}).get("command") or ""
+    hit = _BATCH.search(command)
+    if hit:
+        bs = int(hit.group(1))
+    return {"device": device, "device_count": count, "torch": (child or {}).get("torch_version"),
+            "cpu_count": m.get("machine.cpu_count"), "batch_size": bs}
+
+
+def fingerprint_diff(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    """(differences, unknowns): fields known on both sides that differ, and fields unknown on a side."""
+    diffs, unknown = [], []
+    for key, label in FINGERPRINT:
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None:
+            unknown.append(label)
+        elif x != y:
+            diffs.append(f"{label} {x} vs {y}")
+    return diffs, unknown

@@ -1,0 +1,94 @@
+"""Renderers of a GateResult: rich table, GitHub step summary (markdown) and workflow commands,
+JUnit XML, JSON."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.gate.gate import INCONCLUSIVE, NOT_COMPARABLE, REGRESSION, GateResult
+
+COLUMNS = ("metric", "baseline", "current", "change", "threshold", "status")
+STYLE = {"pass": "green", "improvement": "green", "regression": "bold red", "inconclusive": "yellow",
+         "not comparable": "yellow", "warning": "yellow"}
+
+
+def render_terminal(res: GateResult, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = console or Console(highlight=False)
+    t = Table(title=f"perfdoctor gate: {res.outcome.upper()}", title_justify="left")
+    for col in COLUMNS:
+        t.add_column(col, no_wrap=col in ("metric", "change", "status"))
+    for r in res.rows:
+        t.add_row(r.metric, r.baseline, r.current, r.change, r.threshold,
+                  f"[{STYLE.get(r.status, '')}]{r.status}[/]" if STYLE.get(r.status) else r.status)
+    c.print(t)
+    c.print(f"[{STYLE.get(res.outcome, '')}]{res.outcome}[/]: {res.reason}", markup=True)
+    c.print(f"method: {res.method}")
+    for n in res.notes:
+        c.print(f"  note: {n}")
+
+
+def _cell(s: str) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(res: GateResult) -> str:
+    lines = [f"### perfdoctor gate: {res.outcome}", "", f"**{_cell(res.reason)}**", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in res.rows:
+        lines.append("| " + " | ".join(_cell(x) for x in (r.metric, r.baseline, r.current, r.change,
+                                                           r.threshold, r.status)) + " |")
+    lines += ["", f"Method: {res.method}."] + [f"- {_cell(n)}" for n in res.notes]
+    return "\n".join(lines) + "\n"
+
+
+def github(res: GateResult, strict: bool = False, stream=None) -> None:
+    """When GITHUB_STEP_SUMMARY is set: append the markdown table there and print workflow commands
+    (::error:: for a regression, ::warning:: for inconclusive / not comparable / a verdict change)
+    on `stream` (stdout; the CLI passes stderr with --format json so stdout stays one document)."""
+    import sys
+
+    out = stream or sys.stdout
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(markdown(res) + "\n")
+    except OSError as exc:
+        raise PerfdoctorError(f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc.strerror or exc}") from None
+    msg = res.reason.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if res.outcome == REGRESSION or (strict and res.outcome in (INCONCLUSIVE, NOT_COMPARABLE)):
+        print(f"::error title=perfdoctor gate: {res.outcome}::{msg}", file=out, flush=True)
+    elif res.outcome in (INCONCLUSIVE, NOT_COMPARABLE) or any(r.status == "warning" for r in res.rows):
+        print(f"::warning title=perfdoctor gate: {res.outcome}::{msg}", file=out, flush=True)
+
+
+def junit(res: GateResult, path: Path) -> None:
+    """One testsuite "perfdoctor-gate", one testcase per gated metric: <failure> for a regression,
+    <skipped> for inconclusive or not comparable."""
+    suite = ET.Element("testsuite", name="perfdoctor-gate", time="0")
+    counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
+    for r in res.rows:
+        case = ET.SubElement(suite, "testcase", classname="perfdoctor-gate", name=r.metric, time="0")
+        counts["tests"] += 1
+        text = f"baseline {r.baseline}, current {r.current}, change {r.change}, threshold {r.threshold}"
+        if r.status == REGRESSION:
+            ET.SubElement(case, "failure", message=r.reason, type="regression").text = text
+            counts["failures"] += 1
+        elif r.status in (INCONCLUSIVE, NOT_COMPARABLE):
+            ET.SubElement(case, "skipped", message=f"{r.status}: {r.reason}")
+            counts["skipped"] += 1
+        else:
+            ET.SubElement(case, "system-out").text = f"{r.status}: {r.reason}"
+    for k, v in counts.items():
+        suite.set(k, str(v))
+    try:
+        ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    except OSError as exc:
+        raise PerfdoctorError(f"cannot write {path}: {exc.strerror or exc}") from None

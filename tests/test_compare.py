@@ -1,0 +1,114 @@
+"""`perfdoctor compare`: generated runs with known effects, and two real runs of an example."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfdoctor.gate.compare import compare_runs
+from perfdoctor.gate.load import RunData
+
+REPO = Path(__file__).resolve().parent.parent
+QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # see tests/test_gate.py
+FP = {"device": "cpu", "device_count": 0, "torch": "2.13.0+cpu", "cpu_count": 2, "batch_size": None}
+
+
+def mk(durs, input_shares, verdict="device", fixes=()) -> RunData:
+    steps = [{"dur": float(d), "wait": 0.0} for d in durs]
+    tsteps = [{"duration_ms": 100.0, "breakdown_ms": {"data_loading": 100 * s, "cpu_exec": 100 * (1 - s)}}
+              for s in input_shares]
+    m = {"breakdown.data_loading": float(np.mean(input_shares)), "breakdown.cpu_exec": 1 - float(np.mean(input_shares)),
+         "breakdown.kernel": None}
+    doc = {"schema_version": 1, "verdict": {"bound": verdict}, "findings": [{"id": f} for f in fixes],
+           "traces": [{"metrics": m, "steps": tsteps}]}
+    return RunData("x", doc, steps, dict(FP))
+
+
+def test_changes_against_within_run_noise():
+    rng = np.random.default_rng(0)
+    before = mk(0.1 * np.exp(rng.normal(0, 0.03, 40)), [0.10, 0.11, 0.09, 0.10, 0.10], fixes=["PD319"])
+    after = mk(0.12 * np.exp(rng.normal(0, 0.03, 40)), [0.30, 0.32, 0.29, 0.31, 0.30], verdict="input",
+               fixes=["PD319", "PD301"])
+    doc = compare_runs(before, after)
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert list(rows)[:3] == ["step time median", "step time p90", "throughput"]
+    med = rows["step time median"]
+    assert med["change"] == pytest.approx(0.2, abs=0.04) and med["beyond_noise"] is True
+    assert rows["throughput"]["change"] < 0
+    dl = rows["breakdown.data_loading"]
+    assert dl["change"] == pytest.approx(0.204, abs=1e-6) and dl["beyond_noise"] is True
+    assert "breakdown.kernel" not in rows                 # unknown on both sides: not listed
+    assert doc["verdict"] == {"before": "device", "after": "input", "changed": True}
+    assert doc["findings"]["added"] == ["PD301"] and doc["findings"]["removed"] == []
+
+
+def test_same_distribution_is_within_noise():
+    rng = np.random.default_rng(1)
+    shares = [0.10, 0.12, 0.08, 0.11, 0.09]
+    doc = compare_runs(mk(0.1 * np.exp(rng.normal(0, 0.03, 40)), shares),
+                       mk(0.1 * np.exp(rng.normal(0, 0.03, 40)), shares[::-1]))
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert rows["step time median"]["beyond_noise"] is False
+    assert rows["breakdown.data_loading"]["beyond_noise"] is False
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare-runs")
+    out = []
+    for width in (512, 1536):
+        d = root / f"w{width}"
+        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--out", str(d),
+                            "examples/compute_bound.py", "--batch-size", "64", "--width", str(width)],
+                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+        assert p.returncode == 0, p.stderr[-2000:]
+        out.append(d)
+    return out
+
+
+def pd(*args):
+    return subprocess.run([sys.executable, "-m", "perfdoctor", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_compare_real_runs_json(two_runs):
+    a, b = two_runs
+    p = pd("compare", a, b, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert {"step time median", "step time p90", "throughput"} <= set(rows)
+    assert {k for k in rows if k.startswith("breakdown.")} == {f"breakdown.{c}" for c in (
+        "kernel", "memcpy", "memset", "communication", "runtime", "data_loading", "cpu_exec", "other")}
+    med = rows["step time median"]
+    # the MLP 3x wider is ~9x the FLOPs (another process taking a core costs single-threaded
+    # torch at most ~2-3x, so the change stays large); whether it is beyond noise is always decided
+    assert med["change"] > 1.0 and med["beyond_noise"] in (True, False)
+    assert rows["throughput"]["change"] < -0.5
+    assert doc["verdict"]["before"] and doc["verdict"]["after"]
+    assert isinstance(doc["findings"]["before"], list)
+    assert doc["environment"]["differs"] == []
+
+
+def test_compare_terminal_and_report_files(two_runs):
+    a, b = two_runs
+    p = pd("compare", a, b)
+    assert p.returncode == 0, p.stderr
+    for word in ("step time median", "throughput", "breakdown.cpu_exec", "verdict", "beyond noise", "findings"):
+        assert word in p.stdout
+    # report files: inside their run directories they get the step records too
+    p = pd("compare", a / "report.json", b / "report.json", "--format", "json")
+    assert json.loads(p.stdout)["rows"][0]["noise"] is not None
+
+
+def test_compare_input_errors(two_runs, tmp_path):
+    p = pd("compare", two_runs[0], tmp_path / "missing")
+    assert p.returncode == 2 and p.stderr.startswith("perfdoctor: error:")
+    (tmp_path / "x.json").write_text("not json")
+    assert pd("compare", tmp_path / "x.json", two_runs[0]).returncode == 2
