@@ -149,3 +149,22 @@ def test_directory_discovery(tmp_path):
     files = find_trace_files(tmp_path)
     assert [f.name for f in files] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
     assert [load_trace(f).meta.rank for f in files] == [0, 1]
+
+
+@pytest.mark.parametrize("isal_state", ["changed", "missing"])
+def test_gzip_falls_back_when_isal_changes_or_is_missing(tmp_path, monkeypatch, isal_state):
+    """isal's raw gzip reader is a private API: a changed signature, or no isal at all, must
+    fall back to the standard library, not break .gz input."""
+    import sys
+
+    if isal_state == "missing":
+        monkeypatch.setitem(sys.modules, "isal", None)        # import isal -> ImportError
+    else:
+        from isal import isal_zlib
+
+        def changed(*a, **kw):
+            raise TypeError("signature changed")
+        monkeypatch.setattr(isal_zlib, "_GzipReader", changed)
+    tg.write(tg.TraceSpec(steps=STEPS), tmp_path / "a.json.gz")
+    tg.write(tg.TraceSpec(steps=STEPS), tmp_path / "a.json")
+    assert _names(load_trace(tmp_path / "a.json.gz")) == _names(load_trace(tmp_path / "a.json"))

@@ -1,0 +1,417 @@
+"""The forked two-process load (perfdoctor.trace.parallel) builds exactly the single-pass table.
+
+Small files are made to fork by lowering PARALLEL_MIN_BYTES and the chunk sizes, and every
+comparison checks that the child's result was really merged (or, where that is the point, that
+the parent fell back to finishing alone)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tracegen as tg
+from perfdoctor.trace import loader, parallel, reader
+from perfdoctor.trace.loader import load_trace
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = [tg.StepSpec(data_wait_us=500, kernels=8, syncs=1, mallocs=1, frees=1)] * 3
+COLUMNS = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+@pytest.fixture
+def forking(monkeypatch):
+    """Let any file fork (size threshold off, a 2-CPU view of this machine) and record what
+    happened. Returns a dict: merged (bool or None if the split was never reached), forked."""
+    if threading.active_count() > 1:
+        pytest.skip("other threads are running in this test process: the loader never forks then")
+    seen = {"merged": None, "forked": False}
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 2)
+    monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
+
+    real_start, real_merge = parallel.Helper.start, loader._merge_child
+
+    def start(work, into):
+        helper = real_start(work, into)
+        seen["forked"] = helper is not None
+        return helper
+
+    def merge(acc, state, helper):
+        seen["merged"] = real_merge(acc, state, helper)
+        return seen["merged"]
+
+    monkeypatch.setattr(parallel.Helper, "start", staticmethod(start))
+    monkeypatch.setattr(loader, "_merge_child", merge)
+    return seen
+
+
+def small_chunks(monkeypatch, chunk=2048, read=1024):
+    monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(reader, "READ_BYTES", read)
+    monkeypatch.setattr(reader, "GZ_INPUT_BYTES", 512)   # gzip splits by compressed position
+
+
+def load_both(path, monkeypatch, seen):
+    """(single pass, parallel) tables of one file."""
+    monkeypatch.setenv(parallel.JOBS_ENV, "1")
+    seq = load_trace(path)
+    assert not seen["forked"], "PERFDOCTOR_JOBS=1 must not fork"
+    monkeypatch.delenv(parallel.JOBS_ENV)
+    par = load_trace(path)
+    assert seen["forked"], "the parallel load did not fork"
+    return seq, par
+
+
+def assert_same_table(a, b):
+    assert len(a) == len(b)
+    for k in COLUMNS:
+        x, y = getattr(a, k), getattr(b, k)
+        assert x.dtype == y.dtype, k
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+    assert a.args.keys() == b.args.keys()
+    for k in a.args:
+        assert np.array_equal(a.args[k], b.args[k], equal_nan=True), k
+    assert [a.names[c] for c in a.name] == [b.names[c] for c in b.name]
+    assert (a.cats, a.names, a.pids, a.tids) == (b.cats, b.names, b.pids, b.tids)
+    assert a.str_args == b.str_args
+    assert list(a.str_args["labels"]) == list(b.str_args["labels"])   # same order too
+    assert a.meta == b.meta   # path, device properties, warnings, truncated, flow count ...
+
+
+# -- real traces --------------------------------------------------------------------------------
+
+REAL = [
+    ("hta/df_index_resolver/df_index_resolver.json.gz", None),        # 54 MB: forks as shipped
+    ("hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", None),
+    ("tb_plugin/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz", None),
+    ("tb_plugin/profiler_api_num_workers_4/worker0.pt.trace.json.gz", (64 << 10, 32 << 10)),
+    ("hta/nccl_parser_config/nccl_data.json.gz", (64 << 10, 32 << 10)),
+    ("hta/trace_filter/sampled_rank-0.json.gz", (16 << 10, 8 << 10)),
+    ("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz", (2048, 1024)),
+    ("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz", (4096, 2048)),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("rel,chunks", REAL, ids=[r.split("/")[-1][:32] for r, _ in REAL])
+def test_real_traces(shared_traces, monkeypatch, forking, rel, chunks):
+    path = shared_traces / rel
+    if not path.exists():
+        pytest.skip(f"{rel} not in {shared_traces}")
+    if chunks:
+        small_chunks(monkeypatch, *chunks)
+    seq, par = load_both(path, monkeypatch, forking)
+    assert forking["merged"] is True
+    assert_same_table(seq, par)
+
+
+# -- synthetic traces ---------------------------------------------------------------------------
+
+SYNTHETIC = {
+    "plain": dict(name="a.json"),
+    "gz": dict(name="a.json.gz"),
+    "compact": dict(name="a.json", indent=False),
+    "bare-list": dict(name="a.json", bare_list=True),
+    "bare-list-gz": dict(name="a.json.gz", bare_list=True, indent=False),
+    "truncated-60%": dict(name="cut.json", truncate_at=0.6),
+    "truncated-60%-gz": dict(name="cut.json.gz", truncate_at=0.6),
+    "truncated-90%": dict(name="cut.json", truncate_at=0.9),
+}
+
+
+@pytest.mark.parametrize("case", SYNTHETIC)
+def test_synthetic(tmp_path, monkeypatch, forking, case):
+    kw = dict(SYNTHETIC[case])
+    path = tmp_path / kw.pop("name")
+    tg.write(tg.TraceSpec(steps=STEPS * 6, memory_events=True), path, **kw)
+    small_chunks(monkeypatch)
+    seq, par = load_both(path, monkeypatch, forking)
+    assert forking["merged"] is True
+    assert_same_table(seq, par)
+    assert seq.meta.truncated == ("truncated" in case)
+
+
+@pytest.mark.parametrize("variant", ["kineto-ns", "legacy2021", "rocm"])
+def test_synthetic_formats(tmp_path, monkeypatch, forking, variant):
+    spec = {"kineto-ns": tg.TraceSpec(steps=STEPS * 4, ns_resolution=True),
+            "legacy2021": tg.TraceSpec(steps=STEPS * 4, fmt="legacy2021"),
+            "rocm": tg.TraceSpec(steps=STEPS * 4, device="rocm")}[variant]
+    tg.write(spec, tmp_path / "t.json.gz")
+    small_chunks(monkeypatch)
+    seq, par = load_both(tmp_path / "t.json.gz", monkeypatch, forking)
+    assert forking["merged"] is True
+    assert_same_table(seq, par)
+
+
+@pytest.mark.parametrize("at", [0.3, 0.6, 0.9])
+def test_gzip_stream_cut(tmp_path, monkeypatch, forking, at):
+    """A cut compressed stream: its ISIZE field is garbage, so say what a plausible one would."""
+    spec = tg.TraceSpec(steps=STEPS * 8)
+    tg.write(spec, tmp_path / "full.json.gz")
+    full = len(gzip.decompress((tmp_path / "full.json.gz").read_bytes()))
+    tg.write(spec, tmp_path / "cut.json.gz", truncate_gz_stream=True, truncate_at=at)
+    monkeypatch.setattr(parallel, "decompressed_size", lambda p: full)
+    small_chunks(monkeypatch)
+    seq, par = load_both(tmp_path / "cut.json.gz", monkeypatch, forking)
+    assert seq.meta.truncated and len(seq) > 0
+    assert any("compressed stream ends early" in w for w in seq.meta.warnings)
+    assert forking["merged"] is not False   # at 30% the parent can reach the end first
+    assert_same_table(seq, par)
+
+
+def test_damaged_gzip_salvage_does_not_depend_on_read_sizes(tmp_path, monkeypatch):
+    """CRC error, trailing junk, cut stream: the same rows whatever the chunk/read sizes (the
+    gzip reader loses the output of the read that fails; the reader re-inflates the end so that
+    both processes of a parallel load see the same bytes). Only the byte count in "ignored the
+    last N bytes" may differ: it depends on where the tail starts, as it always has."""
+    obj, _ = tg.build(tg.TraceSpec(steps=STEPS * 4))
+    raw = json.dumps(obj).encode()
+    crc = bytearray(gzip.compress(raw))
+    crc[-6] ^= 0xFF
+    files = {"crc": bytes(crc), "junk": gzip.compress(raw) + b"JUNKJUNK",
+             "cut": gzip.compress(raw)[: len(gzip.compress(raw)) * 2 // 3],
+             "multi": gzip.compress(raw[: len(raw) // 2]) + gzip.compress(raw[len(raw) // 2:])}
+    monkeypatch.setenv(parallel.JOBS_ENV, "1")
+    for name, data in files.items():
+        (tmp_path / f"{name}.json.gz").write_bytes(data)
+        tables = []
+        for chunk, read in [(300, 256), (2048, 1024), (1 << 20, 1 << 20)]:
+            small_chunks(monkeypatch, chunk, read)
+            tables.append(load_trace(tmp_path / f"{name}.json.gz"))
+        for t in tables[1:]:
+            for table in (t, tables[0]):
+                table.meta.warnings = [re.sub(r"[0-9,]+ bytes", "N bytes", w) for w in table.meta.warnings]
+            assert_same_table(tables[0], t)
+        assert tables[0].meta.truncated == (name != "multi"), name
+
+
+def test_trailer_metadata_comes_from_the_child(tmp_path, monkeypatch, forking):
+    obj, _ = tg.build(tg.TraceSpec(steps=STEPS * 4))
+    doc = {"traceEvents": obj["traceEvents"], "deviceProperties": [{"id": 0, "name": "GPU-X"}],
+           "traceName": "tail", "displayTimeUnit": "ns"}
+    (tmp_path / "t.json").write_text(json.dumps(doc, indent=1))
+    small_chunks(monkeypatch)
+    seq, par = load_both(tmp_path / "t.json", monkeypatch, forking)
+    assert forking["merged"] is True
+    assert par.meta.device_properties == [{"id": 0, "name": "GPU-X"}]
+    assert par.meta.display_time_unit == "ns"
+    assert_same_table(seq, par)
+
+
+def test_untyped_events_and_their_warnings(tmp_path, monkeypatch, forking):
+    """Events of odd types on both sides of the split: same rows, same warnings, same order."""
+    obj, _ = tg.build(tg.TraceSpec(steps=STEPS * 4))
+    events = obj["traceEvents"]
+    for i in range(0, len(events), 41):
+        events[i] = dict(events[i], pid=1.5 if i % 2 else [1])
+    events[10:10] = ["not an event", 7]
+    events[-10:-10] = [None]
+    (tmp_path / "odd.json").write_text(json.dumps(obj, indent=1))
+    small_chunks(monkeypatch)
+    seq, par = load_both(tmp_path / "odd.json", monkeypatch, forking)
+    assert forking["merged"] is True
+    assert sum("malformed" in w for w in seq.meta.warnings) >= 2
+    assert_same_table(seq, par)
+
+
+def test_cut_inside_nested_value(tmp_path, monkeypatch, forking):
+    """`}, {` inside args: the child, which only predicts cuts, may start inside an event; the
+    parent's cuts then never land on its start and the parent finishes alone."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5,
+           "args": {"nested": [{"a": 1}, {"b": 2}] * 20}} for i in range(400)]
+    (tmp_path / "n.json").write_text(json.dumps({"traceEvents": ev}))
+    small_chunks(monkeypatch, 300, 256)
+    seen = []
+    real_skip = reader.ChunkStream.skip_to
+
+    def skip_to(self, stop):   # the child: is its start between two events?
+        ok = real_skip(self, stop)
+        seen.append(bytes(self.buf[self.pos - 3:self.pos + 7]))
+        return ok
+    monkeypatch.setattr(reader.ChunkStream, "skip_to", skip_to)
+    seq, par = load_both(tmp_path / "n.json", monkeypatch, forking)
+    assert_same_table(seq, par)
+    assert [par.names[c] for c in par.name] == [e["name"] for e in ev]
+    assert forking["merged"] is not True   # it started inside an event: dropped
+
+
+@pytest.mark.parametrize("how", ["raises", "dies", "dies-late", "wrong-start", "ends-first"])
+def test_child_failure_falls_back(tmp_path, monkeypatch, forking, how):
+    path = tmp_path / "a.json.gz"
+    tg.write(tg.TraceSpec(steps=STEPS * 6), path)
+    small_chunks(monkeypatch)
+    real = loader._decode_from
+
+    def broken(p, split, size, announce):
+        if how == "raises":
+            raise RuntimeError("boom")
+        if how == "dies":
+            os._exit(3)
+        if how == "dies-late":
+            real(p, split, size, announce)
+            os._exit(3)
+        if how == "wrong-start":
+            return real(p, split, size, lambda offset: announce(offset + 1))
+        return real(p, split._replace(at=size * 2, last=size * 2, compressed_at=None), size, announce)
+    monkeypatch.setattr(loader, "_decode_from", broken)
+    seq, par = load_both(path, monkeypatch, forking)
+    assert forking["merged"] is (False if how == "dies-late" else None)
+    assert_same_table(seq, par)
+
+
+def test_jobs_env_and_size_limits(tmp_path, monkeypatch):
+    path = tmp_path / "a.json"
+    tg.write(tg.TraceSpec(steps=STEPS), path)
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 2)
+    mib = 1 << 20
+    monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
+    assert parallel.plan(str(path), 64 * mib) is not None
+    assert parallel.plan(str(path), parallel.PARALLEL_MAX_BYTES + 1) is None   # 8x traces: stream
+    assert parallel.plan(str(path), parallel.PARALLEL_MIN_BYTES) is None
+    assert parallel.plan(str(path), None) is None
+    monkeypatch.setenv(parallel.JOBS_ENV, "1")
+    assert parallel.plan(str(path), 64 * mib) is None
+    monkeypatch.setenv(parallel.JOBS_ENV, "4")
+    assert parallel.plan(str(path), 64 * mib) is not None
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 1)
+    assert parallel.plan(str(path), 64 * mib) is None
+
+
+def test_decompressed_size(tmp_path):
+    raw = json.dumps(tg.build(tg.TraceSpec(steps=STEPS))[0]).encode()
+    (tmp_path / "a.json").write_bytes(raw)
+    (tmp_path / "a.json.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "m.json.gz").write_bytes(gzip.compress(raw) + gzip.compress(b"x"))  # ISIZE: 1
+    (tmp_path / "z.json.gz").write_bytes(gzip.compress(b" " * (1 << 20)))          # 1000x: no
+    assert parallel.decompressed_size(str(tmp_path / "a.json")) == len(raw)
+    assert parallel.decompressed_size(str(tmp_path / "a.json.gz")) == len(raw)
+    assert parallel.decompressed_size(str(tmp_path / "m.json.gz")) is None
+    assert parallel.decompressed_size(str(tmp_path / "z.json.gz")) is None
+    assert parallel.decompressed_size(str(tmp_path / "missing.json")) is None
+
+
+# -- process hygiene ----------------------------------------------------------------------------
+
+SCRIPT_PRELUDE = """
+import atexit, os, signal, sys, time
+sys.path.insert(0, {tests!r})
+from perfdoctor.trace import loader, parallel, reader
+parallel.PARALLEL_MIN_BYTES = 0
+parallel.usable_cpus = lambda: 2
+reader.CHUNK_BYTES, reader.READ_BYTES = 2048, 1024
+PATH = {path!r}
+"""
+
+
+def run_script(tmp_path, body, **kw):
+    path = tmp_path / "t.json"
+    tg.write(tg.TraceSpec(steps=STEPS * 6), path)
+    code = SCRIPT_PRELUDE.format(tests=str(Path(__file__).parent), path=str(path)) + textwrap.dedent(body)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop(parallel.JOBS_ENV, None)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, **kw)
+
+
+def test_child_runs_no_atexit_handlers_and_flushes_nothing(tmp_path):
+    log = tmp_path / "atexit.log"
+    proc = run_script(tmp_path, f"""
+        atexit.register(lambda: open({str(log)!r}, "a").write(f"{{os.getpid()}}\\n"))
+        sys.stdout.write("buffered before the fork\\n")   # stdout is a pipe: block-buffered
+        real = loader._merge_child
+        merged = []
+        loader._merge_child = lambda *a: merged.append(real(*a)) or merged[-1]
+        t = loader.load_trace(PATH)
+        assert merged == [True], merged
+        print("parent", os.getpid(), len(t))
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.count("buffered before the fork") == 1
+    pids = log.read_text().split()
+    assert pids == [out.split()[-2]]   # only the parent ran its handler
+
+
+@pytest.mark.parametrize("where", ["mid-load", "open"])
+def test_exception_in_parent_leaves_no_child(tmp_path, where):
+    proc = run_script(tmp_path, f"""
+        parent = os.getpid()
+        calls = []
+        if {where!r} == "mid-load":
+            real_add = loader._Columns.add
+            def add(self, events):
+                if os.getpid() == parent and len(calls) == 5:
+                    raise KeyboardInterrupt
+                calls.append(1)
+                real_add(self, events)
+            loader._Columns.add = add
+            expected = KeyboardInterrupt
+        else:
+            real_stream = loader.ChunkStream
+            def stream(*a):
+                if os.getpid() == parent:
+                    raise PermissionError(13, "Permission denied")
+                return real_stream(*a)
+            loader.ChunkStream = stream
+            expected = loader.TraceFormatError
+        try:
+            loader.load_trace(PATH)
+        except expected:
+            pass
+        else:
+            raise SystemExit("no error")
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            print("no children")
+        if hasattr(signal, "pthread_sigmask"):
+            assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "SIGINT left blocked"
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "no children" in out
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs process groups")
+def test_ctrl_c_leaves_no_zombie(tmp_path):
+    """A real SIGINT to the whole process group (what Ctrl-C sends) while both processes work."""
+    proc = run_script(tmp_path, """
+        parent = os.getpid()
+        real_add = loader._Columns.add
+        def slow_add(self, events):   # keep both processes busy until the signal comes
+            time.sleep(0.01)
+            real_add(self, events)
+        loader._Columns.add = slow_add
+        real_start = parallel.Helper.start
+        def start(work, into):
+            h = real_start(work, into)
+            print("forked", flush=True)
+            return h
+        parallel.Helper.start = staticmethod(start)
+        try:
+            loader.load_trace(PATH)
+        except KeyboardInterrupt:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                print("interrupted, no children", flush=True)
+        else:
+            print("finished before the signal", flush=True)
+    """, start_new_session=True)
+    assert proc.stdout.readline().strip() == "forked"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "interrupted, no children" in out or "finished before the signal" in out, (out, err)
