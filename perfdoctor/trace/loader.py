@@ -64,15 +64,12 @@ def load_trace(path: str | os.PathLike) -> EventTable:
     if len(cols["ts"]) == 0:
         raise TraceFormatError("no events could be parsed (file truncated or damaged at its start)")
     meta = _meta(path, state, n_flow)
-    str_args = {"label": [None] * 0}
-    table = EventTable(
+    return EventTable(
         ph=cols["ph"], cat=cols["cat"], name=cols["name"], pid=cols["pid"], tid=cols["tid"],
         ts=cols["ts"], dur=cols["dur"], args={k: cols[k] for k in schema.NUMERIC_ARGS},
         cats=interners["cat"].values_list(), names=interners["name"].values_list(),
         pids=interners["pid"].values_list(), tids=interners["tid"].values_list(), meta=meta,
-        str_args=str_args)
-    table.str_args = {"labels": labels}
-    return table
+        str_args={"labels": labels})
 
 
 class _Columns:

@@ -61,7 +61,7 @@ class EventTable:
     pids: list
     tids: list
     meta: TraceMeta = field(default_factory=TraceMeta)
-    str_args: dict[str, list] = field(default_factory=dict)   # label/labels of M events: row -> str
+    str_args: dict[str, dict] = field(default_factory=dict)   # {"labels": {row: process/thread label of M events}}
 
     def __len__(self) -> int:
         return len(self.ts)
