@@ -54,10 +54,7 @@ def report(
 
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
     if output is not None:
-        try:
-            output.write_bytes(to_json(doc))
-        except OSError as exc:
-            raise PerfdoctorError(f"cannot write {output}: {exc.strerror or exc}") from None
+        _write_json(output, doc)
     if fmt is Format.json:
         if output is None:
             sys.stdout.buffer.write(to_json(doc))
@@ -148,10 +145,7 @@ def _report_run(res, output: Optional[Path], rule_dirs: list[str]) -> None:
     (res.run_dir / "report.json").write_bytes(to_json(doc))
     write_run_events(res.run_dir)
     if output is not None:
-        try:
-            output.write_bytes(to_json(doc))
-        except OSError as exc:
-            raise PerfdoctorError(f"cannot write {output}: {exc.strerror or exc}") from None
+        _write_json(output, doc)
     render(doc, Console(stderr=True, highlight=False))
 
 
@@ -260,6 +254,15 @@ def rules_check(directory: Optional[Path] = typer.Argument(None, help="A directo
     render_check(results, len(rules))
     if any(not x.ok for x in results):
         raise typer.Exit(1)
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """-o FILE for report and run: the JSON document, or one line and exit 2 if it cannot be written."""
+    from perfdoctor.report.json_out import to_json
+    try:
+        path.write_bytes(to_json(doc))
+    except OSError as exc:
+        raise PerfdoctorError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -181,7 +181,7 @@ class Session:
                 rec["skipped"] = True
             self.out.write(json.dumps(rec) + "\n")
             self.perturbed_next = False
-            self.t_boundary, self.wait, self.batches = now, 0.0, 0
+            self.wait, self.batches = 0.0, 0
         self._profiler_step()
         if self.stop_requested or (self.max_steps and self.steps >= self.max_steps):
             raise StopRun()

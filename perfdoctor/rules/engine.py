@@ -93,7 +93,7 @@ def rank_key(f: Finding):
     return (not f.ranked, not f.on_bottleneck, -(f.gain or 0.0) if f.ranked else 0.0, f.rule.id)
 
 
-def _truth(text: str, names: list[str], values: dict[str, Any]) -> bool:
+def _truth(text: str, values: dict[str, Any]) -> bool:
     try:
         result = expr.Evaluator(values).eval(text)
     except TypeError:           # a comparison met None: the answer depends on a missing number
@@ -105,7 +105,7 @@ def _truth(text: str, names: list[str], values: dict[str, Any]) -> bool:
 
 def _fire(r: Rule, values: dict[str, Any], diag: Diagnosis) -> Finding | None:
     try:
-        fired = _truth(r.when, r.when_names, values)
+        fired = _truth(r.when, values)
     except _Unknown:
         diag.skipped.append((r.id, [n for n in r.when_names if values.get(n) is None]))
         return None
