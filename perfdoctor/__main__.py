@@ -1,3 +1,3 @@
-from perfdoctor.cli import main
+from perfdoctor.cli import entry
 
-main()
+entry()
