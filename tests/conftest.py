@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tracegen
 
 REPO = Path(__file__).resolve().parent.parent
+# The rule-file cache goes to a directory of this test session (children inherit it), never ~/.cache.
+os.environ["PERFDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfdoctor-test-cache-")
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,7 @@ from perfdoctor.rules import expr
 from perfdoctor.rules.check import run_cases
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.gain import amdahl, describe
-from perfdoctor.rules.loader import RulesInvalid, load_rules
+from perfdoctor.rules.loader import RulesInvalid, builtin_rules_dir, load_rules
 
 RULES = load_rules()
 
@@ -245,3 +247,34 @@ def test_rules_cli_list_and_show():
     bad = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "show", "nope"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no rule" in bad.stderr
+
+
+def test_parsed_rules_are_cached_and_edits_invalidate_the_cache(tmp_path, monkeypatch):
+    from perfdoctor.rules import loader as rule_loader
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(builtin_rules_dir(), rules_dir)
+    monkeypatch.setenv("PERFDOCTOR_RULES", str(rules_dir))
+    monkeypatch.setenv("PERFDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    first = load_rules()
+    assert len(list((tmp_path / "cache").glob("rules-*.json"))) == 1
+    real_read, parsed = rule_loader._read, []
+    monkeypatch.setattr(rule_loader, "_read", lambda f: (parsed.append(f.name), real_read(f))[1])
+    second = load_rules()
+    assert parsed == [] and [r.__dict__ for r in second] == [r.__dict__ for r in first]
+    # an edit (same size even) is seen: the key is the contents, not the mtime
+    victim = rules_dir / Path(first[0].path).name
+    text = victim.read_text()
+    victim.write_text(text.replace(f'title = "{first[0].title}"', f'title = "{first[0].title[:-1]}X"'))
+    third = load_rules()
+    assert parsed and third[0].title == first[0].title[:-1] + "X"
+    # a corrupt cache and an unwritable cache directory only mean parsing again
+    for f in (tmp_path / "cache").glob("rules-*.json"):
+        f.write_bytes(b'{"version": 1, "stamp": [')
+    assert [r.title for r in load_rules()] == [r.title for r in third]
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    monkeypatch.setenv("PERFDOCTOR_CACHE_DIR", str(tmp_path / "blocked"))
+    assert [r.title for r in load_rules()] == [r.title for r in third]
+    monkeypatch.setenv("PERFDOCTOR_CACHE_DIR", "off")
+    parsed.clear()
+    load_rules()
+    assert len(parsed) == len(first)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.rules import expr
+from perfdoctor.rules import cache, expr
 from perfdoctor.rules.model import BOUNDS, DEVICES, KINDS, TARGETS, Case, Gain, Rule
 
 if sys.version_info >= (3, 11):
@@ -58,7 +58,7 @@ def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bo
             problems.append(RuleProblem(str(d), None, "rules directory not found"))
             continue
         files += sorted(d.glob("*.toml"))
-    raw = [(f, _read(f)) for f in files]
+    raw = cache.parse_all(files, _read)
     # Names rules may use beyond the registry: the verdict and every flag's outcome.
     known = set(registry.REGISTRY) | {"verdict.bound"} | {
         "flag." + data["slug"].replace("-", "_") for _, (data, _) in raw
