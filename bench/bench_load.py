@@ -24,11 +24,11 @@ DEFAULT_TRACE = (REPO / "../shared/traces/hta/df_index_resolver/df_index_resolve
 
 CHILD = r"""
 import json, resource, sys, time
-from perfdoctor.trace import loader
+from perfdoctor.trace import assemble, loader
 path = sys.argv[1]
 merged = []
-real_merge = loader._merge_child
-loader._merge_child = lambda *a: merged.append(real_merge(*a)) or merged[-1]
+real_join = assemble.join
+assemble.join = lambda parts: merged.append(len(parts) > 1) or real_join(parts)
 t = time.perf_counter()
 table = loader.load_trace(path)
 dt = time.perf_counter() - t

@@ -1,8 +1,8 @@
 """The forked two-process load (perfdoctor.trace.parallel) builds exactly the single-pass table.
 
-Small files are made to fork by lowering PARALLEL_MIN_BYTES and the chunk sizes, and every
-comparison checks that the child's result was really merged (or, where that is the point, that
-the parent fell back to finishing alone)."""
+Small files are made to fork by lowering PARALLEL_MIN_BYTES, MIN_PART_BYTES and the chunk
+sizes, and every comparison checks that the helper's head was really joined with this process's
+tail (or, where that is the point, that one of them did the whole file)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tracegen as tg
-from perfdoctor.trace import loader, parallel, reader
+from perfdoctor.trace import assemble, columns, loader, parallel, reader
 from perfdoctor.trace.loader import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,28 +34,41 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 @pytest.fixture
 def forking(monkeypatch):
-    """Let any file fork (size threshold off, a 2-CPU view of this machine) and record what
-    happened. Returns a dict: merged (bool or None if the split was never reached), forked."""
+    """Let any file fork (size thresholds off, a 2-CPU view of this machine) and record what
+    happened. Returns a dict: forked; asked: stop requests sent; parts: how many parts were
+    joined; merged: True if the helper's head was joined with parts decoded here, False if this
+    process asked the helper to stop but one of them did the whole file, None if no split was
+    asked for (the helper decoded everything)."""
     if threading.active_count() > 1:
         pytest.skip("other threads are running in this test process: the loader never forks then")
-    seen = {"merged": None, "forked": False}
+    seen = {"merged": None, "forked": False, "asked": 0, "parts": 0}
     monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel, "MIN_PART_BYTES", 0)
     monkeypatch.setattr(parallel, "usable_cpus", lambda: 2)
     monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
 
-    real_start, real_merge = parallel.Helper.start, loader._merge_child
+    real_start, real_stop, real_join = parallel.Helper.start, parallel.Helper.request_stop, assemble.join
 
     def start(work, into):
         helper = real_start(work, into)
         seen["forked"] = helper is not None
+        seen["merged"], seen["asked"], seen["parts"] = None, 0, 0
         return helper
 
-    def merge(acc, state, helper):
-        seen["merged"] = real_merge(acc, state, helper)
-        return seen["merged"]
+    def request_stop(self, offset):
+        ok = real_stop(self, offset)
+        seen["asked"] += ok
+        return ok
+
+    def join(parts):
+        if seen["forked"]:
+            seen["parts"] = len(parts)
+            seen["merged"] = len(parts) > 1 if seen["asked"] else None
+        return real_join(parts)
 
     monkeypatch.setattr(parallel.Helper, "start", staticmethod(start))
-    monkeypatch.setattr(loader, "_merge_child", merge)
+    monkeypatch.setattr(parallel.Helper, "request_stop", request_stop)
+    monkeypatch.setattr(assemble, "join", join)
     return seen
 
 
@@ -168,7 +182,7 @@ def test_gzip_stream_cut(tmp_path, monkeypatch, forking, at):
     seq, par = load_both(tmp_path / "cut.json.gz", monkeypatch, forking)
     assert seq.meta.truncated and len(seq) > 0
     assert any("compressed stream ends early" in w for w in seq.meta.warnings)
-    assert forking["merged"] is not False   # at 30% the parent can reach the end first
+    assert forking["merged"] is not False   # at 30% the skim reaches the end: no split asked
     assert_same_table(seq, par)
 
 
@@ -228,66 +242,120 @@ def test_untyped_events_and_their_warnings(tmp_path, monkeypatch, forking):
 
 
 def test_cut_inside_nested_value(tmp_path, monkeypatch, forking):
-    """`}, {` inside args: the child, which only predicts cuts, may start inside an event; the
-    parent's cuts then never land on its start and the parent finishes alone."""
+    """`}, {` inside args: this process, which only predicts cuts while it skims, may take over
+    inside an event; the helper's cuts then never land there, it decodes to the end alone and
+    our part is dropped."""
     ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5,
            "args": {"nested": [{"a": 1}, {"b": 2}] * 20}} for i in range(400)]
     (tmp_path / "n.json").write_text(json.dumps({"traceEvents": ev}))
     small_chunks(monkeypatch, 300, 256)
-    seen = []
-    real_skip = reader.ChunkStream.skip_to
-
-    def skip_to(self, stop):   # the child: is its start between two events?
-        ok = real_skip(self, stop)
-        seen.append(bytes(self.buf[self.pos - 3:self.pos + 7]))
-        return ok
-    monkeypatch.setattr(reader.ChunkStream, "skip_to", skip_to)
     seq, par = load_both(tmp_path / "n.json", monkeypatch, forking)
     assert_same_table(seq, par)
     assert [par.names[c] for c in par.name] == [e["name"] for e in ev]
-    assert forking["merged"] is not True   # it started inside an event: dropped
+    assert forking["merged"] is False   # asked to stop at a cut inside an event: not joined
 
 
-@pytest.mark.parametrize("how", ["raises", "dies", "dies-late", "wrong-start", "ends-first"])
-def test_child_failure_falls_back(tmp_path, monkeypatch, forking, how):
+@pytest.mark.parametrize("how", ["raises", "dies", "dies-late", "ignores-stop"])
+def test_helper_failure_falls_back(tmp_path, monkeypatch, forking, how):
+    """A helper that fails (the head is decoded here) or never stops (its part is the file)."""
     path = tmp_path / "a.json.gz"
     tg.write(tg.TraceSpec(steps=STEPS * 6), path)
     small_chunks(monkeypatch)
-    real = loader._decode_from
+    real = loader._decode_head_in_child
 
-    def broken(p, split, size, announce):
+    class Deaf:   # a channel that never hears the stop request
+        def __init__(self, channel):
+            self.channel = channel
+
+        def progress(self, offset):
+            self.channel.progress(offset)
+
+        def stop_for(self, offset):
+            return None
+
+    def broken(p, channel):
         if how == "raises":
             raise RuntimeError("boom")
         if how == "dies":
             os._exit(3)
         if how == "dies-late":
-            real(p, split, size, announce)
+            real(p, channel)
             os._exit(3)
-        if how == "wrong-start":
-            return real(p, split, size, lambda offset: announce(offset + 1))
-        return real(p, split._replace(at=size * 2, last=size * 2, compressed_at=None), size, announce)
-    monkeypatch.setattr(loader, "_decode_from", broken)
+        return real(p, Deaf(channel))
+    monkeypatch.setattr(loader, "_decode_head_in_child", broken)
     seq, par = load_both(path, monkeypatch, forking)
-    assert forking["merged"] is (False if how == "dies-late" else None)
+    assert forking["merged"] is (False if how == "ignores-stop" else True)
     assert_same_table(seq, par)
 
 
-def test_jobs_env_and_size_limits(tmp_path, monkeypatch):
-    path = tmp_path / "a.json"
-    tg.write(tg.TraceSpec(steps=STEPS), path)
-    monkeypatch.setattr(parallel, "usable_cpus", lambda: 2)
-    mib = 1 << 20
-    monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
-    assert parallel.plan(str(path), 64 * mib) is not None
-    assert parallel.plan(str(path), parallel.PARALLEL_MAX_BYTES + 1) is None   # 8x traces: stream
-    assert parallel.plan(str(path), parallel.PARALLEL_MIN_BYTES) is None
-    assert parallel.plan(str(path), None) is None
+def test_late_take_over(tmp_path, monkeypatch, forking):
+    """The caller finishes long after starting (as `perfdoctor report` does after its imports):
+    the cut moves towards the end by what the helper has done meanwhile, and the join is exact."""
+    path = tmp_path / "late.json"
+    tg.write(tg.TraceSpec(steps=STEPS * 12, memory_events=True), path)
+    small_chunks(monkeypatch)
+    size = path.stat().st_size
     monkeypatch.setenv(parallel.JOBS_ENV, "1")
-    assert parallel.plan(str(path), 64 * mib) is None
+    seq = load_trace(path)
+    monkeypatch.delenv(parallel.JOBS_ENV)
+    chosen = []
+    real_choose = parallel.choose_cut
+    monkeypatch.setattr(parallel, "choose_cut", lambda sz, p: chosen.append((p, real_choose(sz, p))) or chosen[-1][1])
+    pending = loader.start_load(path)
+    helper = pending.helpers[0]
+    deadline = time.monotonic() + 30
+    while helper.progress() < size // 4 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    par = pending.finish()
+    progress, cut = chosen[0]   # (later ones: taking over again while the helper still has a lot left)
+    assert progress >= size // 4 and cut is not None
+    assert cut > size * 0.6   # (size + progress) / 1.92: most of the rest is the helper's
+    assert forking["merged"] is True
+    assert_same_table(seq, par)
+
+
+def test_slow_helper_is_relieved_again(tmp_path, monkeypatch, forking):
+    """A helper slower than this process (a costly head, a busy core): after its first part,
+    this process takes over again from earlier cuts; the parts chain up exactly."""
+    path = tmp_path / "slow.json.gz"
+    tg.write(tg.TraceSpec(steps=STEPS * 16), path)
+    small_chunks(monkeypatch)
+    parent = os.getpid()
+    real_add = columns.Columns.add
+
+    def add(self, events):
+        if os.getpid() != parent:
+            time.sleep(0.004)
+        real_add(self, events)
+    monkeypatch.setattr(columns.Columns, "add", add)
+    seq, par = load_both(path, monkeypatch, forking)
+    assert forking["asked"] >= 2 and forking["parts"] >= 3, forking
+    assert_same_table(seq, par)
+
+
+def test_fork_conditions_and_cut_choice(tmp_path, monkeypatch):
+    mib = 1 << 20
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 2)
+    monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
+    assert parallel.can_fork(64 * mib)
+    assert not parallel.can_fork(parallel.PARALLEL_MAX_BYTES + 1)   # 8x traces: stream
+    assert not parallel.can_fork(parallel.PARALLEL_MIN_BYTES)
+    assert not parallel.can_fork(None)
+    monkeypatch.setenv(parallel.JOBS_ENV, "1")
+    assert not parallel.can_fork(64 * mib)
     monkeypatch.setenv(parallel.JOBS_ENV, "4")
-    assert parallel.plan(str(path), 64 * mib) is not None
+    assert parallel.can_fork(64 * mib)
     monkeypatch.setattr(parallel, "usable_cpus", lambda: 1)
-    assert parallel.plan(str(path), 64 * mib) is None
+    assert not parallel.can_fork(64 * mib)
+    # The cut balances: helper decodes [p, x); we skim [0, x) and decode [x, size).
+    k = parallel.SKIM_SPEEDUP
+    for size, p in [(64 * mib, 0), (64 * mib, 20 * mib), (10 * mib, 3 * mib)]:
+        x = parallel.choose_cut(size, p)
+        assert x is not None and p < x < size
+        assert abs((x - p) - (x / k + size - x)) < 2   # equal work, in bytes decoded
+    assert parallel.choose_cut(64 * mib, 63 * mib) is None      # too little left to share
+    assert parallel.choose_cut(64 * mib, parallel.DONE) is None  # the helper has finished
+    assert parallel.choose_cut(100 << 10, 0) is None             # parts under MIN_PART_BYTES
 
 
 def test_decompressed_size(tmp_path):
@@ -308,8 +376,9 @@ def test_decompressed_size(tmp_path):
 SCRIPT_PRELUDE = """
 import atexit, os, signal, sys, time
 sys.path.insert(0, {tests!r})
-from perfdoctor.trace import loader, parallel, reader
+from perfdoctor.trace import assemble, columns, loader, parallel, reader  # numpy first: finish() at once
 parallel.PARALLEL_MIN_BYTES = 0
+parallel.MIN_PART_BYTES = 0
 parallel.usable_cpus = lambda: 2
 reader.CHUNK_BYTES, reader.READ_BYTES = 2048, 1024
 PATH = {path!r}
@@ -331,9 +400,9 @@ def test_child_runs_no_atexit_handlers_and_flushes_nothing(tmp_path):
     proc = run_script(tmp_path, f"""
         atexit.register(lambda: open({str(log)!r}, "a").write(f"{{os.getpid()}}\\n"))
         sys.stdout.write("buffered before the fork\\n")   # stdout is a pipe: block-buffered
-        real = loader._merge_child
+        real = assemble.join
         merged = []
-        loader._merge_child = lambda *a: merged.append(real(*a)) or merged[-1]
+        assemble.join = lambda parts: merged.append(len(parts) > 1) or real(parts)
         t = loader.load_trace(PATH)
         assert merged == [True], merged
         print("parent", os.getpid(), len(t))
@@ -351,13 +420,13 @@ def test_exception_in_parent_leaves_no_child(tmp_path, where):
         parent = os.getpid()
         calls = []
         if {where!r} == "mid-load":
-            real_add = loader._Columns.add
+            real_add = columns.Columns.add
             def add(self, events):
-                if os.getpid() == parent and len(calls) == 5:
+                if os.getpid() == parent and len(calls) == 1:
                     raise KeyboardInterrupt
                 calls.append(1)
                 real_add(self, events)
-            loader._Columns.add = add
+            columns.Columns.add = add
             expected = KeyboardInterrupt
         else:
             real_stream = loader.ChunkStream
@@ -390,11 +459,11 @@ def test_ctrl_c_leaves_no_zombie(tmp_path):
     """A real SIGINT to the whole process group (what Ctrl-C sends) while both processes work."""
     proc = run_script(tmp_path, """
         parent = os.getpid()
-        real_add = loader._Columns.add
+        real_add = columns.Columns.add
         def slow_add(self, events):   # keep both processes busy until the signal comes
             time.sleep(0.01)
             real_add(self, events)
-        loader._Columns.add = slow_add
+        columns.Columns.add = slow_add
         real_start = parallel.Helper.start
         def start(work, into):
             h = real_start(work, into)

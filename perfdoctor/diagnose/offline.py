@@ -1,16 +1,25 @@
-"""`perfdoctor report`'s pipeline: path -> traces -> analyses -> rules -> report document."""
+"""`perfdoctor report`'s pipeline: path -> traces -> analyses -> rules -> report document.
+
+The first trace's load starts before anything heavy is imported: on a big trace a helper
+process decodes its head while this process imports numpy, the analysis and the rules."""
 
 from __future__ import annotations
 
-from perfdoctor.analyze.pipeline import analyze
-from perfdoctor.report.document import build_document
-from perfdoctor.rules.engine import evaluate
-from perfdoctor.rules.loader import load_rules
-from perfdoctor.trace.loader import find_trace_files, load_trace
+from perfdoctor.trace.loader import find_trace_files, load_trace, start_load
 
 
 def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
-    rules = load_rules(rule_dirs)
     files = find_trace_files(path)
-    analyses = [analyze(load_trace(f)) for f in files]
+    first = start_load(files[0])
+    try:
+        from perfdoctor.analyze.pipeline import analyze
+        from perfdoctor.report.document import build_document
+        from perfdoctor.rules.engine import evaluate
+        from perfdoctor.rules.loader import load_rules
+
+        rules = load_rules(rule_dirs)
+        analyses = [analyze(first.finish())]
+    finally:
+        first.close()
+    analyses += [analyze(load_trace(f)) for f in files[1:]]
     return build_document(str(path), [(a, evaluate(rules, a.metrics)) for a in analyses])

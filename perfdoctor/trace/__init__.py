@@ -1,6 +1,4 @@
-"""Loading torch.profiler (Kineto) Chrome traces into columnar numpy event tables."""
+"""Loading torch.profiler (Kineto) Chrome traces into columnar numpy event tables.
 
-from perfdoctor.trace.loader import load_trace, load_traces
-from perfdoctor.trace.table import EventTable
-
-__all__ = ["EventTable", "load_trace", "load_traces"]
+Import from the modules: loader (load_trace, start_load), table (EventTable). Importing the
+package itself imports nothing, so the loader can start before numpy is imported."""

@@ -1,42 +1,46 @@
-"""Use a second core for one trace: a forked child decodes the second part of the file.
+"""Use a second core for one trace: a forked helper decodes the head while we get ready.
 
-`plan(path, size)` decides (cheaply, before reading) whether a load forks and where the child
-should take over; `Helper.start(work, into)` forks a child that runs `work(announce)` and
-streams its result back through a pipe: first the absolute offset of the chunk where it started
-decoding (`announce`; the parent polls for it without blocking), then, once done, a small
-pickled header (protocol 5) and raw column buffers, which the parent reads straight into the
-merged arrays. The parent merges only if one of its own chunk cuts lands exactly on that offset.
+`Helper.start(work, into)` forks a child that runs `work(channel)` and streams its result back
+through a pipe: a small pickled header (protocol 5), then raw column buffers, which the parent
+reads straight into arrays. The child starts at the beginning of the file as soon as the load is
+started, which is early: `perfdoctor report` starts it before importing numpy, the analysis and
+the rules, so the child decodes while this process imports. Through the channel the child
+publishes how far it has got (`progress`, a shared word) and learns where to stop (`stop_at`,
+an 8-byte message on a second pipe that it polls after each chunk).
+
+When this process is ready, it looks at the child's progress `p` and picks the point where
+both finish together (`choose_cut`): the child still decodes [p, x) while this process skims
+[0, x) (inflating and finding event boundaries without decoding, SKIM_SPEEDUP times faster)
+and decodes [x, end). Positions are compressed bytes for gzip files (`work_total`). It skims to the first cut after x, sends that exact offset, and decodes
+from there. The child stops exactly there when its own cuts land on it (they do unless a cut
+had to skip a boundary inside a nested value); if it is already past it, or its cuts never hit
+it, the child decodes to the end and this process's part is dropped. Either way the table is
+the single pass's.
+
 The child never returns into the caller's code: it leaves through `os._exit` (no atexit
 handlers, no flushing of buffers inherited from the parent), and SIGINT is blocked from the
 fork until the parent has registered the child, so a Ctrl-C always ends with the child reaped.
+Both processes stream the file themselves, so nothing the size of the file is held or copied.
 
-Both processes stream the file themselves (the child inflates the first part too, without
-decoding it), so nothing the size of the file is held or copied, and memory per process stays
-what a single pass needs.
-
-Where to split: decoding cost follows the number of events more than bytes (kineto's CPU events
-carry long strings, its GPU events are short), and for gzip files the compressed size tracks it
-well: the child takes over at the first cut after SPLIT_AT_GZ of the compressed input has been
-read (a little over half: the child also inflates the parent's part). On the tb_plugin samples
-that is 0.62-0.70 of the JSON, where half of their decoding work lies; on the HTA traces about
-half. Plain JSON files split at SPLIT_AT of their bytes.
+This module imports neither numpy nor the column code: the child imports what it needs.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import select
 import signal
+import struct
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable
 
 PARALLEL_MIN_BYTES = 4 << 20     # below this the fork costs more than it saves
 PARALLEL_MAX_BYTES = 256 << 20   # above this: single pass (memory bound first)
-SPLIT_AT = 0.49                  # plain JSON: share of the bytes the parent decodes (the child
-                                 # also reads the parent's part and sends its columns)
-SPLIT_AT_GZ = 0.54               # gzip: share of the compressed bytes read before the child starts
-SPLIT_MAX = 0.85                 # the child takes at least the last 15% of the JSON
+SKIM_SPEEDUP = 12                # skimming vs decoding the same bytes (measured 12-40x)
+MIN_PART_BYTES = 64 << 10        # a split leaves each process at least this much (work_total unit)
+DONE = 1 << 62                   # progress value: the child has decoded to the end
 JOBS_ENV = "PERFDOCTOR_JOBS"     # PERFDOCTOR_JOBS=1: never fork
 PIPE_BYTES = 1 << 20
 MAX_RATIO = 128                  # most a trace's JSON can plausibly compress
@@ -77,60 +81,86 @@ def decompressed_size(path: str) -> int | None:
     return isize if size <= isize <= MAX_RATIO * size else None
 
 
-def plan(path: str, size: int | None) -> Split | None:
-    """Where the child should take over, or None for a single pass.
-    `size` is decompressed_size(path)."""
-    from perfdoctor.trace import reader
-
-    jobs = jobs_allowed()
-    if jobs is not None and jobs <= 1:
-        return None
-    if not (hasattr(os, "fork") and hasattr(signal, "pthread_sigmask")) or usable_cpus() < 2:
-        return None
-    if threading.active_count() > 1:
-        return None  # fork() with other threads running is unsafe
-    if size is None or not PARALLEL_MIN_BYTES < size <= PARALLEL_MAX_BYTES:
-        return None
-    room = reader.CHUNK_BYTES + reader.READ_BYTES  # no cut in the last `room` bytes (the tail)
-    last = min(int(size * SPLIT_MAX), size - room)
-    if last < reader.CHUNK_BYTES:
-        return None
+def work_total(path: str, size: int) -> int:
+    """The file's length in the unit progress and cuts are measured in: its compressed size for
+    gzip, whose compressed bytes track decoding work (kineto's CPU events carry long strings
+    that compress well; its GPU events are short: per JSON byte the head of a trace can cost
+    1.4x what its tail does), else the JSON size."""
     try:
         with open(path, "rb") as f:
-            is_gz = f.read(2) == GZIP_MAGIC
-            compressed = os.fstat(f.fileno()).st_size
+            return os.fstat(f.fileno()).st_size if f.read(2) == GZIP_MAGIC else size
     except OSError:
+        return size
+
+
+def can_fork(size: int | None) -> bool:
+    """Whether a load of a trace of `size` JSON bytes (decompressed_size) may use a helper."""
+    jobs = jobs_allowed()
+    if jobs is not None and jobs <= 1:
+        return False
+    if not (hasattr(os, "fork") and hasattr(signal, "pthread_sigmask")) or usable_cpus() < 2:
+        return False
+    if threading.active_count() > 1:
+        return False  # fork() with other threads running is unsafe
+    return size is not None and PARALLEL_MIN_BYTES < size <= PARALLEL_MAX_BYTES
+
+
+def choose_cut(total: int, progress: int) -> int | None:
+    """Where this process should take over (in work_total's unit), given that the child has got
+    `progress` of the way through `total`; None when too little is left to share (the child
+    finishes alone)."""
+    if not 0 <= progress < total:
         return None
-    return Split(at=min(int(size * SPLIT_AT), last), last=last,
-                 compressed_at=int(compressed * SPLIT_AT_GZ) if is_gz else None)
+    x = int((total + progress) / (2 - 1 / SKIM_SPEEDUP))
+    if x - progress < MIN_PART_BYTES or total - x < MIN_PART_BYTES:
+        return None
+    return x
 
 
-class Split(NamedTuple):
-    """The child starts at the first chunk cut at or after `at` (plain JSON) or after
-    `compressed_at` compressed bytes have been read (gzip), but never after `last`."""
+class Channel:
+    """The child's side of the coordination: publish progress, learn where to stop."""
 
-    at: int
-    last: int
-    compressed_at: int | None
+    def __init__(self, shared: mmap.mmap, stop_fd: int):
+        self.shared, self.stop_fd = shared, stop_fd
+        self.stop: int | None = None
+        self.open = True
+
+    def progress(self, position: int) -> None:
+        struct.pack_into("<q", self.shared, 0, position)
+
+    def stop_for(self, offset: int) -> int | None:
+        """Where to stop, now that we are at `offset` (never blocks). Each request the parent
+        sends is earlier in the file than the one before; a request we are already past is
+        ignored, so the stop is always the latest one still ahead (or None)."""
+        while self.open and _readable(self.stop_fd):
+            raw = os.read(self.stop_fd, 8)
+            if len(raw) != 8:   # the parent has closed its end
+                self.open = False
+                break
+            request = int.from_bytes(raw, "little", signed=True)
+            if request >= offset:
+                self.stop = request
+        return self.stop
 
 
 class Helper:
     """A forked child working on `work()`; the parent side of its pipe."""
 
-    def __init__(self, pid: int, fd: int):
+    def __init__(self, pid: int, fd: int, stop_fd: int, shared: mmap.mmap):
         self.pid: int | None = pid
-        self.fd: int | None = fd
-        self.start_offset: int | None = None   # where the child started decoding (-1: gave up)
+        self.fd: int | None = fd            # results, child -> parent
+        self.stop_fd: int | None = stop_fd  # where to stop, parent -> child
+        self.shared = shared                # the child's progress
 
     @classmethod
-    def start(cls, work: Callable[[Callable[[int], None]], tuple[dict, list]],
-              into: list[Helper]) -> Helper | None:
-        """Fork; the child runs `work(announce)`, where `announce(offset)` must be called once
-        with the offset it starts decoding at, and returns (header, column buffers).
+    def start(cls, work: Callable[[Channel], tuple[dict, list]], into: list[Helper]) -> Helper | None:
+        """Fork; the child runs `work(channel)`, which returns (header, column buffers).
 
         The helper is appended to `into` before a Ctrl-C can interrupt this process again, so
         the caller's `finally` (which closes everything in `into`) always reaps the child."""
+        shared = mmap.mmap(-1, 8)  # anonymous and MAP_SHARED: the child's writes are seen here
         r, w = os.pipe()
+        stop_r, stop_w = os.pipe()
         try:
             import fcntl
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # fewer wake-ups while we read
@@ -141,36 +171,43 @@ class Helper:
             try:
                 pid = os.fork()
             except OSError:
-                os.close(r)
-                os.close(w)
+                for fd in (r, w, stop_r, stop_w):
+                    os.close(fd)
+                shared.close()
                 return None
             if pid == 0:  # pragma: no cover - the child's coverage is not collected
                 code = 1
                 try:
                     os.close(r)
+                    os.close(stop_w)
                     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: just die
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                    code = _serve(w, work)
+                    code = _serve(w, work, Channel(shared, stop_r))
                 except BaseException:
                     pass
                 finally:
                     os._exit(code)
             os.close(w)
-            helper = cls(pid, r)
+            os.close(stop_r)
+            helper = cls(pid, r, stop_w, shared)
             into.append(helper)
             return helper
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending Ctrl-C is raised here
 
-    def poll_start(self) -> int | None:
-        """The child's start offset if it has said (-1: it gave up or died), else None. Does not
-        block (the child skims to its start ~10x faster than we decode to it)."""
-        if self.start_offset is None and self.fd is not None:
-            if _readable(self.fd):
-                raw = self._read(8)
-                self.start_offset = int.from_bytes(raw, "little", signed=True) if raw else -1
-        return self.start_offset
+    def progress(self) -> int:
+        """How far the child has decoded (ChunkStream.position() at its last cut; DONE at the end)."""
+        return struct.unpack_from("<q", self.shared, 0)[0]
+
+    def request_stop(self, offset: int) -> bool:
+        """Ask the child to stop at the cut at `offset`; False if it cannot be told (gone)."""
+        if self.stop_fd is None:
+            return False
+        try:
+            return os.write(self.stop_fd, offset.to_bytes(8, "little", signed=True)) == 8
+        except OSError:
+            return False
 
     def receive(self) -> dict | None:
         """The child's header once it is done (blocks); None if it failed or died."""
@@ -206,9 +243,11 @@ class Helper:
         SIGINT waits meanwhile: a Ctrl-C is raised after the reap, never instead of it."""
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            if self.fd is not None:
-                os.close(self.fd)
-                self.fd = None
+            for attr in ("fd", "stop_fd"):
+                fd = getattr(self, attr)
+                if fd is not None:
+                    os.close(fd)
+                    setattr(self, attr, None)
             if self.pid is not None:
                 try:
                     os.kill(self.pid, signal.SIGKILL)
@@ -219,6 +258,7 @@ class Helper:
                 except ChildProcessError:  # pragma: no cover - SIGCHLD ignored: reaped already
                     pass
                 self.pid = None
+            self.shared.close()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
@@ -231,19 +271,12 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover
 
 
-def _serve(fd: int, work) -> int:  # pragma: no cover - child
-    announced = []
-
-    def announce(offset: int) -> None:
-        announced.append(offset)
-        _write_all(fd, memoryview(offset.to_bytes(8, "little", signed=True)))
-
+def _serve(fd: int, work, channel: Channel) -> int:  # pragma: no cover - child
     try:
-        header, buffers = work(announce)
+        header, buffers = work(channel)
     except Exception as exc:
         header, buffers = {"ok": False, "why": f"{type(exc).__name__}: {exc}"}, []
-    if not announced:
-        announce(-1)
+    channel.progress(DONE)
     blob = pickle.dumps(header, protocol=5)
     _write_all(fd, memoryview(len(blob).to_bytes(8, "little") + blob))
     for b in buffers:

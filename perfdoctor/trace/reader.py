@@ -265,6 +265,11 @@ class ChunkStream:
     def offset(self) -> int:
         return self.base + self.pos
 
+    def position(self) -> int:
+        """How far into the file we are, in the unit a parallel load balances in: compressed
+        bytes read for gzip (GZ_INPUT_BYTES granular), else `offset`."""
+        return self.src.compressed_pos() if self.src.is_gz else self.offset
+
     def close(self) -> None:
         self.src.close()
         try:

@@ -15,19 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-
-class Interner(dict):
-    """str/int -> dense code; `intern.__getitem__` is a C-speed map function."""
-
-    def __missing__(self, key):
-        code = self[key] = len(self)
-        return code
-
-    def values_list(self) -> list:
-        out = [None] * len(self)
-        for k, v in self.items():
-            out[v] = k
-        return out
+from perfdoctor.trace.columns import Interner  # noqa: F401  (re-exported)
 
 
 @dataclass

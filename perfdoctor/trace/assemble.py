@@ -1,0 +1,75 @@
+"""Parts of a load (perfdoctor.trace.columns) -> one numpy EventTable.
+
+`join` puts consecutive parts together exactly as one pass over them all would have built
+them; `build_table` wraps the result's buffers as numpy arrays (no copy) in an EventTable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.trace import schema
+from perfdoctor.trace.columns import LAYOUT, STRING_COLUMNS, Interner, Part
+from perfdoctor.trace.table import EventTable, TraceMeta
+
+DTYPES = {k: np.dtype({"B": np.uint8, "i": np.int32, "d": np.float64}[t]) for k, t in LAYOUT.items()}
+
+
+def column(part: Part, key: str) -> np.ndarray:
+    col = part.cols[key]
+    return col if isinstance(col, np.ndarray) else np.frombuffer(col, DTYPES[key])
+
+
+def empty_part(header: dict) -> Part:
+    """A part with the header's fields and uninitialised columns to read the buffers into."""
+    cols = {k: np.empty(header["rows"], DTYPES[k]) for k in LAYOUT}
+    return Part(cols=cols, **header)
+
+
+def join(parts: list[Part]) -> Part:
+    """Consecutive parts as one pass over them all would have built them. Each part's string
+    codes are its own: they are mapped onto one table per column, extended with each part's
+    new strings in its first-seen order (the order a single pass meets them in)."""
+    if len(parts) == 1:
+        return parts[0]
+    tables = {k: Interner() for k in STRING_COLUMNS}
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in LAYOUT}
+    labels: dict[int, str] = {}
+    rows = 0
+    for p in parts:
+        for row, lab in p.labels.items():
+            labels[row + rows] = lab
+        rows += p.rows
+        for key in LAYOUT:
+            col = column(p, key)
+            if key in STRING_COLUMNS:
+                values = p.strings[key]
+                lut = np.fromiter(map(tables[key].__getitem__, values), np.int32, len(values))
+                col = lut[col]
+            cols[key].append(col)
+    meta: dict = {}
+    for p in parts:
+        meta.update(p.meta)
+    return Part(cols={k: np.concatenate(v) for k, v in cols.items()}, rows=rows,
+                strings={k: t.values_list() for k, t in tables.items()}, labels=labels,
+                n_flow=sum(p.n_flow for p in parts), meta=meta,
+                warnings=[w for p in parts for w in p.warnings],
+                truncated=any(p.truncated for p in parts), ended_at=parts[-1].ended_at)
+
+
+def build_table(path: str, part: Part) -> EventTable:
+    cols = {k: column(part, k) for k in LAYOUT}
+    m = part.meta
+    props = m.get("deviceProperties") or []
+    dist = m.get("distributedInfo") or {}
+    meta = TraceMeta(
+        path=path, device_properties=[p for p in props if isinstance(p, dict)],
+        distributed_info=dist if isinstance(dist, dict) else {},
+        display_time_unit=m.get("displayTimeUnit"), warnings=list(dict.fromkeys(part.warnings)),
+        truncated=part.truncated, n_flow_events=part.n_flow)
+    s = part.strings
+    return EventTable(
+        ph=cols["ph"], cat=cols["cat"], name=cols["name"], pid=cols["pid"], tid=cols["tid"],
+        ts=cols["ts"], dur=cols["dur"], args={k: cols[k] for k in schema.NUMERIC_ARGS},
+        cats=s["cat"], names=s["name"], pids=s["pid"], tids=s["tid"],
+        meta=meta, str_args={"labels": part.labels})
