@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
+from perfdoctor.analyze.arrays import isin, median
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
@@ -32,7 +33,7 @@ def device_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     kr = np.flatnonzero(k.kernel)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     out: dict = {"gpu.kernels_per_step": len(kr) / len(steps),
-                 "gpu.kernel_median_us": float(np.median(t.dur[kr])) if len(kr) else None}
+                 "gpu.kernel_median_us": median(t.dur[kr]) if len(kr) else None}
     s, e = intervals.clip(t.ts[kr], t.ts[kr] + t.dur[kr], lo, hi)
     out["gpu.kernel_busy_share"] = intervals.total(s, e) / total
     dev, launch = device_launch_index(t, k)
@@ -66,5 +67,4 @@ def _launched_by_eligible_op(t: EventTable, k: Kinds, kr: np.ndarray) -> np.ndar
     kext = np.where(np.isnan(ext[kr]), t.args["external_id_legacy"][kr], ext[kr])
     ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: ELIGIBLE_OP_RX.match(n) is not None))
     op_ext = ext[ops]
-    op_ext = np.unique(op_ext[~np.isnan(op_ext)])
-    return np.isin(kext, op_ext)
+    return isin(kext, op_ext[~np.isnan(op_ext)])

@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import SYNC_RUNTIME_RX, Kinds
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
@@ -48,7 +49,7 @@ def _contained(t: EventTable, rows: np.ndarray, ops: np.ndarray) -> np.ndarray:
     res = np.zeros(len(rows), bool)
     if len(rows) == 0 or len(ops) == 0:
         return res
-    for tid in np.unique(t.tid[rows]):
+    for tid in unique(t.tid[rows]):
         r = rows[t.tid[rows] == tid]
         o = ops[t.tid[ops] == tid]
         if len(o) == 0:

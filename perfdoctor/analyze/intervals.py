@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.analyze import arrays
+
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge overlapping intervals; returns sorted disjoint (starts, ends)."""
@@ -40,7 +42,7 @@ class Segments:
     """Elementary segments of the time line between all given boundaries."""
 
     def __init__(self, *boundaries: np.ndarray):
-        pts = np.unique(np.concatenate([np.asarray(b, np.float64).ravel() for b in boundaries]))
+        pts = arrays.unique(np.concatenate([np.asarray(b, np.float64).ravel() for b in boundaries]))
         self.points = pts
         self.start = pts[:-1]
         self.length = np.diff(pts)

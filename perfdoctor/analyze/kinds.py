@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.trace.table import EventTable
 
 KERNEL_CATS = ("kernel",)
@@ -80,7 +81,7 @@ def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.nda
     props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
     if not device_rows.any():
         return "cpu"
-    rt_names = {t.names[c] for c in np.unique(t.name[runtime_rows])}
+    rt_names = {t.names[c] for c in unique(t.name[runtime_rows])}
     if any(n.startswith("hip") for n in rt_names) or re.search(r"AMD|Radeon|Instinct", props):
         return "rocm"
     return "cuda"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import FREE_RX, MALLOC_RX, Kinds
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
@@ -59,7 +60,7 @@ def _fraction_of_device(t: EventTable, rows: np.ndarray, res: np.ndarray) -> flo
     totals = {p.get("id"): p.get("totalGlobalMem") for p in t.meta.device_properties}
     best = None
     dev_ids = t.args["device_id"][rows]
-    for d in np.unique(dev_ids[~np.isnan(dev_ids)]):
+    for d in unique(dev_ids[~np.isnan(dev_ids)]):
         mem = totals.get(int(d))
         if isinstance(mem, (int, float)) and mem > 0:
             frac = float(res[dev_ids == d].max()) / mem
@@ -74,7 +75,7 @@ def _downsample(ts: np.ndarray, res: np.ndarray, alloc: np.ndarray, points: int 
     else:
         bins = np.linspace(ts[0], ts[-1], points + 1)
         b = np.clip(np.searchsorted(bins, ts, side="right") - 1, 0, points - 1)
-        idx = np.unique(np.searchsorted(b, np.arange(points)))
+        idx = unique(np.searchsorted(b, np.arange(points)))
         idx = idx[idx < len(ts)]
     return {"t_ms": (ts[idx] / 1e3).round(3).tolist(), "reserved_bytes": res[idx].tolist(),
             "allocated_bytes": np.nan_to_num(alloc[idx], nan=0.0).tolist()}

@@ -7,6 +7,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.host import _contained
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -34,7 +35,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         return out
     kr = np.flatnonzero(k.kernel)
     dev_ids = t.args["device"][kr]
-    out["trace.devices_used"] = int(len(np.unique(dev_ids[~np.isnan(dev_ids)]))) or (1 if len(kr) else 0)
+    out["trace.devices_used"] = int(len(unique(dev_ids[~np.isnan(dev_ids)]))) or (1 if len(kr) else 0)
     dev, launch = device_launch_index(t, k)
     is_k = k.kernel[dev] & (launch >= 0)
     kd, kl = dev[is_k], launch[is_k]
@@ -46,7 +47,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if len(opt):
         inside = _contained(t, kl, opt)
         out["optimizer.kernels_per_step"] = int(inside.sum()) / n
-        names = {t.names[c] for c in np.unique(t.name[kd[inside]])}
+        names = {t.names[c] for c in unique(t.name[kd[inside]])}
         out["optimizer.fused"] = any(FUSED_OPTIMIZER_KERNEL.search(x) for x in names) if names else None
     steady = steps.steady()
     if len(steady) >= 2:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfdoctor.analyze import registry
+from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
@@ -97,14 +98,14 @@ def verdict_shares(m: dict) -> dict:
 def _step_metrics(steps: Steps) -> dict:
     d = steps.duration / 1e3
     return {"steps.count": len(steps), "steps.source": steps.source,
-            "steps.time_mean_ms": float(d.mean()), "steps.time_median_ms": float(np.median(d)),
-            "steps.time_p90_ms": float(np.percentile(d, 90)), "steps.time_min_ms": float(d.min()),
+            "steps.time_mean_ms": float(d.mean()), "steps.time_median_ms": median(d),
+            "steps.time_p90_ms": percentile(d, 90), "steps.time_min_ms": float(d.min()),
             "steps.time_max_ms": float(d.max()),
             "steps.time_cv": float(d.std() / d.mean()) if d.mean() > 0 else 0.0}
 
 
 def _input_metrics(t: EventTable, k: Kinds, tl: Timeline, total: float) -> dict:
-    loader_names = {t.names[c] for c in np.unique(t.name[k.dataloader])}
+    loader_names = {t.names[c] for c in unique(t.name[k.dataloader])}
     if any("_SingleProcessDataLoaderIter" in n for n in loader_names):
         loader, nw0 = "single_process", True
     elif any("_MultiProcessingDataLoaderIter" in n for n in loader_names):
