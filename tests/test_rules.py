@@ -85,7 +85,8 @@ def test_expressions_are_validated_not_evaluated_blindly():
     assert expr.metric_names("share.input >= 0.2 and verdict.bound in ('input', 'host')", known) == [
         "share.input", "verdict.bound"]
     for bad in ("__import__('os').system('x')", "share.input.__class__", "[x for x in (1, 2)]",
-                "(lambda: 1)()", "share.inputs > 0", "share.input[0]", "open('f')", "share.input >="):
+                "(lambda: 1)()", "share.inputs > 0", "share.input[0]", "open('f')", "share.input >=",
+                "share.input > 0; share.input < 1", "x = share.input", "import os", "del share"):
         with pytest.raises(expr.ExprError):
             expr.metric_names(bad, known)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfdoctor.analyze import registry
+from perfdoctor.rules import expr
 from perfdoctor.rules.engine import Diagnosis, _fire, _gain
 from perfdoctor.rules.model import Rule
 
@@ -24,14 +25,15 @@ def run_cases(rule: Rule) -> list[CaseResult]:
         values["verdict.bound"] = None
         values.update(case.metrics)
         diag = Diagnosis(verdict=None)
-        finding = _fire(rule, values, diag)
+        ev = expr.Evaluator(values)
+        finding = _fire(rule, values, diag, ev)
         fired = finding is not None
         if fired != case.fires:
             why = f" (unknown: {', '.join(diag.skipped[0][1]) or 'a comparison met None'})" if diag.skipped else ""
             out.append(CaseResult(rule, case.name, False, f"expected fires={case.fires}, got {fired}{why}"))
             continue
         if fired and case.gain is not None:
-            _gain(finding, values)
+            _gain(finding, ev)
             lo, hi = case.gain
             if finding.gain is None or not lo <= finding.gain <= hi:
                 out.append(CaseResult(rule, case.name, False,

@@ -65,23 +65,26 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
             values[r.flag_name] = False
     applicable = [r for r in rules if r.applies_to(platform)]
     diag = Diagnosis(verdict=None)
+    ev = expr.Evaluator(values)   # rebuilt whenever a finding changes `values`
 
     for r in sorted((r for r in applicable if r.kind == "verdict"), key=lambda r: (r.priority, r.id)):
-        f = _fire(r, values, diag)
+        f = _fire(r, values, diag, ev)
         if f is not None:
             diag.verdict = f
             values["verdict.bound"] = r.bound
+            ev = expr.Evaluator(values)
             break
     for r in (r for r in applicable if r.kind == "flag"):
-        f = _fire(r, values, diag)
+        f = _fire(r, values, diag, ev)
         if f is not None:
             diag.flags.append(f)
             values[r.flag_name] = True
+            ev = expr.Evaluator(values)
     bottleneck = target_of(values["verdict.bound"])
     for r in (r for r in applicable if r.kind == "fix"):
-        f = _fire(r, values, diag)
+        f = _fire(r, values, diag, ev)
         if f is not None:
-            _gain(f, values)
+            _gain(f, ev)
             f.on_bottleneck = bottleneck in r.targets
             diag.fixes.append(f)
     diag.flags.sort(key=lambda f: (SEVERITY_ORDER.get(f.rule.severity, 3), f.rule.id))
@@ -93,9 +96,9 @@ def rank_key(f: Finding):
     return (not f.ranked, not f.on_bottleneck, -(f.gain or 0.0) if f.ranked else 0.0, f.rule.id)
 
 
-def _truth(text: str, values: dict[str, Any]) -> bool:
+def _truth(text: str, ev: expr.Evaluator) -> bool:
     try:
-        result = expr.Evaluator(values).eval(text)
+        result = ev.eval(text)
     except TypeError:           # a comparison met None: the answer depends on a missing number
         raise _Unknown() from None
     if result is None:
@@ -103,9 +106,9 @@ def _truth(text: str, values: dict[str, Any]) -> bool:
     return bool(result)
 
 
-def _fire(r: Rule, values: dict[str, Any], diag: Diagnosis) -> Finding | None:
+def _fire(r: Rule, values: dict[str, Any], diag: Diagnosis, ev: expr.Evaluator) -> Finding | None:
     try:
-        fired = _truth(r.when, values)
+        fired = _truth(r.when, ev)
     except _Unknown:
         diag.skipped.append((r.id, [n for n in r.when_names if values.get(n) is None]))
         return None
@@ -115,11 +118,10 @@ def _fire(r: Rule, values: dict[str, Any], diag: Diagnosis) -> Finding | None:
     return Finding(r, expr.render_template(r.summary, values), evidence)
 
 
-def _gain(f: Finding, values: dict[str, Any]) -> None:
+def _gain(f: Finding, ev: expr.Evaluator) -> None:
     g = f.rule.gain
     if g is None:
         return
-    ev = expr.Evaluator(values)
     try:
         share = float(ev.eval(g.share))
         speedup = float(ev.eval(g.speedup))

@@ -10,6 +10,7 @@ comparison that meets None as "unknown" (rules.engine).
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import string
 from types import SimpleNamespace
@@ -45,12 +46,22 @@ def dotted(node: ast.AST) -> str | None:
     return None
 
 
-def metric_names(expr: str, known: set[str]) -> list[str]:
-    """Validate `expr` and return the metric names it uses (raises ExprError)."""
+@functools.lru_cache(maxsize=None)
+def parse(expr: str) -> ast.Expr:
+    """The parsed expression, in the form simpleeval evaluates (`previously_parsed`); parsed
+    once per process: validation and every evaluation share it."""
     try:
-        tree = ast.parse(normalize(expr), mode="eval")
+        module = ast.parse(normalize(expr))
     except SyntaxError as exc:
         raise ExprError(f"syntax error in {expr!r}: {exc.msg}") from None
+    if len(module.body) != 1 or not isinstance(module.body[0], ast.Expr):
+        raise ExprError(f"{expr!r} is not a single expression")
+    return module.body[0]
+
+
+def metric_names(expr: str, known: set[str]) -> list[str]:
+    """Validate `expr` and return the metric names it uses (raises ExprError)."""
+    tree = parse(expr).value
     names: list[str] = []
     for node in ast.walk(tree):
         if not isinstance(node, ALLOWED_NODES):
@@ -97,7 +108,7 @@ class Evaluator:
                                          functions=dict(FUNCTIONS))  # it adds list/dict/... to the dict it gets
 
     def eval(self, text: str) -> Any:
-        return self._se.eval(normalize(text))
+        return self._se.eval(normalize(text), previously_parsed=parse(text))
 
 
 class _Formatter(string.Formatter):
