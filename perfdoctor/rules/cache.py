@@ -5,8 +5,9 @@ Parsing 69 TOML files costs ~30 ms per command (tomllib is pure Python), a twent
 still runs every time (it depends on the metric registry of the installed version), and the
 cache is plain JSON, so a stale or tampered file can at worst hold wrong rule text, never code.
 
-An entry is valid while the same files (by path) have the same contents (SHA-1 of each; reading
-69 small files costs ~1 ms). A file that fails to parse is never cached. Anything wrong with the
+An entry is valid while the same files (by path) have exactly the same contents: the entry
+keeps each file's text and compares it (reading 69 small files costs ~1 ms; no hashing, so no
+hashlib import either). A file that fails to parse is never cached. Anything wrong with the
 cache (unreadable, corrupt, a directory that cannot be written) means parsing as before.
 
 Location: $PERFDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/perfdoctor, else ~/.cache/perfdoctor;
@@ -15,14 +16,14 @@ PERFDOCTOR_CACHE_DIR=off (or empty) turns it off.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import zlib
 from pathlib import Path
 from typing import Callable
 
 import msgspec
 
-VERSION = 1
+VERSION = 2
 ENV = "PERFDOCTOR_CACHE_DIR"
 
 
@@ -36,7 +37,7 @@ def cache_dir() -> Path | None:
 
 def _stamp(files: list[Path]) -> list[list] | None:
     try:
-        return [[str(f.resolve()), hashlib.sha1(f.read_bytes()).hexdigest()] for f in files]
+        return [[str(f.resolve()), f.read_bytes().decode("utf-8", "surrogateescape")] for f in files]
     except OSError:
         return None
 
@@ -48,7 +49,7 @@ def parse_all(files: list[Path], parse: Callable[[Path], tuple[dict | None, obje
     stamp = _stamp(files) if where is not None and files else None
     if stamp is None:
         return [(f, parse(f)) for f in files]
-    name = hashlib.sha1("\0".join(s[0] for s in stamp).encode()).hexdigest()[:16]
+    name = format(zlib.crc32("\0".join(s[0] for s in stamp).encode()), "08x")  # which rule set
     path = where / f"rules-{name}.json"
     try:
         cached = msgspec.json.decode(path.read_bytes())

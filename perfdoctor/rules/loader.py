@@ -12,11 +12,6 @@ from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules import cache, expr
 from perfdoctor.rules.model import BOUNDS, DEVICES, KINDS, TARGETS, Case, Gain, Rule
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 REQUIRED = ("id", "slug", "kind", "title", "devices", "when", "summary", "source")
 
 
@@ -84,6 +79,10 @@ def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bo
 
 
 def _read(path: Path) -> tuple[dict | None, RuleProblem | None]:
+    if sys.version_info >= (3, 11):  # imported here: with the cache warm, no TOML is parsed
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         return tomllib.loads(path.read_text(encoding="utf-8")), None
     except (OSError, UnicodeDecodeError) as exc:
