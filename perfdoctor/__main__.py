@@ -1,3 +1,3 @@
-from perfdoctor.cli import entry
+from perfdoctor.console import entry
 
 entry()

@@ -285,28 +285,5 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_INTERNAL)
 
 
-def entry() -> None:
-    """The console script: main(), then leave without interpreter teardown.
-
-    Freeing a big trace's objects and modules at exit costs ~70 ms that nobody waits for
-    usefully; output is flushed first and every file perfdoctor writes is closed by then, so
-    nothing is lost. In-process callers (tests) use main(), which raises SystemExit as usual."""
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:  # sys.exit("message"): what Python would print, and status 1
-            print(exc.code, file=sys.stderr)
-            code = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`): its reader has gone
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":  # pragma: no cover
-    entry()
+    main()

@@ -1,16 +1,18 @@
 """`perfdoctor report`'s pipeline: path -> traces -> analyses -> rules -> report document.
 
-The first trace's load starts before anything heavy is imported: on a big trace a helper
-process decodes its head while this process imports numpy, the analysis and the rules."""
+The first trace's load starts before anything heavy is imported (or was started by the console
+script already, perfdoctor.trace.prefetch): on a big trace a helper process decodes its head
+while this process imports numpy, the analysis and the rules."""
 
 from __future__ import annotations
 
+from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import find_trace_files, load_trace, start_load
 
 
 def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
     files = find_trace_files(path)
-    first = start_load(files[0])
+    first = prefetch.take(files[0]) or start_load(files[0])
     try:
         from perfdoctor.analyze.pipeline import analyze
         from perfdoctor.report.document import build_document

@@ -112,8 +112,8 @@ def choose_cut(total: int, progress: int) -> int | None:
     if not 0 <= progress < total:
         return None
     x = int((total + progress) / (2 - 1 / SKIM_SPEEDUP))
-    if x - progress < MIN_PART_BYTES or total - x < MIN_PART_BYTES:
-        return None
+    if x - progress < MIN_PART_BYTES or total - x < max(MIN_PART_BYTES, x / SKIM_SPEEDUP):
+        return None   # too little to share, or less to decode than to skim: not worth it
     return x
 
 
