@@ -6,6 +6,7 @@ tail (or, where that is the point, that one of them did the whole file)."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -49,8 +50,8 @@ def forking(monkeypatch):
 
     real_start, real_stop, real_join = parallel.Helper.start, parallel.Helper.request_stop, assemble.join
 
-    def start(work, into):
-        helper = real_start(work, into)
+    def start(work, into, **kw):
+        helper = real_start(work, into, **kw)
         seen["forked"] = helper is not None
         seen["merged"], seen["asked"], seen["parts"] = None, 0, 0
         return helper
@@ -333,6 +334,46 @@ def test_slow_helper_is_relieved_again(tmp_path, monkeypatch, forking):
     assert_same_table(seq, par)
 
 
+@pytest.mark.parametrize("room", ["shared", "pipe"])
+def test_columns_come_back_either_way(tmp_path, monkeypatch, forking, room):
+    """The helper's columns come through the shared map reserved before the fork, or, when
+    they do not fit, through the pipe."""
+    path = tmp_path / "t.json.gz"
+    tg.write(tg.TraceSpec(steps=STEPS * 8, memory_events=True), path)
+    small_chunks(monkeypatch)
+    if room == "pipe":
+        real = parallel.Helper.start
+        monkeypatch.setattr(parallel.Helper, "start",
+                            staticmethod(lambda work, into, **kw: real(work, into, transfer_bytes=16)))
+    used = []
+    real_part_in = assemble.part_in
+    monkeypatch.setattr(assemble, "part_in", lambda buf, hdr: used.append(hdr["rows"]) or real_part_in(buf, hdr))
+    seq, par = load_both(path, monkeypatch, forking)
+    assert forking["merged"] is True
+    assert (len(used) == 1 and used[0] > 0) if room == "shared" else not used
+    assert_same_table(seq, par)
+
+
+def test_table_of_the_helper_alone_outlives_its_map(tmp_path, monkeypatch, forking):
+    """When the helper did the whole file, the table's columns are views of the shared map:
+    closing the helper must leave them valid."""
+    path = tmp_path / "t.json"
+    tg.write(tg.TraceSpec(steps=STEPS * 8), path)
+    monkeypatch.setenv(parallel.JOBS_ENV, "1")
+    seq = load_trace(path)
+    monkeypatch.delenv(parallel.JOBS_ENV)
+    pending = loader.start_load(path)
+    helper = pending.helpers[0]
+    deadline = time.monotonic() + 30
+    while helper.progress() != parallel.DONE and time.monotonic() < deadline:
+        time.sleep(0.002)
+    par = pending.finish()
+    assert forking["merged"] is None             # no split was asked: the helper did it all
+    assert not par.ts.flags.owndata              # ... and its columns are used in place
+    gc.collect()
+    assert_same_table(seq, par)
+
+
 def test_fork_conditions_and_cut_choice(tmp_path, monkeypatch):
     mib = 1 << 20
     monkeypatch.setattr(parallel, "usable_cpus", lambda: 2)
@@ -465,8 +506,8 @@ def test_ctrl_c_leaves_no_zombie(tmp_path):
             real_add(self, events)
         columns.Columns.add = slow_add
         real_start = parallel.Helper.start
-        def start(work, into):
-            h = real_start(work, into)
+        def start(work, into, **kw):
+            h = real_start(work, into, **kw)
             print("forked", flush=True)
             return h
         parallel.Helper.start = staticmethod(start)

@@ -45,8 +45,8 @@ parallel.MIN_PART_BYTES = 0
 parallel.usable_cpus = lambda: 2
 log = open(os.environ["PD_LOG"], "a")
 real_start, real_take = parallel.Helper.start, prefetch.take
-def start(work, into):
-    h = real_start(work, into)
+def start(work, into, **kw):
+    h = real_start(work, into, **kw)
     log.write(f"forked {{h.pid}}\\n"); log.flush()
     return h
 def take(path):

@@ -26,6 +26,15 @@ def empty_part(header: dict) -> Part:
     return Part(cols=cols, **header)
 
 
+def part_in(buffer, header: dict) -> Part:
+    """A part whose columns lie one after the other (LAYOUT order) at the start of `buffer`."""
+    cols, at, rows = {}, 0, header["rows"]
+    for key, dtype in DTYPES.items():
+        cols[key] = np.frombuffer(buffer, dtype, count=rows, offset=at)
+        at += rows * dtype.itemsize
+    return Part(cols=cols, **header)
+
+
 def join(parts: list[Part]) -> Part:
     """Consecutive parts as one pass over them all would have built them. Each part's string
     codes are its own: they are mapped onto one table per column, extended with each part's

@@ -54,7 +54,8 @@ def start_load(path: str | os.PathLike) -> PendingLoad:
     pending = PendingLoad(path, size)
     if parallel.can_fork(size):
         pending.total = parallel.work_total(path, size)
-        parallel.Helper.start(lambda channel: _decode_head_in_child(path, channel), pending.helpers)
+        parallel.Helper.start(lambda channel: _decode_head_in_child(path, channel), pending.helpers,
+                              transfer_bytes=size)   # columns take ~113 bytes per row of >= 128 JSON bytes
     return pending
 
 
@@ -192,6 +193,8 @@ def _receive(helper: parallel.Helper):
     if hdr is None:
         return None
     hdr.pop("ok")
+    if hdr.pop("shared"):   # the columns are in the shared map: use them in place
+        return assemble.part_in(helper.transfer, hdr)
     part = assemble.empty_part(hdr)
     for col in part.buffers():  # the child's bytes go straight into place
         with memoryview(col) as v, v.cast("B") as view:

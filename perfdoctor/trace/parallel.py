@@ -1,8 +1,9 @@
 """Use a second core for one trace: a forked helper decodes the head while we get ready.
 
-`Helper.start(work, into)` forks a child that runs `work(channel)` and streams its result back
-through a pipe: a small pickled header (protocol 5), then raw column buffers, which the parent
-reads straight into arrays. The child starts at the beginning of the file as soon as the load is
+`Helper.start(work, into)` forks a child that runs `work(channel)` and hands its result back:
+a small pickled header (protocol 5) through a pipe, and the column buffers through a shared
+anonymous map reserved before the fork, which the parent reads in place (through the pipe
+too, if they do not fit). The child starts at the beginning of the file as soon as the load is
 started, which is early: `perfdoctor report` starts it before importing numpy, the analysis and
 the rules, so the child decodes while this process imports. Through the channel the child
 publishes how far it has got (`progress`, a shared word) and learns where to stop (`stop_at`,
@@ -120,8 +121,8 @@ def choose_cut(total: int, progress: int) -> int | None:
 class Channel:
     """The child's side of the coordination: publish progress, learn where to stop."""
 
-    def __init__(self, shared: mmap.mmap, stop_fd: int):
-        self.shared, self.stop_fd = shared, stop_fd
+    def __init__(self, shared: mmap.mmap, stop_fd: int, transfer: mmap.mmap | None):
+        self.shared, self.stop_fd, self.transfer = shared, stop_fd, transfer
         self.stop: int | None = None
         self.open = True
 
@@ -146,19 +147,24 @@ class Channel:
 class Helper:
     """A forked child working on `work()`; the parent side of its pipe."""
 
-    def __init__(self, pid: int, fd: int, stop_fd: int, shared: mmap.mmap):
+    def __init__(self, pid: int, fd: int, stop_fd: int, shared: mmap.mmap, transfer: mmap.mmap | None):
         self.pid: int | None = pid
         self.fd: int | None = fd            # results, child -> parent
         self.stop_fd: int | None = stop_fd  # where to stop, parent -> child
         self.shared = shared                # the child's progress
+        self.transfer = transfer            # the child's column buffers, when they fit
 
     @classmethod
-    def start(cls, work: Callable[[Channel], tuple[dict, list]], into: list[Helper]) -> Helper | None:
+    def start(cls, work: Callable[[Channel], tuple[dict, list]], into: list[Helper],
+              transfer_bytes: int = 0) -> Helper | None:
         """Fork; the child runs `work(channel)`, which returns (header, column buffers).
+        `transfer_bytes` of shared memory are reserved for the buffers (pages that are never
+        written cost nothing); header["shared"] then says whether they went that way.
 
         The helper is appended to `into` before a Ctrl-C can interrupt this process again, so
         the caller's `finally` (which closes everything in `into`) always reaps the child."""
         shared = mmap.mmap(-1, 8)  # anonymous and MAP_SHARED: the child's writes are seen here
+        transfer = mmap.mmap(-1, transfer_bytes) if transfer_bytes > 0 else None
         r, w = os.pipe()
         stop_r, stop_w = os.pipe()
         try:
@@ -174,6 +180,8 @@ class Helper:
                 for fd in (r, w, stop_r, stop_w):
                     os.close(fd)
                 shared.close()
+                if transfer is not None:
+                    transfer.close()
                 return None
             if pid == 0:  # pragma: no cover - the child's coverage is not collected
                 code = 1
@@ -183,14 +191,14 @@ class Helper:
                     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: just die
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                    code = _serve(w, work, Channel(shared, stop_r))
+                    code = _serve(w, work, Channel(shared, stop_r, transfer))
                 except BaseException:
                     pass
                 finally:
                     os._exit(code)
             os.close(w)
             os.close(stop_r)
-            helper = cls(pid, r, stop_w, shared)
+            helper = cls(pid, r, stop_w, shared, transfer)
             into.append(helper)
             return helper
         finally:
@@ -259,6 +267,11 @@ class Helper:
                     pass
                 self.pid = None
             self.shared.close()
+            if self.transfer is not None:
+                try:
+                    self.transfer.close()
+                except BufferError:   # the table still uses the child's columns in place
+                    pass
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
@@ -277,10 +290,18 @@ def _serve(fd: int, work, channel: Channel) -> int:  # pragma: no cover - child
     except Exception as exc:
         header, buffers = {"ok": False, "why": f"{type(exc).__name__}: {exc}"}, []
     channel.progress(DONE)
+    views = [memoryview(b).cast("B") for b in buffers]
+    room = channel.transfer
+    header["shared"] = room is not None and sum(len(v) for v in views) <= len(room)
+    if header["shared"]:
+        at = 0
+        for v in views:
+            room[at:at + len(v)] = v
+            at += len(v)
     blob = pickle.dumps(header, protocol=5)
     _write_all(fd, memoryview(len(blob).to_bytes(8, "little") + blob))
-    for b in buffers:
-        with memoryview(b) as v, v.cast("B") as view:
+    if not header["shared"]:
+        for view in views:
             _write_all(fd, view)
     return 0
 
