@@ -63,6 +63,24 @@ def measure(cmd: list[str], env: dict | None = None) -> Run:
         return Run(wall, usage.ru_maxrss / 1024, proc.returncode, err.read().decode(errors="replace"))
 
 
+def ensure_installed(venv: Path) -> Path | None:
+    """Python of a venv holding perfdoctor as pip installs it for a user (not editable: an
+    editable install adds ~20 ms of import-hook set-up to every interpreter start), with its
+    dependencies pinned by constraints.txt. Created on first use; perfdoctor is reinstalled
+    from this checkout on every run. None on failure."""
+    py = venv / "bin" / "python"
+    steps = [] if py.exists() else [[sys.executable, "-m", "venv", str(venv)],
+                                    [str(py), "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt"), str(REPO)]]
+    steps.append([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(REPO)])
+    print(f"installing perfdoctor from {REPO} into {venv} ...", flush=True)
+    for step in steps:
+        res = subprocess.run(step, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"  install failed: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+            return None
+    return py
+
+
 def perfdoctor_cmd() -> tuple[list[str], dict | None]:
     script = Path(sys.executable).with_name("perfdoctor")
     if script.exists():
@@ -156,6 +174,10 @@ def main() -> None:
     ap.add_argument("--no-hta", action="store_true", help="skip HolisticTraceAnalysis")
     ap.add_argument("--hta-venv", type=Path, default=Path("/tmp/perfdoctor-bench-hta-venv"))
     ap.add_argument("--no-scale", action="store_true", help="skip the 8x memory-at-scale runs")
+    ap.add_argument("--dev", action="store_true",
+                    help="time the perfdoctor of this venv (an editable install) instead of a pip-installed copy")
+    ap.add_argument("--venv", type=Path, default=Path("/tmp/perfdoctor-bench-venv"),
+                    help="venv for the pip-installed copy")
     ap.add_argument("--copies", type=int, default=8)
     args = ap.parse_args()
     trace = args.trace.resolve()
@@ -164,6 +186,13 @@ def main() -> None:
 
     hta_py = None if args.no_hta else ensure_hta(args.hta_venv)
     pd_cmd, pd_env = perfdoctor_cmd()
+    base_py = sys.executable
+    if not args.dev:
+        py = ensure_installed(args.venv)
+        if py is None:
+            print("timing this venv's perfdoctor instead (--dev)")
+        else:
+            pd_cmd, pd_env, base_py = [str(py.with_name("perfdoctor"))], None, str(py)
     results: dict[str, list[Run]] = {}
     failed: set[str] = set()
 
@@ -181,7 +210,7 @@ def main() -> None:
         def report(path: Path) -> list[str]:
             return pd_cmd + ["report", str(path), "--format", "json", "-o", str(tmp / "r.json")]
 
-        tools = {BASELINE: ([sys.executable, "-c", BASELINE_CODE, str(trace)], None),
+        tools = {BASELINE: ([base_py, "-c", BASELINE_CODE, str(trace)], None),
                  "perfdoctor report": (report(trace), pd_env)}
         if hta_py:
             tools[f"HTA {HTA_VERSION}"] = ([str(hta_py), "-c", HTA_CODE, str(tmp / "hta")], None)
