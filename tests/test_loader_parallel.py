@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tracegen as tg
-from perfdoctor.trace import assemble, columns, loader, parallel, reader
+from perfdoctor.trace import assemble, columns, loader, parallel, reader, source
 from perfdoctor.trace.loader import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def forking(monkeypatch):
 def small_chunks(monkeypatch, chunk=2048, read=1024):
     monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
     monkeypatch.setattr(reader, "READ_BYTES", read)
-    monkeypatch.setattr(reader, "GZ_INPUT_BYTES", 512)   # gzip splits by compressed position
+    monkeypatch.setattr(source, "GZ_INPUT_BYTES", 512)   # gzip splits by compressed position
 
 
 def load_both(path, monkeypatch, seen):
