@@ -219,3 +219,31 @@ def test_stacks_are_sampled_or_refusal_is_explained(tmp_path):
     dumps = list((tmp_path / "run" / "stacks").glob("stacks-*.txt"))
     notes = " ".join(report(tmp_path / "run")["run"]["notes"])
     assert dumps or "py-spy could not attach" in notes
+
+
+def test_trace_compression_off_the_training_thread(tmp_path):
+    """The child writes plain JSON and compresses it in the background; readers take the .gz,
+    or the plain file when compression never finished; hidden partial files are never traces."""
+    import gzip
+
+    from perfdoctor.collect.hooks import compress_trace
+    from perfdoctor.diagnose.live import run_traces
+
+    d = tmp_path / "trace"
+    d.mkdir()
+    plain = d / "h_1.pt.trace.json"
+    body = b'{"traceEvents": [' + b",".join(b'{"ph": "X", "ts": %d}' % i for i in range(5000)) + b"]}"
+    plain.write_bytes(body)
+    assert run_traces(d) == [plain]                       # not compressed (yet): the plain file
+    compress_trace(str(plain))
+    gz = d / "h_1.pt.trace.json.gz"
+    assert not plain.exists() and gzip.decompress(gz.read_bytes()) == body
+    assert sorted(p.name for p in d.iterdir()) == ["h_1.pt.trace.json.gz"]
+    other = d / "h_2.pt.trace.json"
+    other.write_bytes(body)
+    (d / ".h_2.pt.trace.json.gz.partial").write_bytes(b"half")   # killed mid-compression
+    assert run_traces(d) == [gz, other]
+    other.with_name(other.name + ".gz").write_bytes(gzip.compress(body))   # renamed, not yet removed
+    assert run_traces(d) == [gz, other.with_name(other.name + ".gz")]
+    compress_trace(str(d / "missing.pt.trace.json"))       # a failure leaves no partial file behind
+    assert not list(d.glob(".missing*"))

@@ -10,8 +10,11 @@ Data wait. Time inside DataLoader iterators' __next__ (worker queue wait, or the
 loading work with num_workers=0), summed per step.
 
 Trace. torch.profiler records `active` steps after `skip` warm-up steps, with ProfilerStep
-annotations, written as <run>/trace/<host>_<pid>.pt.trace.json.gz. If the script runs its
-own profiler, ours is not started (or steps aside when theirs starts) and the run says so.
+annotations. Kineto writes <run>/trace/<host>_<pid>.pt.trace.json on the training thread (its
+C++ writer, the least the script can be held up); a background thread then compresses it to
+.pt.trace.json.gz (isal, which releases the GIL) while training goes on, and the session waits
+for it only when the script ends. If the script runs its own profiler, ours is not started (or
+steps aside when theirs starts) and the run says so.
 
 Records go to <run>/steps.jsonl (one line per step, flushed) and <run>/child.json at the end.
 """
@@ -20,12 +23,37 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
 import time
 
 LOADER_FALLBACK = 8
+COMPRESS_WAIT_S = 120.0   # at the end, how long to wait for the trace's compression
+
+
+def compress_trace(path: str) -> None:
+    """path -> path + ".gz" (written under a hidden name, then renamed), then the plain file is
+    removed. Any failure leaves the plain trace in place: readers take it as well."""
+    d, name = os.path.split(path)
+    partial = os.path.join(d, f".{name}.gz.partial")
+    try:
+        try:
+            from isal import igzip as gz   # releases the GIL while compressing; ~4x zlib's speed
+            level = 2
+        except ImportError:  # pragma: no cover - isal is a dependency, but the child runs in the user's env
+            import gzip as gz
+            level = 6
+        with open(path, "rb") as src, gz.open(partial, "wb", compresslevel=level) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(partial, path + ".gz")
+        os.remove(path)
+    except Exception:
+        try:
+            os.remove(partial)
+        except OSError:
+            pass
 
 
 class StopRun(BaseException):
@@ -56,6 +84,7 @@ class Session:
         self.prof_state = "pending"      # pending | recording | done | skipped | failed
         self.notes: list[str] = []
         self.perturbed_next = False
+        self.compressor: threading.Thread | None = None
         self.stop_requested = False
         self.finished = False
         os.makedirs(self.run_dir, exist_ok=True)
@@ -229,13 +258,17 @@ class Session:
     def _trace_path(self) -> str:
         d = os.path.join(self.run_dir, "trace")
         os.makedirs(d, exist_ok=True)
-        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}.pt.trace.json.gz")
+        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}.pt.trace.json")
 
     def _export(self, prof) -> None:
         t0 = time.perf_counter()
         try:
-            prof.export_chrome_trace(self._trace_path())
+            path = self._trace_path()
+            prof.export_chrome_trace(path)     # plain JSON: no Python-level gzip on this thread
             self.prof_state = "exported"
+            self.compressor = threading.Thread(target=compress_trace, args=(path,),
+                                               name="perfdoctor-trace-gzip", daemon=True)
+            self.compressor.start()
         except Exception as exc:
             self.prof_state = "failed"
             self.notes.append(f"writing the trace failed: {type(exc).__name__}: {exc}")
@@ -267,6 +300,11 @@ class Session:
         try:
             if self.prof_state in ("recording", "exported"):
                 self._stop_profiler(partial=self.prof_state == "recording")
+            if self.compressor is not None:
+                self.compressor.join(timeout=COMPRESS_WAIT_S)
+                if self.compressor.is_alive():
+                    self.notes.append("the trace was still being compressed when the script ended; "
+                                      "the uncompressed .pt.trace.json is kept")
             info = {"outcome": outcome, "exit_code": exit_code, "error": error, "steps": self.steps,
                     "mode": self.mode, "profiler": self.prof_state, "trace_enabled": self.trace_enabled,
                     "notes": self.notes,

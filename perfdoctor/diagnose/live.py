@@ -89,7 +89,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     run_dir = res.run_dir
     rules = load_rules(rule_dirs)
     steps = read_steps(run_dir)
-    traces = sorted((run_dir / "trace").glob("*.pt.trace.json*")) if (run_dir / "trace").is_dir() else []
+    traces = run_traces(run_dir / "trace")
     analysis: TraceAnalysis | StepsOnly
     notes = list(res.child.get("notes", [])) + list(res.notes)
     if traces:
@@ -118,6 +118,16 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "signal": res.signal, "stopped_by": res.stopped_by, "wall_s": round(res.wall_s, 3),
                   "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes}
     return doc
+
+
+def run_traces(trace_dir: Path) -> list[Path]:
+    """The run's traces: each .pt.trace.json.gz, or its plain .pt.trace.json while (or if) it was
+    never compressed; hidden partial files are not traces."""
+    if not trace_dir.is_dir():
+        return []
+    names = {p.name: p for p in trace_dir.iterdir() if not p.name.startswith(".")}
+    return sorted(p for n, p in names.items()
+                  if n.endswith(".pt.trace.json.gz") or (n.endswith(".pt.trace.json") and n + ".gz" not in names))
 
 
 def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
