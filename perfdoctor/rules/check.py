@@ -26,7 +26,7 @@ def run_cases(rule: Rule) -> list[CaseResult]:
         values.update(case.metrics)
         diag = Diagnosis(verdict=None)
         ev = expr.Evaluator(values)
-        finding = _fire(rule, values, diag, ev)
+        finding = _fire(rule, diag, ev)
         fired = finding is not None
         if fired != case.fires:
             why = f" (unknown: {', '.join(diag.skipped[0][1]) or 'a comparison met None'})" if diag.skipped else ""

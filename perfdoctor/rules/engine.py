@@ -65,24 +65,22 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
             values[r.flag_name] = False
     applicable = [r for r in rules if r.applies_to(platform)]
     diag = Diagnosis(verdict=None)
-    ev = expr.Evaluator(values)   # rebuilt whenever a finding changes `values`
+    ev = expr.Evaluator(values)
 
     for r in sorted((r for r in applicable if r.kind == "verdict"), key=lambda r: (r.priority, r.id)):
-        f = _fire(r, values, diag, ev)
+        f = _fire(r, diag, ev)
         if f is not None:
             diag.verdict = f
-            values["verdict.bound"] = r.bound
-            ev = expr.Evaluator(values)
+            ev.set("verdict.bound", r.bound)
             break
     for r in (r for r in applicable if r.kind == "flag"):
-        f = _fire(r, values, diag, ev)
+        f = _fire(r, diag, ev)
         if f is not None:
             diag.flags.append(f)
-            values[r.flag_name] = True
-            ev = expr.Evaluator(values)
+            ev.set(r.flag_name, True)
     bottleneck = target_of(values["verdict.bound"])
     for r in (r for r in applicable if r.kind == "fix"):
-        f = _fire(r, values, diag, ev)
+        f = _fire(r, diag, ev)
         if f is not None:
             _gain(f, ev)
             f.on_bottleneck = bottleneck in r.targets
@@ -106,7 +104,8 @@ def _truth(text: str, ev: expr.Evaluator) -> bool:
     return bool(result)
 
 
-def _fire(r: Rule, values: dict[str, Any], diag: Diagnosis, ev: expr.Evaluator) -> Finding | None:
+def _fire(r: Rule, diag: Diagnosis, ev: expr.Evaluator) -> Finding | None:
+    values = ev.values
     try:
         fired = _truth(r.when, ev)
     except _Unknown:

@@ -101,11 +101,17 @@ def _namespace(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class Evaluator:
-    """Evaluates validated expressions against one set of metric values (None = unknown)."""
+    """Evaluates validated expressions against one set of metric values (None = unknown).
+    `values` is that set; change it through `set`, which keeps the namespace in step."""
 
     def __init__(self, values: dict[str, Any]):
+        self.values = values
         self._se = EvalWithCompoundTypes(names={**CONSTANTS, **_namespace(values)},
                                          functions=dict(FUNCTIONS))  # it adds list/dict/... to the dict it gets
+
+    def set(self, name: str, value: Any) -> None:
+        self.values[name] = value
+        self._se.names = {**CONSTANTS, **_namespace(self.values)}
 
     def eval(self, text: str) -> Any:
         return self._se.eval(normalize(text), previously_parsed=parse(text))
