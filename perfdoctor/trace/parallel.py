@@ -6,14 +6,14 @@ anonymous map reserved before the fork, which the parent reads in place (through
 too, if they do not fit). The child starts at the beginning of the file as soon as the load is
 started, which is early: `perfdoctor report` starts it before importing numpy, the analysis and
 the rules, so the child decodes while this process imports. Through the channel the child
-publishes how far it has got (`progress`, a shared word) and learns where to stop (`stop_at`,
-an 8-byte message on a second pipe that it polls after each chunk).
+publishes how far it has got (`progress`, a shared word) and learns where to stop
+(`stop_for`: 8-byte requests on a second pipe that it polls after each chunk).
 
 When this process is ready, it looks at the child's progress `p` and picks the point where
 both finish together (`choose_cut`): the child still decodes [p, x) while this process skims
 [0, x) (inflating and finding event boundaries without decoding, SKIM_SPEEDUP times faster)
-and decodes [x, end). Positions are compressed bytes for gzip files (`work_total`). It skims to the first cut after x, sends that exact offset, and decodes
-from there. The child stops exactly there when its own cuts land on it (they do unless a cut
+and decodes [x, end). Positions are compressed bytes for gzip files (`work_total`). It skims
+to the first cut after x, sends that exact offset, and decodes from there. The child stops exactly there when its own cuts land on it (they do unless a cut
 had to skip a boundary inside a nested value); if it is already past it, or its cuts never hit
 it, the child decodes to the end and this process's part is dropped. Either way the table is
 the single pass's.

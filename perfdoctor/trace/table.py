@@ -15,8 +15,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from perfdoctor.trace.columns import Interner  # noqa: F401  (re-exported)
-
 
 @dataclass
 class TraceMeta:
