@@ -97,6 +97,8 @@ class Session:
     # -- installation ---------------------------------------------------------------------
     def install(self, torch) -> None:
         self.torch = torch
+        from perfdoctor.collect import inject   # `perfdoctor tune`'s changes (none under `run`)
+        inject.apply(torch, self.cfg.get("changes"), self.run_dir)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
             register_optimizer_step_post_hook(self._on_optimizer_step)

@@ -40,6 +40,7 @@ class RunConfig:
     trace: bool = True
     stacks: bool = False
     interval: float = 0.5
+    changes: dict | None = None          # `perfdoctor tune`: changes injected into the script (inject.py)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def launch(cfg: RunConfig) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
-                 "memory": cfg.memory, "trace": cfg.trace}
+                 "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes}
     env = dict(os.environ, **{ENV: json.dumps(child_cfg)})
     notes: list[str] = []
     t0 = time.monotonic()

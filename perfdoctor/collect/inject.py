@@ -1,0 +1,234 @@
+"""Zero-code changes injected into the user's script for `perfdoctor tune`'s trials.
+
+Called by the run hooks right after the script imports torch: `apply(torch, changes, run_dir)`
+with `changes` a dict from the run configuration (None outside `tune`: nothing is touched). Each
+key is one change the user could make by hand; the script itself is never edited:
+
+| key | effect |
+|---|---|
+| num_workers, persistent_workers, prefetch_factor, pin_memory | DataLoader(...) arguments, replaced at construction |
+| threads | torch intra-op threads of the trainer (the script's own set_num_threads is overridden) |
+| cudnn_benchmark | torch.backends.cudnn.benchmark = True |
+| tf32 | torch.set_float32_matmul_precision("high") and cuDNN TF32 |
+| expandable_segments | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before the first CUDA allocation) |
+| optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
+| autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
+| compile | True: torch.compile of that outermost module (nn.Module.compile, in place) |
+
+Whatever the changes, the session also records what the script asked for (DataLoader arguments,
+optimizer classes, its thread count) and the loss of every backward() on a scalar tensor, and
+writes them to <run>/inject.json when the process exits: `tune` needs the script's original
+settings to word the code change, and the losses to compare numerics between runs. Losses are
+kept as detached tensors and converted at exit, so no device sync is added to the step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+
+LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
+DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
+
+
+class _State:
+    def __init__(self, changes: dict, run_dir: str):
+        self.changes = changes
+        self.run_dir = run_dir
+        self.pid = os.getpid()
+        self.loaders: list[dict] = []            # what each DataLoader(...) asked for, and what it got
+        self.optimizers: list[dict] = []
+        self.threads_asked: list[int] = []
+        self.losses: list = []
+        self.notes: list[str] = []
+        self.applied: set[str] = set()
+        self.local = threading.local()
+        self.compiled: set[int] = set()
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+_state: _State | None = None
+
+
+def apply(torch, changes: dict | None, run_dir: str) -> None:
+    """Inject `changes` (None: do nothing at all) and start recording; idempotent per process."""
+    global _state
+    if changes is None or _state is not None:
+        return
+    st = _state = _State(dict(changes), run_dir)
+    for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
+                    (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
+                    (("autocast", "compile"), _module_call)):
+        try:
+            fn(torch, st)
+        except Exception as exc:   # an injection that cannot be made is reported, the run goes on
+            st.note(f"{'/'.join(key)}: could not be applied ({type(exc).__name__}: {exc})")
+    try:
+        _record_loss(torch, st)
+    except Exception as exc:
+        st.note(f"loss recording unavailable ({type(exc).__name__}: {exc})")
+    atexit.register(_write)
+
+
+def _alloc(torch, st: _State) -> None:
+    if st.changes.get("expandable_segments"):
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "expandable_segments" not in conf:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
+        st.applied.add("expandable_segments")
+
+
+def _threads(torch, st: _State) -> None:
+    orig = torch.set_num_threads
+    want = st.changes.get("threads")
+
+    def set_num_threads(n):
+        if os.getpid() != st.pid:          # a DataLoader worker (fork): its own setting stands
+            return orig(n)
+        st.threads_asked.append(int(n))
+        return orig(int(want) if want else n)
+    torch.set_num_threads = set_num_threads
+    if want:
+        orig(int(want))
+        st.applied.add("threads")
+
+
+def _loader(torch, st: _State) -> None:
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    orig = DataLoader.__init__
+    sig = inspect.signature(orig)
+    want = {k: st.changes[k] for k in DATALOADER_KEYS if k in st.changes}
+
+    def __init__(self, *args, **kwargs):
+        try:
+            ba = sig.bind(self, *args, **kwargs)
+        except TypeError:                       # let torch say what is wrong with the call
+            return orig(self, *args, **kwargs)
+        ba.apply_defaults()
+        a = ba.arguments
+        asked = {k: a.get(k) for k in (*DATALOADER_KEYS, "batch_size")}
+        if want and os.getpid() == st.pid:
+            a.update(want)
+            if not a.get("num_workers"):       # torch refuses these without worker processes
+                a["persistent_workers"], a["prefetch_factor"] = False, None
+            if a.get("pin_memory") and not torch.cuda.is_available():
+                a["pin_memory"] = False
+            st.applied.update(want)
+        out = orig(*ba.args, **ba.kwargs)
+        st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS}})
+        return out
+    DataLoader.__init__ = __init__
+
+
+def _cuda_flags(torch, st: _State) -> None:
+    if st.changes.get("cudnn_benchmark"):
+        torch.backends.cudnn.benchmark = True
+        st.applied.add("cudnn_benchmark")
+    if st.changes.get("tf32"):
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+        st.applied.add("tf32")
+
+
+def _optimizer(torch, st: _State) -> None:
+    import inspect
+
+    impl = st.changes.get("optimizer")
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+            continue
+        if "__init__" not in cls.__dict__:
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        orig = cls.__init__
+
+        def __init__(self, *args, _orig=orig, _cls=cls, _params=params, **kwargs):
+            rec = {"class": _cls.__name__, "foreach": kwargs.get("foreach"), "fused": kwargs.get("fused"),
+                   "supports": [k for k in ("foreach", "fused") if k in _params]}
+            if type(self) is _cls and impl and os.getpid() == st.pid:
+                if impl in _params:
+                    other = "fused" if impl == "foreach" else "foreach"
+                    kwargs[impl] = True
+                    if other in _params:
+                        kwargs[other] = None        # torch refuses both at once
+                    st.applied.add("optimizer")
+                else:
+                    st.note(f"{_cls.__name__} has no {impl} implementation")
+            if type(self) is _cls:
+                st.optimizers.append(rec)
+            return _orig(self, *args, **kwargs)
+        cls.__init__ = __init__
+
+
+def _module_call(torch, st: _State) -> None:
+    dtype_name = st.changes.get("autocast")
+    comp = bool(st.changes.get("compile"))
+    if not dtype_name and not comp:
+        return
+    dtype = getattr(torch, dtype_name) if dtype_name else None
+    Module = torch.nn.Module
+    orig = Module.__call__
+
+    def __call__(self, *args, **kwargs):
+        local = st.local
+        if getattr(local, "depth", 0) or os.getpid() != st.pid:
+            return orig(self, *args, **kwargs)
+        try:
+            first = next(self.parameters(), None)
+        except Exception:
+            first = None
+        if first is None or not first.requires_grad:
+            return orig(self, *args, **kwargs)
+        local.depth = 1
+        try:
+            if comp and id(self) not in st.compiled:
+                st.compiled.add(id(self))
+                self.compile()
+                st.applied.add("compile")
+            if dtype is not None:
+                with torch.autocast(first.device.type, dtype=dtype):
+                    st.applied.add("autocast")
+                    return orig(self, *args, **kwargs)
+            return orig(self, *args, **kwargs)
+        finally:
+            local.depth = 0
+    Module.__call__ = __call__
+
+
+def _record_loss(torch, st: _State) -> None:
+    orig = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        if len(st.losses) < LOSS_CAP and self.numel() == 1 and os.getpid() == st.pid:
+            st.losses.append(self.detach())
+        return orig(self, *args, **kwargs)
+    torch.Tensor.backward = backward
+
+
+def _write() -> None:
+    st = _state
+    if st is None or os.getpid() != st.pid:
+        return
+    losses = []
+    for t in st.losses:
+        try:
+            v = float(t.float().cpu())
+            losses.append(v if v == v and abs(v) != float("inf") else str(v))
+        except Exception:
+            losses.append(None)
+    doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
+           "optimizers": st.optimizers, "threads_asked": st.threads_asked, "losses": losses, "notes": st.notes}
+    try:
+        with open(os.path.join(st.run_dir, "inject.json"), "w") as f:
+            json.dump(doc, f)
+    except OSError:
+        pass
