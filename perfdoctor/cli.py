@@ -78,7 +78,10 @@ def run(
     no_trace: bool = typer.Option(False, "--no-trace", help="Do not record a torch.profiler trace."),
     stacks: bool = typer.Option(False, "--stacks", help="Sample Python stacks of the trainer and loader workers "
                                                          "with py-spy (costs 8-25% on a busy 2-core machine)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default perfdoctor-runs/<time>-<script>)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default perfdoctor-runs/<time>-<script>). "
+                                                           "A directory that already holds a run is refused."),
+    force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "
+                                                      "(its files are removed first)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report here."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
@@ -101,7 +104,8 @@ def run(
     elif not Path(argv[0]).is_file():
         raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
-                    skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks)
+                    skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
+                    force=force)
     for b in baselines or []:
         if not b.exists():
             raise PerfdoctorError(f"no such baseline: {b}")

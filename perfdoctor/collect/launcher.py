@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from perfdoctor.collect.child import ENV
+from perfdoctor.collect.rundir import claim
 
 STOP_GRACE_S = 30.0
 PROGRESS_EVERY_S = 5.0
@@ -40,6 +41,7 @@ class RunConfig:
     trace: bool = True
     stacks: bool = False
     interval: float = 0.5
+    force: bool = False                  # --force: replace a run already in run_dir
     changes: dict | None = None          # `perfdoctor tune`: changes injected into the script (inject.py)
 
 
@@ -66,7 +68,7 @@ def default_run_dir(cfg: RunConfig, root: str = "perfdoctor-runs") -> Path:
 
 def launch(cfg: RunConfig) -> RunResult:
     run_dir = cfg.run_dir or default_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    claim(run_dir, cfg.force)            # refuses (or with force, clears) a directory holding a run
     child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
                  "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes}
