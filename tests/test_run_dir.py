@@ -112,3 +112,79 @@ def test_out_refuses_an_existing_run_and_force_replaces_it(tiny_run, tmp_path):
     doc = json.loads((out / "report.json").read_text())
     assert doc["run"]["steps"] == len(steps) and doc["run"]["command"].endswith("tiny.py 8")
     assert (out / "mine.txt").read_text() == "keep"
+
+
+# -- report RUN_DIR ----------------------------------------------------------------------------
+
+NO_TORCH = """
+import json, sys
+from perfdoctor.cli import main
+try:
+    main(["report", sys.argv[1], "--format", "json", "-o", sys.argv[2]])
+except SystemExit as e:
+    assert not e.code, e.code
+print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
+"""
+
+
+def test_report_run_dir_gives_what_run_gave(tiny_run, tmp_path):
+    _, out = tiny_run
+    live = json.loads((out / "report.json").read_text())
+    before = _snapshot(out)
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, str(out), str(tmp_path / "again.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []                      # report never imports torch
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["verdict"] == live["verdict"]
+    assert again["findings"] == live["findings"] and again["flags"] == live["flags"]
+    assert again["traces"][0]["metrics"] == live["traces"][0]["metrics"]
+    assert again["run"] == live["run"]
+    m = live["traces"][0]["metrics"]
+    assert m["run.steps"] >= 55 and m["steps.source"] == "ProfilerStep" and m["steps.count"] == 3
+    assert m["run.data_wait_share"] > 0.5                   # 8 x 4 ms of busy loading per ~33 ms step
+    assert _snapshot(out) == before                         # re-diagnosing writes nothing into the run
+    # the terminal report names the run, as `run` printed it
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "perfdoctor run" in r.stdout and live["verdict"]["title"].split(":")[0] in r.stdout
+
+
+def test_report_run_dir_without_trace_or_launcher_record(tiny_run, tmp_path):
+    """A run killed before run.json was written, its trace lost: steps and samples still diagnose."""
+    _, out = tiny_run
+    d = tmp_path / "partial"
+    d.mkdir()
+    for name in ("child.json", "steps.jsonl", "samples.json"):
+        (d / name).write_bytes((out / name).read_bytes())
+    from perfdoctor.diagnose.offline import diagnose_path
+    doc = diagnose_path(str(d))
+    assert doc["run"]["exit_code"] == 0 and doc["run"]["wall_s"] is None and doc["run"]["trace"] == []
+    assert doc["traces"][0]["metrics"]["run.steps"] == json.loads((out / "report.json").read_text())["run"]["steps"]
+    assert any("no trace was recorded" in n for n in doc["run"]["notes"])
+
+
+H100_BOUNDS = {"alloc": "device", "compute": "device", "sync": "device", "launch": "host",
+               "launch_compiled": "host", "hf": "host", "lightning": "host", "loader": "input_cpu"}
+
+
+def test_report_every_h100_run_dir(shared_traces):
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    root = shared_traces / "h100"
+    if not root.is_dir():
+        pytest.skip(f"integration data absent: {root}")
+    dirs = sorted(p for p in root.iterdir() if p.is_dir())
+    assert {p.name for p in dirs} >= set(H100_BOUNDS)
+    for d in dirs:
+        doc = diagnose_path(str(d))
+        steps = [json.loads(x) for x in (d / "steps.jsonl").read_text().splitlines() if x.strip()]
+        m = doc["traces"][0]["metrics"]
+        assert doc["run"]["steps"] == len(steps) == m["run.steps"], d.name
+        assert doc["run"]["trace"] and m["trace.platform"] == "cuda" and m["steps.count"] == 5, d.name
+        assert m["system.samples"] > 10 and m["gpu.util_mean"] is not None, d.name
+        if d.name in H100_BOUNDS:
+            assert doc["verdict"]["bound"] == H100_BOUNDS[d.name], (d.name, doc["verdict"]["summary"])
+    # the same trace, as a plain directory of traces, still reads as before (no run section)
+    plain = diagnose_path(str(root / "loader" / "trace"))
+    assert "run" not in plain and plain["traces"][0]["metrics"]["steps.count"] == 5

@@ -21,7 +21,8 @@ from perfdoctor.collect.launcher import RunResult
 from perfdoctor.report.document import build_document
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
-from perfdoctor.trace.loader import load_trace
+from perfdoctor.trace import prefetch
+from perfdoctor.trace.loader import load_trace, run_trace_files as run_traces
 
 
 @dataclass
@@ -93,7 +94,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     analysis: TraceAnalysis | StepsOnly
     notes = list(res.child.get("notes", [])) + list(res.notes)
     if traces:
-        analysis = analyze(load_trace(traces[0]))
+        analysis = analyze(_load(traces[0]))
     else:
         m = dict.fromkeys(registry.REGISTRY)
         m["trace.platform"] = "cuda" if res.child.get("cuda_available") else "cpu"
@@ -115,19 +116,43 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     argv = launched.get("argv") or []
     command = " ".join((["-m"] if launched.get("module") else []) + list(argv))
     doc["run"] = {"dir": str(run_dir), "command": command, "outcome": m["run.outcome"], "exit_code": res.exit_code,
-                  "signal": res.signal, "stopped_by": res.stopped_by, "wall_s": round(res.wall_s, 3),
+                  "signal": res.signal, "stopped_by": res.stopped_by,
+                  "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes}
     return doc
 
 
-def run_traces(trace_dir: Path) -> list[Path]:
-    """The run's traces: each .pt.trace.json.gz, or its plain .pt.trace.json while (or if) it was
-    never compressed; hidden partial files are not traces."""
-    if not trace_dir.is_dir():
-        return []
-    names = {p.name: p for p in trace_dir.iterdir() if not p.name.startswith(".")}
-    return sorted(p for n, p in names.items()
-                  if n.endswith(".pt.trace.json.gz") or (n.endswith(".pt.trace.json") and n + ".gz" not in names))
+def load_result(run_dir: Path) -> RunResult:
+    """A finished run as `launch` returned it, from the run directory's run.json and child.json
+    (what `perfdoctor report RUN_DIR` re-diagnoses; unknown fields stay None)."""
+    launched, child = _read_json(run_dir / "run.json"), _read_json(run_dir / "child.json")
+    code = launched.get("exit_code", child.get("exit_code"))
+    return RunResult(run_dir, code, launched.get("signal"), launched.get("wall_s"), child,
+                     launched.get("stopped_by"), list(launched.get("notes") or []))
+
+
+def diagnose_dir(run_dir: Path, rule_dirs: list[str] | None = None) -> dict:
+    """Re-diagnose a run directory: the same document `perfdoctor run` produced from it."""
+    return diagnose_run(load_result(Path(run_dir)), rule_dirs)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _load(path: Path):
+    """The run's trace, from the load `perfdoctor report RUN_DIR` started early when there is one."""
+    pending = prefetch.take(path)
+    if pending is None:
+        return load_trace(path)
+    try:
+        return pending.finish()
+    finally:
+        pending.close()
 
 
 def _why_no_trace(res: RunResult, steps: list[dict]) -> str:

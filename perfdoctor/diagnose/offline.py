@@ -2,15 +2,23 @@
 
 The first trace's load starts before anything heavy is imported (or was started by the console
 script already, perfdoctor.trace.prefetch): on a big trace a helper process decodes its head
-while this process imports numpy, the analysis and the rules."""
+while this process imports numpy, the analysis and the rules. A `perfdoctor run` directory
+(run.json, steps.jsonl, samples.json, trace/) goes through the live diagnosis instead
+(diagnose/live.py), so it gets what `run` gave."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import find_trace_files, load_trace, start_load
 
 
 def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
+    if is_run_dir(path):          # a `perfdoctor run` directory: re-diagnosed as `run` did
+        from perfdoctor.diagnose.live import diagnose_dir
+        return diagnose_dir(Path(path), rule_dirs)
     files = find_trace_files(path)
     first = prefetch.take(files[0]) or start_load(files[0])
     try:

@@ -35,6 +35,17 @@ def find_trace_files(path: str | os.PathLike) -> list[Path]:
     return files
 
 
+def run_trace_files(trace_dir: str | os.PathLike) -> list[Path]:
+    """The traces of a `perfdoctor run` directory's trace/ folder: each .pt.trace.json.gz, or its
+    plain .pt.trace.json while (or if) it was never compressed; hidden partial files are not traces."""
+    d = Path(trace_dir)
+    if not d.is_dir():
+        return []
+    names = {p.name: p for p in d.iterdir() if not p.name.startswith(".")}
+    return sorted(p for n, p in names.items()
+                  if n.endswith(".pt.trace.json.gz") or (n.endswith(".pt.trace.json") and n + ".gz" not in names))
+
+
 def load_traces(path: str | os.PathLike):
     return [load_trace(f) for f in find_trace_files(path)]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import loader
 
 VALUE_OPTIONS = {"-f", "--format", "-o", "--output", "--rules"}   # `report`'s options that take a value
@@ -47,7 +48,10 @@ def start_from_argv(argv: list[str]) -> None:
     if path is None:
         return
     try:
-        first = loader.find_trace_files(path)[0]
+        if is_run_dir(path):     # `report RUN_DIR`: the run's own trace
+            first = loader.run_trace_files(os.path.join(path, "trace"))[0]
+        else:
+            first = loader.find_trace_files(path)[0]
         _pending[_key(first)] = loader.start_load(first)
     except Exception:  # any problem is reported by the real run, one line, as always
         return
