@@ -155,12 +155,13 @@ _m("loader.workers", "count", "Most DataLoader worker processes alive at once (p
 _m("loader.worker_cpu_mean", "cores", "Mean CPU use of one worker (1.0 = a full core).")
 _m("loader.worker_disk_sleep_share", "fraction", "Share of worker samples in uninterruptible disk sleep (state D: blocked on storage).")
 _m("loader.worker_read_mb_s", "MB/s", "Storage reads of all workers together (read_bytes: page-cache hits excluded).")
+# Means and shares are over the samples taken during the steps (analyze/windows.py).
 _m("loader.worker_runq_wait_mean", "cores", "Mean time one worker waited in the run queue for a CPU per wall second.")
 _m("loader.trainer_cpu_mean", "cores", "Mean CPU use of the trainer process (all its threads; 1.0 = a full core).")
 _m("loader.trainer_disk_sleep_share", "fraction", "Share of samples in which the trainer's main thread was in disk sleep (state D).")
 _m("loader.trainer_read_mb_s", "MB/s", "Storage reads of the trainer process (read_bytes).")
 _m("loader.threads_oversubscription", "ratio", "Runnable threads per usable core: (on-CPU + run-queue wait) of trainer and workers per wall second / machine.cpu_count; > 1 means threads queued for CPU.")
-_m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kernel ran) of the devices the run used; None without NVML.")
+_m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kernel ran) of the devices the run used, over the steps (run.sampling says which window); None without NVML.")
 _m("gpu.memory_used_fraction_peak", "fraction", "Peak NVML memory used / total on the devices the run used (all processes on them).")
 _m("input.split", "str", "What the input pipeline waits on in a live run: cpu, io, other (neither: remote storage, locks), or None (too few samples).")
 

@@ -74,16 +74,20 @@ def step_metrics(steps: list[dict], res: RunResult) -> dict:
     return out
 
 
-def _system(run_dir: Path) -> tuple[dict, list[str]]:
+def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
+    """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section."""
     try:
         data = json.loads((run_dir / "samples.json").read_text())
     except (OSError, ValueError):
-        return {}, []
+        return {}, [], None
     try:
         from perfdoctor.analyze.system import system_metrics
+        from perfdoctor.analyze.windows import windowed_metrics
     except ImportError:
-        return {}, data.get("notes", [])
-    return system_metrics(data.get("samples", []), data.get("notes", [])), data.get("notes", [])
+        return {}, data.get("notes", []), None
+    notes = list(data.get("notes", []))
+    metrics, sampling = windowed_metrics(data.get("samples", []), steps, notes, system_metrics)
+    return metrics, notes, sampling
 
 
 def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
@@ -103,7 +107,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                      "timings and system samples only")
     m = analysis.metrics
     m.update(step_metrics(steps, res))
-    sysm, sample_notes = _system(run_dir)
+    sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     notes += [n for n in sample_notes if n not in notes]
     registry.check(m)
@@ -118,7 +122,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     doc["run"] = {"dir": str(run_dir), "command": command, "outcome": m["run.outcome"], "exit_code": res.exit_code,
                   "signal": res.signal, "stopped_by": res.stopped_by,
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
-                  "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes}
+                  "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes,
+                  "sampling": sampling}
     return doc
 
 
