@@ -1,0 +1,6 @@
+"""Statistics shared by run, compare, gate and tune (numpy only, never torch)."""
+
+from perfdoctor.stats.steptime import (StepEstimate, estimate, estimate_durations, speedup,
+                                       wait_share_change)
+
+__all__ = ["StepEstimate", "estimate", "estimate_durations", "speedup", "wait_share_change"]

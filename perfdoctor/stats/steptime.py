@@ -1,0 +1,348 @@
+"""Step time of a training run: the steady-state wall time per step, with a confidence interval
+that respects the autocorrelation of the step series. The one estimator of step time, used by
+`run`'s summary, `compare`, `gate` and `tune` (numpy only; never imports torch).
+
+Why wall time over steps and never a median. With a bursty loader (3 DataLoader workers on 2
+cores, say) batches arrive in bursts: most steps find a batch waiting and are short, and one in
+a few waits for the next burst and is long. The median is then a short step, a fraction of the
+time a step really costs, and dropping long steps as "outliers" drops the steps that carry the
+waiting. So a run's step time is the wall time of its steady window divided by the steps in it
+(the mean), no step inside the window is ever dropped, and the median is a secondary figure.
+
+The steady window is detected, in this order:
+1. disturbed steps are never in it: inside the profiled window (`profiled`), right after the
+   trace export (`perturbed`), without a positive duration (`invalid`), and the first
+   WARMUP_MIN steps of the run (`warmup`). The window is the longest run of consecutive
+   remaining steps; the other remaining steps are `outside_window`.
+2. prefetch fill: with num_workers > 0, the DataLoader's first num_workers x prefetch_factor
+   (default 2) batches may wait ready at the start; leading steps of the window within those
+   batches that are shorter than the window's level L are dropped (`prefetch_fill`).
+3. transients: from the window's start, blocks of max(block, DETECT_BLOCK) steps whose mean
+   lies more than K_SPREAD robust spreads (1.4826 x MAD of the block means, at least
+   SPREAD_FLOOR x L) and more than MATERIAL x L away from L (the median of the block means)
+   are dropped: above L `warmup`, below L `fast_start`. The first block within that band ends
+   the transient. A slow drift over the whole window stays inside the band and is kept.
+
+Block length ("blocks longer than the burst cycle"): the Politis & White (2004) automatic block
+length of the circular block bootstrap, computed from the window's autocorrelation, and at least
+2 burst cycles (the first significant positive autocorrelation peak: a periodic burst pattern
+cancels in the long-run variance, so the PW length alone can be shorter than the cycle) and at
+least 2 x num_workers; at most n / MIN_BLOCKS.
+
+CI95: circular block bootstrap of the mean (BOOTSTRAP resamples of round(n / block) blocks,
+fixed seed: the same input gives the same answer), percentile interval, scaled by
+step_s / mean(dur) when the wall time comes from `end` timestamps.
+
+Conclusive: at least MIN_STEPS steady steps, and at least MIN_BLOCKS blocks of the length the
+correlation asks for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MIN_STEPS = 10
+MIN_BLOCKS = 3
+WARMUP_MIN = 2
+DETECT_BLOCK = 8
+K_SPREAD = 4.0
+MATERIAL = 0.10
+SPREAD_FLOOR = 0.01
+MAD_SCALE = 1.4826
+PREFETCH_DEFAULT = 2          # torch's DataLoader default prefetch_factor with workers
+BOOTSTRAP = 2000
+SEED = 20240601
+LEVEL = 0.95
+END_TOLERANCE = 0.02          # `end` timestamps agree with the durations within 2% (no clock jump)
+
+
+@dataclass
+class StepEstimate:
+    step_s: float | None                    # steady wall time / steps in the window
+    ci95: tuple[float, float] | None        # block-bootstrap CI of step_s
+    median_s: float | None                  # secondary figure only
+    n: int                                  # steps in the steady window
+    total: int                              # steps given
+    first: int                              # index of the first steady step in the input
+    dropped: dict                           # reason -> count
+    wait_share: float | None                # data wait / wall time of the window
+    block: int                              # block length the CI used
+    conclusive: bool
+    reason: str | None
+    p90_s: float | None = None              # secondary figure only
+    source: str = "durations"               # or "end timestamps": where the wall time came from
+    durs: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    waits: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+
+    @property
+    def scale(self) -> float:
+        """step_s / mean(durs): 1 unless `end` timestamps gave the wall time."""
+        m = float(self.durs.mean()) if len(self.durs) else 0.0
+        return self.step_s / m if self.step_s and m > 0 else 1.0
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return 1.0 / self.step_s if self.step_s else None
+
+    def describe(self) -> str:
+        parts = [f"{v} {k.replace('_', ' ')}" for k, v in self.dropped.items() if v]
+        where = f"{self.n} of {self.total} steps" + (f" (dropped {', '.join(parts)})" if parts else "")
+        if self.step_s is None:
+            return f"no steady step time: {where}" + (f"; {self.reason}" if self.reason else "")
+        text = f"{1e3 * self.step_s:.1f} ms/step"
+        if self.ci95:
+            text += f" (95% CI {1e3 * self.ci95[0]:.1f}-{1e3 * self.ci95[1]:.1f} ms, blocks of {self.block})"
+        text += f", median {1e3 * self.median_s:.1f} ms, over {where}"
+        return text + ("" if self.conclusive else f"; inconclusive: {self.reason}")
+
+    def to_dict(self) -> dict:
+        return {"step_s": self.step_s, "ci95": list(self.ci95) if self.ci95 else None, "median_s": self.median_s,
+                "p90_s": self.p90_s, "n": self.n, "total": self.total, "first": self.first,
+                "dropped": dict(self.dropped), "wait_share": self.wait_share, "block": self.block,
+                "conclusive": self.conclusive, "reason": self.reason, "source": self.source}
+
+
+# --- the estimate -------------------------------------------------------------------------------
+
+def estimate(steps: list[dict], *, num_workers: int | None = None,
+             prefetch_factor: int | None = None) -> StepEstimate:
+    """Steady-state step time of step records as in steps.jsonl ({"dur", "wait", "end", "batches",
+    "profiled", "perturbed", ...}; seconds). See the module docstring for the rules."""
+    total = len(steps)
+    why = [_disturbed(s) for s in steps]
+    for i in range(min(WARMUP_MIN, total)):
+        why[i] = why[i] or "warmup"
+    a, e = _longest_run([w is None for w in why])
+    dropped: dict = {}
+    for i, w in enumerate(why):
+        if w is not None or not a <= i < e:
+            k = w or "outside_window"
+            dropped[k] = dropped.get(k, 0) + 1
+    durs = np.array([float(s["dur"]) for s in steps[a:e]], dtype=float)
+    waits = np.array([_num(s.get("wait")) for s in steps[a:e]], dtype=float)
+    ends = [s.get("end") for s in steps]
+    batches = np.cumsum([max(_num(s.get("batches"), 1.0), 0.0) for s in steps]) if steps else np.zeros(0)
+    lead = _leading(durs, a, batches, num_workers, prefetch_factor)
+    for k, v in lead.items():
+        if v:
+            dropped[k] = dropped.get(k, 0) + v
+    cut = sum(lead.values())
+    first = a + cut
+    res = _finish(durs[cut:], waits[cut:], total, first, dropped, num_workers, ends)
+    if cut > (e - a) // 2 and res.conclusive:
+        res.conclusive = False
+        res.reason = (f"no steady state: the level changed over {cut} of the window's {e - a} steps "
+                      "(warm-up or a change of speed)")
+    return res
+
+
+def estimate_durations(durs, waits=None) -> StepEstimate:
+    """The estimate of a plain series of step durations (seconds), and optionally data waits."""
+    d = np.asarray(durs, dtype=float).ravel()
+    w = np.zeros(len(d)) if waits is None else np.asarray(waits, dtype=float).ravel()
+    return estimate([{"dur": float(x), "wait": float(y)} for x, y in zip(d, w)])
+
+
+def _disturbed(s: dict) -> str | None:
+    if s.get("profiled"):
+        return "profiled"
+    if s.get("perturbed"):
+        return "perturbed"
+    d = s.get("dur")
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d <= 0:
+        return "invalid"
+    return None
+
+
+def _num(x, default: float = 0.0) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else default
+
+
+def _longest_run(ok: list[bool]) -> tuple[int, int]:
+    """[start, end) of the longest run of True (the later one on a tie); (0, 0) when none."""
+    best, start = (0, 0), None
+    for i, v in enumerate(ok + [False]):
+        if v and start is None:
+            start = i
+        elif not v and start is not None:
+            if i - start >= best[1] - best[0]:
+                best = (start, i)
+            start = None
+    return best
+
+
+def _level(x: np.ndarray, size: int) -> tuple[float, float, np.ndarray]:
+    """(L, spread, block means): median and floored robust spread of non-overlapping block means."""
+    k = len(x) // size
+    means = x[:k * size].reshape(k, size).mean(axis=1) if k else np.array([float(x.mean())])
+    level = float(np.median(means))
+    spread = max(MAD_SCALE * float(np.median(np.abs(means - level))), SPREAD_FLOOR * level)
+    return level, spread, means
+
+
+def _leading(durs: np.ndarray, offset: int, batches: np.ndarray, num_workers, prefetch_factor) -> dict:
+    """Steps to drop from the window's start, by reason: prefetch fill, then warm-up/fast-start blocks."""
+    out = {"prefetch_fill": 0, "warmup": 0, "fast_start": 0}
+    n = len(durs)
+    if n < MIN_STEPS:
+        return out
+    size = max(block_length(durs, num_workers)[0], DETECT_BLOCK)
+    level, spread, _ = _level(durs, size)
+    i = 0
+    if num_workers and num_workers > 0:
+        ready = num_workers * (prefetch_factor or PREFETCH_DEFAULT)
+        while i < n // 2 and batches[offset + i] <= ready and durs[i] < level:
+            i += 1
+        out["prefetch_fill"] = i
+    margin = max(K_SPREAD * spread, MATERIAL * level)
+    while n - i - size >= MIN_BLOCKS * size:
+        m = float(durs[i:i + size].mean())
+        if m > level + margin:
+            out["warmup"] += size
+        elif m < level - margin:
+            out["fast_start"] += size
+        else:
+            break
+        i += size
+    return out
+
+
+def _wall(first: int, n: int, durs: np.ndarray, ends: list) -> tuple[float, str]:
+    """Wall time of the window: end[last] - end[first - 1] when the timestamps agree with the
+    durations (no clock jump, nothing of ours between the steps), else the sum of durations."""
+    s = float(durs.sum())
+    if first >= 1 and n:
+        e0, e1 = ends[first - 1], ends[first + n - 1]
+        if isinstance(e0, (int, float)) and isinstance(e1, (int, float)):
+            wall = float(e1) - float(e0)
+            if s <= wall * (1 + 1e-6) + 1e-6 and wall <= s * (1 + END_TOLERANCE):
+                return wall, "end timestamps"
+    return s, "durations"
+
+
+def _finish(durs, waits, total, first, dropped, num_workers, ends) -> StepEstimate:
+    n = len(durs)
+    if n == 0:
+        return StepEstimate(None, None, None, 0, total, first, dropped, None, 0, False,
+                            "no steady steps (every step was warm-up, profiled or disturbed)")
+    wall, source = _wall(first, n, durs, ends)
+    step = wall / n
+    want, block = block_length(durs, num_workers)
+    est = StepEstimate(step, None, float(np.median(durs)), n, total, first, dropped,
+                       float(waits.sum()) / wall if wall > 0 else None, block, True, None,
+                       float(np.percentile(durs, 90)), source, durs, waits)
+    if n >= 2:
+        means = bootstrap_means(durs, block, np.random.default_rng(SEED)) * (step / float(durs.mean()))
+        lo, hi = np.percentile(means, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
+        est.ci95 = (float(min(lo, step)), float(max(hi, step)))
+    if n < MIN_STEPS:
+        est.conclusive, est.reason = False, f"only {n} steady steps (need {MIN_STEPS})"
+    elif want * MIN_BLOCKS > n:
+        est.conclusive = False
+        est.reason = (f"step times stay correlated over {want} steps, more than 1/{MIN_BLOCKS} of the "
+                      f"{n} steady steps: run longer")
+    return est
+
+
+# --- block bootstrap --------------------------------------------------------------------------
+
+def block_length(x: np.ndarray, num_workers: int | None = None) -> tuple[int, int]:
+    """(wanted, used) block length for the circular block bootstrap of the mean of `x`:
+    max(Politis-White, 2 burst cycles, 2 x num_workers), and that capped at n / MIN_BLOCKS."""
+    n = len(x)
+    if n < 4:
+        return 1, 1
+    eps = x - x.mean()
+    want = max(1, 2 * (num_workers or 0))
+    if float(np.ptp(x)) > 1e-9 * abs(float(x.mean())):         # not constant (rounding aside)
+        acv = _autocov(eps)
+        kn = max(5, int(math.log10(n)))
+        m_max = min(int(math.ceil(math.sqrt(n))) + kn, n - 1)
+        rho = acv[:m_max + 1] / acv[0]
+        cv = 2 * math.sqrt(math.log10(n) / n)
+        small = np.abs(rho[1:]) < cv                 # small[k - 1]: lag k insignificant
+        opt_m = next((m for m in range(0, m_max - kn + 1) if small[m:m + kn].all()), None)
+        m = min(2 * max(opt_m, 1) if opt_m is not None else m_max, m_max)
+        lam = np.array([1.0 if k / m <= 0.5 else 2 * (1 - k / m) for k in range(1, m + 1)])
+        ks = np.arange(1, m + 1)
+        g = float(np.sum(2 * lam * ks * acv[1:m + 1]))
+        lr = float(acv[0] + np.sum(2 * lam * acv[1:m + 1]))
+        if lr > 0:
+            b_cb = (2 * g * g / (4 / 3 * lr * lr)) ** (1 / 3) * n ** (1 / 3)
+            want = max(want, int(math.ceil(min(b_cb, 3 * math.sqrt(n), n)))) if math.isfinite(b_cb) else want
+        # the burst cycle: the first lag where the autocorrelation peaks significantly above zero
+        for k in range(2, m_max):
+            if rho[k] > cv and rho[k] >= rho[k - 1] and rho[k] >= rho[k + 1]:
+                want = max(want, 2 * k)
+                break
+    return want, max(1, min(want, n // MIN_BLOCKS))
+
+
+def _autocov(eps: np.ndarray) -> np.ndarray:
+    n = len(eps)
+    f = np.fft.rfft(eps, 2 * n)
+    return np.fft.irfft(f * np.conj(f))[:n] / n
+
+
+def bootstrap_means(x: np.ndarray, block: int, rng: np.random.Generator,
+                    resamples: int = BOOTSTRAP) -> np.ndarray:
+    """Means of `resamples` circular-block-bootstrap resamples of x (round(n / block) blocks)."""
+    n = len(x)
+    block = max(1, min(block, n))
+    k = max(1, int(round(n / block)))
+    c = np.concatenate([[0.0], np.cumsum(np.concatenate([x, x[:block - 1]]))])
+    sums = c[block:block + n] - c[:n]                      # sum of the block starting at each step
+    starts = rng.integers(0, n, size=(resamples, k))
+    return sums[starts].sum(axis=1) / (k * block)
+
+
+# --- comparisons --------------------------------------------------------------------------------
+
+def _as_estimate(x) -> StepEstimate:
+    if isinstance(x, StepEstimate):
+        return x
+    if isinstance(x, (list, tuple)) and x and isinstance(x[0], dict):
+        return estimate(list(x))
+    return estimate_durations(x)
+
+
+def speedup(base, new, level: float = LEVEL) -> tuple[float, tuple[float, float]]:
+    """base.step_s / new.step_s and its `level` CI from independent block bootstraps of the two
+    steady windows (each with its own block length; fixed seeds). base and new: step records,
+    a StepEstimate, or a plain series of durations."""
+    b, n = _as_estimate(base), _as_estimate(new)
+    if not b.step_s or not n.step_s or b.n < 2 or n.n < 2:
+        raise ValueError("speedup needs a steady step time on both sides")
+    mb = bootstrap_means(b.durs, b.block, np.random.default_rng([SEED, 1])) * b.scale
+    mn = bootstrap_means(n.durs, n.block, np.random.default_rng([SEED, 2])) * n.scale
+    r = mb / mn
+    lo, hi = np.percentile(r, [50 * (1 - level), 100 - 50 * (1 - level)])
+    point = b.step_s / n.step_s
+    return point, (float(min(lo, point)), float(max(hi, point)))
+
+
+def wait_share_change(base, new, level: float = LEVEL) -> tuple[float, tuple[float, float]]:
+    """new.wait_share - base.wait_share (data wait / wall time of the steady windows) and its
+    `level` CI from independent block bootstraps of (wait, duration) pairs."""
+    b, n = _as_estimate(base), _as_estimate(new)
+    if b.wait_share is None or n.wait_share is None or b.n < 2 or n.n < 2:
+        raise ValueError("wait_share_change needs a steady window on both sides")
+
+    def shares(e: StepEstimate, seed: int) -> np.ndarray:
+        w = bootstrap_means(e.waits, e.block, np.random.default_rng([SEED, seed]))
+        d = bootstrap_means(e.durs, e.block, np.random.default_rng([SEED, seed]))   # same blocks
+        return w / (d * e.scale)
+
+    diff = shares(n, 4) - shares(b, 3)
+    lo, hi = np.percentile(diff, [50 * (1 - level), 100 - 50 * (1 - level)])
+    point = n.wait_share - b.wait_share
+    return point, (float(min(lo, point)), float(max(hi, point)))
+
+
+def spread(values) -> float:
+    """Scaled MAD (1.4826 x median absolute deviation: the standard deviation for normal noise)."""
+    x = np.asarray(values, dtype=float)
+    return MAD_SCALE * float(np.median(np.abs(x - np.median(x)))) if len(x) else 0.0
