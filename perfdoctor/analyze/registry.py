@@ -139,6 +139,7 @@ _m("comm.overlap", "fraction", "Collective time overlapped by compute / collecti
 # -- system samples (perfdoctor run) ---------------------------------------------------------
 # From perfdoctor/analyze/system.py (SystemSampler samples); None for a trace alone. "cores": CPU
 # time per wall second (1.0 = one core fully busy); thresholds of input.split: system.py docstring.
+# Means and shares are over the samples taken during the steps (analyze/windows.py).
 _m("system.samples", "count", "System samples taken while the script ran (every ~0.5 s).")
 _m("system.sampler_core_fraction", "fraction", "CPU the sampler itself used, as a fraction of one core.")
 _m("system.cpu_count", "count", "Logical CPUs of the machine (machine.cpu_count: those usable by the trainer).")
@@ -155,11 +156,11 @@ _m("loader.workers", "count", "Most DataLoader worker processes alive at once (p
 _m("loader.worker_cpu_mean", "cores", "Mean CPU use of one worker (1.0 = a full core).")
 _m("loader.worker_disk_sleep_share", "fraction", "Share of worker samples in uninterruptible disk sleep (state D: blocked on storage).")
 _m("loader.worker_read_mb_s", "MB/s", "Storage reads of all workers together (read_bytes: page-cache hits excluded).")
-# Means and shares are over the samples taken during the steps (analyze/windows.py).
 _m("loader.worker_runq_wait_mean", "cores", "Mean time one worker waited in the run queue for a CPU per wall second.")
 _m("loader.trainer_cpu_mean", "cores", "Mean CPU use of the trainer process (all its threads; 1.0 = a full core).")
 _m("loader.trainer_disk_sleep_share", "fraction", "Share of samples in which the trainer's main thread was in disk sleep (state D).")
 _m("loader.trainer_read_mb_s", "MB/s", "Storage reads of the trainer process (read_bytes).")
+_m("loader.runnable_share", "fraction", "Share of its one thread's time the loader (a worker; with num_workers=0 the trainer's main thread) was runnable: on a CPU or queued for one, from CPU time and run state. >= 0.5: CPU-bound.")
 _m("loader.threads_oversubscription", "ratio", "Runnable threads per usable core: (on-CPU + run-queue wait) of trainer and workers per wall second / machine.cpu_count; > 1 means threads queued for CPU.")
 _m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kernel ran) of the devices the run used, over the steps (run.sampling says which window); None without NVML.")
 _m("gpu.memory_used_fraction_peak", "fraction", "Peak NVML memory used / total on the devices the run used (all processes on them).")

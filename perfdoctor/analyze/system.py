@@ -11,28 +11,26 @@ loader.worker_* metrics stay None: there is no worker to measure).
 input.split: does the loader wait on storage ('io'), on the CPU ('cpu'), or on neither
 ('other')? Decided in this order; every threshold is a principle, not a fit to one machine:
 
-'io' first when the loader was caught in disk sleep (state D) in >= 20% of the samples while
-its on-CPU time (without run-queue wait) stays below 0.9 core: a process blocked on storage a
-fifth of the time is IO-limited for that share, and run-queue wait, which grows with other jobs
-on the machine, must not outvote real disk sleep. (With num_workers=0 the trainer's CPU also
-holds the model's compute, which would otherwise mask its disk sleep.)
+The loader's time is judged against a single thread's ceiling: a DataLoader worker does its
+work on one thread (torch gives each worker one intra-op thread), so one core is all it can use,
+and its runnable share is (on-CPU time + run-queue wait) per wall second, capped at 1, or the
+share of samples that caught it running (state R), whichever is larger (a throttled process is
+runnable without being on a CPU or in the run queue). A worker at 0.8 core spent 80% of its time
+computing: it is CPU-bound on its one thread, not waiting on something else. With num_workers=0
+the trainer's CPU also holds its other threads (intra-op pool, CUDA), so only its main thread's
+state counts (the CPU numbers when no state was sampled).
 
-'cpu' when any of
-  * loader CPU demand >= 0.9 core per process: on-CPU time plus run-queue wait (time it was
-    runnable but had no core) per wall second. A process that wants a core >= 90% of the time
-    is limited by CPU; 0.9 rather than 1.0 leaves room for the sampling jitter and the short
-    IPC handoffs every worker makes (the same 90% line datapath-doctor uses for workers).
-  * the CPU is saturated AND the loader is runnable (on a CPU or queued for one) at least half
-    of the time (demand >= 0.5 core per process): CPU is then the larger part of the loader's
-    time and more loader parallelism has no CPU to run on. Saturated means
-    system.cpu_busy_share >= 0.9 (nearly all usable cores busy), or the trainer's process tree
-    uses >= 90% of its cgroup CPU quota (containers: the quota throttles it before the host's
-    cores look busy, and throttled time is not run-queue time). The demand guard keeps a
-    sleeping loader on a machine busy with other jobs from being called CPU-bound; and when
-    the loader is also caught in disk sleep more often than it is runnable, storage is the
-    larger wait and the 'io' tests below decide.
+'io' first when the loader was caught in disk sleep (state D) in >= 20% of the samples and at
+least as often as it was runnable: a process blocked on storage a fifth of the time is
+IO-limited for that share, and storage is the larger part of its time.
 
-'io' (only when not 'cpu': the loader is off-CPU > 10% of the time) when any of
+'cpu' when the loader was runnable at least half of its time: computing (or queued for a core)
+is then the larger part of its time, so more parallel loaders on free cores, or less work per
+sample, is the fix. This also covers saturated cores: a loader that waits for a CPU is in the
+run queue (or throttled by a cgroup quota, running in state R), and that time counts as
+runnable; a loader that sleeps on a busy machine does not.
+
+'io' (only when not 'cpu': the loader is off-CPU more than half of its time) when any of
   * loader disk-sleep share >= 0.2: the loader processes themselves were caught in state D
     (uninterruptible sleep: waiting for block-device or network-filesystem IO) in at least a
     fifth of the samples. Page-cache hits and CPU work never show D, so a sampler catches D
@@ -69,9 +67,8 @@ import math
 from statistics import fmean
 
 MIN_SAMPLES = 4
-CPU_CORE_BUSY = 0.9          # per-process CPU demand (cores) that counts as CPU-bound
-CPU_ALL_BUSY = 0.9           # share of usable cores busy that counts as saturated
-RUNNABLE_WHEN_SATURATED = 0.5  # loader demand that makes saturated cores its limit
+THREAD_CEILING = 1.0         # cores one thread can use: a worker's ceiling
+RUNNABLE_SHARE = 0.5         # runnable share of that ceiling from which CPU is the larger part of the time
 DISK_SLEEP_SHARE = 0.2       # loader samples in state D
 READ_MB_S = 1.0              # loader storage reads that count as "reading from storage"
 PSI_IO_SHARE = 0.2           # PSI io some: share of wall time with a task stalled on IO
@@ -229,7 +226,9 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
     out["machine.free_cores"] = free
 
     out.update(_gpu(samples))
-    out["input.split"] = _split(out, loader if has_workers else trainer_n, samples, trainer, notes)
+    ld = loader if has_workers else trainer_n
+    out["loader.runnable_share"] = runnable_share(ld, not has_workers) if ld["n_cpu"] >= MIN_SAMPLES else None
+    out["input.split"] = _split(out, ld, not has_workers, notes)
     return _fill(out)
 
 
@@ -240,6 +239,7 @@ def _loader_numbers(samples, procs_of, flat) -> dict:
     n_cpu = sum(any(p.get("cpu_percent") is not None for p in procs_of(s)) for s in samples)
     return {"cpu": fmean(cpu) if cpu else None, "n_cpu": n_cpu,
             "d": sum(st == "disk-sleep" for st in states) / len(states) if states else None,
+            "running": sum(st == "running" for st in states) / len(states) if states else None,
             "read": reads / 1e6 if reads is not None else None,
             "runq": _per_proc_rate(samples, procs_of, "runq_wait_s")}
 
@@ -285,26 +285,29 @@ def _gpu(samples) -> dict:
             "gpu.memory_used_fraction_peak": max(frac) if frac else None}
 
 
-def _split(m: dict, ld: dict, samples, trainer, notes) -> str | None:
+def runnable_share(ld: dict, is_trainer: bool) -> float | None:
+    """Share of its one thread's time the loader was runnable (system.py docstring)."""
+    if ld["cpu"] is None:
+        return None
+    by_cpu = min(1.0, (ld["cpu"] + (ld["runq"] or 0.0)) / THREAD_CEILING)
+    if ld["running"] is None:
+        return by_cpu
+    return ld["running"] if is_trainer else max(by_cpu, ld["running"])
+
+
+def _split(m: dict, ld: dict, is_trainer: bool, notes) -> str | None:
     if ld["cpu"] is None or ld["n_cpu"] < MIN_SAMPLES:
         notes.append(f"input split unknown: fewer than {MIN_SAMPLES} samples of the loader's CPU use "
                      "(the run was too short to sample)")
         return None
-    demand = ld["cpu"] + (ld["runq"] or 0.0)
-    busy = m["system.cpu_busy_share"]
-    quota = samples[-1]["system"].get("cpu_quota_cores")
-    tree_cpu = _mean([sum((p.get("cpu_percent") or 0) for p in trainer(s) + (s.get("workers") or []))
-                      / 100 for s in samples[1:]])
-    saturated = ((busy is not None and busy >= CPU_ALL_BUSY)
-                 or (quota and tree_cpu is not None and tree_cpu >= CPU_ALL_BUSY * quota))
+    runnable = runnable_share(ld, is_trainer)
     d_share = ld["d"] or 0.0
-    # Disk sleep first: a process blocked on storage in >= 20% of samples is IO-limited for that
-    # share, unless it also spends a whole core on CPU. (Run-queue wait, part of `demand`, grows
-    # with other jobs on the machine and must not outvote real disk sleep.)
-    if d_share >= DISK_SLEEP_SHARE and ld["cpu"] < CPU_CORE_BUSY:
+    if d_share >= DISK_SLEEP_SHARE and d_share >= runnable:
         return "io"
-    if demand >= CPU_CORE_BUSY or (saturated and demand >= RUNNABLE_WHEN_SATURATED and demand >= d_share):
+    if runnable >= RUNNABLE_SHARE:
         return "cpu"
+    if d_share >= DISK_SLEEP_SHARE:
+        return "io"
     reading = ld["read"] is not None and ld["read"] >= READ_MB_S
     psi = m["system.psi_io_some_share"]
     iow = m["system.iowait_share"]
@@ -324,7 +327,7 @@ _NAMES = ("system.samples", "system.sampler_core_fraction", "system.cpu_count", 
           "system.disk_busy_share", "system.ram_available_bytes", "loader.workers",
           "loader.worker_cpu_mean", "loader.worker_disk_sleep_share", "loader.worker_read_mb_s",
           "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_disk_sleep_share",
-          "loader.trainer_read_mb_s", "loader.threads_oversubscription", "gpu.util_mean",
+          "loader.trainer_read_mb_s", "loader.runnable_share", "loader.threads_oversubscription", "gpu.util_mean",
           "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.free_cores",
           "machine.ram_free_bytes", "input.split")
 

@@ -1,0 +1,109 @@
+"""The loader's IO/CPU split against a single thread's ceiling (analyze/system.py), and what the
+rules make of it: CPU-bound workers get the workers fix, not "keep the data set in RAM"."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perfdoctor.analyze import registry
+from perfdoctor.analyze.system import system_metrics
+from perfdoctor.rules.engine import evaluate
+from perfdoctor.rules.loader import load_rules
+
+
+def _samples(n=20, workers=2, cpu=80.0, running=0.8, disk_sleep=0.0, runq=0.0, cores=16, busy=12.0,
+             trainer_cpu=5.0, trainer_running=0.0):
+    """n samples 0.5 s apart; each worker spends `cpu`% of a core on CPU and is caught in state R in
+    `running` of the samples (D in `disk_sleep`, S otherwise); the trainer likewise."""
+    out = []
+    for i in range(n):
+        frac = (i % 10) / 10                      # deterministic state pattern over each 10 samples
+        state = "running" if frac < running else "disk-sleep" if frac < running + disk_sleep else "sleeping"
+        tstate = "running" if frac < trainer_running else "sleeping"
+        t = i * 0.5
+        w = [{"pid": 100 + k, "create_time": 1.0, "role": "worker", "cpu_percent": cpu, "state": state,
+              "read_bytes": 0, "runq_wait_s": t * runq, "sched_cpu_s": t * cpu / 100} for k in range(workers)]
+        out.append({"t": t, "unix": 1.8e9 + t, "cost_s": 0.001,
+                    "trainer": {"pid": 1, "create_time": 1.0, "role": "trainer", "cpu_percent": trainer_cpu,
+                                "state": tstate, "read_bytes": 0, "runq_wait_s": 0.0,
+                                "sched_cpu_s": t * trainer_cpu / 100},
+                    "workers": w, "helpers": [], "gpu": None,
+                    "system": {"cpu_count": cores, "usable_cpus": cores, "cpu_quota_cores": None,
+                               "cpu_usable_percent": busy, "cpu_total_percent": busy, "iowait_percent": 0.0,
+                               "psi": None, "disk": None, "ram_available_bytes": 100 * 10 ** 9}})
+    return out
+
+
+def split(**kw):
+    m = system_metrics(_samples(**kw), [])
+    return m["input.split"], m["loader.runnable_share"]
+
+
+def test_workers_at_08_core_are_cpu_bound_not_waiting():
+    """The issue's case: 2 workers at 0.8 core each on 16 idle cores (was 'other' under a 0.9 line)."""
+    s, r = split(cpu=80.0, running=0.8)
+    assert s == "cpu" and r == pytest.approx(0.8)
+    assert split(cpu=80.0, running=0.0) == ("cpu", pytest.approx(0.8))      # CPU time alone suffices
+    # runnable = on a CPU or queued for one: 0.35 core + 0.2 s/s in the run queue
+    assert split(cpu=35.0, running=0.0, runq=0.2) == ("cpu", pytest.approx(0.55))
+    # run state alone: a throttled worker is in R without CPU time or run-queue wait
+    assert split(cpu=20.0, running=0.6)[0] == "cpu"
+
+
+def test_sleeping_workers_are_other_and_disk_sleep_is_io():
+    assert split(cpu=30.0, running=0.3)[0] == "other"          # off-CPU 70%, no storage: other
+    assert split(cpu=10.0, running=0.1, disk_sleep=0.6)[0] == "io"
+    # storage a third of the time but computing 60%: the larger part is CPU
+    assert split(cpu=60.0, running=0.6, disk_sleep=0.3)[0] == "cpu"
+    # mostly off-CPU, a fifth or more in D: io
+    assert split(cpu=35.0, running=0.3, disk_sleep=0.3)[0] == "io"
+    # on a machine saturated by other jobs, a sleeping loader is still not CPU-bound
+    assert split(cpu=5.0, running=0.0, busy=97.0)[0] == "other"
+
+
+def test_trainer_with_num_workers_zero_counts_its_main_thread():
+    """num_workers=0: the trainer's CPU holds its intra-op threads too; its main thread's state decides."""
+    s, r = split(workers=0, trainer_cpu=600.0, trainer_running=0.2)
+    assert s == "other" and r == pytest.approx(0.2)              # 6 cores busy, main thread mostly asleep
+    assert split(workers=0, trainer_cpu=100.0, trainer_running=0.9) == ("cpu", pytest.approx(0.9))
+
+
+def _metrics(samples, **shares) -> dict:
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"trace.platform": "cuda", "share.device": 0.15, "share.input": 0.8, "share.host": 0.05,
+              "share.communication": 0.0, "input.data_wait_share": 0.8, "input.loader": "multi_process",
+              "input.num_workers_zero": False, "input.traced_op_share_of_wait": 0.0, **shares})
+    m.update(system_metrics(samples, []))
+    return m
+
+
+def test_cpu_bound_workers_get_the_workers_fix_not_ram():
+    rules = load_rules()
+    d = evaluate(rules, _metrics(_samples(cpu=80.0, running=0.8)))
+    assert d.verdict.rule.id == "PD109" and d.verdict.rule.bound == "input_cpu"
+    fixes = [f.rule.id for f in d.fixes]
+    assert "PD301" in fixes and "PD304" not in fixes, fixes
+    # the same workers sleeping (remote storage, a lock): then RAM / caching advice is what follows
+    d = evaluate(rules, _metrics(_samples(cpu=10.0, running=0.1)))
+    assert d.verdict.rule.id == "PD110" and "PD304" in [f.rule.id for f in d.fixes]
+
+
+def test_h100_loader_run(shared_traces):
+    """num_workers=0, Gaussian blurs on the trainer: its main thread runs in every sample of the steps."""
+    from perfdoctor.diagnose.live import diagnose_dir
+
+    d = shared_traces / "h100" / "loader"
+    if not d.is_dir():
+        pytest.skip(f"integration data absent: {d}")
+    doc = diagnose_dir(d)
+    m = doc["traces"][0]["metrics"]
+    assert m["loader.workers"] == 0 and m["input.split"] == "cpu" and m["loader.runnable_share"] == 1.0
+    assert doc["verdict"]["rule"] == "PD113"
+    fixes = [f["id"] for f in doc["findings"]]
+    assert "PD301" in fixes and "PD304" not in fixes, fixes
+    # over the steps the trainer's intra-op threads kept ~13.6 cores busy (6.2 over the whole process)
+    samples = json.loads((d / "samples.json").read_text())["samples"]
+    assert system_metrics(samples, [])["loader.trainer_cpu_mean"] == pytest.approx(6.24, abs=0.05)
+    assert m["loader.trainer_cpu_mean"] == pytest.approx(13.6, abs=0.1)
