@@ -39,7 +39,7 @@ def test_json_schema(trace, tmp_path):
     r = run("report", trace, "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema_version"] == 1 and doc["tool"].startswith("perfdoctor ")
+    assert doc["schema_version"] == 2 and doc["tool"].startswith("perfdoctor ")
     assert set(doc) == {"schema_version", "tool", "input", "verdict", "flags", "findings", "traces", "cross_rank", "units"}
     assert doc["verdict"]["bound"] == "input" and doc["verdict"]["confidence_label"] in ("high", "medium", "low")
     t = doc["traces"][0]
@@ -51,7 +51,7 @@ def test_json_schema(trace, tmp_path):
     top = doc["findings"][0]
     assert top["slug"] == "loader-workers" and top["ranked"]
     share = doc["verdict"]["evidence"]["share.input"]
-    assert 1.0 < top["gain"]["bound"] <= (1 / (1 - share)) * (1 + 1e-4)   # 6-digit rounding
+    assert 1.0 < top["gain"]["expected"] <= top["gain"]["ceiling"] <= (1 / (1 - share)) * (1 + 1e-4)   # 6-digit rounding
     assert set(top) >= {"id", "slug", "kind", "title", "summary", "evidence", "gain", "fix", "source", "traces", "on_bottleneck"}
     assert top["on_bottleneck"]
     # -o writes the same document; with --format json nothing goes to stdout
@@ -59,7 +59,7 @@ def test_json_schema(trace, tmp_path):
     r2 = run("report", trace, "-f", "json", "-o", out)
     assert r2.returncode == 0 and r2.stdout == "" and json.loads(out.read_text())["verdict"] == doc["verdict"]
     r3 = run("report", trace, "-o", out)
-    assert "INPUT-BOUND" in r3.stdout and json.loads(out.read_text())["schema_version"] == 1
+    assert "INPUT-BOUND" in r3.stdout and json.loads(out.read_text())["schema_version"] == 2
 
 
 def test_directory_of_ranks(tmp_path):

@@ -77,7 +77,11 @@ def test_amdahl():
     assert amdahl(0.0, 10.0) == 1.0
     assert amdahl(0.229, math.inf) == pytest.approx(1 / 0.771)
     assert math.isinf(amdahl(1.0, math.inf))
-    assert describe(1.297, 0.229, "data wait") == "up to 1.30x (data wait is 22.9% of each step)"
+    assert describe(None, None, None, 1.297, 0.229, "data wait") == \
+        "at most 1.30x, no model of the expected gain (data wait is 22.9% of each step)"
+    assert describe(1.2, 1.1, 1.25, 1.297, 0.229, "data wait") == \
+        "expected ~1.20x (1.10-1.25x), at most 1.30x (data wait is 22.9% of each step)"
+    assert describe(1.2, None, None, None, 1.0, "data wait").startswith("expected ~1.20x, no ceiling")
 
 
 def test_expressions_are_validated_not_evaluated_blindly():
@@ -223,7 +227,7 @@ def test_user_rules_join_the_report(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     found = {f["id"]: f for f in json.loads(r.stdout)["findings"]}
-    assert "USR2" in found and found["USR2"]["gain"]["bound"] < 2.0
+    assert "USR2" in found and found["USR2"]["gain"]["ceiling"] < 2.0
 
 
 def test_device_filter_keeps_cuda_advice_off_rocm_and_cpu():

@@ -19,7 +19,7 @@ from perfdoctor.analyze.timeline import BREAKDOWN
 from perfdoctor.diagnose.confidence import confidence, label
 from perfdoctor.rules.engine import Diagnosis, Finding
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def trace_label(a: TraceAnalysis, index: int) -> str:
@@ -86,10 +86,11 @@ def _finding_doc(f: Finding) -> dict:
     r = f.rule
     gain = None
     if r.gain is not None:
-        gain = {"bound": f.gain, "share": f.share, "speedup": f.speedup, "label": r.gain.label,
-                "assumption": r.gain.assumption, "text": f.gain_text}
+        gain = {"expected": f.expected, "range": [f.low, f.high] if f.low is not None else None,
+                "ceiling": f.ceiling, "share": f.share, "speedup": f.speedup, "label": r.gain.label,
+                "assumption": r.gain.assumption, "model": r.gain.model, "text": f.gain_text}
     return {"id": r.id, "slug": r.slug, "kind": r.kind, "title": r.title, "summary": f.summary,
-            "evidence": f.evidence, "ranked": f.ranked, "on_bottleneck": f.on_bottleneck, "gain": gain, "no_gain_reason": r.no_gain_reason,
+            "evidence": f.evidence, "ranked": f.ranked, "modelled": f.modelled, "on_bottleneck": f.on_bottleneck, "gain": gain, "no_gain_reason": r.no_gain_reason,
             "fix": {"text": " ".join((r.fix_text or "").split()), "snippet": r.snippet, "snippet_lang": r.snippet_lang},
             "source": r.source}
 
@@ -99,9 +100,12 @@ def _flag_order(d: dict):
 
 
 def _finding_order(d: dict):
-    """As rules.engine.rank_key: fixes for the named bottleneck first, then by bound."""
-    g = (d.get("gain") or {}).get("bound")
-    return (not d["ranked"], not d["on_bottleneck"], -(g or 0.0), d["id"])
+    """As rules.engine.rank_key, from the document."""
+    g = d.get("gain") or {}
+    best = g.get("expected") if g.get("expected") is not None else g.get("ceiling")
+    best = best or 0.0
+    bucket = -round(math.log(best) / math.log(1.02)) if d["ranked"] and best > 0 else 0
+    return (not d["ranked"], not d.get("modelled"), bucket, not d["on_bottleneck"], -best, d["id"])
 
 
 def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:

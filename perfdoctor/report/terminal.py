@@ -64,10 +64,15 @@ def _run_header(c: Console, run: dict, m: dict) -> None:
         how += f" (--{run['stopped_by']})"
     c.print(Text.assemble(("perfdoctor run ", "bold"), (run["command"], "bold"),
                           (f" · {how} · exit code {run['exit_code']}", "")))
-    if m.get("run.step_time_median_ms") is not None:
-        c.print(Text(f"{m['run.steps']} steps measured in {run['wall_s']:.1f} s: median {m['run.step_time_median_ms']:.1f} ms"
-                     f" (p90 {m['run.step_time_p90_ms']:.1f} ms), data wait {100 * (m['run.data_wait_share'] or 0):.1f}%"
-                     " of step time (outside the profiled window)", style="dim"))
+    if m.get("run.step_time_ms") is not None:
+        ci = m.get("run.step_time_ci95_ms")
+        wall = f" in {run['wall_s']:.1f} s" if run.get("wall_s") is not None else ""
+        c.print(Text(f"{m['run.steps']} steps measured{wall}: {m['run.step_time_ms']:.1f} ms/step"
+                     + (f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
+                     + f" over {m['run.steady_steps']} steady steps"
+                     + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
+                     + f"; median {m['run.step_time_median_ms']:.1f} ms; data wait"
+                     f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
     c.print(Text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
     for n in run.get("notes", []):
         c.print(Text(f"note: {n}", style="yellow"))
@@ -95,8 +100,8 @@ def _fixes(c: Console, findings: list[dict]) -> None:
     rest = [f for f in findings if not f["ranked"]]
     c.print()
     if ranked:
-        c.print(Text("Fixes, ranked: the verdict's bottleneck first, then by expected gain "
-                     "(an Amdahl bound on the measured share)", style="bold"))
+        c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
+                     "ceiling: the Amdahl bound on the measured share)", style="bold"))
     else:
         c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
     for i, f in enumerate(ranked, 1):
@@ -112,9 +117,14 @@ def _fixes(c: Console, findings: list[dict]) -> None:
                 c.print(Text(f"      {line}", style="cyan"))
         c.print(Text(f"    [{f['id']} · {_cite(f['source'])}]", style="dim"))
     if rest:
-        c.print(Text("  Also worth a look (no speed claim): "
-                     + "; ".join(f"{f['title']} ({f['id']})" for f in rest), style="dim"))
+        c.print(Text("  Also worth a look (no expected gain claimed): "
+                     + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), style="dim"))
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
+
+
+def _ceiling_note(f: dict) -> str:
+    c = (f.get("gain") or {}).get("ceiling")
+    return f", at most {c:.2f}x" if c and c >= 1.01 else ""
 
 
 def _flags(c: Console, flags: list[dict]) -> None:

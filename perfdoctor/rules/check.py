@@ -32,12 +32,16 @@ def run_cases(rule: Rule) -> list[CaseResult]:
             why = f" (unknown: {', '.join(diag.skipped[0][1]) or 'a comparison met None'})" if diag.skipped else ""
             out.append(CaseResult(rule, case.name, False, f"expected fires={case.fires}, got {fired}{why}"))
             continue
-        if fired and case.gain is not None:
+        if fired and (case.gain is not None or case.expected is not None):
             _gain(finding, ev)
-            lo, hi = case.gain
-            if finding.gain is None or not lo <= finding.gain <= hi:
-                out.append(CaseResult(rule, case.name, False,
-                                      f"gain {finding.gain} outside expected [{lo}, {hi}] ({finding.gain_text})"))
+            problem = None
+            for what, want, got in (("ceiling", case.gain, finding.ceiling),
+                                    ("expected gain", case.expected, finding.expected)):
+                if want is not None and (got is None or not want[0] <= got <= want[1]):
+                    problem = f"{what} {got} outside [{want[0]}, {want[1]}] ({finding.gain_text})"
+                    break
+            if problem:
+                out.append(CaseResult(rule, case.name, False, problem))
                 continue
         out.append(CaseResult(rule, case.name, True, "ok"))
     return out

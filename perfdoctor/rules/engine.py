@@ -4,9 +4,10 @@ Order: verdict rules by priority (the first that fires gives the verdict), then 
 then fix rules. Later stages can refer to earlier results as metrics: `verdict.bound` and
 `flag.<slug_with_underscores>` (true/false). Conditions use three-valued logic: `True or unknown` fires,
 `False or unknown` is unknown, and an unknown condition never fires (its missing metrics are
-listed in `skipped`). Fix gains are Amdahl bounds (gain.py). Ranking: fixes that target the
-bottleneck the verdict names come first (fix the bottleneck before anything else: 003 tip 0),
-each group ordered by its bound; fixes without a measurable bound come last.
+listed in `skipped`). Each fix carries a ceiling (the Amdahl bound, gain.py) and, when its rule
+models it, an expected gain (never above the ceiling). Ranking (rank_key): modelled fixes by
+expected gain, then fixes with only a ceiling; the bottleneck the verdict names breaks near-ties
+(fix the bottleneck before anything else: 003 tip 0); fixes without a measurable gain come last.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ class Finding:
     rule: Rule
     summary: str
     evidence: dict[str, Any]
-    gain: float | None = None              # Amdahl bound of the step speed-up
+    ceiling: float | None = None           # Amdahl bound of the step speed-up (None: unbounded / unknown)
+    expected: float | None = None          # the model's expected step speed-up, <= ceiling
+    low: float | None = None               # expected range, when the model gives one
+    high: float | None = None
     gain_text: str | None = None
     share: float | None = None
     speedup: float | None = None
@@ -35,8 +39,18 @@ class Finding:
     on_bottleneck: bool = False           # the fix targets the class the verdict names
 
     @property
+    def gain(self) -> float | None:
+        """The figure the fix is ranked by: expected when modelled, else the ceiling."""
+        return self.expected if self.expected is not None else self.ceiling
+
+    @property
+    def modelled(self) -> bool:
+        return self.expected is not None
+
+    @property
     def ranked(self) -> bool:
-        return self.gain is not None and math.isfinite(self.gain) and self.gain >= MIN_REPORTED_GAIN
+        g = self.gain
+        return g is not None and math.isfinite(g) and g >= MIN_REPORTED_GAIN
 
 
 @dataclass
@@ -91,7 +105,12 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
 
 
 def rank_key(f: Finding):
-    return (not f.ranked, not f.on_bottleneck, -(f.gain or 0.0) if f.ranked else 0.0, f.rule.id)
+    """Modelled fixes first, by expected gain; then fixes with only a ceiling, by ceiling. The
+    verdict breaks near-ties (gains within 2% of each other are one bucket): it orders, it never
+    hides a fix."""
+    g = f.gain or 0.0
+    bucket = -round(math.log(g) / math.log(1.02)) if f.ranked and g > 0 else 0
+    return (not f.ranked, not f.modelled, bucket, not f.on_bottleneck, -g, f.rule.id)
 
 
 def _truth(text: str, ev: expr.Evaluator) -> bool:
@@ -126,13 +145,37 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
         speedup = float(ev.eval(g.speedup))
     except (TypeError, ValueError):
         return                   # a number the model needs is unknown: no claim
+    f.share, f.speedup = max(share, 0.0), speedup
     if share <= 0 or speedup <= 1:
-        f.share, f.speedup, f.gain = max(share, 0.0), speedup, 1.0
+        f.ceiling = f.expected = 1.0
         f.gain_text = f"no measurable gain ({g.label} is {100 * max(share, 0.0):.1f}% of each step)"
         return
-    bound = amdahl(share, speedup)
-    f.share, f.speedup = share, speedup
-    if math.isinf(bound):
-        f.gain, f.gain_text = None, f"not bounded by this trace ({g.label} is the whole step)"
+    ceiling = amdahl(share, speedup)
+    f.ceiling = None if math.isinf(ceiling) else ceiling
+    _expected(f, ev, share)
+    f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label)
+
+
+def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
+    """The expected gain: the rule's model, never above the ceiling; unknown inputs: no model."""
+    g = f.rule.gain
+    if g.expected_speedup is None:
         return
-    f.gain, f.gain_text = bound, describe(bound, share, g.label)
+    cap = f.ceiling if f.ceiling is not None else math.inf
+
+    def at(speedup_text: str) -> float:
+        s = float(ev.eval(speedup_text))
+        return min(amdahl(es, s) if s > 0 else 1.0, cap)
+
+    try:
+        es = share if g.expected_share is None else float(ev.eval(g.expected_share))
+        es = min(max(es, 0.0), 1.0)
+        exp = at(g.expected_speedup)
+        lo, hi = (at(g.expected_range[0]), at(g.expected_range[1])) if g.expected_range else (None, None)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return
+    if not math.isfinite(exp):
+        return
+    f.expected = max(exp, 1.0)
+    if lo is not None and hi is not None and math.isfinite(lo):
+        f.low, f.high = min(max(lo, 1.0), f.expected), max(hi, f.expected)

@@ -1,4 +1,4 @@
-"""Amdahl-bounded expected gains.
+"""Gains: the Amdahl ceiling of a fix, and how its expected gain is worded.
 
 A fix attacks a measured share f of the step and assumes that part gets s times faster
 (s = inf: removed). The whole step then speeds up by at most 1 / ((1 - f) + f / s), which is
@@ -22,6 +22,16 @@ def amdahl(share: float, speedup: float) -> float:
     return 1.0 / ((1.0 - f) + (0.0 if math.isinf(s) else f / s))
 
 
-def describe(bound: float, share: float, label: str) -> str:
-    cap = "unbounded" if math.isinf(bound) else f"{bound:.2f}x"
-    return f"up to {cap} ({label} is {100 * share:.1f}% of each step)"
+def _x(v: float) -> str:
+    return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
+
+
+def describe(expected: float | None, low: float | None, high: float | None, ceiling: float | None,
+             share: float, label: str) -> str:
+    """'expected ~1.30x (1.20-1.45x), at most 1.50x (data wait is 33.0% of each step)'."""
+    cap = "no ceiling from this trace" if ceiling is None else f"at most {_x(ceiling)}"
+    basis = f"{label} is {100 * share:.1f}% of each step"
+    if expected is None:
+        return f"{cap}, no model of the expected gain ({basis})"
+    rng = f" ({_x(low)[:-1]}-{_x(high)})" if low is not None and high is not None and high > low * 1.005 else ""
+    return f"expected ~{_x(expected)}{rng}, {cap} ({basis})"

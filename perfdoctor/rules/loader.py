@@ -132,6 +132,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
             gain = Gain(str(g["share"]), str(g["speedup"]), g["assumption"], g["label"],
                         _names(str(g["share"]), known, bad, "gain.share"),
                         _names(str(g["speedup"]), known, bad, "gain.speedup"))
+            _expected(gain, g, known, bad)
     fix = data.get("fix", {})
     if kind == "fix":
         if gain is None and not no_gain:
@@ -157,6 +158,36 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                 snippet_lang=fix.get("snippet_lang", "python"), when_names=when_names, targets=targets), []
 
 
+EXPECTED_KEYS = ("expected_speedup", "expected_share", "expected_range", "model")
+
+
+def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
+    """The optional expected-gain model of a [gain] table (see model.Gain)."""
+    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", *EXPECTED_KEYS})
+    if unknown:
+        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label: "
+            f"{', '.join(EXPECTED_KEYS)})")
+    if not any(k in g for k in EXPECTED_KEYS):
+        return
+    if "expected_speedup" not in g or not g.get("model"):
+        bad("an expected-gain model needs expected_speedup and model (its assumption)")
+        return
+    gain.expected_speedup, gain.model = str(g["expected_speedup"]), str(g["model"])
+    names = _names(gain.expected_speedup, known, bad, "gain.expected_speedup")
+    if "expected_share" in g:
+        gain.expected_share = str(g["expected_share"])
+        names += _names(gain.expected_share, known, bad, "gain.expected_share")
+    rng = g.get("expected_range")
+    if rng is not None:
+        if not (isinstance(rng, list) and len(rng) == 2):
+            bad("gain.expected_range must be two expressions [low, high] (speed-ups of the share)")
+        else:
+            gain.expected_range = (str(rng[0]), str(rng[1]))
+            for part in rng:
+                names += _names(str(part), known, bad, "gain.expected_range")
+    gain.expected_names = sorted(set(names))
+
+
 def _names(text: str, known: set[str], bad, where: str) -> list[str]:
     try:
         return expr.metric_names(text, known)
@@ -176,9 +207,12 @@ def _cases(raw, known: set[str], bad) -> list[Case]:
         if "fires" not in c:
             bad(f"case {name!r} needs fires = true/false")
             continue
-        g = c.get("gain")
+        g, e = c.get("gain"), c.get("expected")
         if g is not None and not (isinstance(g, list) and len(g) == 2):
             bad(f"case {name!r}: gain must be [low, high]")
             g = None
-        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g else None))
+        if e is not None and not (isinstance(e, list) and len(e) == 2):
+            bad(f"case {name!r}: expected must be [low, high]")
+            e = None
+        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g else None, tuple(e) if e else None))
     return out

@@ -20,12 +20,22 @@ def target_of(bound: str | None) -> str | None:
 
 @dataclass
 class Gain:
+    """Two numbers per fix. The ceiling: the Amdahl bound of `speedup` on `share` (share, speedup,
+    assumption). The expected gain: a model of what the change does, `expected_speedup` on
+    `expected_share` (default: share), optionally with a low/high range, and its assumption
+    (`model`). Without an expected model a fix only has its ceiling and ranks after the modelled."""
+
     share: str                 # expression: the measured share of step time the fix attacks
-    speedup: str               # expression: assumed speed-up of that share ("inf" = removed)
-    assumption: str            # why that speed-up
+    speedup: str               # expression: assumed speed-up of that share for the ceiling ("inf" = removed)
+    assumption: str            # why that ceiling
     label: str                 # what the share is, in words ("data wait")
     share_names: list[str] = field(default_factory=list)
     speedup_names: list[str] = field(default_factory=list)
+    expected_speedup: str | None = None     # expression: the speed-up of expected_share the model expects
+    expected_share: str | None = None       # expression; None = share
+    expected_range: tuple[str, str] | None = None   # expressions: low and high speed-up of that share
+    model: str | None = None                # the expected model's assumption, in words
+    expected_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -33,7 +43,8 @@ class Case:
     name: str
     metrics: dict[str, Any]
     fires: bool
-    gain: tuple[float, float] | None = None   # expected [low, high] of the bound
+    gain: tuple[float, float] | None = None      # [low, high] the ceiling must lie in
+    expected: tuple[float, float] | None = None  # [low, high] the expected gain must lie in
 
 
 @dataclass
