@@ -35,7 +35,9 @@ def metrics(doc):
 
 
 def test_every_trace_parses(shared_traces):
-    files = sorted(p for p in shared_traces.rglob("*.json*") if p.is_file())
+    # run directories' own records (child.json, run.json, samples.json) are not traces
+    files = sorted(p for p in shared_traces.rglob("*.json*") if p.is_file()
+                   and not (p.parent / "child.json").is_file())
     assert len(files) >= 15
     for f in files:
         doc = diagnose_path(str(f))
@@ -53,10 +55,15 @@ def test_resnet50_num_workers_0_is_input_bound(shared_traces):
     assert m["gpu.kernel_busy_share"] == pytest.approx(0.636, abs=0.03)
     assert m["input.num_workers_zero"] is True
     assert "num-workers-zero" in {f["slug"] for f in doc["flags"]}
-    # issue 3: a DataLoader fix ranks first, bounded by removing the data wait entirely
-    top = doc["findings"][0]
-    assert top["slug"] == "loader-workers"
-    assert top["gain"]["bound"] <= 1 / (1 - m["input.data_wait_share"]) + 1e-9
+    # the DataLoader fix is ranked, bounded by removing the data wait entirely, and its expected
+    # gain (2 workers assumed: a trace has no core count) is within 25% of what the same job
+    # measured with num_workers=4 (tb_plugin's nw4 sample: 154.9 -> 142.8 ms, 1.085x)
+    fixes = {f["slug"]: f for f in doc["findings"] if f["ranked"]}
+    loader = fixes["loader-workers"]
+    assert loader["gain"]["expected"] <= loader["gain"]["ceiling"] <= 1 / (1 - m["input.data_wait_share"]) + 1e-9
+    assert loader["gain"]["expected"] == pytest.approx(154.9 / 142.8, rel=0.25)
+    # fp32 convolutions on a V100 with no tensor-core kernel: mixed precision is offered first
+    assert doc["findings"][0]["slug"] == "mixed-precision"
 
 
 def test_resnet50_num_workers_4_is_not_input_bound_and_flags_tensor_cores(shared_traces):

@@ -27,7 +27,8 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "attention.fused_ops_per_step": int(fused_ops.sum()) / n,
            "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
            "trace.devices_used": None, "attention.math_kernel_share": None,
-           "optimizer.kernels_per_step": None, "optimizer.fused": None, "gpu.kernels_per_step_cv": None}
+           "optimizer.kernels_per_step": None, "optimizer.fused": None, "gpu.kernels_per_step_cv": None,
+           "gpu.kernel_time_per_step_cv": None}
     opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
     s_, e_ = intervals.clip(t.ts[opt], t.ts[opt] + t.dur[opt], *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
@@ -53,4 +54,6 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if len(steady) >= 2:
         per = np.bincount(steps.index_of(t.ts[kr]) + 1, minlength=n + 1)[1:][steady]
         out["gpu.kernels_per_step_cv"] = float(per.std() / per.mean()) if per.mean() > 0 else None
+        busy = np.bincount(steps.index_of(t.ts[kr]) + 1, weights=t.dur[kr], minlength=n + 1)[1:][steady]
+        out["gpu.kernel_time_per_step_cv"] = float(busy.std() / busy.mean()) if busy.mean() > 0 else None
     return out

@@ -8,12 +8,14 @@ import numpy as np
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.arrays import median, percentile, unique
+from perfdoctor.analyze.allocator import allocator_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
+from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, build_timeline
 from perfdoctor.errors import TraceFormatError
@@ -56,8 +58,11 @@ def analyze(t: EventTable) -> TraceAnalysis:
         gap_metrics, gaps = idle_gaps(t, k, steps, tl)
         m.update(gap_metrics)
         m.update(host_metrics(t, k, steps))
+        m.update(allocator_metrics(t, k, steps, tl))
     m.update(pattern_metrics(t, k, steps))
     m.update(verdict_shares(m))
+    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], m["share.device"])
+             if k.platform == "cuda" else {})
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

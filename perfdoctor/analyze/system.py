@@ -63,7 +63,6 @@ start-up before the first worker does not dilute it.
 
 from __future__ import annotations
 
-import math
 from statistics import fmean
 
 MIN_SAMPLES = 4
@@ -222,7 +221,7 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
                               + (s.get("helpers") or [])) / 100 for s in samples[1:]])
         if quota and tree_cpu is not None:
             free = min(free, quota - tree_cpu)
-        free = int(math.floor(max(0.0, free)))
+        free = round(max(0.0, free), 2)   # fractional: 0.98 idle is a core, not none
     out["machine.free_cores"] = free
 
     out.update(_gpu(samples))

@@ -1,0 +1,152 @@
+"""Math precision of the device work, and what mixed precision would do to it.
+
+Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/ATen naming):
+
+- GEMM/convolution kernels: fp32 on the SIMT cores (`sgemm`, `ffma`, `f32f32_f32f32`), TF32 on
+  tensor cores (`tf32`, Ampere+ `s1688`/`s16816`), half (bf16/fp16, incl. Volta's `884`, and
+  cuBLASLt's `nvjet` tensor-core kernels unless they say tf32) or fp8;
+- attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float;
+- NCHW <-> NHWC layout transposes cuDNN inserts around its NHWC convolutions (channels_last
+  removes them);
+- other fp32 kernels (elementwise, norms, reductions, pooling) outside Optimizer.step: memory
+  bound, they move half the bytes once autocast makes their inputs bf16/fp16;
+- the rest (half already, integer, optimizer kernels on fp32 weights): unchanged.
+
+The expected effect of autocast (bf16 on Ampere+, fp16 on Volta/Turing) follows from the peak
+throughput ratios of the GPU generation (vendor data sheets, dense tensor math), damped because
+no real kernel reaches peak: a ratio r is expected to deliver r**0.7 (range r**0.5 .. r**0.85);
+memory-bound kernels 1.7x (range 1.3-2.0x: half the bytes, some stay fp32). Kernel time only
+shortens the step where the device is the critical path: the affected kernel time is weighted by
+the device's busy share of the step (1.0 on a device-bound step, ~0 on a host-bound one).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze.arrays import isin
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+CLASSES = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_half", "layout",
+           "memory_fp32", "other")
+
+GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv|winograd|implicit_convolve|fprop|dgrad|wgrad|cutlass|xmma|Cijk_|"
+                     r"\bdot_kernel|splitKreduce", re.I)
+ATTENTION_RX = re.compile(r"fmha|flash|attention|cutlassF|cutlassB", re.I)
+LAYOUT_RX = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw", re.I)
+NOT_GEMM_RX = re.compile(r"cudnn::bn_|batch_?norm|bn_fw|bn_bw|softmax|reduce_kernel|elementwise", re.I)
+HALF_RX = re.compile(r"bf16|bfloat16|BFloat16|f16|fp16|half|Half|__half|h884|h1688|h16816|hmma|"
+                     r"s884|e4m3|e5m2|fp8|f8f8|_i8|int8|i8816", re.I)
+TF32_RX = re.compile(r"tf32|s1688gemm|s16816gemm|s1688|s16816", re.I)
+FP32_GEMM_RX = re.compile(r"sgemm|ffma|f32f32_f32f32|simt|scudnn|implicit_convolve_sgemm|float", re.I)
+FP32_RX = re.compile(r"float|f32|fp32", re.I)
+OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
+
+# Dense peak throughput (TFLOPS) by compute capability: fp32 SIMT, TF32 tensor, bf16/fp16 tensor.
+# V100 15.7/-/125; T4 8.1/-/65; A100 19.5/156/312; RTX 30/40 ~35-80/~same as fp16 w/ fp32 acc;
+# H100 SXM 67/495/989; B200 ~80/1100/2250.
+PEAKS = ((10.0, (80.0, 1100.0, 2250.0)), (9.0, (67.0, 495.0, 989.0)), (8.6, (40.0, 80.0, 160.0)),
+         (8.0, (19.5, 156.0, 312.0)), (7.0, (15.7, None, 125.0)))
+DAMP, DAMP_LOW, DAMP_HIGH = 0.7, 0.5, 0.85
+MEMORY_SPEEDUP = (1.7, 1.3, 2.0)        # expected, low, high
+
+
+def kernel_class(name: str) -> str:
+    if LAYOUT_RX.search(name):
+        return "layout"
+    if ATTENTION_RX.search(name):
+        return "attention_half" if HALF_RX.search(name) and not re.search(r"_f32|float", name) else \
+            "attention_fp32" if FP32_RX.search(name) else "other"
+    if GEMM_RX.search(name) and not NOT_GEMM_RX.search(name):
+        if TF32_RX.search(name):
+            return "gemm_tf32"
+        if HALF_RX.search(name) or name.startswith("nvjet"):   # cuBLASLt's Hopper+ tensor-core kernels
+            return "gemm_half"
+        if FP32_GEMM_RX.search(name) or not HALF_RX.search(name):
+            return "gemm_fp32"
+    if OPTIMIZER_KERNEL_RX.search(name) or HALF_RX.search(name):
+        return "other"
+    if FP32_RX.search(name):
+        return "memory_fp32"
+    return "other"
+
+
+def class_of_rows(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
+    """Index into CLASSES of each row's kernel class (names classified once per trace)."""
+    lut = k.cache.get("precision_lut")
+    if lut is None:
+        lut = np.fromiter((CLASSES.index(kernel_class(n)) for n in t.names), np.int8, len(t.names))
+        k.cache["precision_lut"] = lut
+    return lut[t.name[rows]]
+
+
+def peak_ratios(cc: float | None) -> tuple[float, float] | None:
+    """(fp32 -> half, tf32 -> half) peak ratios for a compute capability; None when unknown."""
+    if cc is None or cc < 7.0:
+        return None
+    for floor, (fp32, tf32, half) in PEAKS:
+        if cc >= floor:
+            return half / fp32, (half / tf32 if tf32 else 1.0)
+    return None
+
+
+def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
+                      device_share: float | None) -> dict:
+    total = float(steps.duration.sum())
+    lo, hi = steps.span
+    kr = np.flatnonzero(k.kernel)
+    kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
+    out = {f"precision.{c}_share": 0.0 for c in CLASSES[:-1]}
+    out.update({"precision.amp_share": None, "precision.amp_speedup": None,
+                "precision.amp_speedup_low": None, "precision.amp_speedup_high": None,
+                "precision.amp_speedup_peak": None})
+    if not len(kr) or total <= 0:
+        return {key: None for key in out}
+    cls = class_of_rows(t, k, kr)
+    mem, other = CLASSES.index("memory_fp32"), CLASSES.index("other")
+    cls = np.where(_in_optimizer(t, k, kr) & (cls == mem), other, cls)
+    dur = t.dur[kr]
+    for i, c in enumerate(CLASSES[:-1]):
+        out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
+    ratios = peak_ratios(cc)
+    if ratios is None:
+        return out
+    fp32_r, tf32_r = ratios
+    crit = min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
+    parts = [(out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"], fp32_r),
+             (out["precision.gemm_tf32_share"], tf32_r)]
+    shares = [s * crit for s, _ in parts] + [out["precision.memory_fp32_share"] * crit]
+    amp = sum(shares)
+    if amp <= 0:
+        out.update({"precision.amp_share": 0.0})
+        return out
+
+    def combined(exponent: float | None, memory: float) -> float:
+        new = sum(s / (r ** exponent if exponent is not None else r) for s, (_, r) in zip(shares, parts))
+        return amp / (new + shares[-1] / memory)
+
+    out.update({"precision.amp_share": amp,
+                "precision.amp_speedup": combined(DAMP, MEMORY_SPEEDUP[0]),
+                "precision.amp_speedup_low": combined(DAMP_LOW, MEMORY_SPEEDUP[1]),
+                "precision.amp_speedup_high": combined(DAMP_HIGH, MEMORY_SPEEDUP[2]),
+                "precision.amp_speedup_peak": combined(None, 2.0)})
+    return out
+
+
+def _in_optimizer(t: EventTable, k: Kinds, kr: np.ndarray) -> np.ndarray:
+    """Kernels launched from inside Optimizer.step (by correlation to a launch inside it)."""
+    from perfdoctor.analyze.host import _contained
+    from perfdoctor.analyze.steps import device_launch_index
+
+    opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
+    if not len(opt):
+        return np.zeros(len(kr), bool)
+    dev, launch = device_launch_index(t, k)
+    has = launch >= 0
+    inside = np.zeros(len(dev), bool)
+    inside[has] = _contained(t, launch[has], opt)
+    return isin(kr, dev[inside])
