@@ -153,6 +153,51 @@ def _report_run(res, output: Optional[Path], rule_dirs: list[str]) -> None:
     render(doc, Console(stderr=True, highlight=False))
 
 
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def tune(
+    target: Optional[list[str]] = typer.Argument(None, metavar="SCRIPT [ARGS]...",
+                                                 help="The training script and its arguments, exactly as for `python`."),
+    module: Optional[str] = typer.Option(None, "-m", metavar="MODULE", help="Tune a module, as `python -m MODULE`."),
+    budget: float = typer.Option(300.0, "--budget", min=10, metavar="SECONDS",
+                                 help="Wall time for the whole tune; trials that do not fit are skipped (and listed)."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=2, metavar="SECONDS",
+                                             help="Length of each run (default: budget/8, between 8 and 45 s)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=2, help="Also stop each run after N steps."),
+    allow_numerics: bool = typer.Option(False, "--allow-numerics",
+                                        help="Also try autocast (bf16/fp16) around the model's forward."),
+    allow_compile: bool = typer.Option(False, "--allow-compile", help="Also try torch.compile of the model."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default perfdoctor-runs/<time>-<script>-tune)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON result here."),
+    rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
+                                                    help="Extra rule directory (repeatable)."),
+) -> None:
+    """Measure zero-code changes (DataLoader workers, threads, optimizer, CUDA flags...) on the
+    unmodified script, each in a fresh run against the baseline, and print the best as code.
+
+    Exit code: 0 tuned (whatever the trials found); 1 the baseline run of the script failed;
+    2 usage error; 3 the baseline could not be measured (too few steps)."""
+    from perfdoctor.tune.result import build, render
+    from perfdoctor.tune.session import TuneOptions, Tuner
+
+    argv = list(target or [])
+    if module:
+        argv = [module, *argv]
+    elif not argv:
+        raise PerfdoctorError("give a script (perfdoctor tune train.py ARGS) or a module (perfdoctor tune -m pkg.train)")
+    elif not Path(argv[0]).is_file():
+        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
+                              allow_numerics=allow_numerics, allow_compile=allow_compile,
+                              rule_dirs=[str(d) for d in rules_dirs or []]))
+    tuner.run()
+    doc = build(tuner)
+    from perfdoctor.report.json_out import to_json
+    (tuner.dir / "tune.json").write_bytes(to_json(doc))
+    if output is not None:
+        _write_json(output, doc)
+    render(doc)
+
+
 @app.command()
 def compare(
     before: Path = typer.Argument(..., metavar="BEFORE", help="Run directory or report JSON file: the reference."),

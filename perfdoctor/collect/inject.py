@@ -34,7 +34,8 @@ DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_
 
 
 class _State:
-    def __init__(self, changes: dict, run_dir: str):
+    def __init__(self, torch, changes: dict, run_dir: str):
+        self.torch = torch
         self.changes = changes
         self.run_dir = run_dir
         self.pid = os.getpid()
@@ -60,7 +61,7 @@ def apply(torch, changes: dict | None, run_dir: str) -> None:
     global _state
     if changes is None or _state is not None:
         return
-    st = _state = _State(dict(changes), run_dir)
+    st = _state = _State(torch, dict(changes), run_dir)
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile"), _module_call)):
@@ -225,8 +226,13 @@ def _write() -> None:
             losses.append(v if v == v and abs(v) != float("inf") else str(v))
         except Exception:
             losses.append(None)
+    try:
+        threads = int(st.torch.get_num_threads())
+    except Exception:
+        threads = None
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
-           "optimizers": st.optimizers, "threads_asked": st.threads_asked, "losses": losses, "notes": st.notes}
+           "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
+           "losses": losses, "notes": st.notes}
     try:
         with open(os.path.join(st.run_dir, "inject.json"), "w") as f:
             json.dump(doc, f)

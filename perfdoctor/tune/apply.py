@@ -1,0 +1,46 @@
+"""The best setting found by `perfdoctor tune`, worded as the code change to make.
+
+Each knob becomes the line a user writes in the script (or the environment variable to set),
+naming what the script does now when the baseline recorded it (inject.json): the DataLoader's
+arguments as the script passed them, the optimizer class it built, the thread count it set.
+"""
+
+from __future__ import annotations
+
+LOADER = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
+
+
+def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
+    """Lines of code (and one environment variable) that make `changes` permanent."""
+    if not changes:
+        return "keep the script as it is: no change was measured faster than the baseline"
+    lines = []
+    loader = {k: changes[k] for k in LOADER if k in changes}
+    if loader:
+        asked = ((inject.get("loaders") or [{}])[0]).get("asked") or {}
+        args = ", ".join(f"{k}={v!r}" for k, v in loader.items())
+        now = ", ".join(f"{k}={asked.get(k)!r}" for k in loader if k in asked)
+        lines.append(f"DataLoader(..., {args})" + (f"  # the script has {now}" if now else ""))
+    if "threads" in changes:
+        asked = inject.get("threads_asked") or []
+        now = f"  # the script sets {asked[-1]}" if asked else f"  # the script runs with {inject.get('threads')}" \
+            if inject.get("threads") else ""
+        lines.append(f"torch.set_num_threads({changes['threads']}){now}")
+    if "optimizer" in changes:
+        impl = changes["optimizer"]
+        names = [o["class"] for o in inject.get("optimizers") or [] if impl in o.get("supports", [])]
+        for name in dict.fromkeys(names) or ["Optimizer"]:
+            lines.append(f"torch.optim.{name}(..., {impl}=True)")
+    if changes.get("cudnn_benchmark"):
+        lines.append("torch.backends.cudnn.benchmark = True")
+    if changes.get("tf32"):
+        lines.append('torch.set_float32_matmul_precision("high"); torch.backends.cudnn.allow_tf32 = True')
+    if changes.get("autocast"):
+        dev = "cuda" if cuda else "cpu"
+        lines.append(f'with torch.autocast("{dev}", dtype=torch.{changes["autocast"]}):  '
+                     "# around the model's forward (and the loss)")
+    if changes.get("compile"):
+        lines.append("model = torch.compile(model)  # or model.compile(), before the training loop")
+    if changes.get("expandable_segments"):
+        lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # in the environment, before python starts")
+    return "\n".join(lines)

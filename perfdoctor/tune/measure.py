@@ -1,0 +1,154 @@
+"""One measured run of `perfdoctor tune`: the unmodified script in a fresh child, with changes
+injected, bounded in time, measured with the step-time estimator (perfdoctor.stats.steptime).
+
+Also the comparisons between two runs: the speed-up with its 95% interval, and the loss drift
+of a change that alters numerics (autocast, compile).
+
+Loss drift. inject.py records the loss of every backward() on a scalar. Two runs are compared
+over the backward calls both made, in order (same data order when the script seeds its RNGs,
+as training scripts that want repeatable runs do). The drift is the mean absolute difference
+over the mean absolute baseline loss. A change diverges when its loss becomes non-finite where
+the baseline's is finite, or when its mean loss over the last quarter of the common steps
+exceeds the baseline's by more than DIVERGE (relative): mixed precision and compilation move
+the loss by rounding, not by tens of percent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DIVERGE = 0.10
+MIN_LOSSES = 8
+
+
+@dataclass
+class Measured:
+    run_dir: Path
+    changes: dict
+    exit_code: int
+    outcome: str
+    wall_s: float
+    steps: list = field(default_factory=list)
+    inject: dict = field(default_factory=dict)
+    child: dict = field(default_factory=dict)
+    estimate: object = None            # stats.steptime.StepEstimate, or None without steps
+    error: str | None = None           # why the run cannot be used (crash, too few steps)
+    other_load: float | None = None    # cores used by other processes during the run
+    cores: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def step_s(self) -> float | None:
+        return getattr(self.estimate, "step_s", None)
+
+
+def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, *, run_s: float | None,
+             max_steps: int | None, trace: bool = False, result=None) -> Measured:
+    """Launch the script once (trace off unless asked) and measure it. `result` receives the
+    launcher's RunResult (the baseline's diagnosis needs it)."""
+    from perfdoctor.collect.launcher import RunConfig, launch
+
+    cfg = RunConfig(argv=list(argv), module=module, run_dir=run_dir, max_steps=max_steps, duration=run_s,
+                    trace=trace, changes=dict(changes))
+    res = launch(cfg)
+    if result is not None:
+        result.append(res)
+    return measure_dir(run_dir, changes, res.exit_code, res.child, res.wall_s)
+
+
+def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_s: float) -> Measured:
+    from perfdoctor.diagnose.live import read_steps
+    from perfdoctor.stats.steptime import estimate
+
+    outcome = child.get("outcome") or "killed"
+    m = Measured(run_dir, dict(changes), exit_code, outcome, wall_s, read_steps(run_dir),
+                 _read_json(run_dir / "inject.json"), child)
+    if outcome not in ("stopped", "completed") or exit_code != 0:
+        why = child.get("error") or (f"exit code {exit_code}" if exit_code else outcome)
+        m.error = f"the script failed ({why})"
+    m.other_load, m.cores = other_load(run_dir)
+    loader = (m.inject.get("loaders") or [{}])[0].get("got") or {}
+    if m.steps:
+        m.estimate = estimate(m.steps, num_workers=loader.get("num_workers"),
+                              prefetch_factor=loader.get("prefetch_factor"))
+    if m.error is None and (m.estimate is None or not m.estimate.conclusive):
+        reason = getattr(m.estimate, "reason", None) or "no training step recorded"
+        m.error = f"not measurable: {reason}"
+    return m
+
+
+def other_load(run_dir: Path) -> tuple[float | None, int | None]:
+    """Cores used by processes other than the script's trainer and loader workers during the run,
+    from its system samples (as `gate`: busy share x cores - the script's own cores)."""
+    data = _read_json(run_dir / "samples.json")
+    try:
+        from perfdoctor.analyze.system import system_metrics
+        m = system_metrics(data.get("samples") or [], data.get("notes") or [])
+    except Exception:
+        return None, None
+    busy, cores, trainer = m.get("system.cpu_busy_share"), m.get("machine.cpu_count"), m.get("loader.trainer_cpu_mean")
+    if busy is None or not cores or trainer is None:
+        return None, cores
+    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
+    return max(0.0, busy * cores - own), int(cores)
+
+
+def speedup(bases: list[Measured], new: Measured) -> tuple[float, tuple[float, float]]:
+    """base step time / new step time with its 95% interval (stats.steptime.speedup). Several
+    baseline runs (before and after the trial) are pooled: their steady windows, end to end."""
+    import numpy as np
+
+    from perfdoctor.stats.steptime import estimate_durations, speedup as _speedup
+    if len(bases) == 1:
+        base = bases[0].estimate                 # the window as its run's estimate saw it
+    else:
+        base = estimate_durations(np.concatenate([b.estimate.durs * b.estimate.scale for b in bases]),
+                                  np.concatenate([b.estimate.waits for b in bases]))
+    ratio, (lo, hi) = _speedup(base, new.estimate)
+    return float(ratio), (float(lo), float(hi))
+
+
+def loss_drift(base: Measured, new: Measured) -> dict | None:
+    """{"drift", "steps", "diverged", "text"} over the common backward calls, or None when either
+    run recorded too few losses to compare."""
+    a, b = _losses(base), _losses(new)
+    n = min(len(a), len(b))
+    if n < MIN_LOSSES:
+        return None
+    a, b = a[:n], b[:n]
+    bad = [i for i in range(n) if math.isfinite(a[i]) and not math.isfinite(b[i])]
+    if bad:
+        return {"drift": None, "steps": n, "diverged": True,
+                "text": f"loss became non-finite at backward {bad[0] + 1} (baseline finite)"}
+    pairs = [(x, y) for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+    scale = sum(abs(x) for x, _ in pairs) / len(pairs) if pairs else 0.0
+    drift = (sum(abs(x - y) for x, y in pairs) / len(pairs) / scale) if scale > 0 else 0.0
+    q = pairs[-max(1, len(pairs) // 4):]
+    late_a, late_b = sum(x for x, _ in q) / len(q), sum(y for _, y in q) / len(q)
+    diverged = late_b > late_a + DIVERGE * abs(late_a)
+    text = (f"loss drift {100 * drift:.1f}% over {n} steps; last quarter {late_b:.4g} vs {late_a:.4g}"
+            + (" (diverges)" if diverged else ""))
+    return {"drift": round(drift, 4), "steps": n, "diverged": diverged, "text": text}
+
+
+def _losses(m: Measured) -> list[float]:
+    out = []
+    for v in m.inject.get("losses") or []:
+        try:
+            out.append(float(v))          # "nan"/"inf" strings parse to their floats
+        except (TypeError, ValueError):
+            out.append(float("nan"))
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

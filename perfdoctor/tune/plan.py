@@ -1,0 +1,142 @@
+"""Which trials `perfdoctor tune` runs, in which order, from the baseline run.
+
+The baseline tells us: the verdict and the data-wait share (from its report), the script's own
+DataLoader arguments, optimizer classes and thread count (from inject.json), the core count and
+whether a CUDA device exists (child.json). A trial is one dict of changes (collect/inject.py) and
+the fix rule of the report whose gain it tests (its `gain.expected` is the prediction).
+
+Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
+optimizer implementation, CUDA settings, numerics (opt-in), compilation (opt-in). The verdict
+orders the groups (input-bound: the loader first; host/overhead-bound: optimizer and
+compilation first; device-bound: numerics and CUDA first), and a data wait of at least
+MATERIAL_WAIT of the step puts the loader first whatever the verdict. Within the loader group,
+num_workers candidates come first; persistent_workers and prefetch_factor refine the best worker
+count (they do nothing without workers), so they are planned after the first pass.
+A trial that cannot apply here is planned as skipped with its reason (never measured, never
+invented): CUDA settings without a CUDA device, numerics and compilation without their flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MATERIAL_WAIT = 0.05         # data wait share of the step from which the loader group comes first
+MAX_WORKER_CANDIDATES = 4
+PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
+
+# Fix rule whose expected gain predicts each knob (first one present in the report wins).
+RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD301",), "prefetch_factor": ("PD301",),
+         "pin_memory": ("PD302",), "threads": ("PD341",), "optimizer": ("PD338",),
+         "autocast": ("PD320",), "compile": ("PD311", "PD312"), "expandable_segments": ("PD324",),
+         "cudnn_benchmark": (), "tf32": ("PD320",)}
+
+ORDER = {"input": ("loader", "threads", "optimizer", "cuda", "numerics", "compile"),
+         "host": ("optimizer", "compile", "threads", "loader", "cuda", "numerics"),
+         "device": ("numerics", "cuda", "compile", "optimizer", "loader", "threads")}
+
+
+@dataclass
+class Trial:
+    changes: dict
+    group: str
+    rule: str | None = None          # the fix rule whose expected gain this trial tests
+    skip: str | None = None          # planned as skipped, with the reason
+    refines: bool = False            # applied on top of the group's best first-pass setting
+    label: str = ""
+
+    def __post_init__(self):
+        if not self.label:
+            self.label = describe(self.changes)
+
+
+@dataclass
+class Facts:
+    """What the baseline run says about the script and the machine."""
+
+    cores: int
+    cuda: bool
+    verdict: str | None = None
+    data_wait: float | None = None
+    loader: dict | None = None        # the script's DataLoader arguments (first DataLoader)
+    optimizers: list = field(default_factory=list)
+    threads: int | None = None        # the trainer's intra-op threads as the script set them
+    bf16: bool = True
+
+
+def describe(changes: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in changes.items()) or "baseline"
+
+
+def worker_candidates(cores: int, current: int) -> list[int]:
+    """1, 2, 4, ... up to the core count, plus cores-1 and cores; never the current value and
+    never more workers than cores (extra workers fight the trainer for CPU)."""
+    vals, v = set(), 1
+    while v <= cores:
+        vals.add(v)
+        v *= 2
+    vals.update(x for x in (cores - 1, cores) if x >= 1)
+    vals.discard(current)
+    # keep the ones nearest the core count when there are too many
+    return sorted(sorted(vals, key=lambda x: -x)[:MAX_WORKER_CANDIDATES])
+
+
+def group_order(f: Facts) -> list[str]:
+    v = f.verdict or ""
+    key = "input" if v.startswith("input") else "host" if v in ("host", "cpu_overhead") else \
+        "device" if v in ("device", "cpu_compute") else "input"
+    order = list(ORDER[key])
+    if f.data_wait is not None and f.data_wait >= MATERIAL_WAIT and order[0] != "loader":
+        order.remove("loader")
+        order.insert(0, "loader")
+    return order
+
+
+def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False) -> list[Trial]:
+    """First-pass trials in order (refinements are planned later, by `refinements`)."""
+    by_group: dict[str, list[Trial]] = {g: [] for g in ORDER["input"]}
+    if f.loader is not None:
+        cur = int(f.loader.get("num_workers") or 0)
+        by_group["loader"] += [Trial({"num_workers": n}, "loader") for n in worker_candidates(f.cores, cur)]
+        if not f.loader.get("pin_memory"):
+            by_group["loader"].append(Trial({"pin_memory": True}, "loader", skip=None if f.cuda else "no CUDA device"))
+    if f.cores > 1 and f.threads is not None and f.threads != f.cores:
+        by_group["threads"].append(Trial({"threads": f.cores}, "threads"))
+    for impl in ("foreach", "fused"):
+        opts = [o for o in f.optimizers if impl in o.get("supports", []) and not o.get(impl)]
+        if opts:
+            by_group["optimizer"].append(Trial({"optimizer": impl}, "optimizer"))
+    cuda_skip = None if f.cuda else "no CUDA device"
+    by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
+                         Trial({"tf32": True}, "cuda", skip=cuda_skip),
+                         Trial({"expandable_segments": True}, "cuda", skip=cuda_skip)]
+    dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"
+    by_group["numerics"].append(Trial({"autocast": dtype}, "numerics",
+                                      skip=None if allow_numerics else "changes numerics: needs --allow-numerics"))
+    by_group["compile"].append(Trial({"compile": True}, "compile",
+                                     skip=None if allow_compile else "costs compile time: needs --allow-compile"))
+    return [t for g in group_order(f) for t in by_group[g]]
+
+
+def refinements(f: Facts, best_loader: dict | None) -> list[Trial]:
+    """persistent_workers and prefetch_factor on top of the best worker setting found (or the
+    script's own, when it already has workers)."""
+    if f.loader is None:
+        return []
+    base = dict(best_loader or {})
+    workers = base.get("num_workers", f.loader.get("num_workers") or 0)
+    out = []
+    if not f.loader.get("persistent_workers"):
+        out.append(Trial({**base, "persistent_workers": True}, "loader", refines=True,
+                         skip=None if workers else "needs worker processes (no num_workers setting was faster)"))
+    pf = f.loader.get("prefetch_factor") or 2
+    if pf < PREFETCH_TRY:
+        out.append(Trial({**base, "prefetch_factor": PREFETCH_TRY}, "loader", refines=True,
+                         skip=None if workers else "needs worker processes (no num_workers setting was faster)"))
+    return out
+
+
+def rule_for(changes: dict, fix_ids: set[str]) -> str | None:
+    """The fix rule this change tests: the first of its rules that the report ranked, else the
+    first one it could have ranked (its prediction is then null)."""
+    ids = [rid for k in changes for rid in RULES.get(k, ())]
+    return next((r for r in ids if r in fix_ids), ids[0] if ids else None)

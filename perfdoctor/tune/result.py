@@ -1,0 +1,99 @@
+"""`perfdoctor tune`'s result: the JSON document (-o FILE) and the terminal table.
+
+Document (README, "perfdoctor tune"): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
+data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
+speedup, ci95, status, reason, dir, loss}, best {changes, speedup, ci95} or null, apply (text),
+skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, dir, command.
+"""
+
+from __future__ import annotations
+
+from perfdoctor import __version__
+from perfdoctor.tune.apply import apply_text
+from perfdoctor.tune.session import Outcome, Tuner
+
+SCHEMA_VERSION = 1
+
+
+def _r(x, nd=6):
+    return None if x is None else round(float(x), nd)
+
+
+def _trial_doc(o: Outcome) -> dict:
+    m = o.run
+    return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
+            "predicted": _r(o.predicted, 4), "step_time_s": _r(m.step_s) if m else None,
+            "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
+            "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
+            "baseline_dirs": [str(b.run_dir) for b in o.bases], "loss": o.loss}
+
+
+def build(t: Tuner) -> dict:
+    b = t.baselines[0]
+    est = b.estimate
+    best = t.best()
+    verdict = (t.doc.get("verdict") or {}).get("bound")
+    return {
+        "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
+        "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
+        "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
+        "noisy": t.noisy, "noise": t.noise_text,
+        "baseline": {"step_time_s": _r(est.step_s), "ci95": [_r(est.ci95[0]), _r(est.ci95[1])],
+                     "median_s": _r(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
+                     "data_wait_share": _r(est.wait_share, 4),
+                     "repeats": [{"dir": str(x.run_dir), "step_time_s": _r(x.step_s)} for x in t.baselines[1:]]},
+        "trials": [_trial_doc(o) for o in t.outcomes],
+        "best": ({"changes": best.trial.changes, "speedup": _r(best.ratio, 4),
+                  "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _r(best.run.step_s)}
+                 if best else None),
+        "apply": apply_text(best.trial.changes if best else {}, b.inject, t.facts.cuda),
+        "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
+    }
+
+
+def render(doc: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    import sys
+    con = console or Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+    b = doc["baseline"]
+    con.print(f"[bold]perfdoctor tune[/bold]  {doc['command']}")
+    con.print(f"baseline: {_ms(b['step_time_s'])}/step [{_ms(b['ci95'][0])}, {_ms(b['ci95'][1])}] over "
+              f"{b['steps']} steady steps; verdict {b['verdict'] or 'unknown'}; {doc['noise']}")
+    tab = Table(show_edge=False, pad_edge=False)
+    for col in ("change", "step time", "speed-up", "95% CI", "predicted", "status"):
+        tab.add_column(col, justify="right" if col in ("step time", "speed-up", "95% CI") else "left",
+                       no_wrap=col != "status")
+    colour = {"faster": "green", "slower": "red", "failed": "red", "skipped": "dim"}
+    for tr in doc["trials"]:
+        ci = tr["ci95"]
+        pred = (f"{tr['predicted']:.2f}x ({tr['rule']})" if tr["predicted"] is not None
+                else f"none ({tr['rule']})" if tr["rule"] else "-")
+        status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
+        if tr.get("loss") and tr["status"] != "failed":
+            status += f" ({tr['loss']['text']})"
+        c = colour.get(tr["status"])
+        tab.add_row(tr["label"], _ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
+                    f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", pred, f"[{c}]{status}[/{c}]" if c else status)
+    con.print(tab)
+    if doc["skipped_for_budget"]:
+        con.print(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
+                  + " (raise --budget to run them)")
+    best = doc["best"]
+    if best:
+        con.print(f"[bold]best:[/bold] {_label(best['changes'])}: {best['speedup']:.2f}x "
+                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}), {_ms(best['step_time_s'])}/step. Apply:")
+    else:
+        con.print("[bold]best:[/bold] none of the trials was measurably faster than the baseline.")
+    for line in doc["apply"].splitlines():
+        con.print(f"    {line}", markup=False)
+    con.print(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)")
+
+
+def _label(ch: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in ch.items())
+
+
+def _ms(s) -> str:
+    return "-" if s is None else f"{s * 1e3:.1f} ms"

@@ -1,0 +1,242 @@
+"""`perfdoctor tune`: the baseline, the trials, the combination of the winners, within a budget.
+
+1. Baseline: the script as it is (with a trace, so the report's fixes and their expected gains
+   are known), measured with the step-time estimator. A baseline that fails ends the tune.
+2. Noise: when other processes used a material share of the cores during a run (the baseline or
+   any trial), or the baseline's own 95% interval is wide, the machine is noisy: from then on the
+   baseline is run again after every trial (interleaved), and each trial is compared with the
+   steps of the baseline runs just before and after it, pooled, so that a load that comes and
+   goes weighs on both sides.
+3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline;
+   a trial is started only when the time left in the budget covers a run as long as the longest
+   so far; the others are reported as skipped for lack of budget.
+4. Refinements of the best loader setting, then the winners of the different groups combined
+   and measured together. The best setting is the fastest measured one whose interval lies
+   above 1.
+Every run's files stay in the tune directory: baseline/, NN-<change>/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.tune import plan as planmod
+from perfdoctor.tune.measure import Measured, loss_drift, run_once, speedup
+
+NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
+NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
+RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
+EXIT_SCRIPT_FAILED, EXIT_NOT_MEASURABLE = 1, 3
+
+
+class TuneFailed(PerfdoctorError):
+    """The baseline cannot be tuned: the script failed (exit 1) or could not be measured (exit 3)."""
+
+
+@dataclass
+class TuneOptions:
+    argv: list[str]
+    module: str | None = None
+    budget_s: float = 300.0
+    out: Path | None = None
+    run_s: float | None = None          # --duration: each run's length
+    max_steps: int | None = None
+    allow_numerics: bool = False
+    allow_compile: bool = False
+    rule_dirs: list = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    trial: planmod.Trial
+    status: str                          # faster | slower | no change | failed | skipped
+    reason: str | None = None
+    run: Measured | None = None
+    bases: list = field(default_factory=list)   # the baseline runs it was compared with
+    ratio: float | None = None
+    ci95: tuple | None = None
+    predicted: float | None = None
+    loss: dict | None = None
+
+
+class Tuner:
+    def __init__(self, opts: TuneOptions, log=None):
+        self.o = opts
+        self.t0 = time.monotonic()
+        self.log = log or (lambda s: print(f"[perfdoctor tune] {s}", file=sys.stderr, flush=True))
+        self.dir = opts.out or _default_dir(opts)
+        self.run_s = opts.run_s or min(RUN_S_MAX, max(RUN_S_MIN, opts.budget_s / RUNS_PER_BUDGET))
+        self.baselines: list[Measured] = []
+        self.outcomes: list[Outcome] = []
+        self.longest = 0.0
+        self.n = 0
+        self.noisy = False
+        self.noise_text = ""
+        self.doc: dict = {}
+        self.facts: planmod.Facts | None = None
+        self.fixes: dict = {}
+
+    # -- the whole tune -------------------------------------------------------------------
+    def run(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._baseline()
+        first = planmod.plan(self.facts, allow_numerics=self.o.allow_numerics, allow_compile=self.o.allow_compile)
+        for t in first:
+            self._trial(t)
+        best_loader = self._best("loader")
+        for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None):
+            self._trial(t)
+        winners = [o for g in dict.fromkeys(o.trial.group for o in self.outcomes) if (o := self._best(g))]
+        if len(winners) >= 2:
+            combo = {}
+            for w in winners:
+                combo.update(w.trial.changes)
+            self._trial(planmod.Trial(combo, "combined", label="combined: " + planmod.describe(combo)))
+
+    def _baseline(self) -> None:
+        from perfdoctor.diagnose.live import diagnose_run
+        from perfdoctor.report.json_out import to_json
+
+        self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s")
+        res: list = []
+        b = self._launch(self.dir / "baseline", {}, trace=True, result=res)
+        if res and b.steps:
+            try:
+                self.doc = diagnose_run(res[0], self.o.rule_dirs)
+                (b.run_dir / "report.json").write_bytes(to_json(self.doc))
+            except Exception as exc:   # no report: trials still run, without predictions
+                self.log(f"the baseline's diagnosis failed ({type(exc).__name__}: {exc}); no predictions")
+        if b.error and b.error.startswith("the script failed"):
+            raise TuneFailed(f"baseline: {b.error}; nothing to tune (run directory {b.run_dir})", EXIT_SCRIPT_FAILED)
+        if b.error:
+            raise TuneFailed(f"baseline: {b.error} (run directory {b.run_dir}); "
+                             "give it more time (--duration) or more steps", EXIT_NOT_MEASURABLE)
+        self.baselines.append(b)
+        self.fixes = {f.get("id"): f for f in self.doc.get("findings") or [] if f.get("id")}
+        self.facts = self._facts(b)
+        self.noisy, self.noise_text = self._noise(b)
+        self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps); verdict "
+                 f"{self.facts.verdict or 'unknown'}; {self.noise_text}")
+
+    def _facts(self, b: Measured) -> planmod.Facts:
+        m = ((self.doc.get("traces") or [{}])[0].get("metrics") or {})
+        inj = b.inject
+        loaders = inj.get("loaders") or []
+        return planmod.Facts(
+            cores=int(m.get("machine.cpu_count") or os.cpu_count() or 1),
+            cuda=bool(b.child.get("cuda_available")),
+            verdict=(self.doc.get("verdict") or {}).get("bound"),
+            data_wait=getattr(b.estimate, "wait_share", None),
+            loader=loaders[0]["asked"] if loaders else None,
+            optimizers=inj.get("optimizers") or [],
+            threads=inj.get("threads"))
+
+    def _noise(self, b: Measured) -> tuple[bool, str]:
+        lo, hi = b.estimate.ci95
+        half = (hi - lo) / 2 / b.step_s if b.step_s else 0.0
+        if _busy(b):
+            return True, (f"other processes used {b.other_load:.1f} of {b.cores} cores: noisy machine, each "
+                          "trial is compared with the baseline runs just before and after it")
+        if half > NOISY_CI:
+            return True, (f"the baseline's 95% interval is +-{100 * half:.0f}%: noisy, each trial is "
+                          "compared with the baseline runs just before and after it")
+        return False, f"quiet machine (baseline interval +-{100 * half:.1f}%)"
+
+    # -- runs ----------------------------------------------------------------------------
+    def _launch(self, run_dir: Path, changes: dict, trace: bool = False, result=None) -> Measured:
+        t = time.monotonic()
+        m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
+                     trace=trace, result=result)
+        self.longest = max(self.longest, time.monotonic() - t)
+        return m
+
+    def _fits(self, runs: int = 1) -> bool:
+        return self.elapsed() + runs * self.longest <= self.o.budget_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _repeat_baseline(self) -> Measured | None:
+        i = len(self.baselines) + 1
+        b = self._launch(self.dir / f"baseline-{i}", {})
+        if not b.ok:
+            self.log(f"baseline again ({i}): {b.error}")
+            return None
+        self.baselines.append(b)
+        return b
+
+    def _trial(self, t: planmod.Trial) -> Outcome:
+        rule = planmod.rule_for(t.changes, set(self.fixes))
+        t.rule = rule
+        pred = ((self.fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
+        out = Outcome(t, "skipped", t.skip, predicted=pred)
+        self.outcomes.append(out)
+        if t.skip:
+            return out
+        if not self._fits(2 if self.noisy else 1):
+            out.reason = "budget"
+            return out
+        self.n += 1
+        before = self.baselines[-1]
+        name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", planmod.describe(t.changes))[:60]
+        m = out.run = self._launch(self.dir / f"{self.n:02d}-{name}", t.changes)
+        noisy_now = _busy(m) or _busy(before)
+        if noisy_now and not self.noisy:
+            self.noisy = True
+            self.noise_text = (f"other processes used {max(m.other_load or 0, before.other_load or 0):.1f} cores "
+                               "during a run: noisy machine, each trial is compared with the baseline runs "
+                               "just before and after it")
+            self.log(self.noise_text)
+        after = self._repeat_baseline() if self.noisy and m.ok and self._fits() else None
+        out.bases = [before, after] if after else [before]
+        if not m.ok:
+            out.status, out.reason = "failed", m.error
+        else:
+            out.ratio, out.ci95 = speedup([before, after] if after else [before], m)
+            lo, hi = out.ci95
+            out.status = "faster" if lo > 1 else "slower" if hi < 1 else "no change"
+            if {"autocast", "compile"} & set(t.changes):
+                out.loss = loss_drift(self.baselines[0], m)
+                if out.loss is None:
+                    out.status, out.reason = "failed", "the loss could not be compared with the baseline's"
+                elif out.loss["diverged"]:
+                    out.status, out.reason = "failed", "refused: " + out.loss["text"]
+            missing = [k for k in t.changes if k not in (m.inject.get("applied") or [])]
+            if missing and out.status != "failed":
+                out.status, out.reason = "failed", f"not applied: {', '.join(missing)} ({'; '.join(m.inject.get('notes') or []) or 'the script never reached it'})"
+        loads = [x.other_load for x in (before, m, after) if x is not None and _busy(x)]
+        if loads:
+            out.reason = ((out.reason + "; ") if out.reason else "") + \
+                f"other processes used up to {max(loads):.1f} cores meanwhile"
+        self.log(f"{t.label}: {_ms(m.step_s)}/step"
+                 + (f", {out.ratio:.2f}x [{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
+                 + f" -> {out.status}" + (f" ({out.reason})" if out.reason else ""))
+        return out
+
+    def _best(self, group: str | None = None) -> Outcome | None:
+        cands = [o for o in self.outcomes if o.status == "faster" and (group is None or o.trial.group == group)]
+        return max(cands, key=lambda o: o.ratio, default=None)
+
+    def best(self) -> Outcome | None:
+        return self._best()
+
+
+def _busy(m: Measured) -> bool:
+    """Other processes used a material share of the cores during this run."""
+    return m.other_load is not None and bool(m.cores) and m.other_load > max(NOISY_OTHER_LOAD * m.cores, 0.5)
+
+
+def _default_dir(o: TuneOptions) -> Path:
+    from perfdoctor.collect.launcher import RunConfig, default_run_dir
+    d = default_run_dir(RunConfig(argv=o.argv, module=o.module))
+    return d.with_name(d.name + "-tune")
+
+
+def _ms(s: float | None) -> str:
+    return "?" if s is None else f"{s * 1e3:.1f} ms"
