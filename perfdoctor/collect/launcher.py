@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from perfdoctor.collect.child import ENV
+from perfdoctor.collect.cupti import teardown_env
 from perfdoctor.collect.rundir import claim
 
 STOP_GRACE_S = 30.0
@@ -72,8 +73,9 @@ def launch(cfg: RunConfig) -> RunResult:
     child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
                  "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes}
-    env = dict(os.environ, **{ENV: json.dumps(child_cfg)})
-    notes: list[str] = []
+    cupti_env, child_cfg["teardown_cupti"] = teardown_env(os.environ, cfg.argv, cfg.module)   # cupti.py
+    env = dict(os.environ, **cupti_env, **{ENV: json.dumps(child_cfg)})
+    notes: list[str] = [child_cfg["teardown_cupti"]["note"]] if child_cfg["teardown_cupti"]["note"] else []
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "perfdoctor.collect.child"], env=env)
     samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
