@@ -13,14 +13,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.report.document import build_document
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
+from perfdoctor.stats.steptime import StepEstimate, estimate
 from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import load_trace, run_trace_files as run_traces
 
@@ -51,27 +50,49 @@ def read_steps(run_dir: Path) -> list[dict]:
     return recs
 
 
-def clean_steps(steps: list[dict]) -> list[dict]:
-    """Steps that measure the script, not us: not profiled, not right after the trace export."""
-    return [s for s in steps if not s.get("profiled") and not s.get("perturbed")]
+def step_estimate(steps: list[dict], num_workers: int | None = None,
+                  prefetch_factor: int | None = None) -> StepEstimate:
+    """The run's steady-state step time (perfdoctor.stats.steptime). When every step was
+    disturbed (a run shorter than the profiled window), the disturbed steps stand in, marked
+    inconclusive."""
+    est = estimate(steps, num_workers=num_workers, prefetch_factor=prefetch_factor)
+    if est.n == 0 and steps:
+        est = estimate([{**s, "profiled": False, "perturbed": False} for s in steps],
+                       num_workers=num_workers, prefetch_factor=prefetch_factor)
+        est.conclusive = False
+        est.reason = "every step was warm-up, profiled or right after the trace export" + \
+            (f"; {est.reason}" if est.reason else "")
+    return est
 
 
-def step_metrics(steps: list[dict], res: RunResult) -> dict:
-    good = clean_steps(steps) or steps
-    d = np.array([s["dur"] for s in good]) * 1e3
-    w = np.array([s["wait"] for s in good]) * 1e3
-    out = {"run.steps": len(steps), "run.outcome": res.child.get("outcome") or "killed",
-           "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
-           "run.profiled_steps": sum(1 for s in steps if s.get("profiled")),
-           "run.skipped_optimizer_steps": sum(1 for s in steps if s.get("skipped")),
-           "run.step_time_median_ms": None, "run.step_time_p90_ms": None, "run.data_wait_share": None,
-           "run.steps_per_s": None}
-    if len(d):
-        med = float(np.median(d))
-        out.update({"run.step_time_median_ms": med, "run.step_time_p90_ms": float(np.percentile(d, 90)),
-                    "run.data_wait_share": float(w.sum() / d.sum()) if d.sum() > 0 else None,
-                    "run.steps_per_s": 1e3 / med if med > 0 else None})
-    return out
+def loader_settings(run_dir: Path, system: dict) -> dict:
+    """num_workers and prefetch_factor of the script's first DataLoader, as inject.json recorded
+    them (tune's runs), else the worker processes the samplers saw (prefetch_factor unknown: the
+    estimator assumes torch's default)."""
+    try:
+        got = (json.loads((run_dir / "inject.json").read_text()).get("loaders") or [{}])[0].get("got") or {}
+    except (OSError, ValueError, AttributeError, IndexError):
+        got = {}
+    nw = got.get("num_workers")
+    return {"num_workers": nw if nw is not None else system.get("loader.workers"),
+            "prefetch_factor": got.get("prefetch_factor")}
+
+
+def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = None,
+                 prefetch_factor: int | None = None) -> dict:
+    """run.* metrics: the steady-state step time (wall time of the steady window / its steps, with
+    its block-bootstrap CI), the window's data-wait share, and median/p90 as secondary figures."""
+    est = step_estimate(steps, num_workers, prefetch_factor)
+    ms = (lambda x: None if x is None else 1e3 * x)
+    return {"run.steps": len(steps), "run.outcome": res.child.get("outcome") or "killed",
+            "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
+            "run.profiled_steps": sum(1 for s in steps if s.get("profiled")),
+            "run.skipped_optimizer_steps": sum(1 for s in steps if s.get("skipped")),
+            "run.step_time_ms": ms(est.step_s),
+            "run.step_time_ci95_ms": [ms(est.ci95[0]), ms(est.ci95[1])] if est.ci95 else None,
+            "run.steady_steps": est.n, "run.step_time_conclusive": est.conclusive,
+            "run.step_time_median_ms": ms(est.median_s), "run.step_time_p90_ms": ms(est.p90_s),
+            "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s}
 
 
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
@@ -106,9 +127,9 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
         notes.append("no trace was recorded (" + _why_no_trace(res, steps) + "): the diagnosis uses step "
                      "timings and system samples only")
     m = analysis.metrics
-    m.update(step_metrics(steps, res))
     sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
+    m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
     notes += [n for n in sample_notes if n not in notes]
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
