@@ -105,7 +105,7 @@ def _finding_order(d: dict):
     best = g.get("expected") if g.get("expected") is not None else g.get("ceiling")
     best = best or 0.0
     bucket = -round(math.log(best) / math.log(1.02)) if d["ranked"] and best > 0 else 0
-    return (not d["ranked"], not d.get("modelled"), bucket, not d["on_bottleneck"], -best, d["id"])
+    return (not d["ranked"], bucket, not d["on_bottleneck"], -best, d["id"])
 
 
 def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:

@@ -117,7 +117,7 @@ def _fixes(c: Console, findings: list[dict]) -> None:
                 c.print(Text(f"      {line}", style="cyan"))
         c.print(Text(f"    [{f['id']} · {_cite(f['source'])}]", style="dim"))
     if rest:
-        c.print(Text("  Also worth a look (no expected gain claimed): "
+        c.print(Text("  Also worth a look (no model of their expected gain): "
                      + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), style="dim"))
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 

@@ -6,8 +6,9 @@ then fix rules. Later stages can refer to earlier results as metrics: `verdict.b
 `False or unknown` is unknown, and an unknown condition never fires (its missing metrics are
 listed in `skipped`). Each fix carries a ceiling (the Amdahl bound, gain.py) and, when its rule
 models it, an expected gain (never above the ceiling). Ranking (rank_key): modelled fixes by
-expected gain, then fixes with only a ceiling; the bottleneck the verdict names breaks near-ties
-(fix the bottleneck before anything else: 003 tip 0); fixes without a measurable gain come last.
+expected gain, the bottleneck the verdict names breaking near-ties (fix the bottleneck before
+anything else: 003 tip 0); fixes with only a ceiling, or no measurable gain, are listed after
+them as worth a look.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class Finding:
 
     @property
     def ranked(self) -> bool:
-        g = self.gain
+        """Only a modelled gain is ranked; a fix with just a ceiling is listed as worth a look."""
+        g = self.expected
         return g is not None and math.isfinite(g) and g >= MIN_REPORTED_GAIN
 
 
@@ -105,12 +107,12 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
 
 
 def rank_key(f: Finding):
-    """Modelled fixes first, by expected gain; then fixes with only a ceiling, by ceiling. The
-    verdict breaks near-ties (gains within 2% of each other are one bucket): it orders, it never
-    hides a fix."""
-    g = f.gain or 0.0
+    """Ranked (modelled) fixes by expected gain, the verdict breaking near-ties (gains within 2%
+    of each other are one bucket): it orders, it never hides a fix. Then the fixes with only a
+    ceiling, by ceiling."""
+    g = f.gain if f.gain is not None and math.isfinite(f.gain) else 0.0
     bucket = -round(math.log(g) / math.log(1.02)) if f.ranked and g > 0 else 0
-    return (not f.ranked, not f.modelled, bucket, not f.on_bottleneck, -g, f.rule.id)
+    return (not f.ranked, bucket, not f.on_bottleneck, -g, f.rule.id)
 
 
 def _truth(text: str, ev: expr.Evaluator) -> bool:
