@@ -3,7 +3,8 @@
 Primary source: `ProfilerStep#N` host annotations. As in the TensorBoard plugin, a step is
 extended to the end of the device work its host range launched (the GPU runs behind the CPU),
 and starts no earlier than the previous step ended, so steps tile the time line without
-overlap. A last step whose kernels were only partly captured (fewer than 80% of the previous
+overlap; device work is attributed by its launch (correlation to a runtime call inside the
+step), so the first step starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
 step's) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
 optimizer steps, or the whole trace as one pseudo-step, and say which.
 """
@@ -119,7 +120,9 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
     np.maximum.at(dev_end, si, dend)
     counts = np.bincount(si, minlength=len(rows))
     start, end = np.empty(len(rows)), np.empty(len(rows))
-    prev = hs[0]
+    matched = np.zeros(len(dev), bool)
+    matched[np.flatnonzero(linked)[inside]] = True
+    prev = _first_step_start(t, dev, matched, si, dev[linked][inside], hs[0])
     for i in range(len(rows)):
         start[i] = max(prev, hs[i])
         end[i] = max(he[i], dev_end[i]) if counts[i] else max(he[i], start[i])
@@ -136,6 +139,22 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
             notes.append(f"dropped the last {len(rows) - keep} step(s): the profiler did not capture "
                          "all the device work they launched")
     return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes)
+
+
+def _first_step_start(t: EventTable, dev: np.ndarray, matched: np.ndarray, si: np.ndarray,
+                      step_dev: np.ndarray, host_start: float) -> float:
+    """Where the first step starts: its host start, or later if device work that no step launched
+    (the previous, unprofiled step's) ends after it but before the first step's own device work
+    begins; that work belongs to no step (torch-tb-profiler's rule, its tests
+    test_multiple_profilersteps_with_overlap and test_last_steps_no_kernel)."""
+    own = step_dev[si == 0]
+    if not len(own):
+        return host_start
+    first_own = float(t.ts[own].min())
+    other = dev[~matched]
+    ends = t.ts[other] + t.dur[other]
+    ends = ends[ends < first_own]
+    return max(host_start, float(ends.max())) if len(ends) else host_start
 
 
 def _loader_steps(t: EventTable, k: Kinds) -> Steps | None:
