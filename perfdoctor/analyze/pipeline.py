@@ -9,6 +9,7 @@ import numpy as np
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics
+from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
@@ -60,6 +61,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
         m.update(host_metrics(t, k, steps))
         m.update(allocator_metrics(t, k, steps, tl))
     m.update(pattern_metrics(t, k, steps))
+    m.update(attention_metrics(t, k, steps))
     m.update(verdict_shares(m))
     m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], m["share.device"])
              if k.platform == "cuda" else {})

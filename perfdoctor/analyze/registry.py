@@ -129,6 +129,8 @@ _m("precision.amp_speedup_peak", "ratio", "Speed-up of precision.amp_share at th
 # -- model-level patterns --------------------------------------------------------------------
 _m("attention.math_ops_per_step", "per_step", "aten::_scaled_dot_product_attention_math calls per step (the unfused fallback).")
 _m("attention.fused_ops_per_step", "per_step", "Flash / memory-efficient / cuDNN SDPA calls per step.")
+_m("attention.manual_per_step", "per_step", "Hand-written attention per step (matmul, softmax, matmul among a thread's outermost ops; analyze/attention.py): forward passes.")
+_m("attention.manual_kernel_share", "share", "Device time of kernels launched by hand-written attention (forward and backward) / step time; None on CPU.")
 _m("attention.math_kernel_share", "share", "Device time of kernels launched inside math-attention ops / step time.")
 _m("parallel.data_parallel", "bool", "torch.nn.DataParallel ran (DataParallel.forward annotations).")
 _m("optimizer.step_share", "share", "Share of step time inside Optimizer.step annotations (host).")
@@ -146,6 +148,7 @@ _m("run.step_time_median_ms", "ms", "Median step time over the steady window: a 
 _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step times (secondary figure).")
 _m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")
 _m("run.data_wait_share", "share", "Time inside DataLoader __next__ / wall time of the steady window (every step of it, not only the traced ones).")
+_m("run.all_steps_wait_share", "share", "Time inside DataLoader __next__ / wall time of every measured step, warm-up included: what a run too short for a steady window still measures (perfdoctor/diagnose/live.py).")
 _m("run.profiled_steps", "count", "Steps recorded by torch.profiler (excluded from run.* step statistics).")
 _m("run.skipped_optimizer_steps", "count", "Steps whose optimizer step GradScaler skipped (inf/NaN gradients).")
 _m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, crashed, interrupted or killed.")
@@ -185,6 +188,16 @@ _m("loader.threads_oversubscription", "ratio", "Runnable threads per usable core
 _m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kernel ran) of the devices the run used, over the steps (run.sampling says which window); None without NVML.")
 _m("gpu.memory_used_fraction_peak", "fraction", "Peak NVML memory used / total on the devices the run used (all processes on them).")
 _m("input.split", "str", "What the input pipeline waits on in a live run: cpu, io, other (neither: remote storage, locks), or None (too few samples).")
+
+
+# -- Python stacks (perfdoctor run: py-spy over the steady steps; analyze/stacks.py) ------------
+# Shares of the sampled steady step time on the trainer's main thread; None without stacks.
+_m("stacks.steady_steps", "count", "Steady steps the py-spy recording covered (warm-up, profiled and perturbed steps excluded).")
+_m("stacks.coverage", "fraction", "Sampled time of the training thread / wall time of the covered steady steps.")
+_m("stacks.checkpoint_share", "share", "Share of steady step time the training thread spends saving checkpoints (torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, save_checkpoint...).")
+_m("stacks.checkpoint_interval_steps", "count", "Steady steps per checkpoint: covered steady steps / steps in which a checkpoint was being saved (1 = every step).")
+_m("stacks.logging_sync_share", "share", "Share of steady step time in logging code (logging, TensorBoard, wandb, mlflow...) or on the user's lines that read device values (.item(), .cpu(), .tolist(), .numpy()).")
+_m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls: batches built in the loop (tensor ops called straight from the loop count too).")
 
 
 def names() -> list[str]:

@@ -1,0 +1,77 @@
+"""Hand-written attention: matmul, (scale, mask), softmax, (dropout), matmul.
+
+`scores = q @ k.transpose(-2, -1) / sqrt(d); attn = scores.masked_fill(mask, -inf).softmax(-1);
+out = attn @ v` materialises the [B, H, T, T] score matrix and runs several kernels over it,
+where torch.nn.functional.scaled_dot_product_attention runs one fused kernel that never builds
+it. A trace without shapes still shows the pattern as a sequence of outermost aten ops on one
+thread: a softmax whose nearest neighbours (within WINDOW outermost ops each side) are batched
+matrix multiplies. The backward shows the same shape on the autograd thread (BmmBackward,
+SoftmaxBackward, BmmBackward). Softmax inside SDPA's own math path is counted by patterns.py,
+not here.
+
+The cost is the device time of the kernels launched from the host span of each match (first
+matmul to last), over the step time: the T^2 work a fused kernel replaces.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.trace.table import EventTable
+
+WINDOW = 4
+OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
+MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
+                   r"^autograd::engine::evaluate_function: (Bmm|Baddbmm|Matmul|Einsum|UnsafeView)Backward")
+SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
+                        r"^autograd::engine::evaluate_function: (Softmax|SafeSoftmax)Backward")
+
+
+def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None}
+    lo, hi = steps.span
+    total = float(steps.duration.sum())
+    ops = np.flatnonzero(k.cpu_op & (t.ts >= lo) & (t.ts < hi)
+                         & t.name_mask(lambda n: OP_RX.match(n) is not None))
+    spans = []
+    for tid in np.unique(t.tid[ops]) if len(ops) else []:
+        spans += _matches(t, ops[t.tid[ops] == tid])
+    if not spans:
+        out["attention.manual_kernel_share"] = 0.0 if k.platform != "cpu" else None
+        return out
+    forward = sum(1 for _, _, bwd in spans if not bwd)
+    out["attention.manual_per_step"] = forward / len(steps)
+    if k.platform == "cpu":
+        return out
+    dev, launch = device_launch_index(t, k)
+    ok = launch >= 0
+    dev, launch = dev[ok], launch[ok]
+    inside = np.zeros(len(dev), bool)
+    for tid_code, a, b, _ in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e], bwd) for s, e, bwd in spans):
+        inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
+    out["attention.manual_kernel_share"] = float(t.dur[dev[inside & k.kernel[dev]]].sum()) / total if total else None
+    return out
+
+
+def _matches(t: EventTable, rows: np.ndarray) -> list[tuple[int, int, bool]]:
+    """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops."""
+    order = np.argsort(t.ts[rows], kind="stable")
+    rows = rows[order]
+    end = t.ts[rows] + t.dur[rows]
+    prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+    top = rows[t.ts[rows] >= prev_end]              # not nested in an earlier op on this thread
+    names = [t.names[c] for c in t.name[top]]
+    out = []
+    for i, n in enumerate(names):
+        if not SOFTMAX_RX.match(n):      # an outermost softmax is never SDPA's own math path
+            continue
+        before = [j for j in range(max(0, i - WINDOW), i) if MM_RX.match(names[j])]
+        after = [j for j in range(i + 1, min(len(names), i + 1 + WINDOW)) if MM_RX.match(names[j])]
+        if before and after:
+            out.append((int(top[before[-1]]), int(top[after[0]]), n.startswith("autograd")))
+    return out
+

@@ -1,0 +1,98 @@
+"""Hand-written attention (matmul, scale, mask, softmax, matmul): found among a thread's
+outermost ops in traces torch records on the CPU, and sized by its kernels in a CUDA trace."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from perfdoctor.diagnose.offline import diagnose_path
+
+torch = pytest.importorskip("torch")
+
+
+def _record(path, fn, steps=3):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(steps):
+            fn().sum().backward()
+            p.step()
+    p.export_chrome_trace(str(path))
+
+
+@pytest.mark.torch
+def test_cpu_traces_tell_hand_written_attention_from_sdpa(tmp_path):
+    B, H, T, D = 2, 2, 64, 16
+    q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def manual():
+        s = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~mask, float("-inf"))
+        return torch.nn.functional.dropout(s.softmax(-1), 0.1) @ v
+
+    def fused():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def softmax_only():      # a softmax classifier head: not attention
+        return (q.flatten(2) @ torch.ones(T * D, 10)).softmax(-1)
+
+    _record(tmp_path / "manual.json", manual)
+    _record(tmp_path / "fused.json", fused)
+    _record(tmp_path / "head.json", softmax_only)
+    per_step = {}
+    for name in ("manual", "fused", "head"):
+        doc = diagnose_path(str(tmp_path / f"{name}.json"))
+        m = doc["traces"][0]["metrics"]
+        per_step[name] = m["attention.manual_per_step"] * m["steps.count"]
+    assert per_step == {"manual": 3.0, "fused": 0.0, "head": 0.0}
+
+
+def _cuda_trace(path, attention_us: float, other_us: float, steps: int = 3):
+    """A kineto trace: per step an attention block (matmul, div, softmax, matmul) and a linear
+    layer, each op launching one kernel of the given length, run back to back on the device."""
+    ev, corr, t = [], 0, 0.0
+    dev_t = 0.0
+
+    def op(name, kernel_us):
+        nonlocal corr, t, dev_t
+        corr += 1
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t, "dur": 20.0,
+                   "args": {"External id": corr}})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                   "ts": t + 5, "dur": 5.0, "args": {"correlation": corr, "External id": corr}})
+        start = max(dev_t, t + 10)
+        ev.append({"ph": "X", "cat": "kernel", "name": f"kernel_{name}", "pid": 0, "tid": 7, "ts": start,
+                   "dur": kernel_us, "args": {"correlation": corr, "External id": corr, "device": 0, "stream": 7}})
+        dev_t = start + kernel_us
+        t += 25.0
+
+    for i in range(steps):
+        s0 = max(t, dev_t)
+        t = s0
+        for name, us in (("aten::matmul", attention_us / 4), ("aten::div", attention_us / 4),
+                         ("aten::softmax", attention_us / 4), ("aten::matmul", attention_us / 4),
+                         ("aten::linear", other_us)):
+            op(name, us)
+        end = max(t, dev_t)
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+                   "ts": s0, "dur": end - s0})
+        t = end
+    doc = {"traceEvents": ev, "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "computeMajor": 9,
+                                                    "computeMinor": 0, "totalGlobalMem": 80e9}]}
+    path.write_text(json.dumps(doc))
+
+
+def test_cuda_trace_sizes_hand_written_attention_and_offers_sdpa(tmp_path):
+    p = tmp_path / "attn.json"
+    _cuda_trace(p, attention_us=3000.0, other_us=1000.0)
+    doc = diagnose_path(str(p))
+    m = doc["traces"][0]["metrics"]
+    assert m["attention.manual_per_step"] == pytest.approx(1.0)
+    # attention kernels are 3000 of each ~4000 us device-bound step
+    assert m["attention.manual_kernel_share"] == pytest.approx(0.75, abs=0.03)
+    fix = {f["slug"]: f for f in doc["findings"]}["flash-attention"]
+    assert fix["ranked"]
+    assert fix["gain"]["expected"] == pytest.approx(1 / (0.25 + 0.75 / 2), rel=0.05)
+    assert "math-attention" in {f["slug"] for f in doc["flags"]}
