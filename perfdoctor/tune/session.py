@@ -27,7 +27,7 @@ from pathlib import Path
 
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.tune import plan as planmod
-from perfdoctor.tune.measure import Measured, loss_drift, run_once, speedup
+from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
 NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
@@ -154,6 +154,8 @@ class Tuner:
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
                      trace=trace, result=result)
         self.longest = max(self.longest, time.monotonic() - t)
+        if _read_json(run_dir / "run.json").get("forwarded_signals"):
+            raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
         return m
 
     def _fits(self, runs: int = 1) -> bool:
