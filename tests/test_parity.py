@@ -71,3 +71,63 @@ def test_last_steps_without_kernels_dropped_and_first_step_after_earlier_work(tm
     a = _analyze(tmp_path, events)
     assert len(a.steps) == 1 and float(a.steps.duration[0]) == (150 + 180) - (90 + 20)
     assert a.metrics["breakdown.kernel"] == approx(180 / 220)
+
+
+def _mtia_events():
+    """Two steps of an MTIA trace shaped as HTA reads them: launches in mtia_runtime, device work in
+    mtia_ccp_events (a compute job of 400 us and a 100 us dma_request per 1000 us step)."""
+    ev, corr = [], 1
+    for i, t0 in enumerate((0, 1000)):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 10, "tid": 10,
+                   "ts": t0, "dur": 1000, "args": {"External id": 100 + i}})
+        for at, dur, name in ((100, 400, "fused_mlp_job"), (600, 100, "dma_request")):
+            ev.append({"ph": "X", "cat": "mtia_runtime", "name": "runFunction - job_prep_and_submit_for_execution",
+                       "pid": 10, "tid": 10, "ts": t0 + at, "dur": 20, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "mtia_ccp_events", "name": name, "pid": 1, "tid": 102,
+                       "ts": t0 + at + 50, "dur": dur, "args": {"correlation": corr, "stream": 102}})
+            corr += 1
+    return ev
+
+
+def test_mtia_trace_reports_device_idle_and_compute_not_cpu_only(tmp_path):
+    from perfdoctor.rules.engine import evaluate
+    from perfdoctor.rules.loader import load_rules
+
+    a = _analyze(tmp_path, _mtia_events(), distributedInfo={"backend": "mtia:hccl", "rank": 0, "world_size": 1})
+    m = a.metrics
+    assert m["trace.platform"] == "mtia"
+    assert (m["gpu.idle_share"], m["gpu.kernel_busy_share"], m["breakdown.memcpy"]) == approx((0.5, 0.4, 0.1))
+    assert m["precision.amp_share"] is None and m["trace.compute_capability"] is None
+    d = evaluate(load_rules(None), m)
+    fired = [f.rule for f in d.flags + d.fixes] + ([d.verdict.rule] if d.verdict else [])
+    assert all("any" in r.devices for r in fired), [r.id for r in fired]   # no CUDA/ROCm advice
+
+
+def test_mtia_detected_by_launch_name_alone(tmp_path):
+    ev = [dict(e, cat="kernel") if e["cat"] == "mtia_ccp_events" else e for e in _mtia_events()]
+    assert _analyze(tmp_path, ev).metrics["trace.platform"] == "mtia"
+
+
+def _gloo_gpu_events(op="gloo:all_reduce", backend=None):
+    """One CUDA step: a 200 us kernel, then a 300 us host collective on a gloo thread (the device
+    idles meanwhile), then nothing until the step ends at 1000."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000,
+           "args": {"External id": 1}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+           "args": {"correlation": 7, "External id": 1}},
+          {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 20, "dur": 200,
+           "args": {"correlation": 7, "stream": 7, "device": 0, "External id": 1}},
+          {"ph": "X", "cat": "cpu_op" if op.startswith(("c10d", "record")) else "user_annotation", "name": op,
+           "pid": 1, "tid": 5, "ts": 400, "dur": 300, "args": {"External id": 2}}]
+    return ev, ({"distributedInfo": {"backend": backend, "rank": 0, "world_size": 2}} if backend else {})
+
+
+@pytest.mark.parametrize("op, backend, comm", [("gloo:all_reduce", None, 0.3), ("record_param_comms", "gloo", 0.3),
+                                               ("record_param_comms", "nccl", 0.0)])
+def test_gloo_collectives_on_gpu_tensors_are_communication(tmp_path, op, backend, comm):
+    ev, top = _gloo_gpu_events(op, backend)
+    m = _analyze(tmp_path, ev, **top).metrics
+    assert m["trace.platform"] == "cuda"
+    assert m["breakdown.communication"] == approx(comm) and m["comm.share"] == approx(comm)
+    assert m["gpu.idle_share"] == approx(0.8)          # the CPU does gloo's work: the device idles
+    assert m["breakdown.kernel"] == approx(0.2)

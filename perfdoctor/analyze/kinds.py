@@ -3,6 +3,11 @@
 Kineto renamed its categories over the years (2021: Operator/Runtime/Kernel/Memcpy/Memset;
 now cpu_op/cuda_runtime/kernel/gpu_memcpy/gpu_memset) and uses the CUDA category names for
 HIP on ROCm, so every test here accepts all spellings and decides by category, then by name.
+MTIA traces put device work in `mtia_ccp_events` (DMA transfers among it) and runtime calls in
+`mtia_runtime`, launching with `runFunction - job_prep_and_submit_for_execution` (as HTA reads
+them). Communication is collective kernels (NCCL/RCCL), or host-side gloo collectives: gloo runs
+on the CPU, also for GPU tensors (`gloo:*` ops; `c10d::*`/`record_param_comms` too when the
+process group's backend is gloo).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from perfdoctor.analyze.arrays import unique
 from perfdoctor.trace.table import EventTable
 
 KERNEL_CATS = ("kernel",)
+MTIA_DEVICE_CATS = ("mtia_ccp_events",)
 MEMCPY_CATS = ("gpu_memcpy", "memcpy")
 MEMSET_CATS = ("gpu_memset", "memset")
-RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver")
+RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "mtia_runtime")
 CPU_OP_CATS = ("cpu_op", "operator")
 HOST_ANNOTATION_CATS = ("user_annotation", "python_function")
 
@@ -27,13 +33,17 @@ DATALOADER_RX = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#.*__next__$")
 COMM_KERNEL_RX = re.compile(r"nccl|rccl", re.I)
 # Host-side collective ops (the only communication visible in CPU-only / gloo traces).
 COMM_OP_RX = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
+GLOO_OP_RX = re.compile(r"^gloo:")
+MTIA_LAUNCH = "runFunction - job_prep_and_submit_for_execution"
+MTIA_COPY_RX = re.compile(r"dma|memcpy", re.I)
+MTIA_SET_RX = re.compile(r"memset", re.I)
 SYNC_RUNTIME_RX = re.compile(
     r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy|MemcpyWithStream)$")
 MALLOC_RX = re.compile(r"^(cuda|hip)(Malloc|MallocHost|MallocManaged|MallocAsync)$")
 FREE_RX = re.compile(r"^(cuda|hip)(Free|FreeHost|FreeAsync)$")
 LAUNCH_RX = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|"
                        r"hipLaunchKernel|hipExtLaunchKernel|hipExtModuleLaunchKernel|hipModuleLaunchKernel|"
-                       r"cudaLaunchCooperativeKernel|cudaGraphLaunch|hipGraphLaunch)$")
+                       r"cudaLaunchCooperativeKernel|cudaGraphLaunch|hipGraphLaunch|" + re.escape(MTIA_LAUNCH) + ")$")
 
 
 @dataclass
@@ -48,10 +58,11 @@ class Kinds:
     runtime: np.ndarray
     cpu_op: np.ndarray        # aten/autograd ops and host annotations, minus steps and loader waits
     comm_op: np.ndarray       # host-side collectives (gloo/c10d)
+    comm_host: np.ndarray     # host-side collectives that are the communication itself (gloo)
     step: np.ndarray
     dataloader: np.ndarray
     memory: np.ndarray        # '[memory]' instant events
-    platform: str             # "cuda" | "rocm" | "cpu"
+    platform: str             # "cuda" | "rocm" | "mtia" | "cpu"
     cache: dict = field(default_factory=dict, repr=False)   # per-trace joins computed once (steps.py)
 
     @property
@@ -64,6 +75,11 @@ def classify(t: EventTable) -> Kinds:
     kernel = x & t.cat_mask(*KERNEL_CATS)
     memcpy = x & t.cat_mask(*MEMCPY_CATS)
     memset = x & t.cat_mask(*MEMSET_CATS)
+    mtia = x & t.cat_mask(*MTIA_DEVICE_CATS)
+    if mtia.any():
+        mtia_copy = mtia & t.name_mask(lambda n: MTIA_COPY_RX.search(n) is not None)
+        mtia_set = mtia & ~mtia_copy & t.name_mask(lambda n: MTIA_SET_RX.search(n) is not None)
+        kernel, memcpy, memset = kernel | (mtia & ~mtia_copy & ~mtia_set), memcpy | mtia_copy, memset | mtia_set
     runtime = x & t.cat_mask(*RUNTIME_CATS)
     host = x & t.cat_mask(*CPU_OP_CATS, *HOST_ANNOTATION_CATS)
     step = host & t.name_mask(lambda n: STEP_RX.match(n) is not None)
@@ -71,17 +87,30 @@ def classify(t: EventTable) -> Kinds:
     comm_kernel = kernel & t.name_mask(lambda n: COMM_KERNEL_RX.search(n) is not None)
     comm_op = host & t.name_mask(lambda n: COMM_OP_RX.match(n) is not None)
     memory = (t.ph == ord("i")) & t.name_mask(lambda n: n == "[memory]")
+    platform = detect_platform(t, kernel | memcpy | memset, runtime)
     return Kinds(complete=x, kernel=kernel, comm_kernel=comm_kernel, memcpy=memcpy, memset=memset,
-                 runtime=runtime, cpu_op=host & ~step & ~loader, comm_op=comm_op, step=step,
-                 dataloader=loader, memory=memory, platform=detect_platform(t, kernel | memcpy | memset, runtime))
+                 runtime=runtime, cpu_op=host & ~step & ~loader, comm_op=comm_op,
+                 comm_host=comm_op if platform == "cpu" or _gloo_backend(t) else
+                 comm_op & t.name_mask(lambda n: GLOO_OP_RX.match(n) is not None),
+                 step=step, dataloader=loader, memory=memory, platform=platform)
+
+
+def _gloo_backend(t: EventTable) -> bool:
+    """The process group's backend is gloo (distributedInfo), so every host collective is one."""
+    backend = str(t.meta.distributed_info.get("backend") or "")
+    return "gloo" in backend and "nccl" not in backend
 
 
 def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray) -> str:
-    """cpu when nothing ran on a device; rocm when HIP names or an AMD device say so."""
+    """cpu when nothing ran on a device; mtia when MTIA categories, its launch call or an `mtia:`
+    backend say so (HTA's test); rocm when HIP names or an AMD device say so."""
     props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
     if not device_rows.any():
         return "cpu"
     rt_names = {t.names[c] for c in unique(t.name[runtime_rows])}
+    if (any(c.lower() in MTIA_DEVICE_CATS for c in t.cats) or MTIA_LAUNCH in rt_names
+            or str(t.meta.distributed_info.get("backend") or "").startswith("mtia")):
+        return "mtia"
     if any(n.startswith("hip") for n in rt_names) or re.search(r"AMD|Radeon|Instinct", props):
         return "rocm"
     return "cuda"

@@ -47,20 +47,23 @@ def build_timeline(t: EventTable, k: K.Kinds, steps: Steps) -> Timeline:
         "kernel": k.kernel & ~k.comm_kernel,
         "memcpy": k.memcpy,
         "memset": k.memset,
-        "communication": k.comm_op if cpu else k.comm_kernel,
+        "communication": k.comm_host | (k.comm_kernel if not cpu else False),
         "runtime": k.runtime,
         "data_loading": k.dataloader,
         "cpu_exec": k.cpu_op,
         "sync": sync_rt,
     }
+    if k.comm_host.any() and not cpu:
+        masks["comm_kernel"] = k.comm_kernel
     spans = {}
     for name, m in masks.items():
         rows = np.flatnonzero(m)
         spans[name] = clip(t.ts[rows], end[rows], lo, hi)
     seg = Segments(steps.start, steps.end, *[x for s in spans.values() for x in s])
     cover = {name: seg.covered(*s) for name, s in spans.items()}
-    cover["device"] = cover["kernel"] | cover["memcpy"] | cover["memset"] | (
-        np.zeros(len(seg), bool) if cpu else cover["communication"])
+    # Collective kernels keep the device busy; host-side (gloo) collectives do not.
+    comm_dev = np.zeros(len(seg), bool) if cpu else cover.get("comm_kernel", cover["communication"])
+    cover["device"] = cover["kernel"] | cover["memcpy"] | cover["memset"] | comm_dev
     cover["compute"] = cover["kernel"]
     role = seg.assign([cover[r] for r in ROLES], default=len(ROLES))
     return Timeline(seg=seg, step_of=steps.index_of(seg.start), cover=cover, role=role)
