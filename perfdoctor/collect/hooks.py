@@ -1,20 +1,27 @@
 """In-process hooks of `perfdoctor run`, installed when the script imports torch.
 
-Steps. A step ends when the first optimizer that ever stepped steps again (torch's global
-optimizer post-hook), so several optimizers, gradient accumulation (one step per optimizer
-step) and GradScaler-skipped steps (GradScaler.step is wrapped; a skip still ends the step) are
-handled. A script without an optimizer falls back to DataLoader iterations: after
-LOADER_FALLBACK batches without an optimizer step, each batch request ends a step.
+Steps come from the first of these sources that the script uses (child.json "mode" and
+"step_source" say which):
+1. Optimizer steps. A step ends when the first optimizer that ever stepped steps again (torch's
+   global optimizer post-hook), so several optimizers, gradient accumulation and several
+   backward passes per step are handled, and a step that GradScaler skips (GradScaler.step is
+   wrapped) still ends a step. A closure optimizer (LBFGS) runs forward and backward inside
+   optimizer.step(): those passes are not steps (a pre-hook tells that an optimizer step is
+   running), and the first step is measured from its own start.
+2. Backward passes (passes.py), for hand-written updates: a step begins with the first pass
+   after the gradients were reset, so accumulation over several passes is one step. Chosen
+   after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
+   gradients were never seen reset: then each pass is a step).
+3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
+   with neither an optimizer step nor a backward pass, each batch request ends a step.
+Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
+lost to the choice. The first boundary starts the count (its step began before any signal).
+If an optimizer starts stepping after a fallback was chosen, steps follow it from then on.
 
 Data wait. Time inside DataLoader iterators' __next__ (worker queue wait, or the whole
 loading work with num_workers=0), summed per step.
 
-Trace. torch.profiler records `active` steps after `skip` warm-up steps, with ProfilerStep
-annotations. Kineto writes <run>/trace/<host>_<pid>.pt.trace.json on the training thread (its
-C++ writer, the least the script can be held up); a background thread then compresses it to
-.pt.trace.json.gz (isal, which releases the GIL) while training goes on, and the session waits
-for it only when the script ends. If the script runs its own profiler, ours is not started (or
-steps aside when theirs starts) and the run says so.
+Trace: window.py places the torch.profiler window by steps and by time.
 
 Records go to <run>/steps.jsonl (one line per step, flushed) and <run>/child.json at the end.
 """
@@ -23,37 +30,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import threading
 import time
+from collections import deque
 
-LOADER_FALLBACK = 8
-COMPRESS_WAIT_S = 120.0   # at the end, how long to wait for the trace's compression
+from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
+__all__ = ["Session", "StopRun", "compress_trace"]
 
-def compress_trace(path: str) -> None:
-    """path -> path + ".gz" (written under a hidden name, then renamed), then the plain file is
-    removed. Any failure leaves the plain trace in place: readers take it as well."""
-    d, name = os.path.split(path)
-    partial = os.path.join(d, f".{name}.gz.partial")
-    try:
-        try:
-            from isal import igzip as gz   # releases the GIL while compressing; ~4x zlib's speed
-            level = 2
-        except ImportError:  # pragma: no cover - isal is a dependency, but the child runs in the user's env
-            import gzip as gz
-            level = 6
-        with open(path, "rb") as src, gz.open(partial, "wb", compresslevel=level) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(partial, path + ".gz")
-        os.remove(path)
-    except Exception:
-        try:
-            os.remove(partial)
-        except OSError:
-            pass
+FALLBACK = 8                 # steps of a fallback source seen before it is chosen
+PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
+SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
+           "backward-each": "backward passes (one per step: no gradient reset seen)",
+           "dataloader": "DataLoader iterations"}
 
 
 class StopRun(BaseException):
@@ -65,26 +55,32 @@ class Session:
         self.cfg = cfg
         self.run_dir = cfg["run_dir"]
         self.max_steps = cfg.get("max_steps")
-        self.skip = int(cfg.get("skip", 5))
-        self.active = int(cfg.get("active", 5))
-        self.memory = bool(cfg.get("memory", False))
-        self.trace_enabled = bool(cfg.get("trace", True))
         self.torch = None
         self.lock = threading.Lock()
-        self.mode = None                 # "optimizer" | "dataloader"
+        self.notes: list[str] = []
+        self.window = Window(self.run_dir, self.notes, skip=int(cfg.get("skip", 5)), active=int(cfg.get("active", 5)),
+                             memory=bool(cfg.get("memory", False)), enabled=bool(cfg.get("trace", True)),
+                             warmup_s=seconds(cfg, "warmup_s", "PERFDOCTOR_WARMUP_S", WARMUP_S),
+                             trace_s=seconds(cfg, "trace_s", "PERFDOCTOR_TRACE_S", TRACE_S))
+        self.mode = None                 # "optimizer" | "backward" | "dataloader"
+        self.source = None               # key of SOURCES
         self.primary = None              # id of the optimizer that defines step boundaries
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
-        self.user_profilers = 0          # the script's own torch.profiler objects, started and not stopped
+        self.in_optimizer = False        # inside an optimizer.step() (before the optimizer mode)
+        self.pre_mark = None             # the first optimizer step's start
+        self.passes_in_optimizer = 0     # backward passes inside optimizer.step() (closures)
         self.steps = 0
-        self.batches_without_step = 0
-        self.t_boundary = time.perf_counter()
-        self.wait = 0.0
-        self.batches = 0
-        self.prof = None
-        self.prof_state = "pending"      # pending | recording | done | skipped | failed
-        self.notes: list[str] = []
-        self.perturbed_next = False
-        self.compressor: threading.Thread | None = None
+        self.cum_wait = 0.0              # DataLoader wait and batches since the start
+        self.cum_batches = 0
+        self.mark = None                 # (perf_counter, cum_wait, cum_batches, unix) at the current step's start
+        self.t_first = None              # perf_counter when the first measured step began
+        # fallback candidates: their boundaries, kept until a source is chosen
+        self.resets = None
+        self.passes = 0
+        self.group_marks: list = []      # backward passes that follow a gradient reset
+        self.pass_marks: deque = deque(maxlen=PASS_FALLBACK + 1)
+        self.loader_marks: list = []     # batch requests since the last backward pass
+        self.batches_since_pass = 0
         self.stop_requested = False
         self.finished = False
         os.makedirs(self.run_dir, exist_ok=True)
@@ -100,13 +96,20 @@ class Session:
         from perfdoctor.collect import inject   # `perfdoctor tune`'s changes (none under `run`)
         inject.apply(torch, self.cfg.get("changes"), self.run_dir)
         try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+            register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
             register_optimizer_step_post_hook(self._on_optimizer_step)
         except Exception as exc:  # very old torch
-            self.notes.append(f"optimizer hook unavailable ({exc}); steps come from DataLoader iterations")
+            self.notes.append(f"optimizer hooks unavailable ({exc}); steps come from backward passes or DataLoader iterations")
+        try:
+            from perfdoctor.collect import passes
+            self.resets = passes.GradResets()
+            passes.wrap_backward(torch, self)
+        except Exception as exc:
+            self.notes.append(f"backward passes cannot be watched ({type(exc).__name__}: {exc})")
         self._wrap_dataloader()
         self._wrap_grad_scaler()
-        self._wrap_user_profiler()
+        self.window.install(torch)
 
     def _wrap_dataloader(self) -> None:
         from torch.utils.data import dataloader as dl
@@ -121,8 +124,8 @@ class Session:
             try:
                 return orig(it)
             finally:
-                session.wait += time.perf_counter() - t0
-                session.batches += 1
+                session.cum_wait += time.perf_counter() - t0
+                session.cum_batches += 1
         base.__next__ = __next__
 
     def _wrap_grad_scaler(self) -> None:
@@ -146,151 +149,146 @@ class Session:
             step._perfdoctor = True
             cls.step = step
 
-    def _wrap_user_profiler(self) -> None:
-        """Know when the script has a torch.profiler of its own, from start() to stop(): a
-        scheduled profiler is not 'enabled' during its wait phase, yet starting a second one
-        then crashes Kineto when the first wakes up."""
-        import torch.profiler as tp
-        session = self
-        orig_start, orig_stop = tp.profile.start, tp.profile.stop
+    # -- step sources -----------------------------------------------------------------------
+    def _mark(self, t: float | None = None) -> tuple:
+        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time())
 
-        def start(prof, *a, **kw):
-            if prof is not session.prof:
-                session.user_profilers += 1
-                if session.prof_state in ("recording", "exported"):
-                    session._stop_profiler(partial=True)
-                    session.notes.append("the script started its own profiler: perfdoctor stopped its trace "
-                                         "early; analyse the script's trace with `perfdoctor report`")
-                    session.prof_state = "skipped"
-            return orig_start(prof, *a, **kw)
+    def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
+        if self.mode != "optimizer":
+            self.in_optimizer = True
+            if self.pre_mark is None:
+                self.pre_mark = self._mark()
+                self.passes_in_optimizer = 0
 
-        def stop(prof, *a, **kw):
-            if prof is not session.prof and session.user_profilers:
-                session.user_profilers -= 1
-            return orig_stop(prof, *a, **kw)
-        tp.profile.start, tp.profile.stop = start, stop
-
-    # -- step boundaries ------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
         if not skipped:
             self.optimizer_calls += 1
+        self.in_optimizer = False
         if self.primary is None:
             self.primary = id(optimizer)
-            if self.mode == "dataloader":
-                self.notes.append("an optimizer started stepping after the DataLoader fallback: "
+            if self.mode is not None:
+                self.notes.append(f"an optimizer started stepping after the fallback to {SOURCES[self.source]}: "
                                   "steps now follow optimizer steps")
-            self.mode = "optimizer"
-            self._reset_boundary()
+            self.mode, self.source = "optimizer", "optimizer"
+            self.mark = None
+            if self.passes_in_optimizer and self.pre_mark is not None and not skipped:
+                # A closure optimizer: the whole step (forward and backward included) ran inside
+                # optimizer.step(), so the first step is measured from its start.
+                self.notes.append(f"closure optimizer ({type(optimizer).__name__}): a step is one optimizer step; "
+                                  f"the {self.passes_in_optimizer} backward passes inside its first step are not steps")
+                self.mark = self.pre_mark
+                self.t_first = self.pre_mark[0]
+            self._boundary(skipped=skipped)
             return
         if id(optimizer) == self.primary:
             self._boundary(skipped=skipped)
 
+    def on_pass(self, roots, t0: float) -> None:
+        """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode."""
+        if self.in_optimizer:
+            self.passes_in_optimizer += 1
+            return
+        reset = self.resets.before_pass(roots) if self.resets is not None else None
+        self.passes += 1
+        self.batches_since_pass = 0
+        self.loader_marks = []
+        m = self._mark(t0)
+        if self.mode == "backward":
+            if reset is not False or self.source == "backward-each":
+                self._boundary(end=m)
+            return
+        if self.mode is not None:
+            return
+        self.pass_marks.append(m)
+        if reset is not False:
+            self.group_marks.append(m)
+        if len(self.group_marks) > FALLBACK:
+            if reset is None:
+                self._choose("backward-each", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
+                             "backward passes, and their gradients cannot be watched: each pass is a step")
+            else:
+                self._choose("backward", self.group_marks,
+                             f"no optimizer stepped during the first {FALLBACK} steps of backward passes: a step runs "
+                             "from one gradient reset (zero_grad, an update) to the next (hand-written update)")
+        elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
+            self._choose("backward-each", list(self.pass_marks),
+                         f"no optimizer step and no gradient reset seen in {PASS_FALLBACK} backward passes: each "
+                         "pass is a step (a reset through .grad.data is invisible)")
+
+    def after_pass(self) -> None:
+        if not self.in_optimizer and self.resets is not None:
+            self.resets.after_pass()
+
     def _on_batch_request(self, t0: float) -> None:
-        if self.mode is None:
-            self.batches_without_step += 1
-            if self.batches_without_step > LOADER_FALLBACK:
-                self.mode = "dataloader"
-                self.notes.append(f"no optimizer stepped during the first {LOADER_FALLBACK} batches: "
-                                  "a step is one DataLoader iteration")
-                self._reset_boundary()
-        elif self.mode == "dataloader":
-            self._boundary()
+        if self.mode == "dataloader":
+            self._boundary(end=self._mark(t0))
+        elif self.mode is None and not self.in_optimizer:
+            self.loader_marks.append(self._mark(t0))
+            self.batches_since_pass += 1
+            if self.batches_since_pass > FALLBACK:
+                self._choose("dataloader", self.loader_marks,
+                             f"no optimizer step nor backward pass during the first {FALLBACK} batches: "
+                             "a step is one DataLoader iteration")
 
-    def _reset_boundary(self) -> None:
-        self.t_boundary = time.perf_counter()
-        self.wait = 0.0
-        self.batches = 0
+    def _choose(self, source: str, marks: list, note: str) -> None:
+        """Adopt a fallback source: its boundaries so far become steps, the last one live."""
+        self.mode, self.source = ("backward" if source.startswith("backward") else source), source
+        self.notes.append(note)
+        marks = list(marks)
+        self.group_marks, self.loader_marks = [], []
+        self.pass_marks.clear()
+        self.mark, self.t_first = marks[0], marks[0][0]
+        for m in marks[1:-1]:
+            self._record(m)
+        if len(marks) > 1:
+            self._boundary(end=marks[-1])
 
-    def _boundary(self, skipped: bool = False) -> None:
-        now = time.perf_counter()
+    # -- step boundaries ------------------------------------------------------------------
+    def _record(self, end: tuple, skipped: bool = False) -> float:
+        dur = end[0] - self.mark[0]
         with self.lock:
             self.steps += 1
-            rec = {"step": self.steps, "end": round(time.time(), 6), "dur": round(now - self.t_boundary, 6), "wait": round(self.wait, 6),
-                   "batches": self.batches, "mode": self.mode,
-                   "profiled": self.prof_state == "recording", "perturbed": self.perturbed_next}
+            rec = {"step": self.steps, "end": round(end[3], 6), "dur": round(dur, 6),
+                   "wait": round(end[1] - self.mark[1], 6), "batches": end[2] - self.mark[2], "mode": self.mode,
+                   "profiled": self.window.recording, "perturbed": self.window.perturbed_next}
             if skipped:
                 rec["skipped"] = True
             self.out.write(json.dumps(rec) + "\n")
-            self.perturbed_next = False
-            self.wait, self.batches = 0.0, 0
-        self._profiler_step()
+            self.window.perturbed_next = False
+        self.mark = end
+        return dur
+
+    def _boundary(self, end: tuple | None = None, skipped: bool = False) -> None:
+        end = end or self._mark()
+        if self.mark is None:                   # the first boundary starts the count
+            self.mark, self.t_first = end, end[0]
+            return
+        dur = self._record(end, skipped)
+        if self.finished:                       # boundaries settled at the end: no window, no stop
+            return
+        self.window.on_boundary(self.steps, time.perf_counter(), self.t_first, dur)
         if self.stop_requested or (self.max_steps and self.steps >= self.max_steps):
             raise StopRun()
-        self.t_boundary = time.perf_counter()   # exclude our own bookkeeping from the next step
+        self.mark = self._mark()                # exclude our own bookkeeping from the next step
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stop_requested = True
 
-    # -- profiler window ------------------------------------------------------------------
-    def _profiler_step(self) -> None:
-        if not self.trace_enabled or self.torch is None:
-            return
-        if self.prof_state == "pending" and self.steps >= self.skip:
-            self._start_profiler()
-        elif self.prof_state == "recording":
-            self.prof.step()              # the schedule ends the cycle and calls _export
-            if self.prof_state == "exported":
-                self._stop_profiler(partial=False)
-
-    def _start_profiler(self) -> None:
-        torch = self.torch
-        try:
-            if self.user_profilers or torch.autograd.profiler._is_profiler_enabled:
-                self.prof_state = "skipped"
-                self.notes.append("the script runs its own profiler: perfdoctor did not start a second one; "
-                                  "analyse the script's trace with `perfdoctor report`")
-                return
-        except AttributeError:
-            pass
-        from torch.profiler import ProfilerActivity, profile, schedule
-        acts = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            acts.append(ProfilerActivity.CUDA)
-        try:
-            # One profiler warm-up step, then `active` recorded steps with ProfilerStep#N labels.
-            self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
-                                schedule=schedule(wait=0, warmup=1, active=self.active, repeat=1),
-                                on_trace_ready=self._export)
-            self.prof.start()
-            self.prof_state = "recording"
-        except Exception as exc:
-            self.prof_state = "failed"
-            self.notes.append(f"torch.profiler could not start: {type(exc).__name__}: {exc}")
-
-    def _trace_path(self) -> str:
-        d = os.path.join(self.run_dir, "trace")
-        os.makedirs(d, exist_ok=True)
-        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}.pt.trace.json")
-
-    def _export(self, prof) -> None:
-        t0 = time.perf_counter()
-        try:
-            path = self._trace_path()
-            prof.export_chrome_trace(path)     # plain JSON: no Python-level gzip on this thread
-            self.prof_state = "exported"
-            self.compressor = threading.Thread(target=compress_trace, args=(path,),
-                                               name="perfdoctor-trace-gzip", daemon=True)
-            self.compressor.start()
-        except Exception as exc:
-            self.prof_state = "failed"
-            self.notes.append(f"writing the trace failed: {type(exc).__name__}: {exc}")
-        self.export_s = time.perf_counter() - t0
-        self.perturbed_next = True      # the export ran inside the next step's wall time
-
-    def _stop_profiler(self, partial: bool) -> None:
-        prof, self.prof = self.prof, None
-        if prof is None:
-            return
-        try:
-            prof.stop()                  # a cycle cut short exports what it recorded (on_trace_ready)
-        except Exception as exc:
-            self.notes.append(f"stopping the profiler failed: {type(exc).__name__}: {exc}")
-        if self.prof_state in ("exported", "recording"):
-            self.prof_state = "done" if self.prof_state == "exported" else "failed"
-        if partial and self.prof_state == "done":
-            self.notes.append("the trace covers fewer steps than asked (the run ended or another profiler started)")
-
     # -- the end ----------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """At the end, a run that never chose a source takes the best candidate it has."""
+        if self.mode is not None:
+            return
+        if len(self.group_marks) > 1:
+            self._choose("backward", self.group_marks, "no optimizer stepped: a step runs from one gradient "
+                         "reset to the next (hand-written update)")
+        elif len(self.pass_marks) > 1:
+            self._choose("backward-each", list(self.pass_marks), "no optimizer stepped and no gradient reset "
+                         "was seen: each backward pass is a step")
+        elif len(self.loader_marks) > 1:
+            self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
+                         "DataLoader iteration")
+
     def finish(self, outcome: str, exit_code: int | None = None, error: str | None = None) -> None:
         if self.finished:
             return
@@ -300,16 +298,12 @@ class Session:
         except (ValueError, OSError):
             old = None
         try:
-            if self.prof_state in ("recording", "exported"):
-                self._stop_profiler(partial=self.prof_state == "recording")
-            if self.compressor is not None:
-                self.compressor.join(timeout=COMPRESS_WAIT_S)
-                if self.compressor.is_alive():
-                    self.notes.append("the trace was still being compressed when the script ended; "
-                                      "the uncompressed .pt.trace.json is kept")
+            self._settle()
+            self.window.finish()
             info = {"outcome": outcome, "exit_code": exit_code, "error": error, "steps": self.steps,
-                    "mode": self.mode, "profiler": self.prof_state, "trace_enabled": self.trace_enabled,
-                    "notes": self.notes,
+                    "mode": self.mode, "step_source": SOURCES.get(self.source),
+                    "profiler": self.window.state, "trace_enabled": self.window.enabled,
+                    "window": self.window.info(), "notes": self.notes,
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available())}

@@ -1,0 +1,247 @@
+"""The torch.profiler window of `perfdoctor run`: where it starts, how long it records, its export.
+
+Placed by steps and by time, so that short and long steps both get a trace of whole steady steps.
+Called at each step boundary with the number of measured steps and the time since the first one
+began:
+
+- Start (warm-up). The profiler starts at the first boundary where `steps >= skip`
+  (`--skip-steps`), or, when steps are long, where at least one step has ended and `warmup_s`
+  seconds have passed since the first measured step began: skip = max(1, the steps that fit in
+  the first `warmup_s` seconds). The first step is always skipped (lazy initialisation,
+  allocator growth, autotuning and compilation land there).
+- Profiler warm-up. torch.profiler's own warm-up step absorbs its start-up cost (CUPTI/Kineto
+  initialisation: milliseconds on a CPU, up to a second or two on a GPU). It is kept when the
+  last step was shorter than `warmup_s`; a step at least that long dwarfs the start-up cost,
+  so recording begins with the next step and a run of two long steps still gets a trace.
+- End. Recording stops at the boundary where `active` steps (`--trace-steps`) are recorded, or
+  at least one is and `trace_s` seconds of steps have been recorded: a run of a few long
+  steps gets one or two whole steps, not a cut-short window, and the trace stays small.
+
+Defaults: warmup_s = trace_s = 10 s, overridable by the environment (PERFDOCTOR_WARMUP_S,
+PERFDOCTOR_TRACE_S) or the child configuration ("warmup_s", "trace_s"). Ending the window is
+always `profile.stop()`, which exports what was recorded through `on_trace_ready`.
+
+Kineto writes <run>/trace/<host>_<pid>.pt.trace.json on the training thread (its C++ writer,
+the least the script can be held up); a background thread then compresses it to
+.pt.trace.json.gz (isal, which releases the GIL) while training goes on, joined at the end.
+If the script runs its own profiler, ours is not started (or steps aside when theirs starts).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+
+WARMUP_S = 10.0
+TRACE_S = 10.0
+COMPRESS_WAIT_S = 120.0   # at the end, how long to wait for the trace's compression
+
+
+def seconds(cfg: dict, key: str, env: str, default: float) -> float:
+    """A time setting from the child config, else the environment, else the default."""
+    for raw in (cfg.get(key), os.environ.get(env)):
+        try:
+            if raw is not None and float(raw) >= 0:
+                return float(raw)
+        except ValueError:
+            pass
+    return default
+
+
+def compress_trace(path: str) -> None:
+    """path -> path + ".gz" (written under a hidden name, then renamed), then the plain file is
+    removed. Any failure leaves the plain trace in place: readers take it as well."""
+    d, name = os.path.split(path)
+    partial = os.path.join(d, f".{name}.gz.partial")
+    try:
+        try:
+            from isal import igzip as gz   # releases the GIL while compressing; ~4x zlib's speed
+            level = 2
+        except ImportError:  # pragma: no cover - isal is a dependency, but the child runs in the user's env
+            import gzip as gz
+            level = 6
+        with open(path, "rb") as src, gz.open(partial, "wb", compresslevel=level) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(partial, path + ".gz")
+        os.remove(path)
+    except Exception:
+        try:
+            os.remove(partial)
+        except OSError:
+            pass
+
+
+class Window:
+    """The profiler window. state: pending | recording | exported | done | empty (the run ended
+    before a whole step was recorded: no trace is written, since the script's tail after its
+    last step is no step) | skipped (the script profiles itself) | failed."""
+
+    def __init__(self, run_dir: str, notes: list[str], *, skip: int, active: int, memory: bool,
+                 enabled: bool, warmup_s: float, trace_s: float):
+        self.run_dir, self.notes = run_dir, notes
+        self.skip, self.active, self.memory, self.enabled = skip, max(1, active), memory, enabled
+        self.warmup_s, self.trace_s = warmup_s, trace_s
+        self.torch = None
+        self.prof = None
+        self.state = "pending"
+        self.user_profilers = 0        # the script's own torch.profiler objects, started and not stopped
+        self.warmup = 1                # profiler warm-up steps of this window (0 or 1)
+        self.n = 0                     # boundaries since the profiler started
+        self.t_record = None           # when recording began
+        self.start_step = None         # measured steps before the window
+        self.recorded = 0
+        self.perturbed_next = False    # the export ran inside the next step's wall time
+        self.compressor: threading.Thread | None = None
+        self.export_s = None
+        self.discard = False           # the run ended before a whole step was recorded: no trace
+
+    @property
+    def recording(self) -> bool:
+        return self.state == "recording"
+
+    def install(self, torch) -> None:
+        self.torch = torch
+        self._wrap_user_profiler()
+
+    def _wrap_user_profiler(self) -> None:
+        """Know when the script has a torch.profiler of its own, from start() to stop(): a
+        scheduled profiler is not 'enabled' during its wait phase, yet starting a second one
+        then crashes Kineto when the first wakes up."""
+        import torch.profiler as tp
+        win = self
+        orig_start, orig_stop = tp.profile.start, tp.profile.stop
+
+        def start(prof, *a, **kw):
+            if prof is not win.prof:
+                win.user_profilers += 1
+                if win.state in ("recording", "exported"):
+                    win._stop(partial=True)
+                    win.notes.append("the script started its own profiler: perfdoctor stopped its trace "
+                                     "early; analyse the script's trace with `perfdoctor report`")
+                    win.state = "skipped"
+            return orig_start(prof, *a, **kw)
+
+        def stop(prof, *a, **kw):
+            if prof is not win.prof and win.user_profilers:
+                win.user_profilers -= 1
+            return orig_stop(prof, *a, **kw)
+        tp.profile.start, tp.profile.stop = start, stop
+
+    # -- at each step boundary ----------------------------------------------------------------
+    def on_boundary(self, steps: int, now: float, t_first: float, last_dur: float) -> None:
+        """steps: measured steps so far; t_first: when the first measured step began
+        (perf_counter); last_dur: the step that just ended, in seconds."""
+        if not self.enabled or self.torch is None:
+            return
+        if self.state == "pending":
+            by_steps = steps >= self.skip
+            if by_steps or (steps >= 1 and now - t_first >= self.warmup_s):
+                self.warmup = 0 if last_dur >= self.warmup_s else 1
+                self._start(now)
+                self.start_step = steps
+                if not by_steps:
+                    self.notes.append(f"steps are long ({last_dur:.1f} s): the trace starts after {steps} warm-up "
+                                      f"step(s) ({now - t_first:.0f} s >= {self.warmup_s:g} s) instead of "
+                                      f"--skip-steps {self.skip}")
+        elif self.state == "recording":
+            self.n += 1
+            if self.n == self.warmup:
+                self.t_record = now
+            self.recorded = self.n - self.warmup
+            if self.recorded >= self.active or (self.recorded >= 1 and now - self.t_record >= self.trace_s):
+                if self.recorded < self.active:
+                    self.notes.append(f"steps are long: the trace holds {self.recorded} whole step(s) "
+                                      f"({now - self.t_record:.1f} s >= {self.trace_s:g} s), not --trace-steps {self.active}")
+                self._stop(partial=False)
+            else:
+                self.prof.step()
+
+    def _start(self, now: float) -> None:
+        torch = self.torch
+        try:
+            if self.user_profilers or torch.autograd.profiler._is_profiler_enabled:
+                self.state = "skipped"
+                self.notes.append("the script runs its own profiler: perfdoctor did not start a second one; "
+                                  "analyse the script's trace with `perfdoctor report`")
+                return
+        except AttributeError:
+            pass
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        warmup = self.warmup
+
+        def sched(step: int):
+            # `warmup` profiler warm-up steps, then record until on_boundary stops the profiler
+            # (stop() exports what was recorded); ProfilerStep#N labels mark the steps.
+            return ProfilerAction.WARMUP if step < warmup else ProfilerAction.RECORD
+        try:
+            self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
+                                schedule=sched, on_trace_ready=self._export)
+            self.prof.start()
+            self.state = "recording"
+            self.n = 0
+            self.t_record = now if warmup == 0 else None
+        except Exception as exc:
+            self.state = "failed"
+            self.notes.append(f"torch.profiler could not start: {type(exc).__name__}: {exc}")
+
+    def _trace_path(self) -> str:
+        d = os.path.join(self.run_dir, "trace")
+        os.makedirs(d, exist_ok=True)
+        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}.pt.trace.json")
+
+    def _export(self, prof) -> None:
+        if self.discard:
+            return
+        t0 = time.perf_counter()
+        try:
+            path = self._trace_path()
+            prof.export_chrome_trace(path)     # plain JSON: no Python-level gzip on this thread
+            self.state = "exported"
+            self.compressor = threading.Thread(target=compress_trace, args=(path,),
+                                               name="perfdoctor-trace-gzip", daemon=True)
+            self.compressor.start()
+        except Exception as exc:
+            self.state = "failed"
+            self.notes.append(f"writing the trace failed: {type(exc).__name__}: {exc}")
+        self.export_s = time.perf_counter() - t0
+        self.perturbed_next = True
+
+    def _stop(self, partial: bool) -> None:
+        prof, self.prof = self.prof, None
+        if prof is None:
+            return
+        try:
+            prof.stop()                  # exports what it recorded (on_trace_ready); nothing in warm-up
+        except Exception as exc:
+            self.notes.append(f"stopping the profiler failed: {type(exc).__name__}: {exc}")
+        if self.state == "exported":
+            self.state = "done"
+            if partial:
+                self.notes.append("the trace covers fewer steps than asked (the run ended or another profiler started)")
+        elif self.state == "recording":
+            # stopped in the profiler's warm-up step: nothing was recorded, which is no failure
+            self.state = "empty" if self.n < self.warmup else "failed"
+
+    def finish(self) -> None:
+        if self.state == "recording" and self.recorded == 0:
+            # Only the tail of the script since the last boundary was recorded: not a step.
+            self.discard = True
+            self._stop(partial=True)
+            self.state = "empty"
+        if self.state in ("recording", "exported"):
+            self._stop(partial=self.state == "recording")
+        if self.compressor is not None:
+            self.compressor.join(timeout=COMPRESS_WAIT_S)
+            if self.compressor.is_alive():
+                self.notes.append("the trace was still being compressed when the script ended; "
+                                  "the uncompressed .pt.trace.json is kept")
+
+    def info(self) -> dict:
+        return {"start_after_steps": self.start_step, "profiler_warmup_steps": self.warmup if self.start_step is not None else None,
+                "recorded_steps": self.recorded, "warmup_s": self.warmup_s, "trace_s": self.trace_s}
