@@ -58,6 +58,7 @@ def main() -> None:
     if "torch" in sys.modules:                # cannot happen from a clean start, but be safe
         session.install(sys.modules["torch"])
     argv = cfg["argv"]
+    script = None
     try:
         if cfg.get("module"):
             sys.argv = [argv[0], *argv[1:]]
@@ -79,8 +80,22 @@ def main() -> None:
         raise
     except BaseException as exc:
         session.finish(outcome="crashed", error=f"{type(exc).__name__}: {exc}")
-        raise
+        if script is None:
+            raise
+        # Print the traceback as `python script.py` does: from the script's own frame, without
+        # perfdoctor's and runpy's frames above it; an uncaught exception exits with 1.
+        tb = _from_script(exc.__traceback__, script)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        sys.exit(1)
     session.finish(outcome="completed", exit_code=0)
+
+
+def _from_script(tb, script: str):
+    """The traceback from the script's first frame on (None when the script never ran a line,
+    as for a SyntaxError, which Python prints without a traceback)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return tb
 
 
 def _code(code) -> int:
