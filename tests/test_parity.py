@@ -131,3 +131,39 @@ def test_gloo_collectives_on_gpu_tensors_are_communication(tmp_path, op, backend
     assert m["breakdown.communication"] == approx(comm) and m["comm.share"] == approx(comm)
     assert m["gpu.idle_share"] == approx(0.8)          # the CPU does gloo's work: the device idles
     assert m["breakdown.kernel"] == approx(0.2)
+
+
+ET_DOC = {"schema": "1.1.1-chakra.0.0.4", "pid": 7, "time": "2025-01-01 00:00:00", "start_ts": 12,
+          "nodes": [{"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0,
+                     "inputs": {"values": [], "shapes": [], "types": []},
+                     "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}],
+          "finish_ts": 99}
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_execution_trace_in_a_directory_is_skipped_with_a_warning(tmp_path, gz):
+    import tracegen as tg
+    from perfdoctor.cli import main
+
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec()] * 3), tmp_path / "rank0.pt.trace.json")
+    text = json.dumps(ET_DOC, indent=2).encode()
+    et = tmp_path / ("et.json.gz" if gz else "et.json")
+    et.write_bytes(gzip.compress(text) if gz else text)
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path), "--format", "json", "-o", str(out)])
+    assert exc.value.code in (0, None)
+    doc = json.loads(out.read_text())
+    assert [t["path"] for t in doc["traces"]] == [str(tmp_path / "rank0.pt.trace.json")]
+    assert doc["traces"][0]["warnings"][0].startswith(f"skipped {et.name}: a PyTorch execution trace")
+
+
+def test_a_lone_execution_trace_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    et = tmp_path / "et.json"
+    et.write_text(json.dumps(ET_DOC))
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(et)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "execution trace" in r.stderr and "Traceback" not in r.stderr

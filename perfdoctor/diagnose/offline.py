@@ -19,7 +19,8 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
     if is_run_dir(path):          # a `perfdoctor run` directory: re-diagnosed as `run` did
         from perfdoctor.diagnose.live import diagnose_dir
         return diagnose_dir(Path(path), rule_dirs)
-    files = find_trace_files(path)
+    skipped: list[str] = []
+    files = find_trace_files(path, skipped)
     first = prefetch.take(files[0]) or start_load(files[0])
     try:
         from perfdoctor.analyze.pipeline import analyze
@@ -32,4 +33,5 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
     finally:
         first.close()
     analyses += [analyze(load_trace(f)) for f in files[1:]]
+    analyses[0].warnings[:0] = skipped
     return build_document(str(path), [(a, evaluate(rules, a.metrics)) for a in analyses])

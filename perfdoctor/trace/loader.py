@@ -22,17 +22,51 @@ from perfdoctor.trace.reader import ChunkStream, ReadState
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def find_trace_files(path: str | os.PathLike) -> list[Path]:
-    """A file, or the trace files directly inside a directory (one per rank/worker), sorted."""
+def find_trace_files(path: str | os.PathLike, skipped: list[str] | None = None) -> list[Path]:
+    """A file, or the trace files directly inside a directory (one per rank/worker), sorted.
+    PyTorch execution traces (ExecutionTraceObserver's JSON) are not profiler traces: one given
+    alone is an error; in a directory each is left out, with a warning appended to `skipped`."""
     p = Path(path)
     if not p.exists():
         raise TraceFormatError(f"no such file or directory: {p}")
     if p.is_file():
+        if is_execution_trace(p):
+            raise TraceFormatError(f"{p} is a PyTorch execution trace (ExecutionTraceObserver), not a "
+                                   "torch.profiler trace: give the Kineto trace recorded with it")
         return [p]
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    files = []
+    for f in sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES)):
+        if is_execution_trace(f):
+            if skipped is not None:
+                skipped.append(f"skipped {f.name}: a PyTorch execution trace (ExecutionTraceObserver), "
+                               "not a torch.profiler trace")
+        else:
+            files.append(f)
     if not files:
         raise TraceFormatError(f"no trace files (*.json, *.json.gz) in directory {p}")
     return files
+
+
+ET_HEAD_BYTES = 4096
+
+
+def is_execution_trace(path: str | os.PathLike) -> bool:
+    """Does the file start as an execution trace does ({"schema": ..., ..., "nodes": [...)?
+    Only its first few KB are read (decompressed); unreadable files are left to the loader."""
+    import re
+    import zlib
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(ET_HEAD_BYTES)
+            if head[:2] == b"\x1f\x8b":
+                head += f.read(16 * ET_HEAD_BYTES)
+                head = zlib.decompressobj(31).decompress(head, ET_HEAD_BYTES)
+    except (OSError, zlib.error):
+        return False
+    head = head.decode("utf-8", "replace")
+    return (re.match(r'\s*\{\s*"schema"\s*:', head) is not None and '"nodes"' in head
+            and '"traceEvents"' not in head)
 
 
 def run_trace_files(trace_dir: str | os.PathLike) -> list[Path]:
