@@ -39,8 +39,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 @app.command()
 def report(
-    path: Path = typer.Argument(..., help="A torch.profiler trace (.json, .json.gz, *.pt.trace.json[.gz]) "
-                                          "or a directory of them (one per rank/worker)."),
+    path: Path = typer.Argument(..., help="A torch.profiler trace (.json, .json.gz, *.pt.trace.json[.gz]), "
+                                          "a directory of them (one per rank/worker), or a `perfdoctor run` "
+                                          "directory (re-diagnosed as run did)."),
     fmt: Format = typer.Option(Format.terminal, "--format", "-f", help="What to print on stdout."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Also write the JSON report to this file "
