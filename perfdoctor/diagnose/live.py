@@ -16,6 +16,7 @@ from pathlib import Path
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.collect.launcher import RunResult
+from perfdoctor.diagnose.confidence import label
 from perfdoctor.report.document import build_document
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
@@ -130,6 +131,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
+    m.update(few_steps_metrics(steps))
     notes += [n for n in sample_notes if n not in notes]
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
@@ -145,6 +147,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling}
+    steps_only_verdict(doc, res, steps, bool(traces))
     return doc
 
 
@@ -187,11 +190,57 @@ def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
         return "--no-trace"
     if not res.child.get("torch_imported"):
         return "the script never imported torch"
+    if not steps and _failed(res):
+        return "the script failed before its first step"
     if state == "skipped":
         return "the script runs its own profiler"
     if state == "failed":
         return "torch.profiler failed"
-    return f"the run ended after {len(steps)} step(s), before the profiled window"
+    if state == "empty":
+        return (f"the run ended after {len(steps)} step(s), before a whole step was recorded: the first step "
+                "is warm-up and the next one is traced")
+    return f"the run ended after {len(steps)} step(s), before the profiled window (a trace needs 2 or more)"
+
+
+def _failed(res: RunResult) -> bool:
+    return res.child.get("outcome") in ("crashed", "interrupted", None) or bool(res.exit_code)
+
+
+def few_steps_metrics(steps: list[dict]) -> dict:
+    """Data wait over every measured step, warm-up included: the steady-window statistics need
+    more steps than a run of a few long ones has, yet its wait was measured (PD114 reads it)."""
+    dur = sum(s["dur"] for s in steps)
+    return {"run.all_steps_wait_share": sum(s["wait"] for s in steps) / dur if dur > 0 else None}
+
+
+def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool) -> None:
+    """The run section names the step source and the script's failure; a run without a trace
+    gets its verdict (PD111, PD114) with the confidence capped and the reason stated, and a
+    script that failed before its first step gets that failure as its verdict."""
+    run = doc["run"]
+    run["step_source"] = res.child.get("step_source")
+    run["error"] = res.child.get("error")
+    if traced:
+        return
+    why = _why_no_trace(res, steps)
+    verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
+    if not steps and _failed(res):
+        what = run["error"] or f"exit code {res.exit_code}"
+        for v in verdicts:
+            v.update(summary=f"The script failed before its first step ({what}; exit code {res.exit_code}): "
+                             "nothing was measured to diagnose. Fix the failure and run again.",
+                     notes=[], secondary=[])
+        return
+    for v in verdicts:
+        notes = [n for n in v["notes"] if not n.startswith("steps come from")]
+        if v["bound"] == "inconclusive":
+            v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
+            continue
+        cap = 0.5 if len(steps) >= 3 else 0.4
+        v["confidence"] = min(v["confidence"], cap)
+        v["confidence_label"] = label(v["confidence"])
+        v["notes"] = notes + [f"no trace ({why}): the verdict rests on {len(steps)} measured step(s) and the "
+                              f"system samples, so its confidence is capped at {cap}"]
 
 
 def write_run_events(run_dir: Path) -> None:

@@ -79,6 +79,8 @@ def _run_header(c: Console, run: dict, m: dict) -> None:
 
 
 def _breakdown(c: Console, t: dict) -> None:
+    if not t["steps"]:          # a live run without a trace: nothing to break down
+        return
     m = t["metrics"]
     labels = CPU_ROLE_LABEL if m["trace.platform"] == "cpu" else ROLE_LABEL
     n = max(len(t["steps"]), 1)
