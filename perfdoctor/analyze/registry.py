@@ -31,7 +31,7 @@ def _m(name: str, unit: str, doc: str) -> None:
 
 # -- trace ---------------------------------------------------------------------------------
 _m("trace.events", "count", "Events read from the trace (flow arrows excluded).")
-_m("trace.platform", "str", "cuda, rocm or cpu (cpu: no device activity in the trace).")
+_m("trace.platform", "str", "cuda, rocm, mtia or cpu (cpu: no device activity in the trace).")
 _m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
 _m("trace.compute_capability", "version", "CUDA compute capability as major.minor, e.g. 7.0 or 8.6 (None when unknown or not CUDA).")
 _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
@@ -76,7 +76,6 @@ _m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_Single
 _m("input.traced_op_share_of_wait", "fraction", "Share of data-wait time covered by traced CPU ops (transforms, collate) on the trainer thread.")
 # -- device ----------------------------------------------------------------------------------
 _m("gpu.kernel_busy_share", "share", "Union of kernel time on all devices / step time (the TensorBoard plugin's GPU utilisation).")
-_m("gpu.busy_share", "share", "Union of kernels, copies and memsets / step time.")
 _m("gpu.idle_share", "share", "Share of step time with no kernel, copy or memset on any device.")
 _m("gpu.idle_host_wait_share", "share", "Idle time ended by work the host launched only after the device went idle (HTA 'host wait').")
 _m("gpu.idle_kernel_wait_share", "share", "Idle gaps shorter than gpu.kernel_wait_threshold_us between device work (launch latency; HTA 'kernel wait').")
