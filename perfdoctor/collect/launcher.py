@@ -137,21 +137,13 @@ def _start_samplers(cfg: RunConfig, pid: int, run_dir: Path, notes: list[str]) -
         notes.append(f"system sampling unavailable: {type(exc).__name__}: {exc}")
     if cfg.stacks:
         try:
-            from perfdoctor.collect.stacks import StackSampler
-            st = StackSampler(lambda: _pids(out), str(run_dir / "stacks"))
+            from perfdoctor.collect.stacks import StackRecorder
+            st = StackRecorder(pid, run_dir / "stacks", run_dir / "steps.jsonl")
             st.start()
             out.append(st)
         except Exception as exc:
             notes.append(f"py-spy stacks unavailable: {type(exc).__name__}: {exc}")
     return out
-
-
-def _pids(samplers) -> list:
-    """(pid, role) of the trainer and its loader workers, from the system sampler."""
-    for s in samplers:
-        if hasattr(s, "current_pids"):
-            return s.current_pids()
-    return []
 
 
 def _stop_samplers(samplers: list, run_dir: Path, notes: list[str]) -> None:
@@ -163,12 +155,8 @@ def _stop_samplers(samplers: list, run_dir: Path, notes: list[str]) -> None:
     for s in samplers:
         if hasattr(s, "samples"):            # the system sampler: its notes travel with its samples
             (run_dir / "samples.json").write_text(json.dumps({"samples": s.samples, "notes": s.notes}))
-        elif hasattr(s, "classes"):          # py-spy stacks: what each role was doing
+        elif hasattr(s, "notes"):            # py-spy stacks: what could not be recorded
             notes.extend(s.notes)
-            summary = {role: dict(c) for role, c in s.classes().items()}
-            if summary:
-                notes.append("py-spy stacks: " + "; ".join(
-                    f"{role}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) for role, c in summary.items()))
 
 
 def _read_json(path: Path) -> dict:

@@ -1,203 +1,207 @@
-"""Opt-in py-spy stack dumps of the trainer and its loader workers (`perfdoctor run --stacks`).
+"""Python stacks of the trainer and its loader workers: `py-spy record` over the run.
 
-`StackSampler(pids_fn, out_dir, every=5.0)` runs `py-spy dump --pid PID --nonblocking` on
-every process pids_fn() returns (pids, or (pid, role) pairs, e.g. SystemSampler.current_pids)
-every `every` seconds, writes each dump to out_dir/stacks-<t>-<pid>.txt and classifies the
-main thread's stack:
+`StackRecorder(pid, out_dir, steps_path)` waits for the first measured step (steps.jsonl gets
+its first line: the script has imported torch, built its model and loader), then runs
 
-    'io'       the top frames are file / socket calls (read, recv, open, socket/selectors
-               code, ...), or the kernel says so: the thread was in uninterruptible sleep
-               (state D) in one of the /proc probes taken around the dump, or py-spy reports it
-               idle and its wait channel (/proc/.../wchan) is a storage or network wait. A read
-               in C code (os.pread, PIL decoding a file) leaves no Python frame of its own.
-    'waiting'  the thread waits on another process or thread: a multiprocessing / queue /
-               threading frame is among the top frames (queue get, lock acquire, condition
-               wait; their select/poll is on a pipe, not on storage), or py-spy reports the
-               thread idle and the kernel wait channel is futex / pipe / unix socket /
-               nanosleep, or unknown (time.sleep and other blocking C calls)
-    'cpu'      the thread is running Python code or a native op (torch, PIL, numpy)
-    'unknown'  no Python frames could be read
+    py-spy record --pid PID --subprocesses --idle --full-filenames --nonblocking
+                  --rate RATE --format chrometrace --duration MAX_S -o out_dir/pyspy.json
 
---nonblocking reads the process's memory without pausing it: cheap for the training run, at
-the price of an occasionally torn stack; a single dump is a hint, the counts over many are
-the evidence.
+py-spy samples every thread of the trainer and of its child processes (loader workers)
+RATE times a second, idle threads included (--idle: time blocked in a write, a read or a
+lock shows, not only CPU time), and writes one Chrome trace: begin/end events of each Python
+frame with microsecond timestamps relative to py-spy's start. out_dir/pyspy.meta.json records
+that start as Unix time (taken just before py-spy is started; its clock starts before it
+attaches), so samples line up with the step records (`end`, `dur` in steps.jsonl) and the
+analysis (analyze/stacks.py) keeps the steady steps only. --duration bounds the file and the
+cost on long runs; py-spy stops by itself when the script ends.
 
-py-spy needs ptrace access. When it is refused (Yama ptrace_scope >= 1 for a process py-spy
-did not start, no CAP_SYS_PTRACE in a container, another user's process), one note says how
-to allow it and no further attempt is made.
+--nonblocking reads the process's memory without pausing it (cheap; an occasional torn
+stack); the shares come from thousands of samples, so a torn one does not matter.
+
+Design: py-spy attaches to the running child rather than launching it. Launched by py-spy
+(`py-spy record -- python ...`) the child would need no ptrace permission, but py-spy then
+owns it: it returns 0 whatever the script's exit code, and kills the script when sampling
+ends, so signals, exit codes and perfdoctor's own child side would all change. Attaching
+needs ptrace: root or CAP_SYS_PTRACE, or Yama's kernel.yama.ptrace_scope = 0 (Ubuntu's
+default of 1 lets a process trace only its descendants). When it is refused, one note says
+so and how to allow it.
+
+py-spy is looked for beside sys.executable (the venv's bin/), in the files of the installed
+`py-spy` distribution (its wheel puts the binary in the scripts directory, wherever that is),
+in the interpreter's scripts directories, then on PATH. When none is found, a note says so.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
-PTRACE_NOTE = ("py-spy could not attach (ptrace not permitted): run with --cap-add SYS_PTRACE or "
-               "kernel.yama.ptrace_scope=0; stacks skipped")
-NO_PYSPY_NOTE = "py-spy not found (pip install py-spy): stacks skipped"
-_REFUSED = re.compile(r"permission denied|operation not permitted|\bEPERM\b", re.I)
-_THREAD = re.compile(r"^Thread (0x[0-9a-fA-F]+|\d+) \(([a-z+]+)\)(?::\s*\"(.*)\")?")
-_FRAME = re.compile(r"^\s{4}(\S.*?) \((.*?)(?::(\d+))?\)\s*$")
+RATE_HZ = 100          # samples per second (py-spy's default; 50-100 Hz resolves ~10 ms)
+MAX_S = 120            # record at most this long (from the first step): bounds file size and cost
+WAIT_EXIT_S = 15.0     # after the script ends, how long py-spy may take to notice and write
+OUTPUT = "pyspy.json"
+META = "pyspy.meta.json"
+LOG = "pyspy.log"
 
-PROBES = 3         # /proc state/wchan reads after each dump
-# kernel wait channels (/proc/<pid>/task/<tid>/wchan) of an idle thread
-_WCHAN_WAIT = ("futex", "nanosleep", "pipe_read", "pipe_wait", "unix_", "do_wait", "ep_poll",
-               "do_select", "do_sys_poll", "poll_schedule", "sigsuspend", "sigtimedwait")
-_WCHAN_IO = ("folio_wait", "wait_on_page", "io_schedule", "blk", "bio", "nfs", "rpc_wait",
-             "fuse", "ext4", "xfs", "btrfs", "filemap", "read_pages", "sk_wait_data", "tcp_",
-             "inet_", "udp_", "sock_", "wait_woken")
-TOP_FRAMES = 6     # how deep a wait frame may sit under socket/select frames and still count
-_WAIT_FILES = ("multiprocessing/queues.py", "multiprocessing/connection.py",
-               "multiprocessing/synchronize.py", "multiprocessing/managers.py",
-               "multiprocessing/pool.py", "multiprocessing/popen_", "threading.py", "queue.py",
-               "concurrent/futures/", "subprocess.py")
-_WAIT_FUNCS = {"acquire", "wait", "sleep", "join", "get", "_wait_for_tstate_lock", "wait_for",
-               "_recv", "recv", "_recv_bytes", "recv_bytes", "_poll", "poll", "result"}
-_IO_FUNCS = {"read", "readinto", "read1", "readline", "readlines", "readall", "pread", "recv",
-             "recv_into", "recvfrom", "open", "io_open", "listdir", "scandir", "stat", "lstat",
-             "getaddrinfo", "connect", "create_connection",
-             "urlopen", "getresponse", "_read_status", "sendall", "load_file", "fromfile",
-             "memmap", "copyfileobj"}
-_IO_FILES = ("socket.py", "ssl.py", "selectors.py", "http/client.py", "urllib3/", "botocore/",
-             "s3fs/", "fsspec/", "gcsfs/", "requests/", "h5py/", "_pyio.py", "tarfile.py",
-             "zipfile.py", "lmdb", "webdataset/")
+# The trainer is a Python process py-spy was pointed at: "no python processes found" there means
+# it could not read the process's memory (with --subprocesses py-spy words a refusal that way).
+_REFUSED = re.compile(r"permission denied|operation not permitted|\bEPERM\b|ptrace|no python processes found", re.I)
+
+
+def _ptrace_scope() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return None
+
+
+def ptrace_note() -> str:
+    scope = _ptrace_scope()
+    why = f" (kernel.yama.ptrace_scope = {scope})" if scope not in (None, "0") else ""
+    return ("py-spy could not attach to the script: ptrace not permitted" + why + ". Allow it with "
+            "`sudo sysctl kernel.yama.ptrace_scope=0`, run as root, or add --cap-add SYS_PTRACE to "
+            "docker run; Python stacks skipped")
+
+
+def no_pyspy_note() -> str:
+    return (f"py-spy not found (looked beside {sys.executable}, in the py-spy package and on PATH): "
+            "`pip install py-spy` in this environment; Python stacks skipped")
+
+
+def _executable(p: Path) -> bool:
+    return p.is_file() and os.access(p, os.X_OK)
 
 
 def find_py_spy() -> str | None:
-    """The py-spy installed with this Python (next to sys.executable) or on PATH."""
-    here = Path(sys.executable).parent / "py-spy"
-    if here.is_file() and os.access(here, os.X_OK):
-        return str(here)
+    """The py-spy of this Python (beside sys.executable, in the py-spy package's files, in the
+    interpreter's scripts directories), else the one on PATH."""
+    name = "py-spy.exe" if os.name == "nt" else "py-spy"
+    exe = Path(sys.executable)
+    places = [exe.parent / name, exe.resolve().parent / name]
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+        try:
+            dist = distribution("py-spy")
+            places += [Path(dist.locate_file(f)) for f in (dist.files or []) if Path(str(f)).name == name]
+        except PackageNotFoundError:
+            pass
+    except ImportError:  # pragma: no cover - Python < 3.8
+        pass
+    for scheme in sysconfig.get_scheme_names():
+        if scheme.startswith(("posix", "nt", "osx")):
+            try:
+                places.append(Path(sysconfig.get_path("scripts", scheme)) / name)
+            except KeyError:
+                pass
+    for p in places:
+        if _executable(p):
+            return str(p)
     return shutil.which("py-spy")
 
 
-def parse_dump(text: str) -> list[dict]:
-    """py-spy dump text -> [{'tid', 'idle', 'name', 'frames': [(func, file, line), ...]}] (top first)."""
-    threads: list[dict] = []
-    for line in text.splitlines():
-        m = _THREAD.match(line)
-        if m:
-            tid = int(m.group(1), 16) if m.group(1).startswith("0x") else int(m.group(1))
-            threads.append({"tid": tid, "idle": m.group(2).startswith("idle"), "name": m.group(3),
-                            "frames": []})
-            continue
-        f = _FRAME.match(line)
-        if f and threads:
-            threads[-1]["frames"].append((f.group(1), f.group(2), int(f.group(3) or 0)))
-    return threads
+def py_spy_command(py_spy: str | list[str], pid: int, out: Path, rate: int = RATE_HZ,
+                   max_s: float = MAX_S) -> list[str]:
+    """py_spy: the binary, or a command prefix that runs it (e.g. under setpriv)."""
+    return [*([py_spy] if isinstance(py_spy, str) else py_spy), "record", "--pid", str(pid), "--subprocesses", "--idle", "--full-filenames",
+            "--nonblocking", "--rate", str(rate), "--format", "chrometrace", "--duration", str(int(max_s)),
+            "--output", str(out)]
 
 
-def _short(func: str) -> str:
-    return func.rsplit(".", 1)[-1]
+class StackRecorder:
+    """Records the run's Python stacks with py-spy; see the module docstring.
 
-
-def _is_wait(func: str, file: str) -> bool:
-    file = file.replace("\\", "/")
-    return _short(func) in _WAIT_FUNCS and any(w in file for w in _WAIT_FILES)
-
-
-def _is_io(func: str, file: str) -> bool:
-    file = file.replace("\\", "/")
-    return _short(func) in _IO_FUNCS or any(w in file for w in _IO_FILES)
-
-
-def _wchan_kind(wchan: str | None) -> str | None:
-    """'io' for a kernel wait on storage or the network, 'waiting' for IPC/lock/sleep waits."""
-    if not wchan or wchan == "0":
-        return None
-    if any(k in wchan for k in _WCHAN_WAIT):
-        return "waiting"
-    if any(k in wchan for k in _WCHAN_IO):
-        return "io"
-    return None
-
-
-def classify_thread(thread: dict, states: tuple[str, ...] = (), wchan: str | None = None) -> str:
-    """'io', 'cpu', 'waiting' or 'unknown' for one parsed thread.
-
-    states: /proc state letters of the thread probed around the dump; wchan: the kernel
-    function it slept in. The order: a Python-visible wait (queue, lock, condition) wins,
-    then a Python-visible file/socket call, then the kernel's view (D = blocked on storage;
-    wchan names storage/network vs futex/pipe/nanosleep), then py-spy's idle flag.
-    """
-    frames = thread["frames"]
-    top = frames[:TOP_FRAMES]
-    if any(_is_wait(fn, fl) for fn, fl, _ in top):
-        return "waiting"
-    if any(_is_io(fn, fl) for fn, fl, _ in frames[:2]):
-        return "io"
-    if "D" in states:
-        return "io"
-    if thread["idle"]:
-        return _wchan_kind(wchan) or ("waiting" if frames else "unknown")
-    return "cpu" if frames else "unknown"
-
-
-def _main_thread(threads: list[dict], pid: int) -> dict | None:
-    for t in threads:
-        if t["tid"] == pid or t["name"] == "MainThread":
-            return t
-    return threads[0] if threads else None
-
-
-def _probe(pid: int, tid: int) -> tuple[str | None, str | None]:
-    """(state letter, wchan) of one thread now; None where unreadable."""
-    state = wchan = None
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
-        with open(f"/proc/{pid}/task/{tid}/wchan", "rb") as f:
-            wchan = f.read().decode().strip() or None
-    except (OSError, IndexError):
-        pass
-    return state, wchan
-
-
-class StackSampler:
-    """Periodic non-blocking py-spy dumps; see the module docstring.
-
-    results: one dict per dump {'t', 'pid', 'role', 'class', 'top', 'file'};
-    notes: what could not be done, each said once; refused: ptrace was denied.
+    start() returns at once (a thread waits for the first step, then starts py-spy); stop()
+    after the script has ended lets py-spy finish writing. notes: what could not be done.
     """
 
-    def __init__(self, pids_fn, out_dir, every: float = 5.0, timeout: float = 3.0,
-                 py_spy: str | list[str] | None = None):
-        self.pids_fn = pids_fn
+    def __init__(self, pid: int, out_dir, steps_path, rate: int = RATE_HZ, max_s: float = MAX_S,
+                 py_spy: str | list[str] | None = None, poll: float = 0.1):
+        self.pid = int(pid)
         self.out_dir = Path(out_dir)
-        self.every = float(every)
-        self.timeout = float(timeout)
-        if py_spy is None:
-            found = find_py_spy()
-            self.cmd = [found] if found else None
-        else:
-            self.cmd = [py_spy] if isinstance(py_spy, str) else list(py_spy)
-        self.results: list[dict] = []
+        self.steps_path = Path(steps_path)
+        self.rate, self.max_s, self.poll = int(rate), float(max_s), float(poll)
+        self.py_spy = py_spy or find_py_spy()
         self.notes: list[str] = []
-        self.refused = False
-        self.failures = 0
+        self.proc: subprocess.Popen | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._t0 = time.monotonic()
-        if self.cmd is None:
-            self._note(NO_PYSPY_NOTE)
+        if self.py_spy is None:
+            self.notes.append(no_pyspy_note())
 
-    def start(self) -> "StackSampler":
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="perfdoctor-stacks", daemon=True)
-        self._thread.start()
+    def start(self) -> "StackRecorder":
+        if self.py_spy is not None:
+            self._thread = threading.Thread(target=self._run, name="perfdoctor-stacks", daemon=True)
+            self._thread.start()
         return self
 
+    def _first_step_seen(self) -> bool:
+        try:
+            return self.steps_path.stat().st_size > 0
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and not self._first_step_seen():
+            if not _alive(self.pid):
+                return
+            self._stop.wait(self.poll)
+        if self._stop.is_set():
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        cmd = py_spy_command(self.py_spy, self.pid, self.out_dir / OUTPUT, self.rate, self.max_s)
+        meta = {"pid": self.pid, "rate_hz": self.rate, "max_s": self.max_s, "command": cmd,
+                "t0_unix": time.time()}
+        try:
+            with open(self.out_dir / LOG, "wb") as log:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        except OSError as exc:
+            self.notes.append(f"py-spy could not run ({exc}): Python stacks skipped")
+            return
+        (self.out_dir / META).write_text(json.dumps(meta, indent=1))
+
     def stop(self) -> None:
+        """Call after the script has ended: py-spy notices, writes its file and exits."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout + 1.0)
+            self._thread.join(timeout=5.0)
+        p = self.proc
+        if p is None:
+            return
+        try:
+            p.wait(timeout=WAIT_EXIT_S if not _alive(self.pid) else 0.5)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGINT)            # py-spy writes what it has on Ctrl-C
+            try:
+                p.wait(timeout=WAIT_EXIT_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                self.notes.append("py-spy did not finish writing its stacks; killed it")
+        self._check_failure(p.returncode)
+
+    def _check_failure(self, code: int | None) -> None:
+        out = self.out_dir / OUTPUT
+        if out.is_file() and out.stat().st_size > 0:
+            return
+        try:
+            log = (self.out_dir / LOG).read_text(errors="replace")
+        except OSError:
+            log = ""
+        if _REFUSED.search(log):
+            self.notes.append(ptrace_note())
+        else:
+            first = next((ln.strip() for ln in log.splitlines() if ln.strip() and "py-spy>" not in ln), None)
+            self.notes.append(f"py-spy recorded no stacks (exit code {code}"
+                              + (f": {first[:200]}" if first else "") + ")")
 
     def __enter__(self):
         return self.start()
@@ -205,95 +209,28 @@ class StackSampler:
     def __exit__(self, *exc):
         self.stop()
 
-    @property
-    def active(self) -> bool:
-        return self.cmd is not None and not self.refused
 
-    def classes(self) -> dict[str, Counter]:
-        """Counts of stack classes per role, e.g. {'worker': Counter({'cpu': 7, 'io': 2})}."""
-        out: dict[str, Counter] = {}
-        for r in self.results:
-            out.setdefault(r["role"], Counter())[r["class"]] += 1
-        return out
-
-    def _note(self, msg: str) -> None:
-        if msg not in self.notes:
-            self.notes.append(msg)
-
-    def _run(self) -> None:
-        while self.active and not self._stop.wait(self.every):
-            self.dump_once()
-
-    def dump_once(self) -> list[dict]:
-        """Dump every current process once; returns the new results."""
-        new: list[dict] = []
-        if not self.active:
-            return new
-        try:
-            targets = list(self.pids_fn())
-        except Exception as e:  # noqa: BLE001 - a bad callback must not kill the run
-            self._note(f"stack sampler: listing processes failed: {e}")
-            return new
-        for item in targets:
-            if self._stop.is_set() and self._thread is not None or not self.active:
-                break
-            pid, role = (item, "process") if isinstance(item, int) else (int(item[0]), str(item[1]))
-            r = self._dump(pid, role)
-            if r is not None:
-                self.results.append(r)
-                new.append(r)
-        return new
-
-    def _dump(self, pid: int, role: str) -> dict | None:
-        t = time.monotonic() - self._t0
-        before = _probe(pid, pid)
-        for attempt in range(3):
-            try:
-                p = subprocess.run([*self.cmd, "dump", "--pid", str(pid), "--nonblocking"],
-                                   capture_output=True, text=True, timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                self.failures += 1
-                return None
-            except OSError as e:
-                self._note(f"py-spy could not run ({e}): stacks skipped")
-                self.cmd = None
-                return None
-            # ESRCH while the process lives: a thread ended while py-spy listed them. Transient.
-            if p.returncode == 0 or "No such process" not in (p.stderr or "") or not _pid_alive(pid):
-                break
-            time.sleep(0.05)
-        if p.returncode != 0:
-            msg = (p.stderr or "") + (p.stdout or "")
-            if not _pid_alive(pid):
-                return None                            # the worker ended meanwhile: not an error
-            if _REFUSED.search(msg):
-                self.refused = True
-                self._note(PTRACE_NOTE)
-                return None
-            self.failures += 1
-            first = next((ln for ln in msg.splitlines() if ln.strip()), f"exit code {p.returncode}")
-            self._note(f"py-spy dump failed for a {role} process: {first.strip()[:200]}")
-            return None
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"stacks-{t:07.1f}-{pid}.txt"
-        path.write_text(p.stdout)
-        threads = parse_dump(p.stdout)
-        main = _main_thread(threads, pid)
-        if main is None:
-            cls, top = "unknown", None
-        else:
-            # the kernel's view, probed right after the dump (a few reads: D is brief)
-            probes = [before] + [_probe(pid, main["tid"]) for _ in range(PROBES)]
-            states = tuple(st for st, _ in probes if st)
-            wchans = [w for _, w in probes if w and w != "0"]
-            wchan = next((w for w in wchans if _wchan_kind(w) == "io"), wchans[-1] if wchans else None)
-            cls = classify_thread(main, states, wchan)
-            top = "{} ({}:{})".format(*main["frames"][0]) if main["frames"] else None
-        return {"t": round(t, 3), "pid": pid, "role": role, "class": cls, "top": top,
-                "file": path.name}
+def load_recording(stacks_dir) -> tuple[list[dict], dict] | None:
+    """(chrometrace events, meta) of a run's recording; None when there is none or it is unreadable."""
+    d = Path(stacks_dir)
+    try:
+        meta = json.loads((d / META).read_text())
+        raw = (d / OUTPUT).read_bytes()
+    except (OSError, ValueError):
+        return None
+    try:
+        import msgspec
+        events = msgspec.json.decode(raw)
+    except ImportError:  # pragma: no cover - msgspec is a dependency
+        events = json.loads(raw)
+    except Exception:   # noqa: BLE001 - a truncated file (py-spy killed mid-write)
+        return None
+    if isinstance(events, dict):
+        events = events.get("traceEvents", [])
+    return (events, meta) if isinstance(events, list) else None
 
 
-def _pid_alive(pid: int) -> bool:
+def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
