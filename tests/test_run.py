@@ -216,9 +216,16 @@ def test_stacks_are_sampled_or_refusal_is_explained(tmp_path):
     r = prun("--stacks", "--no-trace", "--duration", "8", EX / "cpu_bound_loader.py", "--workers", "1",
              "--steps", "100000", out=tmp_path / "run")
     assert r.returncode == 0, r.stderr
-    dumps = list((tmp_path / "run" / "stacks").glob("stacks-*.txt"))
-    notes = " ".join(report(tmp_path / "run")["run"]["notes"])
-    assert dumps or "py-spy could not attach" in notes
+    doc = report(tmp_path / "run")
+    notes = " ".join(doc["run"]["notes"])
+    if "py-spy could not attach" in notes or "py-spy not found" in notes:
+        assert doc["stacks"] is None
+        return
+    assert (tmp_path / "run" / "stacks" / "pyspy.json").is_file()
+    # the worker's per-sample work and the trainer's wait for it are named
+    roles = {t["role"] for t in doc["stacks"]["top"]}
+    assert doc["stacks"]["steady_steps"] >= 3 and roles == {"trainer", "worker"}, doc["stacks"]
+    assert "Where the steady steps go" in r.stderr
 
 
 def test_trace_compression_off_the_training_thread(tmp_path):

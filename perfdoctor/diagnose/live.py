@@ -133,6 +133,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
     m.update(few_steps_metrics(steps))
     notes += [n for n in sample_notes if n not in notes]
+    stacks = run_stacks(run_dir, steps, m, notes)
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
     doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes
@@ -147,8 +148,24 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling}
+    doc["stacks"] = stacks
     steps_only_verdict(doc, res, steps, bool(traces))
     return doc
+
+
+def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> dict | None:
+    """The py-spy recording (if any) -> stacks.* metrics into m, and the report's `stacks` section."""
+    from perfdoctor.analyze.stacks import attribute, section
+    from perfdoctor.collect.stacks import load_recording
+
+    rec = load_recording(run_dir / "stacks")
+    if rec is None:
+        if (run_dir / "stacks" / "pyspy.meta.json").is_file():
+            notes.append("py-spy's stack recording could not be read (killed while writing?)")
+        return None
+    rep = attribute(rec[0], rec[1], steps)
+    m.update(rep.metrics)
+    return section(rep, rec[1])
 
 
 def load_result(run_dir: Path) -> RunResult:

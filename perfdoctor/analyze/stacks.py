@@ -1,0 +1,324 @@
+"""Python stacks -> where the steady steps' wall time goes, by frame and by cause.
+
+Input: the chrometrace events py-spy recorded (collect/stacks.py: begin/end events of Python
+frames, microseconds from py-spy's start; with --idle every thread is sampled, blocked or not)
+and the step records of steps.jsonl. Output: registered `stacks.*` metrics and the top frames.
+
+Steady steps: the final step mode's records after the warm-up (the first max(2, 10%)), without
+the profiled and perturbed steps. Long steps stay in: a checkpoint every 100 steps is exactly
+such a step. A sample counts where it falls inside a steady step (Unix time t0 + ts).
+
+Every share is a fraction of the sampled steady step time on the trainer's main thread (the
+thread that runs the script; py-spy's time base makes sampled ~ wall time). Causes, checked
+in this order on each stack:
+- checkpoint: torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, Lightning's
+  save_checkpoint, numpy.save... anywhere in the stack;
+- logging_sync: logging, TensorBoard, wandb, mlflow... frames, or the leaf is the user's own
+  line reading device values (.item(), .cpu(), .tolist(), .numpy(): the source line is read);
+- data_loader (DataLoader __next__), model (nn.Module calls), backward, optimizer, perfdoctor
+  (its own hooks), waiting (the user's line sleeps, waits or joins, by its source text, or calls
+  threading/multiprocessing/queue: --idle shows blocked time, and a sleep is not work);
+- python_data: the rest of the user's own code, alone or calling data libraries (numpy, PIL,
+  random, tokenizers, torchvision transforms...): batches built in the loop. A tensor op
+  called straight from the loop also lands here (stacks cannot tell Python from a C call), so
+  the rule caps it by the trace's untraced time.
+A top frame is (the library function the user's line called, that line): `torch.save` at
+`train.py:27`; the user's line alone when its own code is the leaf. Workers (processes running
+DataLoader's _worker_loop) get their own top frames: the mean share of their wall time.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+MIN_STEADY_STEPS = 3
+MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares
+TOP = 8                     # trainer frames listed
+TOP_WORKER = 4
+MIN_TOP_SHARE = 0.01
+
+_TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
+_STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
+_SITE = re.compile(r"/(?:site|dist)-packages/")
+_DEVICE_READ = re.compile(r"\.(?:item|cpu|tolist|numpy)\(\s*\)")
+_WAITING = re.compile(r"\b(?:sleep|wait|join|synchronize|barrier)\s*\(")
+
+CHECKPOINT_MODULES = ("torch.serialization", "torch.distributed.checkpoint", "safetensors", "transformers",
+                      "lightning", "pytorch_lightning", "accelerate", "deepspeed", "numpy", "orbax", "h5py")
+CHECKPOINT_FUNCS = {"save", "_save", "_legacy_save", "save_file", "save_pretrained", "_save_checkpoint",
+                    "save_checkpoint", "save_state", "save_model", "async_save", "savez", "savez_compressed"}
+LOGGING_MODULES = ("logging", "torch.utils.tensorboard", "tensorboardX", "tensorboard", "wandb", "mlflow",
+                   "neptune", "comet_ml", "clearml", "aim", "lightning.pytorch.loggers",
+                   "pytorch_lightning.loggers", "lightning.fabric.loggers")
+DATA_MODULES = ("numpy", "PIL", "cv2", "pandas", "random", "json", "csv", "re", "pickle", "torchvision.transforms",
+                "torchvision.io", "torchvision.datasets", "torchaudio", "albumentations", "tokenizers",
+                "transformers.tokenization_utils", "transformers.tokenization_utils_base",
+                "transformers.tokenization_utils_fast", "datasets", "torch.utils.data")
+ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load": "torch.load",
+           "torch.nn.modules.module.Module._wrapped_call_impl": "nn.Module.__call__",
+           "torch.nn.modules.module.Module._call_impl": "nn.Module.__call__",
+           "torch._tensor.Tensor.backward": "Tensor.backward",
+           "torch.optim.optimizer.Optimizer.profile_hook_step.<locals>.wrapper": "Optimizer.step",
+           "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
+           "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
+CAUSES = ("checkpoint", "logging_sync", "data_loader", "model", "backward", "optimizer", "perfdoctor",
+          "waiting", "python_data", "other")
+
+
+@dataclass
+class Frame:
+    func: str
+    file: str
+    line: int
+    kind: str            # user | lib | tool
+    module: str          # dotted module of a library frame ("" for user code)
+
+
+@dataclass
+class StackReport:
+    metrics: dict
+    top: list[dict] = field(default_factory=list)
+    steady_steps: int = 0
+    sampled_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def empty_metrics() -> dict:
+    return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
+            "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None,
+            "stacks.python_data_share": None}
+
+
+def _frame(func: str, file: str, line: int) -> Frame:
+    f = file.replace("\\", "/")
+    if f.startswith(_TOOL_DIR) or "/perfdoctor/collect/" in f:
+        return Frame(func, file, line, "tool", "perfdoctor")
+    m = _SITE.search(f) or _STDLIB.search(f)
+    if m or f.startswith("<"):
+        rel = f[m.end():] if m else f.strip("<>").replace("frozen ", "")
+        mod = rel[:-3] if rel.endswith(".py") else rel
+        mod = mod.replace("/", ".")
+        mod = mod[:-9] if mod.endswith(".__init__") else mod
+        return Frame(func, file, line, "lib", mod)
+    return Frame(func, file, line, "user", "")
+
+
+def _in(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def label(f: Frame) -> str:
+    if f.kind == "user":
+        return f"{Path(f.file).name}:{f.line}"
+    name = f"{f.module}.{f.func}"
+    return ALIASES.get(name, name)
+
+
+def _line_says(f: Frame, source, pattern: re.Pattern) -> bool:
+    text = source(f.file, f.line) if f.line > 0 else ""
+    return bool(text) and bool(pattern.search(text))
+
+
+def classify(stack: tuple, source=linecache.getline) -> tuple[str, str, str | None]:
+    """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...)."""
+    frames = [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
+    if not frames:
+        return "other", "?", None
+    user = max((i for i, f in enumerate(frames) if f.kind == "user"), default=None)
+    below = frames[user + 1:] if user is not None else frames
+    at = label(frames[user]) if user is not None else None
+    shown = [f for f in below if f.kind != "tool"] or below     # perfdoctor's own wrappers are not named
+    called = label(shown[0]) if shown else (at or "?")
+    libs = [f for f in frames if f.kind == "lib"]
+    if any(_in(f.module, CHECKPOINT_MODULES) and f.func.rsplit(".", 1)[-1] in CHECKPOINT_FUNCS for f in libs):
+        cause = "checkpoint"
+    elif any(_in(f.module, LOGGING_MODULES) for f in libs) or (not below and _line_says(frames[user], source, _DEVICE_READ)):
+        cause = "logging_sync"
+    elif any(f.module == "torch.utils.data.dataloader" and f.func.endswith("__next__") for f in libs):
+        cause = "data_loader"
+    elif any(_in(f.module, ("torch.nn.modules",)) for f in below):
+        cause = "model"
+    elif any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") and f.module == "torch._tensor"
+             for f in below):
+        cause = "backward"
+    elif any(f.kind == "tool" for f in below):
+        cause = "perfdoctor"
+    elif any(_in(f.module, ("torch.optim",)) for f in below):
+        cause = "optimizer"
+    elif not below and _line_says(frames[user], source, _WAITING) or any(
+            _in(f.module, ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors"))
+            for f in below[:1]):
+        cause = "waiting"
+    elif user is not None and all(f.kind == "lib" and _in(f.module, DATA_MODULES) for f in below):
+        cause = "python_data"
+    else:
+        cause = "other"
+    return cause, called, at
+
+
+def segments(events: list[dict]) -> dict[tuple, list[tuple[int, int, tuple]]]:
+    """Chrometrace B/E events -> {(pid, tid): [(start_us, end_us, stack root-first), ...]}."""
+    stacks: dict[tuple, list] = {}
+    since: dict[tuple, int] = {}
+    out: dict[tuple, list] = {}
+    for e in events:
+        ph = e.get("ph")
+        if ph not in ("B", "E"):
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        ts = int(e.get("ts", 0))
+        cur = stacks.setdefault(key, [])
+        t0 = since.get(key)
+        if t0 is not None and ts > t0 and cur:
+            out.setdefault(key, []).append((t0, ts, tuple(cur)))
+        since[key] = ts
+        if ph == "B":
+            a = e.get("args") or {}
+            cur.append((e.get("name", "?"), a.get("filename") or "", int(a.get("line") or 0)))
+        elif cur:
+            cur.pop()
+    return out
+
+
+def steady_steps(steps: list[dict]) -> list[dict]:
+    if not steps:
+        return []
+    mode = steps[-1].get("mode")
+    recs = [s for s in steps if s.get("mode") == mode]
+    warm = max(2, int(np.ceil(0.1 * len(recs))))
+    return [s for s in recs[warm:] if not s.get("profiled") and not s.get("perturbed") and s.get("dur", 0) > 0]
+
+
+class _Windows:
+    """Disjoint steady-step intervals (Unix s); overlap(a, b) = steady time inside [a, b)."""
+
+    def __init__(self, steps: list[dict]):
+        iv = sorted((s["end"] - s["dur"], s["end"]) for s in steps)
+        self.lo = np.array([a for a, _ in iv])
+        self.hi = np.array([b for _, b in iv])
+        self.cum = np.concatenate([[0.0], np.cumsum(self.hi - self.lo)])
+
+    def before(self, t: np.ndarray) -> np.ndarray:
+        n = len(self.lo)
+        i = np.searchsorted(self.hi, t, side="right")        # intervals ending at or before t
+        j = np.minimum(i, n - 1)
+        part = np.where(i < n, np.clip(t - self.lo[j], 0.0, self.hi[j] - self.lo[j]), 0.0)
+        return self.cum[i] + part
+
+    def overlap(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.before(b) - self.before(a)
+
+
+def _main_thread(segs: dict, pid) -> tuple | None:
+    """The thread that runs the script: not started by threading (bottom frame), most time."""
+    best, best_t = None, -1
+    for key, ss in segs.items():
+        if key[0] != pid:
+            continue
+        bottom = next((f for f in ss[0][2] if f[1]), ("", "", 0))
+        if bottom[0].endswith("_bootstrap") and bottom[1].endswith("threading.py"):
+            continue
+        t = sum(b - a for a, b, _ in ss)
+        if t > best_t:
+            best, best_t = key, t
+    return best
+
+
+def attribute(events: list[dict], meta: dict, steps: list[dict], source=linecache.getline) -> StackReport:
+    """The steady steps' stacks -> stacks.* metrics and the top frames (see the module docstring)."""
+    m = empty_metrics()
+    rep = StackReport(m)
+    steady = steady_steps(steps)
+    segs = segments(events)
+    trainer = _main_thread(segs, meta.get("pid"))
+    if trainer is None or "t0_unix" not in meta:
+        rep.notes.append("py-spy recorded no stacks of the training thread")
+        return rep
+    win = _Windows(steady) if steady else None
+    t0 = float(meta["t0_unix"])
+
+    def tally(ss):
+        a = t0 + np.array([s[0] for s in ss]) / 1e6
+        b = t0 + np.array([s[1] for s in ss]) / 1e6
+        return a, b, win.overlap(a, b)
+
+    if win is None:
+        rep.notes.append("no steady steps to attribute stacks to")
+        return rep
+    a, b, w = tally(segs[trainer])
+    sampled = float(w.sum())
+    # steady steps inside the recording (a step cut by its start or end counts by its fraction)
+    frac = np.clip((np.minimum(win.hi, b.max()) - np.maximum(win.lo, a.min())) / (win.hi - win.lo), 0.0, 1.0)
+    covered, span = float(frac.sum()), float(((win.hi - win.lo) * frac).sum())
+    rep.steady_steps, rep.sampled_s = int(round(covered)), sampled
+    if covered < MIN_STEADY_STEPS or sampled < MIN_SAMPLED_S:
+        rep.notes.append(f"py-spy sampled {sampled:.1f} s of {covered:.0f} steady step(s): too few to attribute "
+                         "the step time to Python frames")
+        return rep
+    causes: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
+    frames: dict[tuple, list] = {}
+    memo: dict[tuple, tuple] = {}
+    saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap]
+    gap = 2.5 / float(meta.get("rate_hz") or 100)
+    for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
+        c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
+        if c[0] == "checkpoint":        # one save = consecutive checkpoint samples
+            if saves and sa - saves[-1][0] <= gap:
+                saves[-1][0], saves[-1][1], saves[-1][2] = sb, saves[-1][1] + sb - sa, saves[-1][2] + wt
+            else:
+                saves.append([sb, sb - sa, wt])
+        if wt <= 0:
+            continue
+        causes[c[0]] += wt
+        entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
+        entry[0] += wt
+    n_saves = sum(ov / d for _, d, ov in saves if d > 0)      # a save cut by a window counts by its part
+    share = {k: v / sampled for k, v in causes.items()}
+    m.update({"stacks.steady_steps": rep.steady_steps, "stacks.coverage": min(1.0, sampled / span) if span else None,
+              "stacks.checkpoint_share": float(share["checkpoint"]),
+              "stacks.logging_sync_share": float(share["logging_sync"]),
+              "stacks.python_data_share": float(share["python_data"]),
+              "stacks.checkpoint_interval_steps": covered / n_saves if n_saves > 0.5 else None})
+    rep.top = _top(frames, sampled, "trainer", TOP)
+    rep.top += _workers(segs, trainer, meta.get("pid"), tally, source)
+    return rep
+
+
+def _top(frames: dict, total: float, role: str, n: int) -> list[dict]:
+    rows = sorted(frames.items(), key=lambda kv: -kv[1][0])
+    out = []
+    for (called, at), (t, cause, leaf) in rows[:n]:
+        if t / total < MIN_TOP_SHARE:
+            break
+        out.append({"frame": called, "at": at, "share": float(t / total), "role": role, "cause": cause,
+                    "leaf": f"{leaf[0]} ({leaf[1]}:{leaf[2]})"})
+    return out
+
+
+def _workers(segs: dict, trainer: tuple, pid, tally, source) -> list[dict]:
+    """Top frames of the loader workers' main threads: mean share of their sampled steady time."""
+    frames: dict[tuple, list] = {}
+    total = 0.0
+    for key, ss in segs.items():
+        if key[0] == pid or not any("_worker_loop" in f[0] for _, _, st in ss[:50] for f in st):
+            continue
+        _, _, w = tally(ss)
+        total += float(w.sum())
+        for (_, _, stack), wt in zip(ss, w):
+            if wt > 0:
+                c = classify(stack, source)
+                entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
+                entry[0] += wt
+    return _top(frames, total, "worker", TOP_WORKER) if total > 0 else []
+
+
+def section(rep: StackReport, meta: dict) -> dict:
+    """The report's `stacks` section: top frames with their shares, and what they cover."""
+    top = [{**t, "share": round(float(t["share"]), 4)} for t in rep.top]
+    return {"top": top, "steady_steps": rep.steady_steps, "sampled_s": round(rep.sampled_s, 3),
+            "rate_hz": meta.get("rate_hz"), "notes": list(rep.notes)}
