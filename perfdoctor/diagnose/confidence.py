@@ -40,7 +40,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
-                     "profile with Python stacks to see it")
+                     + ("the Python stacks below name it" if m.get("stacks.steady_steps")
+                        else "profile with Python stacks to see it"))
     return round(conf, 2), notes, secondary
 
 

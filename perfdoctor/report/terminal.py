@@ -46,6 +46,7 @@ def render(doc: dict, console: Console | None = None) -> None:
     if doc.get("cross_rank"):
         _ranks(c, doc)
     _breakdown(c, first)
+    _stacks(c, doc.get("stacks"))
     _fixes(c, doc["findings"])
     _flags(c, doc["flags"])
     _gaps(c, first)
@@ -95,6 +96,26 @@ def _breakdown(c: Console, t: dict) -> None:
         table.add_row("  " + name, f"{ms:9.2f} ms", f"{100 * share:5.1f}%",
                       Text("█" * int(round(share * BAR)) or "▏", style="green"))
     c.print(table)
+
+
+STACK_ROWS = 5
+
+
+def _stacks(c: Console, st: dict | None) -> None:
+    """The top Python frames of the steady steps (py-spy), one line each."""
+    if not st:
+        return
+    for n in st.get("notes", []) if not st.get("top") else []:
+        c.print(Text(f"note: {n}", style="dim"))
+    if not st.get("top"):
+        return
+    c.print()
+    c.print(Text(f"Where the steady steps go (Python stacks: {st['steady_steps']} steps, "
+                 f"{st['sampled_s']:.1f} s sampled)", style="bold"))
+    for t in st["top"][:STACK_ROWS]:
+        where = f"{t['frame']} at {t['at']}" if t["at"] and t["frame"] != t["at"] else t["frame"]
+        c.print(Text.assemble(f"  {100 * t['share']:5.1f}%  ", (where, "bold"),
+                              (f"  ({t['cause'].replace('_', ' ')}, {t['role']})", "dim")))
 
 
 def _fixes(c: Console, findings: list[dict]) -> None:
