@@ -100,7 +100,8 @@ class Session:
             register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
             register_optimizer_step_post_hook(self._on_optimizer_step)
         except Exception as exc:  # very old torch
-            self.notes.append(f"optimizer hooks unavailable ({exc}); steps come from backward passes or DataLoader iterations")
+            self.notes.append(f"optimizer hooks unavailable ({exc}); steps come from backward passes or "
+                              "DataLoader iterations")
         try:
             from perfdoctor.collect import passes
             self.resets = passes.GradResets()

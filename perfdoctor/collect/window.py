@@ -154,7 +154,8 @@ class Window:
             if self.recorded >= self.active or (self.recorded >= 1 and now - self.t_record >= self.trace_s):
                 if self.recorded < self.active:
                     self.notes.append(f"steps are long: the trace holds {self.recorded} whole step(s) "
-                                      f"({now - self.t_record:.1f} s >= {self.trace_s:g} s), not --trace-steps {self.active}")
+                                      f"({now - self.t_record:.1f} s >= {self.trace_s:g} s), "
+                                      f"not --trace-steps {self.active}")
                 self._stop(partial=False)
             else:
                 self.prof.step()
@@ -243,5 +244,6 @@ class Window:
                                   "the uncompressed .pt.trace.json is kept")
 
     def info(self) -> dict:
-        return {"start_after_steps": self.start_step, "profiler_warmup_steps": self.warmup if self.start_step is not None else None,
+        started = self.start_step is not None
+        return {"start_after_steps": self.start_step, "profiler_warmup_steps": self.warmup if started else None,
                 "recorded_steps": self.recorded, "warmup_s": self.warmup_s, "trace_s": self.trace_s}

@@ -1,0 +1,261 @@
+"""`perfdoctor run` on loops it used to miss: hand-written updates (no torch.optim), a closure
+optimizer with a few long steps, too few steps for a trace, a failure before the first step.
+
+Each test writes a small CPU training script, runs it under `perfdoctor run` and checks the
+run directory the run really produced: steps.jsonl, child.json, the trace, report.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="perfdoctor run tests need torch (test dependency)")
+
+
+def prun(*args, out: Path, env: dict | None = None, cwd=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=dict(os.environ, **(env or {})))
+
+
+def bare(script: Path, *args, cwd=None):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=240, cwd=cwd)
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def child(out: Path) -> dict:
+    return json.loads((out / "child.json").read_text())
+
+
+def steps(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
+
+
+# An LSTM language model as in the classic word-language-model example: batches sliced from one
+# tensor (no DataLoader), parameters updated by hand (no optimizer), gradients clipped.
+LSTM = r"""
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+iters = int(sys.argv[1])
+vocab, emb, hid, bptt, bsz = 200, 64, 128, 20, 16
+data = torch.randint(0, vocab, (bptt * (iters + 1) + 1, bsz))
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.rnn, self.dec = nn.Embedding(vocab, emb), nn.LSTM(emb, hid), nn.Linear(hid, vocab)
+    def forward(self, x, h):
+        out, h = self.rnn(self.enc(x), h)
+        return self.dec(out), h
+model, lr, crit, h = LM(), 0.5, nn.CrossEntropyLoss(), None
+for i in range(iters):
+    x, y = data[i * bptt:(i + 1) * bptt], data[i * bptt + 1:(i + 1) * bptt + 1]
+    h = None if h is None else tuple(t.detach() for t in h)
+    model.zero_grad()
+    out, h = model(x, h)
+    loss = crit(out.view(-1, vocab), y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+    for p in model.parameters():
+        p.data.add_(-lr, p.grad)
+    if i % 10 == 0:
+        print(f"iter {i} loss {loss.item():.4f}", flush=True)
+print("lstm: done")
+"""
+
+
+def test_hand_written_update_counts_backward_passes(tmp_path):
+    script = tmp_path / "lstm.py"
+    script.write_text(LSTM)
+    out = tmp_path / "run"
+    r = prun("--skip-steps", "3", "--trace-steps", "4", script, 40, out=out)
+    b = bare(script, 40)
+    assert r.returncode == 0 == b.returncode, r.stderr
+    assert r.stdout == b.stdout                               # the script's output, untouched
+    assert "deprecated" in r.stderr                           # add_(Number, Tensor)'s own warning passes through
+    recs = steps(out)
+    assert len(recs) == 39 and {s["mode"] for s in recs} == {"backward"}   # 40 passes, the first starts the count
+    c = child(out)
+    assert c["mode"] == "backward" and c["step_source"].startswith("backward passes")
+    doc = report(out)
+    assert doc["run"]["step_source"] == c["step_source"]
+    assert any("gradient reset" in n for n in doc["run"]["notes"])
+    m = doc["traces"][0]["metrics"]
+    assert list((out / "trace").glob("*.pt.trace.json.gz"))
+    assert m["steps.source"] == "ProfilerStep" and m["steps.count"] == 4
+    assert m["run.steps"] == 39
+    assert doc["verdict"]["bound"] != "inconclusive" and doc["verdict"]["rule"]
+
+
+# Hand-written accumulation over a DataLoader: 3 backward passes per update, no optimizer. The
+# passes of one update are one step; batches come from a DataLoader but backward passes win.
+ACCUM = r"""
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(30 * 8, 16), torch.randn(30 * 8, 1))
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+for i, (x, y) in enumerate(DataLoader(data, batch_size=8)):
+    (nn.functional.mse_loss(model(x), y) / 3).backward()
+    if i % 3 == 2:
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+        model.zero_grad(set_to_none=(i % 2 == 0))   # both ways of resetting
+print("accum: done")
+"""
+
+
+def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
+    script = tmp_path / "accum.py"
+    script.write_text(ACCUM)
+    out = tmp_path / "run"
+    r = prun("--no-trace", script, out=out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "accum: done\n"
+    recs = steps(out)
+    # 30 passes in 10 updates: the first update's first pass starts the count, the last update
+    # is never followed by a reset, so 9 steps of 3 batches each.
+    assert [s["batches"] for s in recs] == [3] * 9
+    assert child(out)["mode"] == "backward"
+
+
+# LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call
+# also multiplies matrices for STEP_S / 20 seconds, so that a step lasts STEP_S of CPU work on any
+# machine, however fast or busy. The time rules are scaled down (1 s instead of 10 s) as for
+# steps of ~20 s.
+LBFGS = r"""
+import sys, time
+import torch, torch.nn as nn
+torch.manual_seed(0); torch.set_num_threads(1)
+steps, step_s = int(sys.argv[1]), float(sys.argv[2])
+x, y = torch.randn(512, 32), torch.randn(512, 1)
+a, b = torch.randn(256, 256), torch.randn(256, 256)
+model = nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 1))
+opt = torch.optim.LBFGS(model.parameters(), lr=0.05, max_iter=20, tolerance_grad=0, tolerance_change=0)
+calls = 0
+def closure():
+    global calls
+    calls += 1
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    while time.perf_counter() - t0 < step_s / 20:
+        torch.mm(a, b)
+    return loss
+for i in range(steps):
+    loss = opt.step(closure)
+    print(f"step {i} loss {loss.item():.4f}", flush=True)
+print(f"lbfgs: done, {calls} closure calls")
+"""
+SCALED = {"PERFDOCTOR_WARMUP_S": "1", "PERFDOCTOR_TRACE_S": "1"}
+
+
+def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path):
+    script = tmp_path / "lbfgs.py"
+    script.write_text(LBFGS)
+    out = tmp_path / "run"
+    r = prun(script, 4, 2.5, out=out, env=SCALED)        # default --skip-steps 5: more than the run has
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("lbfgs: done, 80 closure calls\n")
+    recs = steps(out)
+    assert len(recs) == 4 and {s["mode"] for s in recs} == {"optimizer"}   # optimizer steps, not 80 passes
+    assert all(s["dur"] > 2.4 for s in recs)                  # whole steps of ~2.5 s, the first one too
+    c = child(out)
+    assert c["step_source"] == "optimizer steps"
+    assert c["window"]["start_after_steps"] == 1 and c["window"]["recorded_steps"] == 1
+    assert [s["step"] for s in recs if s["profiled"]] == [2]  # step 1 warm-up, step 2 traced
+    doc = report(out)
+    notes = " ".join(doc["run"]["notes"])
+    assert "closure optimizer (LBFGS)" in notes and "steps are long" in notes
+    m = doc["traces"][0]["metrics"]
+    assert m["steps.source"] == "ProfilerStep" and m["steps.count"] == 1
+    assert m["steps.time_median_ms"] > 2400                   # the traced step is a whole one
+    assert doc["verdict"]["bound"] == "device", doc["verdict"]["summary"]   # CPU ops fill the step
+
+
+def test_too_few_steps_for_a_trace_still_get_a_verdict(tmp_path):
+    script = tmp_path / "lbfgs.py"
+    script.write_text(LBFGS)
+    out = tmp_path / "run"
+    r = prun(script, 1, 2.5, out=out, env=SCALED)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("lbfgs: done, 20 closure calls\n")
+    assert len(steps(out)) == 1
+    assert child(out)["profiler"] == "empty"                  # the window opened, no whole step followed
+    assert not (out / "trace").exists() or not list((out / "trace").iterdir())
+    doc = report(out)
+    v = doc["verdict"]
+    assert v["bound"] == "device" and v["rule"] == "PD114", v["summary"]
+    assert v["confidence"] <= 0.4 and v["confidence_label"] == "low"
+    assert any("no trace" in n and "confidence is capped" in n for n in v["notes"])
+    assert "DEVICE-BOUND" in r.stderr and "Step breakdown" not in r.stderr
+
+
+EARLY_CRASH = r"""
+import torch
+print("loading data", flush=True)
+model = torch.nn.Linear(4, 1)
+def load(path):
+    raise FileNotFoundError(f"{path} not found")
+load("data/train.bin")
+"""
+
+
+def test_failure_before_the_first_step_is_the_verdict(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_CRASH)
+    out = tmp_path / "run"
+    r = prun(script, out=out)
+    b = bare(script)
+    assert r.returncode == 1 == b.returncode
+    assert r.stdout == b.stdout == "loading data\n"
+    assert r.stderr.startswith(b.stderr)                      # Python's own traceback, byte for byte
+    doc = report(out)
+    assert doc["run"]["outcome"] == "crashed" and doc["run"]["exit_code"] == 1 and doc["run"]["steps"] == 0
+    assert doc["run"]["error"] == "FileNotFoundError: data/train.bin not found"
+    assert doc["verdict"]["bound"] == "inconclusive"
+    assert doc["verdict"]["summary"].startswith("The script failed before its first step (FileNotFoundError")
+    tail = r.stderr[len(b.stderr):]
+    assert "failed before its first step" in tail and "exit code 1" in tail
+    assert "Step breakdown" not in tail
+
+
+def test_grad_resets_tell_accumulation_from_updates():
+    """The reset detector on its own: set to None, zeroed in place, clipped = a new step;
+    accumulation = the same step; a reset through .grad.data is invisible."""
+    from perfdoctor.collect.passes import GradResets
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    g = GradResets()
+
+    def passes(*resets):
+        out = []
+        for _ in resets:
+            loss = model(torch.randn(2, 4)).sum()
+            out.append(g.before_pass(loss))
+            loss.backward()
+            g.after_pass()
+        return out
+    assert passes(1, 2) == [True, False]                      # first pass; accumulation
+    assert len(g.leaves) >= 2
+    model.zero_grad()                                          # set to None
+    assert passes(1) == [True]
+    model.zero_grad(set_to_none=False)                         # zeroed in place
+    assert passes(1) == [True]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)   # modified in place
+    assert passes(1) == [True]
+    for p in model.parameters():
+        p.grad.data.zero_()                                    # .data has its own version counter
+    assert passes(1) == [False]
