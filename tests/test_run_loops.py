@@ -128,6 +128,10 @@ def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
     # is never followed by a reset, so 9 steps of 3 batches each.
     assert [s["batches"] for s in recs] == [3] * 9
     assert child(out)["mode"] == "backward"
+    # --max-steps counts the steps kept while the source was being chosen (8 here) as well
+    r = prun("--no-trace", "--max-steps", 5, script, out=tmp_path / "stopped")
+    assert r.returncode == 0 and r.stdout == "" and len(steps(tmp_path / "stopped")) == 5
+    assert report(tmp_path / "stopped")["run"]["stopped_by"] == "max-steps"
 
 
 # LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call

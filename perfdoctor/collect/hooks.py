@@ -236,6 +236,8 @@ class Session:
         self.mode, self.source = ("backward" if source.startswith("backward") else source), source
         self.notes.append(note)
         marks = list(marks)
+        if self.max_steps and not self.finished:
+            marks = marks[: self.max_steps - self.steps + 1]   # --max-steps counts these steps too
         self.group_marks, self.loader_marks = [], []
         self.pass_marks.clear()
         self.mark, self.t_first = marks[0], marks[0][0]
