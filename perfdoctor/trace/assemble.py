@@ -79,6 +79,6 @@ def build_table(path: str, part: Part) -> EventTable:
     s = part.strings
     return EventTable(
         ph=cols["ph"], cat=cols["cat"], name=cols["name"], pid=cols["pid"], tid=cols["tid"],
-        ts=cols["ts"], dur=cols["dur"], args={k: cols[k] for k in schema.NUMERIC_ARGS},
+        ts=cols["ts"], dur=cols["dur"], args={k: cols[k] for k in schema.NUMERIC_ARGS + schema.DERIVED_ARGS},
         cats=s["cat"], names=s["name"], pids=s["pid"], tids=s["tid"],
         meta=meta, str_args={"labels": part.labels})

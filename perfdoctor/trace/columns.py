@@ -22,10 +22,11 @@ from perfdoctor.trace.reader import ReadState
 STRING_COLUMNS = ("cat", "name", "pid", "tid")
 # column -> array typecode (numpy: uint8, int32, float64)
 LAYOUT = {"ph": "B", **{k: "i" for k in STRING_COLUMNS}, "ts": "d", "dur": "d",
-          **{k: "d" for k in schema.NUMERIC_ARGS}}
+          **{k: "d" for k in schema.NUMERIC_ARGS + schema.DERIVED_ARGS}}
 ARG_FIELDS = schema.Args.__struct_fields__
 _NUMERIC_ARG_INDEX = [(ARG_FIELDS.index(k), k) for k in schema.NUMERIC_ARGS]
 _LABEL, _LABELS = ARG_FIELDS.index("label"), ARG_FIELDS.index("labels")
+_DTYPE = ARG_FIELDS.index("dtype")
 assert array("i").itemsize == 4 and array("d").itemsize == 8
 
 
@@ -76,6 +77,7 @@ class Columns:
         arg_cols = list(zip(*map(msgspec.structs.astuple, args)))
         for i, key in _NUMERIC_ARG_INDEX:
             cols[key].extend(_floats(arg_cols[i]))
+        cols["dtype_bytes"].extend(array("d", map(_DTYPE_SIZE.__getitem__, arg_cols[_DTYPE])))
         flags = codes.tobytes()
         row = flags.find(b"M")
         while row >= 0:
@@ -134,7 +136,17 @@ class _PhaseCode(dict):
         return code
 
 
+class _DtypeSize(dict):
+    """dtype arg ("Float", "c10::BFloat16", None) -> bytes per element, NaN when absent or unknown."""
+
+    def __missing__(self, dtype):
+        key = str(dtype).lower().rsplit("::", 1)[-1]
+        size = self[dtype] = float(schema.DTYPE_BYTES.get(key, _NAN)) if dtype is not None else _NAN
+        return size
+
+
 _KEPT_PHASE = _KeptPhase()
+_DTYPE_SIZE = _DtypeSize()
 _PHASE_CODE = _PhaseCode()
 _PH = attrgetter("ph")
 _NAN = float("nan")

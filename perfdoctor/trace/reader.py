@@ -268,7 +268,7 @@ def _coerce_args(a: Any) -> schema.Args:
     for f in schema.Args.__struct_fields__:
         key = schema.Args.__struct_encode_fields__[schema.Args.__struct_fields__.index(f)]
         v = a.get(key)
-        if f in ("label", "labels"):
+        if f in ("label", "labels", "dtype"):
             kw[f] = v if isinstance(v, str) else None
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             kw[f] = v

@@ -31,11 +31,21 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     device_id: Num = msgspec.field(name="Device Id", default=NAN)
     label: Union[str, None] = msgspec.field(name="name", default=None)   # M events: process/thread name
     labels: Union[str, None] = None                                      # M events: "CPU", "GPU 0"
+    in_nelems: Num = msgspec.field(name="In msg nelems", default=NAN)    # collectives (kernel / record_param_comms)
+    group_size: Num = msgspec.field(name="Group size", default=NAN)
+    dtype: Union[str, None] = None                                       # collectives: "Float", "BFloat16", ...
 
 
 NO_ARGS = Args()
 NUMERIC_ARGS = ("external_id", "external_id_legacy", "correlation", "device", "stream",
-                "total_reserved", "total_allocated", "nbytes", "device_type", "device_id")
+                "total_reserved", "total_allocated", "nbytes", "device_type", "device_id",
+                "in_nelems", "group_size")
+# Columns computed from string args while decoding: dtype -> bytes per element (NaN: absent/unknown).
+DERIVED_ARGS = ("dtype_bytes",)
+DTYPE_BYTES = {"float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8,
+               "float64": 8, "long": 8, "int64": 8, "uint64": 8, "half": 2, "float16": 2, "f16": 2,
+               "bfloat16": 2, "bf16": 2, "short": 2, "int16": 2, "char": 1, "byte": 1, "int8": 1,
+               "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 class Event(msgspec.Struct, gc=False):
