@@ -18,6 +18,7 @@ from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
+from perfdoctor.analyze.tables import detail_tables
 from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, build_timeline
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace.table import EventTable
@@ -33,6 +34,7 @@ class TraceAnalysis:
     memory_series: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    tables: dict = field(default_factory=dict)   # kernels, ops, annotations, launches, collectives (tables.py)
 
     @property
     def rank(self):
@@ -73,7 +75,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
     notes = list(steps.notes)
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
-                         notes=notes, warnings=list(t.meta.warnings))
+                         notes=notes, warnings=list(t.meta.warnings),
+                         tables=detail_tables(t, k, steps, m["trace.world_size"]))
 
 
 def _trace_metrics(t: EventTable, k: Kinds) -> dict:

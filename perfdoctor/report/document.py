@@ -2,7 +2,8 @@
 
 Schema version SCHEMA_VERSION, documented in README ("JSON output"). Top level: schema_version,
 tool, input, verdict, flags, findings (ranked fixes), traces (per file: metrics, steps,
-idle_gaps, memory_timeline, its own verdict/flags/findings, skipped rules), cross_rank, units.
+idle_gaps, memory_timeline, tables (analyze/tables.py), its own verdict/flags/findings, skipped
+rules), cross_rank, units.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
             "findings": [_finding_doc(f) for f in d.fixes],
             "skipped": [{"rule": rid, "unknown": names} for rid, names in d.skipped],
             "steps": steps, "idle_gaps": [asdict(g) for g in a.gaps],
-            "memory_timeline": a.memory_series or None, "notes": a.notes, "warnings": a.warnings}
+            "memory_timeline": a.memory_series or None, "tables": getattr(a, "tables", None) or None,
+            "notes": a.notes, "warnings": a.warnings}
 
 
 def _clean(x):

@@ -50,6 +50,7 @@ def render(doc: dict, console: Console | None = None) -> None:
     _fixes(c, doc["findings"])
     _flags(c, doc["flags"])
     _gaps(c, first)
+    _details(c, first)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         c.print(Text(f"warning: {w}", style="yellow"))
 
@@ -172,6 +173,37 @@ def _gaps(c: Console, t: dict) -> None:
         table.add_row(f"  step {g['step']}", f"+{g['offset_ms']:.2f} ms", f"{g['duration_ms']:.2f} ms",
                       g["kind"].replace("_", " "), Text(_short(g["host_event"] or g["host_activity"]), style="dim"))
     c.print(table)
+
+
+def _details(c: Console, t: dict) -> None:
+    """The detail tables in a line or two (all of them: the JSON's traces[].tables)."""
+    tb = t.get("tables") or {}
+    lines = []
+    rows = (tb.get("kernels") or {}).get("rows") or []
+    la = tb.get("launches")
+    head = [f"{_kernel_name(rows[0]['name'])} {100 * (rows[0]['share'] or 0):.0f}%"] if rows else []
+    if la:
+        head.append(f"launch p50/p90 {la['delay_us']['p50']:.0f}/{la['delay_us']['p90']:.0f} µs,"
+                    f" queue p90 {la['queue_depth']['p90']:.0f}")
+    if head:
+        lines.append("Kernels: " + " · ".join(head))
+    coll = tb.get("collectives") or []
+    if coll:
+        lines.append("Collectives: " + "; ".join(
+            f"{r['name']} x{r['count']}, {r['mean_us']:.0f} µs"
+            + (f", {r['bytes'] / 1e6:.1f} MB" if r.get("bytes") is not None else "")
+            + (f", busbw {r['busbw_gbps']:.1f} GB/s" if r.get("busbw_gbps") is not None else "")
+            for r in coll[:2]))
+    if lines:
+        c.print()
+        for line in lines:
+            c.print(Text(line, style="dim"), overflow="ellipsis", no_wrap=True)
+
+
+def _kernel_name(name: str) -> str:
+    name = name[5:] if name.startswith("void ") else name
+    cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
+    return _short(name[:cut], 24)
 
 
 def _ranks(c: Console, doc: dict) -> None:
