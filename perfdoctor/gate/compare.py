@@ -2,8 +2,11 @@
 measured inside the two runs.
 
 Noise:
-- step time (median, p90) and throughput: the steady-state steps of each run (stats.steady_state);
-  a change is "beyond noise" when the 95% bootstrap CI of the ratio (after / before) excludes 1;
+- step time and throughput: each run's steady-state step time (perfdoctor.stats.steptime: wall
+  time of the steady window / its steps); a change is "beyond noise" when the 95% CI of the
+  ratio after / before (circular block bootstrap of both windows) excludes 1. The median and
+  p90 of the same windows are listed as secondary figures, without a noise test: with a bursty
+  loader most steps are short, and the median says nothing about the time per step;
 - breakdown shares: the per-step breakdown of the profiled steps of each trace; a change is beyond
   noise when it exceeds 2 standard errors of the difference of the per-step means;
 - without step records (a bare report file) the noise is unknown.
@@ -13,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate import stats
 from perfdoctor.gate.load import RunData, fingerprint_diff, load_run
+from perfdoctor.stats.steptime import speedup
 
 BREAKDOWN = ("kernel", "memcpy", "memset", "communication", "runtime", "data_loading", "cpu_exec", "other")
 
@@ -33,27 +36,8 @@ def _row(metric, unit, b, a, noise, beyond, note=""):
 
 
 def compare_runs(b: RunData, a: RunData) -> dict:
-    rows = []
-    sb = stats.steady_state(b.steps) if b.steps else None
-    sa = stats.steady_state(a.steps) if a.steps else None
-    have = sb is not None and sa is not None and sb.n >= 3 and sa.n >= 3
+    rows = _step_rows(b, a)
     mb, ma = b.metrics, a.metrics
-    for label, stat, key in (("step time median", np.median, "run.step_time_median_ms"),
-                             ("step time p90", stats.p90, "run.step_time_p90_ms")):
-        if have:
-            vb, va = 1e3 * float(stat(sb.durs)), 1e3 * float(stat(sa.durs))
-            lo, hi = stats.bootstrap_ratio_ci(sb.durs, sa.durs, stat=stat)
-            rows.append(_row(label, "ms", vb, va, f"CI95 {lo:.2f}-{hi:.2f}x", lo > 1 or hi < 1,
-                             f"steady steps {sb.n} / {sa.n}"))
-        else:
-            rows.append(_row(label, "ms", mb.get(key) or mb.get("steps.time_median_ms" if "median" in key else
-                                                                "steps.time_p90_ms"),
-                             ma.get(key) or ma.get("steps.time_median_ms" if "median" in key else "steps.time_p90_ms"),
-                             None, None, "no step records: noise unknown"))
-    med = rows[0]
-    tb = 1e3 / med["before"] if med["before"] else None
-    ta = 1e3 / med["after"] if med["after"] else None
-    rows.append(_row("throughput", "steps/s", tb, ta, med["noise"], med["beyond_noise"], "1 / median step time"))
     for cat in BREAKDOWN:
         key = f"breakdown.{cat}"
         vb, va = mb.get(key), ma.get(key)
@@ -73,6 +57,35 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             "findings": {"before": fb, "after": fa, "added": [f for f in fa if f not in fb],
                          "removed": [f for f in fb if f not in fa]},
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown}}
+
+
+def _step_rows(b: RunData, a: RunData) -> list[dict]:
+    """step time (the estimator, with the CI of the ratio), throughput, then median and p90 of the
+    same steady windows as secondary figures. Without step records: the reports' numbers, noise unknown."""
+    sb, sa = b.steady, a.steady
+    ms = (lambda x: None if x is None else 1e3 * x)
+    if sb is not None and sa is not None and sb.n >= 3 and sa.n >= 3:
+        faster, (lo, hi) = speedup(sb, sa)                 # before / after
+        r_lo, r_hi = 1 / hi, 1 / lo                        # after / before
+        noise, beyond = f"CI95 {r_lo:.2f}-{r_hi:.2f}x", r_lo > 1 or r_hi < 1
+        note = f"steady steps {sb.n} / {sa.n}"
+        if not (sb.conclusive and sa.conclusive):
+            beyond = None
+            note += "; too short to tell: " + "; ".join(x.reason for x in (sb, sa) if x.reason)
+        vals = {"step": (sb.step_s, sa.step_s), "median": (sb.median_s, sa.median_s), "p90": (sb.p90_s, sa.p90_s)}
+    else:
+        noise, beyond, note = None, None, "no step records: noise unknown"
+        pick = (lambda r, *keys: next((r.metrics[k] / 1e3 for k in keys if r.metrics.get(k) is not None), None))
+        vals = {"step": (pick(b, "run.step_time_ms", "steps.time_mean_ms"), pick(a, "run.step_time_ms", "steps.time_mean_ms")),
+                "median": (pick(b, "run.step_time_median_ms", "steps.time_median_ms"),
+                           pick(a, "run.step_time_median_ms", "steps.time_median_ms")),
+                "p90": (pick(b, "run.step_time_p90_ms", "steps.time_p90_ms"), pick(a, "run.step_time_p90_ms", "steps.time_p90_ms"))}
+    (tb, ta), secondary = vals["step"], "secondary figure (not the time per step with a bursty loader)"
+    return [_row("step time", "ms", ms(tb), ms(ta), noise, beyond, note),
+            _row("throughput", "steps/s", 1 / tb if tb else None, 1 / ta if ta else None, noise, beyond,
+                 "1 / step time"),
+            _row("step time median", "ms", ms(vals["median"][0]), ms(vals["median"][1]), None, None, secondary),
+            _row("step time p90", "ms", ms(vals["p90"][0]), ms(vals["p90"][1]), None, None, secondary)]
 
 
 def _per_step_shares(r: RunData, cat: str) -> np.ndarray:
@@ -112,8 +125,11 @@ def render_compare(doc: dict, console=None) -> None:
         t.add_column(col, no_wrap=col in ("metric", "change"))
     for r in doc["rows"]:
         beyond = {True: "[bold]yes[/]", False: "no", None: "unknown"}[r["beyond_noise"]]
+        noise = r["noise"] or "unknown"
+        if r["note"].startswith("secondary"):
+            noise, beyond = "secondary figure", ""
         t.add_row(r["metric"], _fmt(r["before"], r["unit"]), _fmt(r["after"], r["unit"]), _fmt_change(r),
-                  r["noise"] or "unknown", beyond)
+                  noise, beyond)
     v = doc["verdict"]
     t.add_row("verdict", str(v["before"]), str(v["after"]), "changed" if v["changed"] else "", "", "")
     c.print(t)

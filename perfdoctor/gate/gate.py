@@ -2,17 +2,20 @@
 
 Decision rules (documented in the README, "Performance gate"):
 
-Step time (median of the steady-state steps, see perfdoctor.gate.stats):
-- one baseline (within-run noise only, the weaker test): regression when the current median is
-  at least --min-effect slower AND the 95% bootstrap CI of the ratio of medians lies above 1
-  AND the one-sided Mann-Whitney U test gives p < alpha (0.01); improvement symmetrically;
-  a change of at least --min-effect without that evidence is inconclusive; otherwise pass.
-- several baselines (run-to-run noise): center = median of the baselines' medians, spread =
-  scaled MAD of those medians (1.4826 * MAD). Regression when the current median exceeds the
-  center by more than --min-effect AND by more than --noise-k (3) spreads AND is slower than
-  every baseline; improvement symmetrically; otherwise pass.
-- fewer than --min-steps (10) steady steps in the current run (or in every baseline):
-  inconclusive. No step records (a bare report.json): inconclusive.
+Step time: each run's steady-state step time (perfdoctor.stats.steptime: wall time of the
+detected steady window / its steps, never a median, no long step dropped as an outlier).
+- one baseline (within-run noise only, the weaker test): ratio = current / baseline step time,
+  with the 95% CI of a circular block bootstrap of both steady windows (blocks longer than the
+  burst cycle). Regression when the ratio is at least 1 + --min-effect AND the CI lies above 1;
+  improvement symmetrically; a change of at least --min-effect whose CI includes 1 is
+  inconclusive; otherwise pass.
+- several baselines (run-to-run noise): center = median of the baselines' step times, spread =
+  scaled MAD of them (1.4826 x MAD). Regression when the current step time exceeds the center
+  by more than --min-effect AND by more than --noise-k (3) spreads AND is slower than every
+  baseline; improvement symmetrically; otherwise pass.
+- fewer than --min-steps (10) steady steps, or a steady window too short for its correlation
+  (the estimator's `conclusive`), in the current run (or in every baseline): inconclusive. No
+  step records (a bare report.json): inconclusive.
 - environment fingerprints differ (device model/count, torch version, CPU count, batch size):
   absolute times are "not comparable" and only shares and the verdict are gated.
 - other processes used more than max(--max-other-load (0.25) x CPU count, 0.5) cores during the
@@ -22,8 +25,9 @@ Step time (median of the steady-state steps, see perfdoctor.gate.stats):
 Shares (share.input = exposed data wait, gpu.idle_share = idle device), gated whatever the
 fingerprint: regression when the share grows by at least --min-share (0.10 = 10 points) AND
 (several baselines) by more than --noise-k spreads of the baselines' shares, or (one baseline,
-step records on both sides) the per-step data-wait fractions are higher by a one-sided
-Mann-Whitney test, p < alpha. A verdict change is a warning, never a failure on its own.
+step records on both sides) the 95% block-bootstrap CI of the change of the steady windows'
+data-wait share (wait / wall time) lies above 0. A verdict change is a warning, never a failure
+on its own.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from perfdoctor.gate import stats
 from perfdoctor.gate.load import RunData, fingerprint_diff, load_run
+from perfdoctor.stats import steptime
+from perfdoctor.stats.steptime import StepEstimate, speedup, wait_share_change
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE = (
     "pass", "regression", "improvement", "inconclusive", "not comparable")
 EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, INCONCLUSIVE: 3, NOT_COMPARABLE: 3}
+STEP_TIME = "step time"
 SHARES = (("share.input", "data wait"), ("gpu.idle_share", "idle device"))
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
                "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
@@ -50,9 +56,8 @@ class GateOptions:
     min_effect: float = 0.10     # relative step-time change that matters
     min_share: float = 0.10      # absolute share change that matters (0.10 = 10 points)
     noise_k: float = 3.0         # with several baselines: times their spread
-    alpha: float = 0.01          # one-sided significance level (one baseline)
-    min_steps: int = stats.MIN_STEPS
-    k_mad: float = stats.K_MAD
+    level: float = 0.95          # one baseline: the CI of the ratio / of the share change
+    min_steps: int = steptime.MIN_STEPS
     max_other_load: float = 0.25  # share of the machine's cores other processes may use during a run
 
 
@@ -120,7 +125,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         why = ("environment differs (" + "; ".join(diffs) + "): absolute times not compared, "
                "gating shares and verdict only")
         notes.append(why)
-        rows.append(Row("step time (median)", _ms_med(bases), _ms_one(cur), "", "", NOT_COMPARABLE, why))
+        rows.append(Row(STEP_TIME, _ms_med(bases), _ms_one(cur), "", "", NOT_COMPARABLE, why))
     else:
         busy = [f"{r.label if r is not cur else 'the current run'}: {load:.1f} of {cores} cores"
                 for r in [cur, *bases] for load, cores in [other_load(r)]
@@ -128,7 +133,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         if busy:
             why = ("the machine was busy with other work (" + "; ".join(busy) + " used by other processes): "
                    "step times are not comparable, rerun on a quiet machine")
-            rows.append(Row("step time (median)", _ms_med(bases), _ms_one(cur), "", "", INCONCLUSIVE, why))
+            rows.append(Row(STEP_TIME, _ms_med(bases), _ms_one(cur), "", "", INCONCLUSIVE, why))
         else:
             rows.append(_step_time(cur, bases, opt, notes))
     for key, label in SHARES:
@@ -155,66 +160,78 @@ def other_load(r: RunData) -> tuple[float | None, int | None]:
     return max(0.0, busy * cores - own), cores
 
 
+def _step_s(r: RunData) -> float | None:
+    """The run's steady step time: from its step records, else its report's run.step_time_ms."""
+    if r.steady is not None:
+        return r.steady.step_s
+    v = r.metrics.get("run.step_time_ms")
+    return None if v is None else v / 1e3
+
+
 def _ms_one(r: RunData) -> str:
-    v = r.metrics.get("run.step_time_median_ms")
-    return "unknown" if v is None else f"{v:.1f} ms"
+    return _ms(_step_s(r))
 
 
 def _ms_med(rs: list[RunData]) -> str:
-    vs = [r.metrics.get("run.step_time_median_ms") for r in rs]
-    vs = [v for v in vs if v is not None]
-    return "unknown" if not vs else f"{float(np.median(vs)):.1f} ms"
+    vs = [v for v in map(_step_s, rs) if v is not None]
+    return "unknown" if not vs else _ms(float(np.median(vs)))
 
 
 def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list[str]) -> Row:
-    name = "step time (median)"
+    name = STEP_TIME
     if cur.steps is None:
         return Row(name, "", _ms_one(cur), "", "", INCONCLUSIVE,
                    "no step records for the current run (give its run directory, not only report.json)")
-    cs = stats.steady_state(cur.steps, opt.k_mad)
+    cs = cur.steady
     notes.append(f"current: {cs.describe()}")
     bss = []
     for b in bases:
         if b.steps is None:
             notes.append(f"baseline {b.label}: no step records, not used for step time")
             continue
-        s = stats.steady_state(b.steps, opt.k_mad)
+        s = b.steady
         notes.append(f"baseline {b.label}: {s.describe()}")
-        if s.n < opt.min_steps:
-            notes.append(f"baseline {b.label}: fewer than {opt.min_steps} steady steps, not used for step time")
+        if s.n < opt.min_steps or not s.conclusive:
+            notes.append(f"baseline {b.label}: {_too_few(s, opt)}, not used for step time")
             continue
         bss.append(s)
-    if cs.n < opt.min_steps:
-        return Row(name, "", _ms(cs.median), "", f">= {opt.min_steps} steady steps", INCONCLUSIVE,
-                   f"only {cs.n} steady-state steps in the current run (need {opt.min_steps})",
-                   {"current_steps": cs.n})
+    need = f">= {opt.min_steps} steady steps"
+    if cs.n < opt.min_steps or not cs.conclusive:
+        return Row(name, "", _ms(cs.step_s), "", need, INCONCLUSIVE,
+                   f"the current run: {_too_few(cs, opt)}", {"current_steps": cs.n})
     if not bss:
-        return Row(name, "", _ms(cs.median), "", f">= {opt.min_steps} steady steps", INCONCLUSIVE,
-                   f"no baseline with {opt.min_steps} or more steady-state steps")
+        return Row(name, "", _ms(cs.step_s), "", need, INCONCLUSIVE,
+                   f"no baseline with a conclusive steady window of {opt.min_steps} or more steps")
     if len(bss) == 1:
         return _within(name, bss[0], cs, opt)
     return _across(name, bss, cs, opt)
 
 
-def _within(name: str, b: stats.Steady, c: stats.Steady, opt: GateOptions) -> Row:
-    ratio = c.median / b.median
-    lo, hi = stats.bootstrap_ratio_ci(b.durs, c.durs)
-    p_slow = stats.mann_whitney_greater(b.durs, c.durs)
-    p_fast = stats.mann_whitney_greater(c.durs, b.durs)
+def _too_few(s: StepEstimate, opt: GateOptions) -> str:
+    if s.n < opt.min_steps:
+        return f"only {s.n} steady-state steps (need {opt.min_steps})"
+    return s.reason or "inconclusive steady window"
+
+
+def _within(name: str, b: StepEstimate, c: StepEstimate, opt: GateOptions) -> Row:
+    faster, (flo, fhi) = speedup(b, c, level=opt.level)       # baseline / current
+    ratio, lo, hi = 1 / faster, 1 / fhi, 1 / flo              # current / baseline
     change = ratio - 1
-    values = {"baseline_median_s": b.median, "current_median_s": c.median, "ratio": ratio, "ci95": [lo, hi],
-              "p_slower": p_slow, "p_faster": p_fast, "baseline_steps": b.n, "current_steps": c.n}
-    thr = f"±{100 * opt.min_effect:.0f}%, significant"
-    ci = f"CI95 of the ratio {lo:.2f}-{hi:.2f}, Mann-Whitney p={min(p_slow, p_fast):.2g}"
-    base, curs, chg = _ms(b.median), _ms(c.median), f"{100 * change:+.1f}%"
+    values = {"baseline_step_s": b.step_s, "current_step_s": c.step_s, "ratio": ratio, "ci95": [lo, hi],
+              "baseline_ci95": list(b.ci95), "current_ci95": list(c.ci95),
+              "baseline_median_s": b.median_s, "current_median_s": c.median_s,
+              "baseline_steps": b.n, "current_steps": c.n, "blocks": [b.block, c.block]}
+    thr = f"±{100 * opt.min_effect:.0f}% & CI"
+    ci = f"CI{100 * opt.level:.0f} of the ratio {lo:.2f}-{hi:.2f}"
+    base, curs, chg = _ms(b.step_s), _ms(c.step_s), f"{100 * change:+.1f}%"
     if change >= opt.min_effect:
-        if lo > 1 and p_slow < opt.alpha:
+        if lo > 1:
             return Row(name, base, curs, chg, thr, REGRESSION,
                        f"step time {base} -> {curs} ({chg}; {ci}; one baseline: within-run noise only)", values)
         return Row(name, base, curs, chg, thr, INCONCLUSIVE,
                    f"step time {chg} but not beyond the within-run noise ({ci})", values)
     if change <= -opt.min_effect:
-        if hi < 1 and p_fast < opt.alpha:
+        if hi < 1:
             return Row(name, base, curs, chg, thr, IMPROVEMENT, f"step time {base} -> {curs} ({chg}; {ci})", values)
         return Row(name, base, curs, chg, thr, INCONCLUSIVE,
                    f"step time {chg} but not beyond the within-run noise ({ci})", values)
@@ -222,21 +239,22 @@ def _within(name: str, b: stats.Steady, c: stats.Steady, opt: GateOptions) -> Ro
                values)
 
 
-def _across(name: str, bss: list[stats.Steady], c: stats.Steady, opt: GateOptions) -> Row:
-    meds = np.array([s.median for s in bss])
-    center, spread = float(np.median(meds)), stats.mad(meds)
-    change = c.median / center - 1
+def _across(name: str, bss: list[StepEstimate], c: StepEstimate, opt: GateOptions) -> Row:
+    times = np.array([s.step_s for s in bss])
+    center, spread = float(np.median(times)), steptime.spread(times)
+    change = c.step_s / center - 1
     noise = opt.noise_k * spread / center
     need = max(opt.min_effect, noise)
-    values = {"baseline_medians_s": meds.tolist(), "baseline_center_s": center, "baseline_spread_s": spread,
-              "current_median_s": c.median, "change": change, "threshold": need, "current_steps": c.n}
+    values = {"baseline_step_s": times.tolist(), "baseline_center_s": center, "baseline_spread_s": spread,
+              "current_step_s": c.step_s, "current_ci95": list(c.ci95), "current_median_s": c.median_s,
+              "change": change, "threshold": need, "current_steps": c.n}
     base = f"{_ms(center)} (x{len(bss)}, ±{_ms(spread)})"
-    curs, chg = _ms(c.median), f"{100 * change:+.1f}%"
+    curs, chg = _ms(c.step_s), f"{100 * change:+.1f}%"
     thr = f"±{100 * need:.1f}%"
-    if change > need and c.median > meds.max():
+    if change > need and c.step_s > times.max():
         return Row(name, base, curs, chg, thr, REGRESSION,
                    f"step time {_ms(center)} -> {curs} ({chg}), beyond the baselines' run-to-run spread", values)
-    if change < -need and c.median < meds.min():
+    if change < -need and c.step_s < times.min():
         return Row(name, base, curs, chg, thr, IMPROVEMENT, f"step time {_ms(center)} -> {curs} ({chg})", values)
     return Row(name, base, curs, chg, thr, PASS,
                f"step time {chg}, within {thr} (max of {100 * opt.min_effect:.0f}% and {opt.noise_k:g}x "
@@ -260,15 +278,16 @@ def _share(cur: RunData, bases: list[RunData], key: str, label: str, opt: GateOp
     evidence = "threshold only"
     ok_evidence = True
     if len(arr) > 1:
-        need = max(opt.min_share, opt.noise_k * stats.mad(arr))
+        need = max(opt.min_share, opt.noise_k * steptime.spread(arr))
         ok_evidence = cv > arr.max() if diff > 0 else cv < arr.min()
         evidence = f"{len(arr)} baselines"
     elif key == "share.input" and cur.steps and bases[0].steps:
-        a, b = _wait_fractions(bases[0].steps, opt), _wait_fractions(cur.steps, opt)
-        if len(a) >= opt.min_steps and len(b) >= opt.min_steps:
-            p = stats.mann_whitney_greater(a, b) if diff > 0 else stats.mann_whitney_greater(b, a)
-            ok_evidence = p < opt.alpha
-            evidence = f"per-step data wait, Mann-Whitney p={p:.2g}"
+        b, c = bases[0].steady, cur.steady
+        if b.n >= opt.min_steps and c.n >= opt.min_steps and b.wait_share is not None and c.wait_share is not None:
+            d, (lo, hi) = wait_share_change(b, c, level=opt.level)
+            ok_evidence = lo > 0 if diff > 0 else hi < 0
+            evidence = (f"steady-window data wait {_pct(b.wait_share)} -> {_pct(c.wait_share)}, "
+                        f"CI{100 * opt.level:.0f} of the change {100 * lo:+.0f} to {100 * hi:+.0f} pts")
     chg = f"{100 * diff:+.0f} pts"
     thr = f"±{100 * need:.0f} pts"
     values = {"baseline": center, "current": cv, "change": diff, "threshold": need, "evidence": evidence}
@@ -280,11 +299,6 @@ def _share(cur: RunData, bases: list[RunData], key: str, label: str, opt: GateOp
         return Row(name, _pct(center), _pct(cv), chg, thr, INCONCLUSIVE,
                    f"{words} but not beyond the noise ({evidence})", values)
     return Row(name, _pct(center), _pct(cv), chg, thr, PASS, f"{words}, within {thr}", values)
-
-
-def _wait_fractions(steps: list[dict], opt: GateOptions) -> np.ndarray:
-    s = stats.steady_state(steps, opt.k_mad)
-    return s.waits / s.durs if s.n else np.array([])
 
 
 def _verdict(cur: RunData, bases: list[RunData]) -> Row:

@@ -1,4 +1,5 @@
-"""Read what `compare` and `gate` need from a run directory or a report JSON file."""
+"""Read what `compare` and `gate` need from a run directory or a report JSON file, and the run's
+steady-state step time (perfdoctor.stats.steptime, the same estimator as `run`'s summary)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor.errors import PerfdoctorError
+from perfdoctor.stats.steptime import StepEstimate, estimate
 
 # What must match for absolute step times to be comparable: (key, label).
 FINGERPRINT = (("device", "device model"), ("device_count", "device count"), ("torch", "torch version"),
@@ -18,12 +20,24 @@ _BATCH = re.compile(r"--batch[-_]size(?:=|\s+)(\d+)\b")
 @dataclass
 class RunData:
     """One side of a comparison: the report document, the step records (None without a run
-    directory) and the environment fingerprint (None = unknown)."""
+    directory), the environment fingerprint (None = unknown) and the DataLoader's num_workers /
+    prefetch_factor where known (they tell the estimator how many batches may wait at the start)."""
 
     label: str
     doc: dict
     steps: list | None = None
     fingerprint: dict = field(default_factory=dict)
+    loader: dict = field(default_factory=dict)
+    _steady: StepEstimate | None = field(default=None, repr=False)
+
+    @property
+    def steady(self) -> StepEstimate | None:
+        """The steady-state step time of the step records (None without them)."""
+        if self._steady is None and self.steps is not None:
+            nw = self.loader.get("num_workers")
+            self._steady = estimate(self.steps, num_workers=nw if nw is not None else self.metrics.get("loader.workers"),
+                                    prefetch_factor=self.loader.get("prefetch_factor"))
+        return self._steady
 
     @property
     def metrics(self) -> dict:
@@ -62,14 +76,17 @@ def load_run(path: str | Path) -> RunData:
         raise PerfdoctorError(f"{report}: not a perfdoctor report (no schema_version/traces)")
     steps = None
     child: dict = {}
+    loader: dict = {}
     if run_dir is not None:
-        from perfdoctor.diagnose.live import read_steps
+        from perfdoctor.diagnose.live import loader_settings, read_steps
         steps = read_steps(run_dir) if (run_dir / "steps.jsonl").is_file() else None
         try:
             child = json.loads((run_dir / "child.json").read_text())
         except (OSError, ValueError):
             child = {}
-    return RunData(label=str(p), doc=doc, steps=steps, fingerprint=fingerprint(doc, child))
+        metrics = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
+        loader = loader_settings(run_dir, metrics)
+    return RunData(label=str(p), doc=doc, steps=steps, fingerprint=fingerprint(doc, child), loader=loader)
 
 
 def fingerprint(doc: dict, child: dict | None = None) -> dict:

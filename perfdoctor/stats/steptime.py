@@ -17,24 +17,27 @@ The steady window is detected, in this order:
 2. prefetch fill: with num_workers > 0, the DataLoader's first num_workers x prefetch_factor
    (default 2) batches may wait ready at the start; leading steps of the window within those
    batches that are shorter than the window's level L are dropped (`prefetch_fill`).
-3. transients: from the window's start, blocks of max(block, DETECT_BLOCK) steps whose mean
+3. transients: from the window's start, blocks of whole burst cycles (at least the block length
+   and DETECT_BLOCK steps; a block cut mid-burst would look fast or slow) whose mean
    lies more than K_SPREAD robust spreads (1.4826 x MAD of the block means, at least
    SPREAD_FLOOR x L) and more than MATERIAL x L away from L (the median of the block means)
    are dropped: above L `warmup`, below L `fast_start`. The first block within that band ends
    the transient. A slow drift over the whole window stays inside the band and is kept.
+4. whole burst cycles: the window's last (n mod cycle) steps are dropped (`partial_cycle`), so
+   its wall time / steps does not depend on where the bursts fall.
 
-Block length ("blocks longer than the burst cycle"): the Politis & White (2004) automatic block
-length of the circular block bootstrap, computed from the window's autocorrelation, and at least
-2 burst cycles (the first significant positive autocorrelation peak: a periodic burst pattern
-cancels in the long-run variance, so the PW length alone can be shorter than the cycle) and at
-least 2 x num_workers; at most n / MIN_BLOCKS.
+Block length ("blocks longer than the burst cycle"): at least 2 burst cycles (the lag of the
+first significant autocorrelation peak after negative ones: a long step, short ones,
+the next long one) and 2 x num_workers; at least the Politis & White (2004) automatic block
+length of the block bootstrap (a periodic burst pattern cancels in the long-run
+variance, so the PW length alone can be shorter than the cycle); a whole number of those 2
+cycles; at most n / MIN_BLOCKS.
 
-CI95: circular block bootstrap of the mean (BOOTSTRAP resamples of round(n / block) blocks,
-fixed seed: the same input gives the same answer), percentile interval, scaled by
-step_s / mean(dur) when the wall time comes from `end` timestamps.
+CI95: moving-block bootstrap of the mean (BOOTSTRAP resamples of round(n / block) blocks,
+fixed seed: the same input gives the same answer); the percentiles of the resampled means
+relative to their average, applied to step_s (so `end`-timestamp wall time scales with them).
 
-Conclusive: at least MIN_STEPS steady steps, and at least MIN_BLOCKS blocks of the length the
-correlation asks for.
+Conclusive: at least MIN_STEPS steady steps, and at least MIN_BLOCKS blocks of 2 burst cycles.
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ def _leading(durs: np.ndarray, offset: int, batches: np.ndarray, num_workers, pr
     n = len(durs)
     if n < MIN_STEPS:
         return out
-    size = max(block_length(durs, num_workers)[0], DETECT_BLOCK)
+    need, used = block_length(durs, num_workers)
+    size = need * math.ceil(max(used, DETECT_BLOCK) / need)     # whole burst cycles: no phase effect
     level, spread, _ = _level(durs, size)
     i = 0
     if num_workers and num_workers > 0:
@@ -228,57 +232,89 @@ def _finish(durs, waits, total, first, dropped, num_workers, ends) -> StepEstima
     if n == 0:
         return StepEstimate(None, None, None, 0, total, first, dropped, None, 0, False,
                             "no steady steps (every step was warm-up, profiled or disturbed)")
+    cycle = burst_cycle(durs)
+    if cycle > 1 and n % cycle and n >= 2 * cycle:
+        # whole burst cycles: any `cycle` consecutive steps of a periodic burst sum to the same
+        # time, so the window's wall time / steps does not depend on where the bursts fall
+        cut = n % cycle
+        dropped["partial_cycle"] = cut
+        durs, waits, n = durs[:n - cut], waits[:n - cut], n - cut
     wall, source = _wall(first, n, durs, ends)
     step = wall / n
-    want, block = block_length(durs, num_workers)
+    need, block = block_length(durs, num_workers)
     est = StepEstimate(step, None, float(np.median(durs)), n, total, first, dropped,
                        float(waits.sum()) / wall if wall > 0 else None, block, True, None,
                        float(np.percentile(durs, 90)), source, durs, waits)
     if n >= 2:
-        means = bootstrap_means(durs, block, np.random.default_rng(SEED)) * (step / float(durs.mean()))
-        lo, hi = np.percentile(means, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
+        rel = _relative(bootstrap_means(durs, block, np.random.default_rng(SEED)))
+        lo, hi = step * np.percentile(rel, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
         est.ci95 = (float(min(lo, step)), float(max(hi, step)))
     if n < MIN_STEPS:
         est.conclusive, est.reason = False, f"only {n} steady steps (need {MIN_STEPS})"
-    elif want * MIN_BLOCKS > n:
+    elif need * MIN_BLOCKS > n:
         est.conclusive = False
-        est.reason = (f"step times stay correlated over {want} steps, more than 1/{MIN_BLOCKS} of the "
-                      f"{n} steady steps: run longer")
+        est.reason = (f"step times stay correlated over {need} steps (2 burst cycles), more than "
+                      f"1/{MIN_BLOCKS} of the {n} steady steps: run longer")
     return est
 
 
 # --- block bootstrap --------------------------------------------------------------------------
 
 def block_length(x: np.ndarray, num_workers: int | None = None) -> tuple[int, int]:
-    """(wanted, used) block length for the circular block bootstrap of the mean of `x`:
-    max(Politis-White, 2 burst cycles, 2 x num_workers), and that capped at n / MIN_BLOCKS."""
+    """(needed, used) block lengths for the block bootstrap of the mean of `x`.
+    needed: 2 burst cycles and 2 x num_workers (the structure the blocks must keep whole);
+    used: max(needed, the Politis-White length) rounded up to whole multiples of needed (at most
+    n / MIN_BLOCKS). A window shorter than MIN_BLOCKS needed blocks is too short to tell."""
     n = len(x)
     if n < 4:
         return 1, 1
-    eps = x - x.mean()
-    want = max(1, 2 * (num_workers or 0))
-    if float(np.ptp(x)) > 1e-9 * abs(float(x.mean())):         # not constant (rounding aside)
-        acv = _autocov(eps)
+    need = max(1, 2 * (num_workers or 0))
+    pw = 1
+    acf = _acf(x)
+    if acf is not None:
+        acv, rho, cv, m_max = acf
         kn = max(5, int(math.log10(n)))
-        m_max = min(int(math.ceil(math.sqrt(n))) + kn, n - 1)
-        rho = acv[:m_max + 1] / acv[0]
-        cv = 2 * math.sqrt(math.log10(n) / n)
         small = np.abs(rho[1:]) < cv                 # small[k - 1]: lag k insignificant
         opt_m = next((m for m in range(0, m_max - kn + 1) if small[m:m + kn].all()), None)
-        m = min(2 * max(opt_m, 1) if opt_m is not None else m_max, m_max)
+        m = max(1, min(2 * max(opt_m, 1) if opt_m is not None else m_max, m_max))
         lam = np.array([1.0 if k / m <= 0.5 else 2 * (1 - k / m) for k in range(1, m + 1)])
         ks = np.arange(1, m + 1)
         g = float(np.sum(2 * lam * ks * acv[1:m + 1]))
         lr = float(acv[0] + np.sum(2 * lam * acv[1:m + 1]))
         if lr > 0:
             b_cb = (2 * g * g / (4 / 3 * lr * lr)) ** (1 / 3) * n ** (1 / 3)
-            want = max(want, int(math.ceil(min(b_cb, 3 * math.sqrt(n), n)))) if math.isfinite(b_cb) else want
-        # the burst cycle: the first lag where the autocorrelation peaks significantly above zero
-        for k in range(2, m_max):
-            if rho[k] > cv and rho[k] >= rho[k - 1] and rho[k] >= rho[k + 1]:
-                want = max(want, 2 * k)
-                break
-    return want, max(1, min(want, n // MIN_BLOCKS))
+            if math.isfinite(b_cb):
+                pw = int(math.ceil(min(b_cb, 3 * math.sqrt(n), n)))
+        need = max(need, 2 * burst_cycle(x, acf))
+    cap = max(1, n // MIN_BLOCKS)
+    used = need * math.ceil(max(need, pw) / need)     # whole cycles: a block cut mid-burst adds phase noise
+    if used > cap:
+        used = need * (cap // need) if cap >= need else cap
+    return need, used
+
+
+def burst_cycle(x: np.ndarray, acf=None) -> int:
+    """Steps per burst cycle: short steps after a long one (negative autocorrelations), then the
+    next long one (the first significant autocorrelation peak after them); 1 without bursts."""
+    acf = acf if acf is not None else _acf(x)
+    if acf is None:
+        return 1
+    _, rho, cv, m_max = acf
+    for k in range(2, m_max + 1):
+        if rho[k] > cv and rho[k] >= rho[k - 1] and rho[k] >= rho[k + 1] and rho[1:k].mean() < 0:
+            return k
+    return 1
+
+
+def _acf(x: np.ndarray):
+    """(autocovariances, autocorrelations up to m_max + 1, the 2 sqrt(log10(n) / n) significance
+    bound, m_max = ceil(sqrt(n)) + max(5, log10 n)) of x; None for a constant or tiny series."""
+    n = len(x)
+    if n < 4 or float(np.ptp(x)) <= 1e-9 * abs(float(x.mean())):     # constant (rounding aside)
+        return None
+    acv = _autocov(x - x.mean())
+    m_max = min(int(math.ceil(math.sqrt(n))) + max(5, int(math.log10(n))), n - 2)
+    return acv, acv[:m_max + 2] / acv[0], 2 * math.sqrt(math.log10(n) / n), m_max
 
 
 def _autocov(eps: np.ndarray) -> np.ndarray:
@@ -289,14 +325,23 @@ def _autocov(eps: np.ndarray) -> np.ndarray:
 
 def bootstrap_means(x: np.ndarray, block: int, rng: np.random.Generator,
                     resamples: int = BOOTSTRAP) -> np.ndarray:
-    """Means of `resamples` circular-block-bootstrap resamples of x (round(n / block) blocks)."""
+    """Means of `resamples` moving-block-bootstrap resamples of x: round(n / block) blocks of
+    `block` consecutive steps, each starting anywhere in [0, n - block] (no wrap-around: joining
+    the end to the start would cut a burst cycle)."""
     n = len(x)
     block = max(1, min(block, n))
     k = max(1, int(round(n / block)))
-    c = np.concatenate([[0.0], np.cumsum(np.concatenate([x, x[:block - 1]]))])
-    sums = c[block:block + n] - c[:n]                      # sum of the block starting at each step
-    starts = rng.integers(0, n, size=(resamples, k))
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    sums = c[block:] - c[:n - block + 1]                   # sum of the block starting at each step
+    starts = rng.integers(0, n - block + 1, size=(resamples, k))
     return sums[starts].sum(axis=1) / (k * block)
+
+
+def _relative(means: np.ndarray) -> np.ndarray:
+    """Bootstrap means relative to their own average: the moving-block bootstrap under-weights
+    the window's ends, so its spread is used around the point estimate, not its centre."""
+    m = float(means.mean())
+    return means / m if m > 0 else np.ones_like(means)
 
 
 # --- comparisons --------------------------------------------------------------------------------
@@ -316,11 +361,10 @@ def speedup(base, new, level: float = LEVEL) -> tuple[float, tuple[float, float]
     b, n = _as_estimate(base), _as_estimate(new)
     if not b.step_s or not n.step_s or b.n < 2 or n.n < 2:
         raise ValueError("speedup needs a steady step time on both sides")
-    mb = bootstrap_means(b.durs, b.block, np.random.default_rng([SEED, 1])) * b.scale
-    mn = bootstrap_means(n.durs, n.block, np.random.default_rng([SEED, 2])) * n.scale
-    r = mb / mn
-    lo, hi = np.percentile(r, [50 * (1 - level), 100 - 50 * (1 - level)])
+    rb = _relative(bootstrap_means(b.durs, b.block, np.random.default_rng([SEED, 1])))
+    rn = _relative(bootstrap_means(n.durs, n.block, np.random.default_rng([SEED, 2])))
     point = b.step_s / n.step_s
+    lo, hi = point * np.percentile(rb / rn, [50 * (1 - level), 100 - 50 * (1 - level)])
     return point, (float(min(lo, point)), float(max(hi, point)))
 
 
@@ -331,14 +375,14 @@ def wait_share_change(base, new, level: float = LEVEL) -> tuple[float, tuple[flo
     if b.wait_share is None or n.wait_share is None or b.n < 2 or n.n < 2:
         raise ValueError("wait_share_change needs a steady window on both sides")
 
-    def shares(e: StepEstimate, seed: int) -> np.ndarray:
+    def deviations(e: StepEstimate, seed: int) -> np.ndarray:
         w = bootstrap_means(e.waits, e.block, np.random.default_rng([SEED, seed]))
         d = bootstrap_means(e.durs, e.block, np.random.default_rng([SEED, seed]))   # same blocks
-        return w / (d * e.scale)
+        share = w / (d * e.scale)
+        return share - share.mean()
 
-    diff = shares(n, 4) - shares(b, 3)
-    lo, hi = np.percentile(diff, [50 * (1 - level), 100 - 50 * (1 - level)])
     point = n.wait_share - b.wait_share
+    lo, hi = point + np.percentile(deviations(n, 4) - deviations(b, 3), [50 * (1 - level), 100 - 50 * (1 - level)])
     return point, (float(min(lo, point)), float(max(hi, point)))
 
 
