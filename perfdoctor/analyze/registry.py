@@ -140,9 +140,9 @@ _m("gpu.kernels_per_step_cv", "fraction", "Variation of kernel count across stea
 # -- the live run's step hooks (perfdoctor run; None for a trace alone) -----------------------
 _m("run.steps", "count", "Steps the hooks measured (optimizer steps, or DataLoader iterations without an optimizer).")
 _m("run.step_time_ms", "ms", "Steady-state step time: wall time of the steady window (warm-up, prefetch fill, profiled and post-export steps detected and left out; no step inside dropped) / its steps (perfdoctor/stats/steptime.py).")
-_m("run.step_time_ci95_ms", "ms", "[low, high]: 95% confidence interval of run.step_time_ms (circular block bootstrap, blocks longer than the burst cycle).")
+_m("run.step_time_ci95_ms", "ms", "[low, high]: 95% confidence interval of run.step_time_ms (moving-block bootstrap, blocks of whole burst cycles).")
 _m("run.steady_steps", "count", "Steps in the steady window that run.step_time_ms is measured over.")
-_m("run.step_time_conclusive", "bool", "The steady window is long enough to tell (>= 10 steps and >= 3 blocks of the correlation length).")
+_m("run.step_time_conclusive", "bool", "The steady window is long enough to tell (>= 10 steps and >= 3 blocks of 2 burst cycles).")
 _m("run.step_time_median_ms", "ms", "Median step time over the steady window: a secondary figure (with a bursty loader most steps are short and the median is far below run.step_time_ms).")
 _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step times (secondary figure).")
 _m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")

@@ -4,7 +4,7 @@ measured inside the two runs.
 Noise:
 - step time and throughput: each run's steady-state step time (perfdoctor.stats.steptime: wall
   time of the steady window / its steps); a change is "beyond noise" when the 95% CI of the
-  ratio after / before (circular block bootstrap of both windows) excludes 1. The median and
+  ratio after / before (moving-block bootstrap of both windows) excludes 1. The median and
   p90 of the same windows are listed as secondary figures, without a noise test: with a bursty
   loader most steps are short, and the median says nothing about the time per step;
 - breakdown shares: the per-step breakdown of the profiled steps of each trace; a change is beyond

@@ -5,7 +5,7 @@ Decision rules (documented in the README, "Performance gate"):
 Step time: each run's steady-state step time (perfdoctor.stats.steptime: wall time of the
 detected steady window / its steps, never a median, no long step dropped as an outlier).
 - one baseline (within-run noise only, the weaker test): ratio = current / baseline step time,
-  with the 95% CI of a circular block bootstrap of both steady windows (blocks longer than the
+  with the 95% CI of a moving-block bootstrap of both steady windows (blocks longer than the
   burst cycle). Regression when the ratio is at least 1 + --min-effect AND the CI lies above 1;
   improvement symmetrically; a change of at least --min-effect whose CI includes 1 is
   inconclusive; otherwise pass.
