@@ -19,6 +19,7 @@ import re
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
@@ -35,11 +36,11 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
-    ops = np.flatnonzero(k.cpu_op & (t.ts >= lo) & (t.ts < hi)
-                         & t.name_mask(lambda n: OP_RX.match(n) is not None))
+    luts = _luts(t)
+    ops = np.flatnonzero(k.cpu_op & (t.ts >= lo) & (t.ts < hi) & luts[0][t.name])
     spans = []
-    for tid in np.unique(t.tid[ops]) if len(ops) else []:
-        spans += _matches(t, ops[t.tid[ops] == tid])
+    for tid in unique(t.tid[ops]) if len(ops) else []:
+        spans += _matches(t, ops[t.tid[ops] == tid], luts)
     if not spans:
         out["attention.manual_kernel_share"] = 0.0 if k.platform != "cpu" else None
         return out
@@ -57,21 +58,39 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     return out
 
 
-def _matches(t: EventTable, rows: np.ndarray) -> list[tuple[int, int, bool]]:
+def _luts(t: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per name code, in one pass over the names: is an op, a matmul, a softmax, backward."""
+    flags = np.zeros((4, len(t.names)), bool)
+    for i, n in enumerate(t.names):
+        if OP_RX.match(n):
+            flags[0, i] = True
+            flags[1, i] = MM_RX.match(n) is not None
+            flags[2, i] = SOFTMAX_RX.match(n) is not None
+            flags[3, i] = n.startswith("autograd")
+    return flags[0], flags[1], flags[2], flags[3]
+
+
+def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool]]:
     """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops."""
     order = np.argsort(t.ts[rows], kind="stable")
     rows = rows[order]
     end = t.ts[rows] + t.dur[rows]
     prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
     top = rows[t.ts[rows] >= prev_end]              # not nested in an earlier op on this thread
-    names = [t.names[c] for c in t.name[top]]
-    out = []
-    for i, n in enumerate(names):
-        if not SOFTMAX_RX.match(n):      # an outermost softmax is never SDPA's own math path
-            continue
-        before = [j for j in range(max(0, i - WINDOW), i) if MM_RX.match(names[j])]
-        after = [j for j in range(i + 1, min(len(names), i + 1 + WINDOW)) if MM_RX.match(names[j])]
-        if before and after:
-            out.append((int(top[before[-1]]), int(top[after[0]]), n.startswith("autograd")))
-    return out
+    sm = luts[2][t.name[top]]          # an outermost softmax is never SDPA's own math path
+    mm = luts[1][t.name[top]]
+    idx = np.flatnonzero(sm)
+    if not len(idx):
+        return []
+    pos = np.arange(len(top))
+    # nearest matmul before / after each softmax, within WINDOW outermost ops
+    last_mm = np.maximum.accumulate(np.where(mm, pos, -1))
+    next_mm = np.minimum.accumulate(np.where(mm, pos, len(top))[::-1])[::-1]
+    before = last_mm[np.maximum(idx - 1, 0)]
+    before = np.where(idx > 0, before, -1)
+    after = next_mm[np.minimum(idx + 1, len(top) - 1)]
+    after = np.where(idx + 1 < len(top), after, len(top))
+    ok = (before >= 0) & (idx - before <= WINDOW) & (after < len(top)) & (after - idx <= WINDOW)
+    bwd = luts[3][t.name[top[idx]]]
+    return [(int(top[b]), int(top[a]), bool(w)) for b, a, w in zip(before[ok], after[ok], bwd[ok])]
 
