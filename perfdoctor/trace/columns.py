@@ -76,8 +76,12 @@ class Columns:
         cols["dur"].extend(_floats(dur))
         arg_cols = list(zip(*map(msgspec.structs.astuple, args)))
         for i, key in _NUMERIC_ARG_INDEX:
-            cols[key].extend(_floats(arg_cols[i]))
-        cols["dtype_bytes"].extend(array("d", map(_DTYPE_SIZE.__getitem__, arg_cols[_DTYPE])))
+            values = arg_cols[i]
+            # Most args are absent from most events: a column of defaults is copied, not converted.
+            cols[key].extend(_NAN_ROW * n if values.count(schema.NAN) == n else _floats(values))
+        dtypes = arg_cols[_DTYPE]
+        cols["dtype_bytes"].extend(_NAN_ROW * n if dtypes.count(None) == n
+                                   else array("d", map(_DTYPE_SIZE.__getitem__, dtypes)))
         flags = codes.tobytes()
         row = flags.find(b"M")
         while row >= 0:
@@ -150,6 +154,7 @@ _DTYPE_SIZE = _DtypeSize()
 _PHASE_CODE = _PhaseCode()
 _PH = attrgetter("ph")
 _NAN = float("nan")
+_NAN_ROW = array("d", [_NAN])
 
 
 def _floats(values: tuple) -> array:
