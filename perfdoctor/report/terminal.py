@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.report.sanitize import terminal as T, text
+
 BOUND_TITLE = {
     "input_io": "INPUT-BOUND (IO)", "input_cpu": "INPUT-BOUND (CPU)", "input": "INPUT-BOUND",
     "host": "HOST-BOUND", "device": "DEVICE-BOUND", "communication": "COMMUNICATION-BOUND",
@@ -21,28 +23,28 @@ DETAILED = 3     # fixes shown with text and citation; the rest one line each
 
 
 def render(doc: dict, console: Console | None = None) -> None:
-    c = console or Console(highlight=False)
+    c = console or Console(highlight=False, emoji=False)
     v = doc["verdict"]
     first = doc["traces"][0]
     m = first["metrics"]
-    dev = m.get("trace.device_name") or ("CPU only" if m["trace.platform"] == "cpu" else "device unknown")
+    dev = T(m.get("trace.device_name")) if m.get("trace.device_name") else ("CPU only" if m["trace.platform"] == "cpu" else "device unknown")
     if m.get("steps.count") is None:     # a live run without a trace
         m = {**m, "steps.count": 0, "steps.source": "no trace", "steps.time_median_ms": m.get("run.step_time_median_ms") or 0.0}
-    where = f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"]
+    where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
     if doc.get("run"):
         _run_header(c, doc["run"], m)
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
-    c.print(Text(f"{m['trace.platform']} · {dev} · {m['steps.count']} step(s) from {m['steps.source']}"
+    c.print(Text(f"{T(m['trace.platform'])} · {dev} · {m['steps.count']} step(s) from {T(m['steps.source'])}"
                  f" · median step {m['steps.time_median_ms']:.1f} ms", style="dim"))
     c.print()
     c.print(Text.assemble((f" {BOUND_TITLE[v['bound']]} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
-    c.print(v["summary"])
+    c.print(text(v["summary"]))
     if v["secondary"]:
-        c.print(Text("  also significant: " + ", ".join(v["secondary"]), style="dim"))
+        c.print(text("  also significant: " + ", ".join(v["secondary"]), style="dim"))
     for n in v["notes"]:
-        c.print(Text(f"  note: {n}", style="dim"))
+        c.print(text(f"  note: {n}", style="dim"))
     if doc.get("cross_rank"):
         _ranks(c, doc)
     _breakdown(c, first)
@@ -52,7 +54,7 @@ def render(doc: dict, console: Console | None = None) -> None:
     _gaps(c, first)
     _details(c, first)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
-        c.print(Text(f"warning: {w}", style="yellow"))
+        c.print(text(f"warning: {w}", style="yellow"))
 
 
 OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
@@ -61,11 +63,11 @@ OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped th
 
 
 def _run_header(c: Console, run: dict, m: dict) -> None:
-    how = OUTCOME.get(run["outcome"], run["outcome"])
+    how = OUTCOME.get(run["outcome"], T(run["outcome"]))
     if run.get("stopped_by"):
-        how += f" (--{run['stopped_by']})"
-    c.print(Text.assemble(("perfdoctor run ", "bold"), (run["command"], "bold"),
-                          (f" · {how} · exit code {run['exit_code']}", "")))
+        how += f" (--{T(run['stopped_by'])})"
+    c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"]), "bold"),
+                          (f" · {how} · exit code {T(run['exit_code'])}", "")))
     if m.get("run.step_time_ms") is not None:
         ci = m.get("run.step_time_ci95_ms")
         wall = f" in {run['wall_s']:.1f} s" if run.get("wall_s") is not None else ""
@@ -75,9 +77,9 @@ def _run_header(c: Console, run: dict, m: dict) -> None:
                      + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
                      + f"; median {m['run.step_time_median_ms']:.1f} ms; data wait"
                      f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
-    c.print(Text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
+    c.print(text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
     for n in run.get("notes", []):
-        c.print(Text(f"note: {n}", style="yellow"))
+        c.print(text(f"note: {n}", style="yellow"))
 
 
 def _breakdown(c: Console, t: dict) -> None:
@@ -87,7 +89,7 @@ def _breakdown(c: Console, t: dict) -> None:
     labels = CPU_ROLE_LABEL if m["trace.platform"] == "cpu" else ROLE_LABEL
     n = max(len(t["steps"]), 1)
     c.print()
-    c.print(Text(f"Step breakdown ({t['label']}, mean of {n} step(s))", style="bold"))
+    c.print(Text(f"Step breakdown ({T(t['label'])}, mean of {n} step(s))", style="bold"))
     table = Table.grid(padding=(0, 2))
     for role, name in labels.items():
         share = m[f"breakdown.{role}"] or 0.0
@@ -107,7 +109,7 @@ def _stacks(c: Console, st: dict | None) -> None:
     if not st:
         return
     for n in st.get("notes", []) if not st.get("top") else []:
-        c.print(Text(f"note: {n}", style="dim"))
+        c.print(text(f"note: {n}", style="dim"))
     if not st.get("top"):
         return
     c.print()
@@ -115,8 +117,8 @@ def _stacks(c: Console, st: dict | None) -> None:
                  f"{st['sampled_s']:.1f} s sampled)", style="bold"))
     for t in st["top"][:STACK_ROWS]:
         where = f"{t['frame']} at {t['at']}" if t["at"] and t["frame"] != t["at"] else t["frame"]
-        c.print(Text.assemble(f"  {100 * t['share']:5.1f}%  ", (where, "bold"),
-                              (f"  ({t['cause'].replace('_', ' ')}, {t['role']})", "dim")))
+        c.print(Text.assemble(f"  {100 * t['share']:5.1f}%  ", (T(where), "bold"),
+                              (T(f"  ({t['cause'].replace('_', ' ')}, {t['role']})"), "dim")))
 
 
 def _fixes(c: Console, findings: list[dict]) -> None:
@@ -129,19 +131,19 @@ def _fixes(c: Console, findings: list[dict]) -> None:
     else:
         c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
     for i, f in enumerate(ranked, 1):
-        head = Text.assemble((f" {i}. {f['title']}", "bold"), ("  ", ""), (f["gain"]["text"], "green"))
+        head = Text.assemble((T(f" {i}. {f['title']}"), "bold"), ("  ", ""), (T(f["gain"]["text"]), "green"))
         if i > DETAILED:
             c.print(head)
             continue
         c.print(head)
-        c.print(f"    {f['summary']}")
-        c.print(f"    fix: {_first_sentence(f['fix']['text'])}")
+        c.print(text(f"    {f['summary']}"))
+        c.print(text(f"    fix: {_first_sentence(f['fix']['text'])}"))
         if i == 1 and f["fix"]["snippet"]:
             for line in f["fix"]["snippet"].rstrip().splitlines():
-                c.print(Text(f"      {line}", style="cyan"))
-        c.print(Text(f"    [{f['id']} · {_cite(f['source'])}]", style="dim"))
+                c.print(text(f"      {line}", style="cyan"))
+        c.print(text(f"    [{f['id']} · {_cite(f['source'])}]", style="dim"))
     if rest:
-        c.print(Text("  Also worth a look (no model of their expected gain): "
+        c.print(text("  Also worth a look (no model of their expected gain): "
                      + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), style="dim"))
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
@@ -157,9 +159,9 @@ def _flags(c: Console, flags: list[dict]) -> None:
     c.print()
     c.print(Text("Flags", style="bold"))
     for f in flags:
-        c.print(Text.assemble((f"  [{f['severity']}] ", SEV_STYLE.get(f["severity"], "")), (f["title"], "bold"),
-                              (f"  ({f['id']})", "dim")))
-        c.print(f"    {f['summary']}")
+        c.print(Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["title"]), "bold"),
+                              (T(f"  ({f['id']})"), "dim")))
+        c.print(text(f"    {f['summary']}"))
 
 
 def _gaps(c: Console, t: dict) -> None:
@@ -170,8 +172,8 @@ def _gaps(c: Console, t: dict) -> None:
     c.print(Text("Largest idle-GPU gaps", style="bold"))
     table = Table.grid(padding=(0, 2))
     for g in gaps:
-        table.add_row(f"  step {g['step']}", f"+{g['offset_ms']:.2f} ms", f"{g['duration_ms']:.2f} ms",
-                      g["kind"].replace("_", " "), Text(_short(g["host_event"] or g["host_activity"]), style="dim"))
+        table.add_row(text(f"  step {g['step']}"), f"+{g['offset_ms']:.2f} ms", f"{g['duration_ms']:.2f} ms",
+                      text(g["kind"].replace("_", " ")), text(_short(g["host_event"] or g["host_activity"]), style="dim"))
     c.print(table)
 
 
@@ -197,7 +199,7 @@ def _details(c: Console, t: dict) -> None:
     if lines:
         c.print()
         for line in lines:
-            c.print(Text(line, style="dim"), overflow="ellipsis", no_wrap=True)
+            c.print(text(line, style="dim"), overflow="ellipsis", no_wrap=True)
 
 
 def _kernel_name(name: str) -> str:
@@ -214,8 +216,8 @@ def _ranks(c: Console, doc: dict) -> None:
     for col in ("trace", "median step", "verdict", "flags"):
         table.add_column(col)
     for t in doc["traces"]:
-        table.add_row(t["label"], f"{t['metrics']['steps.time_median_ms']:.1f} ms", t["verdict"]["bound"],
-                      ", ".join(f["slug"] for f in t["flags"]) or "-")
+        table.add_row(text(t["label"]), f"{t['metrics']['steps.time_median_ms']:.1f} ms", text(t["verdict"]["bound"]),
+                      text(", ".join(f["slug"] for f in t["flags"]) or "-"))
     c.print(table)
 
 
