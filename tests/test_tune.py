@@ -268,10 +268,11 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     by = {t["label"]: t for t in doc["trials"]}
-    # the truth for 1 worker, measured independently: same throughput or worse (a worker runs
-    # the transforms single-threaded, as the trainer does; the step cannot overlap much of them)
-    assert by["num_workers=1"]["status"] in ("no change", "slower"), by["num_workers=1"]
-    assert by["num_workers=2"]["status"] == "faster", by["num_workers=2"]
+    # 1 worker: no material gain (it runs the transforms single-threaded, as the trainer did, and
+    # the tiny step it overlaps is a few % of them); 2 workers: both cores load
+    one, two = by["num_workers=1"], by["num_workers=2"]
+    assert one["status"] != "failed" and one["speedup"] < 1.10 and one["ci95"][0] < 1.10, one
+    assert two["status"] == "faster" and two["speedup"] > 1.2, two
     best = doc["best"]
     assert best and best["changes"].get("num_workers") == 2
     assert "num_workers=2" in doc["apply"]
