@@ -216,7 +216,8 @@ def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
     if state == "empty":
         return (f"the run ended after {len(steps)} step(s), before a whole step was recorded: the first step "
                 "is warm-up and the next one is traced")
-    return f"the run ended after {len(steps)} step(s), before the profiled window (a trace needs 2 or more)"
+    return (f"the run ended after {len(steps)} step(s), before the profiled window (it opens after --skip-steps "
+            "steps, or after PERFDOCTOR_WARMUP_S seconds of long steps)")
 
 
 def _failed(res: RunResult) -> bool:
