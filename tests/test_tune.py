@@ -194,7 +194,7 @@ def test_usage_errors_exit_2_in_one_line(tmp_path):
 
 def test_a_failing_baseline_exits_1_with_the_scripts_output(tmp_path):
     pytest.importorskip("torch")
-    r = ptune("--budget", "30", "--out", tmp_path / "t", EX / "crash.py", "--crash-after", "3")
+    r = ptune("--budget", "60", "--duration", "60", "--out", tmp_path / "t", EX / "crash.py", "--crash-after", "3")
     assert r.returncode == 1
     assert "Traceback (most recent call last)" in r.stderr        # the script's own traceback
     assert "perfdoctor: error: baseline: the script failed" in r.stderr
