@@ -77,8 +77,9 @@ def run(
     trace_steps: int = typer.Option(5, "--trace-steps", min=1, help="Steps recorded by torch.profiler."),
     memory: bool = typer.Option(False, "--memory", help="Also profile memory (allocator events) in the trace."),
     no_trace: bool = typer.Option(False, "--no-trace", help="Do not record a torch.profiler trace."),
-    stacks: bool = typer.Option(False, "--stacks", help="Sample Python stacks of the trainer and loader workers "
-                                                         "with py-spy (costs 8-25% on a busy 2-core machine)."),
+    stacks: bool = typer.Option(False, "--stacks/--no-stacks",
+                                help="Record Python stacks of the trainer and loader workers with py-spy "
+                                     "(py-spy record, 50 Hz, attached to the script: needs ptrace)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default perfdoctor-runs/<time>-<script>). "
                                                            "A directory that already holds a run is refused."),
     force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "
