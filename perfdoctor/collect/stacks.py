@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -45,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-RATE_HZ = 100          # samples per second (py-spy's default; 50-100 Hz resolves ~10 ms)
+RATE_HZ = 50           # samples per second: 20 ms resolution, ~3% of one core for py-spy (bench_stacks.py)
 MAX_S = 120            # record at most this long (from the first step): bounds file size and cost
 WAIT_EXIT_S = 15.0     # after the script ends, how long py-spy may take to notice and write
 OUTPUT = "pyspy.json"
@@ -109,11 +110,20 @@ def find_py_spy() -> str | None:
 
 
 def py_spy_command(py_spy: str | list[str], pid: int, out: Path, rate: int = RATE_HZ,
-                   max_s: float = MAX_S) -> list[str]:
+                   max_s: float = MAX_S, subprocesses: bool = True) -> list[str]:
     """py_spy: the binary, or a command prefix that runs it (e.g. under setpriv)."""
-    return [*([py_spy] if isinstance(py_spy, str) else py_spy), "record", "--pid", str(pid), "--subprocesses", "--idle", "--full-filenames",
-            "--nonblocking", "--rate", str(rate), "--format", "chrometrace", "--duration", str(int(max_s)),
-            "--output", str(out)]
+    return [*([py_spy] if isinstance(py_spy, str) else py_spy), "record", "--pid", str(pid),
+            *(["--subprocesses"] if subprocesses else []), "--idle", "--full-filenames", "--nonblocking",
+            "--rate", str(rate), "--format", "chrometrace", "--duration", str(int(max_s)), "--output", str(out)]
+
+
+def has_children(pid: int) -> bool:
+    """Whether the process has child processes now (its loader workers start before the first
+    step ends). Following children costs py-spy a scan of /proc at every sample: ~2% of a core."""
+    try:
+        return any(Path(t, "children").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True          # cannot tell: follow them
 
 
 class StackRecorder:
@@ -157,7 +167,8 @@ class StackRecorder:
         if self._stop.is_set():
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = py_spy_command(self.py_spy, self.pid, self.out_dir / OUTPUT, self.rate, self.max_s)
+        cmd = py_spy_command(self.py_spy, self.pid, self.out_dir / OUTPUT, self.rate, self.max_s,
+                             subprocesses=has_children(self.pid))
         meta = {"pid": self.pid, "rate_hz": self.rate, "max_s": self.max_s, "command": cmd,
                 "t0_unix": time.time()}
         try:
@@ -176,6 +187,7 @@ class StackRecorder:
         p = self.proc
         if p is None:
             return
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)   # the script is reaped already
         try:
             p.wait(timeout=WAIT_EXIT_S if not _alive(self.pid) else 0.5)
         except subprocess.TimeoutExpired:
@@ -186,7 +198,20 @@ class StackRecorder:
                 p.kill()
                 p.wait()
                 self.notes.append("py-spy did not finish writing its stacks; killed it")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._record_cost(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         self._check_failure(p.returncode)
+
+    def _record_cost(self, cpu_s: float) -> None:
+        """py-spy's own CPU time (its cost to the machine) into the meta file."""
+        path = self.out_dir / META
+        try:
+            meta = json.loads(path.read_text())
+            meta["pyspy_cpu_s"] = round(cpu_s, 3)
+            meta["pyspy_wall_s"] = round(time.time() - meta["t0_unix"], 3)
+            path.write_text(json.dumps(meta, indent=1))
+        except (OSError, ValueError, KeyError):
+            pass
 
     def _check_failure(self, code: int | None) -> None:
         out = self.out_dir / OUTPUT
