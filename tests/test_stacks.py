@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -222,3 +224,60 @@ def test_classify_causes():
     # a stdlib frame resolves to its module name
     assert classify((user, ("Logger.info", "/usr/lib/python3.11/logging/__init__.py", 1489)),
                     source)[:2] == ("logging_sync", "logging.Logger.info")
+
+
+# --- acceptance: a checkpoint after every step ------------------------------------------------
+
+EX = Path(__file__).resolve().parent.parent / "examples" / "checkpoint_every_step.py"
+
+
+def _busy_cores(seconds: float = 2.0) -> float:
+    """Cores busy right now (/proc/stat over a few seconds), while this test runs nothing."""
+    def snap():
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(v), v[3] + v[4]
+    t0, i0 = snap()
+    time.sleep(seconds)
+    t1, i1 = snap()
+    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
+
+
+def _steady_ms(every: int, steps: int) -> float:
+    r = subprocess.run([sys.executable, str(EX), "--every", str(every), "--steps", str(steps)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return float(r.stdout.split("steady ", 1)[1].split(" ms/step", 1)[0])
+
+
+@pytest.mark.slow
+@needs_py_spy
+def test_checkpoint_every_step_ranks_the_checkpoint_fix_first(tmp_path):
+    """`run --stacks` on a script that saves ~200 MB after every step ranks the checkpoint fix
+    first, and its expected gain is within 25% of the gain measured by saving every 100 steps."""
+    busy = _busy_cores()
+    if busy > 0.5:
+        pytest.skip(f"other processes keep {busy:.1f} cores busy: the timings would measure them")
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("perfdoctor-ckpt-*"))
+    # measured: bare runs, interleaved (every 100 over 100 steady steps: exactly one save)
+    t1, t100 = [], []
+    for _ in range(2):
+        t1.append(_steady_ms(1, 20))
+        t100.append(_steady_ms(100, 105))
+    measured = statistics.mean(t1) / statistics.mean(t100)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), str(EX),
+                        "--every", "1", "--steps", "30"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    if doc["stacks"] is None:
+        pytest.skip("no stacks recorded here: " + " ".join(doc["run"]["notes"]))
+    first = doc["findings"][0]
+    expected = first["gain"]["expected"]
+    print(f"bare every 1: {t1} ms/step, every 100: {t100} ms/step, measured {measured:.2f}x; "
+          f"expected {expected:.2f}x (checkpoint {first['gain']['share']:.1%} of the step)")
+    assert first["id"] == "PD350", [f["id"] for f in doc["findings"]]
+    assert doc["stacks"]["top"][0]["frame"] == "torch.save"
+    assert abs(expected / measured - 1) <= 0.25, (expected, measured)
+    assert "torch.save at checkpoint_every_step.py:" in r.stderr
+    assert set(tmp.glob("perfdoctor-ckpt-*")) == before      # the 200 MB files went away
