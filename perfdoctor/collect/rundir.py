@@ -13,7 +13,8 @@ from pathlib import Path
 from perfdoctor.errors import PerfdoctorError
 
 # What `perfdoctor run` writes into its directory (files, then folders).
-RUN_FILES = ("run.json", "child.json", "steps.jsonl", "samples.json", "report.json")
+RUN_FILES = ("run.json", "child.json", "steps.jsonl", "samples.json", "report.json",
+             "inject.json")                      # inject.json: under `perfdoctor tune`
 RUN_DIRS = ("trace", "stacks", "tensorboard")
 # Any of these marks a directory as a run directory (report.json alone is a report, not a run).
 MARKERS = ("run.json", "child.json", "steps.jsonl", "samples.json")
