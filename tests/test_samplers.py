@@ -97,7 +97,7 @@ def test_cpu_bound_forkserver_workers(tmp_path):
     assert m["input.split"] == "cpu"
     assert m["loader.trainer_cpu_mean"] < 0.2               # the trainer only joins
     assert m["machine.cpu_count"] == len(os.sched_getaffinity(0))
-    assert isinstance(m["machine.free_cores"], int) and 0 <= m["machine.free_cores"] <= m["machine.cpu_count"]
+    assert isinstance(m["machine.free_cores"], float) and 0 <= m["machine.free_cores"] <= m["machine.cpu_count"]   # fractional: 0.98 idle is a core
     assert m["loader.threads_oversubscription"] is not None and m["loader.threads_oversubscription"] > 0.5
     assert m["machine.ram_free_bytes"] > 0 and m["system.cpu_count"] >= 1
     # the sampler's own cost: well under 2% of a core at the default 0.5 s interval
@@ -175,6 +175,8 @@ def test_split_thresholds_and_unknowns(tmp_path):
     assert system_metrics([], [])["machine.free_cores"] is None
     m = system_metrics(_synthetic(10, cpu=95.0), [])
     assert m["input.split"] == "cpu" and m["machine.free_cores"] == 4
+    # issue 9: 8 cores 87.75% busy leave 0.98 of a core idle: that is a core, not none
+    assert system_metrics(_synthetic(10, cpu=95.0, busy=87.75), [])["machine.free_cores"] == pytest.approx(0.98)
     assert system_metrics(_synthetic(10, state="disk-sleep", cpu=10.0), [])["input.split"] == "io"
     # off-CPU, reading 4 MB/s, and PSI io some 50% of the time: io; the same stall without our reads: other
     assert system_metrics(_synthetic(10, read_step=2_000_000, psi_step_us=250_000), [])["input.split"] == "io"

@@ -95,7 +95,9 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
             diag.flags.append(f)
             ev.set(r.flag_name, True)
     bottleneck = target_of(values["verdict.bound"])
-    for r in (r for r in applicable if r.kind == "fix"):
+    # An inconclusive verdict means too little was measured for any share to be evidence.
+    fix_rules = [] if ev.values.get("verdict.bound") == "inconclusive" else [r for r in applicable if r.kind == "fix"]
+    for r in fix_rules:
         f = _fire(r, diag, ev)
         if f is not None:
             _gain(f, ev)
