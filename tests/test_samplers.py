@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.system import MIN_SAMPLES, system_metrics
 from perfdoctor.collect.samplers import NO_GPU_NOTE, SystemSampler, load_samples
