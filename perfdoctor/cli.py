@@ -118,12 +118,12 @@ def run(
         if baselines and code == 0:
             code = _gate_run(res.run_dir, baselines, strict)
     except PerfdoctorError as exc:
-        print(f"perfdoctor: error: {exc}", file=sys.stderr)
+        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
         code = code or exc.exit_code
     except Exception as exc:  # the script's exit code wins over a diagnosis bug
         if os.environ.get("PERFDOCTOR_DEBUG") == "1":
             raise
-        print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {exc} "
+        print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
     raise typer.Exit(code)
 
@@ -296,7 +296,7 @@ def rules_check(directory: Optional[Path] = typer.Argument(None, help="A directo
         rules = load_rules([str(directory)] if directory else [])
     except RulesInvalid as exc:
         for p in exc.problems:
-            print(f"perfdoctor: error: invalid rule {p}", file=sys.stderr)
+            print(f"perfdoctor: error: invalid rule {_safe(p)}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
     if directory is not None:
         root = str(directory.resolve())
@@ -316,6 +316,13 @@ def _write_json(path: Path, doc: dict) -> None:
         raise PerfdoctorError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def _safe(msg: object) -> str:
+    """An error message for the terminal: it echoes paths and parse errors, so control
+    characters are shown escaped and it stays one line (perfdoctor/report/sanitize.py)."""
+    from perfdoctor.report.sanitize import terminal
+    return terminal(msg)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line on stderr and a documented exit code."""
     debug = os.environ.get("PERFDOCTOR_DEBUG") == "1"
@@ -324,14 +331,14 @@ def main(argv: list[str] | None = None) -> None:
     except PerfdoctorError as exc:
         if debug:
             raise
-        print(f"perfdoctor: error: {exc}", file=sys.stderr)
+        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # a bug: one line, and how to get the traceback
         if debug:
             raise
-        print(f"perfdoctor: internal error: {type(exc).__name__}: {exc} "
+        print(f"perfdoctor: internal error: {type(exc).__name__}: {_safe(exc)} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(EXIT_INTERNAL)
 

@@ -119,26 +119,28 @@ def render_compare(doc: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = console or Console(highlight=False)
-    t = Table(title=f"perfdoctor compare: {doc['before']} -> {doc['after']}", title_justify="left")
+    from perfdoctor.report.sanitize import text
+
+    c = console or Console(highlight=False, emoji=False)
+    t = Table(title=text(f"perfdoctor compare: {doc['before']} -> {doc['after']}"), title_justify="left")
     for col in ("metric", "before", "after", "change", "noise", "beyond noise"):
         t.add_column(col, no_wrap=col in ("metric", "change"))
     for r in doc["rows"]:
-        beyond = {True: "[bold]yes[/]", False: "no", None: "unknown"}[r["beyond_noise"]]
+        beyond = {True: text("yes", "bold"), False: "no", None: "unknown"}[r["beyond_noise"]]
         noise = r["noise"] or "unknown"
         if r["note"].startswith("secondary"):
             noise, beyond = "secondary figure", ""
-        t.add_row(r["metric"], _fmt(r["before"], r["unit"]), _fmt(r["after"], r["unit"]), _fmt_change(r),
-                  noise, beyond)
+        t.add_row(text(r["metric"]), _fmt(r["before"], r["unit"]), _fmt(r["after"], r["unit"]), _fmt_change(r),
+                  text(noise), beyond)
     v = doc["verdict"]
-    t.add_row("verdict", str(v["before"]), str(v["after"]), "changed" if v["changed"] else "", "", "")
+    t.add_row("verdict", text(v["before"]), text(v["after"]), "changed" if v["changed"] else "", "", "")
     c.print(t)
     f = doc["findings"]
-    c.print(f"findings before: {', '.join(f['before']) or 'none'}; after: {', '.join(f['after']) or 'none'}"
-            + (f"; new: {', '.join(f['added'])}" if f["added"] else "")
-            + (f"; gone: {', '.join(f['removed'])}" if f["removed"] else ""))
+    c.print(text(f"findings before: {', '.join(f['before']) or 'none'}; after: {', '.join(f['after']) or 'none'}"
+                 + (f"; new: {', '.join(f['added'])}" if f["added"] else "")
+                 + (f"; gone: {', '.join(f['removed'])}" if f["removed"] else "")))
     env = doc["environment"]
     if env["differs"]:
-        c.print("[yellow]environment differs[/] (" + "; ".join(env["differs"]) + "): absolute times may not compare")
+        c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))
     if env["unknown"]:
-        c.print("environment unknown: " + ", ".join(env["unknown"]))
+        c.print(text("environment unknown: " + ", ".join(env["unknown"])))

@@ -9,6 +9,7 @@ from xml.etree import ElementTree as ET
 
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.gate.gate import INCONCLUSIVE, NOT_COMPARABLE, REGRESSION, GateResult
+from perfdoctor.report import sanitize
 
 COLUMNS = ("metric", "baseline", "current", "change", "threshold", "status")
 STYLE = {"pass": "green", "improvement": "green", "regression": "bold red", "inconclusive": "yellow",
@@ -19,22 +20,26 @@ def render_terminal(res: GateResult, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = console or Console(highlight=False)
-    t = Table(title=f"perfdoctor gate: {res.outcome.upper()}", title_justify="left")
+    from rich.text import Text
+
+    text = sanitize.text
+    c = console or sanitize.console()
+    t = Table(title=text(f"perfdoctor gate: {res.outcome.upper()}"), title_justify="left")
     for col in COLUMNS:
         t.add_column(col, no_wrap=col in ("metric", "change", "status"))
     for r in res.rows:
-        t.add_row(r.metric, r.baseline, r.current, r.change, r.threshold,
-                  f"[{STYLE.get(r.status, '')}]{r.status}[/]" if STYLE.get(r.status) else r.status)
+        t.add_row(*(text(x) for x in (r.metric, r.baseline, r.current, r.change, r.threshold)),
+                  text(r.status, style=STYLE.get(r.status, "")))
     c.print(t)
-    c.print(f"[{STYLE.get(res.outcome, '')}]{res.outcome}[/]: {res.reason}", markup=True)
-    c.print(f"method: {res.method}")
+    c.print(Text.assemble((sanitize.terminal(res.outcome), STYLE.get(res.outcome, "")),
+                          sanitize.terminal(f": {res.reason}")))
+    c.print(text(f"method: {res.method}"))
     for n in res.notes:
-        c.print(f"  note: {n}")
+        c.print(text(f"  note: {n}"))
 
 
 def _cell(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+    return sanitize.markdown(s)
 
 
 def markdown(res: GateResult) -> str:
@@ -43,7 +48,7 @@ def markdown(res: GateResult) -> str:
     for r in res.rows:
         lines.append("| " + " | ".join(_cell(x) for x in (r.metric, r.baseline, r.current, r.change,
                                                            r.threshold, r.status)) + " |")
-    lines += ["", f"Method: {res.method}."] + [f"- {_cell(n)}" for n in res.notes]
+    lines += ["", f"Method: {_cell(res.method)}."] + [f"- {_cell(n)}" for n in res.notes]
     return "\n".join(lines) + "\n"
 
 
@@ -62,11 +67,12 @@ def github(res: GateResult, strict: bool = False, stream=None) -> None:
             f.write(markdown(res) + "\n")
     except OSError as exc:
         raise PerfdoctorError(f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc.strerror or exc}") from None
-    msg = res.reason.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    msg = sanitize.github_data(res.reason)      # the reason quotes paths and verdicts: input
+    title = f"perfdoctor gate: {res.outcome}"   # our own words (GitHub reads ': ' in a title as is)
     if res.outcome == REGRESSION or (strict and res.outcome in (INCONCLUSIVE, NOT_COMPARABLE)):
-        print(f"::error title=perfdoctor gate: {res.outcome}::{msg}", file=out, flush=True)
+        print(f"::error title={title}::{msg}", file=out, flush=True)
     elif res.outcome in (INCONCLUSIVE, NOT_COMPARABLE) or any(r.status == "warning" for r in res.rows):
-        print(f"::warning title=perfdoctor gate: {res.outcome}::{msg}", file=out, flush=True)
+        print(f"::warning title={title}::{msg}", file=out, flush=True)
 
 
 def junit(res: GateResult, path: Path) -> None:
@@ -75,17 +81,18 @@ def junit(res: GateResult, path: Path) -> None:
     suite = ET.Element("testsuite", name="perfdoctor-gate", time="0")
     counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
     for r in res.rows:
-        case = ET.SubElement(suite, "testcase", classname="perfdoctor-gate", name=r.metric, time="0")
+        x = sanitize.xml
+        case = ET.SubElement(suite, "testcase", classname="perfdoctor-gate", name=x(r.metric), time="0")
         counts["tests"] += 1
-        text = f"baseline {r.baseline}, current {r.current}, change {r.change}, threshold {r.threshold}"
+        text = x(f"baseline {r.baseline}, current {r.current}, change {r.change}, threshold {r.threshold}")
         if r.status == REGRESSION:
-            ET.SubElement(case, "failure", message=r.reason, type="regression").text = text
+            ET.SubElement(case, "failure", message=x(r.reason), type="regression").text = text
             counts["failures"] += 1
         elif r.status in (INCONCLUSIVE, NOT_COMPARABLE):
-            ET.SubElement(case, "skipped", message=f"{r.status}: {r.reason}")
+            ET.SubElement(case, "skipped", message=x(f"{r.status}: {r.reason}"))
             counts["skipped"] += 1
         else:
-            ET.SubElement(case, "system-out").text = f"{r.status}: {r.reason}"
+            ET.SubElement(case, "system-out").text = x(f"{r.status}: {r.reason}")
     for k, v in counts.items():
         suite.set(k, str(v))
     try:

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.report.sanitize import terminal as T, text
 from perfdoctor.rules.check import CaseResult
 from perfdoctor.rules.model import Rule
 
@@ -13,55 +14,55 @@ KIND_ORDER = {"verdict": 0, "flag": 1, "fix": 2}
 
 
 def render_list(rules: list[Rule], console: Console | None = None) -> None:
-    c = console or Console(highlight=False)
+    c = console or Console(highlight=False, emoji=False)
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for col, wrap in (("id", False), ("kind", False), ("devices", False), ("title", True), ("source", True)):
         table.add_column(col, no_wrap=not wrap, overflow="fold")
     for r in sorted(rules, key=lambda r: (KIND_ORDER[r.kind], r.id)):
         art = str(r.source.get("article"))
         art = art[:3] if art[:3].isdigit() else art   # articles are cited by their number: 000..003
-        table.add_row(r.id, r.kind, ",".join(r.devices), r.title,
-                      Text(f"{art} · {r.source.get('section')}", style="dim"))
+        table.add_row(text(r.id), text(r.kind), text(",".join(r.devices)), text(r.title),
+                      text(f"{art} · {r.source.get('section')}", style="dim"))
     c.print(table)
     c.print(Text(f"{len(rules)} rules", style="dim"))
 
 
 def render_show(r: Rule, console: Console | None = None) -> None:
-    c = console or Console(highlight=False)
-    c.print(Text.assemble((f"{r.id} {r.slug}", "bold"), (f"  ({r.kind}; devices: {', '.join(r.devices)})", "dim")))
-    c.print(Text(r.title, style="bold"))
-    c.print(Text("file: " + r.path, style="dim"))
+    c = console or Console(highlight=False, emoji=False)
+    c.print(Text.assemble((T(f"{r.id} {r.slug}"), "bold"), (T(f"  ({r.kind}; devices: {', '.join(r.devices)})"), "dim")))
+    c.print(text(r.title, style="bold"))
+    c.print(text("file: " + r.path, style="dim"))
     c.print()
     c.print(Text("when", style="bold"))
-    c.print("  " + " ".join(r.when.split()))
+    c.print(text("  " + " ".join(r.when.split())))
     if r.bound:
-        c.print(Text.assemble(("verdict ", "bold"), r.bound, (f"  (priority {r.priority})", "dim")))
+        c.print(Text.assemble(("verdict ", "bold"), T(r.bound), (T(f"  (priority {r.priority})"), "dim")))
     c.print(Text("summary template", style="bold"))
-    c.print("  " + r.summary)
+    c.print(text("  " + r.summary))
     if r.gain:
         c.print(Text("expected gain", style="bold"))
-        c.print(f"  step speed-up <= 1 / ((1 - f) + f / s)   (Amdahl)")
-        c.print(f"  f = {r.gain.share}   ({r.gain.label})")
-        c.print(f"  s = {r.gain.speedup}")
-        c.print(f"  assumption: {r.gain.assumption}")
+        c.print("  step speed-up <= 1 / ((1 - f) + f / s)   (Amdahl)")
+        c.print(text(f"  f = {r.gain.share}   ({r.gain.label})"))
+        c.print(text(f"  s = {r.gain.speedup}"))
+        c.print(text(f"  assumption: {r.gain.assumption}"))
     elif r.kind == "fix":
-        c.print(Text.assemble(("expected gain ", "bold"), f"none claimed: {r.no_gain_reason}"))
+        c.print(Text.assemble(("expected gain ", "bold"), T(f"none claimed: {r.no_gain_reason}")))
     if r.fix_text:
         c.print(Text("fix", style="bold"))
-        c.print("  " + " ".join(r.fix_text.split()))
+        c.print(text("  " + " ".join(r.fix_text.split())))
     if r.snippet:
         for line in r.snippet.rstrip().splitlines():
-            c.print(Text("    " + line, style="cyan"))
+            c.print(text("    " + line, style="cyan"))
     c.print(Text("source", style="bold"))
-    c.print(f"  {r.source.get('article')}, {r.source.get('section')}")
+    c.print(text(f"  {r.source.get('article')}, {r.source.get('section')}"))
     for also in r.source.get("also", []):
-        c.print(Text(f"  also: {also}", style="dim"))
+        c.print(text(f"  also: {also}", style="dim"))
     c.print(Text(f"test cases: {len(r.cases)} ({sum(x.fires for x in r.cases)} firing)", style="dim"))
 
 
 def render_check(results: list[CaseResult], n_rules: int, console: Console | None = None) -> None:
-    c = console or Console(highlight=False)
+    c = console or Console(highlight=False, emoji=False)
     failed = [x for x in results if not x.ok]
     for x in failed:
-        c.print(Text(f"FAIL {x.rule.path}: {x.rule.id}: case {x.name!r}: {x.message}", style="red"))
+        c.print(text(f"FAIL {x.rule.path}: {x.rule.id}: case {x.name!r}: {x.message}", style="red"))
     c.print(f"{n_rules} rules valid; {len(results) - len(failed)} passed, {len(failed)} failed")

@@ -56,11 +56,13 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     import sys
-    con = console or Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+    from perfdoctor.report.sanitize import text
+    con = console or Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 160)
     b = doc["baseline"]
-    con.print(f"[bold]perfdoctor tune[/bold]  {doc['command']}")
-    con.print(f"baseline: {_ms(b['step_time_s'])}/step [{_ms(b['ci95'][0])}, {_ms(b['ci95'][1])}] over "
-              f"{b['steps']} steady steps; verdict {b['verdict'] or 'unknown'}; {doc['noise']}")
+    con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
+    con.print(text(f"baseline: {_ms(b['step_time_s'])}/step [{_ms(b['ci95'][0])}, {_ms(b['ci95'][1])}] over "
+                   f"{b['steps']} steady steps; verdict {b['verdict'] or 'unknown'}; {doc['noise']}"))
     tab = Table(show_edge=False, pad_edge=False)
     for col in ("change", "step time", "speed-up", "95% CI", "predicted", "status"):
         tab.add_column(col, justify="right" if col in ("step time", "speed-up", "95% CI") else "left",
@@ -74,21 +76,21 @@ def render(doc: dict, console=None) -> None:
         if tr.get("loss") and tr["status"] != "failed":
             status += f" ({tr['loss']['text']})"
         c = colour.get(tr["status"])
-        tab.add_row(tr["label"], _ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
-                    f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", pred, f"[{c}]{status}[/{c}]" if c else status)
+        tab.add_row(text(tr["label"]), _ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
+                    f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
     con.print(tab)
     if doc["skipped_for_budget"]:
-        con.print(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
-                  + " (raise --budget to run them)")
+        con.print(text(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
+                       + " (raise --budget to run them)"))
     best = doc["best"]
     if best:
-        con.print(f"[bold]best:[/bold] {_label(best['changes'])}: {best['speedup']:.2f}x "
-                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}), {_ms(best['step_time_s'])}/step. Apply:")
+        con.print(text("best:", "bold") + text(f" {_label(best['changes'])}: {best['speedup']:.2f}x "
+                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}), {_ms(best['step_time_s'])}/step. Apply:"))
     else:
         con.print("[bold]best:[/bold] none of the trials was measurably faster than the baseline.")
     for line in doc["apply"].splitlines():
-        con.print(f"    {line}", markup=False)
-    con.print(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)")
+        con.print(text(f"    {line}"))
+    con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))
 
 
 def _label(ch: dict) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor.errors import PerfdoctorError
+from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
 
@@ -69,7 +70,7 @@ class Tuner:
     def __init__(self, opts: TuneOptions, log=None):
         self.o = opts
         self.t0 = time.monotonic()
-        self.log = log or (lambda s: print(f"[perfdoctor tune] {s}", file=sys.stderr, flush=True))
+        self.log = log or (lambda s: print(f"[perfdoctor tune] {_terminal(s)}", file=sys.stderr, flush=True))
         self.dir = opts.out or _default_dir(opts)
         self.run_s = opts.run_s or min(RUN_S_MAX, max(RUN_S_MIN, opts.budget_s / RUNS_PER_BUDGET))
         self.baselines: list[Measured] = []
