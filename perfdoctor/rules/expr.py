@@ -12,11 +12,12 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import re
 import string
 from types import SimpleNamespace
 from typing import Any
 
-from simpleeval import EvalWithCompoundTypes
+from simpleeval import EvalWithCompoundTypes, InvalidExpression
 
 FUNCTIONS = {"min": min, "max": max, "abs": abs}
 CONSTANTS = {"inf": math.inf, "true": True, "false": False}
@@ -26,8 +27,24 @@ ALLOWED_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.N
                  ast.Attribute, ast.Load, ast.Call, ast.Tuple, ast.List, ast.IfExp)
 
 
+# Rules from users are data: bounds that keep a hostile expression from costing time or memory
+# at load or evaluation. With no `**`, no subscripts and no sequence arithmetic, evaluation is
+# linear in the expression's size, so these bounds are the time bound too.
+MAX_EXPR_CHARS = 4000      # the longest built-in expression is ~700
+MAX_DEPTH = 40             # nesting of the parsed tree (simpleeval evaluates recursively)
+MAX_INT = 10 ** 18         # integer literals; floats are bounded by their type
+MAX_STR = 200              # string literals
+MAX_RESULT_CHARS = 10_000  # a string a metric of type str grows to (`input.loader * 9999`)
+TEMPLATE_SPEC = re.compile(r"(pct|x|[<>^=]?[+\- ]?\d{0,2}[,_]?(\.\d{1,2})?[eEfFgGd%]?)")
+
+
 class ExprError(ValueError):
     """The expression is not valid (syntax, forbidden construct, unknown name)."""
+
+
+class EvalError(TypeError):
+    """Evaluation failed (division by zero, overflow, a string too long, ...): the engine
+    treats it as a missing number, like a comparison that met None (a TypeError)."""
 
 
 def normalize(text: str) -> str:
@@ -50,10 +67,15 @@ def dotted(node: ast.AST) -> str | None:
 def parse(expr: str) -> ast.Expr:
     """The parsed expression, in the form simpleeval evaluates (`previously_parsed`); parsed
     once per process: validation and every evaluation share it."""
+    text = normalize(expr)
+    if len(text) > MAX_EXPR_CHARS:
+        raise ExprError(f"expression of {len(text)} characters (at most {MAX_EXPR_CHARS}): {text[:60]!r}...")
     try:
-        module = ast.parse(normalize(expr))
+        module = ast.parse(text)
     except SyntaxError as exc:
-        raise ExprError(f"syntax error in {expr!r}: {exc.msg}") from None
+        raise ExprError(f"syntax error in {_short(expr)}: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:   # 4300+ digit literals, deep nesting
+        raise ExprError(f"cannot parse {_short(expr)}: {type(exc).__name__} {exc}") from None
     if len(module.body) != 1 or not isinstance(module.body[0], ast.Expr):
         raise ExprError(f"{expr!r} is not a single expression")
     return module.body[0]
@@ -63,12 +85,25 @@ def metric_names(expr: str, known: set[str]) -> list[str]:
     """Validate `expr` and return the metric names it uses (raises ExprError)."""
     tree = parse(expr).value
     names: list[str] = []
+    _check_depth(tree, expr)
     for node in ast.walk(tree):
         if not isinstance(node, ALLOWED_NODES):
-            raise ExprError(f"{type(node).__name__} is not allowed in {expr!r}")
+            raise ExprError(f"{type(node).__name__} is not allowed in {_short(expr)}")
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-                raise ExprError(f"unknown function in {expr!r} (allowed: {', '.join(FUNCTIONS)})")
+                raise ExprError(f"unknown function in {_short(expr)} (allowed: {', '.join(FUNCTIONS)})")
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+                raise ExprError(f"integer literal too large in {_short(expr)} (at most 1e18)")
+            if isinstance(v, (str, bytes)) and len(v) > MAX_STR:
+                raise ExprError(f"string literal of {len(v)} characters in {_short(expr)} (at most {MAX_STR})")
+            if isinstance(v, bytes) or v is Ellipsis or isinstance(v, complex):
+                raise ExprError(f"{type(v).__name__} literal is not allowed in {_short(expr)}")
+        if isinstance(node, ast.BinOp) and any(
+                isinstance(o, (ast.Tuple, ast.List)) or (isinstance(o, ast.Constant) and isinstance(o.value, str))
+                for o in (node.left, node.right)):
+            raise ExprError(f"arithmetic on strings, tuples or lists is not allowed in {_short(expr)}")
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) or isinstance(node, ast.Name):
             name = dotted(node)
@@ -79,8 +114,22 @@ def metric_names(expr: str, known: set[str]) -> list[str]:
             if name in known:
                 names.append(name)
             elif not any(k.startswith(name + ".") for k in known):
-                raise ExprError(f"unknown metric {name!r} in {expr!r}")
+                raise ExprError(f"unknown metric {name!r} in {_short(expr)}")
     return list(dict.fromkeys(names))
+
+
+def _check_depth(tree: ast.AST, expr: str) -> None:
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ExprError(f"expression nested deeper than {MAX_DEPTH} levels: {_short(expr)}")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+
+
+def _short(expr: str) -> str:
+    text = normalize(expr)
+    return repr(text if len(text) <= 200 else text[:200] + "...")
 
 
 def _namespace(values: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +163,18 @@ class Evaluator:
         self._se.names = {**CONSTANTS, **_namespace(self.values)}
 
     def eval(self, text: str) -> Any:
-        return self._se.eval(normalize(text), previously_parsed=parse(text))
+        """The value (raises TypeError when it meets None or cannot be computed: EvalError)."""
+        try:
+            v = self._se.eval(normalize(text), previously_parsed=parse(text))
+        except TypeError:
+            raise
+        except (ArithmeticError, ValueError, InvalidExpression, MemoryError, RecursionError) as exc:
+            raise EvalError(f"{type(exc).__name__}: {exc}") from None
+        if isinstance(v, str) and len(v) > MAX_RESULT_CHARS:
+            raise EvalError(f"a string of {len(v)} characters")
+        if isinstance(v, int) and v.bit_length() > 1000:      # no float holds it
+            raise EvalError(f"an integer of {v.bit_length()} bits")
+        return v
 
 
 class _Formatter(string.Formatter):
@@ -131,11 +191,14 @@ class _Formatter(string.Formatter):
     def format_field(self, value, spec):
         if value is None:
             return "unknown"
-        if spec == "pct":
-            return f"{100 * value:.1f}%"
-        if spec == "x":
-            return f"{value:.2f}x"
-        return format(value, spec)
+        try:
+            if spec == "pct":
+                return f"{100 * value:.1f}%"
+            if spec == "x":
+                return f"{value:.2f}x"
+            return format(value, spec)
+        except (TypeError, ValueError, OverflowError):   # a string where a number was meant
+            return str(value)[:MAX_STR]
 
 
 def render_template(text: str, values: dict[str, Any]) -> str:
@@ -143,4 +206,17 @@ def render_template(text: str, values: dict[str, Any]) -> str:
 
 
 def template_names(text: str) -> list[str]:
-    return [f for _, f, _, _ in string.Formatter().parse(text) if f]
+    """The metric names a summary template uses; raises ExprError for a template that is not
+    valid or has a format spec other than pct, x or a short number format (`>1000000000` would
+    build a gigabyte)."""
+    try:
+        fields = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ExprError(f"summary template: {exc}") from None
+    for _, f, spec, conv in fields:
+        if f is None:
+            continue
+        if not f or conv not in (None, "s", "r") or not TEMPLATE_SPEC.fullmatch(spec or ""):
+            raise ExprError(f"summary template field {{{f}{'!' + conv if conv else ''}:{spec}}}: "
+                            "allowed {metric}, {metric:pct}, {metric:x} or a short number format such as {metric:.1f}")
+    return [f for _, f, _, _ in fields if f]

@@ -112,9 +112,12 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
         if d not in DEVICES:
             bad(f"unknown device {d!r} (allowed: {', '.join(DEVICES)})")
     when_names = _names(data["when"], known, bad, "when")
-    for name in expr.template_names(str(data["summary"])):
-        if name not in known:
-            bad(f"summary uses unknown metric {name!r}")
+    try:
+        for name in expr.template_names(str(data["summary"])):
+            if name not in known:
+                bad(f"summary uses unknown metric {name!r}")
+    except expr.ExprError as exc:
+        bad(str(exc))
     src = data["source"]
     if not isinstance(src, dict) or not src.get("article") or not src.get("section"):
         bad("source needs 'article' (file in shared/articles or a peer tool/doc) and 'section'")
