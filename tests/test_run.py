@@ -213,8 +213,8 @@ def test_script_imports_torch_itself_with_python_semantics(tmp_path):
 
 
 def test_stacks_are_sampled_or_refusal_is_explained(tmp_path):
-    r = prun("--stacks", "--no-trace", "--duration", "8", EX / "cpu_bound_loader.py", "--workers", "1",
-             "--steps", "100000", out=tmp_path / "run")
+    r = prun("--stacks", "--no-trace", "--duration", "10", EX / "cpu_bound_loader.py", "--workers", "1",
+             "--batch-size", "2", "--steps", "100000", out=tmp_path / "run")
     assert r.returncode == 0, r.stderr
     doc = report(tmp_path / "run")
     notes = " ".join(doc["run"]["notes"])
