@@ -221,6 +221,10 @@ def test_classify_causes():
     hooks = ("Session._boundary", "/opt/x/perfdoctor/collect/hooks.py", 216)
     assert classify((user, lib("torch.optim.optimizer", "wrapper"), hooks), source)[0] == "perfdoctor"
     assert classify((user, lib("torch.functional", "einsum")), source)[0] == "other"
+    # the user's own forward (a leaf user line) inside a module call is the model, not data
+    fwd = ("Net.forward", "/home/u/model.py", 12)
+    assert classify((user, lib("torch.nn.modules.module", "Module._call_impl"), fwd), source)[:3] == (
+        "model", "model.py:12", "model.py:12")
     # a stdlib frame resolves to its module name
     assert classify((user, ("Logger.info", "/usr/lib/python3.11/logging/__init__.py", 1489)),
                     source)[:2] == ("logging_sync", "logging.Logger.info")

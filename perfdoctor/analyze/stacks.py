@@ -141,14 +141,16 @@ def classify(stack: tuple, source=linecache.getline) -> tuple[str, str, str | No
         cause = "logging_sync"
     elif any(f.module == "torch.utils.data.dataloader" and f.func.endswith("__next__") for f in libs):
         cause = "data_loader"
-    elif any(_in(f.module, ("torch.nn.modules",)) for f in below):
+    # inside a module call, the autograd engine or an optimizer step anywhere in the stack: the
+    # user's own forward, custom Function.backward or optimizer code below it belongs there too
+    elif any(_in(f.module, ("torch.nn.modules",)) for f in libs):
         cause = "model"
     elif any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") and f.module == "torch._tensor"
-             for f in below):
+             for f in libs):
         cause = "backward"
     elif any(f.kind == "tool" for f in below):
         cause = "perfdoctor"
-    elif any(_in(f.module, ("torch.optim",)) for f in below):
+    elif any(_in(f.module, ("torch.optim",)) for f in libs):
         cause = "optimizer"
     elif not below and _line_says(frames[user], source, _WAITING) or any(
             _in(f.module, ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors"))
