@@ -50,7 +50,10 @@ def calibrate(name: str, argv: list[str], args, root: Path) -> list[dict]:
         trials = [o for o in ran if o.trial.rule == rid]
         best = max(trials, key=lambda o: o.ratio, default=None)
         tested.add(rid)
-        rows.append(_row(name, rid, g, best, "no zero-code trial for this fix" if not trials else None))
+        planned = [o for o in t.outcomes if o.trial.rule == rid]
+        note = None if trials else ("trial " + (planned[0].status + ": " + (planned[0].reason or "")
+                                                if planned else "none: no zero-code change for this fix"))
+        rows.append(_row(name, rid, g, best, note))
     for o in ran:                      # trials whose fix the report did not rank (prediction: none)
         if o.trial.rule not in tested:
             tested.add(o.trial.rule)

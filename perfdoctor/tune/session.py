@@ -13,7 +13,9 @@
 4. Refinements of the best loader setting, then the winners of the different groups combined
    and measured together. The best setting is the fastest measured one whose interval lies
    above 1.
-Every run's files stay in the tune directory: baseline/, NN-<change>/.
+A baseline with too few steady steps once its trace window is left out is run again without a
+trace, and every run from then on is twice as long (unless --duration fixed the length).
+Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
 """
 
 from __future__ import annotations
@@ -115,6 +117,11 @@ class Tuner:
                 self.log(f"the baseline's diagnosis failed ({type(exc).__name__}: {exc}); no predictions")
         if b.error and b.error.startswith("the script failed"):
             raise TuneFailed(f"baseline: {b.error}; nothing to tune (run directory {b.run_dir})", EXIT_SCRIPT_FAILED)
+        if b.error and not self.o.run_s and self.elapsed() + 2 * self.longest <= self.o.budget_s:
+            # too few steady steps once the trace window is left out: every run gets twice as long
+            self.run_s *= 2
+            self.log(f"baseline: {b.error}; again without a trace, {self.run_s:.0f} s per run from now on")
+            b = self._launch(self.dir / "baseline-2", {})
         if b.error:
             raise TuneFailed(f"baseline: {b.error} (run directory {b.run_dir}); "
                              "give it more time (--duration) or more steps", EXIT_NOT_MEASURABLE)
@@ -166,7 +173,9 @@ class Tuner:
         return time.monotonic() - self.t0
 
     def _repeat_baseline(self) -> Measured | None:
-        i = len(self.baselines) + 1
+        i = 2
+        while (self.dir / f"baseline-{i}").exists():
+            i += 1
         b = self._launch(self.dir / f"baseline-{i}", {})
         if not b.ok:
             self.log(f"baseline again ({i}): {b.error}")
@@ -182,7 +191,7 @@ class Tuner:
         self.outcomes.append(out)
         if t.skip:
             return out
-        if not self._fits(2 if self.noisy else 1):
+        if not self._fits():
             out.reason = "budget"
             return out
         self.n += 1
