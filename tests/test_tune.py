@@ -208,7 +208,7 @@ def test_tune_document_on_a_small_script(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.replace("range(3)", "range(10 ** 6)"))
-    r = ptune("--budget", "40", "--duration", "5", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    r = ptune("--budget", "60", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10
@@ -223,9 +223,14 @@ def test_tune_document_on_a_small_script(tmp_path):
             lo, hi = t["ci95"]
             assert lo <= t["speedup"] <= hi
             assert (t["status"] == "faster") == (lo > 1)
-            assert t["speedup"] == pytest.approx(doc["baseline"]["step_time_s"] / t["step_time_s"], rel=0.25)
+            # against the baseline run(s) it was compared with (before and after it on a noisy machine)
+            base = {b["dir"]: b["step_time_s"] for b in [doc["baseline"], *doc["baseline"]["repeats"]]}
+            ref = sum(base[d] for d in t["baseline_dirs"]) / len(t["baseline_dirs"])
+            assert t["speedup"] == pytest.approx(ref / t["step_time_s"], rel=0.2)
         assert Path(t["dir"], "steps.jsonl").exists()
-    assert doc["elapsed_s"] <= 40 + 15                                      # one run past the budget at most
+    longest = max(json.loads(Path(d, "run.json").read_text())["wall_s"]
+                  for d in (tmp_path / "t").iterdir() if (d / "run.json").exists())
+    assert doc["elapsed_s"] <= 60 + longest + 5                            # never a run past the budget
     assert doc["skipped_for_budget"] == [t["label"] for t in doc["trials"] if t["reason"] == "budget"]
     assert (tmp_path / "t" / "tune.json").exists() and "best:" in r.stderr
     report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
