@@ -207,7 +207,8 @@ def test_tune_document_on_a_small_script(tmp_path):
     the budget is respected and what it left out is listed."""
     pytest.importorskip("torch")
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.replace("range(3)", "range(10 ** 6)"))
+    crash = 'if loader.num_workers == 1:\n    raise RuntimeError("this script breaks with one worker")\nfor epoch'
+    script.write_text(SCRIPT.replace("range(3)", "range(10 ** 6)").replace("for epoch", crash, 1))
     r = ptune("--budget", "60", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
@@ -216,7 +217,10 @@ def test_tune_document_on_a_small_script(tmp_path):
     assert statuses <= {"faster", "slower", "no change", "failed", "skipped"}
     by = {t["label"]: t for t in doc["trials"]}
     assert by["tf32=True"]["status"] == "skipped" and by["tf32=True"]["reason"] == "no CUDA device"
-    assert by["num_workers=1"]["status"] != "skipped"                       # the loader comes first
+    # the loader comes first; a trial that crashes is reported, and the tune goes on
+    assert by["num_workers=1"]["status"] == "failed"
+    assert "RuntimeError: this script breaks with one worker" in by["num_workers=1"]["reason"]
+    assert by["num_workers=2"]["status"] != "skipped"
     ran = [t for t in doc["trials"] if t["step_time_s"] is not None]
     for t in ran:
         if t["speedup"] is not None:
