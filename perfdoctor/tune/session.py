@@ -221,7 +221,8 @@ class Tuner:
                     out.status, out.reason = "failed", "refused: " + out.loss["text"]
             missing = [k for k in t.changes if k not in (m.inject.get("applied") or [])]
             if missing and out.status != "failed":
-                out.status, out.reason = "failed", f"not applied: {', '.join(missing)} ({'; '.join(m.inject.get('notes') or []) or 'the script never reached it'})"
+                why = "; ".join(m.inject.get("notes") or []) or "the script never reached it"
+                out.status, out.reason = "failed", f"not applied: {', '.join(missing)} ({why})"
         loads = [x.other_load for x in (before, m, after) if x is not None and _busy(x)]
         if loads:
             out.reason = ((out.reason + "; ") if out.reason else "") + \
