@@ -62,10 +62,12 @@ def kernel_class(name: str) -> str:
         return "attention_half" if HALF_RX.search(name) and not re.search(r"_f32|float", name) else \
             "attention_fp32" if FP32_RX.search(name) else "other"
     if GEMM_RX.search(name) and not NOT_GEMM_RX.search(name):
-        if TF32_RX.search(name):
+        if re.search(r"tf32", name, re.I):
             return "gemm_tf32"
         if HALF_RX.search(name) or name.startswith("nvjet"):   # cuBLASLt's Hopper+ tensor-core kernels
             return "gemm_half"
+        if TF32_RX.search(name):          # Ampere s1688/s16816 with fp32 in and out: TF32
+            return "gemm_tf32"
         if FP32_GEMM_RX.search(name) or not HALF_RX.search(name):
             return "gemm_fp32"
     if OPTIMIZER_KERNEL_RX.search(name) or HALF_RX.search(name):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("verdict", "flag", "fix")
-DEVICES = ("cuda", "rocm", "cpu", "any")
+DEVICES = ("cuda", "rocm", "mtia", "cpu", "any")
 BOUNDS = ("input_io", "input_cpu", "input", "host", "device", "communication", "inconclusive")
 TARGETS = ("input", "host", "device", "communication")
 
