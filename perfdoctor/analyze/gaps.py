@@ -36,7 +36,8 @@ class Gap:
     host_event: str | None  # the traced host event overlapping the gap most
 
 
-def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> tuple[dict, list[Gap]]:
+def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TOP_GAPS) -> tuple[dict, list[Gap]]:
+    """Idle-time metrics and the `top` longest gaps, longest first."""
     total = float(steps.duration.sum())
     idle = ~tl.cover["device"] & (tl.step_of >= 0)
     out = {"gpu.kernel_wait_threshold_us": KERNEL_WAIT_US, "gpu.idle_share": tl.total(idle) / total}
@@ -82,7 +83,7 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> tuple[dict
 
     gap_role = np.bincount(gid * (len(layers) + 1) + host_role[idx], weights=tl.seg.length[idx],
                            minlength=len(g_start) * (len(layers) + 1)).reshape(len(g_start), -1)
-    top = np.argsort(-g_len, kind="stable")[:TOP_GAPS]
+    top = np.argsort(-g_len, kind="stable")[:top]
     host_rows = np.flatnonzero(k.cpu_op | k.dataloader | k.runtime)
     gaps = [Gap(step=steps.labels[g_step[g]],
                 offset_ms=float(g_start[g] - steps.start[g_step[g]]) / 1e3,

@@ -11,17 +11,20 @@ from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.device import device_metrics
-from perfdoctor.analyze.gaps import Gap, idle_gaps
+from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
+from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
 from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, build_timeline
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace.table import EventTable
+
+MARKED_GAPS = 200      # idle gaps kept for the annotated trace (longest first)
 
 
 @dataclass
@@ -35,6 +38,8 @@ class TraceAnalysis:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     tables: dict = field(default_factory=dict)   # kernels, ops, annotations, launches, collectives (tables.py)
+    view: dict | None = None                      # the representative step as lanes (stepview.py)
+    marked_gaps: list[Gap] = field(default_factory=list)  # longest non-kernel-wait gaps, for --annotate
 
     @property
     def rank(self):
@@ -55,10 +60,12 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
     m.update(_input_metrics(t, k, tl, total))
     m.update(_comm_metrics(tl, k, total))
-    gaps, series = [], {}
+    gaps, series, marked = [], {}, []
     if k.platform != "cpu":
         m.update(device_metrics(t, k, steps))
-        gap_metrics, gaps = idle_gaps(t, k, steps, tl)
+        gap_metrics, marked = idle_gaps(t, k, steps, tl, top=MARKED_GAPS)
+        gaps = marked[:TOP_GAPS]
+        marked = [g for g in marked if g.kind != "kernel_wait"]
         m.update(gap_metrics)
         m.update(host_metrics(t, k, steps))
         m.update(allocator_metrics(t, k, steps, tl))
@@ -76,7 +83,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
                          notes=notes, warnings=list(t.meta.warnings),
-                         tables=detail_tables(t, k, steps, m["trace.world_size"]))
+                         tables=detail_tables(t, k, steps, m["trace.world_size"]),
+                         view=step_view(steps, tl, k.platform), marked_gaps=marked)
 
 
 def _trace_metrics(t: EventTable, k: Kinds) -> dict:

@@ -3,7 +3,8 @@
 Schema version SCHEMA_VERSION, documented in README ("JSON output"). Top level: schema_version,
 tool, input, verdict, flags, findings (ranked fixes), traces (per file: metrics, steps,
 idle_gaps, memory_timeline, tables (analyze/tables.py), its own verdict/flags/findings, skipped
-rules), cross_rank, units.
+rules; for the pictures: origin_us, the representative step's `timeline` and `marked_gaps`,
+analyze/stepview.py), cross_rank, units.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from perfdoctor import __version__
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis
 from perfdoctor.analyze.ranks import overall_bound, summarize
+from perfdoctor.analyze.stepview import step_dominant
 from perfdoctor.analyze.timeline import BREAKDOWN
 from perfdoctor.diagnose.confidence import confidence, label
 from perfdoctor.rules.engine import Diagnosis, Finding
@@ -123,10 +125,12 @@ def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:
 
 def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
     s = a.steps      # None when a live run recorded no trace
+    dom = [] if s is None else step_dominant(a.step_breakdown_ms, a.metrics["trace.platform"])
     steps = [] if s is None else [
         {"label": s.labels[i], "start_ms": (s.start[i] - s.start[0]) / 1e3,
          "duration_ms": (s.end[i] - s.start[i]) / 1e3,
-         "breakdown_ms": dict(zip(BREAKDOWN, a.step_breakdown_ms[i].tolist()))}
+         "breakdown_ms": dict(zip(BREAKDOWN, a.step_breakdown_ms[i].tolist())),
+         "dominant": {"bound": dom[i][0], "share": dom[i][1]}}
         for i in range(len(s))]
     return {"path": a.path, "label": lab, "rank": a.metrics.get("trace.rank"), "metrics": a.metrics,
             "verdict": _verdict_doc(d, a.metrics), "flags": [_flag_doc(f) for f in d.flags],
@@ -134,6 +138,8 @@ def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
             "skipped": [{"rule": rid, "unknown": names} for rid, names in d.skipped],
             "steps": steps, "idle_gaps": [asdict(g) for g in a.gaps],
             "memory_timeline": a.memory_series or None, "tables": getattr(a, "tables", None) or None,
+            "origin_us": None if s is None else int(round(float(s.start[0]))), "timeline": getattr(a, "view", None),
+            "marked_gaps": [asdict(g) for g in getattr(a, "marked_gaps", [])],
             "notes": a.notes, "warnings": a.warnings}
 
 

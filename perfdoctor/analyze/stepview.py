@@ -1,0 +1,102 @@
+"""What the pictures of a report need from the analysis: one representative step as lanes of
+intervals, and each step's dominant share.
+
+Pure functions of the analysed time line (timeline.py), so the renderers (report/html.py,
+report/annotate.py) only draw what was measured:
+- `representative_step`: the steady step whose duration is closest to the steady steps' median
+  (a typical step, neither the warm-up nor an outlier; every step still counts in the metrics);
+- `step_view`: that step's breakdown role over time (run-length merged), the device's busy
+  intervals (not on CPU-only traces) and the host's activity (HOST_ACTIVITY order, as in gaps.py);
+  runs shorter than a `MIN_RUN_FRACTION` of the step join the run before them (device idle
+  gaps that short are closed), so the view stays small whatever the trace size;
+- `step_dominant`: per step, the largest of the four verdict shares (device, input, host,
+  communication), computed as analyze/pipeline.verdict_shares does for the whole trace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.arrays import median
+from perfdoctor.analyze.gaps import HOST_ACTIVITY
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.analyze.timeline import BREAKDOWN, Timeline
+
+MIN_RUN_FRACTION = 1 / 1500      # shorter runs are invisible at any screen width
+MAX_RUNS = 1500                  # per lane, after merging
+
+
+def representative_step(steps: Steps) -> int:
+    idx = steps.steady()
+    d = steps.duration[idx]
+    return int(idx[int(np.argmin(np.abs(d - median(d))))])
+
+
+def _runs(start: np.ndarray, length: np.ndarray, value: np.ndarray, lo: float, min_len: float) -> list[list]:
+    """Run-length merge of per-segment values (contiguous segments): [[offset_ms, duration_ms,
+    value], ...]; a run shorter than min_len joins the run before it."""
+    if len(start) == 0:
+        return []
+    new = np.ones(len(start), bool)
+    new[1:] = value[1:] != value[:-1]
+    first = np.flatnonzero(new)
+    ends = np.append(start[first[1:]], start[-1] + length[-1])
+    out: list[list] = []
+    for s, e, v in zip(start[first].tolist(), ends.tolist(), value[first].tolist()):
+        if out and (out[-1][2] == v or e - s < min_len):
+            out[-1][1] = e - out[-1][0]
+        else:
+            out.append([s, e - s, v])
+    return [[(s - lo) / 1e3, n / 1e3, v] for s, n, v in out[:MAX_RUNS]]
+
+
+def _busy(start: np.ndarray, length: np.ndarray, busy: np.ndarray, lo: float, min_gap: float) -> list[list]:
+    """Busy intervals [[offset_ms, duration_ms], ...]; idle gaps shorter than min_gap are closed
+    (however short, a busy interval is kept: a launch-bound step is short kernels far apart)."""
+    out: list[list] = []
+    for s, n, b in zip(start.tolist(), length.tolist(), busy.tolist()):
+        if not b:
+            continue
+        if out and s - (out[-1][0] + out[-1][1]) < min_gap:
+            out[-1][1] = s + n - out[-1][0]
+        else:
+            out.append([s, n])
+    return [[(s - lo) / 1e3, n / 1e3] for s, n in out[:MAX_RUNS]]
+
+
+def step_view(steps: Steps, tl: Timeline, platform: str) -> dict:
+    """The representative step as lanes: offsets and durations in ms from the step's start."""
+    i = representative_step(steps)
+    lo, hi = float(steps.start[i]), float(steps.end[i])
+    sel = np.flatnonzero(tl.step_of == i)
+    start, length = tl.seg.start[sel], tl.seg.length[sel]
+    min_len = (hi - lo) * MIN_RUN_FRACTION
+    role = np.array(BREAKDOWN, dtype=object)[tl.role[sel]]
+    layers = [tl.cover[r][sel] for r in ("data_loading", "sync", "runtime", "cpu_exec")]
+    host = np.full(len(sel), len(layers), np.int64)
+    for j in range(len(layers) - 1, -1, -1):
+        host[layers[j]] = j
+    view = {"step": steps.labels[i], "index": i, "start_ms": (lo - float(steps.start[0])) / 1e3,
+            "duration_ms": (hi - lo) / 1e3,
+            "breakdown": _runs(start, length, role, lo, min_len),
+            "host": _runs(start, length, np.array(HOST_ACTIVITY, dtype=object)[host], lo, min_len),
+            "device": None}
+    if platform != "cpu":
+        busy = tl.cover["device"][sel]
+        view["device"] = _busy(start, length, busy, lo, min_len)
+    return view
+
+
+def step_dominant(breakdown_ms: np.ndarray, platform: str) -> list[tuple[str, float]]:
+    """Per step (rows of the breakdown matrix, BREAKDOWN order): the largest verdict share."""
+    b = {r: breakdown_ms[:, j] for j, r in enumerate(BREAKDOWN)}
+    if platform == "cpu":
+        device, host = b["cpu_exec"] + b["kernel"], b["runtime"] + b["other"]
+    else:
+        device = b["kernel"] + b["memcpy"] + b["memset"]
+        host = b["runtime"] + b["cpu_exec"] + b["other"]
+    shares = np.stack([device, b["data_loading"], host, b["communication"]], axis=1)
+    tot = breakdown_ms.sum(axis=1)
+    names = ("device", "input", "host", "communication")
+    best = np.argmax(shares, axis=1)
+    return [(names[j], float(shares[r, j] / tot[r]) if tot[r] > 0 else 0.0) for r, j in enumerate(best)]

@@ -1,0 +1,51 @@
+"""The representative step's lanes (analyze/stepview.py) against tracegen's ground truth."""
+
+from __future__ import annotations
+
+import pytest
+
+import tracegen as tg
+
+
+def _spec(**kw):
+    steps = [tg.StepSpec(data_wait_us=w, cpu_ops_us=800.0, kernels=12, kernel_us=60.0, syncs=1)
+             for w in (8000.0, 3000.0, 5000.0, 4000.0, 20000.0, 2000.0)]
+    return tg.TraceSpec(steps=steps, **kw)
+
+
+def test_representative_step_is_the_median_steady_step(analyze_spec):
+    a, truth = analyze_spec(_spec())
+    v = a.view
+    # the first step is warm-up; of the steady steps' waits 3/5/4/20/2 ms, 4 ms is the median
+    assert v["index"] == 3 and v["step"] == str(truth.step_ids[3])
+    assert v["duration_ms"] == pytest.approx(float(a.steps.duration[3]) / 1e3)
+    # the breakdown lane tiles the step exactly
+    assert sum(d for _, d, _ in v["breakdown"]) == pytest.approx(v["duration_ms"], rel=1e-9)
+    assert sum(d for _, d, _ in v["host"]) == pytest.approx(v["duration_ms"], rel=1e-9)
+    load = sum(d for _, d, r in v["breakdown"] if r == "data_loading")
+    # runs under 1/1500 of the step join the run before them: within that of the truth
+    assert abs(load - truth.data_wait_us[3] / 1e3) <= 2 * v["duration_ms"] / 1500
+    # device busy: the union of the step's kernels, copies and memsets (no idle gap shorter than
+    # 1/1500 of the step to close here: kernels are back to back or far apart)
+    busy = sum(d for _, d in v["device"])
+    want = (truth.kernel_busy_us[3] + truth.memcpy_us[3] + truth.memset_us[3]) / 1e3
+    assert busy == pytest.approx(want, rel=0.02)
+    offs = [o for o, _ in v["device"]]
+    assert offs == sorted(offs) and offs[0] >= 0 and v["device"][-1][0] + v["device"][-1][1] <= v["duration_ms"] + 1e-9
+
+
+def test_cpu_trace_has_no_device_lane_and_steps_name_their_dominant_share(analyze_spec, tmp_path):
+    a, _ = analyze_spec(_spec(device="cpu"))
+    assert a.view["device"] is None
+    from perfdoctor.analyze.stepview import step_dominant
+    dom = step_dominant(a.step_breakdown_ms, "cpu")
+    assert [b for b, _ in dom] == ["input"] * 6          # waits of 2-20 ms against 0.8 ms of ops
+    assert dom[4][1] == pytest.approx(a.step_breakdown_ms[4][5] / a.step_breakdown_ms[4].sum())
+
+
+def test_gaps_kept_for_annotation_are_the_longest_and_not_kernel_waits(analyze_spec):
+    a, _ = analyze_spec(_spec())
+    assert a.marked_gaps and all(g.kind != "kernel_wait" for g in a.marked_gaps)
+    d = [g.duration_ms for g in a.marked_gaps]
+    assert d == sorted(d, reverse=True)
+    assert [(g.step, g.offset_ms) for g in a.gaps] == [(g.step, g.offset_ms) for g in a.marked_gaps[:len(a.gaps)]]
