@@ -91,11 +91,27 @@ def run(
                                                    help="Gate this run against baseline run(s) (repeatable), "
                                                         "as `perfdoctor gate` with its defaults."),
     strict: bool = typer.Option(False, "--strict", help="With --baseline: inconclusive / not comparable fail too."),
+    nproc_per_node: Optional[str] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", metavar="N",
+                                                 help="Start N ranks per node through torch.distributed.run "
+                                                      "(torchrun), each watched; one merged report."),
+    nnodes: Optional[str] = typer.Option(None, "--nnodes", metavar="M", help="torchrun --nnodes (several nodes)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", "--node_rank", min=0, help="torchrun --node-rank."),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", "--master_addr", help="torchrun --master-addr."),
+    master_port: Optional[int] = typer.Option(None, "--master-port", "--master_port", help="torchrun --master-port."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint",
+                                                help="torchrun --rdzv-endpoint (HOST:PORT)."),
+    rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", "--rdzv_backend", help="torchrun --rdzv-backend."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", "--rdzv_id", help="torchrun --rdzv-id."),
 ) -> None:
     """Run a training script unmodified, watch it, and diagnose it (report on stderr).
 
-    Exit code: the script's own (128+N if a signal N killed it); when the script succeeded and
-    --baseline is given, the gate's (0 pass, 1 regression, 3 inconclusive); 2 for usage errors."""
+    Several ranks: --nproc-per-node N starts them through torch.distributed.run; or start
+    `perfdoctor run` once per rank with your own launcher (torchrun --no-python, srun): each rank
+    writes RUN_DIR/ranks/rank-K/, and the report merges the ranks.
+
+    Exit code: the script's own (128+N if a signal N killed it; with --nproc-per-node, torchrun's);
+    when the script succeeded and --baseline is given, the gate's (0 pass, 1 regression, 3
+    inconclusive); 2 for usage errors."""
     from perfdoctor.collect.launcher import RunConfig, launch
 
     argv = list(target or [])
@@ -111,6 +127,19 @@ def run(
     for b in baselines or []:
         if not b.exists():
             raise PerfdoctorError(f"no such baseline: {b}")
+    dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
+    if nproc_per_node is not None or any(v is not None for v in dist):
+        from perfdoctor.collect.ranks import DistOptions
+        if nproc_per_node is None:
+            raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
+        _multi_rank_checks(duration, baselines)
+        raise typer.Exit(_run_ranks(cfg, DistOptions(nproc_per_node, *dist), output, rules_dirs))
+    from perfdoctor.collect.ranks import identity
+    ident = identity()
+    if ident is not None:                    # started once per rank by the user's launcher
+        if ident.world_size > 1:
+            _multi_rank_checks(duration, baselines)
+        raise typer.Exit(_run_one_rank(cfg, ident, output, rules_dirs))
     res = launch(cfg)
     code = res.exit_code
     try:
@@ -126,6 +155,55 @@ def run(
         print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
     raise typer.Exit(code)
+
+
+def _multi_rank_checks(duration: Optional[float], baselines) -> None:
+    if duration is not None:
+        raise PerfdoctorError("--duration would stop the ranks at different steps (the others would then wait in "
+                              "their collectives); use --max-steps with several ranks")
+    if baselines:
+        raise PerfdoctorError("--baseline gates a single-process run; gate a multi-rank run's ranks/rank-K "
+                              "directories with `perfdoctor gate`")
+
+
+def _run_ranks(cfg, dist, output: Optional[Path], rules_dirs) -> int:
+    """--nproc-per-node: torchrun starts the ranks; the merged report once it returns."""
+    from perfdoctor.collect.ranks import launch_ranks
+    res = launch_ranks(cfg, dist)
+    _report_ranks(res.run_dir, res.exit_code, output, rules_dirs)
+    return res.exit_code
+
+
+def _run_one_rank(cfg, ident, output: Optional[Path], rules_dirs) -> int:
+    """One rank of a job started by the user's launcher: the node's last rank to finish merges."""
+    from dataclasses import replace
+
+    from perfdoctor.collect.ranks import run_rank
+    res, last = run_rank(replace(cfg, progress=False), ident)
+    if last:
+        _report_ranks(res.run_dir.parent.parent, res.exit_code, output, rules_dirs)
+    return res.exit_code
+
+
+def _report_ranks(run_dir: Path, code: int, output: Optional[Path], rules_dirs) -> None:
+    try:
+        from rich.console import Console
+
+        from perfdoctor.diagnose.ranks import diagnose_ranks
+        from perfdoctor.report.json_out import to_json
+        from perfdoctor.report.terminal import render
+        doc = diagnose_ranks(run_dir, [str(d) for d in rules_dirs or []])
+        (run_dir / "report.json").write_bytes(to_json(doc))
+        if output is not None:
+            _write_json(output, doc)
+        render(doc, Console(stderr=True, highlight=False))
+    except PerfdoctorError as exc:
+        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
+    except Exception as exc:  # the script's exit code wins over a diagnosis bug
+        if os.environ.get("PERFDOCTOR_DEBUG") == "1":
+            raise
+        print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
+              "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
 
 
 def _gate_run(run_dir: Path, baselines: list[Path], strict: bool) -> int:

@@ -44,6 +44,7 @@ class RunConfig:
     interval: float = 0.5
     force: bool = False                  # --force: replace a run already in run_dir
     changes: dict | None = None          # `perfdoctor tune`: changes injected into the script (inject.py)
+    progress: bool = True                # progress lines on a terminal (off in the ranks of a multi-rank run)
 
 
 @dataclass
@@ -77,7 +78,8 @@ def launch(cfg: RunConfig) -> RunResult:
     env = dict(os.environ, **cupti_env, **{ENV: json.dumps(child_cfg)})
     notes: list[str] = [child_cfg["teardown_cupti"]["note"]] if child_cfg["teardown_cupti"]["note"] else []
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "perfdoctor.collect.child"], env=env)
+    unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)
+    proc = subprocess.Popen([sys.executable, *unbuffered, "-m", "perfdoctor.collect.child"], env=env)
     samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
     forwarded: list[int] = []
 
@@ -87,7 +89,7 @@ def launch(cfg: RunConfig) -> RunResult:
             proc.send_signal(signum)
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     stopped_by, stop_sent_at = None, None
-    progress = _Progress(run_dir) if sys.stderr.isatty() else None
+    progress = _Progress(run_dir) if cfg.progress and sys.stderr.isatty() else None
     try:
         while True:
             try:

@@ -1,0 +1,243 @@
+"""Several ranks under one `perfdoctor run`: who this process is, where each rank writes, who merges.
+
+Layout of a multi-rank run directory:
+
+    RUN_DIR/ranks.json             how the job was launched (written by `--nproc-per-node`'s parent)
+    RUN_DIR/ranks/rank-K/          rank K's own run directory (run.json, child.json, steps.jsonl,
+                                   samples.json, trace/ ...), exactly what a single `run` writes,
+                                   plus rank.json: rank, world size, local rank, node, host, exit code
+    RUN_DIR/ranks/.done-<host>     one line per finished rank on that node (appended under flock)
+
+Two ways in, one layout:
+- `perfdoctor run --nproc-per-node N ... SCRIPT` starts torch's own launcher
+  (`python -m torch.distributed.run ... -m perfdoctor.collect.ranks`): each worker torchrun starts is
+  perfdoctor's per-rank launcher (this module's `run_rank`), which starts the script in its own
+  child with the hooks and samples it, as a single `run` does. The parent waits for torchrun,
+  takes its exit code, and merges.
+- The user's launcher starts `perfdoctor run` once per rank (`torchrun --no-python perfdoctor run
+  ...`, Slurm `srun perfdoctor run ...`): the rank comes from RANK / WORLD_SIZE / LOCAL_RANK (or
+  SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID in an srun step) and the same `run_rank` runs;
+  the last rank to finish on a node merges what is there.
+
+Nothing here reads a trace or formats a report (diagnose/ranks.py merges). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from perfdoctor.collect.launcher import RunConfig, RunResult, launch
+from perfdoctor.collect.rundir import claim, is_run_dir
+from perfdoctor.errors import PerfdoctorError
+
+CFG_ENV = "PERFDOCTOR_RANKS"             # the run configuration handed to every rank (JSON)
+RANK_RX = re.compile(r"^rank-(\d+)$")
+
+
+@dataclass
+class RankId:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int | None
+    node: str | None                     # GROUP_RANK / SLURM_NODEID when known
+    source: str                          # "torchrun" | "slurm"
+
+
+def identity(env: dict | None = None) -> RankId | None:
+    """This process's rank, from the environment its launcher set; None outside a launcher."""
+    env = os.environ if env is None else env
+
+    def num(name):
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            return None
+    rank, world = num("RANK"), num("WORLD_SIZE")
+    if rank is not None and world is not None and 0 <= rank < world:
+        local = num("LOCAL_RANK")
+        return RankId(rank, world, local if local is not None else rank, num("LOCAL_WORLD_SIZE"),
+                      env.get("GROUP_RANK"), "torchrun")
+    rank, world = num("SLURM_PROCID"), num("SLURM_STEP_NUM_TASKS")   # set in srun steps only
+    if rank is not None and world is not None and world > 1 and 0 <= rank < world:
+        local = num("SLURM_LOCALID")
+        per_node = env.get("SLURM_STEP_TASKS_PER_NODE", "")
+        m = re.match(r"^(\d+)", per_node)
+        return RankId(rank, world, local if local is not None else rank, int(m.group(1)) if m else None,
+                      env.get("SLURM_NODEID"), "slurm")
+    return None
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / f"rank-{rank}"
+
+
+def rank_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(rank, directory) of the ranks present under run_dir, by rank."""
+    base = Path(run_dir) / "ranks"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        m = RANK_RX.match(n)
+        if m and is_run_dir(base / n):
+            out.append((int(m.group(1)), base / n))
+    return sorted(out)
+
+
+def is_multi_rank(path: str | Path) -> bool:
+    return Path(path).is_dir() and bool(rank_dirs(path))
+
+
+def default_dir(cfg: RunConfig, env: dict | None = None) -> Path:
+    """A run directory every rank of one job agrees on without talking to each other: named after
+    the job (Slurm job and step, torchrun's run id) or, failing that, the local launcher's pid."""
+    env = os.environ if env is None else env
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.module or Path(cfg.argv[0]).stem)
+    if env.get("SLURM_JOB_ID"):
+        job = f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
+    elif env.get("TORCHELASTIC_RUN_ID") not in (None, "", "none"):
+        job = f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    else:
+        job = f"torchrun-pid{os.getppid()}"
+    return Path("perfdoctor-runs") / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{stem}-{job}")
+
+
+# -- one rank -------------------------------------------------------------------------------
+def run_rank(cfg: RunConfig, ident: RankId) -> tuple[RunResult, bool]:
+    """Run this rank's script into RUN_DIR/ranks/rank-K as a single `run` would. Returns the
+    result and whether this rank is the last of its node to finish (it merges)."""
+    top = Path(cfg.run_dir) if cfg.run_dir else default_dir(cfg)
+    try:
+        top.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PerfdoctorError(f"cannot create the run directory {top}: {exc.strerror or exc}") from None
+    mine = rank_dir(top, ident.rank)
+    claim(mine, cfg.force)
+    res = launch(replace(cfg, run_dir=mine, force=True))
+    info = {**asdict(ident), "host": socket.gethostname(), "pid": os.getpid(), "exit_code": res.exit_code,
+            "signal": res.signal, "wall_s": round(res.wall_s, 3), "end_unix": round(time.time(), 3)}
+    (mine / "rank.json").write_text(json.dumps(info, indent=1))
+    return res, _last_on_node(top, ident)
+
+
+def _last_on_node(top: Path, ident: RankId) -> bool:
+    """Append this rank to the node's done list (under a lock); True for the node's last rank."""
+    path = top / "ranks" / f".done-{_safe_host()}"
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(f"{ident.rank}\n")
+        f.flush()
+        f.seek(0)
+        done = {x.strip() for x in f.read().splitlines() if x.strip()}
+        fcntl.flock(f, fcntl.LOCK_UN)
+    expected = ident.local_world_size or ident.world_size
+    return len(done) >= expected
+
+
+def _safe_host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
+
+
+def config_from_env() -> RunConfig:
+    d = json.loads(os.environ.pop(CFG_ENV))
+    d["run_dir"] = Path(d["run_dir"]) if d.get("run_dir") else None
+    return RunConfig(**d)
+
+
+# -- the parent of `--nproc-per-node` ---------------------------------------------------------
+@dataclass
+class DistOptions:
+    nproc_per_node: str
+    nnodes: str | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str | None = None
+    rdzv_id: str | None = None
+
+    def torchrun_args(self) -> list[str]:
+        out = ["--nproc-per-node", str(self.nproc_per_node)]
+        for flag, val in (("--nnodes", self.nnodes), ("--node-rank", self.node_rank),
+                          ("--master-addr", self.master_addr), ("--master-port", self.master_port),
+                          ("--rdzv-endpoint", self.rdzv_endpoint), ("--rdzv-backend", self.rdzv_backend),
+                          ("--rdzv-id", self.rdzv_id)):
+            if val is not None:
+                out += [flag, str(val)]
+        if self.rdzv_endpoint and not self.rdzv_backend:
+            out += ["--rdzv-backend", "c10d"]
+        if self.nnodes in (None, "1", "1:1") and not (self.rdzv_endpoint or self.master_addr):
+            out += ["--standalone"]       # one node: a free port, no rendezvous server to name
+        return out
+
+
+def launch_ranks(cfg: RunConfig, dist: DistOptions) -> RunResult:
+    """Start the script on every local rank through torch.distributed.run; exit as torchrun does."""
+    top = Path(cfg.run_dir) if cfg.run_dir else _default_parent_dir(cfg)
+    claim(top, cfg.force)
+    rank_cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    rank_cfg.update(run_dir=str(top.resolve()), force=cfg.force, duration=None, progress=False)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *dist.torchrun_args(), "-m", "perfdoctor.collect.ranks"]
+    env = dict(os.environ, **{CFG_ENV: json.dumps(rank_cfg)})
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env)
+    forwarded: list[int] = []
+
+    def forward(signum, frame):
+        forwarded.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    sig = -code if code < 0 else None
+    exit_code = 128 + sig if sig else code
+    wall = time.monotonic() - t0
+    (top / "ranks.json").write_text(json.dumps({
+        "argv": cfg.argv, "module": cfg.module, "launcher": "torch.distributed.run", "command": cmd[1:],
+        "exit_code": exit_code, "signal": sig, "wall_s": round(wall, 3), "forwarded_signals": forwarded,
+        "dist": asdict(dist)}, indent=1))
+    return RunResult(top, exit_code, sig, wall, {}, None, [])
+
+
+def _default_parent_dir(cfg: RunConfig) -> Path:
+    from perfdoctor.collect.launcher import default_run_dir
+    return default_run_dir(cfg)
+
+
+def main() -> None:
+    """Entry point of each worker torchrun starts (`-m perfdoctor.collect.ranks`)."""
+    cfg = config_from_env()
+    ident = identity()
+    if ident is None:
+        print("perfdoctor: error: perfdoctor.collect.ranks runs under torch.distributed.run only", file=sys.stderr)
+        sys.exit(2)
+    try:
+        res, _ = run_rank(cfg, ident)
+    except PerfdoctorError as exc:
+        print(f"perfdoctor: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    if res.signal:                       # die of the same signal, as the script did
+        signal.signal(res.signal, signal.SIG_DFL)
+        os.kill(os.getpid(), res.signal)
+    sys.exit(res.exit_code)
+
+
+if __name__ == "__main__":
+    main()
