@@ -158,6 +158,22 @@ _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
 _m("comm.overlap", "fraction", "Collective time overlapped by compute / collective time.")
 
+# -- across ranks (a multi-rank `perfdoctor run`: analyze/straggler.py) ------------------------
+# None for a single process. Wait = exposed collective time per step; busy = step - wait.
+_m("ranks.count", "count", "Ranks merged in this report (rank directories found).")
+_m("ranks.world_size", "count", "World size the ranks reported (more than ranks.count: some ranks' directories are missing, e.g. other nodes').")
+_m("ranks.step_time_spread", "fraction", "(slowest - fastest) / fastest steady-state step time across ranks (synchronous ranks run at one pace: near 0).")
+_m("ranks.slowest_rank", "count", "The rank with the most own work per step (busy = step - collective wait): the straggler candidate.")
+_m("ranks.fastest_rank", "count", "The rank with the least own work per step.")
+_m("ranks.slowest_ratio", "ratio", "Own work per step of the slowest rank / the fastest's: how much slower the straggler is (1 = equal).")
+_m("ranks.comm_wait_share_mean", "share", "Mean over ranks of the exposed collective wait / step.")
+_m("ranks.network_wait_share", "share", "The smallest collective wait of any rank / step: what every rank waits alike (the transfer itself: network, NCCL/gloo).")
+_m("ranks.straggler_wait_share", "share", "Mean over ranks of (its wait - the smallest wait) / step: the time ranks spend waiting for a slower rank.")
+_m("ranks.straggler_wait_share_max", "share", "The largest (wait - smallest wait) / step of any rank: the fastest rank's wait for the straggler.")
+_m("ranks.straggler_consistent", "bool", "The slowest rank is busier than the others step after step (mean difference > 2 standard errors over the paired profiled steps).")
+_m("ranks.paired_steps", "count", "Profiled steps present in every rank's trace (paired by ProfilerStep number).")
+_m("ranks.wait_cause", "str", "Why ranks wait in collectives: straggler (one rank consistently slower), network (all ranks wait alike), uneven (ranks take turns), none (< 5% of the step), None (no trace: waits unknown).")
+
 # -- system samples (perfdoctor run) ---------------------------------------------------------
 # From perfdoctor/analyze/system.py (SystemSampler samples); None for a trace alone. "cores": CPU
 # time per wall second (1.0 = one core fully busy); thresholds of input.split: system.py docstring.

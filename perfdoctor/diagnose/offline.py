@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from perfdoctor.collect.ranks import is_multi_rank
 from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import find_trace_files, load_trace, start_load
 
 
 def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
+    if is_multi_rank(path):       # ranks/rank-K/ of a multi-rank run: merged (diagnose/ranks.py)
+        from perfdoctor.diagnose.ranks import diagnose_ranks
+        return diagnose_ranks(Path(path), rule_dirs)
     if is_run_dir(path):          # a `perfdoctor run` directory: re-diagnosed as `run` did
         from perfdoctor.diagnose.live import diagnose_dir
         return diagnose_dir(Path(path), rule_dirs)

@@ -47,6 +47,9 @@ def render(doc: dict, console: Console | None = None) -> None:
         c.print(text(f"  note: {n}", style="dim"))
     if doc.get("cross_rank"):
         _ranks(c, doc)
+    if doc.get("ranks"):                 # a multi-rank run (report/ranks_view.py)
+        from perfdoctor.report.ranks_view import render_ranks
+        render_ranks(c, doc["ranks"])
     _breakdown(c, first)
     _stacks(c, doc.get("stacks"))
     _fixes(c, doc["findings"])

@@ -1,0 +1,118 @@
+"""Across the ranks of one synchronous job: who sets the pace, who waits, and why (ranks.* metrics).
+
+In data-parallel training every rank meets the others in the gradient all-reduce once per step,
+so all ranks run at the pace of the slowest: their step times are equal and the difference
+shows as *waiting* in the collective. Per rank and step:
+
+    wait  = exposed collective time (the trace's communication share: NCCL kernels on a GPU not
+            hidden behind compute, gloo ops on the CPU)
+    busy  = step - wait (the rank's own work: forward, backward, data, optimizer)
+
+The rank with the most own work (the straggler candidate) arrives last and waits only for the
+transfer itself; every other rank also waits for it. So, for each step:
+
+    network wait        = the smallest wait of any rank (what all ranks wait alike)
+    straggler wait (i)  = wait(i) - network wait (= busy of the slowest - busy(i))
+
+Only durations are compared, never timestamps across ranks: each rank's own clock measures its
+own waits, so hosts whose clocks differ compare as well as ranks on one host. Steps are paired by
+their ProfilerStep number (every rank counts the same steps; the profiled windows coincide).
+
+A straggler is called only when it is consistently the slowest: over the paired steps its busy
+time exceeds the mean of the other ranks' by more than twice the standard error of that
+difference (a balanced job's ranks take turns being last, which averages out), with at least
+MIN_PAIRED steps. `wait_cause`: 'straggler' when that holds and the straggler wait is at least
+MATERIAL of the step and at least the network wait; 'network' when the network wait is at least
+MATERIAL and larger; 'none' when neither is material; None when the waits are unknown (no trace).
+MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the fix rules use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import fmean, stdev
+
+MIN_PAIRED = 3
+MATERIAL = 0.05
+NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slowest_rank", "ranks.fastest_rank",
+         "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
+         "ranks.straggler_wait_share", "ranks.straggler_wait_share_max", "ranks.straggler_consistent",
+         "ranks.paired_steps", "ranks.wait_cause")
+
+
+@dataclass
+class RankInput:
+    rank: int
+    step_ms: float | None                 # steady-state step time (stats/steptime.py)
+    wait_share: float | None              # exposed collective time / step (the trace window)
+    steps: dict[str, tuple[float, float]] = field(default_factory=dict)   # step label -> (dur ms, wait ms)
+
+
+@dataclass
+class RankRow:
+    rank: int
+    step_ms: float | None
+    wait_ms: float | None
+    busy_ms: float | None
+    wait_share: float | None
+    straggler_wait_ms: float | None       # the part of its wait spent waiting for a slower rank
+
+
+def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[dict, list[RankRow]]:
+    """ranks.* metrics and a row per rank (see the module docstring)."""
+    out = dict.fromkeys(NAMES)
+    out["ranks.count"] = len(ranks)
+    out["ranks.world_size"] = world_size
+    steps = [r.step_ms for r in ranks if r.step_ms]
+    if len(steps) >= 2:
+        out["ranks.step_time_spread"] = (max(steps) - min(steps)) / min(steps)
+    rows = [RankRow(r.rank, r.step_ms, None, None, r.wait_share, None) for r in ranks]
+    known = [(r, row) for r, row in zip(ranks, rows) if r.step_ms and r.wait_share is not None]
+    for r, row in known:
+        r.wait_share = row.wait_share = min(1.0, max(0.0, r.wait_share))
+        row.wait_ms = r.step_ms * r.wait_share
+        row.busy_ms = r.step_ms - row.wait_ms
+    if len(known) < 2 or len(known) < len(ranks):
+        return out, rows
+    slow = max(known, key=lambda x: x[1].busy_ms)[1]
+    fast = min(known, key=lambda x: x[1].busy_ms)[1]
+    out["ranks.slowest_rank"], out["ranks.fastest_rank"] = slow.rank, fast.rank
+    if fast.busy_ms > 0:
+        out["ranks.slowest_ratio"] = slow.busy_ms / fast.busy_ms
+    shares = [r.wait_share for r, _ in known]
+    out["ranks.comm_wait_share_mean"] = fmean(shares)
+    net = min(shares)
+    out["ranks.network_wait_share"] = net
+    for r, row in known:
+        row.straggler_wait_ms = r.step_ms * (r.wait_share - net)
+    skew = [r.wait_share - net for r, _ in known]
+    out["ranks.straggler_wait_share"] = fmean(skew)
+    out["ranks.straggler_wait_share_max"] = max(skew)
+    consistent, paired = _consistent(ranks, slow.rank)
+    out["ranks.straggler_consistent"], out["ranks.paired_steps"] = consistent, paired
+    st, nw = out["ranks.straggler_wait_share"], net
+    if consistent and st >= MATERIAL and st >= nw:
+        out["ranks.wait_cause"] = "straggler"
+    elif nw >= MATERIAL and nw >= st:
+        out["ranks.wait_cause"] = "network"
+    elif st < MATERIAL and nw < MATERIAL:
+        out["ranks.wait_cause"] = "none"
+    else:            # a material straggler wait that does not hold step after step: ranks take turns
+        out["ranks.wait_cause"] = "uneven"
+    return out, rows
+
+
+def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:
+    """Is `slow` busier than the others step after step (module docstring)? (None: too few steps.)"""
+    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
+    diffs = []
+    for lab in labels:
+        busy = {r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks}
+        others = [b for k, b in busy.items() if k != slow]
+        diffs.append(busy[slow] - fmean(others))
+    if len(diffs) < MIN_PAIRED:
+        return None, len(diffs)
+    mean = fmean(diffs)
+    se = stdev(diffs) / math.sqrt(len(diffs))
+    return bool(mean > 0 and mean > 2 * se), len(diffs)

@@ -1,0 +1,157 @@
+"""The merged diagnosis of a multi-rank run directory (layout: collect/ranks.py).
+
+Each rank is diagnosed as a single run (diagnose/live.py: its steps, samples and trace), and its
+report is written to its own ranks/rank-K/report.json. Then across the ranks (analyze/straggler.py):
+per-rank steady step time, collective wait and own work, the slowest rank and by how much, and
+whether the wait comes from that rank (straggler) or from the transfer (every rank waits alike).
+
+The cluster verdict and fixes come from the rules evaluated on the pace-setting rank's metrics
+(the slowest rank: the whole job runs at its pace, and its own collective wait is the transfer
+itself) together with the ranks.* metrics, so a straggler (PD115, PD360) comes before what the
+waiting ranks alone would suggest, and every gain is capped by the measured wait. The document
+is the single-run document of that rank with the cluster's verdict, fixes and flags, the run
+section of the job, and a `ranks` section (README, "Several ranks").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from perfdoctor.analyze import registry
+from perfdoctor.analyze.straggler import RankInput, cross_rank
+from perfdoctor.collect.ranks import rank_dirs
+from perfdoctor.diagnose.confidence import label
+from perfdoctor.diagnose.live import StepsOnly, diagnose_dir
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.report.document import build_document
+from perfdoctor.rules.engine import evaluate
+from perfdoctor.rules.loader import load_rules
+
+
+def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> dict:
+    run_dir = Path(run_dir)
+    found = rank_dirs(run_dir)
+    if not found:
+        raise PerfdoctorError(f"{run_dir} holds no ranks/rank-K run directories")
+    rules = load_rules(rule_dirs)
+    docs, infos = [], []
+    for rank, d in found:
+        doc = diagnose_dir(d, rule_dirs)
+        _write(d / "report.json", doc)
+        docs.append(doc)
+        infos.append({"rank": rank, **_read_json(d / "rank.json")})
+    world = max((i.get("world_size") or 0 for i in infos), default=0) or None
+    inputs = [_rank_input(i["rank"], doc) for i, doc in zip(infos, docs)]
+    ranks_m, rows = cross_rank(inputs, world)
+    pace = _pace_index(infos, ranks_m)
+    m = {k: v for k, v in docs[pace]["traces"][0]["metrics"].items() if k in registry.REGISTRY}
+    m.update(ranks_m)
+    registry.check(m)
+    cluster = build_document(str(run_dir), [(StepsOnly(str(run_dir), m), evaluate(rules, m))])
+    out = dict(docs[pace])
+    for k in ("verdict", "flags", "findings"):
+        out[k] = cluster[k]
+    if out["verdict"].get("rule") == "PD115":
+        out["verdict"] = _straggler_confidence(out["verdict"], ranks_m)
+    out["input"] = str(run_dir)
+    pace_trace = dict(out["traces"][0], metrics={**out["traces"][0]["metrics"], **ranks_m})
+    out["traces"] = [pace_trace] + [doc["traces"][0] for i, doc in enumerate(docs) if i != pace]
+    for t, i in zip(out["traces"], [pace] + [i for i in range(len(docs)) if i != pace]):
+        t["label"] = f"rank {infos[i]['rank']}"
+    out["run"] = _run_section(run_dir, out.get("run") or {}, infos, docs)
+    out["ranks"] = _ranks_section(run_dir, infos, docs, rows, ranks_m, pace)
+    return out
+
+
+def _straggler_confidence(v: dict, m: dict) -> dict:
+    """As diagnose/confidence.py for a cause against its runner-up: 0.4 when the wait for the
+    straggler ties the wait every rank has (the transfer), 1.0 when it is at least twice that;
+    capped at 0.6 with fewer than 5 paired steps."""
+    st, nw = m["ranks.straggler_wait_share"], m["ranks.network_wait_share"]
+    conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
+    notes = [n for n in v.get("notes", []) if "untraced host time" not in n]
+    if (m.get("ranks.paired_steps") or 0) < 5:
+        conf = min(conf, 0.6)
+        notes.append(f"only {m.get('ranks.paired_steps')} profiled steps paired across the ranks")
+    conf = round(conf, 2)
+    return {**v, "confidence": conf, "confidence_label": label(conf), "notes": notes, "secondary": []}
+
+
+def _rank_input(rank: int, doc: dict) -> RankInput:
+    t = doc["traces"][0]
+    m = t["metrics"]
+    step = m.get("run.step_time_ms")
+    if step is None:
+        step = m.get("steps.time_mean_ms")
+    wait = m.get("share.communication") if t.get("steps") else None
+    steps = {}
+    for s in t.get("steps") or []:
+        bd = s.get("breakdown_ms") or {}
+        if s.get("duration_ms") and bd.get("communication") is not None:
+            steps[str(s.get("label"))] = (s["duration_ms"], bd["communication"])
+    return RankInput(rank, step, wait, steps)
+
+
+def _pace_index(infos: list[dict], m: dict) -> int:
+    """The slowest rank's position (its own work is the largest), else the lowest rank."""
+    ranks = [i["rank"] for i in infos]
+    return ranks.index(m["ranks.slowest_rank"]) if m.get("ranks.slowest_rank") in ranks else 0
+
+
+def _run_section(run_dir: Path, base: dict, infos: list[dict], docs: list[dict]) -> dict:
+    job = _read_json(run_dir / "ranks.json")
+    codes = [i.get("exit_code") for i in infos]
+    failed = [(i["rank"], c) for i, c in zip(infos, codes) if c]
+    code = job["exit_code"] if job.get("exit_code") is not None else (failed[0][1] if failed else
+                                                                       (0 if None not in codes else None))
+    notes = list(base.get("notes") or [])
+    notes += [f"rank {r} exited with code {c}" for r, c in failed]
+    world = max((i.get("world_size") or 0 for i in infos), default=0)
+    if world and len(infos) < world:
+        missing = sorted(set(range(world)) - {i["rank"] for i in infos})
+        notes.append(f"{len(infos)} of {world} ranks found in {run_dir}/ranks (missing: "
+                     + ", ".join(map(str, missing[:16])) + ("..." if len(missing) > 16 else "")
+                     + "): other nodes' ranks/rank-K directories can be copied in, then `perfdoctor report` merges them")
+    outcome = base.get("outcome")
+    if any(d.get("run", {}).get("outcome") != outcome for d in docs):
+        outcome = "crashed" if failed else outcome
+    return {**base, "dir": str(run_dir), "exit_code": code, "outcome": outcome,
+            "wall_s": job.get("wall_s", base.get("wall_s")), "notes": notes,
+            "launcher": job.get("launcher") or (infos[0].get("source") if infos else None)}
+
+
+def _ranks_section(run_dir, infos, docs, rows, m: dict, pace: int) -> dict:
+    per = []
+    for info, doc, row in zip(infos, docs, rows):
+        tm = doc["traces"][0]["metrics"]
+        per.append({"rank": info["rank"], "host": info.get("host"), "local_rank": info.get("local_rank"),
+                    "dir": str(Path(run_dir) / "ranks" / f"rank-{info['rank']}"),
+                    "exit_code": info.get("exit_code", doc.get("run", {}).get("exit_code")),
+                    "steps": tm.get("run.steps"), "steady_steps": tm.get("run.steady_steps"),
+                    "step_time_ms": row.step_ms, "step_time_ci95_ms": tm.get("run.step_time_ci95_ms"),
+                    "collective_wait_ms": row.wait_ms, "collective_wait_share": row.wait_share,
+                    "busy_ms": row.busy_ms, "straggler_wait_ms": row.straggler_wait_ms,
+                    "data_wait_share": tm.get("run.data_wait_share"),
+                    "verdict": doc["verdict"]["bound"], "rule": doc["verdict"]["rule"],
+                    "summary": doc["verdict"]["summary"]})
+    return {"count": len(infos), "world_size": m.get("ranks.world_size"), "pace_rank": infos[pace]["rank"],
+            "slowest_rank": m.get("ranks.slowest_rank"), "fastest_rank": m.get("ranks.fastest_rank"),
+            "wait_cause": m.get("ranks.wait_cause"), "metrics": {k: v for k, v in m.items()},
+            "per_rank": per}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, doc: dict) -> None:
+    from perfdoctor.report.json_out import to_json
+    try:
+        path.write_bytes(to_json(doc))
+    except OSError:
+        pass

@@ -1,0 +1,62 @@
+"""Terminal view of the `ranks` section of a multi-rank run's report (diagnose/ranks.py)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from perfdoctor.report.sanitize import terminal as T, text
+
+CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest one",
+         "network": "the transfer itself: every rank waits alike (network, collective library, bucket sizes)",
+         "uneven": "ranks take turns being last (no rank is consistently slower): uneven work or a noisy machine",
+         "none": "no material wait (under 5% of the step on every rank)"}
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _short(s: str, n: int = 12) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def render_ranks(c: Console, sec: dict) -> None:
+    m = sec.get("metrics") or {}
+    world = sec.get("world_size")
+    c.print()
+    c.print(Text(f"Across {sec['count']} rank(s)" + (f" of {world}" if world and world != sec["count"] else "")
+                 + " (wait = exposed collective time per step, own work = step - wait)", style="bold"))
+    hosts = len({r.get("host") for r in sec["per_rank"]}) > 1
+    table = Table(show_edge=False, box=None, padding=(0, 1))
+    for col in ("rank",) + (("host",) if hosts else ()) + ("step ms", "own ms", "wait ms", "for slower",
+                                                           "data wait", "verdict", "exit"):
+        table.add_column(col, no_wrap=True)
+    for r in sec["per_rank"]:
+        mark = "*" if r["rank"] == sec.get("slowest_rank") and m.get("ranks.wait_cause") == "straggler" else ""
+        table.add_row(f"{r['rank']}{mark}", *((text(_short(r.get("host") or "-")),) if hosts else ()), _ms(r["step_time_ms"]),
+                      _ms(r["busy_ms"]), f"{_ms(r['collective_wait_ms'])} {_pct(r['collective_wait_share'])}"
+                      if r["collective_wait_ms"] is not None else "-",
+                      _ms(r["straggler_wait_ms"]), _pct(r["data_wait_share"]), text(r["verdict"]),
+                      T(r.get("exit_code")))
+    c.print(table)
+    cause = m.get("ranks.wait_cause")
+    if cause is None:
+        c.print(Text("  collective waits unknown (no trace on some rank): straggler and network waits not "
+                     "separated", style="dim"))
+        return
+    line = f"  the wait is {CAUSE.get(cause, T(cause))}"
+    if cause == "straggler":
+        line += (f" (*): rank {m['ranks.slowest_rank']} does {m['ranks.slowest_ratio']:.2f}x the work per step "
+                 f"of rank {m['ranks.fastest_rank']}, which waits {_pct(m['ranks.straggler_wait_share_max'])} "
+                 "of its step for it")
+    c.print(text(line))
+    c.print(Text(f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
+                 f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
+                 + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
+                 style="dim"))

@@ -1,0 +1,173 @@
+"""Multi-rank `perfdoctor run` (torchrun, DDP over gloo on the CPU) and the merged diagnosis."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.analyze.straggler import RankInput, cross_rank
+from perfdoctor.collect.ranks import DistOptions, identity, rank_dirs
+
+REPO = Path(__file__).resolve().parent.parent
+DDP = REPO / "examples" / "ddp_gloo.py"
+RANK_FILES = {"run.json", "child.json", "steps.jsonl", "samples.json", "rank.json", "report.json"}
+
+
+def _steps(durs_waits):
+    return {str(i + 1): dw for i, dw in enumerate(durs_waits)}
+
+
+# -- pure: analyze/straggler.py -----------------------------------------------------------------
+def test_straggler_from_durations():
+    # rank 1 works 31 ms per step, rank 0 1 ms: rank 0 waits 31 ms of its 33 ms step
+    r0 = RankInput(0, 33.0, 32.0 / 33.0, _steps([(33.0, 32.0), (34.0, 32.5), (32.5, 31.6), (33.1, 32.0)]))
+    r1 = RankInput(1, 33.0, 1.0 / 33.0, _steps([(33.0, 1.0), (34.0, 1.5), (32.5, 0.9), (33.1, 1.1)]))
+    m, rows = cross_rank([r0, r1], 2)
+    assert m["ranks.slowest_rank"] == 1 and m["ranks.fastest_rank"] == 0
+    assert m["ranks.slowest_ratio"] == pytest.approx(32.0 / 1.0)
+    assert m["ranks.network_wait_share"] == pytest.approx(1 / 33)
+    assert m["ranks.straggler_wait_share_max"] == pytest.approx(31 / 33)
+    assert m["ranks.straggler_wait_share"] == pytest.approx(31 / 66)
+    assert m["ranks.straggler_consistent"] is True and m["ranks.paired_steps"] == 4
+    assert m["ranks.wait_cause"] == "straggler"
+    assert rows[0].straggler_wait_ms == pytest.approx(31.0) and rows[1].straggler_wait_ms == 0
+
+
+def test_network_when_all_ranks_wait_alike():
+    r0 = RankInput(0, 10.0, 0.41, _steps([(10, 4.0), (10, 4.2), (10, 4.1), (10, 4.0)]))
+    r1 = RankInput(1, 10.0, 0.40, _steps([(10, 4.1), (10, 3.9), (10, 4.2), (10, 4.0)]))
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.wait_cause"] == "network"
+    assert m["ranks.network_wait_share"] == pytest.approx(0.40)
+
+
+def test_ranks_taking_turns_are_no_straggler():
+    # a material skew on average, but rank 1 is last only in some steps: not consistent
+    r0 = RankInput(0, 10.0, 0.35, _steps([(10, 0.5), (10, 6.0), (10, 0.5), (10, 6.0), (10, 0.5), (10, 6.0)]))
+    r1 = RankInput(1, 10.0, 0.05, _steps([(10, 6.0), (10, 0.5), (10, 6.0), (10, 0.5), (10, 6.0), (10, 0.5)]))
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.straggler_consistent"] is False
+    assert m["ranks.wait_cause"] == "uneven"
+
+
+def test_waits_unknown_without_a_trace():
+    m, rows = cross_rank([RankInput(0, 10.0, None), RankInput(1, 10.5, None)], 2)
+    assert m["ranks.wait_cause"] is None and m["ranks.slowest_rank"] is None
+    assert m["ranks.step_time_spread"] == pytest.approx(0.05)
+    assert rows[0].busy_ms is None
+
+
+# -- pure: collect/ranks.py -------------------------------------------------------------------
+def test_identity_from_launcher_env():
+    tr = identity({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})
+    assert (tr.rank, tr.world_size, tr.local_rank, tr.local_world_size, tr.node) == (3, 8, 1, 2, "1")
+    sl = identity({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+                   "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"})
+    assert (sl.rank, sl.world_size, sl.local_rank, sl.local_world_size, sl.source) == (5, 8, 1, 4, "slurm")
+    assert identity({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) is None      # a batch script, not an srun step
+    assert identity({}) is None and identity({"RANK": "2", "WORLD_SIZE": "2"}) is None
+
+
+def test_torchrun_args():
+    assert DistOptions("2").torchrun_args() == ["--nproc-per-node", "2", "--standalone"]
+    multi = DistOptions("4", nnodes="2", node_rank=1, master_addr="10.0.0.1", master_port=29500).torchrun_args()
+    assert multi == ["--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                     "--master-port", "29500"]
+    rdzv = DistOptions("8", nnodes="2", rdzv_endpoint="head:29400").torchrun_args()
+    assert rdzv[-4:] == ["--rdzv-endpoint", "head:29400", "--rdzv-backend", "c10d"]
+
+
+# -- live: torchrun on the CPU ---------------------------------------------------------------
+pytest.importorskip("torch", reason="multi-rank runs need torch (test dependency)")
+needs_dist = pytest.mark.skipif(not shutil.which("torchrun") and not os.path.exists(sys.executable),
+                                reason="torch.distributed.run unavailable")
+
+
+def _prun(*args, out: Path, timeout=120):
+    return subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _merged(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
+    out = tmp_path / "run"
+    r = _prun("--nproc-per-node", "2", "--skip-steps", "3", "--trace-steps", "8", DDP, "--steps", "40",
+              "--slow-rank", "1", "--slow-ms", "30", out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == [f"ddp_gloo rank {k}/2: 40 steps, loss " + x.split("loss ")[1]
+                                             for k, x in enumerate(sorted(r.stdout.splitlines()))]
+    assert [k for k, _ in rank_dirs(out)] == [0, 1]
+    doc = _merged(out)
+    sec = doc["ranks"]
+    m = sec["metrics"]
+    assert m["ranks.wait_cause"] == "straggler" and sec["slowest_rank"] == 1 and sec["fastest_rank"] == 0
+    assert doc["verdict"]["rule"] == "PD115" and "rank 1" in doc["verdict"]["summary"]
+    r0, r1 = sec["per_rank"]
+    # rank 0 waits for most of the 30 ms the slow rank sleeps, in the gloo all-reduce
+    assert r0["straggler_wait_ms"] > 20 and r0["collective_wait_share"] > 0.5
+    assert r1["collective_wait_share"] < 0.3
+    rank0 = json.loads((out / "ranks" / "rank-0" / "report.json").read_text())
+    colls = rank0["traces"][0]["tables"]["collectives"]
+    assert colls and colls[0]["name"] == "all_reduce"
+    fix = next(f for f in doc["findings"] if f["id"] == "PD360")
+    assert 1 < fix["gain"]["expected"] <= fix["gain"]["ceiling"]          # bounded by the measured wait
+    assert "Across 2 rank(s)" in r.stderr and "straggler" in r.stderr
+    # `perfdoctor report RUN_DIR` merges the same way
+    rep = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out), "-f", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    again = json.loads(rep.stdout)
+    assert again["ranks"]["slowest_rank"] == 1 and again["verdict"]["rule"] == "PD115"
+
+
+@pytest.mark.slow
+def test_balanced_ranks_have_no_straggler(tmp_path):
+    out = tmp_path / "run"
+    r = _prun("--nproc-per-node", "2", "--skip-steps", "3", "--trace-steps", "10", DDP, "--steps", "40",
+              "--width", "512", out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = _merged(out)
+    assert doc["ranks"]["metrics"]["ranks.wait_cause"] in ("network", "none", "uneven")
+    assert doc["verdict"]["rule"] != "PD115"
+    assert not any(f["id"] == "PD360" for f in doc["findings"])
+
+
+@pytest.mark.slow
+def test_per_rank_launch_gives_the_same_layout(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "--no-python", str(Path(sys.executable).parent / "perfdoctor"), "run", "--out", str(out),
+                        "--skip-steps", "2", "--trace-steps", "3", str(DDP), "--steps", "12"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [k for k, _ in rank_dirs(out)] == [0, 1]
+    for k in (0, 1):
+        d = out / "ranks" / f"rank-{k}"
+        assert RANK_FILES <= {p.name for p in d.iterdir()}
+        assert json.loads((d / "rank.json").read_text())["world_size"] == 2
+        assert len([ln for ln in (d / "steps.jsonl").read_text().splitlines() if ln]) >= 10
+    doc = _merged(out)                       # the node's last rank merged
+    assert doc["ranks"]["count"] == 2 and r.stderr.count("Across 2 rank(s)") == 1
+
+
+@pytest.mark.slow
+def test_exit_code_as_torchrun_gives_it(tmp_path):
+    args = [str(DDP), "--steps", "4", "--exit-rank", "1", "--exit-code", "3"]
+    bare = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], capture_output=True, text=True, timeout=120)
+    out = tmp_path / "run"
+    r = _prun("--nproc-per-node", "2", "--no-trace", *args, out=out)
+    assert bare.returncode != 0 and r.returncode == bare.returncode
+    assert sorted(r.stdout.splitlines()) == sorted(bare.stdout.splitlines())
+    codes = {i["rank"]: i["exit_code"] for i in _merged(out)["ranks"]["per_rank"]}
+    assert codes == {0: 0, 1: 3}
