@@ -39,6 +39,19 @@ def test_straggler_from_durations():
     assert rows[0].straggler_wait_ms == pytest.approx(31.0) and rows[1].straggler_wait_ms == 0
 
 
+def test_contention_when_the_slow_rank_waited_for_a_core():
+    steps0 = _steps([(20.0, 12.0), (21.0, 13.0), (20.5, 12.4), (20.2, 12.1)])
+    steps1 = _steps([(20.0, 2.0), (21.0, 3.0), (20.5, 2.5), (20.2, 2.2)])
+    # rank 1 is 10 ms busier per step, and its step thread queued 9 ms more for a CPU
+    m, _ = cross_rank([RankInput(0, 20.4, 12.4 / 20.4, steps0, runq_ms=1.0),
+                       RankInput(1, 20.4, 2.4 / 20.4, steps1, runq_ms=10.0)], 2)
+    assert m["ranks.slowest_rank"] == 1 and m["ranks.slowest_runq_excess"] == pytest.approx(0.9, abs=0.01)
+    assert m["ranks.wait_cause"] == "contention"
+    m, _ = cross_rank([RankInput(0, 20.4, 12.4 / 20.4, steps0, runq_ms=1.0),
+                       RankInput(1, 20.4, 2.4 / 20.4, steps1, runq_ms=2.0)], 2)   # its own work: a straggler
+    assert m["ranks.wait_cause"] == "straggler"
+
+
 def test_network_when_all_ranks_wait_alike():
     r0 = RankInput(0, 10.0, 0.41, _steps([(10, 4.0), (10, 4.2), (10, 4.1), (10, 4.0)]))
     r1 = RankInput(1, 10.0, 0.40, _steps([(10, 4.1), (10, 3.9), (10, 4.2), (10, 4.0)]))
@@ -104,8 +117,7 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
     r = _prun("--nproc-per-node", "2", "--skip-steps", "3", "--trace-steps", "8", DDP, "--steps", "40",
               "--slow-rank", "1", "--slow-ms", "30", out=out)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(r.stdout.splitlines()) == [f"ddp_gloo rank {k}/2: 40 steps, loss " + x.split("loss ")[1]
-                                             for k, x in enumerate(sorted(r.stdout.splitlines()))]
+    assert r.stdout.count("ddp_gloo rank ") == 2 and r.stdout.count(": 40 steps, loss ") == 2
     assert [k for k, _ in rank_dirs(out)] == [0, 1]
     doc = _merged(out)
     sec = doc["ranks"]
@@ -137,7 +149,8 @@ def test_balanced_ranks_have_no_straggler(tmp_path):
               "--width", "512", out=out)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = _merged(out)
-    assert doc["ranks"]["metrics"]["ranks.wait_cause"] in ("network", "none", "uneven")
+    # on a loaded machine one rank may fall behind waiting for a core: contention, not a straggler
+    assert doc["ranks"]["metrics"]["ranks.wait_cause"] in ("network", "none", "uneven", "contention")
     assert doc["verdict"]["rule"] != "PD115"
     assert not any(f["id"] == "PD360" for f in doc["findings"])
 
@@ -155,7 +168,10 @@ def test_per_rank_launch_gives_the_same_layout(tmp_path):
         d = out / "ranks" / f"rank-{k}"
         assert RANK_FILES <= {p.name for p in d.iterdir()}
         assert json.loads((d / "rank.json").read_text())["world_size"] == 2
-        assert len([ln for ln in (d / "steps.jsonl").read_text().splitlines() if ln]) >= 10
+        recs = [json.loads(ln) for ln in (d / "steps.jsonl").read_text().splitlines() if ln]
+        assert len(recs) >= 10
+        # the step thread's CPU and run-queue time per step (schedstat): never more than the step
+        assert all(0 <= r["cpu"] <= r["dur"] + 1e-3 and 0 <= r["runq"] <= r["dur"] + 1e-3 for r in recs)
     doc = _merged(out)                       # the node's last rank merged
     assert doc["ranks"]["count"] == 2 and r.stderr.count("Across 2 rank(s)") == 1
 
@@ -168,6 +184,7 @@ def test_exit_code_as_torchrun_gives_it(tmp_path):
     out = tmp_path / "run"
     r = _prun("--nproc-per-node", "2", "--no-trace", *args, out=out)
     assert bare.returncode != 0 and r.returncode == bare.returncode
-    assert sorted(r.stdout.splitlines()) == sorted(bare.stdout.splitlines())
+    # the ranks' bytes, untouched (two ranks' unbuffered prints may interleave, under torchrun alone too)
+    assert sorted(r.stdout) == sorted(bare.stdout) and "ddp_gloo rank" in r.stdout
     codes = {i["rank"]: i["exit_code"] for i in _merged(out)["ranks"]["per_rank"]}
     assert codes == {0: 0, 1: 3}

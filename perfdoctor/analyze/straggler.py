@@ -25,6 +25,10 @@ MIN_PAIRED steps. `wait_cause`: 'straggler' when that holds and the straggler wa
 MATERIAL of the step and at least the network wait; 'network' when the network wait is at least
 MATERIAL and larger; 'none' when neither is material; None when the waits are unknown (no trace).
 MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the fix rules use.
+'contention' instead of 'straggler' when at least half of the straggler's extra time per
+profiled step (CONTENTION) was spent in the run queue waiting for a CPU core beyond what the
+other ranks waited (the step thread's schedstat, steps.jsonl `runq`): the rank is not doing more
+work, its host's cores are oversubscribed (too many ranks, threads or other jobs per core).
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ from statistics import fmean, stdev
 
 MIN_PAIRED = 3
 MATERIAL = 0.05
+CONTENTION = 0.5             # share of the straggler's extra time spent queued for a CPU
 NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slowest_rank", "ranks.fastest_rank",
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
          "ranks.straggler_wait_share", "ranks.straggler_wait_share_max", "ranks.straggler_consistent",
-         "ranks.paired_steps", "ranks.wait_cause")
+         "ranks.paired_steps", "ranks.slowest_runq_excess", "ranks.wait_cause")
 
 
 @dataclass
@@ -47,6 +52,7 @@ class RankInput:
     step_ms: float | None                 # steady-state step time (stats/steptime.py)
     wait_share: float | None              # exposed collective time / step (the trace window)
     steps: dict[str, tuple[float, float]] = field(default_factory=dict)   # step label -> (dur ms, wait ms)
+    runq_ms: float | None = None          # mean run-queue wait of the step's thread per profiled step
 
 
 @dataclass
@@ -92,7 +98,11 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     consistent, paired = _consistent(ranks, slow.rank)
     out["ranks.straggler_consistent"], out["ranks.paired_steps"] = consistent, paired
     st, nw = out["ranks.straggler_wait_share"], net
-    if consistent and st >= MATERIAL and st >= nw:
+    contention = _contention(ranks, slow.rank)
+    out["ranks.slowest_runq_excess"] = contention
+    if consistent and st >= MATERIAL and st >= nw and contention is not None and contention >= CONTENTION:
+        out["ranks.wait_cause"] = "contention"
+    elif consistent and st >= MATERIAL and st >= nw:
         out["ranks.wait_cause"] = "straggler"
     elif nw >= MATERIAL and nw >= st:
         out["ranks.wait_cause"] = "network"
@@ -101,6 +111,20 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     else:            # a material straggler wait that does not hold step after step: ranks take turns
         out["ranks.wait_cause"] = "uneven"
     return out, rows
+
+
+def _contention(ranks: list[RankInput], slow: int) -> float | None:
+    """How much of the slowest rank's extra own work (over the others' mean, per profiled step) it
+    spent waiting for a CPU core in the run queue, beyond what the others waited (None: unknown)."""
+    by = {r.rank: r for r in ranks}
+    if any(r.runq_ms is None for r in ranks) or not all(r.steps for r in ranks):
+        return None
+    busy = {r.rank: fmean(d - w for d, w in r.steps.values()) for r in ranks}
+    others = [k for k in by if k != slow]
+    extra = busy[slow] - fmean(busy[k] for k in others)
+    if extra <= 0:
+        return None
+    return max(0.0, by[slow].runq_ms - fmean(by[k].runq_ms for k in others)) / extra
 
 
 def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:

@@ -46,6 +46,17 @@ SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step 
            "dataloader": "DataLoader iterations"}
 
 
+def _schedstat() -> tuple[int, int] | None:
+    """This thread's nanoseconds on a CPU and waiting in a run queue (/proc/thread-self/schedstat;
+    None where the kernel has no schedstat): per step, `cpu` and `runq` in steps.jsonl."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb", buffering=0) as f:
+            run, wait = f.read().split()[:2]
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return None
+
+
 class StopRun(BaseException):
     """Raised at a step boundary to end the script gracefully (--max-steps / --duration)."""
 
@@ -152,7 +163,7 @@ class Session:
 
     # -- step sources -----------------------------------------------------------------------
     def _mark(self, t: float | None = None) -> tuple:
-        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time())
+        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), _schedstat())
 
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         if self.mode != "optimizer":
@@ -254,6 +265,9 @@ class Session:
             rec = {"step": self.steps, "end": round(end[3], 6), "dur": round(dur, 6),
                    "wait": round(end[1] - self.mark[1], 6), "batches": end[2] - self.mark[2], "mode": self.mode,
                    "profiled": self.window.recording, "perturbed": self.window.perturbed_next}
+            if end[4] and self.mark[4]:   # the step's thread on a CPU / waiting for one (schedstat, s)
+                rec["cpu"] = round((end[4][0] - self.mark[4][0]) / 1e9, 6)
+                rec["runq"] = round((end[4][1] - self.mark[4][1]) / 1e9, 6)
             if skipped:
                 rec["skipped"] = True
             self.out.write(json.dumps(rec) + "\n")

@@ -42,7 +42,7 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
         docs.append(doc)
         infos.append({"rank": rank, **_read_json(d / "rank.json")})
     world = max((i.get("world_size") or 0 for i in infos), default=0) or None
-    inputs = [_rank_input(i["rank"], doc) for i, doc in zip(infos, docs)]
+    inputs = [_rank_input(i["rank"], doc, d) for i, doc, (_, d) in zip(infos, docs, found)]
     ranks_m, rows = cross_rank(inputs, world)
     pace = _pace_index(infos, ranks_m)
     m = {k: v for k, v in docs[pace]["traces"][0]["metrics"].items() if k in registry.REGISTRY}
@@ -78,7 +78,7 @@ def _straggler_confidence(v: dict, m: dict) -> dict:
     return {**v, "confidence": conf, "confidence_label": label(conf), "notes": notes, "secondary": []}
 
 
-def _rank_input(rank: int, doc: dict) -> RankInput:
+def _rank_input(rank: int, doc: dict, d: Path) -> RankInput:
     t = doc["traces"][0]
     m = t["metrics"]
     step = m.get("run.step_time_ms")
@@ -90,7 +90,24 @@ def _rank_input(rank: int, doc: dict) -> RankInput:
         bd = s.get("breakdown_ms") or {}
         if s.get("duration_ms") and bd.get("communication") is not None:
             steps[str(s.get("label"))] = (s["duration_ms"], bd["communication"])
-    return RankInput(rank, step, wait, steps)
+    return RankInput(rank, step, wait, steps, _runq_ms(d))
+
+
+def _runq_ms(d: Path) -> float | None:
+    """Mean run-queue wait of the step thread per profiled step, from steps.jsonl (`runq`)."""
+    vals = []
+    try:
+        lines = (d / "steps.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for ln in lines:
+        try:
+            r = json.loads(ln)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get("profiled") is True and isinstance(r.get("runq"), (int, float)):
+            vals.append(1e3 * r["runq"])
+    return sum(vals) / len(vals) if vals else None
 
 
 def _pace_index(infos: list[dict], m: dict) -> int:

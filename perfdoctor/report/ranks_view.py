@@ -10,6 +10,8 @@ from perfdoctor.report.sanitize import terminal as T, text
 
 CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest one",
          "network": "the transfer itself: every rank waits alike (network, collective library, bucket sizes)",
+         "contention": "CPU contention: the slowest rank waited in the run queue for a core (an oversubscribed host), "
+                       "not more work",
          "uneven": "ranks take turns being last (no rank is consistently slower): uneven work or a noisy machine",
          "none": "no material wait (under 5% of the step on every rank)"}
 
