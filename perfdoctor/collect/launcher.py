@@ -75,7 +75,10 @@ def launch(cfg: RunConfig) -> RunResult:
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
                  "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes}
     cupti_env, child_cfg["teardown_cupti"] = teardown_env(os.environ, cfg.argv, cfg.module)   # cupti.py
-    env = dict(os.environ, **cupti_env, **{ENV: json.dumps(child_cfg)})
+    # kineto logs "USDT: profiler_start/stop" to stderr at its default level: lines the script
+    # never printed. Level 6 silences kineto's own log, unless the user chose a level.
+    quiet = {} if "KINETO_LOG_LEVEL" in os.environ else {"KINETO_LOG_LEVEL": "6"}
+    env = dict(os.environ, **cupti_env, **quiet, **{ENV: json.dumps(child_cfg)})
     notes: list[str] = [child_cfg["teardown_cupti"]["note"]] if child_cfg["teardown_cupti"]["note"] else []
     t0 = time.monotonic()
     unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)
