@@ -23,6 +23,22 @@ app = typer.Typer(
 class Format(str, Enum):
     terminal = "terminal"
     json = "json"
+    html = "html"
+    markdown = "markdown"
+
+
+class TextFormat(str, Enum):       # compare and tune: no pictures
+    terminal = "terminal"
+    json = "json"
+    markdown = "markdown"
+
+
+class GateFormat(str, Enum):
+    terminal = "terminal"
+    json = "json"
+
+
+DETAILS_HELP = "The full report: evidence, every fix in full with its code, gaps and detail tables."
 
 
 def _version(value: bool) -> None:
@@ -42,26 +58,32 @@ def report(
     path: Path = typer.Argument(..., help="A torch.profiler trace (.json, .json.gz, *.pt.trace.json[.gz]), "
                                           "a directory of them (one per rank/worker), or a `perfdoctor run` "
                                           "directory (re-diagnosed as run did)."),
-    fmt: Format = typer.Option(Format.terminal, "--format", "-f", help="What to print on stdout."),
+    fmt: Format = typer.Option(Format.terminal, "--format", "-f",
+                               help="terminal (one screen), json, html (one self-contained file) or markdown "
+                                    "(pull requests, job summaries); on stdout, or in the -o file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Also write the JSON report to this file "
-                                               "(with --format json, only there)."),
+                                          help="Write the report in --format to this file instead of stdout "
+                                               "(with the terminal format: the JSON report, beside the screen)."),
+    details: bool = typer.Option(False, "--details", help=DETAILS_HELP),
+    annotate: Optional[Path] = typer.Option(None, "--annotate", metavar="OUT.json.gz",
+                                            help="Also write a copy of the trace with the findings as events of "
+                                                 "category perfdoctor (open it in Perfetto UI or TensorBoard)."),
+    tune_json: Optional[Path] = typer.Option(None, "--tune", metavar="TUNE.json",
+                                             help="tune's JSON: the measured gains beside the expected ones "
+                                                  "(found by itself for a run directory inside a tune directory)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable), added to the built-in rules."),
 ) -> None:
     """Diagnose a recorded trace: verdict, ranked fixes, breakdown, flags and the numbers behind them."""
     from perfdoctor.diagnose.offline import diagnose_path
-    from perfdoctor.report.json_out import to_json
+    from perfdoctor.report.outputs import emit, tune_for
 
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
-    if output is not None:
-        _write_json(output, doc)
-    if fmt is Format.json:
-        if output is None:
-            sys.stdout.buffer.write(to_json(doc))
-        return
-    from perfdoctor.report.terminal import render
-    render(doc)
+    tune = tune_for(path, tune_json) if fmt in (Format.html, Format.markdown) else None
+    if annotate is not None:
+        from perfdoctor.report.annotate import write_annotated
+        write_annotated(doc, annotate)
+    emit(doc, fmt.value, output, details, tune)
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
@@ -84,7 +106,14 @@ def run(
                                                            "A directory that already holds a run is refused."),
     force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "
                                                       "(its files are removed first)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report here."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Also write the report here, in --format (json when the format is "
+                                               "terminal)."),
+    fmt: Format = typer.Option(Format.terminal, "--format", "-f",
+                               help="Format of the -o file; the terminal report goes to stderr (markdown without "
+                                    "-o: on stderr instead). The run directory always gets report.json, "
+                                    "report.html and annotated.pt.trace.json.gz."),
+    details: bool = typer.Option(False, "--details", help=DETAILS_HELP),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
     baselines: Optional[list[Path]] = typer.Option(None, "--baseline", "-b", metavar="RUN",
@@ -133,17 +162,17 @@ def run(
         if nproc_per_node is None:
             raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
         _multi_rank_checks(duration, baselines)
-        raise typer.Exit(_run_ranks(cfg, DistOptions(nproc_per_node, *dist), output, rules_dirs))
+        raise typer.Exit(_run_ranks(cfg, DistOptions(nproc_per_node, *dist), (output, fmt.value, details), rules_dirs))
     from perfdoctor.collect.ranks import identity
     ident = identity()
     if ident is not None:                    # started once per rank by the user's launcher
         if ident.world_size > 1:
             _multi_rank_checks(duration, baselines)
-        raise typer.Exit(_run_one_rank(cfg, ident, output, rules_dirs))
+        raise typer.Exit(_run_one_rank(cfg, ident, (output, fmt.value, details), rules_dirs))
     res = launch(cfg)
     code = res.exit_code
     try:
-        _report_run(res, output, [str(d) for d in rules_dirs or []])
+        _report_run(res, (output, fmt.value, details), [str(d) for d in rules_dirs or []])
         if baselines and code == 0:
             code = _gate_run(res.run_dir, baselines, strict)
     except PerfdoctorError as exc:
@@ -166,7 +195,7 @@ def _multi_rank_checks(duration: Optional[float], baselines) -> None:
                               "directories with `perfdoctor gate`")
 
 
-def _run_ranks(cfg, dist, output: Optional[Path], rules_dirs) -> int:
+def _run_ranks(cfg, dist, output: tuple, rules_dirs) -> int:
     """--nproc-per-node: torchrun starts the ranks; the merged report once it returns."""
     from perfdoctor.collect.ranks import launch_ranks
     res = launch_ranks(cfg, dist)
@@ -174,7 +203,7 @@ def _run_ranks(cfg, dist, output: Optional[Path], rules_dirs) -> int:
     return res.exit_code
 
 
-def _run_one_rank(cfg, ident, output: Optional[Path], rules_dirs) -> int:
+def _run_one_rank(cfg, ident, output: tuple, rules_dirs) -> int:
     """One rank of a job started by the user's launcher: the node's last rank to finish merges."""
     from dataclasses import replace
 
@@ -185,18 +214,17 @@ def _run_one_rank(cfg, ident, output: Optional[Path], rules_dirs) -> int:
     return res.exit_code
 
 
-def _report_ranks(run_dir: Path, code: int, output: Optional[Path], rules_dirs) -> None:
+def _report_ranks(run_dir: Path, code: int, output: tuple, rules_dirs) -> None:
+    """output: (-o FILE, --format, --details) of run."""
     try:
-        from rich.console import Console
-
         from perfdoctor.diagnose.ranks import diagnose_ranks
         from perfdoctor.report.json_out import to_json
-        from perfdoctor.report.terminal import render
+        from perfdoctor.report.outputs import emit, run_files
         doc = diagnose_ranks(run_dir, [str(d) for d in rules_dirs or []])
         (run_dir / "report.json").write_bytes(to_json(doc))
-        if output is not None:
-            _write_json(output, doc)
-        render(doc, Console(stderr=True, highlight=False))
+        for n in run_files(doc, run_dir):
+            print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
+        emit(doc, output[1], output[0], output[2], stderr=True)
     except PerfdoctorError as exc:
         print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
     except Exception as exc:  # the script's exit code wins over a diagnosis bug
@@ -218,19 +246,18 @@ def _gate_run(run_dir: Path, baselines: list[Path], strict: bool) -> int:
     return res.exit_code(strict)
 
 
-def _report_run(res, output: Optional[Path], rule_dirs: list[str]) -> None:
-    from rich.console import Console
-
+def _report_run(res, output: tuple, rule_dirs: list[str]) -> None:
+    """output: (-o FILE, --format, --details) of run."""
     from perfdoctor.diagnose.live import diagnose_run, write_run_events
     from perfdoctor.report.json_out import to_json
-    from perfdoctor.report.terminal import render
+    from perfdoctor.report.outputs import emit, run_files
 
     doc = diagnose_run(res, rule_dirs)
     (res.run_dir / "report.json").write_bytes(to_json(doc))
     write_run_events(res.run_dir)
-    if output is not None:
-        _write_json(output, doc)
-    render(doc, Console(stderr=True, highlight=False))
+    for n in run_files(doc, res.run_dir):
+        print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
+    emit(doc, output[1], output[0], output[2], stderr=True)
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
@@ -247,7 +274,11 @@ def tune(
                                         help="Also try autocast (bf16/fp16) around the model's forward."),
     allow_compile: bool = typer.Option(False, "--allow-compile", help="Also try torch.compile of the model."),
     out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default perfdoctor-runs/<time>-<script>-tune)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON result here."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Also write the result here, in --format (json when the format is "
+                                               "terminal)."),
+    fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f",
+                                   help="Format of the -o file (markdown without -o: on stderr instead of the table)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
 ) -> None:
@@ -273,8 +304,12 @@ def tune(
     doc = build(tuner)
     from perfdoctor.report.json_out import to_json
     (tuner.dir / "tune.json").write_bytes(to_json(doc))
+    from perfdoctor.report.outputs import rendered, write
     if output is not None:
-        _write_json(output, doc)
+        write(output, rendered(doc, "json" if fmt is TextFormat.terminal else fmt.value, kind="tune"))
+    if fmt is TextFormat.markdown and output is None:
+        sys.stderr.write(rendered(doc, "markdown", kind="tune").decode())
+        return
     render(doc)
 
 
@@ -282,15 +317,16 @@ def tune(
 def compare(
     before: Path = typer.Argument(..., metavar="BEFORE", help="Run directory or report JSON file: the reference."),
     after: Path = typer.Argument(..., metavar="AFTER", help="Run directory or report JSON file: the changed run."),
-    fmt: Format = typer.Option(Format.terminal, "--format", "-f", help="What to print on stdout."),
+    fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f",
+                                   help="What to print on stdout (markdown: for a pull request or job summary)."),
 ) -> None:
     """Two runs side by side: step time, throughput, breakdown, verdict and fixes, against the noise."""
     from perfdoctor.gate.compare import compare_paths, render_compare
-    from perfdoctor.report.json_out import to_json
+    from perfdoctor.report.outputs import rendered
 
     doc = compare_paths(before, after)
-    if fmt is Format.json:
-        sys.stdout.buffer.write(to_json(doc))
+    if fmt is not TextFormat.terminal:
+        sys.stdout.buffer.write(rendered(doc, fmt.value, kind="compare"))
         return
     render_compare(doc)
 
@@ -315,7 +351,7 @@ def gate(
                                               "this share of the CPU cores during a run (1 = never)."),
     strict: bool = typer.Option(False, "--strict", help="Fail (exit 1) on inconclusive / not comparable too."),
     junit: Optional[Path] = typer.Option(None, "--junit", metavar="FILE", help="Also write JUnit XML here."),
-    fmt: Format = typer.Option(Format.terminal, "--format", "-f", help="What to print on stdout."),
+    fmt: GateFormat = typer.Option(GateFormat.terminal, "--format", "-f", help="What to print on stdout."),
 ) -> None:
     """Performance gate for CI: is CURRENT slower than the baseline(s)?
 
@@ -328,8 +364,8 @@ def gate(
                      noise_k=noise_k, max_other_load=max_other_load)
     if junit is not None:
         write_junit(res, junit)
-    github(res, strict, sys.stderr if fmt is Format.json else sys.stdout)
-    if fmt is Format.json:
+    github(res, strict, sys.stderr if fmt is GateFormat.json else sys.stdout)
+    if fmt is GateFormat.json:
         sys.stdout.buffer.write(to_json(res.to_dict()))
     else:
         render_terminal(res)
@@ -383,15 +419,6 @@ def rules_check(directory: Optional[Path] = typer.Argument(None, help="A directo
     render_check(results, len(rules))
     if any(not x.ok for x in results):
         raise typer.Exit(1)
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    """-o FILE for report and run: the JSON document, or one line and exit 2 if it cannot be written."""
-    from perfdoctor.report.json_out import to_json
-    try:
-        path.write_bytes(to_json(doc))
-    except OSError as exc:
-        raise PerfdoctorError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _safe(msg: object) -> str:

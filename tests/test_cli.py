@@ -32,7 +32,9 @@ def test_terminal_report(trace):
     out = r.stdout
     assert "INPUT-BOUND" in out and "Step breakdown" in out and "data loading" in out
     assert "DataLoader runs with num_workers=0" in out
-    assert "Largest idle-GPU gaps" in out
+    assert "Largest idle-GPU gaps" not in out and "--details" in out     # one screen by default
+    full = run("report", trace, "--details")
+    assert full.returncode == 0 and "Largest idle-GPU gaps" in full.stdout and "evidence (" in full.stdout
 
 
 def test_json_schema(trace, tmp_path):

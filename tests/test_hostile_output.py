@@ -98,12 +98,13 @@ def test_each_output_encoding():
 # --- report -----------------------------------------------------------------------------------
 
 def test_report_terminal_escapes_every_name(hostile_trace):
-    r = cli(["report", hostile_trace])
+    r = cli(["report", hostile_trace, "--details"])
     assert r.returncode == 0, r.stderr
     out = clean(r.stdout.decode())
     shows_escaped(out)
     assert "Largest idle-GPU gaps" in out and "\\x1b[2J[bold]x\\x07" in out   # gaps, and the path
-    coloured = cli(["report", hostile_trace], env={"FORCE_COLOR": "1", "COLUMNS": "200"})
+    shows_escaped(clean(cli(["report", hostile_trace]).stdout.decode()))          # the one-screen report too
+    coloured = cli(["report", hostile_trace, "--details"], env={"FORCE_COLOR": "1", "COLUMNS": "200"})
     assert coloured.returncode == 0 and SGR.search(coloured.stdout.decode())     # rich's own colours
     shows_escaped(clean(coloured.stdout.decode(), colour=True))
 

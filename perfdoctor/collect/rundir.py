@@ -15,7 +15,8 @@ from perfdoctor.errors import PerfdoctorError
 # What `perfdoctor run` writes into its directory (files, then folders).
 RUN_FILES = ("run.json", "child.json", "steps.jsonl", "samples.json", "report.json",
              "inject.json",                      # inject.json: under `perfdoctor tune`
-             "rank.json", "ranks.json")          # a rank of a multi-rank run; its parent (collect/ranks.py)
+             "rank.json", "ranks.json",          # a rank of a multi-rank run; its parent (collect/ranks.py)
+             "report.html", "annotated.pt.trace.json.gz")   # report/outputs.py
 RUN_DIRS = ("trace", "stacks", "tensorboard", "ranks")
 # Any of these marks a directory as a run directory (report.json alone is a report, not a run).
 MARKERS = ("run.json", "child.json", "steps.jsonl", "samples.json")

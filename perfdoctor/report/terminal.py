@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -20,9 +21,12 @@ CPU_ROLE_LABEL = {**ROLE_LABEL, "cpu_exec": "CPU ops (compute)", "communication"
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
 DETAILED = 3     # fixes shown with text and citation; the rest one line each
+TOP = 3          # fixes in the one-screen report
 
 
-def render(doc: dict, console: Console | None = None) -> None:
+def render(doc: dict, console: Console | None = None, details: bool = False) -> None:
+    """The report on one screen (verdict, breakdown, the top fixes and flags in a line each), or
+    with details=True everything: evidence, notes, fixes in full with their snippets, gaps, tables."""
     c = console or Console(highlight=False, emoji=False)
     v = doc["verdict"]
     first = doc["traces"][0]
@@ -32,7 +36,7 @@ def render(doc: dict, console: Console | None = None) -> None:
         m = {**m, "steps.count": 0, "steps.source": "no trace", "steps.time_median_ms": m.get("run.step_time_median_ms") or 0.0}
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
     if doc.get("run"):
-        _run_header(c, doc["run"], m)
+        _run_header(c, doc["run"], m, details)
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · {m['steps.count']} step(s) from {T(m['steps.source'])}"
@@ -42,22 +46,85 @@ def render(doc: dict, console: Console | None = None) -> None:
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
     c.print(text(v["summary"]))
     if v["secondary"]:
-        c.print(text("  also significant: " + ", ".join(v["secondary"]), style="dim"))
-    for n in v["notes"]:
-        c.print(text(f"  note: {n}", style="dim"))
+        _para(c, "also significant: " + ", ".join(v["secondary"]), 2, "dim")
+    for n in v["notes"] if details else v["notes"][:2]:
+        _para(c, f"note: {n}", 2, "dim")
+    if details:
+        _evidence(c, v)
     if doc.get("cross_rank"):
         _ranks(c, doc)
     if doc.get("ranks"):                 # a multi-rank run (report/ranks_view.py)
         from perfdoctor.report.ranks_view import render_ranks
         render_ranks(c, doc["ranks"])
     _breakdown(c, first)
-    _stacks(c, doc.get("stacks"))
-    _fixes(c, doc["findings"])
-    _flags(c, doc["flags"])
-    _gaps(c, first)
-    _details(c, first)
+    _stacks(c, doc.get("stacks"), details)
+    if details:
+        _fixes(c, doc["findings"])
+        _flags(c, doc["flags"])
+        _gaps(c, first)
+        _details(c, first)
+    else:
+        _top_fixes(c, doc["findings"])
+        _flags_compact(c, doc["flags"])
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
-        c.print(text(f"warning: {w}", style="yellow"))
+        _para(c, f"warning: {w}", 0, "yellow")
+    if not details:
+        c.print(Text("--details: evidence, the fixes in full with code, gaps and tables; --format html: "
+                     "the pictures", style="dim"), no_wrap=True, overflow="ellipsis")
+
+
+def _para(c: Console, s: str, indent: int, style: str = "") -> None:
+    """A paragraph whose wrapped lines keep its indentation."""
+    c.print(Padding(text(s, style=style), (0, 0, 0, indent)))
+
+
+def _code(c: Console, code: str, indent: int) -> None:
+    """Code, never wrapped mid-line: a line wider than the screen is cut with an ellipsis."""
+    for line in code.rstrip().splitlines():
+        c.print(Padding(text(line, style="cyan"), (0, 0, 0, indent)), no_wrap=True, overflow="ellipsis")
+
+
+def _line(c: Console, t: Text) -> None:
+    c.print(t, no_wrap=True, overflow="ellipsis")
+
+
+def _evidence(c: Console, v: dict) -> None:
+    ev = v.get("evidence") or {}
+    if not ev:
+        return
+    table = Table.grid(padding=(0, 2))
+    for k, x in ev.items():
+        table.add_row("  " + T(k), text(f"{x:.4g}" if isinstance(x, float) else x))
+    c.print(Text(f"  evidence ({T(v.get('rule') or '-')}):", style="dim"))
+    c.print(table)
+
+
+def _top_fixes(c: Console, findings: list[dict]) -> None:
+    ranked = [f for f in findings if f["ranked"]]
+    c.print()
+    if not ranked:
+        c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
+        return
+    c.print(Text("Top fixes (expected gain: a model of the change, never above its ceiling)", style="bold"))
+    for i, f in enumerate(ranked[:TOP], 1):
+        g = f["gain"]
+        gain = ", ".join(x for x in (f"expected ~{g['expected']:.2f}x" if g.get("expected") else "",
+                                     f"at most {g['ceiling']:.2f}x" if g.get("ceiling") else "") if x)
+        _line(c, Text.assemble((f" {i}. ", "bold"), (T(f["id"]), "dim"), (T(f" {f['title']}"), "bold"), ("  ", ""),
+                               (T(gain), "green")))
+    rest = len(findings) - min(len(ranked), TOP)
+    if rest:
+        _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
+
+
+def _flags_compact(c: Console, flags: list[dict]) -> None:
+    if not flags:
+        return
+    c.print()
+    c.print(Text("Flags", style="bold"))
+    for f in flags:
+        _line(c, Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["id"]), "dim"),
+                               (T(f" {f['title']}"), "")))
 
 
 OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
@@ -65,7 +132,7 @@ OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped th
            "killed": "the script was killed"}
 
 
-def _run_header(c: Console, run: dict, m: dict) -> None:
+def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     how = OUTCOME.get(run["outcome"], T(run["outcome"]))
     if run.get("stopped_by"):
         how += f" (--{T(run['stopped_by'])})"
@@ -81,8 +148,9 @@ def _run_header(c: Console, run: dict, m: dict) -> None:
                      + f"; median {m['run.step_time_median_ms']:.1f} ms; data wait"
                      f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
     c.print(text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
-    for n in run.get("notes", []):
-        c.print(text(f"note: {n}", style="yellow"))
+    notes = run.get("notes", [])
+    for n in notes if details else notes[:1]:
+        _para(c, f"note: {n}", 0, "yellow")
 
 
 def _breakdown(c: Console, t: dict) -> None:
@@ -107,7 +175,7 @@ def _breakdown(c: Console, t: dict) -> None:
 STACK_ROWS = 5
 
 
-def _stacks(c: Console, st: dict | None) -> None:
+def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
     """The top Python frames of the steady steps (py-spy), one line each."""
     if not st:
         return
@@ -118,10 +186,10 @@ def _stacks(c: Console, st: dict | None) -> None:
     c.print()
     c.print(Text(f"Where the steady steps go (Python stacks: {st['steady_steps']} steps, "
                  f"{st['sampled_s']:.1f} s sampled)", style="bold"))
-    for t in st["top"][:STACK_ROWS]:
+    for t in st["top"][:STACK_ROWS if details else 3]:
         where = f"{t['frame']} at {t['at']}" if t["at"] and t["frame"] != t["at"] else t["frame"]
-        c.print(Text.assemble(f"  {100 * t['share']:5.1f}%  ", (T(where), "bold"),
-                              (T(f"  ({t['cause'].replace('_', ' ')}, {t['role']})"), "dim")))
+        _line(c, Text.assemble(f"  {100 * t['share']:5.1f}%  ", (T(where), "bold"),
+                               (T(f"  ({t['cause'].replace('_', ' ')}, {t['role']})"), "dim")))
 
 
 def _fixes(c: Console, findings: list[dict]) -> None:
@@ -139,15 +207,14 @@ def _fixes(c: Console, findings: list[dict]) -> None:
             c.print(head)
             continue
         c.print(head)
-        c.print(text(f"    {f['summary']}"))
-        c.print(text(f"    fix: {_first_sentence(f['fix']['text'])}"))
-        if i == 1 and f["fix"]["snippet"]:
-            for line in f["fix"]["snippet"].rstrip().splitlines():
-                c.print(text(f"      {line}", style="cyan"))
-        c.print(text(f"    [{f['id']} · {_cite(f['source'])}]", style="dim"))
+        _para(c, f["summary"], 4)
+        _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
+        if f["fix"]["snippet"]:
+            _code(c, f["fix"]["snippet"], 6)
+        _para(c, f"[{f['id']} · {_cite(f['source'])}]", 4, "dim")
     if rest:
-        c.print(text("  Also worth a look (no model of their expected gain): "
-                     + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), style="dim"))
+        _para(c, "Also worth a look (no model of their expected gain): "
+              + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), 2, "dim")
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
 
@@ -164,7 +231,7 @@ def _flags(c: Console, flags: list[dict]) -> None:
     for f in flags:
         c.print(Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["title"]), "bold"),
                               (T(f"  ({f['id']})"), "dim")))
-        c.print(text(f"    {f['summary']}"))
+        _para(c, f["summary"], 4)
 
 
 def _gaps(c: Console, t: dict) -> None:

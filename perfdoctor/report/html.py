@@ -1,0 +1,331 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, no script, no request of any
+kind: a Content-Security-Policy of default-src 'none' makes the browser refuse one), from the
+report document alone (plus tune's JSON when a tune measured the fixes).
+
+Sections: verdict (confidence, evidence, notes), the run, the ranks, the step breakdown (bars per
+step), one representative step as a timeline with its idle gaps, memory over time, the fixes
+(expected gain against its ceiling, measured gain from tune), flags, Python stacks, the detail
+tables. Every string from the input is escaped by sanitize.html.
+"""
+
+from __future__ import annotations
+
+from perfdoctor.report import svg
+from perfdoctor.report.sanitize import html as H
+from perfdoctor.report.terminal import BOUND_TITLE, CPU_ROLE_LABEL, ROLE_LABEL
+
+BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
+                "device": "#2e8b57", "communication": "#8e5bb5", "inconclusive": "#6b7280"}
+SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;background:#f6f7f9;margin:0}
+main{max-width:980px;margin:0 auto;padding:20px 24px 40px}
+h1{font-size:20px;margin:0 0 2px}h2{font-size:16px;margin:26px 0 8px;border-bottom:1px solid #dde1e6;padding-bottom:4px}
+.dim{color:#5b636d}.small{font-size:12px}
+section.card{background:#fff;border:1px solid #dde1e6;border-radius:8px;padding:14px 16px;margin:12px 0}
+.badge{display:inline-block;color:#fff;font-weight:700;border-radius:6px;padding:4px 10px;letter-spacing:.03em}
+.conf{display:inline-block;width:120px;height:8px;background:#e5e7eb;border-radius:4px;vertical-align:middle;margin:0 6px}
+.conf i{display:block;height:8px;border-radius:4px;background:#2e8b57}
+table{border-collapse:collapse;width:100%;font-size:13px}td,th{padding:3px 8px;text-align:left;vertical-align:top}
+th{color:#5b636d;font-weight:600;border-bottom:1px solid #dde1e6}tr+tr td{border-top:1px solid #f0f1f3}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td code{word-break:break-all}
+code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre{background:#f3f4f6;border-radius:6px;padding:8px 10px;overflow-x:auto;white-space:pre;margin:6px 0}
+.legend{margin:4px 0 2px;font-size:12px}.key{margin-right:14px;white-space:nowrap}
+.key i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:-1px}
+svg.chart{width:100%;height:auto;display:block}
+.fix h3{font-size:15px;margin:0 0 2px}.gain{color:#1e7b45;font-weight:600}
+.gbar{position:relative;height:10px;background:#eef0f2;border-radius:5px;margin:6px 0 4px;max-width:420px}
+.gbar i{position:absolute;top:0;bottom:0;left:0;border-radius:5px}
+.flag{border-left:4px solid;padding:2px 0 2px 10px;margin:8px 0}
+ul.notes{margin:4px 0;padding-left:20px}
+"""
+
+
+def render(doc: dict, tune: dict | None = None) -> str:
+    first = doc["traces"][0]
+    m = first["metrics"]
+    labels = CPU_ROLE_LABEL if m.get("trace.platform") == "cpu" else ROLE_LABEL
+    body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _ranks(doc), _breakdown(first, labels),
+            _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
+            _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _warnings(doc)]
+    title = f"perfdoctor: {BOUND_TITLE.get(doc['verdict']['bound'], doc['verdict']['bound'])} - {doc['input']}"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+            "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+            f"<title>{H(title)}</title><style>{CSS}</style></head><body><main>\n"
+            + "\n".join(b for b in body if b)
+            + f"\n<p class=\"dim small\">{H(doc.get('tool', 'perfdoctor'))} · report schema "
+              f"{H(doc.get('schema_version'))} · the JSON report (--format json) holds every number shown here."
+              "</p></main></body></html>\n")
+
+
+def _header(doc: dict, m: dict) -> str:
+    dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
+    n = len(doc["traces"])
+    where = f"{n} traces in {doc['input']}" if n > 1 else doc["input"]
+    steps = (f" · {m['steps.count']} step(s) from {m['steps.source']} · median step "
+             f"{m['steps.time_median_ms']:.1f} ms" if m.get("steps.count") else "")
+    return (f"<h1>perfdoctor report</h1><div class=\"dim\">{H(where)}</div>"
+            f"<div class=\"dim small\">{H(m.get('trace.platform'))} · {H(dev)}{H(steps)}</div>")
+
+
+def _fmt(name: str, v, units: dict) -> str:
+    u = units.get(name)
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return H("unknown" if v is None else v)
+    if isinstance(v, (int, float)):
+        if u in ("share", "fraction"):
+            return f"{100 * v:.1f}%"
+        if u in ("ms", "us", "cores", "MB/s"):
+            return f"{v:.2f} {u}"
+        if u == "bytes":
+            return f"{v / 2 ** 20:.1f} MiB"
+        return f"{v:.4g}"
+    return H(v)
+
+
+def _verdict(doc: dict) -> str:
+    v = doc["verdict"]
+    colour = BOUND_COLOUR.get(v["bound"], "#6b7280")
+    conf = max(0.0, min(1.0, v["confidence"] or 0.0))
+    ev = "".join(f"<tr><td><code>{H(k)}</code></td><td class=\"num\">{_fmt(k, x, doc.get('units', {}))}</td></tr>"
+                 for k, x in (v.get("evidence") or {}).items())
+    notes = [f"also significant: {', '.join(v['secondary'])}"] if v.get("secondary") else []
+    notes += v.get("notes") or []
+    return ("<section class=\"card\">"
+            f"<span class=\"badge\" style=\"background:{colour}\">{H(BOUND_TITLE.get(v['bound'], v['bound']))}</span>"
+            f" <span class=\"dim\">{H(v['confidence_label'])} confidence</span><span class=\"conf\" "
+            f"title=\"confidence {conf:.2f}\"><i style=\"width:{100 * conf:.0f}%\"></i></span>"
+            f"<span class=\"dim\">{conf:.2f}</span>"
+            f"<p>{H(v['summary'])}</p>"
+            + (f"<table><tr><th>evidence ({H(v.get('rule') or 'no rule')})</th><th class=\"num\">value</th></tr>{ev}</table>"
+               if ev else "")
+            + _notes(notes) + "</section>")
+
+
+def _notes(notes: list[str]) -> str:
+    return ("<ul class=\"notes dim\">" + "".join(f"<li>{H(n)}</li>" for n in notes) + "</ul>") if notes else ""
+
+
+def _run(run: dict | None, m: dict) -> str:
+    if not run:
+        return ""
+    how = f"{run.get('outcome')}" + (f" (--{run['stopped_by']})" if run.get("stopped_by") else "")
+    line = ""
+    if m.get("run.step_time_ms") is not None:
+        ci = m.get("run.step_time_ci95_ms")
+        line = (f"{m['run.steps']} steps measured: <b>{m['run.step_time_ms']:.1f} ms/step</b>"
+                + (f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
+                + f" over {m['run.steady_steps']} steady steps"
+                + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
+                + f"; data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time")
+    return ("<h2>The run</h2><section class=\"card\">"
+            f"<div><code>{H(run.get('command'))}</code></div><div class=\"dim\">{H(how)} · exit code "
+            f"{H(run.get('exit_code'))} · run directory <code>{H(run.get('dir'))}</code></div>"
+            f"<div>{line}</div>{_notes(run.get('notes') or [])}</section>")
+
+
+def _ranks(doc: dict) -> str:
+    out = []
+    if doc.get("cross_rank"):
+        cr = doc["cross_rank"]
+        rows = "".join(f"<tr><td>{H(t['label'])}</td><td class=\"num\">{_ms(t['metrics'].get('steps.time_median_ms'))}</td>"
+                       f"<td>{H(t['verdict']['bound'])}</td><td>{H(', '.join(f['slug'] for f in t['flags']) or '-')}</td></tr>"
+                       for t in doc["traces"])
+        out.append(f"<h2>Across {H(cr['count'])} traces (step-time spread {100 * cr['spread']:.1f}%)</h2>"
+                   "<section class=\"card\"><table><tr><th>trace</th><th class=\"num\">median step</th><th>verdict</th>"
+                   f"<th>flags</th></tr>{rows}</table></section>")
+    sec = doc.get("ranks")
+    if sec:
+        per = sec.get("per_rank") or []
+        span = max((r.get("step_time_ms") or 0 for r in per), default=0) or 1.0
+        rows = []
+        for r in per:
+            own, wait = r.get("busy_ms") or 0.0, r.get("collective_wait_ms") or 0.0
+            bar = (f"<svg viewBox=\"0 0 200 12\" width=\"200\" height=\"12\"><rect width=\"{200 * own / span:.1f}\" height=\"12\" "
+                   f"fill=\"#2e8b57\"><title>own work {own:.1f} ms</title></rect><rect x=\"{200 * own / span:.1f}\" "
+                   f"width=\"{200 * wait / span:.1f}\" height=\"12\" fill=\"#8e5bb5\"><title>wait {wait:.1f} ms</title></rect></svg>")
+            rows.append(f"<tr><td>{H(r.get('rank'))}</td><td class=\"num\">{_ms(r.get('step_time_ms'))}</td>"
+                        f"<td class=\"num\">{_ms(r.get('busy_ms'))}</td><td class=\"num\">{_ms(r.get('collective_wait_ms'))}</td>"
+                        f"<td>{bar}</td><td>{H(r.get('verdict'))}</td></tr>")
+        cause = (sec.get("metrics") or {}).get("ranks.wait_cause")
+        out.append(f"<h2>Across {H(sec.get('count'))} ranks</h2><section class=\"card\"><table><tr><th>rank</th>"
+                   "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
+                   f"<th>own work / wait</th><th>verdict</th></tr>{''.join(rows)}</table>"
+                   + (f"<p class=\"dim\">the wait: {H(cause)}</p>" if cause else "") + "</section>")
+    return "".join(out)
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.1f} ms"
+
+
+def _breakdown(t: dict, labels: dict) -> str:
+    if not t.get("steps"):
+        return ""
+    m = t["metrics"]
+    rows = "".join(f"<tr><td><span class=\"key\"><i style=\"background:{svg.ROLE_COLOUR[r]}\"></i>{H(name)}</span></td>"
+                   f"<td class=\"num\">{sum(s['breakdown_ms'][r] for s in t['steps']) / len(t['steps']):.2f} ms</td>"
+                   f"<td class=\"num\">{100 * (m.get(f'breakdown.{r}') or 0):.1f}%</td></tr>"
+                   for r, name in labels.items() if (m.get(f"breakdown.{r}") or 0) >= 0.0005)
+    present = {r for s in t["steps"] for r, v in s["breakdown_ms"].items() if v}
+    return (f"<h2>Step breakdown ({H(t['label'])}, {len(t['steps'])} step(s))</h2><section class=\"card\">"
+            + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(t["steps"], labels)
+            + f"<table style=\"max-width:420px\"><tr><th>mean per step</th><th class=\"num\">time</th>"
+              f"<th class=\"num\">share</th></tr>{rows}</table></section>")
+
+
+def _timeline(t: dict, labels: dict) -> str:
+    view = t.get("timeline")
+    if not view:
+        return ""
+    gaps = [g for g in t.get("marked_gaps") or [] if g["step"] == view["step"]]
+    gaps = sorted(gaps, key=lambda g: -g["duration_ms"])[:6]
+    gaps = sorted((g for g in gaps if g["duration_ms"] >= 0.01 * view["duration_ms"]), key=lambda g: g["offset_ms"])
+    rows = "".join(f"<tr><td>{i}</td><td class=\"num\">+{g['offset_ms']:.2f} ms</td><td class=\"num\">{g['duration_ms']:.2f} ms</td>"
+                   f"<td>{H(g['kind'].replace('_', ' '))}</td><td>{H(svg.HOST_LABEL.get(g['host_activity'], g['host_activity']))}</td>"
+                   f"<td><code>{H(g.get('host_event') or '-')}</code></td></tr>" for i, g in enumerate(gaps, 1))
+    present = {r for _, _, r in view["breakdown"]}
+    hosts = {r for _, _, r in view["host"]}
+    return (f"<h2>One step as a timeline (step {H(view['step'])}, {view['duration_ms']:.2f} ms: the steady step "
+            "closest to the median)</h2><section class=\"card\">"
+            + ("<div class=\"legend\"><b class=\"key\">device:</b><span class=\"key\"><i style=\"background:#2e8b57\"></i>busy</span>"
+               "<span class=\"key\"><i style=\"background:#eceef0\"></i>idle</span></div>" if view.get("device") is not None else "")
+            + svg.legend(svg.ROLE_COLOUR, labels, present, "breakdown:") + svg.legend(svg.HOST_COLOUR, svg.HOST_LABEL, hosts, "host:")
+            + svg.step_lanes(view, gaps, labels)
+            + (f"<table><tr><th>gap</th><th class=\"num\">at</th><th class=\"num\">idle</th><th>kind</th>"
+               f"<th>the host was</th><th>host event</th></tr>{rows}</table>" if rows else "")
+            + "</section>")
+
+
+def _memory(t: dict) -> str:
+    mem = t.get("memory_timeline")
+    pic = svg.memory_lines(mem) if mem else ""
+    if not pic:
+        return ""
+    return ("<h2>Device memory</h2><section class=\"card\"><div class=\"legend\"><span class=\"key\"><i style=\"background:"
+            "#3a7dc2\"></i>reserved</span><span class=\"key\"><i style=\"background:#2e8b57\"></i>allocated</span></div>"
+            + pic + "</section>")
+
+
+def measured_by_rule(tune: dict | None) -> dict[str, dict]:
+    """The best measured trial of each rule, from tune's JSON."""
+    out: dict[str, dict] = {}
+    for tr in (tune or {}).get("trials") or []:
+        rid, sp = tr.get("rule"), tr.get("speedup")
+        if rid and sp is not None and tr.get("status") != "failed" and (rid not in out or sp > out[rid]["speedup"]):
+            out[rid] = tr
+    return out
+
+
+def _gain_bar(g: dict, measured: dict | None, top: float) -> str:
+    """Expected gain (dark) inside its ceiling (light), measured gain (a mark): one scale for
+    every fix of the report, from 1x to the largest of them."""
+    ceil = g.get("ceiling") or 0.0
+    exp = g.get("expected")
+    if top <= 1.0:
+        return ""
+    scale = (lambda x: 100 * (x - 1) / (top - 1))
+    parts = [f"<i style=\"width:{scale(ceil):.1f}%;background:#cfe8d9\" title=\"ceiling {ceil:.2f}x\"></i>"]
+    if exp:
+        parts.append(f"<i style=\"width:{scale(exp):.1f}%;background:#2e8b57\" title=\"expected {exp:.2f}x\"></i>")
+    if measured:
+        parts.append(f"<i style=\"width:{scale(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
+                     f"border-radius:0\" title=\"measured {measured['speedup']:.2f}x\"></i>")
+    return f"<div class=\"gbar\">{''.join(parts)}</div>"
+
+
+def _fixes(findings: list[dict], tune: dict | None) -> str:
+    ranked = [f for f in findings if f["ranked"]]
+    rest = [f for f in findings if not f["ranked"]]
+    measured = measured_by_rule(tune)
+    top = max([1.0] + [x for f in ranked for x in ((f.get("gain") or {}).get("ceiling"), (f.get("gain") or {}).get("expected"),
+                                                (measured.get(f["id"]) or {}).get("speedup")) if x])
+    cards = []
+    for i, f in enumerate(ranked, 1):
+        g = f.get("gain") or {}
+        meas = measured.get(f["id"])
+        mtxt = ""
+        if meas:
+            ci = meas.get("ci95")
+            mtxt = (f"<div><b>measured by tune: {meas['speedup']:.2f}x</b>"
+                    + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>")
+        snippet = f["fix"].get("snippet")
+        cards.append(
+            f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
+            + _gain_bar(g, meas, top) + mtxt
+            + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
+            + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
+            + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
+            + f"<div class=\"dim small\">{H(f['id'])} · {H(_cite(f.get('source') or {}))}</div></section>")
+    head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
+            "exceeds its ceiling (light bar: the Amdahl bound on the measured share)"
+            + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
+            if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
+    more = ("<section class=\"card\"><b>Also worth a look</b> (no model of their expected gain)<ul class=\"notes\">"
+            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])})</span></li>" for f in rest)
+            + "</ul></section>") if rest else ""
+    return head + "".join(cards) + more
+
+
+def H_block(s: str) -> str:
+    """A multi-line snippet: escaped, its newlines kept."""
+    return "\n".join(H(line) for line in str(s).rstrip().splitlines())
+
+
+def _cite(src: dict) -> str:
+    art = str(src.get("article"))
+    art = f"article {art[:3]}" if art[:3].isdigit() else art
+    return f"{art}, {src.get('section')}"
+
+
+def _flags(flags: list[dict]) -> str:
+    if not flags:
+        return ""
+    items = "".join(f"<div class=\"flag\" style=\"border-color:{SEV_COLOUR.get(f['severity'], '#999')}\"><b>{H(f['title'])}</b> "
+                    f"<span class=\"dim\">({H(f['severity'])}, {H(f['id'])})</span><div>{H(f['summary'])}</div></div>"
+                    for f in flags)
+    return f"<h2>Flags</h2><section class=\"card\">{items}</section>"
+
+
+def _stacks(st: dict | None) -> str:
+    if not st or not st.get("top"):
+        return ""
+    rows = "".join(f"<tr><td class=\"num\">{100 * t['share']:.1f}%</td><td><code>{H(t['frame'])}</code></td>"
+                   f"<td><code>{H(t.get('at') or '')}</code></td><td>{H(t['cause'].replace('_', ' '))}, {H(t['role'])}</td></tr>"
+                   for t in st["top"][:10])
+    return ("<h2>Where the steady steps go (Python stacks)</h2><section class=\"card\"><table><tr><th class=\"num\">share"
+            f"</th><th>frame</th><th>at</th><th>cause</th></tr>{rows}</table></section>")
+
+
+def _gaps(t: dict) -> str:
+    gaps = [g for g in t.get("idle_gaps") or [] if g["duration_ms"] >= 0.05]
+    if not gaps:
+        return ""
+    rows = "".join(f"<tr><td>step {H(g['step'])}</td><td class=\"num\">+{g['offset_ms']:.2f} ms</td>"
+                   f"<td class=\"num\">{g['duration_ms']:.2f} ms</td><td>{H(g['kind'].replace('_', ' '))}</td>"
+                   f"<td><code>{H(g.get('host_event') or g['host_activity'])}</code></td></tr>" for g in gaps)
+    return ("<h2>Largest idle-device gaps</h2><section class=\"card\"><table><tr><th>step</th><th class=\"num\">at</th>"
+            f"<th class=\"num\">idle</th><th>kind</th><th>host event</th></tr>{rows}</table></section>")
+
+
+def _kernels(t: dict) -> str:
+    rows = ((t.get("tables") or {}).get("kernels") or {}).get("rows") or []
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td><code>{H(r['name'])}</code></td><td class=\"num\">{H(r.get('count'))}</td>"
+                   f"<td class=\"num\">{100 * (r.get('share') or 0):.1f}%</td></tr>" for r in rows[:8])
+    return ("<h2>Top kernels</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col><col style=\"width:70px\">"
+            f"<col style=\"width:70px\"><tr><th>kernel</th><th class=\"num\">count</th><th class=\"num\">share</th></tr>{body}"
+            "</table></section>")
+
+
+def _warnings(doc: dict) -> str:
+    ws = list(dict.fromkeys(w for t in doc["traces"] for w in t.get("warnings") or []))
+    notes = list(dict.fromkeys(n for t in doc["traces"] for n in t.get("notes") or []))
+    if not ws and not notes:
+        return ""
+    return "<h2>Notes</h2><section class=\"card\">" + _notes(notes) + _notes([f"warning: {w}" for w in ws]) + "</section>"

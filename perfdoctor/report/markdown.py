@@ -1,0 +1,137 @@
+"""Markdown for pull-request comments and GitHub job summaries (`--format markdown` of report,
+run, compare and tune): the verdict, the breakdown, the top fixes with their gains, the flags,
+and the evidence folded in a <details> block. Compact: a reviewer reads it in ten seconds.
+
+Every string from the input goes through sanitize.markdown (one line, no link, HTML, code span,
+emphasis or table cell can form); code snippets sit in a fence longer than any backtick run in
+them, with control characters shown escaped.
+"""
+
+from __future__ import annotations
+
+import re
+
+from perfdoctor.report.sanitize import markdown as M, terminal
+from perfdoctor.report.terminal import BOUND_TITLE, CPU_ROLE_LABEL, ROLE_LABEL
+
+TOP_FIXES = 5
+
+
+def _fence(code: str, lang: str = "") -> str:
+    code = terminal(code, keep_newlines=True).rstrip()
+    ticks = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", code)), default=0))
+    lang = re.sub(r"[^A-Za-z0-9_+-]", "", lang or "")
+    return f"{ticks}{lang}\n{code}\n{ticks}"
+
+
+def report(doc: dict, tune: dict | None = None) -> str:
+    v = doc["verdict"]
+    first = doc["traces"][0]
+    m = first["metrics"]
+    out = [f"### perfdoctor: {BOUND_TITLE.get(v['bound'], M(v['bound']))} · {v['confidence_label']} confidence "
+           f"({v['confidence']:.2f})", "", M(v["summary"]), ""]
+    dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
+    facts = [M(doc["input"]), M(dev)]
+    if m.get("steps.count"):
+        facts.append(f"{m['steps.count']} traced steps, median {m['steps.time_median_ms']:.1f} ms")
+    if m.get("run.step_time_ms") is not None:
+        ci = m.get("run.step_time_ci95_ms")
+        facts.append(f"run: **{m['run.step_time_ms']:.1f} ms/step**" + (f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
+                     + f" over {m['run.steady_steps']} steady steps")
+    out += [" · ".join(facts), ""]
+    if first.get("steps"):
+        labels = CPU_ROLE_LABEL if m.get("trace.platform") == "cpu" else ROLE_LABEL
+        n = len(first["steps"])
+        rows = [(name, sum(s["breakdown_ms"][r] for s in first["steps"]) / n, m.get(f"breakdown.{r}") or 0.0)
+                for r, name in labels.items()]
+        rows = sorted((r for r in rows if r[2] >= 0.0005), key=lambda r: -r[2])
+        out += ["| step breakdown | ms/step | share |", "|---|--:|--:|"]
+        out += [f"| {name} | {ms:.2f} | {100 * sh:.1f}% |" for name, ms, sh in rows]
+        out.append("")
+    out += _fixes(doc["findings"], tune)
+    if doc["flags"]:
+        out += ["**Flags:** " + "; ".join(f"{f['severity']}: {M(f['title'])} ({M(f['id'])})" for f in doc["flags"]), ""]
+    ev = v.get("evidence") or {}
+    notes = list(v.get("notes") or [])
+    if ev or notes:
+        out += ["<details><summary>Evidence</summary>", ""]
+        if ev:
+            out += ["| metric | value |", "|---|--:|"] + [f"| {M(k)} | {_val(x)} |" for k, x in ev.items()]
+        out += [""] + [f"- {M(n)}" for n in notes] + ["", "</details>", ""]
+    out.append(f"<sub>{M(doc.get('tool', 'perfdoctor'))}: `perfdoctor report --format json` has every number</sub>")
+    return "\n".join(out) + "\n"
+
+
+def _val(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return M("unknown" if x is None else x)
+
+
+def _fixes(findings: list[dict], tune: dict | None) -> list[str]:
+    from perfdoctor.report.html import measured_by_rule
+
+    ranked = [f for f in findings if f["ranked"]][:TOP_FIXES]
+    if not ranked:
+        return ["No fix with a measurable speed-up applies.", ""]
+    measured = measured_by_rule(tune)
+    out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
+    for i, f in enumerate(ranked, 1):
+        g = f.get("gain") or {}
+        meas = measured.get(f["id"])
+        extra = f"; measured by tune: **{meas['speedup']:.2f}x**" if meas else ""
+        out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])})")
+    snippet = ranked[0]["fix"].get("snippet")
+    if snippet:
+        out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]
+    out.append("")
+    return out
+
+
+def compare(doc: dict) -> str:
+    from perfdoctor.gate.compare import _fmt, _fmt_change
+
+    out = [f"### perfdoctor compare: {M(doc['before'])} → {M(doc['after'])}", "",
+           "| metric | before | after | change | beyond noise |", "|---|--:|--:|--:|---|"]
+    for r in doc["rows"]:
+        beyond = {True: "**yes**", False: "no", None: "unknown"}[r["beyond_noise"]]
+        if r["note"].startswith("secondary"):
+            beyond = "secondary figure"
+        out.append(f"| {M(r['metric'])} | {_fmt(r['before'], r['unit'])} | {_fmt(r['after'], r['unit'])} | "
+                   f"{_fmt_change(r)} | {beyond} |")
+    v, f = doc["verdict"], doc["findings"]
+    out += [f"| verdict | {M(v['before'])} | {M(v['after'])} | {'changed' if v['changed'] else ''} | |", ""]
+    out.append("Fixes before: " + (M(", ".join(f["before"])) or "none") + "; after: " + (M(", ".join(f["after"])) or "none")
+               + (f"; new: {M(', '.join(f['added']))}" if f["added"] else "")
+               + (f"; gone: {M(', '.join(f['removed']))}" if f["removed"] else ""))
+    env = doc["environment"]
+    if env["differs"]:
+        out += ["", "**Environment differs** (" + M("; ".join(env["differs"])) + "): absolute times may not compare"]
+    return "\n".join(out) + "\n"
+
+
+def tune(doc: dict) -> str:
+    from perfdoctor.tune.result import _label, _ms
+
+    b = doc["baseline"]
+    out = [f"### perfdoctor tune: {M(doc['command'])}", "",
+           f"Baseline {_ms(b['step_time_s'])}/step (95% CI {_ms(b['ci95'][0])}-{_ms(b['ci95'][1])}) over {b['steps']} "
+           f"steady steps; verdict {M(b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
+           "| change | step time | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|---|"]
+    for tr in doc["trials"]:
+        ci = tr["ci95"]
+        pred = f"{tr['predicted']:.2f}x" if tr["predicted"] is not None else "-"
+        status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
+        out.append(f"| {M(tr['label'])} | {_ms(tr['step_time_s'])} | "
+                   + (f"{tr['speedup']:.2f}x" if tr["speedup"] else "-") + " | "
+                   + (f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-") + f" | {pred} | {M(status)} |")
+    best = doc["best"]
+    out.append("")
+    if best:
+        out += [f"**Best:** {M(_label(best['changes']))}: **{best['speedup']:.2f}x** (95% CI {best['ci95'][0]:.2f}-"
+                f"{best['ci95'][1]:.2f}), {_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
+    else:
+        out.append("**Best:** none of the trials was measurably faster than the baseline.")
+    if doc.get("skipped_for_budget"):
+        out += ["", f"Skipped for lack of budget ({doc['budget_s']:.0f} s): " + M("; ".join(doc["skipped_for_budget"]))]
+    return "\n".join(out) + "\n"

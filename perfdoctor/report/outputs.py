@@ -1,0 +1,98 @@
+"""Which renderer writes where, for the CLI's --format / -o / --details / --annotate (cli.py stays
+a thin layer): terminal (rich), json, html (one self-contained file), markdown (PR comments, job
+summaries); and the files every `perfdoctor run` leaves in its run directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from perfdoctor.errors import PerfdoctorError
+
+RUN_HTML = "report.html"
+RUN_ANNOTATED = "annotated.pt.trace.json.gz"   # beside trace/, so `report RUN_DIR` never reads it as a trace
+
+
+def rendered(doc: dict, fmt: str, tune: dict | None = None, kind: str = "report") -> bytes:
+    """The document in fmt (json, html, markdown); kind: report, compare or tune."""
+    if fmt == "json":
+        from perfdoctor.report.json_out import to_json
+        return to_json(doc)
+    if fmt == "html":
+        from perfdoctor.report.html import render
+        return render(doc, tune).encode()
+    from perfdoctor.report import markdown
+    return {"report": lambda: markdown.report(doc, tune), "compare": lambda: markdown.compare(doc),
+            "tune": lambda: markdown.tune(doc)}[kind]().encode()
+
+
+def write(path: Path, data: bytes) -> None:
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise PerfdoctorError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: dict | None = None,
+         stderr: bool = False) -> None:
+    """report (stdout) and run (stderr: stdout is the script's). terminal: the rich report, and -o
+    FILE gets the JSON; json/html/markdown: -o FILE gets that format, else the stream does (run
+    prints the terminal report beside an -o file)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stderr and output is None and fmt in ("html", "json"):
+        fmt = "terminal"          # run: report.html and report.json are in the run directory already
+    if fmt == "terminal":
+        if output is not None:
+            write(output, rendered(doc, "json"))
+    else:
+        data = rendered(doc, fmt, tune)
+        if output is not None:
+            write(output, data)
+            if not stderr:
+                return
+        else:
+            stream.flush()
+            stream.buffer.write(data)
+            stream.flush()
+            return
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+    render(doc, console(stderr=stderr), details=details)
+
+
+def tune_for(path: Path, explicit: Path | None) -> dict | None:
+    """tune's JSON: the one given, or the tune.json of the tune directory a run directory sits in."""
+    cand = explicit if explicit is not None else (Path(path).resolve().parent / "tune.json" if Path(path).is_dir() else None)
+    if cand is None or not cand.is_file():
+        if explicit is not None:
+            raise PerfdoctorError(f"--tune {explicit}: no such file")
+        return None
+    try:
+        data = json.loads(cand.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        if explicit is not None:
+            raise PerfdoctorError(f"--tune {explicit}: not tune's JSON ({exc})") from None
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("trials"), list)
+    if not ok and explicit is not None:
+        raise PerfdoctorError(f"--tune {explicit}: not tune's JSON (no trials list)")
+    return data if ok else None
+
+
+def run_files(doc: dict, run_dir: Path) -> list[str]:
+    """report.html and the annotated trace in a run directory; returns notes for what failed
+    (the run's report still prints)."""
+    notes = []
+    try:
+        (run_dir / RUN_HTML).write_bytes(rendered(doc, "html"))
+    except OSError as exc:
+        notes.append(f"report.html not written: {exc.strerror or exc}")
+    traced = len(doc.get("traces") or []) == 1 and doc["traces"][0].get("origin_us") is not None
+    if traced:
+        from perfdoctor.report.annotate import write_annotated
+        try:
+            write_annotated(doc, run_dir / RUN_ANNOTATED)
+        except PerfdoctorError as exc:
+            notes.append(f"{RUN_ANNOTATED} not written: {exc}")
+    return notes
