@@ -59,7 +59,7 @@ def run(flag: str, script: list[str], out: Path) -> float:
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    if flag == "--stacks" and not (out / "stacks" / "pyspy.json").is_file():
+    if flag == "--stacks" and not list((out / "stacks").glob("pyspy-*.json")):
         raise SystemExit(f"no stacks were recorded in {out} (py-spy missing or ptrace refused?)")
     return steady_step_s(out)
 

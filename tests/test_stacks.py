@@ -117,11 +117,12 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
         # attaching needs ptrace: then one note explains it, and nothing else is claimed
         assert any("ptrace" in n for n in rec.notes), rec.notes
         pytest.skip("py-spy could not attach here: " + "; ".join(rec.notes))
-    events, meta = got
-    assert meta["pid"] and meta["rate_hz"] == collect_stacks.RATE_HZ and rec.notes == []
+    procs, meta = got
+    assert [p["role"] for p in procs] == ["trainer"] and meta["rate_hz"] == collect_stacks.RATE_HZ
+    assert rec.notes == [] and meta["pyspy_cpu_s"] >= 0
     steps = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
     truth = json.loads((tmp_path / "truth.json").read_text())
-    rep = attribute(events, meta, steps)
+    rep = attribute(procs, meta, steps)
     registry.check(rep.metrics)
     m = rep.metrics
     assert m["stacks.steady_steps"] >= 20 and m["stacks.coverage"] > 0.9
@@ -129,10 +130,13 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
     # analysis drops max(2, 10%) warm-up steps: a step of sampling noise either way). The user's
     # own code is everything but the save, the logging and the sleep (prepare() and bookkeeping).
     truth["own"] = truth["total"] - truth["ckpt"] - truth["log"] - truth["sleep"]
-    for metric, part in (("stacks.checkpoint_share", "ckpt"), ("stacks.python_data_share", "own"),
-                         ("stacks.logging_sync_share", "log")):
+    # Tolerances: a long call (torch.save) within 0.05 of the step; many short logging calls lose
+    # time to the user's own line through py-spy's torn non-blocking reads (collect/stacks.py):
+    # within 0.1 for those two.
+    for metric, part, tol in (("stacks.checkpoint_share", "ckpt", 0.05), ("stacks.python_data_share", "own", 0.1),
+                              ("stacks.logging_sync_share", "log", 0.1)):
         want = truth[part] / truth["total"]
-        assert abs(m[metric] - want) < 0.05, (metric, m[metric], want)
+        assert abs(m[metric] - want) < tol, (metric, m[metric], want)
     assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.1)
     top = {t["frame"]: t for t in rep.top}
     line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# SAVE"))
@@ -194,7 +198,8 @@ def test_segments_rebuild_stacks_and_steady_windows_clip_them():
     steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
               "profiled": k in (4, 5)} for k in range(10)]
     assert [s["step"] for s in steady_steps(steps)] == [3, 4, 7, 8, 9, 10]
-    rep = attribute(ev, {"pid": 1, "t0_unix": t0, "rate_hz": 100}, steps, source=lambda f, n: "")
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
+                    source=lambda f, n: "")
     assert rep.steady_steps == 6 and rep.sampled_s == pytest.approx(0.6)
     assert rep.metrics["stacks.checkpoint_share"] == pytest.approx(0.6)
     assert rep.metrics["stacks.checkpoint_interval_steps"] == pytest.approx(1.0)

@@ -231,28 +231,30 @@ def _main_thread(segs: dict, pid) -> tuple | None:
     return best
 
 
-def attribute(events: list[dict], meta: dict, steps: list[dict], source=linecache.getline) -> StackReport:
-    """The steady steps' stacks -> stacks.* metrics and the top frames (see the module docstring)."""
+def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache.getline) -> StackReport:
+    """The steady steps' stacks -> stacks.* metrics and the top frames (see the module docstring).
+
+    procs: one recording per process, {'pid', 'role' (trainer | child), 't0_unix', 'events'}."""
     m = empty_metrics()
     rep = StackReport(m)
     steady = steady_steps(steps)
-    segs = segments(events)
-    trainer = _main_thread(segs, meta.get("pid"))
-    if trainer is None or "t0_unix" not in meta:
+    main = next((p for p in procs if p.get("role") == "trainer" or p.get("pid") == meta.get("pid")), None)
+    segs = segments(main["events"]) if main else {}
+    trainer = _main_thread(segs, main["pid"]) if main else None
+    if trainer is None or "t0_unix" not in main:
         rep.notes.append("py-spy recorded no stacks of the training thread")
         return rep
     win = _Windows(steady) if steady else None
-    t0 = float(meta["t0_unix"])
 
-    def tally(ss):
-        a = t0 + np.array([s[0] for s in ss]) / 1e6
-        b = t0 + np.array([s[1] for s in ss]) / 1e6
+    def tally(ss, t0):
+        a = float(t0) + np.array([s[0] for s in ss]) / 1e6
+        b = float(t0) + np.array([s[1] for s in ss]) / 1e6
         return a, b, win.overlap(a, b)
 
     if win is None:
         rep.notes.append("no steady steps to attribute stacks to")
         return rep
-    a, b, w = tally(segs[trainer])
+    a, b, w = tally(segs[trainer], main["t0_unix"])
     sampled = float(w.sum())
     # steady steps inside the recording (a step cut by its start or end counts by its fraction)
     frac = np.clip((np.minimum(win.hi, b.max()) - np.maximum(win.lo, a.min())) / (win.hi - win.lo), 0.0, 1.0)
@@ -287,7 +289,7 @@ def attribute(events: list[dict], meta: dict, steps: list[dict], source=linecach
               "stacks.python_data_share": float(share["python_data"]),
               "stacks.checkpoint_interval_steps": covered / n_saves if n_saves > 0.5 else None})
     rep.top = _top(frames, sampled, "trainer", TOP)
-    rep.top += _workers(segs, trainer, meta.get("pid"), tally, source)
+    rep.top += _workers([p for p in procs if p is not main], tally, source)
     return rep
 
 
@@ -302,20 +304,23 @@ def _top(frames: dict, total: float, role: str, n: int) -> list[dict]:
     return out
 
 
-def _workers(segs: dict, trainer: tuple, pid, tally, source) -> list[dict]:
-    """Top frames of the loader workers' main threads: mean share of their sampled steady time."""
+def _workers(procs: list[dict], tally, source) -> list[dict]:
+    """Top frames of the loader workers' main threads (processes running DataLoader's
+    _worker_loop): mean share of their sampled steady time."""
     frames: dict[tuple, list] = {}
+    memo: dict[tuple, tuple] = {}
     total = 0.0
-    for key, ss in segs.items():
-        if key[0] == pid or not any("_worker_loop" in f[0] for _, _, st in ss[:50] for f in st):
-            continue
-        _, _, w = tally(ss)
-        total += float(w.sum())
-        for (_, _, stack), wt in zip(ss, w):
-            if wt > 0:
-                c = classify(stack, source)
-                entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
-                entry[0] += wt
+    for proc in procs:
+        for ss in segments(proc["events"]).values():
+            if not any("_worker_loop" in f[0] for _, _, st in ss[:50] for f in st):
+                continue
+            _, _, w = tally(ss, proc["t0_unix"])
+            total += float(w.sum())
+            for (_, _, stack), wt in zip(ss, w):
+                if wt > 0:
+                    c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
+                    entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
+                    entry[0] += wt
     return _top(frames, total, "worker", TOP_WORKER) if total > 0 else []
 
 

@@ -3,20 +3,28 @@
 `StackRecorder(pid, out_dir, steps_path)` waits for the first measured step (steps.jsonl gets
 its first line: the script has imported torch, built its model and loader), then runs
 
-    py-spy record --pid PID --subprocesses --idle --full-filenames --nonblocking
-                  --rate RATE --format chrometrace --duration MAX_S -o out_dir/pyspy.json
+    py-spy record --pid PID --idle --full-filenames --nonblocking
+                  --rate RATE --format chrometrace --duration MAX_S -o out_dir/pyspy-PID.json
 
-py-spy samples every thread of the trainer and of its child processes (loader workers)
-RATE times a second, idle threads included (--idle: time blocked in a write, a read or a
-lock shows, not only CPU time), and writes one Chrome trace: begin/end events of each Python
-frame with microsecond timestamps relative to py-spy's start. out_dir/pyspy.meta.json records
-that start as Unix time (taken just before py-spy is started; its clock starts before it
-attaches), so samples line up with the step records (`end`, `dur` in steps.jsonl) and the
-analysis (analyze/stacks.py) keeps the steady steps only. --duration bounds the file and the
-cost on long runs; py-spy stops by itself when the script ends.
+for the trainer, and the same for each Python child process (loader workers) it finds, once a
+second, up to MAX_CHILDREN: one py-spy per process, because py-spy's own --subprocesses merges
+the processes into one chrometrace keyed by thread id, and the main threads of forked workers
+share the trainer's thread id (their stacks then alternate in one track, every sample is a full
+rewrite, and a one-worker minute came to 76 MB). Each py-spy samples every thread of its process
+RATE times a second, idle threads included (--idle: time blocked in a write, a read or a lock
+shows, not only CPU time), and writes begin/end events of each Python frame with microsecond
+timestamps relative to its start. out_dir/pyspy.meta.json records each start as Unix time (taken
+just before py-spy is started; its clock starts before it attaches), so samples line up with the
+step records (`end`, `dur` in steps.jsonl) and the analysis (analyze/stacks.py) keeps the steady
+steps only. --duration bounds the files and the cost on long runs; each py-spy stops by itself
+when its process ends. At the end the meta file gets py-spy's own CPU time (its cost).
 
---nonblocking reads the process's memory without pausing it (cheap; an occasional torn
-stack); the shares come from thousands of samples, so a torn one does not matter.
+--nonblocking reads the process's memory without pausing it, so the script never stops for a
+sample. The price is torn stacks: while Python calls and returns quickly, a read can miss the
+innermost frames, and their time goes to the caller's line. Long calls (torch.save, a blocking
+read) are not affected; many short calls are: in tests/test_stacks.py about a third of the time
+in 300 logging calls per step went to the user's own line (blocking mode: a tenth), which
+overstates stacks.python_data_share by up to ~0.1 there (PD352 caps it by the untraced time).
 
 Design: py-spy attaches to the running child rather than launching it. Launched by py-spy
 (`py-spy record -- python ...`) the child would need no ptrace permission, but py-spy then
@@ -49,12 +57,12 @@ from pathlib import Path
 RATE_HZ = 50           # samples per second: 20 ms resolution, ~3% of one core for py-spy (bench_stacks.py)
 MAX_S = 120            # record at most this long (from the first step): bounds file size and cost
 WAIT_EXIT_S = 15.0     # after the script ends, how long py-spy may take to notice and write
-OUTPUT = "pyspy.json"
-META = "pyspy.meta.json"
-LOG = "pyspy.log"
+META = "pyspy.meta.json"          # beside pyspy-<pid>.json and pyspy-<pid>.log per process
+MAX_CHILDREN = 8                  # loader workers recorded (each costs its own py-spy)
+CHILD_POLL_S = 1.0                # how often new worker processes are looked for
 
 # The trainer is a Python process py-spy was pointed at: "no python processes found" there means
-# it could not read the process's memory (with --subprocesses py-spy words a refusal that way).
+# it could not read the process's memory (py-spy words some refusals that way).
 _REFUSED = re.compile(r"permission denied|operation not permitted|\bEPERM\b|ptrace|no python processes found", re.I)
 
 
@@ -110,42 +118,41 @@ def find_py_spy() -> str | None:
 
 
 def py_spy_command(py_spy: str | list[str], pid: int, out: Path, rate: int = RATE_HZ,
-                   max_s: float = MAX_S, subprocesses: bool = True) -> list[str]:
+                   max_s: float = MAX_S) -> list[str]:
     """py_spy: the binary, or a command prefix that runs it (e.g. under setpriv)."""
     return [*([py_spy] if isinstance(py_spy, str) else py_spy), "record", "--pid", str(pid),
-            *(["--subprocesses"] if subprocesses else []), "--idle", "--full-filenames", "--nonblocking",
+            "--idle", "--full-filenames", "--nonblocking",
             "--rate", str(rate), "--format", "chrometrace", "--duration", str(int(max_s)), "--output", str(out)]
-
-
-def has_children(pid: int) -> bool:
-    """Whether the process has child processes now (its loader workers start before the first
-    step ends). Following children costs py-spy a scan of /proc at every sample: ~2% of a core."""
-    try:
-        return any(Path(t, "children").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return True          # cannot tell: follow them
 
 
 class StackRecorder:
     """Records the run's Python stacks with py-spy; see the module docstring.
 
-    start() returns at once (a thread waits for the first step, then starts py-spy); stop()
-    after the script has ended lets py-spy finish writing. notes: what could not be done.
+    start() returns at once (a thread waits for the first step, then starts one py-spy for the
+    trainer and one for each Python child process as it appears); stop() after the script has
+    ended lets them finish writing. notes: what could not be done.
     """
 
     def __init__(self, pid: int, out_dir, steps_path, rate: int = RATE_HZ, max_s: float = MAX_S,
-                 py_spy: str | list[str] | None = None, poll: float = 0.1):
+                 py_spy: str | list[str] | None = None, poll: float = 0.1, max_children: int = MAX_CHILDREN):
         self.pid = int(pid)
         self.out_dir = Path(out_dir)
         self.steps_path = Path(steps_path)
-        self.rate, self.max_s, self.poll = int(rate), float(max_s), float(poll)
+        self.rate, self.max_s, self.poll, self.max_children = int(rate), float(max_s), float(poll), max_children
         self.py_spy = py_spy or find_py_spy()
         self.notes: list[str] = []
-        self.proc: subprocess.Popen | None = None
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.meta: dict = {"pid": self.pid, "rate_hz": self.rate, "max_s": self.max_s, "processes": []}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
         if self.py_spy is None:
             self.notes.append(no_pyspy_note())
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The trainer's py-spy."""
+        return self.procs.get(self.pid)
 
     def start(self) -> "StackRecorder":
         if self.py_spy is not None:
@@ -167,58 +174,72 @@ class StackRecorder:
         if self._stop.is_set():
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = py_spy_command(self.py_spy, self.pid, self.out_dir / OUTPUT, self.rate, self.max_s,
-                             subprocesses=has_children(self.pid))
-        meta = {"pid": self.pid, "rate_hz": self.rate, "max_s": self.max_s, "command": cmd,
-                "t0_unix": time.time()}
+        t0 = time.time()
+        if not self._spawn(self.pid, "trainer", self.max_s):
+            return
+        # loader workers, one py-spy each (see the module docstring)
+        while True:
+            for child in python_children(self.pid):
+                left = self.max_s - (time.time() - t0)
+                if child not in self.procs and len(self.procs) <= self.max_children and left >= 2:
+                    self._spawn(child, "child", left)
+            if self._stop.wait(CHILD_POLL_S) or not _alive(self.pid):
+                return
+
+    def _spawn(self, pid: int, role: str, duration: float) -> bool:
+        out = self.out_dir / f"pyspy-{pid}.json"
+        cmd = py_spy_command(self.py_spy, pid, out, self.rate, max(1, int(duration)))
+        entry = {"pid": pid, "role": role, "file": out.name, "t0_unix": time.time(), "command": cmd}
         try:
-            with open(self.out_dir / LOG, "wb") as log:
-                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            with open(self.out_dir / f"pyspy-{pid}.log", "wb") as log:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         except OSError as exc:
             self.notes.append(f"py-spy could not run ({exc}): Python stacks skipped")
-            return
-        (self.out_dir / META).write_text(json.dumps(meta, indent=1))
+            return False
+        with self._lock:
+            self.procs[pid] = proc
+            self.meta["processes"].append(entry)
+            (self.out_dir / META).write_text(json.dumps(self.meta, indent=1))
+        return True
 
     def stop(self) -> None:
-        """Call after the script has ended: py-spy notices, writes its file and exits."""
+        """Call after the script has ended: each py-spy notices, writes its file and exits."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-        p = self.proc
-        if p is None:
+        if not self.procs:
             return
         before = resource.getrusage(resource.RUSAGE_CHILDREN)   # the script is reaped already
-        try:
-            p.wait(timeout=WAIT_EXIT_S if not _alive(self.pid) else 0.5)
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGINT)            # py-spy writes what it has on Ctrl-C
+        deadline = time.monotonic() + (WAIT_EXIT_S if not _alive(self.pid) else 0.5)
+        killed = False
+        for p in list(self.procs.values()):
             try:
-                p.wait(timeout=WAIT_EXIT_S)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                self.notes.append("py-spy did not finish writing its stacks; killed it")
+                p.send_signal(signal.SIGINT)            # py-spy writes what it has on Ctrl-C
+                try:
+                    p.wait(timeout=WAIT_EXIT_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                    killed = True
+        if killed:
+            self.notes.append("py-spy did not finish writing its stacks; killed it")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self._record_cost(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        self._check_failure(p.returncode)
-
-    def _record_cost(self, cpu_s: float) -> None:
-        """py-spy's own CPU time (its cost to the machine) into the meta file."""
-        path = self.out_dir / META
+        self.meta["pyspy_cpu_s"] = round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 3)
+        self.meta["pyspy_wall_s"] = round(time.time() - self.meta["processes"][0]["t0_unix"], 3)
         try:
-            meta = json.loads(path.read_text())
-            meta["pyspy_cpu_s"] = round(cpu_s, 3)
-            meta["pyspy_wall_s"] = round(time.time() - meta["t0_unix"], 3)
-            path.write_text(json.dumps(meta, indent=1))
-        except (OSError, ValueError, KeyError):
+            (self.out_dir / META).write_text(json.dumps(self.meta, indent=1))
+        except OSError:
             pass
+        self._check_failure(self.proc.returncode if self.proc else None)
 
     def _check_failure(self, code: int | None) -> None:
-        out = self.out_dir / OUTPUT
+        out = self.out_dir / f"pyspy-{self.pid}.json"
         if out.is_file() and out.stat().st_size > 0:
             return
         try:
-            log = (self.out_dir / LOG).read_text(errors="replace")
+            log = (self.out_dir / f"pyspy-{self.pid}.log").read_text(errors="replace")
         except OSError:
             log = ""
         if _REFUSED.search(log):
@@ -235,24 +256,51 @@ class StackRecorder:
         self.stop()
 
 
+def python_children(pid: int) -> list[int]:
+    """Python descendants of pid (loader workers), without multiprocessing's resource tracker."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(k) for t in Path(f"/proc/{p}/task").iterdir()
+                    for k in Path(t, "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for k in kids:
+            try:
+                cmd = Path(f"/proc/{k}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"python" in cmd and b"resource_tracker" not in cmd:
+                out.append(k)
+            todo.append(k)
+    return out
+
+
 def load_recording(stacks_dir) -> tuple[list[dict], dict] | None:
-    """(chrometrace events, meta) of a run's recording; None when there is none or it is unreadable."""
+    """([{'pid', 'role', 't0_unix', 'events', ...}, ...] per recorded process, meta) of a run; None
+    when there is none. A process whose file is unreadable (py-spy killed mid-write) is left out."""
     d = Path(stacks_dir)
     try:
         meta = json.loads((d / META).read_text())
-        raw = (d / OUTPUT).read_bytes()
     except (OSError, ValueError):
         return None
     try:
         import msgspec
-        events = msgspec.json.decode(raw)
+        decode = msgspec.json.decode
     except ImportError:  # pragma: no cover - msgspec is a dependency
-        events = json.loads(raw)
-    except Exception:   # noqa: BLE001 - a truncated file (py-spy killed mid-write)
-        return None
-    if isinstance(events, dict):
-        events = events.get("traceEvents", [])
-    return (events, meta) if isinstance(events, list) else None
+        decode = json.loads
+    procs = []
+    for entry in meta.get("processes", []):
+        try:
+            events = decode((d / entry["file"]).read_bytes())
+        except Exception:   # noqa: BLE001 - missing or truncated
+            continue
+        if isinstance(events, dict):
+            events = events.get("traceEvents", [])
+        if isinstance(events, list):
+            procs.append({**entry, "events": events})
+    return (procs, meta) if procs else None
 
 
 def _alive(pid: int) -> bool:
