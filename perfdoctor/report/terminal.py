@@ -202,11 +202,10 @@ def _fixes(c: Console, findings: list[dict]) -> None:
     else:
         c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
     for i, f in enumerate(ranked, 1):
-        head = Text.assemble((T(f" {i}. {f['title']}"), "bold"), ("  ", ""), (T(f["gain"]["text"]), "green"))
+        _line(c, Text(T(f" {i}. {f['title']}"), style="bold"))
+        _para(c, f["gain"]["text"], 4, "green")
         if i > DETAILED:
-            c.print(head)
             continue
-        c.print(head)
         _para(c, f["summary"], 4)
         _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
         if f["fix"]["snippet"]:

@@ -1,0 +1,211 @@
+"""Showing the diagnosis: the HTML report (in a real headless browser), the annotated trace, the
+markdown summary (golden file) and the one-screen terminal report."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tracegen as tg
+
+GOLDEN = Path(__file__).parent / "golden" / "report_input_bound.md"
+HOSTILE = '<script>alert(1)</script><img src=x onerror="fetch(\'https://evil.example\')">&amp;'
+
+
+def cli(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "perfdoctor", *map(str, args)], capture_output=True, text=True,
+                          timeout=180, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def _spec() -> tg.TraceSpec:
+    """Input-bound: 6 ms data wait per step against ~2 ms of work, pageable copies, a sync; memory events."""
+    return tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=6000, pageable_h2d=1, syncs=1, kernels=16, kernel_us=80)] * 5,
+                        memory_events=True)
+
+
+@pytest.fixture
+def trace(tmp_path) -> Path:
+    p = tmp_path / "w.pt.trace.json"
+    tg.write(_spec(), p)
+    return p
+
+
+@pytest.fixture
+def hostile(tmp_path) -> Path:
+    """The same trace with one kernel's name (all its launches) replaced by markup."""
+    obj, _ = tg.build(_spec())
+    ev = obj["traceEvents"]
+    names = sorted({e["name"] for e in ev if e.get("cat") == "kernel"})
+    for e in ev:
+        if e.get("name") == names[0]:
+            e["name"] = HOSTILE
+    p = tmp_path / "hostile.json"
+    p.write_text(json.dumps(obj))
+    return p
+
+
+# --- HTML --------------------------------------------------------------------------------------
+
+def _html(path: Path, tmp_path: Path) -> str:
+    out = tmp_path / "r.html"
+    r = cli("report", path, "--format", "html", "-o", out)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    return out.read_text()
+
+
+def test_html_is_self_contained_and_has_the_drawings(trace, tmp_path):
+    page = _html(trace, tmp_path)
+    assert page.startswith("<!DOCTYPE html>") and "INPUT-BOUND" in page
+    assert "default-src 'none'" in page                     # the browser refuses any request
+    # nothing to fetch: no script, no external resource, no URL anywhere in the page
+    assert not re.search(r"<script|<link|<img|<iframe|@import|url\(|https?://|src=", page, re.I)
+    svgs = re.findall(r"<svg class=\"chart\"[^>]*aria-label=\"([^\"]+)\"", page)
+    assert svgs == ["step breakdown per step", "one step as a timeline", "device memory over time"]
+    # one stacked bar per step: a rect per (step, role) with time, titled with its milliseconds
+    bars = page.split('aria-label="step breakdown per step"')[1].split("</svg>")[0]
+    assert len(re.findall(r"<text[^>]*>step \d+</text>", bars)) == 5
+    assert bars.count("data loading 6") == 5               # 6.0xx ms of data loading in every step
+    lanes = page.split('aria-label="one step as a timeline"')[1].split("</svg>")[0]
+    assert ">device<" in lanes and ">breakdown<" in lanes and ">host<" in lanes and "waiting for data" in lanes
+    assert "Load batches in parallel worker processes" in page and "at most" in page   # fix with its ceiling
+
+
+def test_html_escapes_a_hostile_kernel_name(hostile, tmp_path):
+    page = _html(hostile, tmp_path)
+    assert "<script" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=&quot;" in page    # shown as text
+    assert "&amp;amp;" in page
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _browser(*args, cwd: Path) -> subprocess.CompletedProcess:
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no headless browser (apt-get install chromium; .ci/run installs it where apt works)")
+    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--no-first-run", f"--user-data-dir={cwd / 'profile'}", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_html_renders_in_a_headless_browser(hostile, tmp_path):
+    out = tmp_path / "r.html"
+    assert cli("report", hostile, "-f", "html", "-o", out).returncode == 0
+    shot = tmp_path / "report.png"
+    r = _browser(f"--screenshot={shot}", "--window-size=1100,2600", out.as_uri(), cwd=tmp_path)
+    assert shot.is_file(), r.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000        # a page, not a blank
+    # the DOM the browser built: the hostile name is text, no element came from it
+    dom = _browser("--dump-dom", out.as_uri(), cwd=tmp_path).stdout
+    assert "<script" not in dom and "<img" not in dom and "alert(1)" in dom
+    assert dom.count("<svg") >= 3 and "INPUT-BOUND" in dom
+    print(f"screenshot: {shot}")
+
+
+# --- annotated trace ---------------------------------------------------------------------------
+
+def test_annotated_trace_keeps_every_event_and_reports_the_same(trace, tmp_path):
+    out = tmp_path / "a.json.gz"
+    r = cli("report", trace, "-f", "json", "--annotate", out)
+    assert r.returncode == 0, r.stderr
+    before = json.loads(r.stdout)
+    orig = json.loads(trace.read_text())["traceEvents"]
+    ann = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    assert ann[:len(orig)] == orig                                   # every original event, unchanged
+    added = ann[len(orig):]
+    xs = [e for e in added if e["ph"] == "X"]
+    assert all(e["cat"] == "perfdoctor" for e in xs) and len({e["pid"] for e in added}) == 1
+    assert added[0]["pid"] not in {e.get("pid") for e in orig}
+    names = {e["args"]["name"] for e in added if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")}
+    assert {"perfdoctor", "verdict", "steps", "idle gaps"} <= names and any(n.startswith("flag PD201") for n in names)
+    by_tid = {}
+    for e in xs:
+        by_tid.setdefault(e["tid"], []).append(e)
+    assert by_tid[1][0]["name"].startswith("INPUT-BOUND") and len(by_tid[2]) == 5
+    want = [f"step {s['label']}: input {100 * s['dominant']['share']:.0f}%" for s in before["traces"][0]["steps"]]
+    assert [e["name"] for e in by_tid[2]] == want and all(s["dominant"]["share"] > 0.6 for s in before["traces"][0]["steps"])
+    gaps = by_tid[3]
+    assert gaps and all(e["name"].startswith("idle ") and "host wait" in e["name"] for e in gaps[:5])
+    # the gaps lie on the trace's own time line, inside its steps
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in orig if e.get("name", "").startswith("ProfilerStep"))
+    assert all(steps[0][0] - 1 <= g["ts"] <= steps[-1][1] + 5000 for g in gaps)
+    after = json.loads(cli("report", out, "-f", "json").stdout)
+    assert after["verdict"] == before["verdict"]
+    assert [f["id"] for f in after["findings"]] == [f["id"] for f in before["findings"]]
+    assert [f["id"] for f in after["flags"]] == [f["id"] for f in before["flags"]]
+
+
+# --- markdown ----------------------------------------------------------------------------------
+
+def test_markdown_report_matches_the_golden_file(tmp_path):
+    tg.write(_spec(), tmp_path / "w.pt.trace.json")
+    r = cli("report", "w.pt.trace.json", "--format", "markdown", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = re.sub(r"perfdoctor \d+\.\d+\.\S+?:", "perfdoctor VERSION:", r.stdout)
+    if os.environ.get("PERFDOCTOR_REGEN_GOLDEN") == "1":
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text()
+
+
+def test_markdown_escapes_a_hostile_name(tmp_path):
+    from perfdoctor.report.markdown import report
+    doc = {"verdict": {"bound": "device", "confidence_label": "high", "confidence": 0.9, "summary": HOSTILE,
+                       "evidence": {"x": HOSTILE}, "notes": [HOSTILE]},
+           "traces": [{"metrics": {"trace.platform": "cuda", "trace.device_name": "[a](https://evil.example)"},
+                       "steps": []}],
+           "input": "`x`", "findings": [], "flags": [{"severity": "high", "title": "**b**", "id": "PD1"}]}
+    md = report(doc)
+    own = re.sub(r"</?(details|summary|sub)>", "", md)
+    assert not re.search(r"(?<!\\)<", own) and "](https" not in md and "**b**" not in md   # every < escaped
+    assert "\\<script\\>" in md
+
+
+# --- terminal ----------------------------------------------------------------------------------
+
+def _screen(path) -> list[str]:
+    r = cli("report", path, env={"COLUMNS": "100", "LINES": "50"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_terminal_report_fits_one_screen(trace):
+    lines = _screen(trace)
+    assert len(lines) <= 45 and max(map(len, lines)) <= 100
+    text = "\n".join(lines)
+    assert "INPUT-BOUND" in text and "Top fixes" in text and " 1. PD301 " in text and "Flags" in text
+
+
+def test_terminal_report_of_shared_traces_fits_one_screen(shared_traces):
+    for p in (shared_traces / "h100" / "loader", shared_traces / "h100" / "sync" / "trace"):
+        lines = _screen(p)
+        assert len(lines) <= 45, (p, len(lines))
+
+
+def test_details_keep_indentation_and_never_wrap_code(trace):
+    r = cli("report", trace, "--details", env={"COLUMNS": "60"})
+    out = r.stdout.splitlines()
+    i = next(k for k, line in enumerate(out) if line.startswith(" 1. Load batches"))
+    para = []
+    for line in out[i + 1:]:
+        if not line.startswith("    "):
+            break
+        para.append(line)
+    assert len(para) >= 4                        # the summary and fix text wrapped at 60 columns ...
+    assert all(line.startswith("    ") for line in para)      # ... keep their indentation
+    code = [line for line in out if line.startswith("      ") and ("DataLoader(" in line or "num_workers=" in line)]
+    assert code and all(len(line) <= 60 for line in code)
+    assert any(line.rstrip().endswith("…") for line in code)   # cut, not wrapped onto the next line
