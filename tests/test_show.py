@@ -209,3 +209,27 @@ def test_details_keep_indentation_and_never_wrap_code(trace):
     code = [line for line in out if line.startswith("      ") and ("DataLoader(" in line or "num_workers=" in line)]
     assert code and all(len(line) <= 60 for line in code)
     assert any(line.rstrip().endswith("…") for line in code)   # cut, not wrapped onto the next line
+
+
+# --- perfdoctor run ----------------------------------------------------------------------------
+
+def test_run_writes_html_and_annotated_trace_and_markdown(tmp_path):
+    pytest.importorskip("torch", reason="perfdoctor run trains with torch")
+    ex = Path(__file__).resolve().parent.parent / "examples" / "compute_bound.py"
+    out, md = tmp_path / "run", tmp_path / "summary.md"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), "--format", "markdown", "-o",
+                        str(md), "--max-steps", "10", "--skip-steps", "2", "--trace-steps", "3", str(ex),
+                        "--steps", "100000", "--width", "256", "--batch-size", "32"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    page = (out / "report.html").read_text()
+    assert "The run" in page and "ms/step" in page and 'aria-label="one step as a timeline"' in page
+    ann = json.loads(gzip.decompress((out / "annotated.pt.trace.json.gz").read_bytes()))["traceEvents"]
+    assert sum(e.get("cat") == "perfdoctor" and e["tid"] == 2 for e in ann) == len(doc["traces"][0]["steps"]) == 3
+    text = md.read_text()
+    assert text.startswith("### perfdoctor: ") and "ms/step" in text
+    assert "Step breakdown" in r.stderr                        # the terminal report still on stderr
+    # --force clears the new files with the rest of the run
+    from perfdoctor.collect.rundir import RUN_FILES
+    assert {"report.html", "annotated.pt.trace.json.gz"} <= set(RUN_FILES)
