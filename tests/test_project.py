@@ -1,5 +1,6 @@
-"""The project keeps its promises: README documents every metric, CI runs the README's test
-command, the Dockerfile lints clean."""
+"""The project keeps its promises: the docs/ pages document every metric and rule (generated from
+the code, and checked here), the README is a short front door whose test command CI runs, the
+Dockerfile lints clean."""
 
 from __future__ import annotations
 
@@ -14,11 +15,30 @@ from perfdoctor.analyze import registry
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
+DOCS = REPO / "docs"
 
 
-def test_readme_documents_every_metric():
-    missing = [n for n in registry.REGISTRY if f"`{n}`" not in README]
-    assert not missing, f"README metrics table lacks {missing}"
+def test_docs_document_every_metric():
+    metrics = (DOCS / "metrics.md").read_text()
+    missing = [n for n in registry.REGISTRY if f"| `{n}` | {registry.REGISTRY[n].unit} |" not in metrics]
+    assert not missing, f"docs/metrics.md lacks {missing}"
+
+
+def test_generated_docs_are_in_step_with_the_code():
+    import sys
+    r = subprocess.run([sys.executable, str(DOCS / "generate.py"), "--check"], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+
+
+def test_readme_is_a_front_door():
+    assert len(README.encode()) < 16_000
+    heads = re.findall(r"^## (.+)$", README, re.M)
+    assert heads[:2] == ["Quick start (set up and run the demo)", "Run the tests"]
+    for page in ("commands", "json", "metrics", "rules", "exit-codes", "project"):
+        assert f"(docs/{page}.md" in README and (DOCS / f"{page}.md").is_file()
+    for cmd in ("report", "run", "tune", "compare", "gate"):
+        assert f"$ perfdoctor {cmd} " in README            # one example of each command's output
 
 
 def test_ci_runs_the_readme_test_command():
@@ -29,10 +49,11 @@ def test_ci_runs_the_readme_test_command():
         assert part.strip() in ci, part
 
 
-def test_readme_documents_exit_codes():
+def test_docs_document_exit_codes():
     from perfdoctor import errors
+    page = (DOCS / "exit-codes.md").read_text()
     for code in (errors.EXIT_OK, errors.EXIT_INPUT, errors.EXIT_INTERNAL):
-        assert f"| {code} |" in README
+        assert f"| {code} |" in page
 
 
 def test_dockerfile_lints_clean():
@@ -43,20 +64,21 @@ def test_dockerfile_lints_clean():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_readme_shows_a_complete_rule_file():
+def test_docs_show_a_complete_rule_file():
     rule = (REPO / "rules" / "PD301-loader-workers.toml").read_text()
-    assert "```toml\n" + rule + "```" in README
+    assert "```toml\n" + rule + "```" in (DOCS / "rules.md").read_text()
 
 
-def test_readme_coverage_table_lists_every_fix_rule():
+def test_docs_coverage_table_lists_every_fix_rule():
     from perfdoctor.rules.loader import load_rules
-    table = README.split("### Which rule covers which article section", 1)[1]
+    table = (DOCS / "rules.md").read_text().split("## Which rule covers which article section", 1)[1]
+    table = table.split("<!-- rule list", 1)[0]
     fixes = [r.id for r in load_rules() if r.kind == "fix"]
     cited = set(re.findall(r"PD\d{3}", table))
     for lo, hi in re.findall(r"PD(\d{3})-PD(\d{3})", table):
         cited |= {f"PD{i}" for i in range(int(lo), int(hi) + 1)}
     missing = [f for f in fixes if f not in cited]
-    assert not missing, f"fix rules missing from the README coverage table: {missing}"
+    assert not missing, f"fix rules missing from the docs/rules.md coverage table: {missing}"
     for art in ("000", "001", "002", "003"):
         assert f"| {art} |" in table
 
