@@ -1,0 +1,123 @@
+"""`perfdoctor run` on the frameworks people train with, unmodified: PyTorch Lightning
+Trainer.fit, HF transformers.Trainer, accelerate with gradient accumulation, a torch.compile'd
+model. Tiny models from code or configs (random weights): nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="perfdoctor run tests need torch (test dependency)")
+
+EX = Path(__file__).resolve().parent.parent / "examples"
+BATCH = 8
+
+
+def _run(tmp_path: Path, script, *args, timeout=120):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), "--skip-steps", "3",
+                        "--trace-steps", "2", str(script), *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout)
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
+    return r, steps, json.loads((out / "report.json").read_text()), json.loads((out / "child.json").read_text())
+
+
+def _check_verdict(doc):
+    """A sensible verdict for a loader that sleeps and a model computed on the CPU: input-bound
+    (the usual case here), or compute-bound when a loaded machine stretched the compute; never
+    inconclusive, communication or host. When the steady steps waited for data most of the time,
+    input-bound."""
+    v, m = doc["verdict"], doc["traces"][0]["metrics"]
+    assert v["bound"] == "device" or v["bound"].startswith("input"), v
+    if (m["run.data_wait_share"] or 0) >= 0.6 and (m["share.input"] or 0) >= 0.5:
+        assert v["bound"].startswith("input"), v
+
+
+def _check_loading(steps, accumulate: int, load_ms: float):
+    """Every measured step holds `accumulate` batches, and the data wait of each covers the
+    loading the dataset sleeps (BATCH samples of load_ms per batch)."""
+    # the first measured step may start after its batches were fetched, and a loader that fetches
+    # one batch ahead (accelerate, Lightning) ends the last step with a StopIteration, not a batch
+    later = steps[1:-1]
+    assert later and all(s["batches"] == accumulate for s in later), [s["batches"] for s in steps]
+    per_step = accumulate * BATCH * load_ms / 1e3
+    assert all(s["wait"] >= 0.9 * per_step for s in later), [s["wait"] for s in later]
+    assert all(s["wait"] <= s["dur"] for s in steps)
+
+
+@pytest.mark.slow
+def test_lightning_trainer_fit(tmp_path):
+    pytest.importorskip("lightning", reason="lightning is in the test extra")
+    r, steps, doc, child = _run(tmp_path, EX / "lightning_fit.py", "--steps", "16", "--accumulate", "2",
+                                "--load-ms", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "lightning_fit: 16 optimizer steps\n"            # the script's own stdout, untouched
+    assert "`Trainer.fit` stopped" in r.stderr                           # Lightning's own messages too
+    # Lightning steps optimizers through a closure: every optimizer step is a step, the first included
+    assert child["mode"] == "optimizer" and len(steps) == 16
+    _check_loading(steps, 2, 3)
+    _check_verdict(doc)
+
+
+@pytest.mark.slow
+def test_accelerate_with_gradient_accumulation(tmp_path):
+    pytest.importorskip("accelerate", reason="accelerate is in the test extra")
+    r, steps, doc, child = _run(tmp_path, EX / "accelerate_loop.py", "--steps", "16", "--accumulate", "2",
+                                "--load-ms", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "accelerate_loop: 16 optimizer steps\n"
+    # AcceleratedOptimizer.step skips the accumulation batches: 16 updates, the first starts the count
+    assert child["mode"] == "optimizer" and len(steps) == 15
+    _check_loading(steps, 2, 3)
+    _check_verdict(doc)
+
+
+@pytest.mark.slow
+def test_hf_trainer(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is in the test extra")
+    r, steps, doc, child = _run(tmp_path, EX / "hf_trainer.py", "--steps", "12", "--accumulate", "2",
+                                "--load-ms", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.endswith("hf_trainer: 12 optimizer steps\n") and "train_runtime" in r.stdout
+    assert child["mode"] == "optimizer" and len(steps) == 11
+    _check_loading(steps, 2, 3)
+    m = doc["traces"][0]["metrics"]
+    assert m["run.data_wait_share"] > 0
+    _check_verdict(doc)
+
+
+COMPILED = r"""
+import sys, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+model = torch.compile(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)), backend="aot_eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(512, 32), torch.randint(0, 4, (512,))), batch_size=16)
+n = 0
+for x, y in loader:
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    n += 1
+print(f"compiled: {n} steps, exit 4", flush=True)
+sys.exit(4)
+"""
+
+
+@pytest.mark.slow
+def test_torch_compile_model(tmp_path):
+    """A compiled model (AOTAutograd graphs, no C++ compiler needed): steps are optimizer steps
+    (the compilation happens before the first one, which starts the count), and the exit code
+    passes through."""
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    r, steps, doc, child = _run(tmp_path, script)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stdout == "compiled: 32 steps, exit 4\n"
+    assert child["mode"] == "optimizer" and len(steps) == 31 and child["outcome"] == "exit"
+    assert all(s["batches"] == 1 for s in steps[1:])
