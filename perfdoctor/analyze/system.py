@@ -50,8 +50,16 @@ remote object storage (S3/HTTP reads sleep in S, not D), locks, queues, sleeps, 
 is simply idle because the run is not input-bound (the rules only read the split for
 input-bound runs).
 
-None when fewer than MIN_SAMPLES samples carry the loader's CPU numbers (2 s at the default
-0.5 s interval; fewer are dominated by start-up).
+Evidence is sized by the time it covers, not by the number of point samples. DataLoader workers
+are judged over their whole lives from cumulative per-process counters (the sampler's
+cpu_life_s, runq_life_s, blkio_life_s and read_bytes at each worker's last sample, divided by its
+age): CPU, run-queue wait and storage reads are then exact however few samples landed in a short
+run; the disk-sleep share is the block-IO delay over the life where the kernel accounts it
+(delayacct), else the share of sampled states. With num_workers=0 the trainer's life holds its
+imports and model build, so its numbers come from the samples of the window. None only when the
+loader was observed for less than MIN_COVERED_S seconds in all: CPU times are counted in
+scheduler ticks (10 ms), so 0.5 s keeps that rounding under a few percent, and at the sampler's
+young-run rate (0.1 s) it holds five state samples.
 
 loader.threads_oversubscription = (on-CPU time + run-queue wait) of the trainer and the
 workers per wall second, summed over their threads, divided by the usable cores: the average
@@ -65,7 +73,8 @@ from __future__ import annotations
 
 from statistics import fmean
 
-MIN_SAMPLES = 4
+MIN_SAMPLES = 4              # samples a window needs for its sampled means (analyze/windows.py)
+MIN_COVERED_S = 0.5          # seconds of loader time the IO/CPU split needs (docstring)
 THREAD_CEILING = 1.0         # cores one thread can use: a worker's ceiling
 RUNNABLE_SHARE = 0.5         # runnable share of that ceiling from which CPU is the larger part of the time
 DISK_SLEEP_SHARE = 0.2       # loader samples in state D
@@ -188,6 +197,8 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
     loader = _loader_numbers(samples, workers, wsamples)
     trainer_n = _loader_numbers(samples, trainer, tsamples)
     has_workers = bool(steady)
+    if has_workers:                        # workers: judged over their whole lives (docstring)
+        _use_life(loader, _life(samples, workers))
     out["loader.worker_cpu_mean"] = loader["cpu"] if has_workers else None
     out["loader.worker_disk_sleep_share"] = loader["d"] if has_workers else None
     out["loader.worker_read_mb_s"] = loader["read"] if has_workers else None
@@ -226,7 +237,7 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
 
     out.update(_gpu(samples))
     ld = loader if has_workers else trainer_n
-    out["loader.runnable_share"] = runnable_share(ld, not has_workers) if ld["n_cpu"] >= MIN_SAMPLES else None
+    out["loader.runnable_share"] = runnable_share(ld, not has_workers) if ld["covered_s"] >= MIN_COVERED_S else None
     out["input.split"] = _split(out, ld, not has_workers, notes)
     return _fill(out)
 
@@ -236,11 +247,51 @@ def _loader_numbers(samples, procs_of, flat) -> dict:
     states = [p.get("state") for p in flat if p.get("state")]
     reads = _rate(samples, procs_of, "read_bytes")
     n_cpu = sum(any(p.get("cpu_percent") is not None for p in procs_of(s)) for s in samples)
-    return {"cpu": fmean(cpu) if cpu else None, "n_cpu": n_cpu,
+    seen = [s["t"] for s in samples if any(p.get("cpu_percent") is not None for p in procs_of(s))]
+    # each sample's CPU covers the interval before it: the first one's too
+    covered = (seen[-1] - seen[0] + _first_interval(samples, seen[0])) if seen else 0.0
+    return {"cpu": fmean(cpu) if cpu else None, "n_cpu": n_cpu, "covered_s": covered, "life": False,
             "d": sum(st == "disk-sleep" for st in states) / len(states) if states else None,
             "running": sum(st == "running" for st in states) / len(states) if states else None,
             "read": reads / 1e6 if reads is not None else None,
             "runq": _per_proc_rate(samples, procs_of, "runq_wait_s")}
+
+
+def _first_interval(samples, t: float) -> float:
+    before = [s["t"] for s in samples if s["t"] < t]
+    return t - before[-1] if before else 0.0
+
+
+def _life(samples, procs_of) -> dict | None:
+    """The loader processes over their whole lives: cumulative counters at each one's last sample
+    divided by its age (seconds since create_time), summed over the processes."""
+    last: dict = {}
+    for s in samples:
+        for p in procs_of(s):
+            if p.get("cpu_life_s") is not None and p.get("create_time") and s.get("unix"):
+                last[_key(p)] = (s["unix"], p)
+    ages = [(max(0.0, u - p["create_time"]), p) for u, p in last.values()]
+    age = sum(a for a, _ in ages)
+    if age <= 0:
+        return None
+
+    def total(field):
+        vals = [p.get(field) for _, p in ages]
+        return None if any(v is None for v in vals) else sum(vals)
+    cpu, runq, blk, rb = total("cpu_life_s"), total("runq_life_s"), total("blkio_life_s"), total("read_bytes")
+    return {"covered_s": age, "cpu": cpu / age, "runq": runq / age if runq is not None else None,
+            "d": min(1.0, blk / age) if blk is not None else None,
+            "read": rb / max(a for a, _ in ages) / 1e6 if rb is not None else None}
+
+
+def _use_life(ld: dict, life: dict | None) -> None:
+    """Replace the point-sample numbers of the workers by their life numbers (where known)."""
+    if life is None:
+        return
+    ld["covered_s"], ld["life"] = max(ld["covered_s"], life["covered_s"]), True
+    for k in ("cpu", "runq", "d", "read"):
+        if life[k] is not None:
+            ld[k] = life[k]
 
 
 def _psi_share(samples, res) -> float | None:
@@ -295,9 +346,9 @@ def runnable_share(ld: dict, is_trainer: bool) -> float | None:
 
 
 def _split(m: dict, ld: dict, is_trainer: bool, notes) -> str | None:
-    if ld["cpu"] is None or ld["n_cpu"] < MIN_SAMPLES:
-        notes.append(f"input split unknown: fewer than {MIN_SAMPLES} samples of the loader's CPU use "
-                     "(the run was too short to sample)")
+    if ld["cpu"] is None or ld["covered_s"] < MIN_COVERED_S:
+        notes.append(f"input split unknown: the loader was observed for {ld['covered_s']:.2f} s in all, less than "
+                     f"{MIN_COVERED_S} s (the run was too short to tell)")
         return None
     runnable = runnable_share(ld, is_trainer)
     d_share = ld["d"] or 0.0

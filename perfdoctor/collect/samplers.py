@@ -21,6 +21,15 @@ from /proc/<pid>/io (None when not readable), and sched_cpu_s / runq_wait_s: cum
 seconds on a CPU / waiting in a run queue for one, from /proc/<pid>/task/*/schedstat summed
 over the threads (per-thread deltas are accumulated, so exited threads keep their share; a
 process with more than MAX_THREADS_READ threads falls back to the main thread's line).
+Life counters, cumulative over the process's whole life (from create_time, whether or not it was
+sampled then), so that a short run or a short-lived worker is judged over all of its time rather
+than by how many point samples landed in it: cpu_life_s (user + system time of all its threads,
+/proc/<pid>/stat), runq_life_s (run-queue wait of its live threads, schedstat) and blkio_life_s
+(block-IO delay, /proc/<pid>/stat field 42: None unless the kernel's delay accounting is on,
+kernel.task_delayacct=1 or the delayacct boot flag; a note says so).
+
+Sampling is faster while the run is young (YOUNG_INTERVAL for the first YOUNG_S seconds): the
+imports, the first steps and a run stopped after a few dozen steps all fall there.
 
 Unknown values are None, never guessed. Anything that could not be sampled at all is said once
 in `notes`.
@@ -44,6 +53,11 @@ import psutil
 NO_GPU_NOTE = "no NVIDIA GPU found (NVML unavailable): GPU utilisation not sampled"
 PSI_NOTE = "PSI (/proc/pressure/{res}) unavailable on this kernel: {res} pressure not sampled"
 MAX_THREADS_READ = 256                     # per-thread schedstat/children reads per process
+YOUNG_S = 10.0                             # the run's first seconds ...
+YOUNG_INTERVAL = 0.1                       # ... are sampled this often (at most `interval`)
+DELAYACCT_NOTE = ("block-IO delay accounting is off on this kernel (kernel.task_delayacct=0): storage waits "
+                  "come from the sampled process states, not from per-process IO delay counters")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
                  "compile_worker", "torch._inductor", "multiprocessing.popen_spawn_posix")
 _FORKSERVER_MARK = "multiprocessing.forkserver"
@@ -70,7 +84,7 @@ class _Tracked:
     """A psutil.Process kept across samples, with what we accumulate for it."""
 
     __slots__ = ("proc", "pid", "create_time", "role", "exe", "name", "cmd", "primed",
-                 "tid_last", "sched_cpu_ns", "runq_ns", "sched_ok", "ppid")
+                 "tid_last", "sched_cpu_ns", "runq_ns", "sched_ok", "ppid", "life_runq_ns")
 
     def __init__(self, proc: psutil.Process, create_time: float):
         self.proc, self.pid, self.create_time = proc, proc.pid, create_time
@@ -80,6 +94,7 @@ class _Tracked:
         self.sched_cpu_ns = self.runq_ns = 0
         self.sched_ok = False
         self.ppid = None
+        self.life_runq_ns = None
 
 
 class SystemSampler:
@@ -109,6 +124,9 @@ class SystemSampler:
         self._disks: list[str] | None = None
         self._affinity: list[int] | None = None
         self._quota: float | None = None
+        self._delayacct = _delayacct_on()
+        if not self._delayacct:
+            self._note(DELAYACCT_NOTE)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "SystemSampler":
@@ -160,8 +178,12 @@ class SystemSampler:
         Path(path).write_text(json.dumps({"interval": self.interval, "root_pid": self.root_pid,
                                           "notes": self.notes, "samples": self.samples}))
 
+    def _interval(self) -> float:
+        young = time.monotonic() - self._t0 < YOUNG_S
+        return min(self.interval, YOUNG_INTERVAL) if young else self.interval
+
     def _run(self) -> None:
-        next_t = time.monotonic() + self.interval
+        next_t = time.monotonic() + self._interval()
         while not self._stop.wait(max(0.0, next_t - time.monotonic())):
             c0 = time.thread_time()
             try:
@@ -171,9 +193,9 @@ class SystemSampler:
                 return
             s["cost_s"] = round(time.thread_time() - c0, 6)
             self.samples.append(s)
-            next_t += self.interval
+            next_t += self._interval()
             if next_t < time.monotonic():    # fell behind (suspended VM, huge tree): skip ahead
-                next_t = time.monotonic() + self.interval
+                next_t = time.monotonic() + self._interval()
 
     def _note(self, msg: str) -> None:
         if msg not in self.notes:
@@ -270,6 +292,11 @@ class SystemSampler:
                     rb, rc = io.read_bytes, getattr(io, "read_chars", None)
                 except (psutil.AccessDenied, AttributeError, NotImplementedError):
                     rb = rc = None
+                try:
+                    ct = p.cpu_times()
+                    cpu_life = ct.user + ct.system
+                except (psutil.AccessDenied, AttributeError):
+                    cpu_life = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self._tracked.pop(tr.pid, None)
             return None, []
@@ -281,7 +308,10 @@ class SystemSampler:
              "cpu_percent": round(cpu, 2) if tr.primed else None,
              "state": status, "num_threads": nthreads, "read_bytes": rb, "read_chars": rc,
              "sched_cpu_s": round(tr.sched_cpu_ns / 1e9, 6) if tr.sched_ok else None,
-             "runq_wait_s": round(tr.runq_ns / 1e9, 6) if tr.sched_ok else None}
+             "runq_wait_s": round(tr.runq_ns / 1e9, 6) if tr.sched_ok else None,
+             "cpu_life_s": round(cpu_life, 3) if cpu_life is not None else None,
+             "runq_life_s": round(tr.life_runq_ns / 1e9, 6) if tr.life_runq_ns is not None else None,
+             "blkio_life_s": _blkio_s(tr.pid) if self._delayacct else None}
         tr.primed = True
         return d, kids
 
@@ -316,6 +346,7 @@ class SystemSampler:
             tr.sched_cpu_ns = tr.runq_ns = 0
         tr.tid_last = new_last
         tr.sched_ok = tr.sched_ok or ok
+        tr.life_runq_ns = sum(w for _, w in new_last.values()) if ok else None
         if not self._children_file:
             try:
                 kids = [c.pid for c in tr.proc.children(recursive=False)]
@@ -450,6 +481,27 @@ class SystemSampler:
                 pass
             out.append(d)
         return out
+
+
+def _delayacct_on() -> bool:
+    """Whether /proc/<pid>/stat field 42 (delayacct_blkio_ticks) counts anything."""
+    v = _read("/proc/sys/kernel/task_delayacct")
+    if v is not None:
+        return v.strip() == "1"
+    cmdline = _read("/proc/cmdline") or ""
+    return "delayacct" in cmdline.split()
+
+
+def _blkio_s(pid: int) -> float | None:
+    """Seconds the process (all its threads) waited for block IO over its life (field 42)."""
+    text = _read(f"/proc/{pid}/stat")
+    if not text:
+        return None
+    fields = text[text.rfind(")") + 2:].split()       # fields from 3 (state) on
+    try:
+        return round(int(fields[42 - 3]) / _CLK_TCK, 3)
+    except (IndexError, ValueError):
+        return None
 
 
 def _cpu_deltas(prev, now) -> tuple[list[tuple[float, float]], float | None]:
