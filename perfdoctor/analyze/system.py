@@ -71,6 +71,7 @@ start-up before the first worker does not dilute it.
 
 from __future__ import annotations
 
+import math
 from statistics import fmean
 
 MIN_SAMPLES = 4              # samples a window needs for its sampled means (analyze/windows.py)
@@ -268,17 +269,22 @@ def _life(samples, procs_of) -> dict | None:
     last: dict = {}
     for s in samples:
         for p in procs_of(s):
-            if p.get("cpu_life_s") is not None and p.get("create_time") and s.get("unix"):
+            if p.get("cpu_life_s") is not None and isinstance(p.get("create_time"), (int, float)) \
+                    and isinstance(s.get("unix"), (int, float)):
                 last[_key(p)] = (s["unix"], p)
     ages = [(max(0.0, u - p["create_time"]), p) for u, p in last.values()]
     age = sum(a for a, _ in ages)
     if age <= 0:
         return None
 
-    def total(field):
+    def total(field):                      # unknown unless every process has a finite number
         vals = [p.get(field) for _, p in ages]
-        return None if any(v is None for v in vals) else sum(vals)
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                 for v in vals)
+        return sum(vals) if ok else None
     cpu, runq, blk, rb = total("cpu_life_s"), total("runq_life_s"), total("blkio_life_s"), total("read_bytes")
+    if cpu is None:
+        return None
     return {"covered_s": age, "cpu": cpu / age, "runq": runq / age if runq is not None else None,
             "d": min(1.0, blk / age) if blk is not None else None,
             "read": rb / max(a for a, _ in ages) / 1e6 if rb is not None else None}
