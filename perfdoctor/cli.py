@@ -157,6 +157,18 @@ def run(
         if not b.exists():
             raise PerfdoctorError(f"no such baseline: {b}")
     dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
+    if module in ("torch.distributed.run", "torchrun"):   # `perfdoctor run -m torch.distributed.run ... SCRIPT`
+        from dataclasses import replace
+
+        from perfdoctor.collect.ranks import DistOptions, torchrun_passthrough
+        # torchrun options written before the first unknown one were taken as perfdoctor's: hand them back
+        given = DistOptions(nproc_per_node, *dist).flags()
+        opts, script, is_module = torchrun_passthrough(given + argv[1:])
+        if not is_module and not Path(script[0]).is_file():
+            raise PerfdoctorError(f"can't open file {script[0]!r}: no such file")
+        _multi_rank_checks(duration, baselines)
+        cfg = replace(cfg, argv=script, module=script[0] if is_module else None)
+        raise typer.Exit(_run_ranks(cfg, opts, (output, fmt.value, details), rules_dirs))
     if nproc_per_node is not None or any(v is not None for v in dist):
         from perfdoctor.collect.ranks import DistOptions
         if nproc_per_node is None:

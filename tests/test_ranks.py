@@ -188,3 +188,28 @@ def test_exit_code_as_torchrun_gives_it(tmp_path):
     assert sorted(r.stdout) == sorted(bare.stdout) and "ddp_gloo rank" in r.stdout
     codes = {i["rank"]: i["exit_code"] for i in _merged(out)["ranks"]["per_rank"]}
     assert codes == {0: 0, 1: 3}
+
+
+def test_torchrun_passthrough_splits_options_from_the_script():
+    from perfdoctor.collect.ranks import torchrun_passthrough
+    opts, script, is_module = torchrun_passthrough(["--nproc_per_node", "2", "--max-restarts", "0", "train.py",
+                                                    "--lr", "3", "-m", "x"])
+    assert opts == ["--nproc_per_node", "2", "--max-restarts", "0"] and not is_module
+    assert script == ["train.py", "--lr", "3", "-m", "x"]
+    opts, script, is_module = torchrun_passthrough(["--nproc-per-node", "2", "-m", "pkg.train", "--epochs", "1"])
+    assert opts == ["--nproc-per-node", "2"] and script == ["pkg.train", "--epochs", "1"] and is_module
+
+
+@pytest.mark.slow
+def test_run_of_torchrun_module_watches_every_rank(tmp_path):
+    """Issue 10's first attempt: `perfdoctor run -m torch.distributed.run --nproc_per_node 2 train.py`
+    used to watch the launcher (0 steps); it now starts the ranks with perfdoctor's hooks."""
+    out = tmp_path / "run"
+    r = _prun("--no-trace", "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", DDP,
+              "--steps", "12", out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [k for k, _ in rank_dirs(out)] == [0, 1]
+    for k in (0, 1):
+        child = json.loads((out / "ranks" / f"rank-{k}" / "child.json").read_text())
+        assert child["steps"] >= 11 and child["mode"] == "optimizer"
+    assert r.stdout.count("/2: 12 steps") == 2 and _merged(out)["ranks"]["count"] == 2

@@ -160,7 +160,7 @@ def config_from_env() -> RunConfig:
 # -- the parent of `--nproc-per-node` ---------------------------------------------------------
 @dataclass
 class DistOptions:
-    nproc_per_node: str
+    nproc_per_node: str | None
     nnodes: str | None = None
     node_rank: int | None = None
     master_addr: str | None = None
@@ -169,14 +169,19 @@ class DistOptions:
     rdzv_backend: str | None = None
     rdzv_id: str | None = None
 
-    def torchrun_args(self) -> list[str]:
-        out = ["--nproc-per-node", str(self.nproc_per_node)]
+    def flags(self) -> list[str]:
+        """The options given, as torchrun flags."""
+        out = [] if self.nproc_per_node is None else ["--nproc-per-node", str(self.nproc_per_node)]
         for flag, val in (("--nnodes", self.nnodes), ("--node-rank", self.node_rank),
                           ("--master-addr", self.master_addr), ("--master-port", self.master_port),
                           ("--rdzv-endpoint", self.rdzv_endpoint), ("--rdzv-backend", self.rdzv_backend),
                           ("--rdzv-id", self.rdzv_id)):
             if val is not None:
                 out += [flag, str(val)]
+        return out
+
+    def torchrun_args(self) -> list[str]:
+        out = self.flags()
         if self.rdzv_endpoint and not self.rdzv_backend:
             out += ["--rdzv-backend", "c10d"]
         if self.nnodes in (None, "1", "1:1") and not (self.rdzv_endpoint or self.master_addr):
@@ -184,13 +189,35 @@ class DistOptions:
         return out
 
 
-def launch_ranks(cfg: RunConfig, dist: DistOptions) -> RunResult:
-    """Start the script on every local rank through torch.distributed.run; exit as torchrun does."""
+def torchrun_passthrough(argv: list[str]) -> tuple[list[str], list[str], bool]:
+    """`perfdoctor run -m torch.distributed.run [TORCHRUN OPTIONS] SCRIPT ARGS` (or `-m torchrun`):
+    (torchrun's own options, [SCRIPT, *ARGS], whether SCRIPT is a module), parsed by torchrun's
+    parser; the options then start perfdoctor's per-rank launcher instead of the script."""
+    from torch.distributed.run import get_args_parser
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:
+        raise PerfdoctorError("torch.distributed.run could not parse its arguments (see its message above)") from None
+    if args.no_python:
+        raise PerfdoctorError("--no-python: perfdoctor can only watch a Python script or module under torchrun; "
+                              "use `torchrun --no-python perfdoctor run SCRIPT` instead")
+    script = [args.training_script, *args.training_script_args]
+    cut = len(argv) - len(script)
+    if cut < 0 or argv[cut:] != script:
+        raise PerfdoctorError("cannot tell torch.distributed.run's options from the script's arguments")
+    opts = [a for a in argv[:cut] if a not in ("-m", "--module")]
+    return opts, script, bool(args.module)
+
+
+def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
+    """Start the script on every local rank through torch.distributed.run (with DistOptions, or
+    torchrun's own options as given); exit as torchrun does."""
     top = Path(cfg.run_dir) if cfg.run_dir else _default_parent_dir(cfg)
     claim(top, cfg.force)
     rank_cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     rank_cfg.update(run_dir=str(top.resolve()), force=cfg.force, duration=None, progress=False)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *dist.torchrun_args(), "-m", "perfdoctor.collect.ranks"]
+    opts = dist.torchrun_args() if isinstance(dist, DistOptions) else list(dist)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *opts, "-m", "perfdoctor.collect.ranks"]
     env = dict(os.environ, **{CFG_ENV: json.dumps(rank_cfg)})
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env)
@@ -212,7 +239,7 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions) -> RunResult:
     (top / "ranks.json").write_text(json.dumps({
         "argv": cfg.argv, "module": cfg.module, "launcher": "torch.distributed.run", "command": cmd[1:],
         "exit_code": exit_code, "signal": sig, "wall_s": round(wall, 3), "forwarded_signals": forwarded,
-        "dist": asdict(dist)}, indent=1))
+        "dist": asdict(dist) if isinstance(dist, DistOptions) else {"torchrun_options": opts}}, indent=1))
     return RunResult(top, exit_code, sig, wall, {}, None, [])
 
 
