@@ -186,7 +186,7 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
     c.print()
     c.print(Text(f"Where the steady steps go (Python stacks: {st['steady_steps']} steps, "
                  f"{st['sampled_s']:.1f} s sampled)", style="bold"))
-    for t in st["top"][:STACK_ROWS if details else 3]:
+    for t in st["top"][:STACK_ROWS]:
         where = f"{t['frame']} at {t['at']}" if t["at"] and t["frame"] != t["at"] else t["frame"]
         _line(c, Text.assemble(f"  {100 * t['share']:5.1f}%  ", (T(where), "bold"),
                                (T(f"  ({t['cause'].replace('_', ' ')}, {t['role']})"), "dim")))
