@@ -87,6 +87,15 @@ def test_identity_from_launcher_env():
     assert identity({}) is None and identity({"RANK": "2", "WORLD_SIZE": "2"}) is None
 
 
+def test_ranks_of_one_launch_agree_on_a_directory():
+    from perfdoctor.collect.launcher import RunConfig
+    from perfdoctor.collect.ranks import default_dir, job_key
+    cfg = RunConfig(argv=["jobs/train.py"])
+    assert default_dir(cfg, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "3"}).name == "train-slurm-12-3"
+    assert job_key({"TORCHELASTIC_RUN_ID": "a/b"}) == "torchrun-a_b"
+    assert job_key({"TORCHELASTIC_RUN_ID": "none"}) == f"torchrun-pid{os.getppid()}"   # the agent: every rank's parent
+
+
 def test_torchrun_args():
     assert DistOptions("2").torchrun_args() == ["--nproc-per-node", "2", "--standalone"]
     multi = DistOptions("4", nnodes="2", node_rank=1, master_addr="10.0.0.1", master_port=29500).torchrun_args()
@@ -140,6 +149,14 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
     assert rep.returncode == 0, rep.stderr
     again = json.loads(rep.stdout)
     assert again["ranks"]["slowest_rank"] == 1 and again["verdict"]["rule"] == "PD115"
+    # another node's ranks not copied in yet: merged from what is there, and the report says so
+    shutil.rmtree(out / "ranks" / "rank-1")
+    rep = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out), "-f", "json"],
+                         capture_output=True, text=True, timeout=120)
+    part = json.loads(rep.stdout)
+    assert part["ranks"]["count"] == 1 and part["ranks"]["world_size"] == 2
+    assert any("1 of 2 ranks found" in n and "missing: 1" in n for n in part["run"]["notes"])
+    assert part["ranks"]["metrics"]["ranks.wait_cause"] is None and part["verdict"]["rule"] != "PD115"
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ Layout of a multi-rank run directory:
     RUN_DIR/ranks/rank-K/          rank K's own run directory (run.json, child.json, steps.jsonl,
                                    samples.json, trace/ ...), exactly what a single `run` writes,
                                    plus rank.json: rank, world size, local rank, node, host, exit code
-    RUN_DIR/ranks/.done-<host>     one line per finished rank on that node (appended under flock)
+    RUN_DIR/ranks/.done-<host>-<job>  one line per finished rank of that launch on that node
+                                   (appended under flock)
 
 Two ways in, one layout:
 - `perfdoctor run --nproc-per-node N ... SCRIPT` starts torch's own launcher
@@ -104,15 +105,21 @@ def is_multi_rank(path: str | Path) -> bool:
 def default_dir(cfg: RunConfig, env: dict | None = None) -> Path:
     """A run directory every rank of one job agrees on without talking to each other: named after
     the job (Slurm job and step, torchrun's run id) or, failing that, the local launcher's pid."""
-    env = os.environ if env is None else env
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.module or Path(cfg.argv[0]).stem)
+    return Path("perfdoctor-runs") / f"{stem}-{job_key(env)}"
+
+
+def job_key(env: dict | None = None) -> str:
+    """What the ranks of one launch share: the Slurm job and step, torchrun's run id, else the
+    local launcher's pid (torchrun's agent: the parent of every local rank)."""
+    env = os.environ if env is None else env
     if env.get("SLURM_JOB_ID"):
         job = f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
     elif env.get("TORCHELASTIC_RUN_ID") not in (None, "", "none"):
         job = f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
     else:
         job = f"torchrun-pid{os.getppid()}"
-    return Path("perfdoctor-runs") / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{stem}-{job}")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", job)
 
 
 # -- one rank -------------------------------------------------------------------------------
@@ -135,7 +142,7 @@ def run_rank(cfg: RunConfig, ident: RankId) -> tuple[RunResult, bool]:
 
 def _last_on_node(top: Path, ident: RankId) -> bool:
     """Append this rank to the node's done list (under a lock); True for the node's last rank."""
-    path = top / "ranks" / f".done-{_safe_host()}"
+    path = top / "ranks" / f".done-{_safe_host()}-{job_key()}"     # a rerun with --force starts a new list
     with open(path, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.write(f"{ident.rank}\n")
