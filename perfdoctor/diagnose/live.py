@@ -16,6 +16,7 @@ from pathlib import Path
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.collect.launcher import RunResult
+from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.confidence import label
 from perfdoctor.report.document import build_document
 from perfdoctor.rules.engine import evaluate
@@ -42,9 +43,10 @@ class StepsOnly:
 def read_steps(run_dir: Path) -> list[dict]:
     """Recorded steps of the final step mode (optimizer or DataLoader fallback)."""
     try:
-        recs = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
+        lines = (run_dir / "steps.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
         return []
+    recs, _ = runfiles.steps([_json_line(x) for x in lines if x.strip()])   # a line cut short: dropped
     if recs:
         last_mode = recs[-1].get("mode")
         recs = [r for r in recs if r.get("mode") == last_mode]
@@ -72,8 +74,9 @@ def loader_settings(run_dir: Path, system: dict) -> dict:
     estimator assumes torch's default)."""
     try:
         got = (json.loads((run_dir / "inject.json").read_text()).get("loaders") or [{}])[0].get("got") or {}
-    except (OSError, ValueError, AttributeError, IndexError):
+    except (OSError, ValueError, AttributeError, IndexError, TypeError, KeyError):
         got = {}
+    got = runfiles.record(got, {"num_workers": runfiles.INT, "prefetch_factor": runfiles.INT})
     nw = got.get("num_workers")
     return {"num_workers": nw if nw is not None else system.get("loader.workers"),
             "prefetch_factor": got.get("prefetch_factor")}
@@ -99,9 +102,11 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section."""
     try:
-        data = json.loads((run_dir / "samples.json").read_text())
-    except (OSError, ValueError):
+        data, dropped = runfiles.samples(json.loads((run_dir / "samples.json").read_text()))
+    except (OSError, ValueError, RecursionError):
         return {}, [], None
+    if dropped:
+        data["notes"].append(f"{dropped} malformed system sample(s) in samples.json were left out")
     try:
         from perfdoctor.analyze.system import system_metrics
         from perfdoctor.analyze.windows import windowed_metrics
@@ -138,8 +143,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
     doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes
     try:
-        launched = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+        launched = runfiles.record(json.loads((run_dir / "run.json").read_text()), runfiles.RUN)
+    except (OSError, ValueError, RecursionError):
         launched = {}
     argv = launched.get("argv") or []
     command = " ".join((["-m"] if launched.get("module") else []) + list(argv))
@@ -171,7 +176,8 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
 def load_result(run_dir: Path) -> RunResult:
     """A finished run as `launch` returned it, from the run directory's run.json and child.json
     (what `perfdoctor report RUN_DIR` re-diagnoses; unknown fields stay None)."""
-    launched, child = _read_json(run_dir / "run.json"), _read_json(run_dir / "child.json")
+    launched = runfiles.record(_read_json(run_dir / "run.json"), runfiles.RUN)
+    child = runfiles.record(_read_json(run_dir / "child.json"), runfiles.CHILD)
     code = launched.get("exit_code", child.get("exit_code"))
     return RunResult(run_dir, code, launched.get("signal"), launched.get("wall_s"), child,
                      launched.get("stopped_by"), list(launched.get("notes") or []))
@@ -185,9 +191,16 @@ def diagnose_dir(run_dir: Path, rule_dirs: list[str] | None = None) -> dict:
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _json_line(line: str):
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _load(path: Path):

@@ -70,10 +70,12 @@ def load_run(path: str | Path) -> RunData:
         doc = json.loads(report.read_text())
     except (OSError, UnicodeDecodeError) as exc:
         raise PerfdoctorError(f"cannot read {report}: {exc}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise PerfdoctorError(f"{report}: not a JSON document ({exc})") from None
     if not isinstance(doc, dict) or "schema_version" not in doc or not isinstance(doc.get("traces"), list):
         raise PerfdoctorError(f"{report}: not a perfdoctor report (no schema_version/traces)")
+    from perfdoctor.diagnose.runfiles import CHILD, record, report as conform_report
+    doc = conform_report(doc)           # untrusted: fields of the wrong type read as unknown
     steps = None
     child: dict = {}
     loader: dict = {}
@@ -81,8 +83,8 @@ def load_run(path: str | Path) -> RunData:
         from perfdoctor.diagnose.live import loader_settings, read_steps
         steps = read_steps(run_dir) if (run_dir / "steps.jsonl").is_file() else None
         try:
-            child = json.loads((run_dir / "child.json").read_text())
-        except (OSError, ValueError):
+            child = record(json.loads((run_dir / "child.json").read_text()), CHILD)
+        except (OSError, ValueError, RecursionError):
             child = {}
         metrics = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
         loader = loader_settings(run_dir, metrics)

@@ -38,6 +38,10 @@ CHUNK_BYTES = 256 << 10    # JSON bytes per msgspec decode: small chunks reuse w
 READ_BYTES = 256 << 10     # bytes that must follow a chunk for it to be cut; also the read size
 MAX_CUT_TRIES = 64
 BUFFER_BYTES = 4 << 20     # read buffer (grows only for events of several MiB)
+# Memory cap: the bytes one decode may need at once (the header before "traceEvents", or the span
+# between two event boundaries). A gzip bomb or a file of one multi-GB string is refused when it
+# reaches this, keeping the process far below 1 GiB (buffer, one copy and the decoded objects).
+MAX_SPAN_BYTES = 128 << 20
 KEEP_BYTES = 16            # consumed bytes kept before the next chunk (see ChunkStream._tail)
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -63,6 +67,7 @@ class ChunkStream:
         self.pos = 0       # start of the next chunk, relative to buf
         self.bare = False
         self.at_cut = False
+        self._no_boundary_before = 0   # absolute offset before which a chunk search found no boundary
 
     @property
     def offset(self) -> int:
@@ -93,6 +98,11 @@ class ChunkStream:
                 self.pos -= keep_from
                 self.end = n
             if self.end + want > len(self.buf):  # events bigger than the buffer: grow it
+                if self.end + want > MAX_SPAN_BYTES:
+                    raise TraceFormatError(
+                        f"refused: {self.end >> 20} MiB from offset {self.base + self.pos:,} without an event "
+                        f"boundary (a single event, a header or a string over the {MAX_SPAN_BYTES >> 20} MiB cap: "
+                        "not a profiler trace, or a decompression bomb)")
                 bigger = mmap.mmap(-1, max(self.end + want, 2 * len(self.buf)))
                 bigger[:self.end] = self.buf[:self.end]
                 self.buf = bigger  # the old map goes when its last view does
@@ -116,8 +126,9 @@ class ChunkStream:
         elif start == b"{":
             m = EVENTS_KEY.search(buf, 0, self.end)
             while m is None and not self.src.eof:
+                seen = max(self.end - 64, 0)     # searched already (the key is shorter): linear, not quadratic
                 self._fill(1)
-                m = EVENTS_KEY.search(self.buf, 0, self.end)
+                m = EVENTS_KEY.search(self.buf, seen, self.end)
             if m is None:
                 _whole_document(bytes(self.buf[:self.end]))
             _decode_header(bytes(self.buf[:m.start()]), self.state)
@@ -138,8 +149,11 @@ class ChunkStream:
                 continue
             if self.src.eof:
                 break
-            events, cut_at = _cut_chunk(self.buf, self.pos, self.end, self.state)
+            events, cut_at = _cut_chunk(self.buf, self.pos, self.end, self.state,
+                                        max(self._no_boundary_before - self.base, self.pos))
             if events is None:  # no valid cut in the buffer yet: read more
+                if cut_at is None:   # not even a boundary: do not scan these bytes again
+                    self._no_boundary_before = self.base + self.end - (64 << 10)   # whitespace inside a boundary
                 self._fill(1)
                 continue
             self.pos = cut_at
@@ -162,8 +176,9 @@ class ChunkStream:
             while m is None:
                 if self.src.eof:
                     return False
+                seen = self.base + self.end - (64 << 10)
                 self._fill(1)
-                m = BOUNDARY.search(self.buf, self.pos + CHUNK_BYTES, self.end)
+                m = BOUNDARY.search(self.buf, max(self.pos + CHUNK_BYTES, seen - self.base), self.end)
             self.pos = m.end() - 1
             if stop():
                 return True
@@ -199,8 +214,12 @@ def iter_event_chunks(path: str, state: ReadState) -> Iterator[list[schema.Event
         stream.close()
 
 
-def _cut_chunk(buf: mmap.mmap, pos: int, end: int, state: ReadState):
-    m = BOUNDARY.search(buf, pos + CHUNK_BYTES, end)
+def _cut_chunk(buf: mmap.mmap, pos: int, end: int, state: ReadState, scan_from: int = 0):
+    """(events, position after the cut), or (None, pos) when no boundary decodes yet, or (None,
+    None) when there is no boundary at all after max(pos + CHUNK_BYTES, scan_from)."""
+    m = BOUNDARY.search(buf, max(pos + CHUNK_BYTES, scan_from), end)
+    if m is None:
+        return None, None
     tries = 0
     while m is not None and tries < MAX_CUT_TRIES:
         try:

@@ -72,6 +72,29 @@ class TraceDoc(msgspec.Struct):
 
 META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schemaVersion", "traceName")
 
-EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-DOC_DECODER = msgspec.json.Decoder(TraceDoc)
-ANY_DECODER = msgspec.json.Decoder()
+class _Decoder:
+    """A msgspec decoder whose recursion limit is a decode error: msgspec raises RecursionError
+    on JSON nested deeper than Python's recursion limit (`[[[[...` 100k deep), and the reader
+    treats such a chunk as it treats any other it cannot decode. Strings that are not UTF-8
+    (msgspec: UnicodeDecodeError) are read with U+FFFD for the bad bytes."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(self, *args):
+        self._decode = msgspec.json.Decoder(*args).decode
+
+    def decode(self, buf):
+        try:
+            return self._decode(buf)
+        except RecursionError:
+            raise msgspec.DecodeError("JSON nested too deeply") from None
+        except UnicodeDecodeError:     # bytes that are not UTF-8 in a string: shown as U+FFFD
+            try:
+                return self._decode(bytes(buf).decode("utf-8", "replace").encode())
+            except RecursionError:
+                raise msgspec.DecodeError("JSON nested too deeply") from None
+
+
+EVENTS_DECODER = _Decoder(list[Event])
+DOC_DECODER = _Decoder(TraceDoc)
+ANY_DECODER = _Decoder()

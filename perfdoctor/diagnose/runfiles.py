@@ -1,0 +1,150 @@
+"""The files of a run directory, read as untrusted data (issue 12).
+
+A run directory may come from a CI artifact, an older perfdoctor or a hand edit: any field may
+hold any JSON. Each file is conformed to the shape perfdoctor writes (collect/hooks.py,
+collect/samplers.py, collect/launcher.py) before the diagnosis reads it: a field of the wrong
+type is dropped (read as unknown), numbers must be finite, and a record without what its readers
+index (a step's duration, a sample's times) is dropped and counted in a note. Fields not listed
+here pass through untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+NUM, INT, STR, BOOL, ANY = "num", "int", "str", "bool", "any"
+_MISSING = object()
+
+# "!": keys its readers index (present and not None, else the object is dropped); "=": defaults.
+PROC = {"!": ("pid", "role"), "pid": INT, "ppid": INT, "role": STR, "name": STR, "create_time": NUM, "cpu_percent": NUM, "state": STR,
+        "num_threads": NUM, "read_bytes": NUM, "read_chars": NUM, "sched_cpu_s": NUM, "runq_wait_s": NUM}
+PSI = {"!": ("some_total_us",), "some_avg10": NUM, "some_total_us": NUM}
+SYSTEM = {"cpu_count": NUM, "usable_cpus": NUM, "cpu_quota_cores": NUM, "cpu_percent": [NUM],
+          "cpu_total_percent": NUM, "cpu_usable_percent": NUM, "iowait_percent": NUM, "loadavg": [NUM],
+          "psi": {"cpu": PSI, "io": PSI, "memory": PSI},
+          "disk": {"!": ("read_bytes",), "read_bytes": NUM, "read_count": NUM, "busy_ms": {"*": NUM}},
+          "ram_available_bytes": NUM, "ram_total_bytes": NUM}
+GPU = {"!": ("index",), "=": {"util_percent": None}, "index": INT, "util_percent": NUM, "mem_util_percent": NUM, "memory_used_bytes": NUM,
+       "memory_total_bytes": NUM, "sm_clock_mhz": NUM, "pids": [INT]}
+SAMPLE = {"t": NUM, "unix": NUM, "trainer": PROC, "workers": [PROC], "helpers": [PROC], "system": SYSTEM,
+          "gpu": [GPU], "cost_s": NUM}
+SAMPLE_REQUIRED = ("t", "unix", "system")
+STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode": STR, "profiled": BOOL,
+        "perturbed": BOOL, "skipped": BOOL}
+RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": NUM, "stopped_by": STR,
+       "forwarded_signals": [INT], "notes": [STR], "config": {"*": ANY}}
+CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
+         "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
+         "torch_version": STR, "cuda_available": BOOL}
+
+
+def conform(value: Any, shape: Any) -> Any:
+    """`value` in `shape` (a kind, a [item shape] or a {key: shape} dict, "*" for any key), or
+    _MISSING. None is kept wherever a value may be unknown."""
+    if value is None:
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return _MISSING
+        items = (conform(v, shape[0]) for v in value)
+        return [v for v in items if v is not _MISSING and not (v is None and isinstance(shape[0], dict))]
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return _MISSING
+        out = dict(shape.get("=", {}))
+        for k, v in value.items():
+            if k in ("!", "="):
+                continue
+            sub = shape.get(k, shape.get("*", _MISSING)) if isinstance(k, str) else _MISSING
+            if sub is _MISSING:
+                if "*" not in shape and isinstance(k, str):
+                    out[k] = v            # a field we do not read: passed through
+                continue
+            c = conform(v, sub)
+            if c is not _MISSING:
+                out[k] = c
+        if any(out.get(k) is None for k in shape.get("!", ())):
+            return _MISSING
+        if shape is PROC and out.get("sched_cpu_s") is not None and out.get("runq_wait_s") is None:
+            out["sched_cpu_s"] = None      # read as a pair
+        return out
+    if shape == ANY:
+        return value
+    if shape == STR:
+        return value if isinstance(value, str) else _MISSING
+    if shape == BOOL:
+        return value if isinstance(value, bool) else _MISSING
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _MISSING
+    if shape == INT:
+        return value if isinstance(value, int) and abs(value) < 2 ** 63 else _MISSING
+    return value if math.isfinite(value) and abs(value) < 1e300 else _MISSING
+
+
+def record(value: Any, shape: dict) -> dict:
+    """A whole file's object (run.json, child.json): {} when it is not an object."""
+    out = conform(value, shape)
+    return out if isinstance(out, dict) else {}
+
+
+def steps(recs: list) -> tuple[list[dict], int]:
+    """Step records with a finite duration and data wait >= 0 (the hooks always write both);
+    the rest dropped and counted."""
+    out = []
+    for r in recs:
+        c = conform(r, STEP)
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] >= 0 for k in ("dur", "wait")):
+            out.append(c)
+    return out, len(recs) - len(out)
+
+
+def samples(data: Any) -> tuple[dict, int]:
+    """samples.json: {"samples": [...], "notes": [str]} with each sample conformed; samples
+    without their times or system section dropped and counted."""
+    if not isinstance(data, dict):
+        return {"samples": [], "notes": []}, 0
+    raw = data.get("samples") if isinstance(data.get("samples"), list) else []
+    kept = []
+    for s in raw:
+        c = conform(s, SAMPLE)
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float, dict)) for k in SAMPLE_REQUIRED) \
+                and isinstance(c.get("system"), dict):
+            c.setdefault("workers", [])
+            c.setdefault("helpers", [])
+            if not isinstance(c.get("trainer"), dict):
+                c["trainer"] = None
+            kept.append(c)
+    notes = [n for n in data.get("notes") or [] if isinstance(n, str)] if isinstance(data.get("notes"), list) else []
+    return {**data, "samples": kept, "notes": notes}, len(raw) - len(kept)
+
+
+def _metric_shape(name: str, unit: str):
+    if name == "run.step_time_ci95_ms":
+        return [NUM]
+    return {"str": STR, "bool": BOOL, "version": ANY}.get(unit, NUM)
+
+
+def report(doc: dict) -> dict:
+    """A report.json (compare, gate): verdict, findings, each trace's metrics (typed by the
+    metric registry; unknown metric names dropped) and the run section conformed."""
+    from perfdoctor.analyze import registry
+
+    metrics = {name: _metric_shape(name, m.unit) for name, m in registry.REGISTRY.items()}
+    shape = {"schema_version": ANY, "verdict": {"bound": STR, "*": ANY}, "findings": [{"id": STR, "*": ANY}],
+             "flags": [{"*": ANY}], "traces": [{"metrics": metrics, "steps": [{"duration_ms": NUM, "breakdown_ms": {"*": NUM}, "*": ANY}],
+                         "*": ANY}],
+             "run": {"command": STR, "outcome": STR, "exit_code": INT, "stopped_by": STR, "dir": STR, "*": ANY}}
+    out = conform(doc, shape)
+    out = out if isinstance(out, dict) else {}
+    for t in out.get("traces") or []:
+        m = t.get("metrics")
+        if isinstance(m, dict):
+            t["metrics"] = {k: v for k, v in m.items() if k in metrics}
+            version = t["metrics"].get("trace.compute_capability")
+            if version is not None and not isinstance(version, (int, float, str)):
+                t["metrics"]["trace.compute_capability"] = None
+    for key in ("verdict", "run"):
+        if out.get(key) is None:
+            out.pop(key, None)
+    return out
