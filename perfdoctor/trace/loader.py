@@ -28,14 +28,26 @@ def find_trace_files(path: str | os.PathLike, skipped: list[str] | None = None) 
     alone is an error; in a directory each is left out, with a warning appended to `skipped`."""
     p = Path(path)
     if not p.exists():
-        raise TraceFormatError(f"no such file or directory: {p}")
+        why = "a dangling or looping symbolic link" if p.is_symlink() else "no such file or directory"
+        raise TraceFormatError(f"{why}: {p}")
+    if not p.is_file() and not p.is_dir():
+        raise TraceFormatError(f"{p} is not a regular file or a directory (a FIFO, socket or device): refused")
     if p.is_file():
         if is_execution_trace(p):
             raise TraceFormatError(f"{p} is a PyTorch execution trace (ExecutionTraceObserver), not a "
                                    "torch.profiler trace: give the Kineto trace recorded with it")
         return [p]
     files = []
-    for f in sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES)):
+    try:
+        entries = sorted(f for f in p.iterdir() if f.name.endswith(TRACE_SUFFIXES))
+    except OSError as exc:
+        raise TraceFormatError(f"cannot list directory {p}: {exc.strerror or exc}") from None
+    for f in entries:
+        why = _not_readable(f)
+        if why:
+            if skipped is not None:
+                skipped.append(f"skipped {f.name}: {why}")
+            continue
         if is_execution_trace(f):
             if skipped is not None:
                 skipped.append(f"skipped {f.name}: a PyTorch execution trace (ExecutionTraceObserver), "
@@ -48,6 +60,24 @@ def find_trace_files(path: str | os.PathLike, skipped: list[str] | None = None) 
 
 
 ET_HEAD_BYTES = 4096
+
+
+def _not_readable(f: Path) -> str | None:
+    """Why a directory entry named like a trace is not loaded (None: it is a readable file).
+    FIFOs and devices are never opened (a FIFO would block), links are followed at most as the
+    OS allows (a loop is reported, not followed)."""
+    import stat
+
+    try:
+        st = f.stat()
+    except OSError as exc:
+        return "a dangling symbolic link" if f.is_symlink() and exc.errno == 2 else \
+            f"cannot stat it ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+    if not os.access(f, os.R_OK):
+        return "not readable (permission denied)"
+    return None
 
 
 def is_execution_trace(path: str | os.PathLike) -> bool:
