@@ -68,6 +68,23 @@ def default_run_dir(cfg: RunConfig, root: str = "perfdoctor-runs") -> Path:
     return path
 
 
+def forward_signals(proc: subprocess.Popen) -> tuple[list[int], dict]:
+    """Forward SIGINT/SIGTERM to the child from now on; returns (signals forwarded so far, the
+    handlers to restore with restore_signals)."""
+    forwarded: list[int] = []
+
+    def forward(signum, frame):
+        forwarded.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    return forwarded, {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_signals(old: dict) -> None:
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
 def launch(cfg: RunConfig) -> RunResult:
     run_dir = cfg.run_dir or default_run_dir(cfg)
     claim(run_dir, cfg.force)            # refuses (or with force, clears) a directory holding a run
@@ -84,13 +101,7 @@ def launch(cfg: RunConfig) -> RunResult:
     unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)
     proc = subprocess.Popen([sys.executable, *unbuffered, "-m", "perfdoctor.collect.child"], env=env)
     samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
-    forwarded: list[int] = []
-
-    def forward(signum, frame):
-        forwarded.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signum)
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    forwarded, old = forward_signals(proc)
     stopped_by, stop_sent_at = None, None
     progress = _Progress(run_dir) if cfg.progress and sys.stderr.isatty() else None
     try:
@@ -110,8 +121,7 @@ def launch(cfg: RunConfig) -> RunResult:
             if progress:
                 progress.tick(elapsed)
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_signals(old)
         _stop_samplers(samplers, run_dir, notes)
     code = proc.returncode
     sig = -code if code < 0 else None
@@ -124,10 +134,13 @@ def launch(cfg: RunConfig) -> RunResult:
     if not child:
         notes.append("the script ended before perfdoctor could record its summary (killed?)")
     res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes)
-    (run_dir / "run.json").write_text(json.dumps({
-        "argv": cfg.argv, "module": cfg.module, "exit_code": exit_code, "signal": sig,
-        "wall_s": round(res.wall_s, 3), "stopped_by": stopped_by, "forwarded_signals": forwarded,
-        "notes": notes, "config": {k: v for k, v in child_cfg.items() if k != "run_dir"}}, indent=1))
+    try:
+        (run_dir / "run.json").write_text(json.dumps({
+            "argv": cfg.argv, "module": cfg.module, "exit_code": exit_code, "signal": sig,
+            "wall_s": round(res.wall_s, 3), "stopped_by": stopped_by, "forwarded_signals": forwarded,
+            "notes": notes, "config": {k: v for k, v in child_cfg.items() if k != "run_dir"}}, indent=1))
+    except OSError as exc:                   # a full disk: the run's result is still reported
+        notes.append(f"run.json could not be written ({exc.strerror or exc})")
     return res
 
 
@@ -159,7 +172,10 @@ def _stop_samplers(samplers: list, run_dir: Path, notes: list[str]) -> None:
             notes.append(f"stopping a sampler failed: {exc}")
     for s in samplers:
         if hasattr(s, "samples"):            # the system sampler: its notes travel with its samples
-            (run_dir / "samples.json").write_text(json.dumps({"samples": s.samples, "notes": s.notes}))
+            try:
+                (run_dir / "samples.json").write_text(json.dumps({"samples": s.samples, "notes": s.notes}))
+            except OSError as exc:           # a full disk: the script's exit code still comes back
+                notes.append(f"samples.json could not be written ({exc.strerror or exc})")
         elif hasattr(s, "notes"):            # py-spy stacks: what could not be recorded
             notes.extend(s.notes)
 

@@ -37,7 +37,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from perfdoctor.collect.launcher import RunConfig, RunResult, launch
+from perfdoctor.collect.launcher import RunConfig, RunResult, forward_signals, launch, restore_signals
 from perfdoctor.collect.rundir import claim, is_run_dir
 from perfdoctor.errors import PerfdoctorError
 
@@ -228,18 +228,11 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
     env = dict(os.environ, **{CFG_ENV: json.dumps(rank_cfg)})
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env)
-    forwarded: list[int] = []
-
-    def forward(signum, frame):
-        forwarded.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signum)
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    forwarded, old = forward_signals(proc)
     try:
         code = proc.wait()
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_signals(old)
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
     wall = time.monotonic() - t0
