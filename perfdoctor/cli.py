@@ -265,8 +265,12 @@ def _report_run(res, output: tuple, rule_dirs: list[str]) -> None:
     from perfdoctor.report.outputs import emit, run_files
 
     doc = diagnose_run(res, rule_dirs)
-    (res.run_dir / "report.json").write_bytes(to_json(doc))
-    write_run_events(res.run_dir)
+    try:      # a full disk: the report still reaches the terminal, and the script's exit code stays
+        (res.run_dir / "report.json").write_bytes(to_json(doc))
+        write_run_events(res.run_dir)
+    except OSError as exc:
+        print(f"perfdoctor: note: the run directory {_safe(res.run_dir)} could not be completed "
+              f"({_safe(exc.strerror or exc)}): report.json or the TensorBoard events are missing", file=sys.stderr)
     for n in run_files(doc, res.run_dir):
         print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
     emit(doc, output[1], output[0], output[2], stderr=True)

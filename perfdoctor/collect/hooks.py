@@ -270,10 +270,26 @@ class Session:
                 rec["runq"] = round((end[4][1] - self.mark[4][1]) / 1e9, 6)
             if skipped:
                 rec["skipped"] = True
-            self.out.write(json.dumps(rec) + "\n")
+            self._write(json.dumps(rec) + "\n")
             self.window.perturbed_next = False
         self.mark = end
         return dur
+
+    def _write(self, line: str) -> None:
+        """A step record to steps.jsonl; a full disk (or any write error) never reaches the script:
+        later records are dropped and a note says so."""
+        if self.out is None:
+            return
+        try:
+            self.out.write(line)
+        except OSError as exc:
+            self.notes.append(f"steps.jsonl could not be written after step {self.steps - 1} "
+                              f"({exc.strerror or exc}): later steps are not recorded")
+            try:
+                self.out.close()
+            except OSError:
+                pass
+            self.out = None
 
     def _boundary(self, end: tuple | None = None, skipped: bool = False) -> None:
         end = end or self._mark()
@@ -324,9 +340,16 @@ class Session:
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available())}
-            with open(os.path.join(self.run_dir, "child.json"), "w") as f:
-                json.dump(info, f, indent=1)
-            self.out.close()
+            try:               # a full disk must not turn the script's own ending into a crash
+                with open(os.path.join(self.run_dir, "child.json"), "w") as f:
+                    json.dump(info, f, indent=1)
+            except OSError:
+                pass
+            try:
+                if self.out is not None:
+                    self.out.close()
+            except OSError:
+                pass
         finally:
             if old is not None:
                 signal.signal(signal.SIGINT, old)

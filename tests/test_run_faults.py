@@ -1,0 +1,124 @@
+"""`perfdoctor run` under faults (issue 12): binary output, the script killed by SIGKILL, SIGTERM
+to perfdoctor, an unwritable --out and a full disk. Each keeps the script's stdout byte for byte
+(as a plain `python` run writes it), its exit code, and leaves a usable report or a clear
+message. (A crash's traceback, SIGINT and exit codes are covered in tests/test_run.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="perfdoctor run tests need torch (test dependency)")
+
+SCRIPT = '''
+import os, random, signal, sys, time
+import torch
+rng = random.Random(7)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 8)
+mode = sys.argv[1]
+for step in range(int(sys.argv[2])):
+    loss = model(x).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    sys.stdout.buffer.write(bytes(rng.randrange(256) for _ in range(300)))   # any bytes: NUL, CR, not UTF-8
+    sys.stderr.buffer.write(bytes(rng.randrange(256) for _ in range(100)))
+    sys.stdout.buffer.flush(); sys.stderr.buffer.flush()
+    if step == 9 and mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if step == 9 and mode == "wait":
+        time.sleep(120)
+sys.exit(5)
+'''
+
+
+@pytest.fixture
+def script(tmp_path) -> Path:
+    p = tmp_path / "binout.py"
+    p.write_text(SCRIPT)
+    return p
+
+
+def bare(script: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, timeout=120)
+
+
+def prun(out: Path, script: Path, *args, opts=()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfdoctor", "run", *opts, "--out", str(out), str(script), *args],
+                          capture_output=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_binary_output_and_exit_code_byte_for_byte(tmp_path, script):
+    b = bare(script, "exit", "14")
+    r = prun(tmp_path / "run", script, "exit", "14", opts=("--no-trace",))
+    assert b.returncode == r.returncode == 5
+    assert r.stdout == b.stdout and len(b.stdout) == 14 * 300
+    assert r.stderr.startswith(b.stderr)                 # the script's stderr first, untouched
+    t = prun(tmp_path / "traced", script, "exit", "14", opts=("--skip-steps", "2", "--trace-steps", "2"))
+    assert t.returncode == 5 and t.stdout == b.stdout    # with the profiler too
+    assert json.loads((tmp_path / "traced" / "report.json").read_text())["run"]["exit_code"] == 5
+
+
+@pytest.mark.slow
+def test_script_killed_by_sigkill(tmp_path, script):
+    b = bare(script, "kill", "14")
+    r = prun(tmp_path / "run", script, "kill", "14")
+    assert b.returncode == -signal.SIGKILL and r.returncode == 128 + signal.SIGKILL
+    assert r.stdout == b.stdout and len(r.stdout) == 10 * 300
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert doc["run"]["outcome"] == "killed" and doc["run"]["exit_code"] == 137
+    assert doc["traces"][0]["metrics"]["run.steps"] >= 8          # the steps before the kill are kept
+
+
+@pytest.mark.slow
+def test_sigterm_to_perfdoctor_is_forwarded_and_leaves_a_report(tmp_path, script):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--out", str(out), str(script),
+                          "wait", "14"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if (out / "steps.jsonl").exists() and len((out / "steps.jsonl").read_text().splitlines()) >= 9:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)                       # to perfdoctor only
+    stdout, stderr = p.communicate(timeout=90)
+    assert p.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert stdout == bare(script, "exit", "10").stdout            # the first 10 steps' bytes, intact
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["run"]["exit_code"] == 143 and doc["run"]["outcome"] in ("interrupted", "killed")
+
+
+def test_unwritable_out_is_one_line_and_the_script_does_not_run(tmp_path, script):
+    (tmp_path / "afile").write_text("x")
+    r = prun(tmp_path / "afile" / "run", script, "exit", "3")
+    assert r.returncode == 2 and r.stdout == b""
+    err = r.stderr.decode()
+    assert err.count("\n") == 1 and err.startswith("perfdoctor: error: cannot create the run directory")
+
+
+@pytest.mark.slow
+def test_full_disk_keeps_output_and_exit_code(tmp_path, script):
+    small = tmp_path / "small"
+    small.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(small)], capture_output=True, text=True)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({m.stderr.strip() or 'not root'})")
+    try:
+        b = bare(script, "exit", "40")
+        r = prun(small / "run", script, "exit", "40", opts=("--skip-steps", "2", "--trace-steps", "20"))
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)
+    assert r.returncode == b.returncode == 5
+    assert r.stdout == b.stdout                         # the hooks' failed writes never reach the script
+    err = r.stderr.decode(errors="replace")
+    assert "No space left on device" in err and "Traceback" not in err[len(b.stderr):]
+    assert "perfdoctor run" in err and "exit code 5" in err        # the report, from what was kept
