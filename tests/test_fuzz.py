@@ -26,7 +26,7 @@ import tracegen as tg
 EXAMPLES = int(os.environ.get("PERFDOCTOR_FUZZ_EXAMPLES", "0")) or None
 # No shrinking: a failing example is reported as found (with @reproduce_failure's blob), and
 # shrinking one of these inputs can take minutes.
-FUZZ = settings(derandomize=True, deadline=None, database=None, print_blob=True,
+FUZZ = settings(derandomize=not os.environ.get("PERFDOCTOR_FUZZ_RANDOM"), deadline=None, database=None, print_blob=True,
                 phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
 
 
