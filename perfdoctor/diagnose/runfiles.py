@@ -48,7 +48,7 @@ def conform(value: Any, shape: Any) -> Any:
         if not isinstance(value, list):
             return _MISSING
         items = (conform(v, shape[0]) for v in value)
-        return [v for v in items if v is not _MISSING and not (v is None and isinstance(shape[0], dict))]
+        return [v for v in items if v is not _MISSING and v is not None]
     if isinstance(shape, dict):
         if not isinstance(value, dict):
             return _MISSING
