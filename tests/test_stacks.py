@@ -133,11 +133,13 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
     # Tolerances: a long call (torch.save) within 0.08 of the step (seen: 0.02-0.04 low on a
     # loaded machine, 0.068 low while the whole suite ran beside it); many short logging calls lose
     # time to the user's own line through py-spy's torn non-blocking reads (collect/stacks.py):
-    # within 0.1 for those two.
-    for metric, part, tol in (("stacks.checkpoint_share", "ckpt", 0.08), ("stacks.python_data_share", "own", 0.1),
-                              ("stacks.logging_sync_share", "log", 0.1)):
-        want = truth[part] / truth["total"]
-        assert abs(m[metric] - want) < tol, (metric, m[metric], want)
+    # together those two are within 0.08, each within 0.15 (0.105 of drift seen in one CI run).
+    share = {part: truth[part] / truth["total"] for part in ("ckpt", "own", "log")}
+    assert abs(m["stacks.checkpoint_share"] - share["ckpt"]) < 0.08, (m["stacks.checkpoint_share"], share)
+    both = m["stacks.python_data_share"] + m["stacks.logging_sync_share"]
+    assert abs(both - share["own"] - share["log"]) < 0.08, (both, share)
+    for metric, part in (("stacks.python_data_share", "own"), ("stacks.logging_sync_share", "log")):
+        assert abs(m[metric] - share[part]) < 0.15, (metric, m[metric], share[part])
     # a save missed by a late sample (py-spy falls behind on a loaded machine) overstates the interval
     assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.2)
     top = {t["frame"]: t for t in rep.top}
