@@ -102,6 +102,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
     for k in REQUIRED:
         if k not in data:
             bad(f"missing field {k!r}")
+    _types(data, bad)
     if probs:
         return None, probs
     kind = data["kind"]
@@ -162,6 +163,50 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
 
 
 EXPECTED_KEYS = ("expected_speedup", "expected_share", "expected_range", "model")
+# A rule file is data from anyone: each field's TOML type, checked before anything reads it.
+_STR, _NUM = (str,), (str, int, float)
+TYPES = {"id": _STR, "slug": _STR, "kind": _STR, "title": _STR, "when": _STR, "summary": _STR, "bound": _STR,
+         "severity": _STR, "no_gain_reason": _STR, "priority": (int,), "devices": (list, str), "evidence": (list,),
+         "targets": (list,), "source": (dict,), "gain": (dict,), "fix": (dict,), "cases": (list,)}
+SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
+             "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
+                      "expected_share": _NUM, "expected_range": (list,), "model": _STR},
+             "fix": {"text": _STR, "snippet": _STR, "snippet_lang": _STR}}
+CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
+
+
+def _types(data: dict, bad) -> None:
+    def check(value, types, where):
+        if isinstance(value, bool) and bool not in types:
+            types = ()
+        if not isinstance(value, types):
+            bad(f"{where} must be {' or '.join(t.__name__ for t in types) or 'something else'}, "
+                f"not {type(value).__name__}")
+            return False
+        return True
+
+    for k, types in TYPES.items():
+        if k in data and check(data[k], types, k) and k in SUB_TYPES:
+            for sk, st in SUB_TYPES[k].items():
+                if sk in data[k]:
+                    check(data[k][sk], st, f"{k}.{sk}")
+    for k in ("devices", "evidence", "targets"):
+        if isinstance(data.get(k), list) and not all(isinstance(x, str) for x in data[k]):
+            bad(f"{k} must be a list of strings")
+    also = (data.get("source") or {}).get("also") if isinstance(data.get("source"), dict) else None
+    if isinstance(also, list) and not all(isinstance(x, str) for x in also):
+        bad("source.also must be a list of strings")
+    for i, c in enumerate(data.get("cases") if isinstance(data.get("cases"), list) else []):
+        if not isinstance(c, dict):
+            bad(f"case {i + 1} must be a table ([[cases]])")
+            continue
+        for ck, ct in CASE_TYPES.items():
+            if ck in c:
+                check(c[ck], ct, f"case {i + 1} {ck}")
+        for ck in ("gain", "expected"):
+            if isinstance(c.get(ck), list) and not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                       for x in c[ck]):
+                bad(f"case {i + 1} {ck} must be two numbers [low, high]")
 
 
 def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
