@@ -123,7 +123,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     steps = read_steps(run_dir)
     traces = run_traces(run_dir / "trace")
     analysis: TraceAnalysis | StepsOnly
-    notes = list(res.child.get("notes", [])) + list(res.notes)
+    notes = list(res.child.get("notes") or []) + list(res.notes)
     if traces:
         analysis = analyze(_load(traces[0]))
     else:

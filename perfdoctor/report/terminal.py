@@ -40,7 +40,8 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · {m['steps.count']} step(s) from {T(m['steps.source'])}"
-                 f" · median step {m['steps.time_median_ms']:.1f} ms", style="dim"))
+                 + (f" · median step {m['steps.time_median_ms']:.1f} ms" if m.get("steps.time_median_ms") is not None
+                    else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {BOUND_TITLE[v['bound']]} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
@@ -285,7 +286,8 @@ def _ranks(c: Console, doc: dict) -> None:
     for col in ("trace", "median step", "verdict", "flags"):
         table.add_column(col)
     for t in doc["traces"]:
-        table.add_row(text(t["label"]), f"{t['metrics']['steps.time_median_ms']:.1f} ms", text(t["verdict"]["bound"]),
+        med = t["metrics"].get("steps.time_median_ms")
+        table.add_row(text(t["label"]), f"{med:.1f} ms" if med is not None else "-", text(t["verdict"]["bound"]),
                       text(", ".join(f["slug"] for f in t["flags"]) or "-"))
     c.print(table)
 
