@@ -143,13 +143,7 @@ def run(
     inconclusive); 2 for usage errors."""
     from perfdoctor.collect.launcher import RunConfig, launch
 
-    argv = list(target or [])
-    if module:
-        argv = [module, *argv]
-    elif not argv:
-        raise PerfdoctorError("give a script (perfdoctor run train.py ARGS) or a module (perfdoctor run -m pkg.train)")
-    elif not Path(argv[0]).is_file():
-        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    argv = _script_argv("run", target, module)
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)
@@ -196,6 +190,19 @@ def run(
         print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
     raise typer.Exit(code)
+
+
+def _script_argv(command: str, target: Optional[list[str]], module: Optional[str]) -> list[str]:
+    """The script (or -m module) and its arguments, as `run` and `tune` take them."""
+    argv = list(target or [])
+    if module:
+        return [module, *argv]
+    if not argv:
+        raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "
+                              f"(perfdoctor {command} -m pkg.train)")
+    if not Path(argv[0]).is_file():
+        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    return argv
 
 
 def _multi_rank_checks(duration: Optional[float], baselines) -> None:
@@ -306,13 +313,7 @@ def tune(
     from perfdoctor.tune.result import build, render
     from perfdoctor.tune.session import TuneOptions, Tuner
 
-    argv = list(target or [])
-    if module:
-        argv = [module, *argv]
-    elif not argv:
-        raise PerfdoctorError("give a script (perfdoctor tune train.py ARGS) or a module (perfdoctor tune -m pkg.train)")
-    elif not Path(argv[0]).is_file():
-        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    argv = _script_argv("tune", target, module)
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []]))
