@@ -17,9 +17,7 @@ STYLE = {"pass": "green", "improvement": "green", "regression": "bold red", "inc
 
 
 def render_terminal(res: GateResult, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
-
     from rich.text import Text
 
     text = sanitize.text
