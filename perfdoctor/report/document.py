@@ -20,7 +20,7 @@ from perfdoctor.analyze.ranks import overall_bound, summarize
 from perfdoctor.analyze.stepview import step_dominant
 from perfdoctor.analyze.timeline import BREAKDOWN
 from perfdoctor.diagnose.confidence import confidence, label
-from perfdoctor.rules.engine import Diagnosis, Finding
+from perfdoctor.rules.engine import Diagnosis, Finding, order_key
 
 SCHEMA_VERSION = 2
 
@@ -106,9 +106,7 @@ def _finding_order(d: dict):
     """As rules.engine.rank_key, from the document."""
     g = d.get("gain") or {}
     best = g.get("expected") if g.get("expected") is not None else g.get("ceiling")
-    best = best or 0.0
-    bucket = -round(math.log(best) / math.log(1.02)) if d["ranked"] and best > 0 else 0
-    return (not d["ranked"], bucket, not d["on_bottleneck"], -best, d["id"])
+    return order_key(d["ranked"], best, d["on_bottleneck"], d["id"])
 
 
 def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:

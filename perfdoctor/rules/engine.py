@@ -112,9 +112,14 @@ def rank_key(f: Finding):
     """Ranked (modelled) fixes by expected gain, the verdict breaking near-ties (gains within 2%
     of each other are one bucket): it orders, it never hides a fix. Then the fixes with only a
     ceiling, by ceiling."""
-    g = f.gain if f.gain is not None and math.isfinite(f.gain) else 0.0
-    bucket = -round(math.log(g) / math.log(1.02)) if f.ranked and g > 0 else 0
-    return (not f.ranked, bucket, not f.on_bottleneck, -g, f.rule.id)
+    return order_key(f.ranked, f.gain, f.on_bottleneck, f.rule.id)
+
+
+def order_key(ranked: bool, gain: float | None, on_bottleneck: bool, rule_id: str):
+    """rank_key's order from plain values (the report document sorts merged entries with it)."""
+    g = gain if gain is not None and math.isfinite(gain) else 0.0
+    bucket = -round(math.log(g) / math.log(1.02)) if ranked and g > 0 else 0
+    return (not ranked, bucket, not on_bottleneck, -g, rule_id)
 
 
 def _truth(text: str, ev: expr.Evaluator) -> bool:
