@@ -140,7 +140,8 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
     assert abs(both - share["own"] - share["log"]) < 0.08, (both, share)
     for metric, part in (("stacks.python_data_share", "own"), ("stacks.logging_sync_share", "log")):
         assert abs(m[metric] - share[part]) < 0.15, (metric, m[metric], share[part])
-    # a save missed by a late sample (py-spy falls behind on a loaded machine) overstates the interval
+    # py-spy misses whole saves when it is not scheduled (seen with the suite running beside it:
+    # 16 of 27 saves seen); the interval is the median gap between saves, which one miss leaves alone
     assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.2)
     top = {t["frame"]: t for t in rep.top}
     line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# SAVE"))

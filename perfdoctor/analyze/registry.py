@@ -211,7 +211,7 @@ _m("input.split", "str", "What the input pipeline waits on in a live run: cpu, i
 _m("stacks.steady_steps", "count", "Steady steps the py-spy recording covered (warm-up, profiled and perturbed steps excluded).")
 _m("stacks.coverage", "fraction", "Sampled time of the training thread / wall time of the covered steady steps.")
 _m("stacks.checkpoint_share", "share", "Share of steady step time the training thread spends saving checkpoints (torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, save_checkpoint...).")
-_m("stacks.checkpoint_interval_steps", "count", "Steady steps per checkpoint: covered steady steps / saves seen (1 = every step; saves shorter than a few sample periods are partly missed, which overstates it).")
+_m("stacks.checkpoint_interval_steps", "count", "Steady steps per checkpoint save (1 = every step): the median steady time between consecutive saves over the mean steady step, with three saves or more (a save the sampler missed leaves the median alone); otherwise steady steps / saves seen.")
 _m("stacks.logging_sync_share", "share", "Share of steady step time in logging code (logging, TensorBoard, wandb, mlflow...) or on the user's lines that read device values (.item(), .cpu(), .tolist(), .numpy()).")
 _m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls: batches built in the loop (tensor ops called straight from the loop count too).")
 

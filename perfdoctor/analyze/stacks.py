@@ -231,6 +231,23 @@ def _main_thread(segs: dict, pid) -> tuple | None:
     return best
 
 
+def _save_interval(saves: list[list[float]], win: _Windows, covered: float, span: float) -> float | None:
+    """Steady steps per checkpoint save.
+
+    With three or more saves seen: the median time between consecutive saves, counted in steady
+    time only (steps excluded from the window do not stretch a gap), over the mean steady step
+    (wall time / steps). A save that py-spy missed entirely (the sampler not scheduled for longer
+    than the save: seen on a loaded machine) doubles one gap and leaves the median alone, where
+    counting saves would overstate the interval. With fewer saves: the steady steps over the saves
+    seen (a save cut by the window counts by its part)."""
+    seen = [s for s in saves if s[2] > 0 and s[1] > 0]
+    if len(seen) >= 3 and covered > 0:
+        at = win.before(np.array(sorted(s[3] for s in seen)))
+        return float(np.median(np.diff(at)) / (span / covered))
+    n_saves = sum(ov / d for _, d, ov, _ in seen)
+    return covered / n_saves if n_saves > 0.5 else None
+
+
 def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache.getline) -> StackReport:
     """The steady steps' stacks -> stacks.* metrics and the top frames (see the module docstring).
 
@@ -267,7 +284,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     causes: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
     frames: dict[tuple, list] = {}
     memo: dict[tuple, tuple] = {}
-    saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap]
+    saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap, start]
     gap = 2.5 / float(meta.get("rate_hz") or 100)
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
@@ -275,19 +292,19 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
             if saves and sa - saves[-1][0] <= gap:
                 saves[-1][0], saves[-1][1], saves[-1][2] = sb, saves[-1][1] + sb - sa, saves[-1][2] + wt
             else:
-                saves.append([sb, sb - sa, wt])
+                saves.append([sb, sb - sa, wt, sa])
         if wt <= 0:
             continue
         causes[c[0]] += wt
         entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
         entry[0] += wt
-    n_saves = sum(ov / d for _, d, ov in saves if d > 0)      # a save cut by a window counts by its part
+    interval = _save_interval(saves, win, covered, span)
     share = {k: v / sampled for k, v in causes.items()}
     m.update({"stacks.steady_steps": rep.steady_steps, "stacks.coverage": min(1.0, sampled / span) if span else None,
               "stacks.checkpoint_share": float(share["checkpoint"]),
               "stacks.logging_sync_share": float(share["logging_sync"]),
               "stacks.python_data_share": float(share["python_data"]),
-              "stacks.checkpoint_interval_steps": covered / n_saves if n_saves > 0.5 else None})
+              "stacks.checkpoint_interval_steps": interval})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
     return rep
