@@ -266,8 +266,11 @@ class Session:
                    "wait": round(end[1] - self.mark[1], 6), "batches": end[2] - self.mark[2], "mode": self.mode,
                    "profiled": self.window.recording, "perturbed": self.window.perturbed_next}
             if end[4] and self.mark[4]:   # the step's thread on a CPU / waiting for one (schedstat, s)
-                rec["cpu"] = round((end[4][0] - self.mark[4][0]) / 1e9, 6)
-                rec["runq"] = round((end[4][1] - self.mark[4][1]) / 1e9, 6)
+                # schedstat is read just after the clock: a preemption between the two reads at the
+                # step's end moves a few ms between this step and the next; clip to the step's wall
+                cpu = min(max(0.0, (end[4][0] - self.mark[4][0]) / 1e9), max(dur, 0.0))
+                rec["cpu"] = round(cpu, 6)
+                rec["runq"] = round(min(max(0.0, (end[4][1] - self.mark[4][1]) / 1e9), max(dur - cpu, 0.0)), 6)
             if skipped:
                 rec["skipped"] = True
             self._write(json.dumps(rec) + "\n")
