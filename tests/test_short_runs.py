@@ -43,7 +43,9 @@ def test_io_bound_run_stopped_after_40_steps_gets_the_io_split(tmp_path, workers
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--out", str(out),
                         str(EX / "io_bound_loader.py"), "--workers", str(workers), "--size-mb", "256",
-                        "--steps", "100000"], capture_output=True, text=True, timeout=120)
+                        # 64 images (108 MiB) a step: 40 steps last ~1.7 s, past the 0.5 s the split needs
+                        # (batches of 16 on a fast disk: 0.4 s, and the split rightly said unknown)
+                        "--batch-size", "64", "--steps", "100000"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "report.json").read_text())
     m = doc["traces"][0]["metrics"]
