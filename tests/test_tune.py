@@ -41,9 +41,11 @@ def test_worker_candidates_follow_the_cores():
 
 def test_input_bound_plan_starts_with_the_loader_and_skips_cuda_on_cpu():
     trials = plan.plan(facts())
-    assert [t.changes for t in trials[:2]] == [{"num_workers": 1}, {"num_workers": 2}]
+    # from num_workers=0 the workers are kept alive across epochs (PD301's advice)
+    assert [t.changes for t in trials[:2]] == [{"num_workers": 1, "persistent_workers": True},
+                                               {"num_workers": 2, "persistent_workers": True}]
     ran = [t.changes for t in trials if not t.skip]
-    assert ran == [{"num_workers": 1}, {"num_workers": 2}, {"threads": 2},
+    assert ran == [trials[0].changes, trials[1].changes, {"threads": 2},
                    {"optimizer": "foreach"}, {"optimizer": "fused"}]
     skipped = {t.label: t.skip for t in trials if t.skip}
     for k in ("pin_memory=True", "cudnn_benchmark=True", "tf32=True", "expandable_segments=True"):
@@ -57,7 +59,7 @@ def test_verdict_orders_the_groups_and_material_wait_puts_the_loader_first():
     assert [t.group for t in host if not t.skip][:2] == ["optimizer", "optimizer"]
     assert [t.group for t in host if not t.skip][2] == "compile"
     host_waiting = plan.plan(facts(verdict="host", data_wait=0.22))
-    assert host_waiting[0].changes == {"num_workers": 1}
+    assert host_waiting[0].changes == {"num_workers": 1, "persistent_workers": True}
     dev = plan.plan(facts(verdict="device", data_wait=0.0, cuda=True), allow_numerics=True)
     assert dev[0].changes == {"autocast": "bfloat16"} and dev[0].skip is None
     assert all(t.skip is None for t in dev if t.group == "cuda")
@@ -73,12 +75,18 @@ def test_no_trial_for_what_the_script_already_does():
 
 
 def test_refinements_build_on_the_best_worker_count():
-    ref = plan.refinements(facts(), {"num_workers": 2})
-    assert [t.changes for t in ref] == [{"num_workers": 2, "persistent_workers": True},
-                                        {"num_workers": 2, "prefetch_factor": 4}]
+    # the script had no workers: the first pass already kept them alive; prefetch refines
+    ref = plan.refinements(facts(), {"num_workers": 2, "persistent_workers": True})
+    assert [t.changes for t in ref] == [{"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}]
     assert all(t.skip is None for t in ref)
     none = plan.refinements(facts(), None)
-    assert all(t.skip and "needs worker processes" in t.skip for t in none)
+    assert len(none) == 1 and all(t.skip and "needs worker processes" in t.skip for t in none)
+    # the script has restarting workers: their count is tried as it is, persistence on top
+    own = facts(loader=dict(LOADER0, num_workers=1))
+    assert plan.plan(own)[0].changes == {"num_workers": 2}
+    ref = plan.refinements(own, {"num_workers": 2})
+    assert [t.changes for t in ref] == [{"num_workers": 2, "persistent_workers": True},
+                                        {"num_workers": 2, "prefetch_factor": 4}]
 
 
 def test_rule_for_prefers_a_ranked_fix():
@@ -215,7 +223,7 @@ def test_tune_document_on_a_small_script(tmp_path):
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10
     statuses = {t["status"] for t in doc["trials"]}
     assert statuses <= {"faster", "slower", "no change", "failed", "skipped"}
-    by = {t["label"]: t for t in doc["trials"]}
+    by = {t["label"].replace(", persistent_workers=True", ""): t for t in doc["trials"]}
     assert by["tf32=True"]["status"] == "skipped" and by["tf32=True"]["reason"] == "no CUDA device"
     # the loader comes first; a trial that crashes is reported, and the tune goes on
     assert by["num_workers=1"]["status"] == "failed"
@@ -262,11 +270,6 @@ def _busy_cores(seconds: float = 3.0) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 9): on a quiet 2-core VM tune's num_workers=1 trial measured 0.31x where the "
-    "script's own --workers 1 measures 0.96x: the injected trial keeps the script's "
-    "persistent_workers=False, so its worker restarts every epoch, while --workers N also sets "
-    "persistent_workers=True; the worker trials should carry persistent_workers=True as PD301 advises"))
 def test_acceptance_cpu_bound_loader(tmp_path):
     """The README demo: tune's speed-up of each DataLoader setting matches an independent rerun
     within 25%, it calls 1 worker no gain where that is the truth, and it recommends a worker
@@ -282,11 +285,14 @@ def test_acceptance_cpu_bound_loader(tmp_path):
               EX / "cpu_bound_loader.py", "--workers", "0", timeout=400)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
-    by = {t["label"]: t for t in doc["trials"]}
+    by = {t["label"].replace(", persistent_workers=True", ""): t for t in doc["trials"]}
     # independent reruns: plain `perfdoctor run` of each DataLoader setting. The truth depends on
     # the machine (a worker runs torch single-threaded, the trainer did the transforms on 2
     # threads; measured here: 1 worker 0.26x, 2 workers 0.91x on a quiet VM, 2 workers ~1.35x on
     # a busier one), so tune is checked against these measurements, not against an expectation.
+    # The example's --workers N keeps its workers alive (persistent_workers=True), as tune's worker
+    # trials do from a script without workers (plan.worker_changes): with restarting workers the
+    # trial measured the restarts, and this comparison failed.
     from perfdoctor.diagnose.live import read_steps
     from perfdoctor.stats.steptime import estimate, speedup
     runs = {}
@@ -300,6 +306,7 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     measured = {w: speedup(runs[0], runs[w])[0] for w in (1, 2)}
     for w in (1, 2):
         trial = by[f"num_workers={w}"]
+        print(f"num_workers={w}: tune {trial['speedup']:.2f}x {trial['ci95']}, rerun {measured[w]:.2f}x")
         assert trial["status"] != "failed" and trial["speedup"] == pytest.approx(measured[w], rel=0.25), (trial, measured)
         if trial["status"] == "faster":          # faster only when the rerun agrees
             assert measured[w] > 1.0, (trial, measured)
