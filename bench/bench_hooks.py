@@ -22,6 +22,9 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from bench_run import SELF_TIMED_LOOP  # noqa: E402  (the same timed loop as bench_run's workload)
+
 LOOP = textwrap.dedent("""
     import json, sys, tempfile, time
     import torch
@@ -31,25 +34,12 @@ LOOP = textwrap.dedent("""
     import torch.nn as nn
     from torch.utils.data import DataLoader, TensorDataset
     torch.set_num_threads(1)
-    steps = int(sys.argv[1])
+    steps, out = int(sys.argv[1]), sys.argv[2]
     data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 10, (4096,)))
     loader = DataLoader(data, batch_size=32, shuffle=True, drop_last=True)
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    times, t = [], time.perf_counter()
-    while len(times) < steps:
-        for x, y in loader:
-            loss = nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            now = time.perf_counter()
-            times.append(now - t)
-            t = now
-            if len(times) == steps:
-                break
-    json.dump(times, open(sys.argv[2], "w"))
-""")
+""") + SELF_TIMED_LOOP
 
 
 def once(loop: Path, steps: int, mode: str, out: Path) -> float:
