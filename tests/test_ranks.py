@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,7 +206,12 @@ def test_exit_code_as_torchrun_gives_it(tmp_path):
     # the ranks' bytes, untouched (two ranks' unbuffered prints may interleave, under torchrun alone too)
     assert sorted(r.stdout) == sorted(bare.stdout) and "ddp_gloo rank" in r.stdout
     codes = {i["rank"]: i["exit_code"] for i in _merged(out)["ranks"]["per_rank"]}
-    assert codes == {0: 0, 1: 3}
+    # Rank 1 leaves with 3. Rank 0 leaves with 0, unless torchrun, on seeing rank 1 fail, SIGTERMs
+    # it first (a race of torchrun's own, seen under plain torchrun 2 times in 20 on a loaded
+    # machine): then its code is 143 and torchrun's report says so.
+    assert codes[1] == 3, codes
+    term = re.search(r"rank\s*: 0 \(local_rank: 0\)\s*exitcode\s*: -15", r.stderr)
+    assert codes[0] == (143 if term else 0), (codes, r.stderr[-2000:])
 
 
 def test_torchrun_passthrough_splits_options_from_the_script():
