@@ -35,6 +35,8 @@ for step in range(int(sys.argv[2])):
         os.kill(os.getpid(), signal.SIGKILL)
     if step == 9 and mode == "wait":
         time.sleep(120)
+    if step == 9 and mode == "os_exit":
+        os._exit(6)                                    # no interpreter teardown, no atexit
 sys.exit(5)
 '''
 
@@ -76,6 +78,20 @@ def test_script_killed_by_sigkill(tmp_path, script):
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert doc["run"]["outcome"] == "killed" and doc["run"]["exit_code"] == 137
     assert doc["traces"][0]["metrics"]["run.steps"] >= 8          # the steps before the kill are kept
+
+
+@pytest.mark.slow
+def test_script_leaving_through_os_exit_is_an_exit_not_a_kill(tmp_path, script):
+    """os._exit skips atexit and `finally`: perfdoctor's child still records its summary first,
+    and a forked process (a DataLoader worker leaves that way) is left alone."""
+    b = bare(script, "os_exit", "14")
+    r = prun(tmp_path / "run", script, "os_exit", "14", opts=("--no-trace",))
+    assert b.returncode == r.returncode == 6 and r.stdout == b.stdout and len(r.stdout) == 10 * 300
+    child = json.loads((tmp_path / "run" / "child.json").read_text())
+    assert (child["outcome"], child["exit_code"], child["steps"]) == ("exit", 6, 9)
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert doc["run"]["outcome"] == "exit" and doc["run"]["exit_code"] == 6
+    assert not any("killed" in n for n in doc["run"]["notes"]), doc["run"]["notes"]
 
 
 @pytest.mark.slow

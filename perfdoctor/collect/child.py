@@ -53,6 +53,7 @@ def main() -> None:
     from perfdoctor.collect import hooks   # stdlib-only module; imports torch lazily
 
     session = hooks.Session(cfg)
+    _finish_before_os_exit(session)
     watcher = _TorchWatcher(session.install)
     sys.meta_path.insert(0, watcher)
     if "torch" in sys.modules:                # cannot happen from a clean start, but be safe
@@ -88,6 +89,22 @@ def main() -> None:
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.exit(1)
     session.finish(outcome="completed", exit_code=0)
+
+
+def _finish_before_os_exit(session) -> None:
+    """os._exit skips `finally`, atexit and the handlers below: the script's own call to it
+    first records what the hooks measured (a DDP script may leave that way). A forked process
+    (a DataLoader worker ends with os._exit) inherits the wrapper and passes straight through."""
+    real, pid = os._exit, os.getpid()
+
+    def _exit(code):
+        if os.getpid() == pid:
+            try:
+                session.finish(outcome="exit", exit_code=_code(code))
+            except BaseException:      # whatever happens, the script leaves as it asked
+                pass
+        real(code)
+    os._exit = _exit
 
 
 def _from_script(tb, script: str):

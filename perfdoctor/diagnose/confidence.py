@@ -30,7 +30,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         conf = 0.4 + 0.6 * min(1.0, margin / 0.5)
     if m.get("steps.source") != "ProfilerStep":
         conf = min(conf, 0.5)
-        notes.append(f"steps come from {m.get('steps.source')}, not ProfilerStep annotations")
+        if m.get("steps.source"):         # without a trace, the run's own note says so
+            notes.append(f"steps come from {m.get('steps.source')}, not ProfilerStep annotations")
     elif (m.get("steps.count") or 0) < 3:
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
