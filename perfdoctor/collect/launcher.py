@@ -100,11 +100,13 @@ def launch(cfg: RunConfig) -> RunResult:
     t0 = time.monotonic()
     unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)
     proc = subprocess.Popen([sys.executable, *unbuffered, "-m", "perfdoctor.collect.child"], env=env)
-    samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
+    # forward at once: a Ctrl-C while the samplers start must reach the script, not orphan it
     forwarded, old = forward_signals(proc)
+    samplers: list = []
     stopped_by, stop_sent_at = None, None
     progress = _Progress(run_dir) if cfg.progress and sys.stderr.isatty() else None
     try:
+        samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
         while True:
             try:
                 proc.wait(timeout=cfg.interval)
