@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from quiet import Foreign, skip_if_shared
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.stacks import attribute, classify, section, segments, steady_steps
@@ -135,11 +136,18 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
     # time to the user's own line through py-spy's torn non-blocking reads (collect/stacks.py):
     # together those two are within 0.08, each within 0.15 (0.105 of drift seen in one CI run).
     share = {part: truth[part] / truth["total"] for part in ("ckpt", "own", "log")}
-    assert abs(m["stacks.checkpoint_share"] - share["ckpt"]) < 0.08, (m["stacks.checkpoint_share"], share)
+    # Samples py-spy failed to read leave their period to a neighbouring stack: any share may be
+    # off by that much more (reported as stacks.unread_share, with a note from 10%).
+    unread = m["stacks.unread_share"]
+    assert unread is not None and 0 <= unread < 0.5, meta["processes"]
+    tol = {"ckpt": 0.08 + unread, "own": 0.15 + unread, "log": 0.15 + unread}
+    print(f"stacks {m}; truth {share}; unread {unread:.3f}")
+    assert abs(m["stacks.checkpoint_share"] - share["ckpt"]) < tol["ckpt"], (m["stacks.checkpoint_share"], share, unread)
     both = m["stacks.python_data_share"] + m["stacks.logging_sync_share"]
-    assert abs(both - share["own"] - share["log"]) < 0.08, (both, share)
+    assert abs(both - share["own"] - share["log"]) < tol["ckpt"], (both, share, unread)
     for metric, part in (("stacks.python_data_share", "own"), ("stacks.logging_sync_share", "log")):
-        assert abs(m[metric] - share[part]) < 0.15, (metric, m[metric], share[part])
+        assert abs(m[metric] - share[part]) < tol[part], (metric, m[metric], share[part], unread)
+    assert (unread >= 0.10) == any("could not read" in n for n in rep.notes), rep.notes
     # py-spy misses whole saves when it is not scheduled (seen with the suite running beside it:
     # 16 of 27 saves seen); the interval is the median gap between saves, which one miss leaves alone
     assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.2)
@@ -245,17 +253,6 @@ def test_classify_causes():
 EX = Path(__file__).resolve().parent.parent / "examples" / "checkpoint_every_step.py"
 
 
-def _busy_cores(seconds: float = 2.0) -> float:
-    """Cores busy right now (/proc/stat over a few seconds), while this test runs nothing."""
-    def snap():
-        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(v), v[3] + v[4]
-    t0, i0 = snap()
-    time.sleep(seconds)
-    t1, i1 = snap()
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
-
-
 def _steady_ms(every: int, steps: int) -> float:
     r = subprocess.run([sys.executable, str(EX), "--every", str(every), "--steps", str(steps)],
                        capture_output=True, text=True, timeout=120)
@@ -268,24 +265,26 @@ def _steady_ms(every: int, steps: int) -> float:
 def test_checkpoint_every_step_ranks_the_checkpoint_fix_first(tmp_path):
     """`run --stacks` on a script that saves ~200 MB after every step ranks the checkpoint fix
     first, and its expected gain is within 25% of the gain measured by saving every 100 steps."""
-    busy = _busy_cores()
-    if busy > 0.5:
-        pytest.skip(f"other processes keep {busy:.1f} cores busy: the timings would measure them")
+    skip_if_shared()
+    foreign = Foreign()
     tmp = Path(tempfile.gettempdir())
     before = set(tmp.glob("perfdoctor-ckpt-*"))
     # measured: bare runs, interleaved (every 100 over 100 steady steps: exactly one save)
     t1, t100 = [], []
-    for _ in range(2):
+    for _ in range(3):
         t1.append(_steady_ms(1, 20))
         t100.append(_steady_ms(100, 105))
     measured = statistics.mean(t1) / statistics.mean(t100)
+    # 80 steps: the gain 1 / (1 - share) magnifies the share's sampling error (~0.8 of the step
+    # here: 0.03 of share is 15% of gain); 30 steps at 50 Hz gave expected/measured 0.80-1.26
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), str(EX),
-                        "--every", "1", "--steps", "30"], capture_output=True, text=True, timeout=180)
+                        "--every", "1", "--steps", "80"], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "report.json").read_text())
     if doc["stacks"] is None:
         pytest.skip("no stacks recorded here: " + " ".join(doc["run"]["notes"]))
+    skip_if_shared(foreign)
     first = doc["findings"][0]
     expected = first["gain"]["expected"]
     print(f"bare every 1: {t1} ms/step, every 100: {t100} ms/step, measured {measured:.2f}x; "

@@ -41,6 +41,7 @@ MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares
 TOP = 8                     # trainer frames listed
 TOP_WORKER = 4
 MIN_TOP_SHARE = 0.01
+UNREAD_NOTE = 0.10          # a note when py-spy failed to read this share of its samples or more
 
 _TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
 _STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
@@ -90,7 +91,7 @@ class StackReport:
 
 def empty_metrics() -> dict:
     return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
-            "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None,
+            "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
             "stacks.python_data_share": None}
 
 
@@ -231,6 +232,17 @@ def _main_thread(segs: dict, pid) -> tuple | None:
     return best
 
 
+def _unread(proc: dict, segs: dict) -> float | None:
+    """Samples py-spy failed to read / samples taken, from its own tally of the process (samples
+    count one stack per thread: divided by the threads it recorded). None without the tally."""
+    samples, errors = proc.get("samples"), proc.get("errors")
+    if samples is None or errors is None:
+        return None
+    threads = max(1, sum(1 for key in segs if key[0] == proc["pid"]))
+    taken = samples / threads + errors
+    return float(errors / taken) if taken > 0 else None
+
+
 def _save_interval(saves: list[list[float]], win: _Windows, covered: float, span: float) -> float | None:
     """Steady steps per checkpoint save.
 
@@ -300,7 +312,12 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
         entry[0] += wt
     interval = _save_interval(saves, win, covered, span)
     share = {k: v / sampled for k, v in causes.items()}
+    unread = _unread(main, segs)
+    if unread is not None and unread >= UNREAD_NOTE:
+        rep.notes.append(f"py-spy could not read {unread:.0%} of its samples of the trainer (stacks changing under a "
+                         f"non-blocking read, or a busy machine): each share below may be off by that much")
     m.update({"stacks.steady_steps": rep.steady_steps, "stacks.coverage": min(1.0, sampled / span) if span else None,
+              "stacks.unread_share": unread,
               "stacks.checkpoint_share": float(share["checkpoint"]),
               "stacks.logging_sync_share": float(share["logging_sync"]),
               "stacks.python_data_share": float(share["python_data"]),

@@ -226,6 +226,8 @@ class StackRecorder:
         if killed:
             self.notes.append("py-spy did not finish writing its stacks; killed it")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        for entry in self.meta["processes"]:
+            entry.update(_counts(self.out_dir / f"pyspy-{entry['pid']}.log"))
         self.meta["pyspy_cpu_s"] = round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 3)
         self.meta["pyspy_wall_s"] = round(time.time() - self.meta["processes"][0]["t0_unix"], 3)
         try:
@@ -254,6 +256,19 @@ class StackRecorder:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+_COUNTS = re.compile(r"Samples: (\d+) Errors: (\d+)")
+
+
+def _counts(log: Path) -> dict:
+    """py-spy's own tally from its log: stacks written (one per thread per sample) and samples
+    it failed to read (a --nonblocking read torn by the running interpreter, a read error)."""
+    try:
+        m = _COUNTS.findall(log.read_text(errors="replace"))
+    except OSError:
+        return {}
+    return {"samples": int(m[-1][0]), "errors": int(m[-1][1])} if m else {}
 
 
 def python_children(pid: int) -> list[int]:

@@ -1,0 +1,74 @@
+"""Timing acceptance tests need the machine to themselves: how busy is it, before and during?
+
+Some tests compare perfdoctor's figures with independent reruns of a script (tune's trials, a
+checkpoint fix's gain). On a 2-core machine one busy neighbour halves a DataLoader worker's
+speed, so a neighbour that starts halfway through such a test changes the truth it measures.
+`busy_cores()` looks before the test starts; `Foreign()` measures, over the whole test, the CPU
+time this test's own processes did not use (every core's busy time from /proc/stat, less the
+CPU time of this process and of the children it waited for: perfdoctor, the scripts, their
+DataLoader workers). A test skips, with the figure, when either says the machine was shared.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import pytest
+
+QUIET = 0.5            # cores of other work a timing acceptance test tolerates
+
+
+def _stat() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]     # guest time is in user already
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(v) - v[3] - v[4]) / hz, sum(v) / hz          # idle and iowait are not busy
+
+
+def _own() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def busy_cores(seconds: float = 3.0) -> float:
+    """Cores busy right now (over a few seconds), while this test runs nothing."""
+    try:
+        b0, _ = _stat()
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        b1, _ = _stat()
+    except OSError:
+        return 0.0
+    return (b1 - b0) / (time.monotonic() - t0)
+
+
+class Foreign:
+    """Cores of other processes' work, on average, from start() to cores()."""
+
+    def __init__(self):
+        self.start()
+
+    def start(self) -> "Foreign":
+        try:
+            self.b0, self.o0, self.t0 = _stat()[0], _own(), time.monotonic()
+        except OSError:
+            self.b0 = None
+        return self
+
+    def cores(self) -> float:
+        if self.b0 is None:
+            return 0.0
+        b1, o1, t1 = _stat()[0], _own(), time.monotonic()
+        return max(0.0, ((b1 - self.b0) - (o1 - self.o0)) / max(t1 - self.t0, 1e-6))
+
+
+def skip_if_shared(foreign: Foreign | None = None, seconds: float = 3.0) -> None:
+    """Skip the calling test when other work kept QUIET cores or more busy (before it, or during
+    it when `foreign` is given)."""
+    busy = busy_cores(seconds) if foreign is None else foreign.cores()
+    when = "before this test" if foreign is None else "while this test ran"
+    if busy > QUIET:
+        pytest.skip(f"other processes kept {busy:.1f} cores busy {when}: the timings would measure them")
