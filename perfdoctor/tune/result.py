@@ -2,7 +2,8 @@
 
 Document (README, "perfdoctor tune"): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
 data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
-speedup, ci95, status, reason, dir, loss}, best {changes, speedup, ci95} or null, apply (text),
+speedup, ci95, status, reason, dir, loss, confirm}, best {changes, speedup, ci95, confirmed} or null,
+apply (text),
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, dir, command.
 """
 
@@ -25,7 +26,10 @@ def _trial_doc(o: Outcome) -> dict:
             "predicted": _r(o.predicted, 4), "step_time_s": _r(m.step_s) if m else None,
             "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
-            "baseline_dirs": [str(b.run_dir) for b in o.bases], "loss": o.loss}
+            "baseline_dirs": [str(b.run_dir) for b in o.bases], "loss": o.loss,
+            "confirm": ({"dir": o.confirm["dir"], "speedup": _r(o.confirm["speedup"], 4),
+                         "ci95": [_r(x, 4) for x in o.confirm["ci95"]] if o.confirm["ci95"] else None}
+                        if o.confirm else None)}
 
 
 def build(t: Tuner) -> dict:
@@ -44,7 +48,8 @@ def build(t: Tuner) -> dict:
                      "repeats": [{"dir": str(x.run_dir), "step_time_s": _r(x.step_s)} for x in t.baselines[1:]]},
         "trials": [_trial_doc(o) for o in t.outcomes],
         "best": ({"changes": best.trial.changes, "speedup": _r(best.ratio, 4),
-                  "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _r(best.run.step_s)}
+                  "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _r(best.run.step_s),
+                  "confirmed": best.confirm is not None}
                  if best else None),
         "apply": apply_text(best.trial.changes if best else {}, b.inject, t.facts.cuda),
         "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
@@ -84,8 +89,10 @@ def render(doc: dict, console=None) -> None:
                        + " (raise --budget to run them)"))
     best = doc["best"]
     if best:
+        runs = "two runs" if best.get("confirmed") else "one run (no budget left to confirm it)"
         con.print(text("best:", "bold") + text(f" {_label(best['changes'])}: {best['speedup']:.2f}x "
-                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}), {_ms(best['step_time_s'])}/step. Apply:"))
+                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {_ms(best['step_time_s'])}/step. "
+                  "Apply:"))
     else:
         con.print("[bold]best:[/bold] none of the trials was measurably faster than the baseline.")
     for line in doc["apply"].splitlines():
