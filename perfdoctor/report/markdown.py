@@ -128,8 +128,9 @@ def tune(doc: dict) -> str:
     best = doc["best"]
     out.append("")
     if best:
+        runs = "two runs" if best.get("confirmed") else "one run"
         out += [f"**Best:** {M(_label(best['changes']))}: **{best['speedup']:.2f}x** (95% CI {best['ci95'][0]:.2f}-"
-                f"{best['ci95'][1]:.2f}), {_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
+                f"{best['ci95'][1]:.2f}, {runs}), {_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
     else:
         out.append("**Best:** none of the trials was measurably faster than the baseline.")
     if doc.get("skipped_for_budget"):
