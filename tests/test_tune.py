@@ -176,11 +176,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def launch(tmp_path: Path, changes, max_steps=60):
+def launch(tmp_path: Path, changes, max_steps=60, script_text=SCRIPT):
     pytest.importorskip("torch")
     from perfdoctor.collect.launcher import RunConfig, launch as _launch
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     d = tmp_path / "run"
     res = _launch(RunConfig(argv=[str(script)], run_dir=d, max_steps=max_steps, trace=False, changes=changes))
     return res, d
@@ -198,6 +198,15 @@ def test_injected_changes_reach_the_script(tmp_path, capfd):
     assert inj["optimizers"][0]["class"] == "SGD"
     # one loss per backward: 60 measured steps after the first optimizer step, which starts them
     assert len(inj["losses"]) == 61 and all(isinstance(x, float) for x in inj["losses"])
+
+
+def test_a_script_leaving_through_os_exit_keeps_its_record(tmp_path, capfd):
+    """os._exit skips atexit: tune's record (what was applied, the losses) is written first."""
+    res, d = launch(tmp_path, {"num_workers": 1}, max_steps=None,
+                    script_text=SCRIPT + "import os\nos._exit(4)\n")
+    assert res.exit_code == 4 and res.child["outcome"] == "exit" and "dtype" in capfd.readouterr().out
+    inj = json.loads((d / "inject.json").read_text())
+    assert inj["applied"] == ["num_workers"] and len(inj["losses"]) == 3 * 32
 
 
 def test_autocast_and_optimizer_injection_change_what_the_script_sees(tmp_path, capfd):

@@ -73,7 +73,7 @@ def apply(torch, changes: dict | None, run_dir: str) -> None:
         _record_loss(torch, st)
     except Exception as exc:
         st.note(f"loss recording unavailable ({type(exc).__name__}: {exc})")
-    atexit.register(_write)
+    atexit.register(write_record)
 
 
 def _alloc(torch, st: _State) -> None:
@@ -215,7 +215,8 @@ def _record_loss(torch, st: _State) -> None:
     torch.Tensor.backward = backward
 
 
-def _write() -> None:
+def write_record() -> None:
+    """Write <run>/inject.json (at exit; also before an os._exit, which skips atexit)."""
     st = _state
     if st is None or os.getpid() != st.pid:
         return
