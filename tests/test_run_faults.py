@@ -78,6 +78,7 @@ def test_script_killed_by_sigkill(tmp_path, script):
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert doc["run"]["outcome"] == "killed" and doc["run"]["exit_code"] == 137
     assert doc["traces"][0]["metrics"]["run.steps"] >= 8          # the steps before the kill are kept
+    assert any("the script was killed after 9 step(s)" in n for n in doc["run"]["notes"]), doc["run"]["notes"]
 
 
 @pytest.mark.slow

@@ -218,6 +218,9 @@ def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
     state = res.child.get("profiler")
     if res.child.get("trace_enabled") is False:
         return "--no-trace"
+    if not res.child:                    # no summary: the script was killed (SIGKILL, OOM killer)
+        return (f"the script was killed after {len(steps)} step(s), before its trace was written" if steps
+                else "the script was killed before its first step")
     if not res.child.get("torch_imported"):
         return "the script never imported torch"
     if not steps and _failed(res):
