@@ -44,6 +44,26 @@ def series(rng, n=60, median=0.100, noise=0.03):
 
 # --- statistics -------------------------------------------------------------------------------
 
+def test_a_change_with_no_overlapping_step_is_called_without_an_interval():
+    """A current run too correlated for an interval (a long step every 7: 2 cycles are more than a
+    third of its 28 steady steps) is still a regression when every one of its steps is slower than
+    every baseline step by the minimum effect; an overlapping one stays inconclusive, and an
+    improvement is symmetric."""
+    rng = np.random.default_rng(5)
+    drift = np.tile([0.9, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3], 5)[:32] * np.exp(rng.normal(0.0, 0.01, 32))
+    base = mk(series(rng))
+    res = gate_runs(mk(drift), [base])
+    row = res.rows[0]
+    assert "ci95" not in row.values
+    assert res.outcome == "regression" and row.status == "regression" and "no step overlaps" in row.reason
+    assert row.values["current_min_s"] >= 1.1 * row.values["baseline_max_s"]
+    overlap = drift.copy()
+    overlap[5] = 0.105                                  # one current step as fast as the baseline's
+    assert gate_runs(mk(overlap), [base]).rows[0].status == "inconclusive"
+    fast = mk(series(rng, median=0.5, noise=0.02))
+    assert gate_runs(mk(drift / 10), [fast]).rows[0].status == "improvement"
+
+
 def test_step_time_is_the_steady_mean_and_long_steps_count():
     """The gate's step time is the estimator's: warm-up, profiled and perturbed steps out, and a
     rare long step inside the steady window kept (the old rule dropped it as an outlier)."""
@@ -276,10 +296,14 @@ def runs(tmp_path_factory):
     mlp = ["examples/compute_bound.py", "--batch-size", "64", "--width"]
     spec = {"a": [*mlp, "512"], "b": [*mlp, "512"], "wide": [*mlp, "1536"],
             "w0": ["examples/cpu_bound_loader.py", "--workers", "0"]}
+    # 80 steps of the MLPs (a few seconds each): with a neighbour's load coming and going, 40 steps
+    # left 28 steady steps correlated over 14, too few for an interval (seen with 2 busy loops)
+    steps = {"a": 80, "b": 80, "wide": 80, "w0": 40}
     out = {}
     for name, argv in spec.items():
         d = root / name
-        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--out", str(d), *argv],
+        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", str(steps[name]), "--out",
+                            str(d), *argv],
                            cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
         assert p.returncode == 0 and (d / "report.json").is_file(), p.stderr[-2000:]
         out[name] = d

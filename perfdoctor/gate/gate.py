@@ -15,7 +15,9 @@ detected steady window / its steps, never a median, no long step dropped as an o
   baseline; improvement symmetrically; otherwise pass.
 - fewer than --min-steps (10) steady steps, or a steady window too short for its correlation
   (the estimator's `conclusive`), in the current run (or in every baseline): inconclusive. No
-  step records (a bare report.json): inconclusive.
+  step records (a bare report.json): inconclusive. One exception needs no interval: when every
+  steady step of the current run is slower than every steady step of the baselines by at least
+  --min-effect (or faster, for an improvement), no step overlaps and the change is called.
 - environment fingerprints differ (device model/count, torch version, CPU count, batch size):
   absolute times are "not comparable" and only shares and the verdict are gated.
 - other processes used more than max(--max-other-load (0.25) x CPU count, 0.5) cores during the
@@ -196,6 +198,10 @@ def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list
             continue
         bss.append(s)
     need = f">= {opt.min_steps} steady steps"
+    if cs.n < opt.min_steps or not cs.conclusive or not bss:
+        apart = _apart(cs, [b.steady for b in bases if b.steps is not None], opt)
+        if apart is not None:
+            return apart
     if cs.n < opt.min_steps or not cs.conclusive:
         return Row(name, "", _ms(cs.step_s), "", need, INCONCLUSIVE,
                    f"the current run: {_too_few(cs, opt)}", {"current_steps": cs.n})
@@ -205,6 +211,34 @@ def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list
     if len(bss) == 1:
         return _within(name, bss[0], cs, opt)
     return _across(name, bss, cs, opt)
+
+
+def _apart(c: StepEstimate, bss: list[StepEstimate], opt: GateOptions) -> Row | None:
+    """Regression (improvement) without an interval: every steady step of the current run is at
+    least 1 + min_effect times slower (faster) than every steady step of the baselines, each side
+    with min_steps steps or more. Correlated or short windows cannot bias that: no step overlaps."""
+    bss = [b for b in bss if b.n >= opt.min_steps and len(b.durs)]
+    if c.n < opt.min_steps or not len(c.durs) or not bss:
+        return None
+    cd = c.durs * c.scale
+    bd = np.concatenate([b.durs * b.scale for b in bss])
+    k = 1 + opt.min_effect
+    base, curs = _ms(float(np.median([b.step_s for b in bss]))), _ms(c.step_s)
+    chg = f"{100 * (c.step_s / float(np.median([b.step_s for b in bss])) - 1):+.1f}%"
+    values = {"current_step_s": c.step_s, "baseline_step_s": [b.step_s for b in bss], "current_min_s": float(cd.min()),
+              "current_max_s": float(cd.max()), "baseline_min_s": float(bd.min()), "baseline_max_s": float(bd.max()),
+              "current_steps": c.n, "baseline_steps": int(len(bd))}
+    thr = f"±{100 * opt.min_effect:.0f}%, no overlap"
+    why = (f"every one of the current run's {c.n} steady steps is {{}} than every one of the baselines' {len(bd)} "
+           f"by {100 * opt.min_effect:.0f}% or more ({{}}; too few or too correlated steps for an interval, "
+           "but no step overlaps)")
+    if cd.min() >= k * bd.max():
+        return Row(STEP_TIME, base, curs, chg, thr, REGRESSION,
+                   why.format("slower", f"fastest {_ms(float(cd.min()))} vs slowest {_ms(float(bd.max()))}"), values)
+    if k * cd.max() <= bd.min():
+        return Row(STEP_TIME, base, curs, chg, thr, IMPROVEMENT,
+                   why.format("faster", f"slowest {_ms(float(cd.max()))} vs fastest {_ms(float(bd.min()))}"), values)
+    return None
 
 
 def _too_few(s: StepEstimate, opt: GateOptions) -> str:
