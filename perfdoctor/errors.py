@@ -1,4 +1,4 @@
-"""Errors that reach the user as one line and a documented exit code (see README, "Exit codes")."""
+"""Errors that reach the user as one line and a documented exit code (see docs/exit-codes.md)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ The cluster verdict and fixes come from the rules evaluated on the pace-setting 
 itself) together with the ranks.* metrics, so a straggler (PD115, PD360) comes before what the
 waiting ranks alone would suggest, and every gain is capped by the measured wait. The document
 is the single-run document of that rank with the cluster's verdict, fixes and flags, the run
-section of the job, and a `ranks` section (README, "Several ranks").
+section of the job, and a `ranks` section (docs/commands.md, "Several ranks").
 """
 
 from __future__ import annotations

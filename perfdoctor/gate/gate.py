@@ -1,6 +1,6 @@
 """`perfdoctor gate`: is the current run slower than the baseline run(s)?
 
-Decision rules (documented in the README, "Performance gate"):
+Decision rules (documented in docs/commands.md, "How it decides"):
 
 Step time: each run's steady-state step time (perfdoctor.stats.steptime: wall time of the
 detected steady window / its steps, never a median, no long step dropped as an outlier).

@@ -1,4 +1,4 @@
-"""A rule as loaded from one TOML file (format documented in README, "Rules")."""
+"""A rule as loaded from one TOML file (format documented in docs/rules.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`perfdoctor tune`'s result: the JSON document (-o FILE) and the terminal table.
 
-Document (README, "perfdoctor tune"): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
+Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
 data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm}, best {changes, speedup, ci95, confirmed} or null,
 apply (text),
