@@ -13,12 +13,15 @@
 4. Refinements of the best loader setting, then the winners of the different groups combined
    and measured together. The best setting is the fastest measured one whose interval lies
    above 1.
-5. Confirmation: the best setting is run a second time. One run's interval is within-run only,
-   and the same command can differ more than that between runs (one DataLoader worker on a
-   2-core VM: 72 and 196 ms/step in two runs). The speed-up reported is the geometric mean of
-   both runs' speed-ups, its interval spans both intervals, and the setting stays faster only
-   when both runs found it faster; otherwise the next best is confirmed in turn (while the
-   budget lasts; an unconfirmed best says so).
+5. Confirmation: the baseline and then the best setting run once more, back to back. One run's
+   interval is within-run only, and the same command can differ more than that between runs
+   (one DataLoader worker on a 2-core VM: 72 and 196 ms/step in two runs; a machine that gets
+   faster over a tune makes every later trial look faster than the first baseline). The second
+   run is compared with the fresh baseline; the speed-up reported is the geometric mean of both
+   runs' speed-ups, its interval spans both intervals, and the setting stays faster only when
+   both runs found it faster; otherwise the next best is confirmed in turn. Once a trial has
+   been faster, the trials leave two runs of the budget for this; a best that still could not
+   be confirmed says so.
 A baseline with too few steady steps once its trace window is left out is run again without a
 trace, and every run from then on is twice as long (unless --duration fixed the length).
 Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
@@ -41,6 +44,7 @@ from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
 NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
+CONFIRM_RUNS = 2             # a fresh baseline and the best setting again (step 5)
 EXIT_SCRIPT_FAILED, EXIT_NOT_MEASURABLE = 1, 3
 
 
@@ -111,7 +115,7 @@ class Tuner:
         self._confirm_best()
 
     def _confirm_best(self) -> None:
-        while (best := self.best()) is not None and best.confirm is None and self._fits():
+        while (best := self.best()) is not None and best.confirm is None and self._fits(CONFIRM_RUNS):
             self._confirm(best)
 
     def _baseline(self) -> None:
@@ -203,7 +207,7 @@ class Tuner:
         self.outcomes.append(out)
         if t.skip:
             return out
-        if not self._fits():
+        if not self._fits(1 + (CONFIRM_RUNS if self.best() is not None else 0)):
             out.reason = "budget"
             return out
         self.n += 1
@@ -246,9 +250,13 @@ class Tuner:
 
     def _confirm(self, best: Outcome) -> None:
         """Run the best setting again against the latest baseline (step 5 of the docstring)."""
+        before = self._repeat_baseline()
+        if before is None:                   # the baseline failed this time: nothing to compare with
+            best.confirm = {"dir": None, "speedup": None, "ci95": None}
+            best.status, best.reason = "failed", "the baseline failed when run again to confirm this"
+            return
         self.n += 1
         name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", planmod.describe(best.trial.changes))[:52]
-        before = self.baselines[-1]
         m = self._launch(self.dir / f"{self.n:02d}-confirm-{name}", best.trial.changes)
         if not m.ok:
             best.confirm = {"dir": str(m.run_dir), "speedup": None, "ci95": None}
