@@ -128,6 +128,10 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     assert a.ratio == pytest.approx((1.5 * 0.9) ** 0.5) and a.ci95 == (0.8, 1.6)
     assert b.status == "faster" and b.ratio == pytest.approx((1.2 * 1.25) ** 0.5) and b.ci95 == (1.1, 1.35)
     assert t.best() is b and b.confirm["speedup"] == 1.25 and c.confirm is None
+    d = S.Outcome(plan.Trial({"threads": 4}, "threads"), "faster", ratio=1.1, ci95=(1.05, 1.15))
+    t.outcomes.append(d)
+    t._confirm_best()                         # b stays best and confirmed; d is faster in one run only
+    assert d.confirm is None and d.reason == "one run, not confirmed" and "not confirmed" not in (b.reason or "")
 
 
 def test_apply_text_is_the_code_change():

@@ -117,6 +117,9 @@ class Tuner:
     def _confirm_best(self) -> None:
         while (best := self.best()) is not None and best.confirm is None and self._fits(CONFIRM_RUNS):
             self._confirm(best)
+        for o in self.outcomes:              # the other "faster" rows rest on one run: say so
+            if o.status == "faster" and o.confirm is None:
+                o.reason = ((o.reason + "; ") if o.reason else "") + "one run, not confirmed"
 
     def _baseline(self) -> None:
         from perfdoctor.diagnose.live import diagnose_run
