@@ -223,8 +223,8 @@ def _apart(c: StepEstimate, bss: list[StepEstimate], opt: GateOptions) -> Row | 
     cd = c.durs * c.scale
     bd = np.concatenate([b.durs * b.scale for b in bss])
     k = 1 + opt.min_effect
-    base, curs = _ms(float(np.median([b.step_s for b in bss]))), _ms(c.step_s)
-    chg = f"{100 * (c.step_s / float(np.median([b.step_s for b in bss])) - 1):+.1f}%"
+    center = float(np.median([b.step_s for b in bss]))
+    base, curs, chg = _ms(center), _ms(c.step_s), f"{100 * (c.step_s / center - 1):+.1f}%"
     values = {"current_step_s": c.step_s, "baseline_step_s": [b.step_s for b in bss], "current_min_s": float(cd.min()),
               "current_max_s": float(cd.max()), "baseline_min_s": float(bd.min()), "baseline_max_s": float(bd.max()),
               "current_steps": c.n, "baseline_steps": int(len(bd))}

@@ -119,7 +119,7 @@ class Tuner:
             self._confirm(best)
         for o in self.outcomes:              # the other "faster" rows rest on one run: say so
             if o.status == "faster" and o.confirm is None:
-                o.reason = ((o.reason + "; ") if o.reason else "") + "one run, not confirmed"
+                _add_reason(o, "one run, not confirmed")
 
     def _baseline(self) -> None:
         from perfdoctor.diagnose.live import diagnose_run
@@ -185,6 +185,12 @@ class Tuner:
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
         return m
 
+    def _next_dir(self, changes: dict, kind: str = "") -> Path:
+        """NN-<kind><change>: the directory of the next trial run, numbered in the order run."""
+        self.n += 1
+        name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", planmod.describe(changes))[:60 - len(kind)]
+        return self.dir / f"{self.n:02d}-{kind}{name}"
+
     def _fits(self, runs: int = 1) -> bool:
         return self.elapsed() + runs * self.longest <= self.o.budget_s
 
@@ -213,10 +219,8 @@ class Tuner:
         if not self._fits(1 + (CONFIRM_RUNS if self.best() is not None else 0)):
             out.reason = "budget"
             return out
-        self.n += 1
         before = self.baselines[-1]
-        name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", planmod.describe(t.changes))[:60]
-        m = out.run = self._launch(self.dir / f"{self.n:02d}-{name}", t.changes)
+        m = out.run = self._launch(self._next_dir(t.changes), t.changes)
         noisy_now = _busy(m) or _busy(before)
         if noisy_now and not self.noisy:
             self.noisy = True
@@ -244,23 +248,21 @@ class Tuner:
                 out.status, out.reason = "failed", f"not applied: {', '.join(missing)} ({why})"
         loads = [x.other_load for x in (before, m, after) if x is not None and _busy(x)]
         if loads:
-            out.reason = ((out.reason + "; ") if out.reason else "") + \
-                f"other processes used up to {max(loads):.1f} cores meanwhile"
+            _add_reason(out, f"other processes used up to {max(loads):.1f} cores meanwhile")
         self.log(f"{t.label}: {_ms(m.step_s)}/step"
                  + (f", {out.ratio:.2f}x [{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
                  + f" -> {out.status}" + (f" ({out.reason})" if out.reason else ""))
         return out
 
     def _confirm(self, best: Outcome) -> None:
-        """Run the best setting again against the latest baseline (step 5 of the docstring)."""
+        """Run the baseline, then the best setting, once more and compare the two (step 5 of the
+        docstring)."""
         before = self._repeat_baseline()
         if before is None:                   # the baseline failed this time: nothing to compare with
             best.confirm = {"dir": None, "speedup": None, "ci95": None}
             best.status, best.reason = "failed", "the baseline failed when run again to confirm this"
             return
-        self.n += 1
-        name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", planmod.describe(best.trial.changes))[:52]
-        m = self._launch(self.dir / f"{self.n:02d}-confirm-{name}", best.trial.changes)
+        m = self._launch(self._next_dir(best.trial.changes, "confirm-"), best.trial.changes)
         if not m.ok:
             best.confirm = {"dir": str(m.run_dir), "speedup": None, "ci95": None}
             best.status, best.reason = "failed", f"a second run failed: {m.error}"
@@ -271,7 +273,7 @@ class Tuner:
             best.ratio, best.ci95 = (r1 * r2) ** 0.5, (min(lo1, lo2), max(hi1, hi2))
             second = f"{r2:.2f}x [{lo2:.2f}, {hi2:.2f}]"
             if lo2 > 1:
-                best.reason = ((best.reason + "; ") if best.reason else "") + f"a second run: {second}"
+                _add_reason(best, f"a second run: {second}")
             else:
                 best.status = "no change"
                 best.reason = f"a second run measured {second}: not faster in both runs"
@@ -284,6 +286,10 @@ class Tuner:
 
     def best(self) -> Outcome | None:
         return self._best()
+
+
+def _add_reason(o: Outcome, text: str) -> None:
+    o.reason = f"{o.reason}; {text}" if o.reason else text
 
 
 def _busy(m: Measured) -> bool:
