@@ -100,19 +100,29 @@ def _evidence(c: Console, v: dict) -> None:
     c.print(table)
 
 
+def _gain_column(g: dict) -> str:
+    """'~2.56x (max 4.19x)  ', padded to one width: the numbers come before the title, so a
+    narrow terminal cuts the title, never the gain."""
+    exp, cap = g.get("expected"), g.get("ceiling")
+    head = f"~{_times(exp)}" if exp else "?"
+    tail = f" (max {_times(cap)})" if cap else ""
+    return f"{head + tail:<18}  "
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x" if x < 10 else f"{x:.0f}x"
+
+
 def _top_fixes(c: Console, findings: list[dict]) -> None:
     ranked = [f for f in findings if f["ranked"]]
     c.print()
     if not ranked:
         c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
         return
-    c.print(Text("Top fixes (expected gain: a model of the change, never above its ceiling)", style="bold"))
+    c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
     for i, f in enumerate(ranked[:TOP], 1):
-        g = f["gain"]
-        gain = ", ".join(x for x in (f"expected ~{g['expected']:.2f}x" if g.get("expected") else "",
-                                     f"at most {g['ceiling']:.2f}x" if g.get("ceiling") else "") if x)
-        _line(c, Text.assemble((f" {i}. ", "bold"), (T(f["id"]), "dim"), (T(f" {f['title']}"), "bold"), ("  ", ""),
-                               (T(gain), "green")))
+        _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f["gain"]), "green"), (T(f["id"]), "dim"),
+                               (T(f" {f['title']}"), "bold")))
     rest = len(findings) - min(len(ranked), TOP)
     if rest:
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
