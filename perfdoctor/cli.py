@@ -99,9 +99,12 @@ def run(
     trace_steps: int = typer.Option(5, "--trace-steps", min=1, help="Steps recorded by torch.profiler."),
     memory: bool = typer.Option(False, "--memory", help="Also profile memory (allocator events) in the trace."),
     no_trace: bool = typer.Option(False, "--no-trace", help="Do not record a torch.profiler trace."),
-    stacks: bool = typer.Option(False, "--stacks/--no-stacks",
-                                help="Record Python stacks of the trainer and loader workers with py-spy "
-                                     "(py-spy record, 50 Hz, attached to the script: needs ptrace)."),
+    stacks: Optional[bool] = typer.Option(None, "--stacks/--no-stacks", envvar="PERFDOCTOR_STACKS",
+                                          show_default="auto",
+                                          help="Record Python stacks of the trainer and loader workers with py-spy "
+                                               "(py-spy record, 50 Hz, attached to the script: needs ptrace). "
+                                               "Default: only when half a CPU core or more is idle at the first step, so "
+                                               "py-spy takes no CPU from the job. Env: PERFDOCTOR_STACKS=1/0."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default perfdoctor-runs/<time>-<script>). "
                                                            "A directory that already holds a run is refused."),
     force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "

@@ -12,6 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # tracegen
 REPO = Path(__file__).resolve().parent.parent
 # The rule-file cache goes to a directory of this test session (children inherit it), never ~/.cache.
 os.environ["PERFDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfdoctor-test-cache-")
+# `perfdoctor run` records py-spy stacks by default only when a core is idle at the first step: a
+# coin toss on a busy 2-core machine. Tests run without them unless they ask (--stacks, or
+# tests/test_stacks.py's auto-mode tests, which remove this variable).
+os.environ["PERFDOCTOR_STACKS"] = "0"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 

@@ -54,6 +54,48 @@ def test_missing_py_spy_is_said_once(monkeypatch, tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+# --- auto mode: stacks only where a core is idle ---------------------------------------------
+
+def test_idle_cores_are_measured_in_cores():
+    """Idle CPU time over wall time, in cores: every core spinning leaves less than half a core idle."""
+    cores = os.cpu_count() or 1
+    idle, n = collect_stacks.measure_idle_cores(0.3)
+    assert n == cores and 0.0 <= idle <= cores
+    spin = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 4\nwhile time.time() < t: pass"])
+            for _ in range(cores)]
+    try:
+        time.sleep(0.5)
+        busy, _ = collect_stacks.measure_idle_cores(1.0)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert busy < collect_stacks.MIN_IDLE_CORES, (busy, cores)
+
+
+@needs_py_spy
+def test_auto_mode_without_an_idle_core_records_nothing_and_says_why(tmp_path):
+    probe = []
+    rec, _ = _record(tmp_path, steps=8, auto=True, idle_cores=lambda s: probe.append(s) or (0.4, 2))   # 0.4 < MIN_IDLE_CORES
+    meta = json.loads((tmp_path / "stacks" / collect_stacks.META).read_text())
+    assert probe == [collect_stacks.IDLE_PROBE_S] and rec.procs == {}
+    assert meta["mode"] == "auto" and meta["skipped"] == "no_idle_core" and meta["idle_cores"] == 0.4
+    assert load_recording(tmp_path / "stacks") is None
+    assert len(rec.notes) == 1 and "0.4 of 2 cores idle" in rec.notes[0] and "--stacks" in rec.notes[0]
+
+
+@needs_py_spy
+def test_auto_mode_with_an_idle_core_records_the_trainer(tmp_path):
+    rec, _ = _record(tmp_path, steps=12, auto=True, idle_cores=lambda s: (1.6, 2))
+    got = load_recording(tmp_path / "stacks")
+    if got is None:
+        assert any("ptrace" in n for n in rec.notes), rec.notes
+        pytest.skip("py-spy could not attach here: " + "; ".join(rec.notes))
+    procs, meta = got
+    assert meta["mode"] == "auto" and meta["idle_cores"] == 1.6 and "skipped" not in meta
+    assert [p["role"] for p in procs] == ["trainer"] and procs[0]["events"]
+
+
 # --- recording a real process ----------------------------------------------------------------
 
 # Each step: a checkpoint (torch.save of ~48 MB: several sample periods long), Python data preparation, logging through the
@@ -99,11 +141,11 @@ json.dump(parts, open(os.path.join(out, "truth.json"), "w"))
 """
 
 
-def _record(tmp_path: Path, steps: int = 30):
+def _record(tmp_path: Path, steps: int = 30, **recorder):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     child = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(steps)])
-    rec = StackRecorder(child.pid, tmp_path / "stacks", tmp_path / "steps.jsonl").start()
+    rec = StackRecorder(child.pid, tmp_path / "stacks", tmp_path / "steps.jsonl", **recorder).start()
     child.wait(timeout=120)
     rec.stop()
     assert child.returncode == 0
@@ -294,3 +336,28 @@ def test_checkpoint_every_step_ranks_the_checkpoint_fix_first(tmp_path):
     assert abs(expected / measured - 1) <= 0.25, (expected, measured)
     assert "torch.save at checkpoint_every_step.py:" in r.stderr
     assert set(tmp.glob("perfdoctor-ckpt-*")) == before      # the 200 MB files went away
+
+
+@needs_py_spy
+def test_run_records_stacks_by_default_only_with_an_idle_core(tmp_path):
+    """`perfdoctor run` without --stacks/--no-stacks: py-spy runs when the first step finds half a
+    core idle or more, and then names the checkpoint; otherwise the report says why there are none."""
+    env = {k: v for k, v in os.environ.items() if k != "PERFDOCTOR_STACKS"}
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(EX),
+                        "--every", "1", "--steps", "30"], capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "stacks" / collect_stacks.META).read_text())
+    doc = json.loads((out / "report.json").read_text())
+    notes = " ".join(doc["run"]["notes"])
+    print(f"idle cores at the first step: {meta['idle_cores']} of {meta['cores']}")
+    assert meta["mode"] == "auto" and 0 <= meta["idle_cores"] <= meta["cores"]
+    assert "could not be read" not in notes
+    if meta["idle_cores"] < collect_stacks.MIN_IDLE_CORES:
+        assert meta["skipped"] == "no_idle_core" and doc["stacks"] is None
+        assert "Python stacks not recorded: no idle CPU" in notes and "Python stacks not recorded" in r.stderr
+    elif doc["stacks"] is None:
+        assert "ptrace" in notes, notes
+    else:
+        assert "skipped" not in meta and doc["stacks"]["top"][0]["frame"] == "torch.save"
+        assert "PD350" in [f["id"] for f in doc["findings"]]

@@ -40,7 +40,7 @@ class RunConfig:
     active: int = 5
     memory: bool = False
     trace: bool = True
-    stacks: bool = False
+    stacks: bool | None = False          # py-spy stacks: True on, False off, None auto (when a core is idle)
     interval: float = 0.5
     force: bool = False                  # --force: replace a run already in run_dir
     changes: dict | None = None          # `perfdoctor tune`: changes injected into the script (inject.py)
@@ -155,10 +155,10 @@ def _start_samplers(cfg: RunConfig, pid: int, run_dir: Path, notes: list[str]) -
         out.append(s)
     except Exception as exc:  # sampling must never break the user's run
         notes.append(f"system sampling unavailable: {type(exc).__name__}: {exc}")
-    if cfg.stacks:
+    if cfg.stacks is not False:
         try:
             from perfdoctor.collect.stacks import StackRecorder
-            st = StackRecorder(pid, run_dir / "stacks", run_dir / "steps.jsonl")
+            st = StackRecorder(pid, run_dir / "stacks", run_dir / "steps.jsonl", auto=cfg.stacks is None)
             st.start()
             out.append(st)
         except Exception as exc:

@@ -19,6 +19,12 @@ step records (`end`, `dur` in steps.jsonl) and the analysis (analyze/stacks.py) 
 steps only. --duration bounds the files and the cost on long runs; each py-spy stops by itself
 when its process ends. At the end the meta file gets py-spy's own CPU time (its cost).
 
+`perfdoctor run` records stacks by default where they cost the job nothing (auto mode): at the
+first step the machine's idle CPU is measured for IDLE_PROBE_S, and py-spy starts only when at
+least MIN_IDLE_CORES (half a core: 8x what py-spy takes) are idle (a GPU machine's spare cores,
+usually); otherwise the meta file
+says `skipped` and a note says how to record anyway (`--stacks`). `--no-stacks` turns it off.
+
 --nonblocking reads the process's memory without pausing it, so the script never stops for a
 sample. The price is torn stacks: while Python calls and returns quickly, a read can miss the
 innermost frames, and their time goes to the caller's line. Long calls (torch.save, a blocking
@@ -58,6 +64,10 @@ RATE_HZ = 50           # samples per second: 20 ms resolution, ~3% of one core f
 MAX_S = 120            # record at most this long (from the first step): bounds file size and cost
 WAIT_EXIT_S = 15.0     # after the script ends, how long py-spy may take to notice and write
 META = "pyspy.meta.json"          # beside pyspy-<pid>.json and pyspy-<pid>.log per process
+IDLE_PROBE_S = 1.0                # auto mode: how long idle cores are measured at the first step
+# auto mode: py-spy (2-6% of one core: bench_stacks.py) starts only where the machine's idle
+# capacity is at least 8x that, half a core: then it runs in the gaps the job leaves
+MIN_IDLE_CORES = 0.5
 MAX_CHILDREN = 8                  # loader workers recorded (each costs its own py-spy)
 CHILD_POLL_S = 1.0                # how often new worker processes are looked for
 
@@ -84,6 +94,26 @@ def ptrace_note() -> str:
 def no_pyspy_note() -> str:
     return (f"py-spy not found (looked beside {sys.executable}, in the py-spy package and on PATH): "
             "`pip install py-spy` in this environment; Python stacks skipped")
+
+
+def skipped_note(idle: float | None, cores: int | None) -> str:
+    got = "unknown" if idle is None else f"{idle:.1f} of {cores}"
+    return (f"Python stacks not recorded: no idle CPU for py-spy when the steps began ({got} cores idle); "
+            "`--stacks` records them anyway, at ~3% of a busy core")
+
+
+def measure_idle_cores(seconds: float) -> tuple[float, int]:
+    """(idle cores, cores) over the next `seconds`: the machine's idle CPU time (idle + iowait)
+    over wall time, from /proc/stat through psutil."""
+    import psutil
+    a = psutil.cpu_times()
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    b = psutil.cpu_times()
+    wall = time.monotonic() - t0
+    idle = (b.idle - a.idle) + (getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0))
+    cores = psutil.cpu_count() or 1
+    return (min(max(idle / wall, 0.0), float(cores)) if wall > 0 else 0.0), cores
 
 
 def _executable(p: Path) -> bool:
@@ -134,7 +164,8 @@ class StackRecorder:
     """
 
     def __init__(self, pid: int, out_dir, steps_path, rate: int = RATE_HZ, max_s: float = MAX_S,
-                 py_spy: str | list[str] | None = None, poll: float = 0.1, max_children: int = MAX_CHILDREN):
+                 py_spy: str | list[str] | None = None, poll: float = 0.1, max_children: int = MAX_CHILDREN,
+                 auto: bool = False, idle_cores=None):
         self.pid = int(pid)
         self.out_dir = Path(out_dir)
         self.steps_path = Path(steps_path)
@@ -146,6 +177,10 @@ class StackRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.auto = bool(auto)               # record only when a core is idle (the default of `run`)
+        self.idle_cores = idle_cores or measure_idle_cores
+        if self.auto:
+            self.meta["mode"] = "auto"
         if self.py_spy is None:
             self.notes.append(no_pyspy_note())
 
@@ -174,6 +209,8 @@ class StackRecorder:
         if self._stop.is_set():
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.auto and not self._core_to_spare():
+            return
         t0 = time.time()
         if not self._spawn(self.pid, "trainer", self.max_s):
             return
@@ -185,6 +222,26 @@ class StackRecorder:
                     self._spawn(child, "child", left)
             if self._stop.wait(CHILD_POLL_S) or not _alive(self.pid):
                 return
+
+    def _core_to_spare(self) -> bool:
+        """Auto mode: py-spy costs 2-6% of one core (bench_stacks.py); it runs only when at least
+        MIN_IDLE_CORES stay idle while the script runs (measured over IDLE_PROBE_S at the first
+        step), so it takes no CPU the job wants. Otherwise the meta file says why no stacks."""
+        try:
+            idle, cores = self.idle_cores(IDLE_PROBE_S)
+        except Exception as exc:  # noqa: BLE001 - a probe failure only costs the stacks
+            idle, cores = None, os.cpu_count()
+            self.meta["idle_probe_error"] = f"{type(exc).__name__}: {exc}"
+        self.meta.update({"idle_cores": None if idle is None else round(idle, 2), "cores": cores})
+        if idle is not None and idle >= MIN_IDLE_CORES:
+            return True
+        self.meta["skipped"] = "no_idle_core"
+        self.notes.append(skipped_note(idle, cores))
+        try:
+            (self.out_dir / META).write_text(json.dumps(self.meta, indent=1))
+        except OSError:
+            pass
+        return False
 
     def _spawn(self, pid: int, role: str, duration: float) -> bool:
         out = self.out_dir / f"pyspy-{pid}.json"

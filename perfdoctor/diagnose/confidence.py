@@ -42,7 +42,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
                      + ("the Python stacks below name it" if m.get("stacks.steady_steps")
-                        else "profile with Python stacks to see it"))
+                        else "Python stacks name it (`perfdoctor run --stacks`)"))
     return round(conf, 2), notes, secondary
 
 

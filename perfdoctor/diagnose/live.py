@@ -165,12 +165,17 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
 
     rec = load_recording(run_dir / "stacks")
     if rec is None:
-        if (run_dir / "stacks" / "pyspy.meta.json").is_file():
+        if (run_dir / "stacks" / "pyspy.meta.json").is_file() and not _stacks_skipped(run_dir):
             notes.append("py-spy's stack recording could not be read (killed while writing?)")
         return None
     rep = attribute(rec[0], rec[1], steps)
     m.update(rep.metrics)
     return section(rep, rec[1])
+
+
+def _stacks_skipped(run_dir: Path) -> bool:
+    """Auto mode found no idle core, so py-spy never started (the run's notes say so)."""
+    return bool(_read_json(run_dir / "stacks" / "pyspy.meta.json").get("skipped"))
 
 
 def load_result(run_dir: Path) -> RunResult:
