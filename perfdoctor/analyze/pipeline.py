@@ -16,6 +16,7 @@ from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
+from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
@@ -74,6 +75,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(verdict_shares(m))
     m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], m["share.device"])
              if k.platform == "cuda" else {})
+    m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm") else {})
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

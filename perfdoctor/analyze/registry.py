@@ -112,6 +112,10 @@ _m("memory.peak_reserved_fraction", "fraction", "Peak reserved / device memory."
 _m("tensor_core.kernel_share", "fraction", "Tensor-core kernel time / all kernel time.")
 _m("tensor_core.eligible_share", "fraction", "GEMM/convolution kernel time (tensor-core eligible) / all kernel time.")
 _m("tensor_core.eligible_step_share", "share", "GEMM/convolution kernel time / step time (what mixed precision can speed up).")
+# -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
+_m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
+_m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")
+_m("fusion.compiled", "bool", "The steps already run compiled code (Triton kernels or compiled-region ops).")
 # -- math precision (analyze/precision.py; CUDA only, None elsewhere) ------------------------
 _m("precision.gemm_fp32_share", "share", "Kernel time of fp32 GEMM/convolution kernels on the SIMT cores (no tensor cores) / step time.")
 _m("precision.gemm_tf32_share", "share", "Kernel time of TF32 tensor-core GEMM/convolution kernels / step time.")

@@ -1,0 +1,67 @@
+"""Unfused memory-bound kernels: what torch.compile's kernel fusion acts on.
+
+Eager PyTorch runs every elementwise op, norm and reduction as its own kernel: each reads its
+inputs from device memory and writes its output back, so a chain like `x * w + b -> gelu ->
+dropout -> + residual` moves the activations four times. torch.compile (TorchInductor) fuses
+such chains into one generated kernel that reads and writes them once. The kernels it acts on
+are memory-bound: their time is bytes moved, not math.
+
+A kernel counts as unfused memory-bound work when its name (ATen/cuDNN naming) says elementwise,
+reduction, normalisation, softmax outside attention, activation, dropout, indexing, concatenation,
+fill or pooling, and it is none of: a GEMM/convolution or attention kernel (precision.py's
+classes), a layout transpose (channels_last removes those), an optimizer kernel (fused
+optimizers cover those), a collective, or a kernel compile already generated (`triton_*`).
+
+`fusion.compiled` is true when the steps already run compiled code (Triton kernels, or
+compiled-region ops on the host): then compile is not news. Kernel time only shortens the step
+where the device is the critical path, so the share is weighted by the device's busy share of
+the step, as precision.py does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.precision import CLASSES, OPTIMIZER_KERNEL_RX, _in_optimizer, class_of_rows
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+MEMORY_BOUND_RX = re.compile(
+    r"elementwise|reduce_kernel|reduction|norm|softmax|activation|gelu|silu|relu|tanh|sigmoid|dropout|"
+    r"fused_dropout|masked|index|gather|scatter|CatArray|cat_|fill|pool|bn_|clamp|where|copy_kernel|"
+    r"GammaBeta|RowwiseMoments", re.I)
+NOT_FUSABLE_RX = re.compile(r"^triton_|nccl|multi_tensor_apply|Memcpy|Memset", re.I)
+COMPILED_KERNEL_RX = re.compile(r"^triton_")
+COMPILED_OP_RX = re.compile(r"^(CompiledFunction|CompiledFxGraph|Torch-Compiled Region|## Call CompiledFxGraph)")
+UNCHANGED = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_half", "layout")
+
+
+def is_memory_bound(name: str) -> bool:
+    return bool(MEMORY_BOUND_RX.search(name)) and not NOT_FUSABLE_RX.search(name) \
+        and not OPTIMIZER_KERNEL_RX.search(name)
+
+
+def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:
+    out = {"fusion.unfused_share": None, "fusion.unfused_kernels_per_step": None, "fusion.compiled": None}
+    lo, hi = steps.span
+    total = float(steps.duration.sum())
+    kr = np.flatnonzero(k.kernel)
+    kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
+    if not len(kr) or total <= 0:
+        return out
+    names = t.name[kr]
+    compiled_kernel = np.fromiter((bool(COMPILED_KERNEL_RX.search(n)) for n in t.names), bool, len(t.names))
+    ops = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
+    compiled_op = bool((ops & t.name_mask(lambda s: bool(COMPILED_OP_RX.search(s)))).any())
+    lut = np.fromiter((is_memory_bound(n) for n in t.names), bool, len(t.names))
+    cls = class_of_rows(t, k, kr)
+    keep = lut[names] & ~np.isin(cls, [CLASSES.index(c) for c in UNCHANGED]) & ~_in_optimizer(t, k, kr)
+    crit = min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
+    n_steps = max(len(steps.duration), 1)
+    out.update({"fusion.unfused_share": float(t.dur[kr][keep].sum()) / total * crit,
+                "fusion.unfused_kernels_per_step": float(keep.sum()) / n_steps,
+                "fusion.compiled": bool(compiled_kernel[names].any()) or compiled_op})
+    return out
