@@ -1,0 +1,131 @@
+"""Held-out check of perfdoctor's advice on GPU scripts that are not in the H100 corpus.
+
+    python bench/validate_holdout.py [--pairs 3] [--only h_attention.py ...] [--json FILE] [--cpu]
+
+Each script in bench/holdout/ has a known bottleneck and a textbook fix behind `--fixed`
+(hand-written attention -> SDPA, fp32 -> bf16 autocast, a checkpoint every step -> every 100,
+unfused elementwise kernels -> torch.compile). For each one this runs, on this machine:
+
+1. the script bare and with `--fixed`, in interleaved pairs (order alternating), each printing
+   its own steady step time (`STEADY_MS`); measured speed-up = mean bare / mean fixed;
+2. `perfdoctor run --stacks` on the bare script, and reads its report.json;
+3. prints, per script, where perfdoctor ranks the fix that was applied, its expected gain, range
+   and ceiling, the measured speed-up, the error, and whether the issue's bar is met (the applied
+   fix ranks first; expected within 25% of measured; the measurement never beats the ceiling).
+
+GPU only: without CUDA it says so and exits 0. `--cpu` runs it anyway with `--small` sizes, to
+check the harness itself (the numbers then say nothing about GPUs). Add a row to
+../shared/traces/h100/README.md and the run directory to the corpus when a script's result is
+worth keeping (`--keep DIR` keeps the run directories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_run_gpu import cuda_available, steady_ms  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+HOLDOUT = REPO / "bench" / "holdout"
+# script -> the fix rules (slugs) that make the change its --fixed applies
+APPLIED = {
+    "h_attention.py": ["flash-attention"],
+    "h_precision.py": ["mixed-precision"],
+    "h_checkpoint.py": ["checkpoint-off-the-step"],
+    "h_fusion.py": ["compile-fuse"],
+}
+TOLERANCE = 0.25
+
+
+def timed(script: Path, extra: list[str]) -> float:
+    r = subprocess.run([sys.executable, str(script), *extra], capture_output=True, text=True)
+    ms = steady_ms(r.stdout)
+    if r.returncode != 0 or ms is None:
+        raise SystemExit(f"{script.name} {' '.join(extra)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return ms
+
+
+def measure(script: Path, pairs: int, small: list[str]) -> tuple[list[float], list[float]]:
+    bare, fixed = [], []
+    for i in range(pairs):
+        for arm in (("bare", "fixed") if i % 2 == 0 else ("fixed", "bare")):
+            (bare if arm == "bare" else fixed).append(timed(script, small + (["--fixed"] if arm == "fixed" else [])))
+    return bare, fixed
+
+
+def diagnose(script: Path, out: Path, small: list[str]) -> dict:
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), str(script), *small],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not (out / "report.json").is_file():
+        raise SystemExit(f"perfdoctor run {script.name} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return json.loads((out / "report.json").read_text())
+
+
+def judge(doc: dict, slugs: list[str], measured: float) -> dict:
+    from perfdoctor.rules.gain import combined
+
+    ranked = [f["slug"] for f in doc["findings"]]
+    gains = {f["slug"]: f["gain"] for f in doc["findings"]}
+    got = [gains.get(s) or {} for s in slugs]
+    exp = combined([g["expected"] for g in got]) if all(g.get("expected") for g in got) else None
+    cap = combined([g["ceiling"] for g in got]) if all(g.get("ceiling") for g in got) else None
+    ranks = [ranked.index(s) + 1 if s in ranked else None for s in slugs]
+    return {"fixes": slugs, "ranks": ranks, "first": ranked[:1], "expected": exp, "ceiling": cap,
+            "range": [combined([(g.get("range") or [g.get("expected")] * 2)[k] for g in got]) for k in (0, 1)]
+            if exp else None,
+            "measured": measured, "error": exp / measured - 1 if exp else None,
+            "ranked_first": 1 in ranks, "within": exp is not None and abs(exp / measured - 1) <= TOLERANCE,
+            "ceiling_holds": cap is None or measured <= cap * 1.05}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--only", nargs="*", choices=sorted(APPLIED))
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--keep", type=Path, help="keep the perfdoctor run directories here")
+    ap.add_argument("--cpu", action="store_true", help="run without CUDA (--small sizes): checks the harness only")
+    a = ap.parse_args(argv)
+    ok, what = cuda_available()
+    print(f"# {what}")
+    if not ok and not a.cpu:
+        print("no CUDA device: nothing measured (--cpu checks the harness on the CPU)")
+        return 0
+    small = [] if ok else ["--small"]
+    rows = {}
+    tmp = Path(tempfile.mkdtemp(prefix="perfdoctor-holdout-"))
+    try:
+        print("| script | fix applied (rank) | perfdoctor's first fix | expected | range | ceiling | measured | error | bar |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name in a.only or APPLIED:
+            script = HOLDOUT / name
+            bare, fixed = measure(script, a.pairs, small)
+            measured = statistics.mean(bare) / statistics.mean(fixed)
+            out = (a.keep or tmp) / name.removesuffix(".py")
+            doc = diagnose(script, out, small)
+            row = judge(doc, APPLIED[name], measured) | {"bare_ms": bare, "fixed_ms": fixed}
+            rows[name] = row
+            fmt = lambda v: "-" if v is None else ("unbounded" if v == float("inf") else f"{v:.2f}x")  # noqa: E731
+            fixes = ", ".join(f"{s} (#{r})" if r else f"{s} (absent)" for s, r in zip(row["fixes"], row["ranks"]))
+            bar = "met" if row["ranked_first"] and row["within"] and row["ceiling_holds"] else "NOT met"
+            rng = f"{fmt(row['range'][0])}-{fmt(row['range'][1])}" if row["range"] else "-"
+            err = f"{100 * row['error']:+.0f}%" if row["error"] is not None else "-"
+            print(f"| {name} | {fixes} | {(row['first'] or ['-'])[0]} | {fmt(row['expected'])} | {rng} | "
+                  f"{fmt(row['ceiling'])} | {measured:.2f}x | {err} | {bar} |", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if a.json:
+        a.json.write_text(json.dumps({"device": what, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
