@@ -81,7 +81,21 @@ def test_auto_mode_without_an_idle_core_records_nothing_and_says_why(tmp_path):
     assert probe == [collect_stacks.IDLE_PROBE_S] and rec.procs == {}
     assert meta["mode"] == "auto" and meta["skipped"] == "no_idle_core" and meta["idle_cores"] == 0.4
     assert load_recording(tmp_path / "stacks") is None
-    assert len(rec.notes) == 1 and "0.4 of 2 cores idle" in rec.notes[0] and "--stacks" in rec.notes[0]
+    assert len(rec.notes) == 1 and "0.4 of 2 cores idle, 0.5 needed" in rec.notes[0] and "--stacks" in rec.notes[0]
+
+
+def test_auto_mode_needs_half_a_core_per_local_rank(tmp_path, monkeypatch):
+    """Four ranks on one machine each decide alone on the same idle cores: each needs its share."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    rec = StackRecorder(os.getpid(), tmp_path / "s", tmp_path / "steps.jsonl", auto=True,
+                        idle_cores=lambda s: (1.5, 16))
+    assert rec.need == 4 * collect_stacks.MIN_IDLE_CORES and rec.max_children == collect_stacks.AUTO_MAX_CHILDREN
+    (tmp_path / "s").mkdir()
+    assert rec._core_to_spare() is False and "1.5 of 16 cores idle, 2 needed" in rec.notes[0]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    rec = StackRecorder(os.getpid(), tmp_path / "s", tmp_path / "steps.jsonl", auto=True,
+                        idle_cores=lambda s: (1.5, 16))
+    assert rec._core_to_spare() is True and rec.notes == []
 
 
 @needs_py_spy

@@ -21,8 +21,8 @@ when its process ends. At the end the meta file gets py-spy's own CPU time (its 
 
 `perfdoctor run` records stacks by default where they cost the job nothing (auto mode): at the
 first step the machine's idle CPU is measured for IDLE_PROBE_S, and py-spy starts only when at
-least MIN_IDLE_CORES (half a core: 8x what py-spy takes) are idle (a GPU machine's spare cores,
-usually); otherwise the meta file
+least MIN_IDLE_CORES (half a core: 8x what py-spy takes) per rank on this machine are idle (a GPU
+machine's spare cores, usually), following at most AUTO_MAX_CHILDREN loader workers; otherwise the meta file
 says `skipped` and a note says how to record anyway (`--stacks`). `--no-stacks` turns it off.
 
 --nonblocking reads the process's memory without pausing it, so the script never stops for a
@@ -68,6 +68,7 @@ IDLE_PROBE_S = 1.0                # auto mode: how long idle cores are measured 
 # auto mode: py-spy (2-6% of one core: bench_stacks.py) starts only where the machine's idle
 # capacity is at least 8x that, half a core: then it runs in the gaps the job leaves
 MIN_IDLE_CORES = 0.5
+AUTO_MAX_CHILDREN = 2             # auto mode: loader workers recorded (each costs its own py-spy)
 MAX_CHILDREN = 8                  # loader workers recorded (each costs its own py-spy)
 CHILD_POLL_S = 1.0                # how often new worker processes are looked for
 
@@ -96,10 +97,18 @@ def no_pyspy_note() -> str:
             "`pip install py-spy` in this environment; Python stacks skipped")
 
 
-def skipped_note(idle: float | None, cores: int | None) -> str:
+def skipped_note(idle: float | None, cores: int | None, need: float = MIN_IDLE_CORES) -> str:
     got = "unknown" if idle is None else f"{idle:.1f} of {cores}"
-    return (f"Python stacks not recorded: no idle CPU for py-spy when the steps began ({got} cores idle); "
-            "`--stacks` records them anyway, at ~3% of a busy core")
+    return (f"Python stacks not recorded: no idle CPU for py-spy when the steps began ({got} cores idle, "
+            f"{need:g} needed); `--stacks` records them anyway, at ~3% of a busy core")
+
+
+def _local_ranks() -> int:
+    """Processes of this job on this machine (torchrun's LOCAL_WORLD_SIZE; 1 outside torchrun)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
 
 
 def measure_idle_cores(seconds: float) -> tuple[float, int]:
@@ -179,8 +188,12 @@ class StackRecorder:
         self._lock = threading.Lock()
         self.auto = bool(auto)               # record only when a core is idle (the default of `run`)
         self.idle_cores = idle_cores or measure_idle_cores
+        self.need = MIN_IDLE_CORES
         if self.auto:
-            self.meta["mode"] = "auto"
+            # the ranks of a job on this machine decide alone on the same idle cores: each needs its share
+            self.need = MIN_IDLE_CORES * _local_ranks()
+            self.max_children = min(self.max_children, AUTO_MAX_CHILDREN)
+            self.meta.update({"mode": "auto", "idle_cores_needed": self.need})
         if self.py_spy is None:
             self.notes.append(no_pyspy_note())
 
@@ -233,10 +246,10 @@ class StackRecorder:
             idle, cores = None, os.cpu_count()
             self.meta["idle_probe_error"] = f"{type(exc).__name__}: {exc}"
         self.meta.update({"idle_cores": None if idle is None else round(idle, 2), "cores": cores})
-        if idle is not None and idle >= MIN_IDLE_CORES:
+        if idle is not None and idle >= self.need:
             return True
         self.meta["skipped"] = "no_idle_core"
-        self.notes.append(skipped_note(idle, cores))
+        self.notes.append(skipped_note(idle, cores, self.need))
         try:
             (self.out_dir / META).write_text(json.dumps(self.meta, indent=1))
         except OSError:
