@@ -84,6 +84,16 @@ def test_auto_mode_without_an_idle_core_records_nothing_and_says_why(tmp_path):
     assert len(rec.notes) == 1 and "0.4 of 2 cores idle, 0.5 needed" in rec.notes[0] and "--stacks" in rec.notes[0]
 
 
+def test_auto_mode_says_nothing_when_the_script_ends_during_the_probe(tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", f"open({str(steps)!r}, 'w').write('{{}}\\n')"])
+    rec = StackRecorder(child.pid, tmp_path / "s", steps, auto=True,
+                        idle_cores=lambda s: (child.wait(), (2.0, 2))[1]).start()
+    rec._thread.join(timeout=30)
+    rec.stop()
+    assert rec.procs == {} and rec.notes == [] and load_recording(tmp_path / "s") is None
+
+
 def test_auto_mode_needs_half_a_core_per_local_rank(tmp_path, monkeypatch):
     """Four ranks on one machine each decide alone on the same idle cores: each needs its share."""
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")

@@ -21,9 +21,10 @@ when its process ends. At the end the meta file gets py-spy's own CPU time (its 
 
 `perfdoctor run` records stacks by default where they cost the job nothing (auto mode): at the
 first step the machine's idle CPU is measured for IDLE_PROBE_S, and py-spy starts only when at
-least MIN_IDLE_CORES (half a core: 8x what py-spy takes) per rank on this machine are idle (a GPU
-machine's spare cores, usually), following at most AUTO_MAX_CHILDREN loader workers; otherwise the meta file
-says `skipped` and a note says how to record anyway (`--stacks`). `--no-stacks` turns it off.
+least MIN_IDLE_CORES (half a core: 8x what py-spy takes) per rank on this machine are idle (a
+GPU machine's spare cores, usually), following at most AUTO_MAX_CHILDREN loader workers;
+otherwise the meta file says `skipped` and a note says how to record anyway (`--stacks`).
+`--no-stacks` turns it off.
 
 --nonblocking reads the process's memory without pausing it, so the script never stops for a
 sample. The price is torn stacks: while Python calls and returns quickly, a read can miss the
@@ -222,8 +223,8 @@ class StackRecorder:
         if self._stop.is_set():
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.auto and not self._core_to_spare():
-            return
+        if self.auto and (not self._core_to_spare() or self._stop.is_set() or not _alive(self.pid)):
+            return                # no core to spare, or the script ended during the probe
         t0 = time.time()
         if not self._spawn(self.pid, "trainer", self.max_s):
             return
