@@ -18,6 +18,7 @@ from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.precision import precision_metrics
+from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
@@ -76,6 +77,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], m["share.device"])
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm") else {})
+    m.update(recompute_metrics(t, k, steps, m["share.device"]))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

@@ -112,6 +112,9 @@ _m("memory.peak_reserved_fraction", "fraction", "Peak reserved / device memory."
 _m("tensor_core.kernel_share", "fraction", "Tensor-core kernel time / all kernel time.")
 _m("tensor_core.eligible_share", "fraction", "GEMM/convolution kernel time (tensor-core eligible) / all kernel time.")
 _m("tensor_core.eligible_step_share", "share", "GEMM/convolution kernel time / step time (what mixed precision can speed up).")
+# -- activation checkpointing (analyze/recompute.py) ----------------------------------------
+_m("recompute.ops_per_step", "per_step", "Module forward ops (linear, conv, norms, activations, attention) run again inside backward nodes: activation checkpointing's recomputation (outermost ops only).")
+_m("recompute.share", "share", "What that recomputation takes from the step: kernel time launched from those ops weighted by the device's busy share (GPU), or the ops' own time (CPU).")
 # -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
 _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")

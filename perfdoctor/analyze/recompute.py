@@ -1,0 +1,103 @@
+"""Activation checkpointing: forward work recomputed during the backward pass.
+
+torch.utils.checkpoint drops a block's activations in the forward pass and runs the block's
+forward again in the backward pass when its gradients are needed: memory for compute. In a
+trace the recomputation is plain: module-level forward ops (aten::linear, aten::conv2d,
+aten::layer_norm, aten::gelu, aten::scaled_dot_product_attention, ...) nested inside a backward
+node's span (`autograd::engine::evaluate_function: ...`: the non-reentrant checkpoint reruns
+the forward from a saved-tensor unpack hook of the node that needs it; the reentrant one from
+`CheckpointFunctionBackward`). Backward formulas themselves call other ops (mm, the *_backward
+kernels, elementwise math), so the op names below are the module forward ops that no backward
+formula calls: only the outermost ones count (linear's own matmul is inside it).
+
+The cost is what the recomputation takes from the step. Not only the ops: the checkpoint's own
+machinery (saved-tensor hooks, the RNG state it restores, Python around the rerun) runs in the
+same place, inside the backward node that needed the tensors. So the cost of each outermost
+backward span that holds recomputed ops is that span less the backward work in it: its outermost
+ops that are neither recomputed ops nor the node's own wrapper op (the formula's mm/sum/*_backward
+calls, and nested backward nodes of a reentrant checkpoint). On the CPU it is that time; on a
+GPU the device time of the kernels launched there (outside the backward work), weighted by the
+device's busy share (kernel time is on the critical path only where the device is). Counting
+the ops alone came to 0.14 of a profiled CPU step, the spans to 0.186, where the profiled steps
+with and without the checkpoint differed by ~0.17 (tests/test_recompute.py; un-profiled runs
+differ by 0.19-0.25: the profiler slows ops more than the checkpoint's Python bookkeeping).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.host import _contained
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.trace.table import EventTable
+
+FORWARD_RX = re.compile(r"^aten::(linear|conv[123]d|conv_transpose[123]d|layer_norm|group_norm|batch_norm|rms_norm|"
+                        r"instance_norm|gelu|silu|mish|dropout|embedding|scaled_dot_product_attention|softmax|"
+                        r"log_softmax|matmul|einsum)$")
+BACKWARD_RX = re.compile(r"^autograd::engine::evaluate_function: ")
+
+
+def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:
+    out = {"recompute.ops_per_step": None, "recompute.share": None}
+    lo, hi = steps.span
+    total = float(steps.duration.sum())
+    if total <= 0:
+        return out
+    in_span = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
+    node = t.name_regex(BACKWARD_RX.pattern)
+    backward = np.flatnonzero(in_span & node)
+    forward = np.flatnonzero(in_span & t.name_regex(FORWARD_RX.pattern))
+    rec = _outermost(t, forward[_contained(t, forward, backward)])
+    out["recompute.ops_per_step"] = len(rec) / len(steps)
+    if not len(rec):
+        out["recompute.share"] = 0.0
+        return out
+    # the outermost backward spans holding recomputed ops, and the backward work inside them
+    spans = _outermost(t, backward)
+    spans = spans[_holds(t, spans, rec)]
+    wrappers = {n.split(": ", 1)[1] for n in (t.names[c] for c in unique(t.name[backward]))}
+    cand = np.flatnonzero(in_span & ~t.name_mask(lambda n: n in wrappers))
+    cand = cand[_contained(t, cand, spans) & ~_contained(t, cand, rec) & ~np.isin(cand, spans)]
+    work = _outermost(t, cand[~np.isin(cand, rec)])
+    if k.platform == "cpu":
+        out["recompute.share"] = (float(t.dur[spans].sum()) - float(t.dur[work].sum())) / total
+        return out
+    crit = min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
+    dev, launch = device_launch_index(t, k)
+    ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
+    dev, launch = dev[ok], launch[ok]
+    there = _contained(t, launch, spans) & ~_contained(t, launch, work)
+    out["recompute.share"] = float(t.dur[dev[there]].sum()) / total * crit
+    return out
+
+
+def _holds(t: EventTable, spans: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Does each of the (non-overlapping) spans contain at least one of `rows` (same thread)?"""
+    res = np.zeros(len(spans), bool)
+    for tid in unique(t.tid[rows]) if len(rows) else []:
+        on = np.flatnonzero(t.tid[spans] == tid)
+        if not len(on):
+            continue
+        on = on[np.argsort(t.ts[spans[on]], kind="stable")]
+        r = rows[t.tid[rows] == tid]
+        i = np.searchsorted(t.ts[spans[on]], t.ts[r], side="right") - 1
+        ok = i >= 0
+        ok[ok] = t.ts[r][ok] + t.dur[r][ok] <= t.ts[spans[on[i[ok]]]] + t.dur[spans[on[i[ok]]]]
+        res[on[i[ok]]] = True
+    return res
+
+
+def _outermost(t: EventTable, rows: np.ndarray) -> np.ndarray:
+    """The rows not nested in an earlier row of the same thread."""
+    keep = []
+    for tid in unique(t.tid[rows]) if len(rows) else []:
+        r = rows[t.tid[rows] == tid]
+        r = r[np.argsort(t.ts[r], kind="stable")]
+        end = t.ts[r] + t.dur[r]
+        prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+        keep.append(r[t.ts[r] >= prev_end])
+    return np.sort(np.concatenate(keep)) if keep else rows[:0]

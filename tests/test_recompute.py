@@ -1,0 +1,151 @@
+"""Activation checkpointing's recomputation (analyze/recompute.py, PD345), on traces torch records
+on the CPU, and its expected gain against the measured speed-up of the same model without it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from quiet import Foreign, skip_if_shared
+
+from perfdoctor.diagnose.offline import diagnose_path
+
+# Records 3 profiled steps of 4 blocks (Linear, GELU, Linear) with or without checkpoint, then
+# (with "time") runs plain and checkpointed steps in interleaved rounds on one thread.
+SCRIPT = """
+import json, sys, time, torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+torch.manual_seed(0)
+torch.set_num_threads(1)
+mode, out = sys.argv[1], sys.argv[2]
+blocks = nn.ModuleList([nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)) for _ in range(4)])
+opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
+x = torch.randn(128, 512)
+
+def step(ckpt, reentrant=False):
+    h = x.requires_grad_() if reentrant else x
+    for b in blocks:
+        h = h + (checkpoint(b, h, use_reentrant=reentrant) if ckpt else b(h))
+    loss = h.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+if mode == "time":
+    times = {True: [], False: []}
+    for _ in range(3):
+        step(True); step(False)
+    for r in range(6):
+        for ckpt in ((True, False) if r % 2 == 0 else (False, True)):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                step(ckpt)
+            times[ckpt].append(time.perf_counter() - t0)
+    json.dump({"ckpt": sum(times[True]), "plain": sum(times[False])}, open(out, "w"))
+else:
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
+    with torch.profiler.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(out)) as p:
+        for _ in range(4):
+            step(mode != "plain", reentrant=mode == "reentrant")
+            p.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    p = tmp_path_factory.mktemp("recompute") / "blocks.py"
+    p.write_text(textwrap.dedent(SCRIPT))
+    return p
+
+
+def _run(script, mode, out):
+    r = subprocess.run([sys.executable, str(script), mode, str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "reentrant", "plain"])
+def test_recomputation_is_found_in_backward(script, tmp_path, mode):
+    trace = tmp_path / "t.json"
+    _run(script, mode, trace)
+    doc = diagnose_path(str(trace))
+    m = doc["traces"][0]["metrics"]
+    fixes = [f["id"] for f in doc["findings"]]
+    if mode == "plain":
+        assert m["recompute.ops_per_step"] == 0 and m["recompute.share"] == 0 and "PD345" not in fixes
+    else:
+        assert m["recompute.ops_per_step"] == 12          # 4 blocks x (linear, gelu, linear), outermost
+        assert 0.1 < m["recompute.share"] < 0.45 and fixes[0] == "PD345", (m["recompute.share"], fixes)
+
+
+def test_expected_gain_matches_the_measured_one(script, tmp_path):
+    """The model says removing checkpointing saves the recomputed share; timing both variants of
+    the same blocks (interleaved, one thread) says what it saves."""
+    skip_if_shared()
+    foreign = Foreign()
+    _run(script, "checkpoint", tmp_path / "t.json")
+    _run(script, "time", tmp_path / "times.json")
+    skip_if_shared(foreign)
+    times = json.loads((tmp_path / "times.json").read_text())
+    measured = times["ckpt"] / times["plain"]
+    fix = next(f for f in diagnose_path(str(tmp_path / "t.json"))["findings"] if f["id"] == "PD345")
+    expected = fix["gain"]["expected"]
+    print(f"expected {expected:.3f}x (recompute {fix['gain']['share']:.1%}), measured {measured:.3f}x")
+    assert abs(expected / measured - 1) <= 0.15, (expected, measured)
+
+
+def _cuda_trace(path, steps: int = 3):
+    """A kineto trace: per step a forward linear (1000 us kernel), then on the autograd thread a
+    backward node whose wrapper op first reruns the linear (1000 us kernel: the recomputation)
+    and then runs its formula (aten::mm, 2000 us kernel), all back to back on the device."""
+    ev, corr = [], 0
+    dev_t = 0.0
+
+    def launch(tid, t, name, kernel_us):
+        nonlocal corr, dev_t
+        corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+                   "ts": t, "dur": 5.0, "args": {"correlation": corr}})
+        start = max(dev_t, t + 5)
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
+                   "args": {"correlation": corr, "device": 0, "stream": 7}})
+        dev_t = start + kernel_us
+
+    def op(tid, t, name, dur):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": t, "dur": dur, "args": {}})
+
+    t = 0.0
+    for i in range(steps):
+        s0 = max(t, dev_t)
+        op(1, s0, "aten::linear", 30)
+        launch(1, s0 + 10, "void gemv_kernel_fwd", 1000.0)
+        b0 = s0 + 50
+        op(2, b0, "autograd::engine::evaluate_function: AddmmBackward0", 100)
+        op(2, b0 + 1, "AddmmBackward0", 98)
+        op(2, b0 + 10, "aten::linear", 30)                      # the recomputation
+        launch(2, b0 + 20, "void gemv_kernel_recompute", 1000.0)
+        op(2, b0 + 50, "aten::mm", 30)                          # the backward formula
+        launch(2, b0 + 60, "void gemm_kernel_bwd", 2000.0)
+        end = max(b0 + 100, dev_t)
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+                   "ts": s0, "dur": end - s0})
+        t = end
+    doc = {"traceEvents": ev, "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "computeMajor": 9,
+                                                    "computeMinor": 0, "totalGlobalMem": 80e9}]}
+    path.write_text(json.dumps(doc))
+
+
+def test_cuda_trace_sizes_the_recomputation_by_its_kernels(tmp_path):
+    p = tmp_path / "ckpt.json"
+    _cuda_trace(p)
+    doc = diagnose_path(str(p))
+    m = doc["traces"][0]["metrics"]
+    assert m["recompute.ops_per_step"] == 1.0                  # the forward linear is not counted
+    # 1000 of each ~4000 us device-bound step, the formula's 2000 us kernel excluded
+    assert m["recompute.share"] == pytest.approx(0.25 * m["share.device"], rel=0.02)
+    assert m["share.device"] > 0.95
+    fix = {f["slug"]: f for f in doc["findings"]}["recompute-less"]
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - m["recompute.share"]), abs=1e-3)
