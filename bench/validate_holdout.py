@@ -4,7 +4,7 @@
 
 Each script in bench/holdout/ has a known bottleneck and a textbook fix behind `--fixed`
 (hand-written attention -> SDPA, fp32 -> bf16 autocast, a checkpoint every step -> every 100,
-unfused elementwise kernels -> torch.compile). For each one this runs, on this machine:
+unfused elementwise kernels -> torch.compile, every block checkpointed -> none). For each one this runs, on this machine:
 
 1. the script bare and with `--fixed`, in interleaved pairs (order alternating), each printing
    its own steady step time (`STEADY_MS`); measured speed-up = mean bare / mean fixed;
@@ -41,6 +41,7 @@ APPLIED = {
     "h_precision.py": ["mixed-precision"],
     "h_checkpoint.py": ["checkpoint-off-the-step"],
     "h_fusion.py": ["compile-fuse"],
+    "h_recompute.py": ["recompute-less"],
 }
 TOLERANCE = 0.25
 

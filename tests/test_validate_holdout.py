@@ -42,7 +42,7 @@ def test_judgement_on_the_corpus(shared_traces):
 def test_holdout_scripts_run_and_print_their_step_time(script):
     arms = [[]] if script == "h_fusion.py" else [[], ["--fixed"]]     # compile on the CPU: minutes
     for arm in arms:
-        r = subprocess.run([sys.executable, str(validate_holdout.HOLDOUT / script), "--small", "--steps", "32", *arm],
+        r = subprocess.run([sys.executable, str(validate_holdout.HOLDOUT / script), "--small", "--steps", "22", *arm],
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr
         assert validate_holdout.steady_ms(r.stdout) > 0
