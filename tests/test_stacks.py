@@ -81,7 +81,9 @@ def test_auto_mode_without_an_idle_core_records_nothing_and_says_why(tmp_path):
     assert probe == [collect_stacks.IDLE_PROBE_S] and rec.procs == {}
     assert meta["mode"] == "auto" and meta["skipped"] == "no_idle_core" and meta["idle_cores"] == 0.4
     assert load_recording(tmp_path / "stacks") is None
-    assert len(rec.notes) == 1 and "0.4 of 2 cores idle, 0.5 needed" in rec.notes[0] and "--stacks" in rec.notes[0]
+    assert rec.notes == [] and meta["idle_cores_needed"] == collect_stacks.MIN_IDLE_CORES   # the diagnosis says it
+    note = collect_stacks.skipped_note(meta["idle_cores"], 2, meta["idle_cores_needed"])
+    assert "0.4 of 2 cores idle, 0.5 needed" in note and "--stacks" in note
 
 
 def test_auto_mode_says_nothing_when_the_script_ends_during_the_probe(tmp_path):
@@ -101,7 +103,7 @@ def test_auto_mode_needs_half_a_core_per_local_rank(tmp_path, monkeypatch):
                         idle_cores=lambda s: (1.5, 16))
     assert rec.need == 4 * collect_stacks.MIN_IDLE_CORES and rec.max_children == collect_stacks.AUTO_MAX_CHILDREN
     (tmp_path / "s").mkdir()
-    assert rec._core_to_spare() is False and "1.5 of 16 cores idle, 2 needed" in rec.notes[0]
+    assert rec._core_to_spare() is False and rec.meta["skipped"] == "no_idle_core" and rec.meta["idle_cores"] == 1.5
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     rec = StackRecorder(os.getpid(), tmp_path / "s", tmp_path / "steps.jsonl", auto=True,
                         idle_cores=lambda s: (1.5, 16))
@@ -385,3 +387,23 @@ def test_run_records_stacks_by_default_only_with_an_idle_core(tmp_path):
     else:
         assert "skipped" not in meta and doc["stacks"]["top"][0]["frame"] == "torch.save"
         assert "PD350" in [f["id"] for f in doc["findings"]]
+
+
+def test_skipped_stacks_are_mentioned_only_where_they_would_have_named_host_time(tmp_path):
+    from perfdoctor.diagnose.live import run_stacks
+
+    (tmp_path / "stacks").mkdir()
+    meta = {"pid": 1, "mode": "auto", "skipped": "no_idle_core", "idle_cores": 0.2, "cores": 2,
+            "idle_cores_needed": 0.5, "processes": []}
+    (tmp_path / "stacks" / collect_stacks.META).write_text(json.dumps(meta))
+    said = {}
+    for name, m in {"compute-bound": {"breakdown.other": 0.02, "share.host": 0.01},
+                    "untraced host time": {"breakdown.other": 0.4, "share.host": 0.4},
+                    "GPU waiting on host syncs": {"breakdown.other": 0.01, "share.host": 0.3},
+                    "no trace": {"breakdown.other": None, "share.host": None}}.items():
+        notes: list[str] = []
+        assert run_stacks(tmp_path, [], m, notes) is None
+        said[name] = notes
+    assert said["compute-bound"] == []
+    for name in ("untraced host time", "GPU waiting on host syncs", "no trace"):
+        assert len(said[name]) == 1 and "0.2 of 2 cores idle, 0.5 needed" in said[name][0], name

@@ -23,7 +23,8 @@ when its process ends. At the end the meta file gets py-spy's own CPU time (its 
 first step the machine's idle CPU is measured for IDLE_PROBE_S, and py-spy starts only when at
 least MIN_IDLE_CORES (half a core: 8x what py-spy takes) per rank on this machine are idle (a
 GPU machine's spare cores, usually), following at most AUTO_MAX_CHILDREN loader workers;
-otherwise the meta file says `skipped` and a note says how to record anyway (`--stacks`).
+otherwise the meta file says `skipped`, and where the step has host time stacks would have named,
+the diagnosis notes how to record anyway (`--stacks`).
 `--no-stacks` turns it off.
 
 --nonblocking reads the process's memory without pausing it, so the script never stops for a
@@ -249,8 +250,7 @@ class StackRecorder:
         self.meta.update({"idle_cores": None if idle is None else round(idle, 2), "cores": cores})
         if idle is not None and idle >= self.need:
             return True
-        self.meta["skipped"] = "no_idle_core"
-        self.notes.append(skipped_note(idle, cores, self.need))
+        self.meta["skipped"] = "no_idle_core"      # the diagnosis says so where stacks would have helped
         try:
             (self.out_dir / META).write_text(json.dumps(self.meta, indent=1))
         except OSError:

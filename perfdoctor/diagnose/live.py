@@ -161,21 +161,24 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> dict | None:
     """The py-spy recording (if any) -> stacks.* metrics into m, and the report's `stacks` section."""
     from perfdoctor.analyze.stacks import attribute, section
-    from perfdoctor.collect.stacks import load_recording
+    from perfdoctor.collect.stacks import MIN_IDLE_CORES, load_recording, skipped_note
 
     rec = load_recording(run_dir / "stacks")
     if rec is None:
-        if (run_dir / "stacks" / "pyspy.meta.json").is_file() and not _stacks_skipped(run_dir):
+        meta = _read_json(run_dir / "stacks" / "pyspy.meta.json")
+        if meta.get("skipped"):
+            # worth saying where the step has host time the stacks would have named (5%: the
+            # materiality of the rules that use them)
+            host = max(m.get("breakdown.other") or 0.0, m.get("share.host") or 0.0)
+            if host >= 0.05 or m.get("breakdown.other") is None:
+                notes.append(skipped_note(meta.get("idle_cores"), meta.get("cores"),
+                                          meta.get("idle_cores_needed") or MIN_IDLE_CORES))
+        elif (run_dir / "stacks" / "pyspy.meta.json").is_file():
             notes.append("py-spy's stack recording could not be read (killed while writing?)")
         return None
     rep = attribute(rec[0], rec[1], steps)
     m.update(rep.metrics)
     return section(rep, rec[1])
-
-
-def _stacks_skipped(run_dir: Path) -> bool:
-    """Auto mode found no idle core, so py-spy never started (the run's notes say so)."""
-    return bool(_read_json(run_dir / "stacks" / "pyspy.meta.json").get("skipped"))
 
 
 def load_result(run_dir: Path) -> RunResult:
