@@ -225,6 +225,48 @@ def test_autocast_and_optimizer_injection_change_what_the_script_sees(tmp_path, 
     assert "dtype torch.bfloat16 foreach True" in capfd.readouterr().out
 
 
+CHECKPOINTED = textwrap.dedent("""
+    from torch.utils.checkpoint import checkpoint
+    import torch
+    torch.manual_seed(0)
+    calls = 0
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+        def forward(self, x):
+            global calls
+            calls += 1
+            return torch.nn.functional.dropout(self.lin(x).relu(), 0.2)
+    blocks = torch.nn.ModuleList([Block(), Block()])
+    opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
+    for step in range(20):
+        h = torch.randn(4, 8)
+        h = checkpoint(blocks[0], h, use_reentrant=False)
+        h = torch.utils.checkpoint.checkpoint(blocks[1], h, use_reentrant=False, preserve_rng_state=True)
+        loss = h.pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("forward calls per step", calls / 20, flush=True)
+""")
+
+
+def test_recompute_off_runs_checkpointed_blocks_once(tmp_path, capfd):
+    """Two checkpointed blocks: their forward runs twice per step (once again in backward) unless
+    tune's recompute=off calls them directly; the calls are counted either way, and the losses
+    are the same (the checkpoint reruns dropout with the RNG state it had)."""
+    losses = {}
+    for changes, per_step in (({}, 4.0), ({"recompute": "off"}, 2.0)):
+        sub = tmp_path / ("off" if changes else "baseline")
+        sub.mkdir()
+        res, d = launch(sub, changes, max_steps=None, script_text=CHECKPOINTED)
+        assert res.exit_code == 0
+        assert f"forward calls per step {per_step}" in capfd.readouterr().out
+        inj = json.loads((d / "inject.json").read_text())
+        assert inj["checkpoint_calls"] == 40 and inj["applied"] == (["recompute"] if changes else [])
+        losses[bool(changes)] = inj["losses"]
+    assert len(losses[True]) == 20 and losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
 def test_without_changes_nothing_is_injected(tmp_path, capfd):
     res, d = launch(tmp_path, None)
     assert res.exit_code == 0 and "threads 1 workers 0" in capfd.readouterr().out

@@ -14,9 +14,10 @@ key is one change the user could make by hand; the script itself is never edited
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place) |
+| recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments,
-optimizer classes, its thread count) and the loss of every backward() on a scalar tensor, and
+optimizer classes, its thread count, its activation-checkpoint calls) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -47,6 +48,7 @@ class _State:
         self.applied: set[str] = set()
         self.local = threading.local()
         self.compiled: set[int] = set()
+        self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -64,7 +66,7 @@ def apply(torch, changes: dict | None, run_dir: str) -> None:
     st = _state = _State(torch, dict(changes), run_dir)
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
-                    (("autocast", "compile"), _module_call)):
+                    (("autocast", "compile"), _module_call), (("recompute",), _checkpoint)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -127,6 +129,30 @@ def _loader(torch, st: _State) -> None:
         st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS}})
         return out
     DataLoader.__init__ = __init__
+
+
+CHECKPOINT_ONLY_KW = ("use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state")
+
+
+def _checkpoint(torch, st: _State) -> None:
+    """Count the script's activation-checkpoint calls; with recompute="off", run the function
+    directly: its activations are kept for backward, nothing is recomputed (the numerics are the
+    same: the checkpoint reruns the forward with the RNG state it had)."""
+    import torch.utils.checkpoint as cp
+
+    orig = cp.checkpoint
+    off = st.changes.get("recompute") == "off"
+
+    def checkpoint(function, *args, **kwargs):
+        st.checkpoint_calls += 1
+        if off and os.getpid() == st.pid:
+            st.applied.add("recompute")
+            for k in CHECKPOINT_ONLY_KW:
+                kwargs.pop(k, None)
+            return function(*args, **kwargs)
+        return orig(function, *args, **kwargs)
+    checkpoint.__wrapped__ = orig
+    cp.checkpoint = checkpoint
 
 
 def _cuda_flags(torch, st: _State) -> None:
@@ -233,6 +259,7 @@ def write_record() -> None:
         threads = None
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
+           "checkpoint_calls": st.checkpoint_calls,
            "losses": losses, "notes": st.notes}
     try:
         with open(os.path.join(st.run_dir, "inject.json"), "w") as f:

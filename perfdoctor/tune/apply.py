@@ -41,6 +41,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                      "# around the model's forward (and the loss)")
     if changes.get("compile"):
         lines.append("model = torch.compile(model)  # or model.compile(), before the training loop")
+    if changes.get("recompute") == "off":
+        n = inject.get("checkpoint_calls")
+        lines.append("y = block(x)  # instead of torch.utils.checkpoint.checkpoint(block, x): memory permitting"
+                     + (f"; the script made {n} such calls" if n else ""))
     if changes.get("expandable_segments"):
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # in the environment, before python starts")
     return "\n".join(lines)

@@ -30,11 +30,11 @@ PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD301",), "prefetch_factor": ("PD301",),
          "pin_memory": ("PD302",), "threads": ("PD341",), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
-         "cudnn_benchmark": (), "tf32": ("PD320",)}
+         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",)}
 
-ORDER = {"input": ("loader", "threads", "optimizer", "cuda", "numerics", "compile"),
-         "host": ("optimizer", "compile", "threads", "loader", "cuda", "numerics"),
-         "device": ("numerics", "cuda", "compile", "optimizer", "loader", "threads")}
+ORDER = {"input": ("loader", "threads", "optimizer", "recompute", "cuda", "numerics", "compile"),
+         "host": ("optimizer", "compile", "recompute", "threads", "loader", "cuda", "numerics"),
+         "device": ("numerics", "recompute", "cuda", "compile", "optimizer", "loader", "threads")}
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Facts:
     optimizers: list = field(default_factory=list)
     threads: int | None = None        # the trainer's intra-op threads as the script set them
     bf16: bool = True
+    checkpoints: int = 0              # activation-checkpoint calls the script made
 
 
 def describe(changes: dict) -> str:
@@ -118,6 +119,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
         opts = [o for o in f.optimizers if impl in o.get("supports", []) and not o.get(impl)]
         if opts:
             by_group["optimizer"].append(Trial({"optimizer": impl}, "optimizer"))
+    if f.checkpoints:
+        by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
     cuda_skip = None if f.cuda else "no CUDA device"
     by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),

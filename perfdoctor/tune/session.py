@@ -162,7 +162,8 @@ class Tuner:
             data_wait=getattr(b.estimate, "wait_share", None),
             loader=loaders[0]["asked"] if loaders else None,
             optimizers=inj.get("optimizers") or [],
-            threads=inj.get("threads"))
+            threads=inj.get("threads"),
+            checkpoints=int(inj.get("checkpoint_calls") or 0))
 
     def _noise(self, b: Measured) -> tuple[bool, str]:
         lo, hi = b.estimate.ci95
