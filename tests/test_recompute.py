@@ -46,12 +46,14 @@ if mode == "time":
                 step(ckpt)
             times[ckpt].append(time.perf_counter() - t0)
     json.dump({"ckpt": sum(times[True]), "plain": sum(times[False])}, open(out, "w"))
-else:
-    sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
-    with torch.profiler.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(out)) as p:
-        for _ in range(4):
-            step(mode != "plain", reentrant=mode == "reentrant")
-            p.step()
+else:                                   # "traces": one trace per variant, out/<variant>.json
+    for variant in ("checkpoint", "reentrant", "plain"):
+        sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
+        path = f"{out}/{variant}.json"
+        with torch.profiler.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(path)) as p:
+            for _ in range(4):
+                step(variant != "plain", reentrant=variant == "reentrant")
+                p.step()
 """
 
 
@@ -62,16 +64,21 @@ def script(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="module")
+def traces(script, tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces")
+    _run(script, "traces", out)
+    return out
+
+
 def _run(script, mode, out):
     r = subprocess.run([sys.executable, str(script), mode, str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("mode", ["checkpoint", "reentrant", "plain"])
-def test_recomputation_is_found_in_backward(script, tmp_path, mode):
-    trace = tmp_path / "t.json"
-    _run(script, mode, trace)
-    doc = diagnose_path(str(trace))
+def test_recomputation_is_found_in_backward(traces, mode):
+    doc = diagnose_path(str(traces / f"{mode}.json"))
     m = doc["traces"][0]["metrics"]
     fixes = [f["id"] for f in doc["findings"]]
     if mode == "plain":
@@ -86,12 +93,12 @@ def test_expected_gain_matches_the_measured_one(script, tmp_path):
     the same blocks (interleaved, one thread) says what it saves."""
     skip_if_shared()
     foreign = Foreign()
-    _run(script, "checkpoint", tmp_path / "t.json")
+    _run(script, "traces", tmp_path)
     _run(script, "time", tmp_path / "times.json")
     skip_if_shared(foreign)
     times = json.loads((tmp_path / "times.json").read_text())
     measured = times["ckpt"] / times["plain"]
-    fix = next(f for f in diagnose_path(str(tmp_path / "t.json"))["findings"] if f["id"] == "PD345")
+    fix = next(f for f in diagnose_path(str(tmp_path / "checkpoint.json"))["findings"] if f["id"] == "PD345")
     expected = fix["gain"]["expected"]
     print(f"expected {expected:.3f}x (recompute {fix['gain']['share']:.1%}), measured {measured:.3f}x")
     assert abs(expected / measured - 1) <= 0.15, (expected, measured)
