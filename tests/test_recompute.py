@@ -156,3 +156,21 @@ def test_cuda_trace_sizes_the_recomputation_by_its_kernels(tmp_path):
     assert m["share.device"] > 0.95
     fix = {f["slug"]: f for f in doc["findings"]}["recompute-less"]
     assert fix["gain"]["expected"] == pytest.approx(1 / (1 - m["recompute.share"]), abs=1e-3)
+
+
+def test_outermost_keeps_the_parent_that_starts_on_the_same_microsecond(tmp_path):
+    """aten::linear and the aten::matmul inside it often share a timestamp in kineto traces."""
+    import numpy as np
+
+    from perfdoctor.analyze.recompute import _outermost
+    from perfdoctor.trace.loader import load_trace
+
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::matmul", "pid": 1, "tid": 1, "ts": 100.0, "dur": 10.0},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 100.0, "dur": 30.0},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::gelu", "pid": 1, "tid": 1, "ts": 140.0, "dur": 5.0}]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    t = load_trace(p)
+    rows = np.arange(len(t.name))
+    kept = sorted(t.names[t.name[r]] for r in _outermost(t, rows))
+    assert kept == ["aten::gelu", "aten::linear"]

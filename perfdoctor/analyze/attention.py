@@ -72,7 +72,7 @@ def _luts(t: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool]]:
     """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops."""
-    order = np.argsort(t.ts[rows], kind="stable")
+    order = np.lexsort((-t.dur[rows], t.ts[rows]))    # a parent before its child on the same microsecond
     rows = rows[order]
     end = t.ts[rows] + t.dur[rows]
     prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])

@@ -92,11 +92,12 @@ def _holds(t: EventTable, spans: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def _outermost(t: EventTable, rows: np.ndarray) -> np.ndarray:
-    """The rows not nested in an earlier row of the same thread."""
+    """The rows not nested in an earlier row of the same thread (a parent and its child may
+    start on the same microsecond: the longer one comes first)."""
     keep = []
     for tid in unique(t.tid[rows]) if len(rows) else []:
         r = rows[t.tid[rows] == tid]
-        r = r[np.argsort(t.ts[r], kind="stable")]
+        r = r[np.lexsort((-t.dur[r], t.ts[r]))]
         end = t.ts[r] + t.dur[r]
         prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
         keep.append(r[t.ts[r] >= prev_end])
