@@ -88,17 +88,16 @@ def test_recomputation_is_found_in_backward(traces, mode):
         assert 0.1 < m["recompute.share"] < 0.45 and fixes[0] == "PD345", (m["recompute.share"], fixes)
 
 
-def test_expected_gain_matches_the_measured_one(script, tmp_path):
+def test_expected_gain_matches_the_measured_one(script, traces, tmp_path):
     """The model says removing checkpointing saves the recomputed share; timing both variants of
     the same blocks (interleaved, one thread) says what it saves."""
     skip_if_shared()
     foreign = Foreign()
-    _run(script, "traces", tmp_path)
     _run(script, "time", tmp_path / "times.json")
     skip_if_shared(foreign)
     times = json.loads((tmp_path / "times.json").read_text())
     measured = times["ckpt"] / times["plain"]
-    fix = next(f for f in diagnose_path(str(tmp_path / "checkpoint.json"))["findings"] if f["id"] == "PD345")
+    fix = next(f for f in diagnose_path(str(traces / "checkpoint.json"))["findings"] if f["id"] == "PD345")
     expected = fix["gain"]["expected"]
     print(f"expected {expected:.3f}x (recompute {fix['gain']['share']:.1%}), measured {measured:.3f}x")
     assert abs(expected / measured - 1) <= 0.15, (expected, measured)
