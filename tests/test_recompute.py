@@ -161,7 +161,7 @@ def test_outermost_keeps_the_parent_that_starts_on_the_same_microsecond(tmp_path
     """aten::linear and the aten::matmul inside it often share a timestamp in kineto traces."""
     import numpy as np
 
-    from perfdoctor.analyze.recompute import _outermost
+    from perfdoctor.analyze.nesting import outermost
     from perfdoctor.trace.loader import load_trace
 
     ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::matmul", "pid": 1, "tid": 1, "ts": 100.0, "dur": 10.0},
@@ -171,5 +171,5 @@ def test_outermost_keeps_the_parent_that_starts_on_the_same_microsecond(tmp_path
     p.write_text(json.dumps({"traceEvents": ev}))
     t = load_trace(p)
     rows = np.arange(len(t.name))
-    kept = sorted(t.names[t.name[r]] for r in _outermost(t, rows))
+    kept = sorted(t.names[t.name[r]] for r in outermost(t, rows))
     assert kept == ["aten::gelu", "aten::linear"]

@@ -98,7 +98,8 @@ def test_auto_mode_says_nothing_when_the_script_ends_during_the_probe(tmp_path):
 
 def test_auto_mode_needs_half_a_core_per_local_rank(tmp_path, monkeypatch):
     """Four ranks on one machine each decide alone on the same idle cores: each needs its share."""
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "8"), ("LOCAL_WORLD_SIZE", "4")):   # as torchrun sets them
+        monkeypatch.setenv(name, value)
     rec = StackRecorder(os.getpid(), tmp_path / "s", tmp_path / "steps.jsonl", auto=True,
                         idle_cores=lambda s: (1.5, 16))
     assert rec.need == 4 * collect_stacks.MIN_IDLE_CORES and rec.max_children == collect_stacks.AUTO_MAX_CHILDREN

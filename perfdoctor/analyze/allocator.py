@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.analyze.host import _contained
+from perfdoctor.analyze.nesting import contained
 from perfdoctor.analyze.intervals import clip
 from perfdoctor.analyze.kinds import FREE_RX, MALLOC_RX, SYNC_RUNTIME_RX, Kinds
 from perfdoctor.analyze.steps import Steps
@@ -37,9 +37,9 @@ def allocator_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> di
         lambda n: MALLOC_RX.match(n) is not None or FREE_RX.match(n) is not None)
     frees = np.flatnonzero(k.runtime & in_span & t.name_mask(lambda n: FREE_RX.match(n) is not None))
     ops = np.flatnonzero(k.cpu_op)
-    outside = frees[~_contained(t, frees, ops)] if len(frees) and len(ops) else frees
+    outside = frees[~contained(t, frees, ops)] if len(frees) and len(ops) else frees
     syncs = np.flatnonzero(k.runtime & in_span & t.name_mask(lambda n: SYNC_RUNTIME_RX.match(n) is not None))
-    loose_syncs = syncs[~_contained(t, syncs, ops)] if len(syncs) and len(ops) else syncs
+    loose_syncs = syncs[~contained(t, syncs, ops)] if len(syncs) and len(ops) else syncs
     rows = np.concatenate([np.flatnonzero(alloc), loose_syncs if len(outside) else np.zeros(0, int)])
     if len(rows):
         s, e = clip(t.ts[rows], t.ts[rows] + t.dur[rows], lo, hi)

@@ -21,6 +21,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import outermost
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -72,11 +73,7 @@ def _luts(t: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool]]:
     """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops."""
-    order = np.lexsort((-t.dur[rows], t.ts[rows]))    # a parent before its child on the same microsecond
-    rows = rows[order]
-    end = t.ts[rows] + t.dur[rows]
-    prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
-    top = rows[t.ts[rows] >= prev_end]              # not nested in an earlier op on this thread
+    top = outermost(t, rows)                        # in time order (rows: one thread)
     sm = luts[2][t.name[top]]          # an outermost softmax is never SDPA's own math path
     mm = luts[1][t.name[top]]
     idx = np.flatnonzero(sm)

@@ -25,7 +25,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.precision import CLASSES, OPTIMIZER_KERNEL_RX, _in_optimizer, class_of_rows
+from perfdoctor.analyze.precision import CLASSES, OPTIMIZER_KERNEL_RX, _in_optimizer, class_of_rows, device_weight
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -59,9 +59,8 @@ def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | 
     lut = np.fromiter((is_memory_bound(n) for n in t.names), bool, len(t.names))
     cls = class_of_rows(t, k, kr)
     keep = lut[names] & ~np.isin(cls, [CLASSES.index(c) for c in UNCHANGED]) & ~_in_optimizer(t, k, kr)
-    crit = min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
     n_steps = max(len(steps.duration), 1)
-    out.update({"fusion.unfused_share": float(t.dur[kr][keep].sum()) / total * crit,
+    out.update({"fusion.unfused_share": float(t.dur[kr][keep].sum()) / total * device_weight(device_share),
                 "fusion.unfused_kernels_per_step": float(keep.sum()) / n_steps,
                 "fusion.compiled": bool(compiled_kernel[names].any()) or compiled_op})
     return out

@@ -13,8 +13,8 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
-from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import SYNC_RUNTIME_RX, Kinds
+from perfdoctor.analyze.nesting import contained
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -31,10 +31,10 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     dtoh_launch = launch[dtoh]
     dtoh_launch = dtoh_launch[steps.index_of(t.ts[dtoh_launch]) >= 0]
     scalar_ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda s: SCALAR_OP_RX.match(s) is not None))
-    in_scalar = _contained(t, dtoh_launch, scalar_ops)
+    in_scalar = contained(t, dtoh_launch, scalar_ops)
     scalar_launches = dtoh_launch[in_scalar]
     # Syncs inside scalar ops that already issued a DtoH copy are the same sync point.
-    sync_in_scalar = _contained(t, sync_rows, scalar_ops) if len(scalar_launches) else np.zeros(len(sync_rows), bool)
+    sync_in_scalar = contained(t, sync_rows, scalar_ops) if len(scalar_launches) else np.zeros(len(sync_rows), bool)
     n_sync = len(scalar_launches) + int((~sync_in_scalar).sum())
     blocking = np.concatenate([sync_rows, scalar_launches])
     s, e = intervals.clip(t.ts[blocking], end[blocking], *steps.span)
@@ -42,24 +42,6 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "sync.scalar_dtoh_per_step": len(scalar_launches) / n}
     out.update(_copies(t, k, steps, total))
     return out
-
-
-def _contained(t: EventTable, rows: np.ndarray, ops: np.ndarray) -> np.ndarray:
-    """Is each row inside one of `ops` on the same thread?"""
-    res = np.zeros(len(rows), bool)
-    if len(rows) == 0 or len(ops) == 0:
-        return res
-    for tid in unique(t.tid[rows]):
-        r = rows[t.tid[rows] == tid]
-        o = ops[t.tid[ops] == tid]
-        if len(o) == 0:
-            continue
-        s, e = intervals.union(t.ts[o], t.ts[o] + t.dur[o])
-        i = np.searchsorted(s, t.ts[r], side="right") - 1
-        ok = i >= 0
-        ok[ok] = t.ts[r][ok] + t.dur[r][ok] <= e[i[ok]]
-        res[np.flatnonzero(t.tid[rows] == tid)] = ok
-    return res
 
 
 def _copies(t: EventTable, k: Kinds, steps: Steps, total: float) -> dict:

@@ -8,8 +8,8 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import unique
-from perfdoctor.analyze.host import _contained
 from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import kernels_launched_inside
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -38,17 +38,14 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     dev_ids = t.args["device"][kr]
     out["trace.devices_used"] = int(len(unique(dev_ids[~np.isnan(dev_ids)]))) or (1 if len(kr) else 0)
     dev, launch = device_launch_index(t, k)
-    is_k = k.kernel[dev] & (launch >= 0)
-    kd, kl = dev[is_k], launch[is_k]
     if len(math_ops):
-        inside = _contained(t, kl, math_ops)
-        out["attention.math_kernel_share"] = float(t.dur[kd[inside]].sum()) / total
-    elif out["attention.fused_ops_per_step"] or len(kd):
+        out["attention.math_kernel_share"] = float(t.dur[kernels_launched_inside(t, k, math_ops)].sum()) / total
+    elif out["attention.fused_ops_per_step"] or (k.kernel[dev] & (launch >= 0)).any():
         out["attention.math_kernel_share"] = 0.0
     if len(opt):
-        inside = _contained(t, kl, opt)
-        out["optimizer.kernels_per_step"] = int(inside.sum()) / n
-        names = {t.names[c] for c in unique(t.name[kd[inside]])}
+        in_opt = kernels_launched_inside(t, k, opt)
+        out["optimizer.kernels_per_step"] = len(in_opt) / n
+        names = {t.names[c] for c in unique(t.name[in_opt])}
         out["optimizer.fused"] = any(FUSED_OPTIMIZER_KERNEL.search(x) for x in names) if names else None
     steady = steps.steady()
     if len(steady) >= 2:

@@ -86,6 +86,12 @@ def class_of_rows(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
     return lut[t.name[rows]]
 
 
+def device_weight(device_share: float | None) -> float:
+    """Kernel time shortens the step only where the device is the critical path: the weight of a
+    kernel-time share is the device's busy share of the step (1.0 when unknown)."""
+    return min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
+
+
 def peak_ratios(cc: float | None) -> tuple[float, float] | None:
     """(fp32 -> half, tf32 -> half) peak ratios for a compute capability; None when unknown."""
     if cc is None or cc < 7.0:
@@ -118,7 +124,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     if ratios is None:
         return out
     fp32_r, tf32_r = ratios
-    crit = min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
+    crit = device_weight(device_share)
     parts = [(out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"], fp32_r),
              (out["precision.gemm_tf32_share"], tf32_r)]
     shares = [s * crit for s, _ in parts] + [out["precision.memory_fp32_share"] * crit]
@@ -141,14 +147,9 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
 
 def _in_optimizer(t: EventTable, k: Kinds, kr: np.ndarray) -> np.ndarray:
     """Kernels launched from inside Optimizer.step (by correlation to a launch inside it)."""
-    from perfdoctor.analyze.host import _contained
-    from perfdoctor.analyze.steps import device_launch_index
+    from perfdoctor.analyze.nesting import kernels_launched_inside
 
     opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
     if not len(opt):
         return np.zeros(len(kr), bool)
-    dev, launch = device_launch_index(t, k)
-    has = launch >= 0
-    inside = np.zeros(len(dev), bool)
-    inside[has] = _contained(t, launch[has], opt)
-    return isin(kr, dev[inside])
+    return isin(kr, kernels_launched_inside(t, k, opt))

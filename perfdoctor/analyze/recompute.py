@@ -30,9 +30,10 @@ import re
 import numpy as np
 
 from perfdoctor.analyze.arrays import unique
-from perfdoctor.analyze.host import _contained
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.analyze.nesting import contained, kernels_launched_inside, outermost
+from perfdoctor.analyze.precision import device_weight
+from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
 FORWARD_RX = re.compile(r"^aten::(linear|conv[123]d|conv_transpose[123]d|layer_norm|group_norm|batch_norm|rms_norm|"
@@ -51,27 +52,23 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
     node = t.name_regex(BACKWARD_RX.pattern)
     backward = np.flatnonzero(in_span & node)
     forward = np.flatnonzero(in_span & t.name_regex(FORWARD_RX.pattern))
-    rec = _outermost(t, forward[_contained(t, forward, backward)])
+    rec = outermost(t, forward[contained(t, forward, backward)])
     out["recompute.ops_per_step"] = len(rec) / len(steps)
     if not len(rec):
         out["recompute.share"] = 0.0
         return out
     # the outermost backward spans holding recomputed ops, and the backward work inside them
-    spans = _outermost(t, backward)
+    spans = outermost(t, backward)
     spans = spans[_holds(t, spans, rec)]
     wrappers = {n.split(": ", 1)[1] for n in (t.names[c] for c in unique(t.name[backward]))}
     cand = np.flatnonzero(in_span & ~t.name_mask(lambda n: n in wrappers))
-    cand = cand[_contained(t, cand, spans) & ~_contained(t, cand, rec) & ~np.isin(cand, spans)]
-    work = _outermost(t, cand[~np.isin(cand, rec)])
+    cand = cand[contained(t, cand, spans) & ~contained(t, cand, rec) & ~np.isin(cand, spans)]
+    work = outermost(t, cand[~np.isin(cand, rec)])
     if k.platform == "cpu":
         out["recompute.share"] = (float(t.dur[spans].sum()) - float(t.dur[work].sum())) / total
         return out
-    crit = min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
-    dev, launch = device_launch_index(t, k)
-    ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
-    dev, launch = dev[ok], launch[ok]
-    there = _contained(t, launch, spans) & ~_contained(t, launch, work)
-    out["recompute.share"] = float(t.dur[dev[there]].sum()) / total * crit
+    there = np.setdiff1d(kernels_launched_inside(t, k, spans), kernels_launched_inside(t, k, work))
+    out["recompute.share"] = float(t.dur[there].sum()) / total * device_weight(device_share)
     return out
 
 
@@ -89,16 +86,3 @@ def _holds(t: EventTable, spans: np.ndarray, rows: np.ndarray) -> np.ndarray:
         ok[ok] = t.ts[r][ok] + t.dur[r][ok] <= t.ts[spans[on[i[ok]]]] + t.dur[spans[on[i[ok]]]]
         res[on[i[ok]]] = True
     return res
-
-
-def _outermost(t: EventTable, rows: np.ndarray) -> np.ndarray:
-    """The rows not nested in an earlier row of the same thread (a parent and its child may
-    start on the same microsecond: the longer one comes first)."""
-    keep = []
-    for tid in unique(t.tid[rows]) if len(rows) else []:
-        r = rows[t.tid[rows] == tid]
-        r = r[np.lexsort((-t.dur[r], t.ts[r]))]
-        end = t.ts[r] + t.dur[r]
-        prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
-        keep.append(r[t.ts[r] >= prev_end])
-    return np.sort(np.concatenate(keep)) if keep else rows[:0]

@@ -106,11 +106,11 @@ def skipped_note(idle: float | None, cores: int | None, need: float = MIN_IDLE_C
 
 
 def _local_ranks() -> int:
-    """Processes of this job on this machine (torchrun's LOCAL_WORLD_SIZE; 1 outside torchrun)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        return 1
+    """Processes of this job on this machine (the launcher's local world size; 1 outside one)."""
+    from perfdoctor.collect.ranks import identity
+
+    ident = identity()
+    return max(1, ident.local_world_size or 1) if ident else 1
 
 
 def measure_idle_cores(seconds: float) -> tuple[float, int]:

@@ -1,0 +1,51 @@
+"""Which host rows lie inside which, on one thread: containment, the outermost rows of a set,
+and the kernels launched from inside a set of ops (by correlation to their launch calls)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze import intervals
+from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.steps import device_launch_index
+from perfdoctor.trace.table import EventTable
+
+
+def contained(t: EventTable, rows: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """Is each row inside one of `ops` on the same thread?"""
+    res = np.zeros(len(rows), bool)
+    if len(rows) == 0 or len(ops) == 0:
+        return res
+    for tid in unique(t.tid[rows]):
+        r = rows[t.tid[rows] == tid]
+        o = ops[t.tid[ops] == tid]
+        if len(o) == 0:
+            continue
+        s, e = intervals.union(t.ts[o], t.ts[o] + t.dur[o])
+        i = np.searchsorted(s, t.ts[r], side="right") - 1
+        ok = i >= 0
+        ok[ok] = t.ts[r][ok] + t.dur[r][ok] <= e[i[ok]]
+        res[np.flatnonzero(t.tid[rows] == tid)] = ok
+    return res
+
+
+def outermost(t: EventTable, rows: np.ndarray) -> np.ndarray:
+    """The rows not nested in an earlier row of the same thread, in time order per thread (a
+    parent and its child may start on the same microsecond: the longer one comes first)."""
+    keep = []
+    for tid in unique(t.tid[rows]) if len(rows) else []:
+        r = rows[t.tid[rows] == tid]
+        r = r[np.lexsort((-t.dur[r], t.ts[r]))]
+        end = t.ts[r] + t.dur[r]
+        prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+        keep.append(r[t.ts[r] >= prev_end])
+    return np.concatenate(keep) if keep else rows[:0]
+
+
+def kernels_launched_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> np.ndarray:
+    """Kernel rows whose launch call lies inside one of `ops` (same thread)."""
+    dev, launch = device_launch_index(t, k)
+    ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
+    dev, launch = dev[ok], launch[ok]
+    return dev[contained(t, launch, ops)]
