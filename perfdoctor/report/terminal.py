@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.report.sanitize import terminal as T, text
+from perfdoctor.rules.gain import times
 
 BOUND_TITLE = {
     "input_io": "INPUT-BOUND (IO)", "input_cpu": "INPUT-BOUND (CPU)", "input": "INPUT-BOUND",
@@ -104,13 +105,9 @@ def _gain_column(g: dict) -> str:
     """'~2.56x (max 4.19x)  ', padded to one width: the numbers come before the title, so a
     narrow terminal cuts the title, never the gain."""
     exp, cap = g.get("expected"), g.get("ceiling")
-    head = f"~{_times(exp)}" if exp else "?"
-    tail = f" (max {_times(cap)})" if cap else ""
+    head = f"~{times(exp)}" if exp else "?"
+    tail = f" (max {times(cap)})" if cap else ""
     return f"{head + tail:<18}  "
-
-
-def _times(x: float) -> str:
-    return f"{x:.2f}x" if x < 10 else f"{x:.0f}x"
 
 
 def _top_fixes(c: Console, findings: list[dict]) -> None:

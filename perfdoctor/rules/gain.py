@@ -22,19 +22,20 @@ def amdahl(share: float, speedup: float) -> float:
     return 1.0 / ((1.0 - f) + (0.0 if math.isinf(s) else f / s))
 
 
-def _x(v: float) -> str:
+def times(v: float) -> str:
+    """A speed-up as printed everywhere: '1.52x', or '13x' from 10x on."""
     return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
 
 
 def describe(expected: float | None, low: float | None, high: float | None, ceiling: float | None,
              share: float, label: str) -> str:
     """'expected ~1.30x (1.20-1.45x), at most 1.50x (data wait is 33.0% of each step)'."""
-    cap = "no ceiling from this trace" if ceiling is None else f"at most {_x(ceiling)}"
+    cap = "no ceiling from this trace" if ceiling is None else f"at most {times(ceiling)}"
     basis = f"{label} is {100 * share:.1f}% of each step"
     if expected is None:
         return f"{cap}, no model of the expected gain ({basis})"
-    rng = f" ({_x(low)[:-1]}-{_x(high)})" if low is not None and high is not None and high > low * 1.005 else ""
-    return f"expected ~{_x(expected)}{rng}, {cap} ({basis})"
+    rng = f" ({times(low)[:-1]}-{times(high)})" if low is not None and high is not None and high > low * 1.005 else ""
+    return f"expected ~{times(expected)}{rng}, {cap} ({basis})"
 
 
 def combined(gains: list[float]) -> float:
