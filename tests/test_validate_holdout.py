@@ -41,7 +41,8 @@ def test_judgement_on_the_corpus(shared_traces):
 
 # Every script and arm in one interpreter (one torch import): runpy with the script's argv.
 RUN_ALL = """
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, os, runpy, sys
+sys.path.insert(0, os.path.dirname(json.loads(sys.argv[1])[0][0]))     # the scripts' steady.py
 out = {}
 for path, args in json.loads(sys.argv[1]):
     sys.argv = [path, *args]

@@ -1,22 +1,14 @@
 """Hand-written causal attention in a small GPT block stack (bf16 autocast already on).
 Fix (--fixed): torch.nn.functional.scaled_dot_product_attention(is_causal=True).
-Prints its steady step time as `STEADY_MS <ms>` (after 20 warm-up steps, synchronised)."""
-import argparse
+Prints its steady step time as `STEADY_MS <ms>` (steady.py)."""
 import math
-import time
 
 import torch
 import torch.nn.functional as F
+from steady import arguments, run_steady, train_step
 from torch import nn
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--steps", type=int, default=80)
-ap.add_argument("--batch", type=int, default=8)
-ap.add_argument("--seq", type=int, default=1024)
-ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU check of the harness)")
-ap.add_argument("--fixed", action="store_true")
-a = ap.parse_args()
-dev = "cuda" if torch.cuda.is_available() else "cpu"
+a, dev = arguments(__doc__, batch=8, seq=1024)
 D, H, L = (64, 4, 2) if a.small else (768, 12, 6)
 T = 64 if a.small else a.seq
 
@@ -46,15 +38,6 @@ class Block(nn.Module):
 model = nn.Sequential(*[Block() for _ in range(L)]).to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, T, D, device=dev)
-t0 = None
-for step in range(a.steps):
-    if step == 20:
-        torch.cuda.synchronize() if dev == "cuda" else None
-        t0 = time.perf_counter()
-    with torch.autocast(dev, dtype=torch.bfloat16):
-        loss = model(x).float().pow(2).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-torch.cuda.synchronize() if dev == "cuda" else None
-print(f"STEADY_MS {1000 * (time.perf_counter() - t0) / (a.steps - 20):.2f}", flush=True)
+
+
+run_steady(train_step(lambda: model(x), opt, dev), a.steps, dev)

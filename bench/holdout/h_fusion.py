@@ -1,20 +1,12 @@
 """A bf16 MLP stack written op by op (x * sigmoid(1.702 x) activations, LayerNorm, dropout,
 residuals): many memory-bound elementwise kernels on a device-bound step.
-Fix (--fixed): torch.compile(model). Prints `STEADY_MS <ms>` (after 20 warm-up steps, in which
-the compiling happens)."""
-import argparse
-import time
-
+Fix (--fixed): torch.compile(model). Prints `STEADY_MS <ms>` (steady.py: the compiling happens
+in the warm-up steps)."""
 import torch
+from steady import arguments, run_steady, train_step
 from torch import nn
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--steps", type=int, default=80)
-ap.add_argument("--batch", type=int, default=16384)
-ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU check of the harness)")
-ap.add_argument("--fixed", action="store_true")
-a = ap.parse_args()
-dev = "cuda" if torch.cuda.is_available() else "cpu"
+a, dev = arguments(__doc__, batch=16384)
 D, L, B = (64, 2, 256) if a.small else (1024, 8, a.batch)
 
 
@@ -36,15 +28,6 @@ if a.fixed:
     model = torch.compile(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(B, D, device=dev)
-t0 = None
-for step in range(a.steps):
-    if step == 20:
-        torch.cuda.synchronize() if dev == "cuda" else None
-        t0 = time.perf_counter()
-    with torch.autocast(dev, dtype=torch.bfloat16):
-        loss = model(x).float().pow(2).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-torch.cuda.synchronize() if dev == "cuda" else None
-print(f"STEADY_MS {1000 * (time.perf_counter() - t0) / (a.steps - 20):.2f}", flush=True)
+
+
+run_steady(train_step(lambda: model(x), opt, dev), a.steps, dev)

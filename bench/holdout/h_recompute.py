@@ -1,20 +1,12 @@
 """A GPT-style stack (bf16, SDPA) with every block under torch.utils.checkpoint, on a GPU with
-memory to spare. Fix (--fixed): no checkpointing. Prints `STEADY_MS <ms>` (after 20 steps)."""
-import argparse
-import time
-
+memory to spare. Fix (--fixed): no checkpointing. Prints `STEADY_MS <ms>` (steady.py)."""
 import torch
 import torch.nn.functional as F
+from steady import arguments, run_steady, train_step
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--steps", type=int, default=80)
-ap.add_argument("--batch", type=int, default=8)
-ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU check of the harness)")
-ap.add_argument("--fixed", action="store_true")
-a = ap.parse_args()
-dev = "cuda" if torch.cuda.is_available() else "cpu"
+a, dev = arguments(__doc__, batch=8)
 D, H, L, T = (64, 4, 2, 64) if a.small else (1024, 16, 8, 1024)
 
 
@@ -36,18 +28,13 @@ class Block(nn.Module):
 blocks = nn.ModuleList([Block() for _ in range(L)]).to(dev)
 opt = torch.optim.AdamW(blocks.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, T, D, device=dev)
-t0 = None
-for step in range(a.steps):
-    if step == 20:
-        torch.cuda.synchronize() if dev == "cuda" else None
-        t0 = time.perf_counter()
-    with torch.autocast(dev, dtype=torch.bfloat16):
-        h = x
-        for blk in blocks:
-            h = blk(h) if a.fixed else checkpoint(blk, h, use_reentrant=False)
-        loss = h.float().pow(2).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-torch.cuda.synchronize() if dev == "cuda" else None
-print(f"STEADY_MS {1000 * (time.perf_counter() - t0) / (a.steps - 20):.2f}", flush=True)
+
+
+def forward():
+    h = x
+    for blk in blocks:
+        h = blk(h) if a.fixed else checkpoint(blk, h, use_reentrant=False)
+    return h
+
+
+run_steady(train_step(forward, opt, dev), a.steps, dev)

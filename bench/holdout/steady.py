@@ -1,0 +1,48 @@
+"""What the held-out scripts share: their command line, their training step and its timing.
+
+Each script builds its model, then hands one training step to `run_steady`, which runs it
+--steps times and prints `STEADY_MS <ms>`: wall time per step after WARMUP steps, the device
+synchronised at both ends (bench/validate_holdout.py reads that line)."""
+import argparse
+import time
+
+import torch
+
+WARMUP = 20      # steps before the clock starts (compiling, allocator and cuDNN warm-up happen here)
+
+
+def arguments(doc: str, steps: int = 80, batch: int = 8, **extra: int):
+    """(parsed --steps --batch --small --fixed and the script's own int options, device)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--batch", type=int, default=batch)
+    for name, default in extra.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU check of the harness)")
+    ap.add_argument("--fixed", action="store_true", help="apply the textbook fix")
+    return ap.parse_args(), "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_steady(step, steps: int, dev: str) -> None:
+    """step(i) for i in range(steps); print the steady ms/step after WARMUP steps."""
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    t0 = None
+    for i in range(steps):
+        if i == WARMUP:
+            sync()
+            t0 = time.perf_counter()
+        step(i)
+    sync()
+    print(f"STEADY_MS {1000 * (time.perf_counter() - t0) / (steps - WARMUP):.2f}", flush=True)
+
+
+def train_step(forward, opt, dev: str, autocast: bool = True):
+    """A step for run_steady: forward() under bf16 autocast (when asked), a mean-square loss of
+    its output, backward, the optimizer's step."""
+    def step(i):
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=autocast):
+            loss = forward().float().pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
