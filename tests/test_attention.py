@@ -3,10 +3,10 @@ outermost ops in traces torch records on the CPU, and sized by its kernels in a 
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
+from kineto import HandTrace
 
 from perfdoctor.diagnose.offline import diagnose_path
 
@@ -52,36 +52,18 @@ def test_cpu_traces_tell_hand_written_attention_from_sdpa(tmp_path):
 def _cuda_trace(path, attention_us: float, other_us: float, steps: int = 3):
     """A kineto trace: per step an attention block (matmul, div, softmax, matmul) and a linear
     layer, each op launching one kernel of the given length, run back to back on the device."""
-    ev, corr, t = [], 0, 0.0
-    dev_t = 0.0
-
-    def op(name, kernel_us):
-        nonlocal corr, t, dev_t
-        corr += 1
-        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t, "dur": 20.0,
-                   "args": {"External id": corr}})
-        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                   "ts": t + 5, "dur": 5.0, "args": {"correlation": corr, "External id": corr}})
-        start = max(dev_t, t + 10)
-        ev.append({"ph": "X", "cat": "kernel", "name": f"kernel_{name}", "pid": 0, "tid": 7, "ts": start,
-                   "dur": kernel_us, "args": {"correlation": corr, "External id": corr, "device": 0, "stream": 7}})
-        dev_t = start + kernel_us
-        t += 25.0
-
+    tr, t = HandTrace(), 0.0
     for i in range(steps):
-        s0 = max(t, dev_t)
-        t = s0
+        s0 = t = max(t, tr.device_free)
         for name, us in (("aten::matmul", attention_us / 4), ("aten::div", attention_us / 4),
                          ("aten::softmax", attention_us / 4), ("aten::matmul", attention_us / 4),
                          ("aten::linear", other_us)):
-            op(name, us)
-        end = max(t, dev_t)
-        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
-                   "ts": s0, "dur": end - s0})
-        t = end
-    doc = {"traceEvents": ev, "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "computeMajor": 9,
-                                                    "computeMinor": 0, "totalGlobalMem": 80e9}]}
-    path.write_text(json.dumps(doc))
+            tr.op(1, t, name, 20.0, ext=tr.corr + 1)
+            tr.launch(1, t + 5, f"kernel_{name}", us)
+            t += 25.0
+        t = max(t, tr.device_free)
+        tr.step(i, s0, t)
+    tr.write(path)
 
 
 def test_cuda_trace_sizes_hand_written_attention_and_offers_sdpa(tmp_path):

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from kineto import HandTrace
 from quiet import Foreign, skip_if_shared
 
 from perfdoctor.diagnose.offline import diagnose_path
@@ -107,41 +108,21 @@ def _cuda_trace(path, steps: int = 3):
     """A kineto trace: per step a forward linear (1000 us kernel), then on the autograd thread a
     backward node whose wrapper op first reruns the linear (1000 us kernel: the recomputation)
     and then runs its formula (aten::mm, 2000 us kernel), all back to back on the device."""
-    ev, corr = [], 0
-    dev_t = 0.0
-
-    def launch(tid, t, name, kernel_us):
-        nonlocal corr, dev_t
-        corr += 1
-        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
-                   "ts": t, "dur": 5.0, "args": {"correlation": corr}})
-        start = max(dev_t, t + 5)
-        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": start, "dur": kernel_us,
-                   "args": {"correlation": corr, "device": 0, "stream": 7}})
-        dev_t = start + kernel_us
-
-    def op(tid, t, name, dur):
-        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": t, "dur": dur, "args": {}})
-
-    t = 0.0
+    tr, t = HandTrace(), 0.0
     for i in range(steps):
-        s0 = max(t, dev_t)
-        op(1, s0, "aten::linear", 30)
-        launch(1, s0 + 10, "void gemv_kernel_fwd", 1000.0)
+        s0 = max(t, tr.device_free)
+        tr.op(1, s0, "aten::linear", 30)
+        tr.launch(1, s0 + 10, "void gemv_kernel_fwd", 1000.0)
         b0 = s0 + 50
-        op(2, b0, "autograd::engine::evaluate_function: AddmmBackward0", 100)
-        op(2, b0 + 1, "AddmmBackward0", 98)
-        op(2, b0 + 10, "aten::linear", 30)                      # the recomputation
-        launch(2, b0 + 20, "void gemv_kernel_recompute", 1000.0)
-        op(2, b0 + 50, "aten::mm", 30)                          # the backward formula
-        launch(2, b0 + 60, "void gemm_kernel_bwd", 2000.0)
-        end = max(b0 + 100, dev_t)
-        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
-                   "ts": s0, "dur": end - s0})
-        t = end
-    doc = {"traceEvents": ev, "deviceProperties": [{"id": 0, "name": "NVIDIA H100", "computeMajor": 9,
-                                                    "computeMinor": 0, "totalGlobalMem": 80e9}]}
-    path.write_text(json.dumps(doc))
+        tr.op(2, b0, "autograd::engine::evaluate_function: AddmmBackward0", 100)
+        tr.op(2, b0 + 1, "AddmmBackward0", 98)
+        tr.op(2, b0 + 10, "aten::linear", 30)                      # the recomputation
+        tr.launch(2, b0 + 20, "void gemv_kernel_recompute", 1000.0)
+        tr.op(2, b0 + 50, "aten::mm", 30)                          # the backward formula
+        tr.launch(2, b0 + 60, "void gemm_kernel_bwd", 2000.0)
+        t = max(b0 + 100, tr.device_free)
+        tr.step(i, s0, t)
+    tr.write(path)
 
 
 def test_cuda_trace_sizes_the_recomputation_by_its_kernels(tmp_path):

@@ -1,0 +1,38 @@
+"""A kineto (torch.profiler) trace built event by event, for tests that need exact device work:
+host ops on given threads, kernel launches whose kernels run back to back on one stream, and
+ProfilerStep spans; written with an H100's deviceProperties."""
+
+from __future__ import annotations
+
+import json
+
+
+class HandTrace:
+    def __init__(self):
+        self.events: list[dict] = []
+        self.corr = 0                  # the last launch's correlation id
+        self.device_free = 0.0         # when the stream has run every kernel launched so far
+
+    def op(self, tid: int, ts: float, name: str, dur: float, ext: int | None = None) -> None:
+        self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+                            "args": {} if ext is None else {"External id": ext}})
+
+    def launch(self, tid: int, ts: float, kernel: str, kernel_us: float) -> None:
+        """A 5 us cudaLaunchKernel at ts; its kernel starts when it returns or the stream is free."""
+        self.corr += 1
+        ids = {"correlation": self.corr, "External id": self.corr}
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+                            "ts": ts, "dur": 5.0, "args": ids})
+        start = max(self.device_free, ts + 5)
+        self.events.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": start,
+                            "dur": kernel_us, "args": {**ids, "device": 0, "stream": 7}})
+        self.device_free = start + kernel_us
+
+    def step(self, i: int, start: float, end: float) -> None:
+        self.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+                            "ts": start, "dur": end - start})
+
+    def write(self, path) -> None:
+        doc = {"traceEvents": self.events, "deviceProperties": [
+            {"id": 0, "name": "NVIDIA H100", "computeMajor": 9, "computeMinor": 0, "totalGlobalMem": 80e9}]}
+        path.write_text(json.dumps(doc))
