@@ -17,12 +17,12 @@ import sys
 
 def entry() -> None:
     prefetch = None
-    if sys.argv[1:2] == ["report"]:  # other commands do not pay for importing the loader
-        _keep_freed_memory()
-        from perfdoctor.trace import prefetch
-
-        prefetch.start_from_argv(sys.argv[1:])
     try:
+        if sys.argv[1:2] == ["report"]:  # other commands do not pay for importing the loader
+            _keep_freed_memory()
+            from perfdoctor.trace import prefetch
+
+            prefetch.start_from_argv(sys.argv[1:])
         from perfdoctor.cli import main
 
         main()

@@ -302,7 +302,7 @@ def test_late_take_over(tmp_path, monkeypatch, forking):
     chosen = []
     real_choose = parallel.choose_cut
     monkeypatch.setattr(parallel, "choose_cut", lambda sz, p: chosen.append((p, real_choose(sz, p))) or chosen[-1][1])
-    pending = loader.start_load(path)
+    pending = loader.PendingLoad(path).start()
     helper = pending.helpers[0]
     deadline = time.monotonic() + 30
     while helper.progress() < size // 4 and time.monotonic() < deadline:
@@ -362,7 +362,7 @@ def test_table_of_the_helper_alone_outlives_its_map(tmp_path, monkeypatch, forki
     monkeypatch.setenv(parallel.JOBS_ENV, "1")
     seq = load_trace(path)
     monkeypatch.delenv(parallel.JOBS_ENV)
-    pending = loader.start_load(path)
+    pending = loader.PendingLoad(path).start()
     helper = pending.helpers[0]
     deadline = time.monotonic() + 30
     while helper.progress() != parallel.DONE and time.monotonic() < deadline:
@@ -455,12 +455,19 @@ def test_child_runs_no_atexit_handlers_and_flushes_nothing(tmp_path):
     assert pids == [out.split()[-2]]   # only the parent ran its handler
 
 
-@pytest.mark.parametrize("where", ["mid-load", "open"])
+@pytest.mark.parametrize("where", ["mid-load", "open", "after-fork"])
 def test_exception_in_parent_leaves_no_child(tmp_path, where):
     proc = run_script(tmp_path, f"""
         parent = os.getpid()
         calls = []
-        if {where!r} == "mid-load":
+        if {where!r} == "after-fork":   # a Ctrl-C just after the fork, before finish() runs
+            real_start = parallel.Helper.start
+            def start(work, into, **kw):
+                real_start(work, into, **kw)
+                raise KeyboardInterrupt
+            parallel.Helper.start = staticmethod(start)
+            expected = KeyboardInterrupt
+        elif {where!r} == "mid-load":
             real_add = columns.Columns.add
             def add(self, events):
                 if os.getpid() == parent and len(calls) == 1:

@@ -13,7 +13,7 @@ from pathlib import Path
 from perfdoctor.collect.ranks import is_multi_rank
 from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import prefetch
-from perfdoctor.trace.loader import find_trace_files, load_trace, start_load
+from perfdoctor.trace.loader import PendingLoad, find_trace_files, load_trace
 
 
 def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
@@ -25,8 +25,9 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
         return diagnose_dir(Path(path), rule_dirs)
     skipped: list[str] = []
     files = find_trace_files(path, skipped)
-    first = prefetch.take(files[0]) or start_load(files[0])
+    first = prefetch.take(files[0]) or PendingLoad(files[0])
     try:
+        first.start()   # inside the try: its finally reaps the helper whatever interrupts
         from perfdoctor.analyze.pipeline import analyze
         from perfdoctor.report.document import build_document
         from perfdoctor.rules.engine import evaluate

@@ -1,9 +1,11 @@
 """Path -> EventTable(s): the public entry points of perfdoctor.trace.
 
-`load_trace(path)` reads one file. `start_load(path)` starts the same load and returns at once:
-on a big enough trace a helper process (perfdoctor.trace.parallel) begins decoding from the
-start while the caller imports and prepares the rest; `PendingLoad.finish()` then decodes the
-other part here and joins both (perfdoctor.trace.columns). Importing this module does not
+`load_trace(path)` reads one file. `PendingLoad(path).start()` starts the same load and returns
+at once: on a big enough trace a helper process (perfdoctor.trace.parallel) begins decoding from
+the start while the caller imports and prepares the rest; `PendingLoad.finish()` then decodes the
+other part here and joins both (perfdoctor.trace.columns). The caller keeps the PendingLoad where
+its cleanup (`close()`) will find it *before* calling `start()`: a Ctrl-C that lands just after the
+fork then still reaps the helper. Importing this module does not
 import numpy, so the helper can be started first thing.
 """
 
@@ -116,29 +118,37 @@ def load_traces(path: str | os.PathLike):
 
 def load_trace(path: str | os.PathLike):
     """Read one trace file into an EventTable. Raises TraceFormatError (one line) on unusable input."""
-    return start_load(path).finish()
-
-
-def start_load(path: str | os.PathLike) -> PendingLoad:
-    """Start loading `path`; a helper may begin decoding at once. Call `finish()` (or `close()`
-    to abandon it) on the result."""
-    path = str(path)
-    if os.path.isdir(path):
-        raise TraceFormatError(f"{path} is a directory; use load_traces")
-    size = parallel.decompressed_size(path)
-    pending = PendingLoad(path, size)
-    if parallel.can_fork(size):
-        pending.total = parallel.work_total(path, size)
-        parallel.Helper.start(lambda channel: _decode_head_in_child(path, channel), pending.helpers,
-                              transfer_bytes=size)   # columns take ~113 bytes per row of >= 128 JSON bytes
-    return pending
+    pending = PendingLoad(path)
+    try:
+        return pending.start().finish()
+    finally:
+        pending.close()   # a Ctrl-C between the fork and finish()'s own cleanup still reaps
 
 
 class PendingLoad:
-    def __init__(self, path: str, size: int | None):
-        self.path, self.size = path, size
-        self.total = size   # the file's length in parallel.work_total's unit
+    """One trace file's load: `start()` may fork a helper, `finish()` returns the table, `close()`
+    (idempotent) abandons the load and reaps the helper."""
+
+    def __init__(self, path: str | os.PathLike):
+        path = str(path)
+        if os.path.isdir(path):
+            raise TraceFormatError(f"{path} is a directory; use load_traces")
+        self.path = path
+        self.size = parallel.decompressed_size(path)
+        self.total = self.size   # the file's length in parallel.work_total's unit
         self.helpers: list[parallel.Helper] = []
+        self.started = False
+
+    def start(self) -> PendingLoad:
+        """Let a helper begin decoding from the start, if the file is big enough and a core is
+        free. The helper is in `self.helpers` before a Ctrl-C can interrupt again."""
+        if not self.started:
+            self.started = True
+            if parallel.can_fork(self.size):
+                self.total = parallel.work_total(self.path, self.size)
+                parallel.Helper.start(lambda channel: _decode_head_in_child(self.path, channel), self.helpers,
+                                      transfer_bytes=self.size)   # columns take ~113 bytes per row of >= 128 JSON bytes
+        return self
 
     def finish(self):
         """The EventTable (blocks until the helper, if any, is done)."""

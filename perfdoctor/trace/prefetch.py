@@ -52,13 +52,16 @@ def start_from_argv(argv: list[str]) -> None:
             first = loader.run_trace_files(os.path.join(path, "trace"))[0]
         else:
             first = loader.find_trace_files(path)[0]
-        _pending[_key(first)] = loader.start_load(first)
+        pending = _pending[_key(first)] = loader.PendingLoad(first)   # where abandon() finds it
+        pending.start()
     except Exception:  # any problem is reported by the real run, one line, as always
         return
 
 
 def take(path: str | os.PathLike) -> loader.PendingLoad | None:
-    return _pending.pop(_key(path), None)
+    """The load started for `path`, if any. It stays registered, so abandon() still reaps its
+    helper if a Ctrl-C lands before the caller's own cleanup is in place (close() is idempotent)."""
+    return _pending.get(_key(path))
 
 
 def abandon() -> None:
