@@ -283,3 +283,10 @@ def test_parsed_rules_are_cached_and_edits_invalidate_the_cache(tmp_path, monkey
     parsed.clear()
     load_rules()
     assert len(parsed) == len(first)
+
+
+def test_naming_the_builtin_folder_again_loads_it_once():
+    """`perfdoctor rules check rules` in a checkout: the same folder, not a set of duplicates."""
+    builtin = load_rules()
+    again = load_rules([builtin_rules_dir(), str(builtin_rules_dir()) + "/."])
+    assert [r.id for r in again] == [r.id for r in builtin] and len(builtin) > 30

@@ -47,11 +47,14 @@ def builtin_rules_dir() -> Path:
 def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bool = True) -> list[Rule]:
     """Load the built-in rules plus user rule dirs; raises RulesInvalid listing every problem."""
     dirs = ([builtin_rules_dir()] if builtin else []) + [Path(d) for d in (extra_dirs or [])]
-    files, problems = [], []
+    files, problems, read = [], [], set()
     for d in dirs:
         if not d.is_dir():
             problems.append(RuleProblem(str(d), None, "rules directory not found"))
             continue
+        if d.resolve() in read:   # the built-in folder named again: the same rules, not duplicates
+            continue
+        read.add(d.resolve())
         files += sorted(d.glob("*.toml"))
     raw = cache.parse_all(files, _read)
     # Names rules may use beyond the registry: the verdict and every flag's outcome.
