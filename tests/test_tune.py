@@ -90,6 +90,23 @@ def test_refinements_build_on_the_best_worker_count():
                                         {"num_workers": 2, "prefetch_factor": 4}]
 
 
+def test_compile_trial_uses_the_advised_mode_and_falls_back():
+    """Graph replay where the report ranks PD311 on CUDA; the default mode elsewhere (a CPU run
+    has no graphs to replay, whatever the report says); a failed replay trial is followed by a
+    default-mode one, which has no fallback of its own."""
+    def compile_trial(**kw):
+        return next(t for t in plan.plan(facts(**kw), allow_compile=True) if t.group == "compile")
+    replay = compile_trial(cuda=True, graph_replay=True)
+    assert replay.changes == {"compile": "reduce-overhead"} and replay.label == "compile=reduce-overhead"
+    assert compile_trial(cuda=True).changes == {"compile": True}
+    assert compile_trial(graph_replay=True).changes == {"compile": True}
+    again = plan.fallback(replay)
+    assert again.changes == {"compile": True} and again.group == "compile" and plan.fallback(again) is None
+    assert plan.fallback(plan.Trial({"num_workers": 2}, "loader")) is None
+    assert 'torch.compile(model, mode="reduce-overhead")' in apply_text(replay.changes, {}, True)
+    assert "torch.compile(model)" in apply_text({"compile": True}, {}, False)
+
+
 def test_rule_for_prefers_a_ranked_fix():
     assert plan.rule_for({"num_workers": 2}, {"PD301"}) == "PD301"
     assert plan.rule_for({"compile": True}, {"PD312"}) == "PD312"
@@ -98,6 +115,26 @@ def test_rule_for_prefers_a_ranked_fix():
 
 
 # -- apply text ------------------------------------------------------------------------------------
+
+def test_a_failed_graph_replay_trial_is_followed_by_default_compile(monkeypatch, tmp_path):
+    from perfdoctor.tune import session as S
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000, allow_compile=True),
+                log=lambda s: None)
+    def baseline(self):
+        self.facts = facts(cuda=True, graph_replay=True, verdict="host", data_wait=0.0, loader=None)
+    tried = []
+    def trial(self, tr):
+        tried.append(tr.label)
+        out = S.Outcome(tr, "failed" if tr.changes.get("compile") else "no change")
+        self.outcomes.append(out)
+        return out
+    monkeypatch.setattr(S.Tuner, "_baseline", baseline)
+    monkeypatch.setattr(S.Tuner, "_trial", trial)
+    monkeypatch.setattr(S.Tuner, "_confirm_best", lambda self: None)
+    t.run()
+    i = tried.index("compile=reduce-overhead")
+    assert tried[i + 1] == "compile=True" and tried.count("compile=True") == 1
+
 
 def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     """The best setting runs again; one that is not faster in its second run is no longer best, and

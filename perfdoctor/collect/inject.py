@@ -13,7 +13,7 @@ key is one change the user could make by hand; the script itself is never edited
 | expandable_segments | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before the first CUDA allocation) |
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
-| compile | True: torch.compile of that outermost module (nn.Module.compile, in place) |
+| compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments,
@@ -198,7 +198,7 @@ def _optimizer(torch, st: _State) -> None:
 
 def _module_call(torch, st: _State) -> None:
     dtype_name = st.changes.get("autocast")
-    comp = bool(st.changes.get("compile"))
+    comp = st.changes.get("compile")   # True: default mode; a string: that torch.compile mode
     if not dtype_name and not comp:
         return
     dtype = getattr(torch, dtype_name) if dtype_name else None
@@ -219,7 +219,7 @@ def _module_call(torch, st: _State) -> None:
         try:
             if comp and id(self) not in st.compiled:
                 st.compiled.add(id(self))
-                self.compile()
+                self.compile(**({"mode": comp} if isinstance(comp, str) else {}))
                 st.applied.add("compile")
             if dtype is not None:
                 with torch.autocast(first.device.type, dtype=dtype):

@@ -40,7 +40,8 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         lines.append(f'with torch.autocast("{dev}", dtype=torch.{changes["autocast"]}):  '
                      "# around the model's forward (and the loss)")
     if changes.get("compile"):
-        lines.append("model = torch.compile(model)  # or model.compile(), before the training loop")
+        mode = f', mode="{changes["compile"]}"' if isinstance(changes["compile"], str) else ""
+        lines.append(f"model = torch.compile(model{mode})  # or model.compile({mode[2:]}), before the training loop")
     if changes.get("recompute") == "off":
         n = inject.get("checkpoint_calls")
         lines.append("y = block(x)  # instead of torch.utils.checkpoint.checkpoint(block, x): memory permitting"

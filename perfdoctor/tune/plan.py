@@ -14,6 +14,9 @@ num_workers candidates come first (kept alive across epochs, persistent_workers=
 script had no workers: worker_changes); persistent_workers (for a script that already has
 workers) and prefetch_factor refine the best worker count (they do nothing without workers), so
 they are planned after the first pass.
+The compile trial uses the mode the report advises: "reduce-overhead" (CUDA graph replay) where
+PD311 ranks, the default mode elsewhere; a graph-replay trial that fails is followed by a
+default-mode one (`fallback`), since graph replay refuses some scripts that compile alone takes.
 A trial that cannot apply here is planned as skipped with its reason (never measured, never
 invented): CUDA settings without a CUDA device, numerics and compilation without their flag.
 """
@@ -64,6 +67,7 @@ class Facts:
     threads: int | None = None        # the trainer's intra-op threads as the script set them
     bf16: bool = True
     checkpoints: int = 0              # activation-checkpoint calls the script made
+    graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
 
 
 def describe(changes: dict) -> str:
@@ -128,9 +132,18 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"
     by_group["numerics"].append(Trial({"autocast": dtype}, "numerics",
                                       skip=None if allow_numerics else "changes numerics: needs --allow-numerics"))
-    by_group["compile"].append(Trial({"compile": True}, "compile",
+    # the mode the report advises: graph replay for a launch-bound CUDA step (PD311), else default
+    mode = "reduce-overhead" if f.cuda and f.graph_replay else True
+    by_group["compile"].append(Trial({"compile": mode}, "compile",
                                      skip=None if allow_compile else "costs compile time: needs --allow-compile"))
     return [t for g in group_order(f) for t in by_group[g]]
+
+
+def fallback(t: Trial) -> Trial | None:
+    """The trial to run when `t` failed: default-mode compile after graph replay, else none."""
+    if t.changes.get("compile") == "reduce-overhead":
+        return Trial({**t.changes, "compile": True}, t.group)
+    return None
 
 
 def refinements(f: Facts, best_loader: dict | None) -> list[Trial]:

@@ -102,7 +102,8 @@ class Tuner:
         self._baseline()
         first = planmod.plan(self.facts, allow_numerics=self.o.allow_numerics, allow_compile=self.o.allow_compile)
         for t in first:
-            self._trial(t)
+            if self._trial(t).status == "failed" and (again := planmod.fallback(t)) is not None:
+                self._trial(again)
         best_loader = self._best("loader")
         for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None):
             self._trial(t)
@@ -163,7 +164,8 @@ class Tuner:
             loader=loaders[0]["asked"] if loaders else None,
             optimizers=inj.get("optimizers") or [],
             threads=inj.get("threads"),
-            checkpoints=int(inj.get("checkpoint_calls") or 0))
+            checkpoints=int(inj.get("checkpoint_calls") or 0),
+            graph_replay="PD311" in self.fixes)
 
     def _noise(self, b: Measured) -> tuple[bool, str]:
         lo, hi = b.estimate.ci95
