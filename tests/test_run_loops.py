@@ -187,6 +187,14 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     assert m["steps.source"] == "ProfilerStep" and m["steps.count"] == 1
     assert m["steps.time_median_ms"] > 2400                   # the traced step is a whole one
     assert doc["verdict"]["bound"] == "device", doc["verdict"]["summary"]   # CPU ops fill the step
+    # the script's torch.set_num_threads(1) is recorded; with a second physical core idle, PD346
+    # offers it to torch (its evidence: the thread count, the cores, the idle share, the op share)
+    assert c["torch_threads"] == 1 and m["machine.torch_threads"] == 1
+    ids = {f["id"] for f in doc["findings"]}
+    idle = (m["machine.physical_cores"] or 0) >= 2 and m["machine.free_cores"] >= 0.5
+    crowded = "cpu-oversubscription" in {f["slug"] for f in doc["flags"]}
+    assert ("PD346" in ids) == (idle and m["share.device"] >= 0.2 and not crowded), (
+        m["machine.physical_cores"], m["machine.free_cores"], m["share.device"])
 
 
 def test_too_few_steps_for_a_trace_still_get_a_verdict(tmp_path):

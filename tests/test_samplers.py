@@ -228,3 +228,30 @@ def test_split_thresholds_and_unknowns(tmp_path):
     s.samples, s.notes = _synthetic(3), ["x"]
     s.save(tmp_path / "system.json")
     assert load_samples(tmp_path / "system.json") == (s.samples, ["x"])
+
+
+def test_physical_cores_count_hyperthread_siblings_once(tmp_path):
+    from perfdoctor.collect.samplers import physical_cores
+    # two packages, two cores each, two hyperthreads per core: CPUs 0-7
+    for cpu in range(8):
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{cpu // 4}\n")
+        (d / "core_id").write_text(f"{cpu % 2}\n")     # core ids repeat across packages
+    assert physical_cores(list(range(8)), str(tmp_path)) == 4
+    assert physical_cores([0, 2], str(tmp_path)) == 1          # siblings on one core
+    assert physical_cores([0, 1, 4], str(tmp_path)) == 3
+    assert physical_cores([0, 9], str(tmp_path)) is None       # unreadable topology: unknown
+    assert physical_cores(None, str(tmp_path)) is None
+    # this machine's own answer is a count within its usable CPUs (or unknown)
+    mine = physical_cores(sorted(os.sched_getaffinity(0)))
+    assert mine is None or 1 <= mine <= len(os.sched_getaffinity(0))
+    # the metric: the samplers' count, capped by a cgroup quota
+    smp = _synthetic(10)
+    for s in smp:
+        s["system"]["usable_physical_cores"] = 4
+    assert system_metrics(smp, [])["machine.physical_cores"] == 4
+    for s in smp:
+        s["system"]["cpu_quota_cores"] = 2.5
+    assert system_metrics(smp, [])["machine.physical_cores"] == 2.5
+    assert system_metrics(_synthetic(10), [])["machine.physical_cores"] is None

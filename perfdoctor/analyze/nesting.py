@@ -49,3 +49,22 @@ def kernels_launched_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> np.ndar
     ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
     dev, launch = dev[ok], launch[ok]
     return dev[contained(t, launch, ops)]
+
+
+def self_time(t: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Each row's duration less that of the rows directly inside it (same thread): its own time.
+    Rows are taken as well nested (host ops are); a parent and a child that start on the same
+    microsecond are told apart by length, as in outermost()."""
+    own = t.dur[rows].astype(np.float64)
+    for tid in unique(t.tid[rows]) if len(rows) else []:
+        on = np.flatnonzero(t.tid[rows] == tid)
+        on = on[np.lexsort((-t.dur[rows[on]], t.ts[rows[on]]))]
+        ts, dur = t.ts[rows[on]].tolist(), t.dur[rows[on]].tolist()
+        stack: list[int] = []            # positions in `on` of the open ancestors
+        for j in range(len(on)):
+            while stack and ts[j] >= ts[stack[-1]] + dur[stack[-1]]:
+                stack.pop()
+            if stack:
+                own[on[stack[-1]]] -= dur[j]
+            stack.append(j)
+    return own

@@ -22,6 +22,7 @@ from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
+from perfdoctor.analyze.threads import thread_metrics
 from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, build_timeline
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace.table import EventTable
@@ -78,6 +79,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm") else {})
     m.update(recompute_metrics(t, k, steps, m["share.device"]))
+    m.update(thread_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

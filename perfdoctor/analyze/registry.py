@@ -66,6 +66,8 @@ _m("share.host", "share", "Host-side idle causes: runtime calls + traced CPU ops
 _m("share.communication", "share", "Exposed communication (= breakdown.communication).")
 # -- the machine the run used (measured by `perfdoctor run`; None for a trace alone) ---------
 _m("machine.cpu_count", "count", "CPU cores usable by the training process.")
+_m("machine.physical_cores", "count", "Physical cores among the usable CPUs (hyperthread siblings count once; capped by a cgroup quota); None when the topology is unknown.")
+_m("machine.torch_threads", "count", "The trainer's torch intra-op threads (torch.get_num_threads() when the script ended); None for a trace alone.")
 _m("machine.free_cores", "count", "Cores not busy during the run (cpu_count minus average busy cores).")
 _m("machine.ram_free_bytes", "bytes", "Free RAM during the run.")
 # -- input pipeline ------------------------------------------------------------------------
@@ -115,6 +117,8 @@ _m("tensor_core.eligible_step_share", "share", "GEMM/convolution kernel time / s
 # -- activation checkpointing (analyze/recompute.py) ----------------------------------------
 _m("recompute.ops_per_step", "per_step", "Module forward ops (linear, conv, norms, activations, attention) run again inside backward nodes: activation checkpointing's recomputation (outermost ops only).")
 _m("recompute.share", "share", "What that recomputation takes from the step: kernel time launched from those ops weighted by the device's busy share (GPU), or the ops' own time (CPU).")
+# -- intra-op threads (analyze/threads.py; CPU-only traces, None elsewhere) -----------------
+_m("threads.splittable_share", "share", "Own time (children excluded) of aten ops lasting at least 50 us / step time: the op work more intra-op threads can split on a CPU-only run.")
 # -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
 _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")

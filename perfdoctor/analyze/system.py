@@ -161,6 +161,8 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
     cores = _usable_cores(last)
     out["system.cpu_count"] = last.get("cpu_count")
     out["machine.cpu_count"] = cores
+    phys, quota = last.get("usable_physical_cores"), last.get("cpu_quota_cores")
+    out["machine.physical_cores"] = None if phys is None else min(phys, quota) if quota else phys
     busy = _mean([(x.get("cpu_usable_percent") if x.get("cpu_usable_percent") is not None
                    else x.get("cpu_total_percent")) for x in systems])
     busy = busy / 100 if busy is not None else None
@@ -384,7 +386,7 @@ _NAMES = ("system.samples", "system.sampler_core_fraction", "system.cpu_count", 
           "loader.worker_cpu_mean", "loader.worker_disk_sleep_share", "loader.worker_read_mb_s",
           "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_disk_sleep_share",
           "loader.trainer_read_mb_s", "loader.runnable_share", "loader.threads_oversubscription", "gpu.util_mean",
-          "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.free_cores",
+          "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.physical_cores", "machine.free_cores",
           "machine.ram_free_bytes", "input.split")
 
 

@@ -346,6 +346,12 @@ class Session:
             self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
                          "DataLoader iteration")
 
+    def _torch_threads(self) -> int | None:
+        try:
+            return int(self.torch.get_num_threads()) if self.torch is not None else None
+        except Exception:   # a torch torn down at exit
+            return None
+
     def finish(self, outcome: str, exit_code: int | None = None, error: str | None = None) -> None:
         if self.finished:
             return
@@ -363,7 +369,8 @@ class Session:
                     "window": self.window.info(), "notes": self.notes,
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
-                    "cuda_available": bool(self.torch and self.torch.cuda.is_available())}
+                    "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
+                    "torch_threads": self._torch_threads()}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)

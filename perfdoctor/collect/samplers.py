@@ -124,6 +124,7 @@ class SystemSampler:
         self._disks: list[str] | None = None
         self._affinity: list[int] | None = None
         self._quota: float | None = None
+        self._physical: int | None = None
         self._delayacct = _delayacct_on()
         if not self._delayacct:
             self._note(DELAYACCT_NOTE)
@@ -361,6 +362,7 @@ class SystemSampler:
         except OSError:
             self._affinity = None
         self._quota = _cgroup_cpu_quota(self.root_pid)
+        self._physical = physical_cores(self._affinity)
         try:
             self._disks = [d for d in os.listdir("/sys/block") if not d.startswith(_SKIP_DISKS)]
         except OSError:
@@ -382,6 +384,7 @@ class SystemSampler:
         vm = psutil.virtual_memory()
         return {"cpu_count": psutil.cpu_count(),
                 "usable_cpus": len(self._affinity) if self._affinity else None,
+                "usable_physical_cores": self._physical,
                 "cpu_quota_cores": self._quota,
                 "cpu_percent": [round(b, 2) for b, _ in per_core] if per_core else None,
                 "cpu_total_percent": round(total, 2) if total is not None else None,
@@ -525,6 +528,24 @@ def _cpu_deltas(prev, now) -> tuple[list[tuple[float, float]], float | None]:
         io_sum += da.get("iowait", 0.0)
         tot_sum += total
     return cores, (100.0 * io_sum / tot_sum if tot_sum > 0 else None)
+
+
+def physical_cores(cpus: list[int] | None, root: str = "/sys/devices/system/cpu") -> int | None:
+    """Distinct physical cores among the logical CPUs `cpus` (hyperthread siblings count once),
+    from sysfs topology; None when it cannot be read."""
+    if not cpus:
+        return None
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"{root}/cpu{c}/topology/core_id") as f:
+                core = f.read().strip()
+            with open(f"{root}/cpu{c}/topology/physical_package_id") as f:
+                package = f.read().strip()
+        except OSError:
+            return None
+        cores.add((package, core))
+    return len(cores)
 
 
 def _cgroup_cpu_quota(pid: int) -> float | None:

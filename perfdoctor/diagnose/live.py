@@ -136,6 +136,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
+    m["machine.torch_threads"] = res.child.get("torch_threads")
     m.update(few_steps_metrics(steps))
     notes += [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)

@@ -20,7 +20,7 @@ _MISSING = object()
 PROC = {"!": ("pid", "role"), "pid": INT, "ppid": INT, "role": STR, "name": STR, "create_time": NUM, "cpu_percent": NUM, "state": STR,
         "num_threads": NUM, "read_bytes": NUM, "read_chars": NUM, "sched_cpu_s": NUM, "runq_wait_s": NUM}
 PSI = {"!": ("some_total_us",), "some_avg10": NUM, "some_total_us": NUM}
-SYSTEM = {"cpu_count": NUM, "usable_cpus": NUM, "cpu_quota_cores": NUM, "cpu_percent": [NUM],
+SYSTEM = {"cpu_count": NUM, "usable_cpus": NUM, "usable_physical_cores": NUM, "cpu_quota_cores": NUM, "cpu_percent": [NUM],
           "cpu_total_percent": NUM, "cpu_usable_percent": NUM, "iowait_percent": NUM, "loadavg": [NUM],
           "psi": {"cpu": PSI, "io": PSI, "memory": PSI},
           "disk": {"!": ("read_bytes",), "read_bytes": NUM, "read_count": NUM, "busy_ms": {"*": NUM}},
@@ -36,7 +36,7 @@ RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": 
        "forwarded_signals": [INT], "notes": [STR], "config": {"*": ANY}}
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
-         "torch_version": STR, "cuda_available": BOOL}
+         "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT}
 
 
 def conform(value: Any, shape: Any) -> Any:

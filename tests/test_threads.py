@@ -1,0 +1,68 @@
+"""Intra-op threads on a CPU-only run (analyze/threads.py, PD346): the own time of ops long enough
+to split, on hand-built nesting and on traces torch records on the CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from kineto import HandTrace
+
+from perfdoctor.analyze.kinds import classify
+from perfdoctor.analyze.nesting import self_time
+from perfdoctor.analyze.pipeline import analyze
+from perfdoctor.trace.loader import load_trace
+
+
+def test_self_time_subtracts_direct_children_only(tmp_path):
+    h = HandTrace()
+    h.step(1, 0, 1000)
+    h.op(1, 10, "aten::linear", 500)        # parent: 500 - 300 (addmm) - 50 (t) = 150
+    h.op(1, 10, "aten::addmm", 300)         # same start as its parent: told apart by length
+    h.op(1, 20, "aten::expand", 40)         # inside addmm: addmm's own time is 260
+    h.op(1, 320, "aten::t", 50)
+    h.op(2, 10, "aten::mm", 400)            # another thread: nothing of the others'
+    h.write(tmp_path / "t.json")
+    t = load_trace(tmp_path / "t.json")
+    rows = np.flatnonzero(classify(t).cpu_op)
+    own = dict(zip((t.names[t.name[r]] for r in rows), self_time(t, rows)))
+    assert own == {"aten::linear": 150, "aten::addmm": 260, "aten::expand": 40, "aten::t": 50, "aten::mm": 400}
+
+
+RECORD = """
+import sys, torch, torch.nn as nn
+torch.manual_seed(0); torch.set_num_threads(1)
+wide, path = sys.argv[1] == "wide", sys.argv[2]
+w, b = (512, 128) if wide else (32, 8)
+model = nn.Sequential(nn.Linear(w, 4 * w), nn.ReLU(), nn.Linear(4 * w, w))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(b, w)
+sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
+with torch.profiler.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(path)) as p:
+    for _ in range(4):
+        model(x).pow(2).mean().backward(); opt.step(); opt.zero_grad(); p.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    pytest.importorskip("torch", reason="records its traces with torch")
+    d = tmp_path_factory.mktemp("threads")
+    (d / "record.py").write_text(textwrap.dedent(RECORD))
+    out = {}
+    for kind in ("wide", "tiny"):
+        subprocess.run([sys.executable, str(d / "record.py"), kind, str(d / f"{kind}.json")], check=True, timeout=120)
+        out[kind] = analyze(load_trace(d / f"{kind}.json")).metrics
+    return out
+
+
+def test_splittable_share_tells_big_ops_from_small_ones(recorded):
+    """Ops of ~1 ms (512x2048 GEMMs at batch 128) are most of the step; ops of a few microseconds
+    (32-wide layers at batch 8: what more threads make slower) none of it, though they are still
+    most of the traced op time."""
+    wide, tiny = recorded["wide"], recorded["tiny"]
+    assert wide["threads.splittable_share"] > 0.6 and wide["threads.splittable_share"] <= wide["share.device"]
+    assert tiny["threads.splittable_share"] < 0.05 and tiny["share.device"] > 0.3
