@@ -47,6 +47,11 @@ def test_measured_fix_ranks_first_and_is_sized(corpus, name):
     for s in applied:   # every expected gain lies under its ceiling
         g = found[s]["gain"]
         assert g["ceiling"] is None or g["expected"] <= g["ceiling"] + 1e-9
+    # and no measurement beats the ceilings: they bound the share of an un-profiled step (launch's
+    # traced steps ran 1.16x longer than its steady ones; on the traced share alone the fused
+    # optimizer's ceiling was 2.05x, under the 2.28x measured)
+    ceilings = [found[s]["gain"]["ceiling"] for s in applied]
+    assert None in ceilings or combined(ceilings) >= measured, (ceilings, measured)
 
 
 def test_launch_compile_with_fused_optimizer(corpus):
@@ -55,7 +60,7 @@ def test_launch_compile_with_fused_optimizer(corpus):
     found = fixes(diagnose_path(str(corpus / "launch")))
     compile_, fused = found["compile-reduce-overhead"]["gain"], found["fused-optimizer"]["gain"]
     assert combined([compile_["expected"], fused["expected"]]) == pytest.approx(17.67 / 2.93, rel=0.25)
-    assert compile_["ceiling"] >= 17.67 / 2.93
+    assert compile_["ceiling"] is None or compile_["ceiling"] >= 17.67 / 2.93   # None: unbounded
 
 
 def test_alloc_names_empty_cache_and_claims_no_allocator_miracle(corpus):

@@ -290,3 +290,27 @@ def test_naming_the_builtin_folder_again_loads_it_once():
     builtin = load_rules()
     again = load_rules([builtin_rules_dir(), str(builtin_rules_dir()) + "/."])
     assert [r.id for r in again] == [r.id for r in builtin] and len(builtin) > 30
+
+
+def test_ceilings_bound_the_share_of_an_unprofiled_step():
+    """A run whose traced steps ran 1.5x longer than its steady ones: the share a fix attacks is at
+    most 1.5x larger un-profiled (the profiler only adds time), so its ceiling uses that; the
+    expected gain stays on the measured share. A faster traced window lowers no ceiling."""
+    from perfdoctor.diagnose.live import trace_inflation
+    assert trace_inflation(15.0, 10.0) == 1.5 and trace_inflation(8.0, 10.0) == 1.0
+    assert trace_inflation(None, 10.0) is None and trace_inflation(12.0, 0.0) is None
+
+    def pd312(inflation):
+        m = dict.fromkeys(registry.REGISTRY)
+        m.update({"trace.platform": "cpu", "steps.count": 5, "steps.time_mean_ms": 12.7, "share.device": 0.56,
+                  "share.input": 0.01, "share.host": 0.43, "share.communication": 0.0, "breakdown.other": 0.43,
+                  "run.trace_inflation": inflation})
+        return next(f for f in evaluate(RULES, m).fixes if f.rule.id == "PD312")
+    plain, inflated = pd312(None), pd312(1.5)
+    assert plain.ceiling == pytest.approx(amdahl(0.43, 2)) and plain.ceiling_share == pytest.approx(0.43)
+    assert inflated.ceiling == pytest.approx(amdahl(0.645, 2)) and inflated.share == pytest.approx(0.43)
+    assert "43.0% of each traced step, up to 64.5% of an un-profiled one" in inflated.gain_text
+    assert "of each step" in plain.gain_text and pd312(1.0).ceiling == plain.ceiling
+    assert pd312(3.0).ceiling == pytest.approx(2.0)       # the whole step, at most twice as fast
+    # a range whose high end has no bound (the share may be the whole un-profiled step)
+    assert describe(1.5, 1.2, math.inf, None, 0.9, "x").startswith("expected ~1.50x (1.20x or more), no ceiling")

@@ -159,6 +159,7 @@ _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step ti
 _m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")
 _m("run.data_wait_share", "share", "Time inside DataLoader __next__ / wall time of the steady window (every step of it, not only the traced ones).")
 _m("run.all_steps_wait_share", "share", "Time inside DataLoader __next__ / wall time of every measured step, warm-up included: what a run too short for a steady window still measures (perfdoctor/diagnose/live.py).")
+_m("run.trace_inflation", "ratio", "Mean traced step (steps.time_mean_ms) / run.step_time_ms, at least 1: how much longer the profiled steps ran than un-profiled ones. A share of the traced step is at most this many times larger in an un-profiled step (the profiler only adds time), so ceilings use share x this (rules/engine.py). None for a trace alone.")
 _m("run.profiled_steps", "count", "Steps recorded by torch.profiler (excluded from run.* step statistics).")
 _m("run.skipped_optimizer_steps", "count", "Steps whose optimizer step GradScaler skipped (inf/NaN gradients).")
 _m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, crashed, interrupted or killed.")

@@ -137,6 +137,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
     m["machine.torch_threads"] = res.child.get("torch_threads")
+    m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
     notes += [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
@@ -247,6 +248,14 @@ def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
 
 def _failed(res: RunResult) -> bool:
     return res.child.get("outcome") in ("crashed", "interrupted", None) or bool(res.exit_code)
+
+
+def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float | None:
+    """Traced over un-profiled step time, never below 1 (a traced window that ran faster than
+    the steady one lowers no ceiling); None unless both are known."""
+    if not traced_ms or not steady_ms or traced_ms <= 0 or steady_ms <= 0:
+        return None
+    return max(1.0, traced_ms / steady_ms)
 
 
 def few_steps_metrics(steps: list[dict]) -> dict:

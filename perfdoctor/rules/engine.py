@@ -36,6 +36,7 @@ class Finding:
     gain_text: str | None = None
     share: float | None = None
     speedup: float | None = None
+    ceiling_share: float | None = None     # the share the ceiling uses: at most share x run.trace_inflation
 
     on_bottleneck: bool = False           # the fix targets the class the verdict names
 
@@ -159,10 +160,20 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
         f.ceiling = f.expected = 1.0
         f.gain_text = f"no measurable gain ({g.label} is {100 * max(share, 0.0):.1f}% of each step)"
         return
-    ceiling = amdahl(share, speedup)
+    # The profiler only adds time: what the share measures takes at most as long un-profiled, while
+    # the step may take less, so its share of an un-profiled step is at most share x inflation.
+    inflation = values_inflation(ev)
+    f.ceiling_share = min(1.0, share * inflation)
+    ceiling = amdahl(f.ceiling_share, speedup)
     f.ceiling = None if math.isinf(ceiling) else ceiling
     _expected(f, ev, share)
-    f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label)
+    f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share)
+
+
+def values_inflation(ev: expr.Evaluator) -> float:
+    """run.trace_inflation when the run measured it (>= 1), else 1."""
+    v = ev.values.get("run.trace_inflation")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 1 else 1.0
 
 
 def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
@@ -172,15 +183,17 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
         return
     cap = f.ceiling if f.ceiling is not None else math.inf
 
-    def at(speedup_text: str) -> float:
+    def at(speedup_text: str, on: float) -> float:
         s = float(ev.eval(speedup_text))
-        return min(amdahl(es, s) if s > 0 else 1.0, cap)
+        return min(amdahl(on, s) if s > 0 else 1.0, cap)
 
     try:
         es = share if g.expected_share is None else float(ev.eval(g.expected_share))
         es = min(max(es, 0.0), 1.0)
-        exp = at(g.expected_speedup)
-        lo, hi = (at(g.expected_range[0]), at(g.expected_range[1])) if g.expected_range else (None, None)
+        exp = at(g.expected_speedup, es)
+        # the high end also allows the share to be as large un-profiled as the ceiling does
+        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * values_inflation(ev))))
+                  if g.expected_range else (None, None))
     except (TypeError, ValueError, ZeroDivisionError):
         return
     if not math.isfinite(exp):
