@@ -112,6 +112,9 @@ def test_rule_for_prefers_a_ranked_fix():
     assert plan.rule_for({"compile": True}, {"PD312"}) == "PD312"
     assert plan.rule_for({"compile": True}, set()) == "PD311"       # named, prediction null
     assert plan.rule_for({"cudnn_benchmark": True}, {"PD301"}) is None
+    # on a CPU run the compile trial is PD312's, even when the report ranked neither
+    assert plan.rule_for({"compile": True}, set(), {"PD312", "PD301"}) == "PD312"
+    assert plan.rule_for({"autocast": "bfloat16"}, set(), {"PD312"}) is None
 
 
 # -- apply text ------------------------------------------------------------------------------------

@@ -164,8 +164,9 @@ def refinements(f: Facts, best_loader: dict | None) -> list[Trial]:
     return out
 
 
-def rule_for(changes: dict, fix_ids: set[str]) -> str | None:
+def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None) -> str | None:
     """The fix rule this change tests: the first of its rules that the report ranked, else the
-    first one it could have ranked (its prediction is then null)."""
-    ids = [rid for k in changes for rid in RULES.get(k, ())]
+    first one it could have ranked (its prediction is then null). `applicable`: the rules that
+    apply on this run's device (a CPU run's compile is PD312's, not the CUDA-only PD311's)."""
+    ids = [rid for k in changes for rid in RULES.get(k, ()) if applicable is None or rid in applicable]
     return next((r for r in ids if r in fix_ids), ids[0] if ids else None)

@@ -167,6 +167,16 @@ class Tuner:
             checkpoints=int(inj.get("checkpoint_calls") or 0),
             graph_replay="PD311" in self.fixes)
 
+    def _applicable(self) -> set[str] | None:
+        """Ids of the rules that apply on the baseline's device (None: unknown, all of them)."""
+        from perfdoctor.rules.loader import load_rules
+        m = ((self.doc.get("traces") or [{}])[0].get("metrics") or {})
+        platform = m.get("trace.platform") or ("cuda" if self.facts and self.facts.cuda else "cpu")
+        try:
+            return {r.id for r in load_rules(self.o.rule_dirs) if "any" in r.devices or platform in r.devices}
+        except Exception:
+            return None
+
     def _noise(self, b: Measured) -> tuple[bool, str]:
         lo, hi = b.estimate.ci95
         half = (hi - lo) / 2 / b.step_s if b.step_s else 0.0
@@ -212,7 +222,7 @@ class Tuner:
         return b
 
     def _trial(self, t: planmod.Trial) -> Outcome:
-        rule = planmod.rule_for(t.changes, set(self.fixes))
+        rule = planmod.rule_for(t.changes, set(self.fixes), self._applicable())
         t.rule = rule
         pred = ((self.fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
         out = Outcome(t, "skipped", t.skip, predicted=pred)
