@@ -162,7 +162,7 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
         return
     # The profiler only adds time: what the share measures takes at most as long un-profiled, while
     # the step may take less, so its share of an un-profiled step is at most share x inflation.
-    inflation = values_inflation(ev)
+    inflation = _trace_inflation(ev)
     f.ceiling_share = min(1.0, share * inflation)
     ceiling = amdahl(f.ceiling_share, speedup)
     f.ceiling = None if math.isinf(ceiling) else ceiling
@@ -170,7 +170,7 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
     f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share)
 
 
-def values_inflation(ev: expr.Evaluator) -> float:
+def _trace_inflation(ev: expr.Evaluator) -> float:
     """run.trace_inflation when the run measured it (>= 1), else 1."""
     v = ev.values.get("run.trace_inflation")
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 1 else 1.0
@@ -192,7 +192,7 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
         es = min(max(es, 0.0), 1.0)
         exp = at(g.expected_speedup, es)
         # the high end also allows the share to be as large un-profiled as the ceiling does
-        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * values_inflation(ev))))
+        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * _trace_inflation(ev))))
                   if g.expected_range else (None, None))
     except (TypeError, ValueError, ZeroDivisionError):
         return

@@ -4,9 +4,9 @@
 at once: on a big enough trace a helper process (perfdoctor.trace.parallel) begins decoding from
 the start while the caller imports and prepares the rest; `PendingLoad.finish()` then decodes the
 other part here and joins both (perfdoctor.trace.columns). The caller keeps the PendingLoad where
-its cleanup (`close()`) will find it *before* calling `start()`: a Ctrl-C that lands just after the
-fork then still reaps the helper. Importing this module does not
-import numpy, so the helper can be started first thing.
+its cleanup (`close()`) will find it *before* calling `start()`: a Ctrl-C that lands just after
+the fork then still reaps the helper. Importing this module does not import numpy, so the helper
+can be started first thing.
 """
 
 from __future__ import annotations
