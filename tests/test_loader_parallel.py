@@ -455,12 +455,27 @@ def test_child_runs_no_atexit_handlers_and_flushes_nothing(tmp_path):
     assert pids == [out.split()[-2]]   # only the parent ran its handler
 
 
-@pytest.mark.parametrize("where", ["mid-load", "open", "after-fork"])
+@pytest.mark.parametrize("where", ["mid-load", "open", "after-fork", "other-thread"])
 def test_exception_in_parent_leaves_no_child(tmp_path, where):
     proc = run_script(tmp_path, f"""
         parent = os.getpid()
         calls = []
-        if {where!r} == "after-fork":   # a Ctrl-C just after the fork, before finish() runs
+        if {where!r} == "other-thread":
+            # a Ctrl-C between the fork and the child's registration, taken by a thread that does
+            # not block SIGINT (as numpy's BLAS threads): CPython raises it in the main thread at
+            # its next bytecode check, whatever the main thread's signal mask
+            import _thread
+            _thread.start_new_thread(time.sleep, (30,))   # a native thread: fork stays allowed
+            real_fork = os.fork
+            def fork():
+                pid = real_fork()
+                if pid:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.2)
+                return pid
+            os.fork = fork
+            expected = KeyboardInterrupt
+        elif {where!r} == "after-fork":   # a Ctrl-C just after the fork, before finish() runs
             real_start = parallel.Helper.start
             def start(work, into, **kw):
                 real_start(work, into, **kw)

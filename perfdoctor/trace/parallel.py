@@ -19,8 +19,9 @@ it, the child decodes to the end and this process's part is dropped. Either way 
 the single pass's.
 
 The child never returns into the caller's code: it leaves through `os._exit` (no atexit
-handlers, no flushing of buffers inherited from the parent), and SIGINT is blocked from the
-fork until the parent has registered the child, so a Ctrl-C always ends with the child reaped.
+handlers, no flushing of buffers inherited from the parent), and a Ctrl-C waits from before
+the fork until the parent has registered the child (and, in `close`, until the child is reaped),
+so it always ends with the child reaped (`_sigint_deferred`).
 Both processes stream the file themselves, so nothing the size of the file is held or copied.
 
 This module imports neither numpy nor the column code: the child imports what it needs.
@@ -35,6 +36,7 @@ import select
 import signal
 import struct
 import threading
+from contextlib import contextmanager
 from typing import Callable
 
 PARALLEL_MIN_BYTES = 4 << 20     # below this the fork costs more than it saves
@@ -92,6 +94,34 @@ def work_total(path: str, size: int) -> int:
             return os.fstat(f.fileno()).st_size if f.read(2) == GZIP_MAGIC else size
     except OSError:
         return size
+
+
+@contextmanager
+def _sigint_deferred():
+    """A Ctrl-C waits until the block is done, then is raised as it would have been.
+
+    Blocking SIGINT in this thread is not enough: the kernel may hand the signal to another
+    thread (numpy's BLAS threads leave it unblocked), and CPython then runs the handler in the
+    main thread at its next bytecode check, mask or not. So the main thread's handler is swapped
+    for one that only records the signal; the original one runs after the block. Yields the
+    signal mask from before (a forked child restores it) and the handler it replaced."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list = []
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield mask, old
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)   # one pending on this thread arrives here
+        if caught:
+            if callable(old):
+                old(signal.SIGINT, caught[0])              # default: raises KeyboardInterrupt
+            elif old == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 def can_fork(size: int | None) -> bool:
@@ -172,8 +202,7 @@ class Helper:
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # fewer wake-ups while we read
         except (ImportError, AttributeError, OSError):
             pass
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # until registered
-        try:
+        with _sigint_deferred() as (mask, handler):   # until registered
             try:
                 pid = os.fork()
             except OSError:
@@ -188,7 +217,7 @@ class Helper:
                 try:
                     os.close(r)
                     os.close(stop_w)
-                    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    if handler is None or handler is signal.default_int_handler:
                         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: just die
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                     code = _serve(w, work, Channel(shared, stop_r, transfer))
@@ -200,9 +229,7 @@ class Helper:
             os.close(stop_r)
             helper = cls(pid, r, stop_w, shared, transfer)
             into.append(helper)
-            return helper
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending Ctrl-C is raised here
+        return helper                                  # a Ctrl-C that waited was raised above
 
     def progress(self) -> int:
         """How far the child has decoded (ChunkStream.position() at its last cut; DONE at the end)."""
@@ -249,8 +276,7 @@ class Helper:
     def close(self) -> None:
         """Stop and reap the child (it has sent everything or its result is not wanted).
         SIGINT waits meanwhile: a Ctrl-C is raised after the reap, never instead of it."""
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        with _sigint_deferred():
             for attr in ("fd", "stop_fd"):
                 fd = getattr(self, attr)
                 if fd is not None:
@@ -272,8 +298,6 @@ class Helper:
                     self.transfer.close()
                 except BufferError:   # the table still uses the child's columns in place
                     pass
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _readable(fd: int) -> bool:
