@@ -57,10 +57,15 @@ def test_measured_fix_ranks_first_and_is_sized(corpus, name):
 def test_launch_compile_with_fused_optimizer(corpus):
     """compile(mode="reduce-overhead") + fused Adam measured 6.0x; both are offered, and their
     combined expected gain is within 25%; the measurement does not beat the compile ceiling."""
-    found = fixes(diagnose_path(str(corpus / "launch")))
+    doc = diagnose_path(str(corpus / "launch"))
+    found, m = fixes(doc), doc["traces"][0]["metrics"]
     compile_, fused = found["compile-reduce-overhead"]["gain"], found["fused-optimizer"]["gain"]
     assert combined([compile_["expected"], fused["expected"]]) == pytest.approx(17.67 / 2.93, rel=0.25)
-    assert compile_["ceiling"] is None or compile_["ceiling"] >= 17.67 / 2.93   # None: unbounded
+    # host work is 92% of a traced step, and the traced steps ran 1.16x longer than the steady
+    # ones: un-profiled it may be the whole step, so the ceiling is unbounded (None)
+    assert m["run.trace_inflation"] == pytest.approx(1.16, abs=0.01)
+    assert compile_["ceiling_share"] == min(1.0, compile_["share"] * m["run.trace_inflation"]) == 1.0
+    assert compile_["ceiling"] is None
 
 
 def test_alloc_names_empty_cache_and_claims_no_allocator_miracle(corpus):

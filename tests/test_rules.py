@@ -312,5 +312,10 @@ def test_ceilings_bound_the_share_of_an_unprofiled_step():
     assert "43.0% of each traced step, up to 64.5% of an un-profiled one" in inflated.gain_text
     assert "of each step" in plain.gain_text and pd312(1.0).ceiling == plain.ceiling
     assert pd312(3.0).ceiling == pytest.approx(2.0)       # the whole step, at most twice as fast
+    # a wait is not work: a faster host lengthens it, so the data wait's ceiling stays as measured
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"trace.platform": "cpu", "share.input": 0.3, "input.num_workers_zero": True, "run.trace_inflation": 1.5})
+    workers = next(f for f in evaluate(RULES, m).fixes if f.rule.id == "PD301")
+    assert not workers.rule.gain.work and workers.ceiling == pytest.approx(amdahl(0.3, math.inf))
     # a range whose high end has no bound (the share may be the whole un-profiled step)
     assert describe(1.5, 1.2, math.inf, None, 0.9, "x").startswith("expected ~1.50x (1.20x or more), no ceiling")

@@ -25,11 +25,15 @@ def test_self_time_subtracts_direct_children_only(tmp_path):
     h.op(1, 20, "aten::expand", 40)         # inside addmm: addmm's own time is 260
     h.op(1, 320, "aten::t", 50)
     h.op(2, 10, "aten::mm", 400)            # another thread: nothing of the others'
+    h.op(3, 10, "aten::bmm", 300)           # the same span as its wrapper: the aten op is inside
+    h.op(3, 10, "BmmBackward0", 300)
     h.write(tmp_path / "t.json")
     t = load_trace(tmp_path / "t.json")
     rows = np.flatnonzero(classify(t).cpu_op)
-    own = dict(zip((t.names[t.name[r]] for r in rows), self_time(t, rows)))
-    assert own == {"aten::linear": 150, "aten::addmm": 260, "aten::expand": 40, "aten::t": 50, "aten::mm": 400}
+    names = [t.names[t.name[r]] for r in rows]
+    own = dict(zip(names, self_time(t, rows, inner=np.array([n.startswith("aten::") for n in names]))))
+    assert own == {"aten::linear": 150, "aten::addmm": 260, "aten::expand": 40, "aten::t": 50, "aten::mm": 400,
+                   "aten::bmm": 300, "BmmBackward0": 0}
 
 
 RECORD = """

@@ -119,7 +119,12 @@ def test_rule_for_prefers_a_ranked_fix():
 
 # -- apply text ------------------------------------------------------------------------------------
 
-def test_a_failed_graph_replay_trial_is_followed_by_default_compile(monkeypatch, tmp_path):
+@pytest.mark.parametrize("crashed", [True, False])
+def test_a_crashed_graph_replay_trial_is_followed_by_default_compile(monkeypatch, tmp_path, crashed):
+    """The graph-replay run itself failed: default-mode compile is tried next. A trial refused for
+    its loss (the run went fine) is not tried again in another mode."""
+    from types import SimpleNamespace
+
     from perfdoctor.tune import session as S
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000, allow_compile=True),
                 log=lambda s: None)
@@ -128,7 +133,9 @@ def test_a_failed_graph_replay_trial_is_followed_by_default_compile(monkeypatch,
     tried = []
     def trial(self, tr):
         tried.append(tr.label)
-        out = S.Outcome(tr, "failed" if tr.changes.get("compile") else "no change")
+        comp = bool(tr.changes.get("compile"))
+        out = S.Outcome(tr, "failed" if comp else "no change",
+                        run=SimpleNamespace(ok=not (comp and crashed)))
         self.outcomes.append(out)
         return out
     monkeypatch.setattr(S.Tuner, "_baseline", baseline)
@@ -136,7 +143,10 @@ def test_a_failed_graph_replay_trial_is_followed_by_default_compile(monkeypatch,
     monkeypatch.setattr(S.Tuner, "_confirm_best", lambda self: None)
     t.run()
     i = tried.index("compile=reduce-overhead")
-    assert tried[i + 1] == "compile=True" and tried.count("compile=True") == 1
+    if crashed:
+        assert tried[i + 1] == "compile=True" and tried.count("compile=True") == 1
+    else:
+        assert "compile=True" not in tried
 
 
 def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):

@@ -51,14 +51,16 @@ def kernels_launched_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> np.ndar
     return dev[contained(t, launch, ops)]
 
 
-def self_time(t: EventTable, rows: np.ndarray) -> np.ndarray:
-    """Each row's duration less that of the rows directly inside it (same thread): its own time.
-    Rows are taken as well nested (host ops are); a parent and a child that start on the same
-    microsecond are told apart by length, as in outermost()."""
+def self_time(t: EventTable, rows: np.ndarray, inner: np.ndarray | None = None) -> np.ndarray:
+    """Each row's duration less that of the rows directly inside it (same thread): its own time,
+    never below 0. Rows are taken as well nested (host ops are); a parent and a child that start
+    on the same microsecond are told apart by length, as in outermost(), and where the length is
+    the same too, the rows flagged `inner` (e.g. aten ops inside a wrapper span) are the child."""
     own = t.dur[rows].astype(np.float64)
+    flag = np.zeros(len(rows), bool) if inner is None else inner
     for tid in unique(t.tid[rows]) if len(rows) else []:
         on = np.flatnonzero(t.tid[rows] == tid)
-        on = on[np.lexsort((-t.dur[rows[on]], t.ts[rows[on]]))]
+        on = on[np.lexsort((flag[on], -t.dur[rows[on]], t.ts[rows[on]]))]
         ts, dur = t.ts[rows[on]].tolist(), t.dur[rows[on]].tolist()
         stack: list[int] = []            # positions in `on` of the open ancestors
         for j in range(len(on)):
@@ -67,4 +69,4 @@ def self_time(t: EventTable, rows: np.ndarray) -> np.ndarray:
             if stack:
                 own[on[stack[-1]]] -= dur[j]
             stack.append(j)
-    return own
+    return np.maximum(own, 0.0)

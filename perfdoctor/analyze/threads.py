@@ -34,7 +34,7 @@ def thread_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         return out
     lo, hi = steps.span
     ops = np.flatnonzero(k.cpu_op & (t.ts >= lo) & (t.ts < hi))
-    own = self_time(t, ops)
     aten = t.name_mask(lambda n: n.startswith("aten::"))[ops]
+    own = self_time(t, ops, inner=aten)
     out["threads.splittable_share"] = float(own[aten & (own >= SPLIT_MIN_US)].sum()) / total
     return out

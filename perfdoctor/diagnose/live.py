@@ -10,6 +10,7 @@ Metrics come from three places, each saying only what it measured:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,7 +254,7 @@ def _failed(res: RunResult) -> bool:
 def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float | None:
     """Traced over un-profiled step time, never below 1 (a traced window that ran faster than
     the steady one lowers no ceiling); None unless both are known."""
-    if not traced_ms or not steady_ms or traced_ms <= 0 or steady_ms <= 0:
+    if not traced_ms or not steady_ms or not math.isfinite(traced_ms / steady_ms) or traced_ms <= 0 or steady_ms <= 0:
         return None
     return max(1.0, traced_ms / steady_ms)
 

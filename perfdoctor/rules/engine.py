@@ -160,9 +160,10 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
         f.ceiling = f.expected = 1.0
         f.gain_text = f"no measurable gain ({g.label} is {100 * max(share, 0.0):.1f}% of each step)"
         return
-    # The profiler only adds time: what the share measures takes at most as long un-profiled, while
-    # the step may take less, so its share of an un-profiled step is at most share x inflation.
-    inflation = _trace_inflation(ev)
+    # Work the share measures (ops, kernels, copies, Python) takes no longer un-profiled, while the
+    # step may take less, so its share of an un-profiled step is at most share x inflation. Not for
+    # waits (they grow when the host gets faster) or shares measured un-profiled (py-spy stacks).
+    inflation = _trace_inflation(ev) if g.work else 1.0
     f.ceiling_share = min(1.0, share * inflation)
     ceiling = amdahl(f.ceiling_share, speedup)
     f.ceiling = None if math.isinf(ceiling) else ceiling
@@ -192,7 +193,8 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
         es = min(max(es, 0.0), 1.0)
         exp = at(g.expected_speedup, es)
         # the high end also allows the share to be as large un-profiled as the ceiling does
-        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * _trace_inflation(ev))))
+        up = _trace_inflation(ev) if g.work else 1.0
+        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * up)))
                   if g.expected_range else (None, None))
     except (TypeError, ValueError, ZeroDivisionError):
         return

@@ -140,6 +140,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                         _names(str(g["share"]), known, bad, "gain.share"),
                         _names(str(g["speedup"]), known, bad, "gain.speedup"))
             _expected(gain, g, known, bad)
+            gain.work = g.get("work") is True
     fix = data.get("fix", {})
     if kind == "fix":
         if gain is None and not no_gain:
@@ -173,7 +174,7 @@ TYPES = {"id": _STR, "slug": _STR, "kind": _STR, "title": _STR, "when": _STR, "s
          "targets": (list,), "source": (dict,), "gain": (dict,), "fix": (dict,), "cases": (list,)}
 SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
              "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
-                      "expected_share": _NUM, "expected_range": (list,), "model": _STR},
+                      "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,)},
              "fix": {"text": _STR, "snippet": _STR, "snippet_lang": _STR}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
@@ -214,9 +215,9 @@ def _types(data: dict, bad) -> None:
 
 def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
     """The optional expected-gain model of a [gain] table (see model.Gain)."""
-    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", *EXPECTED_KEYS})
+    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", *EXPECTED_KEYS})
     if unknown:
-        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label: "
+        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work: "
             f"{', '.join(EXPECTED_KEYS)})")
     if not any(k in g for k in EXPECTED_KEYS):
         return

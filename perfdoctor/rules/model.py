@@ -36,6 +36,8 @@ class Gain:
     expected_range: tuple[str, str] | None = None   # expressions: low and high speed-up of that share
     model: str | None = None                # the expected model's assumption, in words
     expected_names: list[str] = field(default_factory=list)
+    work: bool = False         # the share is time spent working (ops, kernels, copies, Python), which
+    #                            the profiler can only lengthen: its ceiling allows for run.trace_inflation
 
 
 @dataclass

@@ -102,8 +102,9 @@ class Tuner:
         self._baseline()
         first = planmod.plan(self.facts, allow_numerics=self.o.allow_numerics, allow_compile=self.o.allow_compile)
         for t in first:
-            if self._trial(t).status == "failed" and (again := planmod.fallback(t)) is not None:
-                self._trial(again)
+            out = self._trial(t)
+            if out.run is not None and not out.run.ok and (again := planmod.fallback(t)) is not None:
+                self._trial(again)         # the run itself failed (not a loss refusal): try again
         best_loader = self._best("loader")
         for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None):
             self._trial(t)
@@ -165,7 +166,7 @@ class Tuner:
             optimizers=inj.get("optimizers") or [],
             threads=inj.get("threads"),
             checkpoints=int(inj.get("checkpoint_calls") or 0),
-            graph_replay="PD311" in self.fixes)
+            graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")))
 
     def _applicable(self) -> set[str] | None:
         """Ids of the rules that apply on the baseline's device (None: unknown, all of them)."""
