@@ -45,6 +45,14 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         c.print(text(f"  f = {r.gain.share}   ({r.gain.label})"))
         c.print(text(f"  s = {r.gain.speedup}"))
         c.print(text(f"  assumption: {r.gain.assumption}"))
+        if r.gain.work:
+            c.print(text("  f is work: in a run directory the ceiling uses up to f x run.trace_inflation "
+                         "(the profiler only lengthens work, the un-profiled step may be shorter)"))
+        if r.gain.expected_speedup:
+            c.print(text(f"  expected: s = {r.gain.expected_speedup} on f = {r.gain.expected_share or r.gain.share}"))
+            if r.gain.expected_range:
+                c.print(text(f"  range: s from {r.gain.expected_range[0]} to {r.gain.expected_range[1]}"))
+            c.print(text(f"  model: {r.gain.model}"))
     elif r.kind == "fix":
         c.print(Text.assemble(("expected gain ", "bold"), T(f"none claimed: {r.no_gain_reason}")))
     if r.fix_text:
