@@ -149,6 +149,23 @@ def test_a_crashed_graph_replay_trial_is_followed_by_default_compile(monkeypatch
         assert "compile=True" not in tried
 
 
+def test_a_combined_trial_credits_no_single_fix(tmp_path):
+    """recompute=off + threads=2: its rule names both fixes and its prediction combines theirs
+    (savings add), so the HTML's "measured by tune" never gives one fix the pair's speed-up."""
+    from perfdoctor.rules.gain import combined
+    from perfdoctor.tune import session as S
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.facts = facts()                      # a CPU run
+    t.fixes = {"PD346": {"gain": {"expected": 1.76}}, "PD345": {"gain": {"expected": 1.10}}}
+    pair = plan.Trial({"recompute": "off", "threads": 2}, "combined")
+    assert t._prediction(pair) == ("PD345+PD346", pytest.approx(combined([1.10, 1.76])))
+    assert t._prediction(plan.Trial({"threads": 2}, "threads")) == ("PD346", 1.76)
+    t.fixes.pop("PD345")                   # one part without a prediction: the pair has none
+    assert t._prediction(pair) == ("PD345+PD346", None)
+    # a fused optimizer is a CUDA rule's (PD338): on a CPU nothing predicts it, nor the pair
+    assert t._prediction(plan.Trial({"optimizer": "fused", "threads": 2}, "combined")) == (None, None)
+
+
 def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     """The best setting runs again; one that is not faster in its second run is no longer best, and
     the next best is confirmed in turn. Reported: the geometric mean, an interval spanning both."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor.errors import PerfdoctorError
+from perfdoctor.rules.gain import combined
 from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
@@ -168,6 +169,25 @@ class Tuner:
             checkpoints=int(inj.get("checkpoint_calls") or 0),
             graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")))
 
+    def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
+        """The fix rule a trial tests and its expected gain. A combined trial tests several: its
+        rule reads "PD338+PD346" (so no single fix is credited with its measurement) and its
+        prediction is theirs combined (their savings add), unknown if any one is unknown; with a
+        change that no rule predicts here, it has neither."""
+        def expected(rule):
+            return ((self.fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
+        applicable = self._applicable()
+        if t.group != "combined":
+            rule = planmod.rule_for(t.changes, set(self.fixes), applicable)
+            return rule, expected(rule)
+        parts = [planmod.rule_for({k: v}, set(self.fixes), applicable) for k, v in t.changes.items()]
+        if None in parts:
+            return None, None
+        rules = list(dict.fromkeys(parts))
+        preds = [expected(r) for r in rules]
+        both = combined(preds) if rules and all(p is not None for p in preds) else None
+        return "+".join(rules) or None, both
+
     def _applicable(self) -> set[str] | None:
         """Ids of the rules that apply on the baseline's device (None: unknown, all of them)."""
         from perfdoctor.rules.loader import load_rules
@@ -223,9 +243,7 @@ class Tuner:
         return b
 
     def _trial(self, t: planmod.Trial) -> Outcome:
-        rule = planmod.rule_for(t.changes, set(self.fixes), self._applicable())
-        t.rule = rule
-        pred = ((self.fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
+        t.rule, pred = self._prediction(t)
         out = Outcome(t, "skipped", t.skip, predicted=pred)
         self.outcomes.append(out)
         if t.skip:
