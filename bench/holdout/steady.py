@@ -1,4 +1,5 @@
-"""What the held-out scripts share: their command line, their training step and its timing.
+"""What the held-out scripts share: their command line, their training step and its timing,
+and the pre-LayerNorm GPT block two of them train (`GPTBlock`).
 
 Each script builds its model, then hands one training step to `run_steady`, which runs it
 --steps times and prints `STEADY_MS <ms>`: wall time per step after WARMUP steps, the device
@@ -7,6 +8,8 @@ import argparse
 import time
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 WARMUP = 20      # steps before the clock starts (compiling, allocator and cuDNN warm-up happen here)
 
@@ -46,3 +49,24 @@ def train_step(forward, opt, dev: str, autocast: bool = True):
         loss.backward()
         opt.step()
     return step
+
+
+class GPTBlock(nn.Module):
+    """A pre-LayerNorm GPT block of width d with h heads; `attend(q, k, v)` (causal SDPA here)
+    is what a script may replace."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.d, self.h = d, h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def attend(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.h, self.d // self.h).permute(2, 0, 3, 1, 4)
+        x = x + self.proj(self.attend(q, k, v).transpose(1, 2).reshape(b, t, self.d))
+        return x + self.mlp(self.ln2(x))
