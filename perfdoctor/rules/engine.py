@@ -167,7 +167,7 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
     f.ceiling_share = min(1.0, share * inflation)
     ceiling = amdahl(f.ceiling_share, speedup)
     f.ceiling = None if math.isinf(ceiling) else ceiling
-    _expected(f, ev, share)
+    _expected(f, ev, share, inflation)
     f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share)
 
 
@@ -177,8 +177,9 @@ def _trace_inflation(ev: expr.Evaluator) -> float:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 1 else 1.0
 
 
-def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
-    """The expected gain: the rule's model, never above the ceiling; unknown inputs: no model."""
+def _expected(f: Finding, ev: expr.Evaluator, share: float, inflation: float) -> None:
+    """The expected gain: the rule's model, never above the ceiling; unknown inputs: no model.
+    `inflation`: what the ceiling allows the share to grow by un-profiled (1 for waits)."""
     g = f.rule.gain
     if g.expected_speedup is None:
         return
@@ -193,8 +194,7 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float) -> None:
         es = min(max(es, 0.0), 1.0)
         exp = at(g.expected_speedup, es)
         # the high end also allows the share to be as large un-profiled as the ceiling does
-        up = _trace_inflation(ev) if g.work else 1.0
-        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * up)))
+        lo, hi = ((at(g.expected_range[0], es), at(g.expected_range[1], min(1.0, es * inflation)))
                   if g.expected_range else (None, None))
     except (TypeError, ValueError, ZeroDivisionError):
         return
