@@ -109,6 +109,26 @@ def test_three_valued_logic(tmp_path):
     assert any(rid == "PD205" for rid, _ in d.skipped)
 
 
+def test_an_unmeasured_flag_is_unknown_not_false():
+    """PD346 asks `not flag.cpu_oversubscription`. When oversubscription could not be measured
+    the flag is unknown, so is its negation, and PD346 does not fire; measured, it does."""
+    assert expr.Evaluator({"a.b": None}).eval("not a.b") is None
+    assert expr.Evaluator({"a.b": False}).eval("not a.b") is True
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"trace.platform": "cpu", "steps.count": 20, "steps.time_mean_ms": 50.0, "share.device": 0.9,
+              "share.input": 0.0, "share.host": 0.1, "share.communication": 0.0, "machine.torch_threads": 1,
+              "machine.physical_cores": 2, "machine.free_cores": 0.9, "threads.splittable_share": 0.8})
+    d = evaluate(RULES, m)                         # loader.threads_oversubscription unknown
+    assert "PD346" not in {f.rule.id for f in d.fixes}
+    assert ("PD213", ["loader.threads_oversubscription"]) in d.skipped
+    assert ("PD346", ["flag.cpu_oversubscription"]) in d.skipped
+    m["loader.threads_oversubscription"] = 0.6
+    d = evaluate(RULES, m)
+    assert "PD346" in {f.rule.id for f in d.fixes}
+    m["loader.threads_oversubscription"] = 1.8
+    assert "PD346" not in {f.rule.id for f in evaluate(RULES, m).fixes}
+
+
 def test_templates_render_metrics():
     assert expr.render_template("{a.b:pct} and {c:.1f} {d}", {"a.b": 0.2291, "c": 2.25, "d": None}) == \
         "22.9% and 2.2 unknown"

@@ -2,9 +2,10 @@
 
 Order: verdict rules by priority (the first that fires gives the verdict), then flag rules,
 then fix rules. Later stages can refer to earlier results as metrics: `verdict.bound` and
-`flag.<slug_with_underscores>` (true/false). Conditions use three-valued logic: `True or unknown` fires,
-`False or unknown` is unknown, and an unknown condition never fires (its missing metrics are
-listed in `skipped`). Each fix carries a ceiling (the Amdahl bound, gain.py) and, when its rule
+`flag.<slug_with_underscores>` (true, false, or unknown when its own condition could not be
+evaluated; false where the flag does not apply to the platform). Conditions use three-valued logic:
+`True or unknown` fires, `False or unknown` and `not unknown` are unknown, and an unknown condition
+never fires (its missing metrics are listed in `skipped`). Each fix carries a ceiling (the Amdahl bound, gain.py) and, when its rule
 models it, an expected gain (never above the ceiling). Ranking (rank_key): modelled fixes by
 expected gain, the bottleneck the verdict names breaking near-ties (fix the bottleneck before
 anything else: 003 tip 0); fixes with only a ceiling, or no measurable gain, are listed after
@@ -77,10 +78,10 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
     platform = metrics.get("trace.platform") or "any"
     values = dict(metrics)
     values["verdict.bound"] = None
-    for r in rules:
-        if r.kind == "flag":
-            values[r.flag_name] = False
     applicable = [r for r in rules if r.applies_to(platform)]
+    for r in rules:
+        if r.kind == "flag":       # unknown until evaluated; a flag that cannot apply here is false
+            values[r.flag_name] = None if r.applies_to(platform) else False
     diag = Diagnosis(verdict=None)
     ev = expr.Evaluator(values)
 
@@ -91,10 +92,12 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
             ev.set("verdict.bound", r.bound)
             break
     for r in (r for r in applicable if r.kind == "flag"):
+        unknown_before = len(diag.skipped)
         f = _fire(r, diag, ev)
         if f is not None:
             diag.flags.append(f)
-            ev.set(r.flag_name, True)
+        if len(diag.skipped) == unknown_before:       # evaluated: true or false; else stays unknown
+            ev.set(r.flag_name, f is not None)
     bottleneck = target_of(values["verdict.bound"])
     # An inconclusive verdict means too little was measured for any share to be evidence.
     fix_rules = [] if ev.values.get("verdict.bound") == "inconclusive" else [r for r in applicable if r.kind == "fix"]

@@ -17,7 +17,7 @@ import string
 from types import SimpleNamespace
 from typing import Any
 
-from simpleeval import EvalWithCompoundTypes, InvalidExpression
+from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes, InvalidExpression
 
 FUNCTIONS = {"min": min, "max": max, "abs": abs}
 CONSTANTS = {"inf": math.inf, "true": True, "false": False}
@@ -36,6 +36,14 @@ MAX_INT = 10 ** 18         # integer literals; floats are bounded by their type
 MAX_STR = 200              # string literals
 MAX_RESULT_CHARS = 10_000  # a string a metric of type str grows to (`input.loader * 9999`)
 TEMPLATE_SPEC = re.compile(r"(pct|x|[<>^=]?[+\- ]?\d{0,2}[,_]?(\.\d{1,2})?[eEfFgGd%]?)")
+
+
+def _not(value: Any) -> Any:
+    """`not` in three-valued logic: not unknown is unknown (Python's `not None` is True)."""
+    return None if value is None else not value
+
+
+OPERATORS = {**DEFAULT_OPERATORS, ast.Not: _not}
 
 
 class ExprError(ValueError):
@@ -155,7 +163,7 @@ class Evaluator:
 
     def __init__(self, values: dict[str, Any]):
         self.values = values
-        self._se = EvalWithCompoundTypes(names={**CONSTANTS, **_namespace(values)},
+        self._se = EvalWithCompoundTypes(operators=dict(OPERATORS), names={**CONSTANTS, **_namespace(values)},
                                          functions=dict(FUNCTIONS))  # it adds list/dict/... to the dict it gets
 
     def set(self, name: str, value: Any) -> None:
