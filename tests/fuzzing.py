@@ -18,7 +18,6 @@ import json
 import math
 import os
 import signal
-import sys
 from pathlib import Path
 
 from hypothesis import strategies as st

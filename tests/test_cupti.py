@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 from perfdoctor.collect.cupti import (UNKNOWN, VAR, cuda_graph_markers, decide, script_source,
                                       torch_cuda_version)

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import fuzzing as fz
-import tracegen as tg
 
 EXAMPLES = int(os.environ.get("PERFDOCTOR_FUZZ_EXAMPLES", "0")) or None
 # No shrinking: a failing example is reported as found (with @reproduce_failure's blob), and

@@ -6,7 +6,6 @@ message. (A crash's traceback, SIGINT and exit codes are covered in tests/test_r
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

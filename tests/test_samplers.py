@@ -13,8 +13,9 @@ import time
 import pytest
 
 from perfdoctor.analyze import registry
-from perfdoctor.analyze.system import MIN_SAMPLES, system_metrics
-from perfdoctor.collect.samplers import NO_GPU_NOTE, SystemSampler, load_samples
+from perfdoctor.analyze.system import system_metrics
+from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
+from perfdoctor.collect.samplers import SystemSampler, load_samples
 
 INTERVAL = 0.25
 
@@ -231,7 +232,7 @@ def test_split_thresholds_and_unknowns(tmp_path):
 
 
 def test_physical_cores_count_hyperthread_siblings_once(tmp_path):
-    from perfdoctor.collect.samplers import physical_cores
+    from perfdoctor.collect.machine_counters import physical_cores
     # two packages, two cores each, two hyperthreads per core: CPUs 0-7
     for cpu in range(8):
         d = tmp_path / f"cpu{cpu}" / "topology"

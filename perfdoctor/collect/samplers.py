@@ -31,6 +31,9 @@ kernel.task_delayacct=1 or the delayacct boot flag; a note says so).
 Sampling is faster while the run is young (YOUNG_INTERVAL for the first YOUNG_S seconds): the
 imports, the first steps and a run stopped after a few dozen steps all fall there.
 
+The machine's counters are read by collect/machine_counters.py, the GPUs' by
+collect/gpu_counters.py (NVML); this module follows the trainer's process tree.
+
 Unknown values are None, never guessed. Anything that could not be sampled at all is said once
 in `notes`.
 
@@ -50,8 +53,9 @@ from pathlib import Path
 
 import psutil
 
-NO_GPU_NOTE = "no NVIDIA GPU found (NVML unavailable): GPU utilisation not sampled"
-PSI_NOTE = "PSI (/proc/pressure/{res}) unavailable on this kernel: {res} pressure not sampled"
+from perfdoctor.collect.gpu_counters import GpuCounters
+from perfdoctor.collect.machine_counters import MachineCounters, read_text
+
 MAX_THREADS_READ = 256                     # per-thread schedstat/children reads per process
 YOUNG_S = 10.0                             # the run's first seconds ...
 YOUNG_INTERVAL = 0.1                       # ... are sampled this often (at most `interval`)
@@ -62,7 +66,6 @@ _HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_
                  "compile_worker", "torch._inductor", "multiprocessing.popen_spawn_posix")
 _FORKSERVER_MARK = "multiprocessing.forkserver"
 _PY_NAMES = ("pt_main_thread", "pt_data_worker", "pt_autograd")
-_SKIP_DISKS = ("loop", "ram", "zram", "dm-", "md", "sr", "fd")
 
 
 def _is_python(exe: str | None, name: str | None, trainer_exe: str | None) -> bool:
@@ -70,14 +73,6 @@ def _is_python(exe: str | None, name: str | None, trainer_exe: str | None) -> bo
     if base.startswith(("python", "pypy")) or (exe and exe == trainer_exe):
         return True
     return bool(name) and (name.startswith(("python", "pypy")) or name in _PY_NAMES)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read().decode()
-    except OSError:
-        return None
 
 
 class _Tracked:
@@ -114,17 +109,11 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
         self._tracked: dict[int, _Tracked] = {}
         self._t0 = 0.0
-        self._prev_cpu = None
         self._latest: list[tuple[int, str]] = []
         self._children_file = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-        self._psi_missing: set[str] = set()
-        self._nvml = None
-        self._gpu_handles: list = []
         self._trainer_exe = None
-        self._disks: list[str] | None = None
-        self._affinity: list[int] | None = None
-        self._quota: float | None = None
-        self._physical: int | None = None
+        self._machine = MachineCounters(self.root_pid, self._note)
+        self._gpus = GpuCounters(self._note)
         self._delayacct = _delayacct_on()
         if not self._delayacct:
             self._note(DELAYACCT_NOTE)
@@ -132,9 +121,8 @@ class SystemSampler:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "SystemSampler":
         self._t0 = time.monotonic()
-        self._init_static()
-        self._init_gpu()
-        self._prev_cpu = psutil.cpu_times(percpu=True)
+        self._machine.start()
+        self._gpus.start()
         procs = self._processes()            # prime cpu_percent on everything alive now
         self._latest = [(p["pid"], p["role"]) for p in procs if p["role"] in ("trainer", "worker")]
         self._thread = threading.Thread(target=self._run, name="perfdoctor-sampler", daemon=True)
@@ -145,12 +133,7 @@ class SystemSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval)
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - shutdown failure changes nothing we report
-                pass
-            self._nvml = None
+        self._gpus.close()
 
     def __enter__(self):
         return self.start()
@@ -211,7 +194,7 @@ class SystemSampler:
         self._latest = [(p["pid"], p["role"]) for p in ([trainer] if trainer else []) + workers]
         return {"t": round(time.monotonic() - self._t0, 4), "unix": round(time.time(), 3),
                 "trainer": trainer, "workers": workers, "helpers": helpers,
-                "system": self._system(), "gpu": self._gpu()}
+                "system": self._machine.sample(), "gpu": self._gpus.sample()}
 
     def _processes(self) -> list[dict]:
         """Walk the tree from root_pid; sample every live process in it."""
@@ -328,7 +311,7 @@ class SystemSampler:
         last, new_last = tr.tid_last, {}
         ok = False
         for tid in tids:
-            line = _read(f"{base}/{tid}/schedstat")
+            line = read_text(f"{base}/{tid}/schedstat")
             if line:
                 parts = line.split()
                 if len(parts) >= 2:
@@ -339,7 +322,7 @@ class SystemSampler:
                     new_last[tid] = (run, wait)
                     ok = True
             if self._children_file:
-                c = _read(f"{base}/{tid}/children")
+                c = read_text(f"{base}/{tid}/children")
                 if c:
                     kids.extend(int(x) for x in c.split())
         if tr.primed is False and ok:
@@ -355,149 +338,19 @@ class SystemSampler:
                 kids = []
         return kids
 
-    # -- machine ---------------------------------------------------------------------------
-    def _init_static(self) -> None:
-        try:
-            self._affinity = sorted(os.sched_getaffinity(self.root_pid))
-        except OSError:
-            self._affinity = None
-        self._quota = _cgroup_cpu_quota(self.root_pid)
-        self._physical = physical_cores(self._affinity)
-        try:
-            self._disks = [d for d in os.listdir("/sys/block") if not d.startswith(_SKIP_DISKS)]
-        except OSError:
-            self._disks = None
-
-    def _system(self) -> dict:
-        now = psutil.cpu_times(percpu=True)
-        per_core, iowait = _cpu_deltas(self._prev_cpu, now)
-        self._prev_cpu = now
-        total = sum(b for b, _ in per_core) / len(per_core) if per_core else None
-        usable = None
-        if per_core and self._affinity:
-            sel = [per_core[i][0] for i in self._affinity if i < len(per_core)]
-            usable = sum(sel) / len(sel) if sel else None
-        try:
-            load = list(os.getloadavg())
-        except OSError:
-            load = None
-        vm = psutil.virtual_memory()
-        return {"cpu_count": psutil.cpu_count(),
-                "usable_cpus": len(self._affinity) if self._affinity else None,
-                "usable_physical_cores": self._physical,
-                "cpu_quota_cores": self._quota,
-                "cpu_percent": [round(b, 2) for b, _ in per_core] if per_core else None,
-                "cpu_total_percent": round(total, 2) if total is not None else None,
-                "cpu_usable_percent": round(usable, 2) if usable is not None else None,
-                "iowait_percent": round(iowait, 2) if iowait is not None else None,
-                "loadavg": load,
-                "psi": {res: self._psi(res) for res in ("cpu", "io", "memory")},
-                "disk": self._disk(),
-                "ram_available_bytes": vm.available, "ram_total_bytes": vm.total}
-
-    def _psi(self, res: str) -> dict | None:
-        if res in self._psi_missing:
-            return None
-        text = _read(f"/proc/pressure/{res}")
-        if text is None:
-            self._psi_missing.add(res)
-            self._note(PSI_NOTE.format(res=res))
-            return None
-        for line in text.splitlines():
-            if line.startswith("some"):
-                kv = dict(x.split("=", 1) for x in line.split()[1:])
-                return {"some_avg10": float(kv["avg10"]), "some_total_us": int(kv["total"])}
-        return None
-
-    def _disk(self) -> dict | None:
-        """Whole disks from /proc/diskstats (psutil's reader stats every device in /sys: 5x dearer).
-
-        Fields after the name: reads completed, merged, sectors read (always 512 bytes), ...,
-        io_ticks (ms with IO in flight) at index 9 of the counters.
-        """
-        text = _read("/proc/diskstats")
-        if not text:
-            self._note("disk counters (/proc/diskstats) unavailable: storage reads not sampled")
-            return None
-        keep = set(self._disks) if self._disks is not None else None
-        rb = rc = 0
-        busy: dict[str, int] = {}
-        for line in text.splitlines():
-            f = line.split()
-            if len(f) < 13:
-                continue
-            name = f[2]
-            if keep is not None and name not in keep:
-                continue
-            if keep is None and name.startswith(_SKIP_DISKS):
-                continue
-            rc += int(f[3])
-            rb += int(f[5]) * 512
-            busy[name] = int(f[12])
-        return {"read_bytes": rb, "read_count": rc, "busy_ms": busy}
-
-    # -- GPU -------------------------------------------------------------------------------
-    def _init_gpu(self) -> None:
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            n = pynvml.nvmlDeviceGetCount()
-            self._gpu_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-            self._nvml = pynvml
-        except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, driver errors
-            self._nvml = None
-            self._gpu_handles = []
-        if self._nvml is None or not self._gpu_handles:
-            self._note(NO_GPU_NOTE)
-            if self._nvml is not None:
-                try:
-                    self._nvml.nvmlShutdown()
-                except Exception:  # noqa: BLE001
-                    pass
-            self._nvml = None
-
-    def _gpu(self) -> list[dict] | None:
-        nv = self._nvml
-        if nv is None:
-            return None
-        out = []
-        for i, h in enumerate(self._gpu_handles):
-            d = {"index": i, "util_percent": None, "mem_util_percent": None, "memory_used_bytes": None,
-                 "memory_total_bytes": None, "sm_clock_mhz": None, "pids": None}
-            try:
-                u = nv.nvmlDeviceGetUtilizationRates(h)
-                d["util_percent"], d["mem_util_percent"] = u.gpu, u.memory
-            except Exception:  # noqa: BLE001 - leave None: unknown, not zero
-                pass
-            try:
-                m = nv.nvmlDeviceGetMemoryInfo(h)
-                d["memory_used_bytes"], d["memory_total_bytes"] = m.used, m.total
-            except Exception:  # noqa: BLE001
-                pass
-            try:
-                d["sm_clock_mhz"] = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
-            except Exception:  # noqa: BLE001
-                pass
-            try:
-                d["pids"] = [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
-            except Exception:  # noqa: BLE001
-                pass
-            out.append(d)
-        return out
-
 
 def _delayacct_on() -> bool:
     """Whether /proc/<pid>/stat field 42 (delayacct_blkio_ticks) counts anything."""
-    v = _read("/proc/sys/kernel/task_delayacct")
+    v = read_text("/proc/sys/kernel/task_delayacct")
     if v is not None:
         return v.strip() == "1"
-    cmdline = _read("/proc/cmdline") or ""
+    cmdline = read_text("/proc/cmdline") or ""
     return "delayacct" in cmdline.split()
 
 
 def _blkio_s(pid: int) -> float | None:
     """Seconds the process (all its threads) waited for block IO over its life (field 42)."""
-    text = _read(f"/proc/{pid}/stat")
+    text = read_text(f"/proc/{pid}/stat")
     if not text:
         return None
     fields = text[text.rfind(")") + 2:].split()       # fields from 3 (state) on
@@ -505,69 +358,6 @@ def _blkio_s(pid: int) -> float | None:
         return round(int(fields[42 - 3]) / _CLK_TCK, 3)
     except (IndexError, ValueError):
         return None
-
-
-def _cpu_deltas(prev, now) -> tuple[list[tuple[float, float]], float | None]:
-    """Per core (busy %, iowait %) since the previous reading, and iowait % of all cores.
-
-    Busy = everything but idle and iowait (psutil's definition); guest time is already inside
-    user time on Linux and is not counted twice.
-    """
-    if not prev or len(prev) != len(now):
-        return [], None
-    cores, io_sum, tot_sum = [], 0.0, 0.0
-    for a, b in zip(prev, now):
-        da = {f: getattr(b, f) - getattr(a, f) for f in b._fields}
-        total = sum(v for f, v in da.items() if f not in ("guest", "guest_nice"))
-        idle = da.get("idle", 0.0) + da.get("iowait", 0.0)
-        if total <= 0:
-            cores.append((0.0, 0.0))
-            continue
-        cores.append((max(0.0, 100.0 * (total - idle) / total),
-                      100.0 * da.get("iowait", 0.0) / total))
-        io_sum += da.get("iowait", 0.0)
-        tot_sum += total
-    return cores, (100.0 * io_sum / tot_sum if tot_sum > 0 else None)
-
-
-def physical_cores(cpus: list[int] | None, root: str = "/sys/devices/system/cpu") -> int | None:
-    """Distinct physical cores among the logical CPUs `cpus` (hyperthread siblings count once),
-    from sysfs topology; None when it cannot be read."""
-    if not cpus:
-        return None
-    cores = set()
-    for c in cpus:
-        try:
-            with open(f"{root}/cpu{c}/topology/core_id") as f:
-                core = f.read().strip()
-            with open(f"{root}/cpu{c}/topology/physical_package_id") as f:
-                package = f.read().strip()
-        except OSError:
-            return None
-        cores.add((package, core))
-    return len(cores)
-
-
-def _cgroup_cpu_quota(pid: int) -> float | None:
-    """CPU quota of the process's cgroup in cores (cgroup v2 cpu.max or v1 cfs_quota), or None."""
-    text = _read(f"/proc/{pid}/cgroup")
-    if not text:
-        return None
-    for line in text.splitlines():
-        _, ctrls, path = line.split(":", 2)
-        if ctrls == "":                                       # cgroup v2
-            val = _read(f"/sys/fs/cgroup{path}/cpu.max") or _read("/sys/fs/cgroup/cpu.max")
-            if val:
-                q, period = (val.split() + ["100000"])[:2]
-                if q != "max":
-                    return int(q) / int(period)
-        elif "cpu" in ctrls.split(","):                       # cgroup v1
-            for root in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
-                q = _read(f"{root}{path}/cpu.cfs_quota_us") or _read(f"{root}/cpu.cfs_quota_us")
-                per = _read(f"{root}{path}/cpu.cfs_period_us") or _read(f"{root}/cpu.cfs_period_us")
-                if q and per and int(q) > 0:
-                    return int(q) / int(per)
-    return None
 
 
 def load_samples(path: str | Path) -> tuple[list[dict], list[str]]:
