@@ -144,55 +144,16 @@ def run(
     Exit code: the script's own (128+N if a signal N killed it; with --nproc-per-node, torchrun's);
     when the script succeeded and --baseline is given, the gate's (0 pass, 1 regression, 3
     inconclusive); 2 for usage errors."""
-    from perfdoctor.collect.launcher import RunConfig, launch
+    from perfdoctor.collect.launcher import RunConfig
+    from perfdoctor.run_flow import Output, run_script
 
     argv = _script_argv("run", target, module)
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)
-    for b in baselines or []:
-        if not b.exists():
-            raise PerfdoctorError(f"no such baseline: {b}")
+    report_to = Output(output, fmt.value, details, [str(d) for d in rules_dirs or []])
     dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
-    if module in ("torch.distributed.run", "torchrun"):   # `perfdoctor run -m torch.distributed.run ... SCRIPT`
-        from dataclasses import replace
-
-        from perfdoctor.collect.ranks import DistOptions, torchrun_passthrough
-        # torchrun options written before the first unknown one were taken as perfdoctor's: hand them back
-        given = DistOptions(nproc_per_node, *dist).flags()
-        opts, script, is_module = torchrun_passthrough(given + argv[1:])
-        if not is_module and not Path(script[0]).is_file():
-            raise PerfdoctorError(f"can't open file {script[0]!r}: no such file")
-        _multi_rank_checks(duration, baselines)
-        cfg = replace(cfg, argv=script, module=script[0] if is_module else None)
-        raise typer.Exit(_run_ranks(cfg, opts, (output, fmt.value, details), rules_dirs))
-    if nproc_per_node is not None or any(v is not None for v in dist):
-        from perfdoctor.collect.ranks import DistOptions
-        if nproc_per_node is None:
-            raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
-        _multi_rank_checks(duration, baselines)
-        raise typer.Exit(_run_ranks(cfg, DistOptions(nproc_per_node, *dist), (output, fmt.value, details), rules_dirs))
-    from perfdoctor.collect.ranks import identity
-    ident = identity()
-    if ident is not None:                    # started once per rank by the user's launcher
-        if ident.world_size > 1:
-            _multi_rank_checks(duration, baselines)
-        raise typer.Exit(_run_one_rank(cfg, ident, (output, fmt.value, details), rules_dirs))
-    res = launch(cfg)
-    code = res.exit_code
-    try:
-        _report_run(res, (output, fmt.value, details), [str(d) for d in rules_dirs or []])
-        if baselines and code == 0:
-            code = _gate_run(res.run_dir, baselines, strict)
-    except PerfdoctorError as exc:
-        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
-        code = code or exc.exit_code
-    except Exception as exc:  # the script's exit code wins over a diagnosis bug
-        if os.environ.get("PERFDOCTOR_DEBUG") == "1":
-            raise
-        print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
-              "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
-    raise typer.Exit(code)
+    raise typer.Exit(run_script(cfg, report_to, dist, nproc_per_node, list(baselines or []), strict))
 
 
 def _script_argv(command: str, target: Optional[list[str]], module: Optional[str]) -> list[str]:
@@ -206,84 +167,6 @@ def _script_argv(command: str, target: Optional[list[str]], module: Optional[str
     if not Path(argv[0]).is_file():
         raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
     return argv
-
-
-def _multi_rank_checks(duration: Optional[float], baselines) -> None:
-    if duration is not None:
-        raise PerfdoctorError("--duration would stop the ranks at different steps (the others would then wait in "
-                              "their collectives); use --max-steps with several ranks")
-    if baselines:
-        raise PerfdoctorError("--baseline gates a single-process run; gate a multi-rank run's ranks/rank-K "
-                              "directories with `perfdoctor gate`")
-
-
-def _run_ranks(cfg, dist, output: tuple, rules_dirs) -> int:
-    """--nproc-per-node: torchrun starts the ranks; the merged report once it returns."""
-    from perfdoctor.collect.ranks import launch_ranks
-    res = launch_ranks(cfg, dist)
-    _report_ranks(res.run_dir, res.exit_code, output, rules_dirs)
-    return res.exit_code
-
-
-def _run_one_rank(cfg, ident, output: tuple, rules_dirs) -> int:
-    """One rank of a job started by the user's launcher: the node's last rank to finish merges."""
-    from dataclasses import replace
-
-    from perfdoctor.collect.ranks import run_rank
-    res, last = run_rank(replace(cfg, progress=False), ident)
-    if last:
-        _report_ranks(res.run_dir.parent.parent, res.exit_code, output, rules_dirs)
-    return res.exit_code
-
-
-def _report_ranks(run_dir: Path, code: int, output: tuple, rules_dirs) -> None:
-    """output: (-o FILE, --format, --details) of run."""
-    try:
-        from perfdoctor.diagnose.ranks import diagnose_ranks
-        from perfdoctor.report.json_out import to_json
-        from perfdoctor.report.outputs import emit, run_files
-        doc = diagnose_ranks(run_dir, [str(d) for d in rules_dirs or []])
-        (run_dir / "report.json").write_bytes(to_json(doc))
-        for n in run_files(doc, run_dir):
-            print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
-        emit(doc, output[1], output[0], output[2], stderr=True)
-    except PerfdoctorError as exc:
-        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
-    except Exception as exc:  # the script's exit code wins over a diagnosis bug
-        if os.environ.get("PERFDOCTOR_DEBUG") == "1":
-            raise
-        print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
-              "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
-
-
-def _gate_run(run_dir: Path, baselines: list[Path], strict: bool) -> int:
-    from rich.console import Console
-
-    from perfdoctor.gate.gate import gate_paths
-    from perfdoctor.gate.render import github, render_terminal
-
-    res = gate_paths(run_dir, baselines)
-    github(res, strict, sys.stderr)          # stdout belongs to the script
-    render_terminal(res, Console(stderr=True, highlight=False))
-    return res.exit_code(strict)
-
-
-def _report_run(res, output: tuple, rule_dirs: list[str]) -> None:
-    """output: (-o FILE, --format, --details) of run."""
-    from perfdoctor.diagnose.live import diagnose_run, write_run_events
-    from perfdoctor.report.json_out import to_json
-    from perfdoctor.report.outputs import emit, run_files
-
-    doc = diagnose_run(res, rule_dirs)
-    try:      # a full disk: the report still reaches the terminal, and the script's exit code stays
-        (res.run_dir / "report.json").write_bytes(to_json(doc))
-        write_run_events(res.run_dir)
-    except OSError as exc:
-        print(f"perfdoctor: note: the run directory {_safe(res.run_dir)} could not be completed "
-              f"({_safe(exc.strerror or exc)}): report.json or the TensorBoard events are missing", file=sys.stderr)
-    for n in run_files(doc, res.run_dir):
-        print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
-    emit(doc, output[1], output[0], output[2], stderr=True)
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})

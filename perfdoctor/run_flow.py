@@ -1,0 +1,149 @@
+"""What `perfdoctor run` does once its options are parsed: start the script (one process, ranks
+through torchrun, or one rank of the user's own launcher), diagnose it, report, and gate it
+against baselines. The script's exit code is the command's: a diagnosis that fails says so in
+one line on stderr and never replaces it (stdout belongs to the script).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.report.sanitize import terminal as _safe
+
+
+@dataclass(frozen=True)
+class Output:
+    """run's report options: -o FILE, --format, --details, --rules."""
+    file: Path | None
+    fmt: str
+    details: bool
+    rules_dirs: list[str]
+
+
+def run_script(cfg, out: Output, dist: list, nproc_per_node: str | None, baselines: list[Path],
+               strict: bool) -> int:
+    """The exit code of `perfdoctor run`. `cfg`: a collect.launcher.RunConfig; `dist`: the
+    torchrun options other than --nproc-per-node (DistOptions' order), None where not given."""
+    from perfdoctor.collect.ranks import DistOptions, identity, torchrun_passthrough
+
+    for b in baselines:
+        if not b.exists():
+            raise PerfdoctorError(f"no such baseline: {b}")
+    if cfg.module in ("torch.distributed.run", "torchrun"):   # `perfdoctor run -m torch.distributed.run ... SCRIPT`
+        # torchrun options written before the first unknown one were taken as perfdoctor's: hand them back
+        given = DistOptions(nproc_per_node, *dist).flags()
+        opts, script, is_module = torchrun_passthrough(given + cfg.argv[1:])
+        if not is_module and not Path(script[0]).is_file():
+            raise PerfdoctorError(f"can't open file {script[0]!r}: no such file")
+        _multi_rank_checks(cfg.duration, baselines)
+        return _run_ranks(replace(cfg, argv=script, module=script[0] if is_module else None), opts, out)
+    if nproc_per_node is not None or any(v is not None for v in dist):
+        if nproc_per_node is None:
+            raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
+        _multi_rank_checks(cfg.duration, baselines)
+        return _run_ranks(cfg, DistOptions(nproc_per_node, *dist), out)
+    ident = identity()
+    if ident is not None:                    # started once per rank by the user's launcher
+        if ident.world_size > 1:
+            _multi_rank_checks(cfg.duration, baselines)
+        return _run_one_rank(cfg, ident, out)
+    return _run_one(cfg, out, baselines, strict)
+
+
+def _run_one(cfg, out: Output, baselines: list[Path], strict: bool) -> int:
+    from perfdoctor.collect.launcher import launch
+
+    res = launch(cfg)
+    code = res.exit_code
+    try:
+        _report_run(res, out)
+        if baselines and code == 0:
+            code = _gate_run(res.run_dir, baselines, strict)
+    except PerfdoctorError as exc:
+        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
+        code = code or exc.exit_code
+    except Exception as exc:  # the script's exit code wins over a diagnosis bug
+        _internal_error(exc)
+    return code
+
+
+def _multi_rank_checks(duration: float | None, baselines: list[Path]) -> None:
+    if duration is not None:
+        raise PerfdoctorError("--duration would stop the ranks at different steps (the others would then wait in "
+                              "their collectives); use --max-steps with several ranks")
+    if baselines:
+        raise PerfdoctorError("--baseline gates a single-process run; gate a multi-rank run's ranks/rank-K "
+                              "directories with `perfdoctor gate`")
+
+
+def _run_ranks(cfg, dist, out: Output) -> int:
+    """--nproc-per-node: torchrun starts the ranks; the merged report once it returns."""
+    from perfdoctor.collect.ranks import launch_ranks
+    res = launch_ranks(cfg, dist)
+    _report_ranks(res.run_dir, out)
+    return res.exit_code
+
+
+def _run_one_rank(cfg, ident, out: Output) -> int:
+    """One rank of a job started by the user's launcher: the node's last rank to finish merges."""
+    from perfdoctor.collect.ranks import run_rank
+    res, last = run_rank(replace(cfg, progress=False), ident)
+    if last:
+        _report_ranks(res.run_dir.parent.parent, out)
+    return res.exit_code
+
+
+def _report_ranks(run_dir: Path, out: Output) -> None:
+    try:
+        from perfdoctor.diagnose.ranks import diagnose_ranks
+        from perfdoctor.report.json_out import to_json
+        from perfdoctor.report.outputs import emit, run_files
+        doc = diagnose_ranks(run_dir, out.rules_dirs)
+        (run_dir / "report.json").write_bytes(to_json(doc))
+        for n in run_files(doc, run_dir):
+            print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
+        emit(doc, out.fmt, out.file, out.details, stderr=True)
+    except PerfdoctorError as exc:
+        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
+    except Exception as exc:  # the script's exit code wins over a diagnosis bug
+        _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> None:
+    if os.environ.get("PERFDOCTOR_DEBUG") == "1":
+        raise exc
+    print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
+          "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
+
+
+def _gate_run(run_dir: Path, baselines: list[Path], strict: bool) -> int:
+    from rich.console import Console
+
+    from perfdoctor.gate.gate import gate_paths
+    from perfdoctor.gate.render import github, render_terminal
+
+    res = gate_paths(run_dir, baselines)
+    github(res, strict, sys.stderr)          # stdout belongs to the script
+    render_terminal(res, Console(stderr=True, highlight=False))
+    return res.exit_code(strict)
+
+
+def _report_run(res, out: Output) -> None:
+    from perfdoctor.diagnose.live import diagnose_run, write_run_events
+    from perfdoctor.report.json_out import to_json
+    from perfdoctor.report.outputs import emit, run_files
+
+    doc = diagnose_run(res, out.rules_dirs)
+    try:      # a full disk: the report still reaches the terminal, and the script's exit code stays
+        (res.run_dir / "report.json").write_bytes(to_json(doc))
+        write_run_events(res.run_dir)
+    except OSError as exc:
+        print(f"perfdoctor: note: the run directory {_safe(res.run_dir)} could not be completed "
+              f"({_safe(exc.strerror or exc)}): report.json or the TensorBoard events are missing", file=sys.stderr)
+    for n in run_files(doc, res.run_dir):
+        print(f"perfdoctor: note: {_safe(n)}", file=sys.stderr)
+    emit(doc, out.fmt, out.file, out.details, stderr=True)
