@@ -19,6 +19,9 @@ NAMES = {
     "volta_h884gemm_64x64_ldg8_nn": "gemm_half",
     "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32": "gemm_half",
     "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm_half",
+    "nvjet_hsh_256x128_64x4_2x1_v_bz_TNN": "gemm_half",
+    "nvjet_sss_tf32_128x256_TNT": "gemm_tf32",
+    "nvjet_sm90_sss_128x128_64x4_1x2_h_bz_coopA_NNT": "gemm_tf32",   # fp32 in on tensor cores: TF32
     # attention
     "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float>)": "attention_fp32",
     "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64": "attention_half",

@@ -3,8 +3,9 @@
 Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/ATen naming):
 
 - GEMM/convolution kernels: fp32 on the SIMT cores (`sgemm`, `ffma`, `f32f32_f32f32`), TF32 on
-  tensor cores (`tf32`, Ampere+ `s1688`/`s16816`), half (bf16/fp16, incl. Volta's `884`, and
-  cuBLASLt's `nvjet` tensor-core kernels unless they say tf32) or fp8;
+  tensor cores (`tf32`, Ampere+ `s1688`/`s16816`), half (bf16/fp16, incl. Volta's `884`) or fp8;
+  cuBLASLt's Hopper+ `nvjet` tensor-core kernels by their type letters: `nvjet_tst`/`nvjet_hsh`
+  bf16/fp16 in, `nvjet_sss` fp32 in, which on tensor cores means TF32;
 - attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float;
 - NCHW <-> NHWC layout transposes cuDNN inserts around its NHWC convolutions (channels_last
   removes them);
@@ -44,6 +45,8 @@ HALF_RX = re.compile(r"bf16|bfloat16|BFloat16|f16|fp16|half|Half|__half|h884|h16
 TF32_RX = re.compile(r"tf32|s1688gemm|s16816gemm|s1688|s16816", re.I)
 FP32_GEMM_RX = re.compile(r"sgemm|ffma|f32f32_f32f32|simt|scudnn|implicit_convolve_sgemm|float", re.I)
 FP32_RX = re.compile(r"float|f32|fp32", re.I)
+# nvjet_[smNN_]<A/B><compute><C/D>_...: h fp16, t bf16, s fp32 (e.g. nvjet_sm90_tst_..., nvjet_hsh_...)
+NVJET_RX = re.compile(r"nvjet_(?:sm\d+_)?([a-z])[a-z]{2}_")
 OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 
 # Dense peak throughput (TFLOPS) by compute capability: fp32 SIMT, TF32 tensor, bf16/fp16 tensor.
@@ -64,7 +67,10 @@ def kernel_class(name: str) -> str:
     if GEMM_RX.search(name) and not NOT_GEMM_RX.search(name):
         if re.search(r"tf32", name, re.I):
             return "gemm_tf32"
-        if HALF_RX.search(name) or name.startswith("nvjet"):   # cuBLASLt's Hopper+ tensor-core kernels
+        nvjet = NVJET_RX.match(name)
+        if nvjet:              # cuBLASLt's Hopper+ tensor-core kernels: fp32 inputs there are TF32
+            return "gemm_tf32" if nvjet.group(1) == "s" else "gemm_half"
+        if HALF_RX.search(name):
             return "gemm_half"
         if TF32_RX.search(name):          # Ampere s1688/s16816 with fp32 in and out: TF32
             return "gemm_tf32"
