@@ -29,9 +29,11 @@ If the script runs its own profiler, ours is not started (or steps aside when th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 
@@ -72,6 +74,32 @@ def compress_trace(path: str) -> None:
             os.remove(partial)
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def _inductor_left_unloaded(torch):
+    """While the profiler starts, `torch._inductor` reads as absent unless it is loaded already.
+
+    torch.profiler's prepare_trace asks `hasattr(torch, "_inductor")` for inductor's cudagraphs
+    setting, and torch's lazy module __getattr__ answers by importing torch._inductor and
+    torch._dynamo: ~1 s of CPU inside a training step of a script that never compiles (a script
+    that builds a torch.optim optimizer has paid it already). A script that never loaded inductor
+    has no inductor cudagraphs, so the answer "absent" is the true one. Only the attribute lookup
+    is affected, only for the call: `import torch._inductor` works as always."""
+    lazy = torch.__dict__.get("__getattr__")
+    if "torch._inductor" in sys.modules or lazy is None:
+        yield
+        return
+
+    def lookup(name):
+        if name == "_inductor":
+            raise AttributeError(name)
+        return lazy(name)
+    torch.__getattr__ = lookup
+    try:
+        yield
+    finally:
+        torch.__getattr__ = lazy
 
 
 class Window:
@@ -183,7 +211,8 @@ class Window:
         try:
             self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
                                 schedule=sched, on_trace_ready=self._export)
-            self.prof.start()
+            with _inductor_left_unloaded(torch):
+                self.prof.start()
             self.state = "recording"
             self.n = 0
             self.t_record = now if warmup == 0 else None
