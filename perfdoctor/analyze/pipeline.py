@@ -52,6 +52,8 @@ class TraceAnalysis:
 def analyze(t: EventTable) -> TraceAnalysis:
     k = classify(t)
     steps = find_steps(t, k)
+    if len(steps) == 0 and steps.cut_off:
+        return _cut_off(t, k, steps)
     if len(steps) == 0 or float(steps.duration.sum()) <= 0:
         raise TraceFormatError(f"{t.meta.path}: no timed (complete 'X') events to analyse")
     tl = build_timeline(t, k, steps)
@@ -91,6 +93,17 @@ def analyze(t: EventTable) -> TraceAnalysis:
                          notes=notes, warnings=list(t.meta.warnings),
                          tables=detail_tables(t, k, steps, m["trace.world_size"]),
                          view=step_view(steps, tl, k.platform), marked_gaps=marked)
+
+
+def _cut_off(t: EventTable, k: Kinds, steps: Steps) -> TraceAnalysis:
+    """A truncated file cut off before any step was complete: no step metric (0 steps, the rest
+    unknown), so the verdict is inconclusive (PD100) rather than one read from part of a step."""
+    m: dict = dict.fromkeys(registry.names())
+    m.update(_trace_metrics(t, k))
+    m.update({"steps.count": 0, "steps.source": steps.source})
+    registry.check(m)
+    return TraceAnalysis(path=t.meta.path, metrics=m, steps=None, step_breakdown_ms=None,
+                         notes=list(steps.notes), warnings=list(t.meta.warnings))
 
 
 def _trace_metrics(t: EventTable, k: Kinds) -> dict:

@@ -7,6 +7,13 @@ overlap; device work is attributed by its launch (correlation to a runtime call 
 step), so the first step starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
 step's) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
 optimizer steps, or the whole trace as one pseudo-step, and say which.
+
+A truncated file (the profiler killed mid-write, a gzip stream cut short) loses every event after
+the cut. Kineto writes its events in sections (host events in start-time order, then the device
+events one launching thread after the other in launch order, then device annotations; metadata and
+its own span last), so the last complete event that parsed marks how far the section being
+written got: a step whose host range ends after it may miss events, and is dropped with the steps
+after it (`Steps.cut_off`). No complete step left: the analysis is inconclusive (pipeline.py).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ class Steps:
     labels: list[str]
     source: str                      # "ProfilerStep" | "DataLoader iterations" | "optimizer steps" | "whole trace"
     notes: list[str] = field(default_factory=list)
+    cut_off: list[str] = field(default_factory=list)   # labels of the steps a truncated file cut (dropped)
+    host_end: np.ndarray | None = None   # ProfilerStep: where each step's host range ends (end: its device work's)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -86,6 +95,11 @@ def _device_launch_index(t: EventTable, k: Kinds) -> tuple[np.ndarray, np.ndarra
 
 
 def find_steps(t: EventTable, k: Kinds) -> Steps:
+    steps = _find_steps(t, k)
+    return _before_cut(t, k, steps) if t.meta.truncated else steps
+
+
+def _find_steps(t: EventTable, k: Kinds) -> Steps:
     rows = np.flatnonzero(k.step)
     if len(rows):
         return _profiler_steps(t, k, rows)
@@ -94,6 +108,44 @@ def find_steps(t: EventTable, k: Kinds) -> Steps:
         if s is not None:
             return s
     return _whole_trace(t, k)
+
+
+def _before_cut(t: EventTable, k: Kinds, steps: Steps) -> Steps:
+    """The steps of a truncated file whose host range ended before the cut; the steps from the
+    first one that did not on are dropped. The cut's time is the start of the last complete event
+    in file order, or, in the device events, the host time of the last runtime call: kineto writes
+    the device events one launching thread after the other, each pass in launch order, so a step
+    whose launches all came before it has its kernels. The profiler's trailer (its `Trace` span,
+    metadata) follows every activity: a cut inside it cut no step. No step has all its device work
+    in a GPU trace (deviceProperties) cut before its first device event, or cut in the device
+    events before those of a host thread that ran ops: all are dropped."""
+    trailer = (t.ph == ord("M")) | t.cat_mask("Trace")
+    rows = np.flatnonzero(k.complete & ~trailer)
+    if not len(rows) or not len(steps) or trailer[rows[-1]:].any():
+        return steps
+    device = k.device_activity | k.runtime | t.cat_mask("gpu_user_annotation")
+    launches = np.flatnonzero(k.runtime)
+    in_device = bool(device[rows[-1]])
+    cut = float(t.ts[launches[-1] if in_device and len(launches) else rows[-1]])
+    why = "during step {}"
+    if t.meta.device_properties and not (device & k.complete).any():
+        cut, why = -np.inf, "before its first device event"
+    elif in_device and set(np.unique(t.tid[k.cpu_op]).tolist()) - set(np.unique(t.tid[launches]).tolist()):
+        # a host thread's pass (the autograd thread's, say) was never reached: every step may lack its kernels
+        cut, why = -np.inf, "before it reached the device events of every launching thread"
+    late = np.flatnonzero((steps.end if steps.host_end is None else steps.host_end) > cut)
+    if not len(late):
+        return steps
+    keep = int(late[0])
+    gone = steps.labels[keep:]
+    if steps.source == "whole trace":
+        note = "dropped the whole-trace pseudo-step: the trace file was cut off inside it"
+    else:
+        what = f"step {gone[0]}" if len(gone) == 1 else f"steps {gone[0]}-{gone[-1]}"
+        note = f"dropped {what}: the trace file was cut off " + why.format(gone[0])
+    note += " (the events after the cut are missing)"
+    return Steps(steps.start[:keep], steps.end[:keep], steps.labels[:keep], steps.source, steps.notes + [note], gone,
+                 None if steps.host_end is None else steps.host_end[:keep])
 
 
 def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
@@ -110,7 +162,7 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
     dev, launch = device_launch_index(t, k)
     linked = launch >= 0
     if not linked.any():
-        return Steps(hs.copy(), np.maximum(he, hs), labels, "ProfilerStep", notes)
+        return Steps(hs.copy(), np.maximum(he, hs), labels, "ProfilerStep", notes, host_end=he)
     lr = launch[linked]
     # A launch belongs to the step whose host range contains it entirely.
     si = np.searchsorted(hs, t.ts[lr], side="right") - 1
@@ -138,7 +190,7 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
         if keep < len(rows):
             notes.append(f"dropped the last {len(rows) - keep} step(s): the profiler did not capture "
                          "all the device work they launched")
-    return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes)
+    return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes, host_end=he[:keep])
 
 
 def _first_step_start(t: EventTable, dev: np.ndarray, matched: np.ndarray, si: np.ndarray,

@@ -6,6 +6,8 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   is at least twice the runner-up;
 - capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, and 0.4
   when most of the step is untraced.
+A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
+the verdict is inconclusive and says why.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     secondary = [c for c in sorted(CAUSES, key=sh.get, reverse=True) if sh[c] >= 0.05 and c != cause]
     notes: list[str] = []
     if bound == "inconclusive":
+        if m.get("trace.truncated") and m.get("steps.count") == 0:
+            notes.append("the trace file was cut off before any step was complete, so no step is judged "
+                         "(a step cut short shows only its first events); record the trace again")
         return 0.0, notes, secondary
     if bound == "device":
         conf = 0.6 + 0.4 * min(1.0, max(0.0, sh["device"] - 0.8) / 0.1)
@@ -37,7 +42,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
     if m.get("trace.truncated"):
         conf = min(conf, 0.6)
-        notes.append("the trace file was truncated; the verdict uses the events before the cut")
+        notes.append("the trace file was truncated; the verdict uses the steps completed before the cut")
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "

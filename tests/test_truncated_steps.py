@@ -1,0 +1,125 @@
+"""A trace file cut off mid-write (profiler killed, gzip stream cut short): the step the cut runs
+through is not analysed, nor are the steps after it, and with no complete step left the verdict is
+inconclusive instead of one read from the first events of a step (analyze/steps.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+import tracegen as tg
+from perfdoctor.analyze.pipeline import analyze
+from perfdoctor.diagnose.confidence import confidence
+from perfdoctor.rules.engine import evaluate
+from perfdoctor.rules.loader import load_rules
+from perfdoctor.trace.loader import load_trace
+
+S = tg.StepSpec
+
+
+def cut_gz(spec: tg.TraceSpec, path, event: str, nth: int = 1, into: int = 60) -> str | None:
+    """Write the trace as a gzip stream that stops `into` characters inside the `nth` event named
+    `event` (every event before it complete), as a writer killed there leaves it: no final deflate
+    block, no gzip trailer. Returns the number of the last ProfilerStep written before the cut."""
+    obj, _ = tg.build(spec)
+    text = tg.render(obj)
+    blocks = [m.start() for m in re.finditer(r"\n  \{\n", text)]       # one per event, in file order
+    names = [e["name"] for e in obj["traceEvents"]]
+    at = [i for i, n in enumerate(names) if n == event][nth - 1]
+    c = zlib.compressobj(6, zlib.DEFLATED, 31)
+    path.write_bytes(c.compress(text[:blocks[at] + into].encode()) + c.flush(zlib.Z_SYNC_FLUSH))
+    begun = [n.split("#")[1] for n in names[:at] if n.startswith("ProfilerStep#")]
+    return begun[-1] if begun else None
+
+
+def steps_of(path):
+    a = analyze(load_trace(path))
+    return a, (list(a.steps.labels) if a.steps is not None else None)
+
+
+def test_cut_in_the_host_events_drops_the_step_it_runs_through(tmp_path):
+    spec = tg.TraceSpec(steps=[S(cpu_ops_us=2000)] * 6, device="cpu")           # ProfilerStep#5..#10
+    assert cut_gz(spec, tmp_path / "cut.json.gz", "aten::relu", nth=8) == "7"    # inside step 7's ops
+    a, labels = steps_of(tmp_path / "cut.json.gz")
+    assert a.metrics["trace.truncated"] is True
+    assert labels == ["5", "6"] and a.metrics["steps.count"] == 2
+    assert a.notes[-1].startswith("dropped step 7: the trace file was cut off during step 7")
+    # the kept steps are the whole steps: 2 ms of ops each (tracegen's exact durations)
+    assert a.metrics["steps.time_mean_ms"] == pytest.approx(2.0, abs=0.05)
+
+
+def test_cut_in_the_device_events_drops_the_steps_whose_kernels_are_missing(tmp_path):
+    """Device events follow the host events and run behind them: the cut's time is the device's.
+    Step 7 lost only its last kernel, too few for the rule that drops a last step with fewer than
+    80% of the kernels of the step before it."""
+    spec = tg.TraceSpec(steps=[S(cpu_ops_us=500, kernels=10, kernel_us=200)] * 5)   # steps 5..9 on a GPU
+    obj, _ = tg.build(spec)
+    kernels = [e for e in obj["traceEvents"] if e.get("cat") == "kernel"]
+    last_host = max(i for i, e in enumerate(obj["traceEvents"]) if e.get("cat") == "cpu_op")
+    assert obj["traceEvents"].index(kernels[0]) > last_host                       # the layout kineto writes
+    name = kernels[29]["name"]                                                     # the last kernel of step 7
+    cut_gz(spec, tmp_path / "cut.json.gz", name, nth=sum(k["name"] == name for k in kernels[:30]))
+    a, labels = steps_of(tmp_path / "cut.json.gz")
+    assert labels == ["5", "6"] and a.metrics["trace.platform"] == "cuda"
+    assert any("cut off during step 7" in n for n in a.notes)
+
+
+def test_gpu_trace_cut_before_its_device_events_has_no_step_to_judge(tmp_path):
+    """Cut in the host events, a GPU trace holds no kernel at all: read as is, it would pass for a
+    CPU-only trace of complete steps."""
+    spec = tg.TraceSpec(steps=[S(cpu_ops_us=500, kernels=10, kernel_us=200)] * 5)
+    assert cut_gz(spec, tmp_path / "cut.json.gz", "ProfilerStep#8") == "7"
+    a, labels = steps_of(tmp_path / "cut.json.gz")
+    assert labels is None and a.metrics["steps.count"] == 0
+    assert any("cut off before its first device event" in n for n in a.notes)
+
+
+def test_cut_in_the_trailer_keeps_every_step(tmp_path):
+    """Metadata and the profiler's own span come after every activity: a cut there cut no step."""
+    spec = tg.TraceSpec(steps=[S(cpu_ops_us=2000)] * 4, device="cpu")
+    cut_gz(spec, tmp_path / "cut.json.gz", "Iteration Start: PyTorch Profiler", into=20)
+    a, labels = steps_of(tmp_path / "cut.json.gz")
+    assert a.metrics["trace.truncated"] is True and labels == ["5", "6", "7", "8"]
+
+
+def test_cut_inside_the_only_step_is_inconclusive(tmp_path):
+    """The user trial's case: the first 1000 bytes of a gzipped trace held the step annotation and
+    its first ops, so 91% of the step read as untraced and the verdict said host-bound."""
+    spec = tg.TraceSpec(steps=[S(data_wait_us=1300, cpu_ops_us=50000)], device="cpu")
+    assert cut_gz(spec, tmp_path / "cut.pt.trace.json.gz", "aten::relu", nth=2) == "5"
+    a, labels = steps_of(tmp_path / "cut.pt.trace.json.gz")
+    assert labels is None and a.metrics["steps.count"] == 0 and a.metrics["share.host"] is None
+    notes = confidence("inconclusive", a.metrics)[1]
+    assert any("cut off before any step was complete" in n for n in notes)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(tmp_path / "cut.pt.trace.json.gz"),
+                        "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"]["bound"] == "inconclusive" and doc["verdict"]["confidence"] == 0.0
+    assert doc["findings"] == [] or all(not f["ranked"] for f in doc["findings"])
+    assert any("truncated" in w or "ends early" in w for w in doc["traces"][0]["warnings"])
+    assert doc["traces"][0]["steps"] == [] and "dropped step 5" in doc["traces"][0]["notes"][-1]
+    term = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(tmp_path / "cut.pt.trace.json.gz")],
+                          capture_output=True, text=True, timeout=60)
+    assert term.returncode == 0 and "INCONCLUSIVE" in term.stdout and "HOST-BOUND" not in term.stdout
+
+
+@pytest.mark.integration
+def test_real_gpu_trace_cut_in_its_device_events(shared_traces, tmp_path):
+    """An H100 trace: the device events come one launching thread after the other (the main
+    thread's, then the autograd thread's). Cut in the first pass, no step has its backward
+    kernels; cut in the last step's, the four steps before it stand."""
+    data = (shared_traces / "h100" / "compute" / "trace" / "vm_504.pt.trace.json.gz").read_bytes()
+    (tmp_path / "a.json.gz").write_bytes(data[:int(len(data) * 0.6)])
+    a, labels = steps_of(tmp_path / "a.json.gz")
+    assert labels is None and "every launching thread" in a.notes[-1]
+    (tmp_path / "b.json.gz").write_bytes(data[:int(len(data) * 0.995)])
+    a, labels = steps_of(tmp_path / "b.json.gz")
+    assert labels == ["1", "2", "3", "4"] and a.notes[-1].startswith("dropped step 5: the trace file was cut off during")
+    b = evaluate(load_rules(), a.metrics)
+    assert b.verdict.rule.bound == "device"                       # as the whole trace says
