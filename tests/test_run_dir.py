@@ -194,3 +194,85 @@ def test_report_every_h100_run_dir(shared_traces):
     # the same trace, as a plain directory of traces, still reads as before (no run section)
     plain = diagnose_path(str(root / "loader" / "trace"))
     assert "run" not in plain and plain["traces"][0]["metrics"]["steps.count"] == 5
+
+
+# -- damaged run files: a one-line warning each, and unknown where the file no longer tells -------
+
+def _hand_run(d: Path, n: int = 30) -> Path:
+    """A run directory as `run --no-trace` writes it, without samples: n steps of 100 ms, 10 ms waits."""
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"argv": ["train.py", "--lr", "0.1"], "module": None, "exit_code": 0,
+                                            "signal": None, "wall_s": 4.0, "stopped_by": None,
+                                            "forwarded_signals": [], "notes": [], "config": {}}))
+    (d / "child.json").write_text(json.dumps({"outcome": "completed", "exit_code": 0, "error": None, "steps": n,
+                                              "mode": "optimizer", "step_source": "optimizer steps",
+                                              "profiler": "off", "trace_enabled": False, "notes": [],
+                                              "torch_imported": True, "cuda_available": False}))
+    (d / "steps.jsonl").write_text("".join(
+        json.dumps({"step": i, "end": 1.7e9 + 0.1 * i, "dur": 0.1, "wait": 0.01, "batches": 1, "mode": "optimizer",
+                    "profiled": False, "perturbed": False, "cpu": 0.09, "runq": 0.0}) + "\n" for i in range(1, n + 1)))
+    return d
+
+
+def _report(d: Path) -> tuple[dict, str]:
+    from perfdoctor.diagnose.offline import diagnose_path
+    term = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(d)], capture_output=True, text=True,
+                          timeout=60)
+    assert term.returncode == 0, term.stderr
+    return diagnose_path(str(d)), term.stdout
+
+
+def test_damaged_child_json_is_warned_and_the_ending_unknown(tmp_path):
+    doc, term = _report(_hand_run(tmp_path / "intact"))
+    assert doc["traces"][0]["warnings"] == [] and doc["run"]["outcome"] == "completed"
+    d = _hand_run(tmp_path / "run")
+    (d / "child.json").write_bytes(b"\x00\xff garbage")
+    doc, term = _report(d)
+    assert doc["traces"][0]["warnings"] == ["child.json is not JSON (Expecting value): how the script ended is unknown"]
+    assert doc["run"]["outcome"] == "unknown" and doc["run"]["exit_code"] == 0      # run.json still says 0
+    assert "outcome unknown · exit code 0" in term and "killed" not in term
+    assert "warning: child.json is not JSON" in term
+    (d / "child.json").write_text("[1, 2]")
+    assert _report(d)[0]["traces"][0]["warnings"] == [
+        "child.json holds a JSON list, not an object: how the script ended is unknown"]
+    # a kill leaves no child.json, and run.json knows the signal: killed, and nothing to warn about
+    (d / "child.json").unlink()
+    (d / "run.json").write_text(json.dumps({"argv": ["train.py"], "exit_code": 137, "signal": 9}))
+    doc, term = _report(d)
+    assert doc["run"]["outcome"] == "killed" and doc["traces"][0]["warnings"] == []
+
+
+def test_steps_jsonl_cut_mid_line_is_warned(tmp_path):
+    d = _hand_run(tmp_path / "run")
+    text = (d / "steps.jsonl").read_text()
+    (d / "steps.jsonl").write_text(text[:-40])                        # the last line cut inside its JSON
+    doc, term = _report(d)
+    assert doc["run"]["steps"] == 29
+    assert doc["traces"][0]["warnings"] == ["steps.jsonl: its last line is cut short (not JSON); that step is left out"]
+    assert "warning: steps.jsonl: its last line is cut short" in term
+    lines = text.splitlines(keepends=True)
+    (d / "steps.jsonl").write_text("".join(lines[:5]) + "{not json\n" + '{"step": 6}\n' + "".join(lines[5:]))
+    doc, _ = _report(d)
+    assert doc["run"]["steps"] == 30
+    assert doc["traces"][0]["warnings"] == [
+        "steps.jsonl: 2 line(s) are not step records (not JSON, or no duration and data wait); left out"]
+
+
+def test_empty_run_json_says_unknown_not_none(tmp_path):
+    d = _hand_run(tmp_path / "run")
+    (d / "run.json").write_text("{}")
+    doc, term = _report(d)
+    assert doc["run"]["command"] is None and doc["run"]["exit_code"] == 0       # child.json's exit code
+    assert doc["traces"][0]["warnings"] == ["run.json lacks argv, exit_code: the command and the exit code are unknown"]
+    assert "perfdoctor run (command unknown) · the script finished · exit code 0" in term
+    d = tmp_path / "bare"                                             # the user trial's: run.json `{}` alone
+    d.mkdir()
+    (d / "run.json").write_text("{}")
+    doc, term = _report(d)
+    assert doc["run"]["exit_code"] is None and doc["run"]["outcome"] == "unknown"
+    assert doc["verdict"]["bound"] == "inconclusive"
+    assert doc["verdict"]["summary"].startswith("No step was recorded, and how the script ended is unknown "
+                                                "(exit code unknown)")
+    assert "exit code unknown" in term and "None" not in term and "killed" not in term and "failed" not in term
+    (d / "run.json").write_text('{"argv": "train.py", "exit_code": "0"}')
+    assert _report(d)[0]["traces"][0]["warnings"] == ["run.json: argv, exit_code of the wrong type, read as unknown"]

@@ -1,7 +1,8 @@
 """`perfdoctor run` under faults (issue 12): binary output, the script killed by SIGKILL, SIGTERM
 to perfdoctor, an unwritable --out and a full disk. Each keeps the script's stdout byte for byte
 (as a plain `python` run writes it), its exit code, and leaves a usable report or a clear
-message. (A crash's traceback, SIGINT and exit codes are covered in tests/test_run.py.)"""
+message. `run -m` with a module that does not exist or raises ends as `python -m` does. (A crash's
+traceback, SIGINT and exit codes are covered in tests/test_run.py.)"""
 
 from __future__ import annotations
 
@@ -138,3 +139,52 @@ def test_full_disk_keeps_output_and_exit_code(tmp_path, script):
     err = r.stderr.decode(errors="replace")
     assert "No space left on device" in err and "Traceback" not in err[len(b.stderr):]
     assert "perfdoctor run" in err and "exit code 5" in err        # the report, from what was kept
+
+
+# -- `run -m MODULE` as `python -m MODULE`: a module python cannot run, a module that raises --------
+
+def _modules(root: Path) -> Path:
+    """Modules without torch (so each run takes a second): one that raises, a package whose
+    __init__ raises, a package without __main__."""
+    (root / "raises_here.py").write_text('print("before")\nraise ValueError("boom from the module")\n')
+    for pkg, init in (("pkg_badinit", 'raise RuntimeError("package init")\n'), ("pkg_nomain", "")):
+        (root / pkg).mkdir()
+        (root / pkg / "__init__.py").write_text(init)
+        (root / pkg / "train.py").write_text('print("never")\n')
+    return root
+
+
+def _both(cwd: Path, out: Path, module: str):
+    """(python -m MODULE, perfdoctor run --out OUT -m MODULE), run in cwd."""
+    py = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60, cwd=cwd)
+    pd = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), "-m", module],
+                        capture_output=True, text=True, timeout=120, cwd=cwd)
+    return py, pd
+
+
+@pytest.mark.parametrize("module", ["no_such_module_xyz", "pkg_nomain"])
+def test_missing_module_is_pythons_one_line_and_leaves_no_run(tmp_path, module):
+    cwd = _modules(tmp_path)
+    py, pd = _both(cwd, tmp_path / "runs" / "r1", module)
+    assert py.returncode == pd.returncode == 1 and py.stdout == pd.stdout == ""
+    assert pd.stderr == py.stderr and pd.stderr.count("\n") == 1           # `<python>: No module named ...`
+    assert f"{sys.executable}: No module named {module}" in pd.stderr
+    assert not (tmp_path / "runs").exists()                                # nothing ran: no run directory
+    keep = tmp_path / "mine"                                                # a folder of the user's: kept as it was
+    keep.mkdir()
+    (keep / "notes.txt").write_text("keep")
+    pd = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(keep), "-m", module],
+                        capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert pd.returncode == 1 and sorted(p.name for p in keep.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("module", ["raises_here", "pkg_badinit.train"])
+def test_module_traceback_is_pythons(tmp_path, module):
+    """As for a script: the traceback `python -m` prints (runpy's frames, the module's), with no
+    frame of perfdoctor's; exit code 1; the crash still gets its run directory and report."""
+    cwd = _modules(tmp_path)
+    py, pd = _both(cwd, tmp_path / "run", module)
+    assert py.returncode == pd.returncode == 1 and pd.stdout == py.stdout
+    assert pd.stderr.startswith(py.stderr), pd.stderr
+    assert "runpy" in py.stderr and "perfdoctor/collect" not in pd.stderr[:len(py.stderr)]
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["run"]["outcome"] == "crashed"

@@ -16,8 +16,14 @@ import json
 import os
 import runpy
 import sys
+import types
 
 ENV = "PERFDOCTOR_CHILD"
+NO_MODULE = "no_module"      # child.json's outcome when -m names no module python can run
+
+
+class _NoModule(Exception):
+    """runpy found no module to run (python -m's one-line error)."""
 
 
 class _TorchWatcher(importlib.abc.MetaPathFinder):
@@ -64,7 +70,7 @@ def main() -> None:
         if cfg.get("module"):
             sys.argv = [argv[0], *argv[1:]]
             sys.path[0] = os.getcwd()
-            runpy.run_module(cfg["module"], run_name="__main__", alter_sys=True)
+            _run_module(cfg["module"], session)
         else:
             script = os.path.abspath(argv[0])
             sys.argv = [argv[0], *argv[1:]]
@@ -81,11 +87,9 @@ def main() -> None:
         raise
     except BaseException as exc:
         session.finish(outcome="crashed", error=f"{type(exc).__name__}: {exc}")
-        if script is None:
-            raise
-        # Print the traceback as `python script.py` does: from the script's own frame, without
-        # perfdoctor's and runpy's frames above it; an uncaught exception exits with 1.
-        tb = _from_script(exc.__traceback__, script)
+        # Print the traceback as `python script.py` or `python -m module` does: without
+        # perfdoctor's frames (and runpy's for a script); an uncaught exception exits with 1.
+        tb = _from_script(exc.__traceback__, script) if script else _as_python_m(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.exit(1)
     session.finish(outcome="completed", exit_code=0)
@@ -107,6 +111,63 @@ def _finish_before_os_exit(session) -> None:
                 pass
         real(code)
     os._exit = _exit
+
+
+def _run_module(name: str, session) -> None:
+    """`python -m NAME`: runpy.run_module(NAME, run_name="__main__", alter_sys=True) in its two
+    halves, so that a module python cannot run (none of that name, a package without __main__)
+    ends as under python: `<python>: No module named NAME` on stderr, exit code 1, and the
+    outcome NO_MODULE in child.json."""
+    try:
+        _, spec, code = runpy._get_module_details(name, _NoModule)
+    except _NoModule as exc:
+        session.finish(outcome=NO_MODULE, exit_code=1, error=str(exc))
+        sys.exit(f"{sys.executable}: {exc}")
+    runpy._run_module_code(code, None, "__main__", spec)
+
+
+def _as_python_m(tb):
+    """The traceback as `python -m` prints it. Python ran this file through runpy
+    (_run_module_as_main, then _run_code); this file ran the module through runpy again
+    (run_module's halves: _get_module_details, _run_module_code, _run_code). Kept: the outer
+    _run_module_as_main frame (above main(), so not in the traceback yet), then the inner frames
+    from _get_module_details or _run_code on: the chain `python -m` shows."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    mine = [i for i, e in enumerate(entries) if e.tb_frame.f_code.co_filename == __file__]
+    if not mine:
+        return entries[0] if entries else None
+    inner = [(e.tb_frame, e.tb_lasti, e.tb_lineno) for e in entries[mine[-1] + 1:]
+             if not (_in_runpy(e.tb_frame) and e.tb_frame.f_code.co_name in ("run_module", "_run_module_code"))]
+    outer, f = [], entries[0].tb_frame.f_back
+    while f is not None:
+        if _in_runpy(f) and f.f_code.co_name == "_run_module_as_main":
+            outer.insert(0, (f, *_call_site(f, inner[0][0].f_code.co_name if inner else "")))
+        f = f.f_back
+    out = None
+    for frame, lasti, lineno in reversed(outer + inner):
+        out = types.TracebackType(out, frame, lasti, lineno)
+    return out
+
+
+def _call_site(frame, callee: str) -> tuple[int, int]:
+    """(lasti, line) of `frame`'s call of `callee` (python -m fails in _get_module_details from
+    another line of _run_module_as_main than the one that runs the code); where it is now else."""
+    if callee == "_get_module_details":
+        import dis
+        line = None
+        for ins in dis.get_instructions(frame.f_code):
+            pos = getattr(ins, "positions", None)          # 3.11+; 3.10: starts_line
+            line = (pos.lineno if pos else None) or ins.starts_line or line
+            if ins.argval == callee and isinstance(line, int) and not isinstance(line, bool):
+                return ins.offset, line
+    return frame.f_lasti, frame.f_lineno
+
+
+def _in_runpy(frame) -> bool:
+    return frame.f_globals.get("__name__") == "runpy"
 
 
 def _from_script(tb, script: str):

@@ -56,6 +56,7 @@ class RunResult:
     child: dict = field(default_factory=dict)
     stopped_by: str | None = None        # "max-steps" | "duration" | None
     notes: list[str] = field(default_factory=list)
+    created: list[Path] = field(default_factory=list)   # the folders launch created (run_dir, parents), deepest first
 
 
 def default_run_dir(cfg: RunConfig, root: str = "perfdoctor-runs") -> Path:
@@ -87,6 +88,7 @@ def restore_signals(old: dict) -> None:
 
 def launch(cfg: RunConfig) -> RunResult:
     run_dir = cfg.run_dir or default_run_dir(cfg)
+    created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
     claim(run_dir, cfg.force)            # refuses (or with force, clears) a directory holding a run
     child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
@@ -135,7 +137,7 @@ def launch(cfg: RunConfig) -> RunResult:
         stopped_by = None if not child else stopped_by
     if not child:
         notes.append("the script ended before perfdoctor could record its summary (killed?)")
-    res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes)
+    res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)
     try:
         (run_dir / "run.json").write_text(json.dumps({
             "argv": cfg.argv, "module": cfg.module, "exit_code": exit_code, "signal": sig,

@@ -2,7 +2,8 @@
 
 A run directory holds one run, never parts of two: `claim` refuses a directory that already holds
 a run (exit 2, old files intact) unless `force`, which first removes the old run's files (and
-only those: other files the user keeps there stay). Stdlib only.
+only those: other files the user keeps there stay). `discard` takes a run back out of its
+directory (a `-m` module that does not exist ran nothing). Stdlib only.
 """
 
 from __future__ import annotations
@@ -53,3 +54,21 @@ def claim(path: Path, force: bool = False) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PerfdoctorError(f"cannot create the run directory {path}: {exc.strerror or exc}") from None
+
+
+def discard(path: Path, created: list[Path]) -> None:
+    """Remove the run's own files from `path`, then the folders the run created (`created`,
+    deepest first) that are left empty; a folder that holds anything else stays."""
+    for p in run_entries(path):
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except OSError:
+            pass
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:
+            break

@@ -5,12 +5,16 @@ hold any JSON. Each file is conformed to the shape perfdoctor writes (collect/ho
 collect/samplers.py, collect/launcher.py) before the diagnosis reads it: a field of the wrong
 type is dropped (read as unknown), numbers must be finite, and a record without what its readers
 index (a step's duration, a sample's times) is dropped and counted in a note. Fields not listed
-here pass through untouched.
+here pass through untouched. A damaged run.json, child.json or steps.jsonl (not JSON, a line cut
+short, fields missing or of the wrong type) also gets a one-line warning naming the file and the
+fault, and what it leaves unknown (`read_record`, `read_steps`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 NUM, INT, STR, BOOL, ANY = "num", "int", "str", "bool", "any"
@@ -36,7 +40,8 @@ RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": 
        "forwarded_signals": [INT], "notes": [STR], "config": {"*": ANY}}
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
-         "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT}
+         "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT,
+         "dataset_kind": STR}
 
 
 def conform(value: Any, shape: Any) -> Any:
@@ -86,6 +91,68 @@ def record(value: Any, shape: dict) -> dict:
     """A whole file's object (run.json, child.json): {} when it is not an object."""
     out = conform(value, shape)
     return out if isinstance(out, dict) else {}
+
+
+# What a run file must hold, and what is unknown without it (the warnings' words).
+NEEDED = {"run.json": (("argv", "exit_code"), "the command and the exit code are unknown"),
+          "child.json": (("outcome",), "how the script ended is unknown")}
+
+
+def read_record(path: Path, shape: dict, warnings: list[str]) -> dict:
+    """run.json or child.json conformed to `shape` ({} when absent or unusable). A file that is
+    there but damaged adds one warning to `warnings`; a missing file is not a fault here."""
+    needed, unknown = NEEDED[path.name]
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        warnings.append(f"{path.name} could not be read ({exc.strerror or exc}): {unknown}")
+        return {}
+    except UnicodeDecodeError:
+        warnings.append(f"{path.name} is not JSON (not UTF-8 text): {unknown}")
+        return {}
+    except (ValueError, RecursionError) as exc:
+        warnings.append(f"{path.name} is not JSON ({getattr(exc, 'msg', None) or type(exc).__name__}): {unknown}")
+        return {}
+    if not isinstance(data, dict):
+        warnings.append(f"{path.name} holds a JSON {type(data).__name__}, not an object: {unknown}")
+        return {}
+    out = record(data, shape)
+    wrong = [k for k, v in data.items() if isinstance(k, str) and k in shape and v is not None and k not in out]
+    missing = [k for k in needed if data.get(k) is None]
+    if wrong:
+        warnings.append(f"{path.name}: {', '.join(wrong)} of the wrong type, read as unknown")
+    if missing:
+        warnings.append(f"{path.name} lacks {', '.join(missing)}: {unknown}")
+    return out
+
+
+def read_steps(path: Path, warnings: list[str] | None = None) -> list[dict]:
+    """steps.jsonl's step records. A line that is not JSON or not a step record is left out; with
+    `warnings`, each such fault adds one line to it (a last line cut short: killed mid-write)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    lines = [x for x in text.splitlines() if x.strip()]
+    parsed = [_json_line(x) for x in lines]
+    recs, dropped = steps(parsed)
+    if warnings is not None and dropped:
+        cut = bool(lines) and parsed[-1] is None and not text.endswith("\n")
+        if cut:
+            warnings.append("steps.jsonl: its last line is cut short (not JSON); that step is left out")
+        if dropped - cut:
+            warnings.append(f"steps.jsonl: {dropped - cut} line(s) are not step records (not JSON, or no duration "
+                            "and data wait); left out")
+    return recs
+
+
+def _json_line(line: str):
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
 
 
 def steps(recs: list) -> tuple[list[dict], int]:
