@@ -77,6 +77,30 @@ def test_bursty_runs_compare_by_time_per_step_not_median():
     assert rows["step time"]["beyond_noise"] is True and rows["throughput"]["change"] > 0.1
 
 
+def test_different_commands_are_said_not_refused():
+    import io
+
+    from perfdoctor.gate.compare import render_compare
+    from perfdoctor.report import markdown
+    from perfdoctor.report.sanitize import console
+
+    rng = np.random.default_rng(2)
+    before = mk(0.1 * np.exp(rng.normal(0, 0.03, 40)), [0.1] * 5)
+    after = mk(0.1 * np.exp(rng.normal(0, 0.03, 40)), [0.1] * 5)
+    before.doc["run"], after.doc["run"] = {"command": "train.py --bs 8"}, {"command": "train_amp.py --bs 8"}
+    doc = compare_runs(before, after)
+    line = "the runs ran different commands: before `python train.py --bs 8` vs after `python train_amp.py --bs 8`"
+    assert doc["commands"] == {"before": "train.py --bs 8", "after": "train_amp.py --bs 8", "differ": True,
+                               "warning": line}
+    assert doc["rows"][0]["before"] is not None and doc["rows"][0]["after"] is not None     # still compared
+    c = console(file=io.StringIO())
+    render_compare(doc, c)
+    assert f"warning: {line}" in c.file.getvalue()
+    assert "Warning: the runs ran different commands: before \\`python train.py --bs 8\\` vs after" in markdown.compare(doc)
+    after.doc["run"] = {"command": "./train.py --bs 8"}
+    assert compare_runs(before, after)["commands"]["differ"] is False
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare-runs")

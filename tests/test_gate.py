@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from perfdoctor.gate.gate import GateOptions, gate_runs
-from perfdoctor.gate.load import RunData
-from perfdoctor.gate.render import github, junit, markdown
+from perfdoctor.gate.load import RunData, command_key
+from perfdoctor.gate.render import github, junit, markdown, render_terminal
 
 REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples"
@@ -271,6 +271,77 @@ def test_junit_xml(tmp_path):
     rng = np.random.default_rng(3)
     junit(gate_runs(mk(series(rng, n=8)), [mk(series(rng))]), tmp_path / "s.xml")
     check_junit(tmp_path / "s.xml", failures=0, skipped=1, tests=3)
+
+
+def _with_command(r: RunData, command: str | None) -> RunData:
+    if command is not None:
+        r.doc["run"] = {"command": command}
+    return r
+
+
+def test_command_key_is_the_script_name_or_module_and_the_arguments():
+    assert command_key("/ci/ws/a/train.py --lr 0.1") == command_key("./train.py --lr 0.1") == ("train.py", "--lr", "0.1")
+    assert command_key("-m pkg.train --x") == ("-m", "pkg.train", "--x")
+    assert command_key("train.py --lr 0.1") != command_key("train.py --lr 0.2")
+    assert command_key("train.py") != command_key("train_amp.py") != command_key("-m train_amp")
+
+
+def test_different_commands_are_said_in_every_output_never_refused(tmp_path, monkeypatch, capsys):
+    """The trial's case: a GPT-2 HF Trainer gated against a DCGAN, 6x slower. The gate still
+    decides (different commands can be the point), and every output says the commands differ,
+    the commands sanitised for it (the current one holds an escape, a newline, backticks, %)."""
+    import io
+
+    from perfdoctor.report.sanitize import console
+
+    rng = np.random.default_rng(0)
+    hostile = "hf_trainer.py 100 \x1b]52;c;cHduZWQ=\x07 `x`\n::error::pwned 5%"
+    cur = _with_command(mk(series(rng, median=0.19)), hostile)
+    base = _with_command(mk(series(rng, median=0.032)), "-m dcgan --niter 4")
+    res = gate_runs(cur, [base])
+    assert res.outcome == "regression" and res.exit_code() == 1          # said, not refused
+    line = ("the runs ran different commands: baseline `python -m dcgan --niter 4` vs current "
+            f"`python {hostile}`")
+    assert res.commands == {"current": hostile, "baselines": ["-m dcgan --niter 4"], "differ": True, "warning": line}
+    from perfdoctor.report.json_out import to_json
+    assert json.loads(to_json(res.to_dict()))["commands"]["warning"] == line
+    c = console(file=io.StringIO())
+    render_terminal(res, c)
+    term = c.file.getvalue()
+    assert "warning: the runs ran different commands: baseline `python -m dcgan --niter 4` vs current" in term
+    assert "\x1b" not in term and "\\x1b]52" in term and "\\n::error" in term
+    md = markdown(res)
+    assert "Warning: the runs ran different commands: baseline \\`python -m dcgan --niter 4\\`" in md
+    assert "\n::error" not in md
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    github(res)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("::error title=perfdoctor gate: regression::")
+    assert out[1].startswith("::warning title=perfdoctor gate: different commands::the runs ran different commands: "
+                             "baseline `python -m dcgan --niter 4` vs current `python hf_trainer.py 100 ")
+    assert out[1].endswith("%0A::error::pwned 5%25`")
+    junit(res, tmp_path / "j.xml")
+    case = ET.parse(tmp_path / "j.xml").getroot().find("testcase[@name='step time']")
+    assert case.find("failure") is not None
+    assert case.find("system-err").text.startswith("warning: the runs ran different commands: baseline `python -m dcgan")
+
+
+def test_same_script_elsewhere_or_unknown_command_says_nothing(tmp_path):
+    rng = np.random.default_rng(1)
+    a, b = series(rng), series(rng)
+    res = gate_runs(_with_command(mk(a), "/home/runner/work/app/train.py --epochs 1"),
+                    [_with_command(mk(b), "train.py --epochs 1")])
+    assert res.commands["differ"] is False and res.warning is None
+    assert "different commands" not in markdown(res)
+    junit(res, tmp_path / "j.xml")
+    assert ET.parse(tmp_path / "j.xml").getroot().find("testcase/system-err") is None
+    res = gate_runs(mk(a), [_with_command(mk(b), "train.py")])          # a bare trace's report: no command
+    assert res.commands == {"current": None, "baselines": ["train.py"], "differ": None, "warning": None}
+    three = [_with_command(mk(series(rng)), c) for c in ("train.py", "train_amp.py", "train_amp.py")]
+    res = gate_runs(_with_command(mk(a), "train.py"), three)
+    assert res.warning == ("the runs ran different commands: baseline `python train_amp.py` vs current "
+                           "`python train.py`")
 
 
 # --- real runs --------------------------------------------------------------------------------

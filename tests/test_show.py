@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tracegen as tg
@@ -211,6 +212,64 @@ def test_details_keep_indentation_and_never_wrap_code(trace):
     code = [line for line in out if line.startswith("      ") and ("DataLoader(" in line or "num_workers=" in line)]
     assert code and all(len(line) <= 60 for line in code)
     assert any(line.rstrip().endswith("…") for line in code)   # cut, not wrapped onto the next line
+
+
+def test_not_a_terminal_no_line_is_cut(trace):
+    """stdout to a file or pipe, no COLUMNS: the one-line items (fix titles, the --details hint, code)
+    run as long as they are instead of ending in '…' at 80 columns, and nothing is padded."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(trace)], capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "--details: evidence, the fixes in full with code, gaps and tables; --format html: the pictures"
+    doc = json.loads(cli("report", trace, "--format", "json").stdout)
+    titles = [f["title"] for f in doc["findings"] if f["ranked"]][:3]
+    assert any(len(t) > 50 for t in titles)                 # past 80 columns after the gain column
+    for t in titles:
+        assert any(line.endswith(t) for line in lines), t
+    assert not any(line.endswith("…") for line in lines) and max(map(len, lines)) < 400
+    d = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(trace), "--details"], capture_output=True,
+                       text=True, timeout=180, env=env).stdout.splitlines()
+    code = [line for line in d if line.startswith("      ") and "DataLoader(" in line]
+    assert code and not any(line.endswith("…") for line in code) and max(map(len, d)) < 1000
+
+
+def _run_dir(d: Path, durs, wall_s: float) -> Path:
+    """A run directory of `perfdoctor run --no-trace` from step records."""
+    d.mkdir()
+    ends = 1.7e9 + np.cumsum(durs)
+    (d / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "end": float(e), "dur": float(x), "wait": 0.0,
+                                                       "mode": "optimizer", "profiled": False, "perturbed": False}) + "\n"
+                                           for i, (e, x) in enumerate(zip(ends, durs))))
+    (d / "child.json").write_text(json.dumps({"outcome": "completed", "exit_code": 0, "torch_imported": True,
+                                              "trace_enabled": False, "cuda_available": False, "notes": []}))
+    (d / "run.json").write_text(json.dumps({"argv": ["train.py"], "exit_code": 0, "signal": None, "wall_s": wall_s,
+                                            "stopped_by": None, "notes": []}))
+    return d
+
+
+def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
+    """The user trial's line: the 4.2 s is the whole run's (not the steps': 200 x 0.31 ms), and a
+    0.31 ms step prints with 3 significant figures, its interval and median too (not '0.3-0.3')."""
+    import io
+
+    from perfdoctor.diagnose.live import diagnose_dir
+    from perfdoctor.report.markdown import report as md_report
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+
+    durs = 0.000312 * np.exp(np.random.default_rng(1).normal(0, 0.05, 200))
+    doc = diagnose_dir(_run_dir(tmp_path / "run", durs, 4.2))
+    m = doc["traces"][0]["metrics"]
+    assert m["run.step_time_ms"] == pytest.approx(1e3 * durs[2:].mean(), rel=1e-3)      # 0.311 ms
+    c = console(file=io.StringIO())
+    render(doc, c)
+    out = c.file.getvalue()
+    assert ("200 steps in a 4.2 s run: 0.311 ms/step (95% CI 0.310-0.312) over 198 steady steps; "
+            "median 0.312 ms; data wait 0.0% of that time") in out
+    assert "steps measured in" not in out and "median step 0.312 ms" in out
+    assert "run: **0.311 ms/step** (95% CI 0.310-0.312) over 198 steady steps" in md_report(doc)
 
 
 # --- perfdoctor run ----------------------------------------------------------------------------

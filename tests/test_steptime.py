@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from perfdoctor.stats import StepEstimate, estimate, estimate_durations, speedup, wait_share_change
-from perfdoctor.stats.steptime import block_length
+from perfdoctor.stats.steptime import block_length, ms
 
 NOISE = 0.10                        # log-normal jitter: E[exp(N(0, s))] = exp(s^2 / 2)
 MEAN_JITTER = float(np.exp(NOISE ** 2 / 2))
@@ -260,3 +260,12 @@ def test_api_shape_and_no_torch():
                                 "block", "conclusive", "reason"}
     code = "import sys, perfdoctor.stats; assert 'torch' not in sys.modules and 'scipy' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_step_times_print_with_three_significant_figures():
+    """A sub-millisecond step no longer reads '0.3 ms'; an interval prints with its estimate's decimals."""
+    assert [ms(v) for v in (193.64, 24.06, 1.234, 0.3123, 0.03123, 0.0)] == ["193.6", "24.1", "1.23", "0.312", "0.0312",
+                                                                             "0.0"]
+    assert (ms(0.30994, like=0.3123), ms(1.2, like=0.3123)) == ("0.310", "1.200")
+    e = estimate_durations(np.full(40, 0.0003123))
+    assert e.describe().startswith("0.312 ms/step") and "median 0.312 ms" in e.describe()

@@ -10,14 +10,17 @@ Noise:
 - breakdown shares: the per-step breakdown of the profiled steps of each trace; a change is beyond
   noise when it exceeds 2 standard errors of the difference of the per-step means;
 - without step records (a bare report file) the noise is unknown.
+
+Runs of different commands (gate/load.py command_key) are compared all the same, and every
+output says so in one line (`commands.warning`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, fingerprint_diff, load_run
-from perfdoctor.stats.steptime import speedup
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run
+from perfdoctor.stats.steptime import ms as step_ms, speedup
 
 BREAKDOWN = ("kernel", "memcpy", "memset", "communication", "runtime", "data_loading", "cpu_exec", "other")
 
@@ -52,11 +55,13 @@ def compare_runs(b: RunData, a: RunData) -> dict:
         rows.append(_row(key, "share", vb, va, noise, beyond))
     fb, fa = b.fix_ids, a.fix_ids
     diffs, unknown = fingerprint_diff(b.fingerprint, a.fingerprint)
+    differ, warning = command_warning([b], a, ("before", "after"))
     return {"before": b.label, "after": a.label, "rows": rows,
             "verdict": {"before": b.verdict, "after": a.verdict, "changed": b.verdict != a.verdict},
             "findings": {"before": fb, "after": fa, "added": [f for f in fa if f not in fb],
                          "removed": [f for f in fb if f not in fa]},
-            "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown}}
+            "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
+            "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 
 
 def _step_rows(b: RunData, a: RunData) -> list[dict]:
@@ -102,7 +107,7 @@ def _fmt(v, unit):
     if v is None:
         return "unknown"
     if unit == "ms":
-        return f"{v:.1f} ms"
+        return f"{step_ms(v)} ms"
     if unit == "steps/s":
         return f"{v:.2f}/s"
     return f"{100 * v:.1f}%"
@@ -116,12 +121,12 @@ def _fmt_change(r):
 
 
 def render_compare(doc: dict, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from perfdoctor.report import sanitize
     from perfdoctor.report.sanitize import text
 
-    c = console or Console(highlight=False, emoji=False)
+    c = console or sanitize.console()
     t = Table(title=text(f"perfdoctor compare: {doc['before']} -> {doc['after']}"), title_justify="left")
     for col in ("metric", "before", "after", "change", "noise", "beyond noise"):
         t.add_column(col, no_wrap=col in ("metric", "change"))
@@ -144,3 +149,6 @@ def render_compare(doc: dict, console=None) -> None:
         c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))
     if env["unknown"]:
         c.print(text("environment unknown: " + ", ".join(env["unknown"])))
+    warning = (doc.get("commands") or {}).get("warning")
+    if warning:
+        c.print(text(f"warning: {warning}", "yellow"))

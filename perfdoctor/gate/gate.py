@@ -20,6 +20,9 @@ detected steady window / its steps, never a median, no long step dropped as an o
   --min-effect (or faster, for an improvement), no step overlaps and the change is called.
 - environment fingerprints differ (device model/count, torch version, CPU count, batch size):
   absolute times are "not comparable" and only shares and the verdict are gated.
+- the runs ran different commands (script file name or module, or arguments; gate/load.py
+  command_key): gated as usual (train.py vs train_amp.py can be the point), and every output
+  says so in one line (`commands.warning`).
 - other processes used more than max(--max-other-load (0.25) x CPU count, 0.5) cores during the
   current or a baseline run (system.cpu_busy_share x machine.cpu_count minus the trainer's and
   the loader workers' CPU): step time is inconclusive (a noisy neighbour, not the code).
@@ -39,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, fingerprint_diff, load_run
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run
 from perfdoctor.stats import steptime
 from perfdoctor.stats.steptime import StepEstimate, speedup, wait_share_change
 
@@ -83,6 +86,12 @@ class GateResult:
     method: str
     notes: list
     fingerprint: dict
+    commands: dict = field(default_factory=dict)   # current, baselines, differ, warning (one line or None)
+
+    @property
+    def warning(self) -> str | None:
+        """The line every output prints when the runs ran different commands."""
+        return self.commands.get("warning")
 
     def exit_code(self, strict: bool = False) -> int:
         code = EXIT[self.outcome]
@@ -91,7 +100,7 @@ class GateResult:
     def to_dict(self) -> dict:
         return {"outcome": self.outcome, "reason": self.reason, "method": self.method,
                 "exit_code": self.exit_code(), "rows": [asdict(r) for r in self.rows],
-                "notes": self.notes, "fingerprint": self.fingerprint}
+                "notes": self.notes, "fingerprint": self.fingerprint, "commands": self.commands}
 
 
 def gate_paths(current, baselines, **options) -> GateResult:
@@ -107,7 +116,7 @@ def _pct(x: float | None) -> str:
 
 
 def _ms(x: float | None) -> str:
-    return "unknown" if x is None else f"{1e3 * x:.1f} ms"
+    return "unknown" if x is None else f"{steptime.ms(1e3 * x)} ms"
 
 
 def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None) -> GateResult:
@@ -144,9 +153,12 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
             rows.append(r)
     rows.append(_verdict(cur, bases))
     outcome = _outcome(rows)
+    differ, warning = command_warning(bases, cur)
     return GateResult(outcome, _reason(outcome, rows, cur), rows, method, notes,
                       {"current": cur.fingerprint, "baselines": [b.fingerprint for b in bases],
-                       "differs": diffs, "unknown": sorted(unknown)})
+                       "differs": diffs, "unknown": sorted(unknown)},
+                      {"current": cur.command, "baselines": [b.command for b in bases], "differ": differ,
+                       "warning": warning})
 
 
 def other_load(r: RunData) -> tuple[float | None, int | None]:

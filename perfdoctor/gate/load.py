@@ -4,6 +4,7 @@ steady-state step time (perfdoctor.stats.steptime, the same estimator as `run`'s
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,13 @@ class RunData:
     @property
     def verdict(self) -> str | None:
         return (self.doc.get("verdict") or {}).get("bound")
+
+    @property
+    def command(self) -> str | None:
+        """The run's command line as its report records it ('train.py --lr 0.1', '-m pkg.train'),
+        None for the report of a bare trace."""
+        c = (self.doc.get("run") or {}).get("command")
+        return c if isinstance(c, str) and c.strip() else None
 
     @property
     def fix_ids(self) -> list[str]:
@@ -119,3 +127,30 @@ def fingerprint_diff(a: dict, b: dict) -> tuple[list[str], list[str]]:
         elif x != y:
             diffs.append(f"{label} {x} vs {y}")
     return diffs, unknown
+
+
+def command_key(command: str) -> tuple[str, ...]:
+    """What two runs must share to have run the same command: the script's file name (not its
+    directory: checkouts and CI workspaces differ) or `-m` and the module, and every argument."""
+    words = command.split()
+    if words and words[0] != "-m":
+        words[0] = posixpath.basename(words[0]) or words[0]
+    return tuple(words)
+
+
+def command_warning(bases: list[RunData], cur: RunData,
+                    sides: tuple[str, str] = ("baseline", "current")) -> tuple[bool | None, str | None]:
+    """(differ, line): whether a baseline ran another command than the current run (None when the
+    current's or every baseline's command is unknown), and the one line every output prints when
+    one did: 'the runs ran different commands: baseline `python -m dcgan --niter 4` vs current
+    `python hf_trainer.py 100`'. Different commands can be meant (train.py vs train_amp.py), so it
+    is said, never refused. The line holds the commands as recorded: renderers sanitise it."""
+    known = [b.command for b in bases if b.command is not None]
+    if cur.command is None or not known:
+        return None, None
+    other = list(dict.fromkeys(c for c in known if command_key(c) != command_key(cur.command)))
+    if not other:
+        return False, None
+    label = sides[0] + ("s" if len(other) > 1 else "")
+    return True, (f"the runs ran different commands: {label} " + ", ".join(f"`python {c}`" for c in other)
+                  + f" vs {sides[1]} `python {cur.command}`")

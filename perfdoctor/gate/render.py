@@ -8,7 +8,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.gate.gate import INCONCLUSIVE, NOT_COMPARABLE, REGRESSION, GateResult
+from perfdoctor.gate.gate import INCONCLUSIVE, NOT_COMPARABLE, REGRESSION, STEP_TIME, GateResult
 from perfdoctor.report import sanitize
 
 COLUMNS = ("metric", "baseline", "current", "change", "threshold", "status")
@@ -31,6 +31,8 @@ def render_terminal(res: GateResult, console=None) -> None:
     c.print(t)
     c.print(Text.assemble((sanitize.terminal(res.outcome), STYLE.get(res.outcome, "")),
                           sanitize.terminal(f": {res.reason}")))
+    if res.warning:
+        c.print(text(f"warning: {res.warning}", style="yellow"))
     c.print(text(f"method: {res.method}"))
     for n in res.notes:
         c.print(text(f"  note: {n}"))
@@ -41,8 +43,10 @@ def _cell(s: str) -> str:
 
 
 def markdown(res: GateResult) -> str:
-    lines = [f"### perfdoctor gate: {res.outcome}", "", f"**{_cell(res.reason)}**", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [f"### perfdoctor gate: {res.outcome}", "", f"**{_cell(res.reason)}**", ""]
+    if res.warning:
+        lines += [f"Warning: {_cell(res.warning)}", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in res.rows:
         lines.append("| " + " | ".join(_cell(x) for x in (r.metric, r.baseline, r.current, r.change,
                                                            r.threshold, r.status)) + " |")
@@ -52,8 +56,9 @@ def markdown(res: GateResult) -> str:
 
 def github(res: GateResult, strict: bool = False, stream=None) -> None:
     """When GITHUB_STEP_SUMMARY is set: append the markdown table there and print workflow commands
-    (::error:: for a regression, ::warning:: for inconclusive / not comparable / a verdict change)
-    on `stream` (stdout; the CLI passes stderr with --format json so stdout stays one document)."""
+    (::error:: for a regression, ::warning:: for inconclusive / not comparable / a verdict change,
+    and one more ::warning:: when the runs ran different commands) on `stream` (stdout; the CLI
+    passes stderr with --format json so stdout stays one document)."""
     import sys
 
     out = stream or sys.stdout
@@ -71,11 +76,15 @@ def github(res: GateResult, strict: bool = False, stream=None) -> None:
         print(f"::error title={title}::{msg}", file=out, flush=True)
     elif res.outcome in (INCONCLUSIVE, NOT_COMPARABLE) or any(r.status == "warning" for r in res.rows):
         print(f"::warning title={title}::{msg}", file=out, flush=True)
+    if res.warning:                             # the commands are input
+        print(f"::warning title=perfdoctor gate: different commands::{sanitize.github_data(res.warning)}",
+              file=out, flush=True)
 
 
 def junit(res: GateResult, path: Path) -> None:
     """One testsuite "perfdoctor-gate", one testcase per gated metric: <failure> for a regression,
-    <skipped> for inconclusive or not comparable."""
+    <skipped> for inconclusive or not comparable. When the runs ran different commands, the step
+    time's testcase says so in its <system-err>."""
     suite = ET.Element("testsuite", name="perfdoctor-gate", time="0")
     counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
     for r in res.rows:
@@ -91,6 +100,8 @@ def junit(res: GateResult, path: Path) -> None:
             counts["skipped"] += 1
         else:
             ET.SubElement(case, "system-out").text = x(f"{r.status}: {r.reason}")
+        if res.warning and r.metric == STEP_TIME:
+            ET.SubElement(case, "system-err").text = x(f"warning: {res.warning}")
     for k, v in counts.items():
         suite.set(k, str(v))
     try:

@@ -13,6 +13,7 @@ import re
 
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.terminal import BOUND_TITLE, CPU_ROLE_LABEL, ROLE_LABEL
+from perfdoctor.stats.steptime import ms
 
 TOP_FIXES = 5
 
@@ -33,10 +34,10 @@ def report(doc: dict, tune: dict | None = None) -> str:
     dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
     facts = [M(doc["input"]), M(dev)]
     if m.get("steps.count"):
-        facts.append(f"{m['steps.count']} traced steps, median {m['steps.time_median_ms']:.1f} ms")
+        facts.append(f"{m['steps.count']} traced steps, median {ms(m['steps.time_median_ms'])} ms")
     if m.get("run.step_time_ms") is not None:
-        ci = m.get("run.step_time_ci95_ms")
-        facts.append(f"run: **{m['run.step_time_ms']:.1f} ms/step**" + (f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
+        ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
+        facts.append(f"run: **{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps")
     out += [" · ".join(facts), ""]
     if first.get("steps"):
@@ -107,6 +108,9 @@ def compare(doc: dict) -> str:
     env = doc["environment"]
     if env["differs"]:
         out += ["", "**Environment differs** (" + M("; ".join(env["differs"])) + "): absolute times may not compare"]
+    warning = (doc.get("commands") or {}).get("warning")
+    if warning:
+        out += ["", f"Warning: {M(warning)}"]
     return "\n".join(out) + "\n"
 
 

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.sanitize import terminal as T, text
+from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.check import CaseResult
 from perfdoctor.rules.model import Rule
 
@@ -14,7 +14,7 @@ KIND_ORDER = {"verdict": 0, "flag": 1, "fix": 2}
 
 
 def render_list(rules: list[Rule], console: Console | None = None) -> None:
-    c = console or Console(highlight=False, emoji=False)
+    c = console or _console()
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for col, wrap in (("id", False), ("kind", False), ("devices", False), ("title", True), ("source", True)):
         table.add_column(col, no_wrap=not wrap, overflow="fold")
@@ -28,7 +28,7 @@ def render_list(rules: list[Rule], console: Console | None = None) -> None:
 
 
 def render_show(r: Rule, console: Console | None = None) -> None:
-    c = console or Console(highlight=False, emoji=False)
+    c = console or _console()
     c.print(Text.assemble((T(f"{r.id} {r.slug}"), "bold"), (T(f"  ({r.kind}; devices: {', '.join(r.devices)})"), "dim")))
     c.print(text(r.title, style="bold"))
     c.print(text("file: " + r.path, style="dim"))
@@ -69,7 +69,7 @@ def render_show(r: Rule, console: Console | None = None) -> None:
 
 
 def render_check(results: list[CaseResult], n_rules: int, console: Console | None = None) -> None:
-    c = console or Console(highlight=False, emoji=False)
+    c = console or _console()
     failed = [x for x in results if not x.ok]
     for x in failed:
         c.print(text(f"FAIL {x.rule.path}: {x.rule.id}: case {x.name!r}: {x.message}", style="red"))

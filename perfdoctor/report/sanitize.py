@@ -16,6 +16,8 @@ None of it is trusted. Every renderer passes such strings through the function o
 - `xml(s)`: characters XML 1.0 forbids shown escaped (ElementTree escapes &, <, > and quotes).
 - `github_data(s)` / `github_property(s)`: the encoding GitHub documents for workflow commands
   (`%`, CR, LF; and `:` `,` in properties), so input cannot end a command or start another.
+
+`console()` is the rich Console every renderer prints with (never cropping a file or a pipe).
 """
 
 from __future__ import annotations
@@ -134,8 +136,21 @@ def json_safe(obj):
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# The width of a console that is not a terminal: lines run long rather than being cut at 80.
+UNCROPPED = 10_000
+
+
 def console(stderr: bool = False, **kw):
-    """The Console every renderer prints with: no highlighting of numbers/paths, no emoji codes."""
+    """The Console every renderer prints with: no highlighting of numbers/paths, no emoji codes.
+    On a terminal it has the terminal's width; written to a file or a pipe (a CI log), with no
+    COLUMNS set, its lines are never cropped or wrapped: each runs as long as it is (log viewers
+    wrap them), where rich would cut them at 80 columns with an ellipsis."""
+    import os
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, emoji=False, **kw)
+    c = Console(stderr=stderr, highlight=False, emoji=False, **kw)
+    if "width" not in kw and not c.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        c.width = UNCROPPED
+    return c
+

@@ -62,6 +62,13 @@ LEVEL = 0.95
 END_TOLERANCE = 0.02          # `end` timestamps agree with the durations within 2% (no clock jump)
 
 
+def ms(v: float, like: float | None = None) -> str:
+    """A step time in ms as every output prints it: >= 3 significant figures (0.312, not 0.3); `like`: its decimals."""
+    ref = abs(v if like is None else like)
+    digits = 1 if ref >= 10 or not ref or ref != ref else min(6, 2 - math.floor(math.log10(ref)))
+    return f"{v:.{digits}f}"
+
+
 @dataclass
 class StepEstimate:
     step_s: float | None                    # steady wall time / steps in the window
@@ -95,10 +102,11 @@ class StepEstimate:
         where = f"{self.n} of {self.total} steps" + (f" (dropped {', '.join(parts)})" if parts else "")
         if self.step_s is None:
             return f"no steady step time: {where}" + (f"; {self.reason}" if self.reason else "")
-        text = f"{1e3 * self.step_s:.1f} ms/step"
+        t = 1e3 * self.step_s
+        text = f"{ms(t)} ms/step"
         if self.ci95:
-            text += f" (95% CI {1e3 * self.ci95[0]:.1f}-{1e3 * self.ci95[1]:.1f} ms, blocks of {self.block})"
-        text += f", median {1e3 * self.median_s:.1f} ms, over {where}"
+            text += f" (95% CI {ms(1e3 * self.ci95[0], t)}-{ms(1e3 * self.ci95[1], t)} ms, blocks of {self.block})"
+        text += f", median {ms(1e3 * self.median_s)} ms, over {where}"
         return text + ("" if self.conclusive else f"; inconclusive: {self.reason}")
 
     def to_dict(self) -> dict:
