@@ -35,8 +35,9 @@ def facts(**kw) -> plan.Facts:
 
 def test_worker_candidates_follow_the_cores():
     assert plan.worker_candidates(2, 0) == [1, 2]
-    assert plan.worker_candidates(2, 2) == [1]
+    assert plan.worker_candidates(2, 2) == [1, 0]                # workers may be the problem: none is tried
     assert plan.worker_candidates(8, 0) == [2, 4, 7, 8]          # the 4 nearest the core count
+    assert plan.worker_candidates(8, 4) == [2, 7, 8, 0]
     assert plan.worker_candidates(1, 0) == [1]
 
 
@@ -64,6 +65,16 @@ def test_verdict_orders_the_groups_and_material_wait_puts_the_loader_first():
     dev = plan.plan(facts(verdict="device", data_wait=0.0, cuda=True), allow_numerics=True)
     assert dev[0].changes == {"autocast": "bfloat16"} and dev[0].skip is None
     assert all(t.skip is None for t in dev if t.group == "cuda")
+
+
+def test_the_reports_ranked_fixes_order_the_groups():
+    """A device-bound CPU run whose report ranks PD346 (threads) first, then PD338: the threads
+    trial runs first, the optimizer next, then the verdict's order; skipped trials do not count."""
+    f = facts(verdict="cpu_compute", data_wait=0.0, ranked=["PD346", "PD338", "PD320"])
+    trials = [t for t in plan.plan(f) if not t.skip]
+    assert [t.group for t in trials][:3] == ["threads", "optimizer", "optimizer"]
+    assert [t.group for t in trials][3] == "loader"
+    assert [t.group for t in plan.plan(facts(verdict="cpu_compute", data_wait=0.0)) if not t.skip][0] == "optimizer"
 
 
 def test_no_trial_for_what_the_script_already_does():

@@ -6,11 +6,14 @@ whether a CUDA device exists (child.json). A trial is one dict of changes (colle
 the fix rule of the report whose gain it tests (its `gain.expected` is the prediction).
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
-optimizer implementation, CUDA settings, numerics (opt-in), compilation (opt-in). The verdict
-orders the groups (input-bound: the loader first; host/overhead-bound: optimizer and
-compilation first; device-bound: numerics and CUDA first), and a data wait of at least
-MATERIAL_WAIT of the step puts the loader first whatever the verdict. Within the loader group,
-num_workers candidates come first (kept alive across epochs, persistent_workers=True, when the
+optimizer implementation, CUDA settings, numerics (opt-in), compilation (opt-in). The report's
+ranked fixes order the groups first: the group of its first-ranked fix runs first, and so on
+(the trial that tests the report's top claim is never the one a short budget leaves out). The
+other groups follow in the verdict's order (input-bound: the loader first; host/overhead-bound:
+optimizer and compilation first; device-bound: numerics and CUDA first), and a data wait of at
+least MATERIAL_WAIT of the step puts the loader first among them whatever the verdict. Within
+the loader group, num_workers candidates come first (zero among them when the script has
+workers: an in-memory dataset with a cheap __getitem__ loads fastest in the trainer) (kept alive across epochs, persistent_workers=True, when the
 script had no workers: worker_changes); persistent_workers (for a script that already has
 workers) and prefetch_factor refine the best worker count (they do nothing without workers), so
 they are planned after the first pass.
@@ -68,6 +71,7 @@ class Facts:
     bf16: bool = True
     checkpoints: int = 0              # activation-checkpoint calls the script made
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
+    ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
 
 
 def describe(changes: dict) -> str:
@@ -75,16 +79,18 @@ def describe(changes: dict) -> str:
 
 
 def worker_candidates(cores: int, current: int) -> list[int]:
-    """1, 2, 4, ... up to the core count, plus cores-1 and cores; never the current value and
-    never more workers than cores (extra workers fight the trainer for CPU)."""
-    vals, v = set(), 1
+    """1, 2, 4, ... up to the core count, plus cores-1 and cores, and 0 when the script has
+    workers; never the current value and never more workers than cores (extra workers fight
+    the trainer for CPU)."""
+    vals, v = {0} if current > 0 else set(), 1
     while v <= cores:
         vals.add(v)
         v *= 2
     vals.update(x for x in (cores - 1, cores) if x >= 1)
     vals.discard(current)
-    # keep the ones nearest the core count when there are too many
-    return sorted(sorted(vals, key=lambda x: -x)[:MAX_WORKER_CANDIDATES])
+    # keep the ones nearest the core count when there are too many; 0, the other way out, last
+    keep = sorted(vals - {0}, key=lambda x: -x)[:MAX_WORKER_CANDIDATES - (0 in vals)]
+    return sorted(keep) + ([0] if 0 in vals else [])
 
 
 def worker_changes(f: Facts, n: int) -> dict:
@@ -136,7 +142,17 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     mode = "reduce-overhead" if f.cuda and f.graph_replay else True
     by_group["compile"].append(Trial({"compile": mode}, "compile",
                                      skip=None if allow_compile else "costs compile time: needs --allow-compile"))
-    return [t for g in group_order(f) for t in by_group[g]]
+    verdict_order = group_order(f)
+    order = sorted(verdict_order, key=lambda g: _first_rank(f.ranked, by_group[g], verdict_order.index(g)))
+    return [t for g in order for t in by_group[g]]
+
+
+def _first_rank(ranked: list, trials: list[Trial], fallback: int) -> tuple:
+    """Where a group stands: the best rank, in the report, of a fix its trials test (ranked
+    groups first, best first); unranked groups after them, in the verdict's order."""
+    ranks = [ranked.index(r) for t in trials if t.skip is None for k in t.changes
+             for r in RULES.get(k, ()) if r in ranked]
+    return (0, min(ranks)) if ranks else (1, fallback)
 
 
 def fallback(t: Trial) -> Trial | None:

@@ -10,6 +10,7 @@ skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, dir, command.
 from __future__ import annotations
 
 from perfdoctor import __version__
+from perfdoctor.stats.steptime import ms
 from perfdoctor.tune.apply import apply_text
 from perfdoctor.tune.session import Outcome, Tuner
 
@@ -57,13 +58,10 @@ def build(t: Tuner) -> dict:
 
 
 def render(doc: dict, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    import sys
-
-    from perfdoctor.report.sanitize import text
-    con = console or Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 160)
+    from perfdoctor.report.sanitize import console as _console, text
+    con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
     con.print(text(f"baseline: {_ms(b['step_time_s'])}/step [{_ms(b['ci95'][0])}, {_ms(b['ci95'][1])}] over "
@@ -94,7 +92,9 @@ def render(doc: dict, console=None) -> None:
                   f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {_ms(best['step_time_s'])}/step. "
                   "Apply:"))
     else:
-        con.print("[bold]best:[/bold] none of the trials was measurably faster than the baseline.")
+        measured = any(tr["speedup"] is not None for tr in doc["trials"])
+        con.print("[bold]best:[/bold] " + ("none of the trials was measurably faster than the baseline." if measured
+                                           else "nothing was measured: no trial could run (reasons above)."))
     for line in doc["apply"].splitlines():
         con.print(text(f"    {line}"))
     con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))
@@ -105,4 +105,4 @@ def _label(ch: dict) -> str:
 
 
 def _ms(s) -> str:
-    return "-" if s is None else f"{s * 1e3:.1f} ms"
+    return "-" if s is None else f"{ms(s * 1e3)} ms"

@@ -39,6 +39,7 @@ from pathlib import Path
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules.gain import combined
 from perfdoctor.report.sanitize import terminal as _terminal
+from perfdoctor.stats.steptime import ms as steptime_ms
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
 
@@ -167,7 +168,8 @@ class Tuner:
             optimizers=inj.get("optimizers") or [],
             threads=inj.get("threads"),
             checkpoints=int(inj.get("checkpoint_calls") or 0),
-            graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")))
+            graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")),
+            ranked=[i for i, f in self.fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"])
 
     def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
         """The fix rule a trial tests and its expected gain. A combined trial tests several: its
@@ -336,4 +338,4 @@ def _default_dir(o: TuneOptions) -> Path:
 
 
 def _ms(s: float | None) -> str:
-    return "?" if s is None else f"{s * 1e3:.1f} ms"
+    return "?" if s is None else f"{steptime_ms(s * 1e3)} ms"
