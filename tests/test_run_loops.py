@@ -130,6 +130,8 @@ def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
     # is never followed by a reset, so 9 steps of 3 batches each.
     assert [s["batches"] for s in recs] == [3] * 9
     assert child(out)["mode"] == "backward"
+    assert child(out)["dataset_kind"] == "map"              # a TensorDataset: PD310 has nothing to shard
+    assert report(out)["traces"][0]["metrics"]["input.dataset_kind"] == "map"
     # --max-steps counts the steps kept while the source was being chosen (8 here) as well
     r = prun("--no-trace", "--max-steps", 5, script, out=tmp_path / "stopped")
     assert r.returncode == 0 and r.stdout == "" and len(steps(tmp_path / "stopped")) == 5
@@ -273,3 +275,28 @@ def test_grad_resets_tell_accumulation_from_updates():
     for p in model.parameters():
         p.grad.data.zero_()                                    # .data has its own version counter
     assert passes(1) == [False]
+
+
+# A WGAN's loop: the critic steps 5 times per generator step. Steps follow the first optimizer to
+# step (the critic's), and the run says that an iteration of the loop spans 5 of them.
+WGAN = r"""
+import torch, torch.nn as nn
+torch.manual_seed(0)
+D, G = nn.Linear(8, 1), nn.Linear(4, 8)
+oD, oG = torch.optim.RMSprop(D.parameters(), lr=1e-4), torch.optim.Adam(G.parameters(), lr=1e-4)
+for it in range(12):
+    for _ in range(5):
+        oD.zero_grad(); (D(G(torch.randn(16, 4)).detach()).mean() - D(torch.randn(16, 8)).mean()).backward(); oD.step()
+    oG.zero_grad(); (-D(G(torch.randn(16, 4))).mean()).backward(); oG.step()
+"""
+
+
+def test_optimizers_stepping_at_different_rates_are_said(tmp_path):
+    script = tmp_path / "wgan.py"
+    script.write_text(WGAN)
+    out = tmp_path / "run"
+    r = prun("--no-trace", script, out=out)
+    assert r.returncode == 0, r.stderr
+    assert len(steps(out)) == 59                              # 60 critic steps; the first starts the count
+    note = next(n for n in child(out)["notes"] if "different rates" in n)
+    assert "RMSprop, 60 steps" in note and "Adam stepped 12 times, once per 5.0 steps" in note

@@ -97,6 +97,12 @@ def _line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: b
     return line + (', "skipped": true}\n' if skipped else '}\n')
 
 
+def _dataset_kind(it) -> str:
+    """"iterable" or "map": the dataset kind torch's DataLoader iterator recorded (_DatasetKind)."""
+    kind = getattr(it, "_dataset_kind", None)
+    return "iterable" if kind == 1 else "map" if kind == 0 else "unknown"
+
+
 class StopRun(BaseException):
     """Raised at a step boundary to end the script gracefully (--max-steps / --duration)."""
 
@@ -117,6 +123,9 @@ class Session:
         self.source = None               # key of SOURCES
         self.primary = None              # id of the optimizer that defines step boundaries
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
+        self.optimizer_steps: dict = {}  # id(optimizer) -> its steps (skipped ones included)
+        self.optimizer_names: dict = {}
+        self.dataset_kind = None         # "map" | "iterable": the first DataLoader the script iterates
         self.in_optimizer = False        # inside an optimizer.step() (before the optimizer mode)
         self.pre_mark = None             # the first optimizer step's start
         self.passes_in_optimizer = 0     # backward passes inside optimizer.step() (closures)
@@ -176,6 +185,8 @@ class Session:
 
         def __next__(it):
             t0 = time.perf_counter()
+            if session.dataset_kind is None:
+                session.dataset_kind = _dataset_kind(it)
             if session.mode != "optimizer":
                 session._on_batch_request(t0)
             try:
@@ -220,6 +231,10 @@ class Session:
     def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
         if not skipped:
             self.optimizer_calls += 1
+        key = id(optimizer)
+        self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
+        if key not in self.optimizer_names:
+            self.optimizer_names[key] = type(optimizer).__name__
         self.in_optimizer = False
         if self.primary is None:
             self.primary = id(optimizer)
@@ -372,6 +387,20 @@ class Session:
             self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
                          "DataLoader iteration")
 
+    def _note_optimizer_rates(self) -> None:
+        """Several optimizers stepping at different rates (a GAN's critic 5 times per generator
+        step): steps follow the first one to step, so a loop iteration spans several steps. Said."""
+        if self.mode != "optimizer" or self.primary not in self.optimizer_steps:
+            return
+        n = self.optimizer_steps[self.primary]
+        others = [(k, c) for k, c in self.optimizer_steps.items() if k != self.primary and 0 < c and n >= 1.5 * c]
+        if others:
+            k, c = min(others, key=lambda kc: kc[1])
+            self.notes.append(f"{len(self.optimizer_steps)} optimizers step at different rates: a step is one step of "
+                              f"the first to step ({self.optimizer_names[self.primary]}, {n} steps), and "
+                              f"{self.optimizer_names[k]} stepped {c} times, once per {n / c:.1f} steps: one "
+                              f"iteration of the loop spans about {n / c:.1f} steps (--max-steps counts steps)")
+
     def _torch_threads(self) -> int | None:
         try:
             return int(self.torch.get_num_threads()) if self.torch is not None else None
@@ -388,6 +417,7 @@ class Session:
             old = None
         try:
             self._settle()
+            self._note_optimizer_rates()
             self.window.finish()
             if self.lock.acquire(timeout=1.0):     # os._exit from another thread mid-record: wait a little
                 try:
@@ -401,7 +431,7 @@ class Session:
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
-                    "torch_threads": self._torch_threads()}
+                    "torch_threads": self._torch_threads(), "dataset_kind": self.dataset_kind}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)
