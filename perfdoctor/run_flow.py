@@ -55,10 +55,15 @@ def run_script(cfg, out: Output, dist: list, nproc_per_node: str | None, baselin
 
 
 def _run_one(cfg, out: Output, baselines: list[Path], strict: bool) -> int:
+    from perfdoctor.collect.child import NO_MODULE
     from perfdoctor.collect.launcher import launch
+    from perfdoctor.collect.rundir import discard
 
     res = launch(cfg)
     code = res.exit_code
+    if res.child.get("outcome") == NO_MODULE:   # as `python -m`: its one line (the child printed it), exit 1,
+        discard(res.run_dir, res.created)        # and no run directory: nothing ran
+        return code
     try:
         _report_run(res, out)
         if baselines and code == 0:
@@ -121,14 +126,13 @@ def _internal_error(exc: Exception) -> None:
 
 
 def _gate_run(run_dir: Path, baselines: list[Path], strict: bool) -> int:
-    from rich.console import Console
-
     from perfdoctor.gate.gate import gate_paths
     from perfdoctor.gate.render import github, render_terminal
+    from perfdoctor.report.sanitize import console
 
     res = gate_paths(run_dir, baselines)
     github(res, strict, sys.stderr)          # stdout belongs to the script
-    render_terminal(res, Console(stderr=True, highlight=False))
+    render_terminal(res, console(stderr=True))
     return res.exit_code(strict)
 
 

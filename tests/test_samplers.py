@@ -13,7 +13,7 @@ import time
 import pytest
 
 from perfdoctor.analyze import registry
-from perfdoctor.analyze.system import system_metrics
+from perfdoctor.analyze.system import DISK_SLEEP_SHARE, system_metrics
 from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
 from perfdoctor.collect.samplers import SystemSampler, load_samples
 
@@ -141,12 +141,16 @@ def test_disk_reader_trainer(tmp_path):
         # the reads reached the disk: the trainer waits in D for most of each pread (this VM:
         # ~75% of samples in D at ~500 MB/s), so the split must say 'io'
         assert m["loader.trainer_disk_sleep_share"] > 0
-        if m["system.cpu_busy_share"] < 0.9:
+        d, runnable = m["loader.trainer_disk_sleep_share"], m["loader.runnable_share"]
+        if m["system.cpu_busy_share"] < 0.9 and d >= 0.5:
             assert m["input.split"] == "io"
         else:
-            # other jobs saturate this shared machine's cores: after each read the trainer also
-            # queues for a CPU, and the larger of the two waits decides (system.py docstring)
+            # other jobs load this shared machine, or part of the file came from the page cache
+            # (a full-suite run once saw 45% of samples in D at 764 MB/s): the trainer also runs
+            # or queues for a CPU between reads, and the larger of the two decides (system.py)
             assert m["input.split"] in ("io", "cpu")
+            if d >= max(runnable, DISK_SLEEP_SHARE):
+                assert m["input.split"] == "io"
     else:
         # tmpfs or a filesystem that ignores DONTNEED: reads are memcpy from RAM and there is
         # no disk sleep to see; only the CPU/other side of the split is robust here

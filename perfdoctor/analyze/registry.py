@@ -38,7 +38,8 @@ _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
 _m("trace.rank", "count", "Distributed rank from distributedInfo (None for single-process runs).")
 _m("trace.world_size", "count", "Distributed world size from distributedInfo.")
-_m("trace.truncated", "bool", "The file ended early (profiler killed mid-write); only parsed events are used.")
+_m("trace.truncated", "bool", "The file ended early (profiler killed mid-write); only parsed events are used, and only "
+   "the steps completed before the cut.")
 # -- steps ---------------------------------------------------------------------------------
 _m("steps.count", "count", "Steps analysed.")
 _m("steps.source", "str", "What defined the steps: ProfilerStep, DataLoader iterations, optimizer steps, whole trace.")
@@ -74,6 +75,7 @@ _m("machine.ram_free_bytes", "bytes", "Free RAM during the run.")
 _m("input.data_wait_share", "share", "Exposed data wait: share of step time the trainer waits for a batch while the device is idle (= breakdown.data_loading).")
 _m("input.data_wait_host_share", "share", "Share of step time the host spends inside DataLoader/DataPipe __next__, overlapped or not.")
 _m("input.loader", "str", "single_process, multi_process, datapipe, or None when no loader annotation is traced.")
+_m("input.dataset_kind", "str", "map or iterable: the kind of dataset the script's first iterated DataLoader reads (torch's _DatasetKind, seen by perfdoctor run); None for a trace alone.")
 _m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_SingleProcessDataLoaderIter); None when unknown.")
 _m("input.traced_op_share_of_wait", "fraction", "Share of data-wait time covered by traced CPU ops (transforms, collate) on the trainer thread.")
 # -- device ----------------------------------------------------------------------------------
@@ -158,11 +160,14 @@ _m("run.step_time_median_ms", "ms", "Median step time over the steady window: a 
 _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step times (secondary figure).")
 _m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")
 _m("run.data_wait_share", "share", "Time inside DataLoader __next__ / wall time of the steady window (every step of it, not only the traced ones).")
+_m("input.wait_busy_share", "share", "Of the training thread's data wait over the steady window, the share it provably spent awake (on a CPU or queued for one: the loading work itself, or receiving batches from workers) rather than asleep waiting on them: a lower bound from schedstat per step (perfdoctor/analyze/stepwait.py); None without schedstat or with under 1% wait.")
 _m("run.all_steps_wait_share", "share", "Time inside DataLoader __next__ / wall time of every measured step, warm-up included: what a run too short for a steady window still measures (perfdoctor/diagnose/live.py).")
 _m("run.trace_inflation", "ratio", "Mean traced step (steps.time_mean_ms) / run.step_time_ms, at least 1: how much longer the profiled steps ran than un-profiled ones. A share of the traced step is at most this many times larger in an un-profiled step (the profiler only adds time), so ceilings use share x this (rules/engine.py). None for a trace alone.")
 _m("run.profiled_steps", "count", "Steps recorded by torch.profiler (excluded from run.* step statistics).")
 _m("run.skipped_optimizer_steps", "count", "Steps whose optimizer step GradScaler skipped (inf/NaN gradients).")
-_m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, crashed, interrupted or killed.")
+_m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, crashed, interrupted, killed "
+   "(a signal ended it before it wrote child.json), no_module (-m named none) or unknown (child.json missing or "
+   "damaged, no signal known).")
 _m("run.exit_code", "count", "The script's exit code (128+N when signal N killed it).")
 _m("run.stopped_early", "bool", "perfdoctor stopped the script (--max-steps / --duration).")
 # -- communication ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
+from perfdoctor.analyze.stepwait import wait_busy_share
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.confidence import label
@@ -41,13 +42,10 @@ class StepsOnly:
     warnings: list = field(default_factory=list)
 
 
-def read_steps(run_dir: Path) -> list[dict]:
-    """Recorded steps of the final step mode (optimizer or DataLoader fallback)."""
-    try:
-        lines = (run_dir / "steps.jsonl").read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    recs, _ = runfiles.steps([_json_line(x) for x in lines if x.strip()])   # a line cut short: dropped
+def read_steps(run_dir: Path, warnings: list[str] | None = None) -> list[dict]:
+    """Recorded steps of the final step mode (optimizer or DataLoader fallback); a line cut short
+    or malformed is left out (and warned about, with `warnings`)."""
+    recs = runfiles.read_steps(run_dir / "steps.jsonl", warnings)
     if recs:
         last_mode = recs[-1].get("mode")
         recs = [r for r in recs if r.get("mode") == last_mode]
@@ -89,7 +87,7 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
     its block-bootstrap CI), the window's data-wait share, and median/p90 as secondary figures."""
     est = step_estimate(steps, num_workers, prefetch_factor)
     ms = (lambda x: None if x is None else 1e3 * x)
-    return {"run.steps": len(steps), "run.outcome": res.child.get("outcome") or "killed",
+    return {"run.steps": len(steps), "run.outcome": outcome(res),
             "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
             "run.profiled_steps": sum(1 for s in steps if s.get("profiled")),
             "run.skipped_optimizer_steps": sum(1 for s in steps if s.get("skipped")),
@@ -97,7 +95,14 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.step_time_ci95_ms": [ms(est.ci95[0]), ms(est.ci95[1])] if est.ci95 else None,
             "run.steady_steps": est.n, "run.step_time_conclusive": est.conclusive,
             "run.step_time_median_ms": ms(est.median_s), "run.step_time_p90_ms": ms(est.p90_s),
-            "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s}
+            "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s,
+            "input.wait_busy_share": wait_busy_share(steps[est.first:est.first + est.n]) if est.n else None}
+
+
+def outcome(res: RunResult) -> str:
+    """How the script ended: child.json's word; without it (SIGKILL leaves none), killed when a
+    signal ended it, else unknown (child.json missing or damaged)."""
+    return res.child.get("outcome") or ("killed" if res.signal is not None else "unknown")
 
 
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
@@ -121,7 +126,10 @@ def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | N
 def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     run_dir = res.run_dir
     rules = load_rules(rule_dirs)
-    steps = read_steps(run_dir)
+    damaged: list[str] = []         # one line per damaged run file (runfiles.py)
+    launched = runfiles.read_record(run_dir / "run.json", runfiles.RUN, damaged)
+    runfiles.read_record(run_dir / "child.json", runfiles.CHILD, damaged)   # its faults: res.child has its content
+    steps = read_steps(run_dir, damaged)
     traces = run_traces(run_dir / "trace")
     analysis: TraceAnalysis | StepsOnly
     notes = list(res.child.get("notes") or []) + list(res.notes)
@@ -138,6 +146,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
     m["machine.torch_threads"] = res.child.get("torch_threads")
+    kind = res.child.get("dataset_kind")
+    m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
     notes += [n for n in sample_notes if n not in notes]
@@ -145,12 +155,9 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
     doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes
-    try:
-        launched = runfiles.record(json.loads((run_dir / "run.json").read_text()), runfiles.RUN)
-    except (OSError, ValueError, RecursionError):
-        launched = {}
+    doc["traces"][0]["warnings"] = list(doc["traces"][0]["warnings"]) + damaged
     argv = launched.get("argv") or []
-    command = " ".join((["-m"] if launched.get("module") else []) + list(argv))
+    command = " ".join((["-m"] if launched.get("module") else []) + list(argv)) or None   # None: unknown
     doc["run"] = {"dir": str(run_dir), "command": command, "outcome": m["run.outcome"], "exit_code": res.exit_code,
                   "signal": res.signal, "stopped_by": res.stopped_by,
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
@@ -187,9 +194,10 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
 def load_result(run_dir: Path) -> RunResult:
     """A finished run as `launch` returned it, from the run directory's run.json and child.json
     (what `perfdoctor report RUN_DIR` re-diagnoses; unknown fields stay None)."""
-    launched = runfiles.record(_read_json(run_dir / "run.json"), runfiles.RUN)
-    child = runfiles.record(_read_json(run_dir / "child.json"), runfiles.CHILD)
-    code = launched.get("exit_code", child.get("exit_code"))
+    launched = runfiles.read_record(run_dir / "run.json", runfiles.RUN, [])      # warned by diagnose_run
+    child = runfiles.read_record(run_dir / "child.json", runfiles.CHILD, [])
+    code = launched.get("exit_code")
+    code = child.get("exit_code") if code is None else code
     return RunResult(run_dir, code, launched.get("signal"), launched.get("wall_s"), child,
                      launched.get("stopped_by"), list(launched.get("notes") or []))
 
@@ -207,13 +215,6 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _json_line(line: str):
-    try:
-        return json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-
-
 def _load(path: Path):
     """The run's trace, from the load `perfdoctor report RUN_DIR` started early when there is one."""
     pending = prefetch.take(path)
@@ -229,6 +230,8 @@ def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
     state = res.child.get("profiler")
     if res.child.get("trace_enabled") is False:
         return "--no-trace"
+    if not res.child and res.signal is None:   # child.json missing or damaged, and no signal known
+        return "child.json, the script's summary, is missing or unreadable"
     if not res.child:                    # no summary: the script was killed (SIGKILL, OOM killer)
         return (f"the script was killed after {len(steps)} step(s), before its trace was written" if steps
                 else "the script was killed before its first step")
@@ -248,7 +251,8 @@ def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
 
 
 def _failed(res: RunResult) -> bool:
-    return res.child.get("outcome") in ("crashed", "interrupted", None) or bool(res.exit_code)
+    """Known to have failed (a kill by signal has exit code 128+N); an unknown ending is not."""
+    return res.child.get("outcome") in ("crashed", "interrupted") or bool(res.exit_code)
 
 
 def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float | None:
@@ -277,12 +281,15 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
         return
     why = _why_no_trace(res, steps)
     verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
-    if not steps and _failed(res):
-        what = run["error"] or f"exit code {res.exit_code}"
+    if not steps and (_failed(res) or outcome(res) == "unknown"):
+        code = "unknown" if res.exit_code is None else res.exit_code
+        what = (f"{run['error']}; " if run["error"] else "") + f"exit code {code}"
+        summary = (f"The script failed before its first step ({what}): nothing was measured to diagnose. Fix "
+                   "the failure and run again." if _failed(res) else
+                   f"No step was recorded, and how the script ended is unknown ({what}): nothing was measured "
+                   "to diagnose.")
         for v in verdicts:
-            v.update(summary=f"The script failed before its first step ({what}; exit code {res.exit_code}): "
-                             "nothing was measured to diagnose. Fix the failure and run again.",
-                     notes=[], secondary=[])
+            v.update(summary=summary, notes=[], secondary=[])
         return
     for v in verdicts:
         notes = [n for n in v["notes"] if not n.startswith("steps come from")]

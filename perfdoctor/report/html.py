@@ -13,6 +13,7 @@ from __future__ import annotations
 from perfdoctor.report import svg
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.terminal import BOUND_TITLE, CPU_ROLE_LABEL, ROLE_LABEL
+from perfdoctor.stats.steptime import ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
                 "device": "#2e8b57", "communication": "#8e5bb5", "inconclusive": "#6b7280"}
@@ -67,7 +68,7 @@ def _header(doc: dict, m: dict) -> str:
     n = len(doc["traces"])
     where = f"{n} traces in {doc['input']}" if n > 1 else doc["input"]
     steps = (f" · {m['steps.count']} step(s) from {m['steps.source']} · median step "
-             f"{m['steps.time_median_ms']:.1f} ms" if m.get("steps.count") else "")
+             f"{ms(m['steps.time_median_ms'])} ms" if m.get("steps.count") else "")
     return (f"<h1>perfdoctor report</h1><div class=\"dim\">{H(where)}</div>"
             f"<div class=\"dim small\">{H(m.get('trace.platform'))} · {H(dev)}{H(steps)}</div>")
 
@@ -116,16 +117,20 @@ def _run(run: dict | None, m: dict) -> str:
     how = f"{run.get('outcome')}" + (f" (--{run['stopped_by']})" if run.get("stopped_by") else "")
     line = ""
     if m.get("run.step_time_ms") is not None:
-        ci = m.get("run.step_time_ci95_ms")
-        line = (f"{m['run.steps']} steps measured: <b>{m['run.step_time_ms']:.1f} ms/step</b>"
-                + (f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
+        ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
+        line = (f"{m['run.steps']} steps measured: <b>{ms(t)} ms/step</b>"
+                + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                 + f" over {m['run.steady_steps']} steady steps"
                 + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
                 + f"; data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time")
     return ("<h2>The run</h2><section class=\"card\">"
-            f"<div><code>{H(run.get('command'))}</code></div><div class=\"dim\">{H(how)} · exit code "
-            f"{H(run.get('exit_code'))} · run directory <code>{H(run.get('dir'))}</code></div>"
+            f"<div><code>{H(run.get('command') or '(command unknown)')}</code></div><div class=\"dim\">{H(how)} · "
+            f"exit code {H(_or_unknown(run.get('exit_code')))} · run directory <code>{H(run.get('dir'))}</code></div>"
             f"<div>{line}</div>{_notes(run.get('notes') or [])}</section>")
+
+
+def _or_unknown(value):
+    return "unknown" if value is None else value
 
 
 def _ranks(doc: dict) -> str:
@@ -160,7 +165,7 @@ def _ranks(doc: dict) -> str:
 
 
 def _ms(x) -> str:
-    return "-" if x is None else f"{x:.1f} ms"
+    return "-" if x is None else f"{ms(x)} ms"
 
 
 def _breakdown(t: dict, labels: dict) -> str:

@@ -7,8 +7,9 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.sanitize import terminal as T, text
+from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.gain import times
+from perfdoctor.stats.steptime import ms
 
 BOUND_TITLE = {
     "input_io": "INPUT-BOUND (IO)", "input_cpu": "INPUT-BOUND (CPU)", "input": "INPUT-BOUND",
@@ -28,7 +29,7 @@ TOP = 3          # fixes in the one-screen report
 def render(doc: dict, console: Console | None = None, details: bool = False) -> None:
     """The report on one screen (verdict, breakdown, the top fixes and flags in a line each), or
     with details=True everything: evidence, notes, fixes in full with their snippets, gaps, tables."""
-    c = console or Console(highlight=False, emoji=False)
+    c = console or _console()
     v = doc["verdict"]
     first = doc["traces"][0]
     m = first["metrics"]
@@ -41,7 +42,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · {m['steps.count']} step(s) from {T(m['steps.source'])}"
-                 + (f" · median step {m['steps.time_median_ms']:.1f} ms" if m.get("steps.time_median_ms") is not None
+                 + (f" · median step {ms(m['steps.time_median_ms'])} ms" if m.get("steps.time_median_ms") is not None
                     else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {BOUND_TITLE[v['bound']]} ", "bold reverse"),
@@ -76,14 +77,15 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
 
 
 def _para(c: Console, s: str, indent: int, style: str = "") -> None:
-    """A paragraph whose wrapped lines keep its indentation."""
-    c.print(Padding(text(s, style=style), (0, 0, 0, indent)))
+    """A paragraph whose wrapped lines keep its indentation (not padded to the console's width:
+    a file or a pipe gets an unlimited one, sanitize.console)."""
+    c.print(Padding(text(s, style=style), (0, 0, 0, indent), expand=False))
 
 
 def _code(c: Console, code: str, indent: int) -> None:
     """Code, never wrapped mid-line: a line wider than the screen is cut with an ellipsis."""
     for line in code.rstrip().splitlines():
-        c.print(Padding(text(line, style="cyan"), (0, 0, 0, indent)), no_wrap=True, overflow="ellipsis")
+        c.print(Padding(text(line, style="cyan"), (0, 0, 0, indent), expand=False), no_wrap=True, overflow="ellipsis")
 
 
 def _line(c: Console, t: Text) -> None:
@@ -137,28 +139,36 @@ def _flags_compact(c: Console, flags: list[dict]) -> None:
 
 OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
            "exit": "the script exited", "crashed": "the script crashed", "interrupted": "interrupted",
-           "killed": "the script was killed"}
+           "killed": "the script was killed", "unknown": "outcome unknown", "no_module": "no such module"}
 
 
 def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     how = OUTCOME.get(run["outcome"], T(run["outcome"]))
     if run.get("stopped_by"):
         how += f" (--{T(run['stopped_by'])})"
-    c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"]), "bold"),
-                          (f" · {how} · exit code {T(run['exit_code'])}", "")))
+    code = "unknown" if run.get("exit_code") is None else T(run["exit_code"])   # a damaged run.json
+    c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
+                          (f" · {how} · exit code {code}", "")))
     if m.get("run.step_time_ms") is not None:
-        ci = m.get("run.step_time_ci95_ms")
-        wall = f" in {run['wall_s']:.1f} s" if run.get("wall_s") is not None else ""
-        c.print(Text(f"{m['run.steps']} steps measured{wall}: {m['run.step_time_ms']:.1f} ms/step"
-                     + (f" (95% CI {ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
-                     + f" over {m['run.steady_steps']} steady steps"
-                     + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
-                     + f"; median {m['run.step_time_median_ms']:.1f} ms; data wait"
+        c.print(Text(_run_steps_line(m, run.get("wall_s"))
+                     + f"; median {ms(m['run.step_time_median_ms'])} ms; data wait"
                      f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
     c.print(text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
     notes = run.get("notes", [])
     for n in notes if details else notes[:1]:
         _para(c, f"note: {n}", 0, "yellow")
+
+
+def _run_steps_line(m: dict, wall_s: float | None) -> str:
+    """'99 steps in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady steps': the
+    wall time is the whole run's (imports and set-up included), not the steps'."""
+    ci = m.get("run.step_time_ci95_ms")
+    t = m["run.step_time_ms"]
+    wall = f" in a {wall_s:.1f} s run" if wall_s is not None else " measured"
+    return (f"{m['run.steps']} steps{wall}: {ms(t)} ms/step"
+            + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
+            + f" over {m['run.steady_steps']} steady steps"
+            + ("" if m.get("run.step_time_conclusive") else " (too few to tell)"))
 
 
 def _breakdown(c: Console, t: dict) -> None:
@@ -294,7 +304,7 @@ def _ranks(c: Console, doc: dict) -> None:
         table.add_column(col)
     for t in doc["traces"]:
         med = t["metrics"].get("steps.time_median_ms")
-        table.add_row(text(t["label"]), f"{med:.1f} ms" if med is not None else "-", text(t["verdict"]["bound"]),
+        table.add_row(text(t["label"]), f"{ms(med)} ms" if med is not None else "-", text(t["verdict"]["bound"]),
                       text(", ".join(f["slug"] for f in t["flags"]) or "-"))
     c.print(table)
 

@@ -1,0 +1,35 @@
+"""What the training thread did while it waited for batches, from the step records of a live run.
+
+Each steps.jsonl record holds the step's wall time (`dur`), its time inside DataLoader __next__
+(`wait`), and the step thread's own time on a CPU (`cpu`) and queued for one (`runq`), from
+/proc/thread-self/schedstat. The rest of the step, dur - cpu - runq, the thread slept: blocked
+on a queue, a lock, a pipe or storage. Asleep for at most that long, the thread was awake (on a
+CPU or queued for one) for at least wait - sleep of its wait. Summed over the steps:
+
+    input.wait_busy_share = sum(max(0, wait - sleep)) / sum(wait)
+
+a lower bound of the share of the data wait that the training thread spent doing the loading
+work itself (num_workers=0: the whole batch; with workers: receiving it, i.e. unpickling, shared-
+memory handles and queue bookkeeping) or queuing for a core, rather than waiting on the workers.
+1.0 says the wait is work in the trainer; near 0 says it slept (workers late, storage, network).
+None without schedstat, or when the wait is under MIN_WAIT_SHARE of the steps (nothing to split).
+"""
+
+from __future__ import annotations
+
+MIN_WAIT_SHARE = 0.01
+
+
+def wait_busy_share(steps: list[dict]) -> float | None:
+    wait = busy = total = 0.0
+    for s in steps:
+        w, d, cpu, runq = s.get("wait"), s.get("dur"), s.get("cpu"), s.get("runq")
+        if not all(isinstance(x, (int, float)) for x in (w, d, cpu, runq)) or d <= 0:
+            continue
+        sleep = max(0.0, d - cpu - runq)
+        wait += max(0.0, w)
+        busy += max(0.0, min(w, d) - sleep)
+        total += d
+    if total <= 0 or wait < MIN_WAIT_SHARE * total:
+        return None
+    return min(1.0, busy / wait)
