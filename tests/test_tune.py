@@ -224,6 +224,18 @@ def test_apply_text_is_the_code_change():
     assert 'torch.autocast("cpu", dtype=torch.bfloat16)' in apply_text({"autocast": "bfloat16"}, {}, cuda=False)
     assert "expandable_segments:True" in apply_text({"expandable_segments": True}, {}, cuda=True)
     assert "no change was measured faster" in apply_text({}, inject, cuda=False)
+    # back to num_workers=0 from persistent workers: the arguments torch refuses without workers go too
+    workers = {"loaders": [{"asked": dict(LOADER0, num_workers=2, persistent_workers=True, prefetch_factor=4)}]}
+    assert apply_text({"num_workers": 0}, workers, cuda=False) == (
+        "DataLoader(..., num_workers=0, persistent_workers=False, prefetch_factor=None)  # the script has "
+        "num_workers=2, persistent_workers=True, prefetch_factor=4")
+
+
+def test_num_workers_zero_is_pd347s_trial_and_its_refinements_say_why_they_skip():
+    assert plan.rule_for({"num_workers": 0}, {"PD301", "PD347"}) == "PD347"
+    assert plan.rule_for({"num_workers": 2}, {"PD301", "PD347"}) == "PD301"
+    ref = plan.refinements(facts(loader=dict(LOADER0, num_workers=2)), {"num_workers": 0})
+    assert ref and all(t.skip == "needs worker processes (the fastest setting has none)" for t in ref)
 
 
 # -- loss drift ----------------------------------------------------------------------------------

@@ -18,6 +18,11 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
     loader = {k: changes[k] for k in LOADER if k in changes}
     if loader:
         asked = ((inject.get("loaders") or [{}])[0]).get("asked") or {}
+        if loader.get("num_workers") == 0:     # torch refuses these without workers (as the trial set them)
+            if asked.get("persistent_workers"):
+                loader["persistent_workers"] = False
+            if asked.get("prefetch_factor") is not None:
+                loader["prefetch_factor"] = None
         args = ", ".join(f"{k}={v!r}" for k, v in loader.items())
         now = ", ".join(f"{k}={asked.get(k)!r}" for k in loader if k in asked)
         lines.append(f"DataLoader(..., {args})" + (f"  # the script has {now}" if now else ""))

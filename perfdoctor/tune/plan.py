@@ -150,8 +150,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
 def _first_rank(ranked: list, trials: list[Trial], fallback: int) -> tuple:
     """Where a group stands: the best rank, in the report, of a fix its trials test (ranked
     groups first, best first); unranked groups after them, in the verdict's order."""
-    ranks = [ranked.index(r) for t in trials if t.skip is None for k in t.changes
-             for r in RULES.get(k, ()) if r in ranked]
+    ranks = [ranked.index(r) for t in trials if t.skip is None for k, v in t.changes.items()
+             for r in _rules(k, v) if r in ranked]
     return (0, min(ranks)) if ranks else (1, fallback)
 
 
@@ -170,19 +170,26 @@ def refinements(f: Facts, best_loader: dict | None) -> list[Trial]:
     base = dict(best_loader or {})
     workers = base.get("num_workers", f.loader.get("num_workers") or 0)
     out = []
+    no_workers = ("needs worker processes (no num_workers setting was faster)" if best_loader is None
+                  else "needs worker processes (the fastest setting has none)")
     if f.loader.get("num_workers") and not f.loader.get("persistent_workers"):   # else the first pass had it
         out.append(Trial({**base, "persistent_workers": True}, "loader", refines=True,
-                         skip=None if workers else "needs worker processes (no num_workers setting was faster)"))
+                         skip=None if workers else no_workers))
     pf = f.loader.get("prefetch_factor") or 2
     if pf < PREFETCH_TRY:
         out.append(Trial({**base, "prefetch_factor": PREFETCH_TRY}, "loader", refines=True,
-                         skip=None if workers else "needs worker processes (no num_workers setting was faster)"))
+                         skip=None if workers else no_workers))
     return out
+
+
+def _rules(key: str, value) -> tuple:
+    """The rules a change tests: num_workers=0 (from a script with workers) is PD347's."""
+    return ("PD347",) if key == "num_workers" and value == 0 else RULES.get(key, ())
 
 
 def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None) -> str | None:
     """The fix rule this change tests: the first of its rules that the report ranked, else the
     first one it could have ranked (its prediction is then null). `applicable`: the rules that
     apply on this run's device (a CPU run's compile is PD312's, not the CUDA-only PD311's)."""
-    ids = [rid for k in changes for rid in RULES.get(k, ()) if applicable is None or rid in applicable]
+    ids = [rid for k, v in changes.items() for rid in (_rules(k, v)) if applicable is None or rid in applicable]
     return next((r for r in ids if r in fix_ids), ids[0] if ids else None)
