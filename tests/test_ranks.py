@@ -208,10 +208,12 @@ def test_exit_code_as_torchrun_gives_it(tmp_path):
     codes = {i["rank"]: i["exit_code"] for i in _merged(out)["ranks"]["per_rank"]}
     # Rank 1 leaves with 3. Rank 0 leaves with 0, unless torchrun, on seeing rank 1 fail, SIGTERMs
     # it first (a race of torchrun's own, seen under plain torchrun 2 times in 20 on a loaded
-    # machine): then its code is 143 and torchrun's report says so.
+    # machine): then torchrun's report says -15, and rank 0's code is 143 if the signal reached
+    # its script, or still 0 if the script had ended and the signal met perfdoctor's rank process
+    # after it (seen once in a CI run). Never 3, never anything else.
     assert codes[1] == 3, codes
     term = re.search(r"rank\s*: 0 \(local_rank: 0\)\s*exitcode\s*: -15", r.stderr)
-    assert codes[0] == (143 if term else 0), (codes, r.stderr[-2000:])
+    assert codes[0] in ((0, 143) if term else (0,)), (codes, r.stderr[-2000:])
 
 
 def test_torchrun_passthrough_splits_options_from_the_script():

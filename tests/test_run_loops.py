@@ -29,6 +29,16 @@ def bare(script: Path, *args, cwd=None):
                           timeout=240, cwd=cwd)
 
 
+def prun_script(tmp_path: Path, name: str, text: str, *args):
+    """Write a script and run it under `perfdoctor run --no-trace`: (result, run directory)."""
+    script = tmp_path / name
+    script.write_text(text)
+    out = tmp_path / "run"
+    r = prun("--no-trace", script, *args, out=out)
+    assert r.returncode == 0, r.stderr
+    return r, out
+
+
 def report(out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
@@ -119,11 +129,7 @@ print("accum: done")
 
 
 def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
-    script = tmp_path / "accum.py"
-    script.write_text(ACCUM)
-    out = tmp_path / "run"
-    r = prun("--no-trace", script, out=out)
-    assert r.returncode == 0, r.stderr
+    r, out = prun_script(tmp_path, "accum.py", ACCUM)
     assert r.stdout == "accum: done\n"
     recs = steps(out)
     # 30 passes in 10 updates: the first update's first pass starts the count, the last update
@@ -133,7 +139,7 @@ def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
     assert child(out)["dataset_kind"] == "map"              # a TensorDataset: PD310 has nothing to shard
     assert report(out)["traces"][0]["metrics"]["input.dataset_kind"] == "map"
     # --max-steps counts the steps kept while the source was being chosen (8 here) as well
-    r = prun("--no-trace", "--max-steps", 5, script, out=tmp_path / "stopped")
+    r = prun("--no-trace", "--max-steps", 5, tmp_path / "accum.py", out=tmp_path / "stopped")
     assert r.returncode == 0 and r.stdout == "" and len(steps(tmp_path / "stopped")) == 5
     assert report(tmp_path / "stopped")["run"]["stopped_by"] == "max-steps"
 
@@ -292,11 +298,7 @@ for it in range(12):
 
 
 def test_optimizers_stepping_at_different_rates_are_said(tmp_path):
-    script = tmp_path / "wgan.py"
-    script.write_text(WGAN)
-    out = tmp_path / "run"
-    r = prun("--no-trace", script, out=out)
-    assert r.returncode == 0, r.stderr
+    _, out = prun_script(tmp_path, "wgan.py", WGAN)
     assert len(steps(out)) == 59                              # 60 critic steps; the first starts the count
     note = next(n for n in child(out)["notes"] if "different rates" in n)
     assert "RMSprop, 60 steps" in note and "Adam stepped 12 times, once per 5.0 steps" in note
