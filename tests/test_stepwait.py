@@ -1,4 +1,5 @@
-"""input.wait_busy_share: how much of its data wait the training thread provably spent awake."""
+"""input.wait_busy_share (how much of its data wait the training thread provably spent awake) and
+the step records it is computed from (collect/steprecord.py)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,26 @@ def test_no_schedstat_or_no_wait_is_unknown():
     assert wait_busy_share([{"dur": 0.01, "wait": 0.005}] * 3) is None
     assert wait_busy_share([rec(0.010, 0.00005, 0.01, 0.0)] * 3) is None      # 0.5% wait: nothing to split
     assert wait_busy_share([]) is None
+
+
+def test_the_next_step_starts_with_the_bookkeeping_on_its_cpu():
+    """The hooks start the next step after their own bookkeeping without a second schedstat read:
+    that bookkeeping's CPU must not land in the next step's `cpu`, or its sleep (and with it the
+    wait the thread provably slept) would read too short."""
+    import json
+
+    from perfdoctor.collect.steprecord import line, start_mark
+    end = (10.0, 0.0, 0, 1e9, (5_000_000_000, 0))
+    nxt = start_mark(end, 10.002)                                 # 2 ms of bookkeeping
+    assert nxt[0] == 10.002 and nxt[4] == (5_002_000_000, 0)
+    # an 8 ms step whose thread then ran 6 ms and slept 2 ms: cpu 6 ms, not 8
+    rec = json.loads(line(1, nxt, (10.010, 0.002, 1, 1e9 + 0.01, (5_008_000_000, 0)), 0.008,
+                          "optimizer", False, False, False))
+    assert rec["cpu"] == pytest.approx(0.006) and rec["runq"] == 0
+    assert wait_busy_share([rec]) == pytest.approx(0.0)           # the 2 ms wait may all be the sleep
+
+
+def test_an_iterable_loader_anywhere_makes_the_run_iterable():
+    from perfdoctor.collect.steprecord import dataset_kind
+    assert dataset_kind({0, 1}) == "iterable"     # a map-style validation loader does not hide it
+    assert dataset_kind({0}) == "map" and dataset_kind({None}) is None and dataset_kind(set()) is None

@@ -23,8 +23,8 @@ loading work with num_workers=0), summed per step.
 
 Trace: window.py places the torch.profiler window by steps and by time.
 
-Records go to <run>/steps.jsonl (one line per step, flushed each of the first steps and then at
-least every FLUSH_S) and <run>/child.json at the end.
+Records go to <run>/steps.jsonl (one line per step, written in batches: steprecord.py says when
+and what a kill can lose) and <run>/child.json at the end.
 """
 
 from __future__ import annotations
@@ -36,71 +36,17 @@ import threading
 import time
 from collections import deque
 
+from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
+    schedstat
 from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
 
 FALLBACK = 8                 # steps of a fallback source seen before it is chosen
-FLUSH_S = 0.25               # steps.jsonl reaches the file at least this often (and each of the first steps)
-FLUSH_FIRST = 16
-REREAD_S = 0.001             # bookkeeping at a boundary longer than this: the next step's start is read afresh
 PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
 SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
            "backward-each": "backward passes (one per step: no gradient reset seen)",
            "dataloader": "DataLoader iterations"}
-
-
-_JS = {True: "true", False: "false"}
-_SCHED_FDS: dict[int, int] = {}      # native thread id -> open /proc/thread-self/schedstat
-
-
-def _schedstat() -> tuple[int, int] | None:
-    """This thread's nanoseconds on a CPU and waiting in a run queue (/proc/thread-self/schedstat;
-    None where the kernel has no schedstat): per step, `cpu` and `runq` in steps.jsonl.
-
-    The file stays open per thread and is re-read with pread (1 us here, against 9 us for an
-    open, read and close: two reads a step were most of the hooks' cost on a 0.4 ms step). A
-    forked DataLoader worker or a new thread has another id and opens its own; a dead thread's
-    file fails to read and is opened again."""
-    tid = threading.get_native_id()
-    for _ in range(2):
-        fd = _SCHED_FDS.get(tid)
-        try:
-            if fd is None:
-                fd = _SCHED_FDS[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-            run, wait = os.pread(fd, 128, 0).split()[:2]
-            return int(run), int(wait)
-        except (OSError, ValueError):
-            if _SCHED_FDS.pop(tid, None) is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                continue                  # a stale file (the thread id was reused): once more
-            return None
-    return None
-
-
-def _line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
-          skipped: bool) -> str:
-    """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
-    SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
-    line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
-            f'"wait": {end[1] - mark[1]:.6f}, "batches": {end[2] - mark[2]}, '
-            f'"mode": "{mode}", "profiled": {_JS[bool(profiled)]}, "perturbed": {_JS[bool(perturbed)]}')
-    if end[4] and mark[4]:   # the step's thread on a CPU / waiting for one (schedstat, s)
-        # schedstat is read just after the clock: a preemption between the two reads at the
-        # step's end moves a few ms between this step and the next; clip to the step's wall
-        cpu = min(max(0.0, (end[4][0] - mark[4][0]) / 1e9), max(dur, 0.0))
-        runq = min(max(0.0, (end[4][1] - mark[4][1]) / 1e9), max(dur - cpu, 0.0))
-        line += f', "cpu": {cpu:.6f}, "runq": {runq:.6f}'
-    return line + (', "skipped": true}\n' if skipped else '}\n')
-
-
-def _dataset_kind(it) -> str:
-    """"iterable" or "map": the dataset kind torch's DataLoader iterator recorded (_DatasetKind)."""
-    kind = getattr(it, "_dataset_kind", None)
-    return "iterable" if kind == 1 else "map" if kind == 0 else "unknown"
 
 
 class StopRun(BaseException):
@@ -125,7 +71,7 @@ class Session:
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
         self.optimizer_steps: dict = {}  # id(optimizer) -> its steps (skipped ones included)
         self.optimizer_names: dict = {}
-        self.dataset_kind = None         # "map" | "iterable": the first DataLoader the script iterates
+        self.dataset_kinds: set = set()  # torch's _DatasetKind of every DataLoader iterated
         self.in_optimizer = False        # inside an optimizer.step() (before the optimizer mode)
         self.pre_mark = None             # the first optimizer step's start
         self.passes_in_optimizer = 0     # backward passes inside optimizer.step() (closures)
@@ -144,9 +90,9 @@ class Session:
         self.stop_requested = False
         self.finished = False
         os.makedirs(self.run_dir, exist_ok=True)
-        # Buffered, flushed by time: a write(2) per step was a third of the hooks' cost on a 0.4 ms
-        # step. The live readers (progress line, py-spy's first-step wait) see the first steps at
-        # once, later ones within FLUSH_S; a SIGKILL loses at most that much of the record.
+        # Buffered and written in batches (steprecord.py): the live readers (progress line, py-spy's
+        # first-step wait) see the first steps at once, later ones when a step ends FLUSH_S after
+        # the last write.
         self.out = open(os.path.join(self.run_dir, "steps.jsonl"), "w", buffering=1 << 16)
         self.flushed_at = 0.0
         self.pending: list[tuple] = []   # steps recorded and not yet written (_record, _flush)
@@ -185,8 +131,7 @@ class Session:
 
         def __next__(it):
             t0 = time.perf_counter()
-            if session.dataset_kind is None:
-                session.dataset_kind = _dataset_kind(it)
+            session.dataset_kinds.add(getattr(it, "_dataset_kind", None))
             if session.mode != "optimizer":
                 session._on_batch_request(t0)
             try:
@@ -219,7 +164,7 @@ class Session:
 
     # -- step sources -----------------------------------------------------------------------
     def _mark(self, t: float | None = None) -> tuple:
-        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), _schedstat())
+        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), schedstat())
 
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         if self.mode != "optimizer":
@@ -341,9 +286,9 @@ class Session:
         if self.out is None or not recs:
             return
         try:
-            self.out.write("".join(_line(*r) for r in recs))
+            self.out.write("".join(line(*r) for r in recs))
             self.out.flush()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:       # ValueError: closed by finish() on another thread
             self.notes.append(f"steps.jsonl could not be written after step {recs[0][0] - 1} "
                               f"({exc.strerror or exc}): later steps are not recorded")
             try:
@@ -367,7 +312,7 @@ class Session:
         # the boundary's (one schedstat read a step, not two) unless the bookkeeping took long
         # (the profiler started, stopped or exported): then they are read afresh.
         now = time.perf_counter()
-        self.mark = self._mark(now) if now - end[0] > REREAD_S else (now,) + end[1:]
+        self.mark = self._mark(now) if now - end[0] > REREAD_S else start_mark(end, now)
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stop_requested = True
@@ -396,7 +341,7 @@ class Session:
         others = [(k, c) for k, c in self.optimizer_steps.items() if k != self.primary and 0 < c and n >= 1.5 * c]
         if others:
             k, c = min(others, key=lambda kc: kc[1])
-            self.notes.append(f"{len(self.optimizer_steps)} optimizers step at different rates: a step is one step of "
+            self.notes.append("optimizers step at different rates: a step is one step of "
                               f"the first to step ({self.optimizer_names[self.primary]}, {n} steps), and "
                               f"{self.optimizer_names[k]} stepped {c} times, once per {n / c:.1f} steps: one "
                               f"iteration of the loop spans about {n / c:.1f} steps (--max-steps counts steps)")
@@ -424,6 +369,9 @@ class Session:
                     self._flush(time.perf_counter())
                 finally:
                     self.lock.release()
+            elif self.pending:
+                self.notes.append(f"{len(self.pending)} step record(s) were not written: the script ended "
+                                  "while one was being recorded")
             info = {"outcome": outcome, "exit_code": exit_code, "error": error, "steps": self.steps,
                     "mode": self.mode, "step_source": SOURCES.get(self.source),
                     "profiler": self.window.state, "trace_enabled": self.window.enabled,
@@ -431,7 +379,7 @@ class Session:
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
-                    "torch_threads": self._torch_threads(), "dataset_kind": self.dataset_kind}
+                    "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds)}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)
@@ -439,7 +387,8 @@ class Session:
                 pass
             try:
                 if self.out is not None:
-                    self.out.close()
+                    out, self.out = self.out, None    # a later record from another thread writes nothing
+                    out.close()
             except OSError:
                 pass
         finally:

@@ -184,6 +184,14 @@ def _stop_samplers(samplers: list, run_dir: Path, notes: list[str]) -> None:
             notes.extend(s.notes)
 
 
+def _json_or_none(line: str):
+    """A steps.jsonl line (the last one may be half-written while the script runs), or None."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -204,13 +212,15 @@ class _Progress:
         self.last = elapsed
         try:
             lines = self.path.read_text().splitlines()[-20:]
-            recs = [json.loads(x) for x in lines if x.strip()]
         except (OSError, ValueError):
             return
+        recs = [r for r in map(_json_or_none, lines) if isinstance(r, dict)
+                and all(isinstance(r.get(k), (int, float)) for k in ("dur", "wait"))]
+        from perfdoctor.stats.steptime import ms
         if not recs:
             print(f"[perfdoctor] {elapsed:.0f} s, waiting for the first training step", file=sys.stderr)
             return
         dur = sorted(r["dur"] for r in recs)[len(recs) // 2]
         wait = sum(r["wait"] for r in recs) / max(sum(r["dur"] for r in recs), 1e-9)
-        print(f"[perfdoctor] step {recs[-1]['step']} · {dur * 1e3:.1f} ms/step · data wait {100 * wait:.0f}%",
+        print(f"[perfdoctor] step {recs[-1].get('step')} · {ms(dur * 1e3)} ms/step · data wait {100 * wait:.0f}%",
               file=sys.stderr)

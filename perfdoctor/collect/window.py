@@ -85,7 +85,10 @@ def _inductor_left_unloaded(torch):
     torch._dynamo: ~1 s of CPU inside a training step of a script that never compiles (a script
     that builds a torch.optim optimizer has paid it already). A script that never loaded inductor
     has no inductor cudagraphs, so the answer "absent" is the true one. Only the attribute lookup
-    is affected, only for the call: `import torch._inductor` works as always."""
+    is affected, only for the call: `import torch._inductor` works as always. (Some torch versions
+    ask in start_trace, at the profiler warm-up's end: the window's step() calls are wrapped too.)
+    The lookup is module-wide while it lasts: another thread reading `torch._inductor` as an
+    attribute, never having imported it, in those microseconds would get an AttributeError."""
     lazy = torch.__dict__.get("__getattr__")
     if "torch._inductor" in sys.modules or lazy is None:
         yield
@@ -186,7 +189,8 @@ class Window:
                                       f"not --trace-steps {self.active}")
                 self._stop(partial=False)
             else:
-                self.prof.step()
+                with _inductor_left_unloaded(self.torch):   # some torch versions ask in start_trace
+                    self.prof.step()
 
     def _start(self, now: float) -> None:
         torch = self.torch

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from perfdoctor.report.sanitize import html as H
+from perfdoctor.stats.steptime import ms as fmt_ms
 
 ROLE_COLOUR = {"kernel": "#2e8b57", "memcpy": "#3a7dc2", "memset": "#8fb3dd", "communication": "#8e5bb5",
                "runtime": "#e39b26", "data_loading": "#d64541", "cpu_exec": "#e8c547", "other": "#b8bcc2"}
@@ -80,7 +81,7 @@ def step_bars(steps: list[dict], labels: dict[str, str]) -> str:
                                f"step {s['label']}: {labels.get(role, role)} {ms:.2f} ms "
                                f"({100 * ms / s['duration_ms']:.1f}%)" if s["duration_ms"] else role))
             x += w
-        parts.append(f'<text x="{_f(x + 6)}" y="{_f(y + bar - 4)}" fill="#333">{s["duration_ms"]:.1f} ms</text>')
+        parts.append(f'<text x="{_f(x + 6)}" y="{_f(y + bar - 4)}" fill="#333">{fmt_ms(s["duration_ms"])} ms</text>')
     parts += _axis(LEFT, width, span, 4 + len(steps) * row)
     parts.append("</svg>")
     return "".join(parts)

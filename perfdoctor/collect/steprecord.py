@@ -1,0 +1,81 @@
+"""One step record of `perfdoctor run`: the readings at a step boundary and the steps.jsonl line.
+
+A mark is (perf_counter, cumulative data wait, cumulative batches, unix time, schedstat) taken at
+a boundary; a step's record is the difference of two marks. steps.jsonl is written in batches by
+the session (hooks.py): each of the first FLUSH_FIRST steps at once, then whenever a step ends
+FLUSH_S or more after the last write, and at the end. A write(2) a step was a third of the hooks'
+cost on a 0.4 ms step. What a batch can lose: a SIGKILL or a default-action SIGTERM drops the
+steps not yet written (those since the last write, more if the script paused after them).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+FLUSH_S = 0.1                # a step that ends this long after the last write writes the batch
+FLUSH_FIRST = 16             # the first steps are written one by one (the live readers wait for them)
+REREAD_S = 0.001             # bookkeeping at a boundary longer than this: the next step's start is read afresh
+
+_JS = {True: "true", False: "false"}
+_SCHED_FDS: dict[int, int] = {}      # native thread id -> open /proc/thread-self/schedstat
+
+
+def schedstat() -> tuple[int, int] | None:
+    """This thread's nanoseconds on a CPU and waiting in a run queue (/proc/thread-self/schedstat;
+    None where the kernel has no schedstat): per step, `cpu` and `runq` in steps.jsonl.
+
+    The file stays open per thread and is re-read with pread (1 us here, against 9 us for an
+    open, read and close: two reads a step were most of the hooks' cost on a 0.4 ms step). A
+    forked DataLoader worker or a new thread has another id and opens its own; a dead thread's
+    file fails to read and is opened again."""
+    tid = threading.get_native_id()
+    for _ in range(2):
+        fd = _SCHED_FDS.get(tid)
+        try:
+            if fd is None:
+                fd = _SCHED_FDS[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            run, wait = os.pread(fd, 128, 0).split()[:2]
+            return int(run), int(wait)
+        except (OSError, ValueError):
+            if _SCHED_FDS.pop(tid, None) is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                continue                  # a stale file (the thread id was reused): once more
+            return None
+    return None
+
+
+def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
+          skipped: bool) -> str:
+    """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
+    SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
+    line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
+            f'"wait": {end[1] - mark[1]:.6f}, "batches": {end[2] - mark[2]}, '
+            f'"mode": "{mode}", "profiled": {_JS[bool(profiled)]}, "perturbed": {_JS[bool(perturbed)]}')
+    if end[4] and mark[4]:   # the step's thread on a CPU / waiting for one (schedstat, s)
+        # schedstat is read just after the clock: a preemption between the two reads at the
+        # step's end moves a few ms between this step and the next; clip to the step's wall
+        cpu = min(max(0.0, (end[4][0] - mark[4][0]) / 1e9), max(dur, 0.0))
+        runq = min(max(0.0, (end[4][1] - mark[4][1]) / 1e9), max(dur - cpu, 0.0))
+        line += f', "cpu": {cpu:.6f}, "runq": {runq:.6f}'
+    return line + (', "skipped": true}\n' if skipped else '}\n')
+
+
+def dataset_kind(kinds: set) -> str | None:
+    """"iterable" when any DataLoader the script iterated reads an IterableDataset (torch's
+    _DatasetKind 1: a validation or statistics loader must not hide the training one), "map"
+    when all of them are map-style, None when none was iterated."""
+    return "iterable" if 1 in kinds else "map" if 0 in kinds else None
+
+
+def start_mark(end: tuple, now: float) -> tuple:
+    """The next step's start at `now`, from the boundary's readings `end` (no second schedstat
+    read). The bookkeeping between the two ran on this thread's CPU, so that time is added to
+    the CPU reading: the step's `cpu` then covers the same span as its wall time."""
+    sched = end[4]
+    if sched is not None:
+        sched = (sched[0] + int((now - end[0]) * 1e9), sched[1])
+    return (now, end[1], end[2], end[3], sched)
