@@ -265,8 +265,9 @@ class Session:
     # -- step boundaries ------------------------------------------------------------------
     def _record(self, end: tuple, skipped: bool = False) -> float:
         """One step: kept raw, and written to steps.jsonl with the others pending at each flush
-        (each of the first FLUSH_FIRST steps, then at least every FLUSH_S). Formatting a batch
-        at once, and one write(2) for it, cost a fraction of a line and a write a step."""
+        (each of the first FLUSH_FIRST steps, then when a step ends FLUSH_S after the last
+        write). Formatting a batch at once, and one write(2) for it, cost a fraction of a line
+        and a write a step."""
         dur = end[0] - self.mark[0]
         with self.lock:
             self.steps += 1
