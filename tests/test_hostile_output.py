@@ -279,3 +279,27 @@ def test_compare_and_gate_outputs(hostile_run, tmp_path):
     xml_text = junit.read_text()
     clean(xml_text)
     assert tree.getroot().tag == "testsuite"
+
+
+def test_ranks_table_of_a_hostile_rank_json(tmp_path):
+    """rank.json is any JSON: its strings are shown escaped, a rank, world size or exit code of the
+    wrong type is unknown, and the directory's name gives the rank."""
+    for r in (0, 1):
+        d = tmp_path / "ranks" / f"rank-{r}"
+        d.mkdir(parents=True)
+        end, lines = 1000.0, []
+        for i in range(30):
+            end += 0.01 * (1 + r)
+            lines.append(json.dumps({"step": i, "end": end, "dur": 0.01 * (1 + r), "wait": 0.001, "mode": "optimizer"}))
+        (d / "steps.jsonl").write_text("\n".join(lines) + "\n")
+        (d / "run.json").write_text(json.dumps({"argv": ["train.py"], "exit_code": 0, "wall_s": 1.0}))
+        (d / "child.json").write_text(json.dumps({"outcome": "finished", "exit_code": 0, "steps": 30}))
+        (d / "rank.json").write_text(json.dumps({"rank": HOSTILE, "world_size": "[bold]2", "host": HOSTILE + str(r),
+                                                 "exit_code": "[link=x]1", "source": HOSTILE}))
+    r = cli(["report", tmp_path], env={"COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    out = clean(r.stdout.decode())
+    rows = [line.split() for line in out.splitlines() if line.lstrip().startswith(("0 ", "1 "))]
+    assert [row[0] for row in rows] == ["0", "1"]        # the directory's rank, not rank.json's
+    assert all(row[1].startswith("\\x1b]52") for row in rows)      # the host, escaped (and shortened)
+    assert "[link=x]" not in out and "[bold]2" not in out      # a string exit code or world size: unknown

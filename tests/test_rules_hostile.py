@@ -133,3 +133,11 @@ def test_a_rule_whose_model_divides_by_zero_is_unknown_not_a_crash(tmp_path):
 def test_builtin_rules_stay_within_the_bounds():
     rules = load_rules()
     assert rules and max(len(expr.normalize(r.when)) for r in rules) < expr.MAX_EXPR_CHARS / 4
+
+
+def test_a_severity_outside_high_medium_low_is_refused(tmp_path):
+    d, f = write_rule(tmp_path, "share.input >= 0.5")
+    f.write_text(f.read_text().replace('kind = "', 'severity = "<img src=x onerror=alert(1)> \\u001b]52;c;x\\u0007"\nkind = "', 1))
+    with pytest.raises(RulesInvalid) as exc:
+        load_rules([d])
+    assert any("severity" in p.message for p in exc.value.problems)

@@ -23,6 +23,7 @@ from perfdoctor.analyze.straggler import RankInput, cross_rank
 from perfdoctor.collect.ranks import rank_dirs
 from perfdoctor.diagnose.confidence import label
 from perfdoctor.diagnose.live import StepsOnly, diagnose_dir
+from perfdoctor.diagnose.runfiles import RANK, record
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.report.document import build_document
 from perfdoctor.rules.engine import evaluate
@@ -40,7 +41,8 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
         doc = diagnose_dir(d, rule_dirs)
         _write(d / "report.json", doc)
         docs.append(doc)
-        infos.append({"rank": rank, **_read_json(d / "rank.json")})
+        # the directory names the rank; rank.json (any JSON) only adds what it holds in the right shape
+        infos.append({**record(_read_json(d / "rank.json"), RANK), "rank": rank})
     world = max((i.get("world_size") or 0 for i in infos), default=0) or None
     inputs = [_rank_input(i["rank"], doc, d) for i, doc, (_, d) in zip(infos, docs, found)]
     ranks_m, rows = cross_rank(inputs, world)

@@ -41,11 +41,11 @@ def render_ranks(c: Console, sec: dict) -> None:
         table.add_column(col, no_wrap=True)
     for r in sec["per_rank"]:
         mark = "*" if r["rank"] == sec.get("slowest_rank") and m.get("ranks.wait_cause") == "straggler" else ""
-        table.add_row(f"{r['rank']}{mark}", *((text(_short(r.get("host") or "-")),) if hosts else ()), _ms(r["step_time_ms"]),
+        table.add_row(text(f"{r['rank']}{mark}"), *((text(_short(r.get("host") or "-")),) if hosts else ()), _ms(r["step_time_ms"]),
                       _ms(r["busy_ms"]), f"{_ms(r['collective_wait_ms'])} {_pct(r['collective_wait_share'])}"
                       if r["collective_wait_ms"] is not None else "-",
                       _ms(r["straggler_wait_ms"]), _pct(r["data_wait_share"]), text(r["verdict"]),
-                      T(r.get("exit_code")))
+                      text("-" if r.get("exit_code") is None else r["exit_code"]))
     c.print(table)
     cause = m.get("ranks.wait_cause")
     if cause is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from perfdoctor.analyze import registry
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules import cache, expr
-from perfdoctor.rules.model import BOUNDS, DEVICES, KINDS, TARGETS, Case, Gain, Rule
+from perfdoctor.rules.model import BOUNDS, DEVICES, KINDS, SEVERITIES, TARGETS, Case, Gain, Rule
 
 REQUIRED = ("id", "slug", "kind", "title", "devices", "when", "summary", "source")
 
@@ -147,6 +147,8 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
             bad("a fix needs [gain] (share, speedup, assumption, label) or no_gain_reason")
         if not fix.get("text"):
             bad("a fix needs [fix] text")
+    if data.get("severity", "medium") not in SEVERITIES:
+        bad(f"severity must be one of {SEVERITIES}")
     targets = data.get("targets", [])
     if not isinstance(targets, list) or any(t not in TARGETS for t in targets):
         bad(f"targets must be a list drawn from {TARGETS}")

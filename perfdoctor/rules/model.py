@@ -9,6 +9,7 @@ KINDS = ("verdict", "flag", "fix")
 DEVICES = ("cuda", "rocm", "mtia", "cpu", "any")
 BOUNDS = ("input_io", "input_cpu", "input", "host", "device", "communication", "inconclusive")
 TARGETS = ("input", "host", "device", "communication")
+SEVERITIES = ("high", "medium", "low")
 
 
 def target_of(bound: str | None) -> str | None:
