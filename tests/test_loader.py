@@ -64,6 +64,26 @@ def test_nested_list_of_objects_in_args_survives_cutting(tmp_path, monkeypatch):
     assert _names(t) == [e["name"] for e in ev]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeypatch, chunked):
+    """Python's json writes "\\ud800" for a str holding an undecodable byte: valid JSON that msgspec
+    calls truncated. Every event is kept, the name reads U+FFFD, and one warning says so."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5}
+          for i in range(200)]
+    ev[3]["name"] = "op3\udc80x"                  # a lone low surrogate (os.fsdecode of byte 0x80)
+    ev[150]["name"] = "op150\ud800"               # a lone high one
+    ev[7]["name"] = "op7\U0001F600"                # a real pair stays as it is
+    (tmp_path / "s.json").write_text(json.dumps({"traceEvents": ev}))
+    if chunked:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
+        monkeypatch.setattr(reader, "READ_BYTES", 512)
+    t = load_trace(tmp_path / "s.json")
+    names = _names(t)
+    assert len(names) == 200 and not t.meta.truncated
+    assert names[3] == "op3\ufffdx" and names[150] == "op150\ufffd" and names[7] == "op7\U0001F600"
+    assert [w for w in t.meta.warnings if "surrogate" in w] == [reader.SURROGATE_WARNING]
+
+
 def test_legacy_2021_format(tmp_path):
     spec = tg.TraceSpec(steps=STEPS, fmt="legacy2021")
     tg.write(spec, tmp_path / "old.json.gz")

@@ -274,6 +274,24 @@ def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
 
 # --- perfdoctor run ----------------------------------------------------------------------------
 
+
+def test_annotated_copy_of_a_trace_with_odd_strings(trace, tmp_path):
+    """A kernel name with a lone surrogate escape and a bidi override: the copy is written (the
+    names read as the report read them) and holds no raw bidi character."""
+    doc = json.loads(trace.read_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["name"] = "k\u202eevil"
+    odd = tmp_path / "odd.pt.trace.json"
+    odd.write_text(json.dumps(doc).replace("k\\u202eevil", "k\\udc80\\u202eevil"))
+    out = tmp_path / "a.json"
+    r = cli("report", odd, "--annotate", out)
+    assert r.returncode == 0, r.stderr
+    body = out.read_bytes()
+    assert "\u202e".encode() not in body and body.count(b"\\u202e") >= 1
+    names = [e["name"] for e in json.loads(body)["traceEvents"] if e.get("cat") == "kernel"]
+    assert names and set(names) == {"k\ufffd\u202eevil"}
+
 def test_run_writes_html_and_annotated_trace_and_markdown(tmp_path):
     pytest.importorskip("torch", reason="perfdoctor run trains with torch")
     ex = Path(__file__).resolve().parent.parent / "examples" / "compute_bound.py"

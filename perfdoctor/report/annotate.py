@@ -26,7 +26,9 @@ from pathlib import Path
 import msgspec
 
 from perfdoctor.errors import PerfdoctorError, TraceFormatError
+from perfdoctor.report.sanitize import json_bytes, json_safe
 from perfdoctor.report.terminal import BOUND_TITLE
+from perfdoctor.trace.reader import LONE_SURROGATE
 
 CATEGORY = "perfdoctor"
 PID = 2 ** 31 - 2           # a process id no real process has (the next lower free one if a trace uses it)
@@ -92,7 +94,13 @@ def _read(path: str) -> dict:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        data = msgspec.json.decode(raw)
+        try:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            fixed, n = LONE_SURROGATE.subn(rb"\\ufffd", raw)     # as the report read it
+            if not n:
+                raise
+            data = msgspec.json.decode(fixed)
     except (OSError, EOFError, gzip.BadGzipFile, msgspec.DecodeError) as exc:
         raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc}") from None
     if isinstance(data, list):                  # a bare event list (legal Chrome trace)
@@ -115,7 +123,11 @@ def write_annotated(doc: dict, out: str | os.PathLike) -> int:
     data = _read(t["path"])
     added = annotation_events(doc, t, free_pid(data["traceEvents"]))
     data["traceEvents"].extend(added)
-    body = msgspec.json.encode(data)
+    try:
+        body = msgspec.json.encode(data)
+    except UnicodeEncodeError:          # a lone surrogate in a name (an escape in the trace's JSON)
+        body = msgspec.json.encode(json_safe(data))
+    body = json_bytes(body)             # the same strings, with what terminals act on escaped
     out = Path(out)
     try:
         if out.name.endswith(".gz"):

@@ -46,6 +46,12 @@ KEEP_BYTES = 16            # consumed bytes kept before the next chunk (see Chun
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 TAIL_PREFIX = b'{"traceEvents":['
+# A \uD800-\uDFFF escape outside a high+low pair: valid JSON to Python's json (which writes one
+# for a str holding an undecodable byte), but msgspec refuses it as "truncated". Read as U+FFFD.
+LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+                            rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+SURROGATE_WARNING = ("the trace's strings hold lone UTF-16 surrogate escapes (bytes that were not text): "
+                     "read as U+FFFD")
 assert len(TAIL_PREFIX) == KEEP_BYTES
 
 
@@ -249,10 +255,28 @@ def _decode_span(buf, start: int, end: int, state: ReadState) -> list[schema.Eve
 
 def _decode_payload(payload, state: ReadState) -> list[schema.Event]:
     try:
-        return schema.EVENTS_DECODER.decode(payload)
+        try:
+            return schema.EVENTS_DECODER.decode(payload)
+        except msgspec.DecodeError:
+            fixed = _lone_surrogates_replaced(payload, state)
+            if fixed is None:
+                raise
+            payload = fixed
+            return schema.EVENTS_DECODER.decode(payload)
     except msgspec.ValidationError:
         state.untyped_chunks += 1
         return coerce_events(schema.ANY_DECODER.decode(payload), state)
+
+
+def _lone_surrogates_replaced(payload, state: ReadState) -> bytes | None:
+    """`payload` with its lone surrogate escapes read as U+FFFD (and a warning), or None when it
+    holds none."""
+    fixed, n = LONE_SURROGATE.subn(rb"\\ufffd", bytes(payload))
+    if not n:
+        return None
+    if SURROGATE_WARNING not in state.warnings:
+        state.warnings.append(SURROGATE_WARNING)
+    return fixed
 
 
 def coerce_events(items: list, state: ReadState) -> list[schema.Event]:
@@ -322,7 +346,14 @@ def _decode_tail(tail: bytes, bare: bool, state: ReadState) -> Iterator[list[sch
                 text = text[:-1]
             yield _decode_events(text, state) if text.strip() else []
             return
-        doc = schema.DOC_DECODER.decode(b'{"traceEvents":[' + tail)
+        try:
+            doc = schema.DOC_DECODER.decode(b'{"traceEvents":[' + tail)
+        except msgspec.DecodeError:
+            fixed = _lone_surrogates_replaced(tail, state)
+            if fixed is None:
+                raise
+            tail = fixed
+            doc = schema.DOC_DECODER.decode(b'{"traceEvents":[' + tail)
         _merge_meta(doc, state)
         yield doc.traceEvents
         return
