@@ -25,6 +25,16 @@ NAMES = {
     # attention
     "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float>)": "attention_fp32",
     "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64": "attention_half",
+    # "bfloat16" holds "float": still half (PyTorch's FlashAttention-2 and memory-efficient kernels)
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, "
+    "cutlass::bfloat16_t, Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true>": "attention_half",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
+    "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)": "attention_half",
+    # collectives reduce fp32 gradients under autocast too: not work autocast changes
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "other",
+    "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)": "other",
+    # "convert" is not a convolution
+    "void cudnn::fusion::convert_dq_to_16bits<float, __nv_bfloat16>(float const*, __nv_bfloat16*)": "other",
     # not GEMMs
     "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float)": "memory_fp32",
     "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true>": "layout",
@@ -45,3 +55,70 @@ def test_peak_ratios_by_generation():
     assert peak_ratios(8.0) == pytest.approx((16.0, 2.0))     # A100
     assert peak_ratios(7.0)[0] == pytest.approx(125 / 15.7)  # V100: fp16 tensor cores, no TF32
     assert peak_ratios(6.1) is None and peak_ratios(None) is None
+
+
+# --- the model: what autocast would change ------------------------------------------------------
+
+def _step_trace(path, kernels, steps=3, second=None):
+    """Per step each (name, us) kernel launched by its own op, back to back on one stream; with
+    second=(name, us), that kernel on a second stream, overlapping the end of the step."""
+    from kineto import HandTrace
+
+    tr, t = HandTrace(), 0.0
+    for i in range(steps):
+        s0 = t = max(t, tr.device_free)
+        for name, us in kernels:
+            tr.op(1, t, "aten::op", 20.0, ext=tr.corr + 1)
+            tr.launch(1, t + 5, name, us)
+            t += 25.0
+        t = max(t, tr.device_free)
+        if second:
+            tr.events.append({"ph": "X", "cat": "kernel", "name": second[0], "pid": 0, "tid": 9,
+                              "ts": t - second[1], "dur": second[1], "args": {"device": 0, "stream": 9}})
+        tr.step(i, s0, t)
+    tr.write(path)
+
+
+TF32 = "nvjet_sm90_sss_128x128_64x4_1x2_h_bz_coopA_NNT"
+BF16 = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+LN = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*)"
+SOFTMAX = "void (anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, Epilogue>(float*, float const*)"
+FLASH_BF16 = ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, "
+              "cutlass::bfloat16_t, Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true>")
+
+
+def _metrics_and_fixes(path):
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    doc = diagnose_path(str(path))
+    return doc["traces"][0]["metrics"], {f["slug"]: f for f in doc["findings"]}
+
+
+def test_a_model_already_in_bf16_is_not_told_to_use_mixed_precision(tmp_path):
+    """bf16 GEMMs and flash attention with the norms and softmax autocast keeps in fp32: nothing
+    for autocast to change. The same fp32 kernels beside TF32 GEMMs do go half (their inputs do)."""
+    _step_trace(tmp_path / "bf16.json", [(BF16, 400), (FLASH_BF16, 300), (LN, 200), (SOFTMAX, 100)])
+    m, fixes = _metrics_and_fixes(tmp_path / "bf16.json")
+    assert m["precision.attention_half_share"] > 0.25 and m["precision.attention_fp32_share"] == 0
+    assert m["precision.memory_fp32_share"] > 0.25
+    assert m["precision.amp_share"] == 0 and "mixed-precision" not in fixes
+    _step_trace(tmp_path / "tf32.json", [(TF32, 400), (LN, 200), (SOFTMAX, 100)])
+    m, fixes = _metrics_and_fixes(tmp_path / "tf32.json")
+    assert m["precision.amp_share"] == pytest.approx(
+        (m["precision.gemm_tf32_share"] + m["precision.memory_fp32_share"]) * m["share.device"])
+    assert fixes["mixed-precision"]["ranked"]
+
+
+def test_an_overlapping_fp32_all_reduce_is_not_precision_work(tmp_path):
+    _step_trace(tmp_path / "ddp.json", [(BF16, 600), (LN, 100)], second=("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 300))
+    m, fixes = _metrics_and_fixes(tmp_path / "ddp.json")
+    assert m["precision.gemm_half_share"] > 0.8 and m["precision.amp_share"] == 0
+    assert "mixed-precision" not in fixes
+
+
+def test_kernels_on_concurrent_streams_never_fill_more_than_the_step(tmp_path):
+    """A TF32 GEMM on a second stream overlaps the first: the class shares add up to the time some
+    kernel runs (the whole step here), not to the summed kernel time (1.5x the step)."""
+    _step_trace(tmp_path / "two.json", [(TF32, 600)], second=(TF32, 300))
+    m, _ = _metrics_and_fixes(tmp_path / "two.json")
+    assert m["precision.gemm_tf32_share"] == pytest.approx(600 / 610, rel=0.02)

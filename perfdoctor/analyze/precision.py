@@ -6,11 +6,18 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
   tensor cores (`tf32`, Ampere+ `s1688`/`s16816`), half (bf16/fp16, incl. Volta's `884`) or fp8;
   cuBLASLt's Hopper+ `nvjet` tensor-core kernels by their type letters: `nvjet_tst`/`nvjet_hsh`
   bf16/fp16 in, `nvjet_sss` fp32 in, which on tensor cores means TF32;
-- attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float;
+- attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float (not
+  "bfloat16");
+- collectives (NCCL/RCCL kernels): other, whatever type they reduce (gradients stay fp32);
 - NCHW <-> NHWC layout transposes cuDNN inserts around its NHWC convolutions (channels_last
   removes them);
 - other fp32 kernels (elementwise, norms, reductions, pooling) outside Optimizer.step: memory
-  bound, they move half the bytes once autocast makes their inputs bf16/fp16;
+  bound, they move half the bytes once autocast makes their inputs bf16/fp16. Autocast casts the
+  inputs of GEMMs and convolutions only; the kernels between them go half because they read a
+  half GEMM's output. So the memory-bound credit is scaled by the part of the GEMM/convolution/
+  attention time still in fp32/TF32: none when that work is already half (what stays fp32 under
+  autocast, norms, softmax, the loss, an fp32 residual stream, stays so by design), and none
+  without any GEMM (autocast has nothing to cast);
 - the rest (half already, integer, optimizer kernels on fp32 weights): unchanged.
 
 The expected effect of autocast (bf16 on Ampere+, fp16 on Volta/Turing) follows from the peak
@@ -19,6 +26,8 @@ no real kernel reaches peak: a ratio r is expected to deliver r**0.7 (range r**0
 memory-bound kernels 1.7x (range 1.3-2.0x: half the bytes, some stay fp32). Kernel time only
 shortens the step where the device is the critical path: the affected kernel time is weighted by
 the device's busy share of the step (1.0 on a device-bound step, ~0 on a host-bound one).
+Kernels on concurrent compute streams overlap: when their summed time exceeds the time some of
+them runs, every class's time is scaled by that ratio, so no share exceeds the device's busy time.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from perfdoctor.trace.table import EventTable
 CLASSES = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_half", "layout",
            "memory_fp32", "other")
 
-GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv|winograd|implicit_convolve|fprop|dgrad|wgrad|cutlass|xmma|Cijk_|"
+GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv(?!ert)|winograd|implicit_convolve|fprop|dgrad|wgrad|cutlass|xmma|Cijk_|"
                      r"\bdot_kernel|splitKreduce", re.I)
 ATTENTION_RX = re.compile(r"fmha|flash|attention|cutlassF|cutlassB", re.I)
 LAYOUT_RX = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw", re.I)
@@ -47,6 +56,8 @@ FP32_GEMM_RX = re.compile(r"sgemm|ffma|f32f32_f32f32|simt|scudnn|implicit_convol
 FP32_RX = re.compile(r"float|f32|fp32", re.I)
 # nvjet_[smNN_]<A/B><compute><C/D>_...: h fp16, t bf16, s fp32 (e.g. nvjet_sm90_tst_..., nvjet_hsh_...)
 NVJET_RX = re.compile(r"nvjet_(?:sm\d+_)?([a-z])[a-z]{2}_")
+COLLECTIVE_RX = re.compile(r"nccl|rccl", re.I)
+EXPLICIT_FP32_RX = re.compile(r"_f32|(?<!b)float", re.I)        # "bfloat16" is not fp32
 OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 
 # Dense peak throughput (TFLOPS) by compute capability: fp32 SIMT, TF32 tensor, bf16/fp16 tensor.
@@ -59,10 +70,12 @@ MEMORY_SPEEDUP = (1.7, 1.3, 2.0)        # expected, low, high
 
 
 def kernel_class(name: str) -> str:
+    if COLLECTIVE_RX.search(name):
+        return "other"
     if LAYOUT_RX.search(name):
         return "layout"
     if ATTENTION_RX.search(name):
-        return "attention_half" if HALF_RX.search(name) and not re.search(r"_f32|float", name) else \
+        return "attention_half" if HALF_RX.search(name) and not EXPLICIT_FP32_RX.search(name) else \
             "attention_fp32" if FP32_RX.search(name) else "other"
     if GEMM_RX.search(name) and not NOT_GEMM_RX.search(name):
         if re.search(r"tf32", name, re.I):
@@ -123,7 +136,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     cls = class_of_rows(t, k, kr)
     mem, other = CLASSES.index("memory_fp32"), CLASSES.index("other")
     cls = np.where(_in_optimizer(t, k, kr) & (cls == mem), other, cls)
-    dur = t.dur[kr]
+    dur = t.dur[kr] * _overlap_scale(t, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
     ratios = peak_ratios(cc)
@@ -131,9 +144,12 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
         return out
     fp32_r, tf32_r = ratios
     crit = device_weight(device_share)
+    wide = out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"] + out["precision.gemm_tf32_share"]
+    narrow = out["precision.gemm_half_share"] + out["precision.attention_half_share"]
+    follows = wide / (wide + narrow) if wide + narrow > 0 else 0.0    # memory kernels fed by fp32 GEMMs
     parts = [(out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"], fp32_r),
              (out["precision.gemm_tf32_share"], tf32_r)]
-    shares = [s * crit for s, _ in parts] + [out["precision.memory_fp32_share"] * crit]
+    shares = [s * crit for s, _ in parts] + [out["precision.memory_fp32_share"] * follows * crit]
     amp = sum(shares)
     if amp <= 0:
         out.update({"precision.amp_share": 0.0})
@@ -149,6 +165,23 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
                 "precision.amp_speedup_high": combined(DAMP_HIGH, MEMORY_SPEEDUP[2]),
                 "precision.amp_speedup_peak": combined(None, 2.0)})
     return out
+
+
+def _overlap_scale(t: EventTable, kr: np.ndarray) -> float:
+    """1, or (time some kernel runs) / (summed kernel time) when the kernels other than
+    collectives overlap on streams (collectives overlap the compute by design; they are "other")."""
+    from perfdoctor.analyze.intervals import total as covered
+
+    keep = kr[~_collective_rows(t, kr)]
+    summed = float(t.dur[keep].sum())
+    if summed <= 0:
+        return 1.0
+    return min(1.0, covered(t.ts[keep], t.ts[keep] + t.dur[keep]) / summed)
+
+
+def _collective_rows(t: EventTable, kr: np.ndarray) -> np.ndarray:
+    lut = np.fromiter((bool(COLLECTIVE_RX.search(n)) for n in t.names), bool, len(t.names))
+    return lut[t.name[kr]]
 
 
 def _in_optimizer(t: EventTable, k: Kinds, kr: np.ndarray) -> np.ndarray:
