@@ -37,7 +37,10 @@ def run_cases(rule: Rule) -> list[CaseResult]:
             problem = None
             for what, want, got in (("ceiling", case.gain, finding.ceiling),
                                     ("expected gain", case.expected, finding.expected)):
-                if want is not None and (got is None or not want[0] <= got <= want[1]):
+                if want == () and got is not None:              # expected = []: unknown
+                    problem = f"{what} {got}, where the case expects it unknown ({finding.gain_text})"
+                    break
+                if want and (got is None or not want[0] <= got <= want[1]):
                     problem = f"{what} {got} outside [{want[0]}, {want[1]}] ({finding.gain_text})"
                     break
             if problem:

@@ -265,8 +265,8 @@ def _cases(raw, known: set[str], bad) -> list[Case]:
         if g is not None and not (isinstance(g, list) and len(g) == 2):
             bad(f"case {name!r}: gain must be [low, high]")
             g = None
-        if e is not None and not (isinstance(e, list) and len(e) == 2):
-            bad(f"case {name!r}: expected must be [low, high]")
+        if e is not None and not (isinstance(e, list) and len(e) in (0, 2)):
+            bad(f"case {name!r}: expected must be [low, high], or [] for unknown")
             e = None
-        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g else None, tuple(e) if e else None))
+        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g else None, tuple(e) if e is not None else None))
     return out
