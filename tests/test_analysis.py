@@ -203,3 +203,41 @@ def test_datapipe_and_multiprocess_loader_names(analyze_spec):
     assert a.metrics["input.loader"] == "multi_process" and a.metrics["input.num_workers_zero"] is False
     b, _ = analyze_spec(tg.TraceSpec(steps=[S(data_wait_us=0)] * 3), name="none.json")
     assert b.metrics["input.loader"] is None and b.metrics["input.num_workers_zero"] is None
+
+
+def _host_bound_trace(path, gap_us: float, gaps: int, steps: int = 4):
+    """Per step: 40 tiny ops, each launching a 10 us kernel, with `gaps` untraced stretches of
+    gap_us spread between them (the Python between ops, or one long piece of the loop's code)."""
+    from kineto import HandTrace
+
+    tr, t = HandTrace(), 0.0
+    for i in range(steps):
+        s0 = t
+        for j in range(40):
+            tr.op(1, t, "aten::add", 20.0, ext=tr.corr + 1)
+            tr.launch(1, t + 5, "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 10.0)
+            t += 25.0
+            if j % (40 // gaps) == 0:
+                t += gap_us
+        tr.step(i, s0, t)
+    tr.write(path)
+
+
+def test_long_untraced_stretches_are_told_from_the_python_between_ops(tmp_path):
+    """The same 4 ms of untraced host time per step: as 40 pieces of 100 us between ops (the
+    model's Python: graph replay removes it) or as one 4 ms stretch (the loop's own code, e.g. a
+    checkpoint write: compiling the model leaves it, and PD311 does not count it)."""
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    out = {}
+    for name, gap_us, gaps in (("short", 100.0, 40), ("long", 4000.0, 1)):
+        _host_bound_trace(tmp_path / f"{name}.json", gap_us, gaps)
+        doc = diagnose_path(str(tmp_path / f"{name}.json"))
+        out[name] = (doc["traces"][0]["metrics"], {f["slug"] for f in doc["findings"]})
+    m_short, fixes_short = out["short"]
+    m_long, fixes_long = out["long"]
+    # 4 ms of gaps and 40 x 5 us between an op's end and the next, in a 5 ms step
+    assert m_short["gpu.idle_while_untraced_share"] == m_long["gpu.idle_while_untraced_share"] == pytest.approx(0.84)
+    assert m_short["gpu.idle_while_long_untraced_share"] == 0
+    assert m_long["gpu.idle_while_long_untraced_share"] == pytest.approx(4005 / 5000)
+    assert "compile-reduce-overhead" in fixes_short and "compile-reduce-overhead" not in fixes_long

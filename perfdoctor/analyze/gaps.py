@@ -7,7 +7,10 @@ Classification (after HTA's idle-time breakdown, with the threshold in microseco
   or nothing follows in the step;
 - other: the work was already launched before the gap began (waiting on a dependency).
 Independently, idle time is split by the host's activity: data wait > sync > other runtime
-calls > traced CPU ops > untraced.
+calls > traced CPU ops > untraced. Untraced idle in stretches of LONG_UNTRACED_US or more is
+counted apart: the Python between a model's ops lasts microseconds per op, so a millisecond with
+no op, runtime call or data wait is the loop's own code (a checkpoint write, logging, batch
+preparation), which compiling the model does not touch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from perfdoctor.analyze.timeline import Timeline
 from perfdoctor.trace.table import EventTable
 
 KERNEL_WAIT_US = 30.0
+LONG_UNTRACED_US = 1000.0
 TOP_GAPS = 5
 HOST_ACTIVITY = ("data_wait", "sync", "runtime", "cpu_ops", "untraced")
 
@@ -49,6 +53,7 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
                "runtime": "gpu.idle_while_runtime_share", "cpu_ops": "gpu.idle_while_cpu_ops_share",
                "untraced": "gpu.idle_while_untraced_share"}[name]
         out[key] = tl.total(idle & (host_role == i)) / total
+    out["gpu.idle_while_long_untraced_share"] = _long_stretches(tl, idle & (host_role == len(layers))) / total
 
     # Merge idle segments into gaps (a new gap starts where the previous segment was not idle,
     # or at a step boundary).
@@ -93,6 +98,18 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
                 host_event=_main_host_event(t, host_rows, g_start[g], g_end[g]))
             for g in top if g_len[g] > 0]
     return out, gaps
+
+
+def _long_stretches(tl: Timeline, mask: np.ndarray) -> float:
+    """Time (us) of the runs of adjacent `mask` segments, inside one step, lasting LONG_UNTRACED_US
+    or more."""
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return 0.0
+    new = np.ones(len(idx), bool)
+    new[1:] = (np.diff(idx) != 1) | (tl.step_of[idx[1:]] != tl.step_of[idx[:-1]])
+    length = np.bincount(np.cumsum(new) - 1, weights=tl.seg.length[idx])
+    return float(length[length >= LONG_UNTRACED_US].sum())
 
 
 def _main_host_event(t: EventTable, rows: np.ndarray, a: float, b: float) -> str | None:

@@ -90,6 +90,7 @@ _m("gpu.idle_while_sync_share", "share", "Device idle while the host is in a syn
 _m("gpu.idle_while_runtime_share", "share", "Device idle while the host is in other runtime calls (launches, malloc).")
 _m("gpu.idle_while_cpu_ops_share", "share", "Device idle while the host runs traced CPU ops.")
 _m("gpu.idle_while_untraced_share", "share", "Device idle while nothing is traced on the host.")
+_m("gpu.idle_while_long_untraced_share", "share", "Device idle while nothing is traced on the host, in stretches of 1 ms or more (the loop's own code, e.g. a checkpoint write or logging; not the Python between a model's ops).")
 _m("gpu.kernels_per_step", "per_step", "Kernels per step.")
 _m("gpu.kernel_median_us", "us", "Median kernel duration.")
 _m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels shorter than the runtime call that launched them.")
