@@ -49,17 +49,19 @@ def test_cpu_traces_tell_hand_written_attention_from_sdpa(tmp_path):
     assert per_step == {"manual": 3.0, "fused": 0.0, "head": 0.0}
 
 
-def _cuda_trace(path, attention_us: float, other_us: float, steps: int = 3):
+def _cuda_trace(path, attention_us: float, other_us: float, steps: int = 3, kernels: dict | None = None):
     """A kineto trace: per step an attention block (matmul, div, softmax, matmul) and a linear
-    layer, each op launching one kernel of the given length, run back to back on the device."""
+    layer, each op launching one kernel of the given length (attention_us split evenly, or by
+    the `kernels` op -> (kernel name, us)), run back to back on the device."""
     tr, t = HandTrace(), 0.0
     for i in range(steps):
         s0 = t = max(t, tr.device_free)
         for name, us in (("aten::matmul", attention_us / 4), ("aten::div", attention_us / 4),
                          ("aten::softmax", attention_us / 4), ("aten::matmul", attention_us / 4),
                          ("aten::linear", other_us)):
+            kernel, us = (kernels or {}).get(name, (f"kernel_{name}", us))
             tr.op(1, t, name, 20.0, ext=tr.corr + 1)
-            tr.launch(1, t + 5, f"kernel_{name}", us)
+            tr.launch(1, t + 5, kernel, us)
             t += 25.0
         t = max(t, tr.device_free)
         tr.step(i, s0, t)
@@ -78,3 +80,23 @@ def test_cuda_trace_sizes_hand_written_attention_and_offers_sdpa(tmp_path):
     assert fix["ranked"]
     assert fix["gain"]["expected"] == pytest.approx(1 / (0.25 + 0.75 / 2), rel=0.05)
     assert "math-attention" in {f["slug"] for f in doc["flags"]}
+
+
+def test_the_gain_of_a_fused_kernel_grows_with_the_passes_over_the_scores(tmp_path):
+    """Named kernels: the two matmuls are bf16 GEMMs (250 us each), the scale and the softmax over
+    the T x T scores 1000 us each (long sequences). The fused kernel keeps ~1.25x the GEMMs' time
+    and drops the passes: 2500 us of attention -> 625 us."""
+    p = tmp_path / "named.json"
+    gemm = ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 250.0)
+    _cuda_trace(p, attention_us=0, other_us=1000.0, kernels={
+        "aten::matmul": gemm, "aten::div": ("void at::native::elementwise_kernel<128, 2, DivFunctor<c10::BFloat16>>", 1000.0),
+        "aten::softmax": ("void (anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, Epilogue>", 1000.0)})
+    doc = diagnose_path(str(p))
+    m = doc["traces"][0]["metrics"]
+    step = 3500.0                                        # 2 x 250 + 2 x 1000 + 1000 us back to back
+    assert m["attention.manual_kernel_share"] == pytest.approx(2500 / step, rel=0.03)
+    assert m["attention.manual_gemm_share"] == pytest.approx(500 / step, rel=0.03)
+    fix = {f["slug"]: f for f in doc["findings"]}["flash-attention"]
+    share = m["attention.manual_kernel_share"]
+    assert fix["gain"]["expected"] == pytest.approx(1 / ((1 - share) + share / (2500 / (1.25 * 500))), rel=0.01)
+    assert fix["gain"]["expected"] > 1.9 and fix["gain"]["ceiling"] == pytest.approx(1 / (1 - share), rel=0.01)

@@ -10,7 +10,9 @@ SoftmaxBackward, BmmBackward). Softmax inside SDPA's own math path is counted by
 not here.
 
 The cost is the device time of the kernels launched from the host span of each match (first
-matmul to last), over the step time: the T^2 work a fused kernel replaces.
+matmul to last), over the step time: the T^2 work a fused kernel replaces. The part of it in
+GEMM kernels (the two matmuls, by kernel name: analyze/precision.py) is the work a fused kernel
+still does; the rest (scale, mask, softmax, dropout passes over the score matrix) it removes.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import numpy as np
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
+from perfdoctor.analyze.precision import CLASSES, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 WINDOW = 4
+GEMM_CLASSES = [CLASSES.index(c) for c in ("gemm_fp32", "gemm_tf32", "gemm_half")]
 OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
 MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
                    r"^autograd::engine::evaluate_function: (Bmm|Baddbmm|Matmul|Einsum|UnsafeView)Backward")
@@ -34,7 +38,8 @@ SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
 
 
 def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
-    out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None}
+    out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None,
+           "attention.manual_gemm_share": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
     luts = _luts(t)
@@ -43,7 +48,8 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     for tid in unique(t.tid[ops]) if len(ops) else []:
         spans += _matches(t, ops[t.tid[ops] == tid], luts)
     if not spans:
-        out["attention.manual_kernel_share"] = 0.0 if k.platform != "cpu" else None
+        none = 0.0 if k.platform != "cpu" else None
+        out.update({"attention.manual_kernel_share": none, "attention.manual_gemm_share": none})
         return out
     forward = sum(1 for _, _, bwd in spans if not bwd)
     out["attention.manual_per_step"] = forward / len(steps)
@@ -55,7 +61,12 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     inside = np.zeros(len(dev), bool)
     for tid_code, a, b, _ in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e], bwd) for s, e, bwd in spans):
         inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
-    out["attention.manual_kernel_share"] = float(t.dur[dev[inside & k.kernel[dev]]].sum()) / total if total else None
+    if not total:
+        return out
+    rows = dev[inside & k.kernel[dev]]
+    gemm = np.isin(class_of_rows(t, k, rows), GEMM_CLASSES)
+    out["attention.manual_kernel_share"] = float(t.dur[rows].sum()) / total
+    out["attention.manual_gemm_share"] = float(t.dur[rows[gemm]].sum()) / total
     return out
 
 

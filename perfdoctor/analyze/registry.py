@@ -144,6 +144,7 @@ _m("attention.math_ops_per_step", "per_step", "aten::_scaled_dot_product_attenti
 _m("attention.fused_ops_per_step", "per_step", "Flash / memory-efficient / cuDNN SDPA calls per step.")
 _m("attention.manual_per_step", "per_step", "Hand-written attention per step (matmul, softmax, matmul among a thread's outermost ops; analyze/attention.py): forward passes.")
 _m("attention.manual_kernel_share", "share", "Device time of kernels launched by hand-written attention (forward and backward) / step time; None on CPU.")
+_m("attention.manual_gemm_share", "share", "The part of attention.manual_kernel_share in GEMM kernels (the matmuls a fused attention kernel still computes; the rest it removes); None on CPU.")
 _m("attention.math_kernel_share", "share", "Device time of kernels launched inside math-attention ops / step time.")
 _m("parallel.data_parallel", "bool", "torch.nn.DataParallel ran (DataParallel.forward annotations).")
 _m("optimizer.step_share", "share", "Share of step time inside Optimizer.step annotations (host).")
