@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
     (["report", "t.json"], "t.json"),
     (["report", "-f", "json", "-o", "r.json", "t.json"], "t.json"),
     (["report", "t.json", "--format=json", "--rules", "mine"], "t.json"),
+    (["report", "--details", "t.json", "--annotate", "a.json.gz", "--tune", "tune.json"], "t.json"),
     (["report", "--", "-odd-name.json"], "-odd-name.json"),
     (["report"], None),
     (["report", "a.json", "b.json"], None),          # typer will say what is wrong
@@ -34,6 +35,19 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 ])
 def test_report_path(argv, path):
     assert report_path(argv) == path
+
+
+def test_every_report_option_is_known_to_the_prefetch():
+    """An option the prefetch does not know turns it off silently: the lists must follow the CLI."""
+    import typer.main
+
+    from perfdoctor.cli import app
+    from perfdoctor.trace.prefetch import FLAG_OPTIONS, VALUE_OPTIONS
+
+    cmd = typer.main.get_command(app).commands["report"]
+    value = {o for p in cmd.params if p.param_type_name == "option" and not p.is_flag for o in p.opts}
+    flags = {o for p in cmd.params if p.param_type_name == "option" and p.is_flag for o in p.opts} - {"--help"}
+    assert value == VALUE_OPTIONS and flags == FLAG_OPTIONS
 
 
 SCRIPT = """

@@ -220,7 +220,8 @@ class _Progress:
         if not recs:
             print(f"[perfdoctor] {elapsed:.0f} s, waiting for the first training step", file=sys.stderr)
             return
-        dur = sorted(r["dur"] for r in recs)[len(recs) // 2]
-        wait = sum(r["wait"] for r in recs) / max(sum(r["dur"] for r in recs), 1e-9)
+        total = sum(r["dur"] for r in recs)       # wall time over the recent steps: a median would
+        dur = total / len(recs)                   # hide the long steps of a bursty loader
+        wait = sum(r["wait"] for r in recs) / max(total, 1e-9)
         print(f"[perfdoctor] step {recs[-1].get('step')} · {ms(dur * 1e3)} ms/step · data wait {100 * wait:.0f}%",
               file=sys.stderr)

@@ -17,7 +17,9 @@ import os
 from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import loader
 
-VALUE_OPTIONS = {"-f", "--format", "-o", "--output", "--rules"}   # `report`'s options that take a value
+# `report`'s options (tests/test_loader_parallel.py checks them against the CLI's)
+VALUE_OPTIONS = {"-f", "--format", "-o", "--output", "--rules", "--annotate", "--tune"}   # take a value
+FLAG_OPTIONS = {"--details"}
 
 _pending: dict[str, loader.PendingLoad] = {}
 
@@ -35,6 +37,8 @@ def report_path(argv: list[str]) -> str | None:
         if arg in VALUE_OPTIONS:
             if next(it, None) is None:
                 return None
+        elif arg in FLAG_OPTIONS:
+            continue
         elif arg.startswith("-") and arg != "-":
             if arg.split("=", 1)[0] not in VALUE_OPTIONS or "=" not in arg:
                 return None   # --help, a typo, a flag we do not know: leave it all to typer
