@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, other_load_of
 from perfdoctor.stats import steptime
 from perfdoctor.stats.steptime import StepEstimate, speedup, wait_share_change
 
@@ -139,7 +139,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         rows.append(Row(STEP_TIME, _ms_med(bases), _ms_one(cur), "", "", NOT_COMPARABLE, why))
     else:
         busy = [f"{r.label if r is not cur else 'the current run'}: {load:.1f} of {cores} cores"
-                for r in [cur, *bases] for load, cores in [other_load(r)]
+                for r in [cur, *bases] for load, cores in [other_load_of(r.metrics)]
                 if load is not None and load > max(opt.max_other_load * cores, 0.5)]
         if busy:
             why = ("the machine was busy with other work (" + "; ".join(busy) + " used by other processes): "
@@ -159,19 +159,6 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
                        "differs": diffs, "unknown": sorted(unknown)},
                       {"current": cur.command, "baselines": [b.command for b in bases], "differ": differ,
                        "warning": warning})
-
-
-def other_load(r: RunData) -> tuple[float | None, int | None]:
-    """Cores used by processes other than the trainer and its loader workers during the run:
-    system.cpu_busy_share x machine.cpu_count - trainer cores - workers x worker cores
-    (None when the run has no system samples)."""
-    m = r.metrics
-    busy, cores = m.get("system.cpu_busy_share"), m.get("machine.cpu_count")
-    trainer = m.get("loader.trainer_cpu_mean")
-    if busy is None or not cores or trainer is None:
-        return None, cores
-    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
-    return max(0.0, busy * cores - own), cores
 
 
 def _step_s(r: RunData) -> float | None:

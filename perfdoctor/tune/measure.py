@@ -63,7 +63,8 @@ def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, 
 
 
 def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_s: float) -> Measured:
-    from perfdoctor.diagnose.live import read_steps
+    from perfdoctor.diagnose.live import loader_settings, read_steps
+    from perfdoctor.gate.load import other_load_of
     from perfdoctor.stats.steptime import estimate
 
     outcome = child.get("outcome") or "killed"
@@ -72,31 +73,25 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     if outcome not in ("stopped", "completed") or exit_code != 0:
         why = child.get("error") or (f"exit code {exit_code}" if exit_code else outcome)
         m.error = f"the script failed ({why})"
-    m.other_load, m.cores = other_load(run_dir)
-    loader = (m.inject.get("loaders") or [{}])[0].get("got") or {}
+    system = system_of(run_dir)
+    m.other_load, m.cores = other_load_of(system)
+    loader = loader_settings(run_dir, system)          # as `run` and `gate` read the same directory
     if m.steps:
-        m.estimate = estimate(m.steps, num_workers=loader.get("num_workers"),
-                              prefetch_factor=loader.get("prefetch_factor"))
+        m.estimate = estimate(m.steps, num_workers=loader["num_workers"], prefetch_factor=loader["prefetch_factor"])
     if m.error is None and (m.estimate is None or not m.estimate.conclusive):
         reason = getattr(m.estimate, "reason", None) or "no training step recorded"
         m.error = f"not measurable: {reason}"
     return m
 
 
-def other_load(run_dir: Path) -> tuple[float | None, int | None]:
-    """Cores used by processes other than the script's trainer and loader workers during the run,
-    from its system samples (as `gate`: busy share x cores - the script's own cores)."""
+def system_of(run_dir: Path) -> dict:
+    """The run's system metrics (analyze/system.py), {} when its samples cannot be read."""
     data = _read_json(run_dir / "samples.json")
     try:
         from perfdoctor.analyze.system import system_metrics
-        m = system_metrics(data.get("samples") or [], data.get("notes") or [])
+        return system_metrics(data.get("samples") or [], data.get("notes") or [])
     except Exception:
-        return None, None
-    busy, cores, trainer = m.get("system.cpu_busy_share"), m.get("machine.cpu_count"), m.get("loader.trainer_cpu_mean")
-    if busy is None or not cores or trainer is None:
-        return None, cores
-    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
-    return max(0.0, busy * cores - own), int(cores)
+        return {}
 
 
 def speedup(bases: list[Measured], new: Measured) -> tuple[float, tuple[float, float]]:
