@@ -15,7 +15,7 @@ import pytest
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.system import DISK_SLEEP_SHARE, system_metrics
 from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
-from perfdoctor.collect.samplers import SystemSampler, load_samples
+from perfdoctor.collect.samplers import SystemSampler
 
 INTERVAL = 0.25
 
@@ -228,11 +228,6 @@ def test_split_thresholds_and_unknowns(tmp_path):
     assert system_metrics(_synthetic(10, cpu=5.0, busy=95.0), [])["input.split"] == "other"
     # saturated by other jobs, but the loader is in disk sleep more often than runnable: io
     assert system_metrics(_synthetic(10, cpu=55.0, busy=95.0, state="disk-sleep"), [])["input.split"] == "io"
-    # save/load round trip keeps the samples
-    s = SystemSampler(os.getpid(), interval=0.1)
-    s.samples, s.notes = _synthetic(3), ["x"]
-    s.save(tmp_path / "system.json")
-    assert load_samples(tmp_path / "system.json") == (s.samples, ["x"])
 
 
 def test_physical_cores_count_hyperthread_siblings_once(tmp_path):

@@ -60,13 +60,6 @@ class Segments:
         depth = np.cumsum(np.bincount(i0, minlength=n + 1) - np.bincount(i1, minlength=n + 1))
         return depth[: n - 1] > 0
 
-    def owner(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Index of the interval covering each segment (-1 if none). Intervals must be disjoint."""
-        idx = np.searchsorted(starts, self.start, side="right") - 1
-        ok = idx >= 0
-        ok[ok] = self.start[ok] < ends[idx[ok]]
-        return np.where(ok, idx, -1)
-
     def assign(self, layers: list[np.ndarray], default: int) -> np.ndarray:
         """Priority assignment: first layer (in list order) whose mask covers a segment wins."""
         out = np.full(len(self), default, np.int64)

@@ -41,9 +41,6 @@ SYNC_RUNTIME_RX = re.compile(
     r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy|MemcpyWithStream)$")
 MALLOC_RX = re.compile(r"^(cuda|hip)(Malloc|MallocHost|MallocManaged|MallocAsync)$")
 FREE_RX = re.compile(r"^(cuda|hip)(Free|FreeHost|FreeAsync)$")
-LAUNCH_RX = re.compile(r"^(cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx|"
-                       r"hipLaunchKernel|hipExtLaunchKernel|hipExtModuleLaunchKernel|hipModuleLaunchKernel|"
-                       r"cudaLaunchCooperativeKernel|cudaGraphLaunch|hipGraphLaunch|" + re.escape(MTIA_LAUNCH) + ")$")
 
 
 @dataclass

@@ -45,11 +45,9 @@ that file. Each sample records its own CPU cost in cost_s; `overhead()` summaris
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
@@ -157,10 +155,6 @@ class SystemSampler:
         mean = sum(costs) / len(costs)
         return {"samples": len(costs), "cpu_s_per_sample": mean,
                 "core_fraction": mean / self.interval}
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"interval": self.interval, "root_pid": self.root_pid,
-                                          "notes": self.notes, "samples": self.samples}))
 
     def _interval(self) -> float:
         young = time.monotonic() - self._t0 < YOUNG_S
@@ -358,9 +352,3 @@ def _blkio_s(pid: int) -> float | None:
         return round(int(fields[42 - 3]) / _CLK_TCK, 3)
     except (IndexError, ValueError):
         return None
-
-
-def load_samples(path: str | Path) -> tuple[list[dict], list[str]]:
-    """Read what SystemSampler.save wrote: (samples, notes)."""
-    doc = json.loads(Path(path).read_text())
-    return doc.get("samples", []), doc.get("notes", [])

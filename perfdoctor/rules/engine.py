@@ -69,11 +69,6 @@ class _Unknown(Exception):
     pass
 
 
-def dynamic_names(rules: list[Rule]) -> set[str]:
-    """Names rules may use besides registered metrics."""
-    return {"verdict.bound"} | {r.flag_name for r in rules if r.kind == "flag"}
-
-
 def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
     platform = metrics.get("trace.platform") or "any"
     values = dict(metrics)

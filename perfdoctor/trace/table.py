@@ -67,22 +67,8 @@ class EventTable:
         lut = np.fromiter((c.lower() in wanted for c in self.cats), bool, len(self.cats))
         return lut[self.cat] if len(lut) else np.zeros(len(self), bool)
 
-    def ph_mask(self, *phases: str) -> np.ndarray:
-        return np.isin(self.ph, np.frombuffer("".join(phases).encode(), np.uint8))
-
     def arg(self, key: str) -> np.ndarray:
         return self.args[key]
 
     def end(self) -> np.ndarray:
         return self.ts + self.dur
-
-    def names_of(self, rows: np.ndarray) -> list[str]:
-        return [self.names[c] for c in self.name[rows]]
-
-
-def concat_columns(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    if not parts:
-        return {}
-    if len(parts) == 1:
-        return parts[0]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
