@@ -20,7 +20,7 @@ from perfdoctor.analyze.stepwait import wait_busy_share
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.confidence import label
-from perfdoctor.report.document import build_document
+from perfdoctor.diagnose.document import build_document
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
 from perfdoctor.stats.steptime import StepEstimate, estimate

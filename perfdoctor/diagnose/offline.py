@@ -29,7 +29,7 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
     try:
         first.start()   # inside the try: its finally reaps the helper whatever interrupts
         from perfdoctor.analyze.pipeline import analyze
-        from perfdoctor.report.document import build_document
+        from perfdoctor.diagnose.document import build_document
         from perfdoctor.rules.engine import evaluate
         from perfdoctor.rules.loader import load_rules
 

@@ -25,7 +25,7 @@ from perfdoctor.diagnose.confidence import label
 from perfdoctor.diagnose.live import StepsOnly, diagnose_dir
 from perfdoctor.diagnose.runfiles import RANK, record
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.report.document import build_document
+from perfdoctor.diagnose.document import build_document
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
 
