@@ -4,6 +4,7 @@ Dockerfile lints clean."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -95,4 +96,7 @@ def test_readme_demo_command_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(tmp_path / "run"), *demo[2:]],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "INPUT-BOUND (CPU)" in r.stderr and "DataLoader runs with num_workers=0" in r.stderr
+    assert "INPUT-BOUND (CPU)" in r.stderr
+    free = json.loads((tmp_path / "run" / "report.json").read_text())["traces"][0]["metrics"]["machine.free_cores"]
+    # the flag (and the workers fix) needs an idle core for a worker: a busy neighbour can take it
+    assert ("DataLoader runs with num_workers=0" in r.stderr) == (free is None or free >= 0.5), free
