@@ -27,7 +27,7 @@ import msgspec
 
 from perfdoctor.errors import PerfdoctorError, TraceFormatError
 from perfdoctor.report.sanitize import json_bytes, json_safe
-from perfdoctor.report.terminal import BOUND_TITLE
+from perfdoctor.report.labels import BOUND_TITLE
 from perfdoctor.trace.reader import LONE_SURROGATE
 
 CATEGORY = "perfdoctor"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from perfdoctor.report import svg
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.terminal import BOUND_TITLE, CPU_ROLE_LABEL, ROLE_LABEL
+from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
 from perfdoctor.stats.steptime import ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
@@ -48,7 +48,7 @@ ul.notes{margin:4px 0;padding-left:20px}
 def render(doc: dict, tune: dict | None = None) -> str:
     first = doc["traces"][0]
     m = first["metrics"]
-    labels = CPU_ROLE_LABEL if m.get("trace.platform") == "cpu" else ROLE_LABEL
+    labels = role_labels(m)
     body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _ranks(doc), _breakdown(first, labels),
             _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
             _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _warnings(doc)]
@@ -171,11 +171,9 @@ def _ms(x) -> str:
 def _breakdown(t: dict, labels: dict) -> str:
     if not t.get("steps"):
         return ""
-    m = t["metrics"]
     rows = "".join(f"<tr><td><span class=\"key\"><i style=\"background:{svg.ROLE_COLOUR[r]}\"></i>{H(name)}</span></td>"
-                   f"<td class=\"num\">{sum(s['breakdown_ms'][r] for s in t['steps']) / len(t['steps']):.2f} ms</td>"
-                   f"<td class=\"num\">{100 * (m.get(f'breakdown.{r}') or 0):.1f}%</td></tr>"
-                   for r, name in labels.items() if (m.get(f"breakdown.{r}") or 0) >= 0.0005)
+                   f"<td class=\"num\">{ms:.2f} ms</td><td class=\"num\">{100 * share:.1f}%</td></tr>"
+                   for r, name, ms, share in breakdown_rows(t, labels))
     present = {r for s in t["steps"] for r, v in s["breakdown_ms"].items() if v}
     return (f"<h2>Step breakdown ({H(t['label'])}, {len(t['steps'])} step(s))</h2><section class=\"card\">"
             + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(t["steps"], labels)

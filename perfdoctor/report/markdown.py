@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.sanitize import markdown as M, terminal
-from perfdoctor.report.terminal import BOUND_TITLE, CPU_ROLE_LABEL, ROLE_LABEL
+from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
 from perfdoctor.stats.steptime import ms
 
 TOP_FIXES = 5
@@ -41,13 +41,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
                      + f" over {m['run.steady_steps']} steady steps")
     out += [" · ".join(facts), ""]
     if first.get("steps"):
-        labels = CPU_ROLE_LABEL if m.get("trace.platform") == "cpu" else ROLE_LABEL
-        n = len(first["steps"])
-        rows = [(name, sum(s["breakdown_ms"][r] for s in first["steps"]) / n, m.get(f"breakdown.{r}") or 0.0)
-                for r, name in labels.items()]
-        rows = sorted((r for r in rows if r[2] >= 0.0005), key=lambda r: -r[2])
+        rows = sorted(breakdown_rows(first, role_labels(m)), key=lambda r: -r[3])
         out += ["| step breakdown | ms/step | share |", "|---|--:|--:|"]
-        out += [f"| {name} | {ms:.2f} | {100 * sh:.1f}% |" for name, ms, sh in rows]
+        out += [f"| {name} | {ms:.2f} | {100 * sh:.1f}% |" for _, name, ms, sh in rows]
         out.append("")
     out += _fixes(doc["findings"], tune)
     if doc["flags"]:

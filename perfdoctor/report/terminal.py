@@ -7,19 +7,11 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import ms
 
-BOUND_TITLE = {
-    "input_io": "INPUT-BOUND (IO)", "input_cpu": "INPUT-BOUND (CPU)", "input": "INPUT-BOUND",
-    "host": "HOST-BOUND", "device": "DEVICE-BOUND", "communication": "COMMUNICATION-BOUND",
-    "inconclusive": "INCONCLUSIVE",
-}
-ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
-              "communication": "communication", "runtime": "runtime calls",
-              "data_loading": "data loading", "cpu_exec": "CPU ops", "other": "other / untraced"}
-CPU_ROLE_LABEL = {**ROLE_LABEL, "cpu_exec": "CPU ops (compute)", "communication": "communication (gloo)"}
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
 DETAILED = 3     # fixes shown with text and citation; the rest one line each
@@ -174,18 +166,12 @@ def _run_steps_line(m: dict, wall_s: float | None) -> str:
 def _breakdown(c: Console, t: dict) -> None:
     if not t["steps"]:          # a live run without a trace: nothing to break down
         return
-    m = t["metrics"]
-    labels = CPU_ROLE_LABEL if m["trace.platform"] == "cpu" else ROLE_LABEL
-    n = max(len(t["steps"]), 1)
+    n = len(t["steps"])
     c.print()
     c.print(Text(f"Step breakdown ({T(t['label'])}, mean of {n} step(s))", style="bold"))
     table = Table.grid(padding=(0, 2))
-    for role, name in labels.items():
-        share = m[f"breakdown.{role}"] or 0.0
-        if share < 0.0005:
-            continue
-        ms = sum(s["breakdown_ms"][role] for s in t["steps"]) / n
-        table.add_row("  " + name, f"{ms:9.2f} ms", f"{100 * share:5.1f}%",
+    for _, name, mean_ms, share in breakdown_rows(t, role_labels(t["metrics"])):
+        table.add_row("  " + name, f"{mean_ms:9.2f} ms", f"{100 * share:5.1f}%",
                       Text("█" * int(round(share * BAR)) or "▏", style="green"))
     c.print(table)
 

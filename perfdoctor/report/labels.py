@@ -1,0 +1,34 @@
+"""What every renderer calls things, and the rows of the step breakdown they all show.
+
+Plain data and a pure function: no rich here, so the HTML, markdown and annotated-trace
+renderers need not import it.
+"""
+
+from __future__ import annotations
+
+BOUND_TITLE = {
+    "input_io": "INPUT-BOUND (IO)", "input_cpu": "INPUT-BOUND (CPU)", "input": "INPUT-BOUND",
+    "host": "HOST-BOUND", "device": "DEVICE-BOUND", "communication": "COMMUNICATION-BOUND",
+    "inconclusive": "INCONCLUSIVE",
+}
+ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
+              "communication": "communication", "runtime": "runtime calls",
+              "data_loading": "data loading", "cpu_exec": "CPU ops", "other": "other / untraced"}
+CPU_ROLE_LABEL = {**ROLE_LABEL, "cpu_exec": "CPU ops (compute)", "communication": "communication (gloo)"}
+MIN_SHARE = 0.0005          # a breakdown row below this share of the step is not shown
+
+
+def role_labels(metrics: dict) -> dict:
+    """The breakdown's role -> label for this trace's platform."""
+    return CPU_ROLE_LABEL if metrics.get("trace.platform") == "cpu" else ROLE_LABEL
+
+
+def breakdown_rows(trace: dict, labels: dict) -> list[tuple[str, str, float, float]]:
+    """(role, label, mean ms per step, share of the step) of a trace document's breakdown, in the
+    labels' order, rows under MIN_SHARE left out; [] without steps."""
+    steps, m = trace.get("steps") or [], trace.get("metrics") or {}
+    if not steps:
+        return []
+    rows = [(r, name, sum(s["breakdown_ms"][r] for s in steps) / len(steps), m.get(f"breakdown.{r}") or 0.0)
+            for r, name in labels.items()]
+    return [row for row in rows if row[3] >= MIN_SHARE]
