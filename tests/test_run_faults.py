@@ -188,3 +188,17 @@ def test_module_traceback_is_pythons(tmp_path, module):
     assert pd.stderr.startswith(py.stderr), pd.stderr
     assert "runpy" in py.stderr and "perfdoctor/collect" not in pd.stderr[:len(py.stderr)]
     assert json.loads((tmp_path / "run" / "report.json").read_text())["run"]["outcome"] == "crashed"
+
+
+def test_a_stop_request_after_the_script_ended_is_ignored(tmp_path):
+    """--duration's SIGUSR1 can cross the script's own exit. Once the script has ended the child
+    ignores it (SIG_IGN, which outlives the interpreter's teardown, where Python resets its own
+    handlers to the default and a late SIGUSR1 would kill the process: exit 138)."""
+    script = tmp_path / "ends.py"
+    flag = tmp_path / "disposition.txt"
+    script.write_text(SCRIPT.replace("sys.exit(5)", "import atexit\n"
+                      f"atexit.register(lambda: open({str(flag)!r}, 'w').write(str(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)))\n"
+                      "os.kill(os.getpid(), signal.SIGUSR1)\nsys.exit(5)"))
+    r = prun(tmp_path / "run", script, "plain", "12", opts=("--no-trace",))
+    assert r.returncode == 5, r.stderr[-2000:]
+    assert flag.read_text() == "True"

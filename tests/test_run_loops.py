@@ -302,3 +302,45 @@ def test_optimizers_stepping_at_different_rates_are_said(tmp_path):
     assert len(steps(out)) == 59                              # 60 critic steps; the first starts the count
     note = next(n for n in child(out)["notes"] if "different rates" in n)
     assert "RMSprop, 60 steps" in note and "Adam stepped 12 times, once per 5.0 steps" in note
+
+
+# An evaluation pass before training: 30 DataLoader batches with no backward pass make the
+# DataLoader the step source; when the optimizer steps, steps follow it, and --max-steps, the
+# warm-up and the trace count from there (the trace of evaluation batches is dropped).
+EVAL_FIRST = r"""
+import sys, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+loader = DataLoader(TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,))), batch_size=32)
+with torch.no_grad():
+    for i, (x, y) in enumerate(loader):
+        if i == 30:
+            break
+        with torch.profiler.record_function("eval_batch"):
+            model(x)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for epoch in range(10):
+    for x, y in loader:
+        with torch.profiler.record_function("train_batch"):
+            loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_an_evaluation_before_training_does_not_take_the_steps(tmp_path):
+    script = tmp_path / "eval_first.py"
+    script.write_text(EVAL_FIRST)
+    out = tmp_path / "run"
+    r = prun("--max-steps", 35, "--skip-steps", 3, "--trace-steps", 2, script, out=out)
+    assert r.returncode == 0, r.stderr
+    recs = steps(out)
+    assert len([s for s in recs if s["mode"] == "optimizer"]) == 35          # 35 training steps, then stopped
+    assert 29 <= len([s for s in recs if s["mode"] == "dataloader"]) <= 31   # the evaluation's batches
+    notes = child(out)["notes"]
+    assert any("an optimizer stepped then" in n for n in notes)
+    assert not any("a step is one DataLoader iteration" in n for n in notes)
+    traced = json.loads(__import__("gzip").decompress(next((out / "trace").glob("*.json.gz")).read_bytes()))
+    names = {e.get("name") for e in traced["traceEvents"]}
+    assert "train_batch" in names and "eval_batch" not in names
+    assert report(out)["verdict"]["bound"] != "inconclusive"

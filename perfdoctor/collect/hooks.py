@@ -1,22 +1,7 @@
 """In-process hooks of `perfdoctor run`, installed when the script imports torch.
 
-Steps come from the first of these sources that the script uses (child.json "mode" and
-"step_source" say which):
-1. Optimizer steps. A step ends when the first optimizer that ever stepped steps again (torch's
-   global optimizer post-hook), so several optimizers, gradient accumulation and several
-   backward passes per step are handled, and a step that GradScaler skips (GradScaler.step is
-   wrapped) still ends a step. A closure optimizer (LBFGS) runs forward and backward inside
-   optimizer.step(): those passes are not steps (a pre-hook tells that an optimizer step is
-   running), and the first step is measured from its own start.
-2. Backward passes (passes.py), for hand-written updates: a step begins with the first pass
-   after the gradients were reset, so accumulation over several passes is one step. Chosen
-   after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
-   gradients were never seen reset: then each pass is a step).
-3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
-   with neither an optimizer step nor a backward pass, each batch request ends a step.
-Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
-lost to the choice. The first boundary starts the count (its step began before any signal).
-If an optimizer starts stepping after a fallback was chosen, steps follow it from then on.
+Steps come from the first source the script uses: optimizer steps, backward passes or
+DataLoader iterations (stepsource.py says how one is chosen).
 
 Data wait. Time inside DataLoader iterators' __next__ (worker queue wait, or the whole
 loading work with num_workers=0), summed per step.
@@ -38,22 +23,16 @@ from collections import deque
 
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
+from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
 from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
-
-FALLBACK = 8                 # steps of a fallback source seen before it is chosen
-PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
-SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
-           "backward-each": "backward passes (one per step: no gradient reset seen)",
-           "dataloader": "DataLoader iterations"}
-
 
 class StopRun(BaseException):
     """Raised at a step boundary to end the script gracefully (--max-steps / --duration)."""
 
 
-class Session:
+class Session(StepSources):
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.run_dir = cfg["run_dir"]
@@ -76,6 +55,8 @@ class Session:
         self.pre_mark = None             # the first optimizer step's start
         self.passes_in_optimizer = 0     # backward passes inside optimizer.step() (closures)
         self.steps = 0
+        self.step_base = 0               # steps before an optimizer took over from a fallback source
+        self.fallback_notes: list = []   # what _choose said (dropped if an optimizer takes over)
         self.cum_wait = 0.0              # DataLoader wait and batches since the start
         self.cum_batches = 0
         self.mark = None                 # (perf_counter, cum_wait, cum_batches, unix) at the current step's start
@@ -166,102 +147,6 @@ class Session:
     def _mark(self, t: float | None = None) -> tuple:
         return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), schedstat())
 
-    def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
-        if self.mode != "optimizer":
-            self.in_optimizer = True
-            if self.pre_mark is None:
-                self.pre_mark = self._mark()
-                self.passes_in_optimizer = 0
-
-    def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
-        if not skipped:
-            self.optimizer_calls += 1
-        key = id(optimizer)
-        self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
-        if key not in self.optimizer_names:
-            self.optimizer_names[key] = type(optimizer).__name__
-        self.in_optimizer = False
-        if self.primary is None:
-            self.primary = id(optimizer)
-            if self.mode is not None:
-                self.notes.append(f"an optimizer started stepping after the fallback to {SOURCES[self.source]}: "
-                                  "steps now follow optimizer steps")
-            self.mode, self.source = "optimizer", "optimizer"
-            self.mark = None
-            if self.passes_in_optimizer and self.pre_mark is not None and not skipped:
-                # A closure optimizer: the whole step (forward and backward included) ran inside
-                # optimizer.step(), so the first step is measured from its start.
-                self.notes.append(f"closure optimizer ({type(optimizer).__name__}): a step is one optimizer step; "
-                                  f"the {self.passes_in_optimizer} backward passes inside its first step are not steps")
-                self.mark = self.pre_mark
-                self.t_first = self.pre_mark[0]
-            self._boundary(skipped=skipped)
-            return
-        if id(optimizer) == self.primary:
-            self._boundary(skipped=skipped)
-
-    def on_pass(self, roots, t0: float) -> None:
-        """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode."""
-        if self.in_optimizer:
-            self.passes_in_optimizer += 1
-            return
-        reset = self.resets.before_pass(roots) if self.resets is not None else None
-        self.passes += 1
-        self.batches_since_pass = 0
-        self.loader_marks = []
-        m = self._mark(t0)
-        if self.mode == "backward":
-            if reset is not False or self.source == "backward-each":
-                self._boundary(end=m)
-            return
-        if self.mode is not None:
-            return
-        self.pass_marks.append(m)
-        if reset is not False:
-            self.group_marks.append(m)
-        if len(self.group_marks) > FALLBACK:
-            if reset is None:
-                self._choose("backward-each", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
-                             "backward passes, and their gradients cannot be watched: each pass is a step")
-            else:
-                self._choose("backward", self.group_marks,
-                             f"no optimizer stepped during the first {FALLBACK} steps of backward passes: a step runs "
-                             "from one gradient reset (zero_grad, an update) to the next (hand-written update)")
-        elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
-            self._choose("backward-each", list(self.pass_marks),
-                         f"no optimizer step and no gradient reset seen in {PASS_FALLBACK} backward passes: each "
-                         "pass is a step (a reset through .grad.data is invisible)")
-
-    def after_pass(self) -> None:
-        if not self.in_optimizer and self.resets is not None:
-            self.resets.after_pass()
-
-    def _on_batch_request(self, t0: float) -> None:
-        if self.mode == "dataloader":
-            self._boundary(end=self._mark(t0))
-        elif self.mode is None and not self.in_optimizer:
-            self.loader_marks.append(self._mark(t0))
-            self.batches_since_pass += 1
-            if self.batches_since_pass > FALLBACK:
-                self._choose("dataloader", self.loader_marks,
-                             f"no optimizer step nor backward pass during the first {FALLBACK} batches: "
-                             "a step is one DataLoader iteration")
-
-    def _choose(self, source: str, marks: list, note: str) -> None:
-        """Adopt a fallback source: its boundaries so far become steps, the last one live."""
-        self.mode, self.source = ("backward" if source.startswith("backward") else source), source
-        self.notes.append(note)
-        marks = list(marks)
-        if self.max_steps and not self.finished:
-            marks = marks[: self.max_steps - self.steps + 1]   # --max-steps counts these steps too
-        self.group_marks, self.loader_marks = [], []
-        self.pass_marks.clear()
-        self.mark, self.t_first = marks[0], marks[0][0]
-        for m in marks[1:-1]:
-            self._record(m)
-        if len(marks) > 1:
-            self._boundary(end=marks[-1])
-
     # -- step boundaries ------------------------------------------------------------------
     def _record(self, end: tuple, skipped: bool = False) -> float:
         """One step: kept raw, and written to steps.jsonl with the others pending at each flush
@@ -306,8 +191,8 @@ class Session:
         dur = self._record(end, skipped)
         if self.finished:                       # boundaries settled at the end: no window, no stop
             return
-        self.window.on_boundary(self.steps, time.perf_counter(), self.t_first, dur)
-        if self.stop_requested or (self.max_steps and self.steps >= self.max_steps):
+        self.window.on_boundary(self.steps - self.step_base, time.perf_counter(), self.t_first, dur)
+        if self.stop_requested or (self.max_steps and self.steps - self.step_base >= self.max_steps):
             raise StopRun()
         # The next step starts now: our own bookkeeping is not its time. Its other readings are
         # the boundary's (one schedstat read a step, not two) unless the bookkeeping took long
@@ -319,34 +204,6 @@ class Session:
         self.stop_requested = True
 
     # -- the end ----------------------------------------------------------------------------
-    def _settle(self) -> None:
-        """At the end, a run that never chose a source takes the best candidate it has."""
-        if self.mode is not None:
-            return
-        if len(self.group_marks) > 1:
-            self._choose("backward", self.group_marks, "no optimizer stepped: a step runs from one gradient "
-                         "reset to the next (hand-written update)")
-        elif len(self.pass_marks) > 1:
-            self._choose("backward-each", list(self.pass_marks), "no optimizer stepped and no gradient reset "
-                         "was seen: each backward pass is a step")
-        elif len(self.loader_marks) > 1:
-            self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
-                         "DataLoader iteration")
-
-    def _note_optimizer_rates(self) -> None:
-        """Several optimizers stepping at different rates (a GAN's critic 5 times per generator
-        step): steps follow the first one to step, so a loop iteration spans several steps. Said."""
-        if self.mode != "optimizer" or self.primary not in self.optimizer_steps:
-            return
-        n = self.optimizer_steps[self.primary]
-        others = [(k, c) for k, c in self.optimizer_steps.items() if k != self.primary and 0 < c and n >= 1.5 * c]
-        if others:
-            k, c = min(others, key=lambda kc: kc[1])
-            self.notes.append("optimizers step at different rates: a step is one step of "
-                              f"the first to step ({self.optimizer_names[self.primary]}, {n} steps), and "
-                              f"{self.optimizer_names[k]} stepped {c} times, once per {n / c:.1f} steps: one "
-                              f"iteration of the loop spans about {n / c:.1f} steps (--max-steps counts steps)")
-
     def _torch_threads(self) -> int | None:
         try:
             return int(self.torch.get_num_threads()) if self.torch is not None else None
@@ -357,6 +214,12 @@ class Session:
         if self.finished:
             return
         self.finished = True
+        try:
+            # the script has ended: a --duration stop crossing its exit means nothing (SIG_IGN outlives
+            # the interpreter's finalisation, where a late SIGUSR1 would kill it: exit 138)
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        except (ValueError, OSError, AttributeError):
+            pass
         try:
             old = signal.signal(signal.SIGINT, signal.SIG_IGN)   # do not lose the files to a 2nd Ctrl-C
         except (ValueError, OSError):

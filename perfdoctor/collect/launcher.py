@@ -131,6 +131,11 @@ def launch(cfg: RunConfig) -> RunResult:
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
     child = _read_json(run_dir / "child.json")
+    if sig == signal.SIGUSR1 and stop_sent_at is not None and isinstance(child.get("exit_code"), int):
+        # our own stop request met the script's exit (before the child could ignore it): the
+        # script had ended by itself, and its code is the one it gave
+        sig, exit_code = None, child["exit_code"]
+        notes.append("the --duration stop request arrived as the script was exiting by itself")
     if child.get("outcome") == "stopped":
         stopped_by = stopped_by or "max-steps"
     elif stopped_by == "duration" and child.get("outcome") != "stopped":

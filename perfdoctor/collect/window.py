@@ -262,6 +262,26 @@ class Window:
             # stopped in the profiler's warm-up step: nothing was recorded, which is no failure
             self.state = "empty" if self.n < self.warmup else "failed"
 
+    def rebase(self) -> bool:
+        """Steps are counted afresh (the step source changed): a window over the old steps is
+        dropped, its trace file too, and placed again. True when one was dropped."""
+        if self.state == "recording":
+            self.discard = True                  # stop without writing what it recorded
+            self._stop(partial=True)
+            self.discard = False
+        elif self.state == "done":
+            if self.compressor is not None:
+                self.compressor.join(timeout=COMPRESS_WAIT_S)
+            for path in (self._trace_path(), self._trace_path() + ".gz"):
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        else:
+            return False
+        self.state, self.start_step, self.recorded, self.n, self.compressor = "pending", None, 0, 0, None
+        return True
+
     def finish(self) -> None:
         if self.state == "recording" and self.recorded == 0:
             # Only the tail of the script since the last boundary was recorded: not a step.

@@ -1,0 +1,171 @@
+"""Where `perfdoctor run`'s steps come from: the step-source half of hooks.Session.
+
+Steps come from the first of these sources that the script uses (child.json "mode" and
+"step_source" say which):
+1. Optimizer steps. A step ends when the first optimizer that ever stepped steps again (torch's
+   global optimizer post-hook), so several optimizers, gradient accumulation and several
+   backward passes per step are handled, and a step that GradScaler skips (GradScaler.step is
+   wrapped) still ends a step. A closure optimizer (LBFGS) runs forward and backward inside
+   optimizer.step(): those passes are not steps (a pre-hook tells that an optimizer step is
+   running), and the first step is measured from its own start.
+2. Backward passes (passes.py), for hand-written updates: a step begins with the first pass
+   after the gradients were reset, so accumulation over several passes is one step. Chosen
+   after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
+   gradients were never seen reset: then each pass is a step).
+3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
+   with neither an optimizer step nor a backward pass, each batch request ends a step.
+Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
+lost to the choice. The first boundary starts the count (its step began before any signal).
+If an optimizer starts stepping after a fallback was chosen (an evaluation before training),
+steps follow it from then on, and --max-steps, the warm-up and the trace count from there: a
+trace already recorded over the fallback's steps is dropped and recorded again.
+"""
+
+from __future__ import annotations
+
+FALLBACK = 8                 # steps of a fallback source seen before it is chosen
+PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
+SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
+           "backward-each": "backward passes (one per step: no gradient reset seen)",
+           "dataloader": "DataLoader iterations"}
+
+
+class StepSources:
+    """The step-source callbacks of hooks.Session (its state lives there: mode, source, marks...)."""
+
+    def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
+        if self.mode != "optimizer":
+            self.in_optimizer = True
+            if self.pre_mark is None:
+                self.pre_mark = self._mark()
+                self.passes_in_optimizer = 0
+
+    def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
+        if not skipped:
+            self.optimizer_calls += 1
+        key = id(optimizer)
+        self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
+        if key not in self.optimizer_names:
+            self.optimizer_names[key] = type(optimizer).__name__
+        self.in_optimizer = False
+        if self.primary is None:
+            self.primary = id(optimizer)
+            if self.mode is not None:
+                self._rebase()
+            self.mode, self.source = "optimizer", "optimizer"
+            self.mark = None
+            if self.passes_in_optimizer and self.pre_mark is not None and not skipped:
+                # A closure optimizer: the whole step (forward and backward included) ran inside
+                # optimizer.step(), so the first step is measured from its start.
+                self.notes.append(f"closure optimizer ({type(optimizer).__name__}): a step is one optimizer step; "
+                                  f"the {self.passes_in_optimizer} backward passes inside its first step are not steps")
+                self.mark = self.pre_mark
+                self.t_first = self.pre_mark[0]
+            self._boundary(skipped=skipped)
+            return
+        if id(optimizer) == self.primary:
+            self._boundary(skipped=skipped)
+
+    def on_pass(self, roots, t0: float) -> None:
+        """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode."""
+        if self.in_optimizer:
+            self.passes_in_optimizer += 1
+            return
+        reset = self.resets.before_pass(roots) if self.resets is not None else None
+        self.passes += 1
+        self.batches_since_pass = 0
+        self.loader_marks = []
+        m = self._mark(t0)
+        if self.mode == "backward":
+            if reset is not False or self.source == "backward-each":
+                self._boundary(end=m)
+            return
+        if self.mode is not None:
+            return
+        self.pass_marks.append(m)
+        if reset is not False:
+            self.group_marks.append(m)
+        if len(self.group_marks) > FALLBACK:
+            if reset is None:
+                self._choose("backward-each", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
+                             "backward passes, and their gradients cannot be watched: each pass is a step")
+            else:
+                self._choose("backward", self.group_marks,
+                             f"no optimizer stepped during the first {FALLBACK} steps of backward passes: a step runs "
+                             "from one gradient reset (zero_grad, an update) to the next (hand-written update)")
+        elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
+            self._choose("backward-each", list(self.pass_marks),
+                         f"no optimizer step and no gradient reset seen in {PASS_FALLBACK} backward passes: each "
+                         "pass is a step (a reset through .grad.data is invisible)")
+
+    def after_pass(self) -> None:
+        if not self.in_optimizer and self.resets is not None:
+            self.resets.after_pass()
+
+    def _on_batch_request(self, t0: float) -> None:
+        if self.mode == "dataloader":
+            self._boundary(end=self._mark(t0))
+        elif self.mode is None and not self.in_optimizer:
+            self.loader_marks.append(self._mark(t0))
+            self.batches_since_pass += 1
+            if self.batches_since_pass > FALLBACK:
+                self._choose("dataloader", self.loader_marks,
+                             f"no optimizer step nor backward pass during the first {FALLBACK} batches: "
+                             "a step is one DataLoader iteration")
+
+    def _choose(self, source: str, marks: list, note: str) -> None:
+        """Adopt a fallback source: its boundaries so far become steps, the last one live."""
+        self.mode, self.source = ("backward" if source.startswith("backward") else source), source
+        self.notes.append(note)
+        self.fallback_notes.append(note)
+        marks = list(marks)
+        if self.max_steps and not self.finished:
+            marks = marks[: self.max_steps - (self.steps - self.step_base) + 1]   # --max-steps counts these too
+        self.group_marks, self.loader_marks = [], []
+        self.pass_marks.clear()
+        self.mark, self.t_first = marks[0], marks[0][0]
+        for m in marks[1:-1]:
+            self._record(m)
+        if len(marks) > 1:
+            self._boundary(end=marks[-1])
+
+    def _rebase(self) -> None:
+        """An optimizer steps for the first time after a fallback source was chosen (evaluation
+        before training, say): steps follow it from now on, and --max-steps, the warm-up and
+        the trace count from here (a trace of the earlier steps is recorded again)."""
+        old = SOURCES[self.source]
+        self.notes[:] = [n for n in self.notes if n not in self.fallback_notes]
+        dropped = self.window.rebase()
+        self.notes.append(f"the first {self.steps} step(s) were {old} with no optimizer step (an evaluation "
+                          "before training?); an optimizer stepped then, and steps follow optimizer steps from "
+                          "there: --max-steps, the warm-up and the trace count from that step"
+                          + ("; the trace of the earlier steps was dropped and recorded again" if dropped else ""))
+        self.step_base = self.steps
+
+    def _settle(self) -> None:
+        """At the end, a run that never chose a source takes the best candidate it has."""
+        if self.mode is not None:
+            return
+        if len(self.group_marks) > 1:
+            self._choose("backward", self.group_marks, "no optimizer stepped: a step runs from one gradient "
+                         "reset to the next (hand-written update)")
+        elif len(self.pass_marks) > 1:
+            self._choose("backward-each", list(self.pass_marks), "no optimizer stepped and no gradient reset "
+                         "was seen: each backward pass is a step")
+        elif len(self.loader_marks) > 1:
+            self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
+                         "DataLoader iteration")
+
+    def _note_optimizer_rates(self) -> None:
+        """Several optimizers stepping at different rates (a GAN's critic 5 times per generator
+        step): steps follow the first one to step, so a loop iteration spans several steps. Said."""
+        if self.mode != "optimizer" or self.primary not in self.optimizer_steps:
+            return
+        n = self.optimizer_steps[self.primary]
+        others = [(k, c) for k, c in self.optimizer_steps.items() if k != self.primary and 0 < c and n >= 1.5 * c]
+        if others:
+            k, c = min(others, key=lambda kc: kc[1])
+            self.notes.append("optimizers step at different rates: a step is one step of "
+                              f"the first to step ({self.optimizer_names[self.primary]}, {n} steps), and "
+                              f"{self.optimizer_names[k]} stepped {c} times, once per {n / c:.1f} steps: one "
+                              f"iteration of the loop spans about {n / c:.1f} steps (--max-steps counts steps)")
