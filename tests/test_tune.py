@@ -300,6 +300,22 @@ def test_injected_changes_reach_the_script(tmp_path, capfd):
     assert len(inj["losses"]) == 61 and all(isinstance(x, float) for x in inj["losses"])
 
 
+def test_the_no_workers_trial_runs_a_loader_built_for_workers(tmp_path, capfd):
+    """torch refuses persistent_workers, prefetch_factor and multiprocessing_context without
+    workers: the num_workers=0 trial drops them, and the code to apply says so."""
+    from perfdoctor.tune.apply import apply_text
+
+    text = SCRIPT.replace("num_workers=0)", "num_workers=2, persistent_workers=True, prefetch_factor=4, "
+                                            "multiprocessing_context='fork')")
+    res, d = launch(tmp_path, {"num_workers": 0}, max_steps=20, script_text=text)
+    assert res.exit_code == 0, capfd.readouterr().err[-2000:]
+    inj = json.loads((d / "inject.json").read_text())
+    assert inj["loaders"][0]["got"]["num_workers"] == 0
+    assert inj["loaders"][0]["asked"]["multiprocessing_context"] == "fork"
+    line = apply_text({"num_workers": 0}, inj, cuda=False)
+    assert "num_workers=0, persistent_workers=False, prefetch_factor=None, multiprocessing_context=None" in line
+
+
 def test_a_script_leaving_through_os_exit_keeps_its_record(tmp_path, capfd):
     """os._exit skips atexit: tune's record (what was applied, the losses) is written first."""
     res, d = launch(tmp_path, {"num_workers": 1}, max_steps=None,

@@ -118,10 +118,14 @@ def _loader(torch, st: _State) -> None:
         ba.apply_defaults()
         a = ba.arguments
         asked = {k: a.get(k) for k in (*DATALOADER_KEYS, "batch_size")}
+        ctx = a.get("multiprocessing_context")
+        asked["multiprocessing_context"] = ctx if ctx is None or isinstance(ctx, str) else type(ctx).__name__
         if want and os.getpid() == st.pid:
             a.update(want)
             if not a.get("num_workers"):       # torch refuses these without worker processes
                 a["persistent_workers"], a["prefetch_factor"] = False, None
+                if "multiprocessing_context" in a:
+                    a["multiprocessing_context"] = None
             if a.get("pin_memory") and not torch.cuda.is_available():
                 a["pin_memory"] = False
             st.applied.update(want)

@@ -23,6 +23,8 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                 loader["persistent_workers"] = False
             if asked.get("prefetch_factor") is not None:
                 loader["prefetch_factor"] = None
+            if asked.get("multiprocessing_context") is not None:
+                loader["multiprocessing_context"] = None
         args = ", ".join(f"{k}={v!r}" for k, v in loader.items())
         now = ", ".join(f"{k}={asked.get(k)!r}" for k in loader if k in asked)
         lines.append(f"DataLoader(..., {args})" + (f"  # the script has {now}" if now else ""))
