@@ -13,7 +13,8 @@ import time
 import pytest
 
 from perfdoctor.analyze import registry
-from perfdoctor.analyze.system import DISK_SLEEP_SHARE, system_metrics
+from perfdoctor.analyze.inputsplit import DISK_SLEEP_SHARE
+from perfdoctor.analyze.system import system_metrics
 from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
 from perfdoctor.collect.samplers import SystemSampler
 

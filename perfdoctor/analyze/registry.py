@@ -196,7 +196,7 @@ _m("ranks.wait_cause", "str", "Why ranks wait in collectives: straggler (one ran
 
 # -- system samples (perfdoctor run) ---------------------------------------------------------
 # From perfdoctor/analyze/system.py (SystemSampler samples); None for a trace alone. "cores": CPU
-# time per wall second (1.0 = one core fully busy); thresholds of input.split: system.py docstring.
+# time per wall second (1.0 = one core fully busy); thresholds of input.split: analyze/inputsplit.py.
 # Means and shares are over the samples taken during the steps (analyze/windows.py).
 _m("system.samples", "count", "System samples taken while the script ran (every ~0.5 s).")
 _m("system.sampler_core_fraction", "fraction", "CPU the sampler itself used, as a fraction of one core.")
