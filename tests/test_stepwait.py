@@ -58,3 +58,53 @@ def test_an_iterable_loader_anywhere_makes_the_run_iterable():
     from perfdoctor.collect.steprecord import dataset_kind
     assert dataset_kind({0, 1}) == "iterable"     # a map-style validation loader does not hide it
     assert dataset_kind({0}) == "map" and dataset_kind({None}) is None and dataset_kind(set()) is None
+
+
+def test_runq_share_is_the_queueing_over_the_wall_time():
+    from perfdoctor.analyze.stepwait import runq_share
+
+    assert runq_share([rec(0.010, 0.0, 0.005, 0.005), rec(0.030, 0.0, 0.030, 0.0)]) == pytest.approx(0.125)
+    assert runq_share([{"dur": 0.01, "wait": 0.0}]) is None and runq_share([]) is None
+
+
+CONTENDED = r"""
+import multiprocessing as mp, os, torch
+
+def spin():
+    while True:
+        pass
+
+if __name__ == "__main__":
+    hogs = [mp.Process(target=spin, daemon=True) for _ in range(os.cpu_count() or 2)]
+    for h in hogs:
+        h.start()
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 2)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 512)
+    for step in range(40):
+        loss = model(x).square().mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_run_on_a_machine_busy_with_other_work_says_so(tmp_path):
+    """As many spinning processes as cores: the training thread queues for a CPU, the run says so
+    (PD214), and the fix with no modelled gain (PD348) is still shown on the one screen."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="perfdoctor run needs torch")
+    script = tmp_path / "contended.py"
+    script.write_text(CONTENDED)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--out", str(tmp_path / "run"),
+                        str(script)], capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                                        "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((tmp_path / "run" / "report.json").read_text())["traces"][0]["metrics"]
+    assert m["run.runq_share"] >= 0.2
+    assert "PD214 The training thread waits for a CPU" in r.stderr
+    assert "worth a look" in r.stderr or "Top fixes" in r.stderr
+    assert "PD348" in r.stderr

@@ -13,6 +13,11 @@ work itself (num_workers=0: the whole batch; with workers: receiving it, i.e. un
 memory handles and queue bookkeeping) or queuing for a core, rather than waiting on the workers.
 1.0 says the wait is work in the trainer; near 0 says it slept (workers late, storage, network).
 None without schedstat, or when the wait is under MIN_WAIT_SHARE of the steps (nothing to split).
+
+    run.runq_share = sum(runq) / sum(dur)
+
+the share of the steps' wall time the training thread waited for a CPU: on a machine shared with
+another job, or with more runnable threads than cores, the thread is ready but not running.
 """
 
 from __future__ import annotations
@@ -33,3 +38,13 @@ def wait_busy_share(steps: list[dict]) -> float | None:
     if total <= 0 or wait < MIN_WAIT_SHARE * total:
         return None
     return min(1.0, busy / wait)
+
+
+def runq_share(steps: list[dict]) -> float | None:
+    runq = total = 0.0
+    for s in steps:
+        q, d = s.get("runq"), s.get("dur")
+        if isinstance(q, (int, float)) and isinstance(d, (int, float)) and d > 0:
+            runq += max(0.0, q)
+            total += d
+    return min(1.0, runq / total) if total > 0 else None

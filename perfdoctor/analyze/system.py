@@ -192,12 +192,23 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
             free = min(free, quota - tree_cpu)
         free = round(max(0.0, free), 2)   # fractional: 0.98 idle is a core, not none
     out["machine.free_cores"] = free
+    out["system.other_cores"] = other_cores(out)
 
     out.update(_gpu(samples))
     ld = loader if has_workers else trainer_n
     out["loader.runnable_share"] = runnable_share(ld, not has_workers) if ld["covered_s"] >= MIN_COVERED_S else None
     out["input.split"] = _split(out, ld, not has_workers, notes)
     return _fill(out)
+
+
+def other_cores(m: dict) -> float | None:
+    """Cores used by processes other than the trainer and its loader workers: the machine's busy
+    share x its cores - the trainer's cores - workers x a worker's cores (None when unknown)."""
+    busy, cores, trainer = m.get("system.cpu_busy_share"), m.get("machine.cpu_count"), m.get("loader.trainer_cpu_mean")
+    if busy is None or not cores or trainer is None:
+        return None
+    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
+    return round(max(0.0, busy * cores - own), 2)
 
 
 def _loader_numbers(samples, procs_of, flat) -> dict:
@@ -306,7 +317,7 @@ _NAMES = ("system.samples", "system.sampler_core_fraction", "system.cpu_count", 
           "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_disk_sleep_share",
           "loader.trainer_read_mb_s", "loader.runnable_share", "loader.threads_oversubscription", "gpu.util_mean",
           "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.physical_cores", "machine.free_cores",
-          "machine.ram_free_bytes", "input.split")
+          "machine.ram_free_bytes", "system.other_cores", "input.split")
 
 
 def _fill(out: dict) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
-from perfdoctor.analyze.stepwait import wait_busy_share
+from perfdoctor.analyze.stepwait import runq_share, wait_busy_share
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.confidence import label
@@ -96,7 +96,8 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.steady_steps": est.n, "run.step_time_conclusive": est.conclusive,
             "run.step_time_median_ms": ms(est.median_s), "run.step_time_p90_ms": ms(est.p90_s),
             "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s,
-            "input.wait_busy_share": wait_busy_share(steps[est.first:est.first + est.n]) if est.n else None}
+            "input.wait_busy_share": wait_busy_share(steps[est.first:est.first + est.n]) if est.n else None,
+            "run.runq_share": runq_share(steps[est.first:est.first + est.n]) if est.n else None}
 
 
 def outcome(res: RunResult) -> str:

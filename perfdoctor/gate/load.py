@@ -157,11 +157,9 @@ def command_warning(bases: list[RunData], cur: RunData,
 
 
 def other_load_of(m: dict) -> tuple[float | None, int | None]:
-    """Cores used by processes other than the trainer and its loader workers during a run, from
-    its metrics: system.cpu_busy_share x machine.cpu_count - trainer cores - workers x worker
-    cores (None without system samples); and the machine's cores."""
-    busy, cores, trainer = m.get("system.cpu_busy_share"), m.get("machine.cpu_count"), m.get("loader.trainer_cpu_mean")
-    if busy is None or not cores or trainer is None:
-        return None, cores
-    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
-    return max(0.0, busy * cores - own), int(cores)
+    """Cores used by processes other than the trainer and its loader workers during a run (as its
+    report measured them: analyze/system.other_cores), and the machine's cores."""
+    from perfdoctor.analyze.system import other_cores
+
+    cores = m.get("machine.cpu_count")
+    return other_cores(m), (int(cores) if cores else cores)

@@ -107,12 +107,16 @@ def _gain_column(g: dict) -> str:
 def _top_fixes(c: Console, findings: list[dict]) -> None:
     ranked = [f for f in findings if f["ranked"]]
     c.print()
-    if not ranked:
+    if not findings:
         c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
         return
-    c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
+    if ranked:
+        c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
+    else:           # only fixes whose gain no model bounds: still the advice there is
+        c.print(Text("No fix has a modelled speed-up; worth a look (? no model, max: its ceiling)", style="bold"))
+        ranked = findings
     for i, f in enumerate(ranked[:TOP], 1):
-        _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f["gain"]), "green"), (T(f["id"]), "dim"),
+        _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
                                (T(f" {f['title']}"), "bold")))
     rest = len(findings) - min(len(ranked), TOP)
     if rest:
