@@ -41,3 +41,35 @@ def test_real_cpu_trace(cpu_trace_dir):
     assert "num-workers-zero" in {f["slug"] for f in doc["flags"]}
     assert doc["findings"][0]["slug"] == "loader-workers"          # the DataLoader fix ranks first
     assert "GPU" not in doc["verdict"]["summary"]
+
+
+@pytest.mark.parametrize("impl", ["for-loop", "fused"])
+def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
+    """A CPU trace has no kernels: the ops inside Optimizer.step tell a for-loop Adam (many small
+    ops: flag PD211, fix PD338 with a ceiling and no expected gain) from a fused one."""
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(12)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if impl == "fused" else {"foreach": False}))
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(4):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            p.step()
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    doc = diagnose_path(str(tmp_path / "t.json"))
+    m = doc["traces"][0]["metrics"]
+    fixes = {f["slug"]: f for f in doc["findings"]}
+    if impl == "for-loop":
+        assert m["optimizer.fused"] is False and m["optimizer.ops_per_step"] >= 12 * 2 * 5   # ops per parameter
+        assert "unfused-optimizer" in {f["slug"] for f in doc["flags"]}
+        fix = fixes["fused-optimizer"]
+        assert fix["gain"]["expected"] is None and fix["gain"]["ceiling"] > 1
+    else:
+        assert m["optimizer.fused"] is True            # an aten::_fused_adam_ among its ops
+        assert "fused-optimizer" not in fixes and "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}

@@ -16,6 +16,7 @@ from perfdoctor.trace.table import EventTable
 MATH_ATTENTION = re.compile(r"^aten::_scaled_dot_product_attention_math")
 FUSED_ATTENTION = re.compile(r"^aten::_(scaled_dot_product_(flash|efficient|cudnn)_attention|flash_attention_forward|efficient_attention_forward)")
 FUSED_OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
+FUSED_OPTIMIZER_OP = re.compile(r"^aten::_(fused|foreach)_")      # fused=True / foreach=True
 
 
 def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
@@ -27,11 +28,18 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "attention.fused_ops_per_step": int(fused_ops.sum()) / n,
            "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
            "trace.devices_used": None, "attention.math_kernel_share": None,
-           "optimizer.kernels_per_step": None, "optimizer.fused": None, "gpu.kernels_per_step_cv": None,
+           "optimizer.kernels_per_step": None, "optimizer.ops_per_step": None, "optimizer.fused": None,
+           "gpu.kernels_per_step_cv": None,
            "gpu.kernel_time_per_step_cv": None}
     opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
     s_, e_ = intervals.clip(t.ts[opt], t.ts[opt] + t.dur[opt], *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
+    if len(opt):
+        inside = _ops_inside(t, k, opt)
+        out["optimizer.ops_per_step"] = len(inside) / n
+        if k.platform == "cpu":         # no kernels: the ops say which implementation ran
+            names = {t.names[c] for c in unique(t.name[inside])}
+            out["optimizer.fused"] = any(FUSED_OPTIMIZER_OP.match(x) for x in names) if names else None
     if k.platform == "cpu":
         return out
     kr = np.flatnonzero(k.kernel)
@@ -54,3 +62,20 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         busy = np.bincount(steps.index_of(t.ts[kr]) + 1, weights=t.dur[kr], minlength=n + 1)[1:][steady]
         out["gpu.kernel_time_per_step_cv"] = float(busy.std() / busy.mean()) if busy.mean() > 0 else None
     return out
+
+
+def _ops_inside(t: EventTable, k: Kinds, spans: np.ndarray) -> np.ndarray:
+    """Rows of the CPU ops that start inside the given op rows (same thread, any depth; the span
+    rows themselves excluded)."""
+    ops = np.flatnonzero(k.cpu_op)
+    out = []
+    for tid in unique(t.tid[spans]):
+        mine = ops[t.tid[ops] == tid]
+        mine = mine[np.argsort(t.ts[mine], kind="stable")]
+        ts = t.ts[mine]
+        sp = spans[t.tid[spans] == tid]
+        lo, hi = np.searchsorted(ts, t.ts[sp], "left"), np.searchsorted(ts, t.ts[sp] + t.dur[sp], "left")
+        for a, b in zip(lo, hi):
+            out.append(mine[a:b])
+    rows = np.concatenate(out) if out else np.zeros(0, np.int64)
+    return rows[~np.isin(rows, spans)]

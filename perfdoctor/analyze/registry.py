@@ -149,7 +149,8 @@ _m("attention.math_kernel_share", "share", "Device time of kernels launched insi
 _m("parallel.data_parallel", "bool", "torch.nn.DataParallel ran (DataParallel.forward annotations).")
 _m("optimizer.step_share", "share", "Share of step time inside Optimizer.step annotations (host).")
 _m("optimizer.kernels_per_step", "per_step", "Kernels launched inside Optimizer.step per step.")
-_m("optimizer.fused", "bool", "Optimizer kernels are fused / multi-tensor (multi_tensor_apply, fused_*); None without optimizer annotations.")
+_m("optimizer.ops_per_step", "per_step", "CPU ops run inside Optimizer.step per step (any depth): a for-loop optimizer runs several per parameter, foreach/fused a handful.")
+_m("optimizer.fused", "bool", "Optimizer kernels are fused / multi-tensor (multi_tensor_apply, fused_*; on the CPU the aten::_fused_*/_foreach_* ops); None without optimizer annotations.")
 _m("gpu.kernel_time_per_step_cv", "fraction", "Variation of kernel time across steady steps (std / mean): varying input sizes keep the kernel count but not the work.")
 _m("gpu.kernels_per_step_cv", "fraction", "Variation of kernel count across steady steps (std / mean): shape or control-flow churn.")
 # -- the live run's step hooks (perfdoctor run; None for a trace alone) -----------------------
