@@ -60,6 +60,17 @@ def test_an_iterable_loader_anywhere_makes_the_run_iterable():
     assert dataset_kind({0}) == "map" and dataset_kind({None}) is None and dataset_kind(set()) is None
 
 
+def test_steps_drawing_extra_batches_are_counted_with_their_time_and_wait():
+    from perfdoctor.analyze.stepwait import extra_batches
+
+    train = {"dur": 0.010, "wait": 0.001, "batches": 1}
+    evaluate = {"dur": 0.050, "wait": 0.020, "batches": 10}     # an evaluation every 10th step
+    x = extra_batches(([train] * 9 + [evaluate]) * 3)
+    assert (x["steps"], x["of"], x["usual"], x["most"]) == (3, 30, 1, 10)
+    assert x["time_share"] == pytest.approx(0.05 / 0.14) and x["wait_share"] == pytest.approx(0.02 / 0.029)
+    assert extra_batches([train] * 30) is None
+
+
 def test_runq_share_is_the_queueing_over_the_wall_time():
     from perfdoctor.analyze.stepwait import runq_share
 

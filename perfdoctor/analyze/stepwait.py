@@ -48,3 +48,22 @@ def runq_share(steps: list[dict]) -> float | None:
             runq += max(0.0, q)
             total += d
     return min(1.0, runq / total) if total > 0 else None
+
+
+def extra_batches(steps: list[dict]) -> dict | None:
+    """Steps that drew more DataLoader batches than the usual step (an evaluation or a second
+    loader inside them): {"steps", "of", "usual", "most", "time_share", "wait_share"} (wait_share:
+    their data wait over all the steps' data wait), or None when no step did."""
+    recs = [s for s in steps if isinstance(s.get("batches"), (int, float)) and isinstance(s.get("dur"), (int, float))]
+    if len(recs) < 3:
+        return None
+    counts = sorted(s["batches"] for s in recs)
+    usual = counts[len(counts) // 2]
+    extra = [s for s in recs if s["batches"] > usual]
+    total = sum(s["dur"] for s in recs)
+    wait = sum(s.get("wait") or 0.0 for s in recs)
+    if not extra or total <= 0:
+        return None
+    return {"steps": len(extra), "of": len(recs), "usual": usual, "most": max(s["batches"] for s in extra),
+            "time_share": sum(s["dur"] for s in extra) / total,
+            "wait_share": (sum(s.get("wait") or 0.0 for s in extra) / wait) if wait > 0 else None}

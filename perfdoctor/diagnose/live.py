@@ -16,7 +16,7 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
-from perfdoctor.analyze.stepwait import runq_share, wait_busy_share
+from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_share
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.confidence import label
@@ -82,10 +82,10 @@ def loader_settings(run_dir: Path, system: dict) -> dict:
 
 
 def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = None,
-                 prefetch_factor: int | None = None) -> dict:
+                 prefetch_factor: int | None = None, est: StepEstimate | None = None) -> dict:
     """run.* metrics: the steady-state step time (wall time of the steady window / its steps, with
     its block-bootstrap CI), the window's data-wait share, and median/p90 as secondary figures."""
-    est = step_estimate(steps, num_workers, prefetch_factor)
+    est = est or step_estimate(steps, num_workers, prefetch_factor)
     ms = (lambda x: None if x is None else 1e3 * x)
     return {"run.steps": len(steps), "run.outcome": outcome(res),
             "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
@@ -98,6 +98,18 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s,
             "input.wait_busy_share": wait_busy_share(steps[est.first:est.first + est.n]) if est.n else None,
             "run.runq_share": runq_share(steps[est.first:est.first + est.n]) if est.n else None}
+
+
+def _extra_batches_note(steady: list[dict]) -> list[str]:
+    """A note when steady steps draw more batches than the usual step (an evaluation inside them)
+    and those steps are 5% or more of the wall time: their time and wait are part of the figures."""
+    x = extra_batches(steady)
+    if x is None or x["time_share"] < 0.05:
+        return []
+    wait = f", and {x['wait_share']:.0%} of the data wait" if x["wait_share"] is not None else ""
+    return [f"{x['steps']} of {x['of']} steady steps drew more DataLoader batches than the usual {x['usual']:g} "
+            f"(up to {x['most']:g}): another loop (an evaluation?) runs inside them. They take {x['time_share']:.0%} "
+            f"of the steady wall time{wait}: the step time and the input share include it"]
 
 
 def outcome(res: RunResult) -> str:
@@ -145,13 +157,14 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m = analysis.metrics
     sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
-    m.update(step_metrics(steps, res, **loader_settings(run_dir, sysm)))
+    est = step_estimate(steps, **loader_settings(run_dir, sysm))
+    m.update(step_metrics(steps, res, est=est))
     m["machine.torch_threads"] = res.child.get("torch_threads")
     kind = res.child.get("dataset_kind")
     m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
-    notes += [n for n in sample_notes if n not in notes]
+    notes += _extra_batches_note(steps[est.first:est.first + est.n]) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
