@@ -4,8 +4,9 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
 - device-bound: 0.6 at the 80% line, rising to 1.0 at 90% device busy;
 - input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
   is at least twice the runner-up;
-- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, and 0.4
-  when most of the step is untraced.
+- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, 0.5 when
+  a live run's steady data wait and the traced one differ by 10 points or more, and 0.4 when
+  most of the step is untraced.
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
@@ -43,6 +44,12 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     if m.get("trace.truncated"):
         conf = min(conf, 0.6)
         notes.append("the trace file was truncated; the verdict uses the steps completed before the cut")
+    steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("share.input")
+    if steady_wait is not None and traced_wait is not None and abs(steady_wait - traced_wait) >= 0.1:
+        conf = min(conf, 0.5)
+        notes.append(f"the steady steps waited for batches {steady_wait:.0%} of their time, the traced ones "
+                     f"{traced_wait:.0%}: the profiler changes the pace of the step's own work, so the input "
+                     "share of the un-profiled run differs from the trace's")
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
