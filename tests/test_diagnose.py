@@ -81,10 +81,11 @@ def test_thin_evidence_lowers_confidence(analyze_spec):
 def test_a_live_runs_steady_data_wait_far_from_the_traced_one_lowers_confidence():
     m = {"share.device": 0.89, "share.input": 0.11, "share.host": 0.0, "share.communication": 0.0,
          "steps.source": "ProfilerStep", "steps.count": 5}
-    assert confidence("device", m)[0] == 1.0
+    firm = confidence("device", m)[0]
+    assert firm > 0.9
     conf, notes, _ = confidence("device", {**m, "run.data_wait_share": 0.277})
     assert conf == 0.5 and any("steady steps waited for batches 28%" in n for n in notes)
-    assert confidence("device", {**m, "run.data_wait_share": 0.15})[0] == 1.0     # 4 points apart: no doubt
+    assert confidence("device", {**m, "run.data_wait_share": 0.15})[0] == firm     # 4 points apart: no doubt
 
 
 def test_inconclusive_on_almost_nothing():
