@@ -210,6 +210,13 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     t.outcomes.append(d)
     t._confirm_best()                         # b stays best and confirmed; d is faster in one run only
     assert d.confirm is None and d.reason == "one run, not confirmed" and "not confirmed" not in (b.reason or "")
+    # a setting faster than b in one run, with no budget left to run it again, is not recommended
+    # over b, which was faster in both of its runs
+    e = S.Outcome(plan.Trial({"threads": 2, "num_workers": 1}, "combined"), "faster", ratio=1.3, ci95=(1.2, 1.4))
+    t.outcomes.append(e)
+    monkeypatch.setattr(S.Tuner, "_fits", lambda self, n: False)
+    t._confirm_best()
+    assert e.confirm is None and t.best() is b
 
 
 def test_apply_text_is_the_code_change():

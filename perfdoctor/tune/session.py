@@ -21,7 +21,8 @@
    runs' speed-ups, its interval spans both intervals, and the setting stays faster only when
    both runs found it faster; otherwise the next best is confirmed in turn. Once a trial has
    been faster, the trials leave two runs of the budget for this; a best that still could not
-   be confirmed says so.
+   be confirmed says so. The setting recommended is the fastest confirmed one; one measured
+   once is recommended (and said unconfirmed) only when nothing was confirmed.
 A baseline with too few steady steps once its trace window is left out is run again without a
 trace, and every run from then on is twice as long (unless --duration fixed the length).
 Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
@@ -119,7 +120,7 @@ class Tuner:
         self._confirm_best()
 
     def _confirm_best(self) -> None:
-        while (best := self.best()) is not None and best.confirm is None and self._fits(CONFIRM_RUNS):
+        while (best := self._unconfirmed_best()) is not None and self._fits(CONFIRM_RUNS):
             self._confirm(best)
         for o in self.outcomes:              # the other "faster" rows rest on one run: say so
             if o.status == "faster" and o.confirm is None:
@@ -314,12 +315,24 @@ class Tuner:
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
                  + (f" ({best.reason})" if best.reason else ""))
 
+    def _unconfirmed_best(self) -> Outcome | None:
+        """The fastest faster setting not yet run a second time that measured faster than every
+        confirmed one (the next to confirm), or None."""
+        done = max((o.ratio for o in self.outcomes if o.status == "faster" and (o.confirm or {}).get("speedup")),
+                   default=0.0)
+        cands = [o for o in self.outcomes if o.status == "faster" and o.confirm is None and o.ratio > done]
+        return max(cands, key=lambda o: o.ratio, default=None)
+
     def _best(self, group: str | None = None) -> Outcome | None:
         cands = [o for o in self.outcomes if o.status == "faster" and (group is None or o.trial.group == group)]
         return max(cands, key=lambda o: o.ratio, default=None)
 
     def best(self) -> Outcome | None:
-        return self._best()
+        """The setting to recommend: the fastest confirmed in two runs, if any; else the fastest
+        measured once (said unconfirmed). A single run against the first baseline does not beat
+        a setting faster in both runs."""
+        confirmed = [o for o in self.outcomes if o.status == "faster" and (o.confirm or {}).get("speedup")]
+        return max(confirmed, key=lambda o: o.ratio, default=None) or self._best()
 
 
 def _add_reason(o: Outcome, text: str) -> None:
