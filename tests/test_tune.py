@@ -173,8 +173,8 @@ def test_a_combined_trial_credits_no_single_fix(tmp_path):
     assert t._prediction(plan.Trial({"threads": 2}, "threads")) == ("PD346", 1.76)
     t.fixes.pop("PD345")                   # one part without a prediction: the pair has none
     assert t._prediction(pair) == ("PD345+PD346", None)
-    # a fused optimizer is a CUDA rule's (PD338): on a CPU nothing predicts it, nor the pair
-    assert t._prediction(plan.Trial({"optimizer": "fused", "threads": 2}, "combined")) == (None, None)
+    # a fused optimizer is PD338's, which has no expected gain on a CPU: the pair has none either
+    assert t._prediction(plan.Trial({"optimizer": "fused", "threads": 2}, "combined")) == ("PD338+PD346", None)
 
 
 def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
