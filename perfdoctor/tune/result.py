@@ -57,6 +57,9 @@ def build(t: Tuner) -> dict:
     }
 
 
+STATUS_CHARS = 120          # a trial's status and reason in the table, at most
+
+
 def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
@@ -78,6 +81,8 @@ def render(doc: dict, console=None) -> None:
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
         if tr.get("loss") and tr["status"] != "failed":
             status += f" ({tr['loss']['text']})"
+        if len(status) > STATUS_CHARS:          # the whole reason is in the JSON
+            status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
         tab.add_row(text(tr["label"]), _ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
                     f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
