@@ -114,11 +114,13 @@ def _top_fixes(c: Console, findings: list[dict]) -> None:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
     else:           # only fixes whose gain no model bounds: still the advice there is
         c.print(Text("No fix has a modelled speed-up; worth a look (? no model, max: its ceiling)", style="bold"))
-        ranked = findings
-    for i, f in enumerate(ranked[:TOP], 1):
+    shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
+    for i, f in enumerate(shown, 1):
+        if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
+            _line(c, Text("    worth a look (no modelled gain, or none expected here):", style="dim"))
         _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
                                (T(f" {f['title']}"), "bold")))
-    rest = len(findings) - min(len(ranked), TOP)
+    rest = len(findings) - len(shown)
     if rest:
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
 
