@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run
-from perfdoctor.stats.steptime import ms as step_ms, speedup
+from perfdoctor.report.values import change, value
+from perfdoctor.stats.steptime import speedup
 
 BREAKDOWN = ("kernel", "memcpy", "memset", "communication", "runtime", "data_loading", "cpu_exec", "other")
 
@@ -103,23 +104,6 @@ def _per_step_shares(r: RunData, cat: str) -> np.ndarray:
     return np.array(out, dtype=float)
 
 
-def _fmt(v, unit):
-    if v is None:
-        return "unknown"
-    if unit == "ms":
-        return f"{step_ms(v)} ms"
-    if unit == "steps/s":
-        return f"{v:.2f}/s"
-    return f"{100 * v:.1f}%"
-
-
-def _fmt_change(r):
-    c = r["change"]
-    if c is None:
-        return ""
-    return f"{100 * c:+.1f}%" if r["kind"] == "relative" else f"{100 * c:+.1f} pts"
-
-
 def render_compare(doc: dict, console=None) -> None:
     from rich.table import Table
 
@@ -135,7 +119,7 @@ def render_compare(doc: dict, console=None) -> None:
         noise = r["noise"] or "unknown"
         if r["note"].startswith("secondary"):
             noise, beyond = "secondary figure", ""
-        t.add_row(text(r["metric"]), _fmt(r["before"], r["unit"]), _fmt(r["after"], r["unit"]), _fmt_change(r),
+        t.add_row(text(r["metric"]), value(r["before"], r["unit"]), value(r["after"], r["unit"]), change(r),
                   text(noise), beyond)
     v = doc["verdict"]
     t.add_row("verdict", text(v["before"]), text(v["after"]), "changed" if v["changed"] else "", "", "")

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, other_load_of
+from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats import steptime
 from perfdoctor.stats.steptime import StepEstimate, speedup, wait_share_change
 
@@ -115,10 +116,6 @@ def _pct(x: float | None) -> str:
     return "unknown" if x is None else f"{100 * x:.0f}%"
 
 
-def _ms(x: float | None) -> str:
-    return "unknown" if x is None else f"{steptime.ms(1e3 * x)} ms"
-
-
 def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None) -> GateResult:
     opt = opt or GateOptions()
     notes: list[str] = []
@@ -169,13 +166,17 @@ def _step_s(r: RunData) -> float | None:
     return None if v is None else v / 1e3
 
 
+def _secs(x: float | None) -> str:
+    return s_as_ms(x, "unknown")
+
+
 def _ms_one(r: RunData) -> str:
-    return _ms(_step_s(r))
+    return _secs(_step_s(r))
 
 
 def _ms_med(rs: list[RunData]) -> str:
     vs = [v for v in map(_step_s, rs) if v is not None]
-    return "unknown" if not vs else _ms(float(np.median(vs)))
+    return "unknown" if not vs else _secs(float(np.median(vs)))
 
 
 def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list[str]) -> Row:
@@ -202,10 +203,10 @@ def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list
         if apart is not None:
             return apart
     if cs.n < opt.min_steps or not cs.conclusive:
-        return Row(name, "", _ms(cs.step_s), "", need, INCONCLUSIVE,
+        return Row(name, "", _secs(cs.step_s), "", need, INCONCLUSIVE,
                    f"the current run: {_too_few(cs, opt)}", {"current_steps": cs.n})
     if not bss:
-        return Row(name, "", _ms(cs.step_s), "", need, INCONCLUSIVE,
+        return Row(name, "", _secs(cs.step_s), "", need, INCONCLUSIVE,
                    f"no baseline with a conclusive steady window of {opt.min_steps} or more steps")
     if len(bss) == 1:
         return _within(name, bss[0], cs, opt)
@@ -223,7 +224,7 @@ def _apart(c: StepEstimate, bss: list[StepEstimate], opt: GateOptions) -> Row | 
     bd = np.concatenate([b.durs * b.scale for b in bss])
     k = 1 + opt.min_effect
     center = float(np.median([b.step_s for b in bss]))
-    base, curs, chg = _ms(center), _ms(c.step_s), f"{100 * (c.step_s / center - 1):+.1f}%"
+    base, curs, chg = _secs(center), _secs(c.step_s), f"{100 * (c.step_s / center - 1):+.1f}%"
     values = {"current_step_s": c.step_s, "baseline_step_s": [b.step_s for b in bss], "current_min_s": float(cd.min()),
               "current_max_s": float(cd.max()), "baseline_min_s": float(bd.min()), "baseline_max_s": float(bd.max()),
               "current_steps": c.n, "baseline_steps": int(len(bd))}
@@ -233,10 +234,10 @@ def _apart(c: StepEstimate, bss: list[StepEstimate], opt: GateOptions) -> Row | 
            "but no step overlaps)")
     if cd.min() >= k * bd.max():
         return Row(STEP_TIME, base, curs, chg, thr, REGRESSION,
-                   why.format("slower", f"fastest {_ms(float(cd.min()))} vs slowest {_ms(float(bd.max()))}"), values)
+                   why.format("slower", f"fastest {_secs(float(cd.min()))} vs slowest {_secs(float(bd.max()))}"), values)
     if k * cd.max() <= bd.min():
         return Row(STEP_TIME, base, curs, chg, thr, IMPROVEMENT,
-                   why.format("faster", f"slowest {_ms(float(cd.max()))} vs fastest {_ms(float(bd.min()))}"), values)
+                   why.format("faster", f"slowest {_secs(float(cd.max()))} vs fastest {_secs(float(bd.min()))}"), values)
     return None
 
 
@@ -256,7 +257,7 @@ def _within(name: str, b: StepEstimate, c: StepEstimate, opt: GateOptions) -> Ro
               "baseline_steps": b.n, "current_steps": c.n, "blocks": [b.block, c.block]}
     thr = f"±{100 * opt.min_effect:.0f}% & CI"
     ci = f"CI{100 * opt.level:.0f} of the ratio {lo:.2f}-{hi:.2f}"
-    base, curs, chg = _ms(b.step_s), _ms(c.step_s), f"{100 * change:+.1f}%"
+    base, curs, chg = _secs(b.step_s), _secs(c.step_s), f"{100 * change:+.1f}%"
     if change >= opt.min_effect:
         if lo > 1:
             return Row(name, base, curs, chg, thr, REGRESSION,
@@ -281,14 +282,14 @@ def _across(name: str, bss: list[StepEstimate], c: StepEstimate, opt: GateOption
     values = {"baseline_step_s": times.tolist(), "baseline_center_s": center, "baseline_spread_s": spread,
               "current_step_s": c.step_s, "current_ci95": list(c.ci95), "current_median_s": c.median_s,
               "change": change, "threshold": need, "current_steps": c.n}
-    base = f"{_ms(center)} (x{len(bss)}, ±{_ms(spread)})"
-    curs, chg = _ms(c.step_s), f"{100 * change:+.1f}%"
+    base = f"{_secs(center)} (x{len(bss)}, ±{_secs(spread)})"
+    curs, chg = _secs(c.step_s), f"{100 * change:+.1f}%"
     thr = f"±{100 * need:.1f}%"
     if change > need and c.step_s > times.max():
         return Row(name, base, curs, chg, thr, REGRESSION,
-                   f"step time {_ms(center)} -> {curs} ({chg}), beyond the baselines' run-to-run spread", values)
+                   f"step time {_secs(center)} -> {curs} ({chg}), beyond the baselines' run-to-run spread", values)
     if change < -need and c.step_s < times.min():
-        return Row(name, base, curs, chg, thr, IMPROVEMENT, f"step time {_ms(center)} -> {curs} ({chg})", values)
+        return Row(name, base, curs, chg, thr, IMPROVEMENT, f"step time {_secs(center)} -> {curs} ({chg})", values)
     return Row(name, base, curs, chg, thr, PASS,
                f"step time {chg}, within {thr} (max of {100 * opt.min_effect:.0f}% and {opt.noise_k:g}x "
                "the baselines' spread)", values)

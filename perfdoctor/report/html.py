@@ -11,8 +11,9 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
+from perfdoctor.report.sanitize import html as H
+from perfdoctor.report.values import ms_text
 from perfdoctor.stats.steptime import ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
@@ -137,7 +138,7 @@ def _ranks(doc: dict) -> str:
     out = []
     if doc.get("cross_rank"):
         cr = doc["cross_rank"]
-        rows = "".join(f"<tr><td>{H(t['label'])}</td><td class=\"num\">{_ms(t['metrics'].get('steps.time_median_ms'))}</td>"
+        rows = "".join(f"<tr><td>{H(t['label'])}</td><td class=\"num\">{ms_text(t['metrics'].get('steps.time_median_ms'))}</td>"
                        f"<td>{H(t['verdict']['bound'])}</td><td>{H(', '.join(f['slug'] for f in t['flags']) or '-')}</td></tr>"
                        for t in doc["traces"])
         out.append(f"<h2>Across {H(cr['count'])} traces (step-time spread {100 * cr['spread']:.1f}%)</h2>"
@@ -153,8 +154,8 @@ def _ranks(doc: dict) -> str:
             bar = (f"<svg viewBox=\"0 0 200 12\" width=\"200\" height=\"12\"><rect width=\"{200 * own / span:.1f}\" height=\"12\" "
                    f"fill=\"#2e8b57\"><title>own work {own:.1f} ms</title></rect><rect x=\"{200 * own / span:.1f}\" "
                    f"width=\"{200 * wait / span:.1f}\" height=\"12\" fill=\"#8e5bb5\"><title>wait {wait:.1f} ms</title></rect></svg>")
-            rows.append(f"<tr><td>{H(r.get('rank'))}</td><td class=\"num\">{_ms(r.get('step_time_ms'))}</td>"
-                        f"<td class=\"num\">{_ms(r.get('busy_ms'))}</td><td class=\"num\">{_ms(r.get('collective_wait_ms'))}</td>"
+            rows.append(f"<tr><td>{H(r.get('rank'))}</td><td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
+                        f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}</td>"
                         f"<td>{bar}</td><td>{H(r.get('verdict'))}</td></tr>")
         cause = (sec.get("metrics") or {}).get("ranks.wait_cause")
         out.append(f"<h2>Across {H(sec.get('count'))} ranks</h2><section class=\"card\"><table><tr><th>rank</th>"
@@ -162,10 +163,6 @@ def _ranks(doc: dict) -> str:
                    f"<th>own work / wait</th><th>verdict</th></tr>{''.join(rows)}</table>"
                    + (f"<p class=\"dim\">the wait: {H(cause)}</p>" if cause else "") + "</section>")
     return "".join(out)
-
-
-def _ms(x) -> str:
-    return "-" if x is None else f"{ms(x)} ms"
 
 
 def _breakdown(t: dict, labels: dict) -> str:

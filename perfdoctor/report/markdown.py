@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
+from perfdoctor.report.sanitize import markdown as M, terminal
+from perfdoctor.report.values import change, changes_label, s_as_ms, value
 from perfdoctor.stats.steptime import ms
 
 TOP_FIXES = 5
@@ -86,16 +87,14 @@ def _fixes(findings: list[dict], tune: dict | None) -> list[str]:
 
 
 def compare(doc: dict) -> str:
-    from perfdoctor.gate.compare import _fmt, _fmt_change
-
     out = [f"### perfdoctor compare: {M(doc['before'])} → {M(doc['after'])}", "",
            "| metric | before | after | change | beyond noise |", "|---|--:|--:|--:|---|"]
     for r in doc["rows"]:
         beyond = {True: "**yes**", False: "no", None: "unknown"}[r["beyond_noise"]]
         if r["note"].startswith("secondary"):
             beyond = "secondary figure"
-        out.append(f"| {M(r['metric'])} | {_fmt(r['before'], r['unit'])} | {_fmt(r['after'], r['unit'])} | "
-                   f"{_fmt_change(r)} | {beyond} |")
+        out.append(f"| {M(r['metric'])} | {value(r['before'], r['unit'])} | {value(r['after'], r['unit'])} | "
+                   f"{change(r)} | {beyond} |")
     v, f = doc["verdict"], doc["findings"]
     out += [f"| verdict | {M(v['before'])} | {M(v['after'])} | {'changed' if v['changed'] else ''} | |", ""]
     out.append("Fixes before: " + (M(", ".join(f["before"])) or "none") + "; after: " + (M(", ".join(f["after"])) or "none")
@@ -111,26 +110,24 @@ def compare(doc: dict) -> str:
 
 
 def tune(doc: dict) -> str:
-    from perfdoctor.tune.result import _label, _ms
-
     b = doc["baseline"]
     out = [f"### perfdoctor tune: {M(doc['command'])}", "",
-           f"Baseline {_ms(b['step_time_s'])}/step (95% CI {_ms(b['ci95'][0])}-{_ms(b['ci95'][1])}) over {b['steps']} "
+           f"Baseline {s_as_ms(b['step_time_s'])}/step (95% CI {s_as_ms(b['ci95'][0])}-{s_as_ms(b['ci95'][1])}) over {b['steps']} "
            f"steady steps; verdict {M(b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
            "| change | step time | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|---|"]
     for tr in doc["trials"]:
         ci = tr["ci95"]
         pred = f"{tr['predicted']:.2f}x" if tr["predicted"] is not None else "-"
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
-        out.append(f"| {M(tr['label'])} | {_ms(tr['step_time_s'])} | "
+        out.append(f"| {M(tr['label'])} | {s_as_ms(tr['step_time_s'])} | "
                    + (f"{tr['speedup']:.2f}x" if tr["speedup"] else "-") + " | "
                    + (f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-") + f" | {pred} | {M(status)} |")
     best = doc["best"]
     out.append("")
     if best:
         runs = "two runs" if best.get("confirmed") else "one run"
-        out += [f"**Best:** {M(_label(best['changes']))}: **{best['speedup']:.2f}x** (95% CI {best['ci95'][0]:.2f}-"
-                f"{best['ci95'][1]:.2f}, {runs}), {_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
+        out += [f"**Best:** {M(changes_label(best['changes']))}: **{best['speedup']:.2f}x** (95% CI {best['ci95'][0]:.2f}-"
+                f"{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
     else:
         out.append("**Best:** none of the trials was measurably faster than the baseline.")
     if doc.get("skipped_for_budget"):

@@ -10,7 +10,7 @@ skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, dir, command.
 from __future__ import annotations
 
 from perfdoctor import __version__
-from perfdoctor.stats.steptime import ms
+from perfdoctor.report.values import changes_label, s_as_ms
 from perfdoctor.tune.apply import apply_text
 from perfdoctor.tune.session import Outcome, Tuner
 
@@ -67,7 +67,7 @@ def render(doc: dict, console=None) -> None:
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
-    con.print(text(f"baseline: {_ms(b['step_time_s'])}/step [{_ms(b['ci95'][0])}, {_ms(b['ci95'][1])}] over "
+    con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
                    f"{b['steps']} steady steps; verdict {b['verdict'] or 'unknown'}; {doc['noise']}"))
     tab = Table(show_edge=False, pad_edge=False)
     for col in ("change", "step time", "speed-up", "95% CI", "predicted", "status"):
@@ -84,7 +84,7 @@ def render(doc: dict, console=None) -> None:
         if len(status) > STATUS_CHARS:          # the whole reason is in the JSON
             status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
-        tab.add_row(text(tr["label"]), _ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
+        tab.add_row(text(tr["label"]), s_as_ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
                     f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
     con.print(tab)
     if doc["skipped_for_budget"]:
@@ -93,8 +93,8 @@ def render(doc: dict, console=None) -> None:
     best = doc["best"]
     if best:
         runs = "two runs" if best.get("confirmed") else "one run (no budget left to confirm it)"
-        con.print(text("best:", "bold") + text(f" {_label(best['changes'])}: {best['speedup']:.2f}x "
-                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {_ms(best['step_time_s'])}/step. "
+        con.print(text("best:", "bold") + text(f" {changes_label(best['changes'])}: {best['speedup']:.2f}x "
+                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. "
                   "Apply:"))
     else:
         measured = any(tr["speedup"] is not None for tr in doc["trials"])
@@ -103,11 +103,3 @@ def render(doc: dict, console=None) -> None:
     for line in doc["apply"].splitlines():
         con.print(text(f"    {line}"))
     con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))
-
-
-def _label(ch: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in ch.items())
-
-
-def _ms(s) -> str:
-    return "-" if s is None else f"{ms(s * 1e3)} ms"

@@ -40,7 +40,7 @@ from pathlib import Path
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules.gain import combined
 from perfdoctor.report.sanitize import terminal as _terminal
-from perfdoctor.stats.steptime import ms as steptime_ms
+from perfdoctor.report.values import s_as_ms
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
 
@@ -351,4 +351,4 @@ def _default_dir(o: TuneOptions) -> Path:
 
 
 def _ms(s: float | None) -> str:
-    return "?" if s is None else f"{steptime_ms(s * 1e3)} ms"
+    return s_as_ms(s, "?")
