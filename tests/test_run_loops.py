@@ -344,3 +344,26 @@ def test_an_evaluation_before_training_does_not_take_the_steps(tmp_path):
     names = {e.get("name") for e in traced["traceEvents"]}
     assert "train_batch" in names and "eval_batch" not in names
     assert report(out)["verdict"]["bound"] != "inconclusive"
+
+
+SHORT_EPOCHS = r"""
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+model = nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 16), torch.randint(0, 2, (64,))), batch_size=8)
+for epoch in range(6):
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_the_end_of_an_epoch_is_no_extra_batch(tmp_path):
+    """The __next__ call that ends an epoch (StopIteration) brings no batch: a step across an
+    epoch boundary holds one batch, and no 'another loop' note appears."""
+    _, out = prun_script(tmp_path, "epochs.py", SHORT_EPOCHS)
+    recs = steps(out)
+    assert len(recs) == 47 and {s["batches"] for s in recs} == {1}
+    assert not any("another loop" in n for n in report(out)["run"]["notes"])

@@ -115,11 +115,14 @@ class Session(StepSources):
             session.dataset_kinds.add(getattr(it, "_dataset_kind", None))
             if session.mode != "optimizer":
                 session._on_batch_request(t0)
+            got = False
             try:
-                return orig(it)
+                batch = orig(it)
+                got = True                      # the StopIteration ending an epoch is no batch
+                return batch
             finally:
                 session.cum_wait += time.perf_counter() - t0
-                session.cum_batches += 1
+                session.cum_batches += got
         base.__next__ = __next__
 
     def _wrap_grad_scaler(self) -> None:

@@ -44,7 +44,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     if m.get("trace.truncated"):
         conf = min(conf, 0.6)
         notes.append("the trace file was truncated; the verdict uses the steps completed before the cut")
-    steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("share.input")
+    # the same quantity both ways: host time inside DataLoader __next__, overlapped or not
+    steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("input.data_wait_host_share")
     if steady_wait is not None and traced_wait is not None and abs(steady_wait - traced_wait) >= 0.1:
         conf = min(conf, 0.5)
         notes.append(f"the steady steps waited for batches {steady_wait:.0%} of their time, the traced ones "
