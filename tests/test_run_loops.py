@@ -328,11 +328,12 @@ for epoch in range(10):
 """
 
 
-def test_an_evaluation_before_training_does_not_take_the_steps(tmp_path):
+@pytest.mark.parametrize("skip,active", [(3, 2), (25, 10)])     # the eval's trace written / still recording
+def test_an_evaluation_before_training_does_not_take_the_steps(tmp_path, skip, active):
     script = tmp_path / "eval_first.py"
     script.write_text(EVAL_FIRST)
     out = tmp_path / "run"
-    r = prun("--max-steps", 35, "--skip-steps", 3, "--trace-steps", 2, script, out=out)
+    r = prun("--max-steps", 35, "--skip-steps", skip, "--trace-steps", active, script, out=out)
     assert r.returncode == 0, r.stderr
     recs = steps(out)
     assert len([s for s in recs if s["mode"] == "optimizer"]) == 35          # 35 training steps, then stopped
@@ -340,7 +341,9 @@ def test_an_evaluation_before_training_does_not_take_the_steps(tmp_path):
     notes = child(out)["notes"]
     assert any("an optimizer stepped then" in n for n in notes)
     assert not any("a step is one DataLoader iteration" in n for n in notes)
-    traced = json.loads(__import__("gzip").decompress(next((out / "trace").glob("*.json.gz")).read_bytes()))
+    files = list((out / "trace").iterdir())
+    assert len(files) == 1 and files[0].name.endswith(".pt.trace.json.gz"), files     # the eval's trace is gone
+    traced = json.loads(__import__("gzip").decompress(files[0].read_bytes()))
     names = {e.get("name") for e in traced["traceEvents"]}
     assert "train_batch" in names and "eval_batch" not in names
     assert report(out)["verdict"]["bound"] != "inconclusive"

@@ -126,6 +126,8 @@ class Window:
         self.recorded = 0
         self.perturbed_next = False    # the export ran inside the next step's wall time
         self.compressor: threading.Thread | None = None
+        self.generation = 0            # windows placed again after the step source changed (rebase)
+        self.dropped: list = []        # (trace path, its compressor) of windows dropped by rebase
         self.export_s = None
         self.discard = False           # the run ended before a whole step was recorded: no trace
 
@@ -227,7 +229,8 @@ class Window:
     def _trace_path(self) -> str:
         d = os.path.join(self.run_dir, "trace")
         os.makedirs(d, exist_ok=True)
-        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}.pt.trace.json")
+        again = f"-{self.generation}" if self.generation else ""     # a window placed again (rebase)
+        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}{again}.pt.trace.json")
 
     def _export(self, prof) -> None:
         if self.discard:
@@ -270,16 +273,13 @@ class Window:
             self._stop(partial=True)
             self.discard = False
         elif self.state == "done":
-            if self.compressor is not None:
-                self.compressor.join(timeout=COMPRESS_WAIT_S)
-            for path in (self._trace_path(), self._trace_path() + ".gz"):
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
+            # its file may still be compressing: removed at the end (finish), never waited for here
+            self.dropped.append((self._trace_path(), self.compressor))
         else:
             return False
+        self.generation += 1                    # the next window writes a file of its own
         self.state, self.start_step, self.recorded, self.n, self.compressor = "pending", None, 0, 0, None
+        self.export_s, self.perturbed_next = None, False
         return True
 
     def finish(self) -> None:
@@ -295,6 +295,14 @@ class Window:
             if self.compressor.is_alive():
                 self.notes.append("the trace was still being compressed when the script ended; "
                                   "the uncompressed .pt.trace.json is kept")
+        for path, compressor in self.dropped:   # traces of steps that turned out not to be steps
+            if compressor is not None:
+                compressor.join(timeout=COMPRESS_WAIT_S)
+            for name in (path, path + ".gz"):
+                try:
+                    os.remove(name)
+                except OSError:
+                    pass
 
     def info(self) -> dict:
         started = self.start_step is not None
