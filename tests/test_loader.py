@@ -9,7 +9,7 @@ import pytest
 
 import tracegen as tg
 from perfdoctor.errors import TraceFormatError
-from perfdoctor.trace import reader
+from perfdoctor.trace import reader, surrogates
 from perfdoctor.trace.loader import find_trace_files, load_trace
 
 STEPS = [tg.StepSpec(data_wait_us=500, kernels=8, syncs=1)] * 3
@@ -73,6 +73,7 @@ def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeyp
     ev[3]["name"] = "op3\udc80x"                  # a lone low surrogate (os.fsdecode of byte 0x80)
     ev[150]["name"] = "op150\ud800"               # a lone high one
     ev[7]["name"] = "op7\U0001F600"                # a real pair stays as it is
+    ev[9]["name"] = "C:\\udc80dir"                  # a backslash, then text: no escape at all
     (tmp_path / "s.json").write_text(json.dumps({"traceEvents": ev}))
     if chunked:
         monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
@@ -81,7 +82,8 @@ def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeyp
     names = _names(t)
     assert len(names) == 200 and not t.meta.truncated
     assert names[3] == "op3\ufffdx" and names[150] == "op150\ufffd" and names[7] == "op7\U0001F600"
-    assert [w for w in t.meta.warnings if "surrogate" in w] == [reader.SURROGATE_WARNING]
+    assert names[9] == "C:\\udc80dir"
+    assert [w for w in t.meta.warnings if "surrogate" in w] == [surrogates.SURROGATE_WARNING]
 
 
 def test_legacy_2021_format(tmp_path):

@@ -28,7 +28,7 @@ import msgspec
 from perfdoctor.errors import PerfdoctorError, TraceFormatError
 from perfdoctor.report.sanitize import json_bytes, json_safe
 from perfdoctor.report.labels import BOUND_TITLE
-from perfdoctor.trace.reader import LONE_SURROGATE
+from perfdoctor.trace.surrogates import lone_surrogates_replaced
 
 CATEGORY = "perfdoctor"
 PID = 2 ** 31 - 2           # a process id no real process has (the next lower free one if a trace uses it)
@@ -97,7 +97,7 @@ def _read(path: str) -> dict:
         try:
             data = msgspec.json.decode(raw)
         except msgspec.DecodeError:
-            fixed, n = LONE_SURROGATE.subn(rb"\\ufffd", raw)     # as the report read it
+            fixed, n = lone_surrogates_replaced(raw)     # as the report read it
             if not n:
                 raise
             data = msgspec.json.decode(fixed)

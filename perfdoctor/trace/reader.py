@@ -31,6 +31,7 @@ import msgspec
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace import schema
 from perfdoctor.trace.source import ReadState, Source
+from perfdoctor.trace.surrogates import replaced_or_none as _lone_surrogates_replaced
 
 __all__ = ["ChunkStream", "ReadState", "iter_event_chunks", "coerce_events"]
 
@@ -46,12 +47,6 @@ KEEP_BYTES = 16            # consumed bytes kept before the next chunk (see Chun
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 TAIL_PREFIX = b'{"traceEvents":['
-# A \uD800-\uDFFF escape outside a high+low pair: valid JSON to Python's json (which writes one
-# for a str holding an undecodable byte), but msgspec refuses it as "truncated". Read as U+FFFD.
-LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
-                            rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
-SURROGATE_WARNING = ("the trace's strings hold lone UTF-16 surrogate escapes (bytes that were not text): "
-                     "read as U+FFFD")
 assert len(TAIL_PREFIX) == KEEP_BYTES
 
 
@@ -266,17 +261,6 @@ def _decode_payload(payload, state: ReadState) -> list[schema.Event]:
     except msgspec.ValidationError:
         state.untyped_chunks += 1
         return coerce_events(schema.ANY_DECODER.decode(payload), state)
-
-
-def _lone_surrogates_replaced(payload, state: ReadState) -> bytes | None:
-    """`payload` with its lone surrogate escapes read as U+FFFD (and a warning), or None when it
-    holds none."""
-    fixed, n = LONE_SURROGATE.subn(rb"\\ufffd", bytes(payload))
-    if not n:
-        return None
-    if SURROGATE_WARNING not in state.warnings:
-        state.warnings.append(SURROGATE_WARNING)
-    return fixed
 
 
 def coerce_events(items: list, state: ReadState) -> list[schema.Event]:

@@ -1,0 +1,36 @@
+"""Lone UTF-16 surrogate escapes in a trace's JSON, read as U+FFFD.
+
+Python's json writes "\\udc80" for a str holding an undecodable byte (os.fsdecode of a path, a
+name read with surrogateescape): valid JSON, which msgspec refuses as "truncated". The reader
+retries a chunk that fails to decode with them replaced (trace/reader.py), and so does
+--annotate (report/annotate.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from perfdoctor.trace.source import ReadState
+
+# A \uD800-\uDFFF escape outside a high+low pair, and only a real escape: one after an even
+# number of backslashes ("C:\\udc80" is text).
+_HI, _LO = rb"[dD][89abAB][0-9a-fA-F]{2}", rb"[dD][c-fC-F][0-9a-fA-F]{2}"
+LONE_SURROGATE = re.compile(rb"(?<!\\)((?:\\\\)*)(?:\\u" + _HI + rb"(?!\\u" + _LO + rb")|(?<!\\u" + _HI + rb")\\u" + _LO + rb")")
+SURROGATE_WARNING = ("the trace's strings hold lone UTF-16 surrogate escapes (bytes that were not text): "
+                     "read as U+FFFD")
+
+
+def lone_surrogates_replaced(raw: bytes) -> tuple[bytes, int]:
+    """`raw` JSON with its lone surrogate escapes as \\ufffd, and how many there were."""
+    return LONE_SURROGATE.subn(rb"\1\\ufffd", raw)
+
+
+def replaced_or_none(payload, state: ReadState) -> bytes | None:
+    """`payload` with its lone surrogate escapes read as U+FFFD (and a warning), or None when it
+    holds none."""
+    fixed, n = lone_surrogates_replaced(bytes(payload))
+    if not n:
+        return None
+    if SURROGATE_WARNING not in state.warnings:
+        state.warnings.append(SURROGATE_WARNING)
+    return fixed
