@@ -37,7 +37,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze.arrays import isin
-from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.kinds import COMM_KERNEL_RX, Kinds
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -56,7 +56,6 @@ FP32_GEMM_RX = re.compile(r"sgemm|ffma|f32f32_f32f32|simt|scudnn|implicit_convol
 FP32_RX = re.compile(r"float|f32|fp32", re.I)
 # nvjet_[smNN_]<A/B><compute><C/D>_...: h fp16, t bf16, s fp32 (e.g. nvjet_sm90_tst_..., nvjet_hsh_...)
 NVJET_RX = re.compile(r"nvjet_(?:sm\d+_)?([a-z])[a-z]{2}_")
-COLLECTIVE_RX = re.compile(r"nccl|rccl", re.I)
 EXPLICIT_FP32_RX = re.compile(r"_f32|(?<!b)float", re.I)        # "bfloat16" is not fp32
 OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 
@@ -70,7 +69,7 @@ MEMORY_SPEEDUP = (1.7, 1.3, 2.0)        # expected, low, high
 
 
 def kernel_class(name: str) -> str:
-    if COLLECTIVE_RX.search(name):
+    if COMM_KERNEL_RX.search(name):
         return "other"
     if LAYOUT_RX.search(name):
         return "layout"
@@ -136,7 +135,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     cls = class_of_rows(t, k, kr)
     mem, other = CLASSES.index("memory_fp32"), CLASSES.index("other")
     cls = np.where(_in_optimizer(t, k, kr) & (cls == mem), other, cls)
-    dur = t.dur[kr] * _overlap_scale(t, kr)
+    dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
     ratios = peak_ratios(cc)
@@ -167,21 +166,16 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     return out
 
 
-def _overlap_scale(t: EventTable, kr: np.ndarray) -> float:
+def _overlap_scale(t: EventTable, k: Kinds, kr: np.ndarray) -> float:
     """1, or (time some kernel runs) / (summed kernel time) when the kernels other than
     collectives overlap on streams (collectives overlap the compute by design; they are "other")."""
     from perfdoctor.analyze.intervals import total as covered
 
-    keep = kr[~_collective_rows(t, kr)]
+    keep = kr[~k.comm_kernel[kr]]
     summed = float(t.dur[keep].sum())
     if summed <= 0:
         return 1.0
     return min(1.0, covered(t.ts[keep], t.ts[keep] + t.dur[keep]) / summed)
-
-
-def _collective_rows(t: EventTable, kr: np.ndarray) -> np.ndarray:
-    lut = np.fromiter((bool(COLLECTIVE_RX.search(n)) for n in t.names), bool, len(t.names))
-    return lut[t.name[kr]]
 
 
 def _in_optimizer(t: EventTable, k: Kinds, kr: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run
+from perfdoctor.report.labels import MIN_SHARE
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.steptime import speedup
 
@@ -45,7 +46,7 @@ def compare_runs(b: RunData, a: RunData) -> dict:
     for cat in BREAKDOWN:
         key = f"breakdown.{cat}"
         vb, va = mb.get(key), ma.get(key)
-        if (vb or 0.0) < 0.0005 and (va or 0.0) < 0.0005:     # in neither run (GPU roles on a CPU run)
+        if (vb or 0.0) < MIN_SHARE and (va or 0.0) < MIN_SHARE:     # in neither run (GPU roles on a CPU run)
             continue
         eb, ea = _per_step_shares(b, cat), _per_step_shares(a, cat)
         noise, beyond = None, None
