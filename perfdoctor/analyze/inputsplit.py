@@ -44,7 +44,7 @@ input-bound runs).
 
 from __future__ import annotations
 
-MIN_COVERED_S = 0.5          # seconds of loader time the IO/CPU split needs (system.py docstring)
+MIN_COVERED_S = 0.5          # seconds of loader time the IO/CPU split needs (analyze/system.py docstring)
 THREAD_CEILING = 1.0         # cores one thread can use: a worker's ceiling
 RUNNABLE_SHARE = 0.5         # runnable share of that ceiling from which CPU is the larger part of the time
 DISK_SLEEP_SHARE = 0.2       # loader samples in state D
