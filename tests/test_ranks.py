@@ -239,3 +239,31 @@ def test_run_of_torchrun_module_watches_every_rank(tmp_path):
         child = json.loads((out / "ranks" / f"rank-{k}" / "child.json").read_text())
         assert child["steps"] >= 11 and child["mode"] == "optimizer"
     assert r.stdout.count("/2: 12 steps") == 2 and _merged(out)["ranks"]["count"] == 2
+
+
+DDP_PLAIN = r"""
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(2000):
+    loss = model(torch.randn(32, 64)).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_max_steps_stops_ranks_that_end_with_their_own_destroy_process_group(tmp_path):
+    """--max-steps stops every rank before its destroy_process_group(): the ranks leave without
+    the interpreter's teardown (a gloo group torn down there aborted a rank: exit 134, and the run
+    exited 1 about one time in two), and the run exits 0, as a --max-steps stop does."""
+    script = tmp_path / "ddp_plain.py"
+    script.write_text(DDP_PLAIN)
+    out = tmp_path / "run"
+    r = _prun("--nproc-per-node", "2", "--max-steps", "30", "--no-trace", "--no-stacks", script, out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "terminate called" not in r.stderr
+    for k in (0, 1):
+        child = json.loads((out / "ranks" / f"rank-{k}" / "child.json").read_text())
+        assert child["outcome"] == "stopped" and child["steps"] == 30

@@ -78,6 +78,8 @@ def main() -> None:
             runpy.run_path(script, run_name="__main__")
     except hooks.StopRun:
         session.finish(outcome="stopped")
+        if _in_process_group():
+            _leave_now(0)
         sys.exit(0)
     except SystemExit as exc:
         session.finish(outcome="exit", exit_code=_code(exc.code))
@@ -93,6 +95,32 @@ def main() -> None:
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.exit(1)
     session.finish(outcome="completed", exit_code=0)
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is not None and dist.is_available() and dist.is_initialized()
+    except Exception:
+        return False
+
+
+def _leave_now(code: int) -> None:
+    """Stopped inside a process group, the script never reaches its destroy_process_group(): a
+    group left to the interpreter's teardown can abort there (gloo: "terminate called without an
+    active exception", exit 134). Leave as a DDP script ending with os._exit does: our records
+    and the script's output written first, no teardown."""
+    try:
+        from perfdoctor.collect import inject   # tune's record (an atexit handler otherwise)
+        inject.write_record()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(code)
 
 
 def _finish_before_os_exit(session) -> None:
