@@ -316,10 +316,10 @@ def _kernels(t: dict) -> str:
     rows = ((t.get("tables") or {}).get("kernels") or {}).get("rows") or []
     if not rows:
         return ""
-    body = "".join(f"<tr><td><code>{H(r['name'])}</code></td><td class=\"num\">{H(r.get('count'))}</td>"
+    body = "".join(f"<tr><td><code>{H(r['name'])}</code></td><td class=\"num\">{H(r.get('calls'))}</td>"
                    f"<td class=\"num\">{100 * (r.get('share') or 0):.1f}%</td></tr>" for r in rows[:8])
     return ("<h2>Top kernels</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col><col style=\"width:70px\">"
-            f"<col style=\"width:70px\"><tr><th>kernel</th><th class=\"num\">count</th><th class=\"num\">share</th></tr>{body}"
+            f"<col style=\"width:70px\"><tr><th>kernel</th><th class=\"num\">calls</th><th class=\"num\">share</th></tr>{body}"
             "</table></section>")
 
 
