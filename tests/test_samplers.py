@@ -256,3 +256,14 @@ def test_physical_cores_count_hyperthread_siblings_once(tmp_path):
         s["system"]["cpu_quota_cores"] = 2.5
     assert system_metrics(smp, [])["machine.physical_cores"] == 2.5
     assert system_metrics(_synthetic(10), [])["machine.physical_cores"] is None
+
+
+def test_other_cores_leave_out_the_jobs_own_processes():
+    from perfdoctor.analyze.system import other_cores
+
+    m = {"system.cpu_busy_share": 0.95, "machine.cpu_count": 2, "loader.trainer_cpu_mean": 0.92,
+         "loader.workers": 0, "loader.worker_cpu_mean": None}
+    assert other_cores(m) == pytest.approx(0.98)              # 1.9 busy cores - this trainer's 0.92
+    assert other_cores(m, siblings=1) == pytest.approx(0.06)  # the sibling rank is this job, not other work
+    assert other_cores({**m, "loader.workers": 2, "loader.worker_cpu_mean": 0.3}) == pytest.approx(0.38)
+    assert other_cores({**m, "system.cpu_busy_share": None}) is None

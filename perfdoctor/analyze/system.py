@@ -201,14 +201,15 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
     return _fill(out)
 
 
-def other_cores(m: dict) -> float | None:
+def other_cores(m: dict, siblings: int = 0) -> float | None:
     """Cores used by processes other than the trainer and its loader workers: the machine's busy
-    share x its cores - the trainer's cores - workers x a worker's cores (None when unknown)."""
+    share x its cores - the trainer's cores - workers x a worker's cores (None when unknown).
+    `siblings`: other ranks of the same job on this machine, taken to use as much as this one."""
     busy, cores, trainer = m.get("system.cpu_busy_share"), m.get("machine.cpu_count"), m.get("loader.trainer_cpu_mean")
     if busy is None or not cores or trainer is None:
         return None
     own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
-    return round(max(0.0, busy * cores - own), 2)
+    return round(max(0.0, busy * cores - own * (1 + max(0, siblings))), 2)
 
 
 def _loader_numbers(samples, procs_of, flat) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_share
+from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.confidence import label
@@ -157,6 +158,9 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m = analysis.metrics
     sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
+    siblings = (runfiles.record(_read_json(run_dir / "rank.json"), runfiles.RANK).get("local_world_size") or 1) - 1
+    if siblings > 0:                    # this job's other ranks on the machine are not "other work"
+        m["system.other_cores"] = other_cores(sysm, siblings)
     est = step_estimate(steps, **loader_settings(run_dir, sysm))
     m.update(step_metrics(steps, res, est=est))
     m["machine.torch_threads"] = res.child.get("torch_threads")

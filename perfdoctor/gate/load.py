@@ -162,4 +162,5 @@ def other_load_of(m: dict) -> tuple[float | None, int | None]:
     from perfdoctor.analyze.system import other_cores
 
     cores = m.get("machine.cpu_count")
-    return other_cores(m), (int(cores) if cores else cores)
+    other = m.get("system.other_cores")          # as the run measured it (sibling ranks left out)
+    return (other if other is not None else other_cores(m)), (int(cores) if cores else cores)
