@@ -58,7 +58,7 @@ class StepSources:
                 # A closure optimizer: the whole step (forward and backward included) ran inside
                 # optimizer.step(), so the first step is measured from its start.
                 self.notes.append(f"closure optimizer ({type(optimizer).__name__}): a step is one optimizer step; "
-                                  f"the {self.passes_in_optimizer} backward passes inside its first step are not steps")
+                                  f"backward passes inside its first step ({self.passes_in_optimizer}) are not steps")
                 self.mark = self.pre_mark
                 self.t_first = self.pre_mark[0]
             self._boundary(skipped=skipped)
