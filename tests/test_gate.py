@@ -160,7 +160,10 @@ def test_too_few_steps_is_inconclusive():
     assert res.outcome == "inconclusive" and "correlated over" in res.reason
     no_steps = mk(series(rng))
     no_steps.steps = None                     # a bare report.json
-    assert gate_runs(no_steps, [mk(series(rng))]).outcome == "inconclusive"
+    res = gate_runs(no_steps, [mk(series(rng))])
+    assert res.outcome == "inconclusive"
+    row = next(r for r in res.rows if r.metric == "step time")
+    assert row.baseline.endswith(" ms")       # the baseline's step time is still shown
 
 
 def test_several_baselines_judge_against_their_spread():

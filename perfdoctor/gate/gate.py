@@ -182,7 +182,7 @@ def _ms_med(rs: list[RunData]) -> str:
 def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list[str]) -> Row:
     name = STEP_TIME
     if cur.steps is None:
-        return Row(name, "", _ms_one(cur), "", "", INCONCLUSIVE,
+        return Row(name, _ms_med(bases), _ms_one(cur), "", "", INCONCLUSIVE,
                    "no step records for the current run (give its run directory, not only report.json)")
     cs = cur.steady
     notes.append(f"current: {cs.describe()}")
