@@ -92,6 +92,16 @@ def test_a_live_runs_steady_data_wait_far_from_the_traced_one_lowers_confidence(
     assert confidence("device", {**gpu, "run.data_wait_share": 0.3})[0] == confidence("device", gpu)[0]
 
 
+def test_a_verdict_just_under_the_device_line_is_not_firm():
+    """Host-bound at 79.8% CPU ops (host 13%, input 2%) is a few points from device-bound: the
+    margin over the input share says 0.94, the device line says low."""
+    m = {"share.device": 0.798, "share.input": 0.02, "share.host": 0.13, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu"}
+    conf, notes, _ = confidence("host", m)
+    assert conf == pytest.approx(0.41, abs=0.01) and any("near the 80%" in n and "CPU ops run 80%" in n for n in notes)
+    assert confidence("host", {**m, "share.device": 0.65, "share.host": 0.28})[0] == 1.0     # far from it
+
+
 def test_inconclusive_on_almost_nothing():
     from perfdoctor.analyze import registry
     m = dict.fromkeys(registry.REGISTRY)

@@ -3,7 +3,8 @@
 The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says how firmly.
 - device-bound: 0.6 at the 80% line, rising to 1.0 at 90% device busy;
 - input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
-  is at least twice the runner-up;
+  is at least twice the runner-up; and at most 0.4 just under the 80% device line, rising to
+  1.0 at 70% (a verdict that a few points of device time would flip is not firm);
 - capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, 0.5 when
   a live run's steady data wait and the traced one differ by 10 points or more, and 0.4 when
   most of the step is untraced.
@@ -34,6 +35,13 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         top, runner = sh.get(cause, 0.0), max(others)
         margin = (top - runner) / top if top > 0 else 0.0
         conf = 0.4 + 0.6 * min(1.0, margin / 0.5)
+        # the other side of the device line: 0.4 just under 80% busy, firm from 70% down, as a
+        # device-bound verdict is 0.6 at the line and firm at 90%
+        near = 0.4 + 0.6 * min(1.0, max(0.0, 0.8 - sh["device"]) / 0.1)
+        if near < conf:
+            conf = near
+            notes.append(f"the {'CPU ops' if m.get('trace.platform') == 'cpu' else 'device'} run "
+                         f"{sh['device']:.0%} of the step, near the 80% that would make the step device-bound")
     if m.get("steps.source") != "ProfilerStep":
         conf = min(conf, 0.5)
         if m.get("steps.source"):         # without a trace, the run's own note says so
