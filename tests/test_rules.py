@@ -121,7 +121,7 @@ def test_an_unmeasured_flag_is_unknown_not_false():
     d = evaluate(RULES, m)                         # loader.threads_oversubscription unknown
     assert "PD346" not in {f.rule.id for f in d.fixes}
     assert ("PD213", ["loader.threads_oversubscription"]) in d.skipped
-    assert ("PD346", ["flag.cpu_oversubscription"]) in d.skipped
+    assert ("PD346", ["flag.cpu_oversubscription", "run.runq_share"]) in d.skipped
     m["loader.threads_oversubscription"] = 0.6
     d = evaluate(RULES, m)
     assert "PD346" in {f.rule.id for f in d.fixes}

@@ -86,7 +86,7 @@ def spin(until):
         pass
 
 if __name__ == "__main__":
-    hogs = [mp.Process(target=spin, args=(time.time() + 60,), daemon=True) for _ in range(os.cpu_count() or 2)]
+    hogs = [mp.Process(target=spin, args=(time.time() + 60,), daemon=True) for _ in range(2 * (os.cpu_count() or 2))]
     for h in hogs:
         h.start()
     torch.manual_seed(0)
@@ -115,7 +115,7 @@ def test_a_run_on_a_machine_busy_with_other_work_says_so(tmp_path):
                                                                                         "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads((tmp_path / "run" / "report.json").read_text())["traces"][0]["metrics"]
-    assert m["run.runq_share"] >= 0.2
+    assert m["run.runq_share"] >= 0.1                       # PD214's line
     assert "PD214 The training thread waits for a CPU" in r.stderr
     assert "worth a look" in r.stderr or "Top fixes" in r.stderr
     assert "PD348" in r.stderr
