@@ -71,7 +71,7 @@ def test_directory_of_ranks(tmp_path):
     assert [t["label"] for t in doc["traces"]] == ["rank 0", "rank 1"]
     cr = doc["cross_rank"]
     assert cr["count"] == 2 and cr["slowest"] == "rank 1" and cr["spread"] > 0.1
-    assert doc["verdict"]["summary"].startswith("[2/2 ranks]")
+    assert doc["verdict"]["summary"].startswith("[2/2 ranks; figures of rank 1]")   # the slowest rank's
     assert "Across 2 traces" in run("report", tmp_path).stdout
 
 

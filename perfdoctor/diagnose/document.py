@@ -41,8 +41,11 @@ def build_document(input_path: str, results: list[tuple[TraceAnalysis, Diagnosis
         cross = asdict(rs)
         slow = labels.index(rs.slowest)
         bound = overall_bound(bounds, slow)
-        base = traces[slow]["verdict"] if bounds[slow] == bound else next(t["verdict"] for t in traces if t["verdict"]["bound"] == bound)
-        verdict = {**base, "summary": f"[{bounds.count(bound)}/{len(bounds)} ranks] {base['summary']}",
+        src = slow if bounds[slow] == bound else bounds.index(bound)
+        base = traces[src]["verdict"]
+        # the figures in the summary are one trace's: say which (the breakdown below is the first's)
+        verdict = {**base, "summary": f"[{bounds.count(bound)}/{len(bounds)} ranks; figures of {labels[src]}] "
+                                      f"{base['summary']}",
                    "confidence": min(t["verdict"]["confidence"] for t in traces if t["verdict"]["bound"] == bound),
                    "notes": list(base["notes"])}
         verdict["confidence_label"] = label(verdict["confidence"])
