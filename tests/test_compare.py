@@ -160,3 +160,24 @@ def test_compare_input_errors(two_runs, tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("perfdoctor: error:")
     (tmp_path / "x.json").write_text("not json")
     assert pd("compare", tmp_path / "x.json", two_runs[0]).returncode == 2
+
+
+def test_reports_of_traces_alone_compare_the_traced_mean_and_say_so(tmp_path):
+    """Two report.json of traces (no run directory): no steady window, so the step time is the
+    traced steps' mean, which the profiler slows: the row's note says so."""
+    import tracegen as tg
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.report.json_out import to_json
+
+    reps = []
+    for name, wait in (("a", 3000), ("b", 1000)):
+        tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=wait)] * 4), tmp_path / f"{name}.json")
+        rep = tmp_path / f"{name}_report.json"
+        rep.write_bytes(to_json(diagnose_path(str(tmp_path / f"{name}.json"))))
+        reps.append(rep)
+    p = subprocess.run([sys.executable, "-m", "perfdoctor", "compare", *map(str, reps), "-f", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    row = next(r for r in json.loads(p.stdout)["rows"] if r["metric"] == "step time")
+    assert row["before"] > row["after"] and "the traced steps' mean" in row["note"]

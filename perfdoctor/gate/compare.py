@@ -83,6 +83,10 @@ def _step_rows(b: RunData, a: RunData) -> list[dict]:
     else:
         noise, beyond, note = None, None, "no step records: noise unknown"
         pick = (lambda r, *keys: next((r.metrics[k] / 1e3 for k in keys if r.metrics.get(k) is not None), None))
+        traced = [r.label for r in (b, a) if r.metrics.get("run.step_time_ms") is None
+                  and r.metrics.get("steps.time_mean_ms") is not None]
+        if traced:
+            note += f"; {' and '.join(traced)}: the traced steps' mean (the profiler slows them)"
         vals = {"step": (pick(b, "run.step_time_ms", "steps.time_mean_ms"), pick(a, "run.step_time_ms", "steps.time_mean_ms")),
                 "median": (pick(b, "run.step_time_median_ms", "steps.time_median_ms"),
                            pick(a, "run.step_time_median_ms", "steps.time_median_ms")),
