@@ -62,11 +62,8 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
         out.update({"gpu.idle_host_wait_share": 0.0, "gpu.idle_kernel_wait_share": 0.0,
                     "gpu.idle_other_share": 0.0})
         return out, []
-    new = np.ones(len(idx), bool)
-    new[1:] = (np.diff(idx) != 1) | (tl.step_of[idx[1:]] != tl.step_of[idx[:-1]])
-    gid = np.cumsum(new) - 1
+    new, gid, g_len = _runs(tl, idx)
     g_start = tl.seg.start[idx[new]]
-    g_len = np.bincount(gid, weights=tl.seg.length[idx])
     g_end = g_start + g_len
     g_step = tl.step_of[idx[new]]
 
@@ -100,15 +97,22 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
     return out, gaps
 
 
+def _runs(tl: Timeline, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs of adjacent segments `idx` (sorted, non-empty) inside one step: (each segment
+    starts a run, each segment's run, each run's length in us)."""
+    new = np.ones(len(idx), bool)
+    new[1:] = (np.diff(idx) != 1) | (tl.step_of[idx[1:]] != tl.step_of[idx[:-1]])
+    gid = np.cumsum(new) - 1
+    return new, gid, np.bincount(gid, weights=tl.seg.length[idx])
+
+
 def _long_stretches(tl: Timeline, mask: np.ndarray) -> float:
     """Time (us) of the runs of adjacent `mask` segments, inside one step, lasting LONG_UNTRACED_US
     or more."""
     idx = np.flatnonzero(mask)
     if not len(idx):
         return 0.0
-    new = np.ones(len(idx), bool)
-    new[1:] = (np.diff(idx) != 1) | (tl.step_of[idx[1:]] != tl.step_of[idx[:-1]])
-    length = np.bincount(np.cumsum(new) - 1, weights=tl.seg.length[idx])
+    length = _runs(tl, idx)[2]
     return float(length[length >= LONG_UNTRACED_US].sum())
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import kernels_launched_inside
+from perfdoctor.analyze.nesting import contained, kernels_launched_inside
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -35,7 +35,9 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     s_, e_ = intervals.clip(t.ts[opt], t.ts[opt] + t.dur[opt], *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
     if len(opt):
-        inside = _ops_inside(t, k, opt)
+        ops = np.flatnonzero(k.cpu_op)
+        ops = ops[~np.isin(ops, opt)]
+        inside = ops[contained(t, ops, opt)]            # any depth, same thread
         out["optimizer.ops_per_step"] = len(inside) / n
         if k.platform == "cpu":         # no kernels: the ops say which implementation ran
             names = {t.names[c] for c in unique(t.name[inside])}
@@ -62,20 +64,3 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         busy = np.bincount(steps.index_of(t.ts[kr]) + 1, weights=t.dur[kr], minlength=n + 1)[1:][steady]
         out["gpu.kernel_time_per_step_cv"] = float(busy.std() / busy.mean()) if busy.mean() > 0 else None
     return out
-
-
-def _ops_inside(t: EventTable, k: Kinds, spans: np.ndarray) -> np.ndarray:
-    """Rows of the CPU ops that start inside the given op rows (same thread, any depth; the span
-    rows themselves excluded)."""
-    ops = np.flatnonzero(k.cpu_op)
-    out = []
-    for tid in unique(t.tid[spans]):
-        mine = ops[t.tid[ops] == tid]
-        mine = mine[np.argsort(t.ts[mine], kind="stable")]
-        ts = t.ts[mine]
-        sp = spans[t.tid[spans] == tid]
-        lo, hi = np.searchsorted(ts, t.ts[sp], "left"), np.searchsorted(ts, t.ts[sp] + t.dur[sp], "left")
-        for a, b in zip(lo, hi):
-            out.append(mine[a:b])
-    rows = np.concatenate(out) if out else np.zeros(0, np.int64)
-    return rows[~np.isin(rows, spans)]

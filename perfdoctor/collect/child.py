@@ -108,13 +108,8 @@ def _in_process_group() -> bool:
 def _leave_now(code: int) -> None:
     """Stopped inside a process group, the script never reaches its destroy_process_group(): a
     group left to the interpreter's teardown can abort there (gloo: "terminate called without an
-    active exception", exit 134). Leave as a DDP script ending with os._exit does: our records
-    and the script's output written first, no teardown."""
-    try:
-        from perfdoctor.collect import inject   # tune's record (an atexit handler otherwise)
-        inject.write_record()
-    except BaseException:
-        pass
+    active exception", exit 134). Leave as a DDP script ending with os._exit does: the script's
+    output flushed, then os._exit, whose wrapper (_finish_before_os_exit) writes our records."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -87,6 +87,7 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
     """run.* metrics: the steady-state step time (wall time of the steady window / its steps, with
     its block-bootstrap CI), the window's data-wait share, and median/p90 as secondary figures."""
     est = est or step_estimate(steps, num_workers, prefetch_factor)
+    steady = steps[est.first:est.first + est.n]
     ms = (lambda x: None if x is None else 1e3 * x)
     return {"run.steps": len(steps), "run.outcome": outcome(res),
             "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
@@ -97,8 +98,8 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.steady_steps": est.n, "run.step_time_conclusive": est.conclusive,
             "run.step_time_median_ms": ms(est.median_s), "run.step_time_p90_ms": ms(est.p90_s),
             "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s,
-            "input.wait_busy_share": wait_busy_share(steps[est.first:est.first + est.n]) if est.n else None,
-            "run.runq_share": runq_share(steps[est.first:est.first + est.n]) if est.n else None}
+            "input.wait_busy_share": wait_busy_share(steady) if steady else None,
+            "run.runq_share": runq_share(steady) if steady else None}
 
 
 def _extra_batches_note(steady: list[dict]) -> list[str]:
