@@ -17,7 +17,7 @@ import os
 from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import loader
 
-# `report`'s options (tests/test_loader_parallel.py checks them against the CLI's)
+# `report`'s options (tests/test_prefetch.py checks them against the CLI's)
 VALUE_OPTIONS = {"-f", "--format", "-o", "--output", "--rules", "--annotate", "--tune"}   # take a value
 FLAG_OPTIONS = {"--details"}
 
