@@ -121,10 +121,10 @@ def main(argv=None) -> int:
             err = f"{100 * row['error']:+.0f}%" if row["error"] is not None else "-"
             print(f"| {name} | {fixes} | {(row['first'] or ['-'])[0]} | {fmt(row['expected'])} | {rng} | "
                   f"{fmt(row['ceiling'])} | {measured:.2f}x | {err} | {bar} |", flush=True)
+            if a.json:  # after every row: a run stopped at its time limit keeps what it measured
+                a.json.write_text(json.dumps({"device": what, "rows": rows}, indent=1))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if a.json:
-        a.json.write_text(json.dumps({"device": what, "rows": rows}, indent=1))
     return 0
 
 

@@ -17,14 +17,16 @@ class HandTrace:
         self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
                             "args": {} if ext is None else {"External id": ext}})
 
-    def launch(self, tid: int, ts: float, kernel: str, kernel_us: float) -> None:
-        """A 5 us cudaLaunchKernel at ts; its kernel starts when it returns or the stream is free."""
+    def launch(self, tid: int, ts: float, kernel: str, kernel_us: float, cat: str = "kernel") -> None:
+        """A 5 us cudaLaunchKernel at ts; its kernel starts when it returns or the stream is free.
+        cat="gpu_memcpy": a cudaMemcpyAsync and its copy instead."""
         self.corr += 1
         ids = {"correlation": self.corr, "External id": self.corr}
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+        api = "cudaMemcpyAsync" if cat == "gpu_memcpy" else "cudaLaunchKernel"
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": 1, "tid": tid,
                             "ts": ts, "dur": 5.0, "args": ids})
         start = max(self.device_free, ts + 5)
-        self.events.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": start,
+        self.events.append({"ph": "X", "cat": cat, "name": kernel, "pid": 0, "tid": 7, "ts": start,
                             "dur": kernel_us, "args": {**ids, "device": 0, "stream": 7}})
         self.device_free = start + kernel_us
 

@@ -4,13 +4,14 @@
 out = attn @ v` materialises the [B, H, T, T] score matrix and runs several kernels over it,
 where torch.nn.functional.scaled_dot_product_attention runs one fused kernel that never builds
 it. A trace without shapes still shows the pattern as a sequence of outermost aten ops on one
-thread: a softmax whose nearest neighbours (within WINDOW outermost ops each side) are batched
-matrix multiplies. The backward shows the same shape on the autograd thread (BmmBackward,
+thread: a softmax whose nearest neighbours (within WINDOW outermost ops each side, not counting
+the view, copy and cast ops between them: autocast's casts and the backward's views and expands
+of the batched operands) are batched matrix multiplies. The backward shows the same shape on the autograd thread (BmmBackward,
 SoftmaxBackward, BmmBackward). Softmax inside SDPA's own math path is counted by patterns.py,
 not here.
 
-The cost is the device time of the kernels launched from the host span of each match (first
-matmul to last), over the step time: the T^2 work a fused kernel replaces. The part of it in
+The cost is the device time of the kernels (and the copies and fills among them) launched from
+the host span of each match (first matmul to last), over the step time: the T^2 work a fused kernel replaces. The part of it in
 GEMM kernels (the two matmuls, by kernel name: analyze/precision.py) is the work a fused kernel
 still does; the rest (scale, mask, softmax, dropout passes over the score matrix) it removes.
 """
@@ -33,6 +34,15 @@ GEMM_CLASSES = [CLASSES.index(c) for c in ("gemm_fp32", "gemm_tf32", "gemm_half"
 OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
 MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
                    r"^autograd::engine::evaluate_function: (Bmm|Baddbmm|Matmul|Einsum|UnsafeView)Backward")
+# the view a matmul's result goes through: its backward node sits next to the BmmBackward that
+# does the GEMMs, and stands for the matmul only where no BmmBackward is in reach
+VIEW_OF_MM_RX = re.compile(r"^autograd::engine::evaluate_function: UnsafeViewBackward")
+# Ops that only reshape, view or cast: they sit between the matmuls and the softmax in any
+# hand-written attention (the backward puts up to six between BmmBackward and SoftmaxBackward).
+SHAPE_RX = re.compile(r"^aten::(view|reshape|_unsafe_view|expand|transpose|t|permute|contiguous|clone|to|_to_copy|"
+                      r"detach|unsqueeze|squeeze|select|slice|as_strided|unflatten|flatten)$|"
+                      r"^autograd::engine::evaluate_function: (View|UnsafeView|Expand|Transpose|T|Permute|Clone|"
+                      r"ToCopy|Reshape|Unsqueeze|Squeeze|Select|Slice|AsStrided|Unflatten|Flatten)Backward")
 SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
                         r"^autograd::engine::evaluate_function: (Softmax|SafeSoftmax)Backward")
 
@@ -52,53 +62,76 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         out.update({"attention.manual_kernel_share": none, "attention.manual_gemm_share": none})
         return out
     forward = sum(1 for _, _, bwd in spans if not bwd)
-    out["attention.manual_per_step"] = forward / len(steps)
+    n_max = max(forward, len(spans) - forward)
+    out["attention.manual_per_step"] = n_max / len(steps)
     if k.platform == "cpu":
         return out
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
-    dev, launch = dev[ok], launch[ok]
-    inside = np.zeros(len(dev), bool)
-    for tid_code, a, b, _ in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e], bwd) for s, e, bwd in spans):
-        inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
+    dev, launch = dev[ok & k.device_activity[dev]], launch[ok & k.device_activity[dev]]
     if not total:
         return out
-    rows = dev[inside & k.kernel[dev]]
-    gemm = np.isin(class_of_rows(t, k, rows), GEMM_CLASSES)
-    out["attention.manual_kernel_share"] = float(t.dur[rows].sum()) / total
-    out["attention.manual_gemm_share"] = float(t.dur[rows[gemm]].sum()) / total
+    # A layer's forward and backward both run every step, but the trace's window can cut the
+    # forward passes the host ran ahead of the device (or the backward of the last step): each
+    # direction counts at its mean per match, as often as the direction seen more often.
+    share = gemm_share = 0.0
+    for backward in (False, True):
+        mine = [(s, e) for s, e, bwd in spans if bwd == backward]
+        if not mine:
+            continue
+        inside = np.zeros(len(dev), bool)
+        for tid_code, a, b in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e]) for s, e in mine):
+            inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
+        rows = dev[inside]                     # kernels, and the copies and fills they need
+        kern = rows[k.kernel[rows]]
+        gemm = kern[np.isin(class_of_rows(t, k, kern), GEMM_CLASSES)]
+        share += float(t.dur[rows].sum()) * n_max / len(mine)
+        gemm_share += float(t.dur[gemm].sum()) * n_max / len(mine)
+    out["attention.manual_kernel_share"] = min(1.0, share / total)
+    out["attention.manual_gemm_share"] = min(1.0, gemm_share / total)
     return out
 
 
-def _luts(t: EventTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per name code, in one pass over the names: is an op, a matmul, a softmax, backward."""
-    flags = np.zeros((4, len(t.names)), bool)
+def _luts(t: EventTable) -> tuple[np.ndarray, ...]:
+    """Per name code, in one pass over the names: is an op, a matmul, a softmax, backward, a
+    view/cast op, a matmul's view."""
+    flags = np.zeros((6, len(t.names)), bool)
     for i, n in enumerate(t.names):
         if OP_RX.match(n):
             flags[0, i] = True
             flags[1, i] = MM_RX.match(n) is not None
             flags[2, i] = SOFTMAX_RX.match(n) is not None
             flags[3, i] = n.startswith("autograd")
-    return flags[0], flags[1], flags[2], flags[3]
+            flags[4, i] = SHAPE_RX.match(n) is not None
+            flags[5, i] = VIEW_OF_MM_RX.match(n) is not None
+    return flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]
 
 
 def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool]]:
-    """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops."""
-    top = outermost(t, rows)                        # in time order (rows: one thread)
-    sm = luts[2][t.name[top]]          # an outermost softmax is never SDPA's own math path
-    mm = luts[1][t.name[top]]
-    idx = np.flatnonzero(sm)
-    if not len(idx):
-        return []
-    pos = np.arange(len(top))
-    # nearest matmul before / after each softmax, within WINDOW outermost ops
-    last_mm = np.maximum.accumulate(np.where(mm, pos, -1))
-    next_mm = np.minimum.accumulate(np.where(mm, pos, len(top))[::-1])[::-1]
-    before = last_mm[np.maximum(idx - 1, 0)]
-    before = np.where(idx > 0, before, -1)
-    after = next_mm[np.minimum(idx + 1, len(top) - 1)]
-    after = np.where(idx + 1 < len(top), after, len(top))
-    ok = (before >= 0) & (idx - before <= WINDOW) & (after < len(top)) & (after - idx <= WINDOW)
-    bwd = luts[3][t.name[top[idx]]]
-    return [(int(top[b]), int(top[a]), bool(w)) for b, a, w in zip(before[ok], after[ok], bwd[ok])]
+    """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops.
 
+    Each side of a softmax reaches to its nearest matmul within WINDOW outermost ops that are
+    not views, nor past another softmax; a matmul's UnsafeViewBackward counts only where its
+    BmmBackward is not in reach (the span must hold the GEMMs). Both matmuls are in the
+    softmax's own pass (a forward softmax and the backward matmuls that follow it on the same
+    thread are a softmax head, not attention)."""
+    top = outermost(t, rows)                        # in time order (rows: one thread)
+    names = t.name[top]
+    # an outermost softmax is never SDPA's own math path
+    sm, mm, bwd, view_of_mm = luts[2][names], luts[1][names], luts[3][names], luts[5][names]
+    counted = np.cumsum(~luts[4][names])
+    out = []
+    for i in np.flatnonzero(sm):
+        ends = []
+        for step, stop in ((-1, -1), (1, len(top))):
+            found, j = None, i + step
+            while j != stop and abs(int(counted[j]) - int(counted[i])) <= WINDOW and not sm[j]:
+                if mm[j] and bwd[j] == bwd[i]:
+                    found = j
+                    if not view_of_mm[j]:
+                        break
+                j += step
+            ends.append(found)
+        if ends[0] is not None and ends[1] is not None:
+            out.append((int(top[ends[0]]), int(top[ends[1]]), bool(bwd[i])))
+    return out

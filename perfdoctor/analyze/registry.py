@@ -142,7 +142,7 @@ _m("precision.amp_speedup_peak", "ratio", "Speed-up of precision.amp_share at th
 # -- model-level patterns --------------------------------------------------------------------
 _m("attention.math_ops_per_step", "per_step", "aten::_scaled_dot_product_attention_math calls per step (the unfused fallback).")
 _m("attention.fused_ops_per_step", "per_step", "Flash / memory-efficient / cuDNN SDPA calls per step.")
-_m("attention.manual_per_step", "per_step", "Hand-written attention per step (matmul, softmax, matmul among a thread's outermost ops; analyze/attention.py): forward passes.")
+_m("attention.manual_per_step", "per_step", "Hand-written attention per step (matmul, softmax, matmul among a thread's outermost ops; analyze/attention.py): forward or backward passes, whichever the window shows more of.")
 _m("attention.manual_kernel_share", "share", "Device time of kernels launched by hand-written attention (forward and backward) / step time; None on CPU.")
 _m("attention.manual_gemm_share", "share", "The part of attention.manual_kernel_share in GEMM kernels (the matmuls a fused attention kernel still computes; the rest it removes); None on CPU.")
 _m("attention.math_kernel_share", "share", "Device time of kernels launched inside math-attention ops / step time.")
