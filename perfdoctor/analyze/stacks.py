@@ -243,6 +243,25 @@ def _unread(proc: dict, segs: dict) -> float | None:
     return float(errors / taken) if taken > 0 else None
 
 
+def _add_save(saves: list[list[float]], sa: float, sb: float, ends: np.ndarray, period: float, win: _Windows) -> None:
+    """Add a segment of checkpoint samples to the save episodes. One save = consecutive checkpoint
+    samples inside one step: the training thread records the step ends itself, so no save spans
+    one, and a save every step is told from one long save even when the sampler saw no other
+    frame between them (a 66 ms save in a 76 ms step, sampled every 20 ms). A segment of one
+    stack holds a sample every period from its start."""
+    instants = sa + period * np.arange(max(1, int(round((sb - sa) / period))))
+    step = np.searchsorted(ends, instants, side="right")
+    for s in np.unique(step):
+        at = instants[step == s]
+        pa, pb = float(at[0]), min(float(at[-1]) + period, sb)
+        ov = float(win.overlap(np.array([pa]), np.array([pb]))[0])
+        last = saves[-1] if saves else None
+        if last is not None and last[4] == s and pa - last[0] <= 2.5 * period:
+            last[0], last[1], last[2] = pb, last[1] + pb - pa, last[2] + ov
+        else:
+            saves.append([pb, pb - pa, ov, pa, int(s)])
+
+
 def _save_interval(saves: list[list[float]], win: _Windows, covered: float, span: float) -> float | None:
     """Steady steps per checkpoint save.
 
@@ -256,7 +275,7 @@ def _save_interval(saves: list[list[float]], win: _Windows, covered: float, span
     if len(seen) >= 3 and covered > 0:
         at = win.before(np.array(sorted(s[3] for s in seen)))
         return float(np.median(np.diff(at)) / (span / covered))
-    n_saves = sum(ov / d for _, d, ov, _ in seen)
+    n_saves = sum(ov / d for _, d, ov, _, _ in seen)
     return covered / n_saves if n_saves > 0.5 else None
 
 
@@ -296,15 +315,13 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     causes: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
     frames: dict[tuple, list] = {}
     memo: dict[tuple, tuple] = {}
-    saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap, start]
-    gap = 2.5 / float(meta.get("rate_hz") or 100)
+    saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap, start, step]
+    period = 1.0 / float(meta.get("rate_hz") or 100)
+    ends = np.sort(np.array([float(s["end"]) for s in steps if "end" in s]))
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
-        if c[0] == "checkpoint":        # one save = consecutive checkpoint samples
-            if saves and sa - saves[-1][0] <= gap:
-                saves[-1][0], saves[-1][1], saves[-1][2] = sb, saves[-1][1] + sb - sa, saves[-1][2] + wt
-            else:
-                saves.append([sb, sb - sa, wt, sa])
+        if c[0] == "checkpoint":
+            _add_save(saves, sa, sb, ends, period, win)
         if wt <= 0:
             continue
         causes[c[0]] += wt
