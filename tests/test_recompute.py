@@ -154,3 +154,17 @@ def test_outermost_keeps_the_parent_that_starts_on_the_same_microsecond(tmp_path
     rows = np.arange(len(t.name))
     kept = sorted(t.names[t.name[r]] for r in outermost(t, rows))
     assert kept == ["aten::gelu", "aten::linear"]
+
+
+def test_on_a_gpu_the_recomputation_costs_its_host_time_where_the_host_is_the_critical_path():
+    """gpu_share: the kernel time weighted by the device's busy share, or on a host-bound step
+    the host time, until the device's remaining work bounds the step."""
+    from perfdoctor.analyze.recompute import gpu_share
+
+    # bench/holdout/h_recompute.py on an H200: host 30%, kernels 8%, device busy 46%
+    assert gpu_share(0.298, 0.077, 0.462) == pytest.approx(0.298)
+    # device-bound: the kernels' time, weighted by the device's busy share
+    assert gpu_share(0.05, 0.2, 0.98) == pytest.approx(0.196)
+    # host-bound until the device's remaining 75% of the step bounds it
+    assert gpu_share(0.5, 0.05, 0.8) == pytest.approx(0.25)
+    assert gpu_share(0.3, 0.1, None) == pytest.approx(0.1)      # unknown busy share: the device's time
