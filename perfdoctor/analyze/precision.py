@@ -22,7 +22,9 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
 
 The expected effect of autocast (bf16 on Ampere+, fp16 on Volta/Turing) follows from the peak
 throughput ratios of the GPU generation (vendor data sheets, dense tensor math), damped because
-no real kernel reaches peak: a ratio r is expected to deliver r**0.7 (range r**0.5 .. r**0.85);
+no real kernel reaches peak: a ratio r is expected to deliver r**0.8 (range r**0.6 .. r**0.95:
+an H200 Transformer encoder on the fp32 SIMT cores measured ~r**0.93, the H100 ResNet-50 in TF32
+with channels_last lies 7-10% above the expectation at r**0.7-0.8);
 memory-bound kernels 1.7x (range 1.3-2.0x: half the bytes, some stay fp32). Kernel time only
 shortens the step where the device is the critical path: the affected kernel time is weighted by
 the device's busy share of the step (1.0 on a device-bound step, ~0 on a host-bound one).
@@ -64,7 +66,7 @@ OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused
 # H100 SXM 67/495/989; B200 ~80/1100/2250.
 PEAKS = ((10.0, (80.0, 1100.0, 2250.0)), (9.0, (67.0, 495.0, 989.0)), (8.6, (40.0, 80.0, 160.0)),
          (8.0, (19.5, 156.0, 312.0)), (7.0, (15.7, None, 125.0)))
-DAMP, DAMP_LOW, DAMP_HIGH = 0.7, 0.5, 0.85
+DAMP, DAMP_LOW, DAMP_HIGH = 0.8, 0.6, 0.95
 MEMORY_SPEEDUP = (1.7, 1.3, 2.0)        # expected, low, high
 
 
