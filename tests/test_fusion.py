@@ -62,7 +62,10 @@ def test_device_bound_trace_offers_compile_for_fusion(tmp_path):
     fix = next(f for f in doc["findings"] if f["id"] == "PD344")
     share = m["fusion.unfused_share"]
     assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - share), abs=1e-4)     # rounded in JSON
-    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / 1.5), abs=1e-4)
+    # a chain of n kernels: n passes over memory eager, about two fused
+    n = m["fusion.chain_kernels"]
+    assert 2 < n < 4
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / (n / 2)), abs=1e-4)
 
 
 def test_host_bound_trace_does_not(tmp_path):
@@ -82,3 +85,22 @@ def test_compiled_steps_are_recognised(shared_traces):
     for case, compiled in (("launch_compiled", True), ("compute", False)):
         path = next((shared_traces / "h100" / case / "trace").glob("*.json.gz"))
         assert analyze(load_trace(path)).metrics["fusion.compiled"] is compiled, case
+
+
+def test_chain_kernels_weighs_each_run_of_fusable_kernels_by_its_time():
+    """Two streams, in start order. Stream 1: GEMM, 3 fusable (10 us each), GEMM, 1 fusable
+    (60 us); stream 2: 2 fusable (15 us each) right after stream 1's last kernel in time, which
+    must not join stream 1's run. Runs (kernels, time): (3, 30), (1, 60), (2, 30)."""
+    import numpy as np
+
+    from perfdoctor.analyze.fusion import chain_kernels
+
+    stream = np.array([1, 1, 1, 1, 1, 1, 2, 2])
+    start = np.array([0, 10, 20, 30, 40, 50, 110, 125], float)
+    dur = np.array([10, 10, 10, 10, 10, 60, 15, 15], float)
+    fusable = np.array([False, True, True, True, False, True, True, True])
+    assert chain_kernels(stream, start, dur, fusable) == pytest.approx((3 * 30 + 1 * 60 + 2 * 30) / 120)
+    # order comes from the start times, not the rows
+    p = np.random.default_rng(0).permutation(8)
+    assert chain_kernels(stream[p], start[p], dur[p], fusable[p]) == pytest.approx(210 / 120)
+    assert chain_kernels(stream, start, dur, np.zeros(8, bool)) is None

@@ -12,6 +12,12 @@ fill or pooling, and it is none of: a GEMM/convolution or attention kernel (prec
 classes), a layout transpose (channels_last removes those), an optimizer kernel (fused
 optimizers cover those), a collective, or a kernel compile already generated (`triton_*`).
 
+How much fusion gains depends on how long the chains are: `fusion.chain_kernels` is the number
+of unfused memory-bound kernels per chain (a run of them back to back on one stream, between
+kernels fusion leaves: GEMMs, convolutions, attention), weighted by the chain's time.
+Eager runs a chain of n kernels as n passes over memory; the fused kernel reads the chain's
+inputs and writes its outputs (and what backward saves) in about two.
+
 `fusion.compiled` is true when the steps already run compiled code (Triton kernels, or
 compiled-region ops on the host): then compile is not news. Kernel time only shortens the step
 where the device is the critical path, so the share is weighted by the device's busy share of
@@ -45,7 +51,8 @@ def is_memory_bound(name: str) -> bool:
 
 
 def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:
-    out = {"fusion.unfused_share": None, "fusion.unfused_kernels_per_step": None, "fusion.compiled": None}
+    out = {"fusion.unfused_share": None, "fusion.unfused_kernels_per_step": None, "fusion.compiled": None,
+           "fusion.chain_kernels": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
     kr = np.flatnonzero(k.kernel)
@@ -62,5 +69,21 @@ def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | 
     n_steps = max(len(steps.duration), 1)
     out.update({"fusion.unfused_share": float(t.dur[kr][keep].sum()) / total * device_weight(device_share),
                 "fusion.unfused_kernels_per_step": float(keep.sum()) / n_steps,
-                "fusion.compiled": bool(compiled_kernel[names].any()) or compiled_op})
+                "fusion.compiled": bool(compiled_kernel[names].any()) or compiled_op,
+                "fusion.chain_kernels": chain_kernels(t.tid[kr], t.ts[kr], t.dur[kr], keep)})
     return out
+
+
+def chain_kernels(stream: np.ndarray, start: np.ndarray, dur: np.ndarray, fusable: np.ndarray) -> float | None:
+    """Time-weighted mean length of the runs of fusable kernels, each stream in start order; a
+    kernel that is not fusable ends a run (None without fusable kernels)."""
+    order = np.lexsort((start, stream))
+    f, s, d = fusable[order], stream[order], dur[order]
+    if not f.any():
+        return None
+    # a new run starts at a fusable kernel whose predecessor (same stream) is not fusable
+    begins = f & np.concatenate([[True], ~f[:-1] | (s[1:] != s[:-1])])
+    run = np.cumsum(begins)[f] - 1
+    n = np.bincount(run)
+    time = np.bincount(run, weights=d[f])
+    return float((n * time).sum() / time.sum()) if time.sum() > 0 else float(n.mean())
