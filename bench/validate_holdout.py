@@ -116,10 +116,14 @@ def main(argv=None) -> int:
         print("|---|---|---|---|---|---|---|---|---|")
         for name in a.only or APPLIED:
             script = HOLDOUT / name
-            bare, fixed = measure(script, a.pairs, small)
-            measured = statistics.mean(bare) / statistics.mean(fixed)
-            out = (a.keep or tmp) / name.removesuffix(".py")
-            doc = diagnose(script, out, small)
+            try:                  # one script that fails must not cost the others their turn
+                bare, fixed = measure(script, a.pairs, small)
+                measured = statistics.mean(bare) / statistics.mean(fixed)
+                out = (a.keep or tmp) / name.removesuffix(".py")
+                doc = diagnose(script, out, small)
+            except SystemExit as e:
+                print(f"| {name} | failed: {str(e)[-300:]!r} |", flush=True)
+                continue
             row = judge(doc, APPLIED[name], measured) | {"bare_ms": bare, "fixed_ms": fixed}
             rows[name] = row
             fmt = lambda v: "-" if v is None else ("unbounded" if v == float("inf") else f"{v:.2f}x")  # noqa: E731
