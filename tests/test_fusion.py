@@ -62,11 +62,10 @@ def test_device_bound_trace_offers_compile_for_fusion(tmp_path):
     fix = next(f for f in doc["findings"] if f["id"] == "PD344")
     share = m["fusion.unfused_share"]
     assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - share), abs=1e-4)     # rounded in JSON
-    # a chain of n kernels: n passes over memory eager, about two fused
-    n = m["fusion.chain_kernels"]
-    assert 2 < n < 4
-    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / (n / 2)), abs=1e-4)
-
+    # the pointwise arithmetic folds into its neighbours; the rest keeps its pass
+    pw = m["fusion.pointwise_share"]
+    assert 0 < pw < share
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + (share - pw)), abs=1e-4)
 
 def test_host_bound_trace_does_not(tmp_path):
     from perfdoctor.analyze.pipeline import analyze
@@ -87,20 +86,34 @@ def test_compiled_steps_are_recognised(shared_traces):
         assert analyze(load_trace(path)).metrics["fusion.compiled"] is compiled, case
 
 
-def test_chain_kernels_weighs_each_run_of_fusable_kernels_by_its_time():
-    """Two streams, in start order. Stream 1: GEMM, 3 fusable (10 us each), GEMM, 1 fusable
-    (60 us); stream 2: 2 fusable (15 us each) right after stream 1's last kernel in time, which
-    must not join stream 1's run. Runs (kernels, time): (3, 30), (1, 60), (2, 30)."""
-    import numpy as np
+def test_pointwise_share_is_the_arithmetic_copies_and_casts_among_the_unfused_kernels(tmp_path):
+    """A device-bound CUDA step: a GEMM, then an add and a dtype copy (pointwise: fusion folds
+    them), a layer norm and a dropout (they keep their pass), 100 us each."""
+    from kineto import HandTrace
 
-    from perfdoctor.analyze.fusion import chain_kernels
+    from perfdoctor.diagnose.offline import diagnose_path
 
-    stream = np.array([1, 1, 1, 1, 1, 1, 2, 2])
-    start = np.array([0, 10, 20, 30, 40, 50, 110, 125], float)
-    dur = np.array([10, 10, 10, 10, 10, 60, 15, 15], float)
-    fusable = np.array([False, True, True, True, False, True, True, True])
-    assert chain_kernels(stream, start, dur, fusable) == pytest.approx((3 * 30 + 1 * 60 + 2 * 30) / 120)
-    # order comes from the start times, not the rows
-    p = np.random.default_rng(0).permutation(8)
-    assert chain_kernels(stream[p], start[p], dur[p], fusable[p]) == pytest.approx(210 / 120)
-    assert chain_kernels(stream, start, dur, np.zeros(8, bool)) is None
+    kernels = ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+               "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >",
+               "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+               "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>",
+               "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>"]
+    tr, t = HandTrace(), 0.0
+    for i in range(3):
+        s0 = t = max(t, tr.device_free)
+        for kname in kernels:
+            tr.op(1, t, "aten::op", 10.0, ext=tr.corr + 1)
+            tr.launch(1, t + 2, kname, 100.0)
+            t += 10.0
+        t = max(t, tr.device_free)
+        tr.step(i, s0, t)
+    tr.write(tmp_path / "pw.json")
+    doc = diagnose_path(str(tmp_path / "pw.json"))
+    m = doc["traces"][0]["metrics"]
+    step = m["steps.time_mean_ms"] * 1000
+    assert m["fusion.unfused_share"] == pytest.approx(400 / step * m["share.device"], rel=0.02)
+    assert m["fusion.pointwise_share"] == pytest.approx(200 / step * m["share.device"], rel=0.02)
+    fix = next(f for f in doc["findings"] if f["slug"] == "compile-fuse")
+    u, pw = m["fusion.unfused_share"], m["fusion.pointwise_share"]
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - pw), rel=0.01)
+    assert fix["gain"]["range"] == pytest.approx([1 / (1 - pw / 2), 1 / (1 - u + (u - pw) / 1.3)], rel=0.01)

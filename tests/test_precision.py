@@ -83,6 +83,7 @@ TF32 = "nvjet_sm90_sss_128x128_64x4_1x2_h_bz_coopA_NNT"
 BF16 = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
 LN = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*)"
 SOFTMAX = "void (anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, Epilogue>(float*, float const*)"
+GELU = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)::float>"
 FLASH_BF16 = ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, "
               "cutlass::bfloat16_t, Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true>")
 
@@ -96,14 +97,16 @@ def _metrics_and_fixes(path):
 
 def test_a_model_already_in_bf16_is_not_told_to_use_mixed_precision(tmp_path):
     """bf16 GEMMs and flash attention with the norms and softmax autocast keeps in fp32: nothing
-    for autocast to change. The same fp32 kernels beside TF32 GEMMs do go half (their inputs do)."""
+    for autocast to change. Beside TF32 GEMMs the fp32 elementwise kernels go half (their inputs
+    do); the norms and softmax stay fp32 there too (autocast's fp32 op list)."""
     _step_trace(tmp_path / "bf16.json", [(BF16, 400), (FLASH_BF16, 300), (LN, 200), (SOFTMAX, 100)])
     m, fixes = _metrics_and_fixes(tmp_path / "bf16.json")
     assert m["precision.attention_half_share"] > 0.25 and m["precision.attention_fp32_share"] == 0
-    assert m["precision.memory_fp32_share"] > 0.25
+    assert m["precision.memory_fp32_share"] == 0
     assert m["precision.amp_share"] == 0 and "mixed-precision" not in fixes
-    _step_trace(tmp_path / "tf32.json", [(TF32, 400), (LN, 200), (SOFTMAX, 100)])
+    _step_trace(tmp_path / "tf32.json", [(TF32, 400), (LN, 200), (SOFTMAX, 100), (GELU, 200)])
     m, fixes = _metrics_and_fixes(tmp_path / "tf32.json")
+    assert m["precision.memory_fp32_share"] == pytest.approx(200 / 900, rel=0.05)       # the GELU alone
     assert m["precision.amp_share"] == pytest.approx(
         (m["precision.gemm_tf32_share"] + m["precision.memory_fp32_share"]) * m["share.device"])
     assert fixes["mixed-precision"]["ranked"]

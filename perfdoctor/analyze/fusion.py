@@ -12,13 +12,15 @@ fill or pooling, and it is none of: a GEMM/convolution or attention kernel (prec
 classes), a layout transpose (channels_last removes those), an optimizer kernel (fused
 optimizers cover those), a collective, or a kernel compile already generated (`triton_*`).
 
-How much fusion gains depends on how long the chains are: `fusion.chain_kernels` is the number
-of unfused memory-bound kernels per chain (a run of them back to back on one stream, between
-kernels fusion leaves: GEMMs, convolutions, attention), weighted by the chain's time.
-Eager runs a chain of n kernels as n passes over memory; the fused kernel reads the chain's
-inputs and writes its outputs (and what backward saves) in about two.
+What fusion removes: the pointwise arithmetic, copies and casts (add, mul, scale, dtype casts:
+ATen's *Functor and copy kernels, `fusion.pointwise_share`) fold into the kernel next to them and
+stop reading and writing memory of their own; norms, reductions, softmax, dropout and activations
+keep about one pass each (their outputs are what backward saves). Measured on an H200: a bf16
+MLP written op by op (40% of its step in pointwise arithmetic, 21% in the rest) ran 1.71x faster
+compiled, 1.66x expected so; a GELU MLP stack of library modules (15% and 30%) 1.11x, 1.18x
+expected so, where the length of the chains alone promised 1.4x.
 
-`fusion.compiled` is true when the steps already run compiled code (Triton kernels, or
+`fusion.compiled` is true when`fusion.compiled` is true when the steps already run compiled code (Triton kernels, or
 compiled-region ops on the host): then compile is not news. Kernel time only shortens the step
 where the device is the critical path, so the share is weighted by the device's busy share of
 the step, as precision.py does.
@@ -42,6 +44,9 @@ MEMORY_BOUND_RX = re.compile(
 NOT_FUSABLE_RX = re.compile(r"^triton_|nccl|multi_tensor_apply|Memcpy|Memset", re.I)
 COMPILED_KERNEL_RX = re.compile(r"^triton_")
 COMPILED_OP_RX = re.compile(r"^(CompiledFunction|CompiledFxGraph|Torch-Compiled Region|## Call CompiledFxGraph)")
+# pointwise arithmetic, copies and casts: ATen's functor kernels (CUDAFunctor_add, BinaryFunctor,
+# AUnaryFunctor, MulFunctor...), direct/dtype copy kernels and fills
+POINTWISE_RX = re.compile(r"Functor|copy_kernel|fill_kernel", re.I)
 UNCHANGED = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_half", "layout")
 
 
@@ -52,7 +57,7 @@ def is_memory_bound(name: str) -> bool:
 
 def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:
     out = {"fusion.unfused_share": None, "fusion.unfused_kernels_per_step": None, "fusion.compiled": None,
-           "fusion.chain_kernels": None}
+           "fusion.pointwise_share": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
     kr = np.flatnonzero(k.kernel)
@@ -64,26 +69,13 @@ def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | 
     ops = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
     compiled_op = bool((ops & t.name_mask(lambda s: bool(COMPILED_OP_RX.search(s)))).any())
     lut = np.fromiter((is_memory_bound(n) for n in t.names), bool, len(t.names))
+    pointwise = np.fromiter((bool(POINTWISE_RX.search(n)) for n in t.names), bool, len(t.names))
     cls = class_of_rows(t, k, kr)
     keep = lut[names] & ~np.isin(cls, [CLASSES.index(c) for c in UNCHANGED]) & ~_in_optimizer(t, k, kr)
     n_steps = max(len(steps.duration), 1)
     out.update({"fusion.unfused_share": float(t.dur[kr][keep].sum()) / total * device_weight(device_share),
                 "fusion.unfused_kernels_per_step": float(keep.sum()) / n_steps,
                 "fusion.compiled": bool(compiled_kernel[names].any()) or compiled_op,
-                "fusion.chain_kernels": chain_kernels(t.tid[kr], t.ts[kr], t.dur[kr], keep)})
+                "fusion.pointwise_share": float(t.dur[kr][keep & pointwise[names]].sum()) / total
+                * device_weight(device_share)})
     return out
-
-
-def chain_kernels(stream: np.ndarray, start: np.ndarray, dur: np.ndarray, fusable: np.ndarray) -> float | None:
-    """Time-weighted mean length of the runs of fusable kernels, each stream in start order; a
-    kernel that is not fusable ends a run (None without fusable kernels)."""
-    order = np.lexsort((start, stream))
-    f, s, d = fusable[order], stream[order], dur[order]
-    if not f.any():
-        return None
-    # a new run starts at a fusable kernel whose predecessor (same stream) is not fusable
-    begins = f & np.concatenate([[True], ~f[:-1] | (s[1:] != s[:-1])])
-    run = np.cumsum(begins)[f] - 1
-    n = np.bincount(run)
-    time = np.bincount(run, weights=d[f])
-    return float((n * time).sum() / time.sum()) if time.sum() > 0 else float(n.mean())

@@ -125,7 +125,7 @@ _m("threads.splittable_share", "share", "Own time (children excluded) of aten op
 # -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
 _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")
-_m("fusion.chain_kernels", "count", "Unfused memory-bound kernels per chain: runs of them back to back on one stream between kernels fusion leaves (GEMMs, convolutions, attention), weighted by each chain's time (analyze/fusion.py). A fused chain makes about two passes over memory where eager makes one per kernel.")
+_m("fusion.pointwise_share", "share", "The part of fusion.unfused_share in pointwise arithmetic, copies and casts (ATen functor and copy kernels): what fusion folds into the neighbouring kernels; norms, reductions, softmax, dropout and activations keep about a pass each.")
 _m("fusion.compiled", "bool", "The steps already run compiled code (Triton kernels or compiled-region ops).")
 # -- math precision (analyze/precision.py; CUDA only, None elsewhere) ------------------------
 _m("precision.gemm_fp32_share", "share", "Kernel time of fp32 GEMM/convolution kernels on the SIMT cores (no tensor cores) / step time.")
