@@ -5,15 +5,16 @@ out = attn @ v` materialises the [B, H, T, T] score matrix and runs several kern
 where torch.nn.functional.scaled_dot_product_attention runs one fused kernel that never builds
 it. A trace without shapes still shows the pattern as a sequence of outermost aten ops on one
 thread: a softmax whose nearest neighbours (within WINDOW outermost ops each side, not counting
-the view, copy and cast ops between them: autocast's casts and the backward's views and expands
-of the batched operands) are batched matrix multiplies. The backward shows the same shape on the autograd thread (BmmBackward,
-SoftmaxBackward, BmmBackward). Softmax inside SDPA's own math path is counted by patterns.py,
-not here.
+the view, copy and cast ops between them: autocast's casts and the backward's views and
+expands of the batched operands) are batched matrix multiplies. The backward shows the same
+shape on the autograd thread (BmmBackward, SoftmaxBackward, BmmBackward). Softmax inside SDPA's
+own math path is counted by patterns.py, not here.
 
 The cost is the device time of the kernels (and the copies and fills among them) launched from
-the host span of each match (first matmul to last), over the step time: the T^2 work a fused kernel replaces. The part of it in
-GEMM kernels (the two matmuls, by kernel name: analyze/precision.py) is the work a fused kernel
-still does; the rest (scale, mask, softmax, dropout passes over the score matrix) it removes.
+the host span of each match (first matmul to last), over the step time: the T^2 work a fused
+kernel replaces. The part of it in GEMM kernels (the two matmuls, by kernel name:
+analyze/precision.py) is the work a fused kernel still does; the rest (scale, mask, softmax,
+dropout passes over the score matrix) it removes.
 """
 
 from __future__ import annotations
