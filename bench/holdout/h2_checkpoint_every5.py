@@ -1,11 +1,8 @@
 """A GPT-style stack (~40M parameters, bf16 autocast) that saves model and optimizer state
 with torch.save every 5th step. Fix (--fixed): every 100 steps. Checkpoints go to a temporary
 directory that is removed. Prints `STEADY_MS <ms>` (steady.py)."""
-import shutil
-import tempfile
-
 import torch
-from steady import GPTBlock, arguments, run_steady
+from steady import GPTBlock, arguments, run_saving, train_step
 from torch import nn
 
 a, dev = arguments(__doc__, steps=100, batch=8)
@@ -13,21 +10,5 @@ D, H, L, T = (64, 4, 2, 32) if a.small else (768, 12, 6, 512)
 model = nn.Sequential(*[GPTBlock(D, H) for _ in range(L)]).to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, T, D, device=dev)
-every = 100 if a.fixed else 5
-out = tempfile.mkdtemp(prefix="perfdoctor-holdout-ckpt-")
-
-
-def step(i):
-    with torch.autocast(dev, dtype=torch.bfloat16):
-        loss = model(x).float().pow(2).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    if (i + 1) % every == 0:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{out}/ckpt.pt")
-
-
-try:
-    run_steady(step, a.steps, dev)
-finally:
-    shutil.rmtree(out, ignore_errors=True)
+state = lambda: {"model": model.state_dict(), "opt": opt.state_dict()}  # noqa: E731
+run_saving(train_step(lambda: model(x), opt, dev), state, 100 if a.fixed else 5, a.steps, dev)

@@ -1,11 +1,8 @@
 """A small CNN (~7M parameters) that saves its state_dict (and the optimizer's) with torch.save
 after every step. Fix (--fixed): save every 100 steps. Checkpoints go to a temporary directory
 that is removed. Prints `STEADY_MS <ms>` (steady.py; with --fixed, exactly one save every 100)."""
-import shutil
-import tempfile
-
 import torch
-from steady import arguments, run_steady
+from steady import arguments, run_saving
 from torch import nn
 
 a, dev = arguments(__doc__, steps=120, batch=64)
@@ -22,8 +19,6 @@ model = nn.Sequential(*stage(3, 64), *stage(64, 128), *stage(128, 256), *stage(2
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(batch, 3, size, size, device=dev)
 y = torch.randint(0, 100, (batch,), device=dev)
-every = 100 if a.fixed else 1
-out = tempfile.mkdtemp(prefix="perfdoctor-holdout-ckpt-")
 
 
 def step(i):
@@ -31,11 +26,6 @@ def step(i):
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-    if (i + 1) % every == 0:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{out}/ckpt.pt")
 
 
-try:
-    run_steady(step, a.steps, dev)
-finally:
-    shutil.rmtree(out, ignore_errors=True)
+run_saving(step, lambda: {"model": model.state_dict(), "opt": opt.state_dict()}, 100 if a.fixed else 1, a.steps, dev)

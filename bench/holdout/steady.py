@@ -5,6 +5,8 @@ Each script builds its model, then hands one training step to `run_steady`, whic
 --steps times and prints `STEADY_MS <ms>`: wall time per step after WARMUP steps, the device
 synchronised at both ends (bench/validate_holdout.py reads that line)."""
 import argparse
+import shutil
+import tempfile
 import time
 
 import torch
@@ -37,6 +39,21 @@ def run_steady(step, steps: int, dev: str) -> None:
         step(i)
     sync()
     print(f"STEADY_MS {1000 * (time.perf_counter() - t0) / (steps - WARMUP):.2f}", flush=True)
+
+
+def run_saving(step, state, every: int, steps: int, dev: str) -> None:
+    """run_steady(step) with torch.save(state()) after every `every`-th step, into a temporary
+    directory removed at the end (the checkpoint scripts)."""
+    out = tempfile.mkdtemp(prefix="perfdoctor-holdout-ckpt-")
+
+    def saving(i):
+        step(i)
+        if (i + 1) % every == 0:
+            torch.save(state(), f"{out}/ckpt.pt")
+    try:
+        run_steady(saving, steps, dev)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def train_step(forward, opt, dev: str, autocast: bool = True):
