@@ -136,3 +136,29 @@ def test_the_backward_counts_through_views_and_a_cut_forward_counts_as_often_as_
     # forward 2 x 800 us counted 3 times over, backward 3 x 1300 us (the copy included)
     assert m["attention.manual_kernel_share"] == pytest.approx((1.5 * 1600 + 3900) / total, rel=0.03)
     assert m["attention.manual_gemm_share"] == pytest.approx((1.5 * 400 + 1200) / total, rel=0.03)
+
+
+def test_forward_attention_without_a_backward_counts_as_seen(tmp_path):
+    """A frozen encoder's attention runs forward only, beside a trained one: per step two forward
+    matches (400 us each) and one backward (600 us). The window cuts at most a step's worth of one
+    direction, so a larger difference is real and nothing is scaled: (800 + 600) / 2400."""
+    tr, t = HandTrace(), 0.0
+    node = "autograd::engine::evaluate_function: "
+    fwd = [("aten::matmul", "gemm_a", 100.0), ("aten::softmax", "softmax_warp_forward", 200.0),
+           ("aten::matmul", "gemm_b", 100.0)]
+    bwd = [(node + "BmmBackward0", "gemm_c", 200.0), (node + "SoftmaxBackward0", "softmax_warp_backward", 200.0),
+           (node + "BmmBackward0", "gemm_d", 200.0)]
+    for i in range(3):
+        s0 = t = max(t, tr.device_free)
+        for tid, name, kernel, us in [(1, *f) for f in fwd + fwd] + [(1, "aten::linear", "gemm_other", 1000.0)] \
+                + [(2, *b) for b in bwd]:
+            tr.op(tid, t, name, 20.0, ext=tr.corr + 1)
+            tr.launch(tid, t + 5, kernel, us)
+            t += 25.0
+        t = max(t, tr.device_free)
+        tr.step(i, s0, t)
+    p = tmp_path / "frozen.json"
+    tr.write(p)
+    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    assert m["attention.manual_per_step"] == pytest.approx(2.0)
+    assert m["attention.manual_kernel_share"] == pytest.approx(1400 / 2400, rel=0.03)

@@ -10,9 +10,9 @@ expands of the batched operands) are batched matrix multiplies. The backward sho
 shape on the autograd thread (BmmBackward, SoftmaxBackward, BmmBackward). Softmax inside SDPA's
 own math path is counted by patterns.py, not here.
 
-The cost is the device time of the kernels (and the copies and fills among them) launched from
-the host span of each match (first matmul to last), over the step time: the T^2 work a fused
-kernel replaces. The part of it in GEMM kernels (the two matmuls, by kernel name:
+The cost is the device time of the kernels (and the device-to-device copies and fills among
+them) launched from the host span of each match (first matmul to last), over the step time: the
+T^2 work a fused kernel replaces. The part of it in GEMM kernels (the two matmuls, by kernel name:
 analyze/precision.py) is the work a fused kernel still does; the rest (scale, mask, softmax,
 dropout passes over the score matrix) it removes.
 """
@@ -65,16 +65,20 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     forward = sum(1 for _, _, bwd in spans if not bwd)
     n_max = max(forward, len(spans) - forward)
     out["attention.manual_per_step"] = n_max / len(steps)
+    # A window edge cuts at most one step's worth of one direction; a larger difference is real
+    # (a frozen encoder's forward, evaluation inside the window) and each direction counts as seen.
+    cut = abs(2 * forward - len(spans)) <= n_max / len(steps) + 0.5
     if k.platform == "cpu":
         return out
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
-    dev, launch = dev[ok & k.device_activity[dev]], launch[ok & k.device_activity[dev]]
+    on_device = k.kernel[dev] | k.memset[dev] | (k.memcpy[dev] & t.name_mask(lambda n: "DtoD" in n)[dev])
+    dev, launch = dev[ok & on_device], launch[ok & on_device]
     if not total:
         return out
     # A layer's forward and backward both run every step, but the trace's window can cut the
-    # forward passes the host ran ahead of the device (or the backward of the last step): each
-    # direction counts at its mean per match, as often as the direction seen more often.
+    # forward passes the host ran ahead of the device (or the backward of the last step): then
+    # each direction counts at its mean per match, as often as the direction seen more often.
     share = gemm_share = 0.0
     for backward in (False, True):
         mine = [(s, e) for s, e, bwd in spans if bwd == backward]
@@ -83,11 +87,12 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         inside = np.zeros(len(dev), bool)
         for tid_code, a, b in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e]) for s, e in mine):
             inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
-        rows = dev[inside]                     # kernels, and the copies and fills they need
+        rows = dev[inside]               # kernels, and the device-to-device copies and fills they need
         kern = rows[k.kernel[rows]]
         gemm = kern[np.isin(class_of_rows(t, k, kern), GEMM_CLASSES)]
-        share += float(t.dur[rows].sum()) * n_max / len(mine)
-        gemm_share += float(t.dur[gemm].sum()) * n_max / len(mine)
+        scale = n_max / len(mine) if cut else 1.0
+        share += float(t.dur[rows].sum()) * scale
+        gemm_share += float(t.dur[gemm].sum()) * scale
     out["attention.manual_kernel_share"] = min(1.0, share / total)
     out["attention.manual_gemm_share"] = min(1.0, gemm_share / total)
     return out

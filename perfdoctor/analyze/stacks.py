@@ -244,20 +244,31 @@ def _unread(proc: dict, segs: dict) -> float | None:
 
 
 def _add_save(saves: list[list[float]], sa: float, sb: float, ends: np.ndarray, period: float, win: _Windows) -> None:
-    """Add a segment of checkpoint samples to the save episodes. One save = consecutive checkpoint
-    samples inside one step: the training thread records the step ends itself, so no save spans
-    one, and a save every step is told from one long save even when the sampler saw no other
-    frame between them (a 66 ms save in a 76 ms step, sampled every 20 ms). A segment of one
-    stack holds a sample every period from its start."""
+    """Add a segment of checkpoint samples to the save episodes (see _save_interval).
+
+    One save = consecutive checkpoint samples inside one step: the training thread records the
+    step ends itself, so no save spans one, and a save every step is told from one long save even
+    when the sampler saw no other frame between them (a 66 ms save in a 76 ms step, sampled every
+    20 ms: one segment can run past a step end). A segment of one stack holds a sample every
+    period from its start. Two things bend py-spy's clock against the steps': its time origin is
+    taken when it starts (a few ms after perfdoctor's), so a save's first sample can fall just
+    before the step end it follows; and under heavy IO it lags, so a save's last frame can persist
+    for ~100-200 ms past the end of the save (an H200 run writing 500 MB: one segment over 5 step
+    ends of 7 ms steps). So a lone sample before a step end joins the save right after it, and a
+    segment over two step ends or more is one save (steps are not that short beside a save)."""
     instants = sa + period * np.arange(max(1, int(round((sb - sa) / period))))
     step = np.searchsorted(ends, instants, side="right")
-    for s in np.unique(step):
-        at = instants[step == s]
+    stale = int(step[-1]) - int(step[0]) >= 2
+    for s in (step[:1] if stale else np.unique(step)):
+        at = instants if stale else instants[step == s]
         pa, pb = float(at[0]), min(float(at[-1]) + period, sb)
         ov = float(win.overlap(np.array([pa]), np.array([pb]))[0])
         last = saves[-1] if saves else None
-        if last is not None and last[4] == s and pa - last[0] <= 2.5 * period:
+        adjacent = last is not None and pa - last[0] <= 2.5 * period
+        if adjacent and (last[4] == s or stale):
             last[0], last[1], last[2] = pb, last[1] + pb - pa, last[2] + ov
+        elif adjacent and last[1] <= period * 1.01 and pa - last[0] <= 0.5 * period:
+            last[0], last[1], last[2], last[4] = pb, last[1] + pb - pa, last[2] + ov, int(s)    # a lone head
         else:
             saves.append([pb, pb - pa, ov, pa, int(s)])
 
