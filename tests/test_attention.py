@@ -102,35 +102,42 @@ def test_the_gain_of_a_fused_kernel_grows_with_the_passes_over_the_scores(tmp_pa
     assert fix["gain"]["expected"] > 1.9 and fix["gain"]["ceiling"] == pytest.approx(1 / (1 - share), rel=0.01)
 
 
-def test_the_backward_counts_through_views_and_a_cut_forward_counts_as_often_as_the_backward(tmp_path):
-    """As an H200 trace of a GPT stack showed it: the backward puts six view, expand and cast
-    nodes between BmmBackward and SoftmaxBackward (beyond the window of 4 if they counted), a
-    Clone among them copies on the device, and the profiler's window starts after the forward
-    of its first step (the host runs a step ahead). Per step: forward 800 us of attention
-    kernels, backward 1200 us of kernels and a 100 us copy, a linear layer 1000 us."""
+NODE = "autograd::engine::evaluate_function: "
+
+
+def _ops_trace(path, ops_of_step, steps: int = 3):
+    """A kineto trace from ops_of_step(i) -> [(tid, op name, kernel or None, us)]: each op 20 us
+    on its thread, launching its kernel (a "Memcpy ..." name: a copy), run back to back."""
     tr, t = HandTrace(), 0.0
-    gemm = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
-    fwd = [("aten::matmul", gemm, 100.0), ("aten::div", "elementwise_div", 300.0),
-           ("aten::softmax", "softmax_warp_forward", 300.0), ("aten::matmul", gemm, 100.0)]
-    node = "autograd::engine::evaluate_function: "
-    bwd = [("BmmBackward0", gemm, 200.0), ("UnsafeViewBackward0", None, 0), ("CloneBackward0", "Memcpy DtoD", 100.0),
-           ("ExpandBackward0", None, 0), ("ViewBackward0", None, 0), ("ExpandBackward0", None, 0),
-           ("ToCopyBackward0", None, 0), ("SoftmaxBackward0", "softmax_warp_backward", 400.0),
-           ("MaskedFillBackward0", "masked_fill_kernel", 200.0), ("DivBackward0", "elementwise_div", 200.0),
-           ("BmmBackward0", gemm, 200.0)]
-    for i in range(3):
+    for i in range(steps):
         s0 = t = max(t, tr.device_free)
-        for tid, name, kernel, us in ([] if i == 0 else [(1, *f) for f in fwd]) + [(1, "aten::linear", "gemm_other", 1000.0)] \
-                + [(2, node + n, k, us) for n, k, us in bwd]:
+        for tid, name, kernel, us in ops_of_step(i):
             tr.op(tid, t, name, 20.0, ext=tr.corr + 1)
             if kernel:
                 tr.launch(tid, t + 5, kernel, us, cat="gpu_memcpy" if kernel.startswith("Memcpy") else "kernel")
             t += 25.0
         t = max(t, tr.device_free)
         tr.step(i, s0, t)
-    p = tmp_path / "cut.json"
-    tr.write(p)
-    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    tr.write(path)
+    return diagnose_path(str(path))["traces"][0]["metrics"]
+
+
+def test_the_backward_counts_through_views_and_a_cut_forward_counts_as_often_as_the_backward(tmp_path):
+    """As an H200 trace of a GPT stack showed it: the backward puts six view, expand and cast
+    nodes between BmmBackward and SoftmaxBackward (beyond the window of 4 if they counted), a
+    Clone among them copies on the device, and the profiler's window starts after the forward
+    of its first step (the host runs a step ahead). Per step: forward 800 us of attention
+    kernels, backward 1200 us of kernels and a 100 us copy, a linear layer 1000 us."""
+    gemm = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    fwd = [("aten::matmul", gemm, 100.0), ("aten::div", "elementwise_div", 300.0),
+           ("aten::softmax", "softmax_warp_forward", 300.0), ("aten::matmul", gemm, 100.0)]
+    bwd = [("BmmBackward0", gemm, 200.0), ("UnsafeViewBackward0", None, 0), ("CloneBackward0", "Memcpy DtoD", 100.0),
+           ("ExpandBackward0", None, 0), ("ViewBackward0", None, 0), ("ExpandBackward0", None, 0),
+           ("ToCopyBackward0", None, 0), ("SoftmaxBackward0", "softmax_warp_backward", 400.0),
+           ("MaskedFillBackward0", "masked_fill_kernel", 200.0), ("DivBackward0", "elementwise_div", 200.0),
+           ("BmmBackward0", gemm, 200.0)]
+    m = _ops_trace(tmp_path / "cut.json", lambda i: ([] if i == 0 else [(1, *f) for f in fwd])
+                   + [(1, "aten::linear", "gemm_other", 1000.0)] + [(2, NODE + n, k, us) for n, k, us in bwd])
     assert m["attention.manual_per_step"] == pytest.approx(1.0)       # 3 backward, 2 forward matches
     total = 2300.0 + 2 * 3100.0                                         # device back to back
     # forward 2 x 800 us counted 3 times over, backward 3 x 1300 us (the copy included)
@@ -142,23 +149,11 @@ def test_forward_attention_without_a_backward_counts_as_seen(tmp_path):
     """A frozen encoder's attention runs forward only, beside a trained one: per step two forward
     matches (400 us each) and one backward (600 us). The window cuts at most a step's worth of one
     direction, so a larger difference is real and nothing is scaled: (800 + 600) / 2400."""
-    tr, t = HandTrace(), 0.0
-    node = "autograd::engine::evaluate_function: "
     fwd = [("aten::matmul", "gemm_a", 100.0), ("aten::softmax", "softmax_warp_forward", 200.0),
            ("aten::matmul", "gemm_b", 100.0)]
-    bwd = [(node + "BmmBackward0", "gemm_c", 200.0), (node + "SoftmaxBackward0", "softmax_warp_backward", 200.0),
-           (node + "BmmBackward0", "gemm_d", 200.0)]
-    for i in range(3):
-        s0 = t = max(t, tr.device_free)
-        for tid, name, kernel, us in [(1, *f) for f in fwd + fwd] + [(1, "aten::linear", "gemm_other", 1000.0)] \
-                + [(2, *b) for b in bwd]:
-            tr.op(tid, t, name, 20.0, ext=tr.corr + 1)
-            tr.launch(tid, t + 5, kernel, us)
-            t += 25.0
-        t = max(t, tr.device_free)
-        tr.step(i, s0, t)
-    p = tmp_path / "frozen.json"
-    tr.write(p)
-    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    bwd = [(NODE + "BmmBackward0", "gemm_c", 200.0), (NODE + "SoftmaxBackward0", "softmax_warp_backward", 200.0),
+           (NODE + "BmmBackward0", "gemm_d", 200.0)]
+    m = _ops_trace(tmp_path / "frozen.json", lambda i: [(1, *f) for f in fwd + fwd]
+                   + [(1, "aten::linear", "gemm_other", 1000.0)] + [(2, *b) for b in bwd])
     assert m["attention.manual_per_step"] == pytest.approx(2.0)
     assert m["attention.manual_kernel_share"] == pytest.approx(1400 / 2400, rel=0.03)
