@@ -41,15 +41,15 @@ def run_steady(step, steps: int, dev: str) -> None:
     print(f"STEADY_MS {1000 * (time.perf_counter() - t0) / (steps - WARMUP):.2f}", flush=True)
 
 
-def run_saving(step, state, every: int, steps: int, dev: str) -> None:
-    """run_steady(step) with torch.save(state()) after every `every`-th step, into a temporary
-    directory removed at the end (the checkpoint scripts)."""
+def run_saving(step, state, every: int, steps: int, dev: str, save=torch.save) -> None:
+    """run_steady(step) with save(state(), path) (torch.save unless given) after every `every`-th
+    step, into a temporary directory removed at the end (the checkpoint scripts)."""
     out = tempfile.mkdtemp(prefix="perfdoctor-holdout-ckpt-")
 
     def saving(i):
         step(i)
         if (i + 1) % every == 0:
-            torch.save(state(), f"{out}/ckpt.pt")
+            save(state(), f"{out}/ckpt.pt")
     try:
         run_steady(saving, steps, dev)
     finally:
