@@ -3,7 +3,7 @@ tanh approximation, Dropout, residual adds): the short memory-bound chains of a 
 feed-forward half on a device-bound step. Fix (--fixed): torch.compile(model).
 Prints `STEADY_MS <ms>` (steady.py: the compiling happens in the warm-up steps)."""
 import torch
-from steady import arguments, run_steady, train_step
+from steady import arguments, train_stack
 from torch import nn
 
 a, dev = arguments(__doc__, batch=64)
@@ -21,10 +21,5 @@ class Block(nn.Module):
         return x + self.ff(self.ln(x))
 
 
-model = nn.Sequential(*[Block() for _ in range(L)]).to(dev)
-if a.fixed:
-    model = torch.compile(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, T, D, device=dev)
-
-run_steady(train_step(lambda: model(x), opt, dev), a.steps, dev)
+train_stack([Block() for _ in range(L)], x, a, dev)

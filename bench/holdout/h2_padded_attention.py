@@ -5,7 +5,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from steady import arguments, run_steady, train_step
+from steady import arguments, chain, run_steady, train_step
 from torch import nn
 
 a, dev = arguments(__doc__, batch=16, seq=512)
@@ -40,11 +40,4 @@ lengths = torch.randint(T // 2, T + 1, (a.batch,), device=dev)
 keep = (torch.arange(T, device=dev)[None, :] < lengths[:, None])[:, None, None, :]
 
 
-def forward():
-    h = x
-    for layer in layers:
-        h = layer(h, keep)
-    return h
-
-
-run_steady(train_step(forward, opt, dev), a.steps, dev)
+run_steady(train_step(chain(layers, lambda: x, False, keep), opt, dev), a.steps, dev)

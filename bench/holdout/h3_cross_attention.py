@@ -5,7 +5,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from steady import arguments, run_steady, train_step
+from steady import arguments, chain, run_steady, train_step
 from torch import nn
 
 a, dev = arguments(__doc__, batch=16, queries=256, keys=1024)
@@ -38,11 +38,4 @@ x = torch.randn(a.batch, TQ, D, device=dev)
 mem = torch.randn(a.batch, TK, D, device=dev)
 
 
-def forward():
-    h = x
-    for layer in layers:
-        h = layer(h, mem)
-    return h
-
-
-run_steady(train_step(forward, opt, dev), a.steps, dev)
+run_steady(train_step(chain(layers, lambda: x, False, mem), opt, dev), a.steps, dev)

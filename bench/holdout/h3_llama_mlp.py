@@ -4,7 +4,7 @@ step full of memory-bound elementwise kernels. Fix (--fixed): torch.compile(mode
 Prints `STEADY_MS <ms>` (steady.py: the compiling happens in the warm-up steps)."""
 import torch
 import torch.nn.functional as F
-from steady import arguments, run_steady, train_step
+from steady import arguments, train_stack
 from torch import nn
 
 a, dev = arguments(__doc__, batch=32)
@@ -32,10 +32,5 @@ class Block(nn.Module):
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
-model = nn.Sequential(*[Block() for _ in range(L)]).to(dev)
-if a.fixed:
-    model = torch.compile(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, T, D, device=dev)
-
-run_steady(train_step(lambda: model(x), opt, dev), a.steps, dev)
+train_stack([Block() for _ in range(L)], x, a, dev)

@@ -3,24 +3,14 @@
 Prints `STEADY_MS <ms>` (steady.py)."""
 import torch
 from safetensors.torch import save_file
-from steady import arguments, run_saving, train_step
+from steady import ResBlock, arguments, run_saving, train_step
 from torch import nn
 
 a, dev = arguments(__doc__, steps=100, batch=64)
 C, N, S = (16, 2, 32) if a.small else (256, 8, 32)
 
 
-class Res(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(C, C, 3, padding=1, bias=False), nn.BatchNorm2d(C), nn.ReLU(),
-                                  nn.Conv2d(C, C, 3, padding=1, bias=False), nn.BatchNorm2d(C))
-
-    def forward(self, x):
-        return torch.relu(x + self.body(x))
-
-
-model = nn.Sequential(nn.Conv2d(3, C, 3, padding=1), *[Res() for _ in range(N)]).to(dev)
+model = nn.Sequential(nn.Conv2d(3, C, 3, padding=1), *[ResBlock(C) for _ in range(N)]).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(a.batch, 3, S, S, device=dev)
 

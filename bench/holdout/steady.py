@@ -12,6 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 WARMUP = 20      # steps before the clock starts (compiling, allocator and cuDNN warm-up happen here)
 
@@ -66,6 +67,39 @@ def train_step(forward, opt, dev: str, autocast: bool = True):
         loss.backward()
         opt.step()
     return step
+
+
+def train_stack(blocks: list, x, a, dev: str) -> None:
+    """Train nn.Sequential(*blocks) on x with fused AdamW (train_step under bf16 autocast) for
+    --steps; --fixed compiles it (the compile scripts' fix)."""
+    model = nn.Sequential(*blocks).to(dev)
+    if a.fixed:
+        model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
+    run_steady(train_step(lambda: model(x), opt, dev), a.steps, dev)
+
+
+def chain(blocks, first, checkpointed: bool, *extra):
+    """forward() through blocks from first() (each block(h, *extra)), every block under
+    torch.utils.checkpoint (non-reentrant) when checkpointed."""
+    def forward():
+        h = first()
+        for blk in blocks:
+            h = checkpoint(blk, h, *extra, use_reentrant=False) if checkpointed else blk(h, *extra)
+        return h
+    return forward
+
+
+class ResBlock(nn.Module):
+    """conv-BN-ReLU-conv-BN with the identity added, then ReLU (c channels)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                                  nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return torch.relu(x + self.body(x))
 
 
 class GPTBlock(nn.Module):
