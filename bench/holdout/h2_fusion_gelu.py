@@ -22,4 +22,4 @@ class Block(nn.Module):
 
 
 x = torch.randn(a.batch, T, D, device=dev)
-train_stack([Block() for _ in range(L)], x, a, dev)
+train_stack([Block() for _ in range(L)], x, a, dev, "compile")

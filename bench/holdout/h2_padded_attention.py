@@ -5,7 +5,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from steady import arguments, chain, run_steady, train_step
+from steady import arguments, train_stack
 from torch import nn
 
 a, dev = arguments(__doc__, batch=16, seq=512)
@@ -33,11 +33,7 @@ class Layer(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-layers = nn.ModuleList([Layer() for _ in range(L)]).to(dev)
-opt = torch.optim.AdamW(layers.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, T, D, device=dev)
 lengths = torch.randint(T // 2, T + 1, (a.batch,), device=dev)
 keep = (torch.arange(T, device=dev)[None, :] < lengths[:, None])[:, None, None, :]
-
-
-run_steady(train_step(chain(layers, lambda: x, False, keep), opt, dev), a.steps, dev)
+train_stack([Layer() for _ in range(L)], x, a, dev, None, keep)

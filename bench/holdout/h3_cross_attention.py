@@ -5,7 +5,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from steady import arguments, chain, run_steady, train_step
+from steady import arguments, train_stack
 from torch import nn
 
 a, dev = arguments(__doc__, batch=16, queries=256, keys=1024)
@@ -32,10 +32,6 @@ class CrossLayer(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-layers = nn.ModuleList([CrossLayer() for _ in range(L)]).to(dev)
-opt = torch.optim.AdamW(layers.parameters(), lr=1e-4, fused=dev == "cuda")
 x = torch.randn(a.batch, TQ, D, device=dev)
 mem = torch.randn(a.batch, TK, D, device=dev)
-
-
-run_steady(train_step(chain(layers, lambda: x, False, mem), opt, dev), a.steps, dev)
+train_stack([CrossLayer() for _ in range(L)], x, a, dev, None, mem)

@@ -24,4 +24,4 @@ class Block(nn.Module):
 
 
 x = torch.randn(B, D, device=dev)
-train_stack([Block() for _ in range(L)], x, a, dev)
+train_stack([Block() for _ in range(L)], x, a, dev, "compile")

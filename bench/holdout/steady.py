@@ -69,14 +69,19 @@ def train_step(forward, opt, dev: str, autocast: bool = True):
     return step
 
 
-def train_stack(blocks: list, x, a, dev: str) -> None:
-    """Train nn.Sequential(*blocks) on x with fused AdamW (train_step under bf16 autocast) for
-    --steps; --fixed compiles it (the compile scripts' fix)."""
-    model = nn.Sequential(*blocks).to(dev)
-    if a.fixed:
-        model = torch.compile(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
-    run_steady(train_step(lambda: model(x), opt, dev), a.steps, dev)
+def train_stack(blocks: list, x, a, dev: str, fix: str | None, *extra) -> None:
+    """Train the blocks, run one after another from x (each block(h, *extra)), with fused AdamW
+    (train_step under bf16 autocast) for --steps. `fix`: what --fixed changes, "compile" (the
+    stack compiled as one module), "recompute" (every block under torch.utils.checkpoint unless
+    --fixed), or None (the blocks read a.fixed themselves)."""
+    stack = nn.Sequential(*blocks).to(dev)
+    opt = torch.optim.AdamW(stack.parameters(), lr=1e-4, fused=dev == "cuda")
+    if fix == "compile":
+        model = torch.compile(stack) if a.fixed else stack
+        forward = lambda: model(x)  # noqa: E731
+    else:
+        forward = chain(stack, lambda: x, fix == "recompute" and not a.fixed, *extra)
+    run_steady(train_step(forward, opt, dev), a.steps, dev)
 
 
 def chain(blocks, first, checkpointed: bool, *extra):
