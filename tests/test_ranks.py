@@ -70,6 +70,21 @@ def test_ranks_taking_turns_are_no_straggler():
     assert m["ranks.wait_cause"] == "uneven"
 
 
+def test_a_straggler_job_is_bound_by_what_bounds_the_slow_rank():
+    from perfdoctor.diagnose.ranks import _straggler_verdict
+    m = {"ranks.straggler_wait_share": 0.45, "ranks.network_wait_share": 0.05, "ranks.paired_steps": 8}
+    v = {"bound": "communication", "rule": "PD115", "summary": "Straggler: rank 1 ...", "confidence": 1.0,
+         "confidence_label": "high", "secondary": [], "notes": []}
+    own = {"bound": "input_io", "summary": "Input-bound (IO): ...", "confidence": 0.7, "notes": ["few steps"]}
+    job = _straggler_verdict(v, m, own, 1)
+    assert job["bound"] == "input_io" and job["secondary"] == ["communication"] and job["rule"] == "PD115"
+    assert job["summary"] == "Straggler: rank 1 ... Rank 1 itself: Input-bound (IO): ..."
+    assert job["confidence"] == 0.7 and job["notes"] == ["few steps"]     # no surer than the rank itself
+    for bound in ("communication", "inconclusive"):   # nothing better to say: the wait is the verdict
+        kept = _straggler_verdict(v, m, {**own, "bound": bound}, 1)
+        assert kept["bound"] == "communication" and kept["secondary"] == [] and kept["confidence"] == 1.0
+
+
 def test_waits_unknown_without_a_trace():
     m, rows = cross_rank([RankInput(0, 10.0, None), RankInput(1, 10.5, None)], 2)
     assert m["ranks.wait_cause"] is None and m["ranks.slowest_rank"] is None
@@ -123,9 +138,11 @@ def _merged(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
+    """Rank 1's data loading takes 30 ms a batch (num_workers=0): the job is input-bound on
+    rank 1, and rank 0 waits for it in the all-reduce."""
     out = tmp_path / "run"
     r = _prun("--nproc-per-node", "2", "--skip-steps", "3", "--trace-steps", "8", DDP, "--steps", "40",
-              "--slow-rank", "1", "--slow-ms", "30", out=out)
+              "--slow-rank", "1", "--slow-ms", "30", "--slow-in", "data", out=out)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("ddp_gloo rank ") == 2 and r.stdout.count(": 40 steps, loss ") == 2
     assert [k for k, _ in rank_dirs(out)] == [0, 1]
@@ -135,7 +152,12 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
     assert m["ranks.wait_cause"] == "straggler" and sec["slowest_rank"] == 1 and sec["fastest_rank"] == 0
     assert doc["verdict"]["rule"] == "PD115" and "rank 1" in doc["verdict"]["summary"]
     r0, r1 = sec["per_rank"]
-    # rank 0 waits for most of the 30 ms the slow rank sleeps, in the gloo all-reduce
+    # the job is bound by what bounds rank 1: its data loading, not the collective it makes rank 0 wait in
+    assert r1["verdict"] == "input_cpu" and r0["verdict"] == "communication"
+    assert doc["verdict"]["bound"] == "input_cpu" and doc["verdict"]["secondary"] == ["communication"]
+    assert "Rank 1 itself: Input-bound" in doc["verdict"]["summary"]
+    assert r1["data_wait_share"] > 0.5
+    # rank 0 waits for most of the 30 ms rank 1 spends loading a batch, in the gloo all-reduce
     assert r0["straggler_wait_ms"] > 20 and r0["collective_wait_share"] > 0.5
     assert r1["collective_wait_share"] < 0.3
     rank0 = json.loads((out / "ranks" / "rank-0" / "report.json").read_text())

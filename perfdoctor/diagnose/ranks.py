@@ -55,7 +55,7 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
     for k in ("verdict", "flags", "findings"):
         out[k] = cluster[k]
     if out["verdict"].get("rule") == "PD115":
-        out["verdict"] = _straggler_confidence(out["verdict"], ranks_m)
+        out["verdict"] = _straggler_verdict(out["verdict"], ranks_m, docs[pace]["verdict"], infos[pace]["rank"])
     out["input"] = str(run_dir)
     pace_trace = dict(out["traces"][0], metrics={**out["traces"][0]["metrics"], **ranks_m})
     out["traces"] = [pace_trace] + [doc["traces"][0] for i, doc in enumerate(docs) if i != pace]
@@ -66,10 +66,28 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
     return out
 
 
+def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:
+    """The job waits for one rank: its bound is that rank's own bound (the job runs at its pace,
+    so what limits that rank limits the job: a rank starved by its data loading makes an
+    input-bound job, not a communication-bound one), with the straggler's summary first and the
+    waiting ranks' collective wait as the secondary cause. When the slow rank's own verdict is
+    communication or inconclusive the straggler stays a communication-bound verdict.
+
+    Confidence as diagnose/confidence.py for a cause against its runner-up: 0.4 when the wait for
+    the straggler ties the wait every rank has (the transfer), 1.0 when it is at least twice that;
+    capped at 0.6 with fewer than 5 paired steps; and no more than the slow rank's confidence in
+    its own bound, when that bound is the job's."""
+    v = _straggler_confidence(v, m)
+    bound = own.get("bound")
+    if bound in (None, "communication", "inconclusive"):
+        return v
+    conf = min(v["confidence"], own.get("confidence", 1.0))
+    return {**v, "bound": bound, "confidence": conf, "confidence_label": label(conf),
+            "summary": f"{v['summary']} Rank {rank} itself: {own.get('summary', '')}".rstrip(),
+            "secondary": ["communication"], "notes": v["notes"] + [n for n in own.get("notes", []) if n not in v["notes"]]}
+
+
 def _straggler_confidence(v: dict, m: dict) -> dict:
-    """As diagnose/confidence.py for a cause against its runner-up: 0.4 when the wait for the
-    straggler ties the wait every rank has (the transfer), 1.0 when it is at least twice that;
-    capped at 0.6 with fewer than 5 paired steps."""
     st, nw = m["ranks.straggler_wait_share"], m["ranks.network_wait_share"]
     conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
     notes = [n for n in v.get("notes", []) if "untraced host time" not in n]
