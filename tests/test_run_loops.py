@@ -144,6 +144,36 @@ def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
     assert report(tmp_path / "stopped")["run"]["stopped_by"] == "max-steps"
 
 
+# A functional loop: gradients from torch.autograd.grad (never accumulated in .grad), a gradient
+# penalty taken with create_graph=True inside each step (not a step), parameters updated by hand.
+FUNCTIONAL = r"""
+from torch.autograd import grad
+import torch
+torch.manual_seed(0)
+w1, w2 = torch.randn(16, 32, requires_grad=True), torch.randn(32, 1, requires_grad=True)
+for i in range(20):
+    x = torch.randn(8, 16, requires_grad=True)
+    out = torch.tanh(x @ w1) @ w2
+    (gx,) = grad(out.sum(), x, create_graph=True)              # a penalty on the input gradient
+    loss = out.pow(2).mean() + gx.pow(2).mean()
+    g1, g2 = grad(loss, [w1, w2], None, None, False)            # positional: create_graph=False
+    with torch.no_grad():
+        w1 -= 0.01 * g1
+        w2 -= 0.01 * g2
+print("functional: done")
+"""
+
+
+def test_functional_loop_counts_autograd_grad_calls(tmp_path):
+    r, out = prun_script(tmp_path, "functional.py", FUNCTIONAL)
+    assert r.stdout == "functional: done\n"
+    recs = steps(out)
+    assert len(recs) == 19 and {s["mode"] for s in recs} == {"backward"}   # 20 updates; the penalties are no steps
+    c = child(out)
+    assert c["mode"] == "backward" and c["step_source"] == "torch.autograd.grad calls (one per step)"
+    assert any("torch.autograd.grad" in n for n in report(out)["run"]["notes"])
+
+
 # LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call
 # also multiplies matrices for STEP_S / 20 seconds, so that a step lasts STEP_S of CPU work on any
 # machine, however fast or busy. The time rules are scaled down (1 s instead of 10 s) as for

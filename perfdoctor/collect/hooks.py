@@ -64,6 +64,7 @@ class Session(StepSources):
         # fallback candidates: their boundaries, kept until a source is chosen
         self.resets = None
         self.passes = 0
+        self.grad_calls = 0              # of which torch.autograd.grad calls
         self.group_marks: list = []      # backward passes that follow a gradient reset
         self.pass_marks: deque = deque(maxlen=PASS_FALLBACK + 1)
         self.loader_marks: list = []     # batch requests since the last backward pass

@@ -14,6 +14,13 @@ happened: a new step. Untouched gradients mean accumulation: the same step. Read
 and `._version` is host-only (no device sync) and costs microseconds for a handful of leaves.
 A reset done through `.grad.data` (it has its own version counter) is invisible: when no reset
 is ever seen, the session counts each pass as a step and says so.
+
+A functional loop takes its gradients from `torch.autograd.grad(loss, params)` instead: they
+are returned, never accumulated into `.grad`, so every such call starts a step (it is also
+wrapped). Not a step: a call with `create_graph=True` (a gradient penalty, a derivative inside
+the loss, a meta-learning inner loop: the step is the pass that follows), a batched call, and a
+pass started while another runs (reentrant checkpointing runs a backward inside the backward, on
+the autograd engine's device thread for CUDA tensors: so any thread, not only the caller's).
 """
 
 from __future__ import annotations
@@ -91,25 +98,52 @@ def find_leaves(roots) -> list[weakref.ref]:
     return leaves
 
 
-def wrap_backward(torch, session) -> None:
-    """torch.autograd.backward -> session.on_pass(roots, t0) before, session.after_pass() after.
-    Tensor.backward looks torch.autograd.backward up at call time, so both are covered."""
-    orig = torch.autograd.backward
-    if getattr(orig, "_perfdoctor", False):
-        return
+_RUNNING = [0]     # passes running now, on any thread (a pass started inside another is no step)
 
-    def backward(tensors, *args, **kwargs):
-        if session.mode == "optimizer":               # steps are settled: stay out of the way
-            return orig(tensors, *args, **kwargs)
-        try:
-            session.on_pass(tensors, time.perf_counter())
-        except Exception:                             # never break the script's backward (StopRun passes)
-            pass
-        try:
-            return orig(tensors, *args, **kwargs)
-        finally:
+
+def _watched(session, roots, fresh: bool, run):
+    """Run a pass, telling the session before and after unless steps follow optimizer steps or
+    another pass is already running."""
+    if session.mode == "optimizer" or _RUNNING[0]:
+        return run()
+    try:
+        session.on_pass(roots, time.perf_counter(), fresh=fresh)
+    except Exception:                                 # never break the script's backward (StopRun passes)
+        pass
+    _RUNNING[0] += 1
+    try:
+        return run()
+    finally:
+        _RUNNING[0] -= 1
+        if not fresh:
             session.after_pass()
-    backward._perfdoctor = True
-    backward.__wrapped__ = orig
-    backward.__doc__ = orig.__doc__
-    torch.autograd.backward = backward
+
+
+def _replace(torch, name: str, wrapper) -> None:
+    orig = getattr(torch.autograd, name)
+    wrapper._perfdoctor = True
+    wrapper.__wrapped__ = orig
+    wrapper.__doc__ = orig.__doc__
+    setattr(torch.autograd, name, wrapper)
+
+
+def wrap_backward(torch, session) -> None:
+    """torch.autograd.backward and torch.autograd.grad -> session.on_pass(roots, t0, fresh) before,
+    session.after_pass() after a backward. Tensor.backward looks torch.autograd.backward up at call
+    time, so both are covered; the wrappers are in place when torch's import ends, so a script's
+    `from torch.autograd import grad` gets the wrapped one."""
+    backward_orig, grad_orig = torch.autograd.backward, torch.autograd.grad
+    if not getattr(backward_orig, "_perfdoctor", False):
+        def backward(tensors, *args, **kwargs):
+            return _watched(session, tensors, False, lambda: backward_orig(tensors, *args, **kwargs))
+        _replace(torch, "backward", backward)
+    if not getattr(grad_orig, "_perfdoctor", False):
+        def grad(outputs, inputs, *args, **kwargs):
+            # after (outputs, inputs): grad_outputs, retain_graph, create_graph, only_inputs,
+            # allow_unused, is_grads_batched (torch 1.13 to 2.13 alike)
+            create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+            batched = kwargs.get("is_grads_batched", args[5] if len(args) > 5 else False)
+            if create or batched:
+                return grad_orig(outputs, inputs, *args, **kwargs)
+            return _watched(session, outputs, True, lambda: grad_orig(outputs, inputs, *args, **kwargs))
+        _replace(torch, "grad", grad)

@@ -11,7 +11,8 @@ Steps come from the first of these sources that the script uses (child.json "mod
 2. Backward passes (passes.py), for hand-written updates: a step begins with the first pass
    after the gradients were reset, so accumulation over several passes is one step. Chosen
    after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
-   gradients were never seen reset: then each pass is a step).
+   gradients were never seen reset: then each pass is a step). A `torch.autograd.grad` call
+   (a functional loop) returns fresh gradients: each call starts a step.
 3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
    with neither an optimizer step nor a backward pass, each batch request ends a step.
 Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
@@ -27,6 +28,7 @@ FALLBACK = 8                 # steps of a fallback source seen before it is chos
 PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
 SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
            "backward-each": "backward passes (one per step: no gradient reset seen)",
+           "backward-grad": "torch.autograd.grad calls (one per step)",
            "dataloader": "DataLoader iterations"}
 
 
@@ -66,12 +68,17 @@ class StepSources:
         if id(optimizer) == self.primary:
             self._boundary(skipped=skipped)
 
-    def on_pass(self, roots, t0: float) -> None:
-        """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode."""
+    def on_pass(self, roots, t0: float, fresh: bool = False) -> None:
+        """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode.
+        `fresh`: a torch.autograd.grad call, whose gradients are new (a step starts)."""
         if self.in_optimizer:
             self.passes_in_optimizer += 1
             return
-        reset = self.resets.before_pass(roots) if self.resets is not None else None
+        if fresh:
+            reset = True
+            self.grad_calls += 1
+        else:
+            reset = self.resets.before_pass(roots) if self.resets is not None else None
         self.passes += 1
         self.batches_since_pass = 0
         self.loader_marks = []
@@ -86,7 +93,10 @@ class StepSources:
         if reset is not False:
             self.group_marks.append(m)
         if len(self.group_marks) > FALLBACK:
-            if reset is None:
+            if self.grad_calls == self.passes:
+                self._choose("backward-grad", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
+                             "torch.autograd.grad calls (a functional loop): each call is a step")
+            elif reset is None:
                 self._choose("backward-each", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
                              "backward passes, and their gradients cannot be watched: each pass is a step")
             else:
@@ -146,7 +156,10 @@ class StepSources:
         """At the end, a run that never chose a source takes the best candidate it has."""
         if self.mode is not None:
             return
-        if len(self.group_marks) > 1:
+        if len(self.group_marks) > 1 and self.grad_calls == self.passes:
+            self._choose("backward-grad", self.group_marks, "no optimizer stepped: each torch.autograd.grad "
+                         "call is a step (a functional loop)")
+        elif len(self.group_marks) > 1:
             self._choose("backward", self.group_marks, "no optimizer stepped: a step runs from one gradient "
                          "reset to the next (hand-written update)")
         elif len(self.pass_marks) > 1:
