@@ -174,6 +174,33 @@ def test_functional_loop_counts_autograd_grad_calls(tmp_path):
     assert any("torch.autograd.grad" in n for n in report(out)["run"]["notes"])
 
 
+# An inference loop over tensors: no optimizer, no backward pass, no DataLoader; a model with
+# nested modules, called once per iteration, and once more after the loop under another name.
+INFERENCE = r"""
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.Sequential(nn.ReLU(), nn.Linear(64, 64)), nn.Linear(64, 4)).eval()
+head = nn.Linear(4, 1)
+x = torch.randn(16, 32)
+with torch.inference_mode():
+    for i in range(20):
+        y = model(x)
+    z = head(y)
+print("inference: done; Module.__call__ wrapped:", getattr(nn.Module.__call__, "_perfdoctor", False))
+"""
+
+
+def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
+    r, out = prun_script(tmp_path, "infer.py", INFERENCE)
+    # the class-wide wrapper was taken off once the source was chosen
+    assert r.stdout == "inference: done; Module.__call__ wrapped: False\n"
+    recs = steps(out)
+    assert len(recs) == 19 and {s["mode"] for s in recs} == {"module"}   # nested modules and the head: no steps
+    c = child(out)
+    assert c["mode"] == "module" and c["step_source"] == "calls of the outermost module (one per step)"
+    assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
+
+
 # LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call
 # also multiplies matrices for STEP_S / 20 seconds, so that a step lasts STEP_S of CPU work on any
 # machine, however fast or busy. The time rules are scaled down (1 s instead of 10 s) as for

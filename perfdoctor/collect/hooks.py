@@ -44,7 +44,7 @@ class Session(StepSources):
                              memory=bool(cfg.get("memory", False)), enabled=bool(cfg.get("trace", True)),
                              warmup_s=seconds(cfg, "warmup_s", "PERFDOCTOR_WARMUP_S", WARMUP_S),
                              trace_s=seconds(cfg, "trace_s", "PERFDOCTOR_TRACE_S", TRACE_S))
-        self.mode = None                 # "optimizer" | "backward" | "dataloader"
+        self.mode = None                 # "optimizer" | "backward" | "dataloader" | "module"
         self.source = None               # key of SOURCES
         self.primary = None              # id of the optimizer that defines step boundaries
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
@@ -65,6 +65,9 @@ class Session(StepSources):
         self.resets = None
         self.passes = 0
         self.grad_calls = 0              # of which torch.autograd.grad calls
+        self.root_calls: dict = {}       # id(module) -> [class name, marks of its outermost calls...]
+        self.module_hook = None          # the chosen module's forward pre-hook (source "module")
+        self.module_skip = False
         self.group_marks: list = []      # backward passes that follow a gradient reset
         self.pass_marks: deque = deque(maxlen=PASS_FALLBACK + 1)
         self.loader_marks: list = []     # batch requests since the last backward pass
@@ -101,6 +104,11 @@ class Session(StepSources):
             passes.wrap_backward(torch, self)
         except Exception as exc:
             self.notes.append(f"backward passes cannot be watched ({type(exc).__name__}: {exc})")
+        try:
+            from perfdoctor.collect import modules
+            modules.watch(torch, self)
+        except Exception as exc:
+            self.notes.append(f"module calls cannot be watched ({type(exc).__name__}: {exc})")
         self._wrap_dataloader()
         self._wrap_grad_scaler()
         self.window.install(torch)

@@ -15,6 +15,9 @@ Steps come from the first of these sources that the script uses (child.json "mod
    (a functional loop) returns fresh gradients: each call starts a step.
 3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
    with neither an optimizer step nor a backward pass, each batch request ends a step.
+4. Outermost module calls (modules.py), for loops with none of those (an inference loop over
+   tensors): after FALLBACK outermost calls of one module with no backward pass and no batch,
+   each call of that module starts a step.
 Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
 lost to the choice. The first boundary starts the count (its step began before any signal).
 If an optimizer starts stepping after a fallback was chosen (an evaluation before training),
@@ -29,7 +32,9 @@ PASS_FALLBACK = 32           # passes with no gradient reset seen before each pa
 SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
            "backward-each": "backward passes (one per step: no gradient reset seen)",
            "backward-grad": "torch.autograd.grad calls (one per step)",
-           "dataloader": "DataLoader iterations"}
+           "dataloader": "DataLoader iterations",
+           "module": "calls of the outermost module (one per step)"}
+MAX_ROOTS = 64               # distinct modules whose outermost calls are kept before a source is chosen
 
 
 class StepSources:
@@ -123,6 +128,45 @@ class StepSources:
                              f"no optimizer step nor backward pass during the first {FALLBACK} batches: "
                              "a step is one DataLoader iteration")
 
+    def on_root_call(self, module, t0: float) -> None:
+        """An outermost module call is about to run (modules.watch; only before a source is
+        chosen). Kept per module while nothing better (a backward pass, a batch) has been seen."""
+        if self.mode is not None or self.in_optimizer or self.passes or self.cum_batches or self.loader_marks:
+            return
+        marks = self.root_calls.get(id(module))
+        if marks is None:
+            if len(self.root_calls) >= MAX_ROOTS:
+                return
+            marks = self.root_calls[id(module)] = [module.__class__.__name__]
+        marks.append(self._mark(t0))
+        if len(marks) > FALLBACK + 1:
+            self._choose_module(module, marks)
+
+    def _choose_module(self, module, marks: list) -> None:
+        from perfdoctor.collect import modules
+        name = marks[0]
+        self.root_calls = {}
+        self._choose("module", marks[1:], f"no optimizer step, backward pass or DataLoader batch in the first "
+                     f"{len(marks) - 1} calls of the outermost module ({name}): a step is one call of it")
+        self.module_skip = module is not None      # this call's own pre-hook comes next: not a second boundary
+        if module is not None:
+            try:
+                self.module_hook = modules.hook_steps(module, self)
+            except Exception as exc:
+                self.notes.append(f"the module's calls cannot be watched from here on ({type(exc).__name__}: {exc})")
+
+    def on_module_step(self, t0: float) -> None:
+        """The chosen module is called (its forward pre-hook)."""
+        if self.mode != "module":                  # an optimizer took over: the hook has no more to say
+            if self.module_hook is not None:
+                self.module_hook.remove()
+                self.module_hook = None
+            return
+        if self.module_skip:
+            self.module_skip = False
+            return
+        self._boundary(end=self._mark(t0))
+
     def _choose(self, source: str, marks: list, note: str) -> None:
         """Adopt a fallback source: its boundaries so far become steps, the last one live."""
         self.mode, self.source = ("backward" if source.startswith("backward") else source), source
@@ -168,6 +212,10 @@ class StepSources:
         elif len(self.loader_marks) > 1:
             self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
                          "DataLoader iteration")
+        elif self.root_calls:
+            marks = max(self.root_calls.values(), key=len)
+            if len(marks) > 2:
+                self._choose_module(None, marks)
 
     def _note_optimizer_rates(self) -> None:
         """Several optimizers stepping at different rates (a GAN's critic 5 times per generator
