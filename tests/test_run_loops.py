@@ -201,6 +201,45 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
 
+# A per-sample loop: the model is called once per sample (batch of one) before one backward pass
+# per step; with --batched, once per batch. Batches sliced from a tensor, no DataLoader.
+PER_SAMPLE = r"""
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt, crit = torch.optim.SGD(model.parameters(), lr=0.01), nn.CrossEntropyLoss()
+X, Y = torch.randn(16 * 12, 32), torch.randint(0, 4, (16 * 12,))
+for step in range(12):
+    x, y = X[step * 16:(step + 1) * 16], Y[step * 16:(step + 1) * 16]
+    opt.zero_grad()
+    if "--batched" in sys.argv:
+        loss = crit(model(x), y)
+    else:
+        loss = sum(crit(model(x[i:i + 1]), y[i:i + 1]) for i in range(len(x))) / len(x)
+    loss.backward()
+    opt.step()
+print("per-sample: done")
+"""
+
+
+def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
+    r, out = prun_script(tmp_path, "per_sample.py", PER_SAMPLE)
+    assert r.stdout == "per-sample: done\n"
+    assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
+    assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2}
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 0
+    fix = next(f for f in doc["findings"] if f["id"] == "PD353")
+    assert fix["gain"]["ceiling"] == pytest.approx(16.0) and fix["gain"]["expected"] is None
+    out = tmp_path / "batched"
+    r = prun("--no-trace", tmp_path / "per_sample.py", "--batched", out=out)
+    assert r.returncode == 0, r.stderr
+    assert child(out)["root_calls"]["calls"] == 1 and child(out)["root_calls"]["batch"] == 16
+    assert not any(f["id"] == "PD353" for f in report(out)["findings"])
+
+
 # LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call
 # also multiplies matrices for STEP_S / 20 seconds, so that a step lasts STEP_S of CPU work on any
 # machine, however fast or busy. The time rules are scaled down (1 s instead of 10 s) as for
@@ -427,3 +466,18 @@ def test_the_end_of_an_epoch_is_no_extra_batch(tmp_path):
     recs = steps(out)
     assert len(recs) == 47 and {s["batches"] for s in recs} == {1}
     assert not any("another loop" in n for n in report(out)["run"]["notes"])
+
+
+def test_loop_metrics_from_the_census():
+    from perfdoctor.analyze.loopcalls import loop_metrics
+    steady = [{"batches": 1}, {"batches": 1}, {"batches": 2}]
+    m = loop_metrics({"module": "Net", "calls": 32, "batch": 1, "batch_share": 0.97, "modules": 1}, steady)
+    assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_call_batch": 1,
+                 "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3)}
+    # no census (a trace alone, a run of one step) or a damaged one: unknown, never made up
+    assert loop_metrics(None, [])["loop.model_calls_per_step"] is None
+    bad = loop_metrics({"module": 3, "calls": 0, "batch": -2, "batch_share": 7}, steady)
+    assert bad["loop.model_calls_per_step"] is None and bad["loop.batches_per_step"] == pytest.approx(4 / 3)
+    odd = loop_metrics({"module": 3, "calls": 5, "batch": -2, "batch_share": 7}, [])
+    assert odd["loop.model_name"] is None and odd["loop.model_call_batch"] is None
+    assert odd["loop.model_call_batch_share"] is None and odd["loop.model_calls_per_step"] == 5

@@ -175,6 +175,13 @@ _m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, 
    "damaged, no signal known).")
 _m("run.exit_code", "count", "The script's exit code (128+N when signal N killed it).")
 _m("run.stopped_early", "bool", "perfdoctor stopped the script (--max-steps / --duration).")
+# -- the model's calls per step (perfdoctor run: analyze/loopcalls.py; None for a trace alone) --
+_m("loop.model_name", "str", "Class of the module the step calls most often at the outermost level (no other module call running), in one whole step after the step source was chosen.")
+_m("loop.model_calls_per_step", "per_step", "How many times that step called loop.model_name at the outermost level: 1 for a batched loop, the batch size for a per-sample loop (model(x[i:i+1])), the micro-batches for gradient accumulation.")
+_m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size), the most common one; None when they got no tensor or a 0-d one.")
+_m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
+_m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
+
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")

@@ -68,6 +68,7 @@ class Session(StepSources):
         self.root_calls: dict = {}       # id(module) -> [class name, marks of its outermost calls...]
         self.module_hook = None          # the chosen module's forward pre-hook (source "module")
         self.module_skip = False
+        self.census = None               # modules.Census, set when module calls are watched
         self.group_marks: list = []      # backward passes that follow a gradient reset
         self.pass_marks: deque = deque(maxlen=PASS_FALLBACK + 1)
         self.loader_marks: list = []     # batch requests since the last backward pass
@@ -197,6 +198,8 @@ class Session(StepSources):
 
     def _boundary(self, end: tuple | None = None, skipped: bool = False) -> None:
         end = end or self._mark()
+        if self.census is not None and self.census.state != "done":
+            self.census.boundary(self.mode)     # the outermost module calls of one whole step (modules.py)
         if self.mark is None:                   # the first boundary starts the count
             self.mark, self.t_first = end, end[0]
             return
@@ -255,7 +258,8 @@ class Session(StepSources):
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
-                    "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds)}
+                    "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds),
+                    "root_calls": self.census.result if self.census is not None else None}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)

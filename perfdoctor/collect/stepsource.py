@@ -17,7 +17,9 @@ Steps come from the first of these sources that the script uses (child.json "mod
    with neither an optimizer step nor a backward pass, each batch request ends a step.
 4. Outermost module calls (modules.py), for loops with none of those (an inference loop over
    tensors): after FALLBACK outermost calls of one module with no backward pass and no batch,
-   each call of that module starts a step.
+   each call of that module starts a step. Calls made with autograd recording (grad mode on)
+   may be a training step's forward passes (a per-sample loop calls its model once per sample
+   before its one backward pass): those also wait MODULE_WAIT_S from the first call.
 Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
 lost to the choice. The first boundary starts the count (its step began before any signal).
 If an optimizer starts stepping after a fallback was chosen (an evaluation before training),
@@ -34,6 +36,7 @@ SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step 
            "backward-grad": "torch.autograd.grad calls (one per step)",
            "dataloader": "DataLoader iterations",
            "module": "calls of the outermost module (one per step)"}
+MODULE_WAIT_S = 3.0          # outermost calls with grad mode on: the module source waits this long for a backward
 MAX_ROOTS = 64               # distinct modules whose outermost calls are kept before a source is chosen
 
 
@@ -139,7 +142,7 @@ class StepSources:
                 return
             marks = self.root_calls[id(module)] = [module.__class__.__name__]
         marks.append(self._mark(t0))
-        if len(marks) > FALLBACK + 1:
+        if len(marks) > FALLBACK + 1 and (t0 - marks[1][0] >= MODULE_WAIT_S or not self.torch.is_grad_enabled()):
             self._choose_module(module, marks)
 
     def _choose_module(self, module, marks: list) -> None:
@@ -195,6 +198,8 @@ class StepSources:
                           "there: --max-steps, the warm-up and the trace count from that step"
                           + ("; the trace of the earlier steps was dropped and recorded again" if dropped else ""))
         self.step_base = self.steps
+        if self.census is not None and self.census.state != "done":
+            self.census.reset()                    # count a step of the new source, not of the old one
 
     def _settle(self) -> None:
         """At the end, a run that never chose a source takes the best candidate it has."""

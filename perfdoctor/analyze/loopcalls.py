@@ -1,0 +1,38 @@
+"""How often one training step calls its model (loop.* metrics; `perfdoctor run` only).
+
+A per-sample loop, `for i in range(len(x)): loss += crit(model(x[i:i+1]), y[i:i+1])`, runs the
+model's whole op sequence once per sample at batch size 1: every op pays its dispatch (and on a
+GPU its launch) once per sample, and each op does a sliver of the work it could do batched. The
+trace shows only many small ops; the hooks see the loop itself. During one whole step after the
+step source is chosen, `perfdoctor run` counts the outermost module calls (collect/modules.py,
+child.json "root_calls"): the module called most, how many times, and the leading dimension of
+its first tensor argument (the batch it was given).
+
+The DataLoader batches per steady step tell a per-sample loop (one batch, many calls) from
+gradient accumulation over micro-batches (a batch per call). A model called with no tensor
+argument, or with a 0-d one, has no batch: None.
+"""
+
+from __future__ import annotations
+
+NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
+         "loop.batches_per_step")
+
+
+def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
+    """loop.* from child.json's "root_calls" and the steady window's step records."""
+    out = dict.fromkeys(NAMES)
+    batches = [s["batches"] for s in steady_steps if isinstance(s.get("batches"), (int, float))]
+    if batches:
+        out["loop.batches_per_step"] = sum(batches) / len(batches)
+    rc = root_calls or {}
+    calls = rc.get("calls")
+    if not isinstance(calls, int) or calls < 1:
+        return out
+    out["loop.model_name"] = rc.get("module") if isinstance(rc.get("module"), str) else None
+    out["loop.model_calls_per_step"] = calls
+    batch = rc.get("batch")
+    out["loop.model_call_batch"] = batch if isinstance(batch, int) and batch >= 0 else None
+    share = rc.get("batch_share")
+    out["loop.model_call_batch_share"] = float(share) if isinstance(share, (int, float)) and 0 <= share <= 1 else None
+    return out
