@@ -10,20 +10,28 @@ from dataclasses import dataclass
 class RankSummary:
     count: int
     step_time_median_ms: dict[str, float]     # trace label -> median step time
-    spread: float                            # (slowest - fastest) / median of medians
+    spread: float                            # step_time_spread of the medians
     slowest: str
     fastest: str
     verdicts: dict[str, str]
     agree: bool
 
 
+def step_time_spread(times) -> float | None:
+    """How much longer the slowest rank's step is than the fastest's: (slowest - fastest) /
+    fastest (0.25: 25% longer). None for fewer than two times or a fastest of zero. The one
+    definition for the traces of a run (summarize) and the ranks of a job (straggler.py)."""
+    times = [t for t in times if t is not None]
+    if len(times) < 2 or min(times) <= 0:
+        return None
+    return (max(times) - min(times)) / min(times)
+
+
 def summarize(labels: list[str], metrics: list[dict], bounds: list[str]) -> RankSummary:
     med = {lab: m["steps.time_median_ms"] for lab, m in zip(labels, metrics)}
-    vals = sorted(med.values())
-    mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
     slowest = max(med, key=med.get)
     fastest = min(med, key=med.get)
-    spread = (med[slowest] - med[fastest]) / mid if mid > 0 else 0.0
+    spread = step_time_spread(list(med.values())) or 0.0
     verdicts = dict(zip(labels, bounds))
     return RankSummary(len(labels), med, spread, slowest, fastest, verdicts, len(set(bounds)) == 1)
 

@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 
+from perfdoctor.analyze.ranks import step_time_spread
+
 MIN_PAIRED = 3
 MATERIAL = 0.05
 CONTENTION = 0.5             # share of the straggler's extra time spent queued for a CPU
@@ -70,9 +72,7 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     out = dict.fromkeys(NAMES)
     out["ranks.count"] = len(ranks)
     out["ranks.world_size"] = world_size
-    steps = [r.step_ms for r in ranks if r.step_ms]
-    if len(steps) >= 2:
-        out["ranks.step_time_spread"] = (max(steps) - min(steps)) / min(steps)
+    out["ranks.step_time_spread"] = step_time_spread([r.step_ms for r in ranks if r.step_ms])
     rows = [RankRow(r.rank, r.step_ms, None, None, r.wait_share, None) for r in ranks]
     known = [(r, row) for r, row in zip(ranks, rows) if r.step_ms and r.wait_share is not None]
     for r, row in known:
