@@ -75,6 +75,25 @@ def test_directory_of_ranks(tmp_path):
     assert "Across 2 traces" in run("report", tmp_path).stdout
 
 
+def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_path):
+    """One trace per rank of a synchronous job: rank 1 waits 8 ms a step for its batches, rank 0
+    waits as long in the all-reduce. Merged as a multi-rank run's ranks are (diagnose/ranks.py)."""
+    for r, (dw, nccl) in ((0, (0, 8000)), (1, (8000, 300))):
+        tg.write(tg.TraceSpec(steps=[S(data_wait_us=dw, nccl_kernels=1, nccl_us=nccl)] * 5, rank=r, world_size=2),
+                 tmp_path / f"rank{r}.json")
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    sec = doc["ranks"]
+    assert sec["wait_cause"] == "straggler" and sec["slowest_rank"] == 1 and sec["pace_rank"] == 1
+    assert doc["verdict"]["rule"] == "PD115" and doc["verdict"]["bound"] == "input"
+    assert doc["verdict"]["secondary"] == ["communication"] and "Rank 1 itself: Input-bound" in doc["verdict"]["summary"]
+    r0, r1 = sec["per_rank"]
+    assert r0["collective_wait_ms"] == pytest.approx(7.6, abs=0.05) and r1["busy_ms"] == pytest.approx(8.76, abs=0.05)
+    assert r1["data_wait_share"] > 0.8 and r0["verdict"] == "communication" and r1["verdict"] == "input"
+    assert [t["label"] for t in doc["traces"]] == ["rank 1", "rank 0"]
+    assert any(f["id"] == "PD360" for f in doc["findings"])
+    assert "Across 2 rank(s)" in run("report", tmp_path).stdout
+
+
 @pytest.mark.parametrize("setup,message", [
     (lambda p: None, "no such file"),
     (lambda p: p.write_text("not json"), "not a JSON trace"),

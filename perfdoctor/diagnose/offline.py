@@ -4,7 +4,8 @@ The first trace's load starts before anything heavy is imported (or was started 
 script already, perfdoctor.trace.prefetch): on a big trace a helper process decodes its head
 while this process imports numpy, the analysis and the rules. A `perfdoctor run` directory
 (run.json, steps.jsonl, samples.json, trace/) goes through the live diagnosis instead
-(diagnose/live.py), so it gets what `run` gave."""
+(diagnose/live.py), so it gets what `run` gave. One trace per rank is merged as a multi-rank run's
+ranks are (diagnose/ranks.py: the straggler, the pace-setting rank's verdict)."""
 
 from __future__ import annotations
 
@@ -39,4 +40,10 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
         first.close()
     analyses += [analyze(load_trace(f)) for f in files[1:]]
     analyses[0].warnings[:0] = skipped
-    return build_document(str(path), [(a, evaluate(rules, a.metrics)) for a in analyses])
+    results = [(a, evaluate(rules, a.metrics)) for a in analyses]
+    if len(results) > 1:          # one trace per rank: merged as a multi-rank run is (diagnose/ranks.py)
+        from perfdoctor.diagnose.ranks import merge_rank_traces
+        merged = merge_rank_traces(str(path), results, rules)
+        if merged is not None:
+            return merged
+    return build_document(str(path), results)

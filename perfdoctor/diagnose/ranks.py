@@ -44,25 +44,53 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
         # the directory names the rank; rank.json (any JSON) only adds what it holds in the right shape
         infos.append({**record(_read_json(d / "rank.json"), RANK), "rank": rank})
     world = max((i.get("world_size") or 0 for i in infos), default=0) or None
-    inputs = [_rank_input(i["rank"], doc, d) for i, doc, (_, d) in zip(infos, docs, found)]
+    inputs = [_rank_input(i["rank"], doc, _runq_ms(d)) for i, doc, (_, d) in zip(infos, docs, found)]
     ranks_m, rows = cross_rank(inputs, world)
+    out = _merge(str(run_dir), docs, infos, ranks_m, rules)
+    out["run"] = _run_section(run_dir, out.get("run") or {}, infos, docs)
+    out["ranks"] = _ranks_section([str(d) for _, d in found], infos, docs, rows, ranks_m, _pace_index(infos, ranks_m))
+    return out
+
+
+def merge_rank_traces(input_path: str, results: list, rules) -> dict | None:
+    """`perfdoctor report` on one trace per rank (a directory of them, no run directory): the
+    same merge as a multi-rank run's, from what the traces hold (their steady step time is the
+    traced steps' mean; no run-queue readings, so no contention call). None when the traces are
+    not one per rank (no rank, or a rank twice), their collective waits are unknown, or no rank
+    ran a collective (independent processes: no rank sets a pace for the others): the caller
+    keeps the plain multi-trace document."""
+    ranks = [a.metrics.get("trace.rank") for a, _ in results]
+    if any(not isinstance(r, int) for r in ranks) or len(set(ranks)) != len(ranks):
+        return None
+    docs = [build_document(a.path, [(a, d)]) for a, d in results]
+    infos = [{"rank": r} for r in ranks]
+    world = max((a.metrics.get("trace.world_size") or 0 for a, _ in results), default=0) or None
+    ranks_m, rows = cross_rank([_rank_input(r, doc, None) for r, doc in zip(ranks, docs)], world)
+    if ranks_m["ranks.wait_cause"] is None or not ranks_m["ranks.comm_wait_share_mean"]:
+        return None                     # waits unknown, or no collective at all: not one synchronous job
+    out = _merge(input_path, docs, infos, ranks_m, rules)
+    out["ranks"] = _ranks_section([a.path for a, _ in results], infos, docs, rows, ranks_m, _pace_index(infos, ranks_m))
+    return out
+
+
+def _merge(input_path: str, docs: list[dict], infos: list[dict], ranks_m: dict, rules) -> dict:
+    """The pace-setting rank's document with the cluster's verdict, flags and fixes: the rules on
+    its metrics and the ranks.* metrics; its trace first, then the others, each labelled."""
     pace = _pace_index(infos, ranks_m)
     m = {k: v for k, v in docs[pace]["traces"][0]["metrics"].items() if k in registry.REGISTRY}
     m.update(ranks_m)
     registry.check(m)
-    cluster = build_document(str(run_dir), [(StepsOnly(str(run_dir), m), evaluate(rules, m))])
+    cluster = build_document(input_path, [(StepsOnly(input_path, m), evaluate(rules, m))])
     out = dict(docs[pace])
     for k in ("verdict", "flags", "findings"):
         out[k] = cluster[k]
     if out["verdict"].get("rule") == "PD115":
         out["verdict"] = _straggler_verdict(out["verdict"], ranks_m, docs[pace]["verdict"], infos[pace]["rank"])
-    out["input"] = str(run_dir)
+    out["input"] = input_path
     pace_trace = dict(out["traces"][0], metrics={**out["traces"][0]["metrics"], **ranks_m})
     out["traces"] = [pace_trace] + [doc["traces"][0] for i, doc in enumerate(docs) if i != pace]
     for t, i in zip(out["traces"], [pace] + [i for i in range(len(docs)) if i != pace]):
         t["label"] = f"rank {infos[i]['rank']}"
-    out["run"] = _run_section(run_dir, out.get("run") or {}, infos, docs)
-    out["ranks"] = _ranks_section(run_dir, infos, docs, rows, ranks_m, pace)
     return out
 
 
@@ -98,7 +126,7 @@ def _straggler_confidence(v: dict, m: dict) -> dict:
     return {**v, "confidence": conf, "confidence_label": label(conf), "notes": notes, "secondary": []}
 
 
-def _rank_input(rank: int, doc: dict, d: Path) -> RankInput:
+def _rank_input(rank: int, doc: dict, runq_ms: float | None) -> RankInput:
     t = doc["traces"][0]
     m = t["metrics"]
     step = m.get("run.step_time_ms")
@@ -110,7 +138,7 @@ def _rank_input(rank: int, doc: dict, d: Path) -> RankInput:
         bd = s.get("breakdown_ms") or {}
         if s.get("duration_ms") and bd.get("communication") is not None:
             steps[str(s.get("label"))] = (s["duration_ms"], bd["communication"])
-    return RankInput(rank, step, wait, steps, _runq_ms(d))
+    return RankInput(rank, step, wait, steps, runq_ms)
 
 
 def _runq_ms(d: Path) -> float | None:
@@ -158,18 +186,20 @@ def _run_section(run_dir: Path, base: dict, infos: list[dict], docs: list[dict])
             "launcher": job.get("launcher") or (infos[0].get("source") if infos else None)}
 
 
-def _ranks_section(run_dir, infos, docs, rows, m: dict, pace: int) -> dict:
+def _ranks_section(dirs: list[str], infos, docs, rows, m: dict, pace: int) -> dict:
     per = []
-    for info, doc, row in zip(infos, docs, rows):
+    for info, doc, row, where in zip(infos, docs, rows, dirs):
         tm = doc["traces"][0]["metrics"]
         per.append({"rank": info["rank"], "host": info.get("host"), "local_rank": info.get("local_rank"),
-                    "dir": str(Path(run_dir) / "ranks" / f"rank-{info['rank']}"),
+                    "dir": where,
                     "exit_code": info.get("exit_code", doc.get("run", {}).get("exit_code")),
                     "steps": tm.get("run.steps"), "steady_steps": tm.get("run.steady_steps"),
                     "step_time_ms": row.step_ms, "step_time_ci95_ms": tm.get("run.step_time_ci95_ms"),
                     "collective_wait_ms": row.wait_ms, "collective_wait_share": row.wait_share,
                     "busy_ms": row.busy_ms, "straggler_wait_ms": row.straggler_wait_ms,
-                    "data_wait_share": tm.get("run.data_wait_share"),
+                    # a trace alone: the traced data-loading share of the step
+                    "data_wait_share": tm.get("breakdown.data_loading") if tm.get("run.data_wait_share") is None
+                    else tm["run.data_wait_share"],
                     "verdict": doc["verdict"]["bound"], "rule": doc["verdict"]["rule"],
                     "summary": doc["verdict"]["summary"]})
     return {"count": len(infos), "world_size": m.get("ranks.world_size"), "pace_rank": infos[pace]["rank"],
