@@ -28,7 +28,7 @@ def test_tensorboard_reads_our_scalars(tmp_path):
 
 
 def test_sample_scalars_from_a_real_sample_shape():
-    from perfdoctor.diagnose.live import sample_scalars
+    from perfdoctor.report.run_scalars import sample_scalars
     smp = {"system": {"cpu_usable_percent": 75.0, "iowait_percent": 5.0, "psi": {"io": {"some_avg10": 1.5}}},
            "trainer": {"cpu_percent": 98.0},
            "workers": [{"cpu_percent": 90.0, "state": "running"}, {"cpu_percent": 10.0, "state": "disk-sleep"}],

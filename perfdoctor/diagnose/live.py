@@ -21,8 +21,8 @@ from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_sha
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose import runfiles
-from perfdoctor.diagnose.confidence import label
 from perfdoctor.diagnose.document import build_document
+from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
 from perfdoctor.stats.steptime import StepEstimate, estimate
@@ -115,12 +115,6 @@ def _extra_batches_note(steady: list[dict]) -> list[str]:
             f"of the steady wall time{wait}: the step time and the input share include it"]
 
 
-def outcome(res: RunResult) -> str:
-    """How the script ended: child.json's word; without it (SIGKILL leaves none), killed when a
-    signal ended it, else unknown (child.json missing or damaged)."""
-    return res.child.get("outcome") or ("killed" if res.signal is not None else "unknown")
-
-
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section."""
     try:
@@ -155,7 +149,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
         m = dict.fromkeys(registry.REGISTRY)
         m["trace.platform"] = "cuda" if res.child.get("cuda_available") else "cpu"
         analysis = StepsOnly(str(run_dir), m)
-        notes.append("no trace was recorded (" + _why_no_trace(res, steps) + "): the diagnosis uses step "
+        notes.append("no trace was recorded (" + why_no_trace(res, steps) + "): the diagnosis uses step "
                      "timings and system samples only")
     m = analysis.metrics
     sysm, sample_notes, sampling = _system(run_dir, steps)
@@ -247,35 +241,6 @@ def _load(path: Path):
         pending.close()
 
 
-def _why_no_trace(res: RunResult, steps: list[dict]) -> str:
-    state = res.child.get("profiler")
-    if res.child.get("trace_enabled") is False:
-        return "--no-trace"
-    if not res.child and res.signal is None:   # child.json missing or damaged, and no signal known
-        return "child.json, the script's summary, is missing or unreadable"
-    if not res.child:                    # no summary: the script was killed (SIGKILL, OOM killer)
-        return (f"the script was killed after {len(steps)} step(s), before its trace was written" if steps
-                else "the script was killed before its first step")
-    if not res.child.get("torch_imported"):
-        return "the script never imported torch"
-    if not steps and _failed(res):
-        return "the script failed before its first step"
-    if state == "skipped":
-        return "the script runs its own profiler"
-    if state == "failed":
-        return "torch.profiler failed"
-    if state == "empty":
-        return (f"the run ended after {len(steps)} step(s), before a whole step was recorded: the first step "
-                "is warm-up and the next one is traced")
-    return (f"the run ended after {len(steps)} step(s), before the profiled window (it opens after --skip-steps "
-            "steps, or after PERFDOCTOR_WARMUP_S seconds of long steps)")
-
-
-def _failed(res: RunResult) -> bool:
-    """Known to have failed (a kill by signal has exit code 128+N); an unknown ending is not."""
-    return res.child.get("outcome") in ("crashed", "interrupted") or bool(res.exit_code)
-
-
 def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float | None:
     """Traced over un-profiled step time, never below 1 (a traced window that ran faster than
     the steady one lowers no ceiling); None unless both are known."""
@@ -291,71 +256,9 @@ def few_steps_metrics(steps: list[dict]) -> dict:
     return {"run.all_steps_wait_share": sum(s["wait"] for s in steps) / dur if dur > 0 else None}
 
 
-def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool) -> None:
-    """The run section names the step source and the script's failure; a run without a trace
-    gets its verdict (PD111, PD114) with the confidence capped and the reason stated, and a
-    script that failed before its first step gets that failure as its verdict."""
-    run = doc["run"]
-    run["step_source"] = res.child.get("step_source")
-    run["error"] = res.child.get("error")
-    if traced:
-        return
-    why = _why_no_trace(res, steps)
-    verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
-    if not steps and (_failed(res) or outcome(res) == "unknown"):
-        code = "unknown" if res.exit_code is None else res.exit_code
-        what = (f"{run['error']}; " if run["error"] else "") + f"exit code {code}"
-        summary = (f"The script failed before its first step ({what}): nothing was measured to diagnose. Fix "
-                   "the failure and run again." if _failed(res) else
-                   f"No step was recorded, and how the script ended is unknown ({what}): nothing was measured "
-                   "to diagnose.")
-        for v in verdicts:
-            v.update(summary=summary, notes=[], secondary=[])
-        return
-    for v in verdicts:
-        notes = [n for n in v["notes"] if not n.startswith("steps come from")]
-        if v["bound"] == "inconclusive":
-            v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
-            continue
-        cap = 0.5 if len(steps) >= 3 else 0.4
-        v["confidence"] = min(v["confidence"], cap)
-        v["confidence_label"] = label(v["confidence"])
-        v["notes"] = notes + [f"no trace ({why}): the verdict rests on {len(steps)} measured step(s) and the "
-                              f"system samples, so its confidence is capped at {cap}"]
-
-
 def write_run_events(run_dir: Path) -> None:
-    """TensorBoard scalars of the run: step time and data wait per step, system samples over time."""
-    from perfdoctor.report.tb_events import EventWriter
+    """TensorBoard scalars of the run (report/run_scalars.py): its steps and system samples."""
+    from perfdoctor.report.run_scalars import write_run_scalars
 
-    steps = read_steps(run_dir)
-    with EventWriter(run_dir / "tensorboard") as w:
-        for s in steps:
-            w.scalars(s["step"], {"step/time_ms": s["dur"] * 1e3, "step/data_wait_ms": s["wait"] * 1e3,
-                                  "step/data_wait_share": s["wait"] / s["dur"] if s["dur"] > 0 else None},
-                      wall_time=s.get("end"))
-        try:
-            samples = json.loads((run_dir / "samples.json").read_text()).get("samples", [])
-        except (OSError, ValueError):
-            samples = []
-        for i, smp in enumerate(samples):
-            w.scalars(i, sample_scalars(smp), wall_time=smp.get("unix"))
-
-
-def sample_scalars(smp: dict) -> dict:
-    """One system sample as TensorBoard scalars (percent of one core for processes)."""
-    sysd, trainer, workers = smp.get("system") or {}, smp.get("trainer") or {}, smp.get("workers") or []
-    wcpu = [w["cpu_percent"] for w in workers if w.get("cpu_percent") is not None]
-    out = {"system/cpu_busy_percent": sysd.get("cpu_usable_percent"),
-           "system/iowait_percent": sysd.get("iowait_percent"),
-           "system/psi_io_some_avg10": ((sysd.get("psi") or {}).get("io") or {}).get("some_avg10"),
-           "trainer/cpu_percent": trainer.get("cpu_percent"),
-           "loader/workers": float(len(workers)),
-           "loader/worker_cpu_percent_mean": sum(wcpu) / len(wcpu) if wcpu else None,
-           "loader/workers_disk_sleep": float(sum(w.get("state") == "disk-sleep" for w in workers))}
-    for g in smp.get("gpu") or []:          # NVML devices (None without an NVIDIA GPU: nothing written)
-        i = g.get("index")
-        out[f"gpu{i}/util_percent"] = g.get("util_percent")
-        out[f"gpu{i}/memory_used_bytes"] = g.get("memory_used_bytes")
-        out[f"gpu{i}/sm_clock_mhz"] = g.get("sm_clock_mhz")
-    return out
+    samples = _read_json(run_dir / "samples.json").get("samples")
+    write_run_scalars(run_dir / "tensorboard", read_steps(run_dir), samples if isinstance(samples, list) else [])

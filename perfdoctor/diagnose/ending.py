@@ -1,0 +1,80 @@
+"""How a `perfdoctor run` ended, and what a run without a trace can still say.
+
+The outcome comes from child.json (the script's own summary), else from the signal that ended
+it; a run that recorded no trace says why (--no-trace, too few steps, the script's own profiler,
+a failure before the first step...), and its verdict, which rests on step timings and system
+samples alone, gets its confidence capped with the reason stated.
+"""
+
+from __future__ import annotations
+
+from perfdoctor.collect.launcher import RunResult
+from perfdoctor.diagnose.confidence import label
+
+
+def outcome(res: RunResult) -> str:
+    """How the script ended: child.json's word; without it (SIGKILL leaves none), killed when a
+    signal ended it, else unknown (child.json missing or damaged)."""
+    return res.child.get("outcome") or ("killed" if res.signal is not None else "unknown")
+
+
+def why_no_trace(res: RunResult, steps: list[dict]) -> str:
+    state = res.child.get("profiler")
+    if res.child.get("trace_enabled") is False:
+        return "--no-trace"
+    if not res.child and res.signal is None:   # child.json missing or damaged, and no signal known
+        return "child.json, the script's summary, is missing or unreadable"
+    if not res.child:                    # no summary: the script was killed (SIGKILL, OOM killer)
+        return (f"the script was killed after {len(steps)} step(s), before its trace was written" if steps
+                else "the script was killed before its first step")
+    if not res.child.get("torch_imported"):
+        return "the script never imported torch"
+    if not steps and failed(res):
+        return "the script failed before its first step"
+    if state == "skipped":
+        return "the script runs its own profiler"
+    if state == "failed":
+        return "torch.profiler failed"
+    if state == "empty":
+        return (f"the run ended after {len(steps)} step(s), before a whole step was recorded: the first step "
+                "is warm-up and the next one is traced")
+    return (f"the run ended after {len(steps)} step(s), before the profiled window (it opens after --skip-steps "
+            "steps, or after PERFDOCTOR_WARMUP_S seconds of long steps)")
+
+
+def failed(res: RunResult) -> bool:
+    """Known to have failed (a kill by signal has exit code 128+N); an unknown ending is not."""
+    return res.child.get("outcome") in ("crashed", "interrupted") or bool(res.exit_code)
+
+
+def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool) -> None:
+    """The run section names the step source and the script's failure; a run without a trace
+    gets its verdict (PD111, PD114) with the confidence capped and the reason stated, and a
+    script that failed before its first step gets that failure as its verdict."""
+    run = doc["run"]
+    run["step_source"] = res.child.get("step_source")
+    run["error"] = res.child.get("error")
+    if traced:
+        return
+    why = why_no_trace(res, steps)
+    verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
+    if not steps and (failed(res) or outcome(res) == "unknown"):
+        code = "unknown" if res.exit_code is None else res.exit_code
+        what = (f"{run['error']}; " if run["error"] else "") + f"exit code {code}"
+        summary = (f"The script failed before its first step ({what}): nothing was measured to diagnose. Fix "
+                   "the failure and run again." if failed(res) else
+                   f"No step was recorded, and how the script ended is unknown ({what}): nothing was measured "
+                   "to diagnose.")
+        for v in verdicts:
+            v.update(summary=summary, notes=[], secondary=[])
+        return
+    for v in verdicts:
+        notes = [n for n in v["notes"] if not n.startswith("steps come from")]
+        if v["bound"] == "inconclusive":
+            v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
+            continue
+        cap = 0.5 if len(steps) >= 3 else 0.4
+        v["confidence"] = min(v["confidence"], cap)
+        v["confidence_label"] = label(v["confidence"])
+        v["notes"] = notes + [f"no trace ({why}): the verdict rests on {len(steps)} measured step(s) and the "
+                              f"system samples, so its confidence is capped at {cap}"]
