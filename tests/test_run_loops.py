@@ -168,7 +168,9 @@ def test_functional_loop_counts_autograd_grad_calls(tmp_path):
     r, out = prun_script(tmp_path, "functional.py", FUNCTIONAL)
     assert r.stdout == "functional: done\n"
     recs = steps(out)
-    assert len(recs) == 19 and {s["mode"] for s in recs} == {"backward"}   # 20 updates; the penalties are no steps
+    # 20 updates: the second call is the first whose weights were updated since the last call,
+    # and that boundary starts the count (18 steps); the penalties are no steps
+    assert len(recs) == 18 and {s["mode"] for s in recs} == {"backward"}
     c = child(out)
     assert c["mode"] == "backward" and c["step_source"] == "torch.autograd.grad calls (one per step)"
     assert any("torch.autograd.grad" in n for n in report(out)["run"]["notes"])
@@ -176,12 +178,19 @@ def test_functional_loop_counts_autograd_grad_calls(tmp_path):
 
 # An inference loop over tensors: no optimizer, no backward pass, no DataLoader; a model with
 # nested modules, called once per iteration, and once more after the loop under another name.
+# A process forked before the loop (as a DataLoader worker is) finds Module.__call__ as it was.
 INFERENCE = r"""
+import os
 import torch, torch.nn as nn
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.Sequential(nn.ReLU(), nn.Linear(64, 64)), nn.Linear(64, 4)).eval()
 head = nn.Linear(4, 1)
 x = torch.randn(16, 32)
+pid = os.fork()
+if pid == 0:
+    print("forked: Module.__call__ wrapped:", getattr(nn.Module.__call__, "_perfdoctor", False), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
 with torch.inference_mode():
     for i in range(20):
         y = model(x)
@@ -193,7 +202,8 @@ print("inference: done; Module.__call__ wrapped:", getattr(nn.Module.__call__, "
 def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     r, out = prun_script(tmp_path, "infer.py", INFERENCE)
     # the class-wide wrapper was taken off once the source was chosen
-    assert r.stdout == "inference: done; Module.__call__ wrapped: False\n"
+    assert r.stdout == ("forked: Module.__call__ wrapped: False\n"
+                        "inference: done; Module.__call__ wrapped: False\n")
     recs = steps(out)
     assert len(recs) == 19 and {s["mode"] for s in recs} == {"module"}   # nested modules and the head: no steps
     c = child(out)
@@ -202,16 +212,27 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
 
 
 # A per-sample loop: the model is called once per sample (batch of one) before one backward pass
-# per step; with --batched, once per batch. Batches sliced from a tensor, no DataLoader.
+# per step; with --batched, once per batch. Batches of 16 from a DataLoader (num_workers=0) whose
+# samples, shaped (1, 32), go through a transform that is a module: 16 calls of it per step,
+# with a batch of one, inside the DataLoader (batch preparation: not the model's calls).
 PER_SAMPLE = r"""
 import sys
 import torch, torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+class Scale(nn.Module):
+    def forward(self, t):
+        return t * 0.5
+class Samples(Dataset):
+    def __init__(self):
+        self.x, self.y, self.tf = torch.randn(16 * 12, 1, 32), torch.randint(0, 4, (16 * 12,)), Scale()
+    def __len__(self):
+        return len(self.y)
+    def __getitem__(self, i):
+        return self.tf(self.x[i]), self.y[i]
+model = nn.Sequential(nn.Flatten(), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
 opt, crit = torch.optim.SGD(model.parameters(), lr=0.01), nn.CrossEntropyLoss()
-X, Y = torch.randn(16 * 12, 32), torch.randint(0, 4, (16 * 12,))
-for step in range(12):
-    x, y = X[step * 16:(step + 1) * 16], Y[step * 16:(step + 1) * 16]
+for x, y in DataLoader(Samples(), batch_size=16):
     opt.zero_grad()
     if "--batched" in sys.argv:
         loss = crit(model(x), y)
@@ -227,15 +248,20 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     r, out = prun_script(tmp_path, "per_sample.py", PER_SAMPLE)
     assert r.stdout == "per-sample: done\n"
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
-    assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2}
+    assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
+                                         "passes": 1}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
-    assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 0
+    assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
+    assert m["loop.backward_passes_per_step"] == 1
     fix = next(f for f in doc["findings"] if f["id"] == "PD353")
-    assert fix["gain"]["ceiling"] == pytest.approx(16.0) and fix["gain"]["expected"] is None
+    wait = m["run.data_wait_share"]                  # the wait for batches stays: the ceiling is outside it
+    assert fix["gain"]["ceiling"] == pytest.approx(1 / (wait + (1 - wait) / 16), rel=1e-3)
+    assert fix["gain"]["expected"] is None
     out = tmp_path / "batched"
     r = prun("--no-trace", tmp_path / "per_sample.py", "--batched", out=out)
     assert r.returncode == 0, r.stderr
+    # the transform's 16 calls a step with a batch of one are the DataLoader's, not the model's
     assert child(out)["root_calls"]["calls"] == 1 and child(out)["root_calls"]["batch"] == 16
     assert not any(f["id"] == "PD353" for f in report(out)["findings"])
 
@@ -473,7 +499,8 @@ def test_loop_metrics_from_the_census():
     steady = [{"batches": 1}, {"batches": 1}, {"batches": 2}]
     m = loop_metrics({"module": "Net", "calls": 32, "batch": 1, "batch_share": 0.97, "modules": 1}, steady)
     assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_call_batch": 1,
-                 "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3)}
+                 "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3),
+                 "loop.backward_passes_per_step": None}
     # no census (a trace alone, a run of one step) or a damaged one: unknown, never made up
     assert loop_metrics(None, [])["loop.model_calls_per_step"] is None
     bad = loop_metrics({"module": 3, "calls": 0, "batch": -2, "batch_share": 7}, steady)
@@ -481,3 +508,18 @@ def test_loop_metrics_from_the_census():
     odd = loop_metrics({"module": 3, "calls": 5, "batch": -2, "batch_share": 7}, [])
     assert odd["loop.model_name"] is None and odd["loop.model_call_batch"] is None
     assert odd["loop.model_call_batch_share"] is None and odd["loop.model_calls_per_step"] == 5
+
+
+def test_autograd_grad_steps_only_on_weights():
+    """A functional step takes the gradients of weights: parameters, or the same tensors updated
+    in place since the last call. Not an attack's new input each call, nor a Jacobian's rows."""
+    from perfdoctor.collect.passes import weights_updated
+    w = torch.randn(3, requires_grad=True)
+    assert weights_updated(torch, torch.nn.Parameter(torch.randn(2))) is True
+    assert weights_updated(torch, [w]) is False                   # the first call: nothing to compare
+    assert weights_updated(torch, [w]) is False                   # the same tensor, untouched (Jacobian rows)
+    with torch.no_grad():
+        w -= 0.1
+    assert weights_updated(torch, {"w": w}) is True                # updated in place since: a step
+    for _ in range(3):                                             # PGD: a new input tensor each call
+        assert weights_updated(torch, torch.randn(3, requires_grad=True)) is False

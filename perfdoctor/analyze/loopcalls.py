@@ -8,15 +8,16 @@ step source is chosen, `perfdoctor run` counts the outermost module calls (colle
 child.json "root_calls"): the module called most, how many times, and the leading dimension of
 its first tensor argument (the batch it was given).
 
-The DataLoader batches per steady step tell a per-sample loop (one batch, many calls) from
-gradient accumulation over micro-batches (a batch per call). A model called with no tensor
+The DataLoader batches per steady step, and the backward passes of the counted step, tell a
+per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
+accumulation over micro-batches (a batch and a backward pass per call). A model called with no tensor
 argument, or with a 0-d one, has no batch: None.
 """
 
 from __future__ import annotations
 
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
-         "loop.batches_per_step")
+         "loop.batches_per_step", "loop.backward_passes_per_step")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -35,4 +36,6 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     out["loop.model_call_batch"] = batch if isinstance(batch, int) and batch >= 0 else None
     share = rc.get("batch_share")
     out["loop.model_call_batch_share"] = float(share) if isinstance(share, (int, float)) and 0 <= share <= 1 else None
+    passes = rc.get("passes")
+    out["loop.backward_passes_per_step"] = passes if isinstance(passes, int) and passes >= 0 else None
     return out

@@ -180,6 +180,7 @@ _m("loop.model_name", "str", "Class of the module the step calls most often at t
 _m("loop.model_calls_per_step", "per_step", "How many times that step called loop.model_name at the outermost level: 1 for a batched loop, the batch size for a per-sample loop (model(x[i:i+1])), the micro-batches for gradient accumulation.")
 _m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size), the most common one; None when they got no tensor or a 0-d one.")
 _m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
+_m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
 _m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
 
 # -- communication ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """In-process hooks of `perfdoctor run`, installed when the script imports torch.
 
-Steps come from the first source the script uses: optimizer steps, backward passes or
-DataLoader iterations (stepsource.py says how one is chosen).
+Steps come from the first source the script uses: optimizer steps, backward passes (and
+autograd.grad calls), DataLoader iterations or outermost module calls (stepsource.py says how
+one is chosen).
 
 Data wait. Time inside DataLoader iterators' __next__ (worker queue wait, or the whole
 loading work with num_workers=0), summed per step.
@@ -21,6 +22,7 @@ import threading
 import time
 from collections import deque
 
+from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
@@ -69,6 +71,7 @@ class Session(StepSources):
         self.module_hook = None          # the chosen module's forward pre-hook (source "module")
         self.module_skip = False
         self.census = None               # modules.Census, set when module calls are watched
+        self.module_watch = None         # id of a chosen module compiled in place (the class wrapper marks its steps)
         self.group_marks: list = []      # backward passes that follow a gradient reset
         self.pass_marks: deque = deque(maxlen=PASS_FALLBACK + 1)
         self.loader_marks: list = []     # batch requests since the last backward pass
@@ -126,11 +129,15 @@ class Session(StepSources):
             if session.mode != "optimizer":
                 session._on_batch_request(t0)
             got = False
+            outer = not getattr(IN_LOADER, "n", 0)
+            IN_LOADER.n = 1
             try:
                 batch = orig(it)
                 got = True                      # the StopIteration ending an epoch is no batch
                 return batch
             finally:
+                if outer:
+                    IN_LOADER.n = 0
                 session.cum_wait += time.perf_counter() - t0
                 session.cum_batches += got
         base.__next__ = __next__

@@ -3,52 +3,63 @@
 An inference or benchmarking loop (`with torch.inference_mode(): for ...: y = model(x)`) has
 none of the other signals, but it calls its model once per iteration. Until a step source is
 chosen, `torch.nn.Module.__call__` is wrapped class-wide: a call made while no other module call
-is running (on any thread) is an *outermost* call, and the session hears of it with its module.
-Calls inside it (every submodule) pass straight through.
+runs on its thread is an *outermost* call, and the session hears of it with its module. Calls
+inside it (every submodule) pass straight through, and so do calls made inside a DataLoader's
+`__next__` (transforms that are modules, with num_workers=0: batch preparation, not the model).
 
 Once a step source is chosen (an optimizer's first step, the backward or DataLoader fallback,
 or this one), the wrapper counts the outermost calls of one whole step (Census: a per-sample
 loop calls its model once per sample, `model(x[i:i+1])`), then it is taken off: a training loop
 pays for it during its first two steps only (a Python frame per module call, ~0.3 us). When this
 source is chosen, the module whose outermost calls reached the fallback first gets a forward
-pre-hook instead: one call per step, on that module only. Under torch.compile the wrapper steps
-aside at trace time (torch.compiler.is_compiling), so it never breaks a graph.
+pre-hook instead: one call per step, on that module only; a module compiled in place
+(`model.compile()`: its hooks run inside the compiled call) keeps the class wrapper instead, which
+runs before the compiled code. Under torch.compile the wrapper steps aside at trace time
+(torch.compiler.is_compiling), so it never breaks a graph, and its own frames are skipped by
+dynamo as torch's are (_skip_in_dynamo). A forked process (a DataLoader worker)
+puts the class back as it was: its module calls are not the trainer's.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 
-_RUNNING = [0]      # module calls running now (any thread): a call inside another is not outermost
 MAX_MODULES = 64    # distinct modules counted in the census step
+_DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
+IN_LOADER = threading.local()  # this thread is inside a DataLoader's __next__ (hooks.py): batch preparation
 
 
 class Census:
     """The outermost module calls of the first whole step after the step source is chosen: per
     module, how many, and the leading dimension of each call's first tensor argument (its batch
-    size, for a model that takes a batch). `result` (child.json "root_calls"): the module called
-    most, {"module", "calls", "batch", "batch_share", "modules"}; None until the step ends."""
+    size, for a model that takes a batch); and the backward passes of that step. `result`
+    (child.json "root_calls"): the module called most, {"module", "calls", "batch",
+    "batch_share", "modules", "passes"}; None until the step ends."""
 
     def __init__(self, tensor_type):
         self.tensor = tensor_type
-        self.state = "wait"               # wait -> counting (a step boundary with a source) -> done
-        self.counts: dict = {}            # id(module) -> [class name, calls, {leading dim: calls}]
-        self.result = None
+        self.reset()
 
     def reset(self) -> None:
-        self.state, self.counts = "wait", {}
+        self.state = "wait"               # wait -> counting (a step boundary with a source) -> done
+        self.counts: dict = {}            # id(module) -> [class name, calls, {leading dim: calls}]
+        self.passes = 0                   # backward passes and autograd.grad calls in the counted step
+        self.result = None
 
     def boundary(self, mode) -> None:
         if self.state == "wait":
             if mode is not None:
-                self.state = "counting"
+                self.state, self.passes = "counting", 0
         elif self.state == "counting":
             self.state = "done"
             if self.counts:
                 name, calls, leads = max(self.counts.values(), key=lambda c: c[1])
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / calls,
-                               "modules": len(self.counts)}
+                               "modules": len(self.counts), "passes": self.passes}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
@@ -69,43 +80,79 @@ class Census:
 
 
 def watch(torch, session) -> None:
-    """Wrap Module.__call__ until the session has a step source (session.on_root_call)."""
+    """Wrap Module.__call__ until the session has a step source and its census is done
+    (session.on_root_call, Census), or for good while a module compiled in place marks the
+    steps (session.module_watch). Again after an optimizer took over from a fallback: a new census."""
     Module = torch.nn.Module
     orig = Module.__call__
+    session.census = Census(torch.Tensor)
     if getattr(orig, "_perfdoctor", False):
         return
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
-    census = session.census = Census(torch.Tensor)
+    dynamo_told = [False]
 
     def __call__(self, *args, **kwargs):
-        if compiling() or _RUNNING[0]:
+        if compiling() or getattr(_DEPTH, "n", 0) or getattr(IN_LOADER, "n", 0):
             return orig(self, *args, **kwargs)
-        if census.state == "done":            # a source chosen and its step counted: leave the class as it was
-            if Module.__call__ is __call__:
+        if not dynamo_told[0]:
+            _skip_in_dynamo(__call__, dynamo_told)
+        census = session.census
+        if census.state == "done" and session.module_watch is None:
+            if Module.__call__ is __call__:   # counted: leave the class as it was
                 Module.__call__ = orig
             return orig(self, *args, **kwargs)
         try:
             if session.mode is None:
                 session.on_root_call(self, time.perf_counter())
-            elif census.state == "counting":
+            elif session.module_watch == id(self):
+                session.on_module_step(time.perf_counter(), hooked=False)
+            if census.state == "counting":
                 census.count(self, args, kwargs)
         except Exception:                     # never break the script's forward (StopRun passes)
             pass
-        _RUNNING[0] += 1
+        _DEPTH.n = 1
         try:
             return orig(self, *args, **kwargs)
         finally:
-            _RUNNING[0] -= 1
+            _DEPTH.n = 0
 
+    def forget():                             # a forked child: not the trainer
+        if Module.__call__ is __call__:
+            Module.__call__ = orig
     __call__._perfdoctor = True
     __call__.__wrapped__ = orig
     Module.__call__ = __call__
+    try:
+        os.register_at_fork(after_in_child=forget)
+    except AttributeError:                    # no fork on this platform
+        pass
+
+
+def _skip_in_dynamo(fn, told: list) -> None:
+    """Once torch.compile is in use (torch._dynamo imported), dynamo treats the wrapper's frames as
+    it treats torch's own (skipped, what they call still compiled): a module compiled in place
+    whose submodules run eagerly (a Sequential's forward is torch code) reaches them through the
+    wrapper, and dynamo must not compile the wrapper's frames where it would not compile
+    Module.__call__'s. Never imports dynamo itself."""
+    ef = sys.modules.get("torch._dynamo.eval_frame")
+    if ef is None:
+        return
+    told[0] = True
+    try:
+        ef.skip_code(fn.__code__)
+    except Exception:            # an older torch without skip_code
+        pass
 
 
 def hook_steps(module, session):
-    """A forward pre-hook on the chosen module: each of its calls is a step boundary while the
-    session's steps follow it; the hook's handle (removed when an optimizer takes over)."""
+    """Each call of the chosen module is a step boundary while the session's steps follow it:
+    a forward pre-hook (its handle), or None for a module compiled in place, whose calls the
+    class wrapper marks instead (session.module_watch)."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        session.module_watch = id(module)
+        return None
+
     def pre(mod, args):
         session.on_module_step(time.perf_counter())
     return module.register_forward_pre_hook(pre)

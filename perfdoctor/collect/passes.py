@@ -16,15 +16,19 @@ A reset done through `.grad.data` (it has its own version counter) is invisible:
 is ever seen, the session counts each pass as a step and says so.
 
 A functional loop takes its gradients from `torch.autograd.grad(loss, params)` instead: they
-are returned, never accumulated into `.grad`, so every such call starts a step (it is also
-wrapped). Not a step: a call with `create_graph=True` (a gradient penalty, a derivative inside
-the loss, a meta-learning inner loop: the step is the pass that follows), a batched call, and a
-pass started while another runs (reentrant checkpointing runs a backward inside the backward, on
-the autograd engine's device thread for CUDA tensors: so any thread, not only the caller's).
+are returned, never accumulated into `.grad`, so a call that takes the gradients of weights
+starts a step (it is also wrapped; weights_updated: an nn.Parameter among its inputs, or the
+same tensors as the last call's, changed in place since). Not a step: a call with
+`create_graph=True` (a gradient penalty, a derivative inside the loss, a meta-learning inner
+loop: the step is the pass that follows), a batched call, the gradient of new tensors each call
+(an adversarial attack's input), and a pass started while another runs (reentrant
+checkpointing runs a backward inside the backward, on the autograd engine's device thread for
+CUDA tensors: so any thread, not only the caller's).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 
@@ -99,24 +103,53 @@ def find_leaves(roots) -> list[weakref.ref]:
 
 
 _RUNNING = [0]     # passes running now, on any thread (a pass started inside another is no step)
+_LOCK = threading.Lock()
+_LEAVES: dict = {"refs": None, "versions": None}   # the last autograd.grad call's inputs
 
 
 def _watched(session, roots, fresh: bool, run):
-    """Run a pass, telling the session before and after unless steps follow optimizer steps or
-    another pass is already running."""
-    if session.mode == "optimizer" or _RUNNING[0]:
-        return run()
+    """Run a pass. An outermost one is counted in the census step (modules.Census) and, unless
+    steps follow optimizer steps, told to the session before and after."""
+    with _LOCK:
+        nested = _RUNNING[0] > 0
+        _RUNNING[0] += 1
+    watching = not nested and session.mode != "optimizer"
     try:
-        session.on_pass(roots, time.perf_counter(), fresh=fresh)
-    except Exception:                                 # never break the script's backward (StopRun passes)
-        pass
-    _RUNNING[0] += 1
-    try:
+        if not nested:
+            census = getattr(session, "census", None)
+            if census is not None and census.state == "counting":
+                census.passes += 1
+        if watching:
+            try:
+                session.on_pass(roots, time.perf_counter(), fresh=fresh)
+            except Exception:                         # never break the script's backward (StopRun passes)
+                pass
         return run()
     finally:
-        _RUNNING[0] -= 1
-        if not fresh:
+        with _LOCK:
+            _RUNNING[0] -= 1
+        if watching and not fresh:
             session.after_pass()
+
+
+def weights_updated(torch, inputs) -> bool:
+    """Does this autograd.grad call take the gradients of weights (a functional training step)?
+    Yes when an input is an nn.Parameter, or when its inputs are the same tensors as the last
+    call's and one was changed in place since (the weights were updated). No for gradients of
+    new tensors each call (an adversarial attack's input, a data-dependent penalty) or of the
+    same tensors left as they were (the rows of a Jacobian)."""
+    ts = list(inputs.values()) if isinstance(inputs, dict) else list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    ts = [t for t in ts if isinstance(t, torch.Tensor)]
+    if any(isinstance(t, torch.nn.Parameter) for t in ts):
+        return True
+    refs, versions = _LEAVES["refs"], _LEAVES["versions"]
+    now = [t._version for t in ts]
+    try:
+        _LEAVES["refs"], _LEAVES["versions"] = [weakref.ref(t) for t in ts], now
+    except TypeError:
+        _LEAVES["refs"] = None
+    return (refs is not None and len(refs) == len(ts) and all(r() is t for r, t in zip(refs, ts))
+            and versions != now)
 
 
 def _replace(torch, name: str, wrapper) -> None:
@@ -143,7 +176,7 @@ def wrap_backward(torch, session) -> None:
             # allow_unused, is_grads_batched (torch 1.13 to 2.13 alike)
             create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
             batched = kwargs.get("is_grads_batched", args[5] if len(args) > 5 else False)
-            if create or batched:
+            if create or batched or not weights_updated(torch, inputs):
                 return grad_orig(outputs, inputs, *args, **kwargs)
             return _watched(session, outputs, True, lambda: grad_orig(outputs, inputs, *args, **kwargs))
         _replace(torch, "grad", grad)

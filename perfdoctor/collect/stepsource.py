@@ -16,8 +16,9 @@ Steps come from the first of these sources that the script uses (child.json "mod
 3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
    with neither an optimizer step nor a backward pass, each batch request ends a step.
 4. Outermost module calls (modules.py), for loops with none of those (an inference loop over
-   tensors): after FALLBACK outermost calls of one module with no backward pass and no batch,
-   each call of that module starts a step. Calls made with autograd recording (grad mode on)
+   tensors): when one module has made more than FALLBACK outermost calls (not inside a
+   DataLoader's __next__) with no backward pass and no batch, each call of that module starts a
+   step. Calls made with autograd recording (grad mode on)
    may be a training step's forward passes (a per-sample loop calls its model once per sample
    before its one backward pass): those also wait MODULE_WAIT_S from the first call.
 Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
@@ -151,21 +152,25 @@ class StepSources:
         self.root_calls = {}
         self._choose("module", marks[1:], f"no optimizer step, backward pass or DataLoader batch in the first "
                      f"{len(marks) - 1} calls of the outermost module ({name}): a step is one call of it")
-        self.module_skip = module is not None      # this call's own pre-hook comes next: not a second boundary
         if module is not None:
             try:
                 self.module_hook = modules.hook_steps(module, self)
+                # this call's own pre-hook comes next: not a second boundary (the class wrapper
+                # marking a module compiled in place has marked this call already)
+                self.module_skip = self.module_hook is not None
             except Exception as exc:
                 self.notes.append(f"the module's calls cannot be watched from here on ({type(exc).__name__}: {exc})")
 
-    def on_module_step(self, t0: float) -> None:
-        """The chosen module is called (its forward pre-hook)."""
+    def on_module_step(self, t0: float, hooked: bool = True) -> None:
+        """The chosen module is called (its forward pre-hook, or the class wrapper when `hooked`
+        is False: a module compiled in place)."""
         if self.mode != "module":                  # an optimizer took over: the hook has no more to say
             if self.module_hook is not None:
                 self.module_hook.remove()
                 self.module_hook = None
+            self.module_watch = None
             return
-        if self.module_skip:
+        if hooked and self.module_skip:
             self.module_skip = False
             return
         self._boundary(end=self._mark(t0))
@@ -198,8 +203,13 @@ class StepSources:
                           "there: --max-steps, the warm-up and the trace count from that step"
                           + ("; the trace of the earlier steps was dropped and recorded again" if dropped else ""))
         self.step_base = self.steps
-        if self.census is not None and self.census.state != "done":
-            self.census.reset()                    # count a step of the new source, not of the old one
+        if self.census is not None:                # count a step of the new source, not of the old one
+            self.module_watch = None
+            if self.census.state == "done":        # the class wrapper is off: put it on again
+                from perfdoctor.collect import modules
+                modules.watch(self.torch, self)
+            else:
+                self.census.reset()
 
     def _settle(self) -> None:
         """At the end, a run that never chose a source takes the best candidate it has."""

@@ -42,7 +42,8 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
          "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT,
          "dataset_kind": STR,
-         "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT}}
+         "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
+                        "passes": INT}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,
         "host": STR, "pid": INT, "exit_code": INT, "signal": INT, "wall_s": NUM, "end_unix": NUM}
 
