@@ -449,3 +449,15 @@ def test_skipped_stacks_are_mentioned_only_where_they_would_have_named_host_time
     assert said["compute-bound"] == []
     for name in ("untraced host time", "GPU waiting on host syncs", "no trace"):
         assert len(said[name]) == 1 and "0.2 of 2 cores idle, 0.5 needed" in said[name][0], name
+
+
+def test_an_empty_recording_says_why_when_the_run_was_too_short():
+    from perfdoctor.analyze.stacks import attribute
+    steps = [{"step": i, "end": 1000.0 + 0.01 * i, "dur": 0.01, "wait": 0.0} for i in range(1, 40)]
+    # py-spy started 0.1 s before the last step ended (it waits for the first steps): nothing sampled
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": 1000.29, "events": []}], {"pid": 1, "rate_hz": 50}, steps)
+    assert rep.notes == ["py-spy recorded no stacks of the training thread: it started sampling 0.1 s before the "
+                         "last step ended (it waits for the first steps): too short a run to name frames"]
+    # a long run with nothing recorded: no such reason to give
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": 990.0, "events": []}], {"pid": 1, "rate_hz": 50}, steps)
+    assert rep.notes == ["py-spy recorded no stacks of the training thread"]

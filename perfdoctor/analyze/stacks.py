@@ -301,7 +301,13 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     segs = segments(main["events"]) if main else {}
     trainer = _main_thread(segs, main["pid"]) if main else None
     if trainer is None or "t0_unix" not in main:
-        rep.notes.append("py-spy recorded no stacks of the training thread")
+        ends = [float(s["end"]) for s in steps if isinstance(s.get("end"), (int, float))]
+        late = ends[-1] - float(main["t0_unix"]) if main and isinstance(main.get("t0_unix"), (int, float)) and ends else None
+        when = (None if late is None or late >= 2.0 else "as the steps ended" if late < 0.05 else
+                f"{late:.1f} s before the last step ended")
+        rep.notes.append("py-spy recorded no stacks of the training thread" + (
+            f": it started sampling {when} (it waits for the first steps): too short a run to name frames"
+            if when else ""))
         return rep
     win = _Windows(steady) if steady else None
 
