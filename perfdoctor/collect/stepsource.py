@@ -12,15 +12,16 @@ Steps come from the first of these sources that the script uses (child.json "mod
    after the gradients were reset, so accumulation over several passes is one step. Chosen
    after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
    gradients were never seen reset: then each pass is a step). A `torch.autograd.grad` call
-   (a functional loop) returns fresh gradients: each call starts a step.
+   on weights (a functional loop; passes.weights_updated) returns fresh gradients: each such
+   call starts a step.
 3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
    with neither an optimizer step nor a backward pass, each batch request ends a step.
 4. Outermost module calls (modules.py), for loops with none of those (an inference loop over
    tensors): when one module has made more than FALLBACK outermost calls (not inside a
    DataLoader's __next__) with no backward pass and no batch, each call of that module starts a
-   step. Calls made with autograd recording (grad mode on)
-   may be a training step's forward passes (a per-sample loop calls its model once per sample
-   before its one backward pass): those also wait MODULE_WAIT_S from the first call.
+   step. Calls made with autograd recording (grad mode on) may be a training step's forward
+   passes (a per-sample loop calls its model once per sample before its one backward pass):
+   those also wait MODULE_WAIT_S from the first call.
 Until a source is chosen its boundaries are kept, and written as steps once it is: no step is
 lost to the choice. The first boundary starts the count (its step began before any signal).
 If an optimizer starts stepping after a fallback was chosen (an evaluation before training),
