@@ -164,8 +164,9 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
-    m.update(loop_metrics(res.child.get("root_calls"), steps[est.first:est.first + est.n]))
-    notes += _extra_batches_note(steps[est.first:est.first + est.n]) + [n for n in sample_notes if n not in notes]
+    steady = steps[est.first:est.first + est.n]
+    m.update(loop_metrics(res.child.get("root_calls"), steady))
+    notes += _extra_batches_note(steady) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])

@@ -46,9 +46,8 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
     world = max((i.get("world_size") or 0 for i in infos), default=0) or None
     inputs = [_rank_input(i["rank"], doc, _runq_ms(d)) for i, doc, (_, d) in zip(infos, docs, found)]
     ranks_m, rows = cross_rank(inputs, world)
-    out = _merge(str(run_dir), docs, infos, ranks_m, rules)
+    out = _merge(str(run_dir), docs, infos, [str(d) for _, d in found], ranks_m, rows, rules)
     out["run"] = _run_section(run_dir, out.get("run") or {}, infos, docs)
-    out["ranks"] = _ranks_section([str(d) for _, d in found], infos, docs, rows, ranks_m, _pace_index(infos, ranks_m))
     return out
 
 
@@ -68,14 +67,13 @@ def merge_rank_traces(input_path: str, results: list, rules) -> dict | None:
     ranks_m, rows = cross_rank([_rank_input(r, doc, None) for r, doc in zip(ranks, docs)], world)
     if ranks_m["ranks.wait_cause"] is None or not ranks_m["ranks.comm_wait_share_mean"]:
         return None                     # waits unknown, or no collective at all: not one synchronous job
-    out = _merge(input_path, docs, infos, ranks_m, rules)
-    out["ranks"] = _ranks_section([a.path for a, _ in results], infos, docs, rows, ranks_m, _pace_index(infos, ranks_m))
-    return out
+    return _merge(input_path, docs, infos, [a.path for a, _ in results], ranks_m, rows, rules)
 
 
-def _merge(input_path: str, docs: list[dict], infos: list[dict], ranks_m: dict, rules) -> dict:
+def _merge(input_path: str, docs: list[dict], infos: list[dict], dirs: list[str], ranks_m: dict, rows, rules) -> dict:
     """The pace-setting rank's document with the cluster's verdict, flags and fixes: the rules on
-    its metrics and the ranks.* metrics; its trace first, then the others, each labelled."""
+    its metrics and the ranks.* metrics; its trace first, then the others, each labelled; and the
+    `ranks` section (each rank's row, `dirs` where its run directory or trace is)."""
     pace = _pace_index(infos, ranks_m)
     m = {k: v for k, v in docs[pace]["traces"][0]["metrics"].items() if k in registry.REGISTRY}
     m.update(ranks_m)
@@ -91,6 +89,7 @@ def _merge(input_path: str, docs: list[dict], infos: list[dict], ranks_m: dict, 
     out["traces"] = [pace_trace] + [doc["traces"][0] for i, doc in enumerate(docs) if i != pace]
     for t, i in zip(out["traces"], [pace] + [i for i in range(len(docs)) if i != pace]):
         t["label"] = f"rank {infos[i]['rank']}"
+    out["ranks"] = _ranks_section(dirs, infos, docs, rows, ranks_m, pace)
     return out
 
 
