@@ -32,7 +32,7 @@ import re
 
 import numpy as np
 
-from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.kinds import COMM_KERNEL_RX, Kinds
 from perfdoctor.analyze.precision import CLASSES, OPTIMIZER_KERNEL_RX, _in_optimizer, class_of_rows, device_weight
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
@@ -53,7 +53,7 @@ UNCHANGED = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention
 
 def is_memory_bound(name: str) -> bool:
     return bool(MEMORY_BOUND_RX.search(name)) and not NOT_FUSABLE_RX.search(name) \
-        and not OPTIMIZER_KERNEL_RX.search(name)
+        and not OPTIMIZER_KERNEL_RX.search(name) and not COMM_KERNEL_RX.search(name)
 
 
 def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:

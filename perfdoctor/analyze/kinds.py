@@ -30,7 +30,8 @@ HOST_ANNOTATION_CATS = ("user_annotation", "python_function")
 
 STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_RX = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#.*__next__$")
-COMM_KERNEL_RX = re.compile(r"nccl|rccl", re.I)
+# NCCL/RCCL, and PyTorch's symmetric-memory collectives (multimem_all_reduce_kernel, two_shot_all_reduce_kernel...)
+COMM_KERNEL_RX = re.compile(r"nccl|rccl|(?:one_shot|two_shot|multimem)_\w*?(?:all_reduce|all_gather|reduce_scatter)", re.I)
 # Host-side collective ops (the only communication visible in CPU-only / gloo traces).
 COMM_OP_RX = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
 GLOO_OP_RX = re.compile(r"^gloo:")

@@ -50,18 +50,35 @@ CLASSES = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_h
            "memory_fp32", "other")
 
 GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv(?!ert)|winograd|implicit_convolve|fprop|dgrad|wgrad|cutlass|xmma|Cijk_|"
-                     r"\bdot_kernel|splitKreduce", re.I)
+                     r"\bdot_kernel|splitKreduce|"
+                     # cuDNN's legacy convolutions: <arch>_[<type>_]<acc><mma>cudnn_... (volta_scudnn_128x64_relu_...,
+                     # turing_fp16_s1688cudnn_fp16_..., volta_fp16_s884cudnn_fp16_...)
+                     r"_[shi]\d{0,5}cudnn_|"
+                     # the forward/inverse FFTs of cuDNN's FFT convolution (fft2d_r2c_32x32<float, ...>)
+                     r"\bfft2d_[rc]2[rc]_\d+x\d+", re.I)
 ATTENTION_RX = re.compile(r"fmha|flash|attention|cutlassF|cutlassB", re.I)
 LAYOUT_RX = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw", re.I)
-NOT_GEMM_RX = re.compile(r"cudnn::bn_|batch_?norm|bn_fw|bn_bw|softmax|reduce_kernel|elementwise", re.I)
+NOT_GEMM_RX = re.compile(r"cudnn::bn_|batch_?norm|bn_fw|bn_bw|softmax|reduce_kernel|elementwise|"
+                         r"compute\w*Offsets\w*Kernel|"       # cudnn::gemm::computeOffsetsKernel: index setup
+                         r"^triton_(?:poi|red|per|for)_", re.I)  # Inductor pointwise/reduction kernels named after aten ops
+# Inductor's templates (max-autotune): a GEMM/convolution whose dtype the name does not tell
+TRITON_TEMPLATE_RX = re.compile(r"^triton_tem_")
+# ROCm Tensile/hipBLASLt: Cijk_<A>_<B>_<types>_..., types led by the A/B data type: S fp32, D fp64, C/Z complex,
+# X xf32, H fp16, B bf16, F8/B8 fp8, I8/4xi8 int8 (Cijk_Ailk_Bljk_SB_..., ..._HHS_BH_..., ..._BBS_BH_...)
+TENSILE_RX = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([0-9A-Za-z]+?)_")
+FP64_RX = re.compile(r"dgemm|zgemm|d884gemm|<double\b|\bdouble,", re.I)
 HALF_RX = re.compile(r"bf16|bfloat16|BFloat16|f16|fp16|half|Half|__half|h884|h1688|h16816|hmma|"
-                     r"s884|e4m3|e5m2|fp8|f8f8|_i8|int8|i8816", re.I)
+                     r"s884|e4m3|e5m2|fp8|f8f8|_i8|int8|i8816|gemm_s8_|_s4_", re.I)
 TF32_RX = re.compile(r"tf32|s1688gemm|s16816gemm|s1688|s16816", re.I)
 FP32_GEMM_RX = re.compile(r"sgemm|ffma|f32f32_f32f32|simt|scudnn|implicit_convolve_sgemm|float", re.I)
 FP32_RX = re.compile(r"float|f32|fp32", re.I)
 # nvjet_[smNN_]<A/B><compute><C/D>_...: h fp16, t bf16, s fp32 (e.g. nvjet_sm90_tst_..., nvjet_hsh_...)
-NVJET_RX = re.compile(r"nvjet_(?:sm\d+_)?([a-z])[a-z]{2}_")
-EXPLICIT_FP32_RX = re.compile(r"_f32|(?<!b)float", re.I)        # "bfloat16" is not fp32
+# 3 letters (A/B, compute, C/D) or 5 letters (A, B, C, compute, D) when they differ: nvjet_qqtst_ fp8 in,
+# nvjet_sm100_ootst_ fp4 in; only fp32 inputs (s) mean TF32
+NVJET_RX = re.compile(r"nvjet_(?:sm\d+_)?([a-z])(?:[a-z]{2}|[a-z]{4})_")
+# fp32 as the *element* type: fmha_cutlassF_f32_..., AttentionKernel<float, ...>; not the accumulator that
+# FlashAttention-3 lists after its element type (FlashAttnFwdSm90<..., cutlass::bfloat16_t, float, ...>)
+EXPLICIT_FP32_RX = re.compile(r"_f32(?![0-9])|<float\b", re.I)
 # What autocast runs in fp32 whatever its input (its fp32 op list: layer/group norm, softmax and
 # log-softmax, the losses, logsumexp): these kernels move the same bytes after it.
 AUTOCAST_FP32_RX = re.compile(r"layer_norm|LayerNorm|GammaBeta|RowwiseMoments|group_norm|GroupNorm|rms_norm|"
@@ -80,17 +97,26 @@ MEMORY_SPEEDUP = (1.7, 1.3, 2.0)        # expected, low, high
 def kernel_class(name: str) -> str:
     if COMM_KERNEL_RX.search(name):
         return "other"
-    if LAYOUT_RX.search(name):
+    if LAYOUT_RX.search(name) and not GEMM_RX.search(name):   # ..._nhwc2nchw_tn_v1 is a convolution
         return "layout"
     if ATTENTION_RX.search(name):
         return "attention_half" if HALF_RX.search(name) and not EXPLICIT_FP32_RX.search(name) else \
             "attention_fp32" if FP32_RX.search(name) else "other"
+    if TRITON_TEMPLATE_RX.search(name):       # dtype unknown: not claimed as fp32 SIMT work
+        return "other"
     if GEMM_RX.search(name) and not NOT_GEMM_RX.search(name):
         if re.search(r"tf32", name, re.I):
             return "gemm_tf32"
         nvjet = NVJET_RX.match(name)
         if nvjet:              # cuBLASLt's Hopper+ tensor-core kernels: fp32 inputs there are TF32
             return "gemm_tf32" if nvjet.group(1) == "s" else "gemm_half"
+        tensile = TENSILE_RX.search(name)
+        if tensile:
+            t = tensile.group(1)
+            return ("gemm_fp32" if t[0] in "SC" else "gemm_tf32" if t[0] == "X" else
+                    "other" if t[0] in "DZ" else "gemm_half")
+        if FP64_RX.search(name):           # autocast does not touch float64
+            return "other"
         if HALF_RX.search(name):
             return "gemm_half"
         if TF32_RX.search(name):          # Ampere s1688/s16816 with fp32 in and out: TF32
