@@ -462,7 +462,8 @@ def test_tune_document_on_a_small_script(tmp_path):
 def test_acceptance_cpu_bound_loader(tmp_path):
     """The README demo: tune's verdict on each DataLoader setting (faster, slower) is one that
     independent reruns support, it calls 1 worker no gain where that is the truth, and a worker
-    setting it recommends is confirmed by two runs and within 25% of the reruns' speed-ups."""
+    setting it recommends is confirmed by two runs (or said to rest on one when the budget ran out)
+    and within 25% of the reruns' speed-ups."""
     pytest.importorskip("torch")
     cores = os.cpu_count() or 1
     if cores != 2:
@@ -514,5 +515,8 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     if best and "num_workers" in best["changes"]:
         w = best["changes"]["num_workers"]
         lo, hi = measured[w]
-        assert f"num_workers={w}" in doc["apply"] and best["confirmed"] and hi > 1.0, (best, measured)
+        assert f"num_workers={w}" in doc["apply"] and hi > 1.0, (best, measured)
+        # confirmed by a second run, unless the budget ran out first (a slow machine): then it says so
+        assert best["confirmed"] or ("one run (no budget left to confirm it)" in r.stderr
+                                     and "one run, not confirmed" in by[f"num_workers={w}"]["reason"]), best
         assert 0.75 * lo <= best["speedup"] <= 1.25 * hi, (best, measured)

@@ -15,18 +15,22 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 WARMUP = 20      # steps before the clock starts (compiling, allocator and cuDNN warm-up happen here)
+SMALL_BATCH = 4  # --small: a CPU check that the script runs, not a measurement
 
 
 def arguments(doc: str, steps: int = 80, batch: int = 8, **extra: int):
     """(parsed --steps --batch --small --fixed and the script's own int options, device)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--steps", type=int, default=steps)
-    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--batch", type=int, default=None, help=f"batch size (default {batch}; {SMALL_BATCH} with --small)")
     for name, default in extra.items():
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU check of the harness)")
     ap.add_argument("--fixed", action="store_true", help="apply the textbook fix")
-    return ap.parse_args(), "cuda" if torch.cuda.is_available() else "cpu"
+    a = ap.parse_args()
+    if a.batch is None:
+        a.batch = SMALL_BATCH if a.small else batch
+    return a, "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_steady(step, steps: int, dev: str) -> None:
