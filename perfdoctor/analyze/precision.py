@@ -5,7 +5,11 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
 - GEMM/convolution kernels: fp32 on the SIMT cores (`sgemm`, `ffma`, `f32f32_f32f32`), TF32 on
   tensor cores (`tf32`, Ampere+ `s1688`/`s16816`), half (bf16/fp16, incl. Volta's `884`) or fp8;
   cuBLASLt's Hopper+ `nvjet` tensor-core kernels by their type letters: `nvjet_tst`/`nvjet_hsh`
-  bf16/fp16 in, `nvjet_sss` fp32 in, which on tensor cores means TF32;
+  bf16/fp16 in, `nvjet_sss` fp32 in, which on tensor cores means TF32 (five letters when A, B
+  and C differ: `nvjet_qqtst` fp8); ROCm Tensile `Cijk_..._<types>_` by its A/B type (S fp32,
+  X xf32, H/B half); cuDNN's legacy convolutions (`volta_scudnn_`, `turing_fp16_s1688cudnn_`);
+  fp64 (`dgemm`) is other: autocast never casts it; Inductor's max-autotune templates
+  (`triton_tem_`) do not tell their dtype and claim none;
 - attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float (not
   "bfloat16");
 - collectives (NCCL/RCCL kernels): other, whatever type they reduce (gradients stay fp32);
