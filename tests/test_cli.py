@@ -37,6 +37,20 @@ def test_terminal_report(trace):
     assert full.returncode == 0 and "Largest idle-GPU gaps" in full.stdout and "evidence (" in full.stdout
 
 
+def test_a_compute_bound_cpu_run_is_not_called_device_bound(tmp_path):
+    """On a CPU-only trace the model's own ops bound the step: the badge says COMPUTE-BOUND (CPU)
+    in every format (no GPU is involved); a GPU trace bound by its kernels stays DEVICE-BOUND."""
+    cpu, gpu = tmp_path / "cpu.pt.trace.json", tmp_path / "gpu.pt.trace.json"
+    tg.write(tg.TraceSpec(steps=[S(cpu_ops_us=20000)] * 4, device="cpu"), cpu)
+    tg.write(tg.TraceSpec(steps=[S(kernels=4, kernel_us=20000)] * 4), gpu)
+    assert json.loads(run("report", cpu, "--format", "json").stdout)["verdict"]["bound"] == "device"
+    for fmt in ("terminal", "markdown", "html"):
+        r = run("report", cpu, "--format", fmt)
+        assert r.returncode == 0 and "COMPUTE-BOUND (CPU)" in r.stdout and "DEVICE-BOUND" not in r.stdout, fmt
+        g = run("report", gpu, "--format", fmt)
+        assert g.returncode == 0 and "DEVICE-BOUND" in g.stdout and "COMPUTE-BOUND" not in g.stdout, fmt
+
+
 def test_json_schema(trace, tmp_path):
     r = run("report", trace, "--format", "json")
     assert r.returncode == 0, r.stderr

@@ -344,7 +344,7 @@ def test_too_few_steps_for_a_trace_still_get_a_verdict(tmp_path):
     assert v["bound"] == "device" and v["rule"] == "PD114", v["summary"]
     assert v["confidence"] <= 0.4 and v["confidence_label"] == "low"
     assert any("no trace" in n and "confidence is capped" in n for n in v["notes"])
-    assert "DEVICE-BOUND" in r.stderr and "Step breakdown" not in r.stderr
+    assert "COMPUTE-BOUND (CPU)" in r.stderr and "Step breakdown" not in r.stderr
 
 
 EARLY_CRASH = r"""

@@ -27,7 +27,7 @@ import msgspec
 
 from perfdoctor.errors import PerfdoctorError, TraceFormatError
 from perfdoctor.report.sanitize import json_bytes, json_safe
-from perfdoctor.report.labels import BOUND_TITLE
+from perfdoctor.report.labels import bound_title
 from perfdoctor.trace.surrogates import lone_surrogates_replaced
 
 CATEGORY = "perfdoctor"
@@ -52,7 +52,7 @@ def annotation_events(doc: dict, trace: dict, pid: int = PID) -> list[dict]:
     at = (lambda ms: origin + ms * 1e3)
     first, last = steps[0], steps[-1]
     v = trace["verdict"]
-    ev.append(_x(f"{BOUND_TITLE.get(v['bound'], v['bound'])} ({v['confidence_label']} confidence)", TIDS["verdict"],
+    ev.append(_x(f"{bound_title(v['bound'], trace.get('metrics') or {})} ({v['confidence_label']} confidence)", TIDS["verdict"],
                  at(first["start_ms"]), (last["start_ms"] + last["duration_ms"] - first["start_ms"]) * 1e3,
                  {"summary": v["summary"], "confidence": v["confidence"], "rule": v.get("rule"),
                   "notes": v.get("notes") or [], "report": doc.get("tool")}))

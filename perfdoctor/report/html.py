@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
+from perfdoctor.report.labels import bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text
 from perfdoctor.stats.steptime import ms
@@ -53,7 +53,7 @@ def render(doc: dict, tune: dict | None = None) -> str:
     body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _ranks(doc), _breakdown(first, labels),
             _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
             _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _warnings(doc)]
-    title = f"perfdoctor: {BOUND_TITLE.get(doc['verdict']['bound'], doc['verdict']['bound'])} - {doc['input']}"
+    title = f"perfdoctor: {bound_title(doc['verdict']['bound'], m)} - {doc['input']}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
@@ -98,7 +98,7 @@ def _verdict(doc: dict) -> str:
     notes = [f"also significant: {', '.join(v['secondary'])}"] if v.get("secondary") else []
     notes += v.get("notes") or []
     return ("<section class=\"card\">"
-            f"<span class=\"badge\" style=\"background:{colour}\">{H(BOUND_TITLE.get(v['bound'], v['bound']))}</span>"
+            f"<span class=\"badge\" style=\"background:{colour}\">{H(bound_title(v['bound'], doc['traces'][0]['metrics']))}</span>"
             f" <span class=\"dim\">{H(v['confidence_label'])} confidence</span><span class=\"conf\" "
             f"title=\"confidence {conf:.2f}\"><i style=\"width:{100 * conf:.0f}%\"></i></span>"
             f"<span class=\"dim\">{conf:.2f}</span>"

@@ -11,6 +11,16 @@ BOUND_TITLE = {
     "host": "HOST-BOUND", "device": "DEVICE-BOUND", "communication": "COMMUNICATION-BOUND",
     "inconclusive": "INCONCLUSIVE",
 }
+
+
+def bound_title(bound: str, metrics: dict) -> str:
+    """The verdict's badge: a device-bound CPU-only run is COMPUTE-BOUND (CPU) (its "device" is
+    the CPU, and no GPU is involved); an unknown bound (a hostile report.json) as it is."""
+    if bound == "device" and metrics.get("trace.platform") == "cpu":
+        return "COMPUTE-BOUND (CPU)"
+    return BOUND_TITLE.get(bound, str(bound))
+
+
 ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
               "communication": "communication", "runtime": "runtime calls",
               "data_loading": "data loading", "cpu_exec": "CPU ops", "other": "other / untraced"}

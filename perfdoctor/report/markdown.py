@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
+from perfdoctor.report.labels import BOUND_TITLE, bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, s_as_ms, value
 from perfdoctor.stats.steptime import ms
@@ -30,7 +30,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
     v = doc["verdict"]
     first = doc["traces"][0]
     m = first["metrics"]
-    out = [f"### perfdoctor: {BOUND_TITLE.get(v['bound'], M(v['bound']))} · {v['confidence_label']} confidence "
+    out = [f"### perfdoctor: {bound_title(v['bound'], m) if v['bound'] in BOUND_TITLE else M(v['bound'])} · {v['confidence_label']} confidence "
            f"({v['confidence']:.2f})", "", M(v["summary"]), ""]
     dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
     facts = [M(doc["input"]), M(dev)]

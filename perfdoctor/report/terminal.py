@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import BOUND_TITLE, breakdown_rows, role_labels
+from perfdoctor.report.labels import bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import ms
@@ -37,7 +37,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
                  + (f" · median step {ms(m['steps.time_median_ms'])} ms" if m.get("steps.time_median_ms") is not None
                     else ""), style="dim"))
     c.print()
-    c.print(Text.assemble((f" {BOUND_TITLE[v['bound']]} ", "bold reverse"),
+    c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
     c.print(text(v["summary"]))
     if v["secondary"]:
