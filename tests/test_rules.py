@@ -340,3 +340,26 @@ def test_ceilings_bound_the_share_of_an_unprofiled_step():
     assert not workers.rule.gain.work and workers.ceiling == pytest.approx(amdahl(0.3, math.inf))
     # a range whose high end has no bound (the share may be the whole un-profiled step)
     assert describe(1.5, 1.2, math.inf, None, 0.9, "x").startswith("expected ~1.50x (1.20x or more), no ceiling")
+
+
+def test_workers_that_take_the_models_cores_leave_the_loading_fixes_without_a_ceiling():
+    """PD215 fires when the DataLoader workers use the cores the trainer queues for; then the
+    data wait bounds nothing (a 2-core VM measured 2.45x without the augmentation against a 7.6%
+    wait), so PD306 claims no ceiling; without the contention the wait is its Amdahl bound."""
+    from perfdoctor.rules.engine import evaluate
+    from perfdoctor.rules.loader import load_rules
+
+    rules = load_rules()
+    base = dict.fromkeys(registry.REGISTRY)
+    base.update({"trace.platform": "cpu", "share.device": 0.889, "share.input": 0.076, "share.host": 0.035,
+                 "share.communication": 0.0, "input.split": "cpu", "loader.workers": 2,
+                 "loader.worker_cpu_mean": 0.51, "machine.cpu_count": 2, "machine.free_cores": 0.0,
+                 "run.runq_share": 0.47, "steps.time_median_ms": 160.0})
+    busy = evaluate(rules, base)
+    fix = {f.rule.id: f for f in busy.fixes}
+    assert "PD215" in [f.rule.id for f in busy.flags]
+    assert "PD306" in fix and fix["PD306"].ceiling is None and fix["PD306"].expected is None
+    quiet = evaluate(rules, {**base, "run.runq_share": 0.02, "machine.free_cores": 1.0})
+    fix = {f.rule.id: f for f in quiet.fixes}
+    assert "PD215" not in [f.rule.id for f in quiet.flags]
+    assert fix["PD306"].ceiling == pytest.approx(1 / (1 - 0.076), rel=1e-3)

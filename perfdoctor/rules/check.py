@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from perfdoctor.analyze import registry
@@ -23,6 +24,7 @@ def run_cases(rule: Rule) -> list[CaseResult]:
     for case in rule.cases:
         values = dict.fromkeys(registry.REGISTRY)
         values["verdict.bound"] = None
+        values.update(dict.fromkeys(_flag_names(rule)))     # unknown unless the case sets them, as in the engine
         values.update(case.metrics)
         diag = Diagnosis(verdict=None)
         ev = expr.Evaluator(values)
@@ -48,3 +50,11 @@ def run_cases(rule: Rule) -> list[CaseResult]:
                 continue
         out.append(CaseResult(rule, case.name, True, "ok"))
     return out
+
+
+def _flag_names(rule: Rule) -> list[str]:
+    """The `flag.<slug>` names a rule's condition and gain model read."""
+    g = rule.gain
+    texts = [rule.when] + ([g.share, g.speedup, g.expected_share or "", g.expected_speedup or "",
+                            *(g.expected_range or ())] if g else [])
+    return sorted({n for t in texts for n in re.findall(r"\bflag\.\w+", t or "")})

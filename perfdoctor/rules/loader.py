@@ -262,11 +262,11 @@ def _cases(raw, known: set[str], bad) -> list[Case]:
             bad(f"case {name!r} needs fires = true/false")
             continue
         g, e = c.get("gain"), c.get("expected")
-        if g is not None and not (isinstance(g, list) and len(g) == 2):
-            bad(f"case {name!r}: gain must be [low, high]")
+        if g is not None and not (isinstance(g, list) and len(g) in (0, 2)):
+            bad(f"case {name!r}: gain must be [low, high], or [] for no ceiling")
             g = None
         if e is not None and not (isinstance(e, list) and len(e) in (0, 2)):
             bad(f"case {name!r}: expected must be [low, high], or [] for unknown")
             e = None
-        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g else None, tuple(e) if e is not None else None))
+        out.append(Case(name, metrics, bool(c["fires"]), tuple(g) if g is not None else None, tuple(e) if e is not None else None))
     return out
