@@ -12,12 +12,18 @@ The DataLoader batches per steady step, and the backward passes of the counted s
 per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
 accumulation over micro-batches (a batch and a backward pass per call). A model called with no tensor
 argument, or with a 0-d one, has no batch: None.
+
+Steady steps that draw more batches than the usual step run another loop inside them (an
+evaluation every N steps, a second loader): their time beyond usual steps is what running that
+loop less often saves (loop.extra_batches_excess_share).
 """
 
 from __future__ import annotations
 
+from perfdoctor.analyze.stepwait import extra_batches
+
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
-         "loop.batches_per_step", "loop.backward_passes_per_step")
+         "loop.batches_per_step", "loop.backward_passes_per_step", "loop.extra_batches_excess_share")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -26,6 +32,11 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     batches = [s["batches"] for s in steady_steps if isinstance(s.get("batches"), (int, float))]
     if batches:
         out["loop.batches_per_step"] = sum(batches) / len(batches)
+        timed = [s for s in steady_steps if isinstance(s.get("batches"), (int, float))
+                 and isinstance(s.get("dur"), (int, float))]
+        if len(timed) >= 3:
+            x = extra_batches(timed)
+            out["loop.extra_batches_excess_share"] = x["excess_share"] if x else 0.0
     rc = root_calls or {}
     calls = rc.get("calls")
     if not isinstance(calls, int) or calls < 1:

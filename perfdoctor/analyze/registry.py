@@ -183,6 +183,7 @@ _m("loop.model_call_batch", "count", "The leading dimension of the first tensor 
 _m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
 _m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
 _m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
+_m("loop.extra_batches_excess_share", "share", "Steady steps that drew more DataLoader batches than the usual step (an evaluation every N steps, a second loader): their wall time beyond as many usual steps (the median usual step each) / the steady wall time; 0 when no step did, None without DataLoader batches.")
 
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")

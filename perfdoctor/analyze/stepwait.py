@@ -52,8 +52,10 @@ def runq_share(steps: list[dict]) -> float | None:
 
 def extra_batches(steps: list[dict]) -> dict | None:
     """Steps that drew more DataLoader batches than the usual step (an evaluation or a second
-    loader inside them): {"steps", "of", "usual", "most", "time_share", "wait_share"} (wait_share:
-    their data wait over all the steps' data wait), or None when no step did."""
+    loader inside them): {"steps", "of", "usual", "most", "time_share", "excess_share",
+    "wait_share"} (excess_share: their time beyond as many usual steps, the median usual step's
+    duration each, over all the steps' time: what running that loop less often can save;
+    wait_share: their data wait over all the steps' data wait), or None when no step did."""
     recs = [s for s in steps if isinstance(s.get("batches"), (int, float)) and isinstance(s.get("dur"), (int, float))]
     if len(recs) < 3:
         return None
@@ -64,6 +66,10 @@ def extra_batches(steps: list[dict]) -> dict | None:
     wait = sum(s.get("wait") or 0.0 for s in recs)
     if not extra or total <= 0:
         return None
+    plain = sorted(s["dur"] for s in recs if s["batches"] <= usual)
+    typical = plain[len(plain) // 2]
+    extra_time = sum(s["dur"] for s in extra)
     return {"steps": len(extra), "of": len(recs), "usual": usual, "most": max(s["batches"] for s in extra),
-            "time_share": sum(s["dur"] for s in extra) / total,
+            "time_share": extra_time / total,
+            "excess_share": max(0.0, extra_time - len(extra) * typical) / total,
             "wait_share": (sum(s.get("wait") or 0.0 for s in extra) / wait) if wait > 0 else None}
