@@ -92,6 +92,19 @@ def test_a_live_runs_steady_data_wait_far_from_the_traced_one_lowers_confidence(
     assert confidence("device", {**gpu, "run.data_wait_share": 0.3})[0] == confidence("device", gpu)[0]
 
 
+def test_a_trace_the_profiler_slowed_several_fold_is_not_firm():
+    """A 1 ms CPU step traced at 6 ms: most of the traced step is the profiler's per-op cost, so
+    the host share it shows is not the un-profiled step's: medium at most, and said why."""
+    m = {"share.device": 0.575, "share.input": 0.0, "share.host": 0.425, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu"}
+    firm = confidence("host", m)[0]
+    assert firm == 1.0
+    conf, notes, _ = confidence("host", {**m, "run.trace_inflation": 5.96, "steps.time_mean_ms": 6.01,
+                                         "run.step_time_ms": 1.01})
+    assert conf == 0.5 and any("6.0x as long as the steady ones (6.01 vs 1.01 ms)" in n for n in notes)
+    assert confidence("host", {**m, "run.trace_inflation": 1.3})[0] == firm     # the usual profiler cost
+
+
 def test_a_verdict_just_under_the_device_line_is_not_firm():
     """Host-bound at 79.8% CPU ops (host 13%, input 2%) is a few points from device-bound: the
     margin over the input share says 0.94, the device line says low."""

@@ -6,8 +6,9 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   is at least twice the runner-up; and at most 0.4 just under the 80% device line, rising to
   1.0 at 70% (a verdict that a few points of device time would flip is not firm);
 - capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, 0.5 when
-  a live run's steady data wait and the traced one differ by 10 points or more, and 0.4 when
-  most of the step is untraced.
+  a live run's steady data wait and the traced one differ by 10 points or more, 0.5 when the
+  profiler made the traced steps twice as long as the steady ones or more, and 0.4 when most of
+  the step is untraced.
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
@@ -15,6 +16,10 @@ the verdict is inconclusive and says why.
 from __future__ import annotations
 
 CAUSES = ("input", "host", "communication")
+# Traced steps this many times as long as the steady ones: at least half of a traced step is the
+# profiler's own per-op cost (tiny ops: a 1 ms CPU step traced at 6.6 ms), so its shares are not
+# the un-profiled step's.
+PROFILED_MUCH_SLOWER = 2.0
 
 
 def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
@@ -59,6 +64,13 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"the steady steps waited for batches {steady_wait:.0%} of their time, the traced ones "
                      f"{traced_wait:.0%}: the profiler changes the pace of the step's own work, so the input "
                      "share of the un-profiled run differs from the trace's")
+    inflation = m.get("run.trace_inflation")
+    if isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER:
+        conf = min(conf, 0.5)
+        notes.append(f"the profiler made the traced steps {inflation:.1f}x as long as the steady ones "
+                     f"({m.get('steps.time_mean_ms') or 0:.3g} vs {m.get('run.step_time_ms') or 0:.3g} ms): most of "
+                     "a traced step is the profiler's own cost per op, so its milliseconds and shares are not "
+                     "the un-profiled step's (they lean towards host time)")
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
