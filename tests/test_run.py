@@ -256,3 +256,27 @@ def test_trace_compression_off_the_training_thread(tmp_path):
     assert run_traces(d) == [gz, other.with_name(other.name + ".gz")]
     compress_trace(str(d / "missing.pt.trace.json"))       # a failure leaves no partial file behind
     assert not list(d.glob(".missing*"))
+
+
+LAUNCHER = r"""
+import subprocess, sys
+print("launching", flush=True)
+subprocess.call([sys.executable, "-c", "import time; time.sleep(120)"])
+"""
+
+
+def test_a_launcher_that_trains_in_another_process_is_stopped_at_once_and_said_so(tmp_path):
+    """A script that never imports torch has no step boundary to stop at: --duration stops it at
+    once (not after the 30 s grace, as an interrupted failure), and the report says that the
+    training ran in a process perfdoctor does not follow."""
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCHER)
+    t0 = time.monotonic()
+    r = prun("--duration", "2", script, out=tmp_path / "run")
+    took = time.monotonic() - t0
+    assert r.returncode == 0 and r.stdout == "launching\n", r.stderr
+    assert took < 20, took
+    doc = report(tmp_path / "run")
+    assert doc["run"]["outcome"] == "stopped" and doc["verdict"]["bound"] == "inconclusive"
+    assert any("never imported torch in its own process" in n for n in doc["verdict"]["notes"])
+    assert "median step" not in r.stderr

@@ -224,6 +224,10 @@ class Session(StepSources):
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stop_requested = True
+        if self.torch is None and not self.finished:
+            # no torch in this process, so no step boundary will ever come to stop at (a launcher
+            # whose training runs in another process): stop now rather than after the grace period
+            raise StopRun()
 
     # -- the end ----------------------------------------------------------------------------
     def _torch_threads(self) -> int | None:

@@ -71,7 +71,12 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
     for v in verdicts:
         notes = [n for n in v["notes"] if not n.startswith("steps come from")]
         if v["bound"] == "inconclusive":
-            v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
+            if not steps and not res.child.get("torch_imported") and res.child:
+                v["notes"] = notes + ["no step was recorded: the script never imported torch in its own process. "
+                                      "A launcher that trains in another process (subprocess, os.system) is not "
+                                      "followed: run perfdoctor on the training command itself"]
+            else:
+                v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
             continue
         cap = 0.5 if len(steps) >= 3 else 0.4
         v["confidence"] = min(v["confidence"], cap)

@@ -27,7 +27,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     m = first["metrics"]
     dev = T(m.get("trace.device_name")) if m.get("trace.device_name") else {"cpu": "CPU only", "mtia": "MTIA"}.get(m["trace.platform"], "device unknown")
     if m.get("steps.count") is None:     # a live run without a trace
-        m = {**m, "steps.count": 0, "steps.source": "no trace", "steps.time_median_ms": m.get("run.step_time_median_ms") or 0.0}
+        m = {**m, "steps.count": 0, "steps.source": "no trace", "steps.time_median_ms": m.get("run.step_time_median_ms")}
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
     if doc.get("run"):
         _run_header(c, doc["run"], m, details)
