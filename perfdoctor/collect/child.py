@@ -84,8 +84,18 @@ def main() -> None:
     except SystemExit as exc:
         session.finish(outcome="exit", exit_code=_code(exc.code))
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         session.finish(outcome="interrupted")
+        # Python prints an uncaught KeyboardInterrupt through sys.excepthook and then ends by
+        # SIGINT: keep both, with the traceback `python script.py` would print (no frames of ours)
+        tb = _from_script(exc.__traceback__, script) if script else _as_python_m(exc.__traceback__)
+        hook = sys.excepthook
+
+        def as_python(kind, value, trace, exc=exc, tb=tb, hook=hook):
+            if value is exc and tb is not None:      # the hook prints the exception's own traceback
+                value, trace = value.with_traceback(tb), tb
+            hook(kind, value, trace)
+        sys.excepthook = as_python
         raise
     except BaseException as exc:
         session.finish(outcome="crashed", error=f"{type(exc).__name__}: {exc}")
