@@ -154,27 +154,3 @@ def test_kernels_on_concurrent_streams_never_fill_more_than_the_step(tmp_path):
     _step_trace(tmp_path / "two.json", [(TF32, 600)], second=(TF32, 300))
     m, _ = _metrics_and_fixes(tmp_path / "two.json")
     assert m["precision.gemm_tf32_share"] == pytest.approx(600 / 610, rel=0.02)
-
-
-def test_fp32_memory_efficient_attention_on_sm80_is_3xtf32_not_simt(tmp_path):
-    """PyTorch's fp32 memory-efficient attention built for sm80+ runs its GEMMs on tensor cores as
-    3xTF32: autocast gains about 3x the TF32 ratio there (6x on an H100), not the SIMT 14.8x; the
-    sm75 build is SIMT. Same kernel time, so the sm80 build's expected gain is the smaller one."""
-    sm80 = "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm80>)"
-    sm75 = "fmha_cutlassF_f32_aligned_64x64_rf_sm75(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm75>)"
-    got = {}
-    for arch, name in (("sm80", sm80), ("sm75", sm75)):
-        _step_trace(tmp_path / f"{arch}.json", [(name, 800), (GELU, 200)])
-        m, _ = _metrics_and_fixes(tmp_path / f"{arch}.json")
-        assert kernel_class(name) == "attention_fp32" and m["precision.attention_fp32_share"] > 0.7
-        got[arch] = m
-    assert got["sm80"]["precision.attention_3xtf32_share"] == got["sm80"]["precision.attention_fp32_share"]
-    assert got["sm75"]["precision.attention_3xtf32_share"] == 0
-    assert got["sm80"]["tensor_core.kernel_share"] == pytest.approx(0.8, abs=0.01)
-    assert got["sm75"]["tensor_core.kernel_share"] == 0
-    fp32_r, tf32_r = peak_ratios(9.0)
-    a, m = got["sm80"]["precision.attention_fp32_share"], got["sm80"]["precision.memory_fp32_share"]
-    crit = got["sm80"]["share.device"]
-    want = (a + m) * crit / (a * crit / (3 * tf32_r) ** 0.8 + m * crit / 1.7)
-    assert got["sm80"]["precision.amp_speedup"] == pytest.approx(want, rel=1e-6)
-    assert got["sm75"]["precision.amp_speedup"] > 1.3 * got["sm80"]["precision.amp_speedup"]

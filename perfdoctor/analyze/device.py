@@ -1,8 +1,7 @@
 """Device-side metrics: kernel statistics, launch-boundness and tensor-core use.
 
 Tensor-core use comes from each kernel's precision class (precision.py: TF32, bf16/fp16/fp8
-GEMMs and attention, and fp32 memory-efficient attention built for sm80+ (3xTF32), use tensor
-cores; fp32 SIMT ones do not); GEMM/convolution and attention
+GEMMs and attention use tensor cores; fp32 SIMT ones do not); GEMM/convolution and attention
 kernels are tensor-core *eligible*, batch-norm and layout kernels are not.
 """
 
@@ -13,7 +12,7 @@ import numpy as np
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.precision import CLASSES, class_of_rows, fast_fp32_rows
+from perfdoctor.analyze.precision import CLASSES, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -47,7 +46,7 @@ def _tensor_cores(t: EventTable, k: Kinds, kr: np.ndarray, total: float) -> dict
         return {"tensor_core.kernel_share": None, "tensor_core.eligible_share": None,
                 "tensor_core.eligible_step_share": None}
     cls = class_of_rows(t, k, kr)
-    tc = _lut("gemm_tf32", "gemm_half", "attention_half")[cls] | fast_fp32_rows(t, k, kr)
+    tc = _lut("gemm_tf32", "gemm_half", "attention_half")[cls]
     eligible = tc | _lut("gemm_fp32", "attention_fp32")[cls]
     etime = float(t.dur[kr][eligible].sum())
     return {"tensor_core.kernel_share": float(t.dur[kr][tc].sum()) / ktime,

@@ -23,7 +23,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import CPU_OP_CATS, Kinds
-from perfdoctor.analyze.precision import CLASSES, FAST_FP32_ATTENTION_RX, class_of_rows
+from perfdoctor.analyze.precision import CLASSES, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -61,9 +61,7 @@ def kernel_table(t: EventTable, k: Kinds, steps: Steps, top: int = TOP_ROWS) -> 
         out["rows"].append({
             "name": name, "calls": int(calls[c]), "total_us": float(total[c]),
             "mean_us": float(total[c] / calls[c]), "share": float(total[c]) / ktime if ktime > 0 else None,
-            "precision": cls,
-            "tensor_cores": (cls in TENSOR_CORE_CLASSES or bool(FAST_FP32_ATTENTION_RX.search(name)))
-            if cls is not None else None})
+            "precision": cls, "tensor_cores": (cls in TENSOR_CORE_CLASSES) if cls is not None else None})
     return out
 
 

@@ -10,10 +10,8 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
   X xf32, H/B half); cuDNN's legacy convolutions (`volta_scudnn_`, `turing_fp16_s1688cudnn_`);
   fp64 (`dgemm`) is other: autocast never casts it; Inductor's max-autotune templates
   (`triton_tem_`) do not tell their dtype and claim none;
-- attention kernels (`fmha`, flash, memory-efficient): fp32 when the element type is f32/float
-  (not "bfloat16", nor FlashAttention-3's float accumulator); PyTorch's memory-efficient fp32
-  kernels built for sm80+ run on tensor cores as 3xTF32, a third of the TF32 peak, so autocast
-  gains the bf16/TF32 ratio x 3 on them, not the SIMT ratio;
+- attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float (not
+  "bfloat16");
 - collectives (NCCL/RCCL kernels): other, whatever type they reduce (gradients stay fp32);
 - NCHW <-> NHWC layout transposes cuDNN inserts around its NHWC convolutions (channels_last
   removes them);
@@ -89,10 +87,6 @@ EXPLICIT_FP32_RX = re.compile(r"_f32(?![0-9])|<float\b", re.I)
 # log-softmax, the losses, logsumexp): these kernels move the same bytes after it.
 AUTOCAST_FP32_RX = re.compile(r"layer_norm|LayerNorm|GammaBeta|RowwiseMoments|group_norm|GroupNorm|rms_norm|"
                               r"softmax|SoftMax|nll_loss|cross_entropy|mse_loss|l1_loss|logsumexp", re.I)
-# PyTorch's memory-efficient attention in fp32, built for sm80+ (fmha_cutlassF_f32_..._sm80): its
-# GEMMs run on tensor cores as 3xTF32 (CUTLASS OpMultiplyAddFastF32, mem_eff_attention's
-# gemm_kernel_utils.h), about a third of the TF32 peak; the _sm50/_sm70/_sm75 builds are SIMT.
-FAST_FP32_ATTENTION_RX = re.compile(r"cutlass[FB]_f32\w*_sm(?:[89]\d|1\d\d)\b", re.I)
 OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 
 # Dense peak throughput (TFLOPS) by compute capability: fp32 SIMT, TF32 tensor, bf16/fp16 tensor.
@@ -149,15 +143,6 @@ def class_of_rows(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
     return lut[t.name[rows]]
 
 
-def fast_fp32_rows(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
-    """Whether each row's kernel is fp32 attention that runs on tensor cores as 3xTF32."""
-    lut = k.cache.get("fast_fp32_lut")
-    if lut is None:
-        lut = np.fromiter((bool(FAST_FP32_ATTENTION_RX.search(n)) for n in t.names), bool, len(t.names))
-        k.cache["fast_fp32_lut"] = lut
-    return lut[t.name[rows]]
-
-
 def device_weight(device_share: float | None) -> float:
     """Kernel time shortens the step only where the device is the critical path: the weight of a
     kernel-time share is the device's busy share of the step (1.0 when unknown)."""
@@ -181,7 +166,6 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     kr = np.flatnonzero(k.kernel)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     out = {f"precision.{c}_share": 0.0 for c in CLASSES[:-1]}
-    out["precision.attention_3xtf32_share"] = 0.0
     out.update({"precision.amp_share": None, "precision.amp_speedup": None,
                 "precision.amp_speedup_low": None, "precision.amp_speedup_high": None,
                 "precision.amp_speedup_peak": None})
@@ -193,8 +177,6 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
-    fast = (cls == CLASSES.index("attention_fp32")) & fast_fp32_rows(t, k, kr)
-    out["precision.attention_3xtf32_share"] = float(dur[fast].sum()) / total
     ratios = peak_ratios(cc)
     if ratios is None:
         return out
@@ -203,10 +185,8 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     wide = out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"] + out["precision.gemm_tf32_share"]
     narrow = out["precision.gemm_half_share"] + out["precision.attention_half_share"]
     follows = wide / (wide + narrow) if wide + narrow > 0 else 0.0    # memory kernels fed by fp32 GEMMs
-    simt = out["precision.attention_fp32_share"] - out["precision.attention_3xtf32_share"]
-    parts = [(out["precision.gemm_fp32_share"] + simt, fp32_r),
-             (out["precision.gemm_tf32_share"], tf32_r),
-             (out["precision.attention_3xtf32_share"], min(fp32_r, 3 * tf32_r))]
+    parts = [(out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"], fp32_r),
+             (out["precision.gemm_tf32_share"], tf32_r)]
     shares = [s * crit for s, _ in parts] + [out["precision.memory_fp32_share"] * follows * crit]
     amp = sum(shares)
     if amp <= 0:

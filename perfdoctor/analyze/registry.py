@@ -132,7 +132,6 @@ _m("precision.gemm_fp32_share", "share", "Kernel time of fp32 GEMM/convolution k
 _m("precision.gemm_tf32_share", "share", "Kernel time of TF32 tensor-core GEMM/convolution kernels / step time.")
 _m("precision.gemm_half_share", "share", "Kernel time of bf16/fp16/fp8/int8 GEMM/convolution kernels / step time.")
 _m("precision.attention_fp32_share", "share", "Kernel time of fp32 attention kernels (fmha/flash/memory-efficient in f32) / step time.")
-_m("precision.attention_3xtf32_share", "share", "The part of precision.attention_fp32_share that runs on tensor cores as 3xTF32 (PyTorch's memory-efficient fp32 kernels built for sm80+): autocast gains about 3x the TF32 ratio there, not the fp32 SIMT one.")
 _m("precision.attention_half_share", "share", "Kernel time of bf16/fp16 attention kernels / step time.")
 _m("precision.layout_share", "share", "Kernel time of NCHW<->NHWC layout transposes cuDNN adds around NHWC convolutions / step time.")
 _m("precision.memory_fp32_share", "share", "Kernel time of other fp32 kernels (elementwise, norms, reductions; optimizer excluded) / step time.")
