@@ -70,6 +70,13 @@ def test_real_kernel_names(row):
         assert not is_memory_bound(row["name"])
 
 
+def test_cudnn_1d_fft_convolution_and_intra_node_all_reduce():
+    assert kernel_class("void fft1d_r2c_32<float, float, float2, false, false>(float2*, float const*, int, int3)") \
+        == "gemm_fp32"
+    assert COMM_KERNEL_RX.search("void c10d::intra_node_comm::oneShotAllReduceKernel<16ul, true>(at::BFloat16*)")
+    assert not COMM_KERNEL_RX.search("void at::native::reduce_kernel<512, 1, ReduceOp<float, MeanOps<float>>>")
+
+
 def test_names_that_do_not_tell_their_precision_claim_none():
     """Inductor's max-autotune templates (a GEMM whose dtype the name does not give) and its
     pointwise kernels named after the convolution they follow are not fp32 SIMT convolutions."""

@@ -354,7 +354,7 @@ def test_workers_that_take_the_models_cores_leave_the_loading_fixes_without_a_ce
     base.update({"trace.platform": "cpu", "share.device": 0.889, "share.input": 0.076, "share.host": 0.035,
                  "share.communication": 0.0, "input.split": "cpu", "loader.workers": 2,
                  "loader.worker_cpu_mean": 0.51, "machine.cpu_count": 2, "machine.free_cores": 0.0,
-                 "run.runq_share": 0.47, "steps.time_median_ms": 160.0})
+                 "run.runq_share": 0.47, "system.other_cores": 0.03, "steps.time_median_ms": 160.0})
     busy = evaluate(rules, base)
     fix = {f.rule.id: f for f in busy.fixes}
     assert "PD215" in [f.rule.id for f in busy.flags]

@@ -88,6 +88,9 @@ def test_an_evaluation_inside_the_steps_is_offered_less_often_with_its_gain():
     assert m["loop.extra_batches_excess_share"] == pytest.approx(excess)
     assert loop_metrics(None, [train] * 20)["loop.extra_batches_excess_share"] == 0.0
     assert loop_metrics(None, [{"dur": 0.1, "wait": 0.0}] * 20)["loop.extra_batches_excess_share"] is None
+    # steps.jsonl rows carry "batches": 0 when the loop has no DataLoader: unknown, not "none extra"
+    no_loader = [{"dur": 0.1, "wait": 0.0, "batches": 0}] * 20
+    assert loop_metrics(None, no_loader)["loop.extra_batches_excess_share"] is None
     fix = {f.rule.id: f for f in evaluate(load_rules(), {**dict.fromkeys(registry.REGISTRY), **m}).fixes}
     assert fix["PD354"].ceiling == pytest.approx(1 / (1 - excess))
     assert fix["PD354"].expected == pytest.approx(1 / (1 - 0.9 * excess))

@@ -30,8 +30,10 @@ HOST_ANNOTATION_CATS = ("user_annotation", "python_function")
 
 STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_RX = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#.*__next__$")
-# NCCL/RCCL, and PyTorch's symmetric-memory collectives (multimem_all_reduce_kernel, two_shot_all_reduce_kernel...)
-COMM_KERNEL_RX = re.compile(r"nccl|rccl|(?:one_shot|two_shot|multimem)_\w*?(?:all_reduce|all_gather|reduce_scatter)", re.I)
+# NCCL/RCCL, and PyTorch's symmetric-memory collectives (multimem_all_reduce_kernel, two_shot_all_reduce_kernel...;
+# 2.2-2.4's intra_node_comm::oneShotAllReduceKernel)
+COMM_KERNEL_RX = re.compile(r"nccl|rccl|(?:one_shot|two_shot|multimem)_\w*?(?:all_reduce|all_gather|reduce_scatter)|"
+                            r"(?:one|two)Shot\w*?AllReduce", re.I)
 # Host-side collective ops (the only communication visible in CPU-only / gloo traces).
 COMM_OP_RX = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
 GLOO_OP_RX = re.compile(r"^gloo:")

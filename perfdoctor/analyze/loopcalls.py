@@ -34,7 +34,7 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
         out["loop.batches_per_step"] = sum(batches) / len(batches)
         timed = [s for s in steady_steps if isinstance(s.get("batches"), (int, float))
                  and isinstance(s.get("dur"), (int, float))]
-        if len(timed) >= 3:
+        if len(timed) >= 3 and any(s["batches"] > 0 for s in timed):      # rows carry 0 without a DataLoader
             x = extra_batches(timed)
             out["loop.extra_batches_excess_share"] = x["excess_share"] if x else 0.0
     rc = root_calls or {}

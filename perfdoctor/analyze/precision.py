@@ -58,8 +58,8 @@ GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv(?!ert)|winograd|implicit_convolve|fp
                      # cuDNN's legacy convolutions: <arch>_[<type>_]<acc><mma>cudnn_... (volta_scudnn_128x64_relu_...,
                      # turing_fp16_s1688cudnn_fp16_..., volta_fp16_s884cudnn_fp16_...)
                      r"_[shi]\d{0,5}cudnn_|"
-                     # the forward/inverse FFTs of cuDNN's FFT convolution (fft2d_r2c_32x32<float, ...>)
-                     r"\bfft2d_[rc]2[rc]_\d+x\d+", re.I)
+                     # the forward/inverse FFTs of cuDNN's FFT convolution (fft2d_r2c_32x32<float, ...>, fft1d_r2c_32<...>)
+                     r"\bfft[12]d_[rc]2[rc]_\d+(?:x\d+)?", re.I)
 ATTENTION_RX = re.compile(r"fmha|flash|attention|cutlassF|cutlassB", re.I)
 LAYOUT_RX = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw", re.I)
 NOT_GEMM_RX = re.compile(r"cudnn::bn_|batch_?norm|bn_fw|bn_bw|softmax|reduce_kernel|elementwise|"

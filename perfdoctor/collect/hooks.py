@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -224,7 +225,7 @@ class Session(StepSources):
 
     def _on_stop_signal(self, signum, frame) -> None:
         self.stop_requested = True
-        if self.torch is None and not self.finished:
+        if self.torch is None and not self.finished and "torch" not in sys.modules:    # not mid-import
             # no torch in this process, so no step boundary will ever come to stop at (a launcher
             # whose training runs in another process): stop now rather than after the grace period
             raise StopRun()

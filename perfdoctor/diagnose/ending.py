@@ -72,9 +72,9 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
         notes = [n for n in v["notes"] if not n.startswith("steps come from")]
         if v["bound"] == "inconclusive":
             if not steps and not res.child.get("torch_imported") and res.child:
-                v["notes"] = notes + ["no step was recorded: the script never imported torch in its own process. "
-                                      "A launcher that trains in another process (subprocess, os.system) is not "
-                                      "followed: run perfdoctor on the training command itself"]
+                v["notes"] = notes + ["no step was recorded: the script had not imported torch in its own process "
+                                      "when it ended. A launcher that trains in another process (subprocess, "
+                                      "os.system) is not followed: run perfdoctor on the training command itself"]
             else:
                 v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
             continue
