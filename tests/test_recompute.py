@@ -4,6 +4,7 @@ on the CPU, and its expected gain against the measured speed-up of the same mode
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -46,7 +47,7 @@ if mode == "time":
             for _ in range(10):
                 step(ckpt)
             times[ckpt].append(time.perf_counter() - t0)
-    json.dump({"ckpt": sum(times[True]), "plain": sum(times[False])}, open(out, "w"))
+    json.dump({"ckpt": times[True], "plain": times[False]}, open(out, "w"))
 else:                                   # "traces": one trace per variant, out/<variant>.json
     for variant in ("checkpoint", "reentrant", "plain"):
         sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
@@ -97,10 +98,16 @@ def test_expected_gain_matches_the_measured_one(script, traces, tmp_path):
     _run(script, "time", tmp_path / "times.json")
     skip_if_shared(foreign)
     times = json.loads((tmp_path / "times.json").read_text())
-    measured = times["ckpt"] / times["plain"]
+    # Each round times both variants back to back: its ratio is what the machine said while both
+    # ran under the same conditions. A neighbour VM that takes memory bandwidth or cache for a
+    # while (invisible in /proc/stat) moves one round, not the median of six.
+    ratios = sorted(c / p for c, p in zip(times["ckpt"], times["plain"]))
+    measured = statistics.median(ratios)
+    if ratios[-2] / ratios[1] > 1.15:
+        pytest.skip(f"the rounds disagree ({ratios[1]:.2f}x-{ratios[-2]:.2f}x): the machine was not steady")
     fix = next(f for f in diagnose_path(str(traces / "checkpoint.json"))["findings"] if f["id"] == "PD345")
     expected = fix["gain"]["expected"]
-    print(f"expected {expected:.3f}x, measured {measured:.3f}x")
+    print(f"expected {expected:.3f}x, measured {measured:.3f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
     assert abs(expected / measured - 1) <= 0.15, (expected, measured)
 
 
