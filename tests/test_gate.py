@@ -195,6 +195,18 @@ def test_different_cpu_count_is_not_comparable_but_shares_still_gate():
     assert any("absolute times not compared" in n for n in res.notes)
 
 
+def test_a_cpu_run_that_becomes_compute_bound_is_named_so():
+    """A CPU-only run has no GPU: its device-bound verdict reads "compute-bound (CPU)"."""
+    rng = np.random.default_rng(6)
+    base = mk(series(rng), [0.04] * 60, share_input=0.4, verdict="input_cpu")
+    cur = mk(series(rng, median=0.160), verdict="device")
+    cur.doc["traces"][0]["metrics"]["trace.platform"] = "cpu"
+    res = gate_runs(cur, [base])
+    assert res.outcome == "regression" and res.reason.endswith("now compute-bound (CPU)"), res.reason
+    cur.doc["traces"][0]["metrics"]["trace.platform"] = "cuda"
+    assert gate_runs(cur, [base]).reason.endswith("now device-bound")
+
+
 def test_busy_machine_makes_step_time_inconclusive():
     rng = np.random.default_rng(8)
     base = mk(series(rng))
@@ -287,6 +299,9 @@ def test_command_key_is_the_script_name_or_module_and_the_arguments():
     assert command_key("-m pkg.train --x") == ("-m", "pkg.train", "--x")
     assert command_key("train.py --lr 0.1") != command_key("train.py --lr 0.2")
     assert command_key("train.py") != command_key("train_amp.py") != command_key("-m train_amp")
+    # recorded shell-quoted: a path with spaces is one word; an unbalanced quote still splits
+    assert command_key("'/ci/my runs/train.py' --name 'a b'") == ("train.py", "--name", "a b")
+    assert command_key("train.py --name 'a") == ("train.py", "--name", "'a")
 
 
 def test_different_commands_are_said_in_every_output_never_refused(tmp_path, monkeypatch, capsys):

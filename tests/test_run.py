@@ -281,3 +281,17 @@ def test_a_launcher_that_trains_in_another_process_is_stopped_at_once_and_said_s
     assert doc["run"]["outcome"] == "stopped" and doc["verdict"]["bound"] == "inconclusive"
     assert any("had not imported torch in its own process" in n for n in doc["verdict"]["notes"])
     assert "median step" not in r.stderr
+
+
+def test_a_path_with_spaces_runs_as_python_runs_it_and_is_quoted_in_the_report(tmp_path):
+    """sys.argv as `python "dir with space/s.py" "a b"` gives it; the report's command can be
+    pasted back into a shell."""
+    d = tmp_path / "my runs"
+    d.mkdir()
+    (d / "s.py").write_text("import sys\nprint(sys.argv)\n")
+    bare = subprocess.run([sys.executable, "my runs/s.py", "a b", "c"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    r = prun("my runs/s.py", "a b", "c", out=tmp_path / "run", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == bare.stdout == "['my runs/s.py', 'a b', 'c']\n", r.stderr
+    assert report(tmp_path / "run")["run"]["command"] == "'my runs/s.py' 'a b' c"
+    assert "perfdoctor run 'my runs/s.py' 'a b' c" in r.stderr

@@ -75,7 +75,7 @@ def main() -> None:
             script = os.path.abspath(argv[0])
             sys.argv = [argv[0], *argv[1:]]
             sys.path[0] = os.path.dirname(script)
-            runpy.run_path(script, run_name="__main__")
+            _run_path(script, argv0=argv[0])
     except hooks.StopRun:
         session.finish(outcome="stopped")
         if _in_process_group():
@@ -144,6 +144,26 @@ def _finish_before_os_exit(session) -> None:
                 pass
         real(code)
     os._exit = _exit
+
+
+def _run_path(script: str, argv0: str) -> None:
+    """`python PATH`: runpy.run_path with the absolute path (the script's __file__ and its
+    tracebacks, as Python 3.9+ gives them), but sys.argv[0] as the user typed it (run_path would
+    set it to the absolute path; scripts print it in usage lines and pass it on to subprocesses)."""
+    modified = getattr(runpy, "_ModifiedArgv0", None)
+    if modified is None:                     # a runpy without it: the absolute path, as before
+        runpy.run_path(script, run_name="__main__")
+        return
+
+    class _AsTyped(modified):
+        def __init__(self, value):
+            super().__init__(argv0 if value == script else value)
+
+    runpy._ModifiedArgv0 = _AsTyped
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        runpy._ModifiedArgv0 = modified
 
 
 def _run_module(name: str, session) -> None:

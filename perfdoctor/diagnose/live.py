@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,11 +174,13 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes
     doc["traces"][0]["warnings"] = list(doc["traces"][0]["warnings"]) + damaged
     argv = launched.get("argv") or []
-    command = " ".join((["-m"] if launched.get("module") else []) + list(argv)) or None   # None: unknown
+    # quoted as a shell would need it (a path with spaces), so that it can be pasted back
+    command = shlex.join((["-m"] if launched.get("module") else []) + [str(a) for a in argv]) or None
     doc["run"] = {"dir": str(run_dir), "command": command, "outcome": m["run.outcome"], "exit_code": res.exit_code,
                   "signal": res.signal, "stopped_by": res.stopped_by,
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
-                  "steps": len(steps), "trace": [str(t) for t in traces], "notes": notes,
+                  "steps": len(steps), "steps_left_out": {k: v for k, v in est.dropped.items() if v},
+                  "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling}
     doc["stacks"] = stacks
     steps_only_verdict(doc, res, steps, bool(traces))

@@ -57,6 +57,14 @@ BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_
                "inconclusive": "inconclusive"}
 
 
+def bound_words(run: RunData) -> str:
+    """The run's verdict in words; a CPU-only run's device is the CPU (compute-bound)."""
+    v = run.verdict
+    if v == "device" and run.metrics.get("trace.platform") == "cpu":
+        return "compute-bound (CPU)"
+    return BOUND_WORDS.get(v, str(v))
+
+
 @dataclass
 class GateOptions:
     min_effect: float = 0.10     # relative step-time change that matters
@@ -341,7 +349,7 @@ def _verdict(cur: RunData, bases: list[RunData]) -> Row:
     if c == common:
         return Row("verdict", str(common), str(c), "", "", PASS, f"verdict unchanged ({c})")
     return Row("verdict", str(common), str(c), "changed", "", "warning",
-               f"verdict {common} -> {c}: now {BOUND_WORDS.get(c, c)}")
+               f"verdict {common} -> {c}: now {bound_words(cur)}")
 
 
 def _outcome(rows: list[Row]) -> str:
@@ -365,5 +373,5 @@ def _reason(outcome: str, rows: list[Row], cur: RunData) -> str:
     else:
         text = "; ".join(r.reason for r in hits)
     if verdict is not None and verdict.status == "warning":
-        text += f": now {BOUND_WORDS.get(cur.verdict, cur.verdict)}"
+        text += f": now {bound_words(cur)}"
     return text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,7 +133,10 @@ def fingerprint_diff(a: dict, b: dict) -> tuple[list[str], list[str]]:
 def command_key(command: str) -> tuple[str, ...]:
     """What two runs must share to have run the same command: the script's file name (not its
     directory: checkouts and CI workspaces differ) or `-m` and the module, and every argument."""
-    words = command.split()
+    try:
+        words = shlex.split(command)        # recorded shell-quoted (a path with spaces is one word)
+    except ValueError:                      # an unbalanced quote in a hand-edited report
+        words = command.split()
     if words and words[0] != "-m":
         words[0] = posixpath.basename(words[0]) or words[0]
     return tuple(words)
