@@ -4,6 +4,7 @@ steps' time to frames and causes (analyze/stacks.py), checked against the script
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import shutil
 import statistics
@@ -461,3 +462,39 @@ def test_an_empty_recording_says_why_when_the_run_was_too_short():
     # a long run with nothing recorded: no such reason to give
     rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": 990.0, "events": []}], {"pid": 1, "rate_hz": 50}, steps)
     assert rep.notes == ["py-spy recorded no stacks of the training thread"]
+
+
+def test_work_inside_an_every_n_steps_block_is_periodic_not_batch_preparation(tmp_path):
+    """A log line's metric (`acc = ...` under `if step % 50 == 0:`) is the script's periodic
+    work: not batch preparation for DataLoader workers (PD352), not per-step logging (PD351)."""
+    f = tmp_path / "train.py"
+    f.write_text(textwrap.dedent("""\
+        for step, (xb, yb) in enumerate(loader):
+            xb = xb.float() / 255
+            logits = model(xb)
+            if step % log_every == 0 and rank == 0:
+                acc = (logits.argmax(1) == yb).float().mean()
+                print(f"step {step} acc {acc.item():.3f}")
+            else:
+                noise = np.random.rand(4)
+            if not (step + 1) % 100:
+                arr = np.load("x.npy")
+            msg = "%d steps" % step
+            print(loss.item())
+        """))
+    at = lambda n: ("main", str(f), n)  # noqa: E731
+    lib = lambda mod, fn: (fn, SITE + mod.replace(".", "/") + ".py", 1)  # noqa: E731
+    linecache.checkcache(str(f))
+    assert classify((at(2),))[0] == "python_data"                 # every step
+    assert classify((at(5),))[0] == "periodic"                    # the metric for the log line
+    assert classify((at(6),))[0] == "periodic"                    # its .item() too
+    assert classify((at(8), lib("numpy.random", "rand")))[0] == "python_data"   # the else branch
+    assert classify((at(10), lib("numpy", "load")))[0] == "periodic"
+    assert classify((at(11),))[0] == "python_data"                # "%d" % step formats a string
+    assert classify((at(12),))[0] == "logging_sync"               # a device read every step
+    # a logging library stays logging, periodic or not
+    assert classify((at(6), lib("wandb.sdk.wandb_run", "log")))[0] == "logging_sync"
+    # a file that does not parse says nothing about blocks
+    bad = tmp_path / "bad.py"
+    bad.write_text("if step % 10 == 0:\n    x = (\n")
+    assert classify((("main", str(bad), 2),))[0] == "python_data"

@@ -14,10 +14,14 @@ in this order on each stack:
 - checkpoint: torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, Lightning's
   save_checkpoint, numpy.save... anywhere in the stack;
 - logging_sync: logging, TensorBoard, wandb, mlflow... frames, or the leaf is the user's own
-  line reading device values (.item(), .cpu(), .tolist(), .numpy(): the source line is read);
+  line reading device values (.item(), .cpu(), .tolist(), .numpy(): the source line is read)
+  outside a periodic block (below);
 - data_loader (DataLoader __next__), model (nn.Module calls), backward, optimizer, perfdoctor
   (its own hooks), waiting (the user's line sleeps, waits or joins, by its source text, or calls
   threading/multiprocessing/queue: --idle shows blocked time, and a sleep is not work);
+- periodic: the user's own line (alone or calling data libraries) inside an `if step % N`
+  body (sourcelines.py): every-N-steps work by design, neither batch preparation nor per-step
+  logging;
 - python_data: the rest of the user's own code, alone or calling data libraries (numpy, PIL,
   random, tokenizers, torchvision transforms...): batches built in the loop. A tensor op
   called straight from the loop also lands here (stacks cannot tell Python from a C call), so
@@ -36,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perfdoctor.analyze.sourcelines import DEVICE_READ, WAITING, in_periodic_block, line_says
+
 MIN_STEADY_STEPS = 3
 MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares
 TOP = 8                     # trainer frames listed
@@ -46,8 +52,6 @@ UNREAD_NOTE = 0.10          # a note when py-spy failed to read this share of it
 _TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
 _STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
 _SITE = re.compile(r"/(?:site|dist)-packages/")
-_DEVICE_READ = re.compile(r"\.(?:item|cpu|tolist|numpy)\(\s*\)")
-_WAITING = re.compile(r"\b(?:sleep|wait|join|synchronize|barrier)\s*\(")
 
 CHECKPOINT_MODULES = ("torch.serialization", "torch.distributed.checkpoint", "safetensors", "transformers",
                       "lightning", "pytorch_lightning", "accelerate", "deepspeed", "numpy", "orbax", "h5py")
@@ -68,7 +72,7 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
 CAUSES = ("checkpoint", "logging_sync", "data_loader", "model", "backward", "optimizer", "perfdoctor",
-          "waiting", "python_data", "other")
+          "waiting", "periodic", "python_data", "other")
 
 
 @dataclass
@@ -120,13 +124,9 @@ def label(f: Frame) -> str:
     return ALIASES.get(name, name)
 
 
-def _line_says(f: Frame, source, pattern: re.Pattern) -> bool:
-    text = source(f.file, f.line) if f.line > 0 else ""
-    return bool(text) and bool(pattern.search(text))
-
-
-def classify(stack: tuple, source=linecache.getline) -> tuple[str, str, str | None]:
-    """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...)."""
+def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
+    """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
+    `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
     frames = [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
     if not frames:
         return "other", "?", None
@@ -138,7 +138,11 @@ def classify(stack: tuple, source=linecache.getline) -> tuple[str, str, str | No
     libs = [f for f in frames if f.kind == "lib"]
     if any(_in(f.module, CHECKPOINT_MODULES) and f.func.rsplit(".", 1)[-1] in CHECKPOINT_FUNCS for f in libs):
         cause = "checkpoint"
-    elif any(_in(f.module, LOGGING_MODULES) for f in libs) or (not below and _line_says(frames[user], source, _DEVICE_READ)):
+    elif any(_in(f.module, LOGGING_MODULES) for f in libs):
+        cause = "logging_sync"
+    elif user is not None and not below and in_periodic_block(frames[user].file, frames[user].line, lines_of):
+        cause = "periodic"      # the script's own every-N-steps work (a log line's metric, an eval)
+    elif not below and line_says(frames[user].file, frames[user].line, DEVICE_READ, source):
         cause = "logging_sync"
     elif any(f.module == "torch.utils.data.dataloader" and f.func.endswith("__next__") for f in libs):
         cause = "data_loader"
@@ -153,12 +157,13 @@ def classify(stack: tuple, source=linecache.getline) -> tuple[str, str, str | No
         cause = "perfdoctor"
     elif any(_in(f.module, ("torch.optim",)) for f in libs):
         cause = "optimizer"
-    elif not below and _line_says(frames[user], source, _WAITING) or any(
+    elif not below and line_says(frames[user].file, frames[user].line, WAITING, source) or any(
             _in(f.module, ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors"))
             for f in below[:1]):
         cause = "waiting"
     elif user is not None and all(f.kind == "lib" and _in(f.module, DATA_MODULES) for f in below):
-        cause = "python_data"
+        periodic = in_periodic_block(frames[user].file, frames[user].line, lines_of)
+        cause = "periodic" if periodic else "python_data"
     else:
         cause = "other"
     return cause, called, at

@@ -1,0 +1,58 @@
+"""What the user's own source says about a sampled line (stacks.py classifies by it).
+
+py-spy names a file and a line; the line's text and the block around it tell what a stack
+alone cannot:
+- a device read (`.item()`, `.cpu()`, `.tolist()`, `.numpy()`) or a wait (`sleep(`, `.join(`,
+  `synchronize(`...) by the line's text;
+- a periodic block: the line lies in the body of an `if` whose test takes a remainder
+  (`if step % 100 == 0:`, `if not (i + 1) % log_every:`). Work there runs every N steps by
+  the script's own design (a metric for a log line, an evaluation): it is not the batch
+  preparation that DataLoader workers could take over, nor per-step logging.
+A file that cannot be read or parsed says nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from functools import lru_cache
+
+DEVICE_READ = re.compile(r"\.(?:item|cpu|tolist|numpy)\(\s*\)")
+WAITING = re.compile(r"\b(?:sleep|wait|join|synchronize|barrier)\s*\(")
+
+
+def line_says(file: str, line: int, pattern: re.Pattern, source=linecache.getline) -> bool:
+    text = source(file, line) if line > 0 else ""
+    return bool(text) and bool(pattern.search(text))
+
+
+def _takes_remainder(test: ast.expr) -> bool:
+    """A `%` between numbers in the test; `"%d" % x` (string formatting) is not one."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+               and not isinstance(n.left, (ast.Constant, ast.JoinedStr)) for n in ast.walk(test))
+
+
+@lru_cache(maxsize=64)
+def _periodic_lines(file: str, text: str) -> frozenset[int]:
+    try:
+        tree = ast.parse(text, filename=file)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.body and _takes_remainder(node.test):
+            end = max(getattr(s, "end_lineno", s.lineno) or s.lineno for s in node.body)
+            lines.update(range(node.body[0].lineno, end + 1))
+    return frozenset(lines)
+
+
+def in_periodic_block(file: str, line: int, lines_of=linecache.getlines) -> bool:
+    """Whether line `line` of `file` runs inside an `if ... % N ...:` body."""
+    if line <= 0 or not file or file.startswith("<"):
+        return False
+    try:
+        text = "".join(lines_of(file))
+    except (OSError, UnicodeDecodeError, MemoryError):
+        return False
+    return bool(text) and line in _periodic_lines(file, text)
