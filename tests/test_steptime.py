@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from perfdoctor.stats import StepEstimate, estimate, estimate_durations, speedup, wait_share_change
-from perfdoctor.stats.steptime import block_length, ms
+from perfdoctor.stats.steptime import block_length, left_out_text, ms
 
 NOISE = 0.10                        # log-normal jitter: E[exp(N(0, s))] = exp(s^2 / 2)
 MEAN_JITTER = float(np.exp(NOISE ** 2 / 2))
@@ -152,6 +152,10 @@ def test_profiled_window_and_export_are_excluded():
     assert e.first == 12 and e.n == 288
     assert e.step_s == pytest.approx(float(d[12:].mean()), rel=1e-12)
     assert "6 profiled" in e.describe() and "1 perturbed" in e.describe()
+    # what reports print beside the steady count, most first; a hand-edited report's junk says nothing
+    assert left_out_text(e.dropped) == ("6 profiled, 3 outside the longest undisturbed run, 2 warm-up, "
+                                        "1 after the trace export")
+    assert left_out_text({"warmup": True, "x": 3, "profiled": -1}) is None and left_out_text("2 warm-up") is None
 
 
 def test_wall_time_from_end_timestamps():

@@ -14,7 +14,7 @@ from perfdoctor.report import svg
 from perfdoctor.report.labels import bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text
-from perfdoctor.stats.steptime import ms
+from perfdoctor.stats.steptime import left_out_text, ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
                 "device": "#2e8b57", "communication": "#8e5bb5", "inconclusive": "#6b7280"}
@@ -122,6 +122,7 @@ def _run(run: dict | None, m: dict) -> str:
         line = (f"{m['run.steps']} steps measured: <b>{ms(t)} ms/step</b>"
                 + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                 + f" over {m['run.steady_steps']} steady steps"
+                + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")
                 + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
                 + f"; data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time")
     return ("<h2>The run</h2><section class=\"card\">"

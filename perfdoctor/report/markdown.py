@@ -14,7 +14,7 @@ import re
 from perfdoctor.report.labels import BOUND_TITLE, bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, s_as_ms, value
-from perfdoctor.stats.steptime import ms
+from perfdoctor.stats.steptime import left_out_text, ms
 
 TOP_FIXES = 5
 
@@ -39,7 +39,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
         facts.append(f"run: **{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
-                     + f" over {m['run.steady_steps']} steady steps")
+                     + f" over {m['run.steady_steps']} steady steps"
+                     + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
+                        else ""))
     out += [" · ".join(facts), ""]
     if first.get("steps"):
         rows = sorted(breakdown_rows(first, role_labels(m)), key=lambda r: -r[3])

@@ -116,6 +116,23 @@ class StepEstimate:
                 "conclusive": self.conclusive, "reason": self.reason, "source": self.source}
 
 
+# Why a step is not in the steady window, in words (reports say it beside the steady count).
+LEFT_OUT_WORDS = {"warmup": "warm-up", "profiled": "profiled", "perturbed": "after the trace export",
+                  "invalid": "without a duration", "outside_window": "outside the longest undisturbed run",
+                  "prefetch_fill": "prefetched at the start", "fast_start": "fast start",
+                  "partial_cycle": "in a partial burst cycle"}
+
+
+def left_out_text(dropped) -> str | None:
+    """'10 profiled, 8 outside the longest undisturbed run, 2 warm-up' (most first), None when
+    nothing was left out or `dropped` is not a {reason: count} (a hand-edited report)."""
+    if not isinstance(dropped, dict):
+        return None
+    parts = [(v, LEFT_OUT_WORDS[k]) for k, v in dropped.items()
+             if k in LEFT_OUT_WORDS and isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return ", ".join(f"{v} {w}" for v, w in sorted(parts, key=lambda p: -p[0])) or None
+
+
 # --- the estimate -------------------------------------------------------------------------------
 
 def estimate(steps: list[dict], *, num_workers: int | None = None,
