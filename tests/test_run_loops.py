@@ -314,7 +314,7 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     assert [s["step"] for s in recs if s["profiled"]] == [2]  # step 1 warm-up, step 2 traced
     doc = report(out)
     notes = " ".join(doc["run"]["notes"])
-    assert "closure optimizer (LBFGS)" in notes and "steps are long" in notes
+    assert "LBFGS.step(closure) runs forward and backward inside the optimizer step" in notes and "steps are long" in notes
     m = doc["traces"][0]["metrics"]
     assert m["steps.source"] == "ProfilerStep" and m["steps.count"] == 1
     assert m["steps.time_median_ms"] > 2400                   # the traced step is a whole one

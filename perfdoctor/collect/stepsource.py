@@ -69,8 +69,9 @@ class StepSources:
             if self.passes_in_optimizer and self.pre_mark is not None and not skipped:
                 # A closure optimizer: the whole step (forward and backward included) ran inside
                 # optimizer.step(), so the first step is measured from its start.
-                self.notes.append(f"closure optimizer ({type(optimizer).__name__}): a step is one optimizer step; "
-                                  f"backward passes inside its first step ({self.passes_in_optimizer}) are not steps")
+                self.notes.append(f"{type(optimizer).__name__}.step(closure) runs forward and backward inside the optimizer "
+                                  f"step (as LBFGS and Lightning do): a step is one optimizer step; backward passes "
+                                  f"inside its first step ({self.passes_in_optimizer}) are not steps")
                 self.mark = self.pre_mark
                 self.t_first = self.pre_mark[0]
             self._boundary(skipped=skipped)
