@@ -498,3 +498,14 @@ def test_work_inside_an_every_n_steps_block_is_periodic_not_batch_preparation(tm
     bad = tmp_path / "bad.py"
     bad.write_text("if step % 10 == 0:\n    x = (\n")
     assert classify((("main", str(bad), 2),))[0] == "python_data"
+    # its share counts as logging: with `--log-every 1` the block runs every step (PD351's case)
+    ev = [_ev("B", 0, *at(5))]
+    for k in range(10):
+        ev += [_ev("E", k * 100_000 + 30_000, *at(5)), _ev("B", k * 100_000 + 30_000, *at(2)),
+               _ev("E", (k + 1) * 100_000, *at(2)), _ev("B", (k + 1) * 100_000, *at(5))]
+    steps = [{"step": k + 1, "end": 1000.0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer"}
+             for k in range(10)]
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": 1000.0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps)
+    assert rep.metrics["stacks.logging_sync_share"] == pytest.approx(0.3)
+    assert rep.metrics["stacks.python_data_share"] == pytest.approx(0.7)
+    assert {t["at"]: t["cause"] for t in rep.top} == {"train.py:5": "periodic", "train.py:2": "python_data"}

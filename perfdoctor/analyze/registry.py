@@ -246,7 +246,7 @@ _m("stacks.unread_share", "fraction", "Samples py-spy failed to read / samples t
    "own tally): each failed read's period goes to a neighbouring stack, so any stacks share may be off by this much.")
 _m("stacks.checkpoint_share", "share", "Share of steady step time the training thread spends saving checkpoints (torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, save_checkpoint...).")
 _m("stacks.checkpoint_interval_steps", "count", "Steady steps per checkpoint save (1 = every step): one save = consecutive checkpoint samples inside one step (no save spans a step end); the median steady time between consecutive saves over the mean steady step, with three saves or more (a save the sampler missed leaves the median alone); otherwise steady steps / saves seen.")
-_m("stacks.logging_sync_share", "share", "Share of steady step time in logging code (logging, TensorBoard, wandb, mlflow...) or on the user's lines that read device values (.item(), .cpu(), .tolist(), .numpy()) outside an `if step % N` block.")
+_m("stacks.logging_sync_share", "share", "Share of steady step time in logging code (logging, TensorBoard, wandb, mlflow...) or on the user's lines that read device values (.item(), .cpu(), .tolist(), .numpy()) or run inside an `if step % N` block (a log line's metric; with N = 1 it runs every step).")
 _m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls and outside `if step % N` blocks: batches built in the loop (tensor ops called straight from the loop count too).")
 
 

@@ -5,9 +5,9 @@ alone cannot:
 - a device read (`.item()`, `.cpu()`, `.tolist()`, `.numpy()`) or a wait (`sleep(`, `.join(`,
   `synchronize(`...) by the line's text;
 - a periodic block: the line lies in the body of an `if` whose test takes a remainder
-  (`if step % 100 == 0:`, `if not (i + 1) % log_every:`). Work there runs every N steps by
-  the script's own design (a metric for a log line, an evaluation): it is not the batch
-  preparation that DataLoader workers could take over, nor per-step logging.
+  (`if step % 100 == 0:`, `if not (i + 1) % log_every:`). Work there is the script's
+  every-N-steps work (a metric for a log line): not the batch preparation that DataLoader
+  workers could take over. N may be 1 (`--log-every 1`): then it runs every step.
 A file that cannot be read or parsed says nothing.
 """
 

@@ -20,8 +20,8 @@ in this order on each stack:
   (its own hooks), waiting (the user's line sleeps, waits or joins, by its source text, or calls
   threading/multiprocessing/queue: --idle shows blocked time, and a sleep is not work);
 - periodic: the user's own line (alone or calling data libraries) inside an `if step % N`
-  body (sourcelines.py): every-N-steps work by design, neither batch preparation nor per-step
-  logging;
+  body (sourcelines.py): a log line's metric, not batch preparation. Its share counts as
+  logging (stacks.logging_sync_share): with N = 1 such a block runs every step;
 - python_data: the rest of the user's own code, alone or calling data libraries (numpy, PIL,
   random, tokenizers, torchvision transforms...): batches built in the loop. A tensor op
   called straight from the loop also lands here (stacks cannot tell Python from a C call), so
@@ -358,7 +358,8 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     m.update({"stacks.steady_steps": rep.steady_steps, "stacks.coverage": min(1.0, sampled / span) if span else None,
               "stacks.unread_share": unread,
               "stacks.checkpoint_share": float(share["checkpoint"]),
-              "stacks.logging_sync_share": float(share["logging_sync"]),
+              # an `if step % N` body is a log line's work (with N = 1 it runs every step)
+              "stacks.logging_sync_share": float(share["logging_sync"] + share["periodic"]),
               "stacks.python_data_share": float(share["python_data"]),
               "stacks.checkpoint_interval_steps": interval})
     rep.top = _top(frames, sampled, "trainer", TOP)
