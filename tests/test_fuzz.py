@@ -47,7 +47,7 @@ def _report(data: bytes, name: str = "t.json") -> None:
             assert "\x1b" not in out
 
 
-@examples(120)
+@examples(80)
 @given(fz.trace_texts())
 def test_structured_random_traces(data):
     _report(data)
@@ -94,7 +94,7 @@ def test_random_run_directories_are_reported(data):
         fz.run_cli(["report", str(run)])
 
 
-@examples(80)
+@examples(50)
 @given(st.data())
 def test_compare_and_gate_on_random_runs(data):
     with tempfile.TemporaryDirectory() as d:
@@ -116,7 +116,7 @@ def test_random_report_files(data):
         fz.run_cli(["gate", str(a), "--baseline", str(b)], ok=(0, 1, 3))
 
 
-@examples(100)
+@examples(60)
 @given(fz.rule_files())
 def test_random_user_rule_files(text):
     with tempfile.TemporaryDirectory() as d:
