@@ -250,6 +250,17 @@ _m("stacks.logging_sync_share", "share", "Share of steady step time in logging c
 _m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls and outside `if step % N` blocks: batches built in the loop (tensor ops called straight from the loop count too).")
 
 
+# -- Checkpoint saves and logging calls (perfdoctor run; analyze/callshares.py) ------------------
+# calls.*: timed on the training thread by run (collect/timedcalls.py), None for a trace or an
+# older run directory; save.* and logging.*: the larger of the timed and the sampled (stacks) share.
+_m("calls.save_share", "share", "Share of steady step time the training thread spent inside torch.save and safetensors' save_file (timed per step by perfdoctor run).")
+_m("calls.save_interval_steps", "count", "Steady steps per step that called torch.save or save_file (1 = every step); None when no steady step saved.")
+_m("calls.log_share", "share", "Share of steady step time the training thread spent inside TensorBoard's SummaryWriter.add_* calls (torch.utils.tensorboard, tensorboardX; timed per step).")
+_m("save.share", "share", "Share of steady step time spent saving checkpoints: the larger of calls.save_share (timed) and stacks.checkpoint_share (sampled), each of which sees only part of the savers.")
+_m("save.interval_steps", "count", "Steady steps per checkpoint save, from the source save.share was taken from.")
+_m("logging.share", "share", "Share of steady step time spent logging or reading device values: the larger of calls.log_share (timed TensorBoard calls) and stacks.logging_sync_share (sampled).")
+
+
 def names() -> list[str]:
     return list(REGISTRY)
 

@@ -27,6 +27,7 @@ from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
+from perfdoctor.collect.timedcalls import TimedCalls
 from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
@@ -79,6 +80,7 @@ class Session(StepSources):
         self.batches_since_pass = 0
         self.stop_requested = False
         self.finished = False
+        self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
         os.makedirs(self.run_dir, exist_ok=True)
         # Buffered and written in batches (steprecord.py): the live readers (progress line, py-spy's
         # first-step wait) see the first steps at once, later ones when a step ends FLUSH_S after
@@ -116,6 +118,10 @@ class Session(StepSources):
             self.notes.append(f"module calls cannot be watched ({type(exc).__name__}: {exc})")
         self._wrap_dataloader()
         self._wrap_grad_scaler()
+        try:
+            self.calls.install_torch(torch)
+        except Exception as exc:
+            self.notes.append(f"torch.save cannot be timed ({type(exc).__name__}: {exc})")
         self.window.install(torch)
 
     def _wrap_dataloader(self) -> None:
@@ -175,10 +181,11 @@ class Session(StepSources):
         write). Formatting a batch at once, and one write(2) for it, cost a fraction of a line
         and a write a step."""
         dur = end[0] - self.mark[0]
+        save, log = self.calls.take()
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
-                                 self.window.perturbed_next, skipped))
+                                 self.window.perturbed_next, skipped, save, log))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])
@@ -208,8 +215,10 @@ class Session(StepSources):
         end = end or self._mark()
         if self.census is not None and self.census.state != "done":
             self.census.boundary(self.mode)     # the outermost module calls of one whole step (modules.py)
+        self.calls.poll()
         if self.mark is None:                   # the first boundary starts the count
             self.mark, self.t_first = end, end[0]
+            self.calls.take()                   # saves and logs before the first step are no step's
             return
         dur = self._record(end, skipped)
         if self.finished:                       # boundaries settled at the end: no window, no stop
@@ -271,6 +280,7 @@ class Session(StepSources):
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
                     "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds),
+                    "timed_calls": self.calls.installed,
                     "root_calls": self.census.result if self.census is not None else None}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:

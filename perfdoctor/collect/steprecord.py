@@ -49,7 +49,7 @@ def schedstat() -> tuple[int, int] | None:
 
 
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
-          skipped: bool) -> str:
+          skipped: bool, save: float = 0.0, log: float = 0.0) -> str:
     """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
     SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
     line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
@@ -61,6 +61,10 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
         cpu = min(max(0.0, (end[4][0] - mark[4][0]) / 1e9), max(dur, 0.0))
         runq = min(max(0.0, (end[4][1] - mark[4][1]) / 1e9), max(dur - cpu, 0.0))
         line += f', "cpu": {cpu:.6f}, "runq": {runq:.6f}'
+    if save > 0:             # inside torch.save and other checkpoint writers (timedcalls.py), s
+        line += f', "save": {min(save, max(dur, 0.0)):.6f}'
+    if log > 0:              # inside TensorBoard's add_* calls, s
+        line += f', "log": {min(log, max(dur, 0.0)):.6f}'
     return line + (', "skipped": true}\n' if skipped else '}\n')
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor.analyze import registry
+from perfdoctor.analyze.callshares import call_metrics, combined
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_share
@@ -169,6 +170,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     notes += _extra_batches_note(steady) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
+    m.update(call_metrics(steady, res.child.get("timed_calls") is True))
+    m.update(combined(m))
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
     doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes

@@ -1,0 +1,50 @@
+"""Checkpoint saves and logging calls as shares of the steady steps, from two sources.
+
+- calls.*: the wall time the training thread spent inside torch.save / safetensors' save_file
+  and TensorBoard's SummaryWriter.add_* calls, timed per step by `perfdoctor run`
+  (collect/timedcalls.py; steps.jsonl `save` and `log`). Exact, on every run, whatever the
+  machine; blind to writers and loggers it does not wrap (wandb, mlflow, logging, np.save,
+  torch.distributed.checkpoint) and to a `.item()` line.
+- stacks.*: py-spy's sampled frames (analyze/stacks.py), which see every writer and logger
+  and the user's lines that read device values, but only where py-spy could run.
+
+Each source sees part of the cost, so the cost is at least the larger of the two: save.share and
+logging.share (what the rules use) take the larger share, and save.interval_steps comes with
+the share it was taken from. None where neither source measured anything.
+"""
+
+from __future__ import annotations
+
+NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share",
+         "save.share", "save.interval_steps", "logging.share")
+
+
+def call_metrics(steady: list[dict], timed: bool) -> dict:
+    """calls.* over the steady steps; None unless the run timed the calls (`timed`: child.json
+    says so; a run directory from an older perfdoctor has no `save`/`log` fields)."""
+    out = dict.fromkeys(NAMES[:3])
+    recs = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    total = sum(s["dur"] for s in recs)
+    if not timed or total <= 0:
+        return out
+    save = [_num(s.get("save")) for s in recs]
+    out["calls.save_share"] = min(1.0, sum(save) / total)
+    out["calls.log_share"] = min(1.0, sum(_num(s.get("log")) for s in recs) / total)
+    saves = sum(1 for x in save if x > 0)
+    out["calls.save_interval_steps"] = len(recs) / saves if saves else None
+    return out
+
+
+def combined(m: dict) -> dict:
+    """save.share, save.interval_steps, logging.share from the calls.* and stacks.* metrics in m."""
+    save = [(m.get(share), m.get(interval)) for share, interval in
+            (("calls.save_share", "calls.save_interval_steps"),
+             ("stacks.checkpoint_share", "stacks.checkpoint_interval_steps")) if m.get(share) is not None]
+    best = max(save, key=lambda x: x[0], default=(None, None))
+    logs = [m[k] for k in ("calls.log_share", "stacks.logging_sync_share") if m.get(k) is not None]
+    return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
+            "logging.share": max(logs) if logs else None}
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else 0.0

@@ -1,0 +1,97 @@
+"""Checkpoint saves and logging calls of `perfdoctor run`, timed where the training thread makes them.
+
+py-spy names the frames that take the step's time, but only where it may run (an idle core, the
+ptrace permission). Two costs that decide a fix are plain function calls: a checkpoint written
+on the training thread (torch.save, safetensors' save_file: what Lightning's, transformers' and
+most hand-written checkpoints call) and logging to TensorBoard (SummaryWriter.add_*; tensorboardX's
+too). Each is wrapped, and the wall time inside it, on the thread that runs the steps, is summed
+per step (steps.jsonl `save` and `log`, seconds). The cost is two clock reads per call, none for a
+script that never calls them. A call inside another timed call counts once (the outer one).
+
+torch.save is wrapped when torch is imported (before the script reads it); the others when a step
+ends and their module has been imported by then (a dict lookup per step while any is missing).
+Saves on another thread (an asynchronous checkpoint) are not on the step's path: not counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+
+# (module, class or None, attribute prefix or name): what is timed, and as which kind
+LATER = (("torch.utils.tensorboard.writer", "SummaryWriter", "add_", "log"),
+         ("tensorboardX.writer", "SummaryWriter", "add_", "log"),
+         ("safetensors.torch", None, "save_file", "save"))
+
+
+class TimedCalls:
+    def __init__(self):
+        self.total = {"save": 0.0, "log": 0.0}
+        self.taken = {"save": 0.0, "log": 0.0}
+        self.thread = threading.get_ident()     # the thread that runs the script (and its steps)
+        self.depth = 0
+        self.pending = list(LATER)
+        self.installed = False                  # torch.save is wrapped: steps.jsonl's save/log mean it
+
+    def _wrap(self, fn, kind: str):
+        if getattr(fn, "_perfdoctor_timed", False):
+            return fn
+        calls = self
+
+        @functools.wraps(fn)
+        def timed(*a, **kw):
+            if calls.depth or threading.get_ident() != calls.thread:
+                return fn(*a, **kw)
+            calls.depth = 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                calls.total[kind] += time.perf_counter() - t0
+                calls.depth = 0
+        timed._perfdoctor_timed = True
+        return timed
+
+    def install_torch(self, torch) -> None:
+        """torch.save (one function, also torch.serialization.save)."""
+        orig = torch.serialization.save
+        timed = self._wrap(orig, "save")
+        torch.serialization.save = timed
+        if getattr(torch, "save", None) is orig:
+            torch.save = timed
+        self.installed = True
+
+    def poll(self) -> None:
+        """At a step's end: wrap what the script has imported since (cheap while nothing new)."""
+        if not self.pending:
+            return
+        left = []
+        for target in self.pending:
+            mod = sys.modules.get(target[0])
+            if mod is None:
+                left.append(target)
+                continue
+            try:
+                self._install(mod, *target[1:])
+            except Exception:                   # an unexpected version: not timed, never fatal
+                pass
+        self.pending = left
+
+    def _install(self, mod, cls_name: str | None, attr: str, kind: str) -> None:
+        if cls_name is None:
+            fn = getattr(mod, attr, None)
+            if callable(fn):
+                setattr(mod, attr, self._wrap(fn, kind))
+            return
+        cls = getattr(mod, cls_name, None)
+        for name, fn in list(vars(cls).items()) if isinstance(cls, type) else ():
+            if name.startswith(attr) and callable(fn):
+                setattr(cls, name, self._wrap(fn, kind))
+
+    def take(self) -> tuple[float, float]:
+        """(save, log) seconds since the last take: the step that just ended."""
+        save, log = self.total["save"] - self.taken["save"], self.total["log"] - self.taken["log"]
+        self.taken = dict(self.total)
+        return save, log

@@ -1,0 +1,122 @@
+"""Checkpoint saves and logging calls timed on the training thread (collect/timedcalls.py), their
+shares (analyze/callshares.py), and PD350/PD351 from them on a run without Python stacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+
+import pytest
+
+from perfdoctor.analyze.callshares import call_metrics, combined
+from perfdoctor.collect.timedcalls import TimedCalls
+
+
+def _fake_modules(monkeypatch):
+    calls = []
+    tb = types.ModuleType("torch.utils.tensorboard.writer")
+
+    class SummaryWriter:
+        def add_scalar(self, *a):
+            time.sleep(0.02)
+            calls.append("scalar")
+
+        def add_histogram(self, *a):
+            self.add_scalar()                 # nested in a timed call: counted once
+            time.sleep(0.01)
+
+        def flush(self):
+            time.sleep(0.05)                  # not an add_* call: not timed
+    tb.SummaryWriter = SummaryWriter
+    st = types.ModuleType("safetensors.torch")
+    st.save_file = lambda *a: time.sleep(0.03)
+    monkeypatch.setitem(sys.modules, tb.__name__, tb)
+    monkeypatch.setitem(sys.modules, st.__name__, st)
+    return tb, st
+
+
+def test_calls_on_the_training_thread_are_timed_once_and_others_not(monkeypatch):
+    tb, st = _fake_modules(monkeypatch)
+    tc = TimedCalls()
+    tc.pending = [t for t in tc.pending if not t[0].startswith("tensorboardX")]
+    tc.poll()
+    assert not tc.pending
+    w = tb.SummaryWriter()
+    w.add_histogram("h")                       # 0.03 s: the nested add_scalar is inside it
+    w.flush()
+    st.save_file({}, "x")                      # 0.03 s
+    save, log = tc.take()
+    assert save == pytest.approx(0.03, abs=0.015) and log == pytest.approx(0.03, abs=0.015)
+    assert tc.take() == (0.0, 0.0)             # taken: the next step starts from nothing
+    t = threading.Thread(target=lambda: (w.add_scalar(), st.save_file({}, "y")))   # a background save
+    t.start()
+    t.join()
+    assert tc.take() == (0.0, 0.0)             # not on the training thread: not the step's
+    tc.poll()                                  # nothing new: nothing wrapped twice
+    assert getattr(tb.SummaryWriter.add_scalar, "__wrapped__").__name__ == "add_scalar"
+
+
+def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
+    steps = [{"dur": 0.1, "save": 0.05, "log": 0.01}, {"dur": 0.1}, {"dur": 0.1, "save": 0.05}, {"dur": 0.1}]
+    m = call_metrics(steps, timed=True)
+    assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0,
+                 "calls.log_share": pytest.approx(0.025)}
+    assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
+    # py-spy saw more of the logging (a .item() line, wandb) and less of the saving
+    m.update({"stacks.checkpoint_share": 0.2, "stacks.checkpoint_interval_steps": 3.0,
+              "stacks.logging_sync_share": 0.3})
+    assert combined(m) == {"save.share": pytest.approx(0.25), "save.interval_steps": 2.0,
+                           "logging.share": 0.3}
+    assert combined({}) == {"save.share": None, "save.interval_steps": None, "logging.share": None}
+    # no save in the steady steps: share 0, no interval
+    assert call_metrics([{"dur": 0.1}] * 3, timed=True)["calls.save_interval_steps"] is None
+
+
+SCRIPT = """
+import os, sys, tempfile, torch
+from torch.utils.tensorboard import SummaryWriter
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Linear(256, 256)
+big = {"table": torch.randn(4_000_000)}          # 16 MB written every step
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+d = tempfile.mkdtemp()
+w = SummaryWriter(d)
+for step in range(30):
+    loss = model(torch.randn(64, 256)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    torch.save(big, os.path.join(d, "ckpt.pt"))
+    w.add_histogram("w", model.weight, step)
+w.close()
+print("done")
+"""
+
+
+@pytest.mark.torch
+def test_a_run_without_stacks_names_the_checkpoint_and_the_logging(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorboard")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--no-trace", "--out", str(out),
+                        str(script)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 29 and all(s["save"] > 0 and s["log"] > 0 for s in steps)
+    assert all(s["save"] + s["log"] <= s["dur"] for s in steps)
+    doc = json.loads((out / "report.json").read_text())
+    m = doc["traces"][0]["metrics"]
+    assert doc["stacks"] is None and m["stacks.checkpoint_share"] is None
+    assert m["calls.save_interval_steps"] == 1.0 and m["save.share"] == m["calls.save_share"] > 0.05
+    assert m["logging.share"] == m["calls.log_share"] > 0
+    ids = [f["id"] for f in doc["findings"]]
+    assert "PD350" in ids, (ids, m["save.share"])
+    fix = next(f for f in doc["findings"] if f["id"] == "PD350")
+    # every 100 steps keeps 1/100 of the saving: the expected gain follows the timed share
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - 0.99 * m["save.share"]), rel=0.02)
