@@ -276,3 +276,16 @@ def test_empty_run_json_says_unknown_not_none(tmp_path):
     assert "exit code unknown" in term and "None" not in term and "killed" not in term and "failed" not in term
     (d / "run.json").write_text('{"argv": "train.py", "exit_code": "0"}')
     assert _report(d)[0]["traces"][0]["warnings"] == ["run.json: argv, exit_code of the wrong type, read as unknown"]
+
+
+def test_the_note_shown_by_default_is_the_one_that_could_change_the_advice():
+    """The terminal shows one run note by default: the stacks not recorded come before the notes
+    about the run, which come before what only describes the machine or the sampling."""
+    from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
+    from perfdoctor.collect.samplers import DELAYACCT_NOTE
+    from perfdoctor.collect.stacks import skipped_note
+    from perfdoctor.diagnose.live import _note_rank
+
+    run = "2 of 20 steady steps drew more DataLoader batches than the usual 1"
+    notes = [NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE, run, skipped_note(0.0, 2)]
+    assert sorted(notes, key=_note_rank) == [skipped_note(0.0, 2), run, NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE]

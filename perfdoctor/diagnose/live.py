@@ -170,6 +170,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     notes += _extra_batches_note(steady) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
+    notes.sort(key=_note_rank)
     m.update(call_metrics(steady, res.child.get("timed_calls") is True))
     m.update(combined(m))
     registry.check(m)
@@ -188,6 +189,18 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     doc["stacks"] = stacks
     steps_only_verdict(doc, res, steps, bool(traces))
     return doc
+
+
+# The terminal shows the first run note by default: what could change the advice first (Python
+# stacks not recorded), then the notes about this run, then what only describes the machine or
+# the sampling (no NVIDIA GPU, the sampled means, block-IO delay accounting off).
+_FIRST = ("python stacks not recorded",)
+_LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off")
+
+
+def _note_rank(note: str) -> int:
+    n = note.lower()
+    return 0 if n.startswith(_FIRST) else 2 if n.startswith(_LAST) else 1
 
 
 def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> dict | None:
