@@ -424,6 +424,31 @@ def test_optimizers_stepping_at_different_rates_are_said(tmp_path):
     assert len(steps(out)) == 59                              # 60 critic steps; the first starts the count
     note = next(n for n in child(out)["notes"] if "different rates" in n)
     assert "RMSprop, 60 steps" in note and "Adam stepped 12 times, once per 5.0 steps" in note
+    assert "an iteration spans about 5.0 steps" in note and "a step is an iteration" in note
+
+
+# An actor-critic loop: the critic's Adam every iteration, the actor's Adam every second one. With
+# the actor's update first in the loop (it steps first), a step is two iterations: said, and the
+# two Adams are told apart by their parameter counts.
+ACTOR_FIRST = r"""
+import torch, torch.nn as nn
+torch.manual_seed(0)
+actor, critic = nn.Linear(8, 2), nn.Linear(8, 64)
+oa, oc = torch.optim.Adam(actor.parameters()), torch.optim.Adam(critic.parameters())
+for it in range(40):
+    x = torch.randn(16, 8)
+    if it % 2 == 0:
+        oa.zero_grad(); actor(x).pow(2).mean().backward(); oa.step()
+    oc.zero_grad(); critic(x).pow(2).mean().backward(); oc.step()
+"""
+
+
+def test_a_rarer_optimizer_stepping_first_makes_a_step_span_iterations(tmp_path):
+    _, out = prun_script(tmp_path, "ac.py", ACTOR_FIRST)
+    assert len(steps(out)) == 19                              # 20 actor steps; the first starts the count
+    note = next(n for n in child(out)["notes"] if "different rates" in n)
+    assert "(Adam of 18 parameters, 20 steps), and Adam of 576 parameters stepped 40 times, 2.0 per step" in note
+    assert "a step spans about 2.0 iterations" in note
 
 
 # An evaluation pass before training: 30 DataLoader batches with no backward pass make the

@@ -58,7 +58,7 @@ class StepSources:
         key = id(optimizer)
         self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
         if key not in self.optimizer_names:
-            self.optimizer_names[key] = type(optimizer).__name__
+            self.optimizer_names[key] = (type(optimizer).__name__, _param_count(optimizer))
         self.in_optimizer = False
         if self.primary is None:
             self.primary = id(optimizer)
@@ -235,15 +235,38 @@ class StepSources:
                 self._choose_module(None, marks)
 
     def _note_optimizer_rates(self) -> None:
-        """Several optimizers stepping at different rates (a GAN's critic 5 times per generator
-        step): steps follow the first one to step, so a loop iteration spans several steps. Said."""
+        """Several optimizers stepping at different rates: steps follow the first one to step.
+        Said, with what a step is then: the counts cannot tell a GAN's critic stepping 5 times per
+        iteration from an actor updated every other iteration, so both readings are given."""
         if self.mode != "optimizer" or self.primary not in self.optimizer_steps:
             return
         n = self.optimizer_steps[self.primary]
-        others = [(k, c) for k, c in self.optimizer_steps.items() if k != self.primary and 0 < c and n >= 1.5 * c]
-        if others:
-            k, c = min(others, key=lambda kc: kc[1])
-            self.notes.append("optimizers step at different rates: a step is one step of "
-                              f"the first to step ({self.optimizer_names[self.primary]}, {n} steps), and "
-                              f"{self.optimizer_names[k]} stepped {c} times, once per {n / c:.1f} steps: one "
-                              f"iteration of the loop spans about {n / c:.1f} steps (--max-steps counts steps)")
+        others = [(k, c) for k, c in self.optimizer_steps.items() if k != self.primary and c > 0]
+        rarer = [(k, c) for k, c in others if n >= 1.5 * c]
+        busier = [(k, c) for k, c in others if c >= 1.5 * n]
+        name = self._optimizer_label
+        head = f"optimizers step at different rates: a step is one step of the first to step ({name(self.primary)}, {n} steps)"
+        if busier:
+            k, c = max(busier, key=lambda kc: kc[1])
+            self.notes.append(f"{head}, and {name(k)} stepped {c} times, {c / n:.1f} per step: where {name(k)} "
+                              f"steps once per loop iteration, a step spans about {c / n:.1f} iterations "
+                              "(--max-steps counts steps)")
+        elif rarer:
+            k, c = min(rarer, key=lambda kc: kc[1])
+            self.notes.append(f"{head}; {name(k)} stepped {c} times, once per {n / c:.1f} steps: where it steps "
+                              f"once per loop iteration (a GAN's generator), an iteration spans about {n / c:.1f} "
+                              "steps; where it steps every few iterations, a step is an iteration "
+                              "(--max-steps counts steps)")
+
+    def _optimizer_label(self, key) -> str:
+        """Its class, and its parameter count where another optimizer has the same class."""
+        cls, params = self.optimizer_names[key]
+        same = sum(1 for c, _ in self.optimizer_names.values() if c == cls)
+        return f"{cls} of {params:,} parameters" if same > 1 and params is not None else cls
+
+
+def _param_count(optimizer) -> int | None:
+    try:
+        return sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    except Exception:           # an optimizer-like object without torch's param_groups
+        return None
