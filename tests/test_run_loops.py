@@ -548,3 +548,34 @@ def test_autograd_grad_steps_only_on_weights():
     assert weights_updated(torch, {"w": w}) is True                # updated in place since: a step
     for _ in range(3):                                             # PGD: a new input tensor each call
         assert weights_updated(torch, torch.randn(3, requires_grad=True)) is False
+
+
+# An IterableDataset read by 2 forked workers; with "shard" each worker keeps every 2nd sample by
+# get_worker_info() (the usual sharding), without it each replays the whole stream.
+STREAM = r"""
+import sys, torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+shard = sys.argv[1] == "shard"
+class Stream(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info() if shard else None
+        k, n = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(k, 640, n):
+            yield torch.full((8,), float(i))
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Stream(), batch_size=32, num_workers=2, multiprocessing_context="fork")
+seen = 0
+for x in loader:
+    opt.zero_grad(); model(x).mean().backward(); opt.step()
+    seen += len(x)
+print(seen)
+"""
+
+
+@pytest.mark.parametrize("mode", ["shard", "replay"])
+def test_workers_reading_get_worker_info_are_seen(tmp_path, mode):
+    r, out = prun_script(tmp_path, "stream.py", STREAM, mode)
+    assert r.stdout == ("640\n" if mode == "shard" else "1280\n")       # replayed: every sample twice
+    assert child(out)["worker_info_used"] is (mode == "shard")
+    assert report(out)["traces"][0]["metrics"]["input.worker_info_used"] is (mode == "shard")

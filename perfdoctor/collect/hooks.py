@@ -31,6 +31,7 @@ from perfdoctor.collect.timedcalls import TimedCalls
 from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
+WORKER_INFO_MARKER = "worker_info.marker"     # a DataLoader worker read get_worker_info()
 
 class StopRun(BaseException):
     """Raised at a step boundary to end the script gracefully (--max-steps / --duration)."""
@@ -118,6 +119,7 @@ class Session(StepSources):
             self.notes.append(f"module calls cannot be watched ({type(exc).__name__}: {exc})")
         self._wrap_dataloader()
         self._wrap_grad_scaler()
+        self._wrap_worker_info()
         try:
             self.calls.install_torch(torch)
         except Exception as exc:
@@ -148,6 +150,34 @@ class Session(StepSources):
                 session.cum_wait += time.perf_counter() - t0
                 session.cum_batches += got
         base.__next__ = __next__
+
+    def _wrap_worker_info(self) -> None:
+        """An IterableDataset that shards its stream reads get_worker_info() in the workers: the
+        first such read from outside torch (default_collate reads it too) leaves a marker file (a
+        forked worker inherits this wrapper; a spawned one does not, and then nothing is seen).
+        child.json's worker_info_used says it (PD310)."""
+        try:
+            import torch.utils.data as data
+        except Exception:
+            return
+        orig = getattr(data, "get_worker_info", None)
+        if orig is None or getattr(orig, "_perfdoctor", False):
+            return
+        marker, seen = os.path.join(self.run_dir, WORKER_INFO_MARKER), []
+        torch_dir = os.path.dirname(os.path.dirname(os.path.dirname(data.__file__))) + os.sep
+
+        def get_worker_info():
+            info = orig()
+            # torch's own callers (default_collate's shared-memory check) are not the dataset's
+            if info is not None and not seen and not sys._getframe(1).f_code.co_filename.startswith(torch_dir):
+                seen.append(True)
+                try:
+                    open(marker, "a").close()
+                except OSError:
+                    pass
+            return info
+        get_worker_info._perfdoctor = True
+        data.get_worker_info = get_worker_info
 
     def _wrap_grad_scaler(self) -> None:
         session = self
@@ -281,6 +311,7 @@ class Session(StepSources):
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
                     "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds),
                     "timed_calls": self.calls.installed,
+                    "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:

@@ -164,6 +164,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["machine.torch_threads"] = res.child.get("torch_threads")
     kind = res.child.get("dataset_kind")
     m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
+    used = res.child.get("worker_info_used")
+    m["input.worker_info_used"] = used if isinstance(used, bool) else None      # None: an older run
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
     steady = steps[est.first:est.first + est.n]

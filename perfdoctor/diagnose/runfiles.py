@@ -41,7 +41,7 @@ RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": 
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
          "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT,
-         "dataset_kind": STR, "timed_calls": BOOL,
+         "dataset_kind": STR, "timed_calls": BOOL, "worker_info_used": BOOL,
          "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
                         "passes": INT}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,
