@@ -143,9 +143,10 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         notes.append(why)
         rows.append(Row(STEP_TIME, _ms_med(bases), _ms_one(cur), "", "", NOT_COMPARABLE, why))
     else:
-        busy = [f"{r.label if r is not cur else 'the current run'}: {load:.1f} of {cores} cores"
+        # a report without the machine's core count (hand-edited) keeps the half-core floor
+        busy = [f"{r.label if r is not cur else 'the current run'}: {load:.1f} of {cores or '?'} cores"
                 for r in [cur, *bases] for load, cores in [other_load_of(r.metrics)]
-                if load is not None and load > max(opt.max_other_load * cores, 0.5)]
+                if load is not None and load > max(opt.max_other_load * (cores or 0), 0.5)]
         if busy:
             why = ("the machine was busy with other work (" + "; ".join(busy) + " used by other processes): "
                    "step times are not comparable, rerun on a quiet machine")
