@@ -154,3 +154,17 @@ def test_no_tensor_core_flag_needs_a_tensor_core_gpu(analyze_spec):
 def test_num_workers_flag_needs_measurable_wait(analyze_spec):
     _, flags, _ = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=20, cpu_ops_us=2000, kernels=40, kernel_us=300)] * 4))
     assert "num_workers_zero" not in flags
+
+
+def test_a_run_on_a_machine_shared_with_another_job_is_not_firm():
+    """Another job's 1.2 cores while the trainer queued 52% of its time (an audit's noisy
+    neighbour made a 15 ms step 190 ms): the shares are the shared machine's, medium at most. The
+    job's own threads queueing it (no other process) are the job: no cap."""
+    m = {"share.device": 0.95, "share.input": 0.02, "share.host": 0.03, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu"}
+    firm = confidence("device", m)[0]
+    assert firm == 1.0
+    conf, notes, _ = confidence("device", {**m, "system.other_cores": 1.2, "run.runq_share": 0.52})
+    assert conf == 0.5 and any("other processes kept 1.2 cores busy" in n and "52%" in n for n in notes)
+    assert confidence("device", {**m, "system.other_cores": 0.1, "run.runq_share": 0.52})[0] == firm
+    assert confidence("device", {**m, "system.other_cores": 1.2, "run.runq_share": 0.05})[0] == firm

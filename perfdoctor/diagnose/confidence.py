@@ -7,8 +7,9 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   1.0 at 70% (a verdict that a few points of device time would flip is not firm);
 - capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, 0.5 when
   a live run's steady data wait and the traced one differ by 10 points or more, 0.5 when the
-  profiler made the traced steps twice as long as the steady ones or more, and 0.4 when most of
-  the step is untraced.
+  profiler made the traced steps twice as long as the steady ones or more, 0.5 when other
+  processes took half a core or more while the trainer queued for a CPU a quarter of its time,
+  and 0.4 when most of the step is untraced.
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
@@ -20,6 +21,11 @@ CAUSES = ("input", "host", "communication")
 # profiler's own per-op cost (tiny ops: a 1 ms CPU step traced at 6.6 ms), so its shares are not
 # the un-profiled step's.
 PROFILED_MUCH_SLOWER = 2.0
+# Another job's load that makes the shares the machine's, not the job's: half a core of other
+# processes (quiet.py's bar for timing tests too) while the trainer queues for a CPU a quarter of
+# its time (PD214 flags a tenth; a quarter moves every share of the step).
+SHARED_CORES = 0.5
+SHARED_RUNQ = 0.25
 
 
 def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
@@ -71,6 +77,15 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      f"({m.get('steps.time_mean_ms') or 0:.3g} vs {m.get('run.step_time_ms') or 0:.3g} ms): most of "
                      "a traced step is the profiler's own cost per op, so its milliseconds and shares are not "
                      "the un-profiled step's (they lean towards host time)")
+    # another job took cores and the training thread queued for them: the shares describe this
+    # run on a shared machine, not the job alone (its own threads queueing it are the job's)
+    other, runq = m.get("system.other_cores"), m.get("run.runq_share")
+    if isinstance(other, (int, float)) and isinstance(runq, (int, float)) and other >= SHARED_CORES \
+            and runq >= SHARED_RUNQ:
+        conf = min(conf, 0.5)
+        notes.append(f"other processes kept {other:.1f} cores busy and the training thread waited for a CPU "
+                     f"{runq:.0%} of its steady time: the shares are of a shared machine; rerun on a quiet one "
+                     "to judge the job alone")
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
