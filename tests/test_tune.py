@@ -503,6 +503,13 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     skip_if_shared(foreign)        # a neighbour that came halfway changed the truth measured
     for w in (1, 2):
         trial = by[f"num_workers={w}"]
+        # Where the report ranked another fix higher (a CI machine whose torch ran 1 thread:
+        # threads=2 first, measured 1.40x in one run), the budget can run out before a worker
+        # trial: a setting tune did not try makes no claim to check.
+        if trial["status"] == "skipped":
+            assert trial["reason"] == "budget", trial
+            print(f"num_workers={w}: not tried (budget), reruns {measured[w]}")
+            continue
         print(f"num_workers={w}: tune {trial['speedup']:.2f}x {trial['ci95']} {trial['status']}, reruns {measured[w]}")
         assert trial["status"] != "failed", trial
         if trial["status"] == "faster":
@@ -511,7 +518,8 @@ def test_acceptance_cpu_bound_loader(tmp_path):
             assert min(measured[w]) < 1.10, (trial, measured)
     # 1 worker: no material gain on a 2-core machine, as the report's model predicts
     one = by["num_workers=1"]
-    assert one["speedup"] < 1.10 and one["ci95"][0] < 1.10 and one["predicted"] == pytest.approx(1.0, abs=0.05), one
+    assert one["status"] == "skipped" or (one["speedup"] < 1.10 and one["ci95"][0] < 1.10
+                                          and one["predicted"] == pytest.approx(1.0, abs=0.05)), one
     best = doc["best"]
     if best and "num_workers" in best["changes"]:
         w = best["changes"]["num_workers"]
