@@ -579,3 +579,7 @@ def test_workers_reading_get_worker_info_are_seen(tmp_path, mode):
     assert r.stdout == ("640\n" if mode == "shard" else "1280\n")       # replayed: every sample twice
     assert child(out)["worker_info_used"] is (mode == "shard")
     assert report(out)["traces"][0]["metrics"]["input.worker_info_used"] is (mode == "shard")
+    # the marker is a run file: --force clears it with the rest of an old run
+    from perfdoctor.collect.hooks import WORKER_INFO_MARKER
+    from perfdoctor.collect.rundir import RUN_FILES
+    assert WORKER_INFO_MARKER in RUN_FILES and (out / WORKER_INFO_MARKER).exists() is (mode == "shard")

@@ -16,6 +16,7 @@ from perfdoctor.errors import PerfdoctorError
 # What `perfdoctor run` writes into its directory (files, then folders).
 RUN_FILES = ("run.json", "child.json", "steps.jsonl", "samples.json", "report.json",
              "inject.json",                      # inject.json: under `perfdoctor tune`
+             "worker_info.marker",               # a loader worker read get_worker_info() (hooks.py)
              "rank.json", "ranks.json",          # a rank of a multi-rank run; its parent (collect/ranks.py)
              "report.html", "annotated.pt.trace.json.gz")   # report/outputs.py
 RUN_DIRS = ("trace", "stacks", "tensorboard", "ranks")
