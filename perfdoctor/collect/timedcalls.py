@@ -28,8 +28,7 @@ LATER = (("torch.utils.tensorboard.writer", "SummaryWriter", "add_", "log"),
 
 class TimedCalls:
     def __init__(self):
-        self.total = {"save": 0.0, "log": 0.0}
-        self.taken = {"save": 0.0, "log": 0.0}
+        self.step = {"save": 0.0, "log": 0.0}  # seconds inside each kind since the last take()
         self.thread = threading.get_ident()     # the thread that runs the script (and its steps)
         self.depth = 0
         self.pending = list(LATER)
@@ -49,7 +48,7 @@ class TimedCalls:
             try:
                 return fn(*a, **kw)
             finally:
-                calls.total[kind] += time.perf_counter() - t0
+                calls.step[kind] += time.perf_counter() - t0
                 calls.depth = 0
         timed._perfdoctor_timed = True
         return timed
@@ -91,7 +90,9 @@ class TimedCalls:
                 setattr(cls, name, self._wrap(fn, kind))
 
     def take(self) -> tuple[float, float]:
-        """(save, log) seconds since the last take: the step that just ended."""
-        save, log = self.total["save"] - self.taken["save"], self.total["log"] - self.taken["log"]
-        self.taken = dict(self.total)
+        """(save, log) seconds since the last take: the step that just ended. Timed calls and
+        takes both run on the training thread, so nothing is added between the read and the reset."""
+        step = self.step
+        save, log = step["save"], step["log"]
+        step["save"] = step["log"] = 0.0
         return save, log
