@@ -184,6 +184,11 @@ _m("loop.model_call_batch_share", "fraction", "Share of those calls whose first 
 _m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
 _m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
 _m("loop.extra_batches_excess_share", "share", "Steady steps that drew more DataLoader batches than the usual step (an evaluation every N steps, a second loader): their wall time beyond as many usual steps (the median usual step each) / the steady wall time; 0 when no step did, None without DataLoader batches.")
+# -- DataLoader iterator starts (perfdoctor run: analyze/loaderstarts.py; None for a trace or an older run) --
+_m("loop.peek_share", "share", "Time of DataLoader iterators started for a peek (at most two batches drawn, never run out, then a new iterator of the same loader: next(iter(loader)) before an epoch, or an iterator re-created every step): their start, and the batches they drew in the step where they were dropped / the steady wall time. None when an iterator called a peek drew again later (two iterators of one loader used in turn).")
+_m("loop.peek_batches", "count", "Batches drawn by those peeks in the steady window and thrown away.")
+_m("loader.restart_share", "share", "Time starting DataLoader iterators (each epoch's `for batch in loader`, peeks too) / the steady wall time: inside DataLoader.__iter__, inside the shutdown of the old iterator's workers, and the first batch's wait beyond the usual wait for a batch (with workers and persistent_workers=False each start starts the workers again).")
+_m("loader.restarting", "bool", "A DataLoader with num_workers > 0 and persistent_workers=False was iterated: each new epoch starts its workers again.")
 
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 
+from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
@@ -82,6 +83,7 @@ class Session(StepSources):
         self.stop_requested = False
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
+        self.iters = LoaderIters()       # DataLoader iterator starts and peeks, per step
         os.makedirs(self.run_dir, exist_ok=True)
         # Buffered and written in batches (steprecord.py): the live readers (progress line, py-spy's
         # first-step wait) see the first steps at once, later ones when a step ends FLUSH_S after
@@ -131,6 +133,11 @@ class Session(StepSources):
         base = dl._BaseDataLoaderIter
         orig = base.__next__
         session = self
+        iters, drew = self.iters, LoaderIters.drew
+        try:
+            iters.install(dl)
+        except Exception as exc:
+            self.notes.append(f"DataLoader iterator starts cannot be timed ({type(exc).__name__}: {exc})")
 
         def __next__(it):
             t0 = time.perf_counter()
@@ -147,8 +154,10 @@ class Session(StepSources):
             finally:
                 if outer:
                     IN_LOADER.n = 0
-                session.cum_wait += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                session.cum_wait += dt
                 session.cum_batches += got
+                drew(it, got, dt, iters)
         base.__next__ = __next__
 
     def _wrap_worker_info(self) -> None:
@@ -212,10 +221,11 @@ class Session(StepSources):
         and a write a step."""
         dur = end[0] - self.mark[0]
         save, log = self.calls.take()
+        starts = self.iters.take()
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
-                                 self.window.perturbed_next, skipped, save, log))
+                                 self.window.perturbed_next, skipped, save, log, starts))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])
@@ -249,6 +259,7 @@ class Session(StepSources):
         if self.mark is None:                   # the first boundary starts the count
             self.mark, self.t_first = end, end[0]
             self.calls.take()                   # saves and logs before the first step are no step's
+            self.iters.take()
             return
         dur = self._record(end, skipped)
         if self.finished:                       # boundaries settled at the end: no window, no stop
@@ -310,7 +321,7 @@ class Session(StepSources):
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
                     "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds),
-                    "timed_calls": self.calls.installed,
+                    "timed_calls": self.calls.installed, "loader_iters": self.iters.info(),
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None}
             try:               # a full disk must not turn the script's own ending into a crash

@@ -19,6 +19,7 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
+from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
@@ -169,6 +170,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
     steady = steps[est.first:est.first + est.n]
+    m.update(start_metrics(steady, res.child.get("loader_iters")))
+    steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     notes += _extra_batches_note(steady) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)

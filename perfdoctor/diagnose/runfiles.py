@@ -35,13 +35,17 @@ SAMPLE = {"t": NUM, "unix": NUM, "trainer": PROC, "workers": [PROC], "helpers": 
           "gpu": [GPU], "cost_s": NUM}
 SAMPLE_REQUIRED = ("t", "unix", "system")
 STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode": STR, "profiled": BOOL,
-        "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM}
+        "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "istart": NUM, "ishut": NUM,
+        "ifirst": NUM, "nfirst": INT, "peek": NUM,
+        "peek_start": NUM, "peek_batches": INT}
 RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": NUM, "stopped_by": STR,
        "forwarded_signals": [INT], "notes": [STR], "config": {"*": ANY}}
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
          "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT,
          "dataset_kind": STR, "timed_calls": BOOL, "worker_info_used": BOOL,
+         "loader_iters": {"installed": BOOL, "loaders": INT, "peeks": INT, "relabelled": INT, "workers": INT,
+                          "restarting": BOOL},
          "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
                         "passes": INT}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,

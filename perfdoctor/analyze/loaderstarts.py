@@ -1,0 +1,68 @@
+"""What starting DataLoader iterators costs the steady steps (loop.peek_*, loader.restart_share; `run` only).
+
+collect/loaderiters.py records per step the time inside DataLoader.__iter__ (`istart`), inside
+worker shutdowns (`ishut`) and inside the first __next__ of each new iterator (`ifirst`, `nfirst`
+of them), and finds peeks: iterators that drew at most two batches, never ran out, and were
+followed by a new iterator of the same loader (`next(iter(loader))` before an epoch, or an
+iterator re-created every step). A peek's time (`peek`: its start, and its batches and shutdown
+when it drew in the step where it is found) is waste: the loop draws its own batches. An
+iterator re-created every step is found a peek in the next step; its batch was its step's batch,
+which the step needed: only its start counts.
+
+    loop.peek_share = sum(peek) / steady wall time
+
+    loader.restart_share = sum(istart + ishut + max(0, ifirst - nfirst x usual wait)) / steady wall time
+
+every iterator start, peeks included: with workers and persistent_workers=False each one starts
+the worker processes, the old ones are shut down, and the first batch waits for fresh workers
+(beyond the usual wait for a batch: the median wait per batch of the steps that started none).
+With persistent workers all of that is a reset of the sampler.
+
+Both are None when the run did not time iterator starts (an older run); loop.peek_share is None
+when a generation called a peek drew again later (two iterators of one loader used in turn: not a
+peek, and which steps hold the error is unknown).
+"""
+
+from __future__ import annotations
+
+NAMES = ("loop.peek_share", "loop.peek_batches", "loader.restart_share", "loader.restarting")
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and v > 0 else 0.0
+
+
+def start_metrics(steady: list[dict], info: dict | None) -> dict:
+    out = dict.fromkeys(NAMES)
+    if not isinstance(info, dict) or info.get("installed") is not True:
+        return out
+    recs = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    total = sum(s["dur"] for s in recs)
+    if total <= 0:
+        return out
+    restarting = info.get("restarting")
+    out["loader.restarting"] = restarting if isinstance(restarting, bool) else None
+    peek = sum(_num(s.get("peek")) for s in recs)
+    plain = sorted(_num(s.get("wait")) / s["batches"] for s in recs
+                   if not _num(s.get("nfirst")) and isinstance(s.get("batches"), (int, float)) and s["batches"] > 0)
+    usual = plain[len(plain) // 2] if plain else 0.0
+    starts = sum(_num(s.get("istart")) + _num(s.get("ishut"))
+                 + max(0.0, _num(s.get("ifirst")) - _num(s.get("nfirst")) * usual) for s in recs)
+    batches = sum(int(_num(s.get("peek_batches"))) for s in recs)
+    out["loader.restart_share"] = min(1.0, starts / total)
+    if not info.get("relabelled"):
+        out["loop.peek_share"] = min(1.0, peek / total)
+        out["loop.peek_batches"] = batches
+    return out
+
+
+def without_peeks(steps: list[dict]) -> list[dict]:
+    """The step records with the peeked batches taken out of `batches`: a peek before the epoch
+    is not another loop (analyze/stepwait.extra_batches)."""
+    out = []
+    for s in steps:
+        pb = s.get("peek_batches")
+        if isinstance(pb, int) and pb > 0 and isinstance(s.get("batches"), (int, float)):
+            s = {**s, "batches": max(0, s["batches"] - pb)}
+        out.append(s)
+    return out

@@ -1,0 +1,175 @@
+"""DataLoader iterator starts and peeks (collect/loaderiters.py, analyze/loaderstarts.py, PD355/PD356)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
+from perfdoctor.collect.loaderiters import LoaderIters
+
+
+def _loader_module():
+    """A DataLoader subclass in a namespace of its own: installing on it leaves torch's class alone."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class DL(DataLoader):
+        pass
+    data = TensorDataset(torch.arange(40.0).reshape(20, 2))
+    return types.SimpleNamespace(DataLoader=DL), (lambda: DL(data, batch_size=4))
+
+
+def _drawing(iters: LoaderIters):
+    """__next__ with the hooks' bookkeeping (hooks.py does the same around torch's __next__)."""
+    def draw(it):
+        try:
+            b = next(it)
+            LoaderIters.drew(it, True, 0.001, iters)
+            return b
+        except StopIteration:
+            LoaderIters.drew(it, False, 0.0, iters)
+            return None
+    return draw
+
+
+@pytest.mark.torch
+def test_a_peek_before_each_epoch_is_found_in_its_own_step_with_its_batch():
+    ns, make = _loader_module()
+    iters = LoaderIters()
+    iters.install(ns)
+    draw, loader = _drawing(iters), make()
+    iters.take()
+    for epoch in range(3):
+        peek = iter(loader)
+        assert draw(peek) is not None        # len(next(iter(loader))[0])
+        del peek
+        it = iter(loader)
+        while draw(it) is not None:
+            pass
+        acc = iters.take()
+        # istart, ishut, ifirst, nfirst, peek, peek_start, peek_batches: the peek is found when
+        # the loop's iterator starts, in the same step, with its batch
+        assert acc[6] == 1 and acc[4] > acc[5] > 0 and acc[0] >= acc[5]
+        assert acc[3] == 2 and acc[2] == pytest.approx(0.002)     # two first draws (peek, loop)
+    info = iters.info()
+    assert info["peeks"] == 3 and info["relabelled"] == 0 and info["loaders"] == 1
+    assert info["restarting"] is False and info["workers"] == 0
+
+
+@pytest.mark.torch
+def test_peek_batches_count_only_in_the_step_that_drew_them():
+    ns, make = _loader_module()
+    iters = LoaderIters()
+    iters.install(ns)
+    draw, loader = _drawing(iters), make()
+    iters.take()
+    # an epoch: a peek, then the loop's iterator, all in one step
+    p = iter(loader)
+    draw(p)
+    it = iter(loader)
+    draw(it)
+    acc = iters.take()
+    assert acc[6] == 1 and acc[4] >= acc[5] + 0.001       # its batch and its draw time are this step's
+    # an iterator re-created every step: each is found a peek in the next step, start only
+    got = []
+    for _ in range(4):
+        draw(iter(loader))
+        got.append(iters.take())
+    assert [a[6] for a in got] == [0, 0, 0, 0]             # each step's one batch was the step's own
+    assert all(a[4] == pytest.approx(a[5]) and a[4] > 0 for a in got)
+    assert iters.info()["peeks"] == 5
+
+
+@pytest.mark.torch
+def test_two_iterators_of_one_loader_used_in_turn_are_not_peeks():
+    ns, make = _loader_module()
+    iters = LoaderIters()
+    iters.install(ns)
+    draw, loader = _drawing(iters), make()
+    a = iter(loader)
+    draw(a)
+    b = iter(loader)                            # a looks like a peek here...
+    for _ in range(3):
+        draw(a)                                 # ...until it draws again
+        draw(b)
+    assert iters.info()["relabelled"] == 1
+    m = start_metrics([{"dur": 0.01, "batches": 2, "wait": 0.0}] * 3, iters.info())
+    assert m["loop.peek_share"] is None and m["loader.restart_share"] == 0.0
+
+
+@pytest.mark.torch
+def test_installing_twice_wraps_once():
+    ns, _ = _loader_module()
+    iters = LoaderIters()
+    iters.install(ns)
+    first = ns.DataLoader.__iter__
+    iters.install(ns)
+    assert ns.DataLoader.__iter__ is first
+
+
+def test_shares_from_the_steady_steps():
+    info = {"installed": True, "relabelled": 0, "restarting": True, "workers": 2}
+    usual = {"dur": 0.004, "wait": 0.001, "batches": 1}
+    boundary = {"dur": 0.140, "wait": 0.050, "batches": 2, "istart": 0.060, "ishut": 0.040, "ifirst": 0.030,
+                "nfirst": 2, "peek": 0.070, "peek_start": 0.030, "peek_batches": 1}
+    steps = [usual] * 63 + [boundary]
+    total = 63 * 0.004 + 0.140
+    m = start_metrics(steps, info)
+    assert m["loop.peek_share"] == pytest.approx(0.070 / total)
+    assert m["loop.peek_batches"] == 1
+    # starts and shutdowns, and the first draws beyond two usual waits of 1 ms
+    assert m["loader.restart_share"] == pytest.approx((0.060 + 0.040 + 0.030 - 2 * 0.001) / total)
+    assert m["loader.restarting"] is True
+    assert [s["batches"] for s in without_peeks(steps)][-1] == 1      # the peek is no other loop
+    assert start_metrics(steps, None) == dict.fromkeys(m)             # an older run: unknown
+    assert start_metrics(steps, {**info, "installed": False})["loop.peek_share"] is None
+
+
+PEEK_SCRIPT = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(20, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = TensorDataset(torch.rand(1024, 20), torch.rand(1024, 1))
+    loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=2)
+    if __name__ == "__main__":
+        for epoch in range(8):
+            b_sz = len(next(iter(loader))[0])      # the DDP tutorial's peek
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        print("done")
+"""
+
+
+@pytest.mark.torch
+def test_a_run_names_the_peek_and_the_worker_restarts_not_an_evaluation(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PEEK_SCRIPT))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--no-trace", "--out", str(out),
+                        str(script)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    child = json.loads((out / "child.json").read_text())
+    assert child["loader_iters"]["peeks"] == 8 and child["loader_iters"]["restarting"] is True
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    peeks = [s for s in steps if s.get("peek_batches")]
+    assert len(peeks) == 7 and all(s["batches"] == 2 and s["nfirst"] == 2 for s in peeks)   # epochs 2-8
+    doc = json.loads((out / "report.json").read_text())
+    m = doc["traces"][0]["metrics"]
+    assert m["loop.extra_batches_excess_share"] == 0.0          # a peek is not an evaluation loop
+    assert 0 < m["loop.peek_share"] < m["loader.restart_share"] < 1
+    ids = [f["id"] for f in doc["findings"]]
+    assert "PD354" not in ids
+    assert "PD356" in ids, (ids, m["loader.restart_share"])     # 2 workers started 16 times for 8 epochs
+    if m["loop.peek_share"] >= 0.05:
+        assert "PD355" in ids
