@@ -104,6 +104,24 @@ def test_two_iterators_of_one_loader_used_in_turn_are_not_peeks():
 
 
 @pytest.mark.torch
+def test_a_loop_that_stops_at_the_loaders_length_is_no_peek():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class DL(DataLoader):
+        pass
+    iters = LoaderIters()
+    iters.install(types.SimpleNamespace(DataLoader=DL))
+    draw = _drawing(iters)
+    small = DL(TensorDataset(torch.zeros(8, 2)), batch_size=4)     # two batches an epoch
+    for _ in range(3):
+        it = iter(small)
+        for _ in zip(range(len(small)), range(2)):                 # stops before StopIteration
+            draw(it)
+    assert iters.info()["peeks"] == 0
+
+
+@pytest.mark.torch
 def test_installing_twice_wraps_once():
     ns, _ = _loader_module()
     iters = LoaderIters()

@@ -15,14 +15,17 @@ On the training thread, per step (steps.jsonl, seconds): the time inside DataLoa
 inside the first __next__ of each iterator (`ifirst`, `nfirst` of them: fresh workers make their
 first batch while the trainer waits). Each iterator's start (a persistent iterator's reset too)
 begins a generation: its batches, the time of its __next__ calls, of its start and of its
-shutdown, and whether it ran out (StopIteration). When a new
-generation of the same loader starts, the previous one is a peek if it drew at most PEEK_MAX
-batches and did not run out; its time (start, batches, shutdown) is added to the step where that
-is found (`peek` seconds, of which `peek_start` its start, and `peek_batches`): normally the step of the peek itself, since
-the loop's own iterator starts right after. A peek started in an earlier step (an iterator
-re-created every step, whose one batch was that step's batch) adds its start only. A generation called a peek that draws again later was
-not one (two iterators of one loader used in turn): child.json `loader_iters.relabelled` counts
-them, and the analysis then claims nothing.
+shutdown, and whether it ran out (StopIteration).
+
+When a new generation of the same loader starts, the previous one is a peek if it drew at most
+PEEK_MAX batches, fewer than the loader's length (a loop that stops at len(loader) never sees
+StopIteration), and did not run out. Its time (start, batches, shutdown) is added to the step
+where that is found (`peek` seconds, of which `peek_start` its start, and `peek_batches`):
+normally the step of the peek itself, since the loop's own iterator starts right after. A peek
+started in an earlier step (an iterator re-created every step, whose one batch was that step's
+batch) adds its start only. A generation called a peek that draws again later was not one (two
+iterators of one loader used in turn): child.json `loader_iters.relabelled` counts them, and the
+analysis then claims nothing.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class LoaderIters:
         acc = self.acc
         acc[0] += dt
         prev = self.last.get(key)
-        if prev is not None and prev[0] <= PEEK_MAX and not prev[3] and not prev[4]:
+        if prev is not None and prev[0] <= PEEK_MAX and prev[0] < prev[7] and not prev[3] and not prev[4]:
             prev[4] = True                      # a peek: found now, counted in this step
             same = prev[5] == self.serial       # it drew in this step: those batches are this step's extra
             acc[4] += prev[2] + ((prev[1] + prev[6]) if same else 0.0)
@@ -99,9 +102,13 @@ class LoaderIters:
         if key not in self.loaders:
             self.loaders[key] = {"workers": int(getattr(loader, "num_workers", 0) or 0),
                                  "persistent": bool(getattr(loader, "persistent_workers", False))}
+        try:                                    # a loop that stops at len(loader) never sees StopIteration
+            size = len(loader)
+        except Exception:                       # an IterableDataset without __len__
+            size = PEEK_MAX + 1
         # batches, draw seconds, start seconds, ran out, called a peek, the step it started in,
-        # shutdown seconds
-        gen = [0, 0.0, dt, False, False, self.serial, 0.0]
+        # shutdown seconds, the loader's length
+        gen = [0, 0.0, dt, False, False, self.serial, 0.0, size]
         self.last[key] = gen
         it._perfdoctor_gen = gen
 
