@@ -73,3 +73,38 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
     else:
         assert m["optimizer.fused"] is True            # an aten::_fused_adam_ among its ops
         assert "fused-optimizer" not in fixes and "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}
+
+
+@pytest.mark.parametrize("size", ["tiny", "large"])
+def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size):
+    """A simulation stepped op by op on 2-element tensors spends its op time in the ops' fixed
+    cost (cpu.small_op_share), which compile removes: PD312's ceiling counts it. Matmuls of
+    512x512 are not small."""
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    n = 2 if size == "tiny" else 512
+    w = torch.randn(n, n, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-3)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(3):
+            x = torch.ones(n, n)
+            for _ in range(40 if size == "tiny" else 2):
+                x = torch.tanh(x @ w) * 0.5 + x
+            x.sum().backward()
+            opt.step()
+            opt.zero_grad()
+            p.step()
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    doc = diagnose_path(str(tmp_path / "t.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["cpu.ops_per_step"] > (200 if size == "tiny" else 10)
+    if size == "tiny":
+        assert m["cpu.small_op_share"] > 0.3 and m["cpu.op_median_us"] < 20
+        fix = next(f for f in doc["findings"] if f["id"] == "PD312")
+        whole = m["share.host"] + m["cpu.small_op_share"]
+        assert fix["gain"]["ceiling"] is None or fix["gain"]["ceiling"] == pytest.approx(1 / (1 - whole), rel=1e-3)
+    else:
+        assert m["cpu.small_op_share"] < 0.1

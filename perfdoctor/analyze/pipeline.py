@@ -12,6 +12,7 @@ from perfdoctor.analyze.allocator import allocator_metrics
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
+from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
 from perfdoctor.analyze.memory import memory_metrics
@@ -82,6 +83,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm") else {})
     m.update(recompute_metrics(t, k, steps, m["share.device"]))
     m.update(thread_metrics(t, k, steps))
+    m.update(cpu_op_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

@@ -1,0 +1,60 @@
+"""Eager ops too small to be worth their dispatch, on CPU-only traces (cpu.* metrics).
+
+Each eager op pays a fixed cost on the host before it computes: the Python binding, the
+dispatcher, the output's allocation and TensorIterator's set-up, a few microseconds whatever the
+tensor's size (more under the profiler). A model of many ops on small tensors (a simulation
+stepped in Python, a per-element loss, an RNN cell unrolled by hand) spends most of its op time
+there, and torch.compile removes it: the graph's ops become one fused C++ loop, called once.
+
+    cpu.small_op_share = time of the outermost ops (aten::*, autograd::*) that take under
+                         SMALL_OP_US per op they hold / the steps' time
+
+Outermost: an op not inside another op of that kind on its thread (an aten::linear holds an
+aten::addmm; a backward node holds its aten ops), so nothing is counted twice; per op it holds,
+itself included, so that a backward node of five tiny ops counts as small. SMALL_OP_US is 20
+microseconds: profiled, an op on a 2-element tensor takes 5-15 microseconds here, and an op under
+20 is mostly its fixed cost. None on GPU traces (the host's ops overlap the device's work there:
+PD311 and the launch metrics cover it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import outermost
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+SMALL_OP_US = 20.0
+NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us")
+
+
+def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """How many of `ops` each row of `top` holds, itself included (same thread)."""
+    n = np.ones(len(top))
+    for tid in np.unique(t.tid[top]):
+        o = np.sort(t.ts[ops[t.tid[ops] == tid]])
+        on = np.flatnonzero(t.tid[top] == tid)
+        lo = np.searchsorted(o, t.ts[top[on]], side="left")
+        hi = np.searchsorted(o, t.ts[top[on]] + t.dur[top[on]], side="left")
+        n[on] = np.maximum(1, hi - lo)
+    return n
+
+
+def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    out = dict.fromkeys(NAMES)
+    total = float(steps.duration.sum())
+    if k.platform != "cpu" or len(steps) == 0 or total <= 0:
+        return out
+    ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
+    ops = ops[steps.index_of(t.ts[ops]) >= 0]
+    top = outermost(t, ops)
+    if len(top) == 0:
+        return out
+    dur = t.dur[top].astype(np.float64)
+    per_op = dur / _ops_inside(t, ops, top)
+    out["cpu.small_op_share"] = min(1.0, float(dur[per_op < SMALL_OP_US].sum()) / total)
+    out["cpu.ops_per_step"] = len(top) / len(steps)
+    out["cpu.op_median_us"] = float(np.median(dur))
+    return out
