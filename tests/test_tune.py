@@ -120,6 +120,9 @@ def test_compile_trial_uses_the_advised_mode_and_falls_back():
 
 def test_rule_for_prefers_a_ranked_fix():
     assert plan.rule_for({"num_workers": 2}, {"PD301"}) == "PD301"
+    # persistent workers on the script's own workers test PD356 (restarts measured) when it ranked
+    assert plan.rule_for({"persistent_workers": True}, {"PD356", "PD301"}) == "PD356"
+    assert plan.rule_for({"num_workers": 2, "persistent_workers": True}, {"PD356", "PD301"}) == "PD301"
     assert plan.rule_for({"compile": True}, {"PD312"}) == "PD312"
     assert plan.rule_for({"compile": True}, set()) == "PD311"       # named, prediction null
     assert plan.rule_for({"cudnn_benchmark": True}, {"PD301"}) is None

@@ -33,7 +33,7 @@ MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
 # Fix rule whose expected gain predicts each knob (first one present in the report wins).
-RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD301",), "prefetch_factor": ("PD301",),
+RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",)}
