@@ -14,20 +14,19 @@ from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.collect.loaderiters import LoaderIters
 
 
-def _loader_module():
-    """A DataLoader subclass in a namespace of its own: installing on it leaves torch's class alone."""
+def _installed(samples: int = 20):
+    """LoaderIters installed on a DataLoader subclass in a namespace of its own (torch's class is
+    left alone), a __next__ with the hooks' bookkeeping, and a loader of batches of 4."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, TensorDataset
 
     class DL(DataLoader):
         pass
-    data = TensorDataset(torch.arange(40.0).reshape(20, 2))
-    return types.SimpleNamespace(DataLoader=DL), (lambda: DL(data, batch_size=4))
+    ns = types.SimpleNamespace(DataLoader=DL)
+    iters = LoaderIters()
+    iters.install(ns)
 
-
-def _drawing(iters: LoaderIters):
-    """__next__ with the hooks' bookkeeping (hooks.py does the same around torch's __next__)."""
-    def draw(it):
+    def draw(it):               # hooks.py does the same around torch's __next__
         try:
             b = next(it)
             LoaderIters.drew(it, True, 0.001, iters)
@@ -35,15 +34,13 @@ def _drawing(iters: LoaderIters):
         except StopIteration:
             LoaderIters.drew(it, False, 0.0, iters)
             return None
-    return draw
+    loader = DL(TensorDataset(torch.arange(2.0 * samples).reshape(samples, 2)), batch_size=4)
+    return iters, draw, loader, ns
 
 
 @pytest.mark.torch
 def test_a_peek_before_each_epoch_is_found_in_its_own_step_with_its_batch():
-    ns, make = _loader_module()
-    iters = LoaderIters()
-    iters.install(ns)
-    draw, loader = _drawing(iters), make()
+    iters, draw, loader, _ = _installed()
     iters.take()
     for epoch in range(3):
         peek = iter(loader)
@@ -64,10 +61,7 @@ def test_a_peek_before_each_epoch_is_found_in_its_own_step_with_its_batch():
 
 @pytest.mark.torch
 def test_peek_batches_count_only_in_the_step_that_drew_them():
-    ns, make = _loader_module()
-    iters = LoaderIters()
-    iters.install(ns)
-    draw, loader = _drawing(iters), make()
+    iters, draw, loader, _ = _installed()
     iters.take()
     # an epoch: a peek, then the loop's iterator, all in one step
     p = iter(loader)
@@ -88,10 +82,7 @@ def test_peek_batches_count_only_in_the_step_that_drew_them():
 
 @pytest.mark.torch
 def test_two_iterators_of_one_loader_used_in_turn_are_not_peeks():
-    ns, make = _loader_module()
-    iters = LoaderIters()
-    iters.install(ns)
-    draw, loader = _drawing(iters), make()
+    iters, draw, loader, _ = _installed()
     a = iter(loader)
     draw(a)
     b = iter(loader)                            # a looks like a peek here...
@@ -105,15 +96,7 @@ def test_two_iterators_of_one_loader_used_in_turn_are_not_peeks():
 
 @pytest.mark.torch
 def test_a_loop_that_stops_at_the_loaders_length_is_no_peek():
-    torch = pytest.importorskip("torch")
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class DL(DataLoader):
-        pass
-    iters = LoaderIters()
-    iters.install(types.SimpleNamespace(DataLoader=DL))
-    draw = _drawing(iters)
-    small = DL(TensorDataset(torch.zeros(8, 2)), batch_size=4)     # two batches an epoch
+    iters, draw, small, _ = _installed(8)                          # two batches an epoch
     for _ in range(3):
         it = iter(small)
         for _ in zip(range(len(small)), range(2)):                 # stops before StopIteration
@@ -123,9 +106,7 @@ def test_a_loop_that_stops_at_the_loaders_length_is_no_peek():
 
 @pytest.mark.torch
 def test_installing_twice_wraps_once():
-    ns, _ = _loader_module()
-    iters = LoaderIters()
-    iters.install(ns)
+    iters, _, _, ns = _installed()
     first = ns.DataLoader.__iter__
     iters.install(ns)
     assert ns.DataLoader.__iter__ is first

@@ -43,26 +43,32 @@ def test_real_cpu_trace(cpu_trace_dir):
     assert "GPU" not in doc["verdict"]["summary"]
 
 
+def _profiled(tmp_path, step, n: int) -> dict:
+    """The report of n steps recorded by torch.profiler on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(n):
+            step()
+            p.step()
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    return diagnose_path(str(tmp_path / "t.json"))
+
+
 @pytest.mark.parametrize("impl", ["for-loop", "fused"])
 def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
     """A CPU trace has no kernels: the ops inside Optimizer.step tell a for-loop Adam (many small
     ops: flag PD211, fix PD338 with a ceiling and no expected gain) from a fused one."""
     torch = pytest.importorskip("torch", reason="torch records the trace")
-    from torch.profiler import ProfilerActivity, profile
-
-    from perfdoctor.diagnose.offline import diagnose_path
-
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(12)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if impl == "fused" else {"foreach": False}))
     x = torch.randn(8, 16)
-    with profile(activities=[ProfilerActivity.CPU]) as p:
-        for _ in range(4):
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            p.step()
-    p.export_chrome_trace(str(tmp_path / "t.json"))
-    doc = diagnose_path(str(tmp_path / "t.json"))
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    doc = _profiled(tmp_path, step, 4)
     m = doc["traces"][0]["metrics"]
     fixes = {f["slug"]: f for f in doc["findings"]}
     if impl == "for-loop":
@@ -81,24 +87,17 @@ def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size
     cost (cpu.small_op_share), which compile removes: PD312's ceiling counts it. Matmuls of
     512x512 are not small."""
     torch = pytest.importorskip("torch", reason="torch records the trace")
-    from torch.profiler import ProfilerActivity, profile
-
-    from perfdoctor.diagnose.offline import diagnose_path
-
     n = 2 if size == "tiny" else 512
     w = torch.randn(n, n, requires_grad=True)
     opt = torch.optim.SGD([w], lr=1e-3)
-    with profile(activities=[ProfilerActivity.CPU]) as p:
-        for _ in range(3):
-            x = torch.ones(n, n)
-            for _ in range(40 if size == "tiny" else 2):
-                x = torch.tanh(x @ w) * 0.5 + x
-            x.sum().backward()
-            opt.step()
-            opt.zero_grad()
-            p.step()
-    p.export_chrome_trace(str(tmp_path / "t.json"))
-    doc = diagnose_path(str(tmp_path / "t.json"))
+    def step():
+        x = torch.ones(n, n)
+        for _ in range(40 if size == "tiny" else 2):
+            x = torch.tanh(x @ w) * 0.5 + x
+        x.sum().backward()
+        opt.step()
+        opt.zero_grad()
+    doc = _profiled(tmp_path, step, 3)
     m = doc["traces"][0]["metrics"]
     assert m["cpu.ops_per_step"] > (200 if size == "tiny" else 10)
     if size == "tiny":
