@@ -17,9 +17,9 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
+from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
-from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
