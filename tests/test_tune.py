@@ -501,8 +501,16 @@ def test_acceptance_cpu_bound_loader(tmp_path):
                            capture_output=True, text=True, timeout=200)
         assert p.returncode == 0, p.stderr
         return estimate(read_steps(out), num_workers=w or None)
-    base = rerun(0, 0)
-    measured = {w: sorted(speedup(base, rerun(w, k))[0] for k in (0, 1)) for w in (1, 2)}
+    # Two base runs, interleaved with the worker reruns (a slow stretch of the VM hits a base run
+    # and a worker run alike), and each worker rerun against each base: the spread the noise
+    # allows. One base run made a CI check fail: tune 1.75x [1.65, 1.84] for 2 workers, reruns
+    # 0.84x and 0.92x against a single base.
+    bases, reruns = [], {1: [], 2: []}
+    for k in (0, 1):
+        bases.append(rerun(0, k))
+        for w in (1, 2):
+            reruns[w].append(rerun(w, k))
+    measured = {w: sorted(speedup(b, x)[0] for b in bases for x in reruns[w]) for w in (1, 2)}
     skip_if_shared(foreign)        # a neighbour that came halfway changed the truth measured
     for w in (1, 2):
         trial = by[f"num_workers={w}"]
@@ -526,7 +534,7 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     best = doc["best"]
     if best and "num_workers" in best["changes"]:
         w = best["changes"]["num_workers"]
-        lo, hi = measured[w]
+        lo, hi = measured[w][0], measured[w][-1]
         assert f"num_workers={w}" in doc["apply"] and hi > 1.0, (best, measured)
         if best["confirmed"]:               # two runs: within 25% of what the reruns support
             assert 0.75 * lo <= best["speedup"] <= 1.25 * hi, (best, measured)
