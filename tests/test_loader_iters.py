@@ -29,10 +29,10 @@ def _installed(samples: int = 20):
     def draw(it):               # hooks.py does the same around torch's __next__
         try:
             b = next(it)
-            LoaderIters.drew(it, True, 0.001, iters)
+            iters.drew(it, True, 0.001)
             return b
         except StopIteration:
-            LoaderIters.drew(it, False, 0.0, iters)
+            iters.drew(it, False, 0.0)
             return None
     loader = DL(TensorDataset(torch.arange(2.0 * samples).reshape(samples, 2)), batch_size=4)
     return iters, draw, loader, ns

@@ -15,6 +15,8 @@ the share it was taken from. None where neither source measured anything.
 
 from __future__ import annotations
 
+from perfdoctor.analyze.stepwait import positive
+
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share",
          "save.share", "save.interval_steps", "logging.share")
 
@@ -27,9 +29,9 @@ def call_metrics(steady: list[dict], timed: bool) -> dict:
     total = sum(s["dur"] for s in recs)
     if not timed or total <= 0:
         return out
-    save = [_num(s.get("save")) for s in recs]
+    save = [positive(s.get("save")) for s in recs]
     out["calls.save_share"] = min(1.0, sum(save) / total)
-    out["calls.log_share"] = min(1.0, sum(_num(s.get("log")) for s in recs) / total)
+    out["calls.log_share"] = min(1.0, sum(positive(s.get("log")) for s in recs) / total)
     saves = sum(1 for x in save if x > 0)
     out["calls.save_interval_steps"] = len(recs) / saves if saves else None
     return out
@@ -44,7 +46,3 @@ def combined(m: dict) -> dict:
     logs = [m[k] for k in ("calls.log_share", "stacks.logging_sync_share") if m.get(k) is not None]
     return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
             "logging.share": max(logs) if logs else None}
-
-
-def _num(x) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else 0.0

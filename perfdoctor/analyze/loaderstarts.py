@@ -25,11 +25,9 @@ peek, and which steps hold the error is unknown).
 
 from __future__ import annotations
 
+from perfdoctor.analyze.stepwait import positive
+
 NAMES = ("loop.peek_share", "loop.peek_batches", "loader.restart_share", "loader.restarting")
-
-
-def _num(v) -> float:
-    return float(v) if isinstance(v, (int, float)) and v > 0 else 0.0
 
 
 def start_metrics(steady: list[dict], info: dict | None) -> dict:
@@ -42,13 +40,13 @@ def start_metrics(steady: list[dict], info: dict | None) -> dict:
         return out
     restarting = info.get("restarting")
     out["loader.restarting"] = restarting if isinstance(restarting, bool) else None
-    peek = sum(_num(s.get("peek")) for s in recs)
-    plain = sorted(_num(s.get("wait")) / s["batches"] for s in recs
-                   if not _num(s.get("nfirst")) and isinstance(s.get("batches"), (int, float)) and s["batches"] > 0)
+    peek = sum(positive(s.get("peek")) for s in recs)
+    plain = sorted(positive(s.get("wait")) / s["batches"] for s in recs
+                   if not positive(s.get("nfirst")) and isinstance(s.get("batches"), (int, float)) and s["batches"] > 0)
     usual = plain[len(plain) // 2] if plain else 0.0
-    starts = sum(_num(s.get("istart")) + _num(s.get("ishut"))
-                 + max(0.0, _num(s.get("ifirst")) - _num(s.get("nfirst")) * usual) for s in recs)
-    batches = sum(int(_num(s.get("peek_batches"))) for s in recs)
+    starts = sum(positive(s.get("istart")) + positive(s.get("ishut"))
+                 + max(0.0, positive(s.get("ifirst")) - positive(s.get("nfirst")) * usual) for s in recs)
+    batches = sum(int(positive(s.get("peek_batches"))) for s in recs)
     out["loader.restart_share"] = min(1.0, starts / total)
     if not info.get("relabelled"):
         out["loop.peek_share"] = min(1.0, peek / total)

@@ -10,9 +10,9 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics
 from perfdoctor.analyze.attention import attention_metrics
+from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
-from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
 from perfdoctor.analyze.memory import memory_metrics

@@ -123,10 +123,11 @@ _m("recompute.ops_per_step", "per_step", "Module forward ops (linear, conv, norm
 _m("recompute.share", "share", "What that recomputation takes from the step: kernel time launched from those ops weighted by the device's busy share (GPU), or the ops' own time (CPU).")
 # -- intra-op threads (analyze/threads.py; CPU-only traces, None elsewhere) -----------------
 _m("threads.splittable_share", "share", "Own time (children excluded) of aten ops lasting at least 50 us / step time: the op work more intra-op threads can split on a CPU-only run.")
-# -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
-_m("cpu.small_op_share", "share", "CPU-only traces: time of the outermost eager ops (aten::*, autograd::*) shorter than 20 us / step time: ops whose time is mostly their fixed dispatch cost, which torch.compile removes (analyze/cpuops.py). None on GPU traces.")
+# -- small eager ops (analyze/cpuops.py; CPU-only traces, None elsewhere) -------------------
+_m("cpu.small_op_share", "share", "CPU-only traces: time of the outermost eager ops (aten::*, autograd::*) that take under 20 us per op they hold (an autograd node of five tiny ops counts as small) / step time: ops whose time is mostly their fixed dispatch cost, which torch.compile removes (analyze/cpuops.py). None on GPU traces.")
 _m("cpu.ops_per_step", "per_step", "CPU-only traces: outermost eager ops (aten::*, autograd::*) per step.")
 _m("cpu.op_median_us", "us", "CPU-only traces: median duration of those ops (profiled).")
+# -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
 _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")
 _m("fusion.pointwise_share", "share", "The part of fusion.unfused_share in pointwise arithmetic, copies and casts (ATen functor and copy kernels): what fusion folds into the neighbouring kernels; norms, reductions, softmax, dropout and activations keep about a pass each.")

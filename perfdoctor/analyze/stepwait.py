@@ -25,6 +25,11 @@ from __future__ import annotations
 MIN_WAIT_SHARE = 0.01
 
 
+def positive(x) -> float:
+    """A step record's optional number (seconds, counts): itself when a positive number, else 0."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else 0.0
+
+
 def wait_busy_share(steps: list[dict]) -> float | None:
     wait = busy = total = 0.0
     for s in steps:

@@ -133,9 +133,9 @@ class Session(StepSources):
         base = dl._BaseDataLoaderIter
         orig = base.__next__
         session = self
-        iters, drew = self.iters, LoaderIters.drew
+        drew = self.iters.drew
         try:
-            iters.install(dl)
+            self.iters.install(dl)
         except Exception as exc:
             self.notes.append(f"DataLoader iterator starts cannot be timed ({type(exc).__name__}: {exc})")
 
@@ -157,7 +157,7 @@ class Session(StepSources):
                 dt = time.perf_counter() - t0
                 session.cum_wait += dt
                 session.cum_batches += got
-                drew(it, got, dt, iters)
+                drew(it, got, dt)
         base.__next__ = __next__
 
     def _wrap_worker_info(self) -> None:

@@ -7,7 +7,7 @@ costs of that are easy to miss in a trace and easy to remove:
 - a peek: `next(iter(loader))` to read a batch's shape before the epoch (pytorch/examples' DDP
   tutorial does it), or an iterator re-created every step. The iterator draws a batch or two,
   is dropped, and the next iterator over the same loader starts over. Its start, and the batch
-  it drew when that batch was extra to the step (analyze/loaderstarts.py), is wasted time.
+  it drew and its shutdown when that batch was extra to the step, is wasted time.
 - a restart: every epoch's iterator starts its workers again unless persistent_workers=True.
 
 On the training thread, per step (steps.jsonl, seconds): the time inside DataLoader.__iter__
@@ -36,19 +36,36 @@ import time
 PEEK_MAX = 2          # batches a dropped iterator may have drawn and still be a peek
 
 
+class Generation:
+    """One start of a loader's iterator (a persistent iterator's reset too), until the next one."""
+    __slots__ = ("batches", "draw_s", "start_s", "shut_s", "ran_out", "peek", "step", "size")
+
+    def __init__(self, start_s: float, step: int, size: int):
+        self.batches, self.draw_s, self.start_s, self.shut_s = 0, 0.0, start_s, 0.0
+        self.ran_out = self.peek = False
+        self.step = step                        # the step it started in (LoaderIters.serial)
+        self.size = size                        # the loader's length: a loop may stop there
+
+
 class LoaderIters:
     def __init__(self):
         self.thread = threading.get_ident()     # the thread that runs the steps
-        # since the last take(): seconds in DataLoader.__iter__, in worker shutdowns, in the first
-        # __next__ of each iterator and how many such first draws; peeks found (seconds, of which
-        # start, batches)
-        self.acc = [0.0, 0.0, 0.0, 0, 0.0, 0.0, 0]
-        self.last: dict[int, list] = {}         # id(loader) -> its current generation
+        self._reset()
+        self.last: dict[int, Generation] = {}   # id(loader) -> its current generation
         self.loaders: dict[int, dict] = {}      # id(loader) -> {"workers", "persistent"} (its first start's)
         self.serial = 0                         # take() calls: the step now running
         self.peeks = 0
         self.relabelled = 0
         self.installed = False
+
+    def _reset(self) -> None:
+        """The step's sums (take() reads them): seconds in DataLoader.__iter__, in worker
+        shutdowns, in each iterator's first __next__ and how many; the peeks found (seconds, of
+        which their start, and the batches they drew in this step)."""
+        self.istart = self.ishut = self.ifirst = 0.0
+        self.nfirst = 0
+        self.peek_s = self.peek_start = 0.0
+        self.peek_batches = 0
 
     def install(self, dl) -> None:
         """Wrap DataLoader.__iter__ and the worker shutdown (module torch.utils.data.dataloader)."""
@@ -80,24 +97,25 @@ class LoaderIters:
                     return shut(it)
                 finally:
                     dt = time.perf_counter() - t0
-                    iters.acc[1] += dt
+                    iters.ishut += dt
                     gen = getattr(it, "_perfdoctor_gen", None)
                     if gen is not None:
-                        gen[6] += dt
+                        gen.shut_s += dt
             mp._shutdown_workers = _shutdown_workers
         self.installed = True
 
     def started(self, loader, it, dt: float) -> None:
         key = id(loader)
-        acc = self.acc
-        acc[0] += dt
+        self.istart += dt
         prev = self.last.get(key)
-        if prev is not None and prev[0] <= PEEK_MAX and prev[0] < prev[7] and not prev[3] and not prev[4]:
-            prev[4] = True                      # a peek: found now, counted in this step
-            same = prev[5] == self.serial       # it drew in this step: those batches are this step's extra
-            acc[4] += prev[2] + ((prev[1] + prev[6]) if same else 0.0)
-            acc[5] += prev[2]
-            acc[6] += prev[0] if same else 0
+        if (prev is not None and prev.batches <= PEEK_MAX and prev.batches < prev.size
+                and not prev.ran_out and not prev.peek):
+            prev.peek = True                    # a peek: found now, counted in this step
+            if prev.step == self.serial:        # it drew in this step: those batches are this step's extra
+                self.peek_s += prev.draw_s + prev.shut_s
+                self.peek_batches += prev.batches
+            self.peek_s += prev.start_s
+            self.peek_start += prev.start_s
             self.peeks += 1
         if key not in self.loaders:
             self.loaders[key] = {"workers": int(getattr(loader, "num_workers", 0) or 0),
@@ -106,34 +124,31 @@ class LoaderIters:
             size = len(loader)
         except Exception:                       # an IterableDataset without __len__
             size = PEEK_MAX + 1
-        # batches, draw seconds, start seconds, ran out, called a peek, the step it started in,
-        # shutdown seconds, the loader's length
-        gen = [0, 0.0, dt, False, False, self.serial, 0.0, size]
-        self.last[key] = gen
+        gen = self.last[key] = Generation(dt, self.serial, size)
         it._perfdoctor_gen = gen
 
-    @staticmethod
-    def drew(it, got: bool, dt: float, iters: "LoaderIters") -> None:
+    def drew(self, it, got: bool, dt: float) -> None:
         """After one __next__ of an iterator started through DataLoader.__iter__."""
         gen = getattr(it, "_perfdoctor_gen", None)
         if gen is None:
             return
-        if got:
-            if gen[0] == 0:
-                iters.acc[2] += dt
-                iters.acc[3] += 1
-            gen[0] += 1
-            gen[1] += dt
-            if gen[4]:                          # called a peek, and drawing again: it was not one
-                gen[4] = False
-                iters.relabelled += 1
-        else:
-            gen[3] = True
+        if not got:
+            gen.ran_out = True
+            return
+        if gen.batches == 0:
+            self.ifirst += dt
+            self.nfirst += 1
+        gen.batches += 1
+        gen.draw_s += dt
+        if gen.peek:                            # called a peek, and drawing again: it was not one
+            gen.peek = False
+            self.relabelled += 1
 
     def take(self) -> tuple:
         """(istart, ishut, ifirst, nfirst, peek, peek_start, peek_batches) since the last take:
         the step that just ended (takes and iterator starts both run on the training thread)."""
-        out, self.acc = tuple(self.acc), [0.0, 0.0, 0.0, 0, 0.0, 0.0, 0]
+        out = (self.istart, self.ishut, self.ifirst, self.nfirst, self.peek_s, self.peek_start, self.peek_batches)
+        self._reset()
         self.serial += 1
         return out
 
