@@ -1,12 +1,13 @@
-"""Calibration of PD355 (no peek iterator) and PD356 (persistent_workers=True) on this machine.
+"""Calibration of PD355 (no peek iterator), PD356 (persistent_workers=True) and PD347 (num_workers=0) on this machine.
 
     python bench/bench_loader_starts.py [--pairs 6] [--epochs 12] [--workers 2]
 
 The workload is the single-process script of pytorch/examples' DDP tutorial, rewritten here (a
 Linear(20, 1) on 2048 random samples, batches of 32, SGD, a checkpoint every 2nd epoch) with
 its peek before each epoch, `len(next(iter(loader))[0])`, and `--workers` DataLoader workers.
-Three variants run in interleaved rounds (order rotating), each printing its training time:
-bare, without the peek (`loader.batch_size`), and with persistent_workers=True. Measured
+Four variants run in interleaved rounds (order rotating), each printing its training time:
+bare, without the peek (`loader.batch_size`), with persistent_workers=True, and with
+num_workers=0 (the batches made in the trainer). Measured
 speed-up = median over rounds of bare / variant (the rounds' spread is printed: a shared 2-core
 VM moves single rounds by 20-30%). `perfdoctor run --no-stacks` on the bare script gives each
 rule's expected gain and ceiling; prints them against the measurement and the 25% bar.
@@ -40,6 +41,7 @@ def main(epochs, workers, variant):
     model = torch.nn.Linear(20, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     extra = {"persistent_workers": True} if variant == "persistent" else {}
+    workers = 0 if variant == "noworkers" else workers
     loader = DataLoader(Data(2048), batch_size=32, shuffle=True, num_workers=workers, **extra)
     t0 = time.perf_counter()
     for epoch in range(epochs):
@@ -55,7 +57,7 @@ def main(epochs, workers, variant):
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
 """
-VARIANTS = {"nopeek": "PD355", "persistent": "PD356"}
+VARIANTS = {"nopeek": "PD355", "persistent": "PD356", "noworkers": "PD347"}
 
 
 def _time(script: Path, args: list[str], cwd: Path) -> float:
@@ -68,7 +70,7 @@ def _time(script: Path, args: list[str], cwd: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=6, help="interleaved rounds of the three variants")
+    ap.add_argument("--pairs", type=int, default=6, help="interleaved rounds of the variants")
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
@@ -80,7 +82,8 @@ def main() -> None:
         names = ["bare", *VARIANTS]
         times: dict[str, list[float]] = {n: [] for n in names}
         for i in range(a.pairs):
-            order = names[i % 3:] + names[:i % 3]
+            k = i % len(names)
+            order = names[k:] + names[:k]
             for n in order:
                 times[n].append(_time(script, [*args, n], tmp))
             print(f"round {i + 1}: " + "  ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
@@ -93,7 +96,9 @@ def main() -> None:
             raise SystemExit(f"perfdoctor run wrote no report (exit {r.returncode}):\n{r.stderr[-2000:]}")
         found = {f["id"]: f for f in doc["findings"]}
         m = doc["traces"][0]["metrics"]
-        print(f"loop.peek_share {m.get('loop.peek_share')}  loader.restart_share {m.get('loader.restart_share')}")
+        print("  ".join(f"{k} {m.get(k)}" for k in ("loop.peek_share", "loader.restart_share", "loader.fetch_ms",
+                                                    "loader.fetch_share", "run.outside_loader_share",
+                                                    "run.runq_runnable_share")))
         print(f"{'variant':<12}{'rule':<7}{'measured':>9}{'rounds':>14}{'expected':>10}{'ceiling':>9}{'error':>8}")
         for n, rule in VARIANTS.items():
             ratios = [b / v for b, v in zip(times["bare"], times[n])]

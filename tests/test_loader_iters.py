@@ -167,6 +167,8 @@ def test_a_run_names_the_peek_and_the_worker_restarts_not_an_evaluation(tmp_path
     m = doc["traces"][0]["metrics"]
     assert m["loop.extra_batches_excess_share"] == 0.0          # a peek is not an evaluation loop
     assert 0 < m["loop.peek_share"] < m["loader.restart_share"] < 1
+    assert m["loader.workers"] == 2             # workers living a fraction of a second: the loader's own setting
+    assert m["loader.fetch_ms"] > 0 and m["loader.worker_cpu_mean"] is not None
     ids = [f["id"] for f in doc["findings"]]
     assert "PD354" not in ids
     assert "PD356" in ids, (ids, m["loader.restart_share"])     # 2 workers started 16 times for 8 epochs

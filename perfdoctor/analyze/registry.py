@@ -170,6 +170,7 @@ _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step ti
 _m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")
 _m("run.data_wait_share", "share", "Time inside DataLoader __next__ / wall time of the steady window (every step of it, not only the traced ones).")
 _m("run.runq_share", "share", "Share of the steady steps' wall time the training thread waited in the run queue for a CPU (schedstat): the cost of sharing the cores, with other processes or its own threads.")
+_m("run.runq_runnable_share", "fraction", "Share of the training thread's runnable time (on a CPU or queued for one) in the steady steps that it spent queued: sum(runq) / sum(cpu + runq) from schedstat. A step's own work took about 1 / (1 - this) as long as it would on cores of its own.")
 _m("input.wait_busy_share", "share", "Of the training thread's data wait over the steady window, the share it provably spent awake (on a CPU or queued for one: the loading work itself, or receiving batches from workers) rather than asleep waiting on them: a lower bound from schedstat per step (perfdoctor/analyze/stepwait.py); None without schedstat or with under 1% wait.")
 _m("run.all_steps_wait_share", "share", "Time inside DataLoader __next__ / wall time of every measured step, warm-up included: what a run too short for a steady window still measures (perfdoctor/diagnose/live.py).")
 _m("run.trace_inflation", "ratio", "Mean traced step (steps.time_mean_ms) / run.step_time_ms, at least 1: how much longer the profiled steps ran than un-profiled ones. A share of the traced step is at most this many times larger in an un-profiled step (the profiler only adds time), so ceilings use share x this (rules/engine.py). None for a trace alone.")
@@ -193,6 +194,10 @@ _m("loop.peek_share", "share", "Time of DataLoader iterators started for a peek 
 _m("loop.peek_batches", "count", "Batches drawn by those peeks in the steady window and thrown away.")
 _m("loader.restart_share", "share", "Time starting DataLoader iterators (each epoch's `for batch in loader`, peeks too) / the steady wall time: inside DataLoader.__iter__, inside the shutdown of the old iterator's workers, and the first batch's wait beyond the usual wait for a batch (with workers and persistent_workers=False each start starts the workers again).")
 _m("loader.restarting", "bool", "A DataLoader with num_workers > 0 and persistent_workers=False was iterated: each new epoch starts its workers again.")
+# -- what the loader's batches cost to make (perfdoctor run: analyze/loaderfetch.py; None for a trace or an older run) --
+_m("loader.fetch_ms", "ms", "Mean time a DataLoader worker took to make one batch (torch's fetcher: __getitem__ per index or __getitems__, then collate_fn), less the time it waited in the run queue for a CPU meanwhile and the time it allocated the shared memory its collate stacks into; the handing over to the trainer (pickling, shared memory) is not in it. Forked workers only; None with num_workers=0 (the trainer's data wait is that time).")
+_m("loader.fetch_share", "ratio", "loader.fetch_ms x the batches the steady steps drew / the steady wall time: what making those batches would cost a trainer that made them itself (num_workers=0), as a share of today's step; above 1, loading needs the workers.")
+_m("run.outside_loader_share", "share", "The steady steps' time outside DataLoader.__next__, iterator starts and worker shutdowns / their wall time: the step's own work (forward, backward, optimizer, the loop's Python), its queueing for a CPU included.")
 
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")

@@ -18,6 +18,11 @@ None without schedstat, or when the wait is under MIN_WAIT_SHARE of the steps (n
 
 the share of the steps' wall time the training thread waited for a CPU: on a machine shared with
 another job, or with more runnable threads than cores, the thread is ready but not running.
+
+    run.runq_runnable_share = sum(runq) / sum(cpu + runq)
+
+the share of the thread's runnable time it spent queued: its work took about 1 / (1 - this) as
+long as it would on a core of its own (the sleeping part of the step is left out).
 """
 
 from __future__ import annotations
@@ -53,6 +58,16 @@ def runq_share(steps: list[dict]) -> float | None:
             runq += max(0.0, q)
             total += d
     return min(1.0, runq / total) if total > 0 else None
+
+
+def runq_runnable_share(steps: list[dict]) -> float | None:
+    runq = runnable = 0.0
+    for s in steps:
+        q, cpu = s.get("runq"), s.get("cpu")
+        if isinstance(q, (int, float)) and isinstance(cpu, (int, float)):
+            runq += max(0.0, q)
+            runnable += max(0.0, q) + max(0.0, cpu)
+    return min(1.0, runq / runnable) if runnable > 0 else None
 
 
 def extra_batches(steps: list[dict]) -> dict | None:

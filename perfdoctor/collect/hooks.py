@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 
+from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
@@ -84,6 +85,7 @@ class Session(StepSources):
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
         self.iters = LoaderIters()       # DataLoader iterator starts and peeks, per step
+        self.fetches = FetchTimes(self.run_dir)   # what a loader worker spends making a batch
         os.makedirs(self.run_dir, exist_ok=True)
         # Buffered and written in batches (steprecord.py): the live readers (progress line, py-spy's
         # first-step wait) see the first steps at once, later ones when a step ends FLUSH_S after
@@ -138,6 +140,12 @@ class Session(StepSources):
             self.iters.install(dl)
         except Exception as exc:
             self.notes.append(f"DataLoader iterator starts cannot be timed ({type(exc).__name__}: {exc})")
+        try:
+            import torch.storage
+            from torch.utils.data._utils import fetch, worker
+            self.fetches.install(fetch, worker, torch.storage)
+        except Exception as exc:
+            self.notes.append(f"DataLoader workers' batches cannot be timed ({type(exc).__name__}: {exc})")
 
         def __next__(it):
             t0 = time.perf_counter()

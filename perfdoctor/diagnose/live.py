@@ -17,12 +17,14 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
+from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
-from perfdoctor.analyze.stepwait import extra_batches, runq_share, wait_busy_share
+from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
+from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
@@ -103,7 +105,8 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.step_time_median_ms": ms(est.median_s), "run.step_time_p90_ms": ms(est.p90_s),
             "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s,
             "input.wait_busy_share": wait_busy_share(steady) if steady else None,
-            "run.runq_share": runq_share(steady) if steady else None}
+            "run.runq_share": runq_share(steady) if steady else None,
+            "run.runq_runnable_share": runq_runnable_share(steady) if steady else None}
 
 
 def _extra_batches_note(steady: list[dict]) -> list[str]:
@@ -157,10 +160,12 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m = analysis.metrics
     sysm, sample_notes, sampling = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
+    fetches = runfiles.read_fetches(run_dir / FETCH_FILE)
+    m.update(sampled_workers_or_fetched(m, res.child.get("loader_iters"), fetches))
     siblings = (runfiles.record(_read_json(run_dir / "rank.json"), runfiles.RANK).get("local_world_size") or 1) - 1
     if siblings > 0:                    # this job's other ranks on the machine are not "other work"
-        m["system.other_cores"] = other_cores(sysm, siblings)
-    est = step_estimate(steps, **loader_settings(run_dir, sysm))
+        m["system.other_cores"] = other_cores(m, siblings)
+    est = step_estimate(steps, **loader_settings(run_dir, m))
     m.update(step_metrics(steps, res, est=est))
     m["machine.torch_threads"] = res.child.get("torch_threads")
     kind = res.child.get("dataset_kind")
@@ -171,6 +176,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(few_steps_metrics(steps))
     steady = steps[est.first:est.first + est.n]
     m.update(start_metrics(steady, res.child.get("loader_iters")))
+    m.update(fetch_metrics(steady, fetches))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     notes += _extra_batches_note(steady) + [n for n in sample_notes if n not in notes]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 NUM, INT, STR, BOOL, ANY = "num", "int", "str", "bool", "any"
+MAX_FETCH_LINES = 200_000       # loaderfetch.jsonl: a worker writes a line per 10 s of fetching
 _MISSING = object()
 
 # "!": keys its readers index (present and not None, else the object is dropped); "=": defaults.
@@ -38,6 +39,8 @@ STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode"
         "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "istart": NUM, "ishut": NUM,
         "ifirst": NUM, "nfirst": INT, "peek": NUM,
         "peek_start": NUM, "peek_batches": INT}
+FETCH = {"!": ("pid", "batches", "wall_s"), "pid": INT, "batches": INT, "wall_s": NUM, "runq_s": NUM, "shm_s": NUM,
+         "cpu_s": NUM, "first": NUM, "last": NUM, "at": NUM}
 RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": NUM, "stopped_by": STR,
        "forwarded_signals": [INT], "notes": [STR], "config": {"*": ANY}}
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
@@ -154,6 +157,21 @@ def read_steps(path: Path, warnings: list[str] | None = None) -> list[dict]:
             warnings.append(f"steps.jsonl: {dropped - cut} line(s) are not step records (not JSON, or no duration "
                             "and data wait); left out")
     return recs
+
+
+def read_fetches(path: Path) -> list[dict]:
+    """loaderfetch.jsonl's lines (collect/loaderfetch.py: a worker's cumulative totals), those
+    with a pid, batches and wall time of the right types; [] when the file is absent."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines()[:MAX_FETCH_LINES]:
+        c = conform(_json_line(line), FETCH)
+        if isinstance(c, dict) and all(c.get(k) is not None for k in FETCH["!"]) and c["batches"] >= 0 and c["wall_s"] >= 0:
+            out.append(c)
+    return out
 
 
 def _json_line(line: str):

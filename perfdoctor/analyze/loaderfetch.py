@@ -1,0 +1,94 @@
+"""What the loader's batches cost to make, and the step without the loader (`run` only).
+
+collect/loaderfetch.py times torch's fetcher in each forked DataLoader worker: a batch's
+__getitem__ calls (or __getitems__) and its collate, in wall time and in time the worker waited
+in the run queue for a CPU meanwhile, and in allocating the shared memory a worker's collate
+stacks the batch into. Each worker's last line holds its totals (`batches`, `wall_s`, `runq_s`,
+`shm_s`). Over all the workers of the run:
+
+    loader.fetch_ms    = sum(wall_s - runq_s - shm_s) / sum(batches)
+
+what making one batch costs on a core of its own (the dataset's CPU work, any wait on storage,
+the collate), without the handing over to the trainer (shared memory, pickling, the queue).
+
+    loader.fetch_share = loader.fetch_ms x (batches the steady steps drew) / steady wall time
+
+what the steady steps' batches would cost a trainer that made them itself (num_workers=0), as a
+share of today's steady wall time. None when no worker fetch was timed (num_workers=0, spawned
+workers, an older run).
+
+    run.outside_loader_share = sum(dur - wait - istart - ishut) / sum(dur)
+
+the steady steps' time outside DataLoader.__next__, iterator starts and worker shutdowns: the
+step's own work (forward, backward, the optimizer, the loop's Python), with its queueing for a
+CPU. PD347 models loading in the trainer from these three and run.runq_runnable_share.
+
+The system samples (one a second) see a worker only when it lives through two of them: workers
+started again for every short epoch (persistent_workers=False, an epoch under a second or two)
+are missed, loader.workers reads 0, and their CPU reads as another job's (system.other_cores).
+`sampled_workers_or_fetched` then takes the loader's own num_workers (child.json loader_iters)
+and a worker's CPU use from the fetch lines: sum(cpu_s) / sum(at - first) over the workers that
+drew two batches or more (a worker's CPU from its first fetch to its line, over that time).
+"""
+
+from __future__ import annotations
+
+from perfdoctor.analyze.stepwait import positive
+from perfdoctor.analyze.system import other_cores
+
+NAMES = ("loader.fetch_ms", "loader.fetch_share", "run.outside_loader_share")
+
+
+def last_per_worker(lines: list[dict]) -> list[dict]:
+    """Each worker's latest totals (its lines are cumulative; the one with most batches wins)."""
+    best: dict[int, dict] = {}
+    for r in lines:
+        pid = r.get("pid")
+        if isinstance(pid, int) and (pid not in best or positive(r.get("batches")) >= positive(best[pid].get("batches"))):
+            best[pid] = r
+    return list(best.values())
+
+
+def fetch_metrics(steady: list[dict], lines: list[dict]) -> dict:
+    out = dict.fromkeys(NAMES)
+    recs = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    total = sum(s["dur"] for s in recs)
+    if total <= 0:
+        return out
+    outside = sum(max(0.0, s["dur"] - positive(s.get("wait")) - positive(s.get("istart")) - positive(s.get("ishut")))
+                  for s in recs)
+    out["run.outside_loader_share"] = min(1.0, outside / total)
+    workers = last_per_worker(lines)
+    batches = sum(int(positive(w.get("batches"))) for w in workers)
+    if batches <= 0:
+        return out
+    cost = sum(max(0.0, positive(w.get("wall_s")) - positive(w.get("runq_s")) - positive(w.get("shm_s")))
+               for w in workers)
+    per_batch = cost / batches
+    out["loader.fetch_ms"] = 1e3 * per_batch
+    drawn = sum(positive(s.get("batches")) for s in recs)
+    out["loader.fetch_share"] = per_batch * drawn / total
+    return out
+
+
+def sampled_workers_or_fetched(m: dict, info: dict | None, lines: list[dict]) -> dict:
+    """loader.workers, loader.worker_cpu_mean and system.other_cores when the system samples saw
+    no worker but the loader had some ({} when they did, or nothing better is known)."""
+    if m.get("loader.workers") or not isinstance(info, dict):
+        return {}
+    n = info.get("workers")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return {}
+    out = {"loader.workers": n}
+    cpu = life = 0.0
+    for w in last_per_worker(lines):
+        span = positive(w.get("at")) - positive(w.get("first"))
+        if positive(w.get("batches")) >= 2 and span > 0 and isinstance(w.get("cpu_s"), (int, float)):
+            cpu += positive(w.get("cpu_s"))
+            life += span
+    if life > 0:
+        out["loader.worker_cpu_mean"] = cpu / life
+        oc = other_cores({**m, **out})
+        if oc is not None:
+            out["system.other_cores"] = oc
+    return out
