@@ -376,6 +376,20 @@ def test_failure_before_the_first_step_is_the_verdict(tmp_path):
     assert "Step breakdown" not in tail
 
 
+def test_a_long_error_is_named_by_its_first_line():
+    """torch.load's weights_only error: a dozen lines with bold codes; the verdict takes the first
+    line (report.json's run.error keeps all of it)."""
+    from perfdoctor.diagnose.ending import ERROR_CHARS, _headline
+    err = ("UnpicklingError: Weights only load failed. This file can still be loaded, \x1b[1mdo those steps only "
+           "if you trust the source\x1b[0m.\n\t(1) In PyTorch 2.6, we changed the default ...\n")
+    assert _headline(err) == ("UnpicklingError: Weights only load failed. This file can still be loaded, do those "
+                              "steps only if you trust the source. ...")
+    assert _headline("FileNotFoundError: data/train.bin not found") == "FileNotFoundError: data/train.bin not found"
+    long = "ValueError: " + "x" * 500
+    assert _headline(long) == long[:ERROR_CHARS] + " ..."
+    assert _headline("  ") == ""
+
+
 def test_grad_resets_tell_accumulation_from_updates():
     """The reset detector on its own: set to None, zeroed in place, clipped = a new step;
     accumulation = the same step; a reset through .grad.data is invisible."""

@@ -8,6 +8,8 @@ samples alone, gets its confidence capped with the reason stated.
 
 from __future__ import annotations
 
+import re
+
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.diagnose.confidence import label
 
@@ -47,6 +49,19 @@ def failed(res: RunResult) -> bool:
     return res.child.get("outcome") in ("crashed", "interrupted") or bool(res.exit_code)
 
 
+ERROR_CHARS = 200     # of an exception's message in the verdict (report.json's run.error keeps it whole)
+SGR = re.compile(r"\x1b\[[0-9;]*m")    # colours and bold in a message: formatting, not content
+
+
+def _headline(error: str) -> str:
+    """An exception's first line, at most ERROR_CHARS: torch's own messages run to a dozen lines
+    (torch.load's weights_only error: 1,200 characters, with terminal bold codes) that the
+    script's traceback already shows above the report."""
+    line = SGR.sub("", error.strip().splitlines()[0]) if error.strip() else ""
+    more = len(line) > ERROR_CHARS or "\n" in error.strip()
+    return (line[:ERROR_CHARS].rstrip() + " ...") if more else line
+
+
 def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool) -> None:
     """The run section names the step source and the script's failure; a run without a trace
     gets its verdict (PD111, PD114) with the confidence capped and the reason stated, and a
@@ -60,7 +75,7 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
     verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
     if not steps and (failed(res) or outcome(res) == "unknown"):
         code = "unknown" if res.exit_code is None else res.exit_code
-        what = (f"{run['error']}; " if run["error"] else "") + f"exit code {code}"
+        what = (f"{_headline(run['error'])}; " if run["error"] else "") + f"exit code {code}"
         summary = (f"The script failed before its first step ({what}): nothing was measured to diagnose. Fix "
                    "the failure and run again." if failed(res) else
                    f"No step was recorded, and how the script ended is unknown ({what}): nothing was measured "
