@@ -81,6 +81,42 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
         assert "fused-optimizer" not in fixes and "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}
 
 
+@pytest.mark.parametrize("closure", [False, True])
+def test_an_optimizer_closures_forward_and_backward_are_not_optimizer_time(tmp_path, closure):
+    """optimizer.step(closure) (LBFGS; Lightning) runs the model inside the Optimizer.step range.
+    The optimizer's own share is what follows the closure's backward: the same for-loop Adam
+    update, called with or without a closure, has about the same ops and share."""
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    x = torch.randn(256, 64)
+
+    def loss():
+        opt.zero_grad()
+        out = model(x).square().mean()
+        out.backward()
+        return out
+
+    def step():
+        if closure:
+            opt.step(loss)
+        else:
+            loss()
+            opt.step()
+    doc = _profiled(tmp_path, step, 4)
+    m = doc["traces"][0]["metrics"]
+    assert m["optimizer.closure"] is closure
+    assert 6 * 2 * 5 <= m["optimizer.ops_per_step"] < 6 * 2 * 40      # the update's ops, not the model's
+    assert m["optimizer.step_share"] < 0.5                              # the forward and backward are not in it
+
+
+def test_a_ceiling_under_one_percent_comes_after_unknown_gains():
+    from perfdoctor.rules.engine import order_key
+    keys = {"tiny ceiling": order_key(False, 1.002, True, "PD338"), "unknown": order_key(False, None, False, "PD319"),
+            "ceiling": order_key(False, 1.5, False, "PD312"), "modelled": order_key(True, 1.2, False, "PD301")}
+    assert sorted(keys, key=keys.get) == ["modelled", "ceiling", "unknown", "tiny ceiling"]
+
+
 @pytest.mark.parametrize("size", ["tiny", "large"])
 def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size):
     """A simulation stepped op by op on 2-element tensors spends its op time in the ops' fixed

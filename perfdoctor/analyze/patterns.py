@@ -19,6 +19,44 @@ FUSED_OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fu
 FUSED_OPTIMIZER_OP = re.compile(r"^aten::_(fused|foreach)_")      # fused=True / foreach=True
 
 
+BACKWARD = "autograd::engine::evaluate_function"
+
+
+class OwnPart:
+    """The optimizer's own part of each Optimizer.step range. optimizer.step(closure) (LBFGS,
+    Lightning's automatic optimization) runs the model's forward and backward inside the range;
+    torch's optimizers call the closure first and update after it, so what follows the last
+    backward pass that started in a range is the optimizer's own work (LBFGS also works between
+    its closure calls: that part is missed, and LBFGS has no foreach or fused version anyway).
+    Backward passes are found by their autograd engine events starting inside a range, on any
+    thread (a GPU's backward runs on the autograd device threads)."""
+
+    def __init__(self, t: EventTable, opt: np.ndarray):
+        s, e = intervals.union(t.ts[opt], t.ts[opt] + t.dur[opt])     # nested ranges: one
+        self.starts, self.ends = np.asarray(s, np.float64), np.asarray(e, np.float64)
+        self.cut = self.starts.copy()
+        bwd = np.flatnonzero(t.name_mask(lambda s: s.startswith(BACKWARD))) if len(opt) else np.zeros(0, int)
+        i = self._range_of(t.ts[bwd].astype(np.float64))
+        ok = i >= 0
+        np.maximum.at(self.cut, i[ok], (t.ts[bwd] + t.dur[bwd])[ok].astype(np.float64))
+        self.cut = np.minimum(self.cut, self.ends)
+        self.closure = bool(ok.any())
+
+    def _range_of(self, x: np.ndarray) -> np.ndarray:
+        """The range each time lies in (-1: none)."""
+        i = np.searchsorted(self.starts, x, side="right") - 1
+        inside = i >= 0
+        inside[inside] = x[inside] < self.ends[i[inside]]
+        return np.where(inside, i, -1)
+
+    def own(self, x: np.ndarray) -> np.ndarray:
+        """Whether each time lies in a range's own part (after its closure's last backward)."""
+        i = self._range_of(x.astype(np.float64))
+        ok = i >= 0
+        ok[ok] = x[ok] >= self.cut[i[ok]]
+        return ok
+
+
 def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     n, total = len(steps), float(steps.duration.sum())
     in_steps = steps.of_events(t) >= 0
@@ -29,15 +67,19 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
            "trace.devices_used": None, "attention.math_kernel_share": None,
            "optimizer.kernels_per_step": None, "optimizer.ops_per_step": None, "optimizer.fused": None,
+           "optimizer.closure": None,
            "gpu.kernels_per_step_cv": None,
            "gpu.kernel_time_per_step_cv": None}
     opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
-    s_, e_ = intervals.clip(t.ts[opt], t.ts[opt] + t.dur[opt], *steps.span)
+    part = OwnPart(t, opt)
+    s_, e_ = intervals.clip(part.cut, part.ends, *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
     if len(opt):
+        out["optimizer.closure"] = part.closure
         ops = np.flatnonzero(k.cpu_op)
         ops = ops[~np.isin(ops, opt)]
         inside = ops[contained(t, ops, opt)]            # any depth, same thread
+        inside = inside[part.own(t.ts[inside])]
         out["optimizer.ops_per_step"] = len(inside) / n
         if k.platform == "cpu":         # no kernels: the ops say which implementation ran
             names = {t.names[c] for c in unique(t.name[inside])}
@@ -53,7 +95,10 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     elif out["attention.fused_ops_per_step"] or (k.kernel[dev] & (launch >= 0)).any():
         out["attention.math_kernel_share"] = 0.0
     if len(opt):
-        in_opt = kernels_launched_inside(t, k, opt)
+        dev, launch = device_launch_index(t, k)
+        ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
+        dev, launch = dev[ok], launch[ok]
+        in_opt = dev[contained(t, launch, opt) & part.own(t.ts[launch])]
         out["optimizer.kernels_per_step"] = len(in_opt) / n
         names = {t.names[c] for c in unique(t.name[in_opt])}
         out["optimizer.fused"] = any(FUSED_OPTIMIZER_KERNEL.search(x) for x in names) if names else None

@@ -115,10 +115,13 @@ def rank_key(f: Finding):
 
 
 def order_key(ranked: bool, gain: float | None, on_bottleneck: bool, rule_id: str):
-    """rank_key's order from plain values (the report document sorts merged entries with it)."""
+    """rank_key's order from plain values (the report document sorts merged entries with it).
+    Among the fixes with only a ceiling, one whose ceiling is under MIN_REPORTED_GAIN comes after
+    those without one: it cannot pay off here, an unknown gain may."""
     g = gain if gain is not None and math.isfinite(gain) else 0.0
     bucket = -round(math.log(g) / math.log(1.02)) if ranked and g > 0 else 0
-    return (not ranked, bucket, not on_bottleneck, -g, rule_id)
+    negligible = not ranked and gain is not None and gain < MIN_REPORTED_GAIN
+    return (not ranked, negligible, bucket, not on_bottleneck, -g, rule_id)
 
 
 def _truth(text: str, ev: expr.Evaluator) -> bool:
