@@ -128,8 +128,8 @@ def test_annotated_trace_keeps_every_event_and_reports_the_same(trace, tmp_path)
     before = json.loads(r.stdout)
     orig = json.loads(trace.read_text())["traceEvents"]
     ann = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
-    assert ann[:len(orig)] == orig                                   # every original event, unchanged
-    added = ann[len(orig):]
+    added = [e for e in ann if e.get("pid") == ann[0].get("pid")]   # spliced in first
+    assert ann[len(added):] == orig                                  # every original event, unchanged
     xs = [e for e in added if e["ph"] == "X"]
     assert all(e["cat"] == "perfdoctor" for e in xs) and len({e["pid"] for e in added}) == 1
     assert added[0]["pid"] not in {e.get("pid") for e in orig}
@@ -294,6 +294,32 @@ def test_annotated_copy_of_a_trace_with_odd_strings(trace, tmp_path):
     assert "\u202e".encode() not in body and body.count(b"\\u202e") >= 1
     names = [e["name"] for e in json.loads(body)["traceEvents"] if e.get("cat") == "kernel"]
     assert names and set(names) == {"k\ufffd\u202eevil"}
+
+@pytest.mark.parametrize("layout", ["object", "bare list", "pid taken", "events late"])
+def test_annotated_copy_spliced_into_any_layout(trace, tmp_path, layout):
+    """The events go in after traceEvents' `[` without decoding the trace: a bare event list, a
+    trace already using perfdoctor's pid (the next lower one is taken), and traceEvents after more
+    than PREFIX_SCAN bytes of metadata (decoded and written back whole)."""
+    from perfdoctor.report.annotate import PID, PREFIX_SCAN
+    doc = json.loads(trace.read_text())
+    if layout == "pid taken":
+        doc["traceEvents"].append({"ph": "M", "name": "process_name", "pid": PID, "args": {"name": "x"}})
+    if layout == "events late":
+        doc = {"padding": "x" * PREFIX_SCAN, **doc}
+    body = json.dumps(doc["traceEvents"] if layout == "bare list" else doc)
+    src = tmp_path / "t.pt.trace.json"
+    src.write_text(body)
+    out = tmp_path / "a.json"
+    r = cli("report", src, "--annotate", out)
+    assert r.returncode == 0, r.stderr
+    orig = json.loads(body)
+    orig = orig if isinstance(orig, list) else orig["traceEvents"]
+    got = json.loads(out.read_bytes())
+    ann = got if isinstance(got, list) else got["traceEvents"]
+    pid = PID - 1 if layout == "pid taken" else PID
+    added = [e for e in ann if e.get("pid") == pid]
+    assert len(added) > 10 and ann[:len(added)] == added and ann[len(added):] == orig
+
 
 def test_run_writes_html_and_annotated_trace_and_markdown(tmp_path):
     pytest.importorskip("torch", reason="perfdoctor run trains with torch")
