@@ -322,6 +322,9 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     # the script's torch.set_num_threads(1) is recorded; with a second physical core idle, PD346
     # offers it to torch (its evidence: the thread count, the cores, the idle share, the op share)
     assert c["torch_threads"] == 1 and m["machine.torch_threads"] == 1
+    # the closure's forward and backward are not the optimizer's own time (PD338 is no fix here)
+    assert m["optimizer.closure"] is True and m["optimizer.step_share"] < 0.2
+    assert list(c["param_dtypes"]) == ["torch.float32"] and m["params.fp64_share"] == 0.0
     ids = {f["id"] for f in doc["findings"]}
     idle = (m["machine.physical_cores"] or 0) >= 2 and (m["machine.free_cores"] or 0) >= 0.5
     crowded = "cpu-oversubscription" in {f["slug"] for f in doc["flags"]}
@@ -374,6 +377,40 @@ def test_failure_before_the_first_step_is_the_verdict(tmp_path):
     tail = r.stderr[len(b.stderr):]
     assert "failed before its first step" in tail and "exit code 1" in tail
     assert "Step breakdown" not in tail
+
+
+DOUBLE = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).double()
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+x = torch.randn(128, 512, dtype=torch.float64)
+for _ in range(40):
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+"""
+
+
+def test_a_model_in_float64_is_told_to_train_in_float32(tmp_path):
+    script = tmp_path / "double.py"
+    script.write_text(DOUBLE)
+    out = tmp_path / "run"
+    r = prun("--skip-steps", "3", "--trace-steps", "3", script, out=out)
+    assert r.returncode == 0, r.stderr
+    assert child(out)["param_dtypes"] == {"torch.float64": 2 * (512 * 512 + 512)}
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert m["params.fp64_share"] == 1.0 and m["params.count"] == 2 * (512 * 512 + 512)
+    fix = next(f for f in doc["findings"] if f["id"] == "PD357")
+    assert 1.3 < fix["gain"]["expected"] <= 2.5       # 512-wide products: large ops, about 2x
+
+
+def test_param_dtypes_read_as_untrusted():
+    from perfdoctor.analyze.params import param_metrics
+    assert param_metrics({"torch.float64": 30, "torch.float32": 10}) == {"params.count": 40, "params.fp64_share": 0.75}
+    assert param_metrics({"torch.float64": -5, 7: 3, "torch.complex128": True}) == dict.fromkeys(("params.count", "params.fp64_share"))
+    assert param_metrics(None)["params.fp64_share"] is None
 
 
 def test_a_long_error_is_named_by_its_first_line():

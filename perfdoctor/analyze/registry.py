@@ -195,6 +195,9 @@ _m("loop.peek_share", "share", "Time of DataLoader iterators started for a peek 
 _m("loop.peek_batches", "count", "Batches drawn by those peeks in the steady window and thrown away.")
 _m("loader.restart_share", "share", "Time starting DataLoader iterators (each epoch's `for batch in loader`, peeks too) / the steady wall time: inside DataLoader.__iter__, inside the shutdown of the old iterator's workers, and the first batch's wait beyond the usual wait for a batch (with workers and persistent_workers=False each start starts the workers again).")
 _m("loader.restarting", "bool", "A DataLoader with num_workers > 0 and persistent_workers=False was iterated: each new epoch starts its workers again.")
+# -- the model's parameters (perfdoctor run: analyze/params.py; None for a trace or without an optimizer) --
+_m("params.count", "count", "Elements of the step-defining optimizer's parameters, at its first step.")
+_m("params.fp64_share", "fraction", "Share of those elements in float64 (or complex128): a model in double precision.")
 # -- what the loader's batches cost to make (perfdoctor run: analyze/loaderfetch.py; None for a trace or an older run) --
 _m("loader.fetch_ms", "ms", "Mean time a DataLoader worker took to make one batch (torch's fetcher: __getitem__ per index or __getitems__, then collate_fn), less the time it waited in the run queue for a CPU meanwhile and the time it allocated the shared memory its collate stacks into; the handing over to the trainer (pickling, shared memory) is not in it. Forked workers only; None with num_workers=0 (the trainer's data wait is that time).")
 _m("loader.fetch_share", "ratio", "loader.fetch_ms x the batches the steady steps drew / the steady wall time: what making those batches would cost a trainer that made them itself (num_workers=0), as a share of today's step; above 1, loading needs the workers.")

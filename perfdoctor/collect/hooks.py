@@ -57,6 +57,7 @@ class Session(StepSources):
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
         self.optimizer_steps: dict = {}  # id(optimizer) -> its steps (skipped ones included)
         self.optimizer_names: dict = {}
+        self.optimizer_dtypes: dict = {}  # id(optimizer) -> elements of its parameters per dtype
         self.dataset_kinds: set = set()  # torch's _DatasetKind of every DataLoader iterated
         self.in_optimizer = False        # inside an optimizer.step() (before the optimizer mode)
         self.pre_mark = None             # the first optimizer step's start
@@ -331,7 +332,8 @@ class Session(StepSources):
                     "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds),
                     "timed_calls": self.calls.installed, "loader_iters": self.iters.info(),
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
-                    "root_calls": self.census.result if self.census is not None else None}
+                    "root_calls": self.census.result if self.census is not None else None,
+                    "param_dtypes": self.optimizer_dtypes.get(self.primary)}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)

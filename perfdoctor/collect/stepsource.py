@@ -59,6 +59,7 @@ class StepSources:
         self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
         if key not in self.optimizer_names:
             self.optimizer_names[key] = (type(optimizer).__name__, _param_count(optimizer))
+            self.optimizer_dtypes[key] = _param_dtypes(optimizer)
         self.in_optimizer = False
         if self.primary is None:
             self.primary = id(optimizer)
@@ -263,6 +264,19 @@ class StepSources:
         cls, params = self.optimizer_names[key]
         same = sum(1 for c, _ in self.optimizer_names.values() if c == cls)
         return f"{cls} of {params:,} parameters" if same > 1 and params is not None else cls
+
+
+def _param_dtypes(optimizer) -> dict | None:
+    """Elements of the optimizer's parameters per dtype ({"torch.float64": n, ...}): at its first
+    step, before which a script may still convert its model."""
+    try:
+        out: dict = {}
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                out[str(p.dtype)] = out.get(str(p.dtype), 0) + int(p.numel())
+        return out
+    except Exception:           # an optimizer-like object without torch's param_groups
+        return None
 
 
 def _param_count(optimizer) -> int | None:

@@ -20,6 +20,7 @@ from perfdoctor.analyze.callshares import call_metrics, combined
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.loopcalls import loop_metrics
+from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
@@ -183,6 +184,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     stacks = run_stacks(run_dir, steps, m, notes)
     notes.sort(key=_note_rank)
     m.update(call_metrics(steady, res.child.get("timed_calls") is True))
+    m.update(param_metrics(res.child.get("param_dtypes")))
     m.update(combined(m))
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])

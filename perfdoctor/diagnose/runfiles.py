@@ -49,6 +49,7 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "dataset_kind": STR, "timed_calls": BOOL, "worker_info_used": BOOL,
          "loader_iters": {"installed": BOOL, "loaders": INT, "peeks": INT, "relabelled": INT, "workers": INT,
                           "restarting": BOOL},
+         "param_dtypes": {"*": INT},
          "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
                         "passes": INT}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,

@@ -1,0 +1,32 @@
+"""What the model's parameters are made of (`run` only): elements per dtype of the optimizer's parameters.
+
+collect/stepsource.py counts, at the step-defining optimizer's first step, the elements of its
+parameters per dtype (child.json `param_dtypes`, e.g. {"torch.float64": 15000}):
+
+    params.fp64_share = float64 (and complex128) elements / all elements
+
+A model in float64 (`model.double()`, tensors made with dtype=torch.double, numpy's float64
+arrays turned into tensors) does every op at half the SIMD width of float32 on a CPU, and on a
+GPU at a fraction of its float32 rate (1/2 on data-centre parts, 1/32 to 1/64 on others), without
+tensor cores. None without an optimizer, or for a trace alone.
+"""
+
+from __future__ import annotations
+
+from perfdoctor.analyze.stepwait import positive
+
+NAMES = ("params.count", "params.fp64_share")
+FP64 = ("torch.float64", "torch.complex128")
+
+
+def param_metrics(dtypes: dict | None) -> dict:
+    out = dict.fromkeys(NAMES)
+    if not isinstance(dtypes, dict):
+        return out
+    counts = {k: positive(v) for k, v in dtypes.items() if isinstance(k, str)}
+    total = sum(counts.values())
+    if total <= 0:
+        return out
+    out["params.count"] = int(total)
+    out["params.fp64_share"] = sum(v for k, v in counts.items() if k in FP64) / total
+    return out
