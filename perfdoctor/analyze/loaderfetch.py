@@ -44,7 +44,9 @@ def last_per_worker(lines: list[dict]) -> list[dict]:
     best: dict[int, dict] = {}
     for r in lines:
         pid = r.get("pid")
-        if isinstance(pid, int) and (pid not in best or positive(r.get("batches")) >= positive(best[pid].get("batches"))):
+        if not isinstance(pid, int):
+            continue
+        if pid not in best or positive(r.get("batches")) >= positive(best[pid].get("batches")):
             best[pid] = r
     return list(best.values())
 

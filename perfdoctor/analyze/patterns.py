@@ -32,10 +32,11 @@ class OwnPart:
     thread (a GPU's backward runs on the autograd device threads)."""
 
     def __init__(self, t: EventTable, opt: np.ndarray):
-        s, e = intervals.union(t.ts[opt], t.ts[opt] + t.dur[opt])     # nested ranges: one
-        self.starts, self.ends = np.asarray(s, np.float64), np.asarray(e, np.float64)
+        lo, hi = intervals.union(t.ts[opt], t.ts[opt] + t.dur[opt])     # nested ranges: one
+        self.starts, self.ends = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
         self.cut = self.starts.copy()
-        bwd = np.flatnonzero(t.name_mask(lambda s: s.startswith(BACKWARD))) if len(opt) else np.zeros(0, int)
+        bwd = (np.flatnonzero(t.name_mask(lambda name: name.startswith(BACKWARD))) if len(opt)
+               else np.zeros(0, int))
         i = self._range_of(t.ts[bwd].astype(np.float64))
         ok = i >= 0
         np.maximum.at(self.cut, i[ok], (t.ts[bwd] + t.dur[bwd])[ok].astype(np.float64))

@@ -148,7 +148,8 @@ class FetchTimes:
         w.flushed = time.time()
         line = json.dumps({"pid": w.pid, "batches": w.batches, "wall_s": round(w.wall, 6),
                            "runq_s": round(w.runq, 6), "shm_s": round(w.shm, 6),
-                           "cpu_s": round(time.process_time() - w.cpu0, 6), "first": w.first, "last": w.last, "at": w.flushed}) + "\n"
+                           "cpu_s": round(time.process_time() - w.cpu0, 6),
+                           "first": w.first, "last": w.last, "at": w.flushed}) + "\n"
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

@@ -81,44 +81,14 @@ def annotation_events(doc: dict, trace: dict, pid: int = PID) -> list[dict]:
     return ev
 
 
-def free_pid(events: list) -> int:
-    used = {e.get("pid") for e in events if isinstance(e, dict)}
-    pid = PID
-    while pid in used or str(pid) in used:
-        pid -= 1
-    return pid
-
-
-def _read(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        try:
-            data = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            fixed, n = lone_surrogates_replaced(raw)     # as the report read it
-            if not n:
-                raise
-            data = msgspec.json.decode(fixed)
-    except (OSError, EOFError, gzip.BadGzipFile, msgspec.DecodeError) as exc:
-        raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc}") from None
-    if isinstance(data, list):                  # a bare event list (legal Chrome trace)
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise TraceFormatError(f"--annotate: {path} has no traceEvents list")
-    return data
-
-
 def write_annotated(doc: dict, out: str | os.PathLike) -> int:
     """Write the annotated copy of the document's trace to `out` (gzip when the name ends in .gz);
     returns the number of events added.
 
     The trace's bytes are not decoded: the events are spliced in right after the `[` of its
     top-level traceEvents (`_events_start`), so a trace of millions of events costs a
-    decompression, two byte scans and a compression (a 7.7M-event, 1.4 GB LBFGS trace: seconds
-    and its size in memory, where decoding it took 67 s and several times its size). The bytes
+    decompression, a few byte scans and a compression (a 7.7M-event LBFGS trace of 2 GB: ~20 s
+    and its size in memory, where decoding it alone took 67 s and several times its size). The bytes
     pass through as the report read them (lone surrogate escapes as U+FFFD) with what terminals act
     on escaped (sanitize.json_bytes). A layout the splice does not know is decoded and written
     back whole."""
@@ -218,16 +188,16 @@ def _raw(path: str) -> bytes:
             raw = f.read()
     except OSError as exc:
         raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc.strerror or exc}") from None
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    try:
+    if raw[:2] == b"\x1f\x8b":
         try:
-            from isal import igzip as gz        # ~3x zlib's speed
-        except ImportError:                     # pragma: no cover - isal is a dependency
-            gz = gzip
-        return gz.decompress(raw)
-    except Exception as exc:                    # a damaged or cut gzip stream (zlib's or isal's error)
-        raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc}") from None
+            try:
+                from isal import igzip as gz    # ~3x zlib's speed
+            except ImportError:                 # pragma: no cover - isal is a dependency
+                gz = gzip
+            raw = gz.decompress(raw)
+        except Exception as exc:                # a damaged or cut gzip stream (zlib's or isal's error)
+            raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc}") from None
+    return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw     # a byte order mark: not JSON
 
 
 def _decoded(raw: bytes, path: str) -> dict:
