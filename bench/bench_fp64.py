@@ -19,6 +19,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from bench_loader_starts import train_time   # bench/ is on the path when run as a script
+
 SCRIPT = """
 import sys, time, torch
 name, dtype, steps = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3])
@@ -56,14 +58,6 @@ print(f"TRAIN_S {time.perf_counter() - t0:.4f}", flush=True)
 STEPS = {"mlp1024": 60, "conv": 40, "lstm": 30, "mlp64": 600}
 
 
-def _time(script: Path, args: list[str]) -> float:
-    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
-    for line in r.stdout.splitlines():
-        if line.startswith("TRAIN_S "):
-            return float(line.split()[1])
-    raise SystemExit(f"{' '.join(args)} printed no TRAIN_S:\n{r.stderr[-2000:]}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -79,7 +73,7 @@ def main() -> None:
             ratios = []
             for i in range(a.rounds):
                 order = ["float64", "float32"] if i % 2 == 0 else ["float32", "float64"]
-                t = {d: _time(script, [name, d, n]) for d in order}
+                t = {d: train_time(script, [name, d, n], tmp) for d in order}
                 ratios.append(t["float64"] / t["float32"])
             out = tmp / f"run-{name}"
             r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--out", str(out), str(script),

@@ -60,7 +60,8 @@ if __name__ == "__main__":
 VARIANTS = {"nopeek": "PD355", "persistent": "PD356", "noworkers": "PD347"}
 
 
-def _time(script: Path, args: list[str], cwd: Path) -> float:
+def train_time(script: Path, args: list[str], cwd: Path) -> float:
+    """The TRAIN_S the script prints (its training time, in seconds)."""
     r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=cwd, timeout=600)
     for line in r.stdout.splitlines():
         if line.startswith("TRAIN_S "):
@@ -85,7 +86,7 @@ def main() -> None:
             k = i % len(names)
             order = names[k:] + names[:k]
             for n in order:
-                times[n].append(_time(script, [*args, n], tmp))
+                times[n].append(train_time(script, [*args, n], tmp))
             print(f"round {i + 1}: " + "  ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
         out = tmp / "run"
         r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--out", str(out), str(script),

@@ -15,7 +15,7 @@ the share it was taken from. None where neither source measured anything.
 
 from __future__ import annotations
 
-from perfdoctor.analyze.stepwait import positive
+from perfdoctor.analyze.stepwait import positive, timed_steps
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share",
          "save.share", "save.interval_steps", "logging.share")
@@ -25,8 +25,7 @@ def call_metrics(steady: list[dict], timed: bool) -> dict:
     """calls.* over the steady steps; None unless the run timed the calls (`timed`: child.json
     says so; a run directory from an older perfdoctor has no `save`/`log` fields)."""
     out = dict.fromkeys(NAMES[:3])
-    recs = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
-    total = sum(s["dur"] for s in recs)
+    recs, total = timed_steps(steady)
     if not timed or total <= 0:
         return out
     save = [positive(s.get("save")) for s in recs]

@@ -33,7 +33,7 @@ drew two batches or more (a worker's CPU from its first fetch to its line, over 
 
 from __future__ import annotations
 
-from perfdoctor.analyze.stepwait import positive
+from perfdoctor.analyze.stepwait import positive, timed_steps
 from perfdoctor.analyze.system import other_cores
 
 NAMES = ("loader.fetch_ms", "loader.fetch_share", "run.outside_loader_share")
@@ -53,8 +53,7 @@ def last_per_worker(lines: list[dict]) -> list[dict]:
 
 def fetch_metrics(steady: list[dict], lines: list[dict]) -> dict:
     out = dict.fromkeys(NAMES)
-    recs = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
-    total = sum(s["dur"] for s in recs)
+    recs, total = timed_steps(steady)
     if total <= 0:
         return out
     outside = sum(max(0.0, s["dur"] - positive(s.get("wait")) - positive(s.get("istart")) - positive(s.get("ishut")))

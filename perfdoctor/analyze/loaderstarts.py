@@ -25,7 +25,7 @@ peek, and which steps hold the error is unknown).
 
 from __future__ import annotations
 
-from perfdoctor.analyze.stepwait import positive
+from perfdoctor.analyze.stepwait import positive, timed_steps
 
 NAMES = ("loop.peek_share", "loop.peek_batches", "loader.restart_share", "loader.restarting")
 
@@ -34,8 +34,7 @@ def start_metrics(steady: list[dict], info: dict | None) -> dict:
     out = dict.fromkeys(NAMES)
     if not isinstance(info, dict) or info.get("installed") is not True:
         return out
-    recs = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
-    total = sum(s["dur"] for s in recs)
+    recs, total = timed_steps(steady)
     if total <= 0:
         return out
     restarting = info.get("restarting")

@@ -43,12 +43,18 @@ def outermost(t: EventTable, rows: np.ndarray) -> np.ndarray:
     return np.concatenate(keep) if keep else rows[:0]
 
 
-def kernels_launched_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> np.ndarray:
-    """Kernel rows whose launch call lies inside one of `ops` (same thread)."""
+def launches_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel rows, their launch call rows) for the launch calls inside one of `ops` (same thread)."""
     dev, launch = device_launch_index(t, k)
     ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
     dev, launch = dev[ok], launch[ok]
-    return dev[contained(t, launch, ops)]
+    inside = contained(t, launch, ops)
+    return dev[inside], launch[inside]
+
+
+def kernels_launched_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> np.ndarray:
+    """Kernel rows whose launch call lies inside one of `ops` (same thread)."""
+    return launches_inside(t, k, ops)[0]
 
 
 def self_time(t: EventTable, rows: np.ndarray, inner: np.ndarray | None = None) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import contained, kernels_launched_inside
+from perfdoctor.analyze.nesting import contained, kernels_launched_inside, launches_inside
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
@@ -96,10 +96,8 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     elif out["attention.fused_ops_per_step"] or (k.kernel[dev] & (launch >= 0)).any():
         out["attention.math_kernel_share"] = 0.0
     if len(opt):
-        dev, launch = device_launch_index(t, k)
-        ok = (launch >= 0) & k.kernel[dev] if len(dev) else np.zeros(0, bool)
-        dev, launch = dev[ok], launch[ok]
-        in_opt = dev[contained(t, launch, opt) & part.own(t.ts[launch])]
+        kernels, launches = launches_inside(t, k, opt)
+        in_opt = kernels[part.own(t.ts[launches])]
         out["optimizer.kernels_per_step"] = len(in_opt) / n
         names = {t.names[c] for c in unique(t.name[in_opt])}
         out["optimizer.fused"] = any(FUSED_OPTIMIZER_KERNEL.search(x) for x in names) if names else None

@@ -35,6 +35,12 @@ def positive(x) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else 0.0
 
 
+def timed_steps(steps: list[dict]) -> tuple[list[dict], float]:
+    """The step records with a positive duration, and their summed duration (seconds)."""
+    recs = [s for s in steps if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    return recs, sum(s["dur"] for s in recs)
+
+
 def wait_busy_share(steps: list[dict]) -> float | None:
     wait = busy = total = 0.0
     for s in steps:

@@ -58,8 +58,8 @@ class StepSources:
         key = id(optimizer)
         self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
         if key not in self.optimizer_names:
-            self.optimizer_names[key] = (type(optimizer).__name__, _param_count(optimizer))
-            self.optimizer_dtypes[key] = _param_dtypes(optimizer)
+            dtypes = self.optimizer_dtypes[key] = _param_dtypes(optimizer)
+            self.optimizer_names[key] = (type(optimizer).__name__, sum(dtypes.values()) if dtypes is not None else None)
         self.in_optimizer = False
         if self.primary is None:
             self.primary = id(optimizer)
@@ -275,12 +275,5 @@ def _param_dtypes(optimizer) -> dict | None:
             for p in g["params"]:
                 out[str(p.dtype)] = out.get(str(p.dtype), 0) + int(p.numel())
         return out
-    except Exception:           # an optimizer-like object without torch's param_groups
-        return None
-
-
-def _param_count(optimizer) -> int | None:
-    try:
-        return sum(p.numel() for g in optimizer.param_groups for p in g["params"])
     except Exception:           # an optimizer-like object without torch's param_groups
         return None

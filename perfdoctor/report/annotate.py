@@ -29,6 +29,7 @@ import msgspec
 from perfdoctor.errors import PerfdoctorError, TraceFormatError
 from perfdoctor.report.sanitize import json_bytes, json_safe
 from perfdoctor.report.labels import bound_title
+from perfdoctor.trace.source import GZIP_MAGIC
 from perfdoctor.trace.surrogates import lone_surrogates_replaced
 
 CATEGORY = "perfdoctor"
@@ -120,21 +121,22 @@ def write_annotated(doc: dict, out: str | os.PathLike) -> int:
     return len(added)
 
 
-def _write(out: Path, parts: list) -> None:
+def _gzip():
+    """(gzip module, compression level): isal's, ~7x zlib's speed at a similar size and ~3x at
+    inflating, else the standard library's."""
     try:
-        if out.name.endswith(".gz"):
-            try:
-                from isal import igzip as gz    # ~7x zlib's speed at a similar size
-                level = 2
-            except ImportError:                 # pragma: no cover - isal is a dependency
-                gz, level = gzip, 5
-            with gz.open(out, "wb", compresslevel=level) as f:
-                for p in parts:
-                    f.write(p)
-        else:
-            with open(out, "wb") as f:
-                for p in parts:
-                    f.write(p)
+        from isal import igzip
+        return igzip, 2
+    except ImportError:                         # pragma: no cover - isal is a dependency
+        return gzip, 5
+
+
+def _write(out: Path, parts: list) -> None:
+    gz, level = _gzip()
+    try:
+        with gz.open(out, "wb", compresslevel=level) if out.name.endswith(".gz") else open(out, "wb") as f:
+            for p in parts:
+                f.write(p)
     except OSError as exc:
         raise PerfdoctorError(f"cannot write {out}: {exc.strerror or exc}") from None
 
@@ -188,13 +190,9 @@ def _raw(path: str) -> bytes:
             raw = f.read()
     except OSError as exc:
         raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
+    if raw[:2] == GZIP_MAGIC:
         try:
-            try:
-                from isal import igzip as gz    # ~3x zlib's speed
-            except ImportError:                 # pragma: no cover - isal is a dependency
-                gz = gzip
-            raw = gz.decompress(raw)
+            raw = _gzip()[0].decompress(raw)
         except Exception as exc:                # a damaged or cut gzip stream (zlib's or isal's error)
             raise TraceFormatError(f"--annotate: cannot read the trace {path}: {exc}") from None
     return raw[3:] if raw[:3] == b"\xef\xbb\xbf" else raw     # a byte order mark: not JSON
