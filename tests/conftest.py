@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.register_assert_rewrite("runs")     # its asserts report like a test's
+
 sys.path.insert(0, str(Path(__file__).parent))  # tracegen
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,6 +12,7 @@ import pytest
 from perfdoctor.analyze.loaderfetch import fetch_metrics, last_per_worker, sampled_workers_or_fetched
 from perfdoctor.analyze.stepwait import runq_runnable_share
 from perfdoctor.diagnose.runfiles import read_fetches
+from runs import prun_script
 
 
 def test_batch_cost_leaves_out_queueing_and_shared_memory():
@@ -136,12 +137,8 @@ def test_a_run_measures_what_its_workers_spend_on_a_batch(tmp_path):
     """Persistent workers are terminated at the trainer's exit without running their finalizers:
     the lines written at 8, 16, ... batches still hold most of their work."""
     pytest.importorskip("torch")
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(TRAIN))
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--no-trace", "--out", str(out),
-                        str(script)], capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    r, out = prun_script(tmp_path, "train.py", textwrap.dedent(TRAIN), opts=("--no-stacks",))
+    assert r.stdout == "done\n", r.stderr
     workers = last_per_worker(read_fetches(out / "loaderfetch.jsonl"))
     assert len(workers) == 2 and all(w["batches"] >= 16 for w in workers)    # of 24 each
     m = json.loads((out / "report.json").read_text())["traces"][0]["metrics"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import types
 
@@ -12,6 +10,7 @@ import pytest
 
 from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.collect.loaderiters import LoaderIters
+from runs import prun_script
 
 
 def _installed(samples: int = 20):
@@ -152,12 +151,8 @@ PEEK_SCRIPT = """
 @pytest.mark.torch
 def test_a_run_names_the_peek_and_the_worker_restarts_not_an_evaluation(tmp_path):
     pytest.importorskip("torch")
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(PEEK_SCRIPT))
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--no-trace", "--out", str(out),
-                        str(script)], capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    r, out = prun_script(tmp_path, "train.py", textwrap.dedent(PEEK_SCRIPT), opts=("--no-stacks",))
+    assert r.stdout == "done\n", r.stderr
     child = json.loads((out / "child.json").read_text())
     assert child["loader_iters"]["peeks"] == 8 and child["loader_iters"]["restarting"] is True
     steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]

@@ -8,47 +8,11 @@ run directory the run really produced: steps.jsonl, child.json, the trace, repor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from runs import bare, child, prun, prun_script, report, steps
 
 torch = pytest.importorskip("torch", reason="perfdoctor run tests need torch (test dependency)")
-
-
-def prun(*args, out: Path, env: dict | None = None, cwd=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=dict(os.environ, **(env or {})))
-
-
-def bare(script: Path, *args, cwd=None):
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
-                          timeout=240, cwd=cwd)
-
-
-def prun_script(tmp_path: Path, name: str, text: str, *args):
-    """Write a script and run it under `perfdoctor run --no-trace`: (result, run directory)."""
-    script = tmp_path / name
-    script.write_text(text)
-    out = tmp_path / "run"
-    r = prun("--no-trace", script, *args, out=out)
-    assert r.returncode == 0, r.stderr
-    return r, out
-
-
-def report(out: Path) -> dict:
-    return json.loads((out / "report.json").read_text())
-
-
-def child(out: Path) -> dict:
-    return json.loads((out / "child.json").read_text())
-
-
-def steps(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
 
 
 # An LSTM language model as in the classic word-language-model example: batches sliced from one
