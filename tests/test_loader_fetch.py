@@ -58,6 +58,9 @@ def test_workers_the_samples_missed_come_from_the_loader_and_its_fetch_lines():
     assert got["loader.workers"] == 2 and got["loader.worker_cpu_mean"] == pytest.approx(0.040 / 0.4)
     assert got["system.other_cores"] == pytest.approx(0.8 * 2 - 1.0 - 2 * 0.1)    # their CPU is no other job's
     assert sampled_workers_or_fetched({**m, "loader.workers": 2}, {"workers": 2}, lines) == {}   # sampled: kept
+    # one of two seen by the samples: the count is the loader's, the CPU use the samples'
+    one = sampled_workers_or_fetched({**m, "loader.workers": 1, "loader.worker_cpu_mean": 0.3}, {"workers": 2}, lines)
+    assert one == {"loader.workers": 2, "system.other_cores": pytest.approx(0.8 * 2 - 1.0 - 2 * 0.3)}
     assert sampled_workers_or_fetched(m, {"workers": 0}, lines) == {}
     assert sampled_workers_or_fetched(m, {"workers": 2}, []) == {"loader.workers": 2}
 

@@ -25,10 +25,11 @@ CPU. PD347 models loading in the trainer from these three and run.runq_runnable_
 
 The system samples (one a second) see a worker only when it lives through two of them: workers
 started again for every short epoch (persistent_workers=False, an epoch under a second or two)
-are missed, loader.workers reads 0, and their CPU reads as another job's (system.other_cores).
-`sampled_workers_or_fetched` then takes the loader's own num_workers (child.json loader_iters)
-and a worker's CPU use from the fetch lines: sum(cpu_s) / sum(at - first) over the workers that
-drew two batches or more (a worker's CPU from its first fetch to its line, over that time).
+are missed or undercounted, loader.workers reads 0 or 1 of 2, and the missed workers' CPU reads
+as another job's (system.other_cores). `sampled_workers_or_fetched` then takes the loader's own
+num_workers (child.json loader_iters) and, where the samples saw no worker at all, a worker's
+CPU use from the fetch lines: sum(cpu_s) / sum(at - first) over the workers that drew two batches
+or more (a worker's CPU from its first fetch to its line, over that time).
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def fetch_metrics(steady: list[dict], lines: list[dict]) -> dict:
 
 def sampled_workers_or_fetched(m: dict, info: dict | None, lines: list[dict]) -> dict:
     """loader.workers, loader.worker_cpu_mean and system.other_cores when the system samples saw
-    no worker but the loader had some ({} when they did, or nothing better is known)."""
-    if m.get("loader.workers") or not isinstance(info, dict):
+    fewer workers than the loader has ({} when they saw them all, or nothing better is known).
+    A worker's CPU use stays the samples' where they saw one."""
+    if not isinstance(info, dict):
         return {}
     n = info.get("workers")
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n <= (m.get("loader.workers") or 0):
         return {}
     out = {"loader.workers": n}
     cpu = life = 0.0
@@ -87,8 +89,9 @@ def sampled_workers_or_fetched(m: dict, info: dict | None, lines: list[dict]) ->
         if positive(w.get("batches")) >= 2 and span > 0 and isinstance(w.get("cpu_s"), (int, float)):
             cpu += positive(w.get("cpu_s"))
             life += span
-    if life > 0:
+    if m.get("loader.worker_cpu_mean") is None and life > 0:
         out["loader.worker_cpu_mean"] = cpu / life
+    if {**m, **out}.get("loader.worker_cpu_mean") is not None:
         oc = other_cores({**m, **out})
         if oc is not None:
             out["system.other_cores"] = oc

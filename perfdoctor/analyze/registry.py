@@ -241,7 +241,7 @@ _m("system.psi_io_some_share", "fraction", "Share of the sampled wall time in wh
 _m("system.disk_read_mb_s", "MB/s", "Bytes read from the machine's disks per second (all processes; 1 MB = 1e6 bytes).")
 _m("system.disk_busy_share", "fraction", "Share of wall time the busiest disk had IO in flight (iostat %util).")
 _m("system.ram_available_bytes", "bytes", "Mean available RAM (MemAvailable) while the script ran.")
-_m("loader.workers", "count", "Most DataLoader worker processes alive at once (python descendants of the trainer, forkserver and trackers excluded); 0 = num_workers=0.")
+_m("loader.workers", "count", "Most DataLoader worker processes alive at once (python descendants of the trainer, forkserver and trackers excluded); 0 = num_workers=0. The loader's own num_workers where the 1 s samples saw fewer (workers restarted for short epochs; perfdoctor run).")
 _m("loader.worker_cpu_mean", "cores", "Mean CPU use of one worker (1.0 = a full core).")
 _m("loader.worker_disk_sleep_share", "fraction", "Share of worker samples in uninterruptible disk sleep (state D: blocked on storage).")
 _m("loader.worker_read_mb_s", "MB/s", "Storage reads of all workers together (read_bytes: page-cache hits excluded).")
