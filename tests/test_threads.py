@@ -12,7 +12,7 @@ import pytest
 from kineto import HandTrace
 
 from perfdoctor.analyze.kinds import classify
-from perfdoctor.analyze.nesting import self_time
+from perfdoctor.analyze.nesting import parents, self_time, start_order
 from perfdoctor.analyze.pipeline import analyze
 from perfdoctor.trace.loader import load_trace
 
@@ -70,3 +70,46 @@ def test_splittable_share_tells_big_ops_from_small_ones(recorded):
     wide, tiny = recorded["wide"], recorded["tiny"]
     assert wide["threads.splittable_share"] > 0.6 and wide["threads.splittable_share"] <= wide["share.device"]
     assert tiny["threads.splittable_share"] < 0.05 and tiny["share.device"] > 0.3
+
+
+def _stack_parents(ts, dur):
+    """The reference: a stack of open intervals, popped when a later one starts at or after the end."""
+    stack, out = [], []
+    for j in range(len(ts)):
+        while stack and ts[j] >= ts[stack[-1]] + dur[stack[-1]]:
+            stack.pop()
+        out.append(stack[-1] if stack else -1)
+        stack.append(j)
+    return out
+
+
+def _nest(rng, n):
+    """Random well-nested intervals up to 6 deep, with shared starts, zero lengths and gaps."""
+    ivs = []
+
+    def fill(lo, hi, depth):
+        at = lo
+        while at < hi and len(ivs) < n:
+            length = int(rng.integers(0, max(1, (hi - at) // 2 + 1)))
+            if at + length > hi:
+                return
+            ivs.append((at, length))
+            if length and depth < 6 and rng.random() < 0.7:
+                fill(at, at + length, depth + 1)
+            at += length + (int(rng.integers(0, 5)) if rng.random() < 0.3 else 0)
+    fill(0, 100_000, 0)
+    a = np.array(ivs, float).reshape(-1, 2)
+    return a[:, 0], a[:, 1]
+
+
+def test_vectorised_nesting_matches_a_stack_walk():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ts, dur = _nest(rng, int(rng.integers(1, 300)))
+        perm = rng.permutation(len(ts))                      # any input order
+        ts, dur = ts[perm], dur[perm]
+        flag = rng.random(len(ts)) < 0.5
+        order = start_order(ts, dur, flag)
+        assert (order == np.lexsort((flag, -dur, ts))).all()
+        ts, dur = ts[order], dur[order]
+        assert parents(ts, dur).tolist() == _stack_parents(ts.tolist(), dur.tolist())

@@ -36,7 +36,7 @@ def outermost(t: EventTable, rows: np.ndarray) -> np.ndarray:
     keep = []
     for tid in unique(t.tid[rows]) if len(rows) else []:
         r = rows[t.tid[rows] == tid]
-        r = r[np.lexsort((-t.dur[r], t.ts[r]))]
+        r = r[start_order(t.ts[r], t.dur[r])]
         end = t.ts[r] + t.dur[r]
         prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
         keep.append(r[t.ts[r] >= prev_end])
@@ -66,13 +66,50 @@ def self_time(t: EventTable, rows: np.ndarray, inner: np.ndarray | None = None) 
     flag = np.zeros(len(rows), bool) if inner is None else inner
     for tid in unique(t.tid[rows]) if len(rows) else []:
         on = np.flatnonzero(t.tid[rows] == tid)
-        on = on[np.lexsort((flag[on], -t.dur[rows[on]], t.ts[rows[on]]))]
-        ts, dur = t.ts[rows[on]].tolist(), t.dur[rows[on]].tolist()
-        stack: list[int] = []            # positions in `on` of the open ancestors
-        for j in range(len(on)):
-            while stack and ts[j] >= ts[stack[-1]] + dur[stack[-1]]:
-                stack.pop()
-            if stack:
-                own[on[stack[-1]]] -= dur[j]
-            stack.append(j)
+        on = on[start_order(t.ts[rows[on]], t.dur[rows[on]], flag[on])]
+        parent = parents(t.ts[rows[on]].astype(np.float64), t.dur[rows[on]].astype(np.float64))
+        child = np.flatnonzero(parent >= 0)
+        np.subtract.at(own, on[parent[child]], t.dur[rows[on[child]]].astype(np.float64))
     return np.maximum(own, 0.0)
+
+
+def start_order(ts: np.ndarray, dur: np.ndarray, inner: np.ndarray | None = None) -> np.ndarray:
+    """The permutation that puts intervals in start order, an enclosing one first where two start
+    together (the longer; at equal length the one not flagged `inner`). As np.lexsort((inner,
+    -dur, ts)), but it sorts by start alone and re-sorts only the tied rows: three full sorts of
+    millions of rows took seconds."""
+    order = np.argsort(ts, kind="stable")
+    s = ts[order]
+    same = s[1:] == s[:-1]
+    if not same.any():
+        return order
+    tied = np.zeros(len(s), bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    at = np.flatnonzero(tied)
+    group = np.cumsum(np.concatenate([[True], ~same]))[at]      # one id per start time
+    sub = order[at]
+    keys = (-dur[sub], group) if inner is None else (inner[sub], -dur[sub], group)
+    order[at] = sub[np.lexsort(keys)]
+    return order
+
+
+def parents(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """For intervals in start order (an enclosing one before its child on a tie), the position of
+    each one's innermost enclosing interval, -1 for none. Without a Python loop (a 2 GB trace holds
+    millions of ops): an interval is open from its start until the first later one that starts at
+    or after its end; an interval's depth is how many earlier ones are open at its start, and its
+    parent is the last earlier interval one level up (well nested: a later one at that level
+    would be inside the parent, one level deeper)."""
+    n = len(ts)
+    pos = np.arange(n)
+    closes = np.maximum(np.searchsorted(ts, ts + dur, side="left"), pos + 1)
+    depth = pos - np.searchsorted(np.sort(closes), pos, side="right")
+    key = depth * n + pos                              # depth first, then position
+    sorted_key = np.sort(key)
+    want = (depth - 1) * n + pos                       # the level above, before this position
+    i = np.searchsorted(sorted_key, want, side="left") - 1
+    ok = (depth > 0) & (i >= 0)
+    found = sorted_key[np.maximum(i, 0)]
+    ok &= found >= (depth - 1) * n                     # still on the level above
+    return np.where(ok, found % max(n, 1), -1)
