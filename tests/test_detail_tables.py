@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 from pytest import approx
 
 import tracegen as tg
+from kineto import HandTrace
 from perfdoctor.analyze.collectives import collective_name
 from perfdoctor.analyze.pipeline import analyze
 from perfdoctor.analyze.precision import kernel_class
@@ -125,6 +130,64 @@ def test_collectives_without_sizes_use_the_world_size_and_claim_no_bandwidth(ana
                                         "total_us": 2400.0, "mean_us": 400.0, "algbw_gbps": None, "busbw_gbps": None}]
 
 
+def test_host_self_time_per_op(tmp_path):
+    h = HandTrace()
+    h.step(1, 0, 1000)
+    h.step(2, 1000, 2000)
+    h.op(1, -50, "aten::zeros", 30)                 # before the first step: not analysed
+    h.op(1, 10, "aten::linear", 500)                # 500 - 300 (addmm) - 50 (t): 150 of its own
+    h.op(1, 10, "aten::addmm", 300)                 # 300 - 40 (expand)
+    h.op(1, 20, "aten::expand", 40)
+    h.op(1, 320, "aten::t", 50)
+    h.events.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "pid": 1, "tid": 1,
+                     "ts": 600, "dur": 300})        # Python around its op: 300 - 100
+    h.op(1, 650, "aten::add_", 100)
+    h.events.append({"ph": "X", "cat": "python_function", "name": "train.py(12): step", "pid": 1, "tid": 1,
+                     "ts": 5, "dur": 990})          # a Python frame (with_stack): not an op
+    h.op(1, 1010, "aten::mm", 400)
+    h.op(2, 1010, "aten::mm", 200)                  # another thread's op counts too
+    h.write(tmp_path / "t.json")
+    rows = analyze(load_trace(tmp_path / "t.json")).tables["host_ops"]
+    assert [(r["name"], r["calls"], r["self_us"], r["total_us"]) for r in rows] == [
+        ("aten::mm", 2, 600, 600), ("aten::addmm", 1, 260, 300), ("Optimizer.step#SGD.step", 1, 200, 300),
+        ("aten::linear", 1, 150, 500), ("aten::add_", 1, 100, 100), ("aten::t", 1, 50, 50),
+        ("aten::expand", 1, 40, 40)]
+    assert [r["share"] for r in rows] == approx([0.3, 0.13, 0.1, 0.075, 0.05, 0.025, 0.02])
+    assert rows[0]["mean_self_us"] == 300
+    out = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(tmp_path / "t.json"), "--details"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "Host ops, self time: aten::mm 30% · aten::addmm 13% · Optimizer.step#SGD.step 10%" in out
+    subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(tmp_path / "t.json"), "--format", "html",
+                    "-o", str(tmp_path / "r.html")], check=True, capture_output=True, timeout=120)
+    html = (tmp_path / "r.html").read_text()
+    assert "Top host ops (self time)" in html and html.count("<code>aten::") == 6
+
+
+def test_host_ops_of_a_cpu_run_sum_to_its_op_time(tmp_path):
+    """On a trace torch records on the CPU (one thread), the rows' self times add up to the time
+    the steps spend in ops: the breakdown's CPU-ops share, less what the top rows leave out."""
+    path = tmp_path / "cpu.json"
+    code = textwrap.dedent(f"""
+        import torch, torch.nn as nn
+        torch.manual_seed(0); torch.set_num_threads(1)
+        model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+        with torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, active=4)) as p:
+            for _ in range(6):
+                opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step(); p.step()
+        p.export_chrome_trace({str(path)!r})
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    a = analyze(load_trace(path))
+    rows = a.tables["host_ops"]
+    names = {r["name"] for r in rows}
+    assert {"aten::addmm", "aten::mm"} <= names and all(r["self_us"] <= r["total_us"] + 1e-6 for r in rows)
+    ops_share = a.metrics["breakdown.cpu_exec"]
+    assert 0.3 < ops_share < 1
+    assert sum(r["share"] for r in rows) == approx(ops_share, rel=0.1), (sum(r["share"] for r in rows), ops_share)
+
+
 def test_cpu_trace_has_gloo_collectives_and_no_device_tables(analyze_spec):
     a, _ = analyze_spec(tg.TraceSpec(steps=[S()] * 3, device="cpu"))
     assert a.tables["kernels"] is None and a.tables["launches"] is None
@@ -139,7 +202,7 @@ def test_tables_in_the_json_report(tmp_path):
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path / "t.json"), "--format", "json", "-o", str(out)])
     tb = json.loads(out.read_text())["traces"][0]["tables"]
-    assert set(tb) == {"kernels", "launches", "collectives", "ops", "annotations"}
+    assert set(tb) == {"kernels", "launches", "collectives", "ops", "annotations", "host_ops"}
     assert tb["kernels"]["kernels"] == 30 and tb["launches"]["launches"] == 30
 
 

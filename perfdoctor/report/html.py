@@ -52,7 +52,8 @@ def render(doc: dict, tune: dict | None = None) -> str:
     labels = role_labels(m)
     body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _ranks(doc), _breakdown(first, labels),
             _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
-            _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _warnings(doc)]
+            _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _host_ops(first),
+            _warnings(doc)]
     title = f"perfdoctor: {bound_title(doc['verdict']['bound'], m)} - {doc['input']}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
@@ -322,6 +323,19 @@ def _kernels(t: dict) -> str:
     return ("<h2>Top kernels</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col><col style=\"width:70px\">"
             f"<col style=\"width:70px\"><tr><th>kernel</th><th class=\"num\">calls</th><th class=\"num\">share</th></tr>{body}"
             "</table></section>")
+
+
+def _host_ops(t: dict) -> str:
+    rows = (t.get("tables") or {}).get("host_ops") or []
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td><code>{H(r['name'])}</code></td><td class=\"num\">{H(r['calls'])}</td>"
+                   f"<td class=\"num\">{ms_text(r['mean_self_us'] / 1000)}</td>"
+                   f"<td class=\"num\">{100 * r['share']:.1f}%</td></tr>" for r in rows[:8])
+    return ("<h2>Top host ops (self time)</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col>"
+            "<col style=\"width:70px\"><col style=\"width:90px\"><col style=\"width:70px\"><tr><th>op</th>"
+            "<th class=\"num\">calls</th><th class=\"num\">mean</th><th class=\"num\">of step</th></tr>"
+            f"{body}</table></section>")
 
 
 def _warnings(doc: dict) -> str:

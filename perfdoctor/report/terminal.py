@@ -271,6 +271,10 @@ def _details(c: Console, t: dict) -> None:
                     f" queue p90 {la['queue_depth']['p90']:.0f}")
     if head:
         lines.append("Kernels: " + " · ".join(head))
+    host = tb.get("host_ops") or []
+    if host:
+        lines.append("Host ops, self time: " + " · ".join(
+            f"{_short(r['name'], 32)} {100 * r['share']:.0f}%" for r in host[:3]))
     coll = tb.get("collectives") or []
     if coll:
         lines.append("Collectives: " + "; ".join(
