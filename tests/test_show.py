@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import tracegen as tg
+from perfdoctor.report.sanitize import html as H
 
 GOLDEN = Path(__file__).parent / "golden" / "report_input_bound.md"
 HOSTILE = '<script>alert(1)</script><img src=x onerror="fetch(\'https://evil.example\')">&amp;'
@@ -333,6 +334,8 @@ def test_run_writes_html_and_annotated_trace_and_markdown(tmp_path):
     doc = json.loads((out / "report.json").read_text())
     page = (out / "report.html").read_text()
     assert "The run" in page and "ms/step" in page and 'aria-label="one step as a timeline"' in page
+    notes = doc["run"]["notes"] + [n for t in doc["traces"] for n in t["notes"]]
+    assert notes and all(page.count(H(n)) == 1 for n in notes)      # a note shown once, not per section
     ann = json.loads(gzip.decompress((out / "annotated.pt.trace.json.gz").read_bytes()))["traceEvents"]
     assert sum(e.get("cat") == "perfdoctor" and e["tid"] == 2 for e in ann) == len(doc["traces"][0]["steps"]) == 3
     text = md.read_text()

@@ -340,7 +340,8 @@ def _host_ops(t: dict) -> str:
 
 def _warnings(doc: dict) -> str:
     ws = list(dict.fromkeys(w for t in doc["traces"] for w in t.get("warnings") or []))
-    notes = list(dict.fromkeys(n for t in doc["traces"] for n in t.get("notes") or []))
+    shown = set((doc.get("run") or {}).get("notes") or [])          # listed under "The run" already
+    notes = list(dict.fromkeys(n for t in doc["traces"] for n in t.get("notes") or [] if n not in shown))
     if not ws and not notes:
         return ""
     return "<h2>Notes</h2><section class=\"card\">" + _notes(notes) + _notes([f"warning: {w}" for w in ws]) + "</section>"
