@@ -4,6 +4,7 @@ profiled window. Fixed seeds throughout."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -273,3 +274,20 @@ def test_step_times_print_with_three_significant_figures():
     assert (ms(0.30994, like=0.3123), ms(1.2, like=0.3123)) == ("0.310", "1.200")
     e = estimate_durations(np.full(40, 0.0003123))
     assert e.describe().startswith("0.312 ms/step") and "median 0.312 ms" in e.describe()
+
+
+def test_run_to_run_spread_widens_a_two_run_interval():
+    from perfdoctor.stats.steptime import run_spread, with_run_spread
+    assert run_spread([0.1]) is None and run_spread([]) is None
+    assert run_spread([0.1, 0.1, 0.1]) == 0.0
+    # two runs: |log ratio| / sqrt(2); not robust on purpose (a third run that agrees with one of
+    # them does not make the other vanish, as a MAD would)
+    assert run_spread([0.1067, 0.1676]) == pytest.approx(math.log(0.1676 / 0.1067) / math.sqrt(2))
+    assert run_spread([0.1067, 0.1676, 0.1676]) > 0.2
+    assert with_run_spread(0.7, (0.66, 0.74), None) == (0.66, 0.74)
+    lo, hi = with_run_spread(1.0, (1.0, 1.0), 0.1)                  # spread alone: z * sqrt(2) * sigma
+    assert math.log(hi) == pytest.approx(1.959964 * math.sqrt(2) * 0.1, rel=1e-4) and lo == pytest.approx(1 / hi)
+    lo, hi = with_run_spread(1.2, (1.1, 1.25), 0.02)                # in quadrature, each side its own
+    w = 1.959964 * math.sqrt(2) * 0.02
+    assert math.log(1.2 / lo) == pytest.approx(math.hypot(math.log(1.2 / 1.1), w), rel=1e-4)
+    assert math.log(hi / 1.2) == pytest.approx(math.hypot(math.log(1.25 / 1.2), w), rel=1e-4)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from quiet import Foreign, skip_if_shared
 
@@ -198,7 +199,8 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     def fake_launch(self, d, ch, **k):            # a run directory, as a real run leaves one
         d.mkdir(parents=True)
         launched.append((d.name, ch))
-        return SimpleNamespace(ok=True, step_s=0.08, run_dir=d, error=None)
+        # the baseline as fast as the first time: no run-to-run spread to widen the intervals
+        return SimpleNamespace(ok=True, step_s=0.1 if d.name.startswith("baseline") else 0.08, run_dir=d, error=None)
     monkeypatch.setattr(S.Tuner, "_launch", fake_launch)
     t._confirm_best()
     # each second run right after a fresh baseline run, and compared with it
@@ -220,6 +222,46 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     monkeypatch.setattr(S.Tuner, "_fits", lambda self, n: False)
     t._confirm_best()
     assert e.confirm is None and t.best() is b
+
+
+def _measured(tmp_path, name, ms, changes=None, seed=0):
+    """A run of 60 steady steps around `ms` milliseconds (1% jitter), as measure_dir leaves one."""
+    from perfdoctor.stats.steptime import estimate_durations
+    from perfdoctor.tune.measure import Measured
+    durs = ms / 1e3 * (1 + 0.01 * np.random.default_rng(seed).standard_normal(60))
+    return Measured(tmp_path / name, dict(changes or {}), 0, "stopped", 10.0, inject={"applied": list(changes or {})},
+                    estimate=estimate_durations(durs), other_load=0.0, cores=2)
+
+
+@pytest.mark.parametrize("second_ms, status", [(167.6, "no change"), (105.0, "slower")])
+def test_trials_are_judged_against_the_run_to_run_spread(monkeypatch, tmp_path, second_ms, status):
+    """Two runs of the unchanged script measured 106.7 and 167.6 ms/step on the shared VM, each
+    with a tight interval, and a trial (AdamW foreach, which changes nothing measurable there)
+    152 ms: against the first run alone it read 0.70x [0.67, 0.74], "slower". Its interval now
+    spans the spread of the baseline runs, so it is no change; with two baseline runs that agree,
+    the same trial is still slower."""
+    from perfdoctor.tune import session as S
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.facts = facts()
+    t.baselines = [_measured(tmp_path, "baseline", 106.7, seed=1)]
+    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    assert not t.noisy and t.spread is None
+    runs = iter([_measured(tmp_path, "baseline-2", second_ms, seed=2),
+                 _measured(tmp_path, "01-optimizer=foreach", 152.0, {"optimizer": "foreach"}, seed=3),
+                 _measured(tmp_path, "baseline-3", second_ms, seed=4)])
+    monkeypatch.setattr(S.Tuner, "_launch", lambda self, d, ch, **k: next(runs))
+    t._repeat_baseline()
+    assert t.spread == S.run_spread([b.step_s for b in t.baselines])
+    assert t.spread == pytest.approx(S.run_spread([0.1067, second_ms / 1e3]), abs=0.005)
+    assert t.noisy == (second_ms == 167.6)                  # a spread past NOISY_RUNS: interleave from now on
+    assert f"run-to-run spread +-{100 * t.spread:.1f}%" in t.noise_text
+    out = t._trial(plan.Trial({"optimizer": "foreach"}, "optimizer"))
+    lo, hi = out.ci95
+    assert out.status == status and lo <= out.ratio <= hi
+    if status == "no change":
+        assert [b.run_dir.name for b in out.bases] == ["baseline-2", "baseline-3"] and lo < 1 < hi
+    else:                                                    # a quiet machine: one baseline before it
+        assert [b.run_dir.name for b in out.bases] == ["baseline-2"] and hi < 1
 
 
 def test_apply_text_is_the_code_change():
@@ -424,6 +466,11 @@ def test_tune_document_on_a_small_script(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10
+    # the baseline ran twice before any trial, and their spread is in every interval
+    from perfdoctor.stats.steptime import run_spread
+    times = [doc["baseline"]["step_time_s"]] + [x["step_time_s"] for x in doc["baseline"]["repeats"]]
+    assert len(times) >= 2 and doc["run_spread"] == pytest.approx(run_spread(times), abs=1e-4)
+    assert "run-to-run spread" in doc["noise"]
     statuses = {t["status"] for t in doc["trials"]}
     assert statuses <= {"faster", "slower", "no change", "failed", "skipped"}
     by = {t["label"].replace(", persistent_workers=True", ""): t for t in doc["trials"]}

@@ -4,7 +4,7 @@ Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, m
 data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm}, best {changes, speedup, ci95, confirmed} or null,
 apply (text),
-skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, dir, command.
+skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def build(t: Tuner) -> dict:
         "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
         "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
         "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
-        "noisy": t.noisy, "noise": t.noise_text,
+        "noisy": t.noisy, "noise": t.noise_text, "run_spread": _r(t.spread, 4),
         "baseline": {"step_time_s": _r(est.step_s), "ci95": [_r(est.ci95[0]), _r(est.ci95[1])],
                      "median_s": _r(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
                      "data_wait_share": _r(est.wait_share, 4),

@@ -2,11 +2,16 @@
 
 1. Baseline: the script as it is (with a trace, so the report's fixes and their expected gains
    are known), measured with the step-time estimator. A baseline that fails ends the tune.
-2. Noise: when other processes used a material share of the cores during a run (the baseline or
-   any trial), or the baseline's own 95% interval is wide, the machine is noisy: from then on the
-   baseline is run again after every trial (interleaved), and each trial is compared with the
-   steps of the baseline runs just before and after it, pooled, so that a load that comes and
-   goes weighs on both sides.
+2. Noise: the baseline runs a second time (without a trace) before any trial. Two runs of the
+   same command differ by more than either run's interval on a shared machine (the same script
+   at 107 and 168 ms/step), so every speed-up interval also spans the run-to-run spread of the
+   baseline runs so far (stats.steptime.run_spread, with_run_spread): a trial is faster or
+   slower only beyond what rerunning the unchanged script does. When that spread exceeds
+   NOISY_RUNS, when other processes used a material share of the cores during a run (the
+   baseline or any trial), or when the baseline's own 95% interval is wide, the machine is
+   noisy: from then on the baseline is run again after every trial (interleaved), and each
+   trial is compared with the steps of the baseline runs just before and after it, pooled, so
+   that a load that comes and goes weighs on both sides.
 3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline;
    a trial is started only when the time left in the budget covers a run as long as the longest
    so far; the others are reported as skipped for lack of budget.
@@ -41,11 +46,13 @@ from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules.gain import combined
 from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
+from perfdoctor.stats.steptime import run_spread, with_run_spread
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
 NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
+NOISY_RUNS = 0.05            # run-to-run spread of the baseline's step time (relative)
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
 CONFIRM_RUNS = 2             # a fresh baseline and the best setting again (step 5)
 EXIT_SCRIPT_FAILED, EXIT_NOT_MEASURABLE = 1, 3
@@ -94,7 +101,9 @@ class Tuner:
         self.longest = 0.0
         self.n = 0
         self.noisy = False
-        self.noise_text = ""
+        self.noise_head = ""                # how the noise was judged (the machine, the baseline's interval)
+        self.spread: float | None = None    # run-to-run spread of the baseline runs (steptime.run_spread)
+        self.spread_text = ""
         self.doc: dict = {}
         self.facts: planmod.Facts | None = None
         self.fixes: dict = {}
@@ -152,9 +161,15 @@ class Tuner:
         self.baselines.append(b)
         self.fixes = {f.get("id"): f for f in self.doc.get("findings") or [] if f.get("id")}
         self.facts = self._facts(b)
-        self.noisy, self.noise_text = self._noise(b)
+        self.noisy, self.noise_head = self._noise(b)
         self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps); verdict "
                  f"{self.facts.verdict or 'unknown'}; {self.noise_text}")
+        if self._fits(2):                    # a second run, then at least one trial
+            again = self._repeat_baseline()
+            if again is not None:
+                self.log(f"baseline again: {_ms(again.step_s)}/step; {self.noise_text}")
+        if self.spread is None:
+            self.spread_text = "run-to-run spread unknown (one baseline run)"
 
     def _facts(self, b: Measured) -> planmod.Facts:
         m = ((self.doc.get("traces") or [{}])[0].get("metrics") or {})
@@ -212,6 +227,21 @@ class Tuner:
                           "compared with the baseline runs just before and after it")
         return False, f"quiet machine (baseline interval +-{100 * half:.1f}%)"
 
+    def _update_spread(self) -> None:
+        """The run-to-run spread of the baseline runs so far; past NOISY_RUNS the machine is noisy."""
+        self.spread = run_spread([x.step_s for x in self.baselines])
+        if self.spread is None:
+            return
+        times = ", ".join(_ms(x.step_s) for x in self.baselines[:4]) + (", ..." if len(self.baselines) > 4 else "")
+        self.spread_text = f"baseline runs {times}/step: run-to-run spread +-{100 * self.spread:.1f}%, in every interval"
+        if self.spread > NOISY_RUNS and not self.noisy:
+            self.noisy = True
+            self.noise_head = "noisy machine: each trial is compared with the baseline runs just before and after it"
+
+    @property
+    def noise_text(self) -> str:
+        return "; ".join(x for x in (self.noise_head, self.spread_text) if x)
+
     # -- runs ----------------------------------------------------------------------------
     def _launch(self, run_dir: Path, changes: dict, trace: bool = False, result=None) -> Measured:
         t = time.monotonic()
@@ -243,6 +273,7 @@ class Tuner:
             self.log(f"baseline again ({i}): {b.error}")
             return None
         self.baselines.append(b)
+        self._update_spread()
         return b
 
     def _trial(self, t: planmod.Trial) -> Outcome:
@@ -259,7 +290,7 @@ class Tuner:
         noisy_now = _busy(m) or _busy(before)
         if noisy_now and not self.noisy:
             self.noisy = True
-            self.noise_text = (f"other processes used {max(m.other_load or 0, before.other_load or 0):.1f} cores "
+            self.noise_head = (f"other processes used {max(m.other_load or 0, before.other_load or 0):.1f} cores "
                                "during a run: noisy machine, each trial is compared with the baseline runs "
                                "just before and after it")
             self.log(self.noise_text)
@@ -268,7 +299,8 @@ class Tuner:
         if not m.ok:
             out.status, out.reason = "failed", m.error
         else:
-            out.ratio, out.ci95 = speedup([before, after] if after else [before], m)
+            out.ratio, ci = speedup([before, after] if after else [before], m)
+            out.ci95 = with_run_spread(out.ratio, ci, self.spread)
             lo, hi = out.ci95
             out.status = "faster" if lo > 1 else "slower" if hi < 1 else "no change"
             if {"autocast", "compile"} & set(t.changes):
@@ -302,7 +334,8 @@ class Tuner:
             best.confirm = {"dir": str(m.run_dir), "speedup": None, "ci95": None}
             best.status, best.reason = "failed", f"a second run failed: {m.error}"
         else:
-            r2, (lo2, hi2) = speedup([before], m)
+            r2, ci2 = speedup([before], m)
+            lo2, hi2 = with_run_spread(r2, ci2, self.spread)
             best.confirm = {"dir": str(m.run_dir), "speedup": r2, "ci95": (lo2, hi2)}
             r1, (lo1, hi1) = best.ratio, best.ci95
             best.ratio, best.ci95 = (r1 * r2) ** 0.5, (min(lo1, lo2), max(hi1, hi2))
