@@ -180,7 +180,8 @@ def tune(
                                              help="Length of each run (default: budget/8, between 8 and 45 s)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=2, help="Also stop each run after N steps."),
     allow_numerics: bool = typer.Option(False, "--allow-numerics",
-                                        help="Also try autocast (bf16/fp16) around the model's forward."),
+                                        help="Also try autocast (bf16/fp16) around the model's forward, and "
+                                             "float32 for a model in float64."),
     allow_compile: bool = typer.Option(False, "--allow-compile", help="Also try torch.compile of the model."),
     out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default perfdoctor-runs/<time>-<script>-tune)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",

@@ -283,6 +283,17 @@ def test_apply_text_is_the_code_change():
         "num_workers=2, persistent_workers=True, prefetch_factor=4")
 
 
+def test_a_float64_model_gets_a_float32_trial_before_autocast():
+    """PD357's change: only for a model trained in float64, opt-in like autocast, tried first."""
+    labels = [t.label for t in plan.plan(facts(verdict="cpu_compute"))]
+    assert "float32=True" not in labels and "autocast=bfloat16" in labels
+    trials = [t for t in plan.plan(facts(verdict="cpu_compute", fp64=True)) if t.group == "numerics"]
+    assert [t.label for t in trials] == ["float32=True", "autocast=bfloat16"]
+    assert all(t.skip == "changes numerics: needs --allow-numerics" for t in trials)
+    assert [t.skip for t in plan.plan(facts(fp64=True), allow_numerics=True) if t.group == "numerics"] == [None, None]
+    assert plan.rule_for({"float32": True}, {"PD357"}) == "PD357"
+
+
 def test_num_workers_zero_is_pd347s_trial_and_its_refinements_say_why_they_skip():
     assert plan.rule_for({"num_workers": 0}, {"PD301", "PD347"}) == "PD347"
     assert plan.rule_for({"num_workers": 2}, {"PD301", "PD347"}) == "PD301"
@@ -381,6 +392,55 @@ def test_autocast_and_optimizer_injection_change_what_the_script_sees(tmp_path, 
     res, d = launch(tmp_path, {"autocast": "bfloat16", "optimizer": "foreach"}, max_steps=None)
     assert res.exit_code == 0
     assert "dtype torch.bfloat16 foreach True" in capfd.readouterr().out
+
+
+FLOAT64 = textwrap.dedent("""
+    import sys, torch
+    torch.manual_seed(0)
+    class Seq(torch.nn.Module):                  # float64 state made inside forward, as scripts do
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.LSTMCell(1, 16)
+            self.head = torch.nn.Linear(16, 1)
+        def forward(self, x):
+            h = torch.zeros(x.size(0), 16, dtype=torch.double)
+            c = torch.zeros(x.size(0), 16, dtype=torch.double)
+            outs = []
+            for xt in x.split(1, dim=1):
+                h, c = self.cell(xt, (h, c))
+                outs.append(self.head(h))
+            return torch.cat(outs, dim=1)
+    x = torch.sin(torch.arange(0, 8 * 30, dtype=torch.float64).reshape(8, 30) / 5)
+    model = Seq().double()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for i in range(20):
+        opt.zero_grad()
+        out = model(x[:, :-1])
+        loss = torch.nn.functional.mse_loss(out, x[:, 1:])
+        loss.backward()
+        opt.step()
+    print("dtypes", next(model.parameters()).dtype, out.dtype, flush=True)
+""")
+
+
+def test_float32_change_trains_a_float64_model_in_float32(tmp_path, capfd):
+    """The model and what enters it are float32, its output float64 again (the loss and target
+    untouched), the optimizer still steps the same parameters: the loss follows the baseline's."""
+    from perfdoctor.tune.apply import apply_text
+
+    res, d = launch(tmp_path, {"float32": True}, max_steps=None, script_text=FLOAT64)
+    assert res.exit_code == 0, capfd.readouterr().err[-2000:]
+    assert "dtypes torch.float32 torch.float64" in capfd.readouterr().out
+    inj = json.loads((d / "inject.json").read_text())
+    assert inj["applied"] == ["float32"] and not inj["notes"]
+    (tmp_path / "b").mkdir()
+    launch(tmp_path / "b", {}, max_steps=None, script_text=FLOAT64)
+    assert "dtypes torch.float64 torch.float64" in capfd.readouterr().out
+    ref = json.loads((tmp_path / "b" / "run" / "inject.json").read_text())
+    drift = loss_drift(measured(ref["losses"]), measured(inj["losses"]))
+    assert drift["steps"] == 20 and not drift["diverged"] and drift["drift"] < 1e-3
+    assert ref["losses"][-1] < 0.5 * ref["losses"][0]                 # it trains: the comparison means something
+    assert apply_text({"float32": True}, inj, cuda=False).startswith("model.float()")
 
 
 CHECKPOINTED = textwrap.dedent("""

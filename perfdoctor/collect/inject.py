@@ -13,6 +13,7 @@ key is one change the user could make by hand; the script itself is never edited
 | expandable_segments | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before the first CUDA allocation) |
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
+| float32 | True: a model with float64 parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), float64 tensors entering it or any of its submodules become float32, and its float32 outputs become float64 again, so the code around the model (loss, targets, metrics) still sees float64 |
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 
@@ -48,6 +49,7 @@ class _State:
         self.applied: set[str] = set()
         self.local = threading.local()
         self.compiled: set[int] = set()
+        self.converted: set[int] = set()         # ids of the modules made float32 (float32 change)
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
 
     def note(self, text: str) -> None:
@@ -66,7 +68,7 @@ def apply(torch, changes: dict | None, run_dir: str) -> None:
     st = _state = _State(torch, dict(changes), run_dir)
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
-                    (("autocast", "compile"), _module_call), (("recompute",), _checkpoint)):
+                    (("autocast", "compile", "float32"), _module_call), (("recompute",), _checkpoint)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -203,15 +205,21 @@ def _optimizer(torch, st: _State) -> None:
 def _module_call(torch, st: _State) -> None:
     dtype_name = st.changes.get("autocast")
     comp = st.changes.get("compile")   # True: default mode; a string: that torch.compile mode
-    if not dtype_name and not comp:
+    f32 = bool(st.changes.get("float32"))
+    if not dtype_name and not comp and not f32:
         return
     dtype = getattr(torch, dtype_name) if dtype_name else None
     Module = torch.nn.Module
     orig = Module.__call__
+    f64, f32t = torch.float64, torch.float32
 
     def __call__(self, *args, **kwargs):
         local = st.local
-        if getattr(local, "depth", 0) or os.getpid() != st.pid:
+        if os.getpid() != st.pid:
+            return orig(self, *args, **kwargs)
+        if getattr(local, "depth", 0):
+            if f32 and id(self) in st.converted:           # a submodule: its float64 inputs too
+                args, kwargs = _cast(torch, (args, kwargs), f64, f32t)
             return orig(self, *args, **kwargs)
         try:
             first = next(self.parameters(), None)
@@ -221,6 +229,13 @@ def _module_call(torch, st: _State) -> None:
             return orig(self, *args, **kwargs)
         local.depth = 1
         try:
+            if f32 and id(self) not in st.converted and first.dtype == f64:
+                self.float()
+                st.converted.update(id(m) for m in self.modules())
+                st.applied.add("float32")
+            back = f32 and id(self) in st.converted
+            if back:
+                args, kwargs = _cast(torch, (args, kwargs), f64, f32t)
             if comp and id(self) not in st.compiled:
                 st.compiled.add(id(self))
                 self.compile(**({"mode": comp} if isinstance(comp, str) else {}))
@@ -228,11 +243,25 @@ def _module_call(torch, st: _State) -> None:
             if dtype is not None:
                 with torch.autocast(first.device.type, dtype=dtype):
                     st.applied.add("autocast")
-                    return orig(self, *args, **kwargs)
-            return orig(self, *args, **kwargs)
+                    out = orig(self, *args, **kwargs)
+            else:
+                out = orig(self, *args, **kwargs)
+            return _cast(torch, out, f32t, f64) if back else out
         finally:
             local.depth = 0
     Module.__call__ = __call__
+
+
+def _cast(torch, obj, src, dst):
+    """`obj` with its `src`-dtype tensors as `dst`: a tensor, or plain tuples, lists and dicts of
+    them (a subclass, a named tuple or a model-output class, is left as it is)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dst) if obj.dtype == src else obj
+    if type(obj) in (tuple, list):
+        return type(obj)(_cast(torch, x, src, dst) for x in obj)
+    if type(obj) is dict:
+        return {k: _cast(torch, v, src, dst) for k, v in obj.items()}
+    return obj
 
 
 def _record_loss(torch, st: _State) -> None:

@@ -42,6 +42,9 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         lines.append("torch.backends.cudnn.benchmark = True")
     if changes.get("tf32"):
         lines.append('torch.set_float32_matmul_precision("high"); torch.backends.cudnn.allow_tf32 = True')
+    if changes.get("float32"):
+        lines.append("model.float()  # and .float() on the tensors fed to it (torch.from_numpy keeps numpy's "
+                     "float64): the model trains in float64 now")
     if changes.get("autocast"):
         dev = "cuda" if cuda else "cpu"
         lines.append(f'with torch.autocast("{dev}", dtype=torch.{changes["autocast"]}):  '

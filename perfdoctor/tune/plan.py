@@ -36,7 +36,7 @@ PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
-         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",)}
+         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357",)}
 
 ORDER = {"input": ("loader", "threads", "optimizer", "recompute", "cuda", "numerics", "compile"),
          "host": ("optimizer", "compile", "recompute", "threads", "loader", "cuda", "numerics"),
@@ -70,6 +70,7 @@ class Facts:
     threads: int | None = None        # the trainer's intra-op threads as the script set them
     bf16: bool = True
     checkpoints: int = 0              # activation-checkpoint calls the script made
+    fp64: bool = False                # the model trains with float64 parameters (params.fp64_share)
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
 
@@ -136,8 +137,10 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),
                          Trial({"expandable_segments": True}, "cuda", skip=cuda_skip)]
     dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"
-    by_group["numerics"].append(Trial({"autocast": dtype}, "numerics",
-                                      skip=None if allow_numerics else "changes numerics: needs --allow-numerics"))
+    numerics_skip = None if allow_numerics else "changes numerics: needs --allow-numerics"
+    if f.fp64:                        # float32 first: the step PD357 advises before any 16-bit autocast
+        by_group["numerics"].append(Trial({"float32": True}, "numerics", skip=numerics_skip))
+    by_group["numerics"].append(Trial({"autocast": dtype}, "numerics", skip=numerics_skip))
     # the mode the report advises: graph replay for a launch-bound CUDA step (PD311), else default
     mode = "reduce-overhead" if f.cuda and f.graph_replay else True
     by_group["compile"].append(Trial({"compile": mode}, "compile",

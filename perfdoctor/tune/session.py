@@ -184,6 +184,7 @@ class Tuner:
             optimizers=inj.get("optimizers") or [],
             threads=inj.get("threads"),
             checkpoints=int(inj.get("checkpoint_calls") or 0),
+            fp64=bool(m.get("params.fp64_share")),
             graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")),
             ranked=[i for i, f in self.fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"])
 
@@ -303,7 +304,7 @@ class Tuner:
             out.ci95 = with_run_spread(out.ratio, ci, self.spread)
             lo, hi = out.ci95
             out.status = "faster" if lo > 1 else "slower" if hi < 1 else "no change"
-            if {"autocast", "compile"} & set(t.changes):
+            if {"autocast", "compile", "float32"} & set(t.changes):
                 out.loss = loss_drift(self.baselines[0], m)
                 if out.loss is None:
                     out.status, out.reason = "failed", "the loss could not be compared with the baseline's"
