@@ -117,3 +117,28 @@ def test_pointwise_share_is_the_arithmetic_copies_and_casts_among_the_unfused_ke
     u, pw = m["fusion.unfused_share"], m["fusion.pointwise_share"]
     assert fix["gain"]["expected"] == pytest.approx(1 / (1 - pw), rel=0.01)
     assert fix["gain"]["range"] == pytest.approx([1 / (1 - pw / 2), 1 / (1 - u + (u - pw) / 1.3)], rel=0.01)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_cpu_run_that_compiles_its_model_is_not_told_to_compile_it(tmp_path, compiled):
+    """On a CPU-only trace compiled code shows as host ops (Torch-Compiled Region, CompiledFunction):
+    fusion.compiled is true there, and PD312 (compile the model) does not fire; a step of small
+    ops without them keeps PD312."""
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.trace.loader import load_trace
+
+    path = tmp_path / "t.json"
+    tg.write(tg.TraceSpec(steps=[S(cpu_ops_us=100)] * 4, device="cpu"), path)     # ten 10-us ops a step
+    doc = json.loads(path.read_text())
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    if compiled:
+        for s in steps:
+            doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "Torch-Compiled Region: 0/0",
+                                       "pid": s["pid"], "tid": s["tid"], "ts": s["ts"] + 1, "dur": 10})
+    path.write_text(json.dumps(doc))
+    m = analyze(load_trace(path)).metrics
+    assert m["trace.platform"] == "cpu" and m["cpu.small_op_share"] >= 0.15
+    assert m["fusion.compiled"] is compiled
+    ids = {f["id"] for f in diagnose_path(path)["findings"]}
+    assert ("PD312" in ids) is not compiled

@@ -61,14 +61,16 @@ def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | 
            "fusion.pointwise_share": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
+    ops = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
+    compiled_op = bool((ops & t.name_mask(lambda s: bool(COMPILED_OP_RX.search(s)))).any())
     kr = np.flatnonzero(k.kernel)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     if not len(kr) or total <= 0:
+        # a CPU-only trace: compiled regions show as host ops (Inductor's C++ loops run inside them)
+        out["fusion.compiled"] = compiled_op if total > 0 else None
         return out
     names = t.name[kr]
     compiled_kernel = np.fromiter((bool(COMPILED_KERNEL_RX.search(n)) for n in t.names), bool, len(t.names))
-    ops = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
-    compiled_op = bool((ops & t.name_mask(lambda s: bool(COMPILED_OP_RX.search(s)))).any())
     lut = np.fromiter((is_memory_bound(n) for n in t.names), bool, len(t.names))
     pointwise = np.fromiter((bool(POINTWISE_RX.search(n)) for n in t.names), bool, len(t.names))
     cls = class_of_rows(t, k, kr)

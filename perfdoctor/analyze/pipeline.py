@@ -80,7 +80,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(verdict_shares(m))
     m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], m["share.device"])
              if k.platform == "cuda" else {})
-    m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm") else {})
+    m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, m["share.device"]))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))

@@ -131,7 +131,7 @@ _m("cpu.op_median_us", "us", "CPU-only traces: median duration of those ops (pro
 _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")
 _m("fusion.pointwise_share", "share", "The part of fusion.unfused_share in pointwise arithmetic, copies and casts (ATen functor and copy kernels): what fusion folds into the neighbouring kernels; norms, reductions, softmax, dropout and activations keep about a pass each.")
-_m("fusion.compiled", "bool", "The steps already run compiled code (Triton kernels or compiled-region ops).")
+_m("fusion.compiled", "bool", "The steps already run compiled code (Triton kernels or compiled-region ops; on a CPU-only trace the compiled-region ops).")
 # -- math precision (analyze/precision.py; CUDA only, None elsewhere) ------------------------
 _m("precision.gemm_fp32_share", "share", "Kernel time of fp32 GEMM/convolution kernels on the SIMT cores (no tensor cores) / step time.")
 _m("precision.gemm_tf32_share", "share", "Kernel time of TF32 tensor-core GEMM/convolution kernels / step time.")
