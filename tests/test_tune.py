@@ -283,6 +283,12 @@ def test_apply_text_is_the_code_change():
         "num_workers=2, persistent_workers=True, prefetch_factor=4")
 
 
+def test_no_compile_trial_for_a_script_that_compiles_already():
+    comp = [t for t in plan.plan(facts(compiled=True), allow_compile=True) if t.group == "compile"]
+    assert [t.skip for t in comp] == ["the script compiles its model already"]
+    assert [t.skip for t in plan.plan(facts(), allow_compile=True) if t.group == "compile"] == [None]
+
+
 def test_a_float64_model_gets_a_float32_trial_before_autocast():
     """PD357's change: only for a model trained in float64, opt-in like autocast, tried first."""
     labels = [t.label for t in plan.plan(facts(verdict="cpu_compute"))]

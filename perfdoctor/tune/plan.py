@@ -71,6 +71,7 @@ class Facts:
     bf16: bool = True
     checkpoints: int = 0              # activation-checkpoint calls the script made
     fp64: bool = False                # the model trains with float64 parameters (params.fp64_share)
+    compiled: bool = False            # the steps already run compiled code (fusion.compiled)
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
 
@@ -144,7 +145,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     # the mode the report advises: graph replay for a launch-bound CUDA step (PD311), else default
     mode = "reduce-overhead" if f.cuda and f.graph_replay else True
     by_group["compile"].append(Trial({"compile": mode}, "compile",
-                                     skip=None if allow_compile else "costs compile time: needs --allow-compile"))
+                                     skip="the script compiles its model already" if f.compiled else
+                                     None if allow_compile else "costs compile time: needs --allow-compile"))
     verdict_order = group_order(f)
     order = sorted(verdict_order, key=lambda g: _first_rank(f.ranked, by_group[g], verdict_order.index(g)))
     return [t for g in order for t in by_group[g]]

@@ -185,6 +185,7 @@ class Tuner:
             threads=inj.get("threads"),
             checkpoints=int(inj.get("checkpoint_calls") or 0),
             fp64=bool(m.get("params.fp64_share")),
+            compiled=bool(m.get("fusion.compiled")),
             graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")),
             ranked=[i for i, f in self.fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"])
 
