@@ -49,3 +49,31 @@ def test_gaps_kept_for_annotation_are_the_longest_and_not_kernel_waits(analyze_s
     d = [g.duration_ms for g in a.marked_gaps]
     assert d == sorted(d, reverse=True)
     assert [(g.step, g.offset_ms) for g in a.gaps] == [(g.step, g.offset_ms) for g in a.marked_gaps[:len(a.gaps)]]
+
+
+def test_host_lane_shows_a_cpu_runs_collectives(tmp_path):
+    """On a CPU-only DDP run the host's gloo all_reduce is the communication: the host lane says
+    "communication" for it, not "cpu_ops" (it is a host op too, drawn under its own colour)."""
+    from kineto import HandTrace
+
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+
+    h = HandTrace()
+    for i in range(4):
+        t0 = i * 10_000
+        h.step(i + 1, t0, t0 + 10_000)
+        h.op(1, t0 + 100, "aten::addmm", 2_000)
+        h.op(1, t0 + 2_200, "gloo:all_reduce", 6_000)
+        h.op(1, t0 + 8_300, "aten::add_", 1_000)
+    h.write(tmp_path / "t.json")
+    doc = __import__("json").loads((tmp_path / "t.json").read_text())
+    del doc["deviceProperties"]                            # a CPU-only trace
+    (tmp_path / "t.json").write_text(__import__("json").dumps(doc))
+    a = analyze(load_trace(tmp_path / "t.json"))
+    assert a.metrics["trace.platform"] == "cpu"
+    lanes = {}
+    for _, d, r in a.view["host"]:
+        lanes[r] = lanes.get(r, 0) + d
+    assert lanes["communication"] == pytest.approx(6.0) and lanes["cpu_ops"] == pytest.approx(3.0)
+    assert sum(lanes.values()) == pytest.approx(10.0)

@@ -6,7 +6,8 @@ report/annotate.py) only draw what was measured:
 - `representative_step`: the steady step whose duration is closest to the steady steps' median
   (a typical step, neither the warm-up nor an outlier; every step still counts in the metrics);
 - `step_view`: that step's breakdown role over time (run-length merged), the device's busy
-  intervals (not on CPU-only traces) and the host's activity (HOST_ACTIVITY order, as in gaps.py);
+  intervals (not on CPU-only traces) and the host's activity (HOST_LANE order: gaps.py's
+  HOST_ACTIVITY with the host's own collectives, gloo's, before its other ops);
   runs shorter than a `MIN_RUN_FRACTION` of the step join the run before them (device idle
   gaps that short are closed), so the view stays small whatever the trace size;
 - `step_dominant`: per step, the largest of the four verdict shares (device, input, host,
@@ -24,6 +25,7 @@ from perfdoctor.analyze.timeline import BREAKDOWN, Timeline
 
 MIN_RUN_FRACTION = 1 / 1500      # shorter runs are invisible at any screen width
 MAX_RUNS = 1500                  # per lane, after merging
+HOST_LANE = HOST_ACTIVITY[:3] + ("communication",) + HOST_ACTIVITY[3:]
 
 
 def representative_step(steps: Steps) -> int:
@@ -72,14 +74,20 @@ def step_view(steps: Steps, tl: Timeline, platform: str) -> dict:
     start, length = tl.seg.start[sel], tl.seg.length[sel]
     min_len = (hi - lo) * MIN_RUN_FRACTION
     role = np.array(BREAKDOWN, dtype=object)[tl.role[sel]]
-    layers = [tl.cover[r][sel] for r in ("data_loading", "sync", "runtime", "cpu_exec")]
+    cover = tl.cover
+    if platform == "cpu":              # the host's collectives: all communication on a CPU run
+        comm = cover["communication"]
+    else:                              # gloo beside device collectives: the host part only
+        comm = cover["communication"] & ~cover["comm_kernel"] if "comm_kernel" in cover else \
+            np.zeros(len(tl.role), bool)
+    layers = [cover["data_loading"][sel], cover["sync"][sel], cover["runtime"][sel], comm[sel], cover["cpu_exec"][sel]]
     host = np.full(len(sel), len(layers), np.int64)
     for j in range(len(layers) - 1, -1, -1):
         host[layers[j]] = j
     view = {"step": steps.labels[i], "index": i, "start_ms": (lo - float(steps.start[0])) / 1e3,
             "duration_ms": (hi - lo) / 1e3,
             "breakdown": _runs(start, length, role, lo, min_len),
-            "host": _runs(start, length, np.array(HOST_ACTIVITY, dtype=object)[host], lo, min_len),
+            "host": _runs(start, length, np.array(HOST_LANE, dtype=object)[host], lo, min_len),
             "device": None}
     if platform != "cpu":
         busy = tl.cover["device"][sel]

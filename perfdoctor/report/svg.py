@@ -18,10 +18,10 @@ from perfdoctor.stats.steptime import ms as fmt_ms
 
 ROLE_COLOUR = {"kernel": "#2e8b57", "memcpy": "#3a7dc2", "memset": "#8fb3dd", "communication": "#8e5bb5",
                "runtime": "#e39b26", "data_loading": "#d64541", "cpu_exec": "#e8c547", "other": "#b8bcc2"}
-HOST_COLOUR = {"data_wait": "#d64541", "sync": "#c0392b", "runtime": "#e39b26", "cpu_ops": "#e8c547",
-               "untraced": "#b8bcc2"}
+HOST_COLOUR = {"data_wait": "#d64541", "sync": "#c0392b", "runtime": "#e39b26", "communication": "#8e5bb5",
+               "cpu_ops": "#e8c547", "untraced": "#b8bcc2"}
 HOST_LABEL = {"data_wait": "waiting for data", "sync": "synchronising", "runtime": "runtime calls",
-              "cpu_ops": "CPU ops", "untraced": "untraced"}
+              "communication": "collectives", "cpu_ops": "CPU ops", "untraced": "untraced"}
 FONT = 'font-family="system-ui,-apple-system,Segoe UI,Roboto,sans-serif" font-size="12"'
 W = 900            # drawing width (the page scales it: viewBox)
 LEFT = 86          # room for the row labels
