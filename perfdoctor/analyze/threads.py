@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import self_time
+from perfdoctor.analyze.hostops import op_self_times
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -32,9 +32,6 @@ def thread_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     total = float(steps.duration.sum())
     if k.platform != "cpu" or total <= 0:
         return out
-    lo, hi = steps.span
-    ops = np.flatnonzero(k.cpu_op & (t.ts >= lo) & (t.ts < hi))
-    aten = t.name_mask(lambda n: n.startswith("aten::"))[ops]
-    own = self_time(t, ops, inner=aten)
+    _, aten, own = op_self_times(t, k, steps)     # Python frames (with_stack) hold no aten op
     out["threads.splittable_share"] = float(own[aten & (own >= SPLIT_MIN_US)].sum()) / total
     return out
