@@ -66,7 +66,7 @@ def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | 
     kr = np.flatnonzero(k.kernel)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     if not len(kr) or total <= 0:
-        # a CPU-only trace: compiled regions show as host ops (Inductor's C++ loops run inside them)
+        # no kernels in the steps (a CPU-only trace): compiled regions show as host ops alone
         out["fusion.compiled"] = compiled_op if total > 0 else None
         return out
     names = t.name[kr]
