@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import tracegen as tg
@@ -67,9 +69,9 @@ def test_host_lane_shows_a_cpu_runs_collectives(tmp_path):
         h.op(1, t0 + 2_200, "gloo:all_reduce", 6_000)
         h.op(1, t0 + 8_300, "aten::add_", 1_000)
     h.write(tmp_path / "t.json")
-    doc = __import__("json").loads((tmp_path / "t.json").read_text())
+    doc = json.loads((tmp_path / "t.json").read_text())
     del doc["deviceProperties"]                            # a CPU-only trace
-    (tmp_path / "t.json").write_text(__import__("json").dumps(doc))
+    (tmp_path / "t.json").write_text(json.dumps(doc))
     a = analyze(load_trace(tmp_path / "t.json"))
     assert a.metrics["trace.platform"] == "cpu"
     lanes = {}

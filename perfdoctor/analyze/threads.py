@@ -17,8 +17,6 @@ ops last 1-9 us and fill none of it.
 
 from __future__ import annotations
 
-import numpy as np
-
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.hostops import op_self_times
 from perfdoctor.analyze.steps import Steps
