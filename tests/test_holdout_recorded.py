@@ -55,3 +55,16 @@ def test_the_record_is_of_the_scripts_in_the_repository():
     holdout = RECORDED.parent
     assert len(ROWS) == 10 and all((holdout / name).is_file() for name in ROWS)
     assert all("H200" in row["device"] and len(row["bare_ms"]) == len(row["fixed_ms"]) >= 2 for row in ROWS.values())
+
+
+def test_the_held_out_h3_outcome_names_the_scripts_and_fixes_of_the_harness():
+    doc = json.loads((BENCH / "holdout" / "h200-2026-11-28-h3.json").read_text())
+    rows = doc["rows"]
+    assert sorted(rows) == sorted(n for n in validate_holdout.APPLIED if n.startswith("h3_"))
+    for name, row in rows.items():
+        assert (RECORDED.parent / name).is_file() and row["applied"] == validate_holdout.APPLIED[name]
+        lo, hi = row["range"]
+        # the bar as validate_holdout judges it, from the recorded figures
+        met = row["rank"] == 1 and abs(row["expected"] / row["measured"] - 1) <= validate_holdout.TOLERANCE \
+            and row["measured"] <= row["ceiling"] * 1.05
+        assert met == row["bar"] and lo <= row["expected"] <= hi <= row["ceiling"], name
