@@ -4,6 +4,7 @@ child run, the command's errors, and (slow) the acceptance run on examples/cpu_b
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -322,6 +323,21 @@ def test_loss_drift_accepts_rounding_and_refuses_divergence():
     nan = loss_drift(measured(base), measured(base[:12] + ["nan"] * 28))
     assert nan["diverged"] and "non-finite at backward 13" in nan["text"]
     assert loss_drift(measured(base[:5]), measured(base)) is None      # too few to compare
+
+
+def test_loss_drift_judges_a_converged_loss_by_what_training_achieved():
+    # both runs drive the loss from ~1 to nearly zero (an H200 ViT under autocast: 1.3e-6 vs 2e-13)
+    base = [math.exp(-0.75 * i) for i in range(40)]
+    amp = [max(x, 1.3e-6) for x in base]
+    near = loss_drift(measured(base), measured(amp))
+    assert not near["diverged"], near["text"]
+    # losing a tenth of the progress is divergence, however small the last losses
+    lost = loss_drift(measured(base), measured(base[:30] + [0.15] * 10))
+    assert lost["diverged"], lost["text"]
+    # a loss that barely moved is judged against its own level, as before
+    flat = [2.0 - 0.001 * i for i in range(40)]
+    assert loss_drift(measured(flat), measured(flat[:30] + [x * 1.15 for x in flat[30:]]))["diverged"]
+    assert not loss_drift(measured(flat), measured(flat[:30] + [x * 1.05 for x in flat[30:]]))["diverged"]
 
 
 # -- injection into a real child -------------------------------------------------------------------
