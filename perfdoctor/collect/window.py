@@ -30,6 +30,7 @@ If the script runs its own profiler, ours is not started (or steps aside when th
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shutil
 import socket
@@ -214,9 +215,13 @@ class Window:
             # `warmup` profiler warm-up steps, then record until on_boundary stops the profiler
             # (stop() exports what was recorded); ProfilerStep#N labels mark the steps.
             return ProfilerAction.WARMUP if step < warmup else ProfilerAction.RECORD
+        # One cycle only, so accumulating events across cycles changes nothing; asking for it keeps
+        # torch 2.10-2.11 from warning on the user's stderr that a cycle clears events (it warns on
+        # every scheduled profiler: pytorch/pytorch issue 180348).
+        once = {"acc_events": True} if "acc_events" in inspect.signature(profile.__init__).parameters else {}
         try:
             self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
-                                schedule=sched, on_trace_ready=self._export)
+                                schedule=sched, on_trace_ready=self._export, **once)
             with _inductor_left_unloaded(torch):
                 self.prof.start()
             self.state = "recording"
