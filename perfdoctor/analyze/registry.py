@@ -142,7 +142,7 @@ _m("precision.layout_share", "share", "Kernel time of NCHW<->NHWC layout transpo
 _m("precision.memory_fp32_share", "share", "Kernel time of other fp32 kernels (elementwise, norms, reductions; optimizer excluded) / step time.")
 _m("precision.amp_share", "share", "The share of the step mixed precision acts on: fp32/TF32 GEMM, fp32 attention and fp32 memory-bound kernel time (the last scaled by the part of GEMM/attention time still in fp32/TF32: autocast halves those kernels only through their inputs), weighted by the device's busy share (kernel time is on the critical path only where the device is).")
 _m("precision.amp_speedup", "ratio", "Expected speed-up of precision.amp_share under autocast bf16/fp16: peak tensor-core ratios of this GPU generation damped to r**0.8, memory-bound kernels 1.7x.")
-_m("precision.amp_speedup_low", "ratio", "Low end of that speed-up (r**0.6, memory-bound 1.3x).")
+_m("precision.amp_speedup_low", "ratio", "Low end of that speed-up (r**0.6, memory-bound kernels unchanged).")
 _m("precision.amp_speedup_high", "ratio", "High end of that speed-up (r**0.95, memory-bound 2.0x).")
 _m("precision.amp_speedup_peak", "ratio", "Speed-up of precision.amp_share at the peak throughput ratios (memory-bound 2x): the ceiling.")
 # -- model-level patterns --------------------------------------------------------------------
