@@ -134,7 +134,9 @@ def main(argv=None) -> int:
             except SystemExit as e:
                 print(f"| {name} | failed: {str(e)[-300:]!r} |", flush=True)
                 continue
-            row = judge(doc, APPLIED[name], measured) | {"bare_ms": bare, "fixed_ms": fixed}
+            # the run's metrics travel in the results: record_holdout.py can keep them without the run directory
+            row = judge(doc, APPLIED[name], measured) | {"bare_ms": bare, "fixed_ms": fixed,
+                                                         "metrics": doc["traces"][0]["metrics"]}
             rows[name] = row
             fmt = lambda v: "-" if v is None else ("unbounded" if v == float("inf") else f"{v:.2f}x")  # noqa: E731
             fixes = ", ".join(f"{s} (#{r})" if r else f"{s} (absent)" for s, r in zip(row["fixes"], row["ranks"]))

@@ -66,3 +66,21 @@ def test_holdout_scripts_run_and_print_their_step_time():
     assert len(got) == len(runs)
     for key, stdout in got.items():
         assert validate_holdout.steady_ms(stdout) > 0, key
+
+
+def test_record_keeps_the_metrics_a_run_reported_when_its_directory_is_gone(tmp_path):
+    sys.path.insert(0, str(BENCH.parent))
+    import record_holdout
+    sys.path.remove(str(BENCH.parent))
+
+    metrics = {"save.share": 0.75, "save.interval_steps": 2.0}
+    results = tmp_path / "h3.json"
+    results.write_text(json.dumps({"device": "torch CUDA 13.0, NVIDIA H200", "rows": {
+        "h3_safetensors_every2.py": {"bare_ms": [36.1, 35.9], "fixed_ms": [10.1, 10.0], "metrics": metrics}}}))
+    got = record_holdout.record(results)["h3_safetensors_every2.py"]
+    assert got["metrics"] == metrics and got["applied"] == ["checkpoint-off-the-step"]
+    assert got["bare_ms"] == [36.1, 35.9] and "H200" in got["device"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"device": "d", "rows": {"h3_safetensors_every2.py": {"bare_ms": [1], "fixed_ms": [1]}}}))
+    with pytest.raises(SystemExit, match="no run directory"):
+        record_holdout.record(bare)
