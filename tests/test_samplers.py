@@ -267,3 +267,21 @@ def test_other_cores_leave_out_the_jobs_own_processes():
     assert other_cores(m, siblings=1) == pytest.approx(0.06)  # the sibling rank is this job, not other work
     assert other_cores({**m, "loader.workers": 2, "loader.worker_cpu_mean": 0.3}) == pytest.approx(0.38)
     assert other_cores({**m, "system.cpu_busy_share": None}) is None
+
+
+def test_a_process_is_born_when_it_started_not_up_to_a_second_earlier(tmp_path):
+    # psutil dates processes from /proc/stat's btime, whole seconds: up to 1 s early, which made a
+    # 3-second spinning worker look 75% busy. The sampler's create_time is the wall time of the start.
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    after = time.time()
+    sampler = SystemSampler(child.pid, interval=INTERVAL).start()
+    try:
+        time.sleep(0.5)
+    finally:
+        child.wait(timeout=30)
+        sampler.stop()
+    born = {p["create_time"] for s in sampler.samples for p in [s["trainer"]] if p}
+    assert len(born) == 1
+    # clock ticks (10 ms) and the two clock reads bound the error
+    assert before - 0.05 <= born.pop() <= after + 0.05, (before, after)

@@ -21,6 +21,9 @@ from /proc/<pid>/io (None when not readable), and sched_cpu_s / runq_wait_s: cum
 seconds on a CPU / waiting in a run queue for one, from /proc/<pid>/task/*/schedstat summed
 over the threads (per-thread deltas are accumulated, so exited threads keep their share; a
 process with more than MAX_THREADS_READ threads falls back to the main thread's line).
+create_time is psutil's, corrected for the boot time it reads from /proc/stat's btime, which
+Linux truncates to whole seconds: up to a second early, which made a 3-second worker that spun
+on a core look 75% busy (BOOT_FIX).
 Life counters, cumulative over the process's whole life (from create_time, whether or not it was
 sampled then), so that a short run or a short-lived worker is judged over all of its time rather
 than by how many point samples landed in it: cpu_life_s (user + system time of all its threads,
@@ -60,6 +63,21 @@ YOUNG_INTERVAL = 0.1                       # ... are sampled this often (at most
 DELAYACCT_NOTE = ("block-IO delay accounting is off on this kernel (kernel.task_delayacct=0): storage waits "
                   "come from the sampled process states, not from per-process IO delay counters")
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _boot_fix() -> float:
+    """Seconds to add to psutil's create_time: the true boot time (now less /proc/uptime) less
+    psutil's (btime, whole seconds). 0 where /proc/uptime is missing or the two disagree by more
+    than the truncation can explain."""
+    try:
+        up = float(read_text("/proc/uptime").split()[0])
+        fix = (time.time() - up) - psutil.boot_time()
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+    return fix if 0.0 <= fix < 1.0 else 0.0
+
+
+BOOT_FIX = _boot_fix()
 _HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
                  "compile_worker", "torch._inductor", "multiprocessing.popen_spawn_posix")
 _FORKSERVER_MARK = "multiprocessing.forkserver"
@@ -223,7 +241,7 @@ class SystemSampler:
                 # for the old process; with pid_max in the millions this is not guarded.)
                 return tr
             p = psutil.Process(pid)
-            tr = _Tracked(p, p.create_time())
+            tr = _Tracked(p, p.create_time() + BOOT_FIX)
             tr.ppid = p.ppid()
             self._tracked[pid] = tr
             return tr
