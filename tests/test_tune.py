@@ -326,7 +326,7 @@ def test_loss_drift_accepts_rounding_and_refuses_divergence():
 
 
 def test_loss_drift_judges_a_converged_loss_by_what_training_achieved():
-    # both runs drive the loss from ~1 to nearly zero (an H200 ViT under autocast: 1.3e-6 vs 2e-13)
+    # both runs drive the loss from ~1 to nearly zero (a tiny ViT on the CPU under autocast: 1.3e-6 vs 2e-13)
     base = [math.exp(-0.75 * i) for i in range(40)]
     amp = [max(x, 1.3e-6) for x in base]
     near = loss_drift(measured(base), measured(amp))

@@ -12,7 +12,7 @@ the baseline's is finite, or when its mean loss over the last quarter of the com
 exceeds the baseline's by more than DIVERGE of the baseline's scale: the larger of its last
 quarter's mean and the drop from its first quarter to its last (what training achieved). Mixed
 precision and compilation move the loss by rounding, not by tens of percent; and a loss that
-both runs drove to nearly zero (an H200 ViT: 1.3e-6 under autocast vs 2e-13 in fp32, from ~1)
+both runs drove to nearly zero (a tiny ViT on the CPU: 1.3e-6 under autocast vs 2e-13 in fp32, from ~1)
 has not diverged, however far apart the two tiny numbers are.
 """
 
