@@ -265,6 +265,28 @@ def test_trials_are_judged_against_the_run_to_run_spread(monkeypatch, tmp_path, 
         assert [b.run_dir.name for b in out.bases] == ["baseline-2"] and hi < 1
 
 
+def test_the_document_keeps_short_step_times_to_six_digits(monkeypatch, tmp_path):
+    """Times in tune's JSON keep 6 significant digits, so the run-to-run spread printed with them
+    can be recomputed from them for 0.25 ms steps too (rounded to whole microseconds, 0.252 and
+    0.247 ms gave 0.0142 where the document said 0.013)."""
+    from perfdoctor.stats.steptime import run_spread
+    from perfdoctor.tune import session as S
+    from perfdoctor.tune.result import build
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.facts = facts()
+    t.baselines = [_measured(tmp_path, "baseline", 0.2523, seed=1)]
+    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    runs = iter([_measured(tmp_path, "baseline-2", 0.2471, seed=2)])
+    monkeypatch.setattr(S.Tuner, "_launch", lambda self, d, ch, **k: next(runs))
+    t._repeat_baseline()
+    doc = build(t)
+    b = doc["baseline"]
+    times = [b["step_time_s"]] + [x["step_time_s"] for x in b["repeats"]]
+    assert len(times) == 2 and all(1e-4 < x < 1e-3 for x in times)
+    assert times == [float(f"{x.step_s:.6g}") for x in t.baselines]
+    assert doc["run_spread"] == pytest.approx(run_spread(times), abs=6e-5)     # the spread, to 4 decimals
+
+
 def test_apply_text_is_the_code_change():
     inject = {"loaders": [{"asked": LOADER0}], "optimizers": [SGD], "threads_asked": [1]}
     text = apply_text({"num_workers": 2, "persistent_workers": True, "threads": 2, "optimizer": "foreach"},

@@ -17,14 +17,21 @@ from perfdoctor.tune.session import Outcome, Tuner
 SCHEMA_VERSION = 1
 
 
-def _r(x, nd=6):
+def _r(x, nd):
     return None if x is None else round(float(x), nd)
+
+
+def _t(x):
+    """A time in seconds, to 6 significant digits: 1 us steps keep the precision that 1 s ones do
+    (rounding to whole microseconds left a 250 us step 3 digits, and run_spread, computed before
+    rounding, could not be recomputed from the document)."""
+    return None if x is None else float(f"{float(x):.6g}")
 
 
 def _trial_doc(o: Outcome) -> dict:
     m = o.run
     return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
-            "predicted": _r(o.predicted, 4), "step_time_s": _r(m.step_s) if m else None,
+            "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
             "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
             "baseline_dirs": [str(b.run_dir) for b in o.bases], "loss": o.loss,
@@ -43,13 +50,13 @@ def build(t: Tuner) -> dict:
         "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
         "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
         "noisy": t.noisy, "noise": t.noise_text, "run_spread": _r(t.spread, 4),
-        "baseline": {"step_time_s": _r(est.step_s), "ci95": [_r(est.ci95[0]), _r(est.ci95[1])],
-                     "median_s": _r(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
+        "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
+                     "median_s": _t(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
                      "data_wait_share": _r(est.wait_share, 4),
-                     "repeats": [{"dir": str(x.run_dir), "step_time_s": _r(x.step_s)} for x in t.baselines[1:]]},
+                     "repeats": [{"dir": str(x.run_dir), "step_time_s": _t(x.step_s)} for x in t.baselines[1:]]},
         "trials": [_trial_doc(o) for o in t.outcomes],
         "best": ({"changes": best.trial.changes, "speedup": _r(best.ratio, 4),
-                  "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _r(best.run.step_s),
+                  "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _t(best.run.step_s),
                   "confirmed": best.confirm is not None}
                  if best else None),
         "apply": apply_text(best.trial.changes if best else {}, b.inject, t.facts.cuda),
