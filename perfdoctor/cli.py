@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from enum import Enum
@@ -323,6 +324,19 @@ def rules_check(directory: Optional[Path] = typer.Argument(None, help="A directo
     render_check(results, len(rules))
     if any(not x.ok for x in results):
         raise typer.Exit(1)
+
+
+def _unwrap_help(*apps: typer.Typer) -> None:
+    """Docstrings are wrapped at 100 columns for the source; typer keeps their single line breaks,
+    so `--help` showed ragged lines ("...; or start" / "`perfdoctor run` once per rank"). Each
+    paragraph becomes one line here and the terminal wraps it."""
+    for a in apps:
+        for c in a.registered_commands:
+            doc = inspect.cleandoc(c.callback.__doc__ or "")
+            c.callback.__doc__ = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_unwrap_help(app, rules_app)
 
 
 def _safe(msg: object) -> str:

@@ -141,6 +141,20 @@ def test_version_and_help():
     assert h.returncode == 0 and "report" in h.stdout
 
 
+@pytest.mark.parametrize("cmd, sentence", [
+    (["run"], "or start `perfdoctor run` once per rank with your own launcher"),
+    (["tune"], "1 the baseline run of the script failed; 2 usage error"),
+    ([], "CUDA flags...) on the unmodified script, each in a fresh run"),     # the command list
+])
+def test_help_paragraphs_are_wrapped_by_the_terminal_not_the_source(cmd, sentence):
+    """A docstring's source line breaks do not reach `--help`: on a terminal wide enough, each
+    of these sentences (which span two lines in cli.py) is on one line."""
+    import os
+    h = run(*cmd, "--help", env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"})
+    assert h.returncode == 0, h.stderr
+    assert any(sentence in line for line in h.stdout.splitlines()), h.stdout
+
+
 def test_report_path_never_imports_torch(trace):
     code = ("import sys; from perfdoctor.cli import main\n"
             "try:\n    main(['report', sys.argv[1], '-f', 'json'])\nexcept SystemExit:\n    pass\n"
