@@ -296,6 +296,56 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     assert ("PD346" in ids) == (idle and not crowded), (m["machine.physical_cores"], m["machine.free_cores"])
 
 
+# A closure of thousands of tiny ops, 20 calls a step (pytorch/examples' time_sequence_prediction
+# is this with an LSTM cell over 999 time steps: ~8M profiler events a step, and the job was
+# killed for memory while perfdoctor recorded it).
+TINY_OPS = r"""
+import resource, sys
+import torch, torch.nn as nn
+torch.manual_seed(0); torch.set_num_threads(1)
+w = nn.Parameter(torch.ones(4))
+opt = torch.optim.LBFGS([w], lr=1e-4, max_iter=20, tolerance_grad=0, tolerance_change=0)
+def closure():
+    opt.zero_grad()
+    h = w
+    for _ in range(1500):
+        h = h * 0.999 + 0.001
+    loss = h.sum()
+    loss.backward()
+    return loss
+for i in range(int(sys.argv[1])):
+    opt.step(closure)
+print("peak_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_a_step_of_millions_of_events_is_traced_within_the_memory_budget(tmp_path):
+    """The window stops recording inside a step once the profiler's events pass its budget (here
+    32 MB, PERFDOCTOR_TRACE_MB): the script finishes, its peak memory stays well below a run that
+    records one whole step, the trace holds the part of the step recorded, and the report says
+    the traced step is cut short, first among its notes."""
+    script = tmp_path / "tiny_ops.py"
+    script.write_text(TINY_OPS)
+    runs = {}
+    for name, mb, extra in (("budget", "32", ()), ("whole", "100000", ("--trace-steps", "1"))):
+        out = tmp_path / name
+        r = prun("--no-stacks", *extra, script, 5, out=out, env=dict(SCALED, PERFDOCTOR_TRACE_MB=mb))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("peak_mb ") and r.stdout.count("\n") == 1
+        runs[name] = (int(r.stdout.split()[1]), child(out)["window"], out)
+    (cut_peak, win, out), (whole_peak, whole_win, _) = runs["budget"], runs["whole"]
+    assert whole_win["cut"] is None and whole_win["recorded_steps"] == 1
+    assert win["budget_mb"] == 32 and win["cut"]["budget_mb"] == 32 and win["recorded_steps"] == 0
+    assert 0 < win["cut"]["after_s"] < 1.0             # a recorded step takes ~1 s here
+    # one whole step's events (~200k) cost the other run hundreds of MB more
+    assert whole_peak - cut_peak > 200, (cut_peak, whole_peak)
+    doc = report(out)
+    notes = doc["run"]["notes"]
+    assert notes[0].startswith("the trace stopped inside a step") and "32 MB" in notes[0], notes
+    m = doc["traces"][0]["metrics"]
+    assert m["steps.count"] == 1 and m["steps.time_median_ms"] < 0.8 * m["run.step_time_ms"]
+
+
 def test_too_few_steps_for_a_trace_still_get_a_verdict(tmp_path):
     script = tmp_path / "lbfgs.py"
     script.write_text(LBFGS)

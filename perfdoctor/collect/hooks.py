@@ -30,7 +30,7 @@ from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, datase
     schedstat
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
 from perfdoctor.collect.timedcalls import TimedCalls
-from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
+from perfdoctor.collect.window import TRACE_MB, TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
 WORKER_INFO_MARKER = "worker_info.marker"     # a DataLoader worker read get_worker_info()
@@ -50,7 +50,8 @@ class Session(StepSources):
         self.window = Window(self.run_dir, self.notes, skip=int(cfg.get("skip", 5)), active=int(cfg.get("active", 5)),
                              memory=bool(cfg.get("memory", False)), enabled=bool(cfg.get("trace", True)),
                              warmup_s=seconds(cfg, "warmup_s", "PERFDOCTOR_WARMUP_S", WARMUP_S),
-                             trace_s=seconds(cfg, "trace_s", "PERFDOCTOR_TRACE_S", TRACE_S))
+                             trace_s=seconds(cfg, "trace_s", "PERFDOCTOR_TRACE_S", TRACE_S),
+                             trace_mb=seconds(cfg, "trace_mb", "PERFDOCTOR_TRACE_MB", TRACE_MB))
         self.mode = None                 # "optimizer" | "backward" | "dataloader" | "module"
         self.source = None               # key of SOURCES
         self.primary = None              # id of the optimizer that defines step boundaries
@@ -150,6 +151,8 @@ class Session(StepSources):
 
         def __next__(it):
             t0 = time.perf_counter()
+            if session.window.recording:
+                session.window.check_memory(t0)      # a step of many batches can outgrow the trace's budget
             session.dataset_kinds.add(getattr(it, "_dataset_kind", None))
             if session.mode != "optimizer":
                 session._on_batch_request(t0)

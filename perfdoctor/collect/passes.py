@@ -114,7 +114,10 @@ def _watched(session, roots, fresh: bool, run):
         nested = _RUNNING[0] > 0
         _RUNNING[0] += 1
     watching = not nested and session.mode != "optimizer"
+    window = getattr(session, "window", None)
     try:
+        if not nested and window is not None and window.recording:
+            window.check_memory()                 # an LBFGS step of many passes can outgrow the trace's budget
         if not nested:
             census = getattr(session, "census", None)
             if census is not None and census.state == "counting":
@@ -128,6 +131,8 @@ def _watched(session, roots, fresh: bool, run):
     finally:
         with _LOCK:
             _RUNNING[0] -= 1
+        if not nested and window is not None and window.recording:
+            window.check_memory()                 # the backward pass's own events
         if watching and not fresh:
             session.after_pass()
 

@@ -16,6 +16,16 @@ began:
 - End. Recording stops at the boundary where `active` steps (`--trace-steps`) are recorded, or
   at least one is and `trace_s` seconds of steps have been recorded: a run of a few long
   steps gets one or two whole steps, not a cut-short window, and the trace stays small.
+- Memory. torch.profiler keeps every op event in memory, about 1 KB each while recording (the
+  CPU LSTM of pytorch/examples' time_sequence_prediction: 290 MB per 375k-event closure call),
+  and stop() and the export take about twice that again. A whole LBFGS step of 20 such calls,
+  with stop() parsing every event in Python (acc_events, since dropped), grew the script past
+  the machine's 24 GB and the kernel killed it. So the window has a memory budget: the least of
+  `trace_mb` (512 MB, PERFDOCTOR_TRACE_MB, "trace_mb") and a twentieth of the memory available
+  when it starts, above the process's peak resident size before it (the script's own per-step
+  peaks do not count). Past it, recording stops at the next point the hooks see on the
+  profiling thread (a backward pass, a DataLoader batch, a step boundary): the trace then holds
+  part of a step, and a note says how much.
 
 Defaults: warmup_s = trace_s = 10 s, overridable by the environment (PERFDOCTOR_WARMUP_S,
 PERFDOCTOR_TRACE_S) or the child configuration ("warmup_s", "trace_s"). Ending the window is
@@ -30,7 +40,6 @@ If the script runs its own profiler, ours is not started (or steps aside when th
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import shutil
 import socket
@@ -40,6 +49,8 @@ import time
 
 WARMUP_S = 10.0
 TRACE_S = 10.0
+TRACE_MB = 512.0          # the window's memory budget above the process's earlier peak (see Memory)
+CHECK_S = 0.05            # at most one resident-size reading per CHECK_S while recording
 COMPRESS_WAIT_S = 120.0   # at the end, how long to wait for the trace's compression
 
 
@@ -77,6 +88,50 @@ def compress_trace(path: str) -> None:
             pass
 
 
+def resident_bytes() -> int | None:
+    """This process's resident size (Linux /proc/self/statm), None where unknown."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def peak_resident_bytes() -> int | None:
+    """The process's peak resident size so far (ru_maxrss: KiB on Linux)."""
+    try:
+        import resource
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 if sys.platform.startswith("linux") else None
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for row in f:
+                if row.startswith("MemAvailable:"):
+                    return int(row.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_limit(trace_mb: float) -> tuple[int, int] | None:
+    """(resident size at which recording stops, the budget) for a window starting now, or None
+    where resident sizes cannot be read."""
+    now, peak = resident_bytes(), peak_resident_bytes()
+    if now is None:
+        return None
+    budget = trace_mb * 2 ** 20
+    avail = available_bytes()
+    if avail is not None:
+        budget = min(budget, avail / 20)
+    budget = int(max(budget, 32 * 2 ** 20))
+    return max(now, peak or 0) + budget, budget
+
+
 @contextlib.contextmanager
 def _inductor_left_unloaded(torch):
     """While the profiler starts, `torch._inductor` reads as absent unless it is loaded already.
@@ -106,14 +161,32 @@ def _inductor_left_unloaded(torch):
         torch.__getattr__ = lazy
 
 
+@contextlib.contextmanager
+def _cycle_warning_hidden():
+    """torch 2.10-2.11 warn on the user's stderr, at a scheduled profiler's start, that a cycle
+    clears events (pytorch/pytorch issue 180348), though this window has one cycle. The way out
+    torch offers, acc_events=True, turns every stop() into a Python parse of all events: 41 s and
+    +3.4 GB for 20k-op passes where stop() and export take 4.9 s and +1 GB without it (measured
+    here, torch 2.13). So the warning is filtered out around the window's own calls instead."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+        yield
+
+
 class Window:
     """The profiler window. state: pending | recording | exported | done | empty (the run ended
     before a whole step was recorded: no trace is written, since the script's tail after its
     last step is no step) | skipped (the script profiles itself) | failed."""
 
     def __init__(self, run_dir: str, notes: list[str], *, skip: int, active: int, memory: bool,
-                 enabled: bool, warmup_s: float, trace_s: float):
+                 enabled: bool, warmup_s: float, trace_s: float, trace_mb: float = TRACE_MB):
         self.run_dir, self.notes = run_dir, notes
+        self.trace_mb = trace_mb
+        self.limit = None              # (resident bytes at which recording stops, budget), see Memory
+        self.thread = None             # the thread that started the profiler: the only one that stops it
+        self.checked = 0.0             # last resident-size reading (perf_counter)
+        self.cut = None                # {"after_s", "resident_mb", "budget_mb"}: stopped inside a step
         self.skip, self.active, self.memory, self.enabled = skip, max(1, active), memory, enabled
         self.warmup_s, self.trace_s = warmup_s, trace_s
         self.torch = None
@@ -185,14 +258,19 @@ class Window:
             if self.n == self.warmup:
                 self.t_record = now
             self.recorded = self.n - self.warmup
-            if self.recorded >= self.active or (self.recorded >= 1 and now - self.t_record >= self.trace_s):
+            rss = self._over_budget(now, force=True) if 1 <= self.recorded < self.active else None
+            if rss is not None:
+                self.notes.append(f"the trace holds {self.recorded} whole step(s), not --trace-steps "
+                                  f"{self.active}: {self._budget_text(rss)}")
+                self._stop(partial=False)
+            elif self.recorded >= self.active or (self.recorded >= 1 and now - self.t_record >= self.trace_s):
                 if self.recorded < self.active:
                     self.notes.append(f"steps are long: the trace holds {self.recorded} whole step(s) "
                                       f"({now - self.t_record:.1f} s >= {self.trace_s:g} s), "
                                       f"not --trace-steps {self.active}")
                 self._stop(partial=False)
             else:
-                with _inductor_left_unloaded(self.torch):   # some torch versions ask in start_trace
+                with _inductor_left_unloaded(self.torch), _cycle_warning_hidden():   # some torch versions ask in start_trace
                     self.prof.step()
 
     def _start(self, now: float) -> None:
@@ -215,14 +293,12 @@ class Window:
             # `warmup` profiler warm-up steps, then record until on_boundary stops the profiler
             # (stop() exports what was recorded); ProfilerStep#N labels mark the steps.
             return ProfilerAction.WARMUP if step < warmup else ProfilerAction.RECORD
-        # One cycle only, so accumulating events across cycles changes nothing; asking for it keeps
-        # torch 2.10-2.11 from warning on the user's stderr that a cycle clears events (it warns on
-        # every scheduled profiler: pytorch/pytorch issue 180348).
-        once = {"acc_events": True} if "acc_events" in inspect.signature(profile.__init__).parameters else {}
         try:
             self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
-                                schedule=sched, on_trace_ready=self._export, **once)
-            with _inductor_left_unloaded(torch):
+                                schedule=sched, on_trace_ready=self._export)
+            self.limit = memory_limit(self.trace_mb)
+            self.thread = threading.get_ident()
+            with _inductor_left_unloaded(torch), _cycle_warning_hidden():
                 self.prof.start()
             self.state = "recording"
             self.n = 0
@@ -230,6 +306,36 @@ class Window:
         except Exception as exc:
             self.state = "failed"
             self.notes.append(f"torch.profiler could not start: {type(exc).__name__}: {exc}")
+
+    def _over_budget(self, now: float, force: bool = False) -> int | None:
+        """The resident size when it is past the window's budget (read at most every CHECK_S
+        unless `force`), else None. Only while events are recorded, on the profiling thread."""
+        if (self.state != "recording" or self.limit is None or self.t_record is None
+                or threading.get_ident() != self.thread or (not force and now - self.checked < CHECK_S)):
+            return None
+        self.checked = now
+        rss = resident_bytes()
+        return rss if rss is not None and rss > self.limit[0] else None
+
+    def _budget_text(self, rss: int) -> str:
+        mb = 2 ** 20
+        return (f"the profiler's events grew the process to {rss / mb:.0f} MB, past the window's budget of "
+                f"{self.limit[1] / mb:.0f} MB over its earlier peak (PERFDOCTOR_TRACE_MB)")
+
+    def check_memory(self, now: float | None = None) -> bool:
+        """Called by the hooks inside a step (backward passes, DataLoader batches): stops the
+        recording when the process has grown past the window's memory budget. True if it did."""
+        now = time.perf_counter() if now is None else now
+        rss = self._over_budget(now)
+        if rss is None:
+            return False
+        self.cut = {"after_s": round(now - self.t_record, 3), "resident_mb": round(rss / 2 ** 20),
+                    "budget_mb": round(self.limit[1] / 2 ** 20)}
+        self.notes.append(f"the trace stopped inside a step, {now - self.t_record:.1f} s after recording began "
+                          f"and after {self.recorded} whole step(s): {self._budget_text(rss)}; the trace's "
+                          "last step is cut short (its shares hold, not its length)")
+        self._stop(partial=False)
+        return True
 
     def _trace_path(self) -> str:
         d = os.path.join(self.run_dir, "trace")
@@ -312,4 +418,6 @@ class Window:
     def info(self) -> dict:
         started = self.start_step is not None
         return {"start_after_steps": self.start_step, "profiler_warmup_steps": self.warmup if started else None,
-                "recorded_steps": self.recorded, "warmup_s": self.warmup_s, "trace_s": self.trace_s}
+                "recorded_steps": self.recorded, "warmup_s": self.warmup_s, "trace_s": self.trace_s,
+                "trace_mb": self.trace_mb, "budget_mb": round(self.limit[1] / 2 ** 20) if self.limit else None,
+                "cut": self.cut}

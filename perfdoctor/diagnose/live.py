@@ -207,13 +207,14 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 # The terminal shows the first run note by default: what could change the advice first (Python
 # stacks not recorded), then the notes about this run, then what only describes the machine or
 # the sampling (no NVIDIA GPU, the sampled means, block-IO delay accounting off).
+_LEAD = ("the trace stopped inside a step",)     # the traced step is not whole: read its times so
 _FIRST = ("python stacks not recorded",)
 _LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off")
 
 
 def _note_rank(note: str) -> int:
     n = note.lower()
-    return 0 if n.startswith(_FIRST) else 2 if n.startswith(_LAST) else 1
+    return -1 if n.startswith(_LEAD) else 0 if n.startswith(_FIRST) else 2 if n.startswith(_LAST) else 1
 
 
 def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> dict | None:
