@@ -22,6 +22,9 @@ FUSED_OPTIMIZER_OP = re.compile(r"^aten::_(fused|foreach)_")      # fused=True /
 BACKWARD = "autograd::engine::evaluate_function"
 
 
+OPEN_AT_CUT_US = 1000.0    # a range ending this close to the trace's last event was open at the cut
+
+
 class OwnPart:
     """The optimizer's own part of each Optimizer.step range. optimizer.step(closure) (LBFGS,
     Lightning's automatic optimization) runs the model's forward and backward inside the range;
@@ -42,6 +45,12 @@ class OwnPart:
         np.maximum.at(self.cut, i[ok], (t.ts[bwd] + t.dur[bwd])[ok].astype(np.float64))
         self.cut = np.minimum(self.cut, self.ends)
         self.closure = bool(ok.any())
+        if t.meta.cut_s is not None and self.closure and len(t.ts):
+            # `perfdoctor run` stopped recording inside a step (trace header perfdoctor_cut_s): a
+            # range still open then ends with the trace, and what follows its last backward pass
+            # is the next closure call's forward, not the update: it has no own part here
+            if self.ends[-1] >= float(np.max(t.ts + t.dur)) - OPEN_AT_CUT_US:
+                self.cut[-1] = self.ends[-1]
 
     def _range_of(self, x: np.ndarray) -> np.ndarray:
         """The range each time lies in (-1: none)."""

@@ -90,6 +90,9 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(mem)
     registry.check(m)
     notes = list(steps.notes)
+    if t.meta.cut_s is not None:
+        notes.append(f"`perfdoctor run` stopped this trace {t.meta.cut_s:.1f} s into its last step (the profiler's "
+                     "memory budget): that step is cut short, so its shares hold and its length does not")
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
                          notes=notes, warnings=list(t.meta.warnings),

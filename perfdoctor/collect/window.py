@@ -331,6 +331,10 @@ class Window:
             return False
         self.cut = {"after_s": round(now - self.t_record, 3), "resident_mb": round(rss / 2 ** 20),
                     "budget_mb": round(self.limit[1] / 2 ** 20)}
+        try:     # in the trace's header too, for `perfdoctor report` of the trace alone
+            self.prof.add_metadata("perfdoctor_cut_s", f"{now - self.t_record:.3f}")
+        except Exception:
+            pass
         self.notes.append(f"the trace stopped inside a step, {now - self.t_record:.1f} s after recording began "
                           f"and after {self.recorded} whole step(s): {self._budget_text(rss)}; the trace's "
                           "last step is cut short (its shares hold, not its length)")

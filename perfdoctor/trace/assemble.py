@@ -66,6 +66,16 @@ def join(parts: list[Part]) -> Part:
                 truncated=any(p.truncated for p in parts), ended_at=parts[-1].ended_at)
 
 
+def _seconds(v) -> float | None:
+    """A non-negative finite number of seconds from a header value (a string, as kineto writes
+    user metadata), else None."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if 0 <= x < float("inf") else None
+
+
 def build_table(path: str, part: Part) -> EventTable:
     cols = {k: column(part, k) for k in LAYOUT}
     m = part.meta
@@ -75,7 +85,7 @@ def build_table(path: str, part: Part) -> EventTable:
         path=path, device_properties=[p for p in props if isinstance(p, dict)],
         distributed_info=dist if isinstance(dist, dict) else {},
         display_time_unit=m.get("displayTimeUnit"), warnings=list(dict.fromkeys(part.warnings)),
-        truncated=part.truncated, n_flow_events=part.n_flow)
+        truncated=part.truncated, n_flow_events=part.n_flow, cut_s=_seconds(m.get("perfdoctor_cut_s")))
     s = part.strings
     return EventTable(
         ph=cols["ph"], cat=cols["cat"], name=cols["name"], pid=cols["pid"], tid=cols["tid"],

@@ -68,9 +68,12 @@ class TraceDoc(msgspec.Struct):
     displayTimeUnit: Union[str, None] = None
     schemaVersion: Union[int, str, None] = None
     traceName: Union[str, None] = None
+    # `perfdoctor run` stopped recording inside a step (its memory budget): seconds into it
+    perfdoctor_cut_s: Union[str, float, None] = None
 
 
-META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schemaVersion", "traceName")
+META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schemaVersion", "traceName",
+               "perfdoctor_cut_s")
 
 class _Decoder:
     """A msgspec decoder whose recursion limit is a decode error: msgspec raises RecursionError

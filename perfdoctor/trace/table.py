@@ -25,6 +25,7 @@ class TraceMeta:
     warnings: list[str] = field(default_factory=list)
     truncated: bool = False
     n_flow_events: int = 0
+    cut_s: float | None = None      # recording stopped inside the last step, this long after it began
 
     @property
     def rank(self) -> int | None:
