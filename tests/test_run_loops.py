@@ -319,6 +319,27 @@ print("peak_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
 
 
+def test_the_memory_budget_is_the_least_of_the_setting_and_a_part_of_the_free_memory(monkeypatch):
+    """Above the larger of the resident size now and the process's peak so far: the script's own
+    peaks are not the profiler's."""
+    from perfdoctor.collect import tracebudget as tb
+    mb = 2 ** 20
+    monkeypatch.setattr(tb, "resident_bytes", lambda: 300 * mb)
+    monkeypatch.setattr(tb, "peak_resident_bytes", lambda: 700 * mb)
+    monkeypatch.setattr(tb, "available_bytes", lambda: 20000 * mb)
+    assert tb.memory_limit(512) == (1212 * mb, 512 * mb)            # 20 GB free: the setting
+    monkeypatch.setattr(tb, "available_bytes", lambda: 2000 * mb)
+    assert tb.memory_limit(512) == (800 * mb, 100 * mb)             # 2 GB free: a twentieth of it
+    monkeypatch.setattr(tb, "available_bytes", lambda: 100 * mb)
+    assert tb.memory_limit(512) == (732 * mb, 32 * mb)              # never below the floor
+    monkeypatch.setattr(tb, "resident_bytes", lambda: None)
+    assert tb.memory_limit(512) is None                             # no /proc: no budget
+    # this machine's own readings are real numbers
+    monkeypatch.undo()
+    now, peak = tb.resident_bytes(), tb.peak_resident_bytes()
+    assert now and peak and now <= peak * 1.01 and tb.available_bytes() > 0
+
+
 def test_a_step_of_millions_of_events_is_traced_within_the_memory_budget(tmp_path):
     """The window stops recording inside a step once the profiler's events pass its budget (here
     32 MB, PERFDOCTOR_TRACE_MB): the script finishes, its peak memory stays well below a run that

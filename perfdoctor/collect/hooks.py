@@ -30,7 +30,8 @@ from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, datase
     schedstat
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
 from perfdoctor.collect.timedcalls import TimedCalls
-from perfdoctor.collect.window import TRACE_MB, TRACE_S, WARMUP_S, Window, compress_trace, seconds
+from perfdoctor.collect.tracebudget import TRACE_MB
+from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
 WORKER_INFO_MARKER = "worker_info.marker"     # a DataLoader worker read get_worker_info()

@@ -47,10 +47,10 @@ import sys
 import threading
 import time
 
+from perfdoctor.collect.tracebudget import CHECK_S, TRACE_MB, memory_limit, resident_bytes
+
 WARMUP_S = 10.0
 TRACE_S = 10.0
-TRACE_MB = 512.0          # the window's memory budget above the process's earlier peak (see Memory)
-CHECK_S = 0.05            # at most one resident-size reading per CHECK_S while recording
 COMPRESS_WAIT_S = 120.0   # at the end, how long to wait for the trace's compression
 
 
@@ -86,50 +86,6 @@ def compress_trace(path: str) -> None:
             os.remove(partial)
         except OSError:
             pass
-
-
-def resident_bytes() -> int | None:
-    """This process's resident size (Linux /proc/self/statm), None where unknown."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
-def peak_resident_bytes() -> int | None:
-    """The process's peak resident size so far (ru_maxrss: KiB on Linux)."""
-    try:
-        import resource
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 if sys.platform.startswith("linux") else None
-    except (ImportError, OSError, ValueError):
-        return None
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo, None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for row in f:
-                if row.startswith("MemAvailable:"):
-                    return int(row.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def memory_limit(trace_mb: float) -> tuple[int, int] | None:
-    """(resident size at which recording stops, the budget) for a window starting now, or None
-    where resident sizes cannot be read."""
-    now, peak = resident_bytes(), peak_resident_bytes()
-    if now is None:
-        return None
-    budget = trace_mb * 2 ** 20
-    avail = available_bytes()
-    if avail is not None:
-        budget = min(budget, avail / 20)
-    budget = int(max(budget, 32 * 2 ** 20))
-    return max(now, peak or 0) + budget, budget
 
 
 @contextlib.contextmanager
