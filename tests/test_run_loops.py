@@ -319,6 +319,24 @@ print("peak_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
 
 
+def test_the_window_hides_torchs_cycle_warning_and_nothing_else():
+    """torch 2.10-2.11 warn at any scheduled profiler's start that a cycle clears events (the
+    message as they print it); the window hides that one around its own calls instead of asking
+    for acc_events, which parses every event in Python at stop(). Other warnings pass."""
+    import warnings
+
+    from perfdoctor.collect.window import _cycle_warning_hidden
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _cycle_warning_hidden():
+            warnings.warn("Warning: Profiler clears events at the end of each cycle.Only events from the "
+                          "current cycle will be reported.To keep events across cycles, set acc_events=True.")
+            warnings.warn("the script's own warning")
+        warnings.warn("Warning: Profiler clears events at the end of each cycle. (the script's profiler)")
+    assert [str(w.message) for w in seen] == ["the script's own warning",
+                                              "Warning: Profiler clears events at the end of each cycle. (the script's profiler)"]
+
+
 def test_the_memory_budget_is_the_least_of_the_setting_and_a_part_of_the_free_memory(monkeypatch):
     """Above the larger of the resident size now and the process's peak so far: the script's own
     peaks are not the profiler's."""
