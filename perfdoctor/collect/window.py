@@ -22,8 +22,8 @@ began:
   with stop() parsing every event in Python (acc_events, since dropped), grew the script past
   the machine's 24 GB and the kernel killed it. So the window has a memory budget: the least of
   `trace_mb` (512 MB, PERFDOCTOR_TRACE_MB, "trace_mb") and a twentieth of the memory available
-  when it starts, above the process's peak resident size before it (the script's own per-step
-  peaks do not count). Past it, recording stops at the next point the hooks see on the
+  when recording begins, above the process's peak resident size by then (the script's own
+  per-step peaks, the profiler's start-up and its warm-up step do not count). Past it, recording stops at the next point the hooks see on the
   profiling thread (a backward pass, a DataLoader batch, a step boundary): the trace then holds
   part of a step, and a note says how much.
 
@@ -213,6 +213,7 @@ class Window:
             self.n += 1
             if self.n == self.warmup:
                 self.t_record = now
+                self.limit = memory_limit(self.trace_mb)
             self.recorded = self.n - self.warmup
             rss = self._over_budget(now, force=True) if 1 <= self.recorded < self.active else None
             if rss is not None:
@@ -252,10 +253,12 @@ class Window:
         try:
             self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
                                 schedule=sched, on_trace_ready=self._export)
-            self.limit = memory_limit(self.trace_mb)
             self.thread = threading.get_ident()
             with _inductor_left_unloaded(torch), _cycle_warning_hidden():
                 self.prof.start()
+            # measured once the profiler runs (CUPTI's libraries and buffers are no events), and
+            # again when recording begins after a profiler warm-up step
+            self.limit = memory_limit(self.trace_mb)
             self.state = "recording"
             self.n = 0
             self.t_record = now if warmup == 0 else None
@@ -275,8 +278,9 @@ class Window:
 
     def _budget_text(self, rss: int) -> str:
         mb = 2 ** 20
-        return (f"the profiler's events grew the process to {rss / mb:.0f} MB, past the window's budget of "
-                f"{self.limit[1] / mb:.0f} MB over its earlier peak (PERFDOCTOR_TRACE_MB)")
+        return (f"the process grew to {rss / mb:.0f} MB while the profiler recorded (it holds about 1 KB an op "
+                f"event), past the window's budget of {self.limit[1] / mb:.0f} MB over the earlier peak "
+                "(PERFDOCTOR_TRACE_MB)")
 
     def check_memory(self, now: float | None = None) -> bool:
         """Called by the hooks inside a step (backward passes, DataLoader batches): stops the
