@@ -11,7 +11,7 @@ import os
 import sys
 
 TRACE_MB = 512.0          # the window's memory budget above the process's earlier peak
-AVAILABLE_PART = 20       # ... and at most this part of the memory available when it starts
+AVAILABLE_PART = 20       # ... and at most this part of the memory available when recording begins
 FLOOR_MB = 32.0           # a budget is never below this
 CHECK_S = 0.05            # at most one resident-size reading per CHECK_S while recording
 
