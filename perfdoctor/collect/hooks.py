@@ -152,11 +152,7 @@ class Session(StepSources):
 
         def __next__(it):
             t0 = time.perf_counter()
-            if session.window.recording:
-                try:                                # a step of many batches can outgrow the trace's budget
-                    session.window.check_memory(t0)
-                except Exception:
-                    pass
+            session.window.check_memory(t0)         # a step of many batches can outgrow the trace's budget
             session.dataset_kinds.add(getattr(it, "_dataset_kind", None))
             if session.mode != "optimizer":
                 session._on_batch_request(t0)

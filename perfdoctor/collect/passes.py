@@ -107,14 +107,6 @@ _LOCK = threading.Lock()
 _LEAVES: dict = {"refs": None, "versions": None}   # the last autograd.grad call's inputs
 
 
-def _check_memory(window) -> None:
-    """The trace window's memory check (window.py), which never breaks the script's backward."""
-    try:
-        window.check_memory()
-    except Exception:
-        pass
-
-
 def _watched(session, roots, fresh: bool, run):
     """Run a pass. An outermost one is counted in the census step (modules.Census) and, unless
     steps follow optimizer steps, told to the session before and after."""
@@ -124,8 +116,8 @@ def _watched(session, roots, fresh: bool, run):
     watching = not nested and session.mode != "optimizer"
     window = getattr(session, "window", None)
     try:
-        if not nested and window is not None and window.recording:
-            _check_memory(window)                 # an LBFGS step of many passes can outgrow the trace's budget
+        if not nested and window is not None:
+            window.check_memory()                 # an LBFGS step of many passes can outgrow the trace's budget
         if not nested:
             census = getattr(session, "census", None)
             if census is not None and census.state == "counting":
@@ -139,8 +131,8 @@ def _watched(session, roots, fresh: bool, run):
     finally:
         with _LOCK:
             _RUNNING[0] -= 1
-        if not nested and window is not None and window.recording:
-            _check_memory(window)                 # the backward pass's own events
+        if not nested and window is not None:
+            window.check_memory()                 # the backward pass's own events
         if watching and not fresh:
             session.after_pass()
 

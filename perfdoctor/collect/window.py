@@ -23,9 +23,10 @@ began:
   the machine's 24 GB and the kernel killed it. So the window has a memory budget: the least of
   `trace_mb` (512 MB, PERFDOCTOR_TRACE_MB, "trace_mb") and a twentieth of the memory available
   when recording begins, above the process's peak resident size by then (the script's own
-  per-step peaks, the profiler's start-up and its warm-up step do not count). Past it, recording stops at the next point the hooks see on the
-  profiling thread (a backward pass, a DataLoader batch, a step boundary): the trace then holds
-  part of a step, and a note says how much.
+  per-step peaks, the profiler's start-up and its warm-up step do not count). Past it,
+  recording stops at the next point the hooks see on the profiling thread (a backward pass, a
+  DataLoader batch, a step boundary): the trace then holds part of a step, and a note says how
+  much.
 
 Defaults: warmup_s = trace_s = 10 s, overridable by the environment (PERFDOCTOR_WARMUP_S,
 PERFDOCTOR_TRACE_S) or the child configuration ("warmup_s", "trace_s"). Ending the window is
@@ -284,8 +285,16 @@ class Window:
 
     def check_memory(self, now: float | None = None) -> bool:
         """Called by the hooks inside a step (backward passes, DataLoader batches): stops the
-        recording when the process has grown past the window's memory budget. True if it did."""
-        now = time.perf_counter() if now is None else now
+        recording when the process has grown past the window's memory budget. True if it did.
+        Never raises: it runs inside the script's backward and batch fetches."""
+        if self.state != "recording":
+            return False
+        try:
+            return self._cut_if_over(time.perf_counter() if now is None else now)
+        except Exception:
+            return False
+
+    def _cut_if_over(self, now: float) -> bool:
         rss = self._over_budget(now)
         if rss is None:
             return False
