@@ -436,6 +436,9 @@ def test_failure_before_the_first_step_is_the_verdict(tmp_path):
     tail = r.stderr[len(b.stderr):]
     assert "failed before its first step" in tail and "exit code 1" in tail
     assert "Step breakdown" not in tail
+    # nothing was measured: no fix section for it, no tensorboard to open, no "0 step(s) from no trace"
+    assert "No fix" not in tail and "tensorboard" not in tail and "step(s)" not in tail, tail
+    assert "CPU only · no trace" in tail
 
 
 DOUBLE = """

@@ -26,16 +26,17 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     first = doc["traces"][0]
     m = first["metrics"]
     dev = T(m.get("trace.device_name")) if m.get("trace.device_name") else {"cpu": "CPU only", "mtia": "MTIA"}.get(m["trace.platform"], "device unknown")
-    if m.get("steps.count") is None:     # a live run without a trace
-        m = {**m, "steps.count": 0, "steps.source": "no trace", "steps.time_median_ms": m.get("run.step_time_median_ms")}
+    traced = m.get("steps.count") is not None        # False: a live run without a trace
+    none_of = _nothing_measured(doc, traced)
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
     if doc.get("run"):
         _run_header(c, doc["run"], m, details)
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
-    c.print(Text(f"{T(m['trace.platform'])} · {dev} · {m['steps.count']} step(s) from {T(m['steps.source'])}"
-                 + (f" · median step {ms(m['steps.time_median_ms'])} ms" if m.get("steps.time_median_ms") is not None
-                    else ""), style="dim"))
+    median = m.get("steps.time_median_ms") if traced else m.get("run.step_time_median_ms")
+    c.print(Text(f"{T(m['trace.platform'])} · {dev} · "
+                 + (f"{m['steps.count']} step(s) from {T(m['steps.source'])}" if traced else "no trace")
+                 + (f" · median step {ms(median)} ms" if median is not None else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
@@ -54,18 +55,32 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     _breakdown(c, first)
     _stacks(c, doc.get("stacks"), details)
     if details:
-        _fixes(c, doc["findings"])
+        _fixes(c, doc["findings"], none_of)
         _flags(c, doc["flags"])
         _gaps(c, first)
         _details(c, first)
     else:
-        _top_fixes(c, doc["findings"])
+        _top_fixes(c, doc["findings"], none_of)
         _flags_compact(c, doc["flags"])
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if not details:
         c.print(Text("--details: evidence, the fixes in full with code, gaps and tables; --format html: "
                      "the pictures", style="dim"), no_wrap=True, overflow="ellipsis")
+
+
+def _nothing_measured(doc: dict, traced: bool) -> str | None:
+    """What 'no fix applies' is said of: the trace, or what a run without one measured; None for a
+    run that measured nothing (it failed before its first step, and the verdict says so)."""
+    if traced:
+        return "this trace"
+    steps = (doc.get("run") or {}).get("steps")
+    return "what this run measured" if steps or not doc.get("run") else None
+
+
+def _no_fix(c: Console, of: str | None) -> None:
+    if of:
+        c.print(Text(f"No fix with a measurable speed-up applies to {of}.", style="bold"))
 
 
 def _para(c: Console, s: str, indent: int, style: str = "") -> None:
@@ -104,12 +119,14 @@ def _gain_column(g: dict) -> str:
     return f"{head + tail:<18}  "
 
 
-def _top_fixes(c: Console, findings: list[dict]) -> None:
+def _top_fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     ranked = [f for f in findings if f["ranked"]]
-    c.print()
     if not findings:
-        c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
+        if none_of:
+            c.print()
+        _no_fix(c, none_of)
         return
+    c.print()
     if ranked:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
     else:           # only fixes whose gain no model bounds: still the advice there is
@@ -151,7 +168,8 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
         c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; data wait"
                      f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
-    c.print(text(f"run directory: {run['dir']}  (tensorboard --logdir {run['dir']})", style="dim"))
+    board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
+    c.print(text(f"run directory: {run['dir']}{board}", style="dim"))
     notes = run.get("notes", [])
     for n in notes if details else notes[:1]:
         _para(c, f"note: {n}", 0, "yellow")
@@ -205,15 +223,16 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
                                (T(f"  ({t['cause'].replace('_', ' ')}, {t['role']})"), "dim")))
 
 
-def _fixes(c: Console, findings: list[dict]) -> None:
+def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
-    c.print()
+    if findings or none_of:
+        c.print()
     if ranked:
         c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
                      "ceiling: the Amdahl bound on the measured share)", style="bold"))
     else:
-        c.print(Text("No fix with a measurable speed-up applies to this trace.", style="bold"))
+        _no_fix(c, none_of)
     for i, f in enumerate(ranked, 1):
         _line(c, Text(T(f" {i}. {f['title']}"), style="bold"))
         _para(c, f["gain"]["text"], 4, "green")
@@ -227,7 +246,8 @@ def _fixes(c: Console, findings: list[dict]) -> None:
     if rest:
         _para(c, "Also worth a look (no model of their expected gain): "
               + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), 2, "dim")
-    c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
+    if findings:
+        c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
 
 def _ceiling_note(f: dict) -> str:
