@@ -165,9 +165,25 @@ def _script_argv(command: str, target: Optional[list[str]], module: Optional[str
     if not argv:
         raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "
                               f"(perfdoctor {command} -m pkg.train)")
+    if argv[0].startswith("-") and not Path(argv[0]).is_file():
+        raise PerfdoctorError(_unknown_option(command, argv[0]))
     if not Path(argv[0]).is_file():
         raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
     return argv
+
+
+def _unknown_option(command: str, given: str) -> str:
+    """'no such option: --steps (did you mean --max-steps?) ...': an option perfdoctor does not know
+    lands where the script goes (typer passes unknown options on, as they may be the script's)."""
+    import difflib
+
+    fn = globals()[command]             # the typer command: its options are its parameters' defaults
+    names = [n for p in inspect.signature(fn).parameters.values()
+             for n in getattr(p.default, "param_decls", None) or () if n.startswith("--")]
+    flag = given.split("=", 1)[0]
+    near = difflib.get_close_matches(flag, names, n=1, cutoff=0.6) or [n for n in names if flag[2:] and flag[2:] in n][:1]
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"no such option: {flag}{hint}; `perfdoctor {command} --help` lists them"
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})

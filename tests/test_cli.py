@@ -129,6 +129,20 @@ def test_usage_errors_exit_2(trace):
     assert run("frobnicate").returncode == 2
 
 
+@pytest.mark.parametrize("cmd,given,near", [("run", "--steps", "--max-steps"), ("run", "--trace-step=3", "--trace-steps"),
+                                             ("tune", "--bugdet", "--budget"), ("run", "--xyz", None)])
+def test_an_unknown_option_before_the_script_is_named_not_opened(tmp_path, cmd, given, near):
+    """An option perfdoctor does not know lands where the script goes (everything from the script on
+    is the script's): the error names the option and the nearest real one, not a missing file."""
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run')\n")
+    r = run(cmd, given, "5", script)
+    flag = given.split("=")[0]
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"perfdoctor: error: no such option: {flag}") and "never run" not in r.stderr
+    assert (f"(did you mean {near}?)" in r.stderr) if near else "did you mean" not in r.stderr
+
+
 def test_unwritable_output_is_a_clean_error(trace, tmp_path):
     r = run("report", trace, "-o", tmp_path / "missing-dir" / "r.json")
     assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr
