@@ -287,6 +287,32 @@ def test_the_document_keeps_short_step_times_to_six_digits(monkeypatch, tmp_path
     assert doc["run_spread"] == pytest.approx(run_spread(times), abs=6e-5)     # the spread, to 4 decimals
 
 
+def test_the_verdict_is_worded_as_the_report_words_it_and_no_advice_follows_no_trial(monkeypatch, tmp_path):
+    """A CPU run's "device" verdict is COMPUTE-BOUND (CPU), as `run` prints it; when every trial was
+    skipped, no "keep the script as it is" follows (nothing was measured to say so)."""
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.tune import session as S
+    from perfdoctor.tune.result import build, render
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.facts = facts()
+    t.doc = {"verdict": {"bound": "device"}, "traces": [{"metrics": {"trace.platform": "cpu"}}]}
+    t.baselines = [_measured(tmp_path, "baseline", 50.0, seed=1)]
+    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.outcomes = [S.Outcome(plan.Trial({"tf32": True}, "precision"), "skipped", reason="no CUDA device")]
+    doc = build(t)
+    assert doc["baseline"]["verdict"] == "device" and doc["baseline"]["verdict_title"] == "COMPUTE-BOUND (CPU)"
+    buf = io.StringIO()
+    render(doc, Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "verdict COMPUTE-BOUND (CPU);" in out and "nothing was measured" in out
+    assert "keep the script" not in out and "keep the script" in doc["apply"]
+    t.doc["traces"][0]["metrics"]["trace.platform"] = "cuda"
+    assert build(t)["baseline"]["verdict_title"] == "DEVICE-BOUND"
+
+
 def test_apply_text_is_the_code_change():
     inject = {"loaders": [{"asked": LOADER0}], "optimizers": [SGD], "threads_asked": [1]}
     text = apply_text({"num_workers": 2, "persistent_workers": True, "threads": 2, "optimizer": "foreach"},

@@ -115,7 +115,7 @@ def tune(doc: dict) -> str:
     b = doc["baseline"]
     out = [f"### perfdoctor tune: {M(doc['command'])}", "",
            f"Baseline {s_as_ms(b['step_time_s'])}/step (95% CI {s_as_ms(b['ci95'][0])}-{s_as_ms(b['ci95'][1])}) over {b['steps']} "
-           f"steady steps; verdict {M(b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
+           f"steady steps; verdict {M(b.get('verdict_title') or b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
            "| change | step time | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|---|"]
     for tr in doc["trials"]:
         ci = tr["ci95"]

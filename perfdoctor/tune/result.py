@@ -52,6 +52,7 @@ def build(t: Tuner) -> dict:
         "noisy": t.noisy, "noise": t.noise_text, "run_spread": _r(t.spread, 4),
         "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
                      "median_s": _t(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
+                     "verdict_title": t.verdict_title(),
                      "data_wait_share": _r(est.wait_share, 4),
                      "repeats": [{"dir": str(x.run_dir), "step_time_s": _t(x.step_s)} for x in t.baselines[1:]]},
         "trials": [_trial_doc(o) for o in t.outcomes],
@@ -62,6 +63,11 @@ def build(t: Tuner) -> dict:
         "apply": apply_text(best.trial.changes if best else {}, b.inject, t.facts.cuda),
         "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
     }
+
+
+def _verdict(baseline: dict) -> str:
+    """The verdict's words (a tune.json older than verdict_title has the bound only)."""
+    return baseline.get("verdict_title") or baseline["verdict"] or "unknown"
 
 
 STATUS_CHARS = 120          # a trial's status and reason in the table, at most
@@ -75,7 +81,7 @@ def render(doc: dict, console=None) -> None:
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
     con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
-                   f"{b['steps']} steady steps; verdict {b['verdict'] or 'unknown'}; {doc['noise']}"))
+                   f"{b['steps']} steady steps; verdict {_verdict(b)}; {doc['noise']}"))
     tab = Table(show_edge=False, pad_edge=False)
     for col in ("change", "step time", "speed-up", "95% CI", "predicted", "status"):
         tab.add_column(col, justify="right" if col in ("step time", "speed-up", "95% CI") else "left",
@@ -98,15 +104,15 @@ def render(doc: dict, console=None) -> None:
         con.print(text(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
                        + " (raise --budget to run them)"))
     best = doc["best"]
+    measured = best or any(tr["speedup"] is not None for tr in doc["trials"])
     if best:
         runs = "two runs" if best.get("confirmed") else "one run (no budget left to confirm it)"
         con.print(text("best:", "bold") + text(f" {changes_label(best['changes'])}: {best['speedup']:.2f}x "
                   f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. "
                   "Apply:"))
     else:
-        measured = any(tr["speedup"] is not None for tr in doc["trials"])
         con.print("[bold]best:[/bold] " + ("none of the trials was measurably faster than the baseline." if measured
                                            else "nothing was measured: no trial could run (reasons above)."))
-    for line in doc["apply"].splitlines():
+    for line in doc["apply"].splitlines() if measured else []:    # "keep the script": only after a trial ran
         con.print(text(f"    {line}"))
     con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))

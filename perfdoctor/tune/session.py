@@ -163,13 +163,20 @@ class Tuner:
         self.facts = self._facts(b)
         self.noisy, self.noise_head = self._noise(b)
         self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps); verdict "
-                 f"{self.facts.verdict or 'unknown'}; {self.noise_text}")
+                 f"{self.verdict_title()}; {self.noise_text}")
         if self._fits(2):                    # a second run, then at least one trial
             again = self._repeat_baseline()
             if again is not None:
                 self.log(f"baseline again: {_ms(again.step_s)}/step; {self.noise_text}")
         if self.spread is None:
             self.spread_text = "run-to-run spread unknown (one baseline run)"
+
+    def verdict_title(self) -> str:
+        """The baseline report's verdict in its badge's words (COMPUTE-BOUND (CPU), not 'device')."""
+        from perfdoctor.report.labels import bound_title
+        bound = (self.doc.get("verdict") or {}).get("bound")
+        metrics = (self.doc.get("traces") or [{}])[0].get("metrics") or {}
+        return bound_title(bound, metrics) if bound else "unknown"
 
     def _facts(self, b: Measured) -> planmod.Facts:
         m = ((self.doc.get("traces") or [{}])[0].get("metrics") or {})
