@@ -288,6 +288,9 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     assert c["torch_threads"] == 1 and m["machine.torch_threads"] == 1
     # the closure's forward and backward are not the optimizer's own time (PD338 is no fix here)
     assert m["optimizer.closure"] is True and m["optimizer.step_share"] < 0.2
+    # nor is it timed as the optimizer's (collect/optclock.py): no `opt`, no calls.optimizer_share
+    assert c["optimizer"]["class"] == "LBFGS" and c["optimizer"]["closure_calls"] == 4
+    assert not any("opt" in s for s in recs) and m["calls.optimizer_share"] is None
     assert list(c["param_dtypes"]) == ["torch.float32"] and m["params.fp64_share"] == 0.0
     ids = {f["id"] for f in doc["findings"]}
     idle = (m["machine.physical_cores"] or 0) >= 2 and (m["machine.free_cores"] or 0) >= 0.5

@@ -63,11 +63,15 @@ def test_calls_on_the_training_thread_are_timed_once_and_others_not(monkeypatch)
 
 
 def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
-    steps = [{"dur": 0.1, "save": 0.05, "log": 0.01}, {"dur": 0.1}, {"dur": 0.1, "save": 0.05}, {"dur": 0.1}]
+    steps = [{"dur": 0.1, "save": 0.05, "log": 0.01, "opt": 0.02}, {"dur": 0.1, "opt": 0.02},
+             {"dur": 0.1, "save": 0.05}, {"dur": 0.1, "opt": 0.04}]
     m = call_metrics(steps, timed=True)
     assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0,
-                 "calls.log_share": pytest.approx(0.025)}
+                 "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None}
     assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
+    # optimizer steps timed (collect/optclock.py): their share, whether the other calls were timed or not
+    assert call_metrics(steps, timed=False, optimizer_timed=True)["calls.optimizer_share"] == pytest.approx(0.2)
+    m = call_metrics(steps, timed=True)
     # py-spy saw more of the logging (a .item() line, wandb) and less of the saving
     m.update({"stacks.checkpoint_share": 0.2, "stacks.checkpoint_interval_steps": 3.0,
               "stacks.logging_sync_share": 0.3})

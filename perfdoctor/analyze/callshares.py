@@ -1,4 +1,6 @@
-"""Checkpoint saves and logging calls as shares of the steady steps, from two sources.
+"""Checkpoint saves, logging calls and optimizer steps as shares of the steady steps.
+
+Saves and logging calls come from two sources:
 
 - calls.*: the wall time the training thread spent inside torch.save / safetensors' save_file
   and TensorBoard's SummaryWriter.add_* calls, timed per step by `perfdoctor run`
@@ -11,21 +13,28 @@
 Each source sees part of the cost, so the cost is at least the larger of the two: save.share and
 logging.share (what the rules use) take the larger share, and save.interval_steps comes with
 the share it was taken from. None where neither source measured anything.
+
+calls.optimizer_share: the time inside optimizer.step() (collect/optclock.py; steps.jsonl `opt`),
+un-profiled: the trace's optimizer.step_share pays the profiler's per-op cost, which a for-loop
+optimizer's many small ops pay the most.
 """
 
 from __future__ import annotations
 
 from perfdoctor.analyze.stepwait import positive, timed_steps
 
-NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share",
+NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
          "save.share", "save.interval_steps", "logging.share")
 
 
-def call_metrics(steady: list[dict], timed: bool) -> dict:
-    """calls.* over the steady steps; None unless the run timed the calls (`timed`: child.json
-    says so; a run directory from an older perfdoctor has no `save`/`log` fields)."""
-    out = dict.fromkeys(NAMES[:3])
+def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False) -> dict:
+    """calls.* over the steady steps; None unless the run timed the calls (`timed`,
+    `optimizer_timed`: child.json says so; a run directory from an older perfdoctor has no
+    `save`/`log`/`opt` fields). calls.optimizer_share: optimizer.step() (collect/optclock.py)."""
+    out = dict.fromkeys(NAMES[:4])
     recs, total = timed_steps(steady)
+    if optimizer_timed and total > 0:
+        out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
     if not timed or total <= 0:
         return out
     save = [positive(s.get("save")) for s in recs]

@@ -8,6 +8,7 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.fusedcpu import annotated_class, fused_cpu_metrics
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, kernels_launched_inside, launches_inside
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -84,6 +85,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     part = OwnPart(t, opt)
     s_, e_ = intervals.clip(part.cut, part.ends, *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
+    out.update(fused_cpu_metrics(annotated_class([t.names[c] for c in t.name[opt]])))   # `run` adds momentum
     if len(opt):
         out["optimizer.closure"] = part.closure
         ops = np.flatnonzero(k.cpu_op)

@@ -158,6 +158,10 @@ _m("optimizer.kernels_per_step", "per_step", "Kernels launched inside Optimizer.
 _m("optimizer.ops_per_step", "per_step", "CPU ops run inside Optimizer.step per step (any depth): a for-loop optimizer runs several per parameter, foreach/fused a handful.")
 _m("optimizer.closure", "bool", "A backward pass ran inside Optimizer.step: optimizer.step(closure) (LBFGS, Lightning's automatic optimization). The optimizer.* metrics then count what follows the closure's last backward in each range, the optimizer's own update. None without optimizer annotations.")
 _m("optimizer.fused", "bool", "Optimizer kernels are fused / multi-tensor (multi_tensor_apply, fused_*; on the CPU the aten::_fused_*/_foreach_* ops); None without optimizer annotations.")
+_m("optimizer.class", "str", "Class of the optimizer: the first one that stepped (perfdoctor run), or the one most Optimizer.step#<class>.step annotations name (a trace alone).")
+_m("optimizer.fused_cpu_speedup", "ratio", "Expected speed-up of the optimizer step on the CPU from its fused implementation (fused=True) over the for-loop one, by class (and SGD's momentum, known to perfdoctor run only): measured by bench/bench_fused_cpu.py (analyze/fusedcpu.py). None for classes without a fused CPU version or a measurement.")
+_m("optimizer.fused_cpu_speedup_low", "ratio", "Low end of optimizer.fused_cpu_speedup's range.")
+_m("optimizer.fused_cpu_speedup_high", "ratio", "High end of optimizer.fused_cpu_speedup's range.")
 _m("gpu.kernel_time_per_step_cv", "fraction", "Variation of kernel time across steady steps (std / mean): varying input sizes keep the kernel count but not the work.")
 _m("gpu.kernels_per_step_cv", "fraction", "Variation of kernel count across steady steps (std / mean): shape or control-flow churn.")
 # -- the live run's step hooks (perfdoctor run; None for a trace alone) -----------------------
@@ -272,6 +276,7 @@ _m("stacks.python_data_share", "share", "Share of steady step time in the user's
 # -- Checkpoint saves and logging calls (perfdoctor run; analyze/callshares.py) ------------------
 # calls.*: timed on the training thread by run (collect/timedcalls.py), None for a trace or an
 # older run directory; save.* and logging.*: the larger of the timed and the sampled (stacks) share.
+_m("calls.optimizer_share", "share", "Share of steady step time the training thread spent inside optimizer.step() (timed per step by perfdoctor run; calls given a closure are not counted, since the forward and backward passes run inside them). Un-profiled, unlike optimizer.step_share. On a GPU it is the host's launch time, not the update's.")
 _m("calls.save_share", "share", "Share of steady step time the training thread spent inside torch.save and safetensors' save_file (timed per step by perfdoctor run).")
 _m("calls.save_interval_steps", "count", "Steady steps per step that called torch.save or save_file (1 = every step); None when no steady step saved.")
 _m("calls.log_share", "share", "Share of steady step time the training thread spent inside TensorBoard's SummaryWriter.add_* calls (torch.utils.tensorboard, tensorboardX; timed per step).")

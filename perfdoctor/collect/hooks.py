@@ -26,6 +26,7 @@ from collections import deque
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.modules import IN_LOADER
+from perfdoctor.collect.optclock import OptimizerClock
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
@@ -87,6 +88,7 @@ class Session(StepSources):
         self.stop_requested = False
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
+        self.opt_clock = OptimizerClock()  # time inside optimizer.step(), per step
         self.iters = LoaderIters()       # DataLoader iterator starts and peeks, per step
         self.fetches = FetchTimes(self.run_dir)   # what a loader worker spends making a batch
         os.makedirs(self.run_dir, exist_ok=True)
@@ -234,10 +236,11 @@ class Session(StepSources):
         dur = end[0] - self.mark[0]
         save, log = self.calls.take()
         starts = self.iters.take()
+        opt = self.opt_clock.take()
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
-                                 self.window.perturbed_next, skipped, save, log, starts))
+                                 self.window.perturbed_next, skipped, save, log, starts, opt))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])
@@ -272,6 +275,7 @@ class Session(StepSources):
             self.mark, self.t_first = end, end[0]
             self.calls.take()                   # saves and logs before the first step are no step's
             self.iters.take()
+            self.opt_clock.take()
             return
         dur = self._record(end, skipped)
         if self.finished:                       # boundaries settled at the end: no window, no stop
@@ -336,7 +340,8 @@ class Session(StepSources):
                     "timed_calls": self.calls.installed, "loader_iters": self.iters.info(),
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,
-                    "param_dtypes": self.optimizer_dtypes.get(self.primary)}
+                    "param_dtypes": self.optimizer_dtypes.get(self.primary),
+                    "optimizer_timed": True, "optimizer": self.opt_clock.info()}
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)

@@ -49,7 +49,8 @@ def schedstat() -> tuple[int, int] | None:
 
 
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
-          skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0)) -> str:
+          skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0),
+          opt: float = 0.0) -> str:
     """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
     SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
     line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
@@ -65,6 +66,8 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
         line += f', "save": {min(save, max(dur, 0.0)):.6f}'
     if log > 0:              # inside TensorBoard's add_* calls, s
         line += f', "log": {min(log, max(dur, 0.0)):.6f}'
+    if opt > 0:              # inside optimizer.step() (optclock.py), s
+        line += f', "opt": {min(opt, max(dur, 0.0)):.6f}'
     if starts[0] > 0 or starts[1] > 0 or starts[3] > 0:   # DataLoader iterators (loaderiters.py), s
         line += (f', "istart": {starts[0]:.6f}, "ishut": {starts[1]:.6f}, "ifirst": {starts[2]:.6f}, '
                  f'"nfirst": {starts[3]}')

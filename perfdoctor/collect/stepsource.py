@@ -46,6 +46,7 @@ class StepSources:
     """The step-source callbacks of hooks.Session (its state lives there: mode, source, marks...)."""
 
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
+        self.opt_clock.pre()
         if self.mode != "optimizer":
             self.in_optimizer = True
             if self.pre_mark is None:
@@ -53,6 +54,7 @@ class StepSources:
                 self.passes_in_optimizer = 0
 
     def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
+        self.opt_clock.post(optimizer, args, kwargs, skipped)     # before the boundary: this step's time
         if not skipped:
             self.optimizer_calls += 1
         key = id(optimizer)

@@ -1,0 +1,74 @@
+"""What fused=True is expected to make of a for-loop optimizer step on the CPU, by optimizer.
+
+On a GPU a for-loop step is launch-bound and its kernel count sizes the gain (PD338). On the CPU
+there are no launches: each of the for-loop's ops (about a dozen per parameter tensor for Adam,
+one for plain SGD) dispatches and makes a pass over its tensors, where the fused kernel makes one
+vectorised pass per tensor. How much that saves depends on the optimizer's class (how many passes
+its update takes: SGD with momentum few, plain SGD one, so nothing to fuse) and on where the
+passes read from: a tensor of LARGE elements or more (collect/optclock.py) does not stay in a
+core's share of the caches between the for-loop's passes, so each one streams from memory.
+
+bench/bench_fused_cpu.py measures it inside a training loop (forward and backward between the
+optimizer steps, for-loop and fused models stepped alternately in one process, so the machine's
+noise hits both): the optimizer step's time for-loop / fused, torch 2.13 CPU, 2 threads, two runs
+of the bench on a shared VM (the same pair moved by up to 1.4x between them):
+
+    Adam and AdamW 1.7-3.3x (median 2.5) with tensors that stay cached, 4.4-8.1x with tensors
+    of LARGE elements or more (an MLP of 2048-wide layers); Adagrad 1.4-2.1x and 3.1x;
+    SGD with momentum 1.0-1.9x and 1.4-1.5x; plain SGD 0.9-1.0x
+
+and the step's speed-up was the Amdahl bound of that ratio on the optimizer's share of the step
+in every case (the rest of the step does not change). The expected ratio mixes the two regimes
+by the share of elements in large tensors:
+
+    r = 1 / ((1 - large) / r_cached + large / r_streamed)
+
+The class comes from the run (child.json `optimizer`, with SGD's momentum and the tensor sizes)
+or from the trace's `Optimizer.step#<class>.step` annotations: a trace alone knows no tensor
+sizes (the cached ratio is expected, the range reaches the streamed one) and no momentum (no
+model for SGD). Other classes (RMSprop has no fused CPU version in torch 2.13) are None.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAMES = ("optimizer.class", "optimizer.fused_cpu_speedup", "optimizer.fused_cpu_speedup_low",
+         "optimizer.fused_cpu_speedup_high")
+# class -> ((expected, low, high) cached, (expected, low, high) streamed): the optimizer step's
+# speed-up, for-loop -> fused, on the CPU
+SPEEDUP = {"Adam": ((2.4, 1.7, 3.3), (7.0, 4.4, 8.5)), "AdamW": ((2.4, 1.7, 3.3), (7.0, 4.4, 8.5)),
+           "Adagrad": ((1.7, 1.3, 2.2), (3.1, 2.5, 3.8))}
+SGD_MOMENTUM = ((1.3, 1.0, 1.9), (1.45, 1.3, 1.6))
+SGD_PLAIN = ((1.0, 0.9, 1.05), (1.0, 0.9, 1.05))
+ANNOTATION = re.compile(r"^Optimizer\.step#(\w{1,64})\.step$")
+
+
+def annotated_class(names: list[str]) -> str | None:
+    """The optimizer class that the most Optimizer.step#<class>.step annotations name."""
+    counts: dict = {}
+    for n in names:
+        m = ANNOTATION.match(n)
+        if m:
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def fused_cpu_metrics(cls: str | None, momentum: float | None = None, large: float | None = None) -> dict:
+    """`large`: the share of the parameters' elements in tensors of LARGE elements or more (None:
+    unknown, a trace alone)."""
+    out = dict.fromkeys(NAMES)
+    out["optimizer.class"] = cls
+    if cls == "SGD":
+        row = None if momentum is None else SGD_MOMENTUM if momentum > 0 else SGD_PLAIN
+    else:
+        row = SPEEDUP.get(cls)
+    if row is None:
+        return out
+    cached, streamed = row
+    if large is None:                   # the cached regime expected, the range up to the streamed one
+        out.update(zip(NAMES[1:], (cached[0], cached[1], streamed[2])))
+        return out
+    f = min(max(float(large), 0.0), 1.0)
+    out.update(zip(NAMES[1:], (1.0 / ((1.0 - f) / c + f / s) for c, s in zip(cached, streamed))))
+    return out
