@@ -48,6 +48,9 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         if r.gain.work:
             c.print(text("  f is work: in a run directory the ceiling uses up to f x run.trace_inflation "
                          "(the profiler only lengthens work, the un-profiled step may be shorter)"))
+        if r.gain.unprofiled_share:
+            c.print(text(f"  where known, f timed on un-profiled steps = {r.gain.unprofiled_share} replaces f "
+                         "for the ceiling and the expected gain"))
         if r.gain.expected_speedup:
             c.print(text(f"  expected: s = {r.gain.expected_speedup} on f = {r.gain.expected_share or r.gain.share}"))
             if r.gain.expected_range:

@@ -164,12 +164,26 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
     # Work the share measures (ops, kernels, copies, Python) takes no longer un-profiled, while the
     # step may take less, so its share of an un-profiled step is at most share x inflation. Not for
     # waits (they grow when the host gets faster) or shares measured un-profiled (py-spy stacks).
-    inflation = _trace_inflation(ev) if g.work else 1.0
-    f.ceiling_share = min(1.0, share * inflation)
+    # Where the run timed the same share on un-profiled steps, that share is the one to use.
+    unprofiled = _optional_share(ev, g.unprofiled_share)
+    inflation = _trace_inflation(ev) if g.work and unprofiled is None else 1.0
+    f.ceiling_share = min(1.0, share * inflation) if unprofiled is None else unprofiled
     ceiling = amdahl(f.ceiling_share, speedup)
     f.ceiling = None if math.isinf(ceiling) else ceiling
-    _expected(f, ev, share, inflation)
-    f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share)
+    _expected(f, ev, share if unprofiled is None else unprofiled, inflation)
+    f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share,
+                           unprofiled is not None)
+
+
+def _optional_share(ev: expr.Evaluator, text: str | None) -> float | None:
+    """A share the rule may have (gain.unprofiled_share): None when it has none or it is unknown."""
+    if text is None:
+        return None
+    try:
+        v = ev.eval(text)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return min(max(float(v), 0.0), 1.0) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
 def _trace_inflation(ev: expr.Evaluator) -> float:

@@ -28,13 +28,17 @@ def times(v: float) -> str:
 
 
 def describe(expected: float | None, low: float | None, high: float | None, ceiling: float | None,
-             share: float, label: str, ceiling_share: float | None = None) -> str:
+             share: float, label: str, ceiling_share: float | None = None, timed: bool = False) -> str:
     """'expected ~1.30x (1.20-1.45x), at most 1.50x (data wait is 33.0% of each step)'; with a
     ceiling share above the share (the profiler slowed the traced steps): '... of each traced
-    step, up to 41.0% of an un-profiled one'."""
+    step, up to 41.0% of an un-profiled one'; `timed`: the ceiling share was timed on un-profiled
+    steps: '... 37.9% of each un-profiled step (timed), 44.5% of each traced one'."""
     cap = "no ceiling from this trace" if ceiling is None else f"at most {times(ceiling)}"
     basis = f"{label} is {100 * share:.1f}% of each step"
-    if ceiling_share is not None and ceiling_share > share + 0.0005:
+    if timed and ceiling_share is not None:
+        basis = (f"{label} is {100 * ceiling_share:.1f}% of each un-profiled step (timed), "
+                 f"{100 * share:.1f}% of each traced one")
+    elif ceiling_share is not None and ceiling_share > share + 0.0005:
         basis = f"{label} is {100 * share:.1f}% of each traced step, up to {100 * ceiling_share:.1f}% of an un-profiled one"
     if expected is None:
         return f"{cap}, no model of the expected gain ({basis})"

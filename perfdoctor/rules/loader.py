@@ -141,6 +141,9 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                         _names(str(g["speedup"]), known, bad, "gain.speedup"))
             _expected(gain, g, known, bad)
             gain.work = g.get("work") is True
+            if "unprofiled_share" in g:
+                gain.unprofiled_share = str(g["unprofiled_share"])
+                gain.unprofiled_names = _names(gain.unprofiled_share, known, bad, "gain.unprofiled_share")
     fix = data.get("fix", {})
     if kind == "fix":
         if gain is None and not no_gain:
@@ -176,7 +179,8 @@ TYPES = {"id": _STR, "slug": _STR, "kind": _STR, "title": _STR, "when": _STR, "s
          "targets": (list,), "source": (dict,), "gain": (dict,), "fix": (dict,), "cases": (list,)}
 SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
              "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
-                      "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,)},
+                      "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,),
+                      "unprofiled_share": _NUM},
              "fix": {"text": _STR, "snippet": _STR, "snippet_lang": _STR}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
@@ -217,9 +221,9 @@ def _types(data: dict, bad) -> None:
 
 def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
     """The optional expected-gain model of a [gain] table (see model.Gain)."""
-    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", *EXPECTED_KEYS})
+    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", *EXPECTED_KEYS})
     if unknown:
-        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work: "
+        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share: "
             f"{', '.join(EXPECTED_KEYS)})")
     if not any(k in g for k in EXPECTED_KEYS):
         return

@@ -39,6 +39,10 @@ class Gain:
     expected_names: list[str] = field(default_factory=list)
     work: bool = False         # the share is time spent working (ops, kernels, copies, Python), which
     #                            the profiler can only lengthen: its ceiling allows for run.trace_inflation
+    unprofiled_share: str | None = None     # expression: the same share timed on un-profiled steps
+    #                            (None where not measured); when known it is the ceiling's and the
+    #                            expected model's share, with no inflation to allow for
+    unprofiled_names: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""The time inside optimizer.step() (collect/optclock.py), its share (calls.optimizer_share), and
+PD338's expected gain on the CPU from it and the optimizer's class (analyze/fusedcpu.py)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from runs import child, prun, report, steps
+
+from perfdoctor.analyze.fusedcpu import annotated_class, fused_cpu_metrics
+from perfdoctor.collect.optclock import LARGE, OptimizerClock, describe
+from perfdoctor.rules.gain import amdahl
+
+
+def test_the_expected_ratio_mixes_cached_and_streamed_tensors_by_class():
+    adam = lambda large: fused_cpu_metrics("Adam", None, large)["optimizer.fused_cpu_speedup"]
+    assert adam(0.0) == pytest.approx(2.4) and adam(1.0) == pytest.approx(7.0)
+    assert adam(0.5) == pytest.approx(1 / (0.5 / 2.4 + 0.5 / 7.0))        # time-weighted, not averaged
+    alone = fused_cpu_metrics("AdamW")                                   # a trace alone: sizes unknown
+    assert (alone["optimizer.fused_cpu_speedup"], alone["optimizer.fused_cpu_speedup_low"],
+            alone["optimizer.fused_cpu_speedup_high"]) == (2.4, 1.7, 8.5)
+    # SGD: momentum decides (plain SGD is one op per tensor: nothing to fuse); unknown: no model
+    assert fused_cpu_metrics("SGD", 0.9, 0.0)["optimizer.fused_cpu_speedup"] == pytest.approx(1.3)
+    assert fused_cpu_metrics("SGD", 0.0, 0.0)["optimizer.fused_cpu_speedup"] == 1.0
+    assert fused_cpu_metrics("SGD")["optimizer.fused_cpu_speedup"] is None
+    other = fused_cpu_metrics("RMSprop", None, 0.0)
+    assert other["optimizer.class"] == "RMSprop" and other["optimizer.fused_cpu_speedup"] is None
+
+
+def test_the_class_is_the_one_most_optimizer_annotations_name():
+    names = ["Optimizer.step#AdamW.step"] * 3 + ["Optimizer.step#SGD.step", "Optimizer.zero_grad#AdamW.zero_grad",
+                                                 "Optimizer.step#" + "x" * 300 + ".step", "Optimizer.step#a b.step"]
+    assert annotated_class(names) == "AdamW"
+    assert annotated_class(["aten::mm", "ProfilerStep#3"]) is None
+
+
+def test_the_clock_counts_step_calls_not_closures_or_skipped_steps():
+    clock = OptimizerClock()
+    clock.pre()
+    time.sleep(0.02)
+    clock.post(object(), (), {}, skipped=False)
+    clock.pre()
+    time.sleep(0.02)
+    clock.post(object(), (lambda: 0.0,), {}, skipped=False)          # step(closure): forward and backward inside
+    clock.pre()
+    clock.post(object(), (), {"closure": lambda: 0.0}, skipped=False)
+    clock.post(object(), (), {}, skipped=True)                        # GradScaler skipped it: no pre-hook ran
+    assert clock.take() == pytest.approx(0.02, abs=0.015) and clock.take() == 0.0
+    assert clock.info() == {"class": "object", **dict.fromkeys(("momentum", "fused", "foreach")), "closure_calls": 2}
+
+
+def test_describe_counts_the_tensors_that_stream_from_memory():
+    torch = pytest.importorskip("torch")
+    params = [torch.nn.Parameter(torch.zeros(LARGE)), torch.nn.Parameter(torch.zeros(10, 10)),
+              torch.nn.Parameter(torch.zeros(LARGE + 5))]
+    d = describe(torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    assert d == {"class": "SGD", "momentum": 0.9, "fused": None, "foreach": None, "tensors": 3,
+                 "elements": 2 * LARGE + 105, "large_elements": 2 * LARGE + 5}
+    assert describe(torch.optim.Adam(params[1:2], fused=True))["fused"] is True
+
+
+# A for-loop Adam over 50 small tensors (a 12-layer MLP of width 64): its optimizer step is about
+# 40% of the step on a CPU. The script times its own optimizer steps, as the hooks do.
+ADAM = r"""
+import time, torch, torch.nn as nn
+torch.manual_seed(0)
+layers = []
+for _ in range(12):
+    layers += [nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU()]
+model = nn.Sequential(*layers, nn.Linear(64, 10))
+opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+inside = total = 0.0
+for step in range(400):
+    t0 = time.perf_counter()
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward()
+    t1 = time.perf_counter(); opt.step(); t2 = time.perf_counter()
+    if step >= 100:
+        inside += t2 - t1; total += t2 - t0
+print(f"OPT_SHARE {inside / total:.4f}")
+"""
+
+
+def test_a_for_loop_adam_is_timed_and_pd338_expects_its_gain_on_the_untraced_share(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "adam.py"
+    script.write_text(ADAM)
+    out = tmp_path / "run"
+    r = prun(script, out=out)
+    assert r.returncode == 0, r.stderr
+    own = float(re.search(r"OPT_SHARE ([\d.]+)", r.stdout).group(1))
+    c = child(out)
+    assert c["optimizer_timed"] is True
+    assert c["optimizer"] == {"class": "Adam", "momentum": None, "fused": None, "foreach": None, "closure_calls": 0,
+                              "tensors": 50, "elements": 12 * (64 * 64 + 3 * 64) + 650, "large_elements": 0}
+    recs = steps(out)
+    assert all(0 < s["opt"] <= s["dur"] for s in recs[1:])
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    share = m["calls.optimizer_share"]
+    print(f"optimizer share: run {share:.3f}, the script's own clock {own:.3f}, traced {m['optimizer.step_share']:.3f}")
+    assert share == pytest.approx(own, abs=0.08)
+    assert m["optimizer.class"] == "Adam" and m["optimizer.fused_cpu_speedup"] == pytest.approx(2.4)
+    f = next(f for f in doc["findings"] if f["id"] == "PD338")
+    g = f["gain"]
+    assert g["expected"] == pytest.approx(amdahl(share, 2.4), rel=1e-3)
+    assert g["range"][0] == pytest.approx(amdahl(share, 1.7), rel=1e-3) and g["range"][1] == pytest.approx(amdahl(share, 3.3), rel=1e-3)
+    assert g["ceiling"] == pytest.approx(1 / (1 - share), rel=1e-3) and g["ceiling_share"] == pytest.approx(share)
+    assert "of each un-profiled step (timed)" in g["text"]
