@@ -17,9 +17,16 @@ of the bench on a shared VM (the same pair moved by up to 1.4x between them):
     of LARGE elements or more (an MLP of 2048-wide layers); Adagrad 1.4-2.1x and 3.1x;
     SGD with momentum 1.0-1.9x and 1.4-1.5x; plain SGD 0.9-1.0x
 
-and the step's speed-up was the Amdahl bound of that ratio on the optimizer's share of the step
-in every case (the rest of the step does not change). The expected ratio mixes the two regimes
-by the share of elements in large tensors:
+The fused step's own time is bimodal between processes on that VM: the same script's fused AdamW
+step took 1.7 ms in some runs and 2.8 ms in others (for-loop: 3.8-4.3 ms), a ratio of 1.4x, so
+the range reaches down to 1.4x. Open: two `perfdoctor tune`s of such a script (a 512-wide MLP,
+AdamW 40% of the step) measured fused=True at 0.83x and 0.93x (0.75-1.17), where PD338 expects
+~1.27x (1.13-1.37x) and the bench, interleaved in one process, 1.2-1.3x; the VM's bimodal timing
+is the likely cause, not a settled one.
+
+In every bench pair the step's speed-up was the Amdahl bound of the optimizer's ratio on its share
+of the step (the rest of the step does not change). The expected ratio mixes the two regimes by
+the share of elements in large tensors:
 
     r = 1 / ((1 - large) / r_cached + large / r_streamed)
 
@@ -37,7 +44,7 @@ NAMES = ("optimizer.class", "optimizer.fused_cpu_speedup", "optimizer.fused_cpu_
          "optimizer.fused_cpu_speedup_high")
 # class -> ((expected, low, high) cached, (expected, low, high) streamed): the optimizer step's
 # speed-up, for-loop -> fused, on the CPU
-SPEEDUP = {"Adam": ((2.4, 1.7, 3.3), (7.0, 4.4, 8.5)), "AdamW": ((2.4, 1.7, 3.3), (7.0, 4.4, 8.5)),
+SPEEDUP = {"Adam": ((2.4, 1.4, 3.3), (7.0, 4.4, 8.5)), "AdamW": ((2.4, 1.4, 3.3), (7.0, 4.4, 8.5)),
            "Adagrad": ((1.7, 1.3, 2.2), (3.1, 2.5, 3.8))}
 SGD_MOMENTUM = ((1.3, 1.0, 1.9), (1.45, 1.3, 1.6))
 SGD_PLAIN = ((1.0, 0.9, 1.05), (1.0, 0.9, 1.05))
