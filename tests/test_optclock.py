@@ -21,9 +21,10 @@ def test_the_expected_ratio_mixes_cached_and_streamed_tensors_by_class():
     alone = fused_cpu_metrics("AdamW")                                   # a trace alone: sizes unknown
     assert (alone["optimizer.fused_cpu_speedup"], alone["optimizer.fused_cpu_speedup_low"],
             alone["optimizer.fused_cpu_speedup_high"]) == (2.4, 1.4, 8.5)
-    # SGD: momentum decides (plain SGD is one op per tensor: nothing to fuse); unknown: no model
+    # SGD: with momentum a model; plain SGD (one op per tensor: only dispatch to save, which no
+    # size tells) and SGD of unknown momentum (a trace alone): none
     assert fused_cpu_metrics("SGD", 0.9, 0.0)["optimizer.fused_cpu_speedup"] == pytest.approx(1.3)
-    assert fused_cpu_metrics("SGD", 0.0, 0.0)["optimizer.fused_cpu_speedup"] == 1.0
+    assert fused_cpu_metrics("SGD", 0.0, 0.0)["optimizer.fused_cpu_speedup"] is None
     assert fused_cpu_metrics("SGD")["optimizer.fused_cpu_speedup"] is None
     other = fused_cpu_metrics("RMSprop", None, 0.0)
     assert other["optimizer.class"] == "RMSprop" and other["optimizer.fused_cpu_speedup"] is None
