@@ -4,7 +4,7 @@ On a GPU a for-loop step is launch-bound and its kernel count sizes the gain (PD
 there are no launches: each of the for-loop's ops (about a dozen per parameter tensor for Adam,
 one for plain SGD) dispatches and makes a pass over its tensors, where the fused kernel makes one
 vectorised pass per tensor. How much that saves depends on the optimizer's class (how many passes
-its update takes: SGD with momentum few, plain SGD one, so nothing to fuse) and on where the
+its update takes: Adam about a dozen, SGD with momentum a few, plain SGD one) and on where the
 passes read from: a tensor of LARGE elements or more (collect/optclock.py) does not stay in a
 core's share of the caches between the for-loop's passes, so each one streams from memory.
 
