@@ -35,6 +35,10 @@ the share of elements in large tensors:
 
     r = 1 / ((1 - large) / r_cached + large / r_streamed)
 
+Against the two bench runs' 16 Adam and AdamW pairs, the expected step speed-up was within 25% of
+the measured gain in 14; the two misses (the 512-wide MLP in the noisier run: measured 1.22x and
+1.20x, expected 1.28x and 1.30x) lie inside the range, as all 16 do.
+
 The class comes from the run (child.json `optimizer`, with SGD's momentum and the tensor sizes)
 or from the trace's `Optimizer.step#<class>.step` annotations: a trace alone knows no tensor
 sizes (the cached ratio is expected, the range reaches the streamed one) and no momentum (no
@@ -50,7 +54,7 @@ NAMES = ("optimizer.class", "optimizer.fused_cpu_speedup", "optimizer.fused_cpu_
          "optimizer.fused_cpu_speedup_high")
 # class -> ((expected, low, high) cached, (expected, low, high) streamed): the optimizer step's
 # speed-up, for-loop -> fused, on the CPU
-SPEEDUP = {"Adam": ((2.4, 1.4, 3.3), (7.0, 4.4, 8.5)), "AdamW": ((2.4, 1.4, 3.3), (7.0, 4.4, 8.5)),
+SPEEDUP = {"Adam": ((2.4, 1.4, 3.3), (7.0, 4.4, 9.0)), "AdamW": ((2.4, 1.4, 3.3), (7.0, 4.4, 9.0)),
            "Adagrad": ((1.7, 1.3, 2.2), (3.1, 2.5, 3.8))}
 SGD_MOMENTUM = ((1.3, 1.0, 1.9), (1.5, 1.3, 1.9))
 ANNOTATION = re.compile(r"^Optimizer\.step#(\w{1,64})\.step$")
