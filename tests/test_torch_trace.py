@@ -59,7 +59,9 @@ def _profiled(tmp_path, step, n: int) -> dict:
 @pytest.mark.parametrize("impl", ["for-loop", "fused"])
 def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
     """A CPU trace has no kernels: the ops inside Optimizer.step tell a for-loop Adam (many small
-    ops: flag PD211, fix PD338 with a ceiling and no expected gain) from a fused one."""
+    ops: flag PD211, fix PD338) from a fused one. A trace alone knows the class (its annotation),
+    not the tensor sizes: the cached ratio on the traced share is expected, the range reaches the
+    streamed one (analyze/fusedcpu.py)."""
     torch = pytest.importorskip("torch", reason="torch records the trace")
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(12)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if impl == "fused" else {"foreach": False}))
@@ -75,7 +77,12 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
         assert m["optimizer.fused"] is False and m["optimizer.ops_per_step"] >= 12 * 2 * 5   # ops per parameter
         assert "unfused-optimizer" in {f["slug"] for f in doc["flags"]}
         fix = fixes["fused-optimizer"]
-        assert fix["gain"]["expected"] is None and fix["gain"]["ceiling"] > 1
+        share = m["optimizer.step_share"]
+        assert m["optimizer.class"] == "Adam" and m["calls.optimizer_share"] is None
+        assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / 2.4), rel=1e-3)
+        assert fix["gain"]["range"][0] == pytest.approx(1 / (1 - share + share / 1.4), rel=1e-3)
+        assert fix["gain"]["ceiling"] > fix["gain"]["range"][1] > fix["gain"]["expected"] > 1
+        assert "(timed)" not in fix["gain"]["text"]
     else:
         assert m["optimizer.fused"] is True            # an aten::_fused_adam_ among its ops
         assert "fused-optimizer" not in fixes and "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}
