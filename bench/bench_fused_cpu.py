@@ -23,6 +23,8 @@ import time
 import torch
 from torch import nn
 
+from perfdoctor.rules.gain import amdahl
+
 
 def mlp(width: int, layers: int) -> nn.Module:
     mods: list = []
@@ -73,7 +75,7 @@ def pair(make, shape, cls, kw: dict, steps: int) -> dict:
     share = loop["opt"] / loop["step"]
     r_opt = loop["opt"] / fused["opt"]
     return {"share": share, "opt_ms": 1e3 * loop["opt"] / steps, "r_opt": r_opt, "r_step": loop["step"] / fused["step"],
-            "amdahl": 1.0 / (1.0 - share + share / r_opt)}
+            "amdahl": amdahl(share, r_opt)}
 
 
 def main() -> None:

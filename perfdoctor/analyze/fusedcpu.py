@@ -70,6 +70,15 @@ def annotated_class(names: list[str]) -> str | None:
     return max(counts, key=counts.get) if counts else None
 
 
+def run_optimizer_metrics(opt: dict) -> dict:
+    """The metrics from the run's optimizer (child.json `optimizer`), which knows SGD's momentum
+    and the tensor sizes a trace lacks; {} without one (an older run directory: the trace's stand)."""
+    if not opt.get("class"):
+        return {}
+    elements, large = opt.get("elements"), opt.get("large_elements")
+    return fused_cpu_metrics(opt["class"], opt.get("momentum"), large / elements if elements and large is not None else None)
+
+
 def fused_cpu_metrics(cls: str | None, momentum: float | None = None, large: float | None = None) -> dict:
     """`large`: the share of the parameters' elements in tensors of LARGE elements or more (None:
     unknown, a trace alone)."""

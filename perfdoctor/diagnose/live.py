@@ -17,7 +17,7 @@ from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
-from perfdoctor.analyze.fusedcpu import fused_cpu_metrics
+from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.loopcalls import loop_metrics
@@ -188,9 +188,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     # a step(closure) runs forward and backward inside: its time is not the update's, and not counted
     opt_timed = res.child.get("optimizer_timed") is True and not opt.get("closure_calls")
     m.update(call_metrics(steady, res.child.get("timed_calls") is True, opt_timed))
-    if opt.get("class"):                    # the run's optimizer: SGD's momentum and the tensor sizes the trace lacks
-        large = opt["large_elements"] / opt["elements"] if opt.get("elements") and opt.get("large_elements") is not None else None
-        m.update(fused_cpu_metrics(opt["class"], opt.get("momentum"), large))
+    m.update(run_optimizer_metrics(opt))
     m.update(param_metrics(res.child.get("param_dtypes")))
     m.update(combined(m))
     registry.check(m)

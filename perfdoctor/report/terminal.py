@@ -78,8 +78,11 @@ def _nothing_measured(doc: dict, traced: bool) -> str | None:
     return "what this run measured" if steps or not doc.get("run") else None
 
 
-def _no_fix(c: Console, of: str | None) -> None:
+def _no_fix(c: Console, of: str | None, blank: bool = True) -> None:
+    """'No fix ... applies to this trace.' (after a blank line); nothing where nothing was measured."""
     if of:
+        if blank:
+            c.print()
         c.print(Text(f"No fix with a measurable speed-up applies to {of}.", style="bold"))
 
 
@@ -122,8 +125,6 @@ def _gain_column(g: dict) -> str:
 def _top_fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     ranked = [f for f in findings if f["ranked"]]
     if not findings:
-        if none_of:
-            c.print()
         _no_fix(c, none_of)
         return
     c.print()
@@ -226,13 +227,15 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
 def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
-    if findings or none_of:
-        c.print()
+    if not findings:
+        _no_fix(c, none_of)
+        return
+    c.print()
     if ranked:
         c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
                      "ceiling: the Amdahl bound on the measured share)", style="bold"))
     else:
-        _no_fix(c, none_of)
+        _no_fix(c, none_of, blank=False)
     for i, f in enumerate(ranked, 1):
         _line(c, Text(T(f" {i}. {f['title']}"), style="bold"))
         _para(c, f["gain"]["text"], 4, "green")
@@ -246,8 +249,7 @@ def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     if rest:
         _para(c, "Also worth a look (no model of their expected gain): "
               + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), 2, "dim")
-    if findings:
-        c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
+    c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
 
 def _ceiling_note(f: dict) -> str:

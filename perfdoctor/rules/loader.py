@@ -143,7 +143,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
             gain.work = g.get("work") is True
             if "unprofiled_share" in g:
                 gain.unprofiled_share = str(g["unprofiled_share"])
-                gain.unprofiled_names = _names(gain.unprofiled_share, known, bad, "gain.unprofiled_share")
+                _names(gain.unprofiled_share, known, bad, "gain.unprofiled_share")     # unknown metrics: invalid
     fix = data.get("fix", {})
     if kind == "fix":
         if gain is None and not no_gain:

@@ -42,7 +42,6 @@ class Gain:
     unprofiled_share: str | None = None     # expression: the same share timed on un-profiled steps
     #                            (None where not measured); when known it is the ceiling's and the
     #                            expected model's share, with no inflation to allow for
-    unprofiled_names: list[str] = field(default_factory=list)
 
 
 @dataclass
