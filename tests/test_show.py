@@ -276,6 +276,37 @@ def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
     assert "run: **0.311 ms/step** (95% CI 0.310-0.312) over 198 steady steps (left out: 2 warm-up)" in md_report(doc)
 
 
+def test_unranked_fixes_say_what_their_model_expects():
+    """A fix ranked out because its model expects ~1.00x is not called one without a model: the
+    details and the HTML give its expected gain and ceiling (nanoGPT on the CPU: PD338, the
+    optimizer 0.9% of the step)."""
+    import io
+
+    from perfdoctor.report import html
+    from perfdoctor.report.labels import unranked_gain
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import _fixes
+
+    small = {"id": "PD338", "title": "Use the fused optimizer", "ranked": False,
+             "gain": {"expected": 1.004, "ceiling": 1.0095}}
+    capped = {"id": "PD348", "title": "Run on cores of your own", "ranked": False,
+              "gain": {"expected": None, "ceiling": 1.3}}
+    bare = {"id": "PD319", "title": "Label the step", "ranked": False, "gain": {}}
+    assert unranked_gain(small) == ", expected ~1.00x"
+    assert unranked_gain(capped) == ", at most 1.30x"
+    assert unranked_gain(bare) == ""
+    c = console(file=io.StringIO(), width=400)
+    _fixes(c, [small, capped, bare], "this trace")
+    out = c.file.getvalue()
+    assert "No fix with a measurable speed-up applies to this trace." in out
+    assert ("Also worth a look (no modelled gain, or none expected here): Use the fused optimizer (PD338, "
+            "expected ~1.00x); Run on cores of your own (PD348, at most 1.30x); Label the step (PD319)") in out
+    assert "no model of their expected gain" not in out
+    page = html._fixes([small, capped, bare], None)
+    assert "Also worth a look (no modelled gain, or none expected here)" in page
+    assert "(PD338, expected ~1.00x)" in page and "(PD348, at most 1.30x)" in page and "(PD319)<" in page
+
+
 # --- perfdoctor run ----------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import bound_title, breakdown_rows, role_labels
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, role_labels, unranked_gain
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -267,8 +267,9 @@ def _fixes(findings: list[dict], tune: dict | None) -> str:
             "exceeds its ceiling (light bar: the Amdahl bound on the measured share)"
             + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
-    more = ("<section class=\"card\"><b>Also worth a look</b> (no model of their expected gain)<ul class=\"notes\">"
-            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])})</span></li>" for f in rest)
+    more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
+            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span></li>"
+                      for f in rest)
             + "</ul></section>") if rest else ""
     return head + "".join(cards) + more
 

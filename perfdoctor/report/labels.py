@@ -6,6 +6,8 @@ renderers need not import it.
 
 from __future__ import annotations
 
+from perfdoctor.rules.gain import times
+
 BOUND_TITLE = {
     "input_io": "INPUT-BOUND (IO)", "input_cpu": "INPUT-BOUND (CPU)", "input": "INPUT-BOUND",
     "host": "HOST-BOUND", "device": "DEVICE-BOUND", "communication": "COMMUNICATION-BOUND",
@@ -20,6 +22,17 @@ def bound_title(bound: str, metrics: dict) -> str:
         return "COMPUTE-BOUND (CPU)"
     return BOUND_TITLE.get(bound, str(bound))
 
+
+# the fixes that are not ranked: no model of their gain, or one that expects too little to rank
+WORTH_A_LOOK = "worth a look (no modelled gain, or none expected here)"
+
+
+def unranked_gain(f: dict) -> str:
+    """', expected ~1.00x, at most 1.01x' for a fix that has a model (what it expects is too small
+    to rank); ', at most 1.30x' where only the ceiling is known; '' where neither is."""
+    g = f.get("gain") or {}
+    exp, c = g.get("expected"), g.get("ceiling")
+    return (f", expected ~{times(exp)}" if exp else "") + (f", at most {c:.2f}x" if c and c >= 1.01 else "")
 
 ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
               "communication": "communication", "runtime": "runtime calls",

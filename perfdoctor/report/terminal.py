@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import bound_title, breakdown_rows, role_labels
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, role_labels, unranked_gain
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -131,11 +131,12 @@ def _top_fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     if ranked:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
     else:           # only fixes whose gain no model bounds: still the advice there is
-        c.print(Text("No fix has a modelled speed-up; worth a look (? no model, max: its ceiling)", style="bold"))
+        c.print(Text("No fix is expected to speed this up measurably; worth a look (? no model, ~ expected, "
+                     "max: its ceiling)", style="bold"))
     shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
     for i, f in enumerate(shown, 1):
         if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
-            _line(c, Text("    worth a look (no modelled gain, or none expected here):", style="dim"))
+            _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
         _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
                                (T(f" {f['title']}"), "bold")))
     rest = len(findings) - len(shown)
@@ -247,14 +248,9 @@ def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
             _code(c, f["fix"]["snippet"], 6)
         _para(c, f"[{f['id']} · {_cite(f['source'])}]", 4, "dim")
     if rest:
-        _para(c, "Also worth a look (no model of their expected gain): "
-              + "; ".join(f"{f['title']} ({f['id']}{_ceiling_note(f)})" for f in rest), 2, "dim")
+        _para(c, f"Also {WORTH_A_LOOK}: "
+              + "; ".join(f"{f['title']} ({f['id']}{unranked_gain(f)})" for f in rest), 2, "dim")
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
-
-
-def _ceiling_note(f: dict) -> str:
-    c = (f.get("gain") or {}).get("ceiling")
-    return f", at most {c:.2f}x" if c and c >= 1.01 else ""
 
 
 def _flags(c: Console, flags: list[dict]) -> None:
