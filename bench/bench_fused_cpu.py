@@ -1,16 +1,17 @@
 """The fused optimizer on the CPU, inside a training loop: optimizer-step and whole-step ratios.
 
-    python bench/bench_fused_cpu.py [--steps 160] [--only Adam AdamW ...]
+    python bench/bench_fused_cpu.py [--steps 160] [--only Adam AdamW ...] [--base foreach]
 
 For each model (MLPs of 512, 64 and 2048-wide layers, a small transformer encoder) and optimizer
 class (Adam, AdamW, SGD with and without momentum, Adagrad), two copies of the same model train
 in one process, one with the for-loop implementation (foreach=False) and one with fused=True,
-stepped alternately (the order flips every step), so the shared machine's noise hits both. Each
+stepped alternately (the order flips every step), so the shared machine's noise hits both
+(--base foreach: the multi-tensor implementation, foreach=True, in place of the for-loop). Each
 step's forward and backward run between the optimizer steps, as in training: the optimizer's
 tensors are not warm in cache the way a loop of bare optimizer steps keeps them.
 
-Printed per pair: the for-loop optimizer's share of the step, its time, the optimizer-step ratio
-for-loop / fused, the whole-step ratio, and the Amdahl bound of the optimizer ratio on that
+Printed per pair: the base optimizer's share of the step, its time, the optimizer-step ratio
+base / fused, the whole-step ratio, and the Amdahl bound of the optimizer ratio on that
 share (the whole-step ratio should match it: fusing changes only the optimizer's time).
 analyze/fusedcpu.py's table (PD338's expected gain on the CPU) comes from these ratios.
 """
@@ -49,10 +50,10 @@ CLASSES = [("Adam", torch.optim.Adam, {}), ("AdamW", torch.optim.AdamW, {}),
 WARMUP = 20
 
 
-def pair(make, shape, cls, kw: dict, steps: int) -> dict:
+def pair(make, shape, cls, kw: dict, steps: int, base: str = "loop") -> dict:
     x, y = torch.randn(*shape), torch.randint(0, 10, (shape[0],))
     arms = {}
-    for impl, flag in (("loop", {"foreach": False}), ("fused", {"fused": True})):
+    for impl, flag in ((base, {"foreach": base == "foreach"}), ("fused", {"fused": True})):
         torch.manual_seed(0)
         model = make()
         model(x)                          # lazy modules get their shapes
@@ -71,7 +72,7 @@ def pair(make, shape, cls, kw: dict, steps: int) -> dict:
             if i >= WARMUP:
                 times[impl]["opt"] += t2 - t1
                 times[impl]["step"] += t2 - t0
-    loop, fused = times["loop"], times["fused"]
+    loop, fused = times[base], times["fused"]
     share = loop["opt"] / loop["step"]
     r_opt = loop["opt"] / fused["opt"]
     return {"share": share, "opt_ms": 1e3 * loop["opt"] / steps, "r_opt": r_opt, "r_step": loop["step"] / fused["step"],
@@ -82,13 +83,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--only", nargs="*", default=None, help="optimizer classes to run (default: all)")
+    ap.add_argument("--base", choices=["loop", "foreach"], default="loop",
+                    help="the implementation fused=True is compared with (default: the for-loop)")
     a = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratios: for-loop / fused")
+    base = {"loop": "for-loop", "foreach": "foreach"}[a.base]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratios: {base} / fused")
     for model_name, (make, shape) in MODELS.items():
         for name, cls, kw in CLASSES:
             if a.only and name not in a.only:
                 continue
-            r = pair(make, shape, cls, kw, a.steps)
+            r = pair(make, shape, cls, kw, a.steps, a.base)
             print(f"{model_name:22s} {name:13s} optimizer {r['share']:5.1%} of the step ({r['opt_ms']:7.3f} ms): "
                   f"optimizer {r['r_opt']:5.2f}x, step {r['r_step']:5.2f}x (Amdahl of the optimizer's {r['amdahl']:5.2f}x)",
                   flush=True)

@@ -172,6 +172,14 @@ def _script_argv(command: str, target: Optional[list[str]], module: Optional[str
     return argv
 
 
+# what other profilers and trainers call perfdoctor's options (spelling alone does not find them)
+OTHER_NAMES = {"--run-dir": "--out", "--output-dir": "--out", "--outdir": "--out", "--out-dir": "--out",
+               "--logdir": "--out", "--log-dir": "--out", "--warmup": "--skip-steps", "--warmup-steps": "--skip-steps",
+               "--wait": "--skip-steps", "--active": "--trace-steps", "--time": "--duration",
+               "--timeout": "--duration", "--seconds": "--duration", "--profile-memory": "--memory",
+               "--json": "--format", "--html": "--format"}
+
+
 def _unknown_option(command: str, given: str) -> str:
     """'no such option: --steps (did you mean --max-steps?) ...': an option perfdoctor does not know
     lands where the script goes (typer passes unknown options on, as they may be the script's)."""
@@ -181,7 +189,10 @@ def _unknown_option(command: str, given: str) -> str:
     names = [n for p in inspect.signature(fn).parameters.values()
              for n in getattr(p.default, "param_decls", None) or () if n.startswith("--")]
     flag = given.split("=", 1)[0]
-    near = difflib.get_close_matches(flag, names, n=1, cutoff=0.6) or [n for n in names if flag[2:] and flag[2:] in n][:1]
+    near = ([OTHER_NAMES[flag]] if OTHER_NAMES.get(flag) in names else
+            # compared without the dashes, which every name shares: '--bogus' is not near '--out'
+            ["--" + n for n in difflib.get_close_matches(flag.lstrip("-"), [n[2:] for n in names], n=1, cutoff=0.6)]
+            or [n for n in names if flag[2:] and flag[2:] in n][:1])
     hint = f" (did you mean {near[0]}?)" if near else ""
     return f"no such option: {flag}{hint}; `perfdoctor {command} --help` lists them"
 

@@ -130,7 +130,9 @@ def test_usage_errors_exit_2(trace):
 
 
 @pytest.mark.parametrize("cmd,given,near", [("run", "--steps", "--max-steps"), ("run", "--trace-step=3", "--trace-steps"),
-                                             ("tune", "--bugdet", "--budget"), ("run", "--xyz", None)])
+                                             ("tune", "--bugdet", "--budget"), ("run", "--xyz", None),
+                                             ("run", "--bogus", None), ("run", "--run-dir", "--out"),
+                                             ("tune", "--output-dir", "--out"), ("run", "--warmup", "--skip-steps")])
 def test_an_unknown_option_before_the_script_is_named_not_opened(tmp_path, cmd, given, near):
     """An option perfdoctor does not know lands where the script goes (everything from the script on
     is the script's): the error names the option and the nearest real one, not a missing file."""
