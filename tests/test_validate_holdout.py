@@ -58,7 +58,7 @@ def test_holdout_scripts_run_and_print_their_step_time():
     runs = []
     for script in sorted(validate_holdout.APPLIED):
         arms = [[]] if "compile-fuse" in validate_holdout.APPLIED[script] else [[], ["--fixed"]]  # compiling: minutes
-        runs += [(str(validate_holdout.HOLDOUT / script), ["--small", "--steps", "22", *arm]) for arm in arms]
+        runs += [(str(validate_holdout.HOLDOUT / script), ["--small", "--steps", "4", *arm]) for arm in arms]
     r = subprocess.run([sys.executable, "-c", RUN_ALL, json.dumps(runs)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
