@@ -79,6 +79,24 @@ def test_the_reports_ranked_fixes_order_the_groups():
     assert [t.group for t in plan.plan(facts(verdict="cpu_compute", data_wait=0.0)) if not t.skip][0] == "optimizer"
 
 
+def test_contention_tries_fewer_threads_first():
+    """The training thread queued for a CPU (PD214) while another job held 0.8 of 2 cores: the
+    trial that tests PD348 runs one thread, first, whatever the verdict (a GAN on such a machine
+    ran 27x faster with one thread than with two; on a quiet one the two ran alike). Less load
+    from others leaves both cores free: no threads trial; without contention, more threads."""
+    busy = facts(verdict="cpu_compute", data_wait=0.0, threads=2, contended=True, other_cores=0.8)
+    trials = [t for t in plan.plan(busy) if not t.skip]
+    assert trials[0].changes == {"threads": 1} and trials[0].group == "threads"
+    assert [t for t in trials if "threads" in t.changes] == trials[:1]
+    assert plan.rule_for({"threads": 1}, {"PD348", "PD338"}) == "PD348"
+    light = facts(verdict="cpu_compute", data_wait=0.0, threads=2, contended=True, other_cores=0.3)
+    assert not any("threads" in t.changes for t in plan.plan(light))
+    eight = facts(cores=8, verdict="input_cpu", threads=8, contended=True, other_cores=3.2)
+    assert plan.plan(eight)[0].changes == {"threads": 5}
+    quiet = facts(verdict="cpu_compute", data_wait=0.0, threads=1, other_cores=0.8)
+    assert {"threads": 2} in [t.changes for t in plan.plan(quiet)]
+
+
 def test_no_trial_for_what_the_script_already_does():
     trials = plan.plan(facts(loader=dict(LOADER0, num_workers=2, pin_memory=True), threads=2,
                              optimizers=[dict(SGD, foreach=True, fused=True)]))

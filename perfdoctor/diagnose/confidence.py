@@ -83,9 +83,14 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     if isinstance(other, (int, float)) and isinstance(runq, (int, float)) and other >= SHARED_CORES \
             and runq >= SHARED_RUNQ:
         conf = min(conf, 0.5)
+        threads = m.get("machine.torch_threads")
         notes.append(f"other processes kept {other:.1f} cores busy and the training thread waited for a CPU "
                      f"{runq:.0%} of its steady time: the shares are of a shared machine; rerun on a quiet one "
-                     "to judge the job alone")
+                     "to judge the job alone"
+                     # an op split over threads waits for a parked one: its time is not the op's work
+                     + (f"; its ops split over {threads:.0f} threads and wait for any the scheduler parks, so "
+                        "fewer threads can be many times faster here (PD348; `perfdoctor tune` measures it)"
+                        if isinstance(threads, (int, float)) and threads > 1 else ""))
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "

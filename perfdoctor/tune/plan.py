@@ -17,6 +17,8 @@ workers: an in-memory dataset with a cheap __getitem__ loads fastest in the trai
 script had no workers: worker_changes); persistent_workers (for a script that already has
 workers) and prefetch_factor refine the best worker count (they do nothing without workers), so
 they are planned after the first pass.
+When the training thread queued for a CPU (PD214) while other processes held cores, the threads
+group comes first and tries fewer threads, one per core they leave free (PD348), not more.
 The compile trial uses the mode the report advises: "reduce-overhead" (CUDA graph replay) where
 PD311 ranks, the default mode elsewhere; a graph-replay trial that fails is followed by a
 default-mode one (`fallback`), since graph replay refuses some scripts that compile alone takes.
@@ -29,12 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MATERIAL_WAIT = 0.05         # data wait share of the step from which the loader group comes first
+FREE_CORE = 0.5              # a core counts as free when other processes leave it idle at least this much
 MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
 # Fix rule whose expected gain predicts each knob (first one present in the report wins).
 RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
-         "pin_memory": ("PD302",), "threads": ("PD341", "PD346"), "optimizer": ("PD338",),
+         "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357",)}
 
@@ -74,6 +77,8 @@ class Facts:
     compiled: bool = False            # the steps already run compiled code (fusion.compiled)
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
+    contended: bool = False           # the training thread queued for a CPU (flag PD214)
+    other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
 
 
 def describe(changes: dict) -> str:
@@ -106,6 +111,18 @@ def worker_changes(f: Facts, n: int) -> dict:
     return {"num_workers": n}
 
 
+def threads_for_free_cores(f: Facts) -> int | None:
+    """Fewer torch threads when other processes hold cores and the training thread queued for one
+    (PD348): a thread per core they leave free (at least FREE_CORE of it), at least one; None when
+    that is not fewer than the script's own. An op split over threads waits for the slowest, so a
+    thread the scheduler parks can cost many times the queueing (measured: 15-27x from one thread
+    fewer on two shared cores, while on a quiet machine the two counts ran alike)."""
+    if not f.contended or f.other_cores is None or not f.threads:
+        return None
+    n = max(1, int(f.cores - f.other_cores + FREE_CORE))
+    return n if n < f.threads else None
+
+
 def group_order(f: Facts) -> list[str]:
     v = f.verdict or ""
     key = "input" if v.startswith("input") else "host" if v in ("host", "cpu_overhead") else \
@@ -114,6 +131,9 @@ def group_order(f: Facts) -> list[str]:
     if f.data_wait is not None and f.data_wait >= MATERIAL_WAIT and order[0] != "loader":
         order.remove("loader")
         order.insert(0, "loader")
+    if threads_for_free_cores(f) is not None:    # contention distorts every other trial too
+        order.remove("threads")
+        order.insert(0, "threads")
     return order
 
 
@@ -125,7 +145,10 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
         by_group["loader"] += [Trial(worker_changes(f, n), "loader") for n in worker_candidates(f.cores, cur)]
         if not f.loader.get("pin_memory"):
             by_group["loader"].append(Trial({"pin_memory": True}, "loader", skip=None if f.cuda else "no CUDA device"))
-    if f.cores > 1 and f.threads is not None and f.threads != f.cores:
+    fewer = threads_for_free_cores(f)
+    if fewer is not None:
+        by_group["threads"].append(Trial({"threads": fewer}, "threads"))
+    elif f.cores > 1 and f.threads is not None and f.threads != f.cores and not f.contended:
         by_group["threads"].append(Trial({"threads": f.cores}, "threads"))
     for impl in ("foreach", "fused"):
         opts = [o for o in f.optimizers if impl in o.get("supports", []) and not o.get(impl)]

@@ -194,7 +194,9 @@ class Tuner:
             fp64=bool(m.get("params.fp64_share")),
             compiled=bool(m.get("fusion.compiled")),
             graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")),
-            ranked=[i for i, f in self.fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"])
+            ranked=[i for i, f in self.fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],
+            contended="cpu-contention" in {f.get("slug") for f in self.doc.get("flags") or []},
+            other_cores=m.get("system.other_cores"))
 
     def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
         """The fix rule a trial tests and its expected gain. A combined trial tests several: its
