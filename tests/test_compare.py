@@ -101,6 +101,35 @@ def test_different_commands_are_said_not_refused():
     assert compare_runs(before, after)["commands"]["differ"] is False
 
 
+def test_a_thread_count_that_differs_is_told():
+    """2 torch threads before, 1 after (PD348's fix on a shared machine): compare says so, and
+    the gate notes it and decides all the same; runs that agree, or a side that does not know
+    its count (a trace alone), say nothing."""
+    import io
+
+    from perfdoctor.gate.compare import render_compare
+    from perfdoctor.gate.gate import gate_runs
+    from perfdoctor.report.sanitize import console
+
+    rng = np.random.default_rng(3)
+    before = mk(0.1 * np.exp(rng.normal(0, 0.03, 40)), [0.1] * 5)
+    after = mk(0.05 * np.exp(rng.normal(0, 0.03, 40)), [0.1] * 5)
+    before.metrics["machine.torch_threads"], after.metrics["machine.torch_threads"] = 2, 1
+    doc = compare_runs(before, after)
+    assert doc["settings_differ"] == ["torch threads 2 vs 1"] and doc["environment"]["differs"] == []
+    c = console(file=io.StringIO())
+    render_compare(doc, c)
+    assert "the runs' settings differ: torch threads 2 vs 1 (part of what changed the step time)" in c.file.getvalue()
+    res = gate_runs(after, [before])
+    assert "the run's settings differ from the baseline's: torch threads 2 vs 1" in " ".join(res.notes)
+    assert res.outcome == "improvement"                 # twice as fast: decided as usual
+    after.metrics["machine.torch_threads"] = 2
+    assert compare_runs(before, after)["settings_differ"] == []
+    del after.metrics["machine.torch_threads"]
+    assert compare_runs(before, after)["settings_differ"] == []
+    assert not any("settings differ" in n for n in gate_runs(after, [before]).notes)
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare-runs")

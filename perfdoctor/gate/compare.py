@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, settings_diff
 from perfdoctor.report.labels import MIN_SHARE
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.steptime import speedup
@@ -63,6 +63,7 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             "findings": {"before": fb, "after": fa, "added": [f for f in fa if f not in fb],
                          "removed": [f for f in fb if f not in fa]},
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
+            "settings_differ": settings_diff(b, a),
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 
 
@@ -138,6 +139,9 @@ def render_compare(doc: dict, console=None) -> None:
         c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))
     if env["unknown"]:
         c.print(text("environment unknown: " + ", ".join(env["unknown"])))
+    if doc.get("settings_differ"):
+        c.print(text("the runs' settings differ: " + "; ".join(doc["settings_differ"])
+                     + " (part of what changed the step time)"))
     warning = (doc.get("commands") or {}).get("warning")
     if warning:
         c.print(text(f"warning: {warning}", "yellow"))

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, other_load_of
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, other_load_of, settings_diff
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats import steptime
 from perfdoctor.stats.steptime import StepEstimate, speedup, wait_share_change
@@ -135,6 +135,10 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         unknown.update(u)
     if unknown:
         notes.append("environment not fully known (" + ", ".join(sorted(unknown)) + "): compared on what is known")
+    settings = [x for b in bases for x in settings_diff(b, cur)]
+    if settings:
+        notes.append("the run's settings differ from the baseline's: " + "; ".join(dict.fromkeys(settings))
+                     + " (gated all the same: it may be the change under test)")
     rows: list[Row] = []
     method = "within-run (one baseline: weaker evidence)" if len(bases) == 1 else f"run-to-run ({len(bases)} baselines)"
     if diffs:

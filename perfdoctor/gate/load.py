@@ -17,6 +17,9 @@ from perfdoctor.stats.steptime import StepEstimate, estimate
 FINGERPRINT = (("device", "device model"), ("device_count", "device count"), ("torch", "torch version"),
                ("cpu_count", "CPU count"), ("batch_size", "batch size"))
 _BATCH = re.compile(r"--batch[-_]size(?:=|\s+)(\d+)\b")
+# Settings of the run itself that change its speed: a difference is told, never blocking (it may
+# be the change under test, e.g. torch.set_num_threads as PD348 advises).
+SETTINGS = (("machine.torch_threads", "torch threads"),)
 
 
 @dataclass
@@ -116,6 +119,16 @@ def fingerprint(doc: dict, child: dict | None = None) -> dict:
         bs = int(hit.group(1))
     return {"device": device, "device_count": count, "torch": (child or {}).get("torch_version"),
             "cpu_count": m.get("machine.cpu_count"), "batch_size": bs}
+
+
+def settings_diff(a: RunData, b: RunData) -> list[str]:
+    """'torch threads 2 vs 1' for each setting known on both sides that differs."""
+    out = []
+    for key, label in SETTINGS:
+        x, y = a.metrics.get(key), b.metrics.get(key)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
+            out.append(f"{label} {x:g} vs {y:g}")
+    return out
 
 
 def fingerprint_diff(a: dict, b: dict) -> tuple[list[str], list[str]]:
