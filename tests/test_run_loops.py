@@ -422,6 +422,38 @@ load("data/train.bin")
 """
 
 
+FORWARD_CRASH = r"""
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, target):
+        return self.fc(x)
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.randn(2, 4)).sum().backward()      # the first forward fails
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_crash_inside_a_forward_has_pythons_traceback(tmp_path):
+    """The exception passes through perfdoctor's Module.__call__ wrapper (it finds the steps):
+    the traceback is still the one `python script.py` prints, byte for byte, without its frame."""
+    script = tmp_path / "fwd.py"
+    script.write_text(FORWARD_CRASH)
+    r, b = prun(script, out=tmp_path / "run"), bare(script)
+    assert r.returncode == 1 == b.returncode
+    assert "missing 1 required positional argument: 'target'" in b.stderr
+    assert r.stderr.startswith(b.stderr) and "perfdoctor" not in b.stderr, r.stderr
+
+
 def test_failure_before_the_first_step_is_the_verdict(tmp_path):
     script = tmp_path / "early.py"
     script.write_text(EARLY_CRASH)

@@ -199,10 +199,7 @@ def _as_python_m(tb):
         if _in_runpy(f) and f.f_code.co_name == "_run_module_as_main":
             outer.insert(0, (f, *_call_site(f, inner[0][0].f_code.co_name if inner else "")))
         f = f.f_back
-    out = None
-    for frame, lasti, lineno in reversed(outer + inner):
-        out = types.TracebackType(out, frame, lasti, lineno)
-    return out
+    return _without_ours(_chain(outer + inner))
 
 
 def _call_site(frame, callee: str) -> tuple[int, int]:
@@ -225,10 +222,32 @@ def _in_runpy(frame) -> bool:
 
 def _from_script(tb, script: str):
     """The traceback from the script's first frame on (None when the script never ran a line,
-    as for a SyntaxError, which Python prints without a traceback)."""
+    as for a SyntaxError, which Python prints without a traceback), without perfdoctor's frames."""
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
-    return tb
+    return _without_ours(tb)
+
+
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep     # the perfdoctor package
+
+
+def _without_ours(tb):
+    """The traceback less the frames of perfdoctor's wrappers inside the script's calls (the
+    Module.__call__ that finds the steps, the DataLoader iterator, the timed calls): `python
+    script.py` has none of them. Kept whole with PERFDOCTOR_DEBUG=1, or if every frame is ours."""
+    entries = []
+    while tb is not None:
+        entries.append((tb.tb_frame, tb.tb_lasti, tb.tb_lineno))
+        tb = tb.tb_next
+    keep = [e for e in entries if not e[0].f_code.co_filename.startswith(OURS)]
+    return _chain(entries if os.environ.get("PERFDOCTOR_DEBUG") == "1" or not keep else keep)
+
+
+def _chain(entries):
+    out = None
+    for frame, lasti, lineno in reversed(entries):
+        out = types.TracebackType(out, frame, lasti, lineno)
+    return out
 
 
 def _code(code) -> int:
