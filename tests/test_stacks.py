@@ -349,6 +349,16 @@ def test_classify_causes():
     assert classify((user, lib("torch.optim.optimizer", "Optimizer.zero_grad")), source)[0] == "optimizer"
     hooks = ("Session._boundary", "/opt/x/perfdoctor/collect/hooks.py", 216)
     assert classify((user, lib("torch.optim.optimizer", "wrapper"), hooks), source)[0] == "perfdoctor"
+    # a DataLoader worker forked through perfdoctor's iterator, idle for its next index: waiting
+    loader_iter = ("LoaderIters.__iter__", "/opt/x/perfdoctor/collect/loaderiters.py", 80)
+    idle = (user, loader_iter, lib("torch.utils.data._utils.worker", "_worker_loop"),
+            lib("multiprocessing.queues", "Queue.get"), lib("multiprocessing.connection", "Connection.poll"),
+            lib("multiprocessing.connection", "_poll"), lib("selectors", "_PollLikeSelector.select"))
+    assert classify(idle, source)[0] == "waiting"
+    busy = idle[:3] + (lib("torch.utils.data._utils.fetch", "_MapDatasetFetcher.fetch"),)   # its work, not ours
+    assert classify(busy, source)[0] == "other"
+    ours = (user, lib("torch.optim.optimizer", "wrapper"), hooks, ("dumps", "/usr/lib/python3.11/json/__init__.py", 231))
+    assert classify(ours, source)[0] == "perfdoctor"          # our hook running, in the standard library
     assert classify((user, lib("torch.functional", "einsum")), source)[0] == "other"
     # the user's own forward (a leaf user line) inside a module call is the model, not data
     fwd = ("Net.forward", "/home/u/model.py", 12)

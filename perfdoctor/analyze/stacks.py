@@ -124,6 +124,27 @@ def label(f: Frame) -> str:
     return ALIASES.get(name, name)
 
 
+WAIT_MODULES = ("selectors", "threading", "queue", "multiprocessing.connection", "multiprocessing.queues",
+                "multiprocessing.synchronize", "concurrent.futures._base")
+WAIT_FUNCS = {"select", "wait", "join", "get", "poll", "_poll", "recv", "recv_bytes", "_recv", "_recv_bytes",
+              "acquire", "sleep"}
+
+
+def _blocked(f: Frame) -> bool:
+    """The stack's innermost frame blocks on a lock, a queue, a pipe or a selector: the thread
+    waits, whatever called it."""
+    return f.kind == "lib" and _in(f.module, WAIT_MODULES) and f.func.rsplit(".", 1)[-1] in WAIT_FUNCS
+
+
+def _ours_running(below: list[Frame]) -> bool:
+    """perfdoctor's own code runs: a frame of ours with only the standard library below it. A
+    frame of ours with a library's below is a wrapper the call passes through (a DataLoader's
+    workers are forked inside our iterator: all their frames have it)."""
+    last = max((i for i, f in enumerate(below) if f.kind == "tool"), default=None)
+    return last is not None and all(f.file.startswith("<") or _STDLIB.search(f.file.replace("\\", "/"))
+                                    for f in below[last + 1:])
+
+
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
     """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
     `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
@@ -153,7 +174,9 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
     elif any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") and f.module == "torch._tensor"
              for f in libs):
         cause = "backward"
-    elif any(f.kind == "tool" for f in below):
+    elif _blocked(frames[-1]):      # a DataLoader worker idle for its next index, through our iterator
+        cause = "waiting"
+    elif _ours_running(below):
         cause = "perfdoctor"
     elif any(_in(f.module, ("torch.optim",)) for f in libs):
         cause = "optimizer"
