@@ -107,3 +107,17 @@ def test_h100_loader_run(shared_traces):
     samples = json.loads((d / "samples.json").read_text())["samples"]
     assert system_metrics(samples, [])["loader.trainer_cpu_mean"] == pytest.approx(6.24, abs=0.05)
     assert m["loader.trainer_cpu_mean"] == pytest.approx(13.6, abs=0.1)
+
+
+def test_too_little_loading_observed_says_where_and_cuts_the_seconds():
+    """0.498 s of loading seen: the note says 0.49 s, under the 0.5 s the split needs (not '0.50 s,
+    less than 0.5 s'), and whether that was the trainer's thread or the workers."""
+    from perfdoctor.analyze.inputsplit import split
+
+    notes: list[str] = []
+    ld = {"cpu": 0.9, "covered_s": 0.498, "runq": 0.0, "running": None, "d": 0.0}
+    assert split({}, ld, True, notes) is None
+    assert notes == ["input split (IO or CPU) unknown: data loading in the trainer's thread (no loader workers) was "
+                     "observed for 0.49 s in all, under the 0.5 s the split needs (the run was too short to tell)"]
+    split({}, ld, False, notes)
+    assert "data loading in the loader workers was observed" in notes[1]

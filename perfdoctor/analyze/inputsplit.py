@@ -67,8 +67,10 @@ def runnable_share(ld: dict, is_trainer: bool) -> float | None:
 def split(m: dict, ld: dict, is_trainer: bool, notes) -> str | None:
     """'io', 'cpu', 'other', or None (too little loader time observed: a note says so)."""
     if ld["cpu"] is None or ld["covered_s"] < MIN_COVERED_S:
-        notes.append(f"input split unknown: the loader was observed for {ld['covered_s']:.2f} s in all, less than "
-                     f"{MIN_COVERED_S} s (the run was too short to tell)")
+        where = "in the trainer's thread (no loader workers)" if is_trainer else "in the loader workers"
+        seen = int(ld["covered_s"] * 100) / 100              # cut, not rounded: 0.498 s is not "0.50 s"
+        notes.append(f"input split (IO or CPU) unknown: data loading {where} was observed for {seen:.2f} s in all, "
+                     f"under the {MIN_COVERED_S} s the split needs (the run was too short to tell)")
         return None
     runnable = runnable_share(ld, is_trainer)
     d_share = ld["d"] or 0.0
