@@ -26,6 +26,13 @@ def test_the_expected_ratio_mixes_cached_and_streamed_tensors_by_class():
     assert fused_cpu_metrics("SGD", 0.9, 0.0)["optimizer.fused_cpu_speedup"] == pytest.approx(1.3)
     assert fused_cpu_metrics("SGD", 0.0, 0.0)["optimizer.fused_cpu_speedup"] is None
     assert fused_cpu_metrics("SGD")["optimizer.fused_cpu_speedup"] is None
+    # from foreach (it loops over the tensors inside each op on the CPU) the foreach / fused table;
+    # from fused nothing to gain
+    assert fused_cpu_metrics("Adam", None, 0.0, "foreach")["optimizer.fused_cpu_speedup"] == pytest.approx(2.5)
+    assert fused_cpu_metrics("Adam", None, 1.0, "foreach")["optimizer.fused_cpu_speedup"] == pytest.approx(4.5)
+    assert fused_cpu_metrics("SGD", 0.9, 0.0, "foreach")["optimizer.fused_cpu_speedup_low"] == pytest.approx(0.9)
+    assert fused_cpu_metrics("Adam", None, 0.0, "for-loop")["optimizer.fused_cpu_speedup"] == pytest.approx(2.4)
+    assert fused_cpu_metrics("Adam", None, 0.0, "fused")["optimizer.fused_cpu_speedup"] is None
     other = fused_cpu_metrics("RMSprop", None, 0.0)
     assert other["optimizer.class"] == "RMSprop" and other["optimizer.fused_cpu_speedup"] is None
 

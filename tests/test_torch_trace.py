@@ -56,15 +56,17 @@ def _profiled(tmp_path, step, n: int) -> dict:
     return diagnose_path(str(tmp_path / "t.json"))
 
 
-@pytest.mark.parametrize("impl", ["for-loop", "fused"])
+@pytest.mark.parametrize("impl", ["for-loop", "foreach", "fused"])
 def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
     """A CPU trace has no kernels: the ops inside Optimizer.step tell a for-loop Adam (many small
-    ops: flag PD211, fix PD338) from a fused one. A trace alone knows the class (its annotation),
-    not the tensor sizes: the cached ratio on the traced share is expected, the range reaches the
-    streamed one (analyze/fusedcpu.py)."""
+    ops: flag PD211, fix PD338) from a foreach one (aten::_foreach_* ops, each looping over the
+    tensors on the CPU: no small-op flag, but PD338, as fused beats foreach there) and a fused one. A trace alone knows the class (its
+    annotation), not the tensor sizes: the cached ratio on the traced share is expected, the range
+    reaches the streamed one (analyze/fusedcpu.py)."""
     torch = pytest.importorskip("torch", reason="torch records the trace")
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(12)])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if impl == "fused" else {"foreach": False}))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, **{"fused": {"fused": True}, "foreach": {"foreach": True},
+                                                          "for-loop": {"foreach": False}}[impl])
     x = torch.randn(8, 16)
     def step():
         model(x).square().mean().backward()
@@ -73,6 +75,7 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
     doc = _profiled(tmp_path, step, 4)
     m = doc["traces"][0]["metrics"]
     fixes = {f["slug"]: f for f in doc["findings"]}
+    assert m["optimizer.implementation"] == impl
     if impl == "for-loop":
         assert m["optimizer.fused"] is False and m["optimizer.ops_per_step"] >= 12 * 2 * 5   # ops per parameter
         assert "unfused-optimizer" in {f["slug"] for f in doc["flags"]}
@@ -83,6 +86,16 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
         assert fix["gain"]["range"][0] == pytest.approx(1 / (1 - share + share / 1.4), rel=1e-3)
         assert fix["gain"]["ceiling"] > fix["gain"]["range"][1] > fix["gain"]["expected"] > 1
         assert "(timed)" not in fix["gain"]["text"]
+    elif impl == "foreach":
+        # the CPU's _foreach_* ops loop over the tensors inside (their per-tensor ops nest under them)
+        assert m["optimizer.fused"] is True and m["optimizer.ops_per_step"] >= 12 * 2 * 5
+        assert "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}
+        fix = fixes["fused-optimizer"]
+        assert "runs the foreach implementation" in fix["summary"]
+        share = m["optimizer.step_share"]
+        assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - share), rel=1e-3)
+        assert m["optimizer.fused_cpu_speedup"] == 2.5          # foreach -> fused, not the for-loop's 2.4
+        assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / 2.5), rel=1e-3)
     else:
         assert m["optimizer.fused"] is True            # an aten::_fused_adam_ among its ops
         assert "fused-optimizer" not in fixes and "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}

@@ -18,6 +18,20 @@ MATH_ATTENTION = re.compile(r"^aten::_scaled_dot_product_attention_math")
 FUSED_ATTENTION = re.compile(r"^aten::_(scaled_dot_product_(flash|efficient|cudnn)_attention|flash_attention_forward|efficient_attention_forward)")
 FUSED_OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 FUSED_OPTIMIZER_OP = re.compile(r"^aten::_(fused|foreach)_")      # fused=True / foreach=True
+# which of the two: a fused update is one kernel (op) per tensor list; foreach runs a multi-tensor
+# kernel (op) per arithmetic step (a fused step also bumps its step counters with a foreach op)
+FUSED_ONLY_KERNEL = re.compile(r"fused_adam|FusedAdam|fused_sgd|Fused\w*Functor|_fused_", re.I)
+FUSED_ONLY_OP = re.compile(r"^aten::_fused_")
+
+
+def implementation(names: set[str], fused: re.Pattern, multi: re.Pattern) -> str | None:
+    """'fused', 'foreach' or 'for-loop' from the names of the ops (kernels) an optimizer step ran;
+    None without any."""
+    if not names:
+        return None
+    if any(fused.search(x) for x in names):
+        return "fused"
+    return "foreach" if any(multi.search(x) for x in names) else "for-loop"
 
 
 BACKWARD = "autograd::engine::evaluate_function"
@@ -78,14 +92,13 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
            "trace.devices_used": None, "attention.math_kernel_share": None,
            "optimizer.kernels_per_step": None, "optimizer.ops_per_step": None, "optimizer.fused": None,
-           "optimizer.closure": None,
+           "optimizer.implementation": None, "optimizer.closure": None,
            "gpu.kernels_per_step_cv": None,
            "gpu.kernel_time_per_step_cv": None}
     opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
     part = OwnPart(t, opt)
     s_, e_ = intervals.clip(part.cut, part.ends, *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
-    out.update(fused_cpu_metrics(annotated_class([t.names[c] for c in t.name[opt]])))   # `run` adds momentum
     if len(opt):
         out["optimizer.closure"] = part.closure
         ops = np.flatnonzero(k.cpu_op)
@@ -96,6 +109,10 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         if k.platform == "cpu":         # no kernels: the ops say which implementation ran
             names = {t.names[c] for c in unique(t.name[inside])}
             out["optimizer.fused"] = any(FUSED_OPTIMIZER_OP.match(x) for x in names) if names else None
+            out["optimizer.implementation"] = implementation(names, FUSED_ONLY_OP, FUSED_OPTIMIZER_OP)
+    # `run` adds SGD's momentum and the tensor sizes (analyze/fusedcpu.py)
+    out.update(fused_cpu_metrics(annotated_class([t.names[c] for c in t.name[opt]]),
+                                 base=out["optimizer.implementation"]))
     if k.platform == "cpu":
         return out
     kr = np.flatnonzero(k.kernel)
@@ -112,6 +129,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         out["optimizer.kernels_per_step"] = len(in_opt) / n
         names = {t.names[c] for c in unique(t.name[in_opt])}
         out["optimizer.fused"] = any(FUSED_OPTIMIZER_KERNEL.search(x) for x in names) if names else None
+        out["optimizer.implementation"] = implementation(names, FUSED_ONLY_KERNEL, FUSED_OPTIMIZER_KERNEL)
     steady = steps.steady()
     if len(steady) >= 2:
         per = np.bincount(steps.index_of(t.ts[kr]) + 1, minlength=n + 1)[1:][steady]
