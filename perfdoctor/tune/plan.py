@@ -131,9 +131,6 @@ def group_order(f: Facts) -> list[str]:
     if f.data_wait is not None and f.data_wait >= MATERIAL_WAIT and order[0] != "loader":
         order.remove("loader")
         order.insert(0, "loader")
-    if threads_for_free_cores(f) is not None:    # contention distorts every other trial too
-        order.remove("threads")
-        order.insert(0, "threads")
     return order
 
 
@@ -172,6 +169,9 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
                                      None if allow_compile else "costs compile time: needs --allow-compile"))
     verdict_order = group_order(f)
     order = sorted(verdict_order, key=lambda g: _first_rank(f.ranked, by_group[g], verdict_order.index(g)))
+    if fewer is not None:               # before the report's ranked fixes: contention distorts their trials
+        order.remove("threads")
+        order.insert(0, "threads")
     return [t for g in order for t in by_group[g]]
 
 
