@@ -115,7 +115,7 @@ class StepSources:
                              "backward passes, and their gradients cannot be watched: each pass is a step")
             else:
                 self._choose("backward", self.group_marks,
-                             f"no optimizer stepped during the first {FALLBACK} steps of backward passes: a step runs "
+                             f"no optimizer stepped in the first {FALLBACK} rounds of backward passes: a step runs "
                              "from one gradient reset (zero_grad, an update) to the next (hand-written update)")
         elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
             self._choose("backward-each", list(self.pass_marks),
