@@ -295,6 +295,34 @@ def test_segments_rebuild_stacks_and_steady_windows_clip_them():
         ("torch.save", "train.py:27", 0.6), ("nn.Module.__call__", "train.py:27", 0.4)]
 
 
+def test_a_line_whose_stacks_differ_in_cause_names_the_main_one_and_its_part():
+    """trainer.train() on one line: 30 ms of forward, then 70 ms of backward a step, all below the
+    same library call. The row is that call at that line, 'mostly backward (70%)', whichever
+    cause its first sample had (the row once took the first one's: 'model')."""
+    from perfdoctor.report.labels import cause_text
+
+    main = ("main", "/home/u/train_hf.py", 23)
+    train = ("Trainer.train", SITE + "transformers/trainer.py", 2000)
+    fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
+    bwd = ("_engine_run_backward", SITE + "torch/autograd/graph.py", 825)
+    ev = [_ev("B", 0, *main), _ev("B", 0, *train)]
+    for k in range(10):
+        t = k * 100_000
+        ev += [_ev("B", t, *fwd), _ev("E", t + 30_000, *fwd), _ev("B", t + 30_000, *bwd), _ev("E", t + 100_000, *bwd)]
+    ev += [_ev("E", 1_000_000, *train), _ev("E", 1_000_000, *main)]
+    t0 = 1000.0
+    steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
+              "profiled": False} for k in range(10)]
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
+                    source=lambda f, n: "")
+    (row,) = rep.top
+    assert (row["at"], row["cause"], row["cause_share"]) == ("train_hf.py:23", "backward", pytest.approx(0.7))
+    assert row["share"] == pytest.approx(1.0)
+    assert cause_text(row) == "mostly backward (70%)"
+    assert cause_text({"cause": "data_loader", "cause_share": 0.95}) == "data loader"
+    assert cause_text({"cause": "checkpoint"}) == "checkpoint"              # an older report
+
+
 def test_a_save_every_step_is_told_from_one_long_save_by_the_step_ends():
     """As py-spy saw a CNN on an H200 save 66 ms of each 76 ms step: at 50 Hz the sampler can see
     nothing but torch.save from one save to the next (the stack's segments run on past a step

@@ -370,8 +370,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
         if wt <= 0:
             continue
         causes[c[0]] += wt
-        entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
-        entry[0] += wt
+        _tally_row(frames, c, stack, wt)
     interval = _save_interval(saves, win, covered, span)
     share = {k: v / sampled for k, v in causes.items()}
     unread = _unread(main, segs)
@@ -390,13 +389,25 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     return rep
 
 
+def _tally_row(frames: dict, c: tuple, stack: tuple, wt: float) -> None:
+    """Add a sample's weight to its row (the frame called from the user's line, and that line),
+    and to the row's tally by cause: the stacks under one line can differ in cause (a
+    trainer.train() line holds forward, backward and the optimizer)."""
+    entry = frames.setdefault((c[1], c[2]), [0.0, {}, stack[-1]])
+    entry[0] += wt
+    entry[1][c[0]] = entry[1].get(c[0], 0.0) + wt
+
+
 def _top(frames: dict, total: float, role: str, n: int) -> list[dict]:
+    """The rows, largest first; each with its main cause and that cause's share of the row."""
     rows = sorted(frames.items(), key=lambda kv: -kv[1][0])
     out = []
-    for (called, at), (t, cause, leaf) in rows[:n]:
+    for (called, at), (t, by_cause, leaf) in rows[:n]:
         if t / total < MIN_TOP_SHARE:
             break
+        cause = max(by_cause, key=by_cause.get)
         out.append({"frame": called, "at": at, "share": float(t / total), "role": role, "cause": cause,
+                    "cause_share": round(by_cause[cause] / t, 4) if t > 0 else None,
                     "leaf": f"{leaf[0]} ({leaf[1]}:{leaf[2]})"})
     return out
 
@@ -416,8 +427,7 @@ def _workers(procs: list[dict], tally, source) -> list[dict]:
             for (_, _, stack), wt in zip(ss, w):
                 if wt > 0:
                     c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
-                    entry = frames.setdefault((c[1], c[2]), [0.0, c[0], stack[-1]])
-                    entry[0] += wt
+                    _tally_row(frames, c, stack, wt)
     return _top(frames, total, "worker", TOP_WORKER) if total > 0 else []
 
 

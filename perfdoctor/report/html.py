@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, role_labels, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -298,7 +298,7 @@ def _stacks(st: dict | None) -> str:
     if not st or not st.get("top"):
         return ""
     rows = "".join(f"<tr><td class=\"num\">{100 * t['share']:.1f}%</td><td><code>{H(t['frame'])}</code></td>"
-                   f"<td><code>{H(t.get('at') or '')}</code></td><td>{H(t['cause'].replace('_', ' '))}, {H(t['role'])}</td></tr>"
+                   f"<td><code>{H(t.get('at') or '')}</code></td><td>{H(cause_text(t))}, {H(t['role'])}</td></tr>"
                    for t in st["top"][:10])
     return ("<h2>Where the steady steps go (Python stacks)</h2><section class=\"card\"><table><tr><th class=\"num\">share"
             f"</th><th>frame</th><th>at</th><th>cause</th></tr>{rows}</table></section>")

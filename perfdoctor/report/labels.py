@@ -34,6 +34,17 @@ def unranked_gain(f: dict) -> str:
     exp, c = g.get("expected"), g.get("ceiling")
     return (f", expected ~{times(exp)}" if exp else "") + (f", at most {c:.2f}x" if c and c >= 1.01 else "")
 
+MIXED_CAUSE = 0.9           # a stack row whose main cause holds less of it says how much
+
+
+def cause_text(row: dict) -> str:
+    """A stack row's cause: 'backward', or 'mostly backward (52%)' where the row's stacks differ
+    in cause (an older report has no cause_share: the cause alone)."""
+    cause = str(row.get("cause") or "other").replace("_", " ")
+    part = row.get("cause_share")
+    return f"mostly {cause} ({100 * part:.0f}%)" if isinstance(part, (int, float)) and part < MIXED_CAUSE else cause
+
+
 ROLE_LABEL = {"kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset",
               "communication": "communication", "runtime": "runtime calls",
               "data_loading": "data loading", "cpu_exec": "CPU ops", "other": "other / untraced"}

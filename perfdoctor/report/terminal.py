@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, role_labels, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -222,7 +222,7 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
     for t in st["top"][:STACK_ROWS]:
         where = f"{t['frame']} at {t['at']}" if t["at"] and t["frame"] != t["at"] else t["frame"]
         _line(c, Text.assemble(f"  {100 * t['share']:5.1f}%  ", (T(where), "bold"),
-                               (T(f"  ({t['cause'].replace('_', ' ')}, {t['role']})"), "dim")))
+                               (T(f"  ({cause_text(t)}, {t['role']})"), "dim")))
 
 
 def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
