@@ -317,6 +317,9 @@ def test_a_line_whose_stacks_differ_in_cause_names_the_main_one_and_its_part():
                     source=lambda f, n: "")
     (row,) = rep.top
     assert (row["at"], row["cause"], row["cause_share"]) == ("train_hf.py:23", "backward", pytest.approx(0.7))
+    assert type(row["cause_share"]) is float and type(row["share"]) is float    # JSON-encodable (msgspec)
+    import msgspec
+    msgspec.json.encode(section(rep, {"rate_hz": 100}))
     assert row["share"] == pytest.approx(1.0)
     assert cause_text(row) == "mostly backward (70%)"
     assert cause_text({"cause": "data_loader", "cause_share": 0.95}) == "data loader"

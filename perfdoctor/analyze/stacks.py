@@ -407,7 +407,7 @@ def _top(frames: dict, total: float, role: str, n: int) -> list[dict]:
             break
         cause = max(by_cause, key=by_cause.get)
         out.append({"frame": called, "at": at, "share": float(t / total), "role": role, "cause": cause,
-                    "cause_share": round(by_cause[cause] / t, 4) if t > 0 else None,
+                    "cause_share": round(float(by_cause[cause] / t), 4) if t > 0 else None,
                     "leaf": f"{leaf[0]} ({leaf[1]}:{leaf[2]})"})
     return out
 
