@@ -119,8 +119,11 @@ def _report_ranks(run_dir: Path, out: Output) -> None:
 
 
 def _internal_error(exc: Exception) -> None:
+    """A diagnosis bug: one line (with PERFDOCTOR_DEBUG=1 its traceback first); the script's exit
+    code stays perfdoctor's either way."""
     if os.environ.get("PERFDOCTOR_DEBUG") == "1":
-        raise exc
+        import traceback
+        traceback.print_exception(exc, file=sys.stderr)
     print(f"perfdoctor: internal error while diagnosing: {type(exc).__name__}: {_safe(exc)} "
           "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
 

@@ -202,3 +202,20 @@ def test_a_stop_request_after_the_script_ended_is_ignored(tmp_path):
     r = prun(tmp_path / "run", script, "plain", "12", opts=("--no-trace",))
     assert r.returncode == 5, r.stderr[-2000:]
     assert flag.read_text() == "True"
+
+
+def test_a_diagnosis_bug_under_debug_prints_its_traceback_and_keeps_going(monkeypatch, capsys):
+    """PERFDOCTOR_DEBUG=1 adds the traceback of a diagnosis bug; it no longer raises it, which
+    turned the script's exit code 0 into 1."""
+    from perfdoctor.run_flow import _internal_error
+
+    try:
+        raise TypeError("Encoding objects of type numpy.float64 is unsupported")
+    except TypeError as exc:
+        monkeypatch.setenv("PERFDOCTOR_DEBUG", "1")
+        _internal_error(exc)                    # returns: the caller goes on to exit with the script's code
+        monkeypatch.delenv("PERFDOCTOR_DEBUG")
+        _internal_error(exc)
+    err = capsys.readouterr().err
+    assert err.count("Traceback (most recent call last)") == 1 and 'raise TypeError("Encoding' in err
+    assert err.count("perfdoctor: internal error while diagnosing: TypeError: Encoding objects") == 2
