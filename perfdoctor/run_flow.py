@@ -7,6 +7,7 @@ one line on stderr and never replaces it (stdout belongs to the script).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,6 +46,7 @@ def run_script(cfg, out: Output, dist: list, nproc_per_node: str | None, baselin
         if nproc_per_node is None:
             raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
         _multi_rank_checks(cfg.duration, baselines)
+        _rank_counts(nproc_per_node, dist[0] if dist else None)
         return _run_ranks(cfg, DistOptions(nproc_per_node, *dist), out)
     ident = identity()
     if ident is not None:                    # started once per rank by the user's launcher
@@ -83,6 +85,18 @@ def _multi_rank_checks(duration: float | None, baselines: list[Path]) -> None:
     if baselines:
         raise PerfdoctorError("--baseline gates a single-process run; gate a multi-rank run's ranks/rank-K "
                               "directories with `perfdoctor gate`")
+
+
+NPROC = re.compile(r"[1-9][0-9]{0,5}|auto|cpu|gpu|xpu")      # what torchrun's --nproc-per-node takes
+NNODES = re.compile(r"[1-9][0-9]{0,5}(?::[1-9][0-9]{0,5})?")   # N or MIN:MAX
+
+
+def _rank_counts(nproc: str, nnodes: str | None) -> None:
+    """A rank count torchrun would refuse with a traceback: one line before anything starts."""
+    if not NPROC.fullmatch(str(nproc)):
+        raise PerfdoctorError(f"--nproc-per-node {nproc!r}: give a number of ranks of 1 or more (or auto, cpu, gpu)")
+    if nnodes is not None and not NNODES.fullmatch(str(nnodes)):
+        raise PerfdoctorError(f"--nnodes {nnodes!r}: give a number of nodes of 1 or more, or MIN:MAX")
 
 
 def _run_ranks(cfg, dist, out: Output) -> int:

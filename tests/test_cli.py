@@ -177,3 +177,17 @@ def test_report_path_never_imports_torch(trace):
             "assert 'torch' not in sys.modules, 'torch imported'\nprint('ok', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, timeout=60)
     assert r.stderr.strip().endswith("ok"), r.stderr
+
+
+@pytest.mark.parametrize("given", [["--nproc-per-node", "0"], ["--nproc-per-node", "-1"], ["--nproc-per-node", "abc"],
+                                   ["--nproc-per-node", "2", "--nnodes", "0"]])
+def test_a_rank_count_torchrun_would_refuse_is_one_line_and_starts_nothing(tmp_path, given):
+    """torchrun answered these with its traceback, exit 1 and a run directory holding only
+    ranks.json; now one line, exit 2, and no directory."""
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", *given, str(script)], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("perfdoctor: error: --n") and "never run" not in r.stdout
+    assert not (tmp_path / "perfdoctor-runs").exists()
