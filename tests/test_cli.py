@@ -108,6 +108,24 @@ def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_pat
     assert "Across 2 rank(s)" in run("report", tmp_path).stdout
 
 
+def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
+    """A 0-byte trace of a killed rank beside a good one: the good one is diagnosed, the warning
+    names the other; only damaged files: one line naming each; one file alone: its path."""
+    tg.write(tg.TraceSpec(steps=[S()] * 5), tmp_path / "rank0.json")
+    (tmp_path / "rank1.json").write_bytes(b"")
+    (tmp_path / "rank2.json").write_bytes(b"\x00\x01")
+    r = run("report", tmp_path, "-f", "json")
+    assert r.returncode == 0, r.stderr
+    warnings = [w for t in json.loads(r.stdout)["traces"] for w in t["warnings"]]
+    assert "skipped rank1.json: empty file" in warnings and any(w.startswith("skipped rank2.json: not a JSON") for w in warnings)
+    (tmp_path / "rank0.json").write_bytes(b"")
+    r = run("report", tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "could be read: " in r.stderr and "skipped rank0.json: empty file" in r.stderr
+    r = run("report", tmp_path / "rank1.json")
+    assert r.returncode == 2 and r.stderr.strip().endswith(f"empty file: {tmp_path / 'rank1.json'}")
+
+
 @pytest.mark.parametrize("setup,message", [
     (lambda p: None, "no such file"),
     (lambda p: p.write_text("not json"), "not a JSON trace"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from perfdoctor.collect.ranks import is_multi_rank
 from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.trace import prefetch
+from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace.loader import PendingLoad, find_trace_files, load_trace
 
 
@@ -26,19 +27,34 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
         return diagnose_dir(Path(path), rule_dirs)
     skipped: list[str] = []
     files = find_trace_files(path, skipped)
-    first = prefetch.take(files[0]) or PendingLoad(files[0])
+    traces, first = [], None
     try:
-        first.start()   # inside the try: its finally reaps the helper whatever interrupts
+        first = (prefetch.take(files[0]) or PendingLoad(files[0])).start()
+    except TraceFormatError as exc:
+        _skip(files, files[0], exc, skipped)
+    try:                # its finally reaps the first load's helper whatever interrupts
         from perfdoctor.analyze.pipeline import analyze
         from perfdoctor.diagnose.document import build_document
         from perfdoctor.rules.engine import evaluate
         from perfdoctor.rules.loader import load_rules
 
         rules = load_rules(rule_dirs)
-        analyses = [analyze(first.finish())]
+        if first is not None:
+            try:
+                traces.append(first.finish())
+            except TraceFormatError as exc:
+                _skip(files, files[0], exc, skipped)
     finally:
-        first.close()
-    analyses += [analyze(load_trace(f)) for f in files[1:]]
+        if first is not None:
+            first.close()
+    for f in files[1:]:
+        try:
+            traces.append(load_trace(f))
+        except TraceFormatError as exc:
+            _skip(files, f, exc, skipped)
+    if not traces:
+        raise TraceFormatError(f"no trace in {path} could be read: " + "; ".join(skipped))
+    analyses = [analyze(t) for t in traces]
     analyses[0].warnings[:0] = skipped
     results = [(a, evaluate(rules, a.metrics)) for a in analyses]
     if len(results) > 1:          # one trace per rank: merged as a multi-rank run is (diagnose/ranks.py)
@@ -47,3 +63,13 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
         if merged is not None:
             return merged
     return build_document(str(path), results)
+
+
+def _skip(files: list[Path], f: Path, exc: TraceFormatError, skipped: list[str]) -> None:
+    """One damaged file among several (an empty trace of a killed rank) is skipped and named;
+    a file given alone is the error, with its path."""
+    if len(files) == 1:
+        if str(f) in str(exc):
+            raise exc
+        raise TraceFormatError(f"{exc}: {f}") from None
+    skipped.append(f"skipped {f.name}: {exc}")
