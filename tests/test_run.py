@@ -53,6 +53,13 @@ def test_crash_keeps_traceback_exit_code_and_partial_report(tmp_path):
     doc = report(tmp_path / "run")
     assert doc["run"]["outcome"] == "crashed"
     assert doc["traces"][0]["metrics"]["run.steps"] >= 4
+    # the report says what crashed it, on the header line and in the markdown and HTML
+    assert ("· the script crashed · exit code 1 · RuntimeError: simulated training failure at step 6"
+            in " ".join(r.stderr.split()))                  # the header line wraps at the terminal's width
+    from perfdoctor.report import html, markdown
+    assert "**The script crashed \\(exit code 1\\): RuntimeError: simulated training failure at step 6**" in \
+        markdown.report(doc)
+    assert "<b>The script crashed (exit code 1): RuntimeError: simulated training failure at step 6</b>" in html.render(doc)
     assert list((tmp_path / "run" / "trace").glob("*.pt.trace.json.gz"))   # the cut-short window is kept
 
 

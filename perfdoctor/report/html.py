@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -129,6 +129,7 @@ def _run(run: dict | None, m: dict) -> str:
     return ("<h2>The run</h2><section class=\"card\">"
             f"<div><code>{H(run.get('command') or '(command unknown)')}</code></div><div class=\"dim\">{H(how)} · "
             f"exit code {H(_or_unknown(run.get('exit_code')))} · run directory <code>{H(run.get('dir'))}</code></div>"
+            + (f"<div><b>{H(ended)}</b></div>" if (ended := abnormal_end(run)) else "") +
             f"<div>{line}</div>{_notes(run.get('notes') or [])}</section>")
 
 

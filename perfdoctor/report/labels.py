@@ -34,6 +34,19 @@ def unranked_gain(f: dict) -> str:
     exp, c = g.get("expected"), g.get("ceiling")
     return (f", expected ~{times(exp)}" if exp else "") + (f", at most {c:.2f}x" if c and c >= 1.01 else "")
 
+ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
+
+
+def abnormal_end(run: dict | None) -> str | None:
+    """'The script crashed (exit code 1): RuntimeError: boom' for a run that did not end as it
+    should (its numbers cover what ran before that); None otherwise."""
+    if not run or run.get("outcome") not in ABNORMAL:
+        return None
+    code, err = run.get("exit_code"), run.get("error")
+    return (ABNORMAL[run["outcome"]] + (f" (exit code {code})" if code is not None else "")
+            + (f": {err}" if err else ""))
+
+
 MIXED_CAUSE = 0.9           # a stack row whose main cause holds less of it says how much
 
 

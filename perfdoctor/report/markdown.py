@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import BOUND_TITLE, bound_title, breakdown_rows, role_labels
+from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -32,6 +32,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
     m = first["metrics"]
     out = [f"### perfdoctor: {bound_title(v['bound'], m) if v['bound'] in BOUND_TITLE else M(v['bound'])} · {v['confidence_label']} confidence "
            f"({v['confidence']:.2f})", "", M(v["summary"]), ""]
+    ended = abnormal_end(doc.get("run"))
+    if ended:
+        out[-1:-1] = ["", f"**{M(ended)}**"]
     dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
     facts = [M(doc["input"]), M(dev)]
     if m.get("steps.count"):
@@ -41,7 +44,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
         facts.append(f"run: **{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps"
                      + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
-                        else ""))
+                        else "")
+                     + (" (too few to tell)" if m.get("run.step_time_conclusive") is False else ""))
     out += [" · ".join(facts), ""]
     if first.get("steps"):
         rows = sorted(breakdown_rows(first, role_labels(m)), key=lambda r: -r[3])

@@ -164,8 +164,9 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     if run.get("stopped_by"):
         how += f" (--{T(run['stopped_by'])})"
     code = "unknown" if run.get("exit_code") is None else T(run["exit_code"])   # a damaged run.json
+    err = run.get("error") if run.get("outcome") == "crashed" else None
     c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
-                          (f" · {how} · exit code {code}", "")))
+                          (f" · {how} · exit code {code}", ""), (f" · {T(err)}" if err else "", "red")))
     if m.get("run.step_time_ms") is not None:
         c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; data wait"
