@@ -189,3 +189,29 @@ def test_gzip_falls_back_when_isal_changes_or_is_missing(tmp_path, monkeypatch, 
     tg.write(tg.TraceSpec(steps=STEPS), tmp_path / "a.json.gz")
     tg.write(tg.TraceSpec(steps=STEPS), tmp_path / "a.json")
     assert _names(load_trace(tmp_path / "a.json.gz")) == _names(load_trace(tmp_path / "a.json"))
+
+
+def test_impossible_events_are_dropped_with_a_warning(tmp_path):
+    """A ProfilerStep of 1e30 us (every share read 0% at full confidence) and ops with negative
+    durations: the table leaves them out and says so; the other steps and their shares stand."""
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    good = tmp_path / "good.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=500)] * 4), good)
+    doc = json.loads(good.read_text())
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps[1]["dur"] = 1e30
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    ops[0]["dur"] = -5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    t = load_trace(bad)
+    assert len(t.ts) == len(load_trace(good).ts) - 2
+    assert np.isfinite(t.ts[t.ph == ord("X")]).all() and (t.dur[t.ph == ord("X")] >= 0).all()
+    (w,) = [w for w in t.meta.warnings if w.startswith("ignored")]
+    assert w.startswith("ignored 2 event(s) with a negative, non-finite or impossible start or duration")
+    m_good = diagnose_path(str(good))["traces"][0]["metrics"]
+    rep = diagnose_path(str(bad))
+    m = rep["traces"][0]["metrics"]
+    assert m["steps.count"] == 3 and m["breakdown.data_loading"] == pytest.approx(m_good["breakdown.data_loading"], abs=0.02)
+    assert any(x.startswith("ignored 2 event(s)") for x in rep["traces"][0]["warnings"])

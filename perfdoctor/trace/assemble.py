@@ -76,8 +76,42 @@ def _seconds(v) -> float | None:
     return x if 0 <= x < float("inf") else None
 
 
+LONGEST_US = 3600e6           # a complete event longer than this and than 10x the trace's span is damage
+SPAN_FACTOR = 10.0
+
+
+def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | None]:
+    """The complete ('X') events no profiler writes: a non-finite start, a negative or non-finite
+    duration, or one longer than an hour and 10x the span of all the events' starts (one step of
+    1e30 us made every share 0%). (mask of the rows to keep or None when all are, the warning)."""
+    ph, ts, dur = cols["ph"], cols["ts"], cols["dur"]
+    x = ph == ord("X")
+    if not x.any():
+        return None, None
+    finite = np.isfinite(ts)
+    span = float(ts[finite].max() - ts[finite].min()) if finite.any() else 0.0
+    with np.errstate(invalid="ignore"):
+        bad = x & (~finite | ~np.isfinite(dur) | (dur < 0) | ((dur > LONGEST_US) & (dur > SPAN_FACTOR * span)))
+    n = int(bad.sum())
+    if not n:
+        return None, None
+    first = int(np.flatnonzero(bad)[0])
+    name = strings["name"][cols["name"][first]] if 0 <= cols["name"][first] < len(strings["name"]) else "?"
+    example = f"{str(name)[:60]!r}: start {ts[first]:g} us, duration {dur[first]:g} us"
+    return ~bad, (f"ignored {n:,} event(s) with a negative, non-finite or impossible start or duration "
+                  f"(the first: {example})")
+
+
 def build_table(path: str, part: Part) -> EventTable:
     cols = {k: column(part, k) for k in LAYOUT}
+    keep, warning = _impossible(cols, part.strings)
+    if keep is not None:
+        cols = {k: c[keep] for k, c in cols.items()}
+        labels = part.labels
+        if labels:                      # label rows move up by the dropped rows before them
+            shift = np.cumsum(~keep)
+            part.labels = {int(r - shift[r]): v for r, v in labels.items() if keep[r]}
+        part.warnings = [*part.warnings, warning]
     m = part.meta
     props = m.get("deviceProperties") or []
     dist = m.get("distributedInfo") or {}
