@@ -89,6 +89,23 @@ def test_directory_of_ranks(tmp_path):
     assert "Across 2 traces" in run("report", tmp_path).stdout
 
 
+def test_traces_without_ranks_are_not_called_ranks_and_a_stub_is_not_compared(tmp_path):
+    """Two profiler windows of one process (no distributedInfo) and the one-step stub torch writes
+    when the profiler stops mid-cycle: 'traces', not 'ranks'; the stub is listed, left out of the
+    comparison (it made 'step time differs by 7588%')."""
+    for k, dw in ((0, 4000), (1, 4400)):
+        tg.write(tg.TraceSpec(steps=[S(data_wait_us=dw)] * 4), tmp_path / f"w{k}.json")
+    (tmp_path / "w2.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": [      # as torch writes it
+        {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "ts": 1e6, "args": {"name": "python"}},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#9", "pid": 7, "tid": 7, "ts": 1e6, "dur": 21}]}))
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    v = doc["verdict"]
+    assert v["summary"].startswith("[2/2 traces; figures of w") and "ranks" not in v["summary"]
+    assert any(n.startswith("the traces carry no rank") for n in v["notes"])
+    assert "left out of the comparison (too little traced to judge: a stub trace?): w2.json" in v["notes"]
+    assert doc["cross_rank"]["count"] == 2 and not any("7" in n and "differs" in n and "w2" in n for n in v["notes"])
+
+
 def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_path):
     """One trace per rank of a synchronous job: rank 1 waits 8 ms a step for its batches, rank 0
     waits as long in the all-reduce. Merged as a multi-rank run's ranks are (diagnose/ranks.py)."""
