@@ -130,6 +130,23 @@ def test_a_thread_count_that_differs_is_told():
     assert not any("settings differ" in n for n in gate_runs(after, [before]).notes)
 
 
+@pytest.mark.parametrize("bad", ["fast", float("nan"), float("inf"), True, -5.0, 0.0])
+def test_a_hand_edited_step_time_is_unknown_not_taken(bad):
+    """run.step_time_ms edited to a string, NaN, inf, true, a negative or zero time: compare and
+    gate both read it as unknown (compare said -116.8% from -5 ms); compare falls back to the
+    traced mean and says so."""
+    from perfdoctor.gate.gate import _step_s
+
+    b, a = mk([0.1] * 5, [0.1] * 5), mk([0.1] * 5, [0.1] * 5)
+    for r, v in ((b, 30.0), (a, bad)):
+        r.steps, r.steps_durs = None, None
+        r.metrics.update({"run.step_time_ms": v, "steps.time_mean_ms": 33.7})
+    row = compare_runs(b, a)["rows"][0]
+    assert row["before"] == pytest.approx(30.0) and row["after"] == pytest.approx(33.7)
+    assert "x: the traced steps' mean" in row["note"]
+    assert _step_s(a) is None and _step_s(b) == pytest.approx(0.030)
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare-runs")

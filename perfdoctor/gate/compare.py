@@ -83,9 +83,9 @@ def _step_rows(b: RunData, a: RunData) -> list[dict]:
         vals = {"step": (sb.step_s, sa.step_s), "median": (sb.median_s, sa.median_s), "p90": (sb.p90_s, sa.p90_s)}
     else:
         noise, beyond, note = None, None, "no step records: noise unknown"
-        pick = (lambda r, *keys: next((r.metrics[k] / 1e3 for k in keys if r.metrics.get(k) is not None), None))
-        traced = [r.label for r in (b, a) if r.metrics.get("run.step_time_ms") is None
-                  and r.metrics.get("steps.time_mean_ms") is not None]
+        pick = (lambda r, *keys: next((r.time_ms(k) / 1e3 for k in keys if r.time_ms(k) is not None), None))
+        traced = [r.label for r in (b, a) if r.time_ms("run.step_time_ms") is None
+                  and r.time_ms("steps.time_mean_ms") is not None]
         if traced:
             note += f"; {' and '.join(traced)}: the traced steps' mean (the profiler slows them)"
         vals = {"step": (pick(b, "run.step_time_ms", "steps.time_mean_ms"), pick(a, "run.step_time_ms", "steps.time_mean_ms")),

@@ -175,7 +175,7 @@ def _step_s(r: RunData) -> float | None:
     """The run's steady step time: from its step records, else its report's run.step_time_ms."""
     if r.steady is not None:
         return r.steady.step_s
-    v = r.metrics.get("run.step_time_ms")
+    v = r.time_ms("run.step_time_ms")
     return None if v is None else v / 1e3
 
 

@@ -4,6 +4,7 @@ steady-state step time (perfdoctor.stats.steptime, the same estimator as `run`'s
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 import shlex
@@ -48,6 +49,14 @@ class RunData:
     def metrics(self) -> dict:
         traces = self.doc.get("traces") or [{}]
         return traces[0].get("metrics") or {}
+
+    def time_ms(self, key: str) -> float | None:
+        """A time metric of the report as a positive finite number of ms, else None (a report
+        edited by hand can hold "fast", NaN, true or a negative time)."""
+        v = self.metrics.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            return None
+        return float(v)
 
     @property
     def verdict(self) -> str | None:
