@@ -289,3 +289,29 @@ def test_max_steps_stops_ranks_that_end_with_their_own_destroy_process_group(tmp
     for k in (0, 1):
         child = json.loads((out / "ranks" / f"rank-{k}" / "child.json").read_text())
         assert child["outcome"] == "stopped" and child["steps"] == 30
+
+
+def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
+    """Two ranks with no collective (29 and 79 steps): no 'every rank waits at least 0% (the
+    transfer)' and no pairing; one line says they did not wait for each other, with their steps."""
+    import io
+
+    from perfdoctor.report.ranks_view import render_ranks
+    from perfdoctor.report.sanitize import console
+
+    row = {"host": "vm", "exit_code": 0, "step_time_ms": 1.5, "busy_ms": 1.5, "collective_wait_ms": 0.0,
+           "collective_wait_share": 0.0, "straggler_wait_ms": 0.0, "data_wait_share": 0.0, "verdict": "device"}
+    sec = {"count": 2, "world_size": 2, "slowest_rank": 1,
+           "per_rank": [dict(row, rank=0, steps=29), dict(row, rank=1, steps=79, step_time_ms=4.0)],
+           "metrics": {"ranks.wait_cause": "none", "ranks.comm_wait_share_mean": 0.0, "ranks.network_wait_share": 0.0,
+                       "ranks.straggler_wait_share": 0.0, "ranks.paired_steps": 5}}
+    c = console(file=io.StringIO(), width=300)
+    render_ranks(c, sec)
+    out = c.file.getvalue()
+    assert ("no rank ran a collective in its traced steps: the ranks did not wait for each other "
+            "(independent processes?); they ran 29-79 steps") in out
+    assert "the transfer" not in out and "paired over" not in out
+    sec["metrics"].update({"ranks.comm_wait_share_mean": 0.02, "ranks.network_wait_share": 0.02})
+    c = console(file=io.StringIO(), width=300)
+    render_ranks(c, sec)
+    assert "every rank waits at least 2% of the step (the transfer)" in c.file.getvalue()

@@ -52,6 +52,13 @@ def render_ranks(c: Console, sec: dict) -> None:
         c.print(Text("  collective waits unknown (no trace on some rank): straggler and network waits not "
                      "separated", style="dim"))
         return
+    steps = {r["steps"] for r in sec["per_rank"] if isinstance(r.get("steps"), int)}
+    if not m.get("ranks.comm_wait_share_mean") and cause == "none":
+        # no collective in any rank's traced steps: nothing to pair, nobody waits for anybody
+        c.print(text("  no rank ran a collective in its traced steps: the ranks did not wait for each other "
+                     "(independent processes?)" + (f"; they ran {min(steps)}-{max(steps)} steps"
+                                                   if len(steps) > 1 else "")))
+        return
     line = f"  the wait is {CAUSE.get(cause, T(cause))}"
     if cause == "straggler":
         line += (f" (*): rank {m['ranks.slowest_rank']} does {m['ranks.slowest_ratio']:.2f}x the work per step "
