@@ -315,3 +315,18 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     c = console(file=io.StringIO(), width=300)
     render_ranks(c, sec)
     assert "every rank waits at least 2% of the step (the transfer)" in c.file.getvalue()
+
+
+def test_the_html_rank_table_has_the_terminals_columns():
+    """for slower, data wait and exit were in the terminal's rank table only."""
+    from perfdoctor.report import html
+
+    row = {"host": "vm", "step_time_ms": 7.5, "busy_ms": 0.3, "collective_wait_ms": 7.2, "collective_wait_share": 0.96,
+           "straggler_wait_ms": 1.29, "data_wait_share": 0.25, "verdict": "communication"}
+    sec = {"count": 2, "per_rank": [dict(row, rank=0, exit_code=143), dict(row, rank=1, exit_code=1)],
+           "metrics": {"ranks.wait_cause": "straggler"}}
+    page = html._ranks({"ranks": sec})
+    for head in ("for slower", "data wait", "exit"):
+        assert f"<th class=\"num\">{head}</th>" in page
+    assert "<td class=\"num\">1.29 ms</td><td class=\"num\">25%</td>" in page
+    assert "<td class=\"num\">143</td>" in page and "<td class=\"num\">1</td>" in page

@@ -157,13 +157,17 @@ def _ranks(doc: dict) -> str:
             bar = (f"<svg viewBox=\"0 0 200 12\" width=\"200\" height=\"12\"><rect width=\"{200 * own / span:.1f}\" height=\"12\" "
                    f"fill=\"#2e8b57\"><title>own work {own:.1f} ms</title></rect><rect x=\"{200 * own / span:.1f}\" "
                    f"width=\"{200 * wait / span:.1f}\" height=\"12\" fill=\"#8e5bb5\"><title>wait {wait:.1f} ms</title></rect></svg>")
+            dw = r.get("data_wait_share")
             rows.append(f"<tr><td>{H(r.get('rank'))}</td><td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
                         f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}</td>"
-                        f"<td>{bar}</td><td>{H(r.get('verdict'))}</td></tr>")
+                        f"<td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
+                        f"<td class=\"num\">{'-' if dw is None else f'{100 * dw:.0f}%'}</td>"
+                        f"<td>{bar}</td><td>{H(r.get('verdict'))}</td><td class=\"num\">{H(_or_unknown(r.get('exit_code')))}</td></tr>")
         cause = (sec.get("metrics") or {}).get("ranks.wait_cause")
         out.append(f"<h2>Across {H(sec.get('count'))} ranks</h2><section class=\"card\"><table><tr><th>rank</th>"
                    "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
-                   f"<th>own work / wait</th><th>verdict</th></tr>{''.join(rows)}</table>"
+                   "<th class=\"num\">for slower</th><th class=\"num\">data wait</th>"
+                   f"<th>own work / wait</th><th>verdict</th><th class=\"num\">exit</th></tr>{''.join(rows)}</table>"
                    + (f"<p class=\"dim\">the wait: {H(cause)}</p>" if cause else "") + "</section>")
     return "".join(out)
 
