@@ -140,7 +140,7 @@ def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "could be read: " in r.stderr and "skipped rank0.json: empty file" in r.stderr
     r = run("report", tmp_path / "rank1.json")
-    assert r.returncode == 2 and r.stderr.strip().endswith(f"empty file: {tmp_path / 'rank1.json'}")
+    assert r.returncode == 2 and r.stderr.strip() == f"perfdoctor: error: {tmp_path / 'rank1.json'}: empty file"
 
 
 @pytest.mark.parametrize("setup,message", [

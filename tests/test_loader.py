@@ -215,3 +215,18 @@ def test_impossible_events_are_dropped_with_a_warning(tmp_path):
     m = rep["traces"][0]["metrics"]
     assert m["steps.count"] == 3 and m["breakdown.data_loading"] == pytest.approx(m_good["breakdown.data_loading"], abs=0.02)
     assert any(x.startswith("ignored 2 event(s)") for x in rep["traces"][0]["warnings"])
+
+
+def test_a_byte_order_mark_is_read_and_a_null_event_list_is_named(tmp_path):
+    """A trace saved by an editor with a UTF-8 byte order mark loads as without it; a
+    'traceEvents' that is null says so (it read 'no traceEvents array; keys: traceEvents')."""
+    plain = tmp_path / "plain.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec()] * 3), plain)
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    a, b = load_trace(plain), load_trace(bom)
+    assert len(a.ts) == len(b.ts) and (a.dur == b.dur).all() and b.meta.device_properties == a.meta.device_properties
+    null = tmp_path / "null.json"
+    null.write_text('{"schemaVersion": 1, "traceEvents": null}')
+    with pytest.raises(TraceFormatError, match=r"^'traceEvents' is null, not an array of events$"):
+        load_trace(null)

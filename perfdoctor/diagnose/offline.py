@@ -71,5 +71,5 @@ def _skip(files: list[Path], f: Path, exc: TraceFormatError, skipped: list[str])
     if len(files) == 1:
         if str(f) in str(exc):
             raise exc
-        raise TraceFormatError(f"{exc}: {f}") from None
+        raise TraceFormatError(f"{f}: {exc}") from None
     skipped.append(f"skipped {f.name}: {exc}")

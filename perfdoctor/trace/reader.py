@@ -45,6 +45,7 @@ BUFFER_BYTES = 4 << 20     # read buffer (grows only for events of several MiB)
 MAX_SPAN_BYTES = 128 << 20
 KEEP_BYTES = 16            # consumed bytes kept before the next chunk (see ChunkStream._tail)
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+BOM = b"\xef\xbb\xbf"
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 TAIL_PREFIX = b'{"traceEvents":['
 assert len(TAIL_PREFIX) == KEEP_BYTES
@@ -121,7 +122,9 @@ class ChunkStream:
         while not self.src.eof and self.end < 4096:
             self._fill(4096 - self.end)
         buf = self.buf
-        start = bytes(buf[:min(64, self.end)]).lstrip()[:1]
+        head = bytes(buf[:min(64, self.end)])
+        skip = len(BOM) if head.startswith(BOM) else 0       # a UTF-8 byte order mark (Windows editors)
+        start = head[skip:].lstrip()[:1]
         if start == b"[":
             self.bare, self.pos = True, buf.find(b"[", 0, self.end) + 1
         elif start == b"{":
@@ -131,8 +134,8 @@ class ChunkStream:
                 self._fill(1)
                 m = EVENTS_KEY.search(self.buf, seen, self.end)
             if m is None:
-                _whole_document(bytes(self.buf[:self.end]))
-            _decode_header(bytes(self.buf[:m.start()]), self.state)
+                _whole_document(bytes(self.buf[skip:self.end]))
+            _decode_header(bytes(self.buf[skip:m.start()]), self.state)
             self.pos = m.end()
         else:  # judged on the first 4 MiB, as always
             while not self.src.eof and self.end < 4 << 20:
@@ -391,4 +394,8 @@ def _whole_document(buf: bytes) -> None:
     except msgspec.DecodeError as exc:
         raise TraceFormatError(f"not valid JSON: {exc}") from None
     keys = list(obj)[:6] if isinstance(obj, dict) else []
+    if isinstance(obj, dict) and "traceEvents" in obj:       # present, but null, a string, an object
+        kind = {type(None): "null", str: "a string", dict: "an object", bool: "a boolean"}.get(
+            type(obj["traceEvents"]), "a number")
+        raise TraceFormatError(f"'traceEvents' is {kind}, not an array of events")
     raise TraceFormatError("JSON object has no 'traceEvents' array; keys: " + ", ".join(keys))
