@@ -168,3 +168,13 @@ def test_a_run_on_a_machine_shared_with_another_job_is_not_firm():
     assert conf == 0.5 and any("other processes kept 1.2 cores busy" in n and "52%" in n for n in notes)
     assert confidence("device", {**m, "system.other_cores": 0.1, "run.runq_share": 0.52})[0] == firm
     assert confidence("device", {**m, "system.other_cores": 1.2, "run.runq_share": 0.05})[0] == firm
+
+
+def test_an_inconclusive_verdict_names_no_secondary_cause():
+    """One 0.017 ms step of host time judged nothing: 'also significant: host' under INCONCLUSIVE
+    contradicted it."""
+    from perfdoctor.diagnose.confidence import confidence
+
+    conf, _, secondary = confidence("inconclusive", {"share.host": 0.9, "share.device": 0.1})
+    assert conf == 0.0 and secondary == []
+    assert confidence("device", {"share.host": 0.2, "share.device": 0.8})[2] == ["host"]

@@ -38,7 +38,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         if m.get("trace.truncated") and m.get("steps.count") == 0:
             notes.append("the trace file was cut off before any step was complete, so no step is judged "
                          "(a step cut short shows only its first events); record the trace again")
-        return 0.0, notes, secondary
+        return 0.0, notes, []           # nothing judged: no cause is "also significant" either
     if bound == "device":
         conf = 0.6 + 0.4 * min(1.0, max(0.0, sh["device"] - 0.8) / 0.1)
     else:
