@@ -19,7 +19,8 @@ import pytest
 from quiet import Foreign, skip_if_shared
 
 from perfdoctor.analyze import registry
-from perfdoctor.analyze.stacks import attribute, classify, section, segments, steady_steps
+from perfdoctor.analyze.stackcause import classify
+from perfdoctor.analyze.stacks import attribute, section, segments, steady_steps
 from perfdoctor.collect import stacks as collect_stacks
 from perfdoctor.collect.stacks import StackRecorder, find_py_spy, load_recording
 

@@ -1,0 +1,160 @@
+"""What one Python stack (py-spy's frames, root first) is doing: the cause of its time and the
+labels of its frames, for analyze/stacks.py.
+
+The causes, checked in this order on each stack:
+- checkpoint: torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, Lightning's
+  save_checkpoint, numpy.save... anywhere in the stack;
+- logging_sync: logging, TensorBoard, wandb, mlflow... frames, or the leaf is the user's own
+  line reading device values (.item(), .cpu(), .tolist(), .numpy(): the source line is read)
+  outside a periodic block (below);
+- data_loader (DataLoader __next__), model (nn.Module calls), backward, optimizer;
+- waiting: the innermost frame blocks (a selector, queue, pipe or lock: a DataLoader worker idle
+  for its next index);
+- perfdoctor: our own code runs (a frame of ours with only the standard library below it; a
+  frame of ours with a library below is a wrapper the call passes through);
+- waiting, too: the user's line sleeps, waits or joins, by its source text, or calls
+  threading/multiprocessing/queue (--idle shows blocked time, and a sleep is not work);
+- periodic: the user's own line (alone or calling data libraries) inside an `if step % N`
+  body (sourcelines.py): a log line's metric, not batch preparation. Its share counts as
+  logging (stacks.logging_sync_share): with N = 1 such a block runs every step;
+- python_data: the rest of the user's own code, alone or calling data libraries (numpy, PIL,
+  random, tokenizers, torchvision transforms...): batches built in the loop. A tensor op
+  called straight from the loop also lands here (stacks cannot tell Python from a C call), so
+  the rule caps it by the trace's untraced time.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfdoctor.analyze.sourcelines import DEVICE_READ, WAITING, in_periodic_block, line_says
+
+_TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
+_STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
+_SITE = re.compile(r"/(?:site|dist)-packages/")
+
+CHECKPOINT_MODULES = ("torch.serialization", "torch.distributed.checkpoint", "safetensors", "transformers",
+                      "lightning", "pytorch_lightning", "accelerate", "deepspeed", "numpy", "orbax", "h5py")
+CHECKPOINT_FUNCS = {"save", "_save", "_legacy_save", "save_file", "save_pretrained", "_save_checkpoint",
+                    "save_checkpoint", "save_state", "save_model", "async_save", "savez", "savez_compressed"}
+LOGGING_MODULES = ("logging", "torch.utils.tensorboard", "tensorboardX", "tensorboard", "wandb", "mlflow",
+                   "neptune", "comet_ml", "clearml", "aim", "lightning.pytorch.loggers",
+                   "pytorch_lightning.loggers", "lightning.fabric.loggers")
+DATA_MODULES = ("numpy", "PIL", "cv2", "pandas", "random", "json", "csv", "re", "pickle", "torchvision.transforms",
+                "torchvision.io", "torchvision.datasets", "torchaudio", "albumentations", "tokenizers",
+                "transformers.tokenization_utils", "transformers.tokenization_utils_base",
+                "transformers.tokenization_utils_fast", "datasets", "torch.utils.data")
+ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load": "torch.load",
+           "torch.nn.modules.module.Module._wrapped_call_impl": "nn.Module.__call__",
+           "torch.nn.modules.module.Module._call_impl": "nn.Module.__call__",
+           "torch._tensor.Tensor.backward": "Tensor.backward",
+           "torch.optim.optimizer.Optimizer.profile_hook_step.<locals>.wrapper": "Optimizer.step",
+           "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
+           "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
+CAUSES = ("checkpoint", "logging_sync", "data_loader", "model", "backward", "optimizer", "perfdoctor",
+          "waiting", "periodic", "python_data", "other")
+
+
+@dataclass
+class Frame:
+    func: str
+    file: str
+    line: int
+    kind: str            # user | lib | tool
+    module: str          # dotted module of a library frame ("" for user code)
+
+
+def _frame(func: str, file: str, line: int) -> Frame:
+    f = file.replace("\\", "/")
+    if f.startswith(_TOOL_DIR) or "/perfdoctor/collect/" in f:
+        return Frame(func, file, line, "tool", "perfdoctor")
+    m = _SITE.search(f) or _STDLIB.search(f)
+    if m or f.startswith("<"):
+        rel = f[m.end():] if m else f.strip("<>").replace("frozen ", "")
+        mod = rel[:-3] if rel.endswith(".py") else rel
+        mod = mod.replace("/", ".")
+        mod = mod[:-9] if mod.endswith(".__init__") else mod
+        return Frame(func, file, line, "lib", mod)
+    return Frame(func, file, line, "user", "")
+
+
+def _in(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def label(f: Frame) -> str:
+    if f.kind == "user":
+        return f"{Path(f.file).name}:{f.line}"
+    name = f"{f.module}.{f.func}"
+    return ALIASES.get(name, name)
+
+
+WAIT_MODULES = ("selectors", "threading", "queue", "multiprocessing.connection", "multiprocessing.queues",
+                "multiprocessing.synchronize", "concurrent.futures._base")
+WAIT_FUNCS = {"select", "wait", "join", "get", "poll", "_poll", "recv", "recv_bytes", "_recv", "_recv_bytes",
+              "acquire", "sleep"}
+
+
+def _blocked(f: Frame) -> bool:
+    """The stack's innermost frame blocks on a lock, a queue, a pipe or a selector: the thread
+    waits, whatever called it."""
+    return f.kind == "lib" and _in(f.module, WAIT_MODULES) and f.func.rsplit(".", 1)[-1] in WAIT_FUNCS
+
+
+def _ours_running(below: list[Frame]) -> bool:
+    """perfdoctor's own code runs: a frame of ours with only the standard library below it. A
+    frame of ours with a library's below is a wrapper the call passes through (a DataLoader's
+    workers are forked inside our iterator: all their frames have it)."""
+    last = max((i for i, f in enumerate(below) if f.kind == "tool"), default=None)
+    return last is not None and all(f.file.startswith("<") or _STDLIB.search(f.file.replace("\\", "/"))
+                                    for f in below[last + 1:])
+
+
+def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
+    """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
+    `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
+    frames = [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
+    if not frames:
+        return "other", "?", None
+    user = max((i for i, f in enumerate(frames) if f.kind == "user"), default=None)
+    below = frames[user + 1:] if user is not None else frames
+    at = label(frames[user]) if user is not None else None
+    shown = [f for f in below if f.kind != "tool"] or below     # perfdoctor's own wrappers are not named
+    called = label(shown[0]) if shown else (at or "?")
+    libs = [f for f in frames if f.kind == "lib"]
+    if any(_in(f.module, CHECKPOINT_MODULES) and f.func.rsplit(".", 1)[-1] in CHECKPOINT_FUNCS for f in libs):
+        cause = "checkpoint"
+    elif any(_in(f.module, LOGGING_MODULES) for f in libs):
+        cause = "logging_sync"
+    elif user is not None and not below and in_periodic_block(frames[user].file, frames[user].line, lines_of):
+        cause = "periodic"      # the script's own every-N-steps work (a log line's metric, an eval)
+    elif not below and line_says(frames[user].file, frames[user].line, DEVICE_READ, source):
+        cause = "logging_sync"
+    elif any(f.module == "torch.utils.data.dataloader" and f.func.endswith("__next__") for f in libs):
+        cause = "data_loader"
+    # inside a module call, the autograd engine or an optimizer step anywhere in the stack: the
+    # user's own forward, custom Function.backward or optimizer code below it belongs there too
+    elif any(_in(f.module, ("torch.nn.modules",)) for f in libs):
+        cause = "model"
+    elif any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") and f.module == "torch._tensor"
+             for f in libs):
+        cause = "backward"
+    elif _blocked(frames[-1]):      # a DataLoader worker idle for its next index, through our iterator
+        cause = "waiting"
+    elif _ours_running(below):
+        cause = "perfdoctor"
+    elif any(_in(f.module, ("torch.optim",)) for f in libs):
+        cause = "optimizer"
+    elif not below and line_says(frames[user].file, frames[user].line, WAITING, source) or any(
+            _in(f.module, ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors"))
+            for f in below[:1]):
+        cause = "waiting"
+    elif user is not None and all(f.kind == "lib" and _in(f.module, DATA_MODULES) for f in below):
+        periodic = in_periodic_block(frames[user].file, frames[user].line, lines_of)
+        cause = "periodic" if periodic else "python_data"
+    else:
+        cause = "other"
+    return cause, called, at
