@@ -34,6 +34,7 @@ def unranked_gain(f: dict) -> str:
     exp, c = g.get("expected"), g.get("ceiling")
     return (f", expected ~{times(exp)}" if exp else "") + (f", at most {c:.2f}x" if c and c >= 1.01 else "")
 
+
 ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
 
 
