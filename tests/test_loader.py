@@ -86,6 +86,29 @@ def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeyp
     assert [w for w in t.meta.warnings if "surrogate" in w] == [surrogates.SURROGATE_WARNING]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("token", ["NaN", "-Infinity", "Infinity", "nan", "-inf", "1e999", "9" * 401])
+def test_odd_number_tokens_lose_one_event_not_the_rest(tmp_path, monkeypatch, chunked, token):
+    """Python's json writes NaN/Infinity, C++ writers nan/inf, and damage makes numbers beyond a
+    float's range: msgspec refuses all of them. Only the event holding one in its duration is left
+    out (with a warning); one in its args leaves the arg absent; every other event is read."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5,
+           "args": {"External id": i}} for i in range(200)]
+    text = json.dumps({"traceEvents": ev})
+    text = text.replace('"dur": 5, "args": {"External id": 150}', f'"dur": {token}, "args": {{"External id": 150}}')
+    text = text.replace('"External id": 20}', f'"External id": {token}}}')
+    (tmp_path / "odd.json").write_text(text)
+    if chunked:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
+        monkeypatch.setattr(reader, "READ_BYTES", 512)
+    t = load_trace(tmp_path / "odd.json")
+    assert _names(t) == [f"op{i}" for i in range(200) if i != 150]
+    assert not t.meta.truncated
+    assert sum("ignored 1 event(s)" in w and "'op150'" in w for w in t.meta.warnings) == 1
+    ext = t.args["external_id"]
+    assert ext[19] == 19 and ext[21] == 21 and not np.isfinite(ext[20])
+
+
 def test_legacy_2021_format(tmp_path):
     spec = tg.TraceSpec(steps=STEPS, fmt="legacy2021")
     tg.write(spec, tmp_path / "old.json.gz")

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator
 import msgspec
 
 from perfdoctor.errors import TraceFormatError
-from perfdoctor.trace import schema
+from perfdoctor.trace import oddnumbers, schema
+from perfdoctor.trace.oddnumbers import as_float
 from perfdoctor.trace.source import ReadState, Source
 from perfdoctor.trace.surrogates import replaced_or_none as _lone_surrogates_replaced
 
@@ -252,18 +253,30 @@ def _decode_span(buf, start: int, end: int, state: ReadState) -> list[schema.Eve
 
 
 def _decode_payload(payload, state: ReadState) -> list[schema.Event]:
+    """Typed events, else untyped ones coerced; retried with lone surrogate escapes replaced
+    and with odd number tokens quoted. msgspec.DecodeError when none of that reads."""
     try:
-        try:
-            return schema.EVENTS_DECODER.decode(payload)
-        except msgspec.DecodeError:
-            fixed = _lone_surrogates_replaced(payload, state)
-            if fixed is None:
-                raise
-            payload = fixed
-            return schema.EVENTS_DECODER.decode(payload)
-    except msgspec.ValidationError:
-        state.untyped_chunks += 1
-        return coerce_events(schema.ANY_DECODER.decode(payload), state)
+        return schema.EVENTS_DECODER.decode(payload)
+    except msgspec.ValidationError:          # (a DecodeError subclass: caught first)
+        items = _untyped(payload, state)
+    except msgspec.DecodeError:
+        fixed = _lone_surrogates_replaced(payload, state) or oddnumbers.quoted_or_none(payload, state)
+        if fixed is None:
+            raise
+        return _decode_payload(fixed, state)
+    state.untyped_chunks += 1
+    return coerce_events(items, state)
+
+
+def _untyped(payload, state: ReadState):
+    """The JSON value of `payload`, with numbers beyond a float's range read as strings."""
+    try:
+        return schema.ANY_DECODER.decode(payload)
+    except msgspec.ValidationError:             # "Number out of range" (1e999)
+        fixed = oddnumbers.quoted_or_none(payload, state, out_of_range=True)
+        if fixed is None:
+            raise msgspec.DecodeError("a number out of range") from None
+        return _untyped(fixed, state)
 
 
 def coerce_events(items: list, state: ReadState) -> list[schema.Event]:
@@ -278,7 +291,7 @@ def coerce_events(items: list, state: ReadState) -> list[schema.Event]:
             out.append(schema.Event(
                 ph=str(d.get("ph", "")), cat=str(d.get("cat") or ""), name=str(d.get("name", "")),
                 pid=_id(d.get("pid", 0)), tid=_id(d.get("tid", 0)),
-                ts=float(d.get("ts") or 0.0), dur=float(d.get("dur") or 0.0),
+                ts=as_float(d.get("ts") or 0.0), dur=as_float(d.get("dur") or 0.0),
                 args=_coerce_args(d.get("args"))))
         except (TypeError, ValueError):
             bad += 1
@@ -301,7 +314,7 @@ def _coerce_args(a: Any) -> schema.Args:
         if f in ("label", "labels", "dtype"):
             kw[f] = v if isinstance(v, str) else None
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            kw[f] = v
+            kw[f] = as_float(v)
         elif f == "stream" and isinstance(v, str):
             kw[f] = v
     return schema.Args(**kw)
@@ -332,29 +345,36 @@ def _decode_tail(tail: bytes, bare: bool, state: ReadState) -> Iterator[list[sch
             if text.endswith(b"]"):
                 text = text[:-1]
             yield _decode_events(text, state) if text.strip() else []
-            return
-        try:
-            doc = schema.DOC_DECODER.decode(b'{"traceEvents":[' + tail)
-        except msgspec.DecodeError:
-            fixed = _lone_surrogates_replaced(tail, state)
-            if fixed is None:
-                raise
-            tail = fixed
-            doc = schema.DOC_DECODER.decode(b'{"traceEvents":[' + tail)
-        _merge_meta(doc, state)
-        yield doc.traceEvents
+        else:
+            yield _decode_document(b'{"traceEvents":[' + tail, state)
         return
-    except msgspec.ValidationError:
-        try:
-            doc = schema.ANY_DECODER.decode(b'{"traceEvents":[' + tail)
-            state.untyped_chunks += 1
-            yield coerce_events(doc.get("traceEvents", []), state)
-            return
-        except msgspec.DecodeError:
-            pass
     except msgspec.DecodeError:
         pass
     yield _salvage(tail, state)
+
+
+def _decode_document(doc_bytes: bytes, state: ReadState) -> list[schema.Event]:
+    """The events of a whole trace object (its metadata merged into `state`), with the retries
+    `_decode_payload` makes. msgspec.DecodeError when none of them reads."""
+    try:
+        doc = schema.DOC_DECODER.decode(doc_bytes)
+    except msgspec.ValidationError:          # (a DecodeError subclass: caught first)
+        obj = _untyped(doc_bytes, state)
+        obj = obj if isinstance(obj, dict) else {}
+        state.untyped_chunks += 1
+        try:
+            _merge_meta(msgspec.convert({k: obj[k] for k in schema.META_FIELDS if k in obj}, schema.TraceDoc), state)
+        except msgspec.ValidationError:
+            pass                     # metadata of unexpected types: the events are still read
+        events = obj.get("traceEvents")
+        return coerce_events(events if isinstance(events, list) else [], state)
+    except msgspec.DecodeError:
+        fixed = _lone_surrogates_replaced(doc_bytes, state) or oddnumbers.quoted_or_none(doc_bytes, state)
+        if fixed is None:
+            raise
+        return _decode_document(fixed, state)
+    _merge_meta(doc, state)
+    return doc.traceEvents
 
 
 def _salvage(tail: bytes, state: ReadState) -> list[schema.Event]:
