@@ -227,3 +227,28 @@ def test_reports_of_traces_alone_compare_the_traced_mean_and_say_so(tmp_path):
     assert p.returncode == 0, p.stderr
     row = next(r for r in json.loads(p.stdout)["rows"] if r["metric"] == "step time")
     assert row["before"] > row["after"] and "the traced steps' mean" in row["note"]
+
+
+def test_a_report_with_numbers_beyond_a_float_compares_as_unknown(tmp_path):
+    """Every number of a report.json replaced by a 401-digit integer (float() refuses it: compare
+    and gate ended in an internal error) or a 5000-digit one (Python's json refuses it): its step
+    time is unknown, and both commands still answer."""
+    import re
+
+    import tracegen as tg
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.report.json_out import to_json
+
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=1000)] * 4), tmp_path / "a.json")
+    good = tmp_path / "good_report.json"
+    good.write_bytes(to_json(diagnose_path(str(tmp_path / "a.json"))))
+    for digits in (401, 5000):
+        bad = tmp_path / f"bad{digits}_report.json"
+        bad.write_text(re.sub(r'(": )\d+(?:\.\d+)?(?=[,}\]])', lambda m: m.group(1) + "9" * digits, good.read_text()))
+        p = pd("compare", bad, good, "-f", "json")
+        assert p.returncode == 0, p.stderr
+        row = next(r for r in json.loads(p.stdout)["rows"] if r["metric"] == "step time")
+        assert row["before"] is None and row["after"] > 0
+        g = pd("gate", good, "--baseline", bad)
+        assert g.returncode in (0, 3) and "internal error" not in g.stderr, g.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -276,6 +277,24 @@ def test_empty_run_json_says_unknown_not_none(tmp_path):
     assert "exit code unknown" in term and "None" not in term and "killed" not in term and "failed" not in term
     (d / "run.json").write_text('{"argv": "train.py", "exit_code": "0"}')
     assert _report(d)[0]["traces"][0]["warnings"] == ["run.json: argv, exit_code of the wrong type, read as unknown"]
+
+
+@pytest.mark.parametrize("name", ["run.json", "child.json", "steps.jsonl"])
+def test_numbers_beyond_a_float_are_unknown_not_a_crash(tmp_path, name):
+    """A 401-digit integer (float() refuses it: this was an internal error) or a 5000-digit one
+    (Python's json refuses it) in a run file: those fields are read as unknown and warned about."""
+    for digits in (401, 5000):
+        d = _hand_run(tmp_path / f"run{digits}")
+        text = (d / name).read_text()
+        (d / name).write_text(re.sub(r'(": )\d+(?:\.\d+)?', lambda m: m.group(1) + "9" * digits, text))
+        doc, term = _report(d)
+        warnings = doc["traces"][0]["warnings"]
+        assert len(warnings) == 1 and warnings[0].startswith(name), warnings
+        assert "internal error" not in term
+        if name == "steps.jsonl":
+            assert doc["run"]["steps"] in (0, None)
+        else:
+            assert "wrong type" in warnings[0]
 
 
 def test_the_note_shown_by_default_is_the_one_that_could_change_the_advice():

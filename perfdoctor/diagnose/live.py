@@ -9,12 +9,12 @@ Metrics come from three places, each saying only what it measured:
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
@@ -81,7 +81,7 @@ def loader_settings(run_dir: Path, system: dict) -> dict:
     them (tune's runs), else the worker processes the samplers saw (prefetch_factor unknown: the
     estimator assumes torch's default)."""
     try:
-        got = (json.loads((run_dir / "inject.json").read_text()).get("loaders") or [{}])[0].get("got") or {}
+        got = (inputjson.loads((run_dir / "inject.json").read_text()).get("loaders") or [{}])[0].get("got") or {}
     except (OSError, ValueError, AttributeError, IndexError, TypeError, KeyError):
         got = {}
     got = runfiles.record(got, {"num_workers": runfiles.INT, "prefetch_factor": runfiles.INT})
@@ -126,7 +126,7 @@ def _extra_batches_note(steady: list[dict]) -> list[str]:
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section."""
     try:
-        data, dropped = runfiles.samples(json.loads((run_dir / "samples.json").read_text()))
+        data, dropped = runfiles.samples(inputjson.loads((run_dir / "samples.json").read_text()))
     except (OSError, ValueError, RecursionError):
         return {}, [], None
     if dropped:
@@ -263,7 +263,7 @@ def diagnose_dir(run_dir: Path, rule_dirs: list[str] | None = None) -> dict:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = inputjson.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

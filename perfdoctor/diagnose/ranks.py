@@ -15,9 +15,9 @@ section of the job, and a `ranks` section (docs/commands.md, "Several ranks").
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.straggler import RankInput, cross_rank
 from perfdoctor.collect.ranks import rank_dirs
@@ -149,7 +149,7 @@ def _runq_ms(d: Path) -> float | None:
         return None
     for ln in lines:
         try:
-            r = json.loads(ln)
+            r = inputjson.loads(ln)
         except ValueError:
             continue
         if isinstance(r, dict) and r.get("profiled") is True and isinstance(r.get("runq"), (int, float)):
@@ -209,7 +209,7 @@ def _ranks_section(dirs: list[str], infos, docs, rows, m: dict, pace: int) -> di
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = inputjson.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

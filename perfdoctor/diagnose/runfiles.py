@@ -12,10 +12,11 @@ fault, and what it leaves unknown (`read_record`, `read_steps`).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from perfdoctor import inputjson
 
 NUM, INT, STR, BOOL, ANY = "num", "int", "str", "bool", "any"
 MAX_FETCH_LINES = 200_000       # loaderfetch.jsonl: a worker writes a line per 10 s of fetching
@@ -117,7 +118,7 @@ def read_record(path: Path, shape: dict, warnings: list[str]) -> dict:
     there but damaged adds one warning to `warnings`; a missing file is not a fault here."""
     needed, unknown = NEEDED[path.name]
     try:
-        data = json.loads(path.read_bytes())
+        data = inputjson.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
     except OSError as exc:
@@ -179,7 +180,7 @@ def read_fetches(path: Path) -> list[dict]:
 
 def _json_line(line: str):
     try:
-        return json.loads(line)
+        return inputjson.loads(line)
     except (ValueError, RecursionError):
         return None
 

@@ -3,7 +3,6 @@ steady-state step time (perfdoctor.stats.steptime, the same estimator as `run`'s
 
 from __future__ import annotations
 
-import json
 import math
 import posixpath
 import re
@@ -11,6 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfdoctor import inputjson
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.stats.steptime import StepEstimate, estimate
 
@@ -88,7 +88,7 @@ def load_run(path: str | Path) -> RunData:
     else:
         raise PerfdoctorError(f"{p}: no such file or directory")
     try:
-        doc = json.loads(report.read_text())
+        doc = inputjson.loads(report.read_text())
     except (OSError, UnicodeDecodeError) as exc:
         raise PerfdoctorError(f"cannot read {report}: {exc}") from None
     except (ValueError, RecursionError) as exc:
@@ -104,7 +104,7 @@ def load_run(path: str | Path) -> RunData:
         from perfdoctor.diagnose.live import loader_settings, read_steps
         steps = read_steps(run_dir) if (run_dir / "steps.jsonl").is_file() else None
         try:
-            child = record(json.loads((run_dir / "child.json").read_text()), CHILD)
+            child = record(inputjson.loads((run_dir / "child.json").read_text()), CHILD)
         except (OSError, ValueError, RecursionError):
             child = {}
         metrics = ((doc.get("traces") or [{}])[0].get("metrics")) or {}

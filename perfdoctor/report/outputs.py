@@ -4,10 +4,10 @@ summaries); and the files every `perfdoctor run` leaves in its run directory."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from perfdoctor import inputjson
 from perfdoctor.errors import PerfdoctorError
 
 RUN_HTML = "report.html"
@@ -69,7 +69,7 @@ def tune_for(path: Path, explicit: Path | None) -> dict | None:
             raise PerfdoctorError(f"--tune {explicit}: no such file")
         return None
     try:
-        data = json.loads(cand.read_text())
+        data = inputjson.loads(cand.read_text())
     except (OSError, ValueError, RecursionError) as exc:
         if explicit is not None:
             raise PerfdoctorError(f"--tune {explicit}: not tune's JSON ({exc})") from None

@@ -18,10 +18,11 @@ has not diverged, however far apart the two tiny numbers are.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from perfdoctor import inputjson
 
 DIVERGE = 0.10
 MIN_LOSSES = 8
@@ -148,6 +149,6 @@ def _losses(m: Measured) -> list[float]:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return inputjson.loads(path.read_text())
     except (OSError, ValueError):
         return {}
