@@ -252,3 +252,32 @@ def test_a_report_with_numbers_beyond_a_float_compares_as_unknown(tmp_path):
         assert row["before"] is None and row["after"] > 0
         g = pd("gate", good, "--baseline", bad)
         assert g.returncode in (0, 3) and "internal error" not in g.stderr, g.stderr
+
+
+def test_a_report_of_another_schema_version_is_noted(tmp_path):
+    """A report.json of schema_version 99 (a newer perfdoctor) or "x" (a hand edit) is compared on
+    the fields we know, and compare and gate both say so; our own version says nothing."""
+    import tracegen as tg
+
+    from perfdoctor.diagnose.document import SCHEMA_VERSION
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.report.json_out import to_json
+
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=1000)] * 4), tmp_path / "a.json")
+    good = tmp_path / "good_report.json"
+    good.write_bytes(to_json(diagnose_path(str(tmp_path / "a.json"))))
+    p = pd("compare", good, good, "-f", "json")
+    assert p.returncode == 0 and json.loads(p.stdout)["notes"] == []
+    for version in (99, "x"):
+        doc = json.loads(good.read_text())
+        doc["schema_version"] = version
+        other = tmp_path / f"v{version}_report.json"
+        other.write_text(json.dumps(doc))
+        p = pd("compare", other, good, "-f", "json")
+        assert p.returncode == 0, p.stderr
+        notes = json.loads(p.stdout)["notes"]
+        assert notes == [f"{other}: report schema_version {version}, not {SCHEMA_VERSION} as this perfdoctor writes: "
+                         "compared on the fields it knows"]
+        assert f"note: {other}: report schema_version {version}" in pd("compare", other, good).stdout
+        g = pd("gate", good, "--baseline", other, "-f", "json")
+        assert notes[0] in json.loads(g.stdout)["notes"], g.stdout

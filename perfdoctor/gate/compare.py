@@ -64,6 +64,7 @@ def compare_runs(b: RunData, a: RunData) -> dict:
                          "removed": [f for f in fb if f not in fa]},
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
             "settings_differ": settings_diff(b, a),
+            "notes": [n for n in (b.schema_note, a.schema_note) if n],
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 
 
@@ -142,6 +143,8 @@ def render_compare(doc: dict, console=None) -> None:
     if doc.get("settings_differ"):
         c.print(text("the runs' settings differ: " + "; ".join(doc["settings_differ"])
                      + " (part of what changed the step time)"))
+    for note in doc.get("notes") or []:
+        c.print(text(f"note: {note}"))
     warning = (doc.get("commands") or {}).get("warning")
     if warning:
         c.print(text(f"warning: {warning}", "yellow"))

@@ -133,6 +133,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         d, u = fingerprint_diff(b.fingerprint, cur.fingerprint)
         diffs += [x for x in d if x not in diffs]
         unknown.update(u)
+    notes += [n for n in (r.schema_note for r in (*bases, cur)) if n]
     if unknown:
         notes.append("environment not fully known (" + ", ".join(sorted(unknown)) + "): compared on what is known")
     settings = [x for b in bases for x in settings_diff(b, cur)]

@@ -59,6 +59,19 @@ class RunData:
         return float(v)
 
     @property
+    def schema_note(self) -> str | None:
+        """A line when the report's schema_version is not the one this perfdoctor writes (a newer
+        or older perfdoctor's report, or a hand edit): its fields are read as far as they are known."""
+        from perfdoctor.diagnose.document import SCHEMA_VERSION
+
+        v = self.doc.get("schema_version")
+        if v == SCHEMA_VERSION and not isinstance(v, bool):
+            return None
+        shown = str(v)[:20] if isinstance(v, (int, float, str)) and not isinstance(v, bool) else "unreadable"
+        return (f"{self.label}: report schema_version {shown}, not {SCHEMA_VERSION} as this perfdoctor writes: "
+                "compared on the fields it knows")
+
+    @property
     def verdict(self) -> str | None:
         return (self.doc.get("verdict") or {}).get("bound")
 
