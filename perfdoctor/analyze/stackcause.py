@@ -65,6 +65,7 @@ class Frame:
     line: int
     kind: str            # user | lib | tool
     module: str          # dotted module of a library frame ("" for user code)
+    stdlib: bool = False  # the standard library's (or a frozen module's)
 
 
 def _frame(func: str, file: str, line: int) -> Frame:
@@ -77,7 +78,7 @@ def _frame(func: str, file: str, line: int) -> Frame:
         mod = rel[:-3] if rel.endswith(".py") else rel
         mod = mod.replace("/", ".")
         mod = mod[:-9] if mod.endswith(".__init__") else mod
-        return Frame(func, file, line, "lib", mod)
+        return Frame(func, file, line, "lib", mod, stdlib=m is None or m.re is _STDLIB)
     return Frame(func, file, line, "user", "")
 
 
@@ -96,6 +97,9 @@ WAIT_MODULES = ("selectors", "threading", "queue", "multiprocessing.connection",
                 "multiprocessing.synchronize", "concurrent.futures._base")
 WAIT_FUNCS = {"select", "wait", "join", "get", "poll", "_poll", "recv", "recv_bytes", "_recv", "_recv_bytes",
               "acquire", "sleep"}
+# The user's line calls straight into one of these (whatever function: Thread.join, Queue.get,
+# Pool.map ...): the loop hands its time to another thread or process, or sleeps.
+CALLED_TO_WAIT = ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors")
 
 
 def _blocked(f: Frame) -> bool:
@@ -109,8 +113,7 @@ def _ours_running(below: list[Frame]) -> bool:
     frame of ours with a library's below is a wrapper the call passes through (a DataLoader's
     workers are forked inside our iterator: all their frames have it)."""
     last = max((i for i, f in enumerate(below) if f.kind == "tool"), default=None)
-    return last is not None and all(f.file.startswith("<") or _STDLIB.search(f.file.replace("\\", "/"))
-                                    for f in below[last + 1:])
+    return last is not None and all(f.stdlib for f in below[last + 1:])
 
 
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
@@ -149,8 +152,7 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
     elif any(_in(f.module, ("torch.optim",)) for f in libs):
         cause = "optimizer"
     elif not below and line_says(frames[user].file, frames[user].line, WAITING, source) or any(
-            _in(f.module, ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors"))
-            for f in below[:1]):
+            _in(f.module, CALLED_TO_WAIT) for f in below[:1]):
         cause = "waiting"
     elif user is not None and all(f.kind == "lib" and _in(f.module, DATA_MODULES) for f in below):
         periodic = in_periodic_block(frames[user].file, frames[user].line, lines_of)
