@@ -33,41 +33,11 @@ def trace_label(a: TraceAnalysis, index: int) -> str:
 def build_document(input_path: str, results: list[tuple[TraceAnalysis, Diagnosis]]) -> dict:
     labels = _unique([trace_label(a, i) for i, (a, _) in enumerate(results)])
     traces = [_trace_doc(a, d, lab) for (a, d), lab in zip(results, labels)]
-    cross = None
-    verdict = traces[0]["verdict"]
     # a trace too thin to judge beside traces that were judged (the stub torch writes when the
     # profiler stops mid-cycle: one step of 0.02 ms) is listed, not compared
     judged = [i for i, t in enumerate(traces) if t["verdict"]["bound"] != "inconclusive"]
     compared = judged if judged else list(range(len(results)))
-    if len(compared) == 1 and len(traces) > 1:
-        verdict = dict(traces[compared[0]]["verdict"], notes=list(traces[compared[0]]["verdict"]["notes"]))
-    if len(compared) > 1:
-        # traces that carry no rank (no distributedInfo) are not called ranks: they may be
-        # successive profiler windows of one process, or traces of different jobs
-        word = "ranks" if all(results[i][0].metrics.get("trace.rank") is not None for i in compared) else "traces"
-        labs = [labels[i] for i in compared]
-        bounds = [traces[i]["verdict"]["bound"] for i in compared]
-        rs = summarize(labs, [results[i][0].metrics for i in compared], bounds)
-        cross = asdict(rs)
-        slow = labs.index(rs.slowest)
-        bound = overall_bound(bounds, slow)
-        src = compared[slow if bounds[slow] == bound else bounds.index(bound)]
-        base = traces[src]["verdict"]
-        # the figures in the summary are one trace's: say which (the breakdown below is the first's)
-        verdict = {**base, "summary": f"[{bounds.count(bound)}/{len(bounds)} {word}; figures of {labels[src]}] "
-                                      f"{base['summary']}",
-                   "confidence": min(traces[i]["verdict"]["confidence"] for i in compared
-                                     if traces[i]["verdict"]["bound"] == bound),
-                   "notes": list(base["notes"])}
-        verdict["confidence_label"] = label(verdict["confidence"])
-        if not rs.agree:
-            verdict["notes"].append(f"{word} disagree: " + ", ".join(f"{k}: {b}" for k, b in rs.verdicts.items()))
-        if rs.spread > 0.05:
-            verdict["notes"].append(f"step time differs by {100 * rs.spread:.0f}% across {word} "
-                                    f"(slowest {rs.slowest}, fastest {rs.fastest})")
-        if word == "traces":
-            verdict["notes"].append("the traces carry no rank (no distributedInfo): each is diagnosed on its own "
-                                    "(successive profiler windows of one process, or traces of different jobs)")
+    verdict, cross = _overall_verdict(results, traces, labels, compared)
     left = [labels[i] for i in range(len(traces)) if i not in compared]
     if left:
         verdict["notes"].append(f"left out of the comparison (too little traced to judge: a stub trace?): "
@@ -79,6 +49,41 @@ def build_document(input_path: str, results: list[tuple[TraceAnalysis, Diagnosis
         "traces": traces, "cross_rank": cross,
         "units": {name: m.unit for name, m in registry.REGISTRY.items()},
     })
+
+
+def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: list[dict], labels: list[str],
+                     compared: list[int]) -> tuple[dict, dict | None]:
+    """(the document's verdict, the cross-rank summary or None): one compared trace's own
+    verdict, or the majority bound of several with their disagreement and spread in its notes."""
+    if len(compared) == 1:
+        own = traces[compared[0]]["verdict"]
+        return dict(own, notes=list(own["notes"])), None
+    # traces that carry no rank (no distributedInfo) are not called ranks: they may be
+    # successive profiler windows of one process, or traces of different jobs
+    word = "ranks" if all(results[i][0].metrics.get("trace.rank") is not None for i in compared) else "traces"
+    labs = [labels[i] for i in compared]
+    bounds = [traces[i]["verdict"]["bound"] for i in compared]
+    rs = summarize(labs, [results[i][0].metrics for i in compared], bounds)
+    slow = labs.index(rs.slowest)
+    bound = overall_bound(bounds, slow)
+    src = compared[slow if bounds[slow] == bound else bounds.index(bound)]
+    base = traces[src]["verdict"]
+    # the figures in the summary are one trace's: say which (the breakdown below is the first's)
+    verdict = {**base, "summary": f"[{bounds.count(bound)}/{len(bounds)} {word}; figures of {labels[src]}] "
+                                  f"{base['summary']}",
+               "confidence": min(traces[i]["verdict"]["confidence"] for i in compared
+                                 if traces[i]["verdict"]["bound"] == bound),
+               "notes": list(base["notes"])}
+    verdict["confidence_label"] = label(verdict["confidence"])
+    if not rs.agree:
+        verdict["notes"].append(f"{word} disagree: " + ", ".join(f"{k}: {b}" for k, b in rs.verdicts.items()))
+    if rs.spread > 0.05:
+        verdict["notes"].append(f"step time differs by {100 * rs.spread:.0f}% across {word} "
+                                f"(slowest {rs.slowest}, fastest {rs.fastest})")
+    if word == "traces":
+        verdict["notes"].append("the traces carry no rank (no distributedInfo): each is diagnosed on its own "
+                                "(successive profiler windows of one process, or traces of different jobs)")
+    return verdict, asdict(rs)
 
 
 def _unique(labels: list[str]) -> list[str]:
