@@ -89,7 +89,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
         mem = {key: v for key, v in mem.items() if key == "memory.events"}
     m.update(mem)
     registry.check(m)
-    notes = list(steps.notes)
+    notes = list(t.meta.notes) + list(steps.notes)
     if t.meta.cut_s is not None:
         notes.append(f"`perfdoctor run` stopped this trace {t.meta.cut_s:.1f} s into its last step (the profiler's "
                      "memory budget): that step is cut short, so its shares hold and its length does not")
@@ -123,7 +123,7 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
-            "trace.truncated": t.meta.truncated}
+            "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows}
 
 
 def verdict_shares(m: dict) -> dict:

@@ -38,6 +38,7 @@ _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
 _m("trace.rank", "count", "Distributed rank from distributedInfo (None for single-process runs).")
 _m("trace.world_size", "count", "Distributed world size from distributedInfo.")
+_m("trace.windows", "count", "Profiler windows of one process joined into this trace (1: a single window; diagnose/profwindows.py).")
 _m("trace.truncated", "bool", "The file ended early (profiler killed mid-write); only parsed events are used, and only "
    "the steps completed before the cut.")
 # -- steps ---------------------------------------------------------------------------------

@@ -54,7 +54,8 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
             _skip(files, f, exc, skipped)
     if not traces:
         raise TraceFormatError(f"no trace in {path} could be read: " + "; ".join(skipped))
-    analyses = [analyze(t) for t in traces]
+    from perfdoctor.diagnose.profwindows import join_windows
+    analyses = [analyze(t) for t in join_windows(traces)]
     analyses[0].warnings[:0] = skipped
     results = [(a, evaluate(rules, a.metrics)) for a in analyses]
     if len(results) > 1:          # one trace per rank: merged as a multi-rank run is (diagnose/ranks.py)

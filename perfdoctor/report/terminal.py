@@ -29,6 +29,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     traced = m.get("steps.count") is not None        # False: a live run without a trace
     none_of = _nothing_measured(doc, traced)
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
+    windows = m.get("trace.windows") or 1
     if doc.get("run"):
         _run_header(c, doc["run"], m, details)
     else:
@@ -36,6 +37,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     median = m.get("steps.time_median_ms") if traced else m.get("run.step_time_median_ms")
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · "
                  + (f"{m['steps.count']} step(s) from {T(m['steps.source'])}" if traced else "no trace")
+                 + (f" in {windows} profiler windows of one process, joined" if windows > 1 else "")
                  + (f" · median step {ms(median)} ms" if median is not None else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),

@@ -76,6 +76,17 @@ def _seconds(v) -> float | None:
     return x if 0 <= x < float("inf") else None
 
 
+def _number(v) -> float | None:
+    """A finite number from a header value, else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:       # an integer beyond a float's range
+        return None
+    return x if np.isfinite(x) else None
+
+
 LONGEST_US = 3600e6           # a complete event longer than this and than 10x the trace's span is damage
 SPAN_FACTOR = 10.0
 
@@ -119,7 +130,8 @@ def build_table(path: str, part: Part) -> EventTable:
         path=path, device_properties=[p for p in props if isinstance(p, dict)],
         distributed_info=dist if isinstance(dist, dict) else {},
         display_time_unit=m.get("displayTimeUnit"), warnings=list(dict.fromkeys(part.warnings)),
-        truncated=part.truncated, n_flow_events=part.n_flow, cut_s=_seconds(m.get("perfdoctor_cut_s")))
+        truncated=part.truncated, n_flow_events=part.n_flow, cut_s=_seconds(m.get("perfdoctor_cut_s")),
+        base_time_ns=_number(m.get("baseTimeNanoseconds")))
     s = part.strings
     return EventTable(
         ph=cols["ph"], cat=cols["cat"], name=cols["name"], pid=cols["pid"], tid=cols["tid"],

@@ -70,10 +70,12 @@ class TraceDoc(msgspec.Struct):
     traceName: Union[str, None] = None
     # `perfdoctor run` stopped recording inside a step (its memory budget): seconds into it
     perfdoctor_cut_s: Union[str, float, None] = None
+    # kineto's clock base: one value per process, so the windows of one process share it
+    baseTimeNanoseconds: Union[int, float, None] = None
 
 
 META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schemaVersion", "traceName",
-               "perfdoctor_cut_s")
+               "perfdoctor_cut_s", "baseTimeNanoseconds")
 
 class _Decoder:
     """A msgspec decoder whose recursion limit is a decode error: msgspec raises RecursionError

@@ -26,6 +26,9 @@ class TraceMeta:
     truncated: bool = False
     n_flow_events: int = 0
     cut_s: float | None = None      # recording stopped inside the last step, this long after it began
+    base_time_ns: float | None = None   # kineto's clock base (baseTimeNanoseconds), None when absent
+    notes: list[str] = field(default_factory=list)    # how the table was put together (joined windows)
+    windows: int = 1                # profiler windows of one process in this table
 
     @property
     def rank(self) -> int | None:
