@@ -108,6 +108,40 @@ def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
     assert report(tmp_path / "stopped")["run"]["stopped_by"] == "max-steps"
 
 
+# Layer-wise training (pytorch/examples mnist_forward_forward): one Adam per layer, the layers
+# trained one after the other. Steps followed only the first optimizer: the second layer's
+# training was no step, and --max-steps past the first layer's steps never stopped the run.
+LAYERWISE = r"""
+import torch, torch.nn as nn
+torch.manual_seed(0)
+layers = [nn.Linear(32, 32), nn.Linear(32, 32)]
+x = torch.randn(64, 32)
+for n, layer in enumerate(layers):
+    opt = torch.optim.Adam(layer.parameters(), lr=1e-3)
+    for i in range(25):
+        loss = layer(x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    x = layer(x).detach()
+print("layerwise: done")
+"""
+
+
+def test_layer_wise_training_steps_follow_each_layers_optimizer(tmp_path):
+    r, out = prun_script(tmp_path, "layerwise.py", LAYERWISE)
+    assert r.stdout == "layerwise: done\n"
+    recs = steps(out)
+    assert len(recs) == 49                         # 50 updates: the first starts the count
+    assert all(s["dur"] > 0 for s in recs)         # the second layer's steps, written at the hand-over too
+    assert [s["step"] for s in recs] == list(range(1, 50))
+    assert child(out)["mode"] == "optimizer"
+    notes = [n for n in child(out)["notes"] if "stopped stepping" in n]
+    assert notes == ["Adam of 1,056 parameters stopped stepping and another Adam of 1,056 parameters stepped 16 "
+                     "times in a row: steps follow it from then on (a new phase of training: layer by layer, a "
+                     "second stage)"]
+    r = prun("--no-trace", "--max-steps", 40, tmp_path / "layerwise.py", out=tmp_path / "stopped")
+    assert r.returncode == 0 and r.stdout == "" and len(steps(tmp_path / "stopped")) == 40
+
+
 # A functional loop: gradients from torch.autograd.grad (never accumulated in .grad), a gradient
 # penalty taken with create_graph=True inside each step (not a step), parameters updated by hand.
 FUNCTIONAL = r"""

@@ -59,6 +59,7 @@ class Session(StepSources):
         self.primary = None              # id of the optimizer that defines step boundaries
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
         self.optimizer_steps: dict = {}  # id(optimizer) -> its steps (skipped ones included)
+        self.others: dict = {}           # id(optimizer) -> marks of its steps since the primary's last step
         self.optimizer_names: dict = {}
         self.optimizer_dtypes: dict = {}  # id(optimizer) -> elements of its parameters per dtype
         self.dataset_kinds: set = set()  # torch's _DatasetKind of every DataLoader iterated

@@ -7,7 +7,9 @@ Steps come from the first of these sources that the script uses (child.json "mod
    backward passes per step are handled, and a step that GradScaler skips (GradScaler.step is
    wrapped) still ends a step. A closure optimizer (LBFGS) runs forward and backward inside
    optimizer.step(): those passes are not steps (a pre-hook tells that an optimizer step is
-   running), and the first step is measured from its own start.
+   running), and the first step is measured from its own start. When another optimizer steps
+   HANDOVER times in a row with no step of the first between them (layer-wise training: one
+   optimizer per layer, trained one after the other), steps follow it from the first of those.
 2. Backward passes (passes.py), for hand-written updates: a step begins with the first pass
    after the gradients were reset, so accumulation over several passes is one step. Chosen
    after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
@@ -39,6 +41,7 @@ SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step 
            "dataloader": "DataLoader iterations",
            "module": "calls of the outermost module (one per step)"}
 MODULE_WAIT_S = 3.0          # outermost calls with grad mode on: the module source waits this long for a backward
+HANDOVER = 16                # another optimizer's steps in a row, none of the primary's, before steps follow it
 MAX_ROOTS = 64               # distinct modules whose outermost calls are kept before a source is chosen
 
 
@@ -79,8 +82,31 @@ class StepSources:
                 self.t_first = self.pre_mark[0]
             self._boundary(skipped=skipped)
             return
-        if id(optimizer) == self.primary:
+        if key == self.primary:
+            self.others = {}
             self._boundary(skipped=skipped)
+        elif self.mode == "optimizer":
+            marks = self.others.setdefault(key, [])
+            marks.append(self._mark())
+            if len(marks) >= HANDOVER:
+                self._hand_over(key, marks)
+
+    def _hand_over(self, key, marks: list) -> None:
+        """Another optimizer stepped HANDOVER times with no step of the primary between them: the
+        training moved on (layer-wise training, a second stage), and steps follow the new one from
+        the first of those steps (their boundaries are written now). The update time of those
+        steps lands in the first of them."""
+        old, new = self._optimizer_label(self.primary), self._optimizer_label(key)
+        self.primary, self.others = key, {}
+        self.notes.append(f"{old} stopped stepping and {'another ' if new == old else ''}{new} stepped {len(marks)} "
+                          f"times in a row: steps follow it from then on (a new phase of training: layer by layer, "
+                          "a second stage)")
+        if self.max_steps and not self.finished:
+            marks = marks[: self.max_steps - (self.steps - self.step_base)]   # --max-steps counts these too
+        for m in marks[:-1]:                     # (as _choose: recorded; the last one is a live boundary)
+            self._record(m)
+        if marks:
+            self._boundary(end=marks[-1])
 
     def on_pass(self, roots, t0: float, fresh: bool = False) -> None:
         """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode.
