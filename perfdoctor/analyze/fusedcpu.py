@@ -63,7 +63,12 @@ from __future__ import annotations
 import re
 
 NAMES = ("optimizer.class", "optimizer.fused_cpu_speedup", "optimizer.fused_cpu_speedup_low",
-         "optimizer.fused_cpu_speedup_high")
+         "optimizer.fused_cpu_speedup_high", "optimizer.faster_versions")
+# What torch offers a class besides its for-loop update (torch.optim, 2.4 and later): a class
+# not named here (a library's optimizer) is unknown.
+FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
+FOREACH_ONLY = ("RMSprop", "NAdam", "RAdam", "Adamax", "Adadelta", "ASGD", "Rprop")
+NO_OTHER = ("LBFGS", "SparseAdam")
 # class -> ((expected, low, high) cached, (expected, low, high) streamed): the optimizer step's
 # speed-up, for-loop -> fused, on the CPU
 SPEEDUP = {"Adam": ((2.4, 1.4, 3.3), (7.0, 4.4, 9.0)), "AdamW": ((2.4, 1.4, 3.3), (7.0, 4.4, 9.0)),
@@ -104,6 +109,8 @@ def fused_cpu_metrics(cls: str | None, momentum: float | None = None, large: flo
     unknown, taken as the for-loop, torch's default on the CPU); a fused one has nothing to gain."""
     out = dict.fromkeys(NAMES)
     out["optimizer.class"] = cls
+    out["optimizer.faster_versions"] = ("fused" if cls in FUSED_CLASSES else "foreach" if cls in FOREACH_ONLY
+                                        else "none" if cls in NO_OTHER else None)
     table, sgd = (FROM_FOREACH, SGD_MOMENTUM_FROM_FOREACH) if base == "foreach" else (SPEEDUP, SGD_MOMENTUM)
     if base == "fused":
         row = None
@@ -115,8 +122,8 @@ def fused_cpu_metrics(cls: str | None, momentum: float | None = None, large: flo
         return out
     cached, streamed = row
     if large is None:                   # the cached regime expected, the range up to the streamed one
-        out.update(zip(NAMES[1:], (cached[0], cached[1], streamed[2])))
+        out.update(zip(NAMES[1:4], (cached[0], cached[1], streamed[2])))
         return out
     f = min(max(float(large), 0.0), 1.0)
-    out.update(zip(NAMES[1:], (1.0 / ((1.0 - f) / c + f / s) for c, s in zip(cached, streamed))))
+    out.update(zip(NAMES[1:4], (1.0 / ((1.0 - f) / c + f / s) for c, s in zip(cached, streamed))))
     return out

@@ -118,7 +118,9 @@ class Tuner:
             if out.run is not None and not out.run.ok and (again := planmod.fallback(t)) is not None:
                 self._trial(again)         # the run itself failed (not a loss refusal): try again
         best_loader = self._best("loader")
-        for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None):
+        measured = any(o.trial.group == "loader" and "num_workers" in o.trial.changes and o.status != "skipped"
+                       for o in self.outcomes)
+        for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None, measured):
             self._trial(t)
         winners = [o for g in dict.fromkeys(o.trial.group for o in self.outcomes) if (o := self._best(g))]
         if len(winners) >= 2:
