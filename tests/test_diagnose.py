@@ -103,6 +103,26 @@ def test_a_trace_the_profiler_slowed_several_fold_is_not_firm():
                                          "run.step_time_ms": 1.01})
     assert conf == 0.5 and any("6.0x as long as the steady ones (6.01 vs 1.01 ms)" in n for n in notes)
     assert confidence("host", {**m, "run.trace_inflation": 1.3})[0] == firm     # the usual profiler cost
+    assert any("the profiler's own cost per op" in n for n in notes)
+
+
+def test_traced_steps_that_queued_for_a_cpu_blame_the_neighbour_not_the_profiler():
+    """A VAE's traced steps 17.8x the steady ones while the training thread queued for a CPU 65%
+    of their time (a user trial on a machine running a test suite): the note names the contention,
+    not the profiler's per-op cost; the data-wait note names it too."""
+    m = {"share.device": 0.89, "share.input": 0.099, "share.host": 0.011, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
+         "run.trace_inflation": 17.8, "steps.time_mean_ms": 322.0, "run.step_time_ms": 18.0,
+         "run.data_wait_share": 0.364, "input.data_wait_host_share": 0.099}
+    conf, notes, _ = confidence("device", {**m, "run.traced_runq_share": 0.65})
+    assert conf == 0.5
+    assert any(n.startswith("the traced steps ran 17.8x as long as the steady ones (322 vs 18 ms), and the training "
+                            "thread waited for a CPU 65% of their time: other work took the cores") for n in notes)
+    assert not any("the profiler's own cost per op" in n for n in notes)
+    assert any("the profiler (and here other work on the cores) changes the pace" in n for n in notes)
+    _, quiet, _ = confidence("device", {**m, "run.traced_runq_share": 0.05})
+    assert any("the profiler made the traced steps 17.8x" in n for n in quiet)
+    assert not any("other work" in n for n in quiet)
 
 
 def test_a_verdict_just_under_the_device_line_is_not_firm():

@@ -63,20 +63,30 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     if m.get("trace.truncated"):
         conf = min(conf, 0.6)
         notes.append("the trace file was truncated; the verdict uses the steps completed before the cut")
+    inflation, queued = m.get("run.trace_inflation"), m.get("run.traced_runq_share")
+    contended = isinstance(queued, (int, float)) and queued >= SHARED_RUNQ    # the trace shared the cores
     # the same quantity both ways: host time inside DataLoader __next__, overlapped or not
     steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("input.data_wait_host_share")
     if steady_wait is not None and traced_wait is not None and abs(steady_wait - traced_wait) >= 0.1:
         conf = min(conf, 0.5)
         notes.append(f"the steady steps waited for batches {steady_wait:.0%} of their time, the traced ones "
-                     f"{traced_wait:.0%}: the profiler changes the pace of the step's own work, so the input "
+                     f"{traced_wait:.0%}: the profiler{' (and here other work on the cores)' if contended else ''} "
+                     "changes the pace of the step's own work, so the input "
                      "share of the un-profiled run differs from the trace's")
-    inflation = m.get("run.trace_inflation")
     if isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER:
         conf = min(conf, 0.5)
-        notes.append(f"the profiler made the traced steps {inflation:.1f}x as long as the steady ones "
-                     f"({m.get('steps.time_mean_ms') or 0:.3g} vs {m.get('run.step_time_ms') or 0:.3g} ms): most of "
-                     "a traced step is the profiler's own cost per op, so its milliseconds and shares are not "
-                     "the un-profiled step's (they lean towards host time)")
+        times = f"({m.get('steps.time_mean_ms') or 0:.3g} vs {m.get('run.step_time_ms') or 0:.3g} ms)"
+        if contended:
+            # the training thread queued for a CPU through much of the trace: other work took the
+            # cores then (a neighbour's burst), and the trace's op times hold that wait
+            notes.append(f"the traced steps ran {inflation:.1f}x as long as the steady ones {times}, and the "
+                         f"training thread waited for a CPU {queued:.0%} of their time: other work took the cores "
+                         "during the trace, so its milliseconds and shares are not the un-profiled step's (its ops "
+                         "hold that wait); rerun on a quiet machine")
+        else:
+            notes.append(f"the profiler made the traced steps {inflation:.1f}x as long as the steady ones {times}: "
+                         "most of a traced step is the profiler's own cost per op, so its milliseconds and shares "
+                         "are not the un-profiled step's (they lean towards host time)")
     # another job took cores and the training thread queued for them: the shares describe this
     # run on a shared machine, not the job alone (its own threads queueing it are the job's)
     other, runq = m.get("system.other_cores"), m.get("run.runq_share")

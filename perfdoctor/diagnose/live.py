@@ -108,7 +108,8 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.data_wait_share": est.wait_share, "run.steps_per_s": est.steps_per_s,
             "input.wait_busy_share": wait_busy_share(steady) if steady else None,
             "run.runq_share": runq_share(steady) if steady else None,
-            "run.runq_runnable_share": runq_runnable_share(steady) if steady else None}
+            "run.runq_runnable_share": runq_runnable_share(steady) if steady else None,
+            "run.traced_runq_share": runq_share([s for s in steps if s.get("profiled")])}
 
 
 def _extra_batches_note(steady: list[dict]) -> list[str]:
