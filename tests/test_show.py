@@ -276,6 +276,30 @@ def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
     assert "run: **0.311 ms/step** (95% CI 0.310-0.312) over 198 steady steps (left out: 2 warm-up)" in md_report(doc)
 
 
+def test_run_line_says_what_a_step_is_when_no_optimizer_stepped(tmp_path):
+    """A hand-written update (pytorch/examples word_language_model): steps are backward passes,
+    and the run line says so where the user reads the step time (the note saying it was shown
+    with --details only); optimizer steps, the usual source, are not named."""
+    import io
+
+    from perfdoctor.diagnose.live import diagnose_dir
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+
+    durs = 0.02 * np.exp(np.random.default_rng(2).normal(0, 0.05, 60))
+    lines = {}
+    for source in ("backward passes (a step from one gradient reset to the next)", "optimizer steps"):
+        d = _run_dir(tmp_path / source.split()[0], durs, 3.4)
+        child = json.loads((d / "child.json").read_text())
+        (d / "child.json").write_text(json.dumps({**child, "step_source": source}))
+        c = console(file=io.StringIO())
+        render(diagnose_dir(d), c)
+        lines[source] = next(ln for ln in c.file.getvalue().splitlines() if " ms/step" in ln)
+    assert lines["backward passes (a step from one gradient reset to the next)"].startswith(
+        "60 steps of backward passes (a step from one gradient reset to the next) in a 3.4 s run: ")
+    assert lines["optimizer steps"].startswith("60 steps in a 3.4 s run: ")
+
+
 def test_unranked_fixes_say_what_their_model_expects():
     """A fix ranked out because its model expects ~1.00x is not called one without a model: the
     details and the HTML give its expected gain and ceiling (nanoGPT on the CPU: PD338, the

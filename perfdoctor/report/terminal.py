@@ -170,7 +170,7 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
                           (f" · {how} · exit code {code}", ""), (f" · {T(err)}" if err else "", "red")))
     if m.get("run.step_time_ms") is not None:
-        c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"))
+        c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; data wait"
                      f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
@@ -180,15 +180,16 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
         _para(c, f"note: {n}", 0, "yellow")
 
 
-def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None) -> str:
+def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None) -> str:
     """'99 steps in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady steps (left
     out: 10 profiled, 2 warm-up)': the wall time is the whole run's (imports and set-up
-    included), not the steps'."""
+    included), not the steps'. Steps that are not optimizer steps say what they are."""
     why = left_out_text(left_out)
     ci = m.get("run.step_time_ci95_ms")
     t = m["run.step_time_ms"]
     wall = f" in a {wall_s:.1f} s run" if wall_s is not None else " measured"
-    return (f"{m['run.steps']} steps{wall}: {ms(t)} ms/step"
+    what = f" of {T(source)}" if isinstance(source, str) and source and source != "optimizer steps" else ""
+    return (f"{m['run.steps']} steps{what}{wall}: {ms(t)} ms/step"
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
             + f" over {m['run.steady_steps']} steady steps"
             + (f" (left out: {why})" if why else "")
