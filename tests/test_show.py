@@ -300,6 +300,37 @@ def test_run_line_says_what_a_step_is_when_no_optimizer_stepped(tmp_path):
     assert lines["optimizer steps"].startswith("60 steps in a 3.4 s run: ")
 
 
+def test_a_crash_of_many_lines_is_told_in_its_first_line(tmp_path):
+    """torch.load's weights_only error: 1,200 characters over a dozen lines, with terminal bold
+    codes. The header, markdown and HTML say its first line without the codes (they printed it
+    whole, with literal \\x1b[1m and \\n\\t); report.json keeps it whole."""
+    import io
+
+    from perfdoctor.diagnose.live import diagnose_dir
+    from perfdoctor.report import html, markdown
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+
+    error = ("UnpicklingError: Weights only load failed. Two options, \x1b[1mdo those steps only if you trust "
+             "the source\x1b[0m. \n\t(1) In PyTorch 2.6, we changed the default.\n\t(2) Alternatively ...")
+    d = _run_dir(tmp_path / "run", 0.02 * np.ones(30), 3.0)
+    child = json.loads((d / "child.json").read_text())
+    (d / "child.json").write_text(json.dumps({**child, "outcome": "crashed", "exit_code": 1, "error": error}))
+    run = json.loads((d / "run.json").read_text())
+    (d / "run.json").write_text(json.dumps({**run, "exit_code": 1}))
+    doc = diagnose_dir(d)
+    assert doc["run"]["error"] == error
+    first = "UnpicklingError: Weights only load failed. Two options, do those steps only if you trust the source. ..."
+    assert doc["run"]["error_line"] == first
+    c = console(file=io.StringIO(), width=400)
+    render(doc, c)
+    header = c.file.getvalue().splitlines()[0]
+    assert header.endswith("· the script crashed · exit code 1 · " + first)
+    assert "x1b" not in header and "\\n" not in header
+    assert f"The script crashed \\(exit code 1\\): {first}" in markdown.report(doc).replace("\\.", ".")
+    assert f"<b>The script crashed (exit code 1): {first}</b>" in html.render(doc)
+
+
 def test_unranked_fixes_say_what_their_model_expects():
     """A fix ranked out because its model expects ~1.00x is not called one without a model: the
     details and the HTML give its expected gain and ceiling (nanoGPT on the CPU: PD338, the

@@ -69,6 +69,7 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
     run = doc["run"]
     run["step_source"] = res.child.get("step_source")
     run["error"] = res.child.get("error")
+    run["error_line"] = _headline(run["error"]) if isinstance(run["error"], str) and run["error"] else None
     if traced:
         return
     why = why_no_trace(res, steps)

@@ -38,12 +38,18 @@ def unranked_gain(f: dict) -> str:
 ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
 
 
+def error_line(run: dict) -> str | None:
+    """The script's error as one line (run.error_line: its first line, terminal codes removed; an
+    older report has the whole message only)."""
+    return run.get("error_line") or run.get("error")
+
+
 def abnormal_end(run: dict | None) -> str | None:
     """'The script crashed (exit code 1): RuntimeError: boom' for a run that did not end as it
     should (its numbers cover what ran before that); None otherwise."""
     if not run or run.get("outcome") not in ABNORMAL:
         return None
-    code, err = run.get("exit_code"), run.get("error")
+    code, err = run.get("exit_code"), error_line(run)
     return (ABNORMAL[run["outcome"]] + (f" (exit code {code})" if code is not None else "")
             + (f": {err}" if err else ""))
 

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, unranked_gain
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -166,7 +166,7 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     if run.get("stopped_by"):
         how += f" (--{T(run['stopped_by'])})"
     code = "unknown" if run.get("exit_code") is None else T(run["exit_code"])   # a damaged run.json
-    err = run.get("error") if run.get("outcome") == "crashed" else None
+    err = error_line(run) if run.get("outcome") == "crashed" else None
     c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
                           (f" · {how} · exit code {code}", ""), (f" · {T(err)}" if err else "", "red")))
     if m.get("run.step_time_ms") is not None:
