@@ -430,3 +430,13 @@ def test_run_writes_html_and_annotated_trace_and_markdown(tmp_path):
     # --force clears the new files with the rest of the run
     from perfdoctor.collect.rundir import RUN_FILES
     assert {"report.html", "annotated.pt.trace.json.gz"} <= set(RUN_FILES)
+
+
+def test_evidence_numbers_have_no_exponent_in_the_usual_range():
+    """Evidence printed 1.126e+04 for a count of ops (user trial): 4 significant figures, whole
+    numbers with separators from 10,000 up."""
+    from perfdoctor.report.values import number
+
+    assert [number(x) for x in (11260.4, 0.1234567, 5.96, 1234.5, 0.0, -11260.0, 99999.9)] == \
+        ["11,260", "0.1235", "5.96", "1234", "0", "-11,260", "100,000"]
+    assert number(3.2e12) == "3.2e+12" and number(1e-5) == "1e-05"

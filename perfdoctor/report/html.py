@@ -13,7 +13,7 @@ from __future__ import annotations
 from perfdoctor.report import svg
 from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.values import ms_text
+from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
@@ -86,7 +86,7 @@ def _fmt(name: str, v, units: dict) -> str:
             return f"{v:.2f} {u}"
         if u == "bytes":
             return f"{v / 2 ** 20:.1f} MiB"
-        return f"{v:.4g}"
+        return number(v)
     return H(v)
 
 

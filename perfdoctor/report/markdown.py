@@ -13,7 +13,7 @@ import re
 
 from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, role_labels
 from perfdoctor.report.sanitize import markdown as M, terminal
-from perfdoctor.report.values import change, changes_label, s_as_ms, value
+from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
 
 TOP_FIXES = 5
@@ -68,7 +68,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
 
 def _val(x) -> str:
     if isinstance(x, float):
-        return f"{x:.4g}"
+        return number(x)
     return M("unknown" if x is None else x)
 
 

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, unranked_gain
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
+from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import left_out_text, ms
 
@@ -110,7 +111,7 @@ def _evidence(c: Console, v: dict) -> None:
         return
     table = Table.grid(padding=(0, 2))
     for k, x in ev.items():
-        table.add_row("  " + T(k), text(f"{x:.4g}" if isinstance(x, float) else x))
+        table.add_row("  " + T(k), text(number(x) if isinstance(x, float) else x))
     c.print(Text(f"  evidence ({T(v.get('rule') or '-')}):", style="dim"))
     c.print(table)
 

@@ -17,6 +17,12 @@ def s_as_ms(v_s: float | None, unknown: str = "-") -> str:
     return ms_text(None if v_s is None else 1e3 * v_s, unknown)
 
 
+def number(x: float) -> str:
+    """A metric's number in evidence: 4 significant figures ('0.1235', '5.96', '1234'), and
+    whole numbers with thousands separators from 10,000 to a billion ('11,260', not 1.126e+04)."""
+    return f"{x:,.0f}" if 1e4 <= abs(x) < 1e9 else f"{x:.4g}"
+
+
 def value(v, unit: str) -> str:
     """A comparison row's value in its unit: ms, steps/s, or a share."""
     if v is None:
