@@ -81,6 +81,8 @@ def test_the_windows_of_one_process_are_one_trace_of_all_their_steps(tmp_path):
     term = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(tmp_path / "tb")],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"}).stdout
     assert "9 step(s) from ProfilerStep in 3 profiler windows of one process, joined" in term
+    from perfdoctor.report import html
+    assert "9 step(s) from ProfilerStep in 3 profiler windows of one process, joined" in html.render(doc)
 
 
 def test_windows_that_do_not_follow_each_other_stay_apart(tmp_path):

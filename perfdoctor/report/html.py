@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain, windows_text
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -69,7 +69,7 @@ def _header(doc: dict, m: dict) -> str:
     dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
     n = len(doc["traces"])
     where = f"{n} traces in {doc['input']}" if n > 1 else doc["input"]
-    steps = (f" · {m['steps.count']} step(s) from {m['steps.source']} · median step "
+    steps = (f" · {m['steps.count']} step(s) from {m['steps.source']}{windows_text(m)} · median step "
              f"{ms(m['steps.time_median_ms'])} ms" if m.get("steps.count") else "")
     return (f"<h1>perfdoctor report</h1><div class=\"dim\">{H(where)}</div>"
             f"<div class=\"dim small\">{H(m.get('trace.platform'))} · {H(dev)}{H(steps)}</div>")

@@ -38,6 +38,12 @@ def unranked_gain(f: dict) -> str:
 ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
 
 
+def windows_text(m: dict) -> str:
+    """' in 3 profiler windows of one process, joined' after a step count, or ''."""
+    n = m.get("trace.windows")
+    return f" in {n} profiler windows of one process, joined" if isinstance(n, int) and n > 1 else ""
+
+
 def error_line(run: dict) -> str | None:
     """The script's error as one line (run.error_line: its first line, terminal codes removed; an
     older report has the whole message only)."""

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -30,7 +30,6 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     traced = m.get("steps.count") is not None        # False: a live run without a trace
     none_of = _nothing_measured(doc, traced)
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
-    windows = m.get("trace.windows") or 1
     if doc.get("run"):
         _run_header(c, doc["run"], m, details)
     else:
@@ -38,7 +37,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     median = m.get("steps.time_median_ms") if traced else m.get("run.step_time_median_ms")
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · "
                  + (f"{m['steps.count']} step(s) from {T(m['steps.source'])}" if traced else "no trace")
-                 + (f" in {windows} profiler windows of one process, joined" if windows > 1 else "")
+                 + windows_text(m)
                  + (f" · median step {ms(median)} ms" if median is not None else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),
