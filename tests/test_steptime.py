@@ -272,6 +272,8 @@ def test_step_times_print_with_three_significant_figures():
     assert [ms(v) for v in (193.64, 24.06, 1.234, 0.3123, 0.03123, 0.0)] == ["193.6", "24.1", "1.23", "0.312", "0.0312",
                                                                              "0.0"]
     assert (ms(0.30994, like=0.3123), ms(1.2, like=0.3123)) == ("0.310", "1.200")
+    # from a second up, no decimal (a user trial read '7820.8 ms/step (95% CI 4386.5-12798.3)')
+    assert (ms(7820.8), ms(4386.5, like=7820.8), ms(12798.3, like=7820.8), ms(999.94)) == ("7821", "4386", "12798", "999.9")
     e = estimate_durations(np.full(40, 0.0003123))
     assert e.describe().startswith("0.312 ms/step") and "median 0.312 ms" in e.describe()
 

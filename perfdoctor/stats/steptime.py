@@ -63,9 +63,10 @@ END_TOLERANCE = 0.02          # `end` timestamps agree with the durations within
 
 
 def ms(v: float, like: float | None = None) -> str:
-    """A step time in ms as every output prints it: >= 3 significant figures (0.312, not 0.3); `like`: its decimals."""
+    """A step time in ms as every output prints it: >= 3 significant figures (0.312, not 0.3), and
+    no decimal from a second up (7821, not 7820.8); `like`: its decimals."""
     ref = abs(v if like is None else like)
-    digits = 1 if ref >= 10 or not ref or ref != ref else min(6, 2 - math.floor(math.log10(ref)))
+    digits = 0 if ref >= 1000 else 1 if ref >= 10 or not ref or ref != ref else min(6, 2 - math.floor(math.log10(ref)))
     return f"{v:.{digits}f}"
 
 
