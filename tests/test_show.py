@@ -298,6 +298,9 @@ def test_run_line_says_what_a_step_is_when_no_optimizer_stepped(tmp_path):
     assert lines["backward passes (a step from one gradient reset to the next)"].startswith(
         "60 steps of backward passes (a step from one gradient reset to the next) in a 3.4 s run: ")
     assert lines["optimizer steps"].startswith("60 steps in a 3.4 s run: ")
+    from perfdoctor.report import html
+    assert "60 steps of backward passes (a step from one gradient reset to the next) measured: " in \
+        html.render(diagnose_dir(tmp_path / "backward"))
 
 
 def test_a_crash_of_many_lines_is_told_in_its_first_line(tmp_path):

@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, unranked_gain, windows_text
+from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -120,7 +120,7 @@ def _run(run: dict | None, m: dict) -> str:
     line = ""
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        line = (f"{m['run.steps']} steps measured: <b>{ms(t)} ms/step</b>"
+        line = (f"{m['run.steps']} steps{H(source_text(run.get('step_source')))} measured: <b>{ms(t)} ms/step</b>"
                 + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                 + f" over {m['run.steady_steps']} steady steps"
                 + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")

@@ -38,6 +38,12 @@ def unranked_gain(f: dict) -> str:
 ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
 
 
+def source_text(source) -> str:
+    """' of backward passes (...)' after a run's step count when its steps are not optimizer
+    steps (what a step is there), else ''."""
+    return f" of {source}" if isinstance(source, str) and source and source != "optimizer steps" else ""
+
+
 def windows_text(m: dict) -> str:
     """' in 3 profiler windows of one process, joined' after a step count, or ''."""
     n = m.get("trace.windows")
