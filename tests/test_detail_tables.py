@@ -163,6 +163,25 @@ def test_host_self_time_per_op(tmp_path):
     assert "Top host ops (self time)" in html and html.count("<code>aten::") == 6
 
 
+def test_an_op_running_past_the_last_step_counts_up_to_its_end(tmp_path):
+    """The profiler stopped inside an Optimizer.step (an actor-critic's trace: 22.9 ms past a 7 ms
+    step): the host-ops table read it as 69% of the steps. It counts up to the last step's end."""
+    h = HandTrace()
+    h.step(1, 0, 1000)
+    h.step(2, 1000, 2000)
+    h.op(1, 100, "aten::mm", 400)
+    h.events.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#Adam.step", "pid": 1, "tid": 1,
+                     "ts": 1500, "dur": 23000})     # begins in step 2, ends 22.5 ms after it
+    h.op(1, 1600, "aten::add_", 200)               # inside both
+    h.op(1, 1900, "aten::mul_", 500)               # inside the annotation, past the step's end
+    h.write(tmp_path / "t.json")
+    rows = {r["name"]: r for r in analyze(load_trace(tmp_path / "t.json")).tables["host_ops"]}
+    # up to 2000: 500 us of the annotation, 200 + 100 of them in its two ops
+    assert rows["Optimizer.step#Adam.step"]["self_us"] == approx(200)
+    assert rows["aten::mul_"]["self_us"] == approx(100) and rows["aten::add_"]["self_us"] == approx(200)
+    assert sum(r["share"] for r in rows.values()) == approx((400 + 500) / 2000)
+
+
 def test_host_ops_of_a_cpu_run_sum_to_its_op_time(tmp_path):
     """On a trace torch records on the CPU (one thread), the rows' self times add up to the time
     the steps spend in ops: the breakdown's CPU-ops share, less what the top rows leave out."""

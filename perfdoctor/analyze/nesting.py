@@ -57,19 +57,22 @@ def kernels_launched_inside(t: EventTable, k: Kinds, ops: np.ndarray) -> np.ndar
     return launches_inside(t, k, ops)[0]
 
 
-def self_time(t: EventTable, rows: np.ndarray, inner: np.ndarray | None = None) -> np.ndarray:
+def self_time(t: EventTable, rows: np.ndarray, inner: np.ndarray | None = None,
+              dur: np.ndarray | None = None) -> np.ndarray:
     """Each row's duration less that of the rows directly inside it (same thread): its own time,
     never below 0. Rows are taken as well nested (host ops are); a parent and a child that start
     on the same microsecond are told apart by length, as in outermost(), and where the length is
-    the same too, the rows flagged `inner` (e.g. aten ops inside a wrapper span) are the child."""
-    own = t.dur[rows].astype(np.float64)
+    the same too, the rows flagged `inner` (e.g. aten ops inside a wrapper span) are the child.
+    `dur`: the rows' durations to use (one per row: cut at a window's end), else the trace's."""
+    d = (t.dur[rows] if dur is None else dur).astype(np.float64)
+    own = d.copy()
     flag = np.zeros(len(rows), bool) if inner is None else inner
     for tid in unique(t.tid[rows]) if len(rows) else []:
         on = np.flatnonzero(t.tid[rows] == tid)
         on = on[start_order(t.ts[rows[on]], t.dur[rows[on]], flag[on])]
         parent = parents(t.ts[rows[on]].astype(np.float64), t.dur[rows[on]].astype(np.float64))
         child = np.flatnonzero(parent >= 0)
-        np.subtract.at(own, on[parent[child]], t.dur[rows[on[child]]].astype(np.float64))
+        np.subtract.at(own, on[parent[child]], d[on[child]])
     return np.maximum(own, 0.0)
 
 
