@@ -86,7 +86,15 @@ def test_directory_of_ranks(tmp_path):
     cr = doc["cross_rank"]
     assert cr["count"] == 2 and cr["slowest"] == "rank 1" and cr["spread"] > 0.1
     assert doc["verdict"]["summary"].startswith("[2/2 ranks; figures of rank 1]")   # the slowest rank's
-    assert "Across 2 traces" in run("report", tmp_path).stdout
+    assert doc["verdict"]["figures_of"] == "rank 1"
+    out = run("report", tmp_path).stdout
+    assert "Across 2 traces" in out
+    # the header and the breakdown are that trace's too (they were the first trace's: two runs'
+    # figures on one screen)
+    assert "Step breakdown (rank 1, mean of 4 step(s))" in out
+    from perfdoctor.report import html, markdown
+    assert "Step breakdown (rank 1, 4 step(s))" in html.render(doc)
+    assert markdown.report(doc) == markdown.report({**doc, "traces": doc["traces"][::-1]})
 
 
 def test_traces_without_ranks_are_not_called_ranks_and_a_stub_is_not_compared(tmp_path):

@@ -59,7 +59,7 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
         own = traces[compared[0]]["verdict"]
         return dict(own, notes=list(own["notes"])), None
     # traces that carry no rank (no distributedInfo) are not called ranks: they may be
-    # successive profiler windows of one process, or traces of different jobs
+    # traces of different processes or jobs (the windows of one process were joined before)
     word = "ranks" if all(results[i][0].metrics.get("trace.rank") is not None for i in compared) else "traces"
     labs = [labels[i] for i in compared]
     bounds = [traces[i]["verdict"]["bound"] for i in compared]
@@ -73,7 +73,7 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
                                   f"{base['summary']}",
                "confidence": min(traces[i]["verdict"]["confidence"] for i in compared
                                  if traces[i]["verdict"]["bound"] == bound),
-               "notes": list(base["notes"])}
+               "notes": list(base["notes"]), "figures_of": labels[src]}
     verdict["confidence_label"] = label(verdict["confidence"])
     if not rs.agree:
         verdict["notes"].append(f"{word} disagree: " + ", ".join(f"{k}: {b}" for k, b in rs.verdicts.items()))
@@ -82,7 +82,8 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
                                 f"(slowest {rs.slowest}, fastest {rs.fastest})")
     if word == "traces":
         verdict["notes"].append("the traces carry no rank (no distributedInfo): each is diagnosed on its own "
-                                "(successive profiler windows of one process, or traces of different jobs)")
+                                "(traces of different processes or jobs; the profiler windows of one process "
+                                "are joined into one trace)")
     return verdict, asdict(rs)
 
 

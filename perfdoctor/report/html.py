@@ -11,7 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -47,7 +47,7 @@ ul.notes{margin:4px 0;padding-left:20px}
 
 
 def render(doc: dict, tune: dict | None = None) -> str:
-    first = doc["traces"][0]
+    first = shown_trace(doc)
     m = first["metrics"]
     labels = role_labels(m)
     body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _ranks(doc), _breakdown(first, labels),

@@ -38,6 +38,13 @@ def unranked_gain(f: dict) -> str:
 ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
 
 
+def shown_trace(doc: dict) -> dict:
+    """The trace whose figures the report shows (header, breakdown, timeline): the one the
+    verdict's summary quotes among several (verdict.figures_of), else the first."""
+    want = doc["verdict"].get("figures_of")
+    return next((t for t in doc["traces"] if want is not None and t.get("label") == want), doc["traces"][0])
+
+
 def source_text(source) -> str:
     """' of backward passes (...)' after a run's step count when its steps are not optimizer
     steps (what a step is there), else ''."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, role_labels
+from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, role_labels, shown_trace
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -28,7 +28,7 @@ def _fence(code: str, lang: str = "") -> str:
 
 def report(doc: dict, tune: dict | None = None) -> str:
     v = doc["verdict"]
-    first = doc["traces"][0]
+    first = shown_trace(doc)
     m = first["metrics"]
     out = [f"### perfdoctor: {bound_title(v['bound'], m) if v['bound'] in BOUND_TITLE else M(v['bound'])} · {v['confidence_label']} confidence "
            f"({v['confidence']:.2f})", "", M(v["summary"]), ""]

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -24,7 +24,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     with details=True everything: evidence, notes, fixes in full with their snippets, gaps, tables."""
     c = console or _console()
     v = doc["verdict"]
-    first = doc["traces"][0]
+    first = shown_trace(doc)
     m = first["metrics"]
     dev = T(m.get("trace.device_name")) if m.get("trace.device_name") else {"cpu": "CPU only", "mtia": "MTIA"}.get(m["trace.platform"], "device unknown")
     traced = m.get("steps.count") is not None        # False: a live run without a trace
