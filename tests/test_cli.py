@@ -149,6 +149,13 @@ def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
     assert "could be read: " in r.stderr and "skipped rank0.json: empty file" in r.stderr
     r = run("report", tmp_path / "rank1.json")
     assert r.returncode == 2 and r.stderr.strip() == f"perfdoctor: error: {tmp_path / 'rank1.json'}: empty file"
+    # a file cut short among several: its warning names it (it did not: which of them?)
+    for f in ("rank1.json", "rank2.json"):
+        (tmp_path / f).unlink()
+    tg.write(tg.TraceSpec(steps=[S()] * 5), tmp_path / "rank0.json")
+    tg.write(tg.TraceSpec(steps=[S()] * 5), tmp_path / "rank1.json", truncate_at=0.6)
+    warnings = [w for t in json.loads(run("report", tmp_path, "-f", "json").stdout)["traces"] for w in t["warnings"]]
+    assert any(w.startswith("rank1.json: trace is truncated") for w in warnings), warnings
 
 
 @pytest.mark.parametrize("setup,message", [

@@ -54,6 +54,9 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
             _skip(files, f, exc, skipped)
     if not traces:
         raise TraceFormatError(f"no trace in {path} could be read: " + "; ".join(skipped))
+    if len(files) > 1:                  # among several files, a warning names its own
+        for t in traces:
+            t.meta.warnings = [f"{Path(t.meta.path).name}: {w}" for w in t.meta.warnings]
     from perfdoctor.diagnose.profwindows import join_windows
     analyses = [analyze(t) for t in join_windows(traces)]
     analyses[0].warnings[:0] = skipped
