@@ -51,8 +51,9 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         near = 0.4 + 0.6 * min(1.0, max(0.0, 0.8 - sh["device"]) / 0.1)
         if near < conf:
             conf = near
-            notes.append(f"the {'CPU ops' if m.get('trace.platform') == 'cpu' else 'device'} run "
-                         f"{sh['device']:.0%} of the step, near the 80% that would make the step device-bound")
+            cpu = m.get("trace.platform") == "cpu"
+            notes.append(f"the {'CPU ops' if cpu else 'device'} run {sh['device']:.0%} of the step, near the 80% "
+                         f"that would make the step {'compute-bound' if cpu else 'device-bound'}")
     if m.get("steps.source") != "ProfilerStep":
         conf = min(conf, 0.5)
         if m.get("steps.source"):         # without a trace, the run's own note says so
