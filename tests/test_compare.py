@@ -45,6 +45,10 @@ def test_changes_against_within_run_noise():
     assert st["change"] == pytest.approx(0.2, abs=0.04) and st["beyond_noise"] is True
     assert st["noise"].startswith("CI95 ") and "steady steps 38 / 38" in st["note"]
     assert rows["throughput"]["change"] == pytest.approx(1 / (1 + st["change"]) - 1)
+    # the throughput's interval is of its own ratio (after / before), the step time's inverted
+    lo, hi = (float(x) for x in st["noise"][5:-1].split("-"))
+    tlo, thi = (float(x) for x in rows["throughput"]["noise"][5:-1].split("-"))
+    assert (tlo, thi) == (pytest.approx(1 / hi, abs=0.011), pytest.approx(1 / lo, abs=0.011)) and thi < 1
     for secondary in ("step time median", "step time p90"):     # listed, never judged
         assert rows[secondary]["beyond_noise"] is None and rows[secondary]["note"].startswith("secondary")
     dl = rows["breakdown.data_loading"]

@@ -77,6 +77,7 @@ def _step_rows(b: RunData, a: RunData) -> list[dict]:
         faster, (lo, hi) = speedup(sb, sa)                 # before / after
         r_lo, r_hi = 1 / hi, 1 / lo                        # after / before
         noise, beyond = f"CI95 {r_lo:.2f}-{r_hi:.2f}x", r_lo > 1 or r_hi < 1
+        rate_noise = f"CI95 {lo:.2f}-{hi:.2f}x"            # throughput after / before: the inverse ratio
         note = f"steady steps {sb.n} / {sa.n}"
         if not (sb.conclusive and sa.conclusive):
             beyond = None
@@ -84,6 +85,7 @@ def _step_rows(b: RunData, a: RunData) -> list[dict]:
         vals = {"step": (sb.step_s, sa.step_s), "median": (sb.median_s, sa.median_s), "p90": (sb.p90_s, sa.p90_s)}
     else:
         noise, beyond, note = None, None, "no step records: noise unknown"
+        rate_noise = None
         pick = (lambda r, *keys: next((r.time_ms(k) / 1e3 for k in keys if r.time_ms(k) is not None), None))
         traced = [r.label for r in (b, a) if r.time_ms("run.step_time_ms") is None
                   and r.time_ms("steps.time_mean_ms") is not None]
@@ -95,7 +97,7 @@ def _step_rows(b: RunData, a: RunData) -> list[dict]:
                 "p90": (pick(b, "run.step_time_p90_ms", "steps.time_p90_ms"), pick(a, "run.step_time_p90_ms", "steps.time_p90_ms"))}
     (tb, ta), secondary = vals["step"], "secondary figure (not the time per step with a bursty loader)"
     return [_row("step time", "ms", ms(tb), ms(ta), noise, beyond, note),
-            _row("throughput", "steps/s", 1 / tb if tb else None, 1 / ta if ta else None, noise, beyond,
+            _row("throughput", "steps/s", 1 / tb if tb else None, 1 / ta if ta else None, rate_noise, beyond,
                  "1 / step time"),
             _row("step time median", "ms", ms(vals["median"][0]), ms(vals["median"][1]), None, None, secondary),
             _row("step time p90", "ms", ms(vals["p90"][0]), ms(vals["p90"][1]), None, None, secondary)]
