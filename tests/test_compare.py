@@ -53,6 +53,7 @@ def test_changes_against_within_run_noise():
         assert rows[secondary]["beyond_noise"] is None and rows[secondary]["note"].startswith("secondary")
     dl = rows["breakdown.data_loading"]
     assert dl["change"] == pytest.approx(0.204, abs=1e-6) and dl["beyond_noise"] is True
+    assert dl["noise"].endswith(" pts (5/5 traced steps)")      # how few steps the noise rests on
     assert "breakdown.kernel" not in rows                 # unknown on both sides: not listed
     assert doc["verdict"] == {"before": "device", "after": "input", "changed": True}
     assert doc["findings"]["added"] == ["PD301"] and doc["findings"]["removed"] == []

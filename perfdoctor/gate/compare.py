@@ -52,7 +52,9 @@ def compare_runs(b: RunData, a: RunData) -> dict:
         noise, beyond = None, None
         if vb is not None and va is not None and len(eb) >= 2 and len(ea) >= 2:
             se = float(np.sqrt(eb.var(ddof=1) / len(eb) + ea.var(ddof=1) / len(ea)))
-            noise = f"±{200 * se:.1f} pts"
+            # within-run noise of the profiled steps alone (a rerun of one setting can differ more):
+            # the step counts say how few it rests on
+            noise = f"±{200 * se:.1f} pts ({len(eb)}/{len(ea)} traced steps)"
             beyond = abs(va - vb) > 2 * se and abs(va - vb) >= 0.005
         rows.append(_row(key, "share", vb, va, noise, beyond))
     fb, fa = b.fix_ids, a.fix_ids
