@@ -303,6 +303,19 @@ def test_run_line_says_what_a_step_is_when_no_optimizer_stepped(tmp_path):
         html.render(diagnose_dir(tmp_path / "backward"))
 
 
+def test_steps_that_grow_through_the_run_are_told(tmp_path):
+    """An RL loop whose episodes grow (actor_critic: 4 ms to 54 ms a step): a time per step depends
+    on the run's length, and a note says so; a steady loop with noise gets none."""
+    from perfdoctor.diagnose.live import diagnose_dir
+
+    grow = diagnose_dir(_run_dir(tmp_path / "grow", np.linspace(0.004, 0.054, 60), 5.0))
+    notes = [n for n in grow["run"]["notes"] if "drifts" in n]
+    assert len(notes) == 1 and notes[0].startswith("the steady steps' length drifts: median ")
+    assert "do more work as the run goes on" in notes[0]
+    flat = 0.02 * np.exp(np.random.default_rng(3).normal(0, 0.2, 60))
+    assert not any("drifts" in n for n in diagnose_dir(_run_dir(tmp_path / "flat", flat, 3.0))["run"]["notes"])
+
+
 def test_a_crash_of_many_lines_is_told_in_its_first_line(tmp_path):
     """torch.load's weights_only error: 1,200 characters over a dozen lines, with terminal bold
     codes. The header, markdown and HTML say its first line without the codes (they printed it

@@ -14,6 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
@@ -32,7 +34,7 @@ from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
-from perfdoctor.stats.steptime import StepEstimate, estimate
+from perfdoctor.stats.steptime import StepEstimate, estimate, ms
 from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import load_trace, run_trace_files as run_traces
 
@@ -124,6 +126,25 @@ def _extra_batches_note(steady: list[dict]) -> list[str]:
             f"of the steady wall time{wait}: the step time and the input share include it"]
 
 
+DRIFT = 2.0          # the last third's median step this many times the first third's (or 1/this)
+
+
+def _drift_note(steady: list[dict]) -> list[str]:
+    """A note when the steady steps' length drifts through the run (an RL loop whose episodes
+    grow: 4 ms to 54 ms a step): a time per step then depends on how long the run was."""
+    durs = [s["dur"] for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    third = len(durs) // 3
+    if third < 4:
+        return []
+    first, last = float(np.median(durs[:third])), float(np.median(durs[-third:]))
+    if first <= 0 or 1 / DRIFT < last / first < DRIFT:
+        return []
+    return [f"the steady steps' length drifts: median {ms(1e3 * first)} ms in the first third, {ms(1e3 * last)} ms "
+            f"in the last ({last / first:.1f}x). The steps do {'more' if last > first else 'less'} work as the run "
+            "goes on (episodes or sequences that grow, a curriculum), so the time per step depends on how long "
+            "the run was: compare and gate runs of the same length"]
+
+
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section."""
     try:
@@ -182,7 +203,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(fetch_metrics(steady, fetches))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
-    notes += _extra_batches_note(steady) + [n for n in sample_notes if n not in notes]
+    notes += _extra_batches_note(steady) + _drift_note(steady) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
     notes.sort(key=_note_rank)
     opt = res.child.get("optimizer") or {}
