@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.analyze.kinds import STEP_RX, classify
+from perfdoctor.trace.assemble import kept_labels
 from perfdoctor.trace.concat import concat
 from perfdoctor.trace.table import EventTable
 
@@ -102,8 +103,7 @@ def _rows(t: EventTable, keep: np.ndarray) -> EventTable:
     """`t` with only the rows `keep` marks (process/thread labels move with their rows)."""
     if keep.all():
         return t
-    shift = np.cumsum(~keep)
-    labels = {int(r - shift[r]): v for r, v in (t.str_args.get("labels") or {}).items() if keep[r]}
+    labels = kept_labels(t.str_args.get("labels") or {}, keep)
     return EventTable(ph=t.ph[keep], cat=t.cat[keep], name=t.name[keep], pid=t.pid[keep], tid=t.tid[keep],
                       ts=t.ts[keep], dur=t.dur[keep], args={k: v[keep] for k, v in t.args.items()},
                       cats=t.cats, names=t.names, pids=t.pids, tids=t.tids, meta=t.meta,

@@ -35,6 +35,21 @@ def part_in(buffer, header: dict) -> Part:
     return Part(cols=cols, **header)
 
 
+def codes_in(table: Interner, values: list) -> np.ndarray:
+    """Each of `values` (a column's strings, in code order) as its code in `table`, new ones
+    added in order: the lookup array that maps those codes onto the table's."""
+    return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
+
+
+def kept_labels(labels: dict[int, str], keep: np.ndarray) -> dict[int, str]:
+    """M-event labels by row, after the rows `keep` leaves out: each kept row moves up by the
+    rows dropped before it."""
+    if not labels:
+        return labels
+    shift = np.cumsum(~keep)
+    return {int(r - shift[r]): v for r, v in labels.items() if keep[r]}
+
+
 def join(parts: list[Part]) -> Part:
     """Consecutive parts as one pass over them all would have built them. Each part's string
     codes are its own: they are mapped onto one table per column, extended with each part's
@@ -52,9 +67,7 @@ def join(parts: list[Part]) -> Part:
         for key in LAYOUT:
             col = column(p, key)
             if key in STRING_COLUMNS:
-                values = p.strings[key]
-                lut = np.fromiter(map(tables[key].__getitem__, values), np.int32, len(values))
-                col = lut[col]
+                col = codes_in(tables[key], p.strings[key])[col]
             cols[key].append(col)
     meta: dict = {}
     for p in parts:
@@ -118,10 +131,7 @@ def build_table(path: str, part: Part) -> EventTable:
     keep, warning = _impossible(cols, part.strings)
     if keep is not None:
         cols = {k: c[keep] for k, c in cols.items()}
-        labels = part.labels
-        if labels:                      # label rows move up by the dropped rows before them
-            shift = np.cumsum(~keep)
-            part.labels = {int(r - shift[r]): v for r, v in labels.items() if keep[r]}
+        part.labels = kept_labels(part.labels, keep)
         part.warnings = [*part.warnings, warning]
     m = part.meta
     props = m.get("deviceProperties") or []

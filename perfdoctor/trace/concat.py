@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.trace.assemble import codes_in
 from perfdoctor.trace.columns import Interner
 from perfdoctor.trace.table import EventTable, TraceMeta
 
@@ -29,9 +30,7 @@ def concat(tables: list[EventTable]) -> EventTable:
     rows = 0
     for t in tables:
         for key, strings in _STRINGS.items():
-            values = getattr(t, strings)
-            lut = np.fromiter(map(interners[key].__getitem__, values), np.int32, len(values))
-            cols[key].append(lut[getattr(t, key)] if len(values) else getattr(t, key))
+            cols[key].append(codes_in(interners[key], getattr(t, strings))[getattr(t, key)])
         for key in ("ph", "ts", "dur"):
             cols[key].append(getattr(t, key))
         for key in args:
