@@ -8,8 +8,8 @@ torch-tb-profiler's operator view shows it (host self duration).
   with with_stack), which are not ops.
 - Self time: an op's duration (up to the last step's end) less that of the ops directly inside
   it (nesting.self_time), so the rows sum to the time the host spent in ops without counting a
-  nested one twice; an annotation's self time is the Python between its ops. `total_us` sums whole durations (torch's "CPU total";
-  a row nested in one of the same name counts in both).
+  nested one twice; an annotation's self time is the Python between its ops. `total_us` sums
+  whole durations (torch's "CPU total"; a row nested in one of the same name counts in both).
 - `share`: self time over the analysed steps' wall time; on a CPU-only trace, with one host
   thread, the shares of the rows and "other / untraced" sum to about 1 (ops on other threads,
   DataLoader or intra-op pools, add theirs on top). On a GPU trace the host's op time overlaps

@@ -68,7 +68,8 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
     bound = overall_bound(bounds, slow)
     src = compared[slow if bounds[slow] == bound else bounds.index(bound)]
     base = traces[src]["verdict"]
-    # the figures in the summary are one trace's: say which (the breakdown below is the first's)
+    # the figures in the summary are one trace's: say which (figures_of: the reports show that
+    # trace's header and breakdown too, report/labels.shown_trace)
     verdict = {**base, "summary": f"[{bounds.count(bound)}/{len(bounds)} {word}; figures of {labels[src]}] "
                                   f"{base['summary']}",
                "confidence": min(traces[i]["verdict"]["confidence"] for i in compared
