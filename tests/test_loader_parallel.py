@@ -85,8 +85,14 @@ def load_both(path, monkeypatch, seen):
     seq = load_trace(path)
     assert not seen["forked"], "PERFDOCTOR_JOBS=1 must not fork"
     monkeypatch.delenv(parallel.JOBS_ENV)
-    par = load_trace(path)
-    assert seen["forked"], "the parallel load did not fork"
+    # merged False is a race the scheduler decides: the helper decoded the whole file before this
+    # process's stop request reached it (seen once, with another job taking the cores). The table
+    # is right either way; the split is what these tests are for, so a raced load is tried again.
+    for _ in range(3):
+        par = load_trace(path)
+        assert seen["forked"], "the parallel load did not fork"
+        if seen["merged"] is not False:
+            break
     return seq, par
 
 
