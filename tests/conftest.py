@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tracegen
 REPO = Path(__file__).resolve().parent.parent
 # The rule-file cache goes to a directory of this test session (children inherit it), never ~/.cache.
 os.environ["PERFDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfdoctor-test-cache-")
+# ... and is removed when the session ends: each session had left up to 27 MB in /tmp.
+atexit.register(shutil.rmtree, os.environ["PERFDOCTOR_CACHE_DIR"], ignore_errors=True)
 # `perfdoctor run` records py-spy stacks by default only when a core is idle at the first step: a
 # coin toss on a busy 2-core machine. Tests run without them unless they ask (--stacks, or
 # tests/test_stacks.py's auto-mode tests, which remove this variable).
