@@ -199,6 +199,9 @@ def test_examples_get_their_verdict(tmp_path, script, args, n, bound, split):
     assert m["steps.source"] == "ProfilerStep" and m["run.steps"] == n
     assert m["machine.cpu_count"] >= 1 and m["gpu.util_mean"] is None     # no GPU here: no GPU numbers
     assert "no NVIDIA GPU found" in " ".join(doc["run"]["notes"])
+    # memory that warms up (torch's allocator, the loader's buffers, the profiler's) is no leak
+    assert m["host.rss_peak_bytes"] > 0 and m["host.rss_growth_per_step_bytes"] in (0.0, None)
+    assert "PD216" not in {f["id"] for f in doc["flags"]}
 
 
 EARLY = r"""

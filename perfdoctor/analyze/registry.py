@@ -249,6 +249,13 @@ _m("system.psi_io_some_share", "fraction", "Share of the sampled wall time in wh
 _m("system.disk_read_mb_s", "MB/s", "Bytes read from the machine's disks per second (all processes; 1 MB = 1e6 bytes).")
 _m("system.disk_busy_share", "fraction", "Share of wall time the busiest disk had IO in flight (iostat %util).")
 _m("system.ram_available_bytes", "bytes", "Mean available RAM (MemAvailable) while the script ran.")
+# From perfdoctor/analyze/memgrowth.py: memory that grows for good over the steady steps (after
+# the profiled ones); 0.0 = measured and not growing; None = too few samples or steps to tell.
+_m("host.rss_peak_bytes", "bytes", "Peak resident memory (RSS) of the trainer process over the run.")
+_m("host.rss_growth_per_step_bytes", "bytes", "Persistent growth of the trainer's resident memory per steady step: least-squares slope over the steady window past its first 10%, x seconds per step; 0.0 unless both halves of the window grow and the fitted growth is >= 64 MiB (one malloc arena).")
+_m("host.ram_runway_steps", "count", "Steps until the machine's available RAM is used up at host.rss_growth_per_step_bytes (None without growth).")
+_m("gpu.memory_growth_per_step_bytes", "bytes", "Persistent growth of the memory in use on the trainer's GPUs (NVML, other processes included) per steady step; same test as host.rss_growth_per_step_bytes.")
+_m("gpu.memory_runway_steps", "count", "Steps until the trainer's GPUs are full at gpu.memory_growth_per_step_bytes (None without growth).")
 _m("loader.workers", "count", "Most DataLoader worker processes alive at once (python descendants of the trainer, forkserver and trackers excluded); 0 = num_workers=0. The loader's own num_workers where the 1 s samples saw fewer (workers restarted for short epochs; perfdoctor run).")
 _m("loader.worker_cpu_mean", "cores", "Mean CPU use of one worker (1.0 = a full core).")
 _m("loader.worker_disk_sleep_share", "fraction", "Share of worker samples in uninterruptible disk sleep (state D: blocked on storage).")

@@ -17,7 +17,8 @@ first sight of a process: there is no interval yet), state ('running', 'sleeping
 'disk-sleep', ... as psutil names /proc states; the state of the main thread), num_threads,
 read_bytes (cumulative bytes the process caused to be fetched from storage) and read_chars
 (cumulative bytes passed to read()-like calls, page-cache hits, pipes and sockets included)
-from /proc/<pid>/io (None when not readable), and sched_cpu_s / runq_wait_s: cumulative
+from /proc/<pid>/io (None when not readable), rss_bytes (resident memory, /proc/<pid>/statm: a
+forked worker's pages shared with the trainer count in both), and sched_cpu_s / runq_wait_s: cumulative
 seconds on a CPU / waiting in a run queue for one, from /proc/<pid>/task/*/schedstat summed
 over the threads (per-thread deltas are accumulated, so exited threads keep their share; a
 process with more than MAX_THREADS_READ threads falls back to the main thread's line).
@@ -293,6 +294,10 @@ class SystemSampler:
                     cpu_life = ct.user + ct.system
                 except (psutil.AccessDenied, AttributeError):
                     cpu_life = None
+                try:
+                    rss = p.memory_info().rss
+                except (psutil.AccessDenied, AttributeError):
+                    rss = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self._tracked.pop(tr.pid, None)
             return None, []
@@ -302,7 +307,7 @@ class SystemSampler:
         d = {"pid": tr.pid, "ppid": tr.ppid, "role": tr.role, "name": tr.name,
              "create_time": tr.create_time,
              "cpu_percent": round(cpu, 2) if tr.primed else None,
-             "state": status, "num_threads": nthreads, "read_bytes": rb, "read_chars": rc,
+             "state": status, "num_threads": nthreads, "read_bytes": rb, "read_chars": rc, "rss_bytes": rss,
              "sched_cpu_s": round(tr.sched_cpu_ns / 1e9, 6) if tr.sched_ok else None,
              "runq_wait_s": round(tr.runq_ns / 1e9, 6) if tr.sched_ok else None,
              "cpu_life_s": round(cpu_life, 3) if cpu_life is not None else None,

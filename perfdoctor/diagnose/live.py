@@ -154,12 +154,14 @@ def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | N
     if dropped:
         data["notes"].append(f"{dropped} malformed system sample(s) in samples.json were left out")
     try:
+        from perfdoctor.analyze.memgrowth import memory_growth
         from perfdoctor.analyze.system import system_metrics
         from perfdoctor.analyze.windows import windowed_metrics
     except ImportError:
         return {}, data.get("notes", []), None
     notes = list(data.get("notes", []))
     metrics, sampling = windowed_metrics(data.get("samples", []), steps, notes, system_metrics)
+    metrics.update(memory_growth(data.get("samples", []), steps))
     return metrics, notes, sampling
 
 

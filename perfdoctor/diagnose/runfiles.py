@@ -24,7 +24,7 @@ _MISSING = object()
 
 # "!": keys its readers index (present and not None, else the object is dropped); "=": defaults.
 PROC = {"!": ("pid", "role"), "pid": INT, "ppid": INT, "role": STR, "name": STR, "create_time": NUM, "cpu_percent": NUM, "state": STR,
-        "num_threads": NUM, "read_bytes": NUM, "read_chars": NUM, "sched_cpu_s": NUM, "runq_wait_s": NUM}
+        "num_threads": NUM, "read_bytes": NUM, "read_chars": NUM, "rss_bytes": NUM, "sched_cpu_s": NUM, "runq_wait_s": NUM}
 PSI = {"!": ("some_total_us",), "some_avg10": NUM, "some_total_us": NUM}
 SYSTEM = {"cpu_count": NUM, "usable_cpus": NUM, "usable_physical_cores": NUM, "cpu_quota_cores": NUM, "cpu_percent": [NUM],
           "cpu_total_percent": NUM, "cpu_usable_percent": NUM, "iowait_percent": NUM, "loadavg": [NUM],

@@ -35,7 +35,7 @@ MAX_DEPTH = 40             # nesting of the parsed tree (simpleeval evaluates re
 MAX_INT = 10 ** 18         # integer literals; floats are bounded by their type
 MAX_STR = 200              # string literals
 MAX_RESULT_CHARS = 10_000  # a string a metric of type str grows to (`input.loader * 9999`)
-TEMPLATE_SPEC = re.compile(r"(pct|x|[<>^=]?[+\- ]?\d{0,2}[,_]?(\.\d{1,2})?[eEfFgGd%]?)")
+TEMPLATE_SPEC = re.compile(r"(pct|x|bytes|[<>^=]?[+\- ]?\d{0,2}[,_]?(\.\d{1,2})?[eEfFgGd%]?)")
 
 
 def _not(value: Any) -> Any:
@@ -204,9 +204,21 @@ class _Formatter(string.Formatter):
                 return f"{100 * value:.1f}%"
             if spec == "x":
                 return f"{value:.2f}x"
+            if spec == "bytes":
+                return human_bytes(value)
             return format(value, spec)
         except (TypeError, ValueError, OverflowError):   # a string where a number was meant
             return str(value)[:MAX_STR]
+
+
+def human_bytes(n: float) -> str:
+    """1,536 -> '1.5 KiB'; binary units, one decimal below 100 of a unit."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:,.0f} TiB"   # not reached
 
 
 def render_template(text: str, values: dict[str, Any]) -> str:
@@ -215,7 +227,7 @@ def render_template(text: str, values: dict[str, Any]) -> str:
 
 def template_names(text: str) -> list[str]:
     """The metric names a summary template uses; raises ExprError for a template that is not
-    valid or has a format spec other than pct, x or a short number format (`>1000000000` would
+    valid or has a format spec other than pct, x, bytes or a short number format (`>1000000000` would
     build a gigabyte)."""
     try:
         fields = list(string.Formatter().parse(text))
@@ -226,5 +238,5 @@ def template_names(text: str) -> list[str]:
             continue
         if not f or conv not in (None, "s", "r") or not TEMPLATE_SPEC.fullmatch(spec or ""):
             raise ExprError(f"summary template field {{{f}{'!' + conv if conv else ''}:{spec}}}: "
-                            "allowed {metric}, {metric:pct}, {metric:x} or a short number format such as {metric:.1f}")
+                            "allowed {metric}, {metric:pct}, {metric:x}, {metric:bytes} or a short number format such as {metric:.1f}")
     return [f for _, f, _, _ in fields if f]

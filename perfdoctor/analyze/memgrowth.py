@@ -1,0 +1,128 @@
+"""Memory that grows step after step: the trainer's resident memory and the GPU's memory in use,
+from `perfdoctor run`'s system samples (collect/samplers.py), over the steady steps.
+
+A leak in a training loop is memory that every step adds and none gives back: a loss summed or
+appended with its autograd graph (`total += loss` instead of `loss.item()`), outputs kept for
+logging, a history list. It grows linearly with the steps until the process is killed or the
+machine swaps; a batch-size search then finds less room each time. Memory that only warms up
+(the caching allocator's first segments, the profiler's buffers) rises once and levels off.
+
+growth(series, window, steps) fits memory against time by least squares over the samples of one
+window, and calls the growth persistent when
+
+- the window holds MIN_SAMPLES samples and MIN_STEPS steps (after its first WARM_FRACTION, where
+  caches still fill),
+- both halves of it grow, each at least HALF_RATE of the whole window's slope (one jump, a
+  cache filling once, grows only one half), and
+- the fitted growth over the window is at least MIN_GROWTH_BYTES: 64 MiB, the size of one glibc
+  malloc arena on a 64-bit machine, the largest step a healthy process's resident memory takes
+  at once (and many CUDA caching-allocator segments): less than that is not told from noise.
+
+The window is the steady phase of analyze/windows.step_windows: after the profiled steps (the
+profiler holds its events in the trainer's memory while it records, and frees them at once), or
+all the steps without a trace. Per step = slope x the window's seconds / its steps.
+
+Metrics (None: the samples cannot tell; 0.0: measured, and no persistent growth):
+  host.rss_growth_per_step_bytes   the trainer's resident memory (RSS)
+  host.rss_peak_bytes              the trainer's peak RSS over the run
+  host.ram_runway_steps            steps until the machine's available RAM is gone at that rate
+  gpu.memory_growth_per_step_bytes the GPUs' memory in use (NVML, summed over the devices the
+                                   trainer uses; other processes on them count too)
+  gpu.memory_runway_steps          steps until the device memory is full at that rate
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.windows import select, step_windows
+
+MIN_SAMPLES = 8
+MIN_STEPS = 20
+WARM_FRACTION = 0.1
+HALF_RATE = 0.3
+MIN_GROWTH_BYTES = 64 * 2 ** 20
+
+NAMES = ("host.rss_growth_per_step_bytes", "host.rss_peak_bytes", "host.ram_runway_steps",
+         "gpu.memory_growth_per_step_bytes", "gpu.memory_runway_steps")
+
+
+def _slope(t: np.ndarray, y: np.ndarray) -> float:
+    t = t - t.mean()
+    d = float(np.dot(t, t))
+    return float(np.dot(t, y - y.mean()) / d) if d > 0 else 0.0
+
+
+def growth_per_second(points: list[tuple[float, float]]) -> float | None:
+    """Bytes per second of persistent growth over (time, bytes) points; 0.0 when the memory does
+    not grow for good; None with fewer than MIN_SAMPLES points."""
+    pts = sorted(p for p in points if p[1] is not None)
+    if len(pts) < MIN_SAMPLES:
+        return None
+    t = np.array([p[0] for p in pts], dtype=float)
+    y = np.array([p[1] for p in pts], dtype=float)
+    whole = _slope(t, y)
+    if whole <= 0 or whole * (t[-1] - t[0]) < MIN_GROWTH_BYTES:
+        return 0.0
+    mid = len(t) // 2
+    halves = (_slope(t[:mid + 1], y[:mid + 1]), _slope(t[mid:], y[mid:]))
+    return whole if min(halves) >= HALF_RATE * whole else 0.0
+
+
+def _window(samples: list[dict], steps: list[dict]) -> tuple[list[dict], float | None]:
+    """The steady window's samples past its warm-up part, and its seconds per step."""
+    win = step_windows(steps).get("steady")
+    if win is None:
+        return [], None
+    lo, hi = win
+    lo += WARM_FRACTION * (hi - lo)
+    ends = [s["end"] for s in steps if isinstance(s.get("end"), (int, float)) and lo < s["end"] <= hi]
+    if len(ends) < MIN_STEPS or hi <= lo:
+        return [], None
+    return select(samples, (lo, hi)), (hi - lo) / len(ends)
+
+
+def _ours(samples: list[dict]) -> set[int]:
+    return {p["pid"] for s in samples
+            for p in ([s["trainer"]] if s.get("trainer") else []) + (s.get("workers") or []) + (s.get("helpers") or [])}
+
+
+def _gpu_points(picked: list[dict], ours: set[int]) -> tuple[list[tuple[float, float]], float | None]:
+    """(time, memory in use summed over the trainer's devices) and the free memory at the end."""
+    used = {d["index"] for s in picked for d in (s.get("gpu") or []) if d.get("pids") and ours & set(d["pids"])}
+    pts, free = [], None
+    for s in picked:
+        devs = [d for d in (s.get("gpu") or []) if (d["index"] in used if used else True)]
+        vals = [d.get("memory_used_bytes") for d in devs]
+        if devs and all(v is not None for v in vals):
+            pts.append((s["unix"], float(sum(vals))))
+            tot = [d.get("memory_total_bytes") for d in devs]
+            free = float(sum(tot)) - pts[-1][1] if all(x for x in tot) else None
+    return pts, free
+
+
+def _per_step(rate: float | None, step_s: float | None) -> float | None:
+    return None if rate is None or step_s is None else rate * step_s
+
+
+def _runway(per_step: float | None, room: float | None) -> float | None:
+    return float(room / per_step) if per_step and room is not None and room > 0 else None
+
+
+def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
+    out = dict.fromkeys(NAMES)
+    rss = [s["trainer"]["rss_bytes"] for s in samples if (s.get("trainer") or {}).get("rss_bytes") is not None]
+    out["host.rss_peak_bytes"] = int(max(rss)) if rss else None
+    picked, step_s = _window(samples, steps)
+    if not picked:
+        return out
+    host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes")) for s in picked]
+    per = _per_step(growth_per_second(host), step_s)
+    out["host.rss_growth_per_step_bytes"] = per
+    avail = [s["system"].get("ram_available_bytes") for s in picked if (s.get("system") or {}).get("ram_available_bytes")]
+    out["host.ram_runway_steps"] = _runway(per, avail[-1] if avail else None)
+    pts, free = _gpu_points(picked, _ours(samples))
+    gper = _per_step(growth_per_second(pts), step_s)
+    out["gpu.memory_growth_per_step_bytes"] = gper
+    out["gpu.memory_runway_steps"] = _runway(gper, free)
+    return out

@@ -1,0 +1,133 @@
+"""Memory that grows every step (analyze/memgrowth.py, PD216/PD217): fitted on sampled series,
+and found by `perfdoctor run` in a loop that keeps each step's output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfdoctor.analyze import memgrowth
+from perfdoctor.analyze.memgrowth import MIN_GROWTH_BYTES, growth_per_second, memory_growth
+from perfdoctor.rules.expr import human_bytes
+
+MIB = 2 ** 20
+
+
+def series(f, n=40, dt=0.5, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(i * dt, f(i * dt) + noise * rng.standard_normal()) for i in range(n)]
+
+
+def test_linear_growth_is_measured_at_its_rate():
+    pts = series(lambda t: 500 * MIB + 10 * MIB * t, noise=2 * MIB)        # 200 MiB over 20 s
+    assert growth_per_second(pts) == pytest.approx(10 * MIB, rel=0.03)
+
+
+def test_a_warm_up_that_levels_off_is_no_growth():
+    # the caching allocator or the profiler's buffers: a rise in the first seconds, then flat
+    pts = series(lambda t: 400 * MIB + 300 * MIB * min(1.0, t / 4), noise=1 * MIB)
+    assert growth_per_second(pts) == 0.0
+    # one jump in the middle (a buffer allocated once): only one half grows
+    jump = series(lambda t: 400 * MIB + (200 * MIB if t > 10 else 0), noise=1 * MIB)
+    assert growth_per_second(jump) == 0.0
+
+
+def test_growth_below_one_malloc_arena_is_not_told_from_noise():
+    small = series(lambda t: 400 * MIB + 0.5 * (MIN_GROWTH_BYTES / 20) * t, noise=0.2 * MIB)   # 32 MiB in 20 s
+    assert growth_per_second(small) == 0.0
+    assert growth_per_second(series(lambda t: 400 * MIB, noise=8 * MIB)) == 0.0     # noisy but flat
+    assert growth_per_second(series(lambda t: 400 * MIB, n=5)) is None               # too few samples
+
+
+def _samples(rss_of_t, n=60, dt=0.5, t0=1000.0, gpu=None):
+    out = []
+    for i in range(n):
+        t = t0 + i * dt
+        s = {"t": i * dt, "unix": t, "trainer": {"pid": 7, "role": "trainer", "rss_bytes": rss_of_t(i * dt)},
+             "workers": [], "helpers": [], "system": {"ram_available_bytes": 8 * 2 ** 30}}
+        if gpu:
+            s["gpu"] = [{"index": 0, "memory_used_bytes": gpu(i * dt), "memory_total_bytes": 80 * 2 ** 30, "pids": [7]},
+                        {"index": 1, "memory_used_bytes": 5 * 2 ** 30, "memory_total_bytes": 80 * 2 ** 30, "pids": [99]}]
+        out.append(s)
+    return out
+
+
+def _steps(n=300, dt=0.1, t0=1000.0, profiled=range(0)):
+    return [{"step": i, "end": t0 + (i + 1) * dt, "dur": dt, "profiled": i in profiled} for i in range(n)]
+
+
+def test_per_step_growth_runway_and_the_gpu_the_trainer_uses():
+    # 2 MiB a step at 0.1 s a step on the host; 40 MiB a step on GPU 0 (GPU 1 is another job's)
+    m = memory_growth(_samples(lambda t: 300 * MIB + 20 * MIB * t, gpu=lambda t: 2 * 2 ** 30 + 400 * MIB * t),
+                      _steps())
+    assert m["host.rss_growth_per_step_bytes"] == pytest.approx(2 * MIB, rel=0.02)
+    assert m["host.rss_peak_bytes"] == pytest.approx(300 * MIB + 20 * MIB * 29.5, rel=1e-6)
+    assert m["host.ram_runway_steps"] == pytest.approx(8 * 2 ** 30 / (2 * MIB), rel=0.02)
+    assert m["gpu.memory_growth_per_step_bytes"] == pytest.approx(40 * MIB, rel=0.02)
+    free = 80 * 2 ** 30 - (2 * 2 ** 30 + 400 * MIB * 29.5)
+    assert m["gpu.memory_runway_steps"] == pytest.approx(free / (40 * MIB), rel=0.05)
+
+
+def test_only_the_steps_after_the_profiled_ones_count():
+    # the profiler holds its events in the trainer while it records (steps 20-29): memory rises
+    # during those steps and stays; after them it is flat
+    def rss(t):
+        return 300 * MIB + (0 if t < 2 else 400 * MIB * min(1.0, (t - 2) / 1.0))
+    m = memory_growth(_samples(rss), _steps(profiled=range(20, 30)))
+    assert m["host.rss_growth_per_step_bytes"] == 0.0 and m["host.ram_runway_steps"] is None
+    assert m["gpu.memory_growth_per_step_bytes"] is None          # no GPU samples: unknown, not 0
+
+
+def test_too_few_steps_or_samples_is_unknown():
+    m = memory_growth(_samples(lambda t: 300 * MIB + 20 * MIB * t), _steps(n=10, dt=3.0))
+    assert m["host.rss_growth_per_step_bytes"] is None and m["host.rss_peak_bytes"] > 0
+    assert memory_growth([], [])["host.rss_peak_bytes"] is None
+
+
+def test_bytes_render_in_binary_units():
+    assert [human_bytes(x) for x in (512, 1536, 2 * MIB + 0.2 * MIB, 150 * MIB, 3 * 2 ** 30)] == \
+        ["512 B", "1.5 KiB", "2.2 MiB", "150 MiB", "3.0 GiB"]
+
+
+LEAK = r"""
+import sys, time
+import torch
+from torch import nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+keep = sys.argv[1] == "leak"
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1024))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(512, 64)
+outputs, n, t0 = [], 0, time.perf_counter()
+while time.perf_counter() - t0 < float(sys.argv[2]):
+    opt.zero_grad()
+    out = model(x)                      # 512 x 1024 floats: 2 MiB
+    out.pow(2).mean().backward()
+    opt.step()
+    outputs.append(out if keep else out[:1].detach().clone())    # kept "for an epoch-end metric"
+    n += 1
+print(f"{n} steps")
+"""
+
+
+def test_run_finds_a_loop_that_keeps_each_steps_output(tmp_path):
+    script = tmp_path / "keeps_outputs.py"
+    script.write_text(LEAK)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(script), "leak", "9"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    m = doc["traces"][0]["metrics"]
+    # each step keeps 2 MiB (plus the kept tensor's small header): the slope finds it within 15%
+    assert m["host.rss_growth_per_step_bytes"] == pytest.approx(2 * MIB, rel=0.15), m
+    assert m["host.ram_runway_steps"] > 0
+    flag = next(f for f in doc["flags"] if f["id"] == "PD216")
+    assert "a step over the steady steps" in flag["summary"] and "MiB" in flag["summary"]
+    assert "PD216" in r.stderr and "memory grows every step" in r.stderr
