@@ -131,6 +131,13 @@ def test_run_finds_a_loop_that_keeps_each_steps_output(tmp_path):
     flag = next(f for f in doc["flags"] if f["id"] == "PD216")
     assert "a step over the steady steps" in flag["summary"] and "MiB" in flag["summary"]
     assert "PD216" in r.stderr and "memory grows every step" in r.stderr
+    # the picture of it: the trainer's RSS over time, rising through the steps
+    series = doc["run"]["series"]
+    rss = [v for v in series["trainer_rss_bytes"] if v is not None]
+    assert rss[-1] - rss[len(rss) // 2] > 64 * MIB and "workers_rss_bytes" not in series
+    html = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out), "--format", "html"],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "<h2>The run over time</h2>" in html and "<title>trainer RSS</title>" in html
 
 
 @pytest.mark.integration

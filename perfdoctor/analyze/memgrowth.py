@@ -111,12 +111,12 @@ def _runway(per_step: float | None, room: float | None) -> float | None:
 
 def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     out = dict.fromkeys(NAMES)
-    rss = [s["trainer"]["rss_bytes"] for s in samples if (s.get("trainer") or {}).get("rss_bytes") is not None]
+    rss = [s["trainer"]["rss_bytes"] for s in samples if (s.get("trainer") or {}).get("rss_bytes")]
     out["host.rss_peak_bytes"] = int(max(rss)) if rss else None
     picked, step_s = _window(samples, steps)
     if not picked:
         return out
-    host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes")) for s in picked]
+    host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes") or None) for s in picked]   # 0: exiting
     per = _per_step(growth_per_second(host), step_s)
     out["host.rss_growth_per_step_bytes"] = per
     avail = [s["system"].get("ram_available_bytes") for s in picked if (s.get("system") or {}).get("ram_available_bytes")]

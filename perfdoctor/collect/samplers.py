@@ -295,7 +295,7 @@ class SystemSampler:
                 except (psutil.AccessDenied, AttributeError):
                     cpu_life = None
                 try:
-                    rss = p.memory_info().rss
+                    rss = p.memory_info().rss or None      # 0: the process is exiting (its pages gone)
                 except (psutil.AccessDenied, AttributeError):
                     rss = None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):

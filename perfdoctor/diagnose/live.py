@@ -145,24 +145,27 @@ def _drift_note(steady: list[dict]) -> list[str]:
             "the run was: compare and gate runs of the same length"]
 
 
-def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None]:
-    """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section."""
+def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None, dict | None]:
+    """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section
+    and the run's series over time (analyze/runseries.py)."""
     try:
         data, dropped = runfiles.samples(inputjson.loads((run_dir / "samples.json").read_text()))
     except (OSError, ValueError, RecursionError):
-        return {}, [], None
+        return {}, [], None, None
     if dropped:
         data["notes"].append(f"{dropped} malformed system sample(s) in samples.json were left out")
     try:
         from perfdoctor.analyze.memgrowth import memory_growth
+        from perfdoctor.analyze.runseries import run_series
         from perfdoctor.analyze.system import system_metrics
         from perfdoctor.analyze.windows import windowed_metrics
     except ImportError:
-        return {}, data.get("notes", []), None
+        return {}, data.get("notes", []), None, None
     notes = list(data.get("notes", []))
-    metrics, sampling = windowed_metrics(data.get("samples", []), steps, notes, system_metrics)
-    metrics.update(memory_growth(data.get("samples", []), steps))
-    return metrics, notes, sampling
+    samples = data.get("samples", [])
+    metrics, sampling = windowed_metrics(samples, steps, notes, system_metrics)
+    metrics.update(memory_growth(samples, steps))
+    return metrics, notes, sampling, run_series(samples, steps)
 
 
 def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
@@ -184,7 +187,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
         notes.append("no trace was recorded (" + why_no_trace(res, steps) + "): the diagnosis uses step "
                      "timings and system samples only")
     m = analysis.metrics
-    sysm, sample_notes, sampling = _system(run_dir, steps)
+    sysm, sample_notes, sampling, series = _system(run_dir, steps)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     fetches = runfiles.read_fetches(run_dir / FETCH_FILE)
     m.update(sampled_workers_or_fetched(m, res.child.get("loader_iters"), fetches))
@@ -227,7 +230,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "steps_left_out": {k: v for k, v in est.dropped.items() if v},
                   "trace": [str(t) for t in traces], "notes": notes,
-                  "sampling": sampling}
+                  "sampling": sampling, "series": series}
     doc["stacks"] = stacks
     steps_only_verdict(doc, res, steps, bool(traces))
     return doc

@@ -2,7 +2,7 @@
 kind: a Content-Security-Policy of default-src 'none' makes the browser refuse one), from the
 report document alone (plus tune's JSON when a tune measured the fixes).
 
-Sections: verdict (confidence, evidence, notes), the run, the ranks, the step breakdown (bars per
+Sections: verdict (confidence, evidence, notes), the run, the run over time (CPU, GPU, memory), the ranks, the step breakdown (bars per
 step), one representative step as a timeline with its idle gaps, memory over time, the fixes
 (expected gain against its ceiling, measured gain from tune), flags, Python stacks, the detail
 tables. Every string from the input is escaped by sanitize.html.
@@ -11,6 +11,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
+from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text, number
@@ -50,7 +51,8 @@ def render(doc: dict, tune: dict | None = None) -> str:
     first = shown_trace(doc)
     m = first["metrics"]
     labels = role_labels(m)
-    body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _ranks(doc), _breakdown(first, labels),
+    body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _over_time(doc.get("run")), _ranks(doc),
+            _breakdown(first, labels),
             _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
             _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _host_ops(first),
             _warnings(doc)]
@@ -131,6 +133,15 @@ def _run(run: dict | None, m: dict) -> str:
             f"exit code {H(_or_unknown(run.get('exit_code')))} · run directory <code>{H(run.get('dir'))}</code></div>"
             + (f"<div><b>{H(ended)}</b></div>" if (ended := abnormal_end(run)) else "") +
             f"<div>{line}</div>{_notes(run.get('notes') or [])}</section>")
+
+
+def _over_time(run: dict | None) -> str:
+    legend, pic = run_charts((run or {}).get("series"))
+    if not pic:
+        return ""
+    return ("<h2>The run over time</h2><section class=\"card\"><div class=\"legend\">" + legend + "</div>" + pic
+            + "<div class=\"dim small\">As the system sampler saw it (every 0.1-0.5 s): the whole process, from "
+              "its start-up to its exit; the steps lie in the shaded part.</div></section>")
 
 
 def _or_unknown(value):
