@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 
+from perfdoctor.collect import forked
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.modules import IN_LOADER
@@ -103,6 +104,24 @@ class Session(StepSources):
             signal.signal(signal.SIGUSR1, self._on_stop_signal)
         except (ValueError, OSError, AttributeError):   # not the main thread / no SIGUSR1
             pass
+        self.pid = os.getpid()
+        self.forked = None               # forked.ForkedSteps in a forked child of this process
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child (a Hogwild trainer, a DataLoader worker): record nothing, stop nothing,
+        write no summary; its optimizer steps are counted apart (forked.py)."""
+        if os.getpid() == self.pid or self.forked is not None:
+            return
+        self.forked = forked.ForkedSteps(self.run_dir)
+        self.finished = True
+        self.lock = threading.Lock()     # another thread of the parent may have held it
+        self.pending = []
+        out, self.out = self.out, None
+        if out is not None:
+            forked.detach(out)
+            self._parent_out = out       # never closed here: closing would flush the parent's buffer
 
     # -- installation ---------------------------------------------------------------------
     def install(self, torch) -> None:
@@ -235,6 +254,8 @@ class Session(StepSources):
         write). Formatting a batch at once, and one write(2) for it, cost a fraction of a line
         and a write a step."""
         dur = end[0] - self.mark[0]
+        if self.forked is not None:
+            return dur
         save, log = self.calls.take()
         starts = self.iters.take()
         opt = self.opt_clock.take()
@@ -268,6 +289,8 @@ class Session(StepSources):
             self.out = None
 
     def _boundary(self, end: tuple | None = None, skipped: bool = False) -> None:
+        if self.forked is not None:             # a forked child: no step of the launched process's
+            return
         end = end or self._mark()
         if self.census is not None and self.census.state != "done":
             self.census.boundary(self.mode)     # the outermost module calls of one whole step (modules.py)

@@ -138,8 +138,13 @@ def launch(cfg: RunConfig) -> RunResult:
         notes.append("the --duration stop request arrived as the script was exiting by itself")
     if child.get("outcome") == "stopped":
         stopped_by = stopped_by or "max-steps"
-    elif stopped_by == "duration" and child.get("outcome") != "stopped":
-        stopped_by = None if not child else stopped_by
+    elif stopped_by == "duration" and child.get("outcome") != "interrupted":
+        # the script ended by itself after the request (it reached no step boundary in this
+        # process to stop at: its training ran elsewhere, or it was ending anyway)
+        if child:
+            notes.append(f"--duration asked the script to stop after {stop_sent_at:.0f} s; it reached no step "
+                         "boundary in the launched process to stop at, and ended by itself")
+        stopped_by = None
     if not child:
         notes.append("the script ended before perfdoctor could record its summary (killed?)")
     res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)

@@ -57,6 +57,10 @@ class StepSources:
                 self.passes_in_optimizer = 0
 
     def _on_optimizer_step(self, optimizer, args, kwargs, skipped: bool = False) -> None:
+        if self.forked is not None:            # a forked child's step: counted apart (forked.py)
+            if not skipped:
+                self.forked.step()
+            return
         self.opt_clock.post(optimizer, args, kwargs, skipped)     # before the boundary: this step's time
         if not skipped:
             self.optimizer_calls += 1

@@ -62,10 +62,13 @@ def _headline(error: str) -> str:
     return (line[:ERROR_CHARS].rstrip() + " ...") if more else line
 
 
-def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool) -> None:
+def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool,
+                       elsewhere: str | None = None) -> None:
     """The run section names the step source and the script's failure; a run without a trace
     gets its verdict (PD111, PD114) with the confidence capped and the reason stated, and a
-    script that failed before its first step gets that failure as its verdict."""
+    script that failed before its first step gets that failure as its verdict. `elsewhere`:
+    training in child processes (diagnose/childtrainers.py), the reason a run without steps
+    has nothing to diagnose."""
     run = doc["run"]
     run["step_source"] = res.child.get("step_source")
     run["error"] = res.child.get("error")
@@ -87,7 +90,14 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
     for v in verdicts:
         notes = [n for n in v["notes"] if not n.startswith("steps come from")]
         if v["bound"] == "inconclusive":
-            if not steps and not res.child.get("torch_imported") and res.child:
+            if not steps and elsewhere:
+                v["summary"] = ("No step was recorded in the launched process: "
+                                + ("the training ran in its child processes, which perfdoctor does not time. Nothing "
+                                   "of theirs was measured to diagnose." if elsewhere.startswith("the script trained")
+                                   else "its python child processes did the work, and if they trained, perfdoctor "
+                                        "did not time them. Nothing was measured to diagnose."))
+                v["notes"] = notes
+            elif not steps and not res.child.get("torch_imported") and res.child:
                 v["notes"] = notes + ["no step was recorded: the script had not imported torch in its own process "
                                       "when it ended. A launcher that trains in another process (subprocess, "
                                       "os.system) is not followed: run perfdoctor on the training command itself"]

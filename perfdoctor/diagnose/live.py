@@ -28,6 +28,7 @@ from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
+from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.document import build_document
@@ -208,7 +209,9 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(fetch_metrics(steady, fetches))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
-    notes += _extra_batches_note(steady) + _drift_note(steady) + [n for n in sample_notes if n not in notes]
+    trained_elsewhere = elsewhere(run_dir, steps, m)
+    notes += ([trained_elsewhere] if trained_elsewhere else []) + _extra_batches_note(steady) + _drift_note(steady) \
+        + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
     notes.sort(key=_note_rank)
     opt = res.child.get("optimizer") or {}
@@ -232,14 +235,14 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling, "series": series}
     doc["stacks"] = stacks
-    steps_only_verdict(doc, res, steps, bool(traces))
+    steps_only_verdict(doc, res, steps, bool(traces), trained_elsewhere)
     return doc
 
 
 # The terminal shows the first run note by default: what could change the advice first (Python
 # stacks not recorded), then the notes about this run, then what only describes the machine or
 # the sampling (no NVIDIA GPU, the sampled means, block-IO delay accounting off).
-_LEAD = ("the trace stopped inside a step",)     # the traced step is not whole: read its times so
+_LEAD = ("the trace stopped inside a step",) + CHILD_LEAD     # the traced step is not whole: read its times so
 _FIRST = ("python stacks not recorded",)
 _LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off")
 
