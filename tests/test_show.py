@@ -238,12 +238,14 @@ def test_not_a_terminal_no_line_is_cut(trace):
     assert code and not any(line.endswith("…") for line in code) and max(map(len, d)) < 1000
 
 
-def _run_dir(d: Path, durs, wall_s: float) -> Path:
-    """A run directory of `perfdoctor run --no-trace` from step records."""
+def _run_dir(d: Path, durs, wall_s: float, runq=None) -> Path:
+    """A run directory of `perfdoctor run --no-trace` from step records (runq: the training
+    thread's run-queue wait per step)."""
     d.mkdir()
     ends = 1.7e9 + np.cumsum(durs)
     (d / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "end": float(e), "dur": float(x), "wait": 0.0,
-                                                       "mode": "optimizer", "profiled": False, "perturbed": False}) + "\n"
+                                                       "mode": "optimizer", "profiled": False, "perturbed": False,
+                                                       **({"runq": float(runq[i])} if runq is not None else {})}) + "\n"
                                            for i, (e, x) in enumerate(zip(ends, durs))))
     (d / "child.json").write_text(json.dumps({"outcome": "completed", "exit_code": 0, "torch_imported": True,
                                               "trace_enabled": False, "cuda_available": False, "notes": []}))
@@ -314,6 +316,28 @@ def test_steps_that_grow_through_the_run_are_told(tmp_path):
     assert "do more work as the run goes on" in notes[0]
     flat = 0.02 * np.exp(np.random.default_rng(3).normal(0, 0.2, 60))
     assert not any("drifts" in n for n in diagnose_dir(_run_dir(tmp_path / "flat", flat, 3.0))["run"]["notes"])
+
+
+def test_a_drift_the_run_queue_explains_is_told_as_the_machine_not_the_work(tmp_path):
+    """The user trial's gradient accumulation (fixed work a step): 346 ms a step while another job
+    held the cores, 7.6 ms after it left; the 'less work' note had blamed the script."""
+    from perfdoctor.diagnose.live import diagnose_dir
+
+    def notes(name, durs, runq):
+        doc = diagnose_dir(_run_dir(tmp_path / name, durs, 9.0, runq))
+        return [n for n in doc["run"]["notes"] if "drifts" in n]
+
+    # the thread's own time stays 8 ms; the rest of each early step is run-queue wait
+    durs = np.r_[np.full(20, 0.10), np.full(40, 0.008)]
+    [note] = notes("queued", durs, np.maximum(0, durs - 0.008))
+    assert "(0.08x)" in note and "not waiting for a CPU stays 8.00 -> 8.00 ms" in note
+    assert "waited in the run queue 92% of the first third and 0% of the last" in note and "less work" not in note
+    # parked intra-op threads: the own time drifts too, but the queueing changed by half the step
+    [note] = notes("parked", durs, np.where(durs > 0.05, 0.05, 0.0))
+    assert "for a CPU 50% of the first third against 0% of the last" in note and "less work" not in note
+    # the same drift with no queueing at all is the work's
+    [note] = notes("work", durs, np.zeros(60))
+    assert "The steps do less work as the run goes on (episodes that get shorter" in note
 
 
 def test_a_crash_of_many_lines_is_told_in_its_first_line(tmp_path):

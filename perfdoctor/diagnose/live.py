@@ -128,22 +128,44 @@ def _extra_batches_note(steady: list[dict]) -> list[str]:
 
 
 DRIFT = 2.0          # the last third's median step this many times the first third's (or 1/this)
+QUEUE_SHIFT = 0.2    # run-queue share of the steps, first third against last: a change of load
 
 
 def _drift_note(steady: list[dict]) -> list[str]:
     """A note when the steady steps' length drifts through the run (an RL loop whose episodes
-    grow: 4 ms to 54 ms a step): a time per step then depends on how long the run was."""
-    durs = [s["dur"] for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
-    third = len(durs) // 3
+    grow: 4 ms to 54 ms a step): a time per step then depends on how long the run was. When the
+    training thread's run-queue wait (schedstat, `runq`) accounts for the drift, so that the time
+    it was not queued does not drift, the machine changed, not the work: the note says so."""
+    rows = [(s["dur"], s.get("runq")) for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    third = len(rows) // 3
     if third < 4:
         return []
+    durs = [d for d, _ in rows]
     first, last = float(np.median(durs[:third])), float(np.median(durs[-third:]))
     if first <= 0 or 1 / DRIFT < last / first < DRIFT:
         return []
-    return [f"the steady steps' length drifts: median {ms(1e3 * first)} ms in the first third, {ms(1e3 * last)} ms "
-            f"in the last ({last / first:.1f}x). The steps do {'more' if last > first else 'less'} work as the run "
-            "goes on (episodes or sequences that grow, a curriculum), so the time per step depends on how long "
-            "the run was: compare and gate runs of the same length"]
+    head = (f"the steady steps' length drifts: median {ms(1e3 * first)} ms in the first third, {ms(1e3 * last)} ms "
+            f"in the last ({last / first:.2g}x)")
+    if all(isinstance(q, (int, float)) for _, q in rows):
+        own = [max(0.0, d - q) for d, q in rows]
+        a, b = float(np.median(own[:third])), float(np.median(own[-third:]))
+        queued = [sum(q for _, q in part) / sum(d for d, _ in part) for part in (rows[:third], rows[-third:])]
+        if a > 0 and 1 / DRIFT < b / a < DRIFT:
+            return [f"{head}, while the time the training thread was not waiting for a CPU stays {ms(1e3 * a)} -> "
+                    f"{ms(1e3 * b)} ms: it waited in the run queue {queued[0]:.0%} of the first third and "
+                    f"{queued[1]:.0%} of the last. Other work on the machine came or went, not the script's: "
+                    "rerun on a quiet machine, and compare and gate runs made in the same conditions"]
+        if abs(queued[0] - queued[1]) >= QUEUE_SHIFT and (queued[1] > queued[0]) == (last > first):
+            # the slower third also queued far more: the load changed; threads the scheduler parks
+            # make an intra-op pool wait for the slowest, so the slowdown can exceed the queueing
+            return [f"{head}, and the training thread waited in the run queue for a CPU {queued[0]:.0%} of the first "
+                    f"third against {queued[1]:.0%} of the last: other work on the machine came or went, and "
+                    "torch's threads wait for any the scheduler parks, so the drift can be that rather than the "
+                    "script's work. Rerun on a quiet machine before reading the step time"]
+    why = ("episodes or sequences that grow, a curriculum" if last > first
+           else "episodes that get shorter, work that stops part-way through, caches that fill")
+    return [f"{head}. The steps do {'more' if last > first else 'less'} work as the run goes on ({why}), so the "
+            "time per step depends on how long the run was: compare and gate runs of the same length"]
 
 
 def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None, dict | None]:
