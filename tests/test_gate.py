@@ -191,7 +191,7 @@ def test_different_cpu_count_is_not_comparable_but_shares_still_gate():
     res = gate_runs(mk(cur_d, [d * 0.31 for d in cur_d], share_input=0.31, verdict="input_cpu"),
                     [mk(series(rng), waits_b, share_input=0.12, fp=other)])
     assert res.outcome == "regression" and res.exit_code() == 1
-    assert res.reason.startswith("data wait 12% -> 31%") and res.reason.endswith("now input-bound (CPU)")
+    assert res.reason.startswith("traced data wait 12% -> 31%") and res.reason.endswith("now input-bound (CPU)")
     assert any("absolute times not compared" in n for n in res.notes)
 
 
@@ -442,7 +442,7 @@ def test_real_data_wait_regression(runs, tmp_path):
     summary = tmp_path / "summary.md"
     p = pd("gate", runs["w0"], "--baseline", runs["a"], "--format", "json", env={"GITHUB_STEP_SUMMARY": str(summary)})
     doc = json.loads(p.stdout)                      # with --format json the workflow commands go to stderr
-    share = next(r for r in doc["rows"] if r["metric"] == "data wait (share.input)")
+    share = next(r for r in doc["rows"] if r["metric"] == "traced data wait (share.input)")
     assert p.returncode == 1 and share["status"] == "regression", p.stdout
     assert share["values"]["current"] - share["values"]["baseline"] > 0.5
     assert "data wait" in doc["reason"]

@@ -51,7 +51,7 @@ PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE = (
     "pass", "regression", "improvement", "inconclusive", "not comparable")
 EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, INCONCLUSIVE: 3, NOT_COMPARABLE: 3}
 STEP_TIME = "step time"
-SHARES = (("share.input", "data wait"), ("gpu.idle_share", "idle device"))
+SHARES = (("share.input", "traced data wait"), ("gpu.idle_share", "idle device"))   # the traced steps' shares
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
                "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
                "inconclusive": "inconclusive"}
