@@ -26,6 +26,7 @@ from collections import deque
 from perfdoctor.collect import forked
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
+from perfdoctor.collect.loaderkinds import LoaderKinds
 from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.optclock import OptimizerClock
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
@@ -64,6 +65,7 @@ class Session(StepSources):
         self.optimizer_names: dict = {}
         self.optimizer_dtypes: dict = {}  # id(optimizer) -> elements of its parameters per dtype
         self.dataset_kinds: set = set()  # torch's _DatasetKind of every DataLoader iterated
+        self.loader_kinds = LoaderKinds()  # what each loader reads and how it fetches (loaderkinds.py)
         self.in_optimizer = False        # inside an optimizer.step() (before the optimizer mode)
         self.pre_mark = None             # the first optimizer step's start
         self.passes_in_optimizer = 0     # backward passes inside optimizer.step() (closures)
@@ -161,6 +163,7 @@ class Session(StepSources):
         orig = base.__next__
         session = self
         drew = self.iters.drew
+        kinds = self.loader_kinds.count
         try:
             self.iters.install(dl)
         except Exception as exc:
@@ -192,6 +195,8 @@ class Session(StepSources):
                 session.cum_wait += dt
                 session.cum_batches += got
                 drew(it, got, dt)
+                if got:
+                    kinds(it)
         base.__next__ = __next__
 
     def _wrap_worker_info(self) -> None:
@@ -361,6 +366,7 @@ class Session(StepSources):
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
                     "torch_threads": self._torch_threads(), "dataset_kind": dataset_kind(self.dataset_kinds),
+                    "loaders": self.loader_kinds.info(),
                     "timed_calls": self.calls.installed, "loader_iters": self.iters.info(),
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,

@@ -21,6 +21,7 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
+from perfdoctor.analyze.loaderkinds import loader_metrics
 from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.params import param_metrics
@@ -222,6 +223,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["machine.torch_threads"] = res.child.get("torch_threads")
     kind = res.child.get("dataset_kind")
     m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
+    m.update(loader_metrics(res.child.get("loaders")))
     used = res.child.get("worker_info_used")
     m["input.worker_info_used"] = used if isinstance(used, bool) else None      # None: an older run
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))

@@ -1,0 +1,50 @@
+"""What each DataLoader the script iterates reads, and how it fetches a batch (for child.json).
+
+LoaderKinds.count(it) runs for every batch a DataLoader iterator yields (hooks.py's __next__
+wrapper): the first batch of an iterator describes it (a dict lookup a batch after that), and
+batches are counted per description. info() lists the descriptions, most batches first:
+
+  dataset        the dataset's class name; module: its module
+  per_sample     True when a batch is made sample by sample: map-style, automatic batching
+                 (batch_size set), and a dataset without __getitems__, so the fetcher calls
+                 dataset[i] once per sample and default_collate stacks the results
+  batch_size     the loader's batch_size (None: batch_size=None, the sampler yields batches)
+  workers        num_workers
+  batches        batches drawn from loaders so described
+
+A TensorDataset fetched sample by sample indexes each of its tensors batch_size times and stacks
+the rows again, where one indexing with the batch's indices would do (PD358).
+"""
+
+from __future__ import annotations
+
+MAX_KINDS = 16          # descriptions kept (a script making loaders of many dataset classes)
+
+
+class LoaderKinds:
+    def __init__(self):
+        self.batches: dict[tuple, int] = {}
+
+    def count(self, it) -> None:
+        key = it.__dict__.get("_perfdoctor_kind")
+        if key is None:
+            key = it.__dict__["_perfdoctor_kind"] = _describe(it)
+        if key in self.batches or len(self.batches) < MAX_KINDS:
+            self.batches[key] = self.batches.get(key, 0) + 1
+
+    def info(self) -> list[dict]:
+        return [{"dataset": k[0], "module": k[1], "per_sample": k[2], "batch_size": k[3], "workers": k[4], "batches": n}
+                for k, n in sorted(self.batches.items(), key=lambda kv: -kv[1])]
+
+
+def _describe(it) -> tuple:
+    try:
+        ds = it._dataset
+        cls = type(ds)
+        auto = bool(getattr(it, "_auto_collation", False))
+        per_sample = getattr(it, "_dataset_kind", None) == 0 and auto and not callable(getattr(ds, "__getitems__", None))
+        loader_bs = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
+        return (cls.__name__, cls.__module__, per_sample, loader_bs if isinstance(loader_bs, int) else None,
+                int(getattr(it, "_num_workers", 0) or 0))
+    except Exception:           # an iterator of a torch we do not know
+        return ("?", "?", None, None, 0)

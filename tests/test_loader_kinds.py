@@ -1,0 +1,86 @@
+"""What the training loader reads and how it fetches (collect/loaderkinds.py) and PD358."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset  # noqa: E402
+
+from perfdoctor.analyze.loaderkinds import loader_metrics  # noqa: E402
+from perfdoctor.collect.loaderkinds import LoaderKinds  # noqa: E402
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(10.0))
+
+
+def _drawn(*loaders) -> list[dict]:
+    kinds = LoaderKinds()
+    for loader, n in loaders:
+        it = iter(loader)
+        for _ in range(n):
+            next(it)
+            kinds.count(it)
+    return kinds.info()
+
+
+def test_each_loader_is_described_by_its_first_batch_and_counted():
+    ds = TensorDataset(torch.randn(64, 3), torch.randn(64))
+    info = _drawn((DataLoader(ds, batch_size=8), 5),
+                  (DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), 16, False), batch_size=None), 2),
+                  (DataLoader(Stream(), batch_size=2), 3))
+    assert info[0] == {"dataset": "TensorDataset", "module": "torch.utils.data.dataset", "per_sample": True,
+                       "batch_size": 8, "workers": 0, "batches": 5}
+    # batch_size=None with a batch sampler: the dataset is indexed once per batch
+    assert info[2]["dataset"] == "TensorDataset" and info[2]["per_sample"] is False and info[2]["batches"] == 2
+    assert info[1]["dataset"] == "Stream" and info[1]["per_sample"] is False     # an iterable: no indexing
+    m = loader_metrics(info)
+    assert m == {"input.dataset_class": "TensorDataset", "input.per_sample_fetch": True, "input.loader_batch_size": 8}
+
+
+def test_a_dataset_with_getitems_fetches_batches():
+    class Batched(TensorDataset):
+        def __getitems__(self, idx):
+            return [tuple(t[i] for t in self.tensors) for i in idx]
+    info = _drawn((DataLoader(Batched(torch.randn(32, 2)), batch_size=4), 2))
+    assert info[0]["dataset"] == "Batched" and info[0]["per_sample"] is False
+    assert loader_metrics(None)["input.dataset_class"] is None
+    assert loader_metrics([{"dataset": 3, "batches": "x"}])["input.dataset_class"] is None     # hostile child.json
+
+
+TRAIN = r"""
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+ds = TensorDataset(torch.randn(8192, 16), torch.randn(8192, 1))
+model = torch.nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(6):
+    for x, y in DataLoader(ds, batch_size=128, shuffle=True):
+        opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+"""
+
+
+def test_run_offers_whole_batch_indexing_for_a_tensor_dataset(tmp_path):
+    script = tmp_path / "tensor_data.py"
+    script.write_text(TRAIN)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(script)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    child = json.loads((out / "child.json").read_text())
+    assert child["loaders"][0]["dataset"] == "TensorDataset" and child["loaders"][0]["batches"] == 6 * 64
+    doc = json.loads((out / "report.json").read_text())
+    m = doc["traces"][0]["metrics"]
+    assert m["input.dataset_class"] == "TensorDataset" and m["input.per_sample_fetch"] is True
+    # 128 dataset[i] calls and a stack per batch against a linear layer: most of the step is the wait
+    assert m["share.input"] >= 0.05, m["share.input"]
+    fix = next(f for f in doc["findings"] if f["id"] == "PD358")
+    assert "reads a TensorDataset 128 samples at a time" in fix["summary"]
+    assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - m["share.input"]), rel=0.01)
