@@ -392,6 +392,24 @@ def test_classify_causes():
     ours = (user, lib("torch.optim.optimizer", "wrapper"), hooks, ("dumps", "/usr/lib/python3.11/json/__init__.py", 231))
     assert classify(ours, source)[0] == "perfdoctor"          # our hook running, in the standard library
     assert classify((user, lib("torch.functional", "einsum")), source)[0] == "other"
+    # an evaluation inside the loop: a forward pass under a no_grad-decorated method or a function
+    # named for it (the user trial's Trainer.evaluate over sliced tensors: no DataLoader to count)
+    fit = ("Trainer.fit", "/home/u/pkg/__main__.py", 41)
+    nograd = lib("torch.utils._contextlib", "context_decorator.<locals>.decorate_context")
+    ev = ("Trainer.evaluate", "/home/u/pkg/__main__.py", 35)
+    call = lib("torch.nn.modules.module", "Module._call_impl")
+    assert classify((fit, nograd, ev, call), source)[:3] == ("evaluation", "nn.Module.__call__", "pkg/__main__.py:35")
+    assert classify((fit, ("Runner.test", "/home/u/run.py", 9), call), source)[0] == "evaluation"
+    assert classify((fit, ("Runner.validate_epoch", "/home/u/run.py", 9), call), source)[0] == "evaluation"
+    # a no_grad helper that runs no model (an EMA update) is not an evaluation, nor is a backward
+    assert classify((fit, nograd, ("ema_update", "/home/u/run.py", 3), lib("torch._foreach", "add")), source)[0] \
+        != "evaluation"
+    assert classify((("test", "/home/u/run.py", 3), call, lib("torch.autograd.graph", "_engine_run_backward")),
+                    source)[0] == "model"
+    # an LR scheduler's wrapper around optimizer.step is named for what the line calls
+    wrap = lib("torch.optim.lr_scheduler",
+               "LRScheduler.__init__.<locals>.patch_track_step_called.<locals>.wrap_step.<locals>.wrapper")
+    assert classify((user, wrap, lib("torch.optim.adam", "Adam.step")), source)[:2] == ("optimizer", "Optimizer.step")
     # the user's own forward (a leaf user line) inside a module call is the model, not data
     fwd = ("Net.forward", "/home/u/model.py", 12)
     assert classify((user, lib("torch.nn.modules.module", "Module._call_impl"), fwd), source)[:3] == (

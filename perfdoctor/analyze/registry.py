@@ -284,6 +284,7 @@ _m("stacks.unread_share", "fraction", "Samples py-spy failed to read / samples t
 _m("stacks.checkpoint_share", "share", "Share of steady step time the training thread spends saving checkpoints (torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, save_checkpoint...).")
 _m("stacks.checkpoint_interval_steps", "count", "Steady steps per checkpoint save (1 = every step): one save = consecutive checkpoint samples inside one step (no save spans a step end); the median steady time between consecutive saves over the mean steady step, with three saves or more (a save the sampler missed leaves the median alone); otherwise steady steps / saves seen.")
 _m("stacks.logging_sync_share", "share", "Share of steady step time in logging code (logging, TensorBoard, wandb, mlflow...) or on the user's lines that read device values (.item(), .cpu(), .tolist(), .numpy()) or run inside an `if step % N` block (a log line's metric; with N = 1 it runs every step).")
+_m("stacks.evaluation_share", "share", "Share of steady step time in an evaluation inside the training loop: forward passes or loader fetches under a function named for it (evaluate, validate, test, Lightning's evaluation loop, HF Trainer.evaluate) or under torch's no_grad / inference_mode decorator, with no backward pass in the stack.")
 _m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls and outside `if step % N` blocks: batches built in the loop (tensor ops called straight from the loop count too).")
 
 
@@ -296,6 +297,7 @@ _m("calls.save_interval_steps", "count", "Steady steps per step that called torc
 _m("calls.log_share", "share", "Share of steady step time the training thread spent inside TensorBoard's SummaryWriter.add_* calls (torch.utils.tensorboard, tensorboardX; timed per step).")
 _m("save.share", "share", "Share of steady step time spent saving checkpoints: the larger of calls.save_share (timed) and stacks.checkpoint_share (sampled), each of which sees only part of the savers.")
 _m("save.interval_steps", "count", "Steady steps per checkpoint save, from the source save.share was taken from.")
+_m("evaluation.share", "share", "Share of steady wall time an evaluation (or another loop) inside the training steps costs: the larger of loop.extra_batches_excess_share (steps that drew extra DataLoader batches) and stacks.evaluation_share (sampled stacks); None where neither was measured.")
 _m("logging.share", "share", "Share of steady step time spent logging or reading device values: the larger of calls.log_share (timed TensorBoard calls) and stacks.logging_sync_share (sampled).")
 
 

@@ -54,8 +54,15 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.optim.optimizer.Optimizer.profile_hook_step.<locals>.wrapper": "Optimizer.step",
            "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
-CAUSES = ("checkpoint", "logging_sync", "data_loader", "model", "backward", "optimizer", "perfdoctor",
+CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
           "waiting", "periodic", "python_data", "other")
+# An evaluation inside the training loop: a frame of a function named for it (the user's evaluate(),
+# Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop) or torch's no_grad /
+# inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader fetch, with
+# no backward pass in the stack.
+EVAL_NAME = re.compile(r"^(evaluate|evaluation|eval|validate|validation|val|test|predict)(_\w*)?$"
+                       r"|^_?(evaluation|prediction|validation)_loop$|^(validation|test)_step$|^_run_evaluate$")
+DECORATOR = ("torch.utils._contextlib",)
 
 
 @dataclass
@@ -86,11 +93,26 @@ def _in(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+# an LR scheduler wraps optimizer.step in a closure (torch.optim.lr_scheduler's wrap_step): the
+# user's `opt.step()` line calls that wrapper, whose qualified name is 100 characters of <locals>
+_STEP_WRAPPERS = ("torch.optim.lr_scheduler.",)
+
+
 def label(f: Frame) -> str:
     if f.kind == "user":
-        return f"{Path(f.file).name}:{f.line}"
+        p = Path(f.file)
+        # a package's __main__.py / __init__.py (python -m pkg) is named with its package
+        name = f"{p.parent.name}/{p.name}" if p.name in ("__main__.py", "__init__.py") and p.parent.name else p.name
+        return f"{name}:{f.line}"
     name = f"{f.module}.{f.func}"
-    return ALIASES.get(name, name)
+    if name in ALIASES:
+        return ALIASES[name]
+    if ".<locals>." in name:
+        if name.startswith(_STEP_WRAPPERS) and "step" in name and name.endswith("wrapper"):
+            return "Optimizer.step"
+        head, tail = name.split(".<locals>.", 1)[0], name.rsplit(".", 1)[-1]
+        return f"{head}...{tail}"        # a closure: where it was made, and its own name
+    return name
 
 
 WAIT_MODULES = ("selectors", "threading", "queue", "multiprocessing.connection", "multiprocessing.queues",
@@ -116,6 +138,18 @@ def _ours_running(below: list[Frame]) -> bool:
     return last is not None and all(f.stdlib for f in below[last + 1:])
 
 
+def _evaluating(frames: list[Frame], libs: list[Frame]) -> bool:
+    """A forward pass (or a loader fetch) under an evaluation function or a no_grad decorator,
+    with no backward pass in the stack."""
+    marked = next((i for i, f in enumerate(frames)
+                   if EVAL_NAME.search(f.func.rsplit(".", 1)[-1])
+                   or f.kind == "lib" and _in(f.module, DECORATOR) and f.func.endswith("decorate_context")), None)
+    if marked is None or any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") for f in libs):
+        return False
+    return any(f.kind == "lib" and (_in(f.module, ("torch.nn.modules",)) or f.module == "torch.utils.data.dataloader")
+               for f in frames[marked + 1:])
+
+
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
     """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
     `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
@@ -132,6 +166,8 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
         cause = "checkpoint"
     elif any(_in(f.module, LOGGING_MODULES) for f in libs):
         cause = "logging_sync"
+    elif _evaluating(frames, libs):
+        cause = "evaluation"
     elif user is not None and not below and in_periodic_block(frames[user].file, frames[user].line, lines_of):
         cause = "periodic"      # the script's own every-N-steps work (a log line's metric, an eval)
     elif not below and line_says(frames[user].file, frames[user].line, DEVICE_READ, source):

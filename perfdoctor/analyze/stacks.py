@@ -45,7 +45,7 @@ class StackReport:
 def empty_metrics() -> dict:
     return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
             "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
-            "stacks.python_data_share": None}
+            "stacks.python_data_share": None, "stacks.evaluation_share": None}
 
 
 def segments(events: list[dict]) -> dict[tuple, list[tuple[int, int, tuple]]]:
@@ -239,6 +239,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               # an `if step % N` body is a log line's work (with N = 1 it runs every step)
               "stacks.logging_sync_share": float(share["logging_sync"] + share["periodic"]),
               "stacks.python_data_share": float(share["python_data"]),
+              "stacks.evaluation_share": float(share["evaluation"]),
               "stacks.checkpoint_interval_steps": interval})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
