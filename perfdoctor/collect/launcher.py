@@ -141,7 +141,7 @@ def launch(cfg: RunConfig) -> RunResult:
     elif stopped_by == "duration" and child.get("outcome") != "interrupted":
         # the script ended by itself after the request (it reached no step boundary in this
         # process to stop at: its training ran elsewhere, or it was ending anyway)
-        if child:
+        if child and not any(n.startswith("the --duration stop request arrived") for n in notes):
             notes.append(f"--duration asked the script to stop after {stop_sent_at:.0f} s; it reached no step "
                          "boundary in the launched process to stop at, and ended by itself")
         stopped_by = None
