@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,6 +64,7 @@ def _run_one(cfg, out: Output, baselines: list[Path], strict: bool) -> int:
 
     res = launch(cfg)
     code = res.exit_code
+    fresh_line()
     if res.child.get("outcome") == NO_MODULE:   # as `python -m`: its one line (the child printed it), exit 1,
         discard(res.run_dir, res.created)        # and no run directory: nothing ran
         return code
@@ -76,6 +78,20 @@ def _run_one(cfg, out: Output, baselines: list[Path], strict: bool) -> int:
     except Exception as exc:  # the script's exit code wins over a diagnosis bug
         _internal_error(exc)
     return code
+
+
+def fresh_line(stream=None) -> None:
+    """Start the report on a line of its own in a terminal whose cursor the script's output left
+    mid-line (its last print without a newline): the width of the terminal less one in spaces,
+    then a carriage return (as zsh does for its prompt). From column 0 that stays on the line and
+    returns to its start; from any other column it wraps to the next line first."""
+    stream = stream or sys.stderr
+    try:
+        if stream.isatty():
+            stream.write(" " * (shutil.get_terminal_size().columns - 1) + "\r")
+            stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _multi_rank_checks(duration: float | None, baselines: list[Path]) -> None:
@@ -103,6 +119,7 @@ def _run_ranks(cfg, dist, out: Output) -> int:
     """--nproc-per-node: torchrun starts the ranks; the merged report once it returns."""
     from perfdoctor.collect.ranks import launch_ranks
     res = launch_ranks(cfg, dist)
+    fresh_line()
     _report_ranks(res.run_dir, out)
     return res.exit_code
 

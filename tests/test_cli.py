@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -241,3 +242,23 @@ def test_a_rank_count_torchrun_would_refuse_is_one_line_and_starts_nothing(tmp_p
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("perfdoctor: error: --n") and "never run" not in r.stdout
     assert not (tmp_path / "perfdoctor-runs").exists()
+
+
+def test_the_run_report_starts_on_a_line_of_its_own_in_a_terminal(monkeypatch):
+    """A script whose last print has no newline left the cursor mid-line, and the report's first
+    line was glued to it (a user trial): in a terminal, the width less one in spaces and a
+    carriage return wrap to a fresh line only from mid-line; nothing is written to a pipe."""
+    import io
+    import shutil
+
+    from perfdoctor.run_flow import fresh_line
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a, **k: os.terminal_size((80, 24)))
+    tty, pipe = Tty(), io.StringIO()
+    fresh_line(tty)
+    fresh_line(pipe)
+    assert tty.getvalue() == " " * 79 + "\r" and pipe.getvalue() == ""
