@@ -119,7 +119,7 @@ def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes") or None) for s in picked]   # 0: exiting
     per = _per_step(growth_per_second(host), step_s)
     out["host.rss_growth_per_step_bytes"] = per
-    avail = [s["system"].get("ram_available_bytes") for s in picked if (s.get("system") or {}).get("ram_available_bytes")]
+    avail = [v for s in picked if (v := (s.get("system") or {}).get("ram_available_bytes"))]
     out["host.ram_runway_steps"] = _runway(per, avail[-1] if avail else None)
     pts, free = _gpu_points(picked, _ours(samples))
     gper = _per_step(growth_per_second(pts), step_s)
