@@ -30,10 +30,11 @@ def test_tensorboard_reads_our_scalars(tmp_path):
 def test_sample_scalars_from_a_real_sample_shape():
     from perfdoctor.report.run_scalars import sample_scalars
     smp = {"system": {"cpu_usable_percent": 75.0, "iowait_percent": 5.0, "psi": {"io": {"some_avg10": 1.5}}},
-           "trainer": {"cpu_percent": 98.0},
+           "trainer": {"cpu_percent": 98.0, "rss_bytes": 3 << 30},
            "workers": [{"cpu_percent": 90.0, "state": "running"}, {"cpu_percent": 10.0, "state": "disk-sleep"}],
            "gpu": [{"index": 0, "util_percent": 55, "memory_used_bytes": 1e9, "sm_clock_mhz": 1400}]}
     s = sample_scalars(smp)
     assert s["loader/worker_cpu_percent_mean"] == 50.0 and s["loader/workers_disk_sleep"] == 1.0
     assert s["gpu0/util_percent"] == 55 and s["system/iowait_percent"] == 5.0
+    assert s["trainer/rss_bytes"] == 3 << 30 and s["system/ram_available_bytes"] is None
     assert not any(k.startswith("gpu") for k in sample_scalars({**smp, "gpu": None}))   # no GPU, no numbers

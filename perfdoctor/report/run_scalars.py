@@ -1,5 +1,5 @@
 """TensorBoard scalars of a `perfdoctor run`: step time and data wait per step, and the system
-samples over time (CPU, IO pressure, the trainer and its loader workers, each NVIDIA GPU).
+samples over time (CPU, IO pressure, memory, the trainer and its loader workers, each NVIDIA GPU).
 
 `tensorboard --logdir RUN_DIR` shows them beside the trace's profile view.
 """
@@ -30,6 +30,8 @@ def sample_scalars(smp: dict) -> dict:
            "system/iowait_percent": sysd.get("iowait_percent"),
            "system/psi_io_some_avg10": ((sysd.get("psi") or {}).get("io") or {}).get("some_avg10"),
            "trainer/cpu_percent": trainer.get("cpu_percent"),
+           "trainer/rss_bytes": trainer.get("rss_bytes") or None,          # 0: read as it exited
+           "system/ram_available_bytes": sysd.get("ram_available_bytes"),
            "loader/workers": float(len(workers)),
            "loader/worker_cpu_percent_mean": sum(wcpu) / len(wcpu) if wcpu else None,
            "loader/workers_disk_sleep": float(sum(w.get("state") == "disk-sleep" for w in workers))}
