@@ -29,9 +29,9 @@ from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect.launcher import RunResult
-from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.diagnose import runfiles
+from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
 from perfdoctor.rules.engine import evaluate
@@ -266,7 +266,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 # The terminal shows the first run note by default: what could change the advice first (Python
 # stacks not recorded), then the notes about this run, then what only describes the machine or
 # the sampling (no NVIDIA GPU, the sampled means, block-IO delay accounting off).
-_LEAD = ("the trace stopped inside a step",) + CHILD_LEAD     # the traced step is not whole: read its times so
+# the traced step is not whole (read its times so), or the training ran in child processes
+_LEAD = ("the trace stopped inside a step",) + CHILD_LEAD
 _FIRST = ("python stacks not recorded",)
 _LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off")
 
