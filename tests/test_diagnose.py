@@ -125,6 +125,23 @@ def test_traced_steps_that_queued_for_a_cpu_blame_the_neighbour_not_the_profiler
     assert not any("other work" in n for n in quiet)
 
 
+def test_one_long_step_in_the_trace_is_not_blamed_on_the_profiler():
+    """A user trial: evaluate() every 10 steps, and one of the 5 traced steps held it (52.7 ms
+    against ~2.3 ms): the traced mean 12.6 ms, 2.8x the steady 4.44 ms, had been 'the profiler's
+    own cost per op'; the traced median says one step, and the profiler doubles the typical one."""
+    m = {"share.device": 0.92, "share.input": 0.0, "share.host": 0.08, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 6, "trace.platform": "cpu",
+         "run.trace_inflation": 2.85, "steps.time_mean_ms": 12.63, "steps.time_median_ms": 2.83,
+         "run.step_time_ms": 4.44, "run.step_time_median_ms": 1.41}
+    conf, notes, _ = confidence("device", m)
+    assert conf == 0.5 and not any("the profiler made" in n for n in notes)
+    note = next(n for n in notes if n.startswith("a long step fell in the traced window"))
+    assert "mean is 12.6 ms against their median 2.83 ms" in note and "typical traced step 2.0x" in note
+    # all traced steps slow alike (mean near median): the profiler's cost, as before
+    _, even, _ = confidence("device", {**m, "steps.time_median_ms": 12.0})
+    assert any("the profiler made the traced steps 2.9x" in n for n in even)
+
+
 def test_a_verdict_just_under_the_device_line_is_not_firm():
     """Host-bound at 79.8% CPU ops (host 13%, input 2%) is a few points from device-bound: the
     margin over the input share says 0.94, the device line says low."""

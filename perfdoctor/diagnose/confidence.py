@@ -20,6 +20,7 @@ CAUSES = ("input", "host", "communication")
 # Traced steps this many times as long as the steady ones: at least half of a traced step is the
 # profiler's own per-op cost (tiny ops: a 1 ms CPU step traced at 6.6 ms), so its shares are not
 # the un-profiled step's.
+SKEWED = 2.0         # traced steps' mean over their median: one step far longer than the others
 PROFILED_MUCH_SLOWER = 2.0
 # Another job's load that makes the shares the machine's, not the job's: half a core of other
 # processes (quiet.py's bar for timing tests too) while the trainer queues for a CPU a quarter of
@@ -74,7 +75,19 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      f"{traced_wait:.0%}: the profiler{' (and here other work on the cores)' if contended else ''} "
                      "changes the pace of the step's own work, so the input "
                      "share of the un-profiled run differs from the trace's")
-    if isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER:
+    mean_t, med_t, med_s = m.get("steps.time_mean_ms"), m.get("steps.time_median_ms"), m.get("run.step_time_median_ms")
+    # one long step among the few traced ones (an evaluation, a save) pulls their mean far above
+    # their median: that, not the profiler's cost per op, which every traced step pays, is the gap
+    skewed = all(isinstance(x, (int, float)) and x > 0 for x in (mean_t, med_t, med_s)) and mean_t >= SKEWED * med_t
+    if isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER and skewed:
+        conf = min(conf, 0.5)
+        notes.append(f"a long step fell in the traced window: the traced steps' mean is {mean_t:.3g} ms against their "
+                     f"median {med_t:.3g} ms (steady steps: {m.get('run.step_time_ms') or 0:.3g} ms, median "
+                     f"{med_s:.3g} ms). It (an evaluation, a checkpoint, a log every N steps) weighs on the breakdown "
+                     "far more than on the run" + (f"; the profiler's cost per op also makes the typical traced step "
+                                                   f"{med_t / med_s:.1f}x the steady one's"
+                                                   if med_t / med_s >= PROFILED_MUCH_SLOWER else ""))
+    elif isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER:
         conf = min(conf, 0.5)
         times = f"({m.get('steps.time_mean_ms') or 0:.3g} vs {m.get('run.step_time_ms') or 0:.3g} ms)"
         if contended:
