@@ -4,12 +4,13 @@ LoaderKinds.count(it) runs for every batch a DataLoader iterator yields (hooks.p
 wrapper): the first batch of an iterator describes it (a dict lookup a batch after that), and
 batches are counted per description. info() lists the descriptions, most batches first:
 
-  dataset        the dataset's class name; module: its module
+  dataset        the dataset's class name ("Subset of X" for a Subset of X); module: its module
   per_sample     True when a batch is made sample by sample: map-style, automatic batching
                  (batch_size set), and a dataset without __getitems__, so the fetcher calls
                  dataset[i] once per sample and default_collate stacks the results
   batch_size     the loader's batch_size (None: batch_size=None, the sampler yields batches)
   workers        num_workers
+  default_collate  torch's default_collate makes the batch (False: the script's collate_fn)
   batches        batches drawn from loaders so described
 
 A TensorDataset fetched sample by sample indexes each of its tensors batch_size times and stacks
@@ -33,18 +34,27 @@ class LoaderKinds:
             self.batches[key] = self.batches.get(key, 0) + 1
 
     def info(self) -> list[dict]:
-        return [{"dataset": k[0], "module": k[1], "per_sample": k[2], "batch_size": k[3], "workers": k[4], "batches": n}
-                for k, n in sorted(self.batches.items(), key=lambda kv: -kv[1])]
+        return [{"dataset": k[0], "module": k[1], "per_sample": k[2], "batch_size": k[3], "workers": k[4],
+                 "default_collate": k[5], "batches": n} for k, n in sorted(self.batches.items(), key=lambda kv: -kv[1])]
 
 
 def _describe(it) -> tuple:
     try:
-        ds = it._dataset
+        ds, name = it._dataset, None
+        # a Subset (random_split) indexes the dataset it wraps one sample at a time whatever
+        # __getitems__ it has: it is named, and judged, by that dataset
+        for _ in range(8):
+            if type(ds).__name__ != "Subset" or not hasattr(ds, "dataset"):
+                break
+            ds, name = ds.dataset, "Subset of "
         cls = type(ds)
         auto = bool(getattr(it, "_auto_collation", False))
         per_sample = getattr(it, "_dataset_kind", None) == 0 and auto and not callable(getattr(ds, "__getitems__", None))
         loader_bs = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
-        return (cls.__name__, cls.__module__, per_sample, loader_bs if isinstance(loader_bs, int) else None,
-                int(getattr(it, "_num_workers", 0) or 0))
+        collate = getattr(it, "_collate_fn", None)
+        default = getattr(collate, "__name__", None) == "default_collate" and \
+            getattr(collate, "__module__", "").startswith("torch.utils.data")
+        return ((name or "") + cls.__name__, cls.__module__, per_sample,
+                loader_bs if isinstance(loader_bs, int) else None, int(getattr(it, "_num_workers", 0) or 0), default)
     except Exception:           # an iterator of a torch we do not know
-        return ("?", "?", None, None, 0)
+        return ("?", "?", None, None, 0, None)
