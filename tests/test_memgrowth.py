@@ -73,6 +73,24 @@ def test_per_step_growth_runway_and_the_gpu_the_trainer_uses():
     assert m["gpu.memory_runway_steps"] == pytest.approx(free / (40 * MIB), rel=0.05)
 
 
+def test_workers_that_cache_what_they_read_are_judged_each_on_its_own():
+    """A user trial's Dataset kept every sample it read: each of its 2 workers grew 300 -> 740 MB
+    while the trainer stayed flat, and no flag was raised."""
+    samples = _samples(lambda t: 300 * MIB)
+    for s in samples:
+        t = s["t"]
+        s["workers"] = [{"pid": 20 + w, "role": "worker", "create_time": 5.0, "rss_bytes": 300 * MIB + 10 * MIB * t}
+                        for w in range(2)]
+    m = memory_growth(samples, _steps())
+    assert m["host.rss_growth_per_step_bytes"] == 0.0
+    assert m["loader.workers_rss_growth_per_step_bytes"] == pytest.approx(2 * MIB, rel=0.02)      # 1 MiB each
+    assert m["host.ram_runway_steps"] == pytest.approx(8 * 2 ** 30 / (2 * MIB), rel=0.02)
+    # workers restarted every few seconds (non-persistent, short epochs): too short-lived to judge
+    for s in samples:
+        s["workers"] = [{**w, "create_time": float(int(s["t"] // 2))} for w in s["workers"]]
+    assert memory_growth(samples, _steps())["loader.workers_rss_growth_per_step_bytes"] is None
+
+
 def test_only_the_steps_after_the_profiled_ones_count():
     # the profiler holds its events in the trainer while it records (steps 20-29): memory rises
     # during those steps and stays; after them it is flat
@@ -129,7 +147,8 @@ def test_run_finds_a_loop_that_keeps_each_steps_output(tmp_path):
     assert m["host.rss_growth_per_step_bytes"] == pytest.approx(2 * MIB, rel=0.15), m
     assert m["host.ram_runway_steps"] > 0
     flag = next(f for f in doc["flags"] if f["id"] == "PD216")
-    assert "a step over the steady steps" in flag["summary"] and "MiB" in flag["summary"]
+    assert "grows every step over the steady steps" in flag["summary"] and "MiB a step" in flag["summary"]
+    assert m["loader.workers_rss_growth_per_step_bytes"] is None          # no loader workers
     assert "PD216" in r.stderr and "memory grows every step" in r.stderr
     # the picture of it: the trainer's RSS over time, rising through the steps
     series = doc["run"]["series"]

@@ -401,6 +401,8 @@ def test_classify_causes():
     assert classify((fit, nograd, ev, call), source)[:3] == ("evaluation", "nn.Module.__call__", "pkg/__main__.py:35")
     assert classify((fit, ("Runner.test", "/home/u/run.py", 9), call), source)[0] == "evaluation"
     assert classify((fit, ("Runner.validate_epoch", "/home/u/run.py", 9), call), source)[0] == "evaluation"
+    # the evaluation's own `.item()` line is its time, not a log line's
+    assert classify((fit, ("evaluate", "/home/u/train.py", 40)), source)[0] == "evaluation"
     # a no_grad helper that runs no model (an EMA update) is not an evaluation, nor is a backward
     assert classify((fit, nograd, ("ema_update", "/home/u/run.py", 3), lib("torch._foreach", "add")), source)[0] \
         != "evaluation"

@@ -25,7 +25,10 @@ all the steps without a trace. Per step = slope x the window's seconds / its ste
 Metrics (None: the samples cannot tell; 0.0: measured, and no persistent growth):
   host.rss_growth_per_step_bytes   the trainer's resident memory (RSS)
   host.rss_peak_bytes              the trainer's peak RSS over the run
-  host.ram_runway_steps            steps until the machine's available RAM is gone at that rate
+  loader.workers_rss_growth_per_step_bytes  the DataLoader workers', each judged on its own
+                                   samples and summed (a cache in the Dataset grows in every worker)
+  host.ram_runway_steps            steps until the machine's available RAM is gone at the trainer's
+                                   and the workers' rates together
   gpu.memory_growth_per_step_bytes the GPUs' memory in use (NVML, summed over the devices the
                                    trainer uses; other processes on them count too)
   gpu.memory_runway_steps          steps until the device memory is full at that rate
@@ -44,6 +47,7 @@ HALF_RATE = 0.3
 MIN_GROWTH_BYTES = 64 * 2 ** 20
 
 NAMES = ("host.rss_growth_per_step_bytes", "host.rss_peak_bytes", "host.ram_runway_steps",
+         "loader.workers_rss_growth_per_step_bytes",
          "gpu.memory_growth_per_step_bytes", "gpu.memory_runway_steps")
 
 
@@ -109,6 +113,20 @@ def _runway(per_step: float | None, room: float | None) -> float | None:
     return float(room / per_step) if per_step and room is not None and room > 0 else None
 
 
+def _workers_growth(picked: list[dict], step_s: float | None) -> float | None:
+    """The DataLoader workers' persistent growth per step, summed over the workers (each judged
+    on its own samples: a worker restarted every epoch lives too short to be judged, and a
+    cache of the samples it read grows in each worker). None when no worker was sampled."""
+    series: dict = {}
+    for s in picked:
+        for w in s.get("workers") or []:
+            series.setdefault((w.get("pid"), w.get("create_time")), []).append((s["unix"], w.get("rss_bytes") or None))
+    if not series:
+        return None
+    rates = [growth_per_second(pts) for pts in series.values()]
+    return _per_step(sum(r for r in rates if r), step_s) if any(r is not None for r in rates) else None
+
+
 def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     out = dict.fromkeys(NAMES)
     rss = [s["trainer"]["rss_bytes"] for s in samples if (s.get("trainer") or {}).get("rss_bytes")]
@@ -119,8 +137,11 @@ def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes") or None) for s in picked]   # 0: exiting
     per = _per_step(growth_per_second(host), step_s)
     out["host.rss_growth_per_step_bytes"] = per
+    wper = _workers_growth(picked, step_s)
+    out["loader.workers_rss_growth_per_step_bytes"] = wper
     avail = [v for s in picked if (v := (s.get("system") or {}).get("ram_available_bytes"))]
-    out["host.ram_runway_steps"] = _runway(per, avail[-1] if avail else None)
+    both = None if per is None and wper is None else (per or 0.0) + (wper or 0.0)
+    out["host.ram_runway_steps"] = _runway(both, avail[-1] if avail else None)
     pts, free = _gpu_points(picked, _ours(samples))
     gper = _per_step(growth_per_second(pts), step_s)
     out["gpu.memory_growth_per_step_bytes"] = gper

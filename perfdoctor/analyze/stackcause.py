@@ -56,11 +56,11 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
 CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
           "waiting", "periodic", "python_data", "other")
-# An evaluation inside the training loop: a frame of a function named for it (the user's evaluate(),
-# Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop) or torch's no_grad /
-# inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader fetch, with
-# no backward pass in the stack.
-EVAL_NAME = re.compile(r"^(evaluate|evaluation|eval|validate|validation|val|test|predict)(_\w*)?$"
+# An evaluation inside the training loop: anything under a function named for it (the user's
+# evaluate(), Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop), or torch's
+# no_grad / inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader
+# fetch; never with a backward pass in the stack.
+EVAL_NAME = re.compile(r"^(evaluate|evaluation|eval|validate|validation|val|test)(_\w*)?$"
                        r"|^_?(evaluation|prediction|validation)_loop$|^(validation|test)_step$|^_run_evaluate$")
 DECORATOR = ("torch.utils._contextlib",)
 
@@ -139,15 +139,18 @@ def _ours_running(below: list[Frame]) -> bool:
 
 
 def _evaluating(frames: list[Frame], libs: list[Frame]) -> bool:
-    """A forward pass (or a loader fetch) under an evaluation function or a no_grad decorator,
-    with no backward pass in the stack."""
-    marked = next((i for i, f in enumerate(frames)
-                   if EVAL_NAME.search(f.func.rsplit(".", 1)[-1])
-                   or f.kind == "lib" and _in(f.module, DECORATOR) and f.func.endswith("decorate_context")), None)
-    if marked is None or any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") for f in libs):
+    """Inside a function named for an evaluation (its forward passes, its `.item()` lines, its
+    loader), or a forward pass or loader fetch under a no_grad decorator (an EMA update under
+    one runs no module: not this); never with a backward pass in the stack."""
+    if any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") for f in libs):
         return False
-    return any(f.kind == "lib" and (_in(f.module, ("torch.nn.modules",)) or f.module == "torch.utils.data.dataloader")
-               for f in frames[marked + 1:])
+    if any(EVAL_NAME.search(f.func.rsplit(".", 1)[-1]) for f in frames):
+        return True
+    marked = next((i for i, f in enumerate(frames)
+                   if f.kind == "lib" and _in(f.module, DECORATOR) and f.func.endswith("decorate_context")), None)
+    return marked is not None and any(
+        f.kind == "lib" and (_in(f.module, ("torch.nn.modules",)) or f.module == "torch.utils.data.dataloader")
+        for f in frames[marked + 1:])
 
 
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:

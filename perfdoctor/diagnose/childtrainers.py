@@ -31,7 +31,7 @@ def elsewhere(run_dir: Path, steps: list[dict], m: dict) -> str | None:
                else "the launched process itself stepped no optimizer")
         return (f"the script trained in {n} forked child process(es) (at least {total:,} optimizer steps in all: "
                 "torch.multiprocessing with fork, Hogwild!, os.fork): perfdoctor times the steps of the process it "
-                f"launched, and {own}; the system samples count those children as loader workers. To diagnose "
+                f"launched, and {own}; their CPU counts as other work of the script, not the loader's. To diagnose "
                 "their steps, run one trainer in the main process (the script set to a single process, or its "
                 "train function called directly)")
     workers, cpu = m.get("loader.workers"), m.get("loader.worker_cpu_mean")

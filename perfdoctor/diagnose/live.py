@@ -28,6 +28,7 @@ from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
+from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.diagnose import runfiles
@@ -186,10 +187,27 @@ def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | N
     except ImportError:
         return {}, data.get("notes", []), None, None
     notes = list(data.get("notes", []))
-    samples = data.get("samples", [])
+    samples = _trainers_apart(data.get("samples", []), run_dir)
     metrics, sampling = windowed_metrics(samples, steps, notes, system_metrics)
     metrics.update(memory_growth(samples, steps))
     return metrics, notes, sampling, run_series(samples, steps)
+
+
+def _trainers_apart(samples: list[dict], run_dir: Path) -> list[dict]:
+    """Forked children that trained (forked/<pid>.json) are python descendants of the trainer,
+    which the sampler calls loader workers: they are helpers here, not the loader."""
+    pids = {k["pid"] for k in forked.read(run_dir)}
+    if not pids:
+        return samples
+    out = []
+    for smp in samples:
+        workers = smp.get("workers") or []
+        moved = [w for w in workers if w.get("pid") in pids]
+        if moved:
+            smp = {**smp, "workers": [w for w in workers if w.get("pid") not in pids],
+                   "helpers": list(smp.get("helpers") or []) + [{**w, "role": "other"} for w in moved]}
+        out.append(smp)
+    return out
 
 
 def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
