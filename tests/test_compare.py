@@ -286,3 +286,29 @@ def test_a_report_of_another_schema_version_is_noted(tmp_path):
         assert f"note: {other}: report schema_version {version}" in pd("compare", other, good).stdout
         g = pd("gate", good, "--baseline", other, "-f", "json")
         assert notes[0] in json.loads(g.stdout)["notes"], g.stdout
+
+
+def test_compare_and_gate_name_a_new_flag(tmp_path):
+    """A change that starts leaking memory (PD216) passed the gate as an IMPROVEMENT and compare
+    listed only fixes (a user trial): compare lists the flags, gate notes a new medium one."""
+    from perfdoctor.gate.compare import compare_runs
+    from perfdoctor.gate.gate import GateOptions, gate_runs
+    from perfdoctor.gate.load import load_run
+
+    def report(name, flags):
+        d = {"schema_version": 2, "verdict": {"bound": "device"}, "findings": [],
+             "flags": [{"id": i, "severity": sev, "title": t} for i, sev, t in flags],
+             "traces": [{"metrics": {"run.step_time_ms": 10.0}}], "run": {"command": "train.py"}}
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(d))
+        return load_run(f)
+
+    before = report("b", [("PD214", "high", "The training thread waits for a CPU")])
+    after = report("a", [("PD216", "medium", "The training job's memory grows every step"),
+                         ("PD999", "low", "something minor")])
+    doc = compare_runs(before, after)
+    assert doc["flags"] == {"before": ["PD214"], "after": ["PD216", "PD999"], "added": ["PD216", "PD999"],
+                            "removed": ["PD214"]}
+    res = gate_runs(after, [before], GateOptions())
+    assert "new flags in the current run: PD216 (medium: The training job's memory grows every step)" in res.notes
+    assert not any("PD999" in n for n in res.notes)                    # a low flag is no news for CI

@@ -64,6 +64,8 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             "verdict": {"before": b.verdict, "after": a.verdict, "changed": b.verdict != a.verdict},
             "findings": {"before": fb, "after": fa, "added": [f for f in fa if f not in fb],
                          "removed": [f for f in fb if f not in fa]},
+            "flags": {"before": list(b.flags), "after": list(a.flags), "added": [f for f in a.flags if f not in b.flags],
+                      "removed": [f for f in b.flags if f not in a.flags]},
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
             "settings_differ": settings_diff(b, a),
             "notes": [n for n in (b.schema_note, a.schema_note) if n],
@@ -139,6 +141,11 @@ def render_compare(doc: dict, console=None) -> None:
     c.print(text(f"findings before: {', '.join(f['before']) or 'none'}; after: {', '.join(f['after']) or 'none'}"
                  + (f"; new: {', '.join(f['added'])}" if f["added"] else "")
                  + (f"; gone: {', '.join(f['removed'])}" if f["removed"] else "")))
+    g = doc.get("flags") or {}
+    if g.get("before") or g.get("after"):
+        c.print(text(f"flags before: {', '.join(g['before']) or 'none'}; after: {', '.join(g['after']) or 'none'}"
+                     + (f"; new: {', '.join(g['added'])}" if g["added"] else "")
+                     + (f"; gone: {', '.join(g['removed'])}" if g["removed"] else "")))
     env = doc["environment"]
     if env["differs"]:
         c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))

@@ -134,6 +134,10 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         diffs += [x for x in d if x not in diffs]
         unknown.update(u)
     notes += [n for n in (r.schema_note for r in (*bases, cur)) if n]
+    seen = {k for b in bases for k in b.flags}
+    new = [f"{k} ({v})" for k, v in cur.flags.items() if k not in seen and not v.startswith("low")]
+    if new:    # not gated (a flag is no measured slowdown), but a CI reader should see it
+        notes.append("new flags in the current run: " + "; ".join(new))
     if unknown:
         notes.append("environment not fully known (" + ", ".join(sorted(unknown)) + "): compared on what is known")
     settings = [x for b in bases for x in settings_diff(b, cur)]

@@ -86,6 +86,15 @@ class RunData:
     def fix_ids(self) -> list[str]:
         return [f.get("id") for f in self.doc.get("findings") or [] if f.get("id")]
 
+    @property
+    def flags(self) -> dict[str, str]:
+        """The report's flags: id -> 'severity: title' (strings as the report holds them)."""
+        out = {}
+        for f in self.doc.get("flags") or []:
+            if isinstance(f, dict) and isinstance(f.get("id"), str):
+                out[f["id"]] = f"{f.get('severity') or '?'}: {f.get('title') or ''}"
+        return out
+
 
 def load_run(path: str | Path) -> RunData:
     """A run directory (report.json + steps.jsonl + child.json) or a report JSON file. A report
