@@ -28,9 +28,11 @@ MAX_POINTS = 400
 
 
 def _sum(procs: list[dict], key: str, scale: float = 1.0):
+    """Summed over the processes; None when one was not measured, or none was alive (a gap in
+    the line, not workers at zero)."""
     vals = [p.get(key) for p in procs]
     if not vals or any(v is None for v in vals):
-        return None if vals else 0.0
+        return None
     return sum(vals) * scale
 
 

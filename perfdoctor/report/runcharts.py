@@ -18,6 +18,8 @@ MEM_LINES = (("ram_used_bytes", "machine RAM in use", "#9aa0a6", 1.5), ("trainer
              ("workers_rss_bytes", "workers RSS", "#8fb3dd", 1.5), ("gpu_memory_bytes", "GPU memory in use", "#2e8b57", 2))
 GPU_LINES = (("gpu_util", "GPU busy", "#2e8b57", 2),)
 PANEL_H = 110
+BANDS = (("steps", "#dcefdc"), ("traced", "#f6d58e"))
+MIN_BAND = 3.0          # px: a trace window of a second in a run of minutes stays visible
 
 
 def _bytes_axis(top: float) -> tuple[float, str]:
@@ -52,13 +54,13 @@ def _panel(series: dict, lines, y0: float, title: str, top: float, tick) -> list
         return y0 + PANEL_H * (1 - min(v, top) / top)
 
     out = [f'<text x="{LEFT}" y="{_f(y0 - 6)}" fill="#333" font-weight="600">{H(title)}</text>']
-    for key, colour in (("steps", "#eef6ee"), ("traced", "#fdf1d6")):
+    for key, colour in BANDS:
         w = series.get(key)
         if w and w[1] > w[0]:
             a, b = max(t[0], w[0]), min(t[-1], w[1])
             if b > a:
-                out.append(f'<rect x="{_f(x_of(a))}" y="{_f(y0)}" width="{_f(x_of(b) - x_of(a))}" height="{PANEL_H}" '
-                           f'fill="{colour}"><title>{H(key)}</title></rect>')
+                out.append(f'<rect x="{_f(x_of(a))}" y="{_f(y0)}" width="{_f(max(MIN_BAND, x_of(b) - x_of(a)))}" '
+                           f'height="{PANEL_H}" fill="{colour}"><title>{H(key)}</title></rect>')
     for frac in (0, 0.5, 1):
         y = y0 + PANEL_H * (1 - frac)
         out.append(f'<line x1="{LEFT}" y1="{_f(y)}" x2="{LEFT + width}" y2="{_f(y)}" stroke="#e3e3e3"/>'
@@ -99,8 +101,9 @@ def run_charts(series: dict | None) -> tuple[str, str]:
     t = series["t_s"]
     parts += _axis(LEFT, W - LEFT - 20, (t[-1] - t[0]) or 1.0, y - gap + 2, "s")
     parts.append("</svg>")
-    present = [(label, colour) for lines, *_ in panels for key, label, colour, _ in lines if key in series]
-    present += [("steps", "#eef6ee")] if series.get("steps") else []
-    present += [("traced", "#fdf1d6")] if series.get("traced") else []
-    legend = "".join(f'<span class="key"><i style="background:{c}"></i>{H(label)}</span>' for label, c in present)
+    groups = [(title.split(",")[0], [(label, colour) for key, label, colour, _ in lines if key in series])
+              for lines, title, *_ in panels]
+    groups.append(("shaded", [(k, c) for k, c in BANDS if series.get(k)]))
+    legend = " · ".join(f"<b>{H(name)}:</b> " + "".join(f'<span class="key"><i style="background:{c}"></i>{H(label)}</span>'
+                                                         for label, c in keys) for name, keys in groups if keys)
     return legend, "".join(parts)
