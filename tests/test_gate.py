@@ -451,7 +451,7 @@ def test_real_data_wait_regression(runs, tmp_path):
     vrow = next(r for r in doc["rows"] if r["metric"] == "verdict")
     assert vrow["current"].startswith("input")
     changed = vrow["baseline"] != vrow["current"]
-    assert (": now input-bound" in doc["reason"]) == changed, (vrow, doc["reason"])
+    assert ("; the verdict changed, now input-bound" in doc["reason"]) == changed, (vrow, doc["reason"])
     assert any(x.startswith("::error title=perfdoctor gate: regression::") for x in p.stderr.splitlines())
     p = pd("gate", runs["w0"], "--baseline", runs["a"], env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert p.returncode == 1 and "::error title=perfdoctor gate: regression::" in p.stdout

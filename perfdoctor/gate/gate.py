@@ -383,5 +383,5 @@ def _reason(outcome: str, rows: list[Row], cur: RunData) -> str:
     else:
         text = "; ".join(r.reason for r in hits)
     if verdict is not None and verdict.status == "warning":
-        text += f": now {bound_words(cur)}"
+        text += f"; the verdict changed, now {bound_words(cur)}"
     return text
