@@ -636,3 +636,16 @@ def test_bursty_compare_agrees_with_wall_time(bursty_runs, before, after):
     assert rows["step time"]["change"] == pytest.approx(truth, abs=0.05)
     assert rows["step time"]["beyond_noise"] is True
     assert rows["step time median"]["change"] * truth < 0          # the secondary figure misleads
+
+
+def test_the_batch_size_comes_from_the_loader_run_recorded():
+    """Two runs at batch 128 and 512 read 'environment unknown: batch size' when the command line
+    had no --batch-size (a user trial): the loader's batch_size that run recorded is the batch size."""
+    from perfdoctor.gate.load import fingerprint
+    doc = {"traces": [{"metrics": {"input.loader_batch_size": 512, "machine.cpu_count": 2}}],
+           "run": {"command": "train.py --batch-size 64"}}
+    assert fingerprint(doc)["batch_size"] == 512                        # what the loader used
+    doc["traces"][0]["metrics"]["input.loader_batch_size"] = None
+    assert fingerprint(doc)["batch_size"] == 64                         # the command line otherwise
+    doc["traces"][0]["metrics"]["input.loader_batch_size"] = True       # hostile: not a size
+    assert fingerprint(doc)["batch_size"] == 64

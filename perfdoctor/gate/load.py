@@ -136,16 +136,18 @@ def load_run(path: str | Path) -> RunData:
 
 def fingerprint(doc: dict, child: dict | None = None) -> dict:
     """Device model and count, torch version, CPU count and batch size; None where unknown.
-    Batch size is known only when the command line passed --batch-size/--batch_size."""
+    Batch size: the training loader's batch_size as `perfdoctor run` recorded it
+    (input.loader_batch_size), else a --batch-size/--batch_size on the command line."""
     m = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
     platform = m.get("trace.platform")
     device = m.get("trace.device_name") or ("cpu" if platform == "cpu" else None)
     count = m.get("trace.devices_used")
     if count is None and platform == "cpu":
         count = 0
-    bs = None
+    bs = m.get("input.loader_batch_size")
+    bs = bs if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0 else None
     command = (doc.get("run") or {}).get("command") or ""
-    hit = _BATCH.search(command)
+    hit = _BATCH.search(command) if bs is None else None
     if hit:
         bs = int(hit.group(1))
     return {"device": device, "device_count": count, "torch": (child or {}).get("torch_version"),
