@@ -91,7 +91,11 @@ def test_an_evaluation_inside_the_steps_is_offered_less_often_with_its_gain():
     # steps.jsonl rows carry "batches": 0 when the loop has no DataLoader: unknown, not "none extra"
     no_loader = [{"dur": 0.1, "wait": 0.0, "batches": 0}] * 20
     assert loop_metrics(None, no_loader)["loop.extra_batches_excess_share"] is None
-    fix = {f.rule.id: f for f in evaluate(load_rules(), {**dict.fromkeys(registry.REGISTRY), **m}).fixes}
+    from perfdoctor.analyze.callshares import combined
+    values = {**dict.fromkeys(registry.REGISTRY), **m}
+    values.update(combined(values))         # evaluation.share: the larger of this and the stacks' measure
+    assert values["evaluation.share"] == pytest.approx(excess)
+    fix = {f.rule.id: f for f in evaluate(load_rules(), values).fixes}
     assert fix["PD354"].ceiling == pytest.approx(1 / (1 - excess))
     assert fix["PD354"].expected == pytest.approx(1 / (1 - 0.9 * excess))
 

@@ -76,8 +76,12 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     m.update({"stacks.checkpoint_share": 0.2, "stacks.checkpoint_interval_steps": 3.0,
               "stacks.logging_sync_share": 0.3})
     assert combined(m) == {"save.share": pytest.approx(0.25), "save.interval_steps": 2.0,
-                           "logging.share": 0.3}
-    assert combined({}) == {"save.share": None, "save.interval_steps": None, "logging.share": None}
+                           "logging.share": 0.3, "evaluation.share": None}
+    assert combined({}) == {"save.share": None, "save.interval_steps": None, "logging.share": None,
+                            "evaluation.share": None}
+    # an evaluation seen both ways: the larger measure (extra batches 8%, stacks 14%)
+    assert combined({"loop.extra_batches_excess_share": 0.08, "stacks.evaluation_share": 0.14})[
+        "evaluation.share"] == 0.14
     # no save in the steady steps: share 0, no interval
     assert call_metrics([{"dur": 0.1}] * 3, timed=True)["calls.save_interval_steps"] is None
 
