@@ -148,7 +148,8 @@ def test_run_finds_a_loop_that_keeps_each_steps_output(tmp_path):
     assert m["host.ram_runway_steps"] > 0
     flag = next(f for f in doc["flags"] if f["id"] == "PD216")
     assert "grows every step over the steady steps" in flag["summary"] and "MiB a step" in flag["summary"]
-    assert m["loader.workers_rss_growth_per_step_bytes"] is None          # no loader workers
+    assert m["loader.workers_rss_growth_per_step_bytes"] == 0.0           # no loader workers
+    assert "its DataLoader workers' by 0 B a step together" in flag["summary"]
     assert "PD216" in r.stderr and "memory grows every step" in r.stderr
     # the picture of it: the trainer's RSS over time, rising through the steps
     series = doc["run"]["series"]

@@ -26,7 +26,8 @@ Metrics (None: the samples cannot tell; 0.0: measured, and no persistent growth)
   host.rss_growth_per_step_bytes   the trainer's resident memory (RSS)
   host.rss_peak_bytes              the trainer's peak RSS over the run
   loader.workers_rss_growth_per_step_bytes  the DataLoader workers', each judged on its own
-                                   samples and summed (a cache in the Dataset grows in every worker)
+                                   samples and summed (a cache in the Dataset grows in every worker);
+                                   0.0 without workers
   host.ram_runway_steps            steps until the machine's available RAM is gone at the trainer's
                                    and the workers' rates together
   gpu.memory_growth_per_step_bytes the GPUs' memory in use (NVML, summed over the devices the
@@ -116,13 +117,14 @@ def _runway(per_step: float | None, room: float | None) -> float | None:
 def _workers_growth(picked: list[dict], step_s: float | None) -> float | None:
     """The DataLoader workers' persistent growth per step, summed over the workers (each judged
     on its own samples: a worker restarted every epoch lives too short to be judged, and a
-    cache of the samples it read grows in each worker). None when no worker was sampled."""
+    cache of the samples it read grows in each worker). 0.0 when the steps ran without workers
+    (num_workers=0: no worker memory to grow); None when the workers lived too short to judge."""
     series: dict = {}
     for s in picked:
         for w in s.get("workers") or []:
             series.setdefault((w.get("pid"), w.get("create_time")), []).append((s["unix"], w.get("rss_bytes") or None))
     if not series:
-        return None
+        return 0.0
     rates = [growth_per_second(pts) for pts in series.values()]
     return _per_step(sum(r for r in rates if r), step_s) if any(r is not None for r in rates) else None
 
