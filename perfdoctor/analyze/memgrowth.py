@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.analyze.system import our_pids, used_devices
 from perfdoctor.analyze.windows import select, step_windows
 
 MIN_SAMPLES = 8
@@ -87,14 +88,9 @@ def _window(samples: list[dict], steps: list[dict]) -> tuple[list[dict], float |
     return select(samples, (lo, hi)), (hi - lo) / len(ends)
 
 
-def _ours(samples: list[dict]) -> set[int]:
-    return {p["pid"] for s in samples
-            for p in ([s["trainer"]] if s.get("trainer") else []) + (s.get("workers") or []) + (s.get("helpers") or [])}
-
-
 def _gpu_points(picked: list[dict], ours: set[int]) -> tuple[list[tuple[float, float]], float | None]:
     """(time, memory in use summed over the trainer's devices) and the free memory at the end."""
-    used = {d["index"] for s in picked for d in (s.get("gpu") or []) if d.get("pids") and ours & set(d["pids"])}
+    used = used_devices(picked, ours)
     pts, free = [], None
     for s in picked:
         devs = [d for d in (s.get("gpu") or []) if (d["index"] in used if used else True)]
@@ -144,7 +140,7 @@ def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     avail = [v for s in picked if (v := (s.get("system") or {}).get("ram_available_bytes"))]
     both = None if per is None and wper is None else (per or 0.0) + (wper or 0.0)
     out["host.ram_runway_steps"] = _runway(both, avail[-1] if avail else None)
-    pts, free = _gpu_points(picked, _ours(samples))
+    pts, free = _gpu_points(picked, our_pids(samples))
     gper = _per_step(growth_per_second(pts), step_s)
     out["gpu.memory_growth_per_step_bytes"] = gper
     out["gpu.memory_runway_steps"] = _runway(gper, free)

@@ -292,16 +292,23 @@ def _disk(samples) -> dict:
     return {"system.disk_read_mb_s": max(0.0, rate), "system.disk_busy_share": fmean(busy) if busy else None}
 
 
+def our_pids(samples: list[dict]) -> set[int]:
+    """The pids of the script's processes: the trainer, its workers and its other descendants."""
+    return {p["pid"] for s in samples
+            for p in ([s["trainer"]] if s.get("trainer") else []) + (s.get("workers") or []) + (s.get("helpers") or [])}
+
+
+def used_devices(samples: list[dict], ours: set[int]) -> set[int]:
+    """Indices of the GPUs that list one of `ours` among their processes in these samples; empty
+    when none does (a pid namespace hides them, or no CUDA context yet: then all devices count)."""
+    return {d["index"] for s in samples for d in (s.get("gpu") or []) if d.get("pids") and ours & set(d["pids"])}
+
+
 def _gpu(samples) -> dict:
     gs = [s["gpu"] for s in samples if s.get("gpu")]
     if not gs:
         return {"gpu.util_mean": None, "gpu.memory_used_fraction_peak": None}
-    ours = set()
-    for s in samples:
-        for p in ([s["trainer"]] if s.get("trainer") else []) + (s.get("workers") or []) + (s.get("helpers") or []):
-            ours.add(p["pid"])
-    used = {d["index"] for g in gs for d in g if d.get("pids") and ours & set(d["pids"])}
-    # no device lists our pids (a pid namespace hides them, or no CUDA context yet): all devices
+    used = used_devices(samples, our_pids(samples))
     pick = (lambda d: d["index"] in used) if used else (lambda d: True)
     util = _mean([_mean([d["util_percent"] for d in g if pick(d)]) for g in gs])
     frac = [d["memory_used_bytes"] / d["memory_total_bytes"] for g in gs for d in g
