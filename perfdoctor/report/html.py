@@ -2,8 +2,9 @@
 kind: a Content-Security-Policy of default-src 'none' makes the browser refuse one), from the
 report document alone (plus tune's JSON when a tune measured the fixes).
 
-Sections: verdict (confidence, evidence, notes), the run, the run over time (CPU, GPU, memory), the ranks, the step breakdown (bars per
-step), one representative step as a timeline with its idle gaps, memory over time, the fixes
+Sections: verdict (confidence, evidence, notes), the run, the run over time (CPU, GPU, memory),
+the ranks, the step breakdown (bars per step), one representative step as a timeline with its
+idle gaps, memory over time, the fixes
 (expected gain against its ceiling, measured gain from tune), flags, Python stacks, the detail
 tables. Every string from the input is escaped by sanitize.html.
 """
@@ -11,8 +12,8 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms

@@ -9,7 +9,7 @@ string from the input goes through sanitize.html; the numbers are formatted here
 from __future__ import annotations
 
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.svg import FONT, LEFT, W, _axis, _f
+from perfdoctor.report.svg import FONT, LEFT, W, _axis, _f, byte_axis
 
 # (series key, label, colour, stroke width)
 CPU_LINES = (("cpu_cores", "machine, all processes", "#9aa0a6", 1.5), ("trainer_cpu_cores", "trainer", "#e39b26", 2),
@@ -20,10 +20,6 @@ GPU_LINES = (("gpu_util", "GPU busy", "#2e8b57", 2),)
 PANEL_H = 110
 BANDS = (("steps", "#dcefdc"), ("traced", "#f6d58e"))
 MIN_BAND = 3.0          # px: a trace window of a second in a run of minutes stays visible
-
-
-def _bytes_axis(top: float) -> tuple[float, str]:
-    return (2 ** 30, "GiB") if top >= 2 ** 30 else (2 ** 20, "MiB")
 
 
 def _polyline(t, vals, x_of, y_of, colour, width, label) -> str:
@@ -87,7 +83,7 @@ def run_charts(series: dict | None) -> tuple[str, str]:
         panels.append((GPU_LINES, "GPU busy", 1.0, lambda v: f"{100 * v:.0f}%"))
     if any(k in series for k, *_ in MEM_LINES):
         top = _top(series, [k for k, *_ in MEM_LINES], 2 ** 20)
-        scale, unit = _bytes_axis(top)
+        scale, unit = byte_axis(top)
         panels.append((MEM_LINES, "Memory", top, lambda v, s=scale, u=unit: f"{v / s:.1f} {u}"))
     if not panels:
         return "", ""

@@ -135,14 +135,18 @@ def _gap_title(n: int, g: dict) -> str:
             f"{HOST_LABEL.get(g['host_activity'], g['host_activity'])}{ev})")
 
 
+def byte_axis(top: float) -> tuple[float, str]:
+    """The unit of a memory axis whose top is `top` bytes: GiB from 1 GiB up, else MiB."""
+    return (2 ** 30, "GiB") if top >= 2 ** 30 else (2 ** 20, "MiB")
+
+
 def memory_lines(mem: dict) -> str:
     t = mem.get("t_ms") or []
     if len(t) < 2:
         return ""
     res, alloc = mem.get("reserved_bytes") or [], mem.get("allocated_bytes") or []
     top = max(max(res, default=0), max(alloc, default=0)) or 1.0
-    gib = top >= 2 ** 30
-    scale, unit = (2 ** 30, "GiB") if gib else (2 ** 20, "MiB")
+    scale, unit = byte_axis(top)
     span = (t[-1] - t[0]) or 1.0
     width, height, y0 = W - LEFT - 20, 140, 8
 
