@@ -131,7 +131,8 @@ def launch(cfg: RunConfig) -> RunResult:
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
     child = _read_json(run_dir / "child.json")
-    if sig == signal.SIGUSR1 and stop_sent_at is not None and isinstance(child.get("exit_code"), int):
+    raced = sig == signal.SIGUSR1 and stop_sent_at is not None and isinstance(child.get("exit_code"), int)
+    if raced:
         # our own stop request met the script's exit (before the child could ignore it): the
         # script had ended by itself, and its code is the one it gave
         sig, exit_code = None, child["exit_code"]
@@ -141,7 +142,7 @@ def launch(cfg: RunConfig) -> RunResult:
     elif stopped_by == "duration" and child.get("outcome") != "interrupted":
         # the script ended by itself after the request (it reached no step boundary in this
         # process to stop at: its training ran elsewhere, or it was ending anyway)
-        if child and not any(n.startswith("the --duration stop request arrived") for n in notes):
+        if child and not raced:
             notes.append(f"--duration asked the script to stop after {stop_sent_at:.0f} s; it reached no step "
                          "boundary in the launched process to stop at, and ended by itself")
         stopped_by = None

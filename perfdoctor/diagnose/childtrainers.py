@@ -8,23 +8,19 @@
   trainer); with no step in the launched process, DataLoader workers of an untimed loop look the
   same, so the note says "if they train".
 
-elsewhere(run_dir, steps, m) -> one note, or None. The note goes into the run's notes, and with
+elsewhere(kids, steps, m) -> one note, or None. The note goes into the run's notes, and with
 no step of its own it replaces "no bottleneck" as the reason the verdict is inconclusive
 (diagnose/ending.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from perfdoctor.collect import forked
-
 LEAD = ("the script trained in", "the script may train in")     # the notes' beginnings (live.py shows them first)
 MIN_CHILD_CORES = 0.25          # a child process busy a quarter of a core: work, not a helper's idling
 
 
-def elsewhere(run_dir: Path, steps: list[dict], m: dict) -> str | None:
-    kids = forked.read(run_dir)
+def elsewhere(kids: list[dict], steps: list[dict], m: dict) -> str | None:
+    """kids: the forked children's step records (collect/forked.read)."""
     if kids:
         n, total = len(kids), sum(k["steps"] for k in kids)
         own = (f"the {len(steps)} step(s) timed here are the launched process's own" if steps

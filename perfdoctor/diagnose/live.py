@@ -170,7 +170,7 @@ def _drift_note(steady: list[dict]) -> list[str]:
             "time per step depends on how long the run was: compare and gate runs of the same length"]
 
 
-def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | None, dict | None]:
+def _system(run_dir: Path, steps: list[dict], kids: list[dict]) -> tuple[dict, list[str], dict | None, dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section
     and the run's series over time (analyze/runseries.py)."""
     try:
@@ -187,16 +187,16 @@ def _system(run_dir: Path, steps: list[dict]) -> tuple[dict, list[str], dict | N
     except ImportError:
         return {}, data.get("notes", []), None, None
     notes = list(data.get("notes", []))
-    samples = _trainers_apart(data.get("samples", []), run_dir)
+    samples = _trainers_apart(data.get("samples", []), kids)
     metrics, sampling = windowed_metrics(samples, steps, notes, system_metrics)
     metrics.update(memory_growth(samples, steps))
     return metrics, notes, sampling, run_series(samples, steps)
 
 
-def _trainers_apart(samples: list[dict], run_dir: Path) -> list[dict]:
+def _trainers_apart(samples: list[dict], kids: list[dict]) -> list[dict]:
     """Forked children that trained (forked/<pid>.json) are python descendants of the trainer,
     which the sampler calls loader workers: they are helpers here, not the loader."""
-    pids = {k["pid"] for k in forked.read(run_dir)}
+    pids = {k["pid"] for k in kids}
     if not pids:
         return samples
     out = []
@@ -229,7 +229,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
         notes.append("no trace was recorded (" + why_no_trace(res, steps) + "): the diagnosis uses step "
                      "timings and system samples only")
     m = analysis.metrics
-    sysm, sample_notes, sampling, series = _system(run_dir, steps)
+    kids = forked.read(run_dir)             # training in forked children (collect/forked.py)
+    sysm, sample_notes, sampling, series = _system(run_dir, steps, kids)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     fetches = runfiles.read_fetches(run_dir / FETCH_FILE)
     m.update(sampled_workers_or_fetched(m, res.child.get("loader_iters"), fetches))
@@ -251,7 +252,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(fetch_metrics(steady, fetches))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
-    trained_elsewhere = elsewhere(run_dir, steps, m)
+    trained_elsewhere = elsewhere(kids, steps, m)
     notes += ([trained_elsewhere] if trained_elsewhere else []) + _extra_batches_note(steady) + _drift_note(steady) \
         + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
