@@ -40,6 +40,13 @@ def _row(metric, unit, b, a, noise, beyond, note=""):
             "noise": noise, "beyond_noise": beyond, "note": note}
 
 
+def _ids_line(what: str, d: dict) -> str:
+    """'findings before: PD301; after: PD358; new: PD358; gone: PD301' from a before/after/added/removed dict."""
+    return (f"{what} before: {', '.join(d['before']) or 'none'}; after: {', '.join(d['after']) or 'none'}"
+            + (f"; new: {', '.join(d['added'])}" if d["added"] else "")
+            + (f"; gone: {', '.join(d['removed'])}" if d["removed"] else ""))
+
+
 def compare_runs(b: RunData, a: RunData) -> dict:
     rows = _step_rows(b, a)
     mb, ma = b.metrics, a.metrics
@@ -137,15 +144,10 @@ def render_compare(doc: dict, console=None) -> None:
     v = doc["verdict"]
     t.add_row("verdict", text(v["before"]), text(v["after"]), "changed" if v["changed"] else "", "", "")
     c.print(t)
-    f = doc["findings"]
-    c.print(text(f"findings before: {', '.join(f['before']) or 'none'}; after: {', '.join(f['after']) or 'none'}"
-                 + (f"; new: {', '.join(f['added'])}" if f["added"] else "")
-                 + (f"; gone: {', '.join(f['removed'])}" if f["removed"] else "")))
+    c.print(text(_ids_line("findings", doc["findings"])))
     g = doc.get("flags") or {}
     if g.get("before") or g.get("after"):
-        c.print(text(f"flags before: {', '.join(g['before']) or 'none'}; after: {', '.join(g['after']) or 'none'}"
-                     + (f"; new: {', '.join(g['added'])}" if g["added"] else "")
-                     + (f"; gone: {', '.join(g['removed'])}" if g["removed"] else "")))
+        c.print(text(_ids_line("flags", g)))
     env = doc["environment"]
     if env["differs"]:
         c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))
