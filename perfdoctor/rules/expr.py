@@ -213,12 +213,10 @@ class _Formatter(string.Formatter):
 
 def human_bytes(n: float) -> str:
     """1,536 -> '1.5 KiB'; binary units, one decimal below 100 of a unit."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:,.0f} TiB"   # not reached
+    n, units = float(n), ["B", "KiB", "MiB", "GiB", "TiB"]
+    while abs(n) >= 1024 and len(units) > 1:
+        n, units = n / 1024, units[1:]
+    return f"{n:,.0f} {units[0]}" if units[0] == "B" or abs(n) >= 100 else f"{n:.1f} {units[0]}"
 
 
 def render_template(text: str, values: dict[str, Any]) -> str:
