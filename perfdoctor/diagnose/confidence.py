@@ -9,7 +9,8 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   a live run's steady data wait and the traced one differ by 10 points or more, 0.5 when the
   profiler made the traced steps twice as long as the steady ones or more, 0.5 when other
   processes took half a core or more while the trainer queued for a CPU a quarter of its time,
-  and 0.4 when most of the step is untraced.
+  0.5 when long steps every N steps hold a tenth of the time or more and the trace holds none of
+  them, and 0.4 when most of the step is untraced.
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
@@ -27,6 +28,9 @@ PROFILED_MUCH_SLOWER = 2.0
 # its time (PD214 flags a tenth; a quarter moves every share of the step).
 SHARED_CORES = 0.5
 SHARED_RUNQ = 0.25
+# Long steps every N steps (analyze/longsteps.py) holding this share of the steady time, none of
+# them traced: PD218's line, where the usual step's breakdown leaves out more than its own error.
+LONG_STEPS = 0.1
 
 
 def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
@@ -115,6 +119,15 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      + (f"; its ops split over {threads:.0f} threads and wait for any the scheduler parks, so "
                         "fewer threads can be many times faster here (PD348; `perfdoctor tune` measures it)"
                         if isinstance(threads, (int, float)) and threads > 1 else ""))
+    long_share, traced_long = m.get("loop.long_steps_share"), m.get("loop.long_steps_traced")
+    if isinstance(long_share, (int, float)) and long_share >= LONG_STEPS and traced_long == 0:
+        # work every N steps the profiled window missed: the breakdown is the usual step's only
+        conf = min(conf, 0.5)
+        notes.append(f"the traced steps are all usual ones: one step in {m.get('loop.long_steps_every') or 0:.0f} "
+                     f"takes {m.get('loop.long_step_ms') or 0:.3g} ms (the usual step {m.get('loop.usual_step_ms') or 0:.3g}"
+                     f" ms) and those long steps hold {long_share:.0%} of the steady time, which the breakdown and "
+                     "the verdict do not describe (PD218" + ("; the Python stacks below cover them)"
+                                                            if m.get("stacks.steady_steps") else ")"))
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "

@@ -23,6 +23,7 @@ from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderkinds import loader_metrics
 from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
+from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
@@ -252,6 +253,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(fetch_metrics(steady, fetches))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
+    m.update(long_step_metrics(steady, [s for s in steps if s.get("profiled")]))
     trained_elsewhere = elsewhere(kids, steps, m)
     notes += ([trained_elsewhere] if trained_elsewhere else []) + _extra_batches_note(steady) + _drift_note(steady) \
         + [n for n in sample_notes if n not in notes]
@@ -264,6 +266,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(run_optimizer_metrics(opt, m.get("optimizer.implementation")))
     m.update(param_metrics(res.child.get("param_dtypes")))
     m.update(combined(m))
+    m["loop.long_steps_unnamed_share"] = unexplained(m)
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
     doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes

@@ -1,0 +1,121 @@
+"""Long steps among the usual ones: work that runs every N steps (`perfdoctor run` only).
+
+An evaluation every 20 steps, a checkpoint, a log line that reads device values, Python's
+garbage collector: a few steps run far longer than the others. The steady step time counts
+them (a step time is wall time over steps), but the profiled window of a few steps most often
+holds only usual steps, so the trace's breakdown describes the usual step and says nothing of
+where the long steps' time goes. With 1 step in 20 taking 50x the others, the trace
+describes a third of the run.
+
+Each step's own time is what it spent outside DataLoader __next__ and outside the run queue
+(`dur - wait - runq` from steps.jsonl): a bursty loader's long waits are input (run.data_wait_
+share says so) and a neighbour's load is the machine's, not the step's work. A step is long when
+its own time is at least LONG times the median step's.
+
+Work every N steps recurs at a period: the steps are folded by a period P (step i in phase
+i mod P), and a phase is long when at least two thirds of its steps (3 or more) are long. Long
+steps that recur at no period (a virtual machine's vCPU preempted for a 4 ms tick, a page
+fault storm) are the machine's noise and stay out. The period taken is the one whose long
+phases hold the most time beyond the usual step (the shortest of those within 5% of it: twice
+the period holds the same steps); the candidates are the distances between nearby long steps.
+
+    loop.long_steps_share = sum(outside_i - median(outside), steps in long phases) / sum(dur_i)
+
+where outside_i = dur_i - wait_i: the steps' cost to the run, their queueing for a CPU included
+(a step that works longer queues longer), which making that work rarer, or taking it off the
+training step, can save. At most a third of the phases may be long (more is a loop of two kinds
+of step, not a few long ones). loop.long_steps_traced counts the profiled steps that fall in the
+long phases, by their step numbers, so the diagnosis can say whether the breakdown saw any.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.stepwait import positive
+
+LONG = 2.0          # a step doing twice the usual step's work does something the usual one does not
+MIN_REPEATS = 3     # a phase needs 3 steps in the window to show a pattern
+PHASE_LONG = 2 / 3  # of its steps long, for a phase to be long
+MOST = 1 / 3        # of the phases long, at most
+NEARBY = 4          # candidate periods: distances from each long step to the next few
+MIN_STEPS = 10
+SAME = 0.95         # a shorter period holding this share of the best one's time is the period
+
+NAMES = ("loop.long_steps_share", "loop.long_steps_every", "loop.long_step_ms", "loop.usual_step_ms",
+         "loop.long_steps_traced")
+
+
+def _timed(steps: list[dict]) -> list[dict]:
+    return [s for s in steps if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+
+
+def own_times(recs: list[dict]) -> np.ndarray:
+    """Each step's time outside the data wait and the run queue (seconds): its own work."""
+    return np.array([max(0.0, s["dur"] - positive(s.get("wait")) - positive(s.get("runq"))) for s in recs])
+
+
+def periodic_long(own: np.ndarray, usual: float) -> tuple[int, np.ndarray] | None:
+    """(period, mask of the steps in its long phases) for the period whose long phases hold the
+    most time beyond `usual`; None when no period has one."""
+    n = own.size
+    idx = np.flatnonzero(own >= LONG * usual)
+    if idx.size < MIN_REPEATS:
+        return None
+    cands = {int(d) for k in range(1, NEARBY + 1) for d in (idx[k:] - idx[:-k]) if 2 <= d <= n // MIN_REPEATS}
+    best: list[tuple[int, float, np.ndarray]] = []
+    for period in sorted(cands):
+        phase = np.arange(n) % period
+        is_long = own >= LONG * usual
+        counts = np.bincount(phase, minlength=period)
+        longs = np.bincount(phase, weights=is_long, minlength=period)
+        phases = (counts >= MIN_REPEATS) & (longs >= PHASE_LONG * counts)
+        if not phases.any() or phases.sum() > MOST * period:
+            continue
+        mask = phases[phase]
+        best.append((period, float(np.clip(own[mask] - usual, 0, None).sum()), mask))
+    if not best:
+        return None
+    top = max(x[1] for x in best)
+    period, _, mask = next(x for x in best if x[1] >= SAME * top)        # sorted: the shortest
+    return period, mask
+
+
+def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
+    """loop.long_steps_* over the steady steps (a contiguous window); loop.long_steps_traced: the
+    profiled steps in the long phases (by their step numbers). None when the steps are too few
+    to tell; 0.0 when no period of long steps shows."""
+    out = dict.fromkeys(NAMES)
+    recs = _timed(steady)
+    if len(recs) < MIN_STEPS:
+        return out
+    out["loop.long_steps_share"] = 0.0
+    own = own_times(recs)
+    usual = float(np.median(own))
+    found = periodic_long(own, usual) if usual > 0 else None
+    if found is None:
+        return out
+    period, mask = found
+    # the time those steps cost the run: outside the data wait, their queueing for a CPU included
+    # (a step that works longer queues longer), beyond as many usual steps
+    outside = np.array([s["dur"] - positive(s.get("wait")) for s in recs])
+    wall = float(sum(s["dur"] for s in recs))
+    out["loop.long_steps_share"] = float(np.clip(outside[mask] - np.median(outside), 0, None).sum()) / wall
+    out["loop.long_steps_every"] = own.size / int(mask.sum())
+    out["loop.long_step_ms"] = 1e3 * float(np.median([s["dur"] for s, m in zip(recs, mask) if m]))
+    out["loop.usual_step_ms"] = 1e3 * float(np.median([s["dur"] for s in recs]))
+    first = recs[0].get("step")
+    long_phases = {i % period for i in np.flatnonzero(mask)}
+    if isinstance(first, int) and all(isinstance(s.get("step"), int) for s in profiled):
+        out["loop.long_steps_traced"] = sum(1 for s in profiled if (s["step"] - first) % period in long_phases)
+    return out
+
+def unexplained(m: dict) -> float | None:
+    """loop.long_steps_share less what the run already names (an evaluation, checkpoint saves,
+    logging): what no measured cause accounts for. The named shares can include work spread over
+    every step, so this errs low: a lower bound of the unnamed long-step time."""
+    share = m.get("loop.long_steps_share")
+    if share is None:
+        return None
+    named = sum(m.get(k) or 0.0 for k in ("evaluation.share", "save.share", "logging.share"))
+    return max(0.0, share - named)

@@ -1,0 +1,134 @@
+"""Long steps every N steps (analyze/longsteps.py, PD218, PD359, the confidence note)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
+from perfdoctor.diagnose.confidence import confidence
+from tests.runs import prun_script, report
+
+
+def steps(durs, waits=None, runqs=None, first=100):
+    waits = waits or [0.0] * len(durs)
+    runqs = runqs or [0.0] * len(durs)
+    return [{"step": first + i, "dur": d, "wait": w, "runq": q} for i, (d, w, q) in enumerate(zip(durs, waits, runqs))]
+
+
+def every(n, period, usual, long, phase=0):
+    return [long if i % period == phase else usual for i in range(n)]
+
+
+def test_an_evaluation_every_20_steps_is_found_with_its_share():
+    durs = every(200, 20, 0.001, 0.050, phase=19)
+    m = long_step_metrics(steps(durs), [])
+    wall = sum(durs)
+    assert m["loop.long_steps_every"] == 20
+    assert m["loop.long_step_ms"] == pytest.approx(50.0)
+    assert m["loop.usual_step_ms"] == pytest.approx(1.0)
+    assert m["loop.long_steps_share"] == pytest.approx(10 * 0.049 / wall)       # 72% of the time
+
+
+def test_noise_at_random_is_not_a_period():
+    rng = np.random.default_rng(3)
+    durs = [0.001 + (0.004 if rng.random() < 0.2 else 0.0) for _ in range(400)]   # a 4 ms tick, 1 step in 5
+    assert long_step_metrics(steps(durs), [])["loop.long_steps_share"] == 0.0
+
+
+def test_the_period_survives_noise_between_the_long_steps():
+    rng = np.random.default_rng(5)
+    durs = [0.060 if i % 25 == 3 else 0.001 + (0.004 if rng.random() < 0.2 else 0.0) for i in range(500)]
+    m = long_step_metrics(steps(durs), [])
+    assert m["loop.long_steps_every"] == 25
+    assert m["loop.long_step_ms"] == pytest.approx(60.0)
+
+
+def test_a_bursty_loaders_waits_are_input_not_long_steps():
+    durs = every(120, 4, 0.002, 0.030)
+    waits = [d - 0.0015 for d in durs]                    # every 4th step waits for a burst of batches
+    assert long_step_metrics(steps(durs, waits), [])["loop.long_steps_share"] == 0.0
+
+
+def test_queueing_for_a_cpu_does_not_make_a_step_long_but_counts_in_a_long_steps_cost():
+    durs = every(100, 10, 0.002, 0.012)
+    runq = every(100, 10, 0.0, 0.010)                     # the long phase only queued
+    assert long_step_metrics(steps(durs, runqs=runq), [])["loop.long_steps_share"] == 0.0
+    work = every(100, 10, 0.002, 0.022)                   # worked 20 ms, of which it queued 10
+    m = long_step_metrics(steps(work, runqs=runq), [])
+    assert m["loop.long_steps_share"] == pytest.approx(10 * 0.020 / sum(work))
+
+
+def test_two_kinds_of_step_alternating_are_not_a_few_long_ones():
+    assert long_step_metrics(steps(every(100, 2, 0.001, 0.010)), [])["loop.long_steps_share"] == 0.0
+
+
+def test_too_few_steps_is_unknown_and_a_uniform_loop_is_zero():
+    assert long_step_metrics(steps([0.001] * 9), [])["loop.long_steps_share"] is None
+    m = long_step_metrics(steps([0.001] * 50), [])
+    assert m["loop.long_steps_share"] == 0.0 and m["loop.long_steps_every"] is None
+
+
+def test_traced_steps_are_placed_in_the_period_by_their_step_numbers():
+    steady = steps(every(100, 20, 0.001, 0.050, phase=5), first=20)    # long: steps 25, 45, ...
+    miss = long_step_metrics(steady, steps([0.003] * 5, first=6))        # steps 6-10
+    hit = long_step_metrics(steady, steps([0.003] * 5, first=3))         # steps 3-7 hold step 5
+    assert (miss["loop.long_steps_traced"], hit["loop.long_steps_traced"]) == (0, 1)
+
+
+def test_named_causes_leave_the_unnamed_share():
+    m = {"loop.long_steps_share": 0.6, "evaluation.share": 0.5, "save.share": None, "logging.share": 0.02}
+    assert unexplained(m) == pytest.approx(0.08)
+    assert unexplained({**m, "evaluation.share": 0.7}) == 0.0
+    assert unexplained({"loop.long_steps_share": None}) is None
+
+
+def test_untraced_long_steps_lower_the_confidence_with_a_note():
+    m = {"share.device": 0.9, "share.input": 0.0, "share.host": 0.1, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5}
+    firm, notes, _ = confidence("device", m)
+    long = {**m, "loop.long_steps_share": 0.4, "loop.long_steps_traced": 0, "loop.long_steps_every": 20.0,
+            "loop.long_step_ms": 48.0, "loop.usual_step_ms": 1.0}
+    weak, notes_long, _ = confidence("device", long)
+    seen, _, _ = confidence("device", {**long, "loop.long_steps_traced": 1})
+    assert (firm, weak, seen) == (1.0, 0.5, 1.0)
+    assert any("one step in 20 takes 48 ms" in n and "40%" in n for n in notes_long)
+
+
+EVAL_LOOP = """
+import torch
+torch.manual_seed(0)
+torch.set_num_threads(1)
+X, Y = torch.randn(2048, 64), torch.randint(0, 10, (2048,))
+XV, YV = torch.randn(16384, 64), torch.randint(0, 10, (16384,))
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def evaluate():
+    model.eval()
+    with torch.no_grad():
+        hits = sum((model(XV[i:i + 64]).argmax(1) == YV[i:i + 64]).sum().item() for i in range(0, len(XV), 64))
+    model.train()
+    return hits
+
+for step in range(300):
+    i = (step * 64) % 2048
+    loss = torch.nn.functional.cross_entropy(model(X[i:i + 64]), Y[i:i + 64])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 15 == 14:
+        evaluate()
+"""
+
+
+@pytest.mark.torch
+def test_live_an_evaluation_every_15_steps_without_stacks(tmp_path):
+    pytest.importorskip("torch")
+    _, out = prun_script(tmp_path, "evalloop.py", EVAL_LOOP, opts=("--no-stacks",))
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert m["loop.long_steps_every"] == pytest.approx(15, rel=0.01)
+    assert m["loop.long_steps_share"] >= 0.3                 # 256 forward passes against one training step
+    ids = {f["id"] for f in doc["flags"]} | {f["id"] for f in doc["findings"]}
+    assert {"PD218", "PD359"} <= ids
