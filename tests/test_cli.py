@@ -164,6 +164,9 @@ def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
     (lambda p: p.write_text("not json"), "not a JSON trace"),
     (lambda p: p.write_bytes(b""), "empty file"),
     (lambda p: p.write_text('{"a": 1}'), "no 'traceEvents'"),
+    # report.json from a run, or --format json: said as such (it had listed the report's keys)
+    (lambda p: p.write_text('{"schema_version": 2, "tool": "perfdoctor 0.1.0", "verdict": {}}'),
+     "this is a perfdoctor report, not a trace"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, setup, message):
     p = tmp_path / "x.json"

@@ -418,4 +418,8 @@ def _whole_document(buf: bytes) -> None:
         kind = {type(None): "null", str: "a string", dict: "an object", bool: "a boolean"}.get(
             type(obj["traceEvents"]), "a number")
         raise TraceFormatError(f"'traceEvents' is {kind}, not an array of events")
+    if isinstance(obj, dict) and str(obj.get("tool")).startswith("perfdoctor") and "verdict" in obj:
+        # a report perfdoctor wrote (report.json, --format json): its input is what to diagnose
+        raise TraceFormatError("this is a perfdoctor report, not a trace: give `perfdoctor report` the trace or "
+                               "the run directory it came from, or `perfdoctor compare` two such reports")
     raise TraceFormatError("JSON object has no 'traceEvents' array; keys: " + ", ".join(keys))
