@@ -27,6 +27,7 @@ from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
+from perfdoctor.analyze.stepseries import step_series
 from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect import forked
@@ -279,7 +280,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "steps_left_out": {k: v for k, v in est.dropped.items() if v},
                   "trace": [str(t) for t in traces], "notes": notes,
-                  "sampling": sampling, "series": series}
+                  "sampling": sampling, "series": series, "step_series": step_series(steps, est.first, est.n)}
     doc["stacks"] = stacks
     steps_only_verdict(doc, res, steps, bool(traces), trained_elsewhere)
     return doc

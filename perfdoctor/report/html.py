@@ -15,6 +15,7 @@ from perfdoctor.report import svg
 from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H
+from perfdoctor.report.stepchart import step_chart
 from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms
 
@@ -52,7 +53,7 @@ def render(doc: dict, tune: dict | None = None) -> str:
     first = shown_trace(doc)
     m = first["metrics"]
     labels = role_labels(m)
-    body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _over_time(doc.get("run")), _ranks(doc),
+    body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _every_step(doc.get("run"), m), _over_time(doc.get("run")), _ranks(doc),
             _breakdown(first, labels),
             _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
             _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _host_ops(first),
@@ -134,6 +135,15 @@ def _run(run: dict | None, m: dict) -> str:
             f"exit code {H(_or_unknown(run.get('exit_code')))} · run directory <code>{H(run.get('dir'))}</code></div>"
             + (f"<div><b>{H(ended)}</b></div>" if (ended := abnormal_end(run)) else "") +
             f"<div>{line}</div>{_notes(run.get('notes') or [])}</section>")
+
+
+def _every_step(run: dict | None, m: dict) -> str:
+    legend, pic = step_chart((run or {}).get("step_series"), m.get("run.step_time_ms"))
+    if not pic:
+        return ""
+    return ("<h2>Every step</h2><section class=\"card\"><div class=\"legend\">" + legend + "</div>" + pic
+            + "<div class=\"dim small\">Each step's wall time as the step hooks measured it; the step time above is "
+              "the steady window's wall time over its steps, long steps included.</div></section>")
 
 
 def _over_time(run: dict | None) -> str:

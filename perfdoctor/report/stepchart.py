@@ -1,0 +1,106 @@
+"""Every step of the run for the HTML report: one bar per step (or per bin of k steps), its data
+wait at the bottom, coloured by what the step-time estimator made of it (report `run.step_series`,
+analyze/stepseries.py), with the steady window shaded. A bursty loader, an evaluation every N
+steps, warm-up and the profiled window are seen at once, and so is how the step time was taken.
+
+`step_chart(series)` -> (legend keys, <svg>) or ("", "") when there is nothing to draw. The axis
+tops at the steady window's longest bar: a warm-up step of seconds (a first compile) would flatten
+the rest, so a bar above it is cut, marked, and keeps its value in its title.
+"""
+
+from __future__ import annotations
+
+from perfdoctor.report.sanitize import html as H
+from perfdoctor.report.svg import FONT, LEFT, W, _f, _ticks
+from perfdoctor.stats.steptime import ms as fmt_ms
+
+KIND = {"steady": ("#3a7dc2", "steady step"), "profiled": ("#e6a817", "profiled (traced)"),
+        "perturbed": ("#9aa0a6", "right after the trace export"), "outside": ("#c5c9ce", "warm-up, transient or partial cycle")}
+WAIT = ("#d64541", "data wait")
+BAND = "#e6f2e6"
+H_PLOT = 150
+TOP_PAD = 14
+
+
+def _title(series: dict, i: int) -> str:
+    k, first = series["k"], series.get("first_step")
+    where = (f"step {first + i * k}" if k == 1 else f"steps {first + i * k}-{first + i * k + k - 1}") \
+        if isinstance(first, int) else f"bar {i + 1}"
+    mean = "" if k == 1 else " mean"
+    longest = f", longest {fmt_ms(series['max_ms'][i])} ms" if series.get("max_ms") else ""
+    return (f"{where} ({KIND.get(series['kind'][i], ('', series['kind'][i]))[1]}):{mean} {fmt_ms(series['ms'][i])} ms, "
+            f"data wait {fmt_ms(series['wait_ms'][i])} ms{longest}")
+
+
+def step_chart(series: dict | None, step_ms: float | None = None) -> tuple[str, str]:
+    """`step_ms`: the run's step time (run.step_time_ms), drawn as a dashed line over the bars."""
+    if not series or not series.get("ms"):
+        return "", ""
+    vals, maxes, kinds = series["ms"], series.get("max_ms"), series["kind"]
+    n = len(vals)
+    tall = maxes or vals
+    win = series.get("steady")
+    inside = tall[win[0]:win[1] + 1] if win else tall
+    top = max(inside) or max(tall) or 1.0
+    ticks = _ticks(top, 5)
+    if len(ticks) > 1 and ticks[-1] < top * 0.9999:         # round the axis up to the next tick
+        ticks.append(ticks[-1] + ticks[1] - ticks[0])
+    top = ticks[-1] if len(ticks) > 1 else top
+    width = W - LEFT - 20
+    bw = width / n
+    y0 = TOP_PAD
+    y_of = (lambda v: y0 + H_PLOT * (1 - min(v, top) / top))
+    parts = [f'<svg class="chart" viewBox="0 0 {W} {H_PLOT + TOP_PAD + 40}" role="img" aria-label="the time of every step" {FONT}>']
+    if win:
+        parts.append(f'<rect x="{_f(LEFT + win[0] * bw)}" y="{_f(y0)}" width="{_f((win[1] - win[0] + 1) * bw)}" '
+                     f'height="{H_PLOT}" fill="{BAND}"><title>steady window</title></rect>')
+    for t in ticks:
+        y = y_of(t)
+        parts.append(f'<line x1="{LEFT}" y1="{_f(y)}" x2="{LEFT + width}" y2="{_f(y)}" stroke="#e3e3e3"/>'
+                     f'<text x="{LEFT - 8}" y="{_f(y + 4)}" text-anchor="end" fill="#555">{_f(t)} ms</text>')
+    gap = 0.15 * bw if bw >= 3 else 0.0
+    for i, (v, w, kind) in enumerate(zip(vals, series["wait_ms"], kinds)):
+        x, title = LEFT + i * bw, H(_title(series, i))
+        colour = KIND.get(kind, KIND["outside"])[0]
+        yv, yw = y_of(v), y_of(min(w, v))
+        parts.append(f'<rect x="{_f(x)}" y="{_f(yv)}" width="{_f(max(bw - gap, 0.5))}" height="{_f(yw - yv)}" '
+                     f'fill="{colour}"><title>{title}</title></rect>')
+        if w > 0:
+            parts.append(f'<rect x="{_f(x)}" y="{_f(yw)}" width="{_f(max(bw - gap, 0.5))}" height="{_f(y0 + H_PLOT - yw)}" '
+                         f'fill="{WAIT[0]}"><title>{title}</title></rect>')
+        if maxes and maxes[i] > v:              # a bin's longest step: a tick above its mean
+            ym = y_of(maxes[i])
+            parts.append(f'<line x1="{_f(x)}" y1="{_f(ym)}" x2="{_f(x + max(bw - gap, 0.5))}" y2="{_f(ym)}" '
+                         f'stroke="#333" stroke-width="1.5"><title>{title}</title></line>')
+        if (maxes[i] if maxes else v) > top:     # cut at the top: marked
+            parts.append(f'<path d="M{_f(x + bw / 2 - 4)},{_f(y0 - 2)} L{_f(x + bw / 2)},{_f(y0 - 9)} '
+                         f'L{_f(x + bw / 2 + 4)},{_f(y0 - 2)} Z" fill="#333"><title>{title} (cut at the top of the '
+                         f'axis)</title></path>')
+    if isinstance(step_ms, (int, float)) and 0 < step_ms <= top:
+        y = y_of(step_ms)
+        parts.append(f'<line x1="{LEFT}" y1="{_f(y)}" x2="{LEFT + width}" y2="{_f(y)}" stroke="#222" '
+                     f'stroke-dasharray="5 3"><title>step time {fmt_ms(step_ms)} ms: the steady window\'s wall time '
+                     f'over its steps</title></line>')
+    parts += _x_axis(series, n, bw, y0 + H_PLOT)
+    parts.append("</svg>")
+    present = [k for k in KIND if k in kinds]
+    keys = [KIND[k] for k in present] + ([WAIT] if any(w > 0 for w in series["wait_ms"]) else [])
+    legend = "".join(f'<span class="key"><i style="background:{c}"></i>{H(label)}</span>' for c, label in keys) \
+        + (f'<span class="key"><i style="background:{BAND}"></i>steady window</span>' if win else "") \
+        + ('<span class="key">- - - step time (steady wall time / steps)</span>'
+           if isinstance(step_ms, (int, float)) and 0 < step_ms <= top else "") \
+        + (f'<span class="key">bars of {series["k"]} steps: their mean, ▬ their longest</span>' if maxes else "")
+    return legend, "".join(parts)
+
+
+def _x_axis(series: dict, n: int, bw: float, y: float) -> list[str]:
+    k, first = series["k"], series.get("first_step")
+    first = first if isinstance(first, int) else 1
+    span = n * k
+    out = [f'<line x1="{LEFT}" y1="{_f(y)}" x2="{_f(LEFT + n * bw)}" y2="{_f(y)}" stroke="#999"/>']
+    for t in _ticks(span):
+        x = LEFT + bw * t / k
+        out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}" stroke="#999"/>'
+                   f'<text x="{_f(x)}" y="{_f(y + 16)}" text-anchor="middle" fill="#555">{first + int(t)}</text>')
+    out.append(f'<text x="{_f(LEFT - 8)}" y="{_f(y + 16)}" text-anchor="end" fill="#555">step</text>')
+    return out
