@@ -4,6 +4,7 @@ loaders whose median misleads, judged against the scripts' own wall clocks)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -483,6 +484,46 @@ def test_input_errors_exit_2(runs, tmp_path):
     bad.write_text("{\"a\": 1}")
     assert "not a perfdoctor report" in pd("gate", runs["a"], "--baseline", bad, check=2).stderr
     assert pd("gate", runs["a"], check=2).returncode == 2                   # --baseline is required
+
+
+def test_input_that_is_not_a_report_says_what_it_is(runs, tmp_path):
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    assert "a gzip file (a trace?), not a perfdoctor report" in pd("gate", trace, "--baseline", runs["a"], check=2).stderr
+    plain = tmp_path / "t.json"
+    plain.write_text('{"traceEvents": []}')
+    assert "not a perfdoctor report: a trace" in pd("compare", plain, runs["a"], check=2).stderr
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert "a FIFO, a socket or a device): refused" in pd("gate", tmp_path / "fifo", "-b", runs["a"], check=2).stderr
+    assert "a dangling or looping symbolic link" in pd("compare", tmp_path / "loop", runs["a"], check=2).stderr
+
+
+def test_a_run_directory_without_its_report_is_diagnosed_again(runs, tmp_path):
+    bare = tmp_path / "wide"
+    shutil.copytree(runs["wide"], bare)
+    (bare / "report.json").unlink()
+    p = pd("gate", bare, "--baseline", runs["a"], "--min-effect", EFFECT, "--max-other-load", "1", "--format", "json",
+           check=1)
+    res = json.loads(p.stdout)
+    assert res["rows"][0]["status"] == "regression"
+    assert f"{bare}: no report.json, diagnosed again from its run files" in res["notes"]
+    assert "no report.json and no run files" in pd("compare", tmp_path, runs["a"], check=2).stderr
+
+
+def test_a_multi_rank_run_directory_is_gated_on_the_pace_setting_ranks_steps(runs, tmp_path):
+    """A --nproc-per-node run keeps its steps in ranks/rank-K/: gate said "no step records" (exit
+    3, a pass in the documented workflow) for a job 7.6x slower."""
+    job = tmp_path / "job"
+    shutil.copytree(runs["a"], job / "ranks" / "rank-0")
+    shutil.copytree(runs["wide"], job / "ranks" / "rank-1")
+    doc = json.loads((runs["wide"] / "report.json").read_text())
+    (job / "report.json").write_text(json.dumps({**doc, "ranks": {"pace_rank": 1, "count": 2}}))
+    p = pd("gate", job, "--baseline", runs["a"], "--min-effect", EFFECT, "--max-other-load", "1", "--format", "json",
+           check=1)
+    res = json.loads(p.stdout)
+    assert res["rows"][0]["status"] == "regression"
+    assert f"{job}: step times of rank 1 (the pace-setting rank) of 2" in res["notes"]
 
 
 def test_report_file_without_steps_is_inconclusive(runs, tmp_path):

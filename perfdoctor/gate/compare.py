@@ -75,7 +75,7 @@ def compare_runs(b: RunData, a: RunData) -> dict:
                       "removed": [f for f in b.flags if f not in a.flags]},
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
             "settings_differ": settings_diff(b, a),
-            "notes": [n for n in (b.schema_note, a.schema_note) if n],
+            "notes": [n for n in (b.read_note, a.read_note, b.schema_note, a.schema_note) if n],
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 
 

@@ -133,7 +133,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         d, u = fingerprint_diff(b.fingerprint, cur.fingerprint)
         diffs += [x for x in d if x not in diffs]
         unknown.update(u)
-    notes += [n for n in (r.schema_note for r in (*bases, cur)) if n]
+    notes += [n for r in (*bases, cur) for n in (r.read_note, r.schema_note) if n]
     seen = {k for b in bases for k in b.flags}
     new = [f"{k} ({v})" for k, v in cur.flags.items() if k not in seen and not v.startswith("low")]
     if new:    # not gated (a flag is no measured slowdown), but a CI reader should see it

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor import inputjson
+from perfdoctor.collect.ranks import is_multi_rank, rank_dirs
+from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.stats.steptime import StepEstimate, estimate
 
@@ -34,6 +36,7 @@ class RunData:
     steps: list | None = None
     fingerprint: dict = field(default_factory=dict)
     loader: dict = field(default_factory=dict)
+    read_note: str | None = None            # how the report or the steps were found, when not plainly
     _steady: StepEstimate | None = field(default=None, repr=False)
 
     @property
@@ -98,30 +101,28 @@ class RunData:
 
 def load_run(path: str | Path) -> RunData:
     """A run directory (report.json + steps.jsonl + child.json) or a report JSON file. A report
-    file inside a run directory also gets that directory's step records."""
+    file inside a run directory also gets that directory's step records. A run directory without
+    report.json (an older perfdoctor's, a copy of the run files alone) is diagnosed again, as
+    `perfdoctor report DIR` does. A multi-rank run directory's step records are the pace-setting
+    rank's (ranks/rank-K/steps.jsonl): in a synchronous job every rank steps at the job's pace."""
     p = Path(path)
+    notes: list[str] = []
     if p.is_dir():
         run_dir, report = p, p / "report.json"
-        if not report.is_file():
-            raise PerfdoctorError(f"{p}: no report.json in this directory (is it a `perfdoctor run` directory?)")
+        doc = _read_report(report) if report.is_file() else _diagnosed(p, notes)
     elif p.is_file():
         report = p
-        run_dir = p.parent if (p.parent / "steps.jsonl").is_file() else None
+        run_dir = p.parent if (p.parent / "steps.jsonl").is_file() or is_multi_rank(p.parent) else None
+        doc = _read_report(report)
     else:
-        raise PerfdoctorError(f"{p}: no such file or directory")
-    try:
-        doc = inputjson.loads(report.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PerfdoctorError(f"cannot read {report}: {exc}") from None
-    except (ValueError, RecursionError) as exc:
-        raise PerfdoctorError(f"{report}: not a JSON document ({exc})") from None
-    if not isinstance(doc, dict) or "schema_version" not in doc or not isinstance(doc.get("traces"), list):
-        raise PerfdoctorError(f"{report}: not a perfdoctor report (no schema_version/traces)")
+        raise PerfdoctorError(_missing(p))
     from perfdoctor.diagnose.runfiles import CHILD, record, report as conform_report
     doc = conform_report(doc)           # untrusted: fields of the wrong type read as unknown
     steps = None
     child: dict = {}
     loader: dict = {}
+    if run_dir is not None and is_multi_rank(run_dir):
+        run_dir = _pace_dir(run_dir, doc, notes)
     if run_dir is not None:
         from perfdoctor.diagnose.live import loader_settings, read_steps
         steps = read_steps(run_dir) if (run_dir / "steps.jsonl").is_file() else None
@@ -131,7 +132,59 @@ def load_run(path: str | Path) -> RunData:
             child = {}
         metrics = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
         loader = loader_settings(run_dir, metrics)
-    return RunData(label=str(p), doc=doc, steps=steps, fingerprint=fingerprint(doc, child), loader=loader)
+    return RunData(label=str(p), doc=doc, steps=steps, fingerprint=fingerprint(doc, child), loader=loader,
+                   read_note="; ".join(notes) or None)
+
+
+def _missing(p: Path) -> str:
+    """Why a path that is neither a file nor a directory cannot be read: what `report` says of it."""
+    if p.is_symlink():
+        return f"{p}: a dangling or looping symbolic link"
+    if p.exists():
+        return f"{p}: not a regular file or a directory (a FIFO, a socket or a device): refused"
+    return f"{p}: no such file or directory"
+
+
+def _read_report(report: Path) -> dict:
+    try:
+        raw = report.read_bytes()
+    except OSError as exc:
+        raise PerfdoctorError(f"cannot read {report}: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        raise PerfdoctorError(f"{report}: a gzip file (a trace?), not a perfdoctor report: give the run directory, "
+                              "or write its report first (perfdoctor report TRACE -f json -o report.json)")
+    try:
+        doc = inputjson.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PerfdoctorError(f"{report}: not a perfdoctor report (not UTF-8 text)") from None
+    except (ValueError, RecursionError) as exc:
+        raise PerfdoctorError(f"{report}: not a JSON document ({exc})") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc or not isinstance(doc.get("traces"), list):
+        hint = (": a trace; write its report first (perfdoctor report TRACE -f json -o report.json)"
+                if isinstance(doc, dict) and "traceEvents" in doc else " (no schema_version/traces)")
+        raise PerfdoctorError(f"{report}: not a perfdoctor report{hint}")
+    return doc
+
+
+def _diagnosed(p: Path, notes: list[str]) -> dict:
+    """The report of a run directory that has none, made as `perfdoctor report DIR` makes it."""
+    if not (is_run_dir(p) or is_multi_rank(p)):
+        raise PerfdoctorError(f"{p}: no report.json and no run files in this directory (is it a `perfdoctor run` "
+                              "directory?)")
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    notes.append(f"{p}: no report.json, diagnosed again from its run files")
+    return diagnose_path(str(p))
+
+
+def _pace_dir(run_dir: Path, doc: dict, notes: list[str]) -> Path:
+    """The pace-setting rank's run directory of a multi-rank run (its report's `ranks.pace_rank`,
+    else the first rank found)."""
+    dirs = dict(rank_dirs(run_dir))
+    pace = (doc.get("ranks") or {}).get("pace_rank") if isinstance(doc.get("ranks"), dict) else None
+    rank = pace if isinstance(pace, int) and not isinstance(pace, bool) and pace in dirs else min(dirs)
+    notes.append(f"{run_dir}: step times of rank {rank} (the pace-setting rank) of {len(dirs)}")
+    return dirs[rank]
 
 
 def fingerprint(doc: dict, child: dict | None = None) -> dict:
