@@ -134,6 +134,38 @@ def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_pat
     assert "Across 2 rank(s)" in run("report", tmp_path).stdout
 
 
+def _two_ranks(d, world=2):
+    for r, (dw, nccl) in ((0, (0, 8000)), (1, (8000, 300))):
+        tg.write(tg.TraceSpec(steps=[S(data_wait_us=dw, nccl_kernels=1, nccl_us=nccl)] * 5, rank=r, world_size=world),
+                 d / f"rank{r}.json")
+
+
+def test_a_trace_without_a_rank_beside_ranks_is_left_out_of_the_merge_not_the_merge_dropped(tmp_path):
+    """A stub without distributedInfo had switched the merge off: the straggler went unnamed and
+    the figures were those of the rank that waits."""
+    _two_ranks(tmp_path)
+    tg.write(tg.TraceSpec(steps=[S()]), tmp_path / "stub.json")
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    assert doc["ranks"]["slowest_rank"] == 1 and doc["verdict"]["rule"] == "PD115"
+    assert any(n.endswith("(no rank in the trace: a stub, or another process's trace?): stub.json")
+               for n in doc["verdict"]["notes"])
+
+
+@pytest.mark.parametrize("second,why", [
+    ("rank0", "2 traces hold rank 0 (rank0-again.json, rank0.json): traces of different jobs or runs"),
+    ("world", "the traces come from jobs of different sizes (world size 2, 128)")])
+def test_traces_of_different_jobs_are_not_merged_and_the_report_says_why(tmp_path, second, why):
+    _two_ranks(tmp_path)
+    if second == "rank0":
+        (tmp_path / "rank1.json").rename(tmp_path / "rank0-again.json")
+        text = (tmp_path / "rank0-again.json").read_text().replace('"rank": 1', '"rank": 0')
+        (tmp_path / "rank0-again.json").write_text(text)
+    else:
+        tg.write(tg.TraceSpec(steps=[S(nccl_kernels=1, nccl_us=300)] * 5, rank=1, world_size=128), tmp_path / "rank1.json")
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    assert "ranks" not in doc and doc["verdict"]["notes"][0].startswith(why), doc["verdict"]["notes"]
+
+
 def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
     """A 0-byte trace of a killed rank beside a good one: the good one is diagnosed, the warning
     names the other; only damaged files: one line naming each; one file alone: its path."""

@@ -63,9 +63,13 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
     results = [(a, evaluate(rules, a.metrics)) for a in analyses]
     if len(results) > 1:          # one trace per rank: merged as a multi-rank run is (diagnose/ranks.py)
         from perfdoctor.diagnose.ranks import merge_rank_traces
-        merged = merge_rank_traces(str(path), results, rules)
+        merged, why = merge_rank_traces(str(path), results, rules)
         if merged is not None:
             return merged
+        if why:
+            doc = build_document(str(path), results)
+            doc["verdict"].setdefault("notes", []).insert(0, why)      # before what the traces differ in
+            return doc
     return build_document(str(path), results)
 
 

@@ -15,6 +15,8 @@ section of the job, and a `ranks` section (docs/commands.md, "Several ranks").
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 from perfdoctor import inputjson
@@ -51,23 +53,40 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
     return out
 
 
-def merge_rank_traces(input_path: str, results: list, rules) -> dict | None:
+def merge_rank_traces(input_path: str, results: list, rules) -> tuple[dict | None, str | None]:
     """`perfdoctor report` on one trace per rank (a directory of them, no run directory): the
     same merge as a multi-rank run's, from what the traces hold (their steady step time is the
-    traced steps' mean; no run-queue readings, so no contention call). None when the traces are
-    not one per rank (no rank, or a rank twice), their collective waits are unknown, or no rank
-    ran a collective (independent processes: no rank sets a pace for the others): the caller
-    keeps the plain multi-trace document."""
-    ranks = [a.metrics.get("trace.rank") for a, _ in results]
-    if any(not isinstance(r, int) for r in ranks) or len(set(ranks)) != len(ranks):
-        return None
-    docs = [build_document(a.path, [(a, d)]) for a, d in results]
+    traced steps' mean; no run-queue readings, so no contention call). Traces without a rank (a
+    stub, another process's trace) are left out of the merge and named, as long as two ranks
+    remain. (None, why) when the traces are not one job's ranks (a rank twice, world sizes that
+    differ), their collective waits are unknown, or no rank ran a collective (independent
+    processes: no rank sets a pace for the others): the caller keeps the plain multi-trace
+    document and adds `why` to its notes when there is one."""
+    ranked = [(a, d) for a, d in results if isinstance(a.metrics.get("trace.rank"), int)]
+    if len(ranked) < 2:
+        return None, None
+    ranks = [a.metrics.get("trace.rank") for a, _ in ranked]
+    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    if twice:
+        names = [os.path.basename(a.path) for a, _ in ranked if a.metrics.get("trace.rank") == twice[0]]
+        return None, (f"{len(names)} traces hold rank {twice[0]} ({', '.join(names)}): traces of different jobs or runs, "
+                      "so the ranks are not merged as one job's")
+    worlds = sorted({w for a, _ in ranked if isinstance(w := a.metrics.get("trace.world_size"), int)})
+    if len(worlds) > 1:
+        return None, (f"the traces come from jobs of different sizes (world size {', '.join(map(str, worlds))}), "
+                      "so the ranks are not merged as one job's")
+    docs = [build_document(a.path, [(a, d)]) for a, d in ranked]
     infos = [{"rank": r} for r in ranks]
-    world = max((a.metrics.get("trace.world_size") or 0 for a, _ in results), default=0) or None
+    world = worlds[0] if worlds else None
     ranks_m, rows = cross_rank([_rank_input(r, doc, None) for r, doc in zip(ranks, docs)], world)
     if ranks_m["ranks.wait_cause"] is None or not ranks_m["ranks.comm_wait_share_mean"]:
-        return None                     # waits unknown, or no collective at all: not one synchronous job
-    return _merge(input_path, docs, infos, [a.path for a, _ in results], ranks_m, rows, rules)
+        return None, None               # waits unknown, or no collective at all: not one synchronous job
+    out = _merge(input_path, docs, infos, [a.path for a, _ in ranked], ranks_m, rows, rules)
+    left = [os.path.basename(a.path) for a, _ in results if not isinstance(a.metrics.get("trace.rank"), int)]
+    if left:
+        out["verdict"]["notes"].append(f"left out of the rank merge (no rank in the trace: a stub, or another "
+                                       f"process's trace?): {', '.join(left)}")
+    return out, None
 
 
 def _merge(input_path: str, docs: list[dict], infos: list[dict], dirs: list[str], ranks_m: dict, rows, rules) -> dict:
