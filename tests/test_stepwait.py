@@ -148,3 +148,43 @@ def test_a_run_on_a_machine_busy_with_other_work_says_so(tmp_path):
     assert "PD214 The training thread waits for a CPU" in r.stderr
     assert "worth a look" in r.stderr or "Top fixes" in r.stderr
     assert "PD348" in r.stderr
+
+
+BUSY_AND_SLEEPING = r"""
+import sys, time, torch
+torch.set_num_threads(1)
+w = torch.randn(8, 8, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.01)
+for step in range(200):
+    y = torch.randn(4, 8)
+    for _ in range(40):                      # ~1-2 ms of tiny ops: shorter than a scheduler tick
+        y = torch.tanh(y @ w)
+    if sys.argv[1] == "sleep":
+        time.sleep(0.004)
+    opt.zero_grad(); y.sum().backward(); opt.step()
+"""
+
+
+@pytest.mark.parametrize("mode", ["busy", "sleep"])
+def test_a_threads_cpu_time_on_steps_shorter_than_a_tick_adds_up(tmp_path, mode):
+    """schedstat's runtime lags a running thread by up to a tick: on 2 ms steps it read 0 or 4 ms,
+    clipped to the step, and a busy loop read 60% runnable. The thread's CPU clock adds up: a busy
+    loop is runnable through its steps, one that sleeps 4 ms a step is not."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="perfdoctor run needs torch")
+    script = tmp_path / "loop.py"
+    script.write_text(BUSY_AND_SLEEPING)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--no-stacks", "--out", str(tmp_path / "run"),
+                        str(script), mode], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((tmp_path / "run" / "report.json").read_text())["traces"][0]["metrics"]
+    steps = [json.loads(x) for x in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    sleep = sum(max(0.0, s["dur"] - s["cpu"] - s["runq"]) for s in steps[20:]) / (len(steps) - 20)
+    if mode == "busy":
+        assert m["run.thread_awake_share"] >= 0.9 and sleep < 0.0003, (m["run.thread_awake_share"], sleep)
+    else:
+        assert 0.0035 <= sleep <= 0.0060, sleep        # the 4 ms sleep (and the timer's slack) a step
+        assert m["run.thread_awake_share"] <= 0.6

@@ -23,6 +23,13 @@ another job, or with more runnable threads than cores, the thread is ready but n
 
 the share of the thread's runnable time it spent queued: its work took about 1 / (1 - this) as
 long as it would on a core of its own (the sleeping part of the step is left out).
+
+    run.thread_awake_share = sum(cpu + runq) / sum(dur)
+
+the share of the steps' wall time the training thread was runnable (the rest it slept): the
+bound of what removing its own work (Python, dispatch) can save. Only from runs whose `cpu` is
+the thread's CPU clock (child.json "cpu_clock"): schedstat's runtime, read by older runs, lags a
+running thread by up to a scheduler tick and read far too low on short steps.
 """
 
 from __future__ import annotations
@@ -64,6 +71,20 @@ def runq_share(steps: list[dict]) -> float | None:
             runq += max(0.0, q)
             total += d
     return min(1.0, runq / total) if total > 0 else None
+
+
+def thread_awake_share(steps: list[dict]) -> float | None:
+    """sum(cpu + runq) / sum(dur): the share of the steps' wall time the training thread was
+    runnable, on a CPU or queued for one (the rest it slept: in a wait, a lock, storage,
+    time.sleep). What removing the thread's own work (compiling away its Python) can save is at
+    most this: the queueing goes with the work it queued for."""
+    awake = total = 0.0
+    for s in steps:
+        c, q, d = s.get("cpu"), s.get("runq"), s.get("dur")
+        if all(isinstance(x, (int, float)) for x in (c, q, d)) and d > 0:
+            awake += max(0.0, c) + max(0.0, q)
+            total += d
+    return min(1.0, awake / total) if total > 0 else None
 
 
 def runq_runnable_share(steps: list[dict]) -> float | None:

@@ -371,7 +371,8 @@ class Session(StepSources):
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),
-                    "optimizer_timed": True, "optimizer": self.opt_clock.info()}
+                    "optimizer_timed": True, "optimizer": self.opt_clock.info(),
+                    "cpu_clock": "thread"}      # steps' `cpu` from the thread's CPU clock (steprecord.py)
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:
                     json.dump(info, f, indent=1)

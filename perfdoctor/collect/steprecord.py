@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 FLUSH_S = 0.1                # a step that ends this long after the last write writes the batch
 FLUSH_FIRST = 16             # the first steps are written one by one (the live readers wait for them)
@@ -22,8 +23,15 @@ _SCHED_FDS: dict[int, int] = {}      # native thread id -> open /proc/thread-sel
 
 
 def schedstat() -> tuple[int, int] | None:
-    """This thread's nanoseconds on a CPU and waiting in a run queue (/proc/thread-self/schedstat;
-    None where the kernel has no schedstat): per step, `cpu` and `runq` in steps.jsonl.
+    """This thread's nanoseconds on a CPU and waiting in a run queue (None where the kernel has
+    no schedstat): per step, `cpu` and `runq` in steps.jsonl.
+
+    The CPU time is the thread's CPU clock (CLOCK_THREAD_CPUTIME_ID), not schedstat's first
+    field: the kernel brings a running thread's schedstat runtime up to date only at a scheduler
+    tick or a context switch, so on steps shorter than a tick (4 ms at 250 Hz) it read 0 or a
+    whole tick, and the tick clipped to a shorter step's wall time lost the rest (a busy Python
+    loop read 60% on a CPU). The run-queue wait is only added while the thread is not running,
+    so a running thread reads it current.
 
     The file stays open per thread and is re-read with pread (1 us here, against 9 us for an
     open, read and close: two reads a step were most of the hooks' cost on a 0.4 ms step). A
@@ -35,8 +43,8 @@ def schedstat() -> tuple[int, int] | None:
         try:
             if fd is None:
                 fd = _SCHED_FDS[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-            run, wait = os.pread(fd, 128, 0).split()[:2]
-            return int(run), int(wait)
+            wait = os.pread(fd, 128, 0).split()[1]
+            return time.thread_time_ns(), int(wait)
         except (OSError, ValueError):
             if _SCHED_FDS.pop(tid, None) is not None:
                 try:

@@ -28,7 +28,7 @@ from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepseries import step_series
-from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, wait_busy_share
+from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, thread_awake_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
@@ -116,6 +116,8 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "input.wait_busy_share": wait_busy_share(steady) if steady else None,
             "run.runq_share": runq_share(steady) if steady else None,
             "run.runq_runnable_share": runq_runnable_share(steady) if steady else None,
+            "run.thread_awake_share": thread_awake_share(steady) if steady and res.child.get("cpu_clock") == "thread"
+            else None,
             "run.traced_runq_share": runq_share([s for s in steps if s.get("profiled")])}
 
 
