@@ -89,6 +89,19 @@ def test_html_escapes_a_hostile_kernel_name(hostile, tmp_path):
     assert "&amp;amp;" in page
 
 
+def test_html_cuts_a_100_kb_name_and_keeps_its_start(tmp_path):
+    obj, _ = tg.build(_spec())
+    names = sorted({e["name"] for e in obj["traceEvents"] if e.get("cat") == "kernel"})
+    for e in obj["traceEvents"]:
+        if e.get("name") == names[0]:
+            e["name"] = "void kernel<" + "L" * 100_000 + ">"
+    p = tmp_path / "long.json"
+    p.write_text(json.dumps(obj))
+    page = _html(p, tmp_path)
+    assert "L" * 100_000 not in page and len(page) < 400_000
+    assert '<span title="void kernel&lt;LLL' in page and "L…</span>" in page
+
+
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
         if shutil.which(name):

@@ -12,9 +12,9 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.runcharts import run_charts
-from perfdoctor.report.sanitize import html as H
+from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
 from perfdoctor.report.values import ms_text, number
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -120,7 +120,7 @@ def _notes(notes: list[str]) -> str:
 def _run(run: dict | None, m: dict) -> str:
     if not run:
         return ""
-    how = f"{run.get('outcome')}" + (f" (--{run['stopped_by']})" if run.get("stopped_by") else "")
+    how = OUTCOME.get(run.get("outcome"), f"{run.get('outcome')}") + (f" (--{run['stopped_by']})" if run.get("stopped_by") else "")
     line = ""
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
@@ -324,7 +324,7 @@ def _flags(flags: list[dict]) -> str:
 def _stacks(st: dict | None) -> str:
     if not st or not st.get("top"):
         return ""
-    rows = "".join(f"<tr><td class=\"num\">{100 * t['share']:.1f}%</td><td><code>{H(t['frame'])}</code></td>"
+    rows = "".join(f"<tr><td class=\"num\">{100 * t['share']:.1f}%</td><td><code>{html_name(t['frame'])}</code></td>"
                    f"<td><code>{H(t.get('at') or '')}</code></td><td>{H(cause_text(t))}, {H(t['role'])}</td></tr>"
                    for t in st["top"][:10])
     return ("<h2>Where the steady steps go (Python stacks)</h2><section class=\"card\"><table><tr><th class=\"num\">share"
@@ -337,7 +337,7 @@ def _gaps(t: dict) -> str:
         return ""
     rows = "".join(f"<tr><td>step {H(g['step'])}</td><td class=\"num\">+{g['offset_ms']:.2f} ms</td>"
                    f"<td class=\"num\">{g['duration_ms']:.2f} ms</td><td>{H(g['kind'].replace('_', ' '))}</td>"
-                   f"<td><code>{H(g.get('host_event') or g['host_activity'])}</code></td></tr>" for g in gaps)
+                   f"<td><code>{html_name(g.get('host_event') or g['host_activity'])}</code></td></tr>" for g in gaps)
     return ("<h2>Largest idle-device gaps</h2><section class=\"card\"><table><tr><th>step</th><th class=\"num\">at</th>"
             f"<th class=\"num\">idle</th><th>kind</th><th>host event</th></tr>{rows}</table></section>")
 
@@ -346,7 +346,7 @@ def _kernels(t: dict) -> str:
     rows = ((t.get("tables") or {}).get("kernels") or {}).get("rows") or []
     if not rows:
         return ""
-    body = "".join(f"<tr><td><code>{H(r['name'])}</code></td><td class=\"num\">{H(r.get('calls'))}</td>"
+    body = "".join(f"<tr><td><code>{html_name(r['name'])}</code></td><td class=\"num\">{H(r.get('calls'))}</td>"
                    f"<td class=\"num\">{100 * (r.get('share') or 0):.1f}%</td></tr>" for r in rows[:8])
     return ("<h2>Top kernels</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col><col style=\"width:70px\">"
             f"<col style=\"width:70px\"><tr><th>kernel</th><th class=\"num\">calls</th><th class=\"num\">share</th></tr>{body}"
@@ -357,7 +357,7 @@ def _host_ops(t: dict) -> str:
     rows = (t.get("tables") or {}).get("host_ops") or []
     if not rows:
         return ""
-    body = "".join(f"<tr><td><code>{H(r['name'])}</code></td><td class=\"num\">{H(r['calls'])}</td>"
+    body = "".join(f"<tr><td><code>{html_name(r['name'])}</code></td><td class=\"num\">{H(r['calls'])}</td>"
                    f"<td class=\"num\">{ms_text(r['mean_self_us'] / 1000)}</td>"
                    f"<td class=\"num\">{100 * r['share']:.1f}%</td></tr>" for r in rows[:8])
     return ("<h2>Top host ops (self time)</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col>"

@@ -15,6 +15,12 @@ BOUND_TITLE = {
 }
 
 
+# how a run ended (run.outcome), as every output words it
+OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
+           "exit": "the script exited", "crashed": "the script crashed", "interrupted": "interrupted",
+           "killed": "the script was killed", "unknown": "outcome unknown", "no_module": "no such module"}
+
+
 def bound_title(bound: str, metrics: dict) -> str:
     """The verdict's badge: a device-bound CPU-only run is COMPUTE-BOUND (CPU) (its "device" is
     the CPU, and no GPU is involved); an unknown bound (a hostile report.json) as it is."""

@@ -72,6 +72,18 @@ def html(s: object) -> str:
     return _html.escape(terminal(s), quote=True)
 
 
+NAME_CHARS = 240        # an op or kernel name in an HTML table: templated C++ names run to ~200
+
+
+def html_name(s: object, limit: int = NAME_CHARS) -> str:
+    """A name for an HTML table cell: escaped, and past `limit` characters cut with an ellipsis,
+    the start kept in its title (a 100 KB op name had filled the page)."""
+    s = s if isinstance(s, str) else str(s)
+    if len(s) <= limit:
+        return html(s)
+    return f'<span title="{html(s[:4 * limit])}">{html(s[:limit])}…</span>'
+
+
 # CommonMark: any ASCII punctuation may be backslash-escaped. These can start or form markup:
 # emphasis, code, links/images, autolinks and raw HTML, headings, lists, tables, strikethrough.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~])")

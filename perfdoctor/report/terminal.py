@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -154,11 +154,6 @@ def _flags_compact(c: Console, flags: list[dict]) -> None:
     for f in flags:
         _line(c, Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["id"]), "dim"),
                                (T(f" {f['title']}"), "")))
-
-
-OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
-           "exit": "the script exited", "crashed": "the script crashed", "interrupted": "interrupted",
-           "killed": "the script was killed", "unknown": "outcome unknown", "no_module": "no such module"}
 
 
 def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
