@@ -261,9 +261,21 @@ def main() -> None:
         print(f"perfdoctor: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     if res.signal:                       # die of the same signal, as the script did
-        signal.signal(res.signal, signal.SIG_DFL)
-        os.kill(os.getpid(), res.signal)
+        die_of(res.signal)
     sys.exit(res.exit_code)
+
+
+def die_of(sig: int) -> None:
+    """End this process by signal `sig`, so that torchrun sees the rank die of what killed its
+    script (SIGKILL: the OOM killer) and names it. SIGKILL takes no handler (setting one raises
+    OSError) and needs none: it cannot be caught. Returns only if the signal did not end the
+    process (the caller then exits with 128 + sig, as a shell reports it)."""
+    if sig != signal.SIGKILL:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):    # not a signal a handler can be set for: send it as is
+            pass
+    os.kill(os.getpid(), sig)
 
 
 if __name__ == "__main__":
