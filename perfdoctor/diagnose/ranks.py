@@ -25,6 +25,7 @@ from perfdoctor.analyze.straggler import RankInput, cross_rank
 from perfdoctor.collect.ranks import rank_dirs
 from perfdoctor.diagnose.confidence import label
 from perfdoctor.diagnose.live import StepsOnly, diagnose_dir
+from perfdoctor.diagnose.rankfailure import before_first_step, consequence, job_failure, rank_exit_code, uneven_hint
 from perfdoctor.diagnose.runfiles import RANK, record
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.diagnose.document import build_document
@@ -50,6 +51,8 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
     ranks_m, rows = cross_rank(inputs, world)
     out = _merge(str(run_dir), docs, infos, [str(d) for _, d in found], ranks_m, rows, rules)
     out["run"] = _run_section(run_dir, out.get("run") or {}, infos, docs)
+    if failure := before_first_step(out["run"], docs):
+        out["verdict"] = {**out["verdict"], "summary": failure, "notes": [], "secondary": []}
     return out
 
 
@@ -183,24 +186,24 @@ def _pace_index(infos: list[dict], m: dict) -> int:
 
 
 def _run_section(run_dir: Path, base: dict, infos: list[dict], docs: list[dict]) -> dict:
+    """The job's run section: the pace rank's with how the job ended told by the rank that
+    failed first (diagnose/rankfailure.py: its outcome and error, named; the exit code and
+    signal both the job's, or both that rank's), every failed rank's code in a note."""
     job = _read_json(run_dir / "ranks.json")
-    codes = [i.get("exit_code") for i in infos]
-    failed = [(i["rank"], c) for i, c in zip(infos, codes) if c]
-    code = job["exit_code"] if job.get("exit_code") is not None else (failed[0][1] if failed else
-                                                                       (0 if None not in codes else None))
     notes = list(base.get("notes") or [])
-    notes += [f"rank {r} exited with code {c}" for r, c in failed]
+    notes += [f"rank {i['rank']} exited with code {c}" + (f" ({why})" if (why := consequence(i, d)) else "")
+              for i, d in zip(infos, docs) if (c := rank_exit_code(i, d))]
+    if hint := uneven_hint(infos, docs):
+        notes.append(hint)
     world = max((i.get("world_size") or 0 for i in infos), default=0)
     if world and len(infos) < world:
         missing = sorted(set(range(world)) - {i["rank"] for i in infos})
         notes.append(f"{len(infos)} of {world} ranks found in {run_dir}/ranks (missing: "
                      + ", ".join(map(str, missing[:16])) + ("..." if len(missing) > 16 else "")
                      + "): other nodes' ranks/rank-K directories can be copied in, then `perfdoctor report` merges them")
-    outcome = base.get("outcome")
-    if any(d.get("run", {}).get("outcome") != outcome for d in docs):
-        outcome = "crashed" if failed else outcome
-    return {**base, "dir": str(run_dir), "exit_code": code, "outcome": outcome,
-            "wall_s": job.get("wall_s", base.get("wall_s")), "notes": notes,
+    ended = job_failure(job, infos, docs)       # no rank failed: the pace rank's outcome stays
+    return {**base, "dir": str(run_dir), **ended, "notes": notes,
+            "wall_s": job.get("wall_s", base.get("wall_s")),
             "launcher": job.get("launcher") or (infos[0].get("source") if infos else None)}
 
 

@@ -161,7 +161,8 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     if run.get("stopped_by"):
         how += f" (--{T(run['stopped_by'])})"
     code = "unknown" if run.get("exit_code") is None else T(run["exit_code"])   # a damaged run.json
-    err = error_line(run) if run.get("outcome") == "crashed" else None
+    # a multi-rank job names the rank whose failure it was, however that rank ended
+    err = error_line(run) if run.get("outcome") == "crashed" or run.get("failed_rank") is not None else None
     c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
                           (f" · {how} · exit code {code}", ""), (f" · {T(err)}" if err else "", "red")))
     if m.get("run.step_time_ms") is not None:
