@@ -79,10 +79,20 @@ def test_a_straggler_job_is_bound_by_what_bounds_the_slow_rank():
     job = _straggler_verdict(v, m, own, 1)
     assert job["bound"] == "input_io" and job["secondary"] == ["communication"] and job["rule"] == "PD115"
     assert job["summary"] == "Straggler: rank 1 ... Rank 1 itself: Input-bound (IO): ..."
-    assert job["confidence"] == 0.7 and job["notes"] == ["few steps"]     # no surer than the rank itself
+    assert job["confidence"] == 0.7 and job["confidence_label"] == "medium"   # no surer than the rank itself
+    assert job["notes"] == ["few steps", "no surer than rank 1's own verdict (input_io, 0.70), whose pace the job runs at"]
     for bound in ("communication", "inconclusive"):   # nothing better to say: the wait is the verdict
         kept = _straggler_verdict(v, m, {**own, "bound": bound}, 1)
-        assert kept["bound"] == "communication" and kept["secondary"] == [] and kept["confidence"] == 1.0
+        assert kept["bound"] == "communication" and kept["secondary"] == []
+    # docs/commands.md: "Its confidence is at most the slow rank's", a communication-bound slow rank
+    # too (a 128x batch on rank 1: its own verdict 0.40, near the CPU-bound line; the job's was 1.00)
+    own = {"bound": "communication", "summary": "Communication-bound: ...", "confidence": 0.4,
+           "notes": ["the CPU ops run 80% of the step, near the 80% that would make the step compute-bound"]}
+    job = _straggler_verdict(v, m, own, 1)
+    assert job["bound"] == "communication" and job["confidence"] == 0.4 and job["confidence_label"] == "low"
+    assert own["notes"][0] in job["notes"] and job["summary"] == "Straggler: rank 1 ..."
+    # a slow rank that judged nothing (inconclusive, confidence 0) leaves the straggler's own confidence
+    assert _straggler_verdict(v, m, {**own, "bound": "inconclusive", "confidence": 0.0}, 1)["confidence"] == 1.0
 
 
 def test_waits_unknown_without_a_trace():

@@ -104,8 +104,11 @@ def _merge(input_path: str, docs: list[dict], infos: list[dict], dirs: list[str]
     out = dict(docs[pace])
     for k in ("verdict", "flags", "findings"):
         out[k] = cluster[k]
+    own, rank = docs[pace]["verdict"], infos[pace]["rank"]
     if out["verdict"].get("rule") == "PD115":
-        out["verdict"] = _straggler_verdict(out["verdict"], ranks_m, docs[pace]["verdict"], infos[pace]["rank"])
+        out["verdict"] = _straggler_verdict(out["verdict"], ranks_m, own, rank)
+    elif out["verdict"].get("bound") == own.get("bound"):
+        out["verdict"] = _no_surer(out["verdict"], own, rank)
     out["input"] = input_path
     pace_trace = dict(out["traces"][0], metrics={**out["traces"][0]["metrics"], **ranks_m})
     out["traces"] = [pace_trace] + [doc["traces"][0] for i, doc in enumerate(docs) if i != pace]
@@ -125,15 +128,31 @@ def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:
     Confidence as diagnose/confidence.py for a cause against its runner-up: 0.4 when the wait for
     the straggler ties the wait every rank has (the transfer), 1.0 when it is at least twice that;
     capped at 0.6 with fewer than 5 paired steps; and no more than the slow rank's confidence in
-    its own bound, when that bound is the job's."""
+    its own verdict (the job's bound is what bounds that rank), unless that rank judged nothing
+    (inconclusive: the straggler, measured across the ranks, is then all there is to say)."""
     v = _straggler_confidence(v, m)
     bound = own.get("bound")
-    if bound in (None, "communication", "inconclusive"):
+    if bound in (None, "inconclusive"):
         return v
-    conf = min(v["confidence"], own.get("confidence", 1.0))
-    return {**v, "bound": bound, "confidence": conf, "confidence_label": label(conf),
-            "summary": f"{v['summary']} Rank {rank} itself: {own.get('summary', '')}".rstrip(),
-            "secondary": ["communication"], "notes": v["notes"] + [n for n in own.get("notes", []) if n not in v["notes"]]}
+    v = _no_surer(v, own, rank)
+    if bound == "communication":
+        return v
+    return {**v, "bound": bound, "secondary": ["communication"],
+            "summary": f"{v['summary']} Rank {rank} itself: {own.get('summary', '')}".rstrip()}
+
+
+def _no_surer(v: dict, own: dict, rank: int) -> dict:
+    """The job's verdict no surer than the pace rank's own (docs/commands.md: the job runs at that
+    rank's pace, so its verdict rests on that rank's evidence), with that rank's notes on why."""
+    conf = own.get("confidence")
+    if own.get("bound") in (None, "inconclusive") or not isinstance(conf, (int, float)):
+        return v
+    notes = v.get("notes", []) + [n for n in own.get("notes", []) if n not in v.get("notes", [])]
+    if conf < v["confidence"]:
+        notes.append(f"no surer than rank {rank}'s own verdict ({own.get('bound')}, {conf:.2f}), "
+                     "whose pace the job runs at")
+        v = {**v, "confidence": conf, "confidence_label": label(conf)}
+    return {**v, "notes": notes}
 
 
 def _straggler_confidence(v: dict, m: dict) -> dict:
