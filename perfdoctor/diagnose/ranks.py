@@ -240,7 +240,7 @@ def _ranks_section(dirs: list[str], infos, docs, rows, m: dict, pace: int) -> di
                     # a trace alone: the traced data-loading share of the step
                     "data_wait_share": tm.get("breakdown.data_loading") if tm.get("run.data_wait_share") is None
                     else tm["run.data_wait_share"],
-                    "verdict": doc["verdict"]["bound"], "rule": doc["verdict"]["rule"],
+                    "verdict": doc["verdict"]["bound"], "platform": tm.get("trace.platform"), "rule": doc["verdict"]["rule"],
                     "summary": doc["verdict"]["summary"]})
     return {"count": len(infos), "world_size": m.get("ranks.world_size"), "pace_rank": infos[pace]["rank"],
             "slowest_rank": m.get("ranks.slowest_rank"), "fastest_rank": m.get("ranks.fastest_rank"),

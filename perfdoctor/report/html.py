@@ -12,7 +12,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, rank_bound, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
@@ -180,17 +180,20 @@ def _ranks(doc: dict) -> str:
                    f"fill=\"#2e8b57\"><title>own work {own:.1f} ms</title></rect><rect x=\"{200 * own / span:.1f}\" "
                    f"width=\"{200 * wait / span:.1f}\" height=\"12\" fill=\"#8e5bb5\"><title>wait {wait:.1f} ms</title></rect></svg>")
             dw = r.get("data_wait_share")
-            rows.append(f"<tr><td>{H(r.get('rank'))}</td><td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
+            star = "*" if r.get("rank") == sec.get("slowest_rank") and sec.get("wait_cause") == "straggler" else ""
+            rows.append(f"<tr><td>{H(r.get('rank'))}{star}</td><td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
                         f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}</td>"
                         f"<td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
                         f"<td class=\"num\">{'-' if dw is None else f'{100 * dw:.0f}%'}</td>"
-                        f"<td>{bar}</td><td>{H(r.get('verdict'))}</td><td class=\"num\">{H(_or_unknown(r.get('exit_code')))}</td></tr>")
+                        f"<td>{bar}</td><td>{H(rank_bound(r))}</td><td class=\"num\">{H(_or_unknown(r.get('exit_code')))}</td></tr>")
         cause = (sec.get("metrics") or {}).get("ranks.wait_cause")
         out.append(f"<h2>Across {H(sec.get('count'))} ranks</h2><section class=\"card\"><table><tr><th>rank</th>"
                    "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
                    "<th class=\"num\">for slower</th><th class=\"num\">data wait</th>"
                    f"<th>own work / wait</th><th>verdict</th><th class=\"num\">exit</th></tr>{''.join(rows)}</table>"
-                   + (f"<p class=\"dim\">the wait: {H(cause)}</p>" if cause else "") + "</section>")
+                   + (f"<p class=\"dim\">the wait is {H(WAIT_CAUSE.get(cause, cause))}"
+                      + (f" (*): rank {H(sec.get('slowest_rank'))}" if cause == "straggler" else "") + "</p>"
+                      if cause else "") + "</section>")
     return "".join(out)
 
 

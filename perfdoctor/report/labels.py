@@ -15,6 +15,17 @@ BOUND_TITLE = {
 }
 
 
+# why the ranks of a job wait in collectives (ranks.wait_cause); each follows "the wait is "
+WAIT_CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest one",
+              "network": "mostly the transfer itself, which every rank waits for (network, collective library, "
+                         "bucket sizes)",
+              "contention": "CPU contention: the slowest rank waited in the run queue for a core (an oversubscribed host), "
+                            "not more work",
+              "uneven": "uneven: the ranks take turns being last (no rank is consistently slower): uneven work or a noisy "
+                        "machine",
+              "none": "no material wait (under 5% of the step on every rank)"}
+
+
 # how a run ended (run.outcome), as every output words it
 OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped the script",
            "exit": "the script exited", "crashed": "the script crashed", "interrupted": "interrupted",
@@ -27,6 +38,12 @@ def bound_title(bound: str, metrics: dict) -> str:
     if bound == "device" and metrics.get("trace.platform") == "cpu":
         return "COMPUTE-BOUND (CPU)"
     return BOUND_TITLE.get(bound, str(bound))
+
+
+def rank_bound(row: dict) -> str:
+    """A rank's verdict in a table of ranks: its bound, the CPU's "device" named as compute."""
+    bound = row.get("verdict")
+    return "compute (CPU)" if bound == "device" and row.get("platform") == "cpu" else str(bound)
 
 
 # the fixes that are not ranked: no model of their gain, or one that expects too little to rank

@@ -6,14 +6,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.analyze.straggler import MATERIAL
+from perfdoctor.report.labels import WAIT_CAUSE, rank_bound
 from perfdoctor.report.sanitize import terminal as T, text
-
-CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest one",
-         "network": "the transfer itself: every rank waits alike (network, collective library, bucket sizes)",
-         "contention": "CPU contention: the slowest rank waited in the run queue for a core (an oversubscribed host), "
-                       "not more work",
-         "uneven": "ranks take turns being last (no rank is consistently slower): uneven work or a noisy machine",
-         "none": "no material wait (under 5% of the step on every rank)"}
 
 
 def _ms(x) -> str:
@@ -44,7 +39,7 @@ def render_ranks(c: Console, sec: dict) -> None:
         table.add_row(text(f"{r['rank']}{mark}"), *((text(_short(r.get("host") or "-")),) if hosts else ()), _ms(r["step_time_ms"]),
                       _ms(r["busy_ms"]), f"{_ms(r['collective_wait_ms'])} {_pct(r['collective_wait_share'])}"
                       if r["collective_wait_ms"] is not None else "-",
-                      _ms(r["straggler_wait_ms"]), _pct(r["data_wait_share"]), text(r["verdict"]),
+                      _ms(r["straggler_wait_ms"]), _pct(r["data_wait_share"]), text(rank_bound(r)),
                       text("-" if r.get("exit_code") is None else r["exit_code"]))
     c.print(table)
     cause = m.get("ranks.wait_cause")
@@ -59,11 +54,15 @@ def render_ranks(c: Console, sec: dict) -> None:
                      "(independent processes?)" + (f"; they ran {min(steps)}-{max(steps)} steps"
                                                    if len(steps) > 1 else "")))
         return
-    line = f"  the wait is {CAUSE.get(cause, T(cause))}"
+    line = f"  the wait is {WAIT_CAUSE.get(cause, T(cause))}"
     if cause == "straggler":
         line += (f" (*): rank {m['ranks.slowest_rank']} does {m['ranks.slowest_ratio']:.2f}x the work per step "
                  f"of rank {m['ranks.fastest_rank']}, which waits {_pct(m['ranks.straggler_wait_share_max'])} "
                  "of its step for it")
+    elif cause == "network" and (m.get("ranks.straggler_wait_share_max") or 0) >= MATERIAL:
+        # the transfer is the larger part, not all of it: a rank waits that much more than the others
+        line += (f"; the waits differ by up to {_pct(m['ranks.straggler_wait_share_max'])} of the step: rank "
+                 f"{m['ranks.slowest_rank']} is also slower than the others")
     c.print(text(line))
     c.print(Text(f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
                  f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"

@@ -296,7 +296,7 @@ def _details(c: Console, t: dict) -> None:
     coll = tb.get("collectives") or []
     if coll:
         lines.append("Collectives: " + "; ".join(
-            f"{r['name']} x{r['count']}, {r['mean_us']:.0f} µs"
+            f"{r['name']} x{r['count']}, {r['mean_us']:.0f} µs each"
             + (f", {r['bytes'] / 1e6:.1f} MB" if r.get("bytes") is not None else "")
             + (f", busbw {r['busbw_gbps']:.1f} GB/s" if r.get("busbw_gbps") is not None else "")
             for r in coll[:2]))
