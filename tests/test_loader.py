@@ -87,6 +87,28 @@ def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("chunked", [False, True])
+def test_bytes_that_are_not_utf8_read_as_replacement_characters(tmp_path, monkeypatch, chunked):
+    """A name holding a raw byte that is not UTF-8 (a Latin-1 writer, one damaged byte) made
+    msgspec refuse its whole chunk: a trace of one such name had "no timed events". Every event
+    is kept, the bad bytes read U+FFFD (the header's too), and one warning says so."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5}
+          for i in range(200)]
+    doc = {"deviceProperties": [{"id": 0, "name": "GPU-@"}], "traceEvents": ev}
+    raw = json.dumps(doc).encode()
+    raw = raw.replace(b'"op3"', b'"op3\xff"').replace(b'"op150"', b'"op150\xe9x"').replace(b"GPU-@", b"GPU-\xc3")
+    (tmp_path / "u.json").write_bytes(raw)
+    if chunked:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
+        monkeypatch.setattr(reader, "READ_BYTES", 512)
+    t = load_trace(tmp_path / "u.json")
+    names = _names(t)
+    assert len(names) == 200 and not t.meta.truncated
+    assert names[3] == "op3\ufffd" and names[150] == "op150\ufffdx" and names[4] == "op4"
+    assert t.meta.device_properties == [{"id": 0, "name": "GPU-\ufffd"}]
+    assert [w for w in t.meta.warnings if "UTF-8" in w] == [surrogates.NOT_UTF8_WARNING]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("token", ["NaN", "-Infinity", "Infinity", "nan", "-inf", "1e999", "9" * 401])
 def test_odd_number_tokens_lose_one_event_not_the_rest(tmp_path, monkeypatch, chunked, token):
     """Python's json writes NaN/Infinity, C++ writers nan/inf, and damage makes numbers beyond a

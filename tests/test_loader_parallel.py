@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tracegen as tg
-from perfdoctor.trace import assemble, columns, loader, parallel, reader, source
+from perfdoctor.trace import assemble, columns, loader, parallel, reader, source, surrogates
 from perfdoctor.trace.loader import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,6 +246,21 @@ def test_untyped_events_and_their_warnings(tmp_path, monkeypatch, forking):
     assert forking["merged"] is True
     assert sum("malformed" in w for w in seq.meta.warnings) >= 2
     assert_same_table(seq, par)
+
+
+def test_bytes_that_are_not_utf8_on_both_sides_of_the_split(tmp_path, monkeypatch, forking):
+    """Raw bytes that are not UTF-8 in names before and after the split: same rows, U+FFFD in
+    both parts, one warning."""
+    obj, _ = tg.build(tg.TraceSpec(steps=STEPS * 6))
+    raw = json.dumps(obj, indent=1).encode()
+    raw = raw.replace(b'"ProfilerStep#5"', b'"ProfilerStep#5\xff"').replace(b'"ProfilerStep#20"', b'"ProfilerStep#20\xff"')
+    (tmp_path / "u.json").write_bytes(raw)
+    small_chunks(monkeypatch)
+    seq, par = load_both(tmp_path / "u.json", monkeypatch, forking)
+    assert forking["merged"] is True
+    assert_same_table(seq, par)
+    assert {"ProfilerStep#5\ufffd", "ProfilerStep#20\ufffd"} <= set(par.names)
+    assert [w for w in par.meta.warnings if "UTF-8" in w] == [surrogates.NOT_UTF8_WARNING]
 
 
 def test_cut_inside_nested_value(tmp_path, monkeypatch, forking):

@@ -32,7 +32,7 @@ from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace import oddnumbers, schema
 from perfdoctor.trace.oddnumbers import as_float
 from perfdoctor.trace.source import ReadState, Source
-from perfdoctor.trace.surrogates import replaced_or_none as _lone_surrogates_replaced
+from perfdoctor.trace.surrogates import not_utf8_replaced_or_none, replaced_or_none
 
 __all__ = ["ChunkStream", "ReadState", "iter_event_chunks", "coerce_events"]
 
@@ -260,12 +260,20 @@ def _decode_payload(payload, state: ReadState) -> list[schema.Event]:
     except msgspec.ValidationError:          # (a DecodeError subclass: caught first)
         items = _untyped(payload, state)
     except msgspec.DecodeError:
-        fixed = _lone_surrogates_replaced(payload, state) or oddnumbers.quoted_or_none(payload, state)
+        fixed = _fixed_or_none(payload, state)
         if fixed is None:
             raise
         return _decode_payload(fixed, state)
     state.untyped_chunks += 1
     return coerce_events(items, state)
+
+
+def _fixed_or_none(payload, state: ReadState) -> bytes | None:
+    """`payload` (which msgspec refused) with what strict JSON or UTF-8 lacks made readable: lone
+    surrogate escapes or bytes that are not UTF-8 as U+FFFD, odd number tokens quoted (each with
+    its warning); None when it holds none of them. One at a time: the retry fixes the next."""
+    return (replaced_or_none(payload, state) or not_utf8_replaced_or_none(payload, state)
+            or oddnumbers.quoted_or_none(payload, state))
 
 
 def _untyped(payload, state: ReadState):
@@ -326,6 +334,9 @@ def _decode_header(header: bytes, state: ReadState) -> None:
     try:
         doc = schema.DOC_DECODER.decode(text + b"}")
     except (msgspec.DecodeError, msgspec.ValidationError):
+        fixed = not_utf8_replaced_or_none(text, state)     # a device name that is not UTF-8
+        if fixed is not None:
+            return _decode_header(fixed, state)
         state.warnings.append("could not read the trace header (deviceProperties etc.)")
         return
     _merge_meta(doc, state)
@@ -369,7 +380,7 @@ def _decode_document(doc_bytes: bytes, state: ReadState) -> list[schema.Event]:
         events = obj.get("traceEvents")
         return coerce_events(events if isinstance(events, list) else [], state)
     except msgspec.DecodeError:
-        fixed = _lone_surrogates_replaced(doc_bytes, state) or oddnumbers.quoted_or_none(doc_bytes, state)
+        fixed = _fixed_or_none(doc_bytes, state)
         if fixed is None:
             raise
         return _decode_document(fixed, state)

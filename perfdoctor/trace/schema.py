@@ -80,8 +80,10 @@ META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schema
 class _Decoder:
     """A msgspec decoder whose recursion limit is a decode error: msgspec raises RecursionError
     on JSON nested deeper than Python's recursion limit (`[[[[...` 100k deep), and the reader
-    treats such a chunk as it treats any other it cannot decode. Strings that are not UTF-8
-    (msgspec: UnicodeDecodeError) are read with U+FFFD for the bad bytes."""
+    treats such a chunk as it treats any other it cannot decode. Strings that are not UTF-8 are
+    a decode error too (msgspec 0.23: DecodeError "Invalid UTF-8 encoded string"; a
+    UnicodeDecodeError is made one): the reader retries with the bad bytes as U+FFFD
+    (perfdoctor.trace.surrogates)."""
 
     __slots__ = ("_decode",)
 
@@ -93,11 +95,8 @@ class _Decoder:
             return self._decode(buf)
         except RecursionError:
             raise msgspec.DecodeError("JSON nested too deeply") from None
-        except UnicodeDecodeError:     # bytes that are not UTF-8 in a string: shown as U+FFFD
-            try:
-                return self._decode(bytes(buf).decode("utf-8", "replace").encode())
-            except RecursionError:
-                raise msgspec.DecodeError("JSON nested too deeply") from None
+        except UnicodeDecodeError:
+            raise msgspec.DecodeError("Invalid UTF-8 encoded string") from None
 
 
 EVENTS_DECODER = _Decoder(list[Event])
