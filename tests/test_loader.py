@@ -254,12 +254,49 @@ def test_impossible_events_are_dropped_with_a_warning(tmp_path):
     assert len(t.ts) == len(load_trace(good).ts) - 2
     assert np.isfinite(t.ts[t.ph == ord("X")]).all() and (t.dur[t.ph == ord("X")] >= 0).all()
     (w,) = [w for w in t.meta.warnings if w.startswith("ignored")]
-    assert w.startswith("ignored 2 event(s) with a negative, non-finite or impossible start or duration")
+    assert w.startswith("ignored 2 event(s) with a missing, negative, non-finite or impossible start or duration")
     m_good = diagnose_path(str(good))["traces"][0]["metrics"]
     rep = diagnose_path(str(bad))
     m = rep["traces"][0]["metrics"]
     assert m["steps.count"] == 3 and m["breakdown.data_loading"] == pytest.approx(m_good["breakdown.data_loading"], abs=0.02)
     assert any(x.startswith("ignored 2 event(s)") for x in rep["traces"][0]["warnings"])
+
+
+@pytest.mark.parametrize("untyped", [False, True])
+def test_events_without_a_start_or_duration_are_dropped_with_a_warning(tmp_path, untyped):
+    """ProfilerSteps without "ts" all read as starting at 0: a nonsense report at full confidence,
+    with no warning. X events without a start or a duration (or with null) are left out with the
+    warning and the steps come from elsewhere; events of other phases keep 0, as before."""
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    good = tmp_path / "good.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=500)] * 4), good)
+    doc = json.loads(good.read_text())
+    events = doc["traceEvents"]
+    for e in events:
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            e.pop("ts") if not untyped else e.update(ts=None)
+    op = next(e for e in events if e.get("cat") == "cpu_op")
+    op.pop("dur")
+    meta = {"ph": "M", "name": "no_start_meta", "pid": op["pid"], "tid": op["tid"], "args": {"name": "main"}}
+    instant = {"ph": "i", "name": "mark", "pid": op["pid"], "tid": op["tid"], "ts": op["ts"]}
+    events += [meta, instant]
+    if untyped:
+        events.append({"ph": "X", "name": "odd", "pid": [1], "tid": 1, "ts": 5, "dur": 1})  # forces the untyped path
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    t, t_good = load_trace(bad), load_trace(good)
+    x = t.ph == ord("X")
+    assert int(x.sum()) == int((t_good.ph == ord("X")).sum()) - 5 + untyped
+    assert np.isfinite(t.ts).all() and np.isfinite(t.dur).all() and (t.dur >= 0).all()
+    names = _names(t)
+    assert not any(n.startswith("ProfilerStep#") for n in names)
+    assert t.ts[names.index("no_start_meta")] == 0 and t.dur[names.index("mark")] == 0
+    (w,) = [w for w in t.meta.warnings if w.startswith("ignored")]
+    assert w.startswith("ignored 5 event(s) with a missing") and "start nan us" in w
+    tr = diagnose_path(str(bad))["traces"][0]
+    assert tr["metrics"]["steps.source"] == "DataLoader iterations" and tr["metrics"]["steps.count"] >= 3
+    assert any(x.startswith("ignored 5 event(s)") for x in tr["warnings"])
 
 
 def test_a_byte_order_mark_is_read_and_a_null_event_list_is_named(tmp_path):

@@ -105,9 +105,10 @@ SPAN_FACTOR = 10.0
 
 
 def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | None]:
-    """The complete ('X') events no profiler writes: a non-finite start, a negative or non-finite
-    duration, or one longer than an hour and 10x the span of all the events' starts (one step of
-    1e30 us made every share 0%). (mask of the rows to keep or None when all are, the warning)."""
+    """The complete ('X') events no profiler writes: a missing (NaN) or non-finite start, a
+    missing, negative or non-finite duration, or one longer than an hour and 10x the span of all
+    the events' starts (one step of 1e30 us made every share 0%; ProfilerSteps without a start all
+    began at 0). (mask of the rows to keep or None when all are, the warning)."""
     ph, ts, dur = cols["ph"], cols["ts"], cols["dur"]
     x = ph == ord("X")
     if not x.any():
@@ -122,8 +123,18 @@ def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | Non
     first = int(np.flatnonzero(bad)[0])
     name = strings["name"][cols["name"][first]] if 0 <= cols["name"][first] < len(strings["name"]) else "?"
     example = f"{str(name)[:60]!r}: start {ts[first]:g} us, duration {dur[first]:g} us"
-    return ~bad, (f"ignored {n:,} event(s) with a negative, non-finite or impossible start or duration "
+    return ~bad, (f"ignored {n:,} event(s) with a missing, negative, non-finite or impossible start or duration "
                   f"(the first: {example})")
+
+
+def _untimed_as_zero(cols: dict) -> None:
+    """Events of other phases than X (metadata, instants, counters) without a start or duration
+    (NaN) read 0 there, as they always have: they are kept, only X events need both."""
+    not_x = cols["ph"] != ord("X")
+    for key in ("ts", "dur"):
+        absent = np.isnan(cols[key]) & not_x
+        if absent.any():
+            cols[key] = np.where(absent, 0.0, cols[key])
 
 
 def build_table(path: str, part: Part) -> EventTable:
@@ -133,6 +144,7 @@ def build_table(path: str, part: Part) -> EventTable:
         cols = {k: c[keep] for k, c in cols.items()}
         part.labels = kept_labels(part.labels, keep)
         part.warnings = [*part.warnings, warning]
+    _untimed_as_zero(cols)
     m = part.meta
     props = m.get("deviceProperties") or []
     dist = m.get("distributedInfo") or {}

@@ -299,13 +299,18 @@ def coerce_events(items: list, state: ReadState) -> list[schema.Event]:
             out.append(schema.Event(
                 ph=str(d.get("ph", "")), cat=str(d.get("cat") or ""), name=str(d.get("name", "")),
                 pid=_id(d.get("pid", 0)), tid=_id(d.get("tid", 0)),
-                ts=as_float(d.get("ts") or 0.0), dur=as_float(d.get("dur") or 0.0),
+                ts=_time(d.get("ts")), dur=_time(d.get("dur")),
                 args=_coerce_args(d.get("args"))))
         except (TypeError, ValueError):
             bad += 1
     if bad:
         state.warnings.append(f"skipped {bad} malformed events")
     return out
+
+
+def _time(v: Any) -> float:
+    """A start or duration; NaN (absent, as the typed path reads it) for null or an empty string."""
+    return schema.NAN if v is None or v == "" else as_float(v)
 
 
 def _id(v: Any) -> int | str:

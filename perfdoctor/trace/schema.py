@@ -54,8 +54,8 @@ class Event(msgspec.Struct, gc=False):
     name: str = ""
     pid: IntOrStr = 0
     tid: IntOrStr = 0
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float = NAN      # absent: the table drops an X event without it, reads 0 for other phases
+    dur: float = NAN
     args: Args = NO_ARGS
 
 
