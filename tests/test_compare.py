@@ -312,3 +312,45 @@ def test_compare_and_gate_name_a_new_flag(tmp_path):
     res = gate_runs(after, [before], GateOptions())
     assert "new flags in the current run: PD216 (medium: The training job's memory grows every step)" in res.notes
     assert not any("PD999" in n for n in res.notes)                    # a low flag is no news for CI
+
+
+def test_inputs_that_are_no_report_say_what_they_are(tmp_path):
+    """A .json.gz trace gave compare and gate a raw codec error ("'utf-8' codec can't decode byte
+    0x8b"), a FIFO or a symbolic link loop "no such file or directory": each now says what it is,
+    in the words `report` uses, one line, exit 2; a trace names the command that makes its report."""
+    import gzip
+
+    import tracegen as tg
+
+    from perfdoctor.errors import PerfdoctorError
+    from perfdoctor.gate.load import load_run
+
+    trace = tmp_path / "t.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=500)] * 3), trace)
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(trace.read_bytes()))
+    (tmp_path / "blob.json.gz").write_bytes(gzip.compress(b"\x00\x01 not json"))
+    (tmp_path / "loopA").symlink_to(tmp_path / "loopB")
+    (tmp_path / "loopB").symlink_to(tmp_path / "loopA")
+    (tmp_path / "gone.json").symlink_to(tmp_path / "nothing.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "latin1.json").write_bytes(b'{"schema_version": 1, "x": "\xe9"}')
+    expect = {
+        "t.json.gz": f"t.json.gz: a gzip-compressed trace, not a perfdoctor report: diagnose it first "
+                     f"(`perfdoctor report {tmp_path / 't.json.gz'} -f json -o report.json`) and compare reports",
+        "t.json": f"t.json: a trace, not a perfdoctor report: diagnose it first (`perfdoctor report {trace}",
+        "blob.json.gz": "blob.json.gz: gzip-compressed, not a perfdoctor report",
+        "loopA": f"a dangling or looping symbolic link: {tmp_path / 'loopA'}",
+        "gone.json": f"a dangling or looping symbolic link: {tmp_path / 'gone.json'}",
+        "fifo.json": "fifo.json is not a regular file or a directory (a FIFO, socket or device): refused",
+        "latin1.json": "latin1.json: not a JSON document (not UTF-8 text)",
+    }
+    for name, words in expect.items():
+        with pytest.raises(PerfdoctorError) as err:
+            load_run(tmp_path / name)
+        assert err.value.exit_code == 2 and words in str(err.value), (name, str(err.value))
+    for args in (("compare", tmp_path / "t.json.gz", tmp_path / "t.json"),
+                 ("gate", tmp_path / "fifo.json", "--baseline", tmp_path / "t.json")):
+        p = pd(*args)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith("perfdoctor: error: ") and ("trace, not a perfdoctor report" in p.stderr
+                                                               or "a FIFO" in p.stderr)

@@ -7,6 +7,7 @@ import math
 import posixpath
 import re
 import shlex
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,17 +106,17 @@ def load_run(path: str | Path) -> RunData:
     report.json (an older perfdoctor's, a copy of the run files alone) is diagnosed again, as
     `perfdoctor report DIR` does. A multi-rank run directory's step records are the pace-setting
     rank's (ranks/rank-K/steps.jsonl): in a synchronous job every rank steps at the job's pace."""
-    p = Path(path)
+    from perfdoctor.trace.loader import checked_input_path
+
+    p = checked_input_path(path)     # missing, a dangling or looping link, a FIFO: said so, one line
     notes: list[str] = []
     if p.is_dir():
         run_dir, report = p, p / "report.json"
         doc = _read_report(report) if report.is_file() else _diagnosed(p, notes)
-    elif p.is_file():
+    else:
         report = p
         run_dir = p.parent if (p.parent / "steps.jsonl").is_file() or is_multi_rank(p.parent) else None
         doc = _read_report(report)
-    else:
-        raise PerfdoctorError(_missing(p))
     from perfdoctor.diagnose.runfiles import CHILD, record, report as conform_report
     doc = conform_report(doc)           # untrusted: fields of the wrong type read as unknown
     steps = None
@@ -136,33 +137,37 @@ def load_run(path: str | Path) -> RunData:
                    read_note="; ".join(notes) or None)
 
 
-def _missing(p: Path) -> str:
-    """Why a path that is neither a file nor a directory cannot be read: what `report` says of it."""
-    if p.is_symlink():
-        return f"{p}: a dangling or looping symbolic link"
-    if p.exists():
-        return f"{p}: not a regular file or a directory (a FIFO, a socket or a device): refused"
-    return f"{p}: no such file or directory"
+def _trace_not_report(report: Path, kind: str = "") -> PerfdoctorError:
+    return PerfdoctorError(f"{report}: a {kind}trace, not a perfdoctor report: diagnose it first "
+                           f"(`perfdoctor report {shlex.quote(str(report))} -f json -o report.json`) and compare reports")
 
 
 def _read_report(report: Path) -> dict:
+    """The JSON document of a report file; PerfdoctorError (one line) for anything else, a trace
+    (gzip-compressed or not) named as such."""
     try:
         raw = report.read_bytes()
     except OSError as exc:
         raise PerfdoctorError(f"cannot read {report}: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        raise PerfdoctorError(f"{report}: a gzip file (a trace?), not a perfdoctor report: give the run directory, "
-                              "or write its report first (perfdoctor report TRACE -f json -o report.json)")
+    if raw[:2] == b"\x1f\x8b":         # perfdoctor writes no compressed reports: a .json.gz trace?
+        try:
+            head = zlib.decompressobj(31).decompress(raw[:1 << 16], 1 << 16)
+        except zlib.error:
+            head = b""
+        if b'"traceEvents"' in head or head.lstrip()[:1] == b"[":
+            raise _trace_not_report(report, "gzip-compressed ")
+        raise PerfdoctorError(f"{report}: gzip-compressed, not a perfdoctor report")
     try:
         doc = inputjson.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise PerfdoctorError(f"{report}: not a perfdoctor report (not UTF-8 text)") from None
+        raise PerfdoctorError(f"{report}: not a JSON document (not UTF-8 text)") from None
     except (ValueError, RecursionError) as exc:
         raise PerfdoctorError(f"{report}: not a JSON document ({exc})") from None
+    if (isinstance(doc, dict) and "traceEvents" in doc) or (
+            isinstance(doc, list) and doc and isinstance(doc[0], dict) and "ph" in doc[0]):   # a bare-list trace
+        raise _trace_not_report(report)
     if not isinstance(doc, dict) or "schema_version" not in doc or not isinstance(doc.get("traces"), list):
-        hint = (": a trace; write its report first (perfdoctor report TRACE -f json -o report.json)"
-                if isinstance(doc, dict) and "traceEvents" in doc else " (no schema_version/traces)")
-        raise PerfdoctorError(f"{report}: not a perfdoctor report{hint}")
+        raise PerfdoctorError(f"{report}: not a perfdoctor report (no schema_version/traces)")
     return doc
 
 

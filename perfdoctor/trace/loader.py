@@ -28,12 +28,7 @@ def find_trace_files(path: str | os.PathLike, skipped: list[str] | None = None) 
     """A file, or the trace files directly inside a directory (one per rank/worker), sorted.
     PyTorch execution traces (ExecutionTraceObserver's JSON) are not profiler traces: one given
     alone is an error; in a directory each is left out, with a warning appended to `skipped`."""
-    p = Path(path)
-    if not p.exists():
-        why = "a dangling or looping symbolic link" if p.is_symlink() else "no such file or directory"
-        raise TraceFormatError(f"{why}: {p}")
-    if not p.is_file() and not p.is_dir():
-        raise TraceFormatError(f"{p} is not a regular file or a directory (a FIFO, socket or device): refused")
+    p = checked_input_path(path)
     if p.is_file():
         if is_execution_trace(p):
             raise TraceFormatError(f"{p} is a PyTorch execution trace (ExecutionTraceObserver), not a "
@@ -59,6 +54,20 @@ def find_trace_files(path: str | os.PathLike, skipped: list[str] | None = None) 
     if not files:
         raise TraceFormatError(f"no trace files (*.json, *.json.gz) in directory {p}")
     return files
+
+
+def checked_input_path(path: str | os.PathLike) -> Path:
+    """`path` as a Path when it names a regular file or a directory (links followed); else
+    TraceFormatError, one line that says what it is: missing, a dangling or looping symbolic
+    link, or a FIFO, socket or device (refused, never opened: a FIFO would block). Every command
+    that reads an input path (report, compare, gate) checks it here."""
+    p = Path(path)
+    if not p.exists():
+        why = "a dangling or looping symbolic link" if p.is_symlink() else "no such file or directory"
+        raise TraceFormatError(f"{why}: {p}")
+    if not p.is_file() and not p.is_dir():
+        raise TraceFormatError(f"{p} is not a regular file or a directory (a FIFO, socket or device): refused")
+    return p
 
 
 ET_HEAD_BYTES = 4096
