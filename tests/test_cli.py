@@ -191,6 +191,35 @@ def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
     assert any(w.startswith("rank1.json: trace is truncated") for w in warnings), warnings
 
 
+def test_a_trace_without_timed_events_among_traces_is_skipped_and_named(tmp_path):
+    """A metadata-only trace (or one whose X events all lack a duration) beside good ones aborted
+    the whole directory with exit 2, where an empty file is skipped: it is skipped and named too;
+    with only such files, one line naming each; one file alone: its path."""
+    tg.write(tg.TraceSpec(steps=[S(data_wait_us=2000)] * 5), tmp_path / "rank0.json")
+    meta = {"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "p"}},
+                            {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5}]}
+    (tmp_path / "onlymeta.json").write_text(json.dumps(meta))
+    nodur = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 * i}
+                             for i in range(20)]}
+    (tmp_path / "nodur.json").write_text(json.dumps(nodur))
+    (tmp_path / "empty.json").write_bytes(b"")
+    r = run("report", tmp_path, "-f", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["traces"]) == 1 and doc["traces"][0]["metrics"]["steps.count"] == 5
+    warnings = doc["traces"][0]["warnings"]
+    assert "skipped onlymeta.json: no timed (complete 'X') events to analyse" in warnings
+    assert "skipped nodur.json: no timed (complete 'X') events to analyse" in warnings
+    assert "skipped empty.json: empty file" in warnings
+    (tmp_path / "rank0.json").unlink()
+    r = run("report", tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "could be analysed: " in r.stderr
+    assert "skipped onlymeta.json: no timed" in r.stderr and "skipped nodur.json: no timed" in r.stderr
+    r = run("report", tmp_path / "onlymeta.json")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"perfdoctor: error: {tmp_path / 'onlymeta.json'}: no timed (complete 'X') events to analyse")
+
+
 @pytest.mark.parametrize("setup,message", [
     (lambda p: None, "no such file"),
     (lambda p: p.write_text("not json"), "not a JSON trace"),

@@ -58,7 +58,16 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
         for t in traces:
             t.meta.warnings = [f"{Path(t.meta.path).name}: {w}" for w in t.meta.warnings]
     from perfdoctor.diagnose.profwindows import join_windows
-    analyses = [analyze(t) for t in join_windows(traces)]
+    analyses = []
+    for t in join_windows(traces):
+        try:
+            analyses.append(analyze(t))
+        except TraceFormatError as exc:      # no timed events (metadata only): skipped as a damaged file is
+            if len(files) == 1:
+                raise
+            skipped.append(f"skipped {Path(t.meta.path).name}: {str(exc).removeprefix(f'{t.meta.path}: ')}")
+    if not analyses:
+        raise TraceFormatError(f"no trace in {path} could be analysed: " + "; ".join(skipped))
     analyses[0].warnings[:0] = skipped
     results = [(a, evaluate(rules, a.metrics)) for a in analyses]
     if len(results) > 1:          # one trace per rank: merged as a multi-rank run is (diagnose/ranks.py)
