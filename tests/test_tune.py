@@ -96,6 +96,11 @@ def test_contention_tries_fewer_threads_first():
     assert plan.plan(eight)[0].changes == {"threads": 5}
     quiet = facts(verdict="cpu_compute", data_wait=0.0, threads=1, other_cores=0.8)
     assert {"threads": 2} in [t.changes for t in plan.plan(quiet)]
+    # a script that sets 1 thread on a contended machine: more threads are not tried, and the
+    # row says why (it was left out without a word)
+    one = facts(verdict="cpu_compute", data_wait=0.0, threads=1, contended=True, other_cores=0.3)
+    row = next(t for t in plan.plan(one) if "threads" in t.changes)
+    assert row.changes == {"threads": 2} and row.skip.startswith("other processes kept the cores busy")
 
 
 def test_no_trial_for_what_the_script_already_does():
@@ -230,7 +235,7 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     assert launched == [("baseline-2", {}), ("01-confirm-num_workers=2", {"num_workers": 2}),
                         ("baseline-3", {}), ("02-confirm-threads=2", {"threads": 2})]
     assert [b.run_dir.name for b in t.baselines] == ["baseline", "baseline-2", "baseline-3"] and compared == ["baseline-2", "baseline-3"]
-    assert a.status == "no change" and "0.90x [0.80, 1.05]: not faster in both runs" in a.reason
+    assert a.status == "inconclusive" and "0.90x [0.80, 1.05]: not faster in both runs" in a.reason
     assert a.ratio == pytest.approx((1.5 * 0.9) ** 0.5) and a.ci95 == (0.8, 1.6)
     assert b.status == "faster" and b.ratio == pytest.approx((1.2 * 1.25) ** 0.5) and b.ci95 == (1.1, 1.35)
     assert t.best() is b and b.confirm["speedup"] == 1.25 and c.confirm is None
@@ -247,6 +252,40 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     assert e.confirm is None and t.best() is b
 
 
+def test_an_interval_that_spans_a_gain_and_a_loss_is_inconclusive_not_no_change():
+    from perfdoctor.tune.measure import judged
+    assert judged(1.02, 1.3) == "faster" and judged(0.5, 0.97) == "slower"
+    assert judged(0.93, 1.08) == "no change"                 # within 10% either way: nothing material
+    assert judged(0.01, 133.62) == "inconclusive"            # a busy machine's 1.08x (user trial)
+    assert judged(0.69, 37.61) == "inconclusive" and judged(0.95, 1.3) == "inconclusive"
+
+
+def test_a_failed_trials_reason_is_its_errors_first_and_last_line():
+    from perfdoctor.tune.measure import gist
+    worker = ("Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+              '  File "worker.py", line 374, in _worker_loop\n    data = fetcher.fetch(index)\n'
+              "RuntimeError: db handle used from another process\n")
+    assert gist(worker) == ("Caught RuntimeError in DataLoader worker process 0. ... "
+                            "RuntimeError: db handle used from another process")
+    assert gist("ValueError: bad") == "ValueError: bad" and gist("") is None and gist(None) is None
+    assert len(gist("x" * 1000)) == 240
+
+
+def test_the_reports_fixes_no_trial_tested_are_listed():
+    from types import SimpleNamespace
+
+    from perfdoctor.tune.result import untested
+    t = SimpleNamespace(
+        outcomes=[SimpleNamespace(trial=SimpleNamespace(rule="PD301")), SimpleNamespace(trial=SimpleNamespace(rule="PD338+PD346"))],
+        fixes={"PD317": {"kind": "fix", "title": "Profile", "ranked": False, "gain": None},
+               "PD306": {"kind": "fix", "title": "Preprocess", "ranked": True, "gain": {"expected": None, "ceiling": 5.28}},
+               "PD301": {"kind": "fix", "title": "Workers", "ranked": True, "gain": {"expected": 1.9, "ceiling": 5.28}},
+               "PD346": {"kind": "fix", "title": "Threads", "ranked": True, "gain": {"expected": 1.1, "ceiling": 1.2}},
+               "PD201": {"kind": "flag", "title": "num_workers=0"}})
+    got = untested(t)
+    assert [u["id"] for u in got] == ["PD306", "PD317"] and got[0]["ceiling"] == 5.28 and got[0]["expected"] is None
+
+
 def _measured(tmp_path, name, ms, changes=None, seed=0):
     """A run of 60 steady steps around `ms` milliseconds (1% jitter), as measure_dir leaves one."""
     from perfdoctor.stats.steptime import estimate_durations
@@ -256,13 +295,14 @@ def _measured(tmp_path, name, ms, changes=None, seed=0):
                     estimate=estimate_durations(durs), other_load=0.0, cores=2)
 
 
-@pytest.mark.parametrize("second_ms, status", [(167.6, "no change"), (105.0, "slower")])
+@pytest.mark.parametrize("second_ms, status", [(167.6, "inconclusive"), (105.0, "slower")])
 def test_trials_are_judged_against_the_run_to_run_spread(monkeypatch, tmp_path, second_ms, status):
     """Two runs of the unchanged script measured 106.7 and 167.6 ms/step on the shared VM, each
     with a tight interval, and a trial (AdamW foreach, which changes nothing measurable there)
     152 ms: against the first run alone it read 0.70x [0.67, 0.74], "slower". Its interval now
-    spans the spread of the baseline runs, so it is no change; with two baseline runs that agree,
-    the same trial is still slower."""
+    spans the spread of the baseline runs, so it cannot tell (inconclusive: not "no change", which
+    says nothing material changed); with two baseline runs that agree, the same trial is still
+    slower."""
     from perfdoctor.tune import session as S
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
     t.facts = facts()
@@ -281,8 +321,8 @@ def test_trials_are_judged_against_the_run_to_run_spread(monkeypatch, tmp_path, 
     out = t._trial(plan.Trial({"optimizer": "foreach"}, "optimizer"))
     lo, hi = out.ci95
     assert out.status == status and lo <= out.ratio <= hi
-    if status == "no change":
-        assert [b.run_dir.name for b in out.bases] == ["baseline-2", "baseline-3"] and lo < 1 < hi
+    if status == "inconclusive":
+        assert [b.run_dir.name for b in out.bases] == ["baseline-2", "baseline-3"] and lo < 1 / 1.1 and hi > 1.1
     else:                                                    # a quiet machine: one baseline before it
         assert [b.run_dir.name for b in out.bases] == ["baseline-2"] and hi < 1
 
@@ -625,7 +665,7 @@ def test_tune_document_on_a_small_script(tmp_path):
     assert len(times) >= 2 and doc["run_spread"] == pytest.approx(run_spread(times), rel=0.05, abs=1e-3)  # rounded
     assert "run-to-run spread" in doc["noise"]
     statuses = {t["status"] for t in doc["trials"]}
-    assert statuses <= {"faster", "slower", "no change", "failed", "skipped"}
+    assert statuses <= {"faster", "slower", "no change", "inconclusive", "failed", "skipped"}
     by = {t["label"].replace(", persistent_workers=True", ""): t for t in doc["trials"]}
     assert by["tf32=True"]["status"] == "skipped" and by["tf32=True"]["reason"] == "no CUDA device"
     # the loader comes first; a trial that crashes is reported, and the tune goes on

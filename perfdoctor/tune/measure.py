@@ -27,6 +27,8 @@ from perfdoctor import inputjson
 DIVERGE = 0.10
 MIN_LOSSES = 8
 
+MIN_EFFECT = 0.10            # a speed-up this large either way is material (gate's --min-effect default)
+
 
 @dataclass
 class Measured:
@@ -75,7 +77,7 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     m = Measured(run_dir, dict(changes), exit_code, outcome, wall_s, read_steps(run_dir),
                  _read_json(run_dir / "inject.json"), child)
     if outcome not in ("stopped", "completed") or exit_code != 0:
-        why = child.get("error") or (f"exit code {exit_code}" if exit_code else outcome)
+        why = gist(child.get("error")) or (f"exit code {exit_code}" if exit_code else outcome)
         m.error = f"the script failed ({why})"
     system = system_of(run_dir)
     m.other_load, m.cores = other_load_of(system)
@@ -86,6 +88,29 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
         reason = getattr(m.estimate, "reason", None) or "no training step recorded"
         m.error = f"not measurable: {reason}"
     return m
+
+
+def judged(lo: float, hi: float) -> str:
+    """A speed-up's 95% interval [lo, hi] as a trial's status: faster or slower when it excludes
+    1; no change when it lies within MIN_EFFECT either way (the runs tell that nothing material
+    changed); inconclusive when it spans a material gain and a material loss (the runs varied
+    too much to tell: an interval of 0.01-133x had read "no change")."""
+    if lo > 1:
+        return "faster"
+    if hi < 1:
+        return "slower"
+    return "no change" if lo >= 1 / (1 + MIN_EFFECT) and hi <= 1 + MIN_EFFECT else "inconclusive"
+
+
+def gist(error: str | None, limit: int = 240) -> str | None:
+    """An exception's message in one line: its first line, and its last when the message holds
+    a traceback (a DataLoader worker's error carries the worker's whole traceback, and the line
+    that says what went wrong is its last)."""
+    lines = [x.strip() for x in (error or "").splitlines() if x.strip()]
+    if not lines:
+        return None
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def system_of(run_dir: Path) -> dict:

@@ -145,8 +145,12 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     fewer = threads_for_free_cores(f)
     if fewer is not None:
         by_group["threads"].append(Trial({"threads": fewer}, "threads"))
-    elif f.cores > 1 and f.threads is not None and f.threads != f.cores and not f.contended:
-        by_group["threads"].append(Trial({"threads": f.cores}, "threads"))
+    elif f.cores > 1 and f.threads is not None and f.threads != f.cores:
+        # on a machine other work keeps busy, more threads queue for the cores it holds (and an op
+        # split over threads waits for the slowest): not measured there, and said so
+        by_group["threads"].append(Trial({"threads": f.cores}, "threads",
+                                         skip="other processes kept the cores busy: more threads would queue for "
+                                              "them (rerun on a quiet machine)" if f.contended else None))
     # On the CPU fused first: it is what PD338 advises there (foreach measured 0.8-1.19x, fused
     # faster on every bench model), so a short budget measures it rather than foreach.
     for impl in ("foreach", "fused") if f.cuda else ("fused", "foreach"):
@@ -192,10 +196,11 @@ def fallback(t: Trial) -> Trial | None:
     return None
 
 
-def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = True) -> list[Trial]:
+def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = True,
+                workers_failed: bool = False) -> list[Trial]:
     """persistent_workers and prefetch_factor on top of the best worker setting found (or the
-    script's own, when it already has workers). `workers_measured`: some num_workers trial ran
-    (false when the budget skipped them all)."""
+    script's own, when it already has workers). `workers_measured`: some num_workers trial was
+    measured (false when the budget skipped them all, or they all failed: `workers_failed`)."""
     if f.loader is None:
         return []
     base = dict(best_loader or {})
@@ -203,6 +208,7 @@ def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = Tru
     out = []
     no_workers = ("needs worker processes (the fastest setting has none)" if best_loader is not None
                   else "needs worker processes (no num_workers setting was faster)" if workers_measured
+                  else "needs worker processes (the num_workers trials failed)" if workers_failed
                   else "needs worker processes (no num_workers setting was measured)")
     if f.loader.get("num_workers") and not f.loader.get("persistent_workers"):   # else the first pass had it
         out.append(Trial({**base, "persistent_workers": True}, "loader", refines=True,

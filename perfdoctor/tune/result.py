@@ -3,7 +3,7 @@
 Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
 data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm}, best {changes, speedup, ci95, confirmed} or null,
-apply (text),
+apply (text), untested[] {id, title, ranked, expected, ceiling},
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command.
 """
 
@@ -62,7 +62,27 @@ def build(t: Tuner) -> dict:
                  if best else None),
         "apply": apply_text(best.trial.changes if best else {}, b.inject, t.facts.cuda),
         "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
+        "untested": untested(t),
     }
+
+
+UNTESTED_SHOWN = 5
+
+
+def untested(t: Tuner) -> list[dict]:
+    """The baseline report's fixes that no trial tested (a code change, not a setting tune can
+    make): the ranked ones first, as the report ranks them, at most UNTESTED_SHOWN; their
+    expected gain and ceiling as the report gave them, so the biggest win left is not lost."""
+    tested = {r for o in t.outcomes if o.trial.rule for r in str(o.trial.rule).split("+")}
+    out = []
+    for fid, f in t.fixes.items():
+        if fid in tested or f.get("kind", "fix") != "fix":
+            continue
+        g = f.get("gain") or {}
+        out.append({"id": fid, "title": f.get("title"), "ranked": bool(f.get("ranked")),
+                    "expected": _r(g.get("expected"), 4), "ceiling": _r(g.get("ceiling"), 4)})
+    out.sort(key=lambda x: not x["ranked"])             # stable: the report's order within each
+    return out[:UNTESTED_SHOWN]
 
 
 def _verdict(baseline: dict) -> str:
@@ -86,7 +106,7 @@ def render(doc: dict, console=None) -> None:
     for col in ("change", "step time", "speed-up", "95% CI", "predicted", "status"):
         tab.add_column(col, justify="right" if col in ("step time", "speed-up", "95% CI") else "left",
                        no_wrap=col != "status")
-    colour = {"faster": "green", "slower": "red", "failed": "red", "skipped": "dim"}
+    colour = {"faster": "green", "slower": "red", "failed": "red", "skipped": "dim", "inconclusive": "yellow"}
     for tr in doc["trials"]:
         ci = tr["ci95"]
         pred = (f"{tr['predicted']:.2f}x ({tr['rule']})" if tr["predicted"] is not None
@@ -110,9 +130,18 @@ def render(doc: dict, console=None) -> None:
         con.print(text("best:", "bold") + text(f" {changes_label(best['changes'])}: {best['speedup']:.2f}x "
                   f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. "
                   "Apply:"))
-    else:
+    unsure = [tr["label"] for tr in doc["trials"] if tr["status"] == "inconclusive"]
+    if not best:
         con.print("[bold]best:[/bold] " + ("none of the trials was measurably faster than the baseline." if measured
                                            else "nothing was measured: no trial could run (reasons above)."))
-    for line in doc["apply"].splitlines() if measured else []:    # "keep the script": only after a trial ran
+        if unsure:          # not "keep the script as it is": these were not measured equal, only not told apart
+            con.print(text(f"    {len(unsure)} trial(s) inconclusive ({'; '.join(unsure)}): the runs varied too much "
+                           "to tell a gain from a loss; rerun on a quiet machine, or with a larger --budget"))
+    for line in doc["apply"].splitlines() if measured and (best or not unsure) else []:
         con.print(text(f"    {line}"))
+    left = doc.get("untested") or []
+    if left:
+        con.print(text("not measured by tune (code changes, see the report): " + "; ".join(
+            f"{u['id']} {u['title']}" + (f" (~{u['expected']:.2f}x" if u["expected"] else " (?")
+            + (f", max {u['ceiling']:.2f}x)" if u["ceiling"] else ")") for u in left), "dim"))
     con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))

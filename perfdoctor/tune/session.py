@@ -48,7 +48,7 @@ from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.steptime import run_spread, with_run_spread
 from perfdoctor.tune import plan as planmod
-from perfdoctor.tune.measure import Measured, _read_json, loss_drift, run_once, speedup
+from perfdoctor.tune.measure import Measured, _read_json, judged, loss_drift, run_once, speedup
 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
 NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
@@ -78,7 +78,7 @@ class TuneOptions:
 @dataclass
 class Outcome:
     trial: planmod.Trial
-    status: str                          # faster | slower | no change | failed | skipped
+    status: str                          # faster | slower | no change | inconclusive | failed | skipped
     reason: str | None = None
     run: Measured | None = None
     bases: list = field(default_factory=list)   # the baseline runs it was compared with
@@ -118,9 +118,11 @@ class Tuner:
             if out.run is not None and not out.run.ok and (again := planmod.fallback(t)) is not None:
                 self._trial(again)         # the run itself failed (not a loss refusal): try again
         best_loader = self._best("loader")
-        measured = any(o.trial.group == "loader" and "num_workers" in o.trial.changes and o.status != "skipped"
-                       for o in self.outcomes)
-        for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None, measured):
+        workers = [o for o in self.outcomes if o.trial.group == "loader" and "num_workers" in o.trial.changes]
+        measured = any(o.status not in ("skipped", "failed") for o in workers)
+        failed = any(o.status == "failed" for o in workers)
+        for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None, measured,
+                                     failed):
             self._trial(t)
         winners = [o for g in dict.fromkeys(o.trial.group for o in self.outcomes) if (o := self._best(g))]
         if len(winners) >= 2:
@@ -315,7 +317,7 @@ class Tuner:
             out.ratio, ci = speedup([before, after] if after else [before], m)
             out.ci95 = with_run_spread(out.ratio, ci, self.spread)
             lo, hi = out.ci95
-            out.status = "faster" if lo > 1 else "slower" if hi < 1 else "no change"
+            out.status = judged(lo, hi)
             if {"autocast", "compile", "float32"} & set(t.changes):
                 out.loss = loss_drift(self.baselines[0], m)
                 if out.loss is None:
@@ -356,7 +358,7 @@ class Tuner:
             if lo2 > 1:
                 _add_reason(best, f"a second run: {second}")
             else:
-                best.status = "no change"
+                best.status = "inconclusive" if judged(lo2, hi2) == "inconclusive" else "no change"
                 best.reason = f"a second run measured {second}: not faster in both runs"
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
                  + (f" ({best.reason})" if best.reason else ""))
