@@ -283,7 +283,7 @@ def test_the_reports_fixes_no_trial_tested_are_listed():
                "PD346": {"kind": "fix", "title": "Threads", "ranked": True, "gain": {"expected": 1.1, "ceiling": 1.2}},
                "PD201": {"kind": "flag", "title": "num_workers=0"}})
     got = untested(t)
-    assert [u["id"] for u in got] == ["PD306", "PD317"] and got[0]["ceiling"] == 5.28 and got[0]["expected"] is None
+    assert [u["id"] for u in got] == ["PD306"] and got[0]["ceiling"] == 5.28 and got[0]["expected"] is None
 
 
 def _measured(tmp_path, name, ms, changes=None, seed=0):

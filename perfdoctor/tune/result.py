@@ -34,7 +34,8 @@ def _trial_doc(o: Outcome) -> dict:
             "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
             "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
-            "baseline_dirs": [str(b.run_dir) for b in o.bases], "loss": o.loss,
+            "baseline_dirs": [str(b.run_dir) for b in o.bases],
+            "baseline_step_time_s": [_t(b.step_s) for b in o.bases], "loss": o.loss,
             "confirm": ({"dir": o.confirm["dir"], "speedup": _r(o.confirm["speedup"], 4),
                          "ci95": [_r(x, 4) for x in o.confirm["ci95"]] if o.confirm["ci95"] else None}
                         if o.confirm else None)}
@@ -71,14 +72,15 @@ UNTESTED_SHOWN = 5
 
 def untested(t: Tuner) -> list[dict]:
     """The baseline report's fixes that no trial tested (a code change, not a setting tune can
-    make): the ranked ones first, as the report ranks them, at most UNTESTED_SHOWN; their
-    expected gain and ceiling as the report gave them, so the biggest win left is not lost."""
+    make) and that have a gain to weigh (an expected gain or a ceiling): the ranked ones first, as
+    the report ranks them, at most UNTESTED_SHOWN; their expected gain and ceiling as the report
+    gave them, so the biggest win left is not lost."""
     tested = {r for o in t.outcomes if o.trial.rule for r in str(o.trial.rule).split("+")}
     out = []
     for fid, f in t.fixes.items():
-        if fid in tested or f.get("kind", "fix") != "fix":
-            continue
         g = f.get("gain") or {}
+        if fid in tested or f.get("kind", "fix") != "fix" or (g.get("expected") is None and g.get("ceiling") is None):
+            continue                    # tested, a flag, or a fix with no gain to weigh (profile next time)
         out.append({"id": fid, "title": f.get("title"), "ranked": bool(f.get("ranked")),
                     "expected": _r(g.get("expected"), 4), "ceiling": _r(g.get("ceiling"), 4)})
     out.sort(key=lambda x: not x["ranked"])             # stable: the report's order within each
@@ -103,8 +105,8 @@ def render(doc: dict, console=None) -> None:
     con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
                    f"{b['steps']} steady steps; verdict {_verdict(b)}; {doc['noise']}"))
     tab = Table(show_edge=False, pad_edge=False)
-    for col in ("change", "step time", "speed-up", "95% CI", "predicted", "status"):
-        tab.add_column(col, justify="right" if col in ("step time", "speed-up", "95% CI") else "left",
+    for col in ("change", "step time", "vs baseline", "speed-up", "95% CI", "predicted", "status"):
+        tab.add_column(col, justify="right" if col in ("step time", "vs baseline", "speed-up", "95% CI") else "left",
                        no_wrap=col != "status")
     colour = {"faster": "green", "slower": "red", "failed": "red", "skipped": "dim", "inconclusive": "yellow"}
     for tr in doc["trials"]:
@@ -117,7 +119,10 @@ def render(doc: dict, console=None) -> None:
         if len(status) > STATUS_CHARS:          # the whole reason is in the JSON
             status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
-        tab.add_row(text(tr["label"]), s_as_ms(tr["step_time_s"]), f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
+        # the baseline runs this row was compared with (before and after it on a noisy machine)
+        vs = "/".join(s_as_ms(x, "?").removesuffix(" ms") for x in tr.get("baseline_step_time_s") or []) or "-"
+        tab.add_row(text(tr["label"]), s_as_ms(tr["step_time_s"]), vs + (" ms" if vs != "-" else ""),
+                    f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
                     f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
     con.print(tab)
     if doc["skipped_for_budget"]:
@@ -141,7 +146,9 @@ def render(doc: dict, console=None) -> None:
         con.print(text(f"    {line}"))
     left = doc.get("untested") or []
     if left:
-        con.print(text("not measured by tune (code changes, see the report): " + "; ".join(
-            f"{u['id']} {u['title']}" + (f" (~{u['expected']:.2f}x" if u["expected"] else " (?")
-            + (f", max {u['ceiling']:.2f}x)" if u["ceiling"] else ")") for u in left), "dim"))
+        con.print(text("not measured by tune (code changes; the baseline's report has them in full):", "dim"))
+        for u in left:
+            gain = ", ".join(x for x in (f"~{u['expected']:.2f}x" if u["expected"] else "?",
+                                         f"max {u['ceiling']:.2f}x" if u["ceiling"] else "") if x)
+            con.print(text(f"    {u['id']} {u['title']} ({gain})", "dim"))
     con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))
