@@ -279,7 +279,7 @@ def test_step_times_print_with_three_significant_figures():
 
 
 def test_run_to_run_spread_widens_a_two_run_interval():
-    from perfdoctor.stats.steptime import run_spread, with_run_spread
+    from perfdoctor.stats.speedups import run_spread, with_run_spread
     assert run_spread([0.1]) is None and run_spread([]) is None
     assert run_spread([0.1, 0.1, 0.1]) == 0.0
     # two runs: |log ratio| / sqrt(2); not robust on purpose (a third run that agrees with one of

@@ -235,9 +235,12 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     assert launched == [("baseline-2", {}), ("01-confirm-num_workers=2", {"num_workers": 2}),
                         ("baseline-3", {}), ("02-confirm-threads=2", {"threads": 2})]
     assert [b.run_dir.name for b in t.baselines] == ["baseline", "baseline-2", "baseline-3"] and compared == ["baseline-2", "baseline-3"]
-    assert a.status == "inconclusive" and "0.90x [0.80, 1.05]: not faster in both runs" in a.reason
+    # the second run outside the first one's interval: the runs disagree, the interval spans both
+    assert a.status == "inconclusive" and "0.90x [0.80, 1.05], beyond the first run's interval" in a.reason
     assert a.ratio == pytest.approx((1.5 * 0.9) ** 0.5) and a.ci95 == (0.8, 1.6)
-    assert b.status == "faster" and b.ratio == pytest.approx((1.2 * 1.25) ** 0.5) and b.ci95 == (1.1, 1.35)
+    # two runs that agree: their mean, with the narrower interval of two measurements
+    assert b.status == "faster" and b.ratio == pytest.approx((1.2 * 1.25) ** 0.5)
+    assert b.ci95 == pytest.approx((1.152, 1.293), abs=0.002) and "both runs: 1.22x [1.15, 1.29]" in b.reason
     assert t.best() is b and b.confirm["speedup"] == 1.25 and c.confirm is None
     d = S.Outcome(plan.Trial({"threads": 4}, "threads"), "faster", ratio=1.1, ci95=(1.05, 1.15))
     t.outcomes.append(d)
@@ -250,6 +253,18 @@ def test_best_is_confirmed_by_a_second_run(monkeypatch, tmp_path):
     monkeypatch.setattr(S.Tuner, "_fits", lambda self, n: False)
     t._confirm_best()
     assert e.confirm is None and t.best() is b
+
+
+def test_two_runs_that_agree_confirm_together_what_neither_shows_alone():
+    """threads=1 on a busy VM: 21x [1.77, 247] in its first run, 5.1x [0.69, 37.6] in its second
+    (each widened by a +-116% run-to-run spread). Each run on its own had to be faster, so the
+    second 'did not confirm' a gain the user measured at 3-10x; together they do."""
+    from perfdoctor.stats.speedups import two_runs
+    r, (lo, hi), ok = two_runs(21.28, (1.77, 247.35), 5.10, (0.69, 37.61))
+    assert ok and r == pytest.approx(10.42, abs=0.01) and 1.5 < lo < 3 and 30 < hi < 80
+    assert two_runs(1.5, (1.4, 1.6), 0.9, (0.8, 1.05))[1:] == ((0.8, 1.6), False)
+    _, (lo, hi), ok = two_runs(1.02, (0.9, 1.15), 0.98, (0.85, 1.12))
+    assert ok and lo < 1 < hi                    # no gain either time: none together
 
 
 def test_an_interval_that_spans_a_gain_and_a_loss_is_inconclusive_not_no_change():
@@ -331,7 +346,7 @@ def test_the_document_keeps_short_step_times_to_six_digits(monkeypatch, tmp_path
     """Times in tune's JSON keep 6 significant digits, so the run-to-run spread printed with them
     can be recomputed from them for 0.25 ms steps too (rounded to whole microseconds, 0.252 and
     0.247 ms gave 0.0142 where the document said 0.013)."""
-    from perfdoctor.stats.steptime import run_spread
+    from perfdoctor.stats.speedups import run_spread
     from perfdoctor.tune import session as S
     from perfdoctor.tune.result import build
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
@@ -660,7 +675,7 @@ def test_tune_document_on_a_small_script(tmp_path):
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10
     # the baseline ran twice before any trial, and their spread is in every interval
-    from perfdoctor.stats.steptime import run_spread
+    from perfdoctor.stats.speedups import run_spread
     times = [doc["baseline"]["step_time_s"]] + [x["step_time_s"] for x in doc["baseline"]["repeats"]]
     assert len(times) >= 2 and doc["run_spread"] == pytest.approx(run_spread(times), rel=0.05, abs=1e-3)  # rounded
     assert "run-to-run spread" in doc["noise"]

@@ -423,25 +423,3 @@ def spread(values) -> float:
 # (a shared VM: one DataLoader worker at 72 and 196 ms/step in two 12 s runs; the same script at
 # 107, 135, 149 and 168 ms/step in four runs of one afternoon), so a comparison of two runs is
 # judged against the spread of repeated runs too.
-
-def run_spread(step_times) -> float | None:
-    """Run-to-run spread of one command: the sample standard deviation of the log step times of
-    its runs (relative; two runs give |log ratio| / sqrt(2)). Not a robust spread: with the few
-    runs a tune makes, a MAD ignores the one run that differs, which is the noise to allow for.
-    None for fewer than two runs."""
-    x = np.asarray([v for v in step_times if v and v > 0], dtype=float)
-    return float(np.std(np.log(x), ddof=1)) if len(x) >= 2 else None
-
-
-def with_run_spread(point: float, ci: tuple[float, float], sigma: float | None,
-                    level: float = LEVEL) -> tuple[float, float]:
-    """A two-run speed-up interval that also spans the run-to-run spread `sigma`: each side's
-    half-width (log scale) added in quadrature to z x sqrt(2) x sigma, the difference between two
-    runs of one command (each run has its own offset). Unchanged without a spread."""
-    if not sigma:
-        return ci
-    from statistics import NormalDist
-    w = NormalDist().inv_cdf(0.5 + level / 2) * math.sqrt(2) * sigma
-    lo = point * math.exp(-math.hypot(math.log(point / ci[0]), w))
-    hi = point * math.exp(math.hypot(math.log(ci[1] / point), w))
-    return float(lo), float(hi)

@@ -5,7 +5,7 @@
 2. Noise: the baseline runs a second time (without a trace) before any trial. Two runs of the
    same command differ by more than either run's interval on a shared machine (the same script
    at 107 and 168 ms/step), so every speed-up interval also spans the run-to-run spread of the
-   baseline runs so far (stats.steptime.run_spread, with_run_spread): a trial is faster or
+   baseline runs so far (stats.speedups.run_spread, with_run_spread): a trial is faster or
    slower only beyond what rerunning the unchanged script does. When that spread exceeds
    NOISY_RUNS, when other processes used a material share of the cores during a run (the
    baseline or any trial), or when the baseline's own 95% interval is wide, the machine is
@@ -23,8 +23,10 @@
    (one DataLoader worker on a 2-core VM: 72 and 196 ms/step in two runs; a machine that gets
    faster over a tune makes every later trial look faster than the first baseline). The second
    run is compared with the fresh baseline; the speed-up reported is the geometric mean of both
-   runs' speed-ups, its interval spans both intervals, and the setting stays faster only when
-   both runs found it faster; otherwise the next best is confirmed in turn. Once a trial has
+   runs' speed-ups, with the interval of two measurements when their intervals overlap
+   (stats/speedups.two_runs), and the setting stays faster when that interval lies above 1; two
+   runs that disagree beyond their intervals are inconclusive; otherwise the next best is
+   confirmed in turn. Once a trial has
    been faster, the trials leave two runs of the budget for this; a best that still could not
    be confirmed says so. The setting recommended is the fastest confirmed one; one measured
    once is recommended (and said unconfirmed) only when nothing was confirmed.
@@ -46,7 +48,7 @@ from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules.gain import combined
 from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
-from perfdoctor.stats.steptime import run_spread, with_run_spread
+from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import Measured, _read_json, judged, loss_drift, run_once, speedup
 
@@ -102,7 +104,7 @@ class Tuner:
         self.n = 0
         self.noisy = False
         self.noise_head = ""                # how the noise was judged (the machine, the baseline's interval)
-        self.spread: float | None = None    # run-to-run spread of the baseline runs (steptime.run_spread)
+        self.spread: float | None = None    # run-to-run spread of the baseline runs (stats.speedups.run_spread)
         self.spread_text = ""
         self.doc: dict = {}
         self.facts: planmod.Facts | None = None
@@ -352,14 +354,17 @@ class Tuner:
             r2, ci2 = speedup([before], m)
             lo2, hi2 = with_run_spread(r2, ci2, self.spread)
             best.confirm = {"dir": str(m.run_dir), "speedup": r2, "ci95": (lo2, hi2)}
-            r1, (lo1, hi1) = best.ratio, best.ci95
-            best.ratio, best.ci95 = (r1 * r2) ** 0.5, (min(lo1, lo2), max(hi1, hi2))
+            best.ratio, best.ci95, consistent = two_runs(best.ratio, best.ci95, r2, (lo2, hi2))
             second = f"{r2:.2f}x [{lo2:.2f}, {hi2:.2f}]"
-            if lo2 > 1:
-                _add_reason(best, f"a second run: {second}")
+            both = f"both runs: {best.ratio:.2f}x [{best.ci95[0]:.2f}, {best.ci95[1]:.2f}]"
+            if not consistent:
+                best.status = "inconclusive"
+                best.reason = f"a second run measured {second}, beyond the first run's interval: the runs disagree"
+            elif best.ci95[0] > 1:
+                _add_reason(best, f"a second run: {second}; {both}")
             else:
-                best.status = "inconclusive" if judged(lo2, hi2) == "inconclusive" else "no change"
-                best.reason = f"a second run measured {second}: not faster in both runs"
+                best.status = judged(*best.ci95)
+                best.reason = f"a second run measured {second}; {both}: not faster"
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
                  + (f" ({best.reason})" if best.reason else ""))
 
