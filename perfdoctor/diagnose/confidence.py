@@ -37,6 +37,12 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     """(confidence 0..1, notes explaining reductions, secondary causes >= 5% of the step)."""
     sh = {c: m.get(f"share.{c}") or 0.0 for c in ("device",) + CAUSES}
     cause = "input" if bound.startswith("input") else bound
+    steady = m.get("run.data_wait_share")
+    if cause == "input" and isinstance(steady, (int, float)) and steady >= 0.5 and steady - sh["input"] >= 0.1 \
+            and sh["input"] < 1:
+        # the verdict is the steady steps' (PD117): their wait, and the trace's split of the rest
+        rest = (1 - steady) / (1 - sh["input"])
+        sh = {c: steady if c == "input" else v * rest for c, v in sh.items()}
     secondary = [c for c in sorted(CAUSES, key=sh.get, reverse=True) if sh[c] >= 0.05 and c != cause]
     notes: list[str] = []
     if bound == "inconclusive":
