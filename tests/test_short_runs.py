@@ -54,3 +54,15 @@ def test_io_bound_run_stopped_after_40_steps_gets_the_io_split(tmp_path, workers
     assert m["run.steps"] == 40
     assert m["input.split"] == "io", (m["loader.runnable_share"], doc["run"]["notes"])
     assert doc["verdict"]["bound"] == "input_io"
+
+
+def test_a_run_that_ended_before_its_trace_says_when_the_trace_opens():
+    """4 steps of 7 s: the window opened after 2 warm-up steps and 1 profiler warm-up step, and
+    the note had said 'the first step is warm-up and the next one is traced' beside 3 steps."""
+    from perfdoctor.collect.launcher import RunResult
+    from perfdoctor.diagnose.ending import why_no_trace
+    child = {"torch_imported": True, "profiler": "empty", "outcome": "completed",
+             "window": {"start_after_steps": 2, "profiler_warmup_steps": 1}}
+    res = RunResult(Path("."), 0, None, 30.0, child, None, [])
+    assert why_no_trace(res, [{}] * 3) == ("the run ended after 3 step(s), before a whole step was recorded: the "
+                                          "trace opens after 2 warm-up step(s) and 1 profiler warm-up step(s)")

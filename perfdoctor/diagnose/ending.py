@@ -38,8 +38,11 @@ def why_no_trace(res: RunResult, steps: list[dict]) -> str:
     if state == "failed":
         return "torch.profiler failed"
     if state == "empty":
-        return (f"the run ended after {len(steps)} step(s), before a whole step was recorded: the first step "
-                "is warm-up and the next one is traced")
+        win = res.child.get("window") or {}
+        skip, warm = win.get("start_after_steps"), win.get("profiler_warmup_steps")
+        opens = (f"the trace opens after {skip} warm-up step(s) and {warm} profiler warm-up step(s)"
+                 if isinstance(skip, int) and isinstance(warm, int) else "the trace opens after the warm-up steps")
+        return f"the run ended after {len(steps)} step(s), before a whole step was recorded: {opens}"
     return (f"the run ended after {len(steps)} step(s), before the profiled window (it opens after --skip-steps "
             "steps, or after PERFDOCTOR_WARMUP_S seconds of long steps)")
 
