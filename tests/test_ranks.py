@@ -340,3 +340,23 @@ def test_the_html_rank_table_has_the_terminals_columns():
         assert f"<th class=\"num\">{head}</th>" in page
     assert "<td class=\"num\">1.29 ms</td><td class=\"num\">25%</td>" in page
     assert "<td class=\"num\">143</td>" in page and "<td class=\"num\">1</td>" in page
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_multi_rank_run_exits_130(tmp_path):
+    """torchrun exits 1 when interrupted; perfdoctor, forwarding the SIGINT, exits 130 as a single
+    run does (it had exited 1, each rank's rank.json saying 130)."""
+    import signal
+    import time
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "perfdoctor", "run", "--nproc-per-node", "2", "--no-trace", "--out",
+                          str(out), str(DDP), "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not any((d / "steps.jsonl").exists() for _, d in rank_dirs(out)):
+        time.sleep(0.3)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-3000:]
+    assert json.loads((out / "ranks.json").read_text())["forwarded_signals"] == [signal.SIGINT]

@@ -235,6 +235,10 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
         restore_signals(old)
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
+    if forwarded and code != 0:
+        # Ctrl-C (or a SIGTERM) reached the job: torchrun then exits 1; the shell's 128 + N, as a
+        # single run and every other command exit when interrupted
+        exit_code = 128 + forwarded[0]
     wall = time.monotonic() - t0
     (top / "ranks.json").write_text(json.dumps({
         "argv": cfg.argv, "module": cfg.module, "launcher": "torch.distributed.run", "command": cmd[1:],
