@@ -44,6 +44,15 @@ def test_the_period_survives_noise_between_the_long_steps():
     assert m["loop.long_step_ms"] == pytest.approx(60.0)
 
 
+def test_work_every_500_steps_among_noise_every_few_steps_in_a_long_run():
+    """The evaluation's neighbours among the long steps are noise, 100 of them between two
+    evaluations: the period is found among the steps past a higher threshold."""
+    rng = np.random.default_rng(1)
+    durs = [0.001 + (0.004 if rng.random() < 0.2 else 0.0) + (0.05 if i % 500 == 7 else 0.0) for i in range(100_000)]
+    m = long_step_metrics(steps(durs), [])
+    assert m["loop.long_steps_every"] == 500 and m["loop.long_step_ms"] == pytest.approx(51.0, abs=0.1)
+
+
 def test_a_bursty_loaders_waits_are_input_not_long_steps():
     durs = every(120, 4, 0.002, 0.030)
     waits = [d - 0.0015 for d in durs]                    # every 4th step waits for a burst of batches

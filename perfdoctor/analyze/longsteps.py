@@ -14,10 +14,12 @@ its own time is at least LONG times the median step's.
 
 Work every N steps recurs at a period: the steps are folded by a period P (step i in phase
 i mod P), and a phase is long when at least two thirds of its steps (3 or more) are long. Long
-steps that recur at no period (a virtual machine's vCPU preempted for a 4 ms tick, a page
-fault storm) are the machine's noise and stay out. The period taken is the one whose long
-phases hold the most time beyond the usual step (the shortest of those within 5% of it: twice
-the period holds the same steps); the candidates are the distances between nearby long steps.
+steps that recur at no period (a page
+fault storm, another process's burst) are the machine's noise and stay out. The period taken is
+the one whose long phases hold the most time beyond the usual step (the shortest of those within
+5% of it: twice the period holds the same steps); the candidates are the most frequent distances
+between nearby long steps, among the steps past each of a few thresholds (2x, 4x ... 128x the
+usual step: the rarest work is the longest, and past its own threshold its neighbours are its own).
 
     loop.long_steps_share = sum(outside_i - median(outside), steps in long phases) / sum(dur_i)
 
@@ -41,6 +43,8 @@ MOST = 1 / 3        # of the phases long, at most
 NEARBY = 4          # candidate periods: distances from each long step to the next few
 MIN_STEPS = 10
 SAME = 0.95         # a shorter period holding this share of the best one's time is the period
+TIERS = 7           # thresholds LONG x 1, 2, 4 ... 64 times the usual step
+PER_TIER = 8        # the most frequent distances tried from each (each a pass over the steps)
 
 NAMES = ("loop.long_steps_share", "loop.long_steps_every", "loop.long_step_ms", "loop.usual_step_ms",
          "loop.long_steps_traced")
@@ -62,7 +66,19 @@ def periodic_long(own: np.ndarray, usual: float) -> tuple[int, np.ndarray] | Non
     idx = np.flatnonzero(own >= LONG * usual)
     if idx.size < MIN_REPEATS:
         return None
-    cands = {int(d) for k in range(1, NEARBY + 1) for d in (idx[k:] - idx[:-k]) if 2 <= d <= n // MIN_REPEATS}
+    # candidate periods: the most frequent distances between nearby long steps, among the steps
+    # past each of a few thresholds (LONG x 2^k): work every 500 steps, 50x the usual step, among
+    # noise at 5x every few steps has only its own kind as neighbours past 16x
+    cands: set[int] = set()
+    for k in range(TIERS):
+        at = np.flatnonzero(own >= LONG * 2 ** k * usual)
+        if at.size < MIN_REPEATS:
+            break
+        d = np.concatenate([at[j:] - at[:-j] for j in range(1, min(NEARBY, at.size - 1) + 1)])
+        d = d[(d >= 2) & (d <= n // MIN_REPEATS)]
+        if d.size:
+            values, counts = np.unique(d, return_counts=True)
+            cands.update(int(v) for v in values[np.argsort(-counts, kind="stable")[:PER_TIER]])
     best: list[tuple[int, float, np.ndarray]] = []
     for period in sorted(cands):
         phase = np.arange(n) % period
