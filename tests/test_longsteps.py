@@ -31,9 +31,18 @@ def test_an_evaluation_every_20_steps_is_found_with_its_share():
 
 
 def test_noise_at_random_is_not_a_period():
+    """Long steps at random hold much of the time but at no period: unknown, never a period found by
+    chance (a phase of 3 steps all long happens now and then among the hundreds of phases tried:
+    a reviewer's simulation had PD218 fire on 95 of 200 random series of 60 steps)."""
     rng = np.random.default_rng(3)
-    durs = [0.001 + (0.004 if rng.random() < 0.2 else 0.0) for _ in range(400)]   # a 4 ms tick, 1 step in 5
-    assert long_step_metrics(steps(durs), [])["loop.long_steps_share"] == 0.0
+    durs = [0.001 + (0.004 if rng.random() < 0.2 else 0.0) for _ in range(400)]   # 4 ms more, 1 step in 5
+    assert long_step_metrics(steps(durs), [])["loop.long_steps_share"] is None
+    fired = 0
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        m = long_step_metrics(steps([0.010 if rng.random() < 0.1 else 0.001 for _ in range(60)]), [])
+        fired += (m["loop.long_steps_share"] or 0) >= 0.1
+    assert fired <= 2
 
 
 def test_the_period_survives_noise_between_the_long_steps():
@@ -76,6 +85,10 @@ def test_too_few_steps_is_unknown_and_a_uniform_loop_is_zero():
     assert long_step_metrics(steps([0.001] * 9), [])["loop.long_steps_share"] is None
     m = long_step_metrics(steps([0.001] * 50), [])
     assert m["loop.long_steps_share"] == 0.0 and m["loop.long_steps_every"] is None
+    # an evaluation every 20 steps seen twice in 50 steps: too short to show a period, not none
+    assert long_step_metrics(steps(every(50, 20, 0.001, 0.050, phase=5)), [])["loop.long_steps_share"] is None
+    # no trace: nothing traced, not "0 traced"
+    assert long_step_metrics(steps(every(100, 20, 0.001, 0.050)), [])["loop.long_steps_traced"] is None
 
 
 def test_traced_steps_are_placed_in_the_period_by_their_step_numbers():

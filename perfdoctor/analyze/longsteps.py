@@ -32,6 +32,8 @@ long phases, by their step numbers, so the diagnosis can say whether the breakdo
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from perfdoctor.analyze.stepwait import positive
@@ -43,6 +45,8 @@ MOST = 1 / 3        # of the phases long, at most
 NEARBY = 4          # candidate periods: distances from each long step to the next few
 MIN_STEPS = 10
 SAME = 0.95         # a shorter period holding this share of the best one's time is the period
+ALPHA = 0.01        # a long phase by chance, over every phase tried: at most this likely
+UNKNOWN_AT = 0.1    # long steps at no period holding this share of the time: unknown, not none
 TIERS = 7           # thresholds LONG x 1, 2, 4 ... 64 times the usual step
 PER_TIER = 8        # the most frequent distances tried from each (each a pass over the steps)
 
@@ -59,37 +63,49 @@ def own_times(recs: list[dict]) -> np.ndarray:
     return np.array([max(0.0, s["dur"] - positive(s.get("wait")) - positive(s.get("runq"))) for s in recs])
 
 
-def periodic_long(own: np.ndarray, usual: float) -> tuple[int, np.ndarray] | None:
+def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) -> tuple[int, np.ndarray] | None:
     """(period, mask of the steps in its long phases) for the period whose long phases hold the
-    most time beyond `usual`; None when no period has one."""
-    n = own.size
-    idx = np.flatnonzero(own >= LONG * usual)
+    most time beyond `usual`; None when no period has one whose long phases are beyond chance (a
+    phase of 3 steps is long by chance now and then, among the many phases tried).
+    `pos`: each step's position (its step number from the first), the index by default."""
+    pos = np.arange(own.size) if pos is None else pos
+    span = int(pos[-1]) + 1 if pos.size else 0
+    is_long = own >= LONG * usual
+    idx = pos[is_long]
     if idx.size < MIN_REPEATS:
         return None
+    excess = np.clip(own - usual, 0, None)
+    rate = float(is_long.mean())
     # candidate periods: the most frequent distances between nearby long steps, among the steps
     # past each of a few thresholds (LONG x 2^k): work every 500 steps, 50x the usual step, among
     # noise at 5x every few steps has only its own kind as neighbours past 16x
     cands: set[int] = set()
     for k in range(TIERS):
-        at = np.flatnonzero(own >= LONG * 2 ** k * usual)
+        at = pos[own >= LONG * 2 ** k * usual]
         if at.size < MIN_REPEATS:
             break
         d = np.concatenate([at[j:] - at[:-j] for j in range(1, min(NEARBY, at.size - 1) + 1)])
-        d = d[(d >= 2) & (d <= n // MIN_REPEATS)]
+        d = d[(d >= 2) & (d <= span // MIN_REPEATS)]
         if d.size:
             values, counts = np.unique(d, return_counts=True)
             cands.update(int(v) for v in values[np.argsort(-counts, kind="stable")[:PER_TIER]])
     best: list[tuple[int, float, np.ndarray]] = []
     for period in sorted(cands):
-        phase = np.arange(n) % period
-        is_long = own >= LONG * usual
+        phase = pos % period
         counts = np.bincount(phase, minlength=period)
         longs = np.bincount(phase, weights=is_long, minlength=period)
         phases = (counts >= MIN_REPEATS) & (longs >= PHASE_LONG * counts)
         if not phases.any() or phases.sum() > MOST * period:
             continue
+        # each such phase must be long beyond chance: the steps long at rate `rate` anywhere, the
+        # chance of a phase this long (a Chernoff bound of its binomial tail), times every phase
+        # of every period tried (Bonferroni), at most ALPHA
+        tried = sum(cands)
+        chance = np.array([_tail(int(longs[i]), int(counts[i]), rate) * tried for i in np.flatnonzero(phases)])
+        if (chance > ALPHA).any():
+            continue
         mask = phases[phase]
-        best.append((period, float(np.clip(own[mask] - usual, 0, None).sum()), mask))
+        best.append((period, float(excess[mask].sum()), mask))
     if not best:
         return None
     top = max(x[1] for x in best)
@@ -97,41 +113,59 @@ def periodic_long(own: np.ndarray, usual: float) -> tuple[int, np.ndarray] | Non
     return period, mask
 
 
+def _tail(k: int, n: int, p: float) -> float:
+    """An upper bound of P(X >= k) for X ~ Binomial(n, p) (Chernoff: exp(-n KL(k/n || p)))."""
+    a = k / n
+    if a <= p:
+        return 1.0
+    if p <= 0:
+        return 0.0
+    kl = a * math.log(a / p) + ((1 - a) * math.log((1 - a) / (1 - p)) if a < 1 else 0.0)
+    return math.exp(-n * kl)
+
+
 def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
-    """loop.long_steps_* over the steady steps (a contiguous window); loop.long_steps_traced: the
-    profiled steps in the long phases (by their step numbers). None when the steps are too few
-    to tell; 0.0 when no period of long steps shows."""
+    """loop.long_steps_* over the steady steps (a contiguous window), folded by step number;
+    loop.long_steps_traced: the profiled steps in the long phases (None without any). None when
+    the steps are too few to tell, or when long steps hold a tenth of the time or more at no
+    period this window shows (too short to see one repeat, or at random); 0.0 when no long
+    steps stand out."""
     out = dict.fromkeys(NAMES)
     recs = _timed(steady)
     if len(recs) < MIN_STEPS:
         return out
-    out["loop.long_steps_share"] = 0.0
     own = own_times(recs)
     usual = float(np.median(own))
-    found = periodic_long(own, usual) if usual > 0 else None
+    wall = float(sum(s["dur"] for s in recs))
+    steps = [s.get("step") for s in recs]
+    numbered = all(isinstance(x, int) and not isinstance(x, bool) for x in steps) and steps == sorted(set(steps))
+    pos = np.array(steps) - steps[0] if numbered else np.arange(len(recs))
+    found = periodic_long(own, usual, pos) if usual > 0 else None
     if found is None:
+        loose = float(np.clip(own - usual, 0, None)[own >= LONG * usual].sum()) / wall if usual > 0 else 0.0
+        out["loop.long_steps_share"] = None if loose >= UNKNOWN_AT else 0.0
         return out
     period, mask = found
     # the time those steps cost the run: outside the data wait, their queueing for a CPU included
     # (a step that works longer queues longer), beyond as many usual steps
     outside = np.array([s["dur"] - positive(s.get("wait")) for s in recs])
-    wall = float(sum(s["dur"] for s in recs))
+    long_phases = {int(p) % period for p in pos[mask]}
     out["loop.long_steps_share"] = float(np.clip(outside[mask] - np.median(outside), 0, None).sum()) / wall
-    out["loop.long_steps_every"] = own.size / int(mask.sum())
+    out["loop.long_steps_every"] = period / len(long_phases)
     out["loop.long_step_ms"] = 1e3 * float(np.median([s["dur"] for s, m in zip(recs, mask) if m]))
     out["loop.usual_step_ms"] = 1e3 * float(np.median([s["dur"] for s in recs]))
-    first = recs[0].get("step")
-    long_phases = {i % period for i in np.flatnonzero(mask)}
-    if isinstance(first, int) and all(isinstance(s.get("step"), int) for s in profiled):
-        out["loop.long_steps_traced"] = sum(1 for s in profiled if (s["step"] - first) % period in long_phases)
+    if profiled and numbered and all(isinstance(s.get("step"), int) for s in profiled):
+        out["loop.long_steps_traced"] = sum(1 for s in profiled if (s["step"] - steps[0]) % period in long_phases)
     return out
+
 
 def unexplained(m: dict) -> float | None:
     """loop.long_steps_share less what the run already names (an evaluation, checkpoint saves,
-    logging): what no measured cause accounts for. The named shares can include work spread over
-    every step, so this errs low: a lower bound of the unnamed long-step time."""
+    logging, DataLoader iterators started each epoch): what no measured cause accounts for. The
+    named shares can include work spread over every step, so this errs low: a lower bound of the
+    unnamed long-step time."""
     share = m.get("loop.long_steps_share")
     if share is None:
         return None
-    named = sum(m.get(k) or 0.0 for k in ("evaluation.share", "save.share", "logging.share"))
+    named = sum(m.get(k) or 0.0 for k in ("evaluation.share", "save.share", "logging.share", "loader.restart_share"))
     return max(0.0, share - named)
