@@ -39,7 +39,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     cause = "input" if bound.startswith("input") else bound
     steady = m.get("run.data_wait_share")
     if cause == "input" and isinstance(steady, (int, float)) and steady >= 0.5 and steady - sh["input"] >= 0.1 \
-            and sh["input"] < 1:
+            and sh["input"] < 1 and m.get("share.device") is not None:       # a trace to rescale
         # the verdict is the steady steps' (PD117): their wait, and the trace's split of the rest
         rest = (1 - steady) / (1 - sh["input"])
         sh = {c: steady if c == "input" else v * rest for c, v in sh.items()}
