@@ -6,11 +6,12 @@ come from perfdoctor.stats.steptime, the one estimator.
 - with_run_spread: a speed-up interval widened by that spread (two runs of one command differ by
   more than either run's interval on a shared machine).
 - two_runs: one speed-up from two independent runs of the same comparison (each against its own
-  fresh baseline): the mean of their log speed-ups, its half-width the two half-widths combined
-  (sqrt(h1^2 + h2^2) / 2, as a fixed-effect mean of two estimates). Only when the two intervals
-  overlap: runs that disagree beyond their intervals show noise the intervals did not hold, and
-  then the interval spans both instead. Requiring each run to be faster on its own had hidden a
-  5-10x gain on a busy machine (21x [1.8, 247] and 5.1x [0.69, 38]: together 10x [2.1, 51]).
+  fresh baseline): the inverse-variance weighted mean of their log speed-ups (a fixed-effect
+  mean of two estimates), only when the two intervals overlap: runs that disagree beyond their
+  intervals show noise the intervals did not hold, and then the interval spans both instead.
+  The first run of tune's best setting was picked as the fastest of several, so its estimate
+  leans high: whether the setting is confirmed is the second run's to say (tune/session.py), this
+  is the estimate reported.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ def with_run_spread(point: float, ci: tuple[float, float], sigma: float | None,
 
 def two_runs(r1: float, ci1: tuple[float, float], r2: float, ci2: tuple[float, float]) -> tuple[float, tuple[float, float], bool]:
     """(speed-up, 95% interval, consistent) of two runs' speed-ups and intervals (module docstring):
-    the geometric mean; the combined interval when the two overlap (consistent), else one that
-    spans both."""
-    point = math.sqrt(r1 * r2)
+    when the intervals overlap (consistent), the inverse-variance weighted mean of the two log
+    speed-ups and its interval (half-width 1 / sqrt(1/h1^2 + 1/h2^2)); else the geometric mean and
+    an interval that spans both."""
     consistent = ci1[0] <= ci2[1] and ci2[0] <= ci1[1]
     if not consistent:
-        return point, (min(ci1[0], ci2[0]), max(ci1[1], ci2[1])), False
-    h = [(math.log(hi) - math.log(lo)) / 2 for lo, hi in (ci1, ci2)]
-    mid = (sum(math.log(lo) + math.log(hi) for lo, hi in (ci1, ci2))) / 4
-    half = math.hypot(*h) / 2
-    return point, (float(math.exp(mid - half)), float(math.exp(mid + half))), True
+        return math.sqrt(r1 * r2), (min(ci1[0], ci2[0]), max(ci1[1], ci2[1])), False
+    h = [max((math.log(hi) - math.log(lo)) / 2, 1e-9) for lo, hi in (ci1, ci2)]
+    w = [1 / x ** 2 for x in h]
+    mid = (w[0] * math.log(r1) + w[1] * math.log(r2)) / sum(w)
+    half = 1 / math.sqrt(sum(w))
+    return float(math.exp(mid)), (float(math.exp(mid - half)), float(math.exp(mid + half))), True

@@ -93,8 +93,8 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
 def judged(lo: float, hi: float) -> str:
     """A speed-up's 95% interval [lo, hi] as a trial's status: faster or slower when it excludes
     1; no change when it lies within MIN_EFFECT either way (the runs tell that nothing material
-    changed); inconclusive when it spans a material gain and a material loss (the runs varied
-    too much to tell: an interval of 0.01-133x had read "no change")."""
+    changed); inconclusive when it reaches a material gain or a material loss without excluding 1
+    (the runs varied too much to tell: an interval of 0.01-133x had read "no change")."""
     if lo > 1:
         return "faster"
     if hi < 1:

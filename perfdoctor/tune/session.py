@@ -23,10 +23,11 @@
    (one DataLoader worker on a 2-core VM: 72 and 196 ms/step in two runs; a machine that gets
    faster over a tune makes every later trial look faster than the first baseline). The second
    run is compared with the fresh baseline; the speed-up reported is the geometric mean of both
-   runs' speed-ups, with the interval of two measurements when their intervals overlap
-   (stats/speedups.two_runs), and the setting stays faster when that interval lies above 1; two
-   runs that disagree beyond their intervals are inconclusive; otherwise the next best is
-   confirmed in turn. Once a trial has
+   runs' speed-ups, weighted, with the interval of two measurements when their intervals overlap
+   (stats/speedups.two_runs). The first run was the fastest of several (its estimate leans high),
+   so the setting stays faster when the second run found a gain and no material loss, and both
+   together lie above 1; two runs that disagree beyond their intervals are inconclusive;
+   otherwise the next best is confirmed in turn. Once a trial has
    been faster, the trials leave two runs of the budget for this; a best that still could not
    be confirmed says so. The setting recommended is the fastest confirmed one; one measured
    once is recommended (and said unconfirmed) only when nothing was confirmed.
@@ -50,7 +51,7 @@ from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
 from perfdoctor.tune import plan as planmod
-from perfdoctor.tune.measure import Measured, _read_json, judged, loss_drift, run_once, speedup
+from perfdoctor.tune.measure import MIN_EFFECT, Measured, _read_json, judged, loss_drift, run_once, speedup
 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
 NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
@@ -357,14 +358,17 @@ class Tuner:
             best.ratio, best.ci95, consistent = two_runs(best.ratio, best.ci95, r2, (lo2, hi2))
             second = f"{r2:.2f}x [{lo2:.2f}, {hi2:.2f}]"
             both = f"both runs: {best.ratio:.2f}x [{best.ci95[0]:.2f}, {best.ci95[1]:.2f}]"
+            # the first run was picked as the fastest of several (its estimate leans high): the
+            # second run confirms when it found a gain and no material loss, and both together
+            # lie above 1
             if not consistent:
                 best.status = "inconclusive"
                 best.reason = f"a second run measured {second}, beyond the first run's interval: the runs disagree"
-            elif best.ci95[0] > 1:
+            elif r2 > 1 and lo2 >= 1 / (1 + MIN_EFFECT) and best.ci95[0] > 1:
                 _add_reason(best, f"a second run: {second}; {both}")
             else:
-                best.status = judged(*best.ci95)
-                best.reason = f"a second run measured {second}; {both}: not faster"
+                best.status = "inconclusive" if judged(lo2, hi2) == "inconclusive" else "no change"
+                best.reason = f"a second run measured {second}: not confirmed"
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
                  + (f" ({best.reason})" if best.reason else ""))
 
