@@ -18,19 +18,13 @@
 4. Refinements of the best loader setting, then the winners of the different groups combined
    and measured together. The best setting is the fastest measured one whose interval lies
    above 1.
-5. Confirmation: the baseline and then the best setting run once more, back to back. One run's
-   interval is within-run only, and the same command can differ more than that between runs
-   (one DataLoader worker on a 2-core VM: 72 and 196 ms/step in two runs; a machine that gets
-   faster over a tune makes every later trial look faster than the first baseline). The second
-   run is compared with the fresh baseline; the speed-up reported is the geometric mean of both
-   runs' speed-ups, weighted, with the interval of two measurements when their intervals overlap
-   (stats/speedups.two_runs). The first run was the fastest of several (its estimate leans high),
-   so the setting stays faster when the second run found a gain and no material loss, and both
-   together lie above 1; two runs that disagree beyond their intervals are inconclusive;
-   otherwise the next best is confirmed in turn. Once a trial has
-   been faster, the trials leave two runs of the budget for this; a best that still could not
-   be confirmed says so. The setting recommended is the fastest confirmed one; one measured
-   once is recommended (and said unconfirmed) only when nothing was confirmed.
+5. Confirmation: the baseline and then the best setting run once more, back to back (the same
+   command differs between runs by more than one run's interval: 72 and 196 ms/step). The
+   second run is compared with the fresh baseline and weighed with the first (stats/speedups.
+   two_runs); the first was the fastest of several, so the setting stays faster only when the
+   second run found a gain and no material loss and both together lie above 1. Otherwise the
+   next best is confirmed in turn; the trials leave two runs of the budget for this. The setting
+   recommended is the fastest confirmed one, one measured once (said so) only when none was.
 A baseline with too few steady steps once its trace window is left out is run again without a
 trace, and every run from then on is twice as long (unless --duration fixed the length).
 Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
