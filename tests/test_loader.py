@@ -64,6 +64,17 @@ def test_nested_list_of_objects_in_args_survives_cutting(tmp_path, monkeypatch):
     assert _names(t) == [e["name"] for e in ev]
 
 
+def _load_200(path, monkeypatch, chunked: bool):
+    """The trace at `path` (200 X events), read whole or in small chunks: (trace, names), all kept."""
+    if chunked:
+        monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
+        monkeypatch.setattr(reader, "READ_BYTES", 512)
+    t = load_trace(path)
+    names = _names(t)
+    assert len(names) == 200 and not t.meta.truncated
+    return t, names
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeypatch, chunked):
     """Python's json writes "\\ud800" for a str holding an undecodable byte: valid JSON that msgspec
@@ -75,12 +86,7 @@ def test_lone_surrogate_escapes_read_as_replacement_characters(tmp_path, monkeyp
     ev[7]["name"] = "op7\U0001F600"                # a real pair stays as it is
     ev[9]["name"] = "C:\\udc80dir"                  # a backslash, then text: no escape at all
     (tmp_path / "s.json").write_text(json.dumps({"traceEvents": ev}))
-    if chunked:
-        monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
-        monkeypatch.setattr(reader, "READ_BYTES", 512)
-    t = load_trace(tmp_path / "s.json")
-    names = _names(t)
-    assert len(names) == 200 and not t.meta.truncated
+    t, names = _load_200(tmp_path / "s.json", monkeypatch, chunked)
     assert names[3] == "op3\ufffdx" and names[150] == "op150\ufffd" and names[7] == "op7\U0001F600"
     assert names[9] == "C:\\udc80dir"
     assert [w for w in t.meta.warnings if "surrogate" in w] == [surrogates.SURROGATE_WARNING]
@@ -97,12 +103,7 @@ def test_bytes_that_are_not_utf8_read_as_replacement_characters(tmp_path, monkey
     raw = json.dumps(doc).encode()
     raw = raw.replace(b'"op3"', b'"op3\xff"').replace(b'"op150"', b'"op150\xe9x"').replace(b"GPU-@", b"GPU-\xc3")
     (tmp_path / "u.json").write_bytes(raw)
-    if chunked:
-        monkeypatch.setattr(reader, "CHUNK_BYTES", 700)
-        monkeypatch.setattr(reader, "READ_BYTES", 512)
-    t = load_trace(tmp_path / "u.json")
-    names = _names(t)
-    assert len(names) == 200 and not t.meta.truncated
+    t, names = _load_200(tmp_path / "u.json", monkeypatch, chunked)
     assert names[3] == "op3\ufffd" and names[150] == "op150\ufffdx" and names[4] == "op4"
     assert t.meta.device_properties == [{"id": 0, "name": "GPU-\ufffd"}]
     assert [w for w in t.meta.warnings if "UTF-8" in w] == [surrogates.NOT_UTF8_WARNING]
