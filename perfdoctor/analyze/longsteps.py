@@ -13,7 +13,9 @@ share says so) and a neighbour's load is the machine's, not the step's work. A s
 its own time is at least LONG times the median step's.
 
 Work every N steps recurs at a period: the steps are folded by a period P (step i in phase
-i mod P), and a phase is long when at least two thirds of its steps (3 or more) are long. Long
+i mod P), and a phase is long when at least two thirds of its steps (3 or more) are long, beyond
+chance (long steps at the run's rate anywhere would make a phase that long with a probability,
+times every phase of every period tried, of at most ALPHA). Long
 steps that recur at no period (a page
 fault storm, another process's burst) are the machine's noise and stay out. The period taken is
 the one whose long phases hold the most time beyond the usual step (the shortest of those within
@@ -90,6 +92,7 @@ def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) 
             values, counts = np.unique(d, return_counts=True)
             cands.update(int(v) for v in values[np.argsort(-counts, kind="stable")[:PER_TIER]])
     best: list[tuple[int, float, np.ndarray]] = []
+    tried = sum(cands)                  # phases tried in all: the Bonferroni factor
     for period in sorted(cands):
         phase = pos % period
         counts = np.bincount(phase, minlength=period)
@@ -100,7 +103,6 @@ def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) 
         # each such phase must be long beyond chance: the steps long at rate `rate` anywhere, the
         # chance of a phase this long (a Chernoff bound of its binomial tail), times every phase
         # of every period tried (Bonferroni), at most ALPHA
-        tried = sum(cands)
         chance = np.array([_tail(int(longs[i]), int(counts[i]), rate) * tried for i in np.flatnonzero(phases)])
         if (chance > ALPHA).any():
             continue
