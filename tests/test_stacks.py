@@ -314,10 +314,12 @@ def test_a_line_whose_stacks_differ_in_cause_names_the_main_one_and_its_part():
     t0 = 1000.0
     steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
               "profiled": False} for k in range(10)]
+    lines = {("/home/u/train_hf.py", 23): "    trainer.train()  # the line, as the file reads"}
     rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
-                    source=lambda f, n: "")
+                    source=lambda f, n: lines.get((f, n), ""))
     (row,) = rep.top
     assert (row["at"], row["cause"], row["cause_share"]) == ("train_hf.py:23", "backward", pytest.approx(0.7))
+    assert row["code"] == "trainer.train()  # the line, as the file reads"       # shown beside it, stripped
     assert type(row["cause_share"]) is float and type(row["share"]) is float    # JSON-encodable (msgspec)
     import msgspec
     msgspec.json.encode(section(rep, {"rate_hz": 100}))

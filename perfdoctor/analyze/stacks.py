@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfdoctor.analyze.stackcause import CAUSES, classify
+from perfdoctor.analyze.stackcause import CAUSES, classify, user_code
 
 MIN_STEADY_STEPS = 3
 MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares
@@ -226,7 +226,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
         if wt <= 0:
             continue
         causes[c[0]] += wt
-        _tally_row(frames, c, stack, wt)
+        _tally_row(frames, c, stack, wt, source)
     interval = _save_interval(saves, win, covered, span)
     share = {k: v / sampled for k, v in causes.items()}
     unread = _unread(main, segs)
@@ -246,11 +246,14 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     return rep
 
 
-def _tally_row(frames: dict, c: tuple, stack: tuple, wt: float) -> None:
+def _tally_row(frames: dict, c: tuple, stack: tuple, wt: float, source=linecache.getline) -> None:
     """Add a sample's weight to its row (the frame called from the user's line, and that line),
     and to the row's tally by cause: the stacks under one line can differ in cause (a
-    trainer.train() line holds forward, backward and the optimizer)."""
-    entry = frames.setdefault((c[1], c[2]), [0.0, {}, stack[-1]])
+    trainer.train() line holds forward, backward and the optimizer). A new row reads the user
+    line's text (shown beside it: 't_item.py:13' alone had to be looked up)."""
+    entry = frames.get((c[1], c[2]))
+    if entry is None:
+        entry = frames[(c[1], c[2])] = [0.0, {}, stack[-1], user_code(stack, source) if c[2] else None]
     entry[0] += wt
     entry[1][c[0]] = entry[1].get(c[0], 0.0) + wt
 
@@ -259,13 +262,13 @@ def _top(frames: dict, total: float, role: str, n: int) -> list[dict]:
     """The rows, largest first; each with its main cause and that cause's share of the row."""
     rows = sorted(frames.items(), key=lambda kv: -kv[1][0])
     out = []
-    for (called, at), (t, by_cause, leaf) in rows[:n]:
+    for (called, at), (t, by_cause, leaf, code) in rows[:n]:
         if t / total < MIN_TOP_SHARE:
             break
         cause = max(by_cause, key=by_cause.get)
         out.append({"frame": called, "at": at, "share": float(t / total), "role": role, "cause": cause,
                     "cause_share": round(float(by_cause[cause] / t), 4) if t > 0 else None,
-                    "leaf": f"{leaf[0]} ({leaf[1]}:{leaf[2]})"})
+                    "leaf": f"{leaf[0]} ({leaf[1]}:{leaf[2]})", "code": code})
     return out
 
 
@@ -284,7 +287,7 @@ def _workers(procs: list[dict], tally, source) -> list[dict]:
             for (_, _, stack), wt in zip(ss, w):
                 if wt > 0:
                     c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
-                    _tally_row(frames, c, stack, wt)
+                    _tally_row(frames, c, stack, wt, source)
     return _top(frames, total, "worker", TOP_WORKER) if total > 0 else []
 
 

@@ -328,10 +328,12 @@ def _stacks(st: dict | None) -> str:
     if not st or not st.get("top"):
         return ""
     rows = "".join(f"<tr><td class=\"num\">{100 * t['share']:.1f}%</td><td><code>{html_name(t['frame'])}</code></td>"
-                   f"<td><code>{H(t.get('at') or '')}</code></td><td>{H(cause_text(t))}, {H(t['role'])}</td></tr>"
+                   f"<td><code>{H(t.get('at') or '')}</code>"
+                   + (f"<div class=\"dim small\"><code>{html_name(t['code'])}</code></div>" if t.get("code") else "")
+                   + f"</td><td>{H(cause_text(t))}, {H(t['role'])}</td></tr>"
                    for t in st["top"][:10])
     return ("<h2>Where the steady steps go (Python stacks)</h2><section class=\"card\"><table><tr><th class=\"num\">share"
-            f"</th><th>frame</th><th>at</th><th>cause</th></tr>{rows}</table></section>")
+            f"</th><th>frame</th><th>at (the line)</th><th>cause</th></tr>{rows}</table></section>")
 
 
 def _gaps(t: dict) -> str:

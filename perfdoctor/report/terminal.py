@@ -222,7 +222,8 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
     for t in st["top"][:STACK_ROWS]:
         where = f"{t['frame']} at {t['at']}" if t["at"] and t["frame"] != t["at"] else t["frame"]
         _line(c, Text.assemble(f"  {100 * t['share']:5.1f}%  ", (T(where), "bold"),
-                               (T(f"  ({cause_text(t)}, {t['role']})"), "dim")))
+                               (T(f"  ({cause_text(t)}, {t['role']})"), "dim"),
+                               (T(f"  {t['code']}") if t.get("code") else "", "cyan")))
 
 
 def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
