@@ -23,11 +23,11 @@ the one whose long phases hold the most time beyond the usual step (the shortest
 between nearby long steps, among the steps past each of a few thresholds (2x, 4x ... 128x the
 usual step: the rarest work is the longest, and past its own threshold its neighbours are its own).
 
-    loop.long_steps_share = sum(outside_i - median(outside), steps in long phases) / sum(dur_i)
+    loop.long_steps_share = sum(dur_i - median(dur), steps in long phases) / sum(dur_i)
 
-where outside_i = dur_i - wait_i: the steps' cost to the run, their queueing for a CPU included
-(a step that works longer queues longer), which making that work rarer, or taking it off the
-training step, can save. At most a third of the phases may be long (more is a loop of two kinds
+the steps' cost to the run beyond as many usual steps, their queueing for a CPU (a step that
+works longer queues longer) and their own DataLoader waits (an evaluation's batches) included:
+what making that work rarer, or taking it off the training step, can save. At most a third of the phases may be long (more is a loop of two kinds
 of step, not a few long ones). loop.long_steps_traced counts the profiled steps that fall in the
 long phases, by their step numbers, so the diagnosis can say whether the breakdown saw any.
 """
@@ -148,11 +148,11 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
         out["loop.long_steps_share"] = None if loose >= UNKNOWN_AT else 0.0
         return out
     period, mask = found
-    # the time those steps cost the run: outside the data wait, their queueing for a CPU included
-    # (a step that works longer queues longer), beyond as many usual steps
-    outside = np.array([s["dur"] - positive(s.get("wait")) for s in recs])
+    # the time those steps cost the run beyond as many usual steps: their wall time, their
+    # queueing and their own loader's waits included (an evaluation's batches are its work)
+    dur = np.array([s["dur"] for s in recs])
     long_phases = {int(p) % period for p in pos[mask]}
-    out["loop.long_steps_share"] = float(np.clip(outside[mask] - np.median(outside), 0, None).sum()) / wall
+    out["loop.long_steps_share"] = float(np.clip(dur[mask] - np.median(dur), 0, None).sum()) / wall
     out["loop.long_steps_every"] = period / len(long_phases)
     out["loop.long_step_ms"] = 1e3 * float(np.median([s["dur"] for s, m in zip(recs, mask) if m]))
     out["loop.usual_step_ms"] = 1e3 * float(np.median([s["dur"] for s in recs]))

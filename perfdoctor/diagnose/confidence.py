@@ -126,6 +126,15 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                         "fewer threads can be many times faster here (PD348; `perfdoctor tune` measures it)"
                         if isinstance(threads, (int, float)) and threads > 1 else ""))
     long_share, traced_long = m.get("loop.long_steps_share"), m.get("loop.long_steps_traced")
+    every, traced_n = m.get("loop.long_steps_every"), m.get("steps.count")
+    if isinstance(long_share, (int, float)) and long_share >= LONG_STEPS and isinstance(traced_long, int) \
+            and traced_long > 0 and isinstance(every, (int, float)) and isinstance(traced_n, int) and traced_n > 0 \
+            and traced_long / traced_n >= 2 / every and not any(n.startswith("a long step fell") for n in notes):
+        # the trace holds them more often than the run does: its breakdown over-weights their work
+        conf = min(conf, 0.5)
+        notes.append(f"{traced_long} of the {traced_n} traced steps are long ones, where the run has one in "
+                     f"{every:.0f}: the breakdown weighs their work {traced_long * every / traced_n:.1f}x as much as "
+                     "the run does (PD218)")
     if isinstance(long_share, (int, float)) and long_share >= LONG_STEPS and traced_long == 0:
         # work every N steps the profiled window missed: the breakdown is the usual step's only
         conf = min(conf, 0.5)
