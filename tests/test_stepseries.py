@@ -57,7 +57,7 @@ def test_the_chart_cuts_a_warm_up_step_above_the_steady_ones_and_says_so():
 
 def test_the_chart_marks_a_bins_longest_step():
     legend, pic = step_chart(step_series(_steps(3000, long_every=20), first=20, n=2900))
-    assert "bars of 5 steps" in legend
+    assert "bars of 5 steps: their mean; the whisker reaches their longest" in legend
     assert "steps 36-40 (steady step): mean 11.6 ms, data wait 0.0 ms, longest 50.0 ms" in pic
     assert pic.count("(cut at the top") == 0
 

@@ -68,10 +68,12 @@ def step_chart(series: dict | None, step_ms: float | None = None) -> tuple[str, 
         if w > 0:
             parts.append(f'<rect x="{_f(x)}" y="{_f(yw)}" width="{_f(max(bw - gap, 0.5))}" height="{_f(y0 + H_PLOT - yw)}" '
                          f'fill="{WAIT[0]}"><title>{title}</title></rect>')
-        if maxes and maxes[i] > v:              # a bin's longest step: a tick above its mean
-            ym = y_of(maxes[i])
-            parts.append(f'<line x1="{_f(x)}" y1="{_f(ym)}" x2="{_f(x + max(bw - gap, 0.5))}" y2="{_f(ym)}" '
-                         f'stroke="#333" stroke-width="1.5"><title>{title}</title></line>')
+        if maxes and maxes[i] > v:              # a bin's longest step: a whisker up to it, and a tick
+            ym, xm = y_of(maxes[i]), x + max(bw - gap, 0.5) / 2
+            parts.append(f'<line x1="{_f(xm)}" y1="{_f(yv)}" x2="{_f(xm)}" y2="{_f(ym)}" stroke="#555" '
+                         f'stroke-width="1"><title>{title}</title></line>'
+                         f'<line x1="{_f(xm - 2)}" y1="{_f(ym)}" x2="{_f(xm + 2)}" y2="{_f(ym)}" '
+                         f'stroke="#222" stroke-width="1.5"><title>{title}</title></line>')
         if (maxes[i] if maxes else v) > top:     # cut at the top: marked
             parts.append(f'<path d="M{_f(x + bw / 2 - 4)},{_f(y0 - 2)} L{_f(x + bw / 2)},{_f(y0 - 9)} '
                          f'L{_f(x + bw / 2 + 4)},{_f(y0 - 2)} Z" fill="#333"><title>{title} (cut at the top of the '
@@ -89,7 +91,8 @@ def step_chart(series: dict | None, step_ms: float | None = None) -> tuple[str, 
         + (f'<span class="key"><i style="background:{BAND}"></i>steady window</span>' if win else "") \
         + ('<span class="key">- - - step time (steady wall time / steps)</span>'
            if isinstance(step_ms, (int, float)) and 0 < step_ms <= top else "") \
-        + (f'<span class="key">bars of {series["k"]} steps: their mean, ▬ their longest</span>' if maxes else "")
+        + (f'<span class="key">bars of {series["k"]} steps: their mean; the whisker reaches their longest</span>'
+           if maxes else "")
     return legend, "".join(parts)
 
 
