@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from perfdoctor.analyze.stepwait import positive
+from perfdoctor.analyze.stepwait import positive, timed_steps
 
 LONG = 2.0          # a step doing twice the usual step's work does something the usual one does not
 MIN_REPEATS = 3     # a phase needs 3 steps in the window to show a pattern
@@ -54,10 +54,6 @@ PER_TIER = 8        # the most frequent distances tried from each (each a pass o
 
 NAMES = ("loop.long_steps_share", "loop.long_steps_every", "loop.long_step_ms", "loop.usual_step_ms",
          "loop.long_steps_traced")
-
-
-def _timed(steps: list[dict]) -> list[dict]:
-    return [s for s in steps if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
 
 
 def own_times(recs: list[dict]) -> np.ndarray:
@@ -133,12 +129,11 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     period this window shows (too short to see one repeat, or at random); 0.0 when no long
     steps stand out."""
     out = dict.fromkeys(NAMES)
-    recs = _timed(steady)
+    recs, wall = timed_steps(steady)
     if len(recs) < MIN_STEPS:
         return out
     own = own_times(recs)
     usual = float(np.median(own))
-    wall = float(sum(s["dur"] for s in recs))
     steps = [s.get("step") for s in recs]
     numbered = all(isinstance(x, int) and not isinstance(x, bool) for x in steps) and steps == sorted(set(steps))
     pos = np.array(steps) - steps[0] if numbered else np.arange(len(recs))
@@ -151,11 +146,12 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     # the time those steps cost the run beyond as many usual steps: their wall time, their
     # queueing and their own loader's waits included (an evaluation's batches are its work)
     dur = np.array([s["dur"] for s in recs])
+    typical = float(np.median(dur))
     long_phases = {int(p) % period for p in pos[mask]}
-    out["loop.long_steps_share"] = float(np.clip(dur[mask] - np.median(dur), 0, None).sum()) / wall
+    out["loop.long_steps_share"] = float(np.clip(dur[mask] - typical, 0, None).sum()) / wall
     out["loop.long_steps_every"] = period / len(long_phases)
-    out["loop.long_step_ms"] = 1e3 * float(np.median([s["dur"] for s, m in zip(recs, mask) if m]))
-    out["loop.usual_step_ms"] = 1e3 * float(np.median([s["dur"] for s in recs]))
+    out["loop.long_step_ms"] = 1e3 * float(np.median(dur[mask]))
+    out["loop.usual_step_ms"] = 1e3 * typical
     if profiled and numbered and all(isinstance(s.get("step"), int) for s in profiled):
         out["loop.long_steps_traced"] = sum(1 for s in profiled if (s["step"] - steps[0]) % period in long_phases)
     return out
