@@ -63,14 +63,21 @@ def wait_busy_share(steps: list[dict]) -> float | None:
     return min(1.0, busy / wait)
 
 
-def runq_share(steps: list[dict]) -> float | None:
-    runq = total = 0.0
+def _summed_share(steps: list[dict], num: tuple[str, ...], den: tuple[str, ...]) -> float | None:
+    """sum(num fields) / sum(den fields) over the steps that have every field as a number and a
+    positive denominator (each field at least 0), at most 1; None when no step does."""
+    a = b = 0.0
     for s in steps:
-        q, d = s.get("runq"), s.get("dur")
-        if isinstance(q, (int, float)) and isinstance(d, (int, float)) and d > 0:
-            runq += max(0.0, q)
-            total += d
-    return min(1.0, runq / total) if total > 0 else None
+        if all(isinstance(s.get(k), (int, float)) for k in num + den):
+            d = sum(max(0.0, s[k]) for k in den)
+            if d > 0:
+                a += sum(max(0.0, s[k]) for k in num)
+                b += d
+    return min(1.0, a / b) if b > 0 else None
+
+
+def runq_share(steps: list[dict]) -> float | None:
+    return _summed_share(steps, ("runq",), ("dur",))
 
 
 def thread_awake_share(steps: list[dict]) -> float | None:
@@ -78,23 +85,11 @@ def thread_awake_share(steps: list[dict]) -> float | None:
     runnable, on a CPU or queued for one (the rest it slept: in a wait, a lock, storage,
     time.sleep). What removing the thread's own work (compiling away its Python) can save is at
     most this: the queueing goes with the work it queued for."""
-    awake = total = 0.0
-    for s in steps:
-        c, q, d = s.get("cpu"), s.get("runq"), s.get("dur")
-        if all(isinstance(x, (int, float)) for x in (c, q, d)) and d > 0:
-            awake += max(0.0, c) + max(0.0, q)
-            total += d
-    return min(1.0, awake / total) if total > 0 else None
+    return _summed_share(steps, ("cpu", "runq"), ("dur",))
 
 
 def runq_runnable_share(steps: list[dict]) -> float | None:
-    runq = runnable = 0.0
-    for s in steps:
-        q, cpu = s.get("runq"), s.get("cpu")
-        if isinstance(q, (int, float)) and isinstance(cpu, (int, float)):
-            runq += max(0.0, q)
-            runnable += max(0.0, q) + max(0.0, cpu)
-    return min(1.0, runq / runnable) if runnable > 0 else None
+    return _summed_share(steps, ("runq",), ("runq", "cpu"))
 
 
 def extra_batches(steps: list[dict]) -> dict | None:
