@@ -15,6 +15,8 @@ from perfdoctor import inputjson
 from perfdoctor.collect.ranks import is_multi_rank, rank_dirs
 from perfdoctor.collect.rundir import is_run_dir
 from perfdoctor.errors import PerfdoctorError
+from perfdoctor.trace.loader import checked_input_path, plain_head
+from perfdoctor.trace.source import GZIP_MAGIC
 from perfdoctor.stats.steptime import StepEstimate, estimate
 
 # What must match for absolute step times to be comparable: (key, label).
@@ -106,8 +108,6 @@ def load_run(path: str | Path) -> RunData:
     report.json (an older perfdoctor's, a copy of the run files alone) is diagnosed again, as
     `perfdoctor report DIR` does. A multi-rank run directory's step records are the pace-setting
     rank's (ranks/rank-K/steps.jsonl): in a synchronous job every rank steps at the job's pace."""
-    from perfdoctor.trace.loader import checked_input_path
-
     p = checked_input_path(path)     # missing, a dangling or looping link, a FIFO: said so, one line
     notes: list[str] = []
     if p.is_dir():
@@ -149,9 +149,9 @@ def _read_report(report: Path) -> dict:
         raw = report.read_bytes()
     except OSError as exc:
         raise PerfdoctorError(f"cannot read {report}: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":         # perfdoctor writes no compressed reports: a .json.gz trace?
+    if raw[:2] == GZIP_MAGIC:          # perfdoctor writes no compressed reports: a .json.gz trace?
         try:
-            head = zlib.decompressobj(31).decompress(raw[:1 << 16], 1 << 16)
+            head = plain_head(raw[:1 << 16], 1 << 16)
         except zlib.error:
             head = b""
         if b'"traceEvents"' in head or head.lstrip()[:1] == b"[":

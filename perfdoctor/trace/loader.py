@@ -20,6 +20,7 @@ import msgspec
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace import parallel
 from perfdoctor.trace.reader import ChunkStream, ReadState
+from perfdoctor.trace.source import GZIP_MAGIC
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -91,6 +92,14 @@ def _not_readable(f: Path) -> str | None:
     return None
 
 
+def plain_head(data: bytes, n: int) -> bytes:
+    """The first `n` bytes of a file's content from its first bytes `data`: decompressed when it
+    is gzip (raises zlib.error when that gzip is damaged), as they are otherwise."""
+    import zlib
+
+    return zlib.decompressobj(31).decompress(data, n) if data[:2] == GZIP_MAGIC else data[:n]
+
+
 def is_execution_trace(path: str | os.PathLike) -> bool:
     """Does the file start as an execution trace does ({"schema": ..., ..., "nodes": [...)?
     Only its first few KB are read (decompressed); unreadable files are left to the loader."""
@@ -100,9 +109,9 @@ def is_execution_trace(path: str | os.PathLike) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(ET_HEAD_BYTES)
-            if head[:2] == b"\x1f\x8b":
+            if head[:2] == GZIP_MAGIC:
                 head += f.read(16 * ET_HEAD_BYTES)
-                head = zlib.decompressobj(31).decompress(head, ET_HEAD_BYTES)
+            head = plain_head(head, ET_HEAD_BYTES)
     except (OSError, zlib.error):
         return False
     head = head.decode("utf-8", "replace")
