@@ -89,7 +89,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     # one long step among the few traced ones (an evaluation, a save) pulls their mean far above
     # their median: that, not the profiler's cost per op, which every traced step pays, is the gap
     skewed = all(isinstance(x, (int, float)) and x > 0 for x in (mean_t, med_t, med_s)) and mean_t >= SKEWED * med_t
-    if isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER and skewed:
+    skew_told = isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER and skewed
+    if skew_told:
         conf = min(conf, 0.5)
         notes.append(f"a long step fell in the traced window: the traced steps' mean is {mean_t:.3g} ms against their "
                      f"median {med_t:.3g} ms (steady steps: {m.get('run.step_time_ms') or 0:.3g} ms, median "
@@ -127,22 +128,22 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                         if isinstance(threads, (int, float)) and threads > 1 else ""))
     long_share, traced_long = m.get("loop.long_steps_share"), m.get("loop.long_steps_traced")
     every, traced_n = m.get("loop.long_steps_every"), m.get("steps.count")
-    if isinstance(long_share, (int, float)) and long_share >= LONG_STEPS and isinstance(traced_long, int) \
-            and traced_long > 0 and isinstance(every, (int, float)) and isinstance(traced_n, int) and traced_n > 0 \
-            and traced_long / traced_n >= 2 / every and not any(n.startswith("a long step fell") for n in notes):
+    periodic = isinstance(long_share, (int, float)) and long_share >= LONG_STEPS and isinstance(every, (int, float))
+    if periodic and traced_long == 0:
+        # work every N steps the profiled window missed: the breakdown is the usual step's only
+        conf = min(conf, 0.5)
+        notes.append(f"the traced steps are all usual ones: one step in {every:.0f} "
+                     f"takes {m.get('loop.long_step_ms') or 0:.3g} ms (the usual step {m.get('loop.usual_step_ms') or 0:.3g}"
+                     f" ms) and those long steps hold {long_share:.0%} of the steady time, which the breakdown and "
+                     "the verdict do not describe (PD218" + ("; the Python stacks below cover them)"
+                                                            if m.get("stacks.steady_steps") else ")"))
+    elif periodic and isinstance(traced_long, int) and traced_long > 0 and isinstance(traced_n, int) and traced_n > 0 \
+            and traced_long / traced_n >= 2 / every and not skew_told:
         # the trace holds them more often than the run does: its breakdown over-weights their work
         conf = min(conf, 0.5)
         notes.append(f"{traced_long} of the {traced_n} traced steps are long ones, where the run has one in "
                      f"{every:.0f}: the breakdown weighs their work {traced_long * every / traced_n:.1f}x as much as "
                      "the run does (PD218)")
-    if isinstance(long_share, (int, float)) and long_share >= LONG_STEPS and traced_long == 0:
-        # work every N steps the profiled window missed: the breakdown is the usual step's only
-        conf = min(conf, 0.5)
-        notes.append(f"the traced steps are all usual ones: one step in {m.get('loop.long_steps_every') or 0:.0f} "
-                     f"takes {m.get('loop.long_step_ms') or 0:.3g} ms (the usual step {m.get('loop.usual_step_ms') or 0:.3g}"
-                     f" ms) and those long steps hold {long_share:.0%} of the steady time, which the breakdown and "
-                     "the verdict do not describe (PD218" + ("; the Python stacks below cover them)"
-                                                            if m.get("stacks.steady_steps") else ")"))
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
