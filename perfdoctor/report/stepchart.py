@@ -11,7 +11,7 @@ the rest, so a bar above it is cut, marked, and keeps its value in its title.
 from __future__ import annotations
 
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.svg import FONT, LEFT, W, _f, _ticks
+from perfdoctor.report.svg import FONT, LEFT, W, _f, _rect, _ticks
 from perfdoctor.stats.steptime import ms as fmt_ms
 
 KIND = {"steady": ("#3a7dc2", "steady step"), "profiled": ("#e6a817", "profiled (traced)"),
@@ -58,18 +58,16 @@ def step_chart(series: dict | None, step_ms: float | None = None) -> tuple[str, 
         y = y_of(t)
         parts.append(f'<line x1="{LEFT}" y1="{_f(y)}" x2="{LEFT + width}" y2="{_f(y)}" stroke="#e3e3e3"/>'
                      f'<text x="{LEFT - 8}" y="{_f(y + 4)}" text-anchor="end" fill="#555">{_f(t)} ms</text>')
-    gap = 0.15 * bw if bw >= 3 else 0.0
+    bar_w = max(bw - (0.15 * bw if bw >= 3 else 0.0), 0.5)
     for i, (v, w, kind) in enumerate(zip(vals, series["wait_ms"], kinds)):
-        x, title = LEFT + i * bw, H(_title(series, i))
-        colour = KIND.get(kind, KIND["outside"])[0]
+        x, text = LEFT + i * bw, _title(series, i)
+        title = H(text)
         yv, yw = y_of(v), y_of(min(w, v))
-        parts.append(f'<rect x="{_f(x)}" y="{_f(yv)}" width="{_f(max(bw - gap, 0.5))}" height="{_f(yw - yv)}" '
-                     f'fill="{colour}"><title>{title}</title></rect>')
+        parts.append(_rect(x, yv, bar_w, yw - yv, KIND.get(kind, KIND["outside"])[0], text))
         if w > 0:
-            parts.append(f'<rect x="{_f(x)}" y="{_f(yw)}" width="{_f(max(bw - gap, 0.5))}" height="{_f(y0 + H_PLOT - yw)}" '
-                         f'fill="{WAIT[0]}"><title>{title}</title></rect>')
+            parts.append(_rect(x, yw, bar_w, y0 + H_PLOT - yw, WAIT[0], text))
         if maxes and maxes[i] > v:              # a bin's longest step: a whisker up to it, and a tick
-            ym, xm = y_of(maxes[i]), x + max(bw - gap, 0.5) / 2
+            ym, xm = y_of(maxes[i]), x + bar_w / 2
             parts.append(f'<line x1="{_f(xm)}" y1="{_f(yv)}" x2="{_f(xm)}" y2="{_f(ym)}" stroke="#555" '
                          f'stroke-width="1"><title>{title}</title></line>'
                          f'<line x1="{_f(xm - 2)}" y1="{_f(ym)}" x2="{_f(xm + 2)}" y2="{_f(ym)}" '
