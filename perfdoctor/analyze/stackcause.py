@@ -153,13 +153,18 @@ def _evaluating(frames: list[Frame], libs: list[Frame]) -> bool:
         for f in frames[marked + 1:])
 
 
+def _frames(stack: tuple) -> list[Frame]:
+    """The stack's code frames, root first (py-spy's process and thread pseudo-frames left out)."""
+    return [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
+
+
 CODE_CHARS = 120     # of a source line shown beside its frame
 
 
 def user_code(stack: tuple, source=linecache.getline) -> str | None:
     """The text of the user's innermost line in the stack (stripped, at most CODE_CHARS), as the
     file reads now; None when there is no user frame or the file cannot be read."""
-    frames = [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
+    frames = _frames(stack)
     user = next((f for f in reversed(frames) if f.kind == "user"), None)
     if user is None:
         return None
@@ -173,7 +178,7 @@ def user_code(stack: tuple, source=linecache.getline) -> str | None:
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
     """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
     `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
-    frames = [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
+    frames = _frames(stack)
     if not frames:
         return "other", "?", None
     user = max((i for i, f in enumerate(frames) if f.kind == "user"), default=None)
