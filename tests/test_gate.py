@@ -676,3 +676,19 @@ def test_the_batch_size_comes_from_the_loader_run_recorded():
     assert fingerprint(doc)["batch_size"] == 64                         # the command line otherwise
     doc["traces"][0]["metrics"]["input.loader_batch_size"] = True       # hostile: not a size
     assert fingerprint(doc)["batch_size"] == 64
+
+
+def test_gate_command_defaults_are_the_gate_options_and_tunes_material_change():
+    """The command line's defaults are GateOptions' (typer needs literals), and tune calls the
+    same step-time change material as the gate: one default, not three that drift apart."""
+    import inspect
+
+    from perfdoctor import cli
+    from perfdoctor.stats import steptime
+    from perfdoctor.tune import measure
+
+    params = inspect.signature(cli.gate).parameters
+    opt = GateOptions()
+    for name in ("min_effect", "min_share", "min_steps", "noise_k", "max_other_load"):
+        assert params[name].default.default == getattr(opt, name), name
+    assert opt.min_effect == measure.MIN_EFFECT == steptime.MATERIAL

@@ -67,7 +67,7 @@ def bound_words(run: RunData) -> str:
 
 @dataclass
 class GateOptions:
-    min_effect: float = 0.10     # relative step-time change that matters
+    min_effect: float = steptime.MATERIAL  # relative step-time change that matters
     min_share: float = 0.10      # absolute share change that matters (0.10 = 10 points)
     noise_k: float = 3.0         # with several baselines: times their spread
     level: float = 0.95          # one baseline: the CI of the ratio / of the share change

@@ -52,7 +52,8 @@ MIN_BLOCKS = 3
 WARMUP_MIN = 2
 DETECT_BLOCK = 8
 K_SPREAD = 4.0
-MATERIAL = 0.10
+MATERIAL = 0.10               # a step-time change this large matters: a shift of level here, a
+                              # speed-up or slowdown in tune, gate's --min-effect default
 SPREAD_FLOOR = 0.01
 MAD_SCALE = 1.4826
 PREFETCH_DEFAULT = 2          # torch's DataLoader default prefetch_factor with workers

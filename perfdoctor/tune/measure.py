@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor import inputjson
+from perfdoctor.stats import steptime
 
 DIVERGE = 0.10
 MIN_LOSSES = 8
 
-MIN_EFFECT = 0.10            # a speed-up this large either way is material (gate's --min-effect default)
+MIN_EFFECT = steptime.MATERIAL   # a speed-up this large either way is material (as gate's --min-effect)
 
 
 @dataclass
