@@ -97,6 +97,11 @@ def loader_settings(run_dir: Path, system: dict) -> dict:
             "prefetch_factor": got.get("prefetch_factor")}
 
 
+def profiled(steps: list[dict]) -> list[dict]:
+    """The steps inside the traced window."""
+    return [s for s in steps if s.get("profiled")]
+
+
 def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = None,
                  prefetch_factor: int | None = None, est: StepEstimate | None = None) -> dict:
     """run.* metrics: the steady-state step time (wall time of the steady window / its steps, with
@@ -106,7 +111,7 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
     ms = (lambda x: None if x is None else 1e3 * x)
     return {"run.steps": len(steps), "run.outcome": outcome(res),
             "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
-            "run.profiled_steps": sum(1 for s in steps if s.get("profiled")),
+            "run.profiled_steps": len(profiled(steps)),
             "run.skipped_optimizer_steps": sum(1 for s in steps if s.get("skipped")),
             "run.step_time_ms": ms(est.step_s),
             "run.step_time_ci95_ms": [ms(est.ci95[0]), ms(est.ci95[1])] if est.ci95 else None,
@@ -118,7 +123,7 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.runq_runnable_share": runq_runnable_share(steady) if steady else None,
             "run.thread_awake_share": thread_awake_share(steady) if steady and res.child.get("cpu_clock") == "thread"
             else None,
-            "run.traced_runq_share": runq_share([s for s in steps if s.get("profiled")])}
+            "run.traced_runq_share": runq_share(profiled(steps))}
 
 
 def _extra_batches_note(steady: list[dict]) -> list[str]:
@@ -256,7 +261,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(fetch_metrics(steady, fetches))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
-    m.update(long_step_metrics(steady, [s for s in steps if s.get("profiled")]))
+    m.update(long_step_metrics(steady, profiled(steps)))
     trained_elsewhere = elsewhere(kids, steps, m)
     notes += ([trained_elsewhere] if trained_elsewhere else []) + _extra_batches_note(steady) + _drift_note(steady) \
         + [n for n in sample_notes if n not in notes]
