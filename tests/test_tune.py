@@ -767,7 +767,8 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     # trials do from a script without workers (plan.worker_changes): with restarting workers the
     # trial measured the restarts, and this comparison failed.
     from perfdoctor.diagnose.live import read_steps
-    from perfdoctor.stats.steptime import estimate, speedup
+    from perfdoctor.stats.speedups import speedup
+    from perfdoctor.stats.steptime import estimate
     # The truth is a distribution here: the same worker setting differs between runs of the same
     # command by up to 2.7x on this VM (1 worker: 72 and 196 ms/step in two 12 s runs; 2 workers:
     # 0.55x in tune and 1.27x in the rerun of one run of this test, both quiet). So each worker

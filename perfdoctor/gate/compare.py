@@ -22,7 +22,7 @@ import numpy as np
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, settings_diff
 from perfdoctor.report.labels import MIN_SHARE
 from perfdoctor.report.values import change, value
-from perfdoctor.stats.steptime import speedup
+from perfdoctor.stats.speedups import speedup
 
 BREAKDOWN = ("kernel", "memcpy", "memset", "communication", "runtime", "data_loading", "cpu_exec", "other")
 

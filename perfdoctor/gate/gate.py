@@ -44,8 +44,9 @@ import numpy as np
 
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, other_load_of, settings_diff
 from perfdoctor.report.values import s_as_ms
-from perfdoctor.stats import steptime
-from perfdoctor.stats.steptime import StepEstimate, speedup, wait_share_change
+from perfdoctor.stats import speedups, steptime
+from perfdoctor.stats.speedups import speedup, wait_share_change
+from perfdoctor.stats.steptime import StepEstimate
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE = (
     "pass", "regression", "improvement", "inconclusive", "not comparable")
@@ -293,7 +294,7 @@ def _within(name: str, b: StepEstimate, c: StepEstimate, opt: GateOptions) -> Ro
 
 def _across(name: str, bss: list[StepEstimate], c: StepEstimate, opt: GateOptions) -> Row:
     times = np.array([s.step_s for s in bss])
-    center, spread = float(np.median(times)), steptime.spread(times)
+    center, spread = float(np.median(times)), speedups.spread(times)
     change = c.step_s / center - 1
     noise = opt.noise_k * spread / center
     need = max(opt.min_effect, noise)
@@ -330,7 +331,7 @@ def _share(cur: RunData, bases: list[RunData], key: str, label: str, opt: GateOp
     evidence = "threshold only"
     ok_evidence = True
     if len(arr) > 1:
-        need = max(opt.min_share, opt.noise_k * steptime.spread(arr))
+        need = max(opt.min_share, opt.noise_k * speedups.spread(arr))
         ok_evidence = cv > arr.max() if diff > 0 else cv < arr.min()
         evidence = f"{len(arr)} baselines"
     elif key == "share.input" and cur.steps and bases[0].steps:

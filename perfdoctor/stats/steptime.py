@@ -273,7 +273,7 @@ def _finish(durs, waits, total, first, dropped, num_workers, ends) -> StepEstima
                        float(waits.sum()) / wall if wall > 0 else None, block, True, None,
                        float(np.percentile(durs, 90)), source, durs, waits)
     if n >= 2:
-        rel = _relative(bootstrap_means(durs, block, np.random.default_rng(SEED)))
+        rel = relative_means(bootstrap_means(durs, block, np.random.default_rng(SEED)))
         lo, hi = step * np.percentile(rel, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
         est.ci95 = (float(min(lo, step)), float(max(hi, step)))
     if n < MIN_STEPS:
@@ -364,63 +364,8 @@ def bootstrap_means(x: np.ndarray, block: int, rng: np.random.Generator,
     return sums[starts].sum(axis=1) / (k * block)
 
 
-def _relative(means: np.ndarray) -> np.ndarray:
+def relative_means(means: np.ndarray) -> np.ndarray:
     """Bootstrap means relative to their own average: the moving-block bootstrap under-weights
     the window's ends, so its spread is used around the point estimate, not its centre."""
     m = float(means.mean())
     return means / m if m > 0 else np.ones_like(means)
-
-
-# --- comparisons --------------------------------------------------------------------------------
-
-def _as_estimate(x) -> StepEstimate:
-    if isinstance(x, StepEstimate):
-        return x
-    if isinstance(x, (list, tuple)) and x and isinstance(x[0], dict):
-        return estimate(list(x))
-    return estimate_durations(x)
-
-
-def speedup(base, new, level: float = LEVEL) -> tuple[float, tuple[float, float]]:
-    """base.step_s / new.step_s and its `level` CI from independent block bootstraps of the two
-    steady windows (each with its own block length; fixed seeds). base and new: step records,
-    a StepEstimate, or a plain series of durations."""
-    b, n = _as_estimate(base), _as_estimate(new)
-    if not b.step_s or not n.step_s or b.n < 2 or n.n < 2:
-        raise ValueError("speedup needs a steady step time on both sides")
-    rb = _relative(bootstrap_means(b.durs, b.block, np.random.default_rng([SEED, 1])))
-    rn = _relative(bootstrap_means(n.durs, n.block, np.random.default_rng([SEED, 2])))
-    point = b.step_s / n.step_s
-    lo, hi = point * np.percentile(rb / rn, [50 * (1 - level), 100 - 50 * (1 - level)])
-    return point, (float(min(lo, point)), float(max(hi, point)))
-
-
-def wait_share_change(base, new, level: float = LEVEL) -> tuple[float, tuple[float, float]]:
-    """new.wait_share - base.wait_share (data wait / wall time of the steady windows) and its
-    `level` CI from independent block bootstraps of (wait, duration) pairs."""
-    b, n = _as_estimate(base), _as_estimate(new)
-    if b.wait_share is None or n.wait_share is None or b.n < 2 or n.n < 2:
-        raise ValueError("wait_share_change needs a steady window on both sides")
-
-    def deviations(e: StepEstimate, seed: int) -> np.ndarray:
-        w = bootstrap_means(e.waits, e.block, np.random.default_rng([SEED, seed]))
-        d = bootstrap_means(e.durs, e.block, np.random.default_rng([SEED, seed]))   # same blocks
-        share = w / (d * e.scale)
-        return share - share.mean()
-
-    point = n.wait_share - b.wait_share
-    lo, hi = point + np.percentile(deviations(n, 4) - deviations(b, 3), [50 * (1 - level), 100 - 50 * (1 - level)])
-    return point, (float(min(lo, point)), float(max(hi, point)))
-
-
-def spread(values) -> float:
-    """Scaled MAD (1.4826 x median absolute deviation: the standard deviation for normal noise)."""
-    x = np.asarray(values, dtype=float)
-    return MAD_SCALE * float(np.median(np.abs(x - np.median(x)))) if len(x) else 0.0
-
-
-# --- between runs -------------------------------------------------------------------------------
-# A run's interval is within-run only. Two runs of the same command can differ by more than that
-# (a shared VM: one DataLoader worker at 72 and 196 ms/step in two 12 s runs; the same script at
-# 107, 135, 149 and 168 ms/step in four runs of one afternoon), so a comparison of two runs is
-# judged against the spread of repeated runs too.

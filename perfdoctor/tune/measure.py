@@ -125,11 +125,12 @@ def system_of(run_dir: Path) -> dict:
 
 
 def speedup(bases: list[Measured], new: Measured) -> tuple[float, tuple[float, float]]:
-    """base step time / new step time with its 95% interval (stats.steptime.speedup). Several
+    """base step time / new step time with its 95% interval (stats.speedups.speedup). Several
     baseline runs (before and after the trial) are pooled: their steady windows, end to end."""
     import numpy as np
 
-    from perfdoctor.stats.steptime import estimate_durations, speedup as _speedup
+    from perfdoctor.stats.speedups import speedup as _speedup
+    from perfdoctor.stats.steptime import estimate_durations
     if len(bases) == 1:
         base = bases[0].estimate                 # the window as its run's estimate saw it
     else:
