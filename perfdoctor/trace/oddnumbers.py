@@ -4,7 +4,7 @@ Python's json writes NaN, Infinity and -Infinity for such floats; C++ writers pr
 and a damaged or hostile file may hold numbers beyond a float's range (1e999, a 401-digit
 integer). msgspec refuses the first kinds as malformed and the last as "out of range", which cut
 a trace off at the first such event. The reader retries a chunk that fails with them quoted
-(trace/reader.py): the untyped path then reads "NaN" as nan and "1e999" as inf, and the table's
+(trace/decode.py): the untyped path then reads "NaN" as nan and "1e999" as inf, and the table's
 check for impossible events (trace/assemble.py) leaves such an event out, with its warning.
 """
 

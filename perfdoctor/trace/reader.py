@@ -19,22 +19,23 @@ Memory is reused rather than allocated: one read buffer filled with `readinto`, 
 enough (CHUNK_BYTES) that each chunk's Python objects fit in memory freed by the previous one.
 Touching fresh pages is expensive on small VMs (~2.5 us a page fault): allocating per read and
 per 8 MB chunk used to cost ~50k faults on a 54 MB trace.
+
+Each chunk is decoded by trace/decode.py (leniently: odd field types, bad UTF-8, odd numbers);
+this module owns where chunks are cut, the header, and a damaged end (salvage).
 """
 from __future__ import annotations
 
 import mmap
 import re
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import msgspec
 
 from perfdoctor.errors import TraceFormatError
-from perfdoctor.trace import oddnumbers, schema
-from perfdoctor.trace.oddnumbers import as_float
+from perfdoctor.trace import decode, schema
 from perfdoctor.trace.source import ReadState, Source
-from perfdoctor.trace.surrogates import not_utf8_replaced_or_none, replaced_or_none
 
-__all__ = ["ChunkStream", "ReadState", "iter_event_chunks", "coerce_events"]
+__all__ = ["ChunkStream", "ReadState", "iter_event_chunks"]
 
 CHUNK_BYTES = 256 << 10    # JSON bytes per msgspec decode: small chunks reuse warm memory
 READ_BYTES = 256 << 10     # bytes that must follow a chunk for it to be cut; also the read size
@@ -136,7 +137,7 @@ class ChunkStream:
                 m = EVENTS_KEY.search(self.buf, seen, self.end)
             if m is None:
                 _whole_document(bytes(self.buf[skip:self.end]))
-            _decode_header(bytes(self.buf[skip:m.start()]), self.state)
+            decode.decode_header(bytes(self.buf[skip:m.start()]), self.state)
             self.pos = m.end()
         else:  # judged on the first 4 MiB, as always
             while not self.src.eof and self.end < 4 << 20:
@@ -203,7 +204,7 @@ class ChunkStream:
             finally:
                 buf[p0:pos] = saved
             if doc is not None:
-                _merge_meta(doc, self.state)
+                decode.merge_meta(doc, self.state)
                 yield doc.traceEvents
                 return
         yield from _decode_tail(bytes(buf[pos:end]), self.bare, self.state)
@@ -228,130 +229,11 @@ def _cut_chunk(buf: mmap.mmap, pos: int, end: int, state: ReadState, scan_from: 
     tries = 0
     while m is not None and tries < MAX_CUT_TRIES:
         try:
-            return _decode_span(buf, pos, m.start() + 1, state), m.end() - 1
+            return decode.decode_span(buf, pos, m.start() + 1, state), m.end() - 1
         except msgspec.DecodeError:
             tries += 1
             m = BOUNDARY.search(buf, m.end(), end)
     return None, pos
-
-
-def _decode_events(chunk: bytes, state: ReadState) -> list[schema.Event]:
-    """Decode `[chunk]`; raises msgspec.DecodeError on syntax errors (bad cut / corrupt data)."""
-    return _decode_payload(b"[" + chunk + b"]", state)
-
-
-def _decode_span(buf, start: int, end: int, state: ReadState) -> list[schema.Event]:
-    """Decode buf[start:end] as a list without copying: the bytes just outside the span (a
-    separator or whitespace) are swapped for brackets during the decode and then restored."""
-    before, after = buf[start - 1], buf[end]
-    buf[start - 1], buf[end] = 0x5B, 0x5D  # '[' ']'
-    try:
-        with memoryview(buf) as mv:
-            return _decode_payload(mv[start - 1:end + 1], state)
-    finally:
-        buf[start - 1], buf[end] = before, after
-
-
-def _decode_payload(payload, state: ReadState) -> list[schema.Event]:
-    """Typed events, else untyped ones coerced; retried with lone surrogate escapes replaced
-    and with odd number tokens quoted. msgspec.DecodeError when none of that reads."""
-    try:
-        return schema.EVENTS_DECODER.decode(payload)
-    except msgspec.ValidationError:          # (a DecodeError subclass: caught first)
-        items = _untyped(payload, state)
-    except msgspec.DecodeError:
-        fixed = _fixed_or_none(payload, state)
-        if fixed is None:
-            raise
-        return _decode_payload(fixed, state)
-    state.untyped_chunks += 1
-    return coerce_events(items, state)
-
-
-def _fixed_or_none(payload, state: ReadState) -> bytes | None:
-    """`payload` (which msgspec refused) with what strict JSON or UTF-8 lacks made readable: lone
-    surrogate escapes or bytes that are not UTF-8 as U+FFFD, odd number tokens quoted (each with
-    its warning); None when it holds none of them. One at a time: the retry fixes the next."""
-    return (replaced_or_none(payload, state) or not_utf8_replaced_or_none(payload, state)
-            or oddnumbers.quoted_or_none(payload, state))
-
-
-def _untyped(payload, state: ReadState):
-    """The JSON value of `payload`, with numbers beyond a float's range read as strings."""
-    try:
-        return schema.ANY_DECODER.decode(payload)
-    except msgspec.ValidationError:             # "Number out of range" (1e999)
-        fixed = oddnumbers.quoted_or_none(payload, state, out_of_range=True)
-        if fixed is None:
-            raise msgspec.DecodeError("a number out of range") from None
-        return _untyped(fixed, state)
-
-
-def coerce_events(items: list, state: ReadState) -> list[schema.Event]:
-    """Slow path for events whose field types do not match the schema (odd producers)."""
-    out = []
-    bad = 0
-    for d in items:
-        if not isinstance(d, dict):
-            bad += 1
-            continue
-        try:
-            out.append(schema.Event(
-                ph=str(d.get("ph", "")), cat=str(d.get("cat") or ""), name=str(d.get("name", "")),
-                pid=_id(d.get("pid", 0)), tid=_id(d.get("tid", 0)),
-                ts=_time(d.get("ts")), dur=_time(d.get("dur")),
-                args=_coerce_args(d.get("args"))))
-        except (TypeError, ValueError):
-            bad += 1
-    if bad:
-        state.warnings.append(f"skipped {bad} malformed events")
-    return out
-
-
-def _time(v: Any) -> float:
-    """A start or duration; NaN (absent, as the typed path reads it) for null or an empty string."""
-    return schema.NAN if v is None or v == "" else as_float(v)
-
-
-def _id(v: Any) -> int | str:
-    return v if isinstance(v, (int, str)) and not isinstance(v, bool) else str(v)
-
-
-def _coerce_args(a: Any) -> schema.Args:
-    if not isinstance(a, dict):
-        return schema.NO_ARGS
-    kw = {}
-    for f in schema.Args.__struct_fields__:
-        key = schema.Args.__struct_encode_fields__[schema.Args.__struct_fields__.index(f)]
-        v = a.get(key)
-        if f in ("label", "labels", "dtype"):
-            kw[f] = v if isinstance(v, str) else None
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            kw[f] = as_float(v)
-        elif f == "stream" and isinstance(v, str):
-            kw[f] = v
-    return schema.Args(**kw)
-
-
-def _decode_header(header: bytes, state: ReadState) -> None:
-    text = header.rstrip()
-    text = text[:-1] if text.endswith(b",") else text
-    try:
-        doc = schema.DOC_DECODER.decode(text + b"}")
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        fixed = not_utf8_replaced_or_none(text, state)     # a device name that is not UTF-8
-        if fixed is not None:
-            return _decode_header(fixed, state)
-        state.warnings.append("could not read the trace header (deviceProperties etc.)")
-        return
-    _merge_meta(doc, state)
-
-
-def _merge_meta(doc: schema.TraceDoc, state: ReadState) -> None:
-    for f in schema.META_FIELDS:
-        v = getattr(doc, f)
-        if v is not None:
-            state.meta[f] = v
 
 
 def _decode_tail(tail: bytes, bare: bool, state: ReadState) -> Iterator[list[schema.Event]]:
@@ -360,37 +242,13 @@ def _decode_tail(tail: bytes, bare: bool, state: ReadState) -> Iterator[list[sch
             text = tail.rstrip()
             if text.endswith(b"]"):
                 text = text[:-1]
-            yield _decode_events(text, state) if text.strip() else []
+            yield decode.decode_events(text, state) if text.strip() else []
         else:
-            yield _decode_document(b'{"traceEvents":[' + tail, state)
+            yield decode.decode_document(b'{"traceEvents":[' + tail, state)
         return
     except msgspec.DecodeError:
         pass
     yield _salvage(tail, state)
-
-
-def _decode_document(doc_bytes: bytes, state: ReadState) -> list[schema.Event]:
-    """The events of a whole trace object (its metadata merged into `state`), with the retries
-    `_decode_payload` makes. msgspec.DecodeError when none of them reads."""
-    try:
-        doc = schema.DOC_DECODER.decode(doc_bytes)
-    except msgspec.ValidationError:          # (a DecodeError subclass: caught first)
-        obj = _untyped(doc_bytes, state)
-        obj = obj if isinstance(obj, dict) else {}
-        state.untyped_chunks += 1
-        try:
-            _merge_meta(msgspec.convert({k: obj[k] for k in schema.META_FIELDS if k in obj}, schema.TraceDoc), state)
-        except msgspec.ValidationError:
-            pass                     # metadata of unexpected types: the events are still read
-        events = obj.get("traceEvents")
-        return coerce_events(events if isinstance(events, list) else [], state)
-    except msgspec.DecodeError:
-        fixed = _fixed_or_none(doc_bytes, state)
-        if fixed is None:
-            raise
-        return _decode_document(fixed, state)
-    _merge_meta(doc, state)
-    return doc.traceEvents
 
 
 def _salvage(tail: bytes, state: ReadState) -> list[schema.Event]:
@@ -398,7 +256,7 @@ def _salvage(tail: bytes, state: ReadState) -> list[schema.Event]:
     cuts = [m.start() + 1 for m in BOUNDARY.finditer(tail)]
     for cut in reversed(cuts[-MAX_CUT_TRIES:]):
         try:
-            events = _decode_events(tail[:cut], state)
+            events = decode.decode_events(tail[:cut], state)
         except msgspec.DecodeError:
             continue
         _warn_truncated(state, len(tail) - cut)
@@ -407,7 +265,7 @@ def _salvage(tail: bytes, state: ReadState) -> list[schema.Event]:
     end = tail.find(b"}")
     while end != -1:
         try:
-            events = _decode_events(tail[:end + 1], state)
+            events = decode.decode_events(tail[:end + 1], state)
             _warn_truncated(state, len(tail) - end - 1)
             return events
         except msgspec.DecodeError:

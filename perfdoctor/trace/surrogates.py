@@ -5,7 +5,7 @@ Python's json writes "\\udc80" for a str holding an undecodable byte (os.fsdecod
 name read with surrogateescape): valid JSON, which msgspec refuses as "truncated". A writer that
 copies a name's bytes as they are (Latin-1, a damaged byte) makes JSON msgspec refuses as
 "Invalid UTF-8 encoded string". The reader retries a chunk that fails to decode with either
-replaced (trace/reader.py), and --annotate does so for surrogate escapes (report/annotate.py).
+replaced (trace/decode.py), and --annotate does so for surrogate escapes (report/annotate.py).
 """
 
 from __future__ import annotations
