@@ -32,7 +32,6 @@ Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -40,11 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.rules.gain import combined
 from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
-from perfdoctor.tune import plan as planmod
+from perfdoctor.tune import plan as planmod, predict
 from perfdoctor.tune.measure import MIN_EFFECT, Measured, _read_json, judged, loss_drift, run_once, speedup
 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
@@ -173,60 +171,13 @@ class Tuner:
             self.spread_text = "run-to-run spread unknown (one baseline run)"
 
     def verdict_title(self) -> str:
-        """The baseline report's verdict in its badge's words (COMPUTE-BOUND (CPU), not 'device')."""
-        from perfdoctor.report.labels import bound_title
-        bound = (self.doc.get("verdict") or {}).get("bound")
-        metrics = (self.doc.get("traces") or [{}])[0].get("metrics") or {}
-        return bound_title(bound, metrics) if bound else "unknown"
+        return predict.verdict_title(self.doc)
 
     def _facts(self, b: Measured) -> planmod.Facts:
-        m = ((self.doc.get("traces") or [{}])[0].get("metrics") or {})
-        inj = b.inject
-        loaders = inj.get("loaders") or []
-        return planmod.Facts(
-            cores=int(m.get("machine.cpu_count") or os.cpu_count() or 1),
-            cuda=bool(b.child.get("cuda_available")),
-            verdict=(self.doc.get("verdict") or {}).get("bound"),
-            data_wait=getattr(b.estimate, "wait_share", None),
-            loader=loaders[0]["asked"] if loaders else None,
-            optimizers=inj.get("optimizers") or [],
-            threads=inj.get("threads"),
-            checkpoints=int(inj.get("checkpoint_calls") or 0),
-            fp64=bool(m.get("params.fp64_share")),
-            compiled=bool(m.get("fusion.compiled")),
-            graph_replay=bool((self.fixes.get("PD311") or {}).get("ranked")),
-            ranked=[i for i, f in self.fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],
-            contended="cpu-contention" in {f.get("slug") for f in self.doc.get("flags") or []},
-            other_cores=m.get("system.other_cores"))
+        return predict.facts(self.doc, self.fixes, b)
 
     def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
-        """The fix rule a trial tests and its expected gain. A combined trial tests several: its
-        rule reads "PD338+PD346" (so no single fix is credited with its measurement) and its
-        prediction is theirs combined (their savings add), unknown if any one is unknown; with a
-        change that no rule predicts here, it has neither."""
-        def expected(rule):
-            return ((self.fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
-        applicable = self._applicable()
-        if t.group != "combined":
-            rule = planmod.rule_for(t.changes, set(self.fixes), applicable)
-            return rule, expected(rule)
-        parts = [planmod.rule_for({k: v}, set(self.fixes), applicable) for k, v in t.changes.items()]
-        if None in parts:
-            return None, None
-        rules = list(dict.fromkeys(parts))
-        preds = [expected(r) for r in rules]
-        both = combined(preds) if rules and all(p is not None for p in preds) else None
-        return "+".join(rules) or None, both
-
-    def _applicable(self) -> set[str] | None:
-        """Ids of the rules that apply on the baseline's device (None: unknown, all of them)."""
-        from perfdoctor.rules.loader import load_rules
-        m = ((self.doc.get("traces") or [{}])[0].get("metrics") or {})
-        platform = m.get("trace.platform") or ("cuda" if self.facts and self.facts.cuda else "cpu")
-        try:
-            return {r.id for r in load_rules(self.o.rule_dirs) if "any" in r.devices or platform in r.devices}
-        except Exception:
-            return None
+        return predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs))
 
     def _noise(self, b: Measured) -> tuple[bool, str]:
         lo, hi = b.estimate.ci95

@@ -1,0 +1,73 @@
+"""What the baseline's report tells `perfdoctor tune`: the facts its plan starts from
+(tune/plan.py), the fix rule each trial tests and that rule's expected gain (the prediction a
+trial's measurement is set against), and the verdict in its badge's words."""
+
+from __future__ import annotations
+
+import os
+
+from perfdoctor.rules.gain import combined
+from perfdoctor.tune import plan as planmod
+
+
+def _metrics(doc: dict) -> dict:
+    return (doc.get("traces") or [{}])[0].get("metrics") or {}
+
+
+def verdict_title(doc: dict) -> str:
+    """The baseline report's verdict in its badge's words (COMPUTE-BOUND (CPU), not 'device')."""
+    from perfdoctor.report.labels import bound_title
+    bound = (doc.get("verdict") or {}).get("bound")
+    return bound_title(bound, _metrics(doc)) if bound else "unknown"
+
+
+def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
+    """The plan's facts from the report (`doc`, its fixes by id) and the baseline run `b`
+    (inject.json's loader, optimizers, threads; child.json's CUDA)."""
+    m = _metrics(doc)
+    inj = b.inject
+    loaders = inj.get("loaders") or []
+    return planmod.Facts(
+        cores=int(m.get("machine.cpu_count") or os.cpu_count() or 1),
+        cuda=bool(b.child.get("cuda_available")),
+        verdict=(doc.get("verdict") or {}).get("bound"),
+        data_wait=getattr(b.estimate, "wait_share", None),
+        loader=loaders[0]["asked"] if loaders else None,
+        optimizers=inj.get("optimizers") or [],
+        threads=inj.get("threads"),
+        checkpoints=int(inj.get("checkpoint_calls") or 0),
+        fp64=bool(m.get("params.fp64_share")),
+        compiled=bool(m.get("fusion.compiled")),
+        graph_replay=bool((fixes.get("PD311") or {}).get("ranked")),
+        ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],
+        contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
+        other_cores=m.get("system.other_cores"))
+
+
+def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tuple[str | None, float | None]:
+    """The fix rule a trial tests and its expected gain. A combined trial tests several: its
+    rule reads "PD338+PD346" (so no single fix is credited with its measurement) and its
+    prediction is theirs combined (their savings add), unknown if any one is unknown; with a
+    change that no rule predicts here, it has neither."""
+    def expected(rule):
+        return ((fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
+    if t.group != "combined":
+        rule = planmod.rule_for(t.changes, set(fixes), applicable)
+        return rule, expected(rule)
+    parts = [planmod.rule_for({k: v}, set(fixes), applicable) for k, v in t.changes.items()]
+    if None in parts:
+        return None, None
+    rules = list(dict.fromkeys(parts))
+    preds = [expected(r) for r in rules]
+    both = combined(preds) if rules and all(p is not None for p in preds) else None
+    return "+".join(rules) or None, both
+
+
+def applicable(doc: dict, f: planmod.Facts | None, rule_dirs) -> set[str] | None:
+    """Ids of the rules that apply on the baseline's device (None: unknown, all of them)."""
+    from perfdoctor.rules.loader import load_rules
+    platform = _metrics(doc).get("trace.platform") or ("cuda" if f and f.cuda else "cpu")
+    try:
+        return {r.id for r in load_rules(rule_dirs) if "any" in r.devices or platform in r.devices}
+    except Exception:
+        return None
