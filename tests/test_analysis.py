@@ -241,3 +241,15 @@ def test_long_untraced_stretches_are_told_from_the_python_between_ops(tmp_path):
     assert m_short["gpu.idle_while_long_untraced_share"] == 0
     assert m_long["gpu.idle_while_long_untraced_share"] == pytest.approx(4005 / 5000)
     assert "compile-reduce-overhead" in fixes_short and "compile-reduce-overhead" not in fixes_long
+
+
+def test_reserved_swing_is_memory_given_back_not_growth():
+    """Reserved memory that only grows (a new bucket's largest shape, cached and kept) is the
+    allocator warming up; memory given back and asked for again is the swing (empty_cache)."""
+    from perfdoctor.analyze.memory import reserved_swing
+    growth = np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0]) * 2**30
+    assert reserved_swing(growth) == 0
+    emptied = np.array([3.0, 1.0, 3.0, 1.5, 3.0]) * 2**30     # empty_cache every step, then regrown
+    assert reserved_swing(emptied) == approx(2 / 3)
+    assert reserved_swing(np.array([2.0, 4.0, 3.0])) == approx(0.25)   # a fall after growth counts
+    assert reserved_swing(np.array([])) == 0 and reserved_swing(np.zeros(3)) == 0

@@ -1,8 +1,9 @@
 """Caching-allocator activity: malloc/free in steady state and reserved memory over time.
 
 The caching allocator should stop calling cudaMalloc/cudaFree once warm; calls in steady-state
-steps, or reserved memory ([memory] events, `Total Reserved`) going up and down, mean it keeps
-returning memory to the driver and asking again (fragmentation / varying shapes).
+steps, or reserved memory ([memory] events, `Total Reserved`) falling (and rising again), mean it
+keeps returning memory to the driver and asking again (fragmentation / varying shapes, or
+empty_cache). Reserved memory that only grows is the allocator warming up to a new largest shape.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
     st = in_steady[rows]
     if st.sum() >= 2:
         r = res[st]
-        out["memory.reserved_swing"] = float((r.max() - r.min()) / r.max()) if r.max() > 0 else 0.0
+        out["memory.reserved_swing"] = reserved_swing(r)
         out["memory.reserved_changes_per_step"] = int((np.diff(r) != 0).sum()) / n
     else:
         out["memory.reserved_swing"] = None
@@ -54,6 +55,17 @@ def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
     out["memory.peak_reserved_fraction"] = _fraction_of_device(t, rows, res)
     series = _downsample(t.ts[rows] - steps.start[0], res, alloc)
     return out, series
+
+
+def reserved_swing(reserved: np.ndarray) -> float:
+    """The deepest fall of reserved memory below its running peak, relative to the peak: memory
+    the allocator gave back (cudaFree, empty_cache) and, where it rose again, asked for anew.
+    Growth alone is 0: a caching allocator that reserves once for a new largest shape (a new
+    bucket, the first long batch) and keeps it is warming up, not thrashing."""
+    if not len(reserved) or reserved.max() <= 0:
+        return 0.0
+    peak = np.maximum.accumulate(reserved)
+    return float((peak - reserved).max() / reserved.max())
 
 
 def _fraction_of_device(t: EventTable, rows: np.ndarray, res: np.ndarray) -> float | None:

@@ -116,7 +116,7 @@ _m("memory.empty_cache_per_step", "per_step", "Explicit torch.cuda.empty_cache()
 _m("memory.events", "count", "[memory] allocator events in the trace (profile_memory=True).")
 _m("memory.peak_reserved_bytes", "bytes", "Peak device memory reserved by the caching allocator ([memory] Total Reserved).")
 _m("memory.peak_allocated_bytes", "bytes", "Peak device memory allocated to tensors ([memory] Total Allocated).")
-_m("memory.reserved_swing", "fraction", "(max - min) / max of reserved memory over steady-state steps; > 0.05 means the allocator keeps growing and releasing.")
+_m("memory.reserved_swing", "fraction", "The deepest fall of reserved memory below its running peak over steady-state steps, relative to the peak: memory given back to the driver (cudaFree, empty_cache); growth alone is 0 (warming up). > 0.05 means the allocator keeps releasing and re-acquiring.")
 _m("memory.reserved_changes_per_step", "per_step", "Times reserved memory changed per steady-state step.")
 _m("memory.peak_reserved_fraction", "fraction", "Peak reserved / device memory.")
 # -- tensor cores ----------------------------------------------------------------------------
