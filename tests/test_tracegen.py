@@ -239,6 +239,36 @@ def test_tensor_core_names_follow_compute_capability():
         assert doc["deviceProperties"][0]["computeMajor"] == major and truth.tensor_core_kernel_us == 50
 
 
+def test_graph_launches_replay_their_kernels_under_one_correlation():
+    """A cudaGraphLaunch (as in the H100 `launch_compiled` run): all its kernels carry its
+    correlation and External id, run back to back on the step's stream after it, one flow arrow
+    each; compiled steps wrap it in torch.compile's region ops and name the kernels triton_."""
+    steps = [tg.StepSpec(kernels=2, kernel_us=3, graph_launches=2, graph_kernels=30, compiled=True),
+             tg.StepSpec(kernels=5, kernel_us=3, graph_launches=1, graph_kernels=7)]
+    doc, truth = tg.build(tg.TraceSpec(steps, compute_major=9))
+    evs = events(doc)
+    launches = sorted((e for e in evs if e.get("name") == "cudaGraphLaunch"), key=lambda e: e["ts"])
+    assert len(launches) == 3 and all(e["args"]["cbid"] == 311 for e in launches)
+    kernels = [e for e in evs if e.get("cat") == "kernel"]
+    replayed = []
+    for r in launches:
+        mine = sorted((k for k in kernels if k["args"]["correlation"] == r["args"]["correlation"]), key=lambda k: k["ts"])
+        assert all(ext_of(k["args"]) == ext_of(r["args"]) for k in mine)
+        assert mine[0]["ts"] >= r["ts"] + r["dur"]
+        assert all(a["ts"] + a["dur"] == b["ts"] for a, b in zip(mine, mine[1:]))     # back to back
+        arrows = [e for e in evs if e.get("ph") == "f" and e["id"] == r["args"]["correlation"]]
+        assert len(arrows) == len(mine)
+        replayed.append(mine)
+    assert [len(m) for m in replayed] == [30, 30, 7] and truth.graph_kernels == [60, 7]
+    assert all(k["name"].startswith("triton_poi_fused_") for m in replayed[:2] for k in m)
+    assert not any(k["name"].startswith("triton_") for k in replayed[2])
+    assert sum(e.get("name") == "## Call CompiledFxGraph fx0 ##" for e in evs) == 2     # the compiled step only
+    # the step's kernel busy time counts the replayed kernels (one stream: the sum)
+    assert truth.kernel_busy_us == [62 * 3, 12 * 3] and truth.kernel_us_total == 74 * 3
+    with pytest.raises(ValueError):
+        tg.build(tg.TraceSpec([tg.StepSpec(graph_launches=1)], device="rocm"))
+
+
 def test_bad_specs():
     with pytest.raises(ValueError):
         tg.build(tg.TraceSpec([tg.StepSpec(cpu_ops_us=20, kernels=10)]))

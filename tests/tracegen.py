@@ -4,7 +4,9 @@
 `Truth` computed from that simulation (never re-derived from the JSON). Event shapes copy the real
 traces in ../shared/traces: current Kineto (cpu_op / cuda_runtime / kernel / gpu_memcpy ...),
 the 2021 legacy layout (Operator / Runtime / Kernel, string tids, lowercase 'external id'),
-ROCm (hip* runtime names, 'Dispatch Kernel' args) and CPU-only traces.
+ROCm (hip* runtime names, 'Dispatch Kernel' args) and CPU-only traces. Graph replay (CUDA,
+current Kineto only) copies the H100 `launch_compiled` run: one cudaGraphLaunch whose kernels all
+carry its correlation id, back to back on the stream, one flow arrow each.
 
 Time model: every time is an integer number of ticks of `q` microseconds; q = 1 for integer-us
 traces. With ns_resolution, q is the smallest of 0.125, 0.25, ... that is exactly representable
@@ -25,7 +27,7 @@ MiB = 1 << 20
 # Nominal host/GPU costs (us).
 LAUNCH_US, GPU_DELAY_US, RETURN_US, STEP_GAP_US = 5.0, 3.0, 1.0, 2.0
 RT_US = {"launch": LAUNCH_US, "memcpy": 6.0, "memcpy_sync": 6.0, "memset": 4.0, "sync": 3.0,
-         "item": 6.0, "malloc": 40.0, "free": 30.0}
+         "item": 6.0, "malloc": 40.0, "free": 30.0, "graph": 15.0}
 H2D_BYTES, PAGEABLE_US, PINNED_US = MiB, 100.0, 40.0
 DTOH_BYTES, DTOH_US, MEMSET_BYTES, MEMSET_US = 4, 2.0, 256 * 1024, 5.0
 MIN_SLOT_TICKS, MIN_OPS = 10, 4
@@ -41,7 +43,10 @@ RUNTIME = {
     "sync": ("cudaStreamSynchronize", 131, "hipDeviceSynchronize", 48),
     "malloc": ("cudaMalloc", 20, "hipMalloc", 57),
     "free": ("cudaFree", 22, "hipFree", 59),
+    "graph": ("cudaGraphLaunch", 311, None, None),     # CUDA only (see _Gen's checks)
 }
+# torch.compile's host ops around a compiled graph (what fusion.compiled reads), outermost first.
+COMPILED_OPS = ("Torch-Compiled Region: 0/0", "CompiledFunction", "## Call CompiledFxGraph fx0 ##")
 MEMCPY_NAMES = {  # copy -> (cuda name, rocm name)
     "pageable": ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Host -> Device)"),
     "pinned": ("Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Host -> Device)"),
@@ -82,6 +87,9 @@ class StepSpec:
     tensor_core_kernels: int = 0
     gemm_ops: int = 0
     memsets: int = 0                 # extra: cudaMemsetAsync + 'Memset (Device)' (zero_grad style)
+    graph_launches: int = 0          # cudaGraphLaunch calls (CUDA, kineto), each replaying graph_kernels
+    graph_kernels: int = 8           # kernels of kernel_us each, back to back, one correlation
+    compiled: bool = False           # torch.compile: triton_ elementwise kernels; graphs under COMPILED_OPS
 
 
 @dataclass
@@ -129,6 +137,7 @@ class Truth:
     peak_allocated_bytes: int = 0
     host_span_us: float = 0.0         # first step start -> last step end
     num_events: int = 0
+    graph_kernels: list[int] = field(default_factory=list)   # kernels replayed from graph launches
 
 
 class Gpu(NamedTuple):
@@ -152,6 +161,8 @@ class _Gen:
     def __init__(self, spec: TraceSpec):
         if not spec.steps or spec.fmt not in ("kineto", "legacy2021") or spec.device not in ("cuda", "rocm", "cpu"):
             raise ValueError("need steps, fmt kineto|legacy2021 and device cuda|rocm|cpu")
+        if any(st.graph_launches for st in spec.steps) and (spec.fmt, spec.device) != ("kineto", "cuda"):
+            raise ValueError("graph launches are modelled on CUDA kineto traces only")
         self.s, self.rng = spec, random.Random(spec.seed)
         self.legacy, self.rocm, self.gpu = spec.fmt == "legacy2021", spec.device == "rocm", spec.device != "cpu"
         self.q = 1
@@ -217,7 +228,8 @@ class _Gen:
         self.mem.append(ev)
 
     def call(self, kind, t0, max_ticks, ext, gpu=None, block=None):
-        """A runtime call at tick t0 (at most max_ticks unless it blocks) with optional GPU work;
+        """A runtime call at tick t0 (at most max_ticks unless it blocks) with optional GPU work
+        (a Gpu, or a tuple of them: a graph replayed back to back under one correlation);
         returns the tick the call returns at."""
         name, code, hip, cid = RUNTIME[kind]
         name, code = (hip, cid) if self.rocm else (name, code)
@@ -226,11 +238,12 @@ class _Gen:
         c = self.corr
         if gpu:
             ready = t0 + self.ticks(RETURN_US) if block else end + self.ticks(GPU_DELAY_US)
-            g0 = max(ready, self.free_at[gpu.stream])
-            g1 = self.free_at[gpu.stream] = g0 + gpu.ticks
-            self.cur["gpu_end"] = max(self.cur["gpu_end"], g1)
-            self.dev.append(self.gpu_event(gpu, g0, c, ext))
-            self.dev.append(self.flow("f", c, g0, gpu.stream))
+            for g in ((gpu,) if isinstance(gpu, Gpu) else gpu):
+                g0 = max(ready, self.free_at[g.stream])
+                g1 = self.free_at[g.stream] = g0 + g.ticks
+                self.cur["gpu_end"] = max(self.cur["gpu_end"], g1)
+                self.dev.append(self.gpu_event(g, g0, c, ext))
+                self.dev.append(self.flow("f", c, g0, g.stream))
         if block == "copy":
             end = max(end, g1 + self.ticks(RETURN_US))
         elif block in ("stream", "device"):
@@ -295,6 +308,8 @@ class _Gen:
         elif j < st.kernels:
             top, child, kname = ELEMENTWISE[j % len(ELEMENTWISE)]
             names = (top, child) if child else (top,)
+            if st.compiled:
+                kname = f"triton_poi_fused_{top[6:].rstrip('_')}_{j}"
         else:
             names = ("aten::reshape", "aten::view")
         if j >= st.kernels or not self.gpu:
@@ -328,9 +343,19 @@ class _Gen:
                 + [Act((), "free", tag="free")] * st.frees            # e.g. empty_cache()
                 + [Act(("aten::empty",), "malloc", tag="malloc")] * st.mallocs
                 + [Act(("aten::zero_",), "memset", copy("memset", MEMSET_US, MEMSET_BYTES), tag="memset")] * st.memsets
+                + [self.graph(st, g) for g in range(st.graph_launches)]
                 + compute
                 + [Act(("nccl:all_reduce",), "launch", nccl, tag="nccl")] * st.nccl_kernels
                 + [Act(item_ops, "item", copy("dtoh", DTOH_US, DTOH_BYTES), "copy", "sync")] * st.item_syncs)
+
+    def graph(self, st: StepSpec, g: int) -> Act:
+        """The g-th graph launch of a step: st.graph_kernels kernels (elementwise, Triton-named
+        when compiled) replayed by one cudaGraphLaunch; under COMPILED_OPS when compiled, else
+        directly in the step (torch.cuda.graph's replay records no op)."""
+        names = [f"triton_poi_fused_graph{g}_{j}" if st.compiled else ELEMENTWISE[j % len(ELEMENTWISE)][2]
+                 for j in range(st.graph_kernels)]
+        kernels = tuple(Gpu("kernel", n, self.stream, self.ticks(st.kernel_us), self.kernel_extra()) for n in names)
+        return Act(COMPILED_OPS if st.compiled else (), "graph", kernels, tag="graph")
 
     def action(self, t: int, slot: int, act: Act, step_ext: int, step: int) -> int:
         """Lay out one action in [t, t+slot) plus however long it blocks; returns the next tick.
@@ -342,7 +367,10 @@ class _Gen:
             rt0, free_end = t + slot // 2, t + slot - n - 1
             end = self.call(act.kind, rt0, free_end - rt0, exts[-1] if n else step_ext, act.gpu, act.block)
             wait = max(0, end - free_end)
-        if act.gpu:  # kernels of a step share one stream (NCCL: another), so busy time == sum
+        if act.gpu and not isinstance(act.gpu, Gpu):   # a graph: its kernels run back to back on the step's stream
+            self.cur["kernel"] += sum(g.ticks for g in act.gpu)
+            self.cur["graph_kernels"] += len(act.gpu)
+        elif act.gpu:  # kernels of a step share one stream (NCCL: another), so busy time == sum
             key = {"nccl": "nccl", "tc": "tc"}.get(act.tag, "kernel") if act.gpu.kind == "kernel" else act.gpu.kind
             self.cur[key] += act.gpu.ticks
         for d, (name, ext) in enumerate(zip(act.names, exts)):
@@ -358,7 +386,7 @@ class _Gen:
 
     def step(self, i, st, t0):
         self.cur = dict.fromkeys(("kernel", "tc", "nccl", "memcpy", "memset", "gpu_end", "gemm",
-                                  "reserved_changes", "sync", "pageable", "malloc", "free"), 0)
+                                  "reserved_changes", "sync", "pageable", "malloc", "free", "graph_kernels"), 0)
         step_ext = self.new_ext(t0)
         t = t0 + 1
         if st.data_wait_us > 0:
@@ -424,7 +452,8 @@ class _Gen:
             reserved_changes=[0] * len(rows) if self.legacy else count("reserved_changes"),
             tensor_core_kernel_us=tc_us, kernel_us_total=sum(us("kernel")) + tc_us,
             gemm_op_count=sum(count("gemm")), peak_allocated_bytes=self.peak if s.memory_events else 0,
-            host_span_us=(rows[-1][1] - rows[0][0]) * q, num_events=num_events)
+            host_span_us=(rows[-1][1] - rows[0][0]) * q, num_events=num_events,
+            graph_kernels=count("graph_kernels"))
 
     def device_props(self):
         if self.rocm:
