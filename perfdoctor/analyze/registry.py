@@ -99,7 +99,9 @@ _m("gpu.idle_while_untraced_share", "share", "Device idle while nothing is trace
 _m("gpu.idle_while_long_untraced_share", "share", "Device idle while nothing is traced on the host, in stretches of 1 ms or more (the loop's own code, e.g. a checkpoint write or logging; not the Python between a model's ops).")
 _m("gpu.kernels_per_step", "per_step", "Kernels per step.")
 _m("gpu.kernel_median_us", "us", "Median kernel duration.")
-_m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels shorter than the runtime call that launched them.")
+_m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels launched one by one (not replayed from a CUDA/HIP graph) that are shorter than the runtime call that launched them; None when no kernel was launched one by one.")
+_m("gpu.graph_kernel_share", "fraction", "Kernels replayed from CUDA/HIP graphs (launched by cudaGraphLaunch/hipGraphLaunch: torch.compile mode=\"reduce-overhead\", torch.cuda.graph, make_graphed_callables) / all kernels joined to their launching call; None when none is joined.")
+_m("gpu.graph_launches_per_step", "per_step", "Graph launches (cudaGraphLaunch, hipGraphLaunch) per step.")
 # -- syncs and copies ------------------------------------------------------------------------
 _m("sync.per_step", "per_step", "Host-device synchronisations per step (stream/device/event syncs, blocking memcpy, DtoH copies under item/_local_scalar_dense/nonzero).")
 _m("sync.share", "share", "Share of step time the host spends blocked in synchronising calls.")
