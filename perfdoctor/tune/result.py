@@ -112,7 +112,7 @@ def render(doc: dict, console=None) -> None:
     for tr in doc["trials"]:
         ci = tr["ci95"]
         pred = (f"{tr['predicted']:.2f}x ({tr['rule']})" if tr["predicted"] is not None
-                else f"none ({tr['rule']})" if tr["rule"] else "-")
+                else f"? ({tr['rule']})" if tr["rule"] else "-")     # ?: no model, as `run` prints it
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
         if tr.get("loss") and tr["status"] != "failed":
             status += f" ({tr['loss']['text']})"
