@@ -37,6 +37,7 @@ class Steps:
     notes: list[str] = field(default_factory=list)
     cut_off: list[str] = field(default_factory=list)   # labels of the steps a truncated file cut (dropped)
     host_end: np.ndarray | None = None   # ProfilerStep: where each step's host range ends (end: its device work's)
+    host_start: np.ndarray | None = None  # ProfilerStep: where it begins (start: no earlier than the last step's device work)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -54,6 +55,17 @@ class Steps:
         idx = np.searchsorted(self.start, times, side="right") - 1
         ok = idx >= 0
         ok[ok] = times[ok] < self.end[idx[ok]]
+        return np.where(ok, idx, -1)
+
+    def host_index_of(self, times: np.ndarray) -> np.ndarray:
+        """Step whose host range holds each host time, or -1. For ProfilerStep steps that is the
+        annotation's own range: when the host runs ahead of the device, the step laid out on the
+        wall clock by its device work can lie far after the host work that launched it."""
+        if self.host_start is None or self.host_end is None:
+            return self.index_of(times)
+        idx = np.searchsorted(self.host_start, times, side="right") - 1
+        ok = idx >= 0
+        ok[ok] = times[ok] < self.host_end[idx[ok]]
         return np.where(ok, idx, -1)
 
     def of_events(self, t: EventTable) -> np.ndarray:
@@ -145,7 +157,8 @@ def _before_cut(t: EventTable, k: Kinds, steps: Steps) -> Steps:
         note = f"dropped {what}: the trace file was cut off " + why.format(gone[0])
     note += " (the events after the cut are missing)"
     return Steps(steps.start[:keep], steps.end[:keep], steps.labels[:keep], steps.source, steps.notes + [note], gone,
-                 None if steps.host_end is None else steps.host_end[:keep])
+                 None if steps.host_end is None else steps.host_end[:keep],
+                 None if steps.host_start is None else steps.host_start[:keep])
 
 
 def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
@@ -162,7 +175,7 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
     dev, launch = device_launch_index(t, k)
     linked = launch >= 0
     if not linked.any():
-        return Steps(hs.copy(), np.maximum(he, hs), labels, "ProfilerStep", notes, host_end=he)
+        return Steps(hs.copy(), np.maximum(he, hs), labels, "ProfilerStep", notes, host_end=he, host_start=hs)
     lr = launch[linked]
     # A launch belongs to the step whose host range contains it entirely.
     si = np.searchsorted(hs, t.ts[lr], side="right") - 1
@@ -190,7 +203,8 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
         if keep < len(rows):
             notes.append(f"dropped the last {len(rows) - keep} step(s): the profiler did not capture "
                          "all the device work they launched")
-    return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes, host_end=he[:keep])
+    return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes, host_end=he[:keep],
+                 host_start=hs[:keep])
 
 
 def _first_step_start(t: EventTable, dev: np.ndarray, matched: np.ndarray, si: np.ndarray,
