@@ -10,6 +10,7 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics
 from perfdoctor.analyze.attention import attention_metrics
+from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
@@ -65,7 +66,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(_step_metrics(steps))
     m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
     m.update(_input_metrics(t, k, tl, total))
-    m.update(_comm_metrics(tl, k, total))
+    m.update(comm_metrics(t, k, steps, tl, total))
     gaps, series, marked = [], {}, []
     if k.platform != "cpu":
         m.update(device_metrics(t, k, steps))
@@ -163,13 +164,3 @@ def _input_metrics(t: EventTable, k: Kinds, tl: Timeline, total: float) -> dict:
             "input.num_workers_zero": nw0,
             "input.traced_op_share_of_wait": tl.total(wait & tl.cover["cpu_exec"]) / wait_t if wait_t else None}
 
-
-def _comm_metrics(tl: Timeline, k: Kinds, total: float) -> dict:
-    comm = tl.cover["communication"]
-    ct = tl.total(comm)
-    if ct == 0:
-        return {"comm.share": 0.0, "comm.exposed_share": 0.0, "comm.overlap": None}
-    overlap = None if k.platform == "cpu" else tl.total(comm & tl.cover["compute"]) / ct
-    return {"comm.share": ct / total,
-            "comm.exposed_share": tl.total(tl.role == BREAKDOWN.index("communication")) / total,
-            "comm.overlap": overlap}

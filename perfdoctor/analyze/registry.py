@@ -228,6 +228,14 @@ _m("run.outside_loader_share", "share", "The steady steps' time outside DataLoad
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
 _m("comm.overlap", "fraction", "Collective time overlapped by compute / collective time.")
+_m("comm.launched_in_backward", "fraction", "Share of collective time (kernel durations in the analysed steps) launched while at least a tenth of "
+   "its step's backward compute (kernel time launched from autograd engine ops) was still to be launched: collectives issued during "
+   "backward, as DDP's bucketed all-reduce and FSDP's reduce-scatter are (the last bucket, issued as backward ends, is not counted), or "
+   "before it. Near 0 when gradients are reduced after backward (by hand, in one bucket, at the tail of a compiled graph). None without "
+   "collectives, or without backward compute in their steps (analyze/comm.py).")
+_m("comm.sync_steps", "count", "Analysed steps that synchronise gradients: those that run an optimizer step (Optimizer.step annotations; "
+   "DDP's no_sync() skips the all-reduce and the update together), or without such annotations those that launch collectives. "
+   "steps.count / this = micro-batches per synchronisation when each step is one micro-batch. None without collectives.")
 
 # -- across ranks (a multi-rank `perfdoctor run`: analyze/straggler.py) ------------------------
 # None for a single process. Wait = exposed collective time per step; busy = step - wait.

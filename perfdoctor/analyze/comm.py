@@ -1,0 +1,111 @@
+"""Communication: how much of the step collectives take, how much of it compute hides, when
+they are launched, and which steps carry them (the comm.* metrics).
+
+Collectives are the collective kernels (NCCL/RCCL), each timed by its duration and placed by its
+launch call; without any, the host collectives that do the work (gloo), placed by their start.
+
+- comm.share / exposed_share / overlap: from the step time line (timeline.py).
+- comm.launched_in_backward: DDP starts all-reducing a gradient bucket as soon as backward has
+  filled it, FSDP its reduce-scatter; gradients reduced by hand after backward (or by one bucket,
+  or at the tail of a compiled graph) start when the backward's compute has all been issued. The
+  order the host launched things in tells the two apart whatever the link's speed: a collective
+  counts as launched during backward when at least a tenth (REMAINING) of its step's backward
+  compute (kernel time launched from autograd engine ops) was launched after it. The last bucket
+  of a bucketed all-reduce is issued when backward ends and does not count; a collective in the
+  forward pass (an FSDP all-gather) does. The tenth keeps the gradient copies that follow a
+  reduction done after backward (AccumulateGrad's kernels) from counting as backward left to
+  hide behind.
+- comm.sync_steps: steps that synchronise gradients. Gradient accumulation under DDP's no_sync()
+  skips the all-reduce and the optimizer step together, so where the trace records optimizer steps
+  (Optimizer.step#... annotations) the steps that run one are counted: a collective that runs on
+  every micro-batch anyway (DDP's forward broadcast of buffers) does not make a micro-batch a
+  synchronising step. Without optimizer annotations, the steps that launch collectives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import launches_inside
+from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.analyze.timeline import BREAKDOWN, Timeline
+from perfdoctor.trace.table import EventTable
+
+BACKWARD = "autograd::engine::evaluate_function"
+OPTIMIZER_STEP = "Optimizer.step#"
+REMAINING = 0.1      # share of the step's backward compute still to be launched after a collective
+
+
+def comm_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, total: float) -> dict:
+    out = _shares(tl, k, total)
+    at, dur = collectives(t, k, steps)
+    out["comm.launched_in_backward"] = launched_in_backward(t, k, steps, at, dur)
+    out["comm.sync_steps"] = sync_steps(t, k, steps, at)
+    return out
+
+
+def _shares(tl: Timeline, k: Kinds, total: float) -> dict:
+    comm = tl.cover["communication"]
+    ct = tl.total(comm)
+    if ct == 0:
+        return {"comm.share": 0.0, "comm.exposed_share": 0.0, "comm.overlap": None}
+    overlap = None if k.platform == "cpu" else tl.total(comm & tl.cover["compute"]) / ct
+    return {"comm.share": ct / total,
+            "comm.exposed_share": tl.total(tl.role == BREAKDOWN.index("communication")) / total,
+            "comm.overlap": overlap}
+
+
+def collectives(t: EventTable, k: Kinds, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
+    """(launch time, duration) of the collectives launched inside the steps: kernels placed by
+    their launch call, else host collectives (gloo) by their start."""
+    dev, launch = device_launch_index(t, k)
+    ok = (launch >= 0) & k.comm_kernel[dev] if len(dev) else np.zeros(0, bool)
+    if ok.any():
+        at, dur = t.ts[launch[ok]], t.dur[dev[ok]]
+    else:
+        rows = np.flatnonzero(k.comm_host)
+        at, dur = t.ts[rows], t.dur[rows]
+    inside = steps.host_index_of(np.asarray(at, np.float64)) >= 0
+    return np.asarray(at, np.float64)[inside], np.asarray(dur, np.float64)[inside]
+
+
+def launched_in_backward(t: EventTable, k: Kinds, steps: Steps, at: np.ndarray, dur: np.ndarray) -> float | None:
+    """Share of collective time launched with at least REMAINING of its step's backward compute
+    still to launch; None without collectives, or without backward compute in their steps."""
+    if not len(at) or k.platform == "cpu":
+        return None
+    ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(BACKWARD)))
+    kern, launch = launches_inside(t, k, ops)
+    keep = ~k.comm_kernel[kern]
+    kern, launch = kern[keep], launch[keep]
+    k_step = steps.host_index_of(t.ts[launch].astype(np.float64))
+    c_step = steps.host_index_of(at)
+    counted = timed = 0.0
+    for s in unique(c_step):
+        mine = k_step == s
+        lt, d = t.ts[launch[mine]].astype(np.float64), t.dur[kern[mine]].astype(np.float64)
+        if not len(lt) or d.sum() <= 0:
+            continue                # a step without backward compute: nothing to launch during
+        order = np.argsort(lt, kind="stable")
+        lt, d = lt[order], d[order]
+        after = np.append(np.cumsum(d[::-1])[::-1], 0.0)      # after[i]: compute launched from i on
+        c = c_step == s
+        left = after[np.searchsorted(lt, at[c], side="right")] / after[0]
+        timed += float(dur[c].sum())
+        counted += float(dur[c][left >= REMAINING].sum())
+    return counted / timed if timed > 0 else None
+
+
+def sync_steps(t: EventTable, k: Kinds, steps: Steps, at: np.ndarray) -> int | None:
+    """Steps that synchronise gradients: those running an optimizer step when the trace records
+    any in its steps, else those launching collectives; None without collectives in the steps."""
+    if not len(at):
+        return None
+    opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(OPTIMIZER_STEP)))
+    with_opt = steps.host_index_of(t.ts[opt].astype(np.float64))
+    with_opt = unique(with_opt[with_opt >= 0])
+    if len(with_opt):
+        return int(len(with_opt))
+    return int(len(unique(steps.host_index_of(at))))
