@@ -60,6 +60,11 @@ ELEMENTWISE = [  # (op, child op, kernel)
     ("aten::fill_", None, _VEC.format(f="at::native::FillFunctor<float>", n=1)),
 ]
 NCCL_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+OPTIMIZER_KERNEL = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+                    "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, "
+                    "std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>, "
+                    "at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, std::plus<float>, float)")
 ROCM_GEMM = {True: "Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB1_GRVW8_WG32_8_1",
              False: "Cijk_Ailk_Bljk_SB_MT64x64x8_SN_1LDSB0_GRVW4_WG16_16_1"}
 TC_GEMM = {7: "volta_h884gemm_64x64_ldg8_nn",
@@ -90,6 +95,11 @@ class StepSpec:
     graph_launches: int = 0          # cudaGraphLaunch calls (CUDA, kineto), each replaying graph_kernels
     graph_kernels: int = 8           # kernels of kernel_us each, back to back, one correlation
     compiled: bool = False           # torch.compile: triton_ elementwise kernels; graphs under COMPILED_OPS
+    backward: bool = False           # the second half of the compute ops run as autograd engine nodes
+    nccl_in_backward: bool = False   # with backward: the all-reduces are launched from AccumulateGrad nodes
+    #                                  spread through backward, the last after its last op (DDP's buckets);
+    #                                  otherwise all after the compute
+    optimizer: bool = False          # an Optimizer.step annotation with one kernel ends the step
 
 
 @dataclass
@@ -338,6 +348,21 @@ class _Gen:
         sync = Act((), "sync", block="device" if self.rocm else "stream", tag="sync")
         for k in range(st.syncs, 0, -1):  # spread through the compute phase, the last right after it
             compute.insert(k * len(compute) // st.syncs, sync)
+        collectives = [Act(("nccl:all_reduce",), "launch", nccl, tag="nccl")] * st.nccl_kernels
+        if st.backward:
+            half = len(compute) // 2
+            node = lambda a: a._replace(names=(BACKWARD_NODE + "MulBackward0", "MulBackward0") + a.names)  # noqa: E731
+            compute = compute[:half] + [node(a) if a.tag != "sync" else a for a in compute[half:]]
+            if st.nccl_in_backward and st.nccl_kernels:
+                hook = (BACKWARD_NODE + "torch::autograd::AccumulateGrad", "nccl:all_reduce")
+                bwd = len(compute) - half
+                for j in range(st.nccl_kernels, 0, -1):   # after backward op j * bwd / n, the last after all
+                    compute.insert(half + j * bwd // st.nccl_kernels, Act(hook, "launch", nccl, tag="nccl"))
+                collectives = []
+        if st.optimizer:
+            collectives = collectives + [Act(("Optimizer.step#SGD.step", "aten::_foreach_add_"), "launch",
+                                             Gpu("kernel", OPTIMIZER_KERNEL, self.stream, self.ticks(st.kernel_us),
+                                                 self.kernel_extra()))]
         return ([Act(to_ops, "memcpy_sync", copy("pageable", PAGEABLE_US, H2D_BYTES), "copy", "pageable")] * st.pageable_h2d
                 + [Act(to_ops, "memcpy", copy("pinned", PINNED_US, H2D_BYTES), tag="pinned")] * st.pinned_h2d
                 + [Act((), "free", tag="free")] * st.frees            # e.g. empty_cache()
@@ -345,7 +370,7 @@ class _Gen:
                 + [Act(("aten::zero_",), "memset", copy("memset", MEMSET_US, MEMSET_BYTES), tag="memset")] * st.memsets
                 + [self.graph(st, g) for g in range(st.graph_launches)]
                 + compute
-                + [Act(("nccl:all_reduce",), "launch", nccl, tag="nccl")] * st.nccl_kernels
+                + collectives
                 + [Act(item_ops, "item", copy("dtoh", DTOH_US, DTOH_BYTES), "copy", "sync")] * st.item_syncs)
 
     def graph(self, st: StepSpec, g: int) -> Act:
@@ -374,7 +399,7 @@ class _Gen:
             key = {"nccl": "nccl", "tc": "tc"}.get(act.tag, "kernel") if act.gpu.kind == "kernel" else act.gpu.kind
             self.cur[key] += act.gpu.ticks
         for d, (name, ext) in enumerate(zip(act.names, exts)):
-            self.op(name, t + 1 + d, t + slot - 1 - d + wait, ext, annotation=name.startswith("nccl:"))
+            self.op(name, t + 1 + d, t + slot - 1 - d + wait, ext, annotation=name.startswith(("nccl:", "Optimizer.")))
         if act.tag in ("compute", "tc") and self.s.memory_events:
             nbytes = self.rng.choice(MEM_BLOCKS)
             self.memory(t + 1, nbytes, step)
