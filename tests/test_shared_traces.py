@@ -120,6 +120,26 @@ def test_two_rank_directory(shared_traces):
         assert t["metrics"]["comm.share"] > 0.2          # NCCL collectives are visible on both ranks
 
 
+@pytest.mark.parametrize("rel,in_backward,overlap_fix", [
+    # all 404 per-parameter all-reduces come after the compiled backward's compute (only
+    # AccumulateGrad's copies follow them): the overlap fix is offered, bounded by the compute
+    ("hta/df_index_resolver/df_index_resolver.json.gz", 0.0, True),
+    # DDP's all-reduces launched from AccumulateGrad hooks during backward: overlap works there, the
+    # exposed time is the device waiting for a slow host (host-bound) or the 128-rank network
+    ("hta/nccl_parser_config/nccl_data.json.gz", 0.875, False),
+    ("hta/trace_filter/sampled_rank-0.json.gz", 0.732, False),
+    ("hta/trace_filter/sampled_rank-1.json.gz", 0.723, False)])
+def test_collectives_launched_during_backward(shared_traces, rel, in_backward, overlap_fix):
+    doc = report(shared_traces, rel)
+    m = metrics(doc)
+    assert m["comm.launched_in_backward"] == pytest.approx(in_backward, abs=0.005)
+    assert m["comm.sync_steps"] == m["steps.count"]            # no accumulation: every step synchronises
+    fixes = {f["id"]: f for f in doc["findings"]}
+    assert ("PD335" in fixes) is overlap_fix
+    if overlap_fix:   # V = 0 here: min(exposed, compute - V) is all the exposed time
+        assert fixes["PD335"]["gain"]["ceiling"] == pytest.approx(1 / (1 - m["comm.exposed_share"]), rel=1e-3)
+
+
 @pytest.mark.parametrize("rel", ["hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
                                  "hta/rank_non_gpu/rank_non_gpu.json.gz"])
 def test_cpu_only_traces_get_no_gpu_numbers(shared_traces, rel):
