@@ -123,3 +123,22 @@ def test_real_gpu_trace_cut_in_its_device_events(shared_traces, tmp_path):
     assert labels == ["1", "2", "3", "4"] and a.notes[-1].startswith("dropped step 5: the trace file was cut off during")
     b = evaluate(load_rules(), a.metrics)
     assert b.verdict.rule.bound == "device"                       # as the whole trace says
+
+
+def test_a_cpu_steps_stub_left_by_the_profilers_stop_is_dropped(tmp_path):
+    """A script that ends inside the traced window leaves its last ProfilerStep as a stub (the
+    profiler stopped in it: 0 ops, 0.14 ms beside 1157 ms in a user's trial). On a CPU trace
+    there is no device work to tell it by: its host ops are. A usual step after a heavier one
+    (an evaluation) is kept."""
+    stub = [S(kernels=10)] * 4 + [S(kernels=0, cpu_ops_us=100)]
+    a = analyze(load_trace(_write(tmp_path / "stub.json", tg.TraceSpec(steps=stub, device="cpu"))))
+    assert a.metrics["steps.count"] == 4
+    assert any("the profiler stopped inside it" in n for n in a.steps.notes)
+    heavy_before = [S(kernels=10)] * 3 + [S(kernels=40)] + [S(kernels=10)]
+    a = analyze(load_trace(_write(tmp_path / "eval.json", tg.TraceSpec(steps=heavy_before, device="cpu"))))
+    assert a.metrics["steps.count"] == 5 and not a.steps.notes
+
+
+def _write(path, spec):
+    tg.write(spec, path)
+    return path

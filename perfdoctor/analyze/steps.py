@@ -5,7 +5,8 @@ extended to the end of the device work its host range launched (the GPU runs beh
 and starts no earlier than the previous step ended, so steps tile the time line without
 overlap; device work is attributed by its launch (correlation to a runtime call inside the
 step), so the first step starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
-step's) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
+step's) is dropped; without device work, a last step with under 80% of the usual step's host ops
+(the profiler stopped inside it) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
 optimizer steps, or the whole trace as one pseudo-step, and say which.
 
 A truncated file (the profiler killed mid-write, a gzip stream cut short) loses every event after
@@ -175,7 +176,12 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
     dev, launch = device_launch_index(t, k)
     linked = launch >= 0
     if not linked.any():
-        return Steps(hs.copy(), np.maximum(he, hs), labels, "ProfilerStep", notes, host_end=he, host_start=hs)
+        keep = len(rows) - (0 if t.meta.truncated else _host_tail_cut(t, k, hs, he))   # a cut file: _before_cut
+        if keep < len(rows):
+            notes.append("dropped the last step: the profiler stopped inside it (it holds "
+                         f"under {TAIL_KEEP_RATIO:.0%} of the host ops of the usual step)")
+        return Steps(hs[:keep].copy(), np.maximum(he, hs)[:keep], labels[:keep], "ProfilerStep", notes,
+                     host_end=he[:keep], host_start=hs[:keep])
     lr = launch[linked]
     # A launch belongs to the step whose host range contains it entirely.
     si = np.searchsorted(hs, t.ts[lr], side="right") - 1
@@ -205,6 +211,20 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
                          "all the device work they launched")
     return Steps(start[:keep], end[:keep], labels[:keep], "ProfilerStep", notes, host_end=he[:keep],
                  host_start=hs[:keep])
+
+
+def _host_tail_cut(t: EventTable, k: Kinds, hs: np.ndarray, he: np.ndarray) -> int:
+    """1 when the last of several steps (a trace without device work joined to its launches) holds
+    fewer host ops than TAIL_KEEP_RATIO of the other steps' median: the profiler stopped inside
+    it (the script ended or was stopped mid-window, leaving a stub of a step), else 0. The median,
+    not the previous step: a step with an evaluation before it must not make the usual one look cut."""
+    if len(hs) < 2:
+        return 0
+    host = np.flatnonzero((k.cpu_op | k.dataloader | k.comm_op | k.runtime) & k.complete)
+    si = np.searchsorted(hs, t.ts[host], side="right") - 1
+    inside = (si >= 0) & (t.ts[host] < he[np.maximum(si, 0)])
+    counts = np.bincount(si[inside], minlength=len(hs))
+    return int(counts[-1] < TAIL_KEEP_RATIO * float(np.median(counts[:-1])))
 
 
 def _first_step_start(t: EventTable, dev: np.ndarray, matched: np.ndarray, si: np.ndarray,
