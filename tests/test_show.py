@@ -493,3 +493,18 @@ def test_evidence_numbers_have_no_exponent_in_the_usual_range():
     assert [number(x) for x in (11260.4, 0.1234567, 5.96, 1234.5, 0.0, -11260.0, 99999.9)] == \
         ["11,260", "0.1235", "5.96", "1234", "0", "-11,260", "100,000"]
     assert number(3.2e12) == "3.2e+12" and number(1e-5) == "1e-05"
+
+
+def test_run_with_a_format_but_no_output_file_says_where_that_report_is(monkeypatch, capsys):
+    """`run --format json` without -o: stdout is the script's, so the JSON is not printed; the
+    terminal report then says which file holds it (it had been silently ignored: user trial)."""
+    import perfdoctor.report.terminal as term
+    from perfdoctor.report.outputs import emit
+
+    monkeypatch.setattr(term, "render", lambda doc, con, details=False: None)
+    emit({"run": {"dir": "runs/r1"}}, "json", None, stderr=True)
+    emit({"run": {"dir": "runs/r1"}}, "html", None, stderr=True)
+    emit({"run": {"dir": "runs/r1"}}, "terminal", None, stderr=True)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"the json report: {Path('runs/r1/report.json')} (-o FILE writes a copy)",
+                   f"the html report: {Path('runs/r1/report.html')} (-o FILE writes a copy)"]

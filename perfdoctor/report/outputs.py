@@ -40,8 +40,11 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
     FILE gets the JSON; json/html/markdown: -o FILE gets that format, else the stream does (run
     prints the terminal report beside an -o file)."""
     stream = sys.stderr if stderr else sys.stdout
+    where = None
     if stderr and output is None and fmt in ("html", "json"):
-        fmt = "terminal"          # run: report.html and report.json are in the run directory already
+        # run: report.html and report.json are in the run directory already (stdout is the script's)
+        where = Path(str((doc.get("run") or {}).get("dir") or "the run directory")) / f"report.{fmt}"
+        fmt = "terminal"
     if fmt == "terminal":
         if output is not None:
             write(output, rendered(doc, "json"))
@@ -59,6 +62,9 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
     from perfdoctor.report.sanitize import console
     from perfdoctor.report.terminal import render
     render(doc, console(stderr=stderr), details=details)
+    if where is not None:
+        from perfdoctor.report.sanitize import terminal
+        print(terminal(f"the {where.suffix[1:]} report: {where} (-o FILE writes a copy)"), file=stream)
 
 
 def tune_for(path: Path, explicit: Path | None) -> dict | None:
