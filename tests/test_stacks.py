@@ -579,3 +579,34 @@ def test_work_inside_an_every_n_steps_block_is_periodic_not_batch_preparation(tm
     assert rep.metrics["stacks.logging_sync_share"] == pytest.approx(0.3)
     assert rep.metrics["stacks.python_data_share"] == pytest.approx(0.7)
     assert {t["at"]: t["cause"] for t in rep.top} == {"train.py:5": "periodic", "train.py:2": "python_data"}
+
+
+def test_a_call_from_an_every_n_steps_block_is_periodic_and_a_forward_there_is_evaluation(tmp_path):
+    """The sleep inside `log_metrics()`, called under `if step % 10 == 0:`, is periodic work (it
+    was "waiting": PD359 called it unexplained; user trial); a forward under such a block is an
+    evaluation inline in the loop, unless the block trains (a GAN's generator every n_critic)."""
+    f = tmp_path / "train.py"
+    f.write_text(textwrap.dedent("""\
+        def log_metrics(step, loss):
+            time.sleep(0.15)
+            print(step, loss)
+        for step, (xb, yb) in enumerate(loader):
+            loss = loss_fn(model(xb), yb)
+            if step % 10 == 0:
+                log_metrics(step, loss.detach())
+            if step % 100 == 0:
+                val = loss_fn(model(xv), yv)
+            if step % n_critic == 0:
+                g_loss = -critic(gen(z)).mean()
+                g_loss.backward()
+                g_opt.step()
+            time.sleep(0.001)
+        """))
+    at = lambda n, fn="main": (fn, str(f), n)  # noqa: E731
+    module = ("_call_impl", SITE + "torch/nn/modules/module.py", 1)
+    linecache.checkcache(str(f))
+    assert classify((at(7), at(2, "log_metrics")))[0] == "periodic"     # the sleep in the log call
+    assert classify((at(14),))[0] == "waiting"                           # a sleep every step
+    assert classify((at(9), module))[0] == "evaluation"                  # an inline validation forward
+    assert classify((at(5), module))[0] == "model"                       # the training forward
+    assert classify((at(11), module))[0] == "model"                      # the generator trains there

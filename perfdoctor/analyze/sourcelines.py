@@ -7,7 +7,8 @@ alone cannot:
 - a periodic block: the line lies in the body of an `if` whose test takes a remainder
   (`if step % 100 == 0:`, `if not (i + 1) % log_every:`). Work there is the script's
   every-N-steps work (a metric for a log line): not the batch preparation that DataLoader
-  workers could take over. N may be 1 (`--log-every 1`): then it runs every step.
+  workers could take over. N may be 1 (`--log-every 1`): then it runs every step. A block that
+  calls `.backward(` or `.step(` trains every N steps (a GAN's generator, an accumulated step).
 A file that cannot be read or parsed says nothing.
 """
 
@@ -33,26 +34,38 @@ def _takes_remainder(test: ast.expr) -> bool:
                and not isinstance(n.left, (ast.Constant, ast.JoinedStr)) for n in ast.walk(test))
 
 
+def _trains(body: list[ast.stmt]) -> bool:
+    """The block calls `.backward(` or `.step(`: a training update every N steps (a GAN's
+    generator every n_critic steps, an accumulated optimizer step), not evaluation or logging."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("backward", "step")
+               for s in body for n in ast.walk(s))
+
+
 @lru_cache(maxsize=64)
-def _periodic_lines(file: str, text: str) -> frozenset[int]:
+def _periodic_lines(file: str, text: str) -> tuple[frozenset[int], frozenset[int]]:
+    """(lines in the body of an `if ... % N ...:`, those of them in a body that trains)."""
     try:
         tree = ast.parse(text, filename=file)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return frozenset()
+        return frozenset(), frozenset()
     lines: set[int] = set()
+    training: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and node.body and _takes_remainder(node.test):
             end = max(getattr(s, "end_lineno", s.lineno) or s.lineno for s in node.body)
             lines.update(range(node.body[0].lineno, end + 1))
-    return frozenset(lines)
+            if _trains(node.body):
+                training.update(range(node.body[0].lineno, end + 1))
+    return frozenset(lines), frozenset(training)
 
 
-def in_periodic_block(file: str, line: int, lines_of=linecache.getlines) -> bool:
-    """Whether line `line` of `file` runs inside an `if ... % N ...:` body."""
+def in_periodic_block(file: str, line: int, lines_of=linecache.getlines, training: bool = False) -> bool:
+    """Whether line `line` of `file` runs inside an `if ... % N ...:` body (`training`: one that
+    calls .backward( or .step()."""
     if line <= 0 or not file or file.startswith("<"):
         return False
     try:
         text = "".join(lines_of(file))
     except (OSError, UnicodeDecodeError, MemoryError):
         return False
-    return bool(text) and line in _periodic_lines(file, text)
+    return bool(text) and line in _periodic_lines(file, text)[1 if training else 0]

@@ -15,8 +15,10 @@ The causes, checked in this order on each stack:
 - waiting, too: the user's line sleeps, waits or joins, by its source text, or calls
   threading/multiprocessing/queue (--idle shows blocked time, and a sleep is not work);
 - periodic: the user's own line (alone or calling data libraries) inside an `if step % N`
-  body (sourcelines.py): a log line's metric, not batch preparation. Its share counts as
-  logging (stacks.logging_sync_share): with N = 1 such a block runs every step;
+  body (sourcelines.py), or inside a function called from one (a sleeping `log_metrics(...)`
+  under `if step % 10 == 0:`): a log line's metric, not batch preparation. Its share counts as
+  logging (stacks.logging_sync_share): with N = 1 such a block runs every step; a module call
+  (a forward) under such a block is an evaluation: the training forward runs every step;
 - python_data: the rest of the user's own code, alone or calling data libraries (numpy, PIL,
   random, tokenizers, torchvision transforms...): batches built in the loop. A tensor op
   called straight from the loop also lands here (stacks cannot tell Python from a C call), so
@@ -175,6 +177,13 @@ def user_code(stack: tuple, source=linecache.getline) -> str | None:
     return (text[:CODE_CHARS - 1] + "…" if len(text) > CODE_CHARS else text) or None
 
 
+def _forward_not_training(frames: list, user: int, libs: list, lines_of) -> bool:
+    """A module call (a forward) from an every-N-steps block that does not train (no .backward( or
+    .step( in it: a GAN's generator updated every n_critic steps trains)."""
+    return any(_in(f.module, ("torch.nn.modules",)) for f in libs) and not any(
+        f.kind == "user" and in_periodic_block(f.file, f.line, lines_of, training=True) for f in frames[:user + 1])
+
+
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
     """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
     `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
@@ -187,14 +196,18 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
     shown = [f for f in below if f.kind != "tool"] or below     # perfdoctor's own wrappers are not named
     called = label(shown[0]) if shown else (at or "?")
     libs = [f for f in frames if f.kind == "lib"]
+    # the user's every-N-steps block anywhere up the stack: the call `log_metrics(...)` under
+    # `if step % 10 == 0:` makes the sleep inside log_metrics periodic work too
+    periodic = user is not None and any(f.kind == "user" and in_periodic_block(f.file, f.line, lines_of)
+                                        for f in frames[:user + 1])
     if any(_in(f.module, CHECKPOINT_MODULES) and f.func.rsplit(".", 1)[-1] in CHECKPOINT_FUNCS for f in libs):
         cause = "checkpoint"
     elif any(_in(f.module, LOGGING_MODULES) for f in libs):
         cause = "logging_sync"
-    elif _evaluating(frames, libs):
-        cause = "evaluation"
-    elif user is not None and not below and in_periodic_block(frames[user].file, frames[user].line, lines_of):
-        cause = "periodic"      # the script's own every-N-steps work (a log line's metric, an eval)
+    elif _evaluating(frames, libs) or periodic and _forward_not_training(frames, user, libs, lines_of):
+        cause = "evaluation"    # a forward under `if step % N`: not the training step, which runs every step
+    elif periodic and not below:
+        cause = "periodic"      # the script's own every-N-steps work (a log line's metric, a sleep in a log call)
     elif not below and line_says(frames[user].file, frames[user].line, DEVICE_READ, source):
         cause = "logging_sync"
     elif any(f.module == "torch.utils.data.dataloader" and f.func.endswith("__next__") for f in libs):
@@ -216,7 +229,6 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
             _in(f.module, CALLED_TO_WAIT) for f in below[:1]):
         cause = "waiting"
     elif user is not None and all(f.kind == "lib" and _in(f.module, DATA_MODULES) for f in below):
-        periodic = in_periodic_block(frames[user].file, frames[user].line, lines_of)
         cause = "periodic" if periodic else "python_data"
     else:
         cause = "other"
