@@ -52,7 +52,7 @@ def test_the_host_ran_ahead_so_launches_are_placed_by_the_steps_host_ranges(anal
     # by the last step, its device window begins after several steps' host ranges have ended
     assert st.start[-1] > st.host_end[-3]
     launches = (st.host_start + st.host_end) / 2
-    assert st.host_index_of(launches).tolist() == list(range(8))
+    assert st.host_range_of(launches).tolist() == list(range(8))
     assert st.index_of(launches).tolist() != list(range(8))
 
 

@@ -49,7 +49,7 @@ def test_measured_fix_ranks_first_and_is_sized(corpus, name):
         assert g["ceiling"] is None or g["expected"] <= g["ceiling"] + 1e-9
     # and no measurement beats the ceilings: they bound the share of an un-profiled step (launch's
     # traced steps ran 1.16x longer than its steady ones; on the traced share alone the fused
-    # optimizer's ceiling was 2.05x, under the 2.28x measured)
+    # optimizer's ceiling was 2.04x, under the 2.28x measured)
     ceilings = [found[s]["gain"]["ceiling"] for s in applied]
     assert None in ceilings or combined(ceilings) >= measured, (ceilings, measured)
 
@@ -92,6 +92,23 @@ def test_busy_device_gets_no_sync_flag(corpus):
     doc = diagnose_path(str(corpus / "compute"))
     assert "host-device-sync" not in {f["slug"] for f in doc["flags"]}
     assert doc["traces"][0]["metrics"]["share.device"] >= 0.95
+
+
+@pytest.mark.parametrize("name", ["alloc", "compute"])
+def test_the_sync_after_the_last_step_is_no_steps(corpus, name):
+    """`alloc` and `compute` call no sync in their loops; each trace has one cudaDeviceSynchronize
+    after the last step's host range (`perfdoctor run` stopping the profiler), inside the last
+    step extended to its device work, and the last Optimizer.step span runs on over it. It read as
+    0.2 syncs per step blocking 17% (alloc) / 24% (compute) of the step, PD303 ranked above
+    PD343 on an edit of `alloc`, and optimizer.step_share was 21% / 28%."""
+    doc = diagnose_path(str(corpus / name))
+    m = doc["traces"][0]["metrics"]
+    assert m["sync.per_step"] == 0 and m["sync.share"] == 0
+    assert "host-device-sync" not in {f["slug"] for f in doc["flags"]}
+    assert "remove-host-syncs" not in fixes(doc)
+    assert m["optimizer.step_share"] < 0.05
+    if name == "alloc":     # the allocator's idle is PD343's alone
+        assert fixes(doc)["remove-empty-cache"]["ranked"]
 
 
 def test_framework_runs_diagnose(corpus):

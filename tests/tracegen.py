@@ -27,7 +27,7 @@ MiB = 1 << 20
 # Nominal host/GPU costs (us).
 LAUNCH_US, GPU_DELAY_US, RETURN_US, STEP_GAP_US = 5.0, 3.0, 1.0, 2.0
 RT_US = {"launch": LAUNCH_US, "memcpy": 6.0, "memcpy_sync": 6.0, "memset": 4.0, "sync": 3.0,
-         "item": 6.0, "malloc": 40.0, "free": 30.0, "graph": 15.0}
+         "device_sync": 3.0, "item": 6.0, "malloc": 40.0, "free": 30.0, "graph": 15.0}
 H2D_BYTES, PAGEABLE_US, PINNED_US = MiB, 100.0, 40.0
 DTOH_BYTES, DTOH_US, MEMSET_BYTES, MEMSET_US = 4, 2.0, 256 * 1024, 5.0
 MIN_SLOT_TICKS, MIN_OPS = 10, 4
@@ -41,6 +41,7 @@ RUNTIME = {
     "item": ("cudaMemcpyAsync", 41, "hipMemcpyWithStream", 153),
     "memset": ("cudaMemsetAsync", 51, "hipMemsetAsync", 63),
     "sync": ("cudaStreamSynchronize", 131, "hipDeviceSynchronize", 48),
+    "device_sync": ("cudaDeviceSynchronize", 165, "hipDeviceSynchronize", 48),
     "malloc": ("cudaMalloc", 20, "hipMalloc", 57),
     "free": ("cudaFree", 22, "hipFree", 59),
     "graph": ("cudaGraphLaunch", 311, None, None),     # CUDA only (see _Gen's checks)
@@ -121,6 +122,7 @@ class TraceSpec:
     tid: int = 4242
     gap_us: float = 0.0
     seed: int = 0                    # extra: seeds kernel arg / op order / jitter choices
+    end_sync: bool = False           # a device sync after the last step (a timing call, the profiler's stop)
 
 
 @dataclass
@@ -439,6 +441,8 @@ class _Gen:
             t0 = t + (self.ticks(STEP_GAP_US) if i else 0)
             t = self.step(i, st, t0)
             rows.append((t0, t, self.cur))
+        if self.s.end_sync and self.gpu:     # outside every ProfilerStep: it waits for the last step's work
+            t = self.call("device_sync", t + 1, 1, 0, block="device")
         self.host.sort(key=lambda e: (e["ts"], -e["dur"]))
         end = max([t] + [c["gpu_end"] for _, _, c in rows])
         events = self.host + self.mem + self.dev + self.metadata() + self.trailer(end)

@@ -39,6 +39,7 @@ def allocator_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> di
     ops = np.flatnonzero(k.cpu_op)
     outside = frees[~contained(t, frees, ops)] if len(frees) and len(ops) else frees
     syncs = np.flatnonzero(k.runtime & in_span & t.name_mask(lambda n: SYNC_RUNTIME_RX.match(n) is not None))
+    syncs = syncs[steps.in_host_range(t.ts[syncs])]      # a sync after the last step is no step's
     loose_syncs = syncs[~contained(t, syncs, ops)] if len(syncs) and len(ops) else syncs
     rows = np.concatenate([np.flatnonzero(alloc), loose_syncs if len(outside) else np.zeros(0, int)])
     if len(rows):

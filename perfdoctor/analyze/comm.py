@@ -67,7 +67,7 @@ def collectives(t: EventTable, k: Kinds, steps: Steps) -> tuple[np.ndarray, np.n
     else:
         rows = np.flatnonzero(k.comm_host)
         at, dur = t.ts[rows], t.dur[rows]
-    inside = steps.host_index_of(np.asarray(at, np.float64)) >= 0
+    inside = steps.host_range_of(np.asarray(at, np.float64)) >= 0
     return np.asarray(at, np.float64)[inside], np.asarray(dur, np.float64)[inside]
 
 
@@ -80,8 +80,8 @@ def launched_in_backward(t: EventTable, k: Kinds, steps: Steps, at: np.ndarray, 
     kern, launch = launches_inside(t, k, ops)
     keep = ~k.comm_kernel[kern]
     kern, launch = kern[keep], launch[keep]
-    k_step = steps.host_index_of(t.ts[launch].astype(np.float64))
-    c_step = steps.host_index_of(at)
+    k_step = steps.host_range_of(t.ts[launch].astype(np.float64))
+    c_step = steps.host_range_of(at)
     counted = timed = 0.0
     for s in unique(c_step):
         mine = k_step == s
@@ -104,8 +104,8 @@ def sync_steps(t: EventTable, k: Kinds, steps: Steps, at: np.ndarray) -> int | N
     if not len(at):
         return None
     opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(OPTIMIZER_STEP)))
-    with_opt = steps.host_index_of(t.ts[opt].astype(np.float64))
+    with_opt = steps.host_range_of(t.ts[opt].astype(np.float64))
     with_opt = unique(with_opt[with_opt >= 0])
     if len(with_opt):
         return int(len(with_opt))
-    return int(len(unique(steps.host_index_of(at))))
+    return int(len(unique(steps.host_range_of(at))))

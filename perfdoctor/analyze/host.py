@@ -3,7 +3,9 @@
 A sync point is a blocking runtime call (cudaStreamSynchronize, cudaDeviceSynchronize,
 cudaEventSynchronize, blocking cudaMemcpy, their HIP twins) or a device-to-host copy issued by
 aten::item / aten::_local_scalar_dense / aten::nonzero (a Python-visible scalar read). A sync
-call made inside such an op counts once, with its copy.
+call made inside such an op counts once, with its copy. Only the calls inside a step's host range
+count: a cudaDeviceSynchronize after the last ProfilerStep (a timing call, the profiler's stop)
+waits for the last step's device work, but no step makes it.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     n, total = len(steps), float(steps.duration.sum())
     end = t.ts + t.dur
     sync_rows = np.flatnonzero(k.runtime & t.name_mask(lambda s: SYNC_RUNTIME_RX.match(s) is not None))
-    sync_rows = sync_rows[steps.index_of(t.ts[sync_rows]) >= 0]
+    sync_rows = sync_rows[steps.in_host_range(t.ts[sync_rows])]
     dev, launch = device_launch_index(t, k)
     dtoh = k.memcpy[dev] & (launch >= 0) & t.name_mask(lambda s: "DtoH" in s)[dev]
     dtoh_launch = launch[dtoh]
-    dtoh_launch = dtoh_launch[steps.index_of(t.ts[dtoh_launch]) >= 0]
+    dtoh_launch = dtoh_launch[steps.in_host_range(t.ts[dtoh_launch])]
     scalar_ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda s: SCALAR_OP_RX.match(s) is not None))
     in_scalar = contained(t, dtoh_launch, scalar_ops)
     scalar_launches = dtoh_launch[in_scalar]

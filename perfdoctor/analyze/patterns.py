@@ -47,11 +47,18 @@ class OwnPart:
     backward pass that started in a range is the optimizer's own work (LBFGS also works between
     its closure calls: that part is missed, and LBFGS has no foreach or fused version anyway).
     Backward passes are found by their autograd engine events starting inside a range, on any
-    thread (a GPU's backward runs on the autograd device threads)."""
+    thread (a GPU's backward runs on the autograd device threads). A range ends no later than the
+    host range of the step it starts in (`steps.host_range_end`): the last step's Optimizer.step
+    span can run on past its ProfilerStep, over the sync that stops the profiler, and the time
+    after the step's host range is no step's update."""
 
-    def __init__(self, t: EventTable, opt: np.ndarray):
+    def __init__(self, t: EventTable, opt: np.ndarray, steps: Steps | None = None):
         lo, hi = intervals.union(t.ts[opt], t.ts[opt] + t.dur[opt])     # nested ranges: one
         self.starts, self.ends = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+        open_at_cut = len(hi) and t.meta.cut_s is not None and len(t.ts) and \
+            hi[-1] >= float(np.max(t.ts + t.dur)) - OPEN_AT_CUT_US
+        if steps is not None and len(self.starts):
+            self.ends = np.minimum(self.ends, steps.host_range_end(self.starts))
         self.cut = self.starts.copy()
         bwd = (np.flatnonzero(t.name_mask(lambda name: name.startswith(BACKWARD))) if len(opt)
                else np.zeros(0, int))
@@ -60,12 +67,11 @@ class OwnPart:
         np.maximum.at(self.cut, i[ok], (t.ts[bwd] + t.dur[bwd])[ok].astype(np.float64))
         self.cut = np.minimum(self.cut, self.ends)
         self.closure = bool(ok.any())
-        if t.meta.cut_s is not None and self.closure and len(t.ts):
+        if open_at_cut and self.closure:
             # `perfdoctor run` stopped recording inside a step (trace header perfdoctor_cut_s): a
             # range still open then ends with the trace, and what follows its last backward pass
             # is the next closure call's forward, not the update: it has no own part here
-            if self.ends[-1] >= float(np.max(t.ts + t.dur)) - OPEN_AT_CUT_US:
-                self.cut[-1] = self.ends[-1]
+            self.cut[-1] = self.ends[-1]
 
     def _range_of(self, x: np.ndarray) -> np.ndarray:
         """The range each time lies in (-1: none)."""
@@ -96,7 +102,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "gpu.kernels_per_step_cv": None,
            "gpu.kernel_time_per_step_cv": None}
     opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
-    part = OwnPart(t, opt)
+    part = OwnPart(t, opt, steps)
     s_, e_ = intervals.clip(part.cut, part.ends, *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
     if len(opt):

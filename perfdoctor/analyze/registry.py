@@ -92,7 +92,7 @@ _m("gpu.idle_kernel_wait_share", "share", "Idle gaps shorter than gpu.kernel_wai
 _m("gpu.idle_other_share", "share", "Idle time whose next work was launched before the gap began (dependencies, syncs on other streams).")
 _m("gpu.kernel_wait_threshold_us", "us", "Gap length (microseconds) below which an idle gap counts as kernel wait.")
 _m("gpu.idle_while_data_wait_share", "share", "Device idle while the host waits in DataLoader __next__.")
-_m("gpu.idle_while_sync_share", "share", "Device idle while the host is in a synchronising call.")
+_m("gpu.idle_while_sync_share", "share", "Device idle while the host is in a synchronising call (one made inside a step's host range).")
 _m("gpu.idle_while_runtime_share", "share", "Device idle while the host is in other runtime calls (launches, malloc).")
 _m("gpu.idle_while_cpu_ops_share", "share", "Device idle while the host runs traced CPU ops.")
 _m("gpu.idle_while_untraced_share", "share", "Device idle while nothing is traced on the host.")

@@ -3,8 +3,10 @@
 Primary source: `ProfilerStep#N` host annotations. As in the TensorBoard plugin, a step is
 extended to the end of the device work its host range launched (the GPU runs behind the CPU),
 and starts no earlier than the previous step ended, so steps tile the time line without
-overlap; device work is attributed by its launch (correlation to a runtime call inside the
-step), so the first step starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
+overlap (the host range, the ProfilerStep span, is kept: a call the host makes after it, such
+as the sync that stops the profiler, lies in the extended step but no step made it); device work
+is attributed by its launch (correlation to a runtime call inside the step), so the first step
+starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
 step's) is dropped; without device work, a last step with under 80% of the usual step's host ops
 (the profiler stopped inside it) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
 optimizer steps, or the whole trace as one pseudo-step, and say which.
@@ -58,16 +60,30 @@ class Steps:
         ok[ok] = times[ok] < self.end[idx[ok]]
         return np.where(ok, idx, -1)
 
-    def host_index_of(self, times: np.ndarray) -> np.ndarray:
-        """Step whose host range holds each host time, or -1. For ProfilerStep steps that is the
-        annotation's own range: when the host runs ahead of the device, the step laid out on the
-        wall clock by its device work can lie far after the host work that launched it."""
+    def host_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each step's host range: its ProfilerStep span (the step itself for the other sources)."""
         if self.host_start is None or self.host_end is None:
-            return self.index_of(times)
-        idx = np.searchsorted(self.host_start, times, side="right") - 1
-        ok = idx >= 0
-        ok[ok] = times[ok] < self.host_end[idx[ok]]
-        return np.where(ok, idx, -1)
+            return self.start, self.end
+        return self.host_start, self.host_end
+
+    def host_range_of(self, times: np.ndarray) -> np.ndarray:
+        """Index of the step whose host range holds each time, or -1."""
+        hs, he = self.host_ranges()
+        i = np.searchsorted(hs, times, side="right") - 1
+        ok = i >= 0
+        ok[ok] = times[ok] < he[i[ok]]
+        return np.where(ok, i, -1)
+
+    def in_host_range(self, times: np.ndarray) -> np.ndarray:
+        """Whether each time lies in a step and inside a step's host range. A call the host makes
+        after the last ProfilerStep (a timing sync, the profiler's stop) or between two of them
+        is no step's, even where a step extended to its device work covers it."""
+        return (self.host_range_of(times) >= 0) & (self.index_of(times) >= 0)
+
+    def host_range_end(self, times: np.ndarray) -> np.ndarray:
+        """The end of the host range each time lies in (the time itself where it lies in none)."""
+        i = self.host_range_of(times)
+        return np.where(i >= 0, self.host_ranges()[1][np.maximum(i, 0)], times) if len(self) else times
 
     def of_events(self, t: EventTable) -> np.ndarray:
         """Step index of every event's start (-1 outside steps), computed once per table."""

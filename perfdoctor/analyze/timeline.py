@@ -42,6 +42,8 @@ def build_timeline(t: EventTable, k: K.Kinds, steps: Steps) -> Timeline:
     lo, hi = steps.span
     end = t.ts + t.dur
     sync_rt = k.runtime & t.name_mask(lambda n: K.SYNC_RUNTIME_RX.match(n) is not None)
+    rows = np.flatnonzero(sync_rt)
+    sync_rt[rows[~steps.in_host_range(t.ts[rows])]] = False     # no step made a sync outside them
     cpu = k.platform == "cpu"
     masks = {
         "kernel": k.kernel & ~k.comm_kernel,
