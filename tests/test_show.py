@@ -28,9 +28,10 @@ def cli(*args, cwd=None, env=None):
 
 
 def _spec() -> tg.TraceSpec:
-    """Input-bound: 6 ms data wait per step against ~2 ms of work, pageable copies, a sync; memory events."""
+    """Input-bound: 6 ms data wait per step against ~2 ms of work, pageable copies, a sync after
+    which the loop's own code (0.4 ms) leaves the drained device idle; memory events."""
     return tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=6000, pageable_h2d=1, syncs=1, kernels=16, kernel_us=80)] * 5,
-                        memory_events=True)
+                        memory_events=True, gap_us=400)
 
 
 @pytest.fixture

@@ -31,6 +31,29 @@ def allocator_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> di
     total = float(steps.duration.sum())
     if k.platform == "cpu" or total <= 0:
         return out
+    covered, outside = _claimed(t, k, steps, tl)
+    out["memory.alloc_idle_share"] = tl.total(covered & ~tl.cover["device"]) / total
+    if len(outside):
+        order = np.argsort(t.ts[outside])
+        start, end = t.ts[outside][order], (t.ts + t.dur)[outside][order]
+        bursts = 1 + int((start[1:] - np.maximum.accumulate(end)[:-1] > BURST_GAP_US).sum())
+    else:
+        bursts = 0
+    out["memory.empty_cache_per_step"] = bursts / len(steps)
+    return out
+
+
+def allocator_segments(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> np.ndarray:
+    """The timeline segments whose device idle memory.alloc_idle_share counts (the host in an
+    allocator call, or in a loose synchronisation when empty_cache runs): no other fix claims it."""
+    return _claimed(t, k, steps, tl)[0]
+
+
+def _claimed(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """(segments covered by the counted calls, the out-of-op cudaFree rows), once per trace."""
+    cached = k.cache.get("allocator")
+    if cached is not None and cached[0] is tl:
+        return cached[1]
     lo, hi = steps.span
     in_span = (t.ts >= lo) & (t.ts < hi)
     alloc = k.runtime & in_span & t.name_mask(
@@ -42,17 +65,9 @@ def allocator_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline) -> di
     syncs = syncs[steps.in_host_range(t.ts[syncs])]      # a sync after the last step is no step's
     loose_syncs = syncs[~contained(t, syncs, ops)] if len(syncs) and len(ops) else syncs
     rows = np.concatenate([np.flatnonzero(alloc), loose_syncs if len(outside) else np.zeros(0, int)])
+    covered = np.zeros(len(tl.seg), bool)
     if len(rows):
         s, e = clip(t.ts[rows], t.ts[rows] + t.dur[rows], lo, hi)
         covered = tl.seg.covered(s, e)
-        out["memory.alloc_idle_share"] = tl.total(covered & ~tl.cover["device"]) / total
-    else:
-        out["memory.alloc_idle_share"] = 0.0
-    if len(outside):
-        order = np.argsort(t.ts[outside])
-        start, end = t.ts[outside][order], (t.ts + t.dur)[outside][order]
-        bursts = 1 + int((start[1:] - np.maximum.accumulate(end)[:-1] > BURST_GAP_US).sum())
-    else:
-        bursts = 0
-    out["memory.empty_cache_per_step"] = bursts / len(steps)
-    return out
+    k.cache["allocator"] = (tl, (covered, outside))
+    return covered, outside

@@ -6,6 +6,13 @@ aten::item / aten::_local_scalar_dense / aten::nonzero (a Python-visible scalar 
 call made inside such an op counts once, with its copy. Only the calls inside a step's host range
 count: a cudaDeviceSynchronize after the last ProfilerStep (a timing call, the profiler's stop)
 waits for the last step's device work, but no step makes it.
+
+What a sync costs is not the host time it blocks: while the host waits, the device runs the work
+already queued, and a host waiting for a busy device loses nothing. It costs the device idle it
+exposes: the device runs out of queued work while the host waits, and stays idle until the host,
+released, queues the next kernels (sync.exposed_idle_share). That idle is counted from the gap's
+start to its end, across a step boundary too, less the part that other fixes claim: the host
+waiting for a batch (the input pipeline's) and the allocator calls of memory.alloc_idle_share.
 """
 
 from __future__ import annotations
@@ -18,12 +25,14 @@ from perfdoctor.analyze import intervals
 from perfdoctor.analyze.kinds import SYNC_RUNTIME_RX, Kinds
 from perfdoctor.analyze.nesting import contained
 from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.analyze.timeline import Timeline
 from perfdoctor.trace.table import EventTable
 
 SCALAR_OP_RX = re.compile(r"^aten::(item|_local_scalar_dense|nonzero|is_nonzero)$")
 
 
-def host_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+def host_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, claimed: np.ndarray | None = None) -> dict:
+    """`claimed`: the timeline segments whose device idle another fix claims (allocator calls)."""
     n, total = len(steps), float(steps.duration.sum())
     end = t.ts + t.dur
     sync_rows = np.flatnonzero(k.runtime & t.name_mask(lambda s: SYNC_RUNTIME_RX.match(s) is not None))
@@ -41,9 +50,31 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     blocking = np.concatenate([sync_rows, scalar_launches])
     s, e = intervals.clip(t.ts[blocking], end[blocking], *steps.span)
     out = {"sync.per_step": n_sync / n, "sync.share": intervals.total(s, e) / total,
-           "sync.scalar_dtoh_per_step": len(scalar_launches) / n}
+           "sync.scalar_dtoh_per_step": len(scalar_launches) / n,
+           "sync.exposed_idle_share": exposed_idle(tl, s, e, claimed) / total}
     out.update(_copies(t, k, steps, total))
     return out
+
+
+def exposed_idle(tl: Timeline, s: np.ndarray, e: np.ndarray, claimed: np.ndarray | None = None) -> float:
+    """Device idle (us, inside steps) in the idle stretches that begin while the host is blocked in
+    one of the calls [s, e) and outlast it, less the host's data waits and `claimed` segments."""
+    # a stretch: adjacent idle segments, across step boundaries and the host's gaps between steps
+    idx = np.flatnonzero(~tl.cover["device"])
+    if not len(idx) or not len(s):
+        return 0.0
+    new = np.ones(len(idx), bool)
+    new[1:] = np.diff(idx) != 1
+    gid = np.cumsum(new) - 1
+    g_start = tl.seg.start[idx[new]]
+    g_end = g_start + np.bincount(gid, weights=tl.seg.length[idx])
+    s, e = intervals.union(s, e)            # disjoint blocked stretches, sorted
+    j = np.maximum(np.searchsorted(s, g_start, side="right") - 1, 0)
+    exposed = (s[j] <= g_start) & (g_start <= e[j]) & (g_end > e[j])
+    keep = exposed[gid] & (tl.step_of[idx] >= 0) & ~tl.cover["data_loading"][idx]
+    if claimed is not None:
+        keep &= ~claimed[idx]
+    return float(tl.seg.length[idx][keep].sum())
 
 
 def _copies(t: EventTable, k: Kinds, steps: Steps, total: float) -> dict:

@@ -8,7 +8,7 @@ import numpy as np
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.arrays import median, percentile, unique
-from perfdoctor.analyze.allocator import allocator_metrics
+from perfdoctor.analyze.allocator import allocator_metrics, allocator_segments
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.cpuops import cpu_op_metrics
@@ -74,7 +74,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
         gaps = marked[:TOP_GAPS]
         marked = [g for g in marked if g.kind != "kernel_wait"]
         m.update(gap_metrics)
-        m.update(host_metrics(t, k, steps))
+        m.update(host_metrics(t, k, steps, tl, claimed=allocator_segments(t, k, steps, tl)))
         m.update(allocator_metrics(t, k, steps, tl))
     m.update(pattern_metrics(t, k, steps))
     m.update(attention_metrics(t, k, steps))
