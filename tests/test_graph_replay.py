@@ -127,5 +127,5 @@ def test_h100_launch_compiled(shared_traces):
     assert not fixes & {"PD311", "PD361", "PD344", "PD315"}, fixes
     assert not any(f["ranked"] for f in doc["findings"])
     flag = next(f for f in doc["flags"] if f["id"] == "PD219")
-    assert "inside Optimizer.step: 22.7%" in flag["summary"]
+    assert "inside Optimizer.step: 21.4%" in flag["summary"]      # its range cut at the step's host end
     assert "PD311" in _ids(diagnose_path(str(root / "launch")))[0]
