@@ -8,7 +8,7 @@ as the sync that stops the profiler, lies in the extended step but no step made 
 is attributed by its launch (correlation to a runtime call inside the step), so the first step
 starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
 step's) is dropped; without device work, a last step with under 80% of the usual step's host ops
-(the profiler stopped inside it) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
+and time (the profiler stopped inside it) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
 optimizer steps, or the whole trace as one pseudo-step, and say which.
 
 A truncated file (the profiler killed mid-write, a gzip stream cut short) loses every event after
@@ -194,8 +194,8 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
     if not linked.any():
         keep = len(rows) - (0 if t.meta.truncated else _host_tail_cut(t, k, hs, he))   # a cut file: _before_cut
         if keep < len(rows):
-            notes.append("dropped the last step: the profiler stopped inside it (it holds "
-                         f"under {TAIL_KEEP_RATIO:.0%} of the host ops of the usual step)")
+            notes.append("dropped the last step: the profiler stopped inside it (it holds under "
+                         f"{TAIL_KEEP_RATIO:.0%} of the usual step's host ops and time)")
         return Steps(hs[:keep].copy(), np.maximum(he, hs)[:keep], labels[:keep], "ProfilerStep", notes,
                      host_end=he[:keep], host_start=hs[:keep])
     lr = launch[linked]
@@ -231,16 +231,19 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
 
 def _host_tail_cut(t: EventTable, k: Kinds, hs: np.ndarray, he: np.ndarray) -> int:
     """1 when the last of several steps (a trace without device work joined to its launches) holds
-    fewer host ops than TAIL_KEEP_RATIO of the other steps' median: the profiler stopped inside
-    it (the script ended or was stopped mid-window, leaving a stub of a step), else 0. The median,
-    not the previous step: a step with an evaluation before it must not make the usual one look cut."""
+    fewer host ops, and lasts less, than TAIL_KEEP_RATIO of the other steps' medians: the profiler
+    stopped inside it (the script ended or was stopped mid-window, leaving a stub of a step), else
+    0. Both: a lighter step of the usual length is a step. The medians, not the previous step: a
+    step with an evaluation before it must not make the usual one look cut."""
     if len(hs) < 2:
         return 0
     host = np.flatnonzero((k.cpu_op | k.dataloader | k.comm_op | k.runtime) & k.complete)
     si = np.searchsorted(hs, t.ts[host], side="right") - 1
     inside = (si >= 0) & (t.ts[host] < he[np.maximum(si, 0)])
     counts = np.bincount(si[inside], minlength=len(hs))
-    return int(counts[-1] < TAIL_KEEP_RATIO * float(np.median(counts[:-1])))
+    durs = he - hs
+    return int(counts[-1] < TAIL_KEEP_RATIO * float(np.median(counts[:-1]))
+               and durs[-1] < TAIL_KEEP_RATIO * float(np.median(durs[:-1])))
 
 
 def _first_step_start(t: EventTable, dev: np.ndarray, matched: np.ndarray, si: np.ndarray,
