@@ -131,7 +131,8 @@ if __name__ == "__main__":
 
 def test_a_run_on_a_machine_busy_with_other_work_says_so(tmp_path):
     """As many spinning processes as cores: the training thread queues for a CPU, the run says so
-    (PD214), and the fix with no modelled gain (PD348) is still shown on the one screen."""
+    (PD214), and the fix (PD348) is shown on the one screen, expected at least the queueing's
+    gain and without a ceiling (a parked intra-op thread stalls every parallel op)."""
     import json
     import subprocess
     import sys
@@ -145,6 +146,9 @@ def test_a_run_on_a_machine_busy_with_other_work_says_so(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads((tmp_path / "run" / "report.json").read_text())["traces"][0]["metrics"]
     assert m["run.runq_share"] >= 0.1                       # PD214's line
+    fix = next(f for f in json.loads((tmp_path / "run" / "report.json").read_text())["findings"] if f["id"] == "PD348")
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - m["run.runq_share"]), rel=1e-3)
+    assert fix["gain"]["ceiling"] is None and fix["ranked"]
     assert "PD214 The training thread waits for a CPU" in r.stderr
     assert "worth a look" in r.stderr or "Top fixes" in r.stderr
     assert "PD348" in r.stderr
