@@ -253,3 +253,27 @@ def test_reserved_swing_is_memory_given_back_not_growth():
     assert reserved_swing(emptied) == approx(2 / 3)
     assert reserved_swing(np.array([2.0, 4.0, 3.0])) == approx(0.25)   # a fall after growth counts
     assert reserved_swing(np.array([])) == 0 and reserved_swing(np.zeros(3)) == 0
+
+
+def test_copies_on_the_compute_stream_run_alone_and_a_side_streams_beside_kernels(tmp_path):
+    """memcpy.h2d_alone_share: HtoD copy time with no kernel beside it. tracegen queues its pinned
+    copies on the stream the kernels run on, one after the other: all of their time is alone and
+    PD363 (prefetch on a side stream) is offered; the same copies moved onto a stream of their own
+    under the kernels (a prefetcher) run alone for none of it."""
+    import json
+
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+
+    obj, _ = tg.build(tg.TraceSpec(steps=[S(pinned_h2d=4, kernels=10, kernel_us=50)] * 5))
+    (tmp_path / "serial.json").write_text(json.dumps(obj))
+    m = analyze(load_trace(tmp_path / "serial.json")).metrics
+    assert m["memcpy.h2d_alone_share"] == approx(m["memcpy.h2d_share"]) and m["memcpy.h2d_share"] > 0.15
+    kernels = sorted((e for e in obj["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    copies = [e for e in obj["traceEvents"] if "HtoD" in e.get("name", "")]
+    for c in copies:          # under the next kernel that starts after it was issued, on stream 99
+        k = next(k for k in kernels if k["ts"] >= c["ts"])
+        c["ts"], c["args"]["stream"] = k["ts"], 99
+    (tmp_path / "beside.json").write_text(json.dumps(obj))
+    m2 = analyze(load_trace(tmp_path / "beside.json")).metrics
+    assert m2["memcpy.h2d_alone_share"] == 0 and m2["memcpy.h2d_share"] > 0.15

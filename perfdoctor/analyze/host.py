@@ -52,7 +52,7 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, claimed: n
     out = {"sync.per_step": n_sync / n, "sync.share": intervals.total(s, e) / total,
            "sync.scalar_dtoh_per_step": len(scalar_launches) / n,
            "sync.exposed_idle_share": exposed_idle(tl, s, e, claimed) / total}
-    out.update(_copies(t, k, steps, total))
+    out.update(_copies(t, k, steps, total, tl))
     return out
 
 
@@ -77,11 +77,16 @@ def exposed_idle(tl: Timeline, s: np.ndarray, e: np.ndarray, claimed: np.ndarray
     return float(tl.seg.length[idx][keep].sum())
 
 
-def _copies(t: EventTable, k: Kinds, steps: Steps, total: float) -> dict:
+def _copies(t: EventTable, k: Kinds, steps: Steps, total: float, tl: Timeline) -> dict:
     rows = np.flatnonzero(k.memcpy)
     rows = rows[steps.index_of(t.ts[rows]) >= 0]
     h2d = t.name_mask(lambda s: "HtoD" in s)[rows]
     pageable = h2d & t.name_mask(lambda s: "Pageable" in s)[rows]
+    # copy time no kernel runs beside: the copies serialise with compute (one stream), so the
+    # step waits for them on the device (a side stream's prefetch would run them beside kernels)
+    s, e = intervals.clip(t.ts[rows[h2d]], (t.ts + t.dur)[rows[h2d]], *steps.span)
+    alone = tl.seg.covered(s, e) & ~tl.cover["compute"] if len(s) else np.zeros(len(tl.seg), bool)
     return {"memcpy.pageable_h2d_per_step": int(pageable.sum()) / len(steps),
             "memcpy.pageable_h2d_share": float(t.dur[rows[pageable]].sum()) / total,
-            "memcpy.h2d_share": float(t.dur[rows[h2d]].sum()) / total}
+            "memcpy.h2d_share": float(t.dur[rows[h2d]].sum()) / total,
+            "memcpy.h2d_alone_share": tl.total(alone) / total}

@@ -110,6 +110,7 @@ _m("sync.exposed_idle_share", "share", "Device idle the syncs expose: idle stret
 _m("memcpy.pageable_h2d_per_step", "per_step", "Host-to-device copies from pageable (unpinned) memory per step.")
 _m("memcpy.pageable_h2d_share", "share", "Device time in pageable HtoD copies / step time.")
 _m("memcpy.h2d_share", "share", "Device time in all HtoD copies / step time.")
+_m("memcpy.h2d_alone_share", "share", "HtoD copy time with no kernel running beside it / step time: copies serialised with compute (one stream), which a side stream's prefetch of the next batch would hide behind the kernels.")
 # -- allocator and memory ------------------------------------------------------------------
 _m("memory.malloc_per_step", "per_step", "cudaMalloc/hipMalloc calls per steady-state step (the first step is warm-up and excluded when there are 2+).")
 _m("memory.free_per_step", "per_step", "cudaFree/hipFree calls per steady-state step.")
