@@ -11,6 +11,7 @@ from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics, allocator_segments
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.comm import comm_metrics
+from perfdoctor.analyze.compiletime import compile_metrics
 from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
@@ -83,6 +84,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, m["share.device"]))
+    m.update(compile_metrics(t, k, steps))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)

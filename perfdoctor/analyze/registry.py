@@ -141,6 +141,10 @@ _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")
 _m("fusion.pointwise_share", "share", "The part of fusion.unfused_share in pointwise arithmetic, copies and casts (ATen functor and copy kernels): what fusion folds into the neighbouring kernels; norms, reductions, softmax, dropout and activations keep about a pass each.")
 _m("fusion.compiled", "bool", "The steps already run compiled code (Triton kernels or compiled-region ops; on a CPU-only trace the compiled-region ops).")
+# -- compilation inside the steps (analyze/compiletime.py) --------------------------------
+_m("compile.share", "share", "Host time inside torch.compile's compile ranges (the '(dynamo_timed)' ranges and the chromium-log phases dynamo, entire_frame_compile, backend_compile, inductor_compile...; their union over threads, nested ranges once) / step time: Dynamo and Inductor compiling in the steps, first compiles and recompiles.")
+_m("compile.steps", "count", "Steps that hold compile-range time (compile.share's ranges).")
+_m("compile.region_ids", "count", "Distinct 'Torch-Compiled Region: F/N' ids (frame F, its N-th compile) run in the steps: compiled versions the steps used; a new one per step is a recompile per step.")
 # -- math precision (analyze/precision.py; CUDA only, None elsewhere) ------------------------
 _m("precision.gemm_fp32_share", "share", "Kernel time of fp32 GEMM/convolution kernels on the SIMT cores (no tensor cores) / step time.")
 _m("precision.gemm_tf32_share", "share", "Kernel time of TF32 tensor-core GEMM/convolution kernels / step time.")
