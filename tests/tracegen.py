@@ -48,6 +48,9 @@ RUNTIME = {
 }
 # torch.compile's host ops around a compiled graph (what fusion.compiled reads), outermost first.
 COMPILED_OPS = ("Torch-Compiled Region: 0/0", "CompiledFunction", "## Call CompiledFxGraph fx0 ##")
+# torch.compile's compile phases as torch 2.x records them (dynamo_timed), outermost first
+COMPILE_RANGES = ("_compile.compile_inner (dynamo_timed)", "OutputGraph.call_user_compiler (dynamo_timed)",
+                  "compile_fx_inner (dynamo_timed)")
 MEMCPY_NAMES = {  # copy -> (cuda name, rocm name)
     "pageable": ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Host -> Device)"),
     "pinned": ("Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Host -> Device)"),
@@ -101,6 +104,8 @@ class StepSpec:
     #                                  spread through backward, the last after its last op (DDP's buckets);
     #                                  otherwise all after the compute
     optimizer: bool = False          # an Optimizer.step annotation with one kernel ends the step
+    compile_us: float = 0.0          # torch.compile (re)compiling before the step's ops: nested
+    #                                  "(dynamo_timed)" ranges (COMPILE_RANGES), the outermost this long
 
 
 @dataclass
@@ -150,6 +155,7 @@ class Truth:
     host_span_us: float = 0.0         # first step start -> last step end
     num_events: int = 0
     graph_kernels: list[int] = field(default_factory=list)   # kernels replayed from graph launches
+    compile_us: list[float] = field(default_factory=list)    # outermost compile range per step
 
 
 class Gpu(NamedTuple):
@@ -421,6 +427,11 @@ class _Gen:
             dl = self.ticks(st.data_wait_us)
             self.op(f"enumerate(DataLoader)#{it}.__next__", t, t + dl, self.new_ext(t), annotation=True)
             t += dl
+        if st.compile_us > 0:
+            c = self.ticks(st.compile_us)
+            for d, name in enumerate(COMPILE_RANGES):
+                self.op(name, t + d, t + c - d, self.new_ext(t + d), annotation=True)
+            t += c
         acts = self.plan(st)
         budget = self.ticks(st.cpu_ops_us)
         slot = budget // len(acts)
@@ -474,6 +485,7 @@ class _Gen:
             step_start_us=[self.ts(t0) for t0, _, _ in rows],
             step_wall_us=[(t1 - t0) * q for t0, t1, _ in rows], step_wall_device_us=wall_dev,
             data_wait_us=[self.ticks(st.data_wait_us) * q for st in s.steps],
+            compile_us=[self.ticks(st.compile_us) * q for st in s.steps],
             kernel_busy_us=[k + c for k, c in zip(us("kernel"), us("tc"))], nccl_busy_us=us("nccl"),
             memcpy_us=us("memcpy"), memset_us=us("memset"), syncs=count("sync"),
             pageable_h2d=[0] * len(rows) if self.rocm else count("pageable"),
