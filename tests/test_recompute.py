@@ -111,10 +111,20 @@ def test_expected_gain_matches_the_measured_one(script, traces, tmp_path):
     assert abs(expected / measured - 1) <= 0.15, (expected, measured)
 
 
-def _cuda_trace(path, steps: int = 3):
+# Host ranges around the rerun forward: none; the model's record_function("block") around the
+# block's forward (it reruns too); with_stack's Python frames (checkpoint's unpack hook, the rerun,
+# the block's nn.Module forward)
+WRAPPERS = {"none": [], "record_function": [("block", "user_annotation")],
+            "with_stack": [("torch/utils/checkpoint.py(1124): unpack_hook", "python_function"),
+                           ("torch/utils/checkpoint.py(1090): recompute_fn", "python_function"),
+                           ("nn.Module: Block_0", "python_function")]}
+
+
+def _cuda_trace(path, steps: int = 3, wrap: str = "none"):
     """A kineto trace: per step a forward linear (1000 us kernel), then on the autograd thread a
-    backward node whose wrapper op first reruns the linear (1000 us kernel: the recomputation)
-    and then runs its formula (aten::mm, 2000 us kernel), all back to back on the device."""
+    backward node whose wrapper op first reruns the linear (1000 us kernel: the recomputation),
+    inside the host ranges WRAPPERS[wrap], and then runs its formula (aten::mm, 2000 us kernel),
+    all back to back on the device."""
     tr, t = HandTrace(), 0.0
     for i in range(steps):
         s0 = max(t, tr.device_free)
@@ -123,6 +133,9 @@ def _cuda_trace(path, steps: int = 3):
         b0 = s0 + 50
         tr.op(2, b0, "autograd::engine::evaluate_function: AddmmBackward0", 100)
         tr.op(2, b0 + 1, "AddmmBackward0", 98)
+        for depth, (name, cat) in enumerate(WRAPPERS[wrap]):
+            tr.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 2,
+                              "ts": b0 + 5 + depth, "dur": 40 - 2 * depth})
         tr.op(2, b0 + 10, "aten::linear", 30)                      # the recomputation
         tr.launch(2, b0 + 20, "void gemv_kernel_recompute", 1000.0)
         tr.op(2, b0 + 50, "aten::mm", 30)                          # the backward formula
@@ -132,9 +145,12 @@ def _cuda_trace(path, steps: int = 3):
     tr.write(path)
 
 
-def test_cuda_trace_sizes_the_recomputation_by_its_kernels(tmp_path):
+@pytest.mark.parametrize("wrap", sorted(WRAPPERS))
+def test_cuda_trace_sizes_the_recomputation_by_its_kernels(tmp_path, wrap):
+    """A range or Python frames around the rerun forward neither hide it (counted as backward
+    work, its kernels subtracted) nor count it twice."""
     p = tmp_path / "ckpt.json"
-    _cuda_trace(p)
+    _cuda_trace(p, wrap=wrap)
     doc = diagnose_path(str(p))
     m = doc["traces"][0]["metrics"]
     assert m["recompute.ops_per_step"] == 1.0                  # the forward linear is not counted

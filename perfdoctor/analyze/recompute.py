@@ -15,7 +15,9 @@ machinery (saved-tensor hooks, the RNG state it restores, Python around the reru
 same place, inside the backward node that needed the tensors. So the cost of each outermost
 backward span that holds recomputed ops is that span less the backward work in it: its outermost
 ops that are neither recomputed ops nor the node's own wrapper op (the formula's mm/sum/*_backward
-calls, and nested backward nodes of a reentrant checkpoint). On the CPU it is that time; on a
+calls, and nested backward nodes of a reentrant checkpoint), nor hold a recomputed op: a
+record_function range around a block, or with_stack's Python frames (the unpack hook, the
+block's nn.Module forward), wrap the rerun too, and are not backward work. On the CPU it is that time; on a
 GPU (gpu_share) the device time of the kernels launched there (outside the backward work) where
 the device is the critical path, and that host time where the host is: an H200 GPT stack with
 every block checkpointed was host-bound (the device busy 46% of the profiled step), its
@@ -66,6 +68,7 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
     wrappers = {n.split(": ", 1)[1] for n in (t.names[c] for c in unique(t.name[backward]))}
     cand = np.flatnonzero(in_span & ~t.name_mask(lambda n: n in wrappers))
     cand = cand[contained(t, cand, spans) & ~contained(t, cand, rec) & ~np.isin(cand, spans)]
+    cand = cand[~_encloses(t, cand, rec)]          # a range or Python frame around the rerun is not backward work
     work = outermost(t, cand[~np.isin(cand, rec)])
     host = (float(t.dur[spans].sum()) - float(t.dur[work].sum())) / total
     if k.platform == "cpu":
@@ -84,6 +87,25 @@ def gpu_share(host: float, kernels: float, device_share: float | None) -> float:
     and on a host-bound step the host time, until the device's remaining work bounds the step."""
     d = device_weight(device_share)
     return max(kernels * d, min(host, max(0.0, 1.0 - d + kernels)))
+
+
+def _encloses(t: EventTable, rows: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """Does each row contain one of `inner` (same thread)? `inner` are outermost rows, so on one
+    thread they neither overlap nor nest: in start order their ends rise too, and the first one
+    starting at or after a row's start is the one that ends first."""
+    res = np.zeros(len(rows), bool)
+    for tid in unique(t.tid[rows]) if len(rows) and len(inner) else []:
+        on = np.flatnonzero(t.tid[rows] == tid)
+        i_ = inner[t.tid[inner] == tid]
+        if not len(i_):
+            continue
+        i_ = i_[np.argsort(t.ts[i_], kind="stable")]
+        r = rows[on]
+        j = np.searchsorted(t.ts[i_], t.ts[r], side="left")
+        ok = j < len(i_)
+        ok[ok] = t.ts[i_[j[ok]]] + t.dur[i_[j[ok]]] <= t.ts[r][ok] + t.dur[r][ok]
+        res[on] = ok
+    return res
 
 
 def _holds(t: EventTable, spans: np.ndarray, rows: np.ndarray) -> np.ndarray:
