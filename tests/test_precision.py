@@ -161,3 +161,51 @@ def test_kernels_on_concurrent_streams_never_fill_more_than_the_step(tmp_path):
     _step_trace(tmp_path / "two.json", [(TF32, 600)], second=(TF32, 300))
     m, _ = _metrics_and_fixes(tmp_path / "two.json")
     assert m["precision.gemm_tf32_share"] == pytest.approx(600 / 610, rel=0.02)
+
+
+# --- float64: not fp32 math, not autocast's; float32 with TF32 is the fix (PD357) ----------------
+
+DGEMM = "sm90_xmma_gemm_f64f64_f64f64_f64_nt_n_tilesize128x128x16_stage3_warpsize4x2x1_tensor16x8x16"
+TANH_F64 = ("void at::native::vectorized_elementwise_kernel<2, at::native::tanh_kernel_cuda(at::TensorIteratorBase&)"
+            "::{lambda(double)#1}>")
+
+
+def test_a_float64_model_on_hopper_is_told_float32_not_autocast(tmp_path):
+    """Hopper's DGEMMs (sm90_xmma_gemm_f64f64_...) are fp64: no fp32 math for PD206 to flag and
+    nothing autocast casts (PD320); PD357 fires from the trace alone, its expected gain the fp64
+    GEMM share at the H100's fp64 -> TF32 peak ratio (495 / 67) damped to r**0.8."""
+    _step_trace(tmp_path / "fp64.json", [(DGEMM, 900), (TANH_F64, 100)])
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    m, fixes = _metrics_and_fixes(tmp_path / "fp64.json")
+    doc_flags = {f["id"] for f in diagnose_path(str(tmp_path / "fp64.json"))["flags"]}
+    assert m["precision.gemm_fp32_share"] == 0 and m["tensor_core.eligible_share"] == 0
+    assert m["precision.gemm_fp64_share"] == pytest.approx(900 / 1025, rel=0.03)
+    assert m["precision.amp_share"] == 0 and "mixed-precision" not in fixes and "PD206" not in doc_flags
+    r = 495 / 67
+    assert m["precision.fp64_speedup"] == pytest.approx(r ** 0.8) and m["precision.fp64_speedup_peak"] == pytest.approx(r)
+    fix = fixes["float32-not-float64"]
+    s = m["precision.fp64_share"]
+    assert s == pytest.approx(m["precision.gemm_fp64_share"] * m["share.device"])
+    assert fix["ranked"] and fix["gain"]["expected"] == pytest.approx(1 / (1 - s + s / r ** 0.8), rel=1e-3)
+    assert fix["gain"]["expected"] < fix["gain"]["ceiling"] <= r + 1e-6
+
+
+def test_fp64_beside_fp32_is_credited_to_neither_fix_twice(tmp_path):
+    """An fp32 GEMM beside an fp64 one: autocast acts on the fp32 one only, float32 on the fp64 one."""
+    _step_trace(tmp_path / "mixed.json", [(DGEMM, 300), ("ampere_sgemm_128x64_nn", 600)])
+    m, fixes = _metrics_and_fixes(tmp_path / "mixed.json")
+    assert m["precision.gemm_fp32_share"] == pytest.approx(2 * m["precision.gemm_fp64_share"], rel=1e-4)
+    assert m["precision.gemm_fp32_share"] + m["precision.gemm_fp64_share"] > 0.95
+    assert m["precision.amp_share"] == pytest.approx(m["precision.gemm_fp32_share"] * m["share.device"], rel=1e-4)
+    assert "mixed-precision" in fixes and "float32-not-float64" in fixes
+
+
+def test_fp64_ratios_by_generation():
+    from perfdoctor.analyze.precision import fp64_ratios
+
+    assert fp64_ratios(9.0) == pytest.approx((1.0, 495 / 67))      # H100: fp64 tensor cores = fp32 SIMT rate
+    assert fp64_ratios(8.0) == pytest.approx((1.0, 8.0))            # A100
+    assert fp64_ratios(8.9) == pytest.approx((64.0, 128.0))         # Ada / consumer Ampere: 1/64-rate fp64
+    assert fp64_ratios(7.0)[1] == pytest.approx(15.7 / 7.8)         # V100: no TF32, fp32 SIMT
+    assert fp64_ratios(6.1) is None and fp64_ratios(None) is None

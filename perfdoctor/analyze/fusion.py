@@ -48,7 +48,7 @@ COMPILED_OP_RX = re.compile(r"^(CompiledFunction|CompiledFxGraph|Torch-Compiled 
 # AUnaryFunctor, MulFunctor...), direct/dtype copy kernels and fills; not the reductions, whose
 # kernels name functors too (reduce_kernel<..., sum_functor / MaxNanFunctor>)
 POINTWISE_RX = re.compile(r"^(?!.*(?:reduce_kernel|reduction|Reduce)).*(?:Functor|copy_kernel|fill_kernel)", re.I)
-UNCHANGED = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_half", "layout")
+UNCHANGED = ("gemm_fp32", "gemm_tf32", "gemm_half", "gemm_fp64", "attention_fp32", "attention_half", "layout")
 
 
 def is_memory_bound(name: str) -> bool:

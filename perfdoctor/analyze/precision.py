@@ -8,8 +8,10 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
   bf16/fp16 in, `nvjet_sss` fp32 in, which on tensor cores means TF32 (five letters when A, B
   and C differ: `nvjet_qqtst` fp8); ROCm Tensile `Cijk_..._<types>_` by its A/B type (S fp32,
   X xf32, H/B half); cuDNN's legacy convolutions (`volta_scudnn_`, `turing_fp16_s1688cudnn_`);
-  fp64 (`dgemm`) is other: autocast never casts it; Inductor's max-autotune templates
-  (`triton_tem_`) do not tell their dtype and claim none;
+  fp64 is a class of its own (`dgemm`/`zgemm`, tensor-core `d884gemm`, cuBLASLt/CUTLASS type
+  letters `f64f64_f64f64_f64` as in Hopper's `sm90_xmma_gemm_f64f64_...`, `<double>` templates,
+  Tensile D/Z): autocast never casts it, and it is no fp32 math; Inductor's max-autotune
+  templates (`triton_tem_`) do not tell their dtype and claim none;
 - attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float (not
   "bfloat16");
 - collectives (NCCL/RCCL kernels): other, whatever type they reduce (gradients stay fp32);
@@ -38,6 +40,13 @@ feed; an H200 ViT and MLP-Mixer, both such streams, measured below the range's l
 there: 2.93x vs 3.09x, 1.33x vs 1.35x). Kernel time only
 shortens the step where the device is the critical path: the affected kernel time is weighted by
 the device's busy share of the step (1.0 on a device-bound step, ~0 on a host-bound one).
+float64 GEMM/convolution time (precision.fp64_share, weighted the same way) is what float32
+would shorten (PD357): the fp64 -> TF32 peak ratio of the generation (fp64 tensor cores where the
+part has them: H100 67 vs 495 TFLOPS, A100 19.5 vs 156; 1/64 of fp32 on the consumer parts),
+damped alike (r**0.8, range r**0.6 .. r**0.95). Conservative: the fp64 elementwise, norm and
+optimizer kernels, which would move half the bytes, get no credit, and cc 10+ is taken as B200
+(40 TFLOPS fp64; parts with less fp64 gain more). Without TF32 the GEMMs gain only the fp32 SIMT
+ratio: 1x on A100/H100, whose fp64 tensor cores match it.
 Kernels on concurrent compute streams overlap: when their summed time exceeds the time some of
 them runs, every class's time is scaled by that ratio, so no share exceeds the device's busy time.
 """
@@ -53,7 +62,7 @@ from perfdoctor.analyze.kinds import COMM_KERNEL_RX, Kinds
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
-CLASSES = ("gemm_fp32", "gemm_tf32", "gemm_half", "attention_fp32", "attention_half", "layout",
+CLASSES = ("gemm_fp32", "gemm_tf32", "gemm_half", "gemm_fp64", "attention_fp32", "attention_half", "layout",
            "memory_fp32", "other")
 
 GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv(?!ert)|winograd|implicit_convolve|fprop|dgrad|wgrad|cutlass|xmma|Cijk_|"
@@ -73,7 +82,9 @@ TRITON_TEMPLATE_RX = re.compile(r"^triton_tem_")
 # ROCm Tensile/hipBLASLt: Cijk_<A>_<B>_<types>_..., types led by the A/B data type: S fp32, D fp64, C/Z complex,
 # X xf32, H fp16, B bf16, F8/B8 fp8, I8/4xi8 int8 (Cijk_Ailk_Bljk_SB_..., ..._HHS_BH_..., ..._BBS_BH_...)
 TENSILE_RX = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([0-9A-Za-z]+?)_")
-FP64_RX = re.compile(r"dgemm|zgemm|d884gemm|<double\b|\bdouble,", re.I)
+# fp64: BLAS d/z GEMMs, the DMMA tensor-core d884gemm, cuBLASLt/CUTLASS type letters (sm90_xmma_gemm_f64f64_f64f64_f64_...,
+# A/B, C, compute), templates on double
+FP64_RX = re.compile(r"dgemm|zgemm|d884gemm|f64f64|(?<![a-z0-9])f64_f64|<double\b|\bdouble,", re.I)
 HALF_RX = re.compile(r"bf16|bfloat16|BFloat16|f16|fp16|half|Half|__half|h884|h1688|h16816|hmma|"
                      r"s884|e4m3|e5m2|fp8|f8f8|_i8|int8|i8816|gemm_s8_|_s4_", re.I)
 TF32_RX = re.compile(r"tf32|s1688gemm|s16816gemm|s1688|s16816", re.I)
@@ -97,6 +108,9 @@ OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused
 # H100 SXM 67/495/989; B200 ~80/1100/2250.
 PEAKS = ((10.0, (80.0, 1100.0, 2250.0)), (9.0, (67.0, 495.0, 989.0)), (8.6, (40.0, 80.0, 160.0)),
          (8.0, (19.5, 156.0, 312.0)), (7.0, (15.7, None, 125.0)))
+# Dense fp64 peak (TFLOPS; fp64 tensor cores where the part has them): B200 40, H100 SXM 67, consumer
+# Ampere/Ada 1/64 of fp32, A100 19.5, V100 7.8 (T4, cc 7.5, has 1/32 of fp32: taken as V100, less gain)
+PEAKS64 = ((10.0, 40.0), (9.0, 67.0), (8.6, 40.0 / 64), (8.0, 19.5), (7.0, 7.8))
 DAMP, DAMP_LOW, DAMP_HIGH = 0.8, 0.6, 0.95
 MEMORY_SPEEDUP = (1.7, 1.0, 2.0)        # expected, low, high
 
@@ -121,9 +135,9 @@ def kernel_class(name: str) -> str:
         if tensile:
             t = tensile.group(1)
             return ("gemm_fp32" if t[0] in "SC" else "gemm_tf32" if t[0] == "X" else
-                    "other" if t[0] in "DZ" else "gemm_half")
+                    "gemm_fp64" if t[0] in "DZ" else "gemm_half")
         if FP64_RX.search(name):           # autocast does not touch float64
-            return "other"
+            return "gemm_fp64"
         if HALF_RX.search(name):
             return "gemm_half"
         if TF32_RX.search(name):          # Ampere s1688/s16816 with fp32 in and out: TF32
@@ -162,6 +176,16 @@ def peak_ratios(cc: float | None) -> tuple[float, float] | None:
     return None
 
 
+def fp64_ratios(cc: float | None) -> tuple[float, float] | None:
+    """(fp64 -> fp32 SIMT, fp64 -> TF32 tensor) peak ratios for a compute capability (TF32: fp32
+    where the part has none); None when unknown."""
+    if cc is None or cc < 7.0:
+        return None
+    fp64 = next(v for floor, v in PEAKS64 if cc >= floor)
+    fp32, tf32, _ = next(p for floor, p in PEAKS if cc >= floor)
+    return fp32 / fp64, (tf32 or fp32) / fp64
+
+
 def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
                       device_share: float | None) -> dict:
     total = float(steps.duration.sum())
@@ -172,6 +196,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     out.update({"precision.amp_share": None, "precision.amp_speedup": None,
                 "precision.amp_speedup_low": None, "precision.amp_speedup_high": None,
                 "precision.amp_speedup_peak": None})
+    out.update(dict.fromkeys(FP64_KEYS))
     if not len(kr) or total <= 0:
         return {key: None for key in out}
     cls = class_of_rows(t, k, kr)
@@ -180,11 +205,12 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
+    crit = device_weight(device_share)
+    out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc)))
     ratios = peak_ratios(cc)
     if ratios is None:
         return out
     fp32_r, tf32_r = ratios
-    crit = device_weight(device_share)
     wide = out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"] + out["precision.gemm_tf32_share"]
     narrow = out["precision.gemm_half_share"] + out["precision.attention_half_share"]
     follows = wide / (wide + narrow) if wide + narrow > 0 else 0.0    # memory kernels fed by fp32 GEMMs
@@ -206,6 +232,18 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
                 "precision.amp_speedup_high": combined(DAMP_HIGH, MEMORY_SPEEDUP[2]),
                 "precision.amp_speedup_peak": combined(None, 2.0)})
     return out
+
+
+FP64_KEYS = ("precision.fp64_share", "precision.fp64_speedup", "precision.fp64_speedup_low",
+             "precision.fp64_speedup_high", "precision.fp64_speedup_peak")
+
+
+def _fp64(share: float, ratios: tuple[float, float] | None) -> dict:
+    """float64 GEMM/convolution time on the critical path, and what float32 with TF32 does to it."""
+    if ratios is None:
+        return {"precision.fp64_share": share}
+    r = ratios[1]
+    return dict(zip(FP64_KEYS, (share, r ** DAMP, r ** DAMP_LOW, r ** DAMP_HIGH, r)))
 
 
 def _overlap_scale(t: EventTable, k: Kinds, kr: np.ndarray) -> float:
