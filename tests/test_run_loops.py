@@ -362,7 +362,7 @@ def test_the_window_hides_torchs_cycle_warning_and_nothing_else():
     for acc_events, which parses every event in Python at stop(). Other warnings pass."""
     import warnings
 
-    from perfdoctor.collect.window import _cycle_warning_hidden
+    from perfdoctor.collect.profquiet import cycle_warning_hidden as _cycle_warning_hidden
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with _cycle_warning_hidden():

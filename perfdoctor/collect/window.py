@@ -35,19 +35,19 @@ always `profile.stop()`, which exports what was recorded through `on_trace_ready
 Kineto writes <run>/trace/<host>_<pid>.pt.trace.json on the training thread (its C++ writer,
 the least the script can be held up); a background thread then compresses it to
 .pt.trace.json.gz (isal, which releases the GIL) while training goes on, joined at the end.
-If the script runs its own profiler, ours is not started (or steps aside when theirs starts).
+If the script runs its own profiler, ours is not started (or steps aside when theirs starts). Its
+first start off torch's importing thread keeps Kineto's line about that off stderr (profquiet.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 
+from perfdoctor.collect import profquiet
 from perfdoctor.collect.tracebudget import CHECK_S, TRACE_MB, memory_limit, resident_bytes
 
 WARMUP_S = 10.0
@@ -89,48 +89,6 @@ def compress_trace(path: str) -> None:
             pass
 
 
-@contextlib.contextmanager
-def _inductor_left_unloaded(torch):
-    """While the profiler starts, `torch._inductor` reads as absent unless it is loaded already.
-
-    torch.profiler's prepare_trace asks `hasattr(torch, "_inductor")` for inductor's cudagraphs
-    setting, and torch's lazy module __getattr__ answers by importing torch._inductor and
-    torch._dynamo: ~1 s of CPU inside a training step of a script that never compiles (a script
-    that builds a torch.optim optimizer has paid it already). A script that never loaded inductor
-    has no inductor cudagraphs, so the answer "absent" is the true one. Only the attribute lookup
-    is affected, only for the call: `import torch._inductor` works as always. (Some torch versions
-    ask in start_trace, at the profiler warm-up's end: the window's step() calls are wrapped too.)
-    The lookup is module-wide while it lasts: another thread reading `torch._inductor` as an
-    attribute, never having imported it, in those microseconds would get an AttributeError."""
-    lazy = torch.__dict__.get("__getattr__")
-    if "torch._inductor" in sys.modules or lazy is None:
-        yield
-        return
-
-    def lookup(name):
-        if name == "_inductor":
-            raise AttributeError(name)
-        return lazy(name)
-    torch.__getattr__ = lookup
-    try:
-        yield
-    finally:
-        torch.__getattr__ = lazy
-
-
-@contextlib.contextmanager
-def _cycle_warning_hidden():
-    """torch 2.10-2.11 warn on the user's stderr, at a scheduled profiler's start, that a cycle
-    clears events (pytorch/pytorch issue 180348), though this window has one cycle. The way out
-    torch offers, acc_events=True, turns every stop() into a Python parse of all events: 41 s and
-    +3.4 GB for 20k-op passes where stop() and export take 4.9 s and +1 GB without it (measured
-    here, torch 2.13). So the warning is filtered out around the window's own calls instead."""
-    import warnings
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-        yield
-
-
 class Window:
     """The profiler window. state: pending | recording | exported | done | empty (the run ended
     before a whole step was recorded: no trace is written, since the script's tail after its
@@ -146,7 +104,7 @@ class Window:
         self.cut = None                # {"after_s", "resident_mb", "budget_mb"}: stopped inside a step
         self.skip, self.active, self.memory, self.enabled = skip, max(1, active), memory, enabled
         self.warmup_s, self.trace_s = warmup_s, trace_s
-        self.torch = None
+        self.torch = self.import_thread = None
         self.prof = None
         self.state = "pending"
         self.user_profilers = 0        # the script's own torch.profiler objects, started and not stopped
@@ -168,6 +126,7 @@ class Window:
 
     def install(self, torch) -> None:
         self.torch = torch
+        self.import_thread = threading.get_ident()     # torch registered its Kineto client in it (profquiet.py)
         self._wrap_user_profiler()
 
     def _wrap_user_profiler(self) -> None:
@@ -228,7 +187,8 @@ class Window:
                                       f"not --trace-steps {self.active}")
                 self._stop(partial=False)
             else:
-                with _inductor_left_unloaded(self.torch), _cycle_warning_hidden():   # some torch versions ask in start_trace
+                # some torch versions ask for torch._inductor in start_trace
+                with profquiet.inductor_left_unloaded(self.torch), profquiet.cycle_warning_hidden():
                     self.prof.step()
 
     def _start(self, now: float) -> None:
@@ -255,7 +215,8 @@ class Window:
             self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
                                 schedule=sched, on_trace_ready=self._export)
             self.thread = threading.get_ident()
-            with _inductor_left_unloaded(torch), _cycle_warning_hidden():
+            with profquiet.inductor_left_unloaded(torch), profquiet.cycle_warning_hidden(), \
+                    profquiet.kineto_line_dropped(self.import_thread):
                 self.prof.start()
             # measured once the profiler runs (CUPTI's libraries and buffers are no events), and
             # again when recording begins after a profiler warm-up step
