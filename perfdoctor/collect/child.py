@@ -10,6 +10,7 @@ exactly as under plain Python, after the hooks have written what they measured.
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.util
 import json
@@ -56,7 +57,7 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
 
 def main() -> None:
     cfg = json.loads(os.environ.pop(ENV))
-    from perfdoctor.collect import hooks   # stdlib-only module; imports torch lazily
+    from perfdoctor.collect import hooks, threadstop   # stdlib-only modules; torch is imported lazily
 
     session = hooks.Session(cfg)
     _finish_before_os_exit(session)
@@ -76,11 +77,9 @@ def main() -> None:
             sys.argv = [argv[0], *argv[1:]]
             sys.path[0] = os.path.dirname(script)
             _run_path(script, argv0=argv[0])
+        session.script_over.set()           # from here on, no stop is raised in this thread
     except hooks.StopRun:
-        session.finish(outcome="stopped")
-        if _in_process_group():
-            _leave_now(0)
-        sys.exit(0)
+        _stopped(session)
     except SystemExit as exc:
         session.finish(outcome="exit", exit_code=_code(exc.code))
         raise
@@ -104,7 +103,27 @@ def main() -> None:
         tb = _from_script(exc.__traceback__, script) if script else _as_python_m(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.exit(1)
-    session.finish(outcome="completed", exit_code=0)
+    if session.thread_stop is not None:     # the training thread was stopped (threadstop.py)
+        _stopped(session)
+    elif threadstop.live_threads():
+        # Python waits for the script's other threads before it exits (a trainer the main code
+        # did not join): their steps are the run's, and the records are written after them
+        atexit.register(_finish_at_exit, session)
+    else:
+        session.finish(outcome="completed", exit_code=0)
+
+
+def _stopped(session) -> None:
+    """Stopped by --max-steps or --duration: exit 0."""
+    session.finish(outcome="stopped")
+    if _in_process_group():
+        _leave_now(0)
+    sys.exit(0)
+
+
+def _finish_at_exit(session) -> None:
+    stopped = session.thread_stop is not None
+    session.finish(outcome="stopped" if stopped else "completed", exit_code=None if stopped else 0)
 
 
 def _in_process_group() -> bool:

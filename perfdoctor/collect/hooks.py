@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 
-from perfdoctor.collect import forked
+from perfdoctor.collect import forked, threadstop
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.loaderkinds import LoaderKinds
@@ -90,6 +90,7 @@ class Session(StepSources):
         self.loader_marks: list = []     # batch requests since the last backward pass
         self.batches_since_pass = 0
         self.stop_requested = False
+        threadstop.attach(self, cfg)     # stopping, thread_stop, script_over: a stop in a thread of its own
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
         self.opt_clock = OptimizerClock()  # time inside optimizer.step(), per step
@@ -307,10 +308,16 @@ class Session(StepSources):
             self.opt_clock.take()
             return
         dur = self._record(end, skipped)
-        if self.finished:                       # boundaries settled at the end: no window, no stop
+        main = threading.current_thread() is threading.main_thread()
+        if self.finished:                       # boundaries settled at the end: no window, no stop,
+            if self.stopping and not main:      # but another trainer thread of a stopped run stops too
+                raise StopRun()
             return
         self.window.on_boundary(self.steps - self.step_base, time.perf_counter(), self.t_first, dur)
         if self.stop_requested or (self.max_steps and self.steps - self.step_base >= self.max_steps):
+            self.stopping = True
+            if not main:
+                threadstop.install(self)        # in front of a threading.excepthook the script set since
             raise StopRun()
         # The next step starts now: our own bookkeeping is not its time. Its other readings are
         # the boundary's (one schedstat read a step, not two) unless the bookkeeping took long
@@ -324,6 +331,8 @@ class Session(StepSources):
             # no torch in this process, so no step boundary will ever come to stop at (a launcher
             # whose training runs in another process): stop now rather than after the grace period
             raise StopRun()
+        if self.thread_stop is not None and not self.script_over.is_set():
+            raise StopRun()                     # the trainer thread stopped; the main one outlived its grace
 
     # -- the end ----------------------------------------------------------------------------
     def _torch_threads(self) -> int | None:
@@ -333,6 +342,7 @@ class Session(StepSources):
             return None
 
     def finish(self, outcome: str, exit_code: int | None = None, error: str | None = None) -> None:
+        self.script_over.set()
         if self.finished:
             return
         self.finished = True

@@ -159,6 +159,8 @@ class Window:
         (perf_counter); last_dur: the step that just ended, in seconds."""
         if not self.enabled or self.torch is None:
             return
+        if self.prof is not None and self.thread != threading.get_ident():
+            return                      # a step of another thread: the profiler is its own thread's
         if self.state == "pending":
             by_steps = steps >= self.skip
             if by_steps or (steps >= 1 and now - t_first >= self.warmup_s):
@@ -327,7 +329,9 @@ class Window:
         self.export_s, self.perturbed_next = None, False
         return True
 
-    def finish(self) -> None:
+    def end(self) -> None:
+        """Stop recording (on the profiling thread): the trace is exported, unless it holds no
+        whole step, or finish() gave it up."""
         if self.state == "recording" and self.recorded == 0:
             # Only the tail of the script since the last boundary was recorded: not a step.
             self.discard = True
@@ -335,6 +339,24 @@ class Window:
             self.state = "empty"
         if self.state in ("recording", "exported"):
             self._stop(partial=self.state == "recording")
+        elif self.prof is not None:              # given up by finish(): stopped, nothing written
+            self.discard = True
+            self._stop(partial=True)
+
+    def thread_ended(self) -> None:
+        """A thread of the script ends (threadstop.py): the profiler it started stops with it."""
+        if self.prof is not None and self.thread == threading.get_ident():
+            self.end()
+
+    def finish(self) -> None:
+        if self.prof is not None and self.thread != threading.get_ident():
+            # torch.profiler stops only in the thread that started it (stopped from another, the
+            # script crashed: SIGSEGV); that thread stops it when it ends, writing nothing
+            self.state, self.discard = "failed", True
+            self.notes.append("no trace: the thread that ran the profiler was still running when the script "
+                              "ended, and a profiler stops only in its own thread")
+        else:
+            self.end()
         if self.compressor is not None:
             self.compressor.join(timeout=COMPRESS_WAIT_S)
             if self.compressor.is_alive():
