@@ -1,5 +1,5 @@
 """`perfdoctor run` under faults (issue 12): binary output, the script killed by SIGKILL, SIGTERM
-to perfdoctor, an unwritable --out and a full disk. Each keeps the script's stdout byte for byte
+to perfdoctor, a terminal's Ctrl-C, an unwritable --out and a full disk. Each keeps the script's stdout byte for byte
 (as a plain `python` run writes it), its exit code, and leaves a usable report or a clear
 message. `run -m` with a module that does not exist or raises ends as `python -m` does. (A crash's
 traceback, SIGINT and exit codes are covered in tests/test_run.py.)"""
@@ -7,6 +7,7 @@ traceback, SIGINT and exit codes are covered in tests/test_run.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -112,6 +113,43 @@ def test_sigterm_to_perfdoctor_is_forwarded_and_leaves_a_report(tmp_path, script
     assert stdout == bare(script, "exit", "10").stdout            # the first 10 steps' bytes, intact
     doc = json.loads((out / "report.json").read_text())
     assert doc["run"]["exit_code"] == 143 and doc["run"]["outcome"] in ("interrupted", "killed")
+
+
+CLEANUP = r'''
+import sys, time
+import torch
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 8)
+try:
+    while True:
+        model(x).square().mean().backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.05)                  # where a Ctrl-C lands: the main thread reacts at once
+except KeyboardInterrupt:
+    time.sleep(0.5)                       # the script's own cleanup after a Ctrl-C
+    print("cleanup done", flush=True)
+    sys.exit(3)
+'''
+
+
+def test_a_terminals_ctrl_c_reaches_the_script_once(tmp_path):
+    # Ctrl-C at a terminal sends SIGINT to the whole foreground process group: perfdoctor and the
+    # script. perfdoctor used to send the script a second one, which cut its cleanup short (and,
+    # landing in perfdoctor's own ending, lost child.json: "the script was killed")
+    script, out = tmp_path / "cleanup.py", tmp_path / "run"
+    script.write_text(CLEANUP)
+    p = subprocess.Popen([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--out", str(out), str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not ((out / "steps.jsonl").exists()
+                                               and len((out / "steps.jsonl").read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)                     # as the terminal does
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 3, stderr[-2000:]
+    assert stdout == b"cleanup done\n" and b"Traceback" not in stderr
+    assert json.loads((out / "child.json").read_text())["outcome"] == "exit"
+    assert json.loads((out / "run.json").read_text())["forwarded_signals"] == [signal.SIGINT]
 
 
 def test_unwritable_out_is_one_line_and_the_script_does_not_run(tmp_path, script):

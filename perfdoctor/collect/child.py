@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import runpy
+import signal
 import sys
 import types
 
@@ -61,6 +62,7 @@ def main() -> None:
 
     session = hooks.Session(cfg)
     _finish_before_os_exit(session)
+    _signals_told(cfg.get("signal_fd"))
     watcher = _TorchWatcher(session.install)
     sys.meta_path.insert(0, watcher)
     if "torch" in sys.modules:                # cannot happen from a clean start, but be safe
@@ -124,6 +126,29 @@ def _stopped(session) -> None:
 def _finish_at_exit(session) -> None:
     stopped = session.thread_stop is not None
     session.finish(outcome="stopped" if stopped else "completed", exit_code=None if stopped else 0)
+
+
+def _signals_told(fd) -> None:
+    """Python's C signal handler writes the number of each signal this process gets to `fd`, read
+    by the launcher (launcher.ChildSignals): a Ctrl-C the script got from the terminal is not sent
+    to it again. The script does not see that fd: signal.set_wakeup_fd answers as if none were set
+    (a script or library that sets its own, as an asyncio loop does, replaces it: then every
+    SIGINT perfdoctor gets is sent on, as before)."""
+    if not isinstance(fd, int) or isinstance(fd, bool):
+        return
+    try:
+        os.set_inheritable(fd, False)             # not the script's subprocesses'
+        os.set_blocking(fd, False)
+        real = signal.set_wakeup_fd
+        real(fd, warn_on_full_buffer=False)
+    except (OSError, ValueError, TypeError):
+        return
+
+    def set_wakeup_fd(new, *a, **kw):
+        old = real(new, *a, **kw)
+        return -1 if old == fd else old
+    set_wakeup_fd.__doc__ = real.__doc__
+    signal.set_wakeup_fd = set_wakeup_fd
 
 
 def _in_process_group() -> bool:

@@ -1,9 +1,12 @@
 """Parent side of `perfdoctor run`: start the child, sample the system, forward signals.
 
 The child (child.py) inherits stdin/stdout/stderr, so the script's output passes through
-untouched. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (a terminal's Ctrl-C
-reaches both; the child's KeyboardInterrupt is what ends the run). --duration asks the child to
-stop at its next step boundary (SIGUSR1), then insists (SIGINT, SIGKILL) after a grace period.
+untouched. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (its KeyboardInterrupt
+is what ends the run), but not a SIGINT the child got itself: a terminal's Ctrl-C reaches the
+whole process group, and a second one a millisecond later would cut short the script's handling
+of the first (its `except KeyboardInterrupt:` cleanup, perfdoctor's records). --duration asks
+the child to stop at its next step boundary (SIGUSR1), then insists (SIGINT, SIGKILL) after a
+grace period.
 Progress lines go to stderr only when it is a terminal. Everything measured lands in the run
 directory; nothing here formats a report.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -27,6 +31,8 @@ from perfdoctor.collect.rundir import claim
 
 STOP_GRACE_S = 30.0
 PROGRESS_EVERY_S = 5.0
+SIGINT_WAIT_S = 0.25     # how long a SIGINT to perfdoctor waits for word that the child got it too
+SIGINT_FRESH_S = 1.0     # word older than this is of another SIGINT
 
 
 @dataclass
@@ -69,14 +75,68 @@ def default_run_dir(cfg: RunConfig, root: str = "perfdoctor-runs") -> Path:
     return path
 
 
-def forward_signals(proc: subprocess.Popen) -> tuple[list[int], dict]:
-    """Forward SIGINT/SIGTERM to the child from now on; returns (signals forwarded so far, the
-    handlers to restore with restore_signals)."""
+class ChildSignals:
+    """Word of the signals the child handles: child.py makes the write end of this pipe its
+    signal wakeup fd, so Python's C signal handler writes each signal's number there the moment
+    it arrives (before any Python code runs, whatever the script is doing)."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        self.sigint_at: float | None = None      # when word of the child's last SIGINT was read
+        self.owed = 0                            # SIGINTs perfdoctor sent the child: no word of a Ctrl-C
+
+    def sent_sigint(self) -> None:
+        self.owed += 1
+
+    def poll(self) -> None:
+        try:
+            while data := os.read(self.r, 512):
+                for _ in range(data.count(signal.SIGINT)):
+                    if self.owed:
+                        self.owed -= 1
+                    else:
+                        self.sigint_at = time.monotonic()
+        except (BlockingIOError, OSError):
+            pass
+
+    def got_sigint(self, wait: float) -> bool:
+        """Whether the child got a SIGINT of its own just now (waiting up to `wait` s for word)."""
+        deadline = time.monotonic() + wait
+        while True:
+            self.poll()
+            now = time.monotonic()
+            if self.sigint_at is not None and now - self.sigint_at < SIGINT_FRESH_S:
+                self.sigint_at = None            # one word for one SIGINT
+                return True
+            if now >= deadline:
+                return False
+            try:
+                select.select([self.r], [], [], deadline - now)
+            except (OSError, ValueError):
+                return False
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def forward_signals(proc: subprocess.Popen, heard: ChildSignals | None = None) -> tuple[list[int], dict]:
+    """Forward SIGINT/SIGTERM to the child from now on, a SIGINT only if `heard` has no word that
+    the child got it itself; returns (signals received so far, the handlers to restore with
+    restore_signals)."""
     forwarded: list[int] = []
 
     def forward(signum, frame):
         forwarded.append(signum)
+        if signum == signal.SIGINT and heard is not None and heard.got_sigint(SIGINT_WAIT_S):
+            return                               # the terminal's Ctrl-C reached the child's process group
         if proc.poll() is None:
+            if signum == signal.SIGINT and heard is not None:
+                heard.sent_sigint()
             proc.send_signal(signum)
     return forwarded, {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -97,13 +157,21 @@ def launch(cfg: RunConfig) -> RunResult:
     # kineto logs "USDT: profiler_start/stop" to stderr at its default level: lines the script
     # never printed. Level 6 silences kineto's own log, unless the user chose a level.
     quiet = {} if "KINETO_LOG_LEVEL" in os.environ else {"KINETO_LOG_LEVEL": "6"}
-    env = dict(os.environ, **cupti_env, **quiet, **{ENV: json.dumps(child_cfg)})
+    env = dict(os.environ, **cupti_env, **quiet)
     notes: list[str] = [child_cfg["teardown_cupti"]["note"]] if child_cfg["teardown_cupti"]["note"] else []
     t0 = time.monotonic()
     unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)
-    proc = subprocess.Popen([sys.executable, *unbuffered, "-m", "perfdoctor.collect.child"], env=env)
+    heard = ChildSignals()
+    env[ENV] = json.dumps(dict(child_cfg, signal_fd=heard.w))
+    try:
+        proc = subprocess.Popen([sys.executable, *unbuffered, "-m", "perfdoctor.collect.child"], env=env,
+                                pass_fds=(heard.w,))
+    except BaseException:
+        heard.close()
+        raise
+    os.close(heard.w)
     # forward at once: a Ctrl-C while the samplers start must reach the script, not orphan it
-    forwarded, old = forward_signals(proc)
+    forwarded, old = forward_signals(proc, heard)
     samplers: list = []
     stopped_by, stop_sent_at = None, None
     progress = _Progress(run_dir) if cfg.progress and sys.stderr.isatty() else None
@@ -115,17 +183,22 @@ def launch(cfg: RunConfig) -> RunResult:
                 break
             except subprocess.TimeoutExpired:
                 pass
+            heard.poll()                         # word of a SIGINT perfdoctor did not get is soon stale
             elapsed = time.monotonic() - t0
             if cfg.duration and elapsed >= cfg.duration and stop_sent_at is None:
                 stopped_by, stop_sent_at = "duration", elapsed
                 proc.send_signal(signal.SIGUSR1)
             elif stop_sent_at is not None and elapsed - stop_sent_at > STOP_GRACE_S:
                 notes.append(f"the script did not stop within {STOP_GRACE_S:.0f} s of the request; interrupted it")
-                proc.send_signal(signal.SIGINT if elapsed - stop_sent_at < 2 * STOP_GRACE_S else signal.SIGKILL)
+                insist = signal.SIGINT if elapsed - stop_sent_at < 2 * STOP_GRACE_S else signal.SIGKILL
+                if insist == signal.SIGINT:
+                    heard.sent_sigint()
+                proc.send_signal(insist)
             if progress:
                 progress.tick(elapsed)
     finally:
         restore_signals(old)
+        os.close(heard.r)
         _stop_samplers(samplers, run_dir, notes)
     code = proc.returncode
     sig = -code if code < 0 else None
