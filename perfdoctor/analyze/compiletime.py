@@ -31,6 +31,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
@@ -51,7 +52,7 @@ def compile_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     s, e = intervals.union(t.ts[rows].astype(float), (t.ts[rows] + t.dur[rows]).astype(float))
     per_step = np.array([intervals.total(*intervals.clip(s, e, a, b)) for a, b in zip(steps.start, steps.end)])
     regions = np.flatnonzero(ops & t.name_regex(REGION_RX.pattern))
-    ids = {REGION_RX.match(t.names[c]).group(1) for c in np.unique(t.name[regions])}
+    ids = {REGION_RX.match(t.names[c]).group(1) for c in unique(t.name[regions])}
     out.update({"compile.share": float(per_step.sum()) / total,
                 "compile.steps": int((per_step > 0).sum()),
                 "compile.region_ids": len(ids)})

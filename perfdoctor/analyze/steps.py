@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.kinds import STEP_RX, Kinds
 from perfdoctor.trace.table import EventTable
 
@@ -242,8 +243,8 @@ def _host_tail_cut(t: EventTable, k: Kinds, hs: np.ndarray, he: np.ndarray) -> i
     inside = (si >= 0) & (t.ts[host] < he[np.maximum(si, 0)])
     counts = np.bincount(si[inside], minlength=len(hs))
     durs = he - hs
-    return int(counts[-1] < TAIL_KEEP_RATIO * float(np.median(counts[:-1]))
-               and durs[-1] < TAIL_KEEP_RATIO * float(np.median(durs[:-1])))
+    return int(counts[-1] < TAIL_KEEP_RATIO * median(counts[:-1])
+               and durs[-1] < TAIL_KEEP_RATIO * median(durs[:-1]))
 
 
 def _first_step_start(t: EventTable, dev: np.ndarray, matched: np.ndarray, si: np.ndarray,
