@@ -56,10 +56,7 @@ class Steps:
 
     def index_of(self, times: np.ndarray) -> np.ndarray:
         """Step index containing each time, or -1."""
-        idx = np.searchsorted(self.start, times, side="right") - 1
-        ok = idx >= 0
-        ok[ok] = times[ok] < self.end[idx[ok]]
-        return np.where(ok, idx, -1)
+        return containing(self.start, self.end, times)
 
     def host_ranges(self) -> tuple[np.ndarray, np.ndarray]:
         """Each step's host range: its ProfilerStep span (the step itself for the other sources)."""
@@ -69,11 +66,7 @@ class Steps:
 
     def host_range_of(self, times: np.ndarray) -> np.ndarray:
         """Index of the step whose host range holds each time, or -1."""
-        hs, he = self.host_ranges()
-        i = np.searchsorted(hs, times, side="right") - 1
-        ok = i >= 0
-        ok[ok] = times[ok] < he[i[ok]]
-        return np.where(ok, i, -1)
+        return containing(*self.host_ranges(), times)
 
     def in_host_range(self, times: np.ndarray) -> np.ndarray:
         """Whether each time lies in a step and inside a step's host range. A call the host makes
@@ -97,6 +90,15 @@ class Steps:
         """Indices of steady-state steps: all but the first (warm-up) when there are 2 or more."""
         n = len(self)
         return np.arange(1, n) if n >= 2 else np.arange(n)
+
+
+def containing(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Index of the range [starts[i], ends[i]) holding each time (ranges sorted, not
+    overlapping), or -1."""
+    idx = np.searchsorted(starts, times, side="right") - 1
+    ok = idx >= 0
+    ok[ok] = times[ok] < ends[idx[ok]]
+    return np.where(ok, idx, -1)
 
 
 def device_launch_index(t: EventTable, k: Kinds) -> tuple[np.ndarray, np.ndarray]:
@@ -239,9 +241,8 @@ def _host_tail_cut(t: EventTable, k: Kinds, hs: np.ndarray, he: np.ndarray) -> i
     if len(hs) < 2:
         return 0
     host = np.flatnonzero((k.cpu_op | k.dataloader | k.comm_op | k.runtime) & k.complete)
-    si = np.searchsorted(hs, t.ts[host], side="right") - 1
-    inside = (si >= 0) & (t.ts[host] < he[np.maximum(si, 0)])
-    counts = np.bincount(si[inside], minlength=len(hs))
+    si = containing(hs, he, t.ts[host])
+    counts = np.bincount(si[si >= 0], minlength=len(hs))
     durs = he - hs
     return int(counts[-1] < TAIL_KEEP_RATIO * median(counts[:-1])
                and durs[-1] < TAIL_KEEP_RATIO * median(durs[:-1]))
