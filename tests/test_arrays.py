@@ -29,12 +29,13 @@ def test_same_values_as_numpy(n):
         assert np.isnan(arrays.median(a)) and np.isnan(arrays.percentile(a, 90))
 
 
-def test_analysis_does_not_import_numpy_ma(tmp_path):
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_analysis_does_not_import_numpy_ma(tmp_path, device):
     """numpy.ma costs 20 ms of a cold `perfdoctor report`; np.unique/median/percentile/isin load it."""
     import tracegen as tg
     path = tmp_path / "t.json"
     tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=500, kernels=8, syncs=1, mallocs=1, frees=1)] * 4,
-                          memory_events=True), path)
+                          memory_events=True, device=device), path)
     code = ("import sys\nfrom perfdoctor.trace.loader import load_trace\n"
             "from perfdoctor.analyze.pipeline import analyze\n"
             f"a = analyze(load_trace({str(path)!r}))\n"

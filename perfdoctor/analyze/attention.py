@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
 from perfdoctor.analyze.precision import CLASSES, class_of_rows
@@ -89,7 +89,7 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
         rows = dev[inside]               # kernels, and the device-to-device copies and fills they need
         kern = rows[k.kernel[rows]]
-        gemm = kern[np.isin(class_of_rows(t, k, kern), GEMM_CLASSES)]
+        gemm = kern[isin(class_of_rows(t, k, kern), GEMM_CLASSES)]
         scale = n_max / len(mine) if cut else 1.0
         share += float(t.dur[rows].sum()) * scale
         gemm_share += float(t.dur[gemm].sum()) * scale

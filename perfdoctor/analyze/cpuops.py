@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
 from perfdoctor.analyze.steps import Steps
@@ -33,7 +34,7 @@ NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us")
 def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
     """How many of `ops` each row of `top` holds, itself included (same thread)."""
     n = np.ones(len(top))
-    for tid in np.unique(t.tid[top]):
+    for tid in unique(t.tid[top]):
         o = np.sort(t.ts[ops[t.tid[ops] == tid]])
         on = np.flatnonzero(t.tid[top] == tid)
         lo = np.searchsorted(o, t.ts[top[on]], side="left")
@@ -56,5 +57,5 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     per_op = dur / _ops_inside(t, ops, top)
     out["cpu.small_op_share"] = min(1.0, float(dur[per_op < SMALL_OP_US].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
-    out["cpu.op_median_us"] = float(np.median(dur))
+    out["cpu.op_median_us"] = float(median(dur))
     return out

@@ -32,6 +32,7 @@ import re
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import isin
 from perfdoctor.analyze.kinds import COMM_KERNEL_RX, Kinds
 from perfdoctor.analyze.precision import CLASSES, OPTIMIZER_KERNEL_RX, _in_optimizer, class_of_rows, device_weight
 from perfdoctor.analyze.steps import Steps
@@ -74,7 +75,7 @@ def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | 
     lut = np.fromiter((is_memory_bound(n) for n in t.names), bool, len(t.names))
     pointwise = np.fromiter((bool(POINTWISE_RX.search(n)) for n in t.names), bool, len(t.names))
     cls = class_of_rows(t, k, kr)
-    keep = lut[names] & ~np.isin(cls, [CLASSES.index(c) for c in UNCHANGED]) & ~_in_optimizer(t, k, kr)
+    keep = lut[names] & ~isin(cls, [CLASSES.index(c) for c in UNCHANGED]) & ~_in_optimizer(t, k, kr)
     n_steps = max(len(steps.duration), 1)
     out.update({"fusion.unfused_share": float(t.dur[kr][keep].sum()) / total * device_weight(device_share),
                 "fusion.unfused_kernels_per_step": float(keep.sum()) / n_steps,

@@ -38,6 +38,7 @@ import math
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.stepwait import positive, timed_steps
 
 LONG = 2.0          # a step doing twice the usual step's work does something the usual one does not
@@ -85,7 +86,9 @@ def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) 
         d = np.concatenate([at[j:] - at[:-j] for j in range(1, min(NEARBY, at.size - 1) + 1)])
         d = d[(d >= 2) & (d <= span // MIN_REPEATS)]
         if d.size:
-            values, counts = np.unique(d, return_counts=True)
+            tally = np.bincount(d)                  # d holds small positive ints
+            values = np.flatnonzero(tally)
+            counts = tally[values]
             cands.update(int(v) for v in values[np.argsort(-counts, kind="stable")[:PER_TIER]])
     best: list[tuple[int, float, np.ndarray]] = []
     tried = sum(cands)                  # phases tried in all: the Bonferroni factor
@@ -133,7 +136,7 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     if len(recs) < MIN_STEPS:
         return out
     own = own_times(recs)
-    usual = float(np.median(own))
+    usual = float(median(own))
     steps = [s.get("step") for s in recs]
     numbered = all(isinstance(x, int) and not isinstance(x, bool) for x in steps) and steps == sorted(set(steps))
     pos = np.array(steps) - steps[0] if numbered else np.arange(len(recs))
@@ -146,11 +149,11 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     # the time those steps cost the run beyond as many usual steps: their wall time, their
     # queueing and their own loader's waits included (an evaluation's batches are its work)
     dur = np.array([s["dur"] for s in recs])
-    typical = float(np.median(dur))
+    typical = float(median(dur))
     long_phases = {int(p) % period for p in pos[mask]}
     out["loop.long_steps_share"] = float(np.clip(dur[mask] - typical, 0, None).sum()) / wall
     out["loop.long_steps_every"] = period / len(long_phases)
-    out["loop.long_step_ms"] = 1e3 * float(np.median(dur[mask]))
+    out["loop.long_step_ms"] = 1e3 * float(median(dur[mask]))
     out["loop.usual_step_ms"] = 1e3 * typical
     if profiled and numbered and all(isinstance(s.get("step"), int) for s in profiled):
         out["loop.long_steps_traced"] = sum(1 for s in profiled if (s["step"] - steps[0]) % period in long_phases)

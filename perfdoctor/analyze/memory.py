@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.kinds import FREE_RX, MALLOC_RX, Kinds
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
@@ -21,7 +21,7 @@ DEVICE_TYPE_CPU = 0
 def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
     steady = steps.steady()
     n = len(steady)
-    in_steady = np.isin(steps.of_events(t), steady)
+    in_steady = isin(steps.of_events(t), steady)
     steady_time = float(steps.duration[steady].sum())
     mal = k.runtime & t.name_mask(lambda s: MALLOC_RX.match(s) is not None) & in_steady
     fre = k.runtime & t.name_mask(lambda s: FREE_RX.match(s) is not None) & in_steady

@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
-from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.fusedcpu import annotated_class, fused_cpu_metrics
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, kernels_launched_inside, launches_inside
@@ -108,7 +108,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if len(opt):
         out["optimizer.closure"] = part.closure
         ops = np.flatnonzero(k.cpu_op)
-        ops = ops[~np.isin(ops, opt)]
+        ops = ops[~isin(ops, opt)]
         inside = ops[contained(t, ops, opt)]            # any depth, same thread
         inside = inside[part.own(t.ts[inside])]
         out["optimizer.ops_per_step"] = len(inside) / n

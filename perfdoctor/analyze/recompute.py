@@ -34,7 +34,7 @@ import re
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, kernels_launched_inside, outermost
 from perfdoctor.analyze.precision import device_weight
@@ -67,9 +67,9 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
     spans = spans[_holds(t, spans, rec)]
     wrappers = {n.split(": ", 1)[1] for n in (t.names[c] for c in unique(t.name[backward]))}
     cand = np.flatnonzero(in_span & ~t.name_mask(lambda n: n in wrappers))
-    cand = cand[contained(t, cand, spans) & ~contained(t, cand, rec) & ~np.isin(cand, spans)]
+    cand = cand[contained(t, cand, spans) & ~contained(t, cand, rec) & ~isin(cand, spans)]
     cand = cand[~_encloses(t, cand, rec)]          # a range or Python frame around the rerun is not backward work
-    work = outermost(t, cand[~np.isin(cand, rec)])
+    work = outermost(t, cand[~isin(cand, rec)])
     host = (float(t.dur[spans].sum()) - float(t.dur[work].sum())) / total
     if k.platform == "cpu":
         out["recompute.share"] = host

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.stackcause import CAUSES, classify, user_code
 
 MIN_STEADY_STEPS = 3
@@ -143,7 +144,7 @@ def _add_save(saves: list[list[float]], sa: float, sb: float, ends: np.ndarray, 
     instants = sa + period * np.arange(max(1, int(round((sb - sa) / period))))
     step = np.searchsorted(ends, instants, side="right")
     stale = int(step[-1]) - int(step[0]) >= 2
-    for s in (step[:1] if stale else np.unique(step)):
+    for s in (step[:1] if stale else unique(step)):
         at = instants if stale else instants[step == s]
         pa, pb = float(at[0]), min(float(at[-1]) + period, sb)
         ov = float(win.overlap(np.array([pa]), np.array([pb]))[0])
@@ -169,7 +170,7 @@ def _save_interval(saves: list[list[float]], win: _Windows, covered: float, span
     seen = [s for s in saves if s[2] > 0 and s[1] > 0]
     if len(seen) >= 3 and covered > 0:
         at = win.before(np.array(sorted(s[3] for s in seen)))
-        return float(np.median(np.diff(at)) / (span / covered))
+        return float(median(np.diff(at)) / (span / covered))
     n_saves = sum(ov / d for _, d, ov, _, _ in seen)
     return covered / n_saves if n_saves > 0.5 else None
 

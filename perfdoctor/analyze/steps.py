@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import median
+from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import STEP_RX, Kinds
 from perfdoctor.trace.table import EventTable
 
@@ -162,7 +162,7 @@ def _before_cut(t: EventTable, k: Kinds, steps: Steps) -> Steps:
     why = "during step {}"
     if t.meta.device_properties and not (device & k.complete).any():
         cut, why = -np.inf, "before its first device event"
-    elif in_device and set(np.unique(t.tid[k.cpu_op]).tolist()) - set(np.unique(t.tid[launches]).tolist()):
+    elif in_device and set(unique(t.tid[k.cpu_op]).tolist()) - set(unique(t.tid[launches]).tolist()):
         # a host thread's pass (the autograd thread's, say) was never reached: every step may lack its kernels
         cut, why = -np.inf, "before it reached the device events of every launching thread"
     late = np.flatnonzero((steps.end if steps.host_end is None else steps.host_end) > cut)

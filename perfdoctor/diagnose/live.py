@@ -18,6 +18,7 @@ import numpy as np
 
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
+from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.callshares import call_metrics, combined
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
@@ -152,14 +153,14 @@ def _drift_note(steady: list[dict]) -> list[str]:
     if third < 4:
         return []
     durs = [d for d, _ in rows]
-    first, last = float(np.median(durs[:third])), float(np.median(durs[-third:]))
+    first, last = float(median(durs[:third])), float(median(durs[-third:]))
     if first <= 0 or 1 / DRIFT < last / first < DRIFT:
         return []
     head = (f"the steady steps' length drifts: median {ms(1e3 * first)} ms in the first third, {ms(1e3 * last)} ms "
             f"in the last ({last / first:.2g}x)")
     if all(isinstance(q, (int, float)) for _, q in rows):
         own = [max(0.0, d - q) for d, q in rows]
-        a, b = float(np.median(own[:third])), float(np.median(own[-third:]))
+        a, b = float(median(own[:third])), float(median(own[-third:]))
         queued = [sum(q for _, q in part) / sum(d for d, _ in part) for part in (rows[:third], rows[-third:])]
         if a > 0 and 1 / DRIFT < b / a < DRIFT:
             return [f"{head}, while the time the training thread was not waiting for a CPU stays {ms(1e3 * a)} -> "
