@@ -610,3 +610,15 @@ def test_a_call_from_an_every_n_steps_block_is_periodic_and_a_forward_there_is_e
     assert classify((at(9), module))[0] == "evaluation"                  # an inline validation forward
     assert classify((at(5), module))[0] == "model"                       # the training forward
     assert classify((at(11), module))[0] == "model"                      # the generator trains there
+
+
+def test_periodic_block_follows_the_file_text():
+    """The joined text is cached per file, but a new line list (the file changed) is read again."""
+    from perfdoctor.analyze.sourcelines import in_periodic_block
+    v1 = ["for step in range(100):\n", "    loss = train()\n", "    if step % 10 == 0:\n", "        save()\n"]
+    v2 = ["for step in range(100):\n", "    loss = train()\n", "    save()\n", "    log()\n"]
+    current = [v1]
+    lines_of = lambda f: current[0]   # noqa: E731 - one list object per version, as linecache gives
+    assert in_periodic_block("/x/train.py", 4, lines_of) and not in_periodic_block("/x/train.py", 2, lines_of)
+    current[0] = v2
+    assert not in_periodic_block("/x/train.py", 4, lines_of)

@@ -65,7 +65,15 @@ def in_periodic_block(file: str, line: int, lines_of=linecache.getlines, trainin
     if line <= 0 or not file or file.startswith("<"):
         return False
     try:
-        text = "".join(lines_of(file))
+        lines = lines_of(file)
     except (OSError, UnicodeDecodeError, MemoryError):
         return False
-    return bool(text) and line in _periodic_lines(file, text)[1 if training else 0]
+    seen = _joined.get(file)
+    if seen is None or seen[0] is not lines:       # linecache hands back the same list while a file is cached
+        if len(_joined) >= 64:
+            _joined.clear()
+        seen = _joined[file] = (lines, "".join(lines))
+    return bool(seen[1]) and line in _periodic_lines(file, seen[1])[1 if training else 0]
+
+
+_joined: dict[str, tuple[list, str]] = {}          # file -> (the line list seen, its text): one join per file
