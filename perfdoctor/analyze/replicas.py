@@ -37,7 +37,7 @@ def replica_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out: dict = dict.fromkeys(NAMES)
     work = np.flatnonzero((k.kernel & ~k.comm_kernel) | k.memcpy | k.memset)
     dev = t.args["device"][work]
-    known = ~np.isnan(dev)
+    known = ~np.isnan(dev) & (dev >= 0)
     devices = unique(dev[known])
     if len(devices) < 2:
         return out
