@@ -22,6 +22,7 @@ from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.recompute import recompute_metrics
+from perfdoctor.analyze.replicas import replica_metrics, replica_shares
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
@@ -77,6 +78,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
         m.update(gap_metrics)
         m.update(host_metrics(t, k, steps, tl, claimed=allocator_segments(t, k, steps, tl)))
         m.update(allocator_metrics(t, k, steps, tl))
+        m.update(replica_metrics(t, k, steps))
     m.update(pattern_metrics(t, k, steps))
     m.update(attention_metrics(t, k, steps))
     m.update(verdict_shares(m))
@@ -84,6 +86,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, m["share.device"]))
+    m.update(replica_shares(m))     # after the weightings above, which keep the union over devices
     m.update(compile_metrics(t, k, steps))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))

@@ -102,6 +102,13 @@ _m("gpu.kernel_median_us", "us", "Median kernel duration.")
 _m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels launched one by one (not replayed from a CUDA/HIP graph) that are shorter than the runtime call that launched them; None when no kernel was launched one by one.")
 _m("gpu.graph_kernel_share", "fraction", "Kernels replayed from CUDA/HIP graphs (launched by cudaGraphLaunch/hipGraphLaunch: torch.compile mode=\"reduce-overhead\", torch.cuda.graph, make_graphed_callables) / all kernels joined to their launching call; None when none is joined.")
 _m("gpu.graph_launches_per_step", "per_step", "Graph launches (cudaGraphLaunch, hipGraphLaunch) per step.")
+# Per device, when one process drives several GPUs (torch.nn.DataParallel; analyze/replicas.py). Busy =
+# kernels (collectives excluded), copies and memsets on that device, their union / step time. None
+# unless work ran on two devices or more in this process.
+_m("gpu.device_busy_max", "share", "Busy share of the busiest device (kernels other than collectives, copies, memsets on it / step time); None with one device.")
+_m("gpu.device_busy_min", "share", "Busy share of the least busy device; None with one device.")
+_m("gpu.device_busy_mean", "share", "Mean busy share over the devices: the device capacity the step uses (share.device under DataParallel); None with one device.")
+_m("gpu.device_imbalance", "fraction", "1 - gpu.device_busy_mean / gpu.device_busy_max: the share of the busiest device's busy time the average device idles (0 = evenly busy); None with one device.")
 # -- syncs and copies ------------------------------------------------------------------------
 _m("sync.per_step", "per_step", "Host-device synchronisations per step (stream/device/event syncs, blocking memcpy, DtoH copies under item/_local_scalar_dense/nonzero).")
 _m("sync.share", "share", "Share of step time the host spends blocked in synchronising calls.")
@@ -172,6 +179,9 @@ _m("attention.manual_kernel_share", "share", "Device time of kernels launched by
 _m("attention.manual_gemm_share", "share", "The part of attention.manual_kernel_share in GEMM kernels (the matmuls a fused attention kernel still computes; the rest it removes); None on CPU.")
 _m("attention.math_kernel_share", "share", "Device time of kernels launched inside math-attention ops / step time.")
 _m("parallel.data_parallel", "bool", "torch.nn.DataParallel ran (DataParallel.forward annotations).")
+_m("parallel.replica_compute_share_max", "share", "The busiest device's compute kernels alone (no copies, memsets or collectives: DataParallel's replicate/broadcast, scatter, gather and gradient reduce), their union / step time: about what a DDP step would take on that replica; None with one device.")
+_m("parallel.replica_compute_share_mean", "share", "Mean over the devices of that compute-kernel share: the step if DDP evened the replicas' work; None with one device.")
+_m("parallel.replica_idle_share", "share", "Under DataParallel on several devices: the union of device busy time over the devices minus their mean busy share (gpu.device_busy_mean): time the replicas idle while the one driving process replicates, scatters, gathers and computes the loss on the first device. share.device is the mean and this share is counted in share.host (analyze/replicas.py); None otherwise.")
 _m("optimizer.step_share", "share", "Share of step time inside Optimizer.step annotations (host), after the last backward pass of a closure run inside them (optimizer.closure).")
 _m("optimizer.kernels_per_step", "per_step", "Kernels launched inside Optimizer.step per step.")
 _m("optimizer.ops_per_step", "per_step", "CPU ops run inside Optimizer.step per step (any depth): a for-loop optimizer runs several per parameter, foreach/fused a handful.")

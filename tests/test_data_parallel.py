@@ -1,0 +1,95 @@
+"""torch.nn.DataParallel: one process, several GPUs (analyze/replicas.py, PD364, PD330).
+
+The traces come from tests/dptrace.py, which lays every device interval out by hand, so the
+per-device busy and compute times are exact."""
+
+from __future__ import annotations
+
+import dptrace as dp
+import pytest
+import tracegen as tg
+
+from perfdoctor.diagnose.offline import diagnose_path
+
+SPECS = [dp.DPSpec(),                                                        # GPU 0 busy 84%, the others 46%
+         dp.DPSpec(devices=2, fwd=3000, bwd=4000, loss=200, opt=600, tail=900)]   # nearly even
+
+
+def _diagnose(tmp_path, spec, name="dp.json"):
+    truth = dp.write(spec, tmp_path / name)
+    doc = diagnose_path(str(tmp_path / name))
+    return doc, doc["traces"][0]["metrics"], truth
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["4-gpus-uneven", "2-gpus-even"])
+def test_per_device_busy_and_compute(tmp_path, spec):
+    doc, m, tr = _diagnose(tmp_path, spec)
+    step = tr.step_us
+    busy = [b / step for b in tr.busy_us]
+    own = [c / step for c in tr.compute_us]
+    mean = sum(busy) / len(busy)
+    assert m["trace.devices_used"] == spec.devices and m["parallel.data_parallel"] is True
+    assert m["gpu.device_busy_max"] == pytest.approx(max(busy), abs=1e-6)
+    assert m["gpu.device_busy_min"] == pytest.approx(min(busy), abs=1e-6)
+    assert m["gpu.device_busy_mean"] == pytest.approx(mean, abs=1e-6)
+    assert m["gpu.device_imbalance"] == pytest.approx(1 - mean / max(busy), abs=1e-5)
+    assert m["parallel.replica_compute_share_max"] == pytest.approx(max(own), abs=1e-6)
+    assert m["parallel.replica_compute_share_mean"] == pytest.approx(sum(own) / len(own), abs=1e-6)
+    # the union over devices is still the breakdown; share.device is the mean, the rest is host
+    union = m["breakdown.kernel"] + m["breakdown.memcpy"] + m["breakdown.memset"]
+    assert union == pytest.approx(tr.union_us / step, abs=1e-5)
+    assert m["share.device"] == pytest.approx(mean, abs=1e-6)
+    assert m["parallel.replica_idle_share"] == pytest.approx(tr.union_us / step - mean, abs=1e-5)
+    assert m["share.communication"] == pytest.approx(tr.comm_exposed_us / step, abs=1e-5)
+    shares = [m[f"share.{s}"] for s in ("device", "input", "host", "communication")]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_uneven_replicas_are_host_bound_not_device_bound(tmp_path):
+    """GPU 0 busy 83.7% reads device-bound as a union; the mean device is busy 55.2% and most of
+    the rest is the replicas waiting: PD364, and compile (PD311) does not claim the replicas' wait."""
+    doc, m, tr = _diagnose(tmp_path, SPECS[0])
+    assert tr.union_us / tr.step_us >= 0.8                         # what the union reported
+    assert doc["verdict"]["rule"] == "PD364" and doc["verdict"]["bound"] == "host"
+    ids = {f["id"] for f in doc["findings"]}
+    assert "PD330" in ids and "PD311" not in ids
+    assert "PD210" in {f["id"] for f in doc["flags"]}
+
+
+def test_same_trace_without_data_parallel_keeps_the_union(tmp_path):
+    """Several devices but no DataParallel.forward (a model split over GPUs by hand runs them in
+    turn): the per-device metrics are there, the verdict keeps the union: device-bound."""
+    doc, m, tr = _diagnose(tmp_path, dp.DPSpec(data_parallel=False))
+    assert m["parallel.data_parallel"] is False and m["parallel.replica_idle_share"] is None
+    assert m["gpu.device_busy_max"] == pytest.approx(tr.busy_us[0] / tr.step_us, abs=1e-6)
+    assert m["share.device"] == pytest.approx(tr.union_us / tr.step_us, abs=1e-5)
+    assert doc["verdict"]["bound"] == "device"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["4-gpus-uneven", "2-gpus-even"])
+def test_ddp_gain_is_step_over_the_busiest_replicas_compute(tmp_path, spec):
+    doc, m, tr = _diagnose(tmp_path, spec)
+    g = next(f for f in doc["findings"] if f["id"] == "PD330")["gain"]
+    own_max, own_mean = max(tr.compute_us), sum(tr.compute_us) / len(tr.compute_us)
+    assert g["expected"] == pytest.approx(tr.step_us / own_max, rel=1e-4)
+    assert g["ceiling"] == pytest.approx(tr.step_us / own_mean, rel=1e-4)
+    # low end: the busiest device keeps all its busy time (copies it cannot tell from compute)
+    assert g["range"][0] == pytest.approx(tr.step_us / max(tr.busy_us), rel=1e-4)
+    assert g["range"][1] == pytest.approx(g["expected"], rel=1e-6)
+
+
+def test_single_device_results_unchanged(tmp_path):
+    """One GPU: no per-device metric, share.device is the union as before (tracegen's exact
+    kernel time), and the verdict shares come from the breakdown alone."""
+    path = tmp_path / "one.json"
+    truth = tg.write(tg.TraceSpec(steps=[tg.StepSpec(kernels=20, kernel_us=50)] * 3), path)
+    m = diagnose_path(str(path))["traces"][0]["metrics"]
+    for name in ("gpu.device_busy_max", "gpu.device_busy_min", "gpu.device_busy_mean", "gpu.device_imbalance",
+                 "parallel.replica_compute_share_max", "parallel.replica_compute_share_mean",
+                 "parallel.replica_idle_share"):
+        assert m[name] is None, name
+    assert m["share.device"] == pytest.approx(m["breakdown.kernel"] + m["breakdown.memcpy"] + m["breakdown.memset"],
+                                              abs=1e-9)
+    assert m["breakdown.kernel"] > 0 and sum(truth.kernel_busy_us) > 0
+    one = _diagnose(tmp_path, dp.DPSpec(devices=1), name="dp1.json")[1]
+    assert one["gpu.device_busy_max"] is None and one["share.device"] == pytest.approx(7700 / 9200, abs=1e-5)
