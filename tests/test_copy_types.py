@@ -1,4 +1,4 @@
-"""What the host-to-device copies carry (analyze/copytypes.py, the loader's copy_src column):
+"""What the host-to-device copies carry (analyze/host.py, the loader's copy_src column):
 the HtoD copy time whose source tensor is float vs 8-bit, from record_shapes' "Input type", and
 PD308 (send uint8, normalise on the device) held back when the copies are already 8-bit."""
 

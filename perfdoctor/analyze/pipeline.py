@@ -12,7 +12,6 @@ from perfdoctor.analyze.allocator import allocator_metrics, allocator_segments
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.compiletime import compile_metrics
-from perfdoctor.analyze.copytypes import copy_type_metrics
 from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
@@ -77,7 +76,6 @@ def analyze(t: EventTable) -> TraceAnalysis:
         marked = [g for g in marked if g.kind != "kernel_wait"]
         m.update(gap_metrics)
         m.update(host_metrics(t, k, steps, tl, claimed=allocator_segments(t, k, steps, tl)))
-        m.update(copy_type_metrics(t, k, steps))
         m.update(allocator_metrics(t, k, steps, tl))
     m.update(pattern_metrics(t, k, steps))
     m.update(attention_metrics(t, k, steps))
