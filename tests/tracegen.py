@@ -63,6 +63,11 @@ ELEMENTWISE = [  # (op, child op, kernel)
     ("aten::mul", None, _VEC.format(f="at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >", n=3)),
     ("aten::fill_", None, _VEC.format(f="at::native::FillFunctor<float>", n=1)),
 ]
+# "Input type" of x.to(device) as torch 2.x records it (record_shapes=True): the source's type, then
+# the non-tensor arguments; copy_ lists its destination first (the same type here), then the source.
+COPY_TYPES = {"aten::to": lambda ty: [ty, "Scalar", "Scalar", "", "", "Scalar", "Scalar", ""],
+              "aten::_to_copy": lambda ty: [ty, "Scalar", "Scalar", "", "", "Scalar", ""],
+              "aten::copy_": lambda ty: [ty, ty, "Scalar"]}
 NCCL_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
 OPTIMIZER_KERNEL = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
@@ -106,6 +111,8 @@ class StepSpec:
     optimizer: bool = False          # an Optimizer.step annotation with one kernel ends the step
     compile_us: float = 0.0          # torch.compile (re)compiling before the step's ops: nested
     #                                  "(dynamo_timed)" ranges (COMPILE_RANGES), the outermost this long
+    copy_type: str | None = None     # record_shapes: the HtoD copies' source type as torch writes it in
+    #                                  their ops' "Input type" ("float", "unsigned char"); None: not recorded
 
 
 @dataclass
@@ -173,6 +180,7 @@ class Act(NamedTuple):
     gpu: Gpu | None = None
     block: str | None = None         # host waits for: "copy" (its own copy) | "stream" | "device"
     tag: str = "compute"             # what Truth counts it as
+    types: str | None = None         # the copy ops' source type, written as record_shapes does (COPY_TYPES)
 
 
 class _Gen:
@@ -215,7 +223,7 @@ class _Gen:
         return self.ext
 
     # -- events --------------------------------------------------------------------------------
-    def op(self, name, t0, t1, ext, annotation=False):
+    def op(self, name, t0, t1, ext, annotation=False, types=None):
         if self.legacy:
             cat = "Operator"
             args = {"Input dims": [], "Input type": [], "Input names": [], "Output dims": [],
@@ -223,6 +231,8 @@ class _Gen:
                     "Extra arguments": [], "Trace name": "PyTorch Profiler", "Trace iteration": 0}
         else:
             cat, args = ("user_annotation" if annotation else "cpu_op"), {"External id": ext}
+            if types and name in COPY_TYPES:
+                args["Input type"] = COPY_TYPES[name](types)
         tid = str(self.s.tid) if self.legacy else self.s.tid
         self.host.append({"ph": "X", "cat": cat, "name": name, "pid": self.s.pid, "tid": tid,
                           "ts": self.ts(t0), "dur": self.dur(t1 - t0), "args": args})
@@ -371,8 +381,10 @@ class _Gen:
             collectives = collectives + [Act(("Optimizer.step#SGD.step", "aten::_foreach_add_"), "launch",
                                              Gpu("kernel", OPTIMIZER_KERNEL, self.stream, self.ticks(st.kernel_us),
                                                  self.kernel_extra()))]
-        return ([Act(to_ops, "memcpy_sync", copy("pageable", PAGEABLE_US, H2D_BYTES), "copy", "pageable")] * st.pageable_h2d
-                + [Act(to_ops, "memcpy", copy("pinned", PINNED_US, H2D_BYTES), tag="pinned")] * st.pinned_h2d
+        return ([Act(to_ops, "memcpy_sync", copy("pageable", PAGEABLE_US, H2D_BYTES), "copy", "pageable",
+                     st.copy_type)] * st.pageable_h2d
+                + [Act(to_ops, "memcpy", copy("pinned", PINNED_US, H2D_BYTES), tag="pinned",
+                       types=st.copy_type)] * st.pinned_h2d
                 + [Act((), "free", tag="free")] * st.frees            # e.g. empty_cache()
                 + [Act(("aten::empty",), "malloc", tag="malloc")] * st.mallocs
                 + [Act(("aten::zero_",), "memset", copy("memset", MEMSET_US, MEMSET_BYTES), tag="memset")] * st.memsets
@@ -407,7 +419,8 @@ class _Gen:
             key = {"nccl": "nccl", "tc": "tc"}.get(act.tag, "kernel") if act.gpu.kind == "kernel" else act.gpu.kind
             self.cur[key] += act.gpu.ticks
         for d, (name, ext) in enumerate(zip(act.names, exts)):
-            self.op(name, t + 1 + d, t + slot - 1 - d + wait, ext, annotation=name.startswith(("nccl:", "Optimizer.")))
+            self.op(name, t + 1 + d, t + slot - 1 - d + wait, ext, annotation=name.startswith(("nccl:", "Optimizer.")),
+                    types=act.types)
         if act.tag in ("compute", "tc") and self.s.memory_events:
             nbytes = self.rng.choice(MEM_BLOCKS)
             self.memory(t + 1, nbytes, step)

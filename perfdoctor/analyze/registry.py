@@ -117,6 +117,8 @@ _m("sync.exposed_idle_share", "share", "Device idle the syncs expose: idle stret
 _m("memcpy.pageable_h2d_per_step", "per_step", "Host-to-device copies from pageable (unpinned) memory per step.")
 _m("memcpy.pageable_h2d_share", "share", "Device time in pageable HtoD copies / step time.")
 _m("memcpy.h2d_share", "share", "Device time in all HtoD copies / step time.")
+_m("memcpy.h2d_float_share", "fraction", "HtoD copy device time whose source tensor is float32 or float64 / all HtoD copy time (source types from record_shapes=True: the innermost aten::copy_/to/_to_copy holding the copy's launch). None when copies of known source type hold under half of the HtoD copy time (types not recorded).")
+_m("memcpy.h2d_uint8_share", "fraction", "HtoD copy device time whose source tensor is 8-bit (uint8, int8, bool) / all HtoD copy time; None as memcpy.h2d_float_share.")
 _m("memcpy.h2d_alone_share", "share", "HtoD copy time with no kernel running beside it / step time: copies serialised with compute (one stream), which a side stream's prefetch of the next batch would hide behind the kernels.")
 # -- allocator and memory ------------------------------------------------------------------
 _m("memory.malloc_per_step", "per_step", "cudaMalloc/hipMalloc calls per steady-state step (the first step is warm-up and excluded when there are 2+).")

@@ -27,6 +27,7 @@ ARG_FIELDS = schema.Args.__struct_fields__
 _NUMERIC_ARG_INDEX = [(ARG_FIELDS.index(k), k) for k in schema.NUMERIC_ARGS]
 _LABEL, _LABELS = ARG_FIELDS.index("label"), ARG_FIELDS.index("labels")
 _DTYPE = ARG_FIELDS.index("dtype")
+_INPUT_TYPE = ARG_FIELDS.index("input_type")
 assert array("i").itemsize == 4 and array("d").itemsize == 8
 
 
@@ -82,6 +83,14 @@ class Columns:
         dtypes = arg_cols[_DTYPE]
         cols["dtype_bytes"].extend(_NAN_ROW * n if dtypes.count(None) == n
                                    else array("d", map(_DTYPE_SIZE.__getitem__, dtypes)))
+        input_types = arg_cols[_INPUT_TYPE]
+        col = _NAN_ROW * n
+        if input_types.count(None) != n:      # record_shapes: the copy ops' rows only (a C-level filter)
+            for row in compress(range(n), map(_COPY_SOURCE.__contains__, name)):
+                types, at = input_types[row], _COPY_SOURCE[name[row]]
+                if types is not None and len(types) > at:
+                    col[row] = _TENSOR_TYPE[types[at]]
+        cols["copy_src"].extend(col)
         flags = codes.tobytes()
         row = flags.find(b"M")
         while row >= 0:
@@ -149,7 +158,20 @@ class _DtypeSize(dict):
         return size
 
 
+class _TensorType(dict):
+    """An "Input type" entry ("float", "unsigned char", "c10::BFloat16") -> its code in
+    schema.TENSOR_TYPES; 0 ("other") for a type not listed, NaN for "" / "Scalar" (no tensor)."""
+
+    def __missing__(self, cpp):
+        key = cpp.lower().rsplit("::", 1)[-1] if isinstance(cpp, str) else ""
+        name = schema.CPP_TYPE.get(key, "other" if key not in ("", "scalar") else None)
+        code = self[cpp] = float(schema.TENSOR_TYPES.index(name)) if name else _NAN
+        return code
+
+
 _KEPT_PHASE = _KeptPhase()
+_TENSOR_TYPE = _TensorType()
+_COPY_SOURCE = schema.COPY_SOURCE
 _DTYPE_SIZE = _DtypeSize()
 _PHASE_CODE = _PhaseCode()
 _PH = attrgetter("ph")

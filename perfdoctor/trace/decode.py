@@ -108,6 +108,8 @@ def _coerce_args(a: Any) -> schema.Args:
         v = a.get(key)
         if f in ("label", "labels", "dtype"):
             kw[f] = v if isinstance(v, str) else None
+        elif f == "input_type":
+            kw[f] = [x if isinstance(x, str) else "" for x in v] if isinstance(v, list) else None
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             kw[f] = as_float(v)
         elif f == "stream" and isinstance(v, str):

@@ -34,14 +34,29 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     in_nelems: Num = msgspec.field(name="In msg nelems", default=NAN)    # collectives (kernel / record_param_comms)
     group_size: Num = msgspec.field(name="Group size", default=NAN)
     dtype: Union[str, None] = None                                       # collectives: "Float", "BFloat16", ...
+    # record_shapes=True: each input's C++ type ("float", "unsigned char", "c10::BFloat16", "Scalar", "");
+    # read into a column only for the copy ops of COPY_SOURCE (columns.py), so other ops cost a list each
+    input_type: Union[list[str], None] = msgspec.field(name="Input type", default=None)
 
 
 NO_ARGS = Args()
 NUMERIC_ARGS = ("external_id", "external_id_legacy", "correlation", "device", "stream",
                 "total_reserved", "total_allocated", "nbytes", "device_type", "device_id",
                 "in_nelems", "group_size")
-# Columns computed from string args while decoding: dtype -> bytes per element (NaN: absent/unknown).
-DERIVED_ARGS = ("dtype_bytes",)
+# Columns computed from string args while decoding: dtype -> bytes per element (NaN: absent/unknown);
+# copy_src: the copy ops' source tensor type as a code into TENSOR_TYPES (NaN: not a copy op or no types).
+DERIVED_ARGS = ("dtype_bytes", "copy_src")
+# The ops that copy a tensor (to another device or type) -> the position of the source in "Input type":
+# aten::copy_(self, src, non_blocking) copies into self; aten::to / _to_copy copy their first input.
+COPY_SOURCE = {"aten::copy_": 1, "aten::to": 0, "aten::_to_copy": 0}
+# copy_src codes. The C++ type names torch's profiler writes (c10:: dropped, lower case) -> code.
+TENSOR_TYPES = ("other", "float32", "float64", "float16", "bfloat16", "uint8", "int8", "bool", "int16",
+                "int32", "int64", "float8")
+CPP_TYPE = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
+            "unsigned char": "uint8", "signed char": "int8", "char": "int8", "bool": "bool", "short": "int16",
+            "int": "int32", "long int": "int64", "long": "int64", "long long": "int64", "int64_t": "int64",
+            "float8_e4m3fn": "float8", "float8_e5m2": "float8", "float8_e4m3fnuz": "float8",
+            "float8_e5m2fnuz": "float8"}
 DTYPE_BYTES = {"float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8,
                "float64": 8, "long": 8, "int64": 8, "uint64": 8, "half": 2, "float16": 2, "f16": 2,
                "bfloat16": 2, "bf16": 2, "short": 2, "int16": 2, "char": 1, "byte": 1, "int8": 1,
