@@ -12,6 +12,7 @@ import pytest
 import tracegen as tg
 
 from perfdoctor.diagnose.offline import diagnose_path
+from perfdoctor.report.html import render
 
 SPECS = [dp.DPSpec(),                                                        # GPU 0 busy 84%, the others 46%
          dp.DPSpec(devices=2, fwd=3000, bwd=4000, loss=200, opt=600, tail=900)]   # nearly even
@@ -143,6 +144,11 @@ def test_per_step_dominant_share_follows_the_verdict_shares(tmp_path, spec):
     plain, _, pt = _diagnose(tmp_path, replace(spec, data_parallel=False), name="plain.json")
     for s in plain["traces"][0]["steps"]:           # without DataParallel: the union, as share.device
         assert s["dominant"] == {"bound": "device", "share": pytest.approx(pt.union_us / pt.step_us, abs=1e-5)}
+    # the picture's device lane stays the union, and says so
+    assert doc["traces"][0]["timeline"]["devices"] == spec.devices
+    assert f"device (busy: any of {spec.devices}):" in render(doc)
+    one = _diagnose(tmp_path, dp.DPSpec(devices=1), name="one.json")[0]
+    assert "devices" not in one["traces"][0]["timeline"] and "device:</b>" in render(one)
 
 
 def test_communication_fixes_left_to_ddp(tmp_path):

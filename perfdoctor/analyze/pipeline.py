@@ -106,7 +106,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
                          notes=notes, warnings=list(t.meta.warnings),
                          tables=detail_tables(t, k, steps, m["trace.world_size"]),
-                         view=step_view(steps, tl, k.platform), marked_gaps=marked,
+                         view=step_view(steps, tl, k.platform, m["trace.devices_used"]), marked_gaps=marked,
                          step_device_ms=replica_step_device_ms(k, m))
 
 

@@ -69,8 +69,10 @@ def _busy(start: np.ndarray, length: np.ndarray, busy: np.ndarray, lo: float, mi
     return [[(s - lo) / 1e3, n / 1e3] for s, n in out[:MAX_RUNS]]
 
 
-def step_view(steps: Steps, tl: Timeline, platform: str) -> dict:
-    """The representative step as lanes: offsets and durations in ms from the step's start."""
+def step_view(steps: Steps, tl: Timeline, platform: str, devices: int | None = None) -> dict:
+    """The representative step as lanes: offsets and durations in ms from the step's start.
+    devices: how many devices the process drove; above one, the view says its device lane is
+    the union over them ("devices")."""
     i = representative_step(steps)
     lo, hi = float(steps.start[i]), float(steps.end[i])
     sel = np.flatnonzero(tl.step_of == i)
@@ -95,6 +97,8 @@ def step_view(steps: Steps, tl: Timeline, platform: str) -> dict:
     if platform != "cpu":
         busy = tl.cover["device"][sel]
         view["device"] = _busy(start, length, busy, lo, min_len)
+        if (devices or 1) > 1:
+            view["devices"] = int(devices)
     return view
 
 
