@@ -29,6 +29,8 @@ GEMM = "ampere_sgemm_128x64_tn"
 BROADCAST = "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)"
 REDUCE = "ncclKernel_Reduce_RING_LL_Sum_float(ncclWorkElem)"
 PTOP = "Memcpy PtoP (Device -> Device)"
+LOSS = "void at::native::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>(float*, float*, float const*)"
+ADAM = "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor<float, 4> >"
 
 
 @dataclass
@@ -42,6 +44,8 @@ class DPSpec:
     opt: int = 2500
     tail: int = 200
     data_parallel: bool = True      # the DataParallel.forward annotation
+    loss_kernel: str = GEMM         # GPU 0's loss and optimizer kernels (LOSS, ADAM: not GEMMs, no
+    opt_kernel: str = GEMM          # mixed-precision gain: autocast keeps them fp32)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class DPTruth:
     step_us: float
     busy_us: list[float]            # per device: compute kernels + copies (no collectives)
     compute_us: list[float]         # per device: compute kernels alone
+    gemm_us: list[float]            # per device: its GEMM kernels (fp32 SIMT sgemm)
     union_us: float                 # device busy over all devices (no collectives), as share.device reads it
     comm_exposed_us: float          # collective time with no compute kernel or copy beside it
 
@@ -62,12 +67,12 @@ def _layout(s: DPSpec) -> list[tuple[str, str, int, int, int]]:
     t = 1000 + s.fwd
     ev.append(("gpu_memcpy", PTOP, 0, t, t + s.gather))
     t += s.gather
-    ev.append(("kernel", GEMM, 0, t, t + s.loss))
+    ev.append(("kernel", s.loss_kernel, 0, t, t + s.loss))
     t += s.loss
     for d in range(s.devices):
         ev += [("kernel", GEMM, d, t, t + s.bwd), ("kernel", REDUCE, d, t + s.bwd, t + s.bwd + 500)]
     t += s.bwd + 500
-    ev.append(("kernel", GEMM, 0, t, t + s.opt))
+    ev.append(("kernel", s.opt_kernel, 0, t, t + s.opt))
     return ev
 
 
@@ -80,9 +85,10 @@ def truth(s: DPSpec) -> DPTruth:
     comm = lambda name: name.startswith("nccl")  # noqa: E731
     busy = [sum(e - b for c, nm, d, b, e in ev if d == dev and not comm(nm)) for dev in range(n)]
     compute = [sum(e - b for c, nm, d, b, e in ev if d == dev and c == "kernel" and not comm(nm)) for dev in range(n)]
+    gemm = [sum(e - b for c, nm, d, b, e in ev if d == dev and nm == GEMM) for dev in range(n)]
     # GPU 0 holds every non-collective interval of the others, and its own do not overlap
     return DPTruth(step_us=float(step_length(s)), busy_us=[float(x) for x in busy],
-                   compute_us=[float(x) for x in compute], union_us=float(busy[0]), comm_exposed_us=1000.0)
+                   compute_us=[float(x) for x in compute], gemm_us=[float(x) for x in gemm], union_us=float(busy[0]), comm_exposed_us=1000.0)
 
 
 def build(s: DPSpec) -> dict:

@@ -48,7 +48,8 @@ SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
                         r"^autograd::engine::evaluate_function: (Softmax|SafeSoftmax)Backward")
 
 
-def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | None = None) -> dict:
+    """`on`: the one device whose kernels count (replicas.critical_device), None: every device."""
     out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None,
            "attention.manual_gemm_share": None}
     lo, hi = steps.span
@@ -73,6 +74,8 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
     on_device = k.kernel[dev] | k.memset[dev] | (k.memcpy[dev] & t.name_mask(lambda n: "DtoD" in n)[dev])
+    if on is not None:
+        on_device &= on[dev]
     dev, launch = dev[ok & on_device], launch[ok & on_device]
     if not total:
         return out

@@ -57,14 +57,16 @@ def is_memory_bound(name: str) -> bool:
         and not OPTIMIZER_KERNEL_RX.search(name) and not COMM_KERNEL_RX.search(name)
 
 
-def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:
+def fusion_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None,
+                   on: np.ndarray | None = None) -> dict:
+    """`on`: the one device to measure (replicas.critical_device), None: every device."""
     out = {"fusion.unfused_share": None, "fusion.unfused_kernels_per_step": None, "fusion.compiled": None,
            "fusion.pointwise_share": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
     ops = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
     compiled_op = bool((ops & t.name_mask(lambda s: bool(COMPILED_OP_RX.search(s)))).any())
-    kr = np.flatnonzero(k.kernel)
+    kr = np.flatnonzero(k.kernel if on is None else k.kernel & on)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     if not len(kr) or total <= 0:
         # no kernels in the steps (a CPU-only trace): compiled regions show as host ops alone

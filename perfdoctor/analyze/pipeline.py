@@ -22,7 +22,7 @@ from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.recompute import recompute_metrics
-from perfdoctor.analyze.replicas import replica_metrics, replica_shares
+from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
@@ -47,6 +47,7 @@ class TraceAnalysis:
     tables: dict = field(default_factory=dict)   # kernels, ops, annotations, launches, collectives (tables.py)
     view: dict | None = None                      # the representative step as lanes (stepview.py)
     marked_gaps: list[Gap] = field(default_factory=list)  # longest non-kernel-wait gaps, for --annotate
+    step_device_ms: np.ndarray | None = None      # DataParallel: per step, the mean device's busy ms (replicas.py)
 
     @property
     def rank(self):
@@ -80,13 +81,15 @@ def analyze(t: EventTable) -> TraceAnalysis:
         m.update(allocator_metrics(t, k, steps, tl))
         m.update(replica_metrics(t, k, steps))
     m.update(pattern_metrics(t, k, steps))
-    m.update(attention_metrics(t, k, steps))
+    on, on_share = critical_device(t, k, m)      # DataParallel: the busiest replica alone
+    m.update(attention_metrics(t, k, steps, on))
     m.update(verdict_shares(m))
-    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], m["share.device"])
+    crit = m["share.device"] if on is None else on_share
+    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on)
              if k.platform == "cuda" else {})
-    m.update(fusion_metrics(t, k, steps, m["share.device"]) if k.platform in ("cuda", "rocm", "cpu") else {})
-    m.update(recompute_metrics(t, k, steps, m["share.device"]))
-    m.update(replica_shares(m))     # after the weightings above, which keep the union over devices
+    m.update(fusion_metrics(t, k, steps, crit, on) if k.platform in ("cuda", "rocm", "cpu") else {})
+    m.update(recompute_metrics(t, k, steps, crit, on))
+    m.update(replica_shares(m))     # share.device becomes the mean replica's; the weightings above use the busiest
     m.update(compile_metrics(t, k, steps))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))
@@ -103,7 +106,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
                          notes=notes, warnings=list(t.meta.warnings),
                          tables=detail_tables(t, k, steps, m["trace.world_size"]),
-                         view=step_view(steps, tl, k.platform), marked_gaps=marked)
+                         view=step_view(steps, tl, k.platform, m["trace.devices_used"]), marked_gaps=marked,
+                         step_device_ms=replica_step_device_ms(k, m))
 
 
 def _cut_off(t: EventTable, k: Kinds, steps: Steps) -> TraceAnalysis:

@@ -40,6 +40,8 @@ feed; an H200 ViT and MLP-Mixer, both such streams, measured below the range's l
 there: 2.93x vs 3.09x, 1.33x vs 1.35x). Kernel time only
 shortens the step where the device is the critical path: the affected kernel time is weighted by
 the device's busy share of the step (1.0 on a device-bound step, ~0 on a host-bound one).
+Under DataParallel the replicas run side by side: only the busiest replica's kernels count,
+weighted by its busy share (replicas.critical_device).
 float64 GEMM/convolution time (precision.fp64_share, weighted the same way) is what float32
 would shorten (PD357): the fp64 -> TF32 peak ratio of the generation (fp64 tensor cores where the
 part has them: H100 67 vs 495 TFLOPS, A100 19.5 vs 156; 1/64 of fp32 on the consumer parts),
@@ -187,10 +189,12 @@ def fp64_ratios(cc: float | None) -> tuple[float, float] | None:
 
 
 def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
-                      device_share: float | None) -> dict:
+                      device_share: float | None, on: np.ndarray | None = None) -> dict:
+    """`on`: a mask over the rows, the one device to measure (the busiest DataParallel replica,
+    replicas.critical_device, with device_share its busy share); None: every device."""
     total = float(steps.duration.sum())
     lo, hi = steps.span
-    kr = np.flatnonzero(k.kernel)
+    kr = np.flatnonzero(k.kernel if on is None else k.kernel & on)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     out = {f"precision.{c}_share": 0.0 for c in CLASSES[:-1]}
     out.update({"precision.amp_share": None, "precision.amp_speedup": None,

@@ -47,7 +47,9 @@ FORWARD_RX = re.compile(r"^aten::(linear|conv[123]d|conv_transpose[123]d|layer_n
 BACKWARD_RX = re.compile(r"^autograd::engine::evaluate_function: ")
 
 
-def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None) -> dict:
+def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None,
+                      on: np.ndarray | None = None) -> dict:
+    """`on`: the one device whose kernels count (replicas.critical_device), None: every device."""
     out = {"recompute.ops_per_step": None, "recompute.share": None}
     lo, hi = steps.span
     total = float(steps.duration.sum())
@@ -75,6 +77,7 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
         out["recompute.share"] = host
         return out
     there = np.setdiff1d(kernels_launched_inside(t, k, spans), kernels_launched_inside(t, k, work))
+    there = there if on is None else there[on[there]]
     out["recompute.share"] = gpu_share(host, float(t.dur[there].sum()) / total, device_share)
     return out
 

@@ -146,7 +146,7 @@ _m("cpu.small_op_share", "share", "CPU-only traces: time of the outermost eager 
 _m("cpu.ops_per_step", "per_step", "CPU-only traces: outermost eager ops (aten::*, autograd::*) per step.")
 _m("cpu.op_median_us", "us", "CPU-only traces: median duration of those ops (profiled).")
 # -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
-_m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on.")
+_m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on (DataParallel: the busiest replica's).")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")
 _m("fusion.pointwise_share", "share", "The part of fusion.unfused_share in pointwise arithmetic, copies and casts (ATen functor and copy kernels): what fusion folds into the neighbouring kernels; norms, reductions, softmax, dropout and activations keep about a pass each.")
 _m("fusion.compiled", "bool", "The steps already run compiled code (Triton kernels or compiled-region ops; on a CPU-only trace the compiled-region ops).")
@@ -163,7 +163,7 @@ _m("precision.attention_fp32_share", "share", "Kernel time of fp32 attention ker
 _m("precision.attention_half_share", "share", "Kernel time of bf16/fp16 attention kernels / step time.")
 _m("precision.layout_share", "share", "Kernel time of NCHW<->NHWC layout transposes cuDNN adds around NHWC convolutions / step time.")
 _m("precision.memory_fp32_share", "share", "Kernel time of other fp32 kernels (elementwise, norms, reductions; optimizer excluded) / step time.")
-_m("precision.amp_share", "share", "The share of the step mixed precision acts on: fp32/TF32 GEMM, fp32 attention and fp32 memory-bound kernel time (the last scaled by the part of GEMM/attention time still in fp32/TF32: autocast halves those kernels only through their inputs), weighted by the device's busy share (kernel time is on the critical path only where the device is).")
+_m("precision.amp_share", "share", "The share of the step mixed precision acts on: fp32/TF32 GEMM, fp32 attention and fp32 memory-bound kernel time (the last scaled by the part of GEMM/attention time still in fp32/TF32: autocast halves those kernels only through their inputs), weighted by the device's busy share (kernel time is on the critical path only where the device is); under DataParallel the busiest replica's kernels, weighted by its busy share (analyze/replicas.py critical_device), as for fusion, recompute and attention shares.")
 _m("precision.amp_speedup", "ratio", "Expected speed-up of precision.amp_share under autocast bf16/fp16: peak tensor-core ratios of this GPU generation damped to r**0.8, memory-bound kernels 1.7x.")
 _m("precision.amp_speedup_low", "ratio", "Low end of that speed-up (r**0.6, memory-bound kernels unchanged).")
 _m("precision.amp_speedup_high", "ratio", "High end of that speed-up (r**0.95, memory-bound 2.0x).")

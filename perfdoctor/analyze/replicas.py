@@ -16,7 +16,9 @@ quarters of the devices idle most of the step. Here each device is measured on i
   as ordinary kernels (a cat on GPU 0) count as compute: the split errs on the side of less gain.
 
 All None unless work ran on two devices or more of this process, so single-device results are
-untouched. `replica_shares` makes the verdict honest for DataParallel (see its docstring).
+untouched. `replica_shares` makes the verdict honest for DataParallel (see its docstring);
+`critical_device` gives the kernel-time analyses (precision, fusion, recomputation, attention) the
+one device whose kernels the step waits for under DataParallel.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ def replica_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     work, dev = work[known], dev[known]
     compute = k.kernel[work]                      # comm kernels are not in `work`
     total = float(steps.duration.sum())
-    busy = np.array([_in_steps(t, work[dev == d], steps) for d in devices]) / total
-    own = np.array([_in_steps(t, work[(dev == d) & compute], steps) for d in devices]) / total
+    per_step = np.array([_per_step(t, work[dev == d], steps) for d in devices])
+    busy = per_step.sum(axis=1) / total
+    own = np.array([_per_step(t, work[(dev == d) & compute], steps).sum() for d in devices]) / total
+    k.cache["replicas"] = (devices, busy, own, per_step.mean(axis=0))
     out.update({"gpu.device_busy_max": float(busy.max()), "gpu.device_busy_min": float(busy.min()),
                 "gpu.device_busy_mean": float(busy.mean()),
                 "gpu.device_imbalance": 1.0 - float(busy.mean() / busy.max()) if busy.max() > 0 else None,
@@ -54,14 +58,36 @@ def replica_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     return out
 
 
-def _in_steps(t: EventTable, rows: np.ndarray, steps: Steps) -> float:
-    """Union of the rows' intervals inside the analysed steps, in microseconds."""
+def _per_step(t: EventTable, rows: np.ndarray, steps: Steps) -> np.ndarray:
+    """Union of the rows' intervals inside each analysed step, in microseconds."""
+    out = np.zeros(len(steps.duration))
     s, e = clip(t.ts[rows], t.ts[rows] + t.dur[rows], *steps.span)
     if not len(s):
-        return 0.0
+        return out
     seg = Segments(steps.start, steps.end, s, e)
-    inside = steps.index_of(seg.start) >= 0
-    return float(seg.length[seg.covered(s, e) & inside].sum())
+    idx = steps.index_of(seg.start)
+    keep = seg.covered(s, e) & (idx >= 0)
+    np.add.at(out, idx[keep], seg.length[keep])
+    return out
+
+
+def critical_device(t: EventTable, k: Kinds, m: dict) -> tuple[np.ndarray | None, float | None]:
+    """Under DataParallel on several devices: a mask over the table's rows of the busiest replica
+    (by its compute kernels) and that device's busy share of the step; (None, None) otherwise.
+
+    The replicas run side by side, so a fix that shortens every replica's kernels (mixed
+    precision, fusion, less recomputation, fused attention) shortens the step by what it
+    shortens on the busiest one: its kernels' classes, weighted by its own busy share, not the
+    kernel time summed over the devices (N replicas' copies of one kernel are not N times the
+    step) nor a union mixing GPU 0's loss and optimizer with the replicas' GEMMs. A model split
+    over devices by hand runs them in turn: all their kernels are on the critical path, so those
+    traces, like single-device ones, keep every device (None)."""
+    per = k.cache.get("replicas")
+    if not m.get("parallel.data_parallel") or per is None:
+        return None, None
+    devices, busy, own, _ = per
+    i = int(np.argmax(own))
+    return t.args["device"] == devices[i], float(busy[i])
 
 
 def replica_shares(m: dict) -> dict:
@@ -84,3 +110,13 @@ def replica_shares(m: dict) -> dict:
     idle = m["share.device"] - device
     return {"share.device": device, "share.host": (m["share.host"] or 0.0) + idle,
             "parallel.replica_idle_share": idle}
+
+
+def replica_step_device_ms(k: Kinds, m: dict) -> np.ndarray | None:
+    """Per step, the mean per-device busy time (ms) where replica_shares makes share.device the
+    mean (DataParallel on several devices), for the per-step view (stepview.step_dominant);
+    None where share.device stays the union."""
+    per = k.cache.get("replicas")
+    if m.get("parallel.replica_idle_share") is None or per is None:
+        return None
+    return per[3] / 1e3

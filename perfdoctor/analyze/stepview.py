@@ -11,7 +11,10 @@ report/annotate.py) only draw what was measured:
   runs shorter than a `MIN_RUN_FRACTION` of the step join the run before them (device idle
   gaps that short are closed), so the view stays small whatever the trace size;
 - `step_dominant`: per step, the largest of the four verdict shares (device, input, host,
-  communication), computed as analyze/pipeline.verdict_shares does for the whole trace.
+  communication), computed as analyze/pipeline.verdict_shares does for the whole trace, and
+  under DataParallel as replicas.replica_shares does: the device share is the mean per-device
+  busy time of the step, the replicas' idle beyond it is host. The view's device lane stays the
+  union of the devices' busy intervals (when some device works).
 """
 
 from __future__ import annotations
@@ -66,8 +69,10 @@ def _busy(start: np.ndarray, length: np.ndarray, busy: np.ndarray, lo: float, mi
     return [[(s - lo) / 1e3, n / 1e3] for s, n in out[:MAX_RUNS]]
 
 
-def step_view(steps: Steps, tl: Timeline, platform: str) -> dict:
-    """The representative step as lanes: offsets and durations in ms from the step's start."""
+def step_view(steps: Steps, tl: Timeline, platform: str, devices: int | None = None) -> dict:
+    """The representative step as lanes: offsets and durations in ms from the step's start.
+    devices: how many devices the process drove; above one, the view says its device lane is
+    the union over them ("devices")."""
     i = representative_step(steps)
     lo, hi = float(steps.start[i]), float(steps.end[i])
     sel = np.flatnonzero(tl.step_of == i)
@@ -92,17 +97,25 @@ def step_view(steps: Steps, tl: Timeline, platform: str) -> dict:
     if platform != "cpu":
         busy = tl.cover["device"][sel]
         view["device"] = _busy(start, length, busy, lo, min_len)
+        if (devices or 1) > 1:
+            view["devices"] = int(devices)
     return view
 
 
-def step_dominant(breakdown_ms: np.ndarray, platform: str) -> list[tuple[str, float]]:
-    """Per step (rows of the breakdown matrix, BREAKDOWN order): the largest verdict share."""
+def step_dominant(breakdown_ms: np.ndarray, platform: str,
+                  device_ms: np.ndarray | None = None) -> list[tuple[str, float]]:
+    """Per step (rows of the breakdown matrix, BREAKDOWN order): the largest verdict share.
+    device_ms: per step, the mean per-device busy time under DataParallel (replicas.py), which
+    replaces the union's device time; what the union holds beyond it moves to host."""
     b = {r: breakdown_ms[:, j] for j, r in enumerate(BREAKDOWN)}
     if platform == "cpu":
         device, host = b["cpu_exec"] + b["kernel"], b["runtime"] + b["other"]
     else:
         device = b["kernel"] + b["memcpy"] + b["memset"]
         host = b["runtime"] + b["cpu_exec"] + b["other"]
+        if device_ms is not None:
+            mean = np.minimum(device, device_ms)
+            device, host = mean, host + (device - mean)
     shares = np.stack([device, b["data_loading"], host, b["communication"]], axis=1)
     tot = breakdown_ms.sum(axis=1)
     names = ("device", "input", "host", "communication")

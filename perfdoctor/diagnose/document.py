@@ -151,7 +151,8 @@ def _merge(labels: list[str], per_trace: list[list[dict]], order) -> list[dict]:
 
 def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
     s = a.steps      # None when a live run recorded no trace
-    dom = [] if s is None else step_dominant(a.step_breakdown_ms, a.metrics["trace.platform"])
+    dom = [] if s is None else step_dominant(a.step_breakdown_ms, a.metrics["trace.platform"],
+                                                  getattr(a, "step_device_ms", None))
     steps = [] if s is None else [
         {"label": s.labels[i], "start_ms": (s.start[i] - s.start[0]) / 1e3,
          "duration_ms": (s.end[i] - s.start[i]) / 1e3,

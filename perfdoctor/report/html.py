@@ -224,7 +224,9 @@ def _timeline(t: dict, labels: dict) -> str:
     hosts = {r for _, _, r in view["host"]}
     return (f"<h2>One step as a timeline (step {H(view['step'])}, {view['duration_ms']:.2f} ms: the steady step "
             "closest to the median)</h2><section class=\"card\">"
-            + ("<div class=\"legend\"><b class=\"key\">device:</b><span class=\"key\"><i style=\"background:#2e8b57\"></i>busy</span>"
+            + ("<div class=\"legend\"><b class=\"key\">device"
+               + (f" (busy: any of {int(view['devices'])})" if view.get("devices") else "") + ":</b>"
+               "<span class=\"key\"><i style=\"background:#2e8b57\"></i>busy</span>"
                "<span class=\"key\"><i style=\"background:#eceef0\"></i>idle</span></div>" if view.get("device") is not None else "")
             + svg.legend(svg.ROLE_COLOUR, labels, present, "breakdown:") + svg.legend(svg.HOST_COLOUR, svg.HOST_LABEL, hosts, "host:")
             + svg.step_lanes(view, gaps, labels)
