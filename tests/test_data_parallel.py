@@ -153,11 +153,11 @@ def test_per_step_dominant_share_follows_the_verdict_shares(tmp_path, spec):
 
 def test_communication_fixes_left_to_ddp(tmp_path):
     """DataParallel's broadcast and gradient reduce are exposed NCCL time that DDP (PD330) removes:
-    fewer syncs (PD334) and overlap (PD335) are not offered; the same collectives without
-    DataParallel get them."""
+    fewer syncs (PD334), overlap (PD335), NCCL tuning (PD336) and a faster interconnect (PD340)
+    are not offered; the same collectives without DataParallel get them."""
     doc, m, tr = _diagnose(tmp_path, SPECS[0])
     assert m["comm.exposed_share"] == pytest.approx(tr.comm_exposed_us / tr.step_us, abs=1e-5)
     ids = {f["id"] for f in doc["findings"]}
-    assert "PD330" in ids and not ids & {"PD334", "PD335"}
+    assert "PD330" in ids and not ids & {"PD334", "PD335", "PD336", "PD340"}
     plain = {f["id"] for f in _diagnose(tmp_path, dp.DPSpec(data_parallel=False), name="plain.json")[0]["findings"]}
-    assert {"PD334", "PD335"} <= plain
+    assert {"PD334", "PD335", "PD336", "PD340"} <= plain
