@@ -34,12 +34,14 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     in_nelems: Num = msgspec.field(name="In msg nelems", default=NAN)    # collectives (kernel / record_param_comms)
     group_size: Num = msgspec.field(name="Group size", default=NAN)
     dtype: Union[str, None] = None                                       # collectives: "Float", "BFloat16", ...
+    # an op that recorded an autograd node (the training forward): no_grad forward ops have none
+    seq: Num = msgspec.field(name="Sequence number", default=NAN)
 
 
 NO_ARGS = Args()
 NUMERIC_ARGS = ("external_id", "external_id_legacy", "correlation", "device", "stream",
                 "total_reserved", "total_allocated", "nbytes", "device_type", "device_id",
-                "in_nelems", "group_size")
+                "in_nelems", "group_size", "seq")
 # Columns computed from string args while decoding: dtype -> bytes per element (NaN: absent/unknown).
 DERIVED_ARGS = ("dtype_bytes",)
 DTYPE_BYTES = {"float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8,
