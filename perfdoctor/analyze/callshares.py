@@ -47,12 +47,14 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False)
 
 def combined(m: dict) -> dict:
     """save.share, save.interval_steps, logging.share from the calls.* and stacks.* metrics in m;
-    evaluation.share from the extra-batch steps and the stacks' evaluation frames."""
+    evaluation.share from the extra-batch steps, the stacks' evaluation frames and the trace's
+    no-grad forward after the backward pass (analyze/evalforward.py)."""
     save = [(m.get(share), m.get(interval)) for share, interval in
             (("calls.save_share", "calls.save_interval_steps"),
              ("stacks.checkpoint_share", "stacks.checkpoint_interval_steps")) if m.get(share) is not None]
     best = max(save, key=lambda x: x[0], default=(None, None))
     logs = [m[k] for k in ("calls.log_share", "stacks.logging_sync_share") if m.get(k) is not None]
-    evals = [m[k] for k in ("loop.extra_batches_excess_share", "stacks.evaluation_share") if m.get(k) is not None]
+    evals = [m[k] for k in ("loop.extra_batches_excess_share", "stacks.evaluation_share",
+                            "evaluation.nograd_forward_share") if m.get(k) is not None]
     return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
             "logging.share": max(logs) if logs else None, "evaluation.share": max(evals) if evals else None}

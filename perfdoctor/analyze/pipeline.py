@@ -14,6 +14,7 @@ from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.compiletime import compile_metrics
 from perfdoctor.analyze.cpuops import cpu_op_metrics
 from perfdoctor.analyze.device import device_metrics
+from perfdoctor.analyze.evalforward import nograd_forward_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
@@ -93,6 +94,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(compile_metrics(t, k, steps))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))
+    m.update(nograd_forward_metrics(t, k, steps))
+    m["evaluation.share"] = m["evaluation.nograd_forward_share"]    # a run adds its own measures (callshares)
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

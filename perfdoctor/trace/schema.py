@@ -37,12 +37,14 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # record_shapes=True: each input's C++ type ("float", "unsigned char", "c10::BFloat16", "Scalar", "");
     # read into a column only for the copy ops of COPY_SOURCE (columns.py), so other ops cost a list each
     input_type: Union[list[str], None] = msgspec.field(name="Input type", default=None)
+    # an op that recorded an autograd node (the training forward): no_grad forward ops have none
+    seq: Num = msgspec.field(name="Sequence number", default=NAN)
 
 
 NO_ARGS = Args()
 NUMERIC_ARGS = ("external_id", "external_id_legacy", "correlation", "device", "stream",
                 "total_reserved", "total_allocated", "nbytes", "device_type", "device_id",
-                "in_nelems", "group_size")
+                "in_nelems", "group_size", "seq")
 # Columns computed from string args while decoding: dtype -> bytes per element (NaN: absent/unknown);
 # copy_src: the copy ops' source tensor type as a code into TENSOR_TYPES (NaN: not a copy op or no types).
 DERIVED_ARGS = ("dtype_bytes", "copy_src")

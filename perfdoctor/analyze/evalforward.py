@@ -1,0 +1,99 @@
+"""An evaluation run inside every training step, seen in the trace by its no-grad forward ops.
+
+With autograd recording, every op that records a backward node carries Kineto's "Sequence
+number" arg (trace column `seq`): the training forward's aten::linear, aten::conv2d, ... A
+forward under torch.no_grad() / inference_mode() (or over parameters that need no gradient)
+records none, so its ops have no sequence number (torch 2.13, CPU: tests/test_evalforward.py).
+That alone does not make it an evaluation: a distillation teacher, a DQN target network or a
+GAN's no-grad generator pass run a no-grad forward whose output feeds the loss. Where such a
+forward runs after the training forward and before its backward (`out = model(x); with
+no_grad: soft = teacher(x)`), its output can feed that loss: not counted. An evaluation's output
+feeds no backward; `train_step(); evaluate()` and `evaluate(); train_step()` both run it between
+one update (a backward pass) and the next training forward. So:
+
+    evaluation.nograd_forward_share = sum over such gaps of the time from the gap's first no-grad
+        compute op (matmul/linear/conv families, outermost, outside backward and the optimizer
+        step) to the next training forward op (or the steps' end), less the backward, optimizer
+        and DataLoader work in it / the steps' time
+
+The stretch holds the evaluation's Python work too (argmax, .cpu().numpy(), a per-element metric
+loop: no op records them), and whatever else runs there (a log line, a checkpoint save: other
+rules name those). A teacher or target network run before the training forward (`with no_grad:
+soft = teacher(x); out = model(x)`) lands in the same gap and cannot be told from an evaluation
+by its place: PD354 words its fix for both. A gap whose update lies before the trace (the first
+recorded step of `evaluate(); train_step()`) is not counted: a lower bound there.
+
+None where it cannot be read: no backward pass in the steps (pure inference is no training), a
+trace whose training forward ops carry no sequence number (an older Kineto), or a GPU trace (the
+host's stretch there overlaps the device's work, and a sync in it waits for the training
+kernels: not measured here).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze import intervals
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import contained, outermost
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+COMPUTE_RX = re.compile(r"^aten::(linear|matmul|mm|addmm|bmm|baddbmm|einsum|conv[123]d|conv_transpose[123]d|"
+                        r"convolution|_convolution|scaled_dot_product_attention)$")
+BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+OPTIMIZER_PREFIX = ("Optimizer.step#", "Optimizer.zero_grad#")
+NAMES = ("evaluation.nograd_forward_share",)
+
+
+def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    out = dict.fromkeys(NAMES)
+    total = float(steps.duration.sum())
+    if k.platform != "cpu" or len(steps) == 0 or total <= 0 or "seq" not in t.args:
+        return out
+    lo, hi = steps.span
+    ops = np.flatnonzero(k.cpu_op)                  # a backward pass before the first step counts too
+    backward = ops[t.name_mask(lambda n: n.startswith(BACKWARD_PREFIX))[ops]]
+    if not ((t.ts[backward] >= lo) & (t.ts[backward] < hi)).any():
+        return out                                  # no backward pass in the steps: not training
+    compute = ops[t.name_regex(COMPUTE_RX.pattern)[ops]]
+    graded = np.isfinite(t.args["seq"][compute])
+    if not graded.any():
+        return out                                  # no sequence numbers recorded: unknown
+    optimizer = ops[t.name_mask(lambda n: n.startswith(OPTIMIZER_PREFIX))[ops]]
+    training = np.concatenate([backward, optimizer])
+    nograd = compute[~graded]
+    nograd = outermost(t, nograd[~contained(t, nograd, training)])
+    nograd = nograd[(t.ts[nograd] >= lo) & (t.ts[nograd] < hi)]
+    fwd = np.sort(t.ts[outermost(t, compute[graded])])
+    bwd_end = np.sort(t.ts[backward] + t.dur[backward])
+    at = t.ts[nograd]
+    # the last training forward and the last backward pass before each no-grad op: a forward
+    # not yet followed by its backward means the op's output can feed that loss (a teacher)
+    i_f = np.searchsorted(fwd, at, side="right") - 1
+    i_b = np.searchsorted(bwd_end, at, side="right") - 1
+    prev_f = np.where(i_f >= 0, fwd[np.maximum(i_f, 0)], -np.inf)
+    prev_b = np.where(i_b >= 0, bwd_end[np.maximum(i_b, 0)], -np.inf)
+    between = np.isfinite(prev_b) & (prev_b >= prev_f)
+    if not between.any():
+        out["evaluation.nograd_forward_share"] = 0.0
+        return out
+    # one region per gap between an update and the next training forward: from its first no-grad
+    # op to that forward (or the steps' end), less the training's and the loader's work in it
+    nxt = np.searchsorted(fwd, at[between], side="left")
+    ends = np.where(nxt < len(fwd), fwd[np.minimum(nxt, len(fwd) - 1)], hi)
+    starts = np.full(len(fwd) + 1, np.inf)
+    np.minimum.at(starts, nxt, at[between])
+    stop = np.full(len(fwd) + 1, hi)
+    stop[nxt] = ends
+    busy = np.concatenate([training, np.flatnonzero(k.dataloader & (t.ts >= lo) & (t.ts < hi))])
+    b_lo, b_hi = intervals.union(t.ts[busy], t.ts[busy] + t.dur[busy])
+    tail = 0.0
+    for g in np.flatnonzero(np.isfinite(starts)):
+        s0, e0 = float(starts[g]), float(min(stop[g], hi))
+        s, e = intervals.clip(b_lo, b_hi, s0, e0)
+        tail += max(0.0, e0 - s0 - float((e - s).sum()))
+    out["evaluation.nograd_forward_share"] = min(1.0, tail / total)
+    return out

@@ -1,0 +1,129 @@
+"""An evaluation run inside every training step, read from a CPU trace by its no-grad forward ops
+(analyze/evalforward.py: evaluation.nograd_forward_share, PD354), on traces torch records here.
+
+The eval variant times its own evaluation (forward passes under no_grad and a per-element
+metric loop on .numpy()) inside the profiled steps: the share the trace gives must come close to
+that measured share. The training loop without the evaluation, a pure no_grad inference loop and
+a distillation step (a teacher's no-grad forward feeding the loss) must not read as one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from perfdoctor.diagnose.offline import diagnose_path
+
+SCRIPT = """
+import json, sys, time, torch
+from torch import nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+out = sys.argv[1]
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+teacher = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+val = [(torch.randn(256, 256), torch.randint(0, 10, (256,))) for _ in range(4)]
+
+def evaluate():
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for vx, vy in val:
+            pred = model(vx).argmax(1).cpu().numpy()
+            correct += sum(int(a == b) for a, b in zip(pred, vy.numpy()))
+    model.train()
+    return correct
+
+def train(distill=False):
+    out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    if distill:
+        with torch.no_grad():
+            soft = teacher(x).softmax(1)
+        loss = loss + nn.functional.kl_div(out.log_softmax(1), soft, reduction="batchmean")
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+truth = {}
+for variant in ("eval", "eval_first", "plain", "inference", "distill"):
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=4)
+    path = f"{out}/{variant}.json"
+    spent = {"eval": 0.0, "step": 0.0}
+    with torch.profiler.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(path)) as p:
+        for i in range(5):
+            t0 = time.perf_counter()
+            if variant == "eval_first":         # evaluate(); train_step(): before the update
+                evaluate()
+                if i:
+                    spent["eval"] += time.perf_counter() - t0
+            if variant == "inference":
+                evaluate()
+            else:
+                train(distill=variant == "distill")
+            if variant == "eval":
+                t1 = time.perf_counter()
+                evaluate()
+                if i:
+                    spent["eval"] += time.perf_counter() - t1
+            if i:
+                spent["step"] += time.perf_counter() - t0
+            p.step()
+    truth[variant] = spent["eval"] / spent["step"]
+json.dump(truth, open(f"{out}/truth.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    out = tmp_path_factory.mktemp("evalforward")
+    script = out / "loop.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    r = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _diagnose(traces, variant):
+    doc = diagnose_path(str(traces / f"{variant}.json"))
+    return doc["traces"][0]["metrics"], [f["id"] for f in doc["findings"]]
+
+
+def test_evaluation_in_every_step_is_measured(traces):
+    truth = json.loads((traces / "truth.json").read_text())["eval"]
+    m, fixes = _diagnose(traces, "eval")
+    share = m["evaluation.nograd_forward_share"]
+    # the step's ProfilerStep span holds the profiler's own step bookkeeping, which the timed
+    # share's denominator leaves out: a few percent of these short steps
+    assert share == pytest.approx(truth, abs=0.06), (share, truth)
+    assert truth > 0.3 and m["evaluation.share"] == share and "PD354" in fixes
+
+
+def test_evaluation_before_the_training_step_is_counted_after_an_update(traces):
+    """`evaluate(); train_step()`: each evaluation follows the previous step's update, which the
+    first recorded step's has not in the trace (the profiler keeps its warm-up step out): 3 of
+    the 4 steps' evaluations count, a lower bound."""
+    truth = json.loads((traces / "truth.json").read_text())["eval_first"]
+    m, fixes = _diagnose(traces, "eval_first")
+    share = m["evaluation.nograd_forward_share"]
+    assert 0.6 * truth < share < 0.75 * truth + 0.05, (share, truth)
+    assert "PD354" in fixes
+
+
+@pytest.mark.parametrize("variant", ["plain", "distill"])
+def test_training_without_evaluation_reads_none(traces, variant):
+    """No no-grad forward (plain), or one that feeds the loss after the training forward (a
+    distillation teacher): no evaluation share, no PD354."""
+    m, fixes = _diagnose(traces, variant)
+    assert m["evaluation.nograd_forward_share"] == 0.0 and "PD354" not in fixes
+
+
+def test_pure_inference_is_not_training(traces):
+    m, fixes = _diagnose(traces, "inference")
+    assert m["evaluation.nograd_forward_share"] is None and m["evaluation.share"] is None
+    assert "PD354" not in fixes
