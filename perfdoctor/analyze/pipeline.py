@@ -22,6 +22,7 @@ from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.recompute import recompute_metrics
+from perfdoctor.analyze.sampleloop import sample_loop_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
@@ -87,6 +88,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(compile_metrics(t, k, steps))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))
+    m.update(sample_loop_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}
