@@ -101,6 +101,34 @@ def test_a_per_sample_loop_is_found_and_its_ceiling_bounds_vectorising(tmp_path)
     assert measured <= fix["gain"]["ceiling"] * 1.15, (measured, fix["gain"])
 
 
+def test_a_stack_of_layers_that_slice_is_no_loop_over_samples(tmp_path):
+    """24 identical layers, each slicing its output: the same ops repeat 24 times, each period
+    taking a slice, but each layer has its own parameters (an AccumulateGrad per period in the
+    backward pass)."""
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(D, 2 * D)
+
+        def forward(self, x):
+            return x + torch.relu(self.lin(x)[:, :D])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block() for _ in range(24)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(B, D)
+
+    def step():
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    doc = _report(tmp_path, step, "layers.json")
+    m = doc["traces"][0]["metrics"]
+    assert m["cpu.ops_per_step"] > 24 * 5 and m["cpu.loop_share"] == 0.0
+    assert "PD365" not in {f["id"] for f in doc["findings"]}
+
+
 def test_loops_that_take_no_rows_are_not_per_sample_loops():
     from perfdoctor.analyze.sampleloop import periodic_runs
     # a for-loop optimizer: the same two ops per parameter, 40 parameters, no indexing
@@ -110,6 +138,12 @@ def test_loops_that_take_no_rows_are_not_per_sample_loops():
     # the same sequence where each period takes a row (op 1 is a select): a loop of 40
     covered, runs = periodic_runs(s, s == 1)
     assert max(runs) == (40, 2) and covered[:80].all() and covered.sum() == 81
+    # each period holds an AccumulateGrad: layers with parameters of their own; the forward
+    # pass of as many layers (one period fewer or more) goes with it
+    fwd, bwd = [1, 2] * 24, [5, 6, 7] * 24
+    s = np.array(fwd + bwd)
+    covered, runs = periodic_runs(s, (s == 1) | (s == 5), s == 7)
+    assert runs == [] and not covered.any()
     # 15 periods: under MIN_ITERATIONS
     s = np.array([1, 2] * 15 + [3, 4])
     assert periodic_runs(s, s == 1)[1] == []

@@ -24,7 +24,11 @@ samples spent 1.6 ms of a 36 ms step there, as long as the whole vectorised step
 A run counts from MIN_ITERATIONS periods: a loop over a batch of 16 or more samples, and more
 repeats than a few heads, crops or losses summed by hand; a period is at most MAX_PERIOD ops. The
 indexing op keeps out loops that repeat without taking rows: a for-loop optimizer's per-parameter
-ops, a simulation's time steps on whole tensors. What the trace cannot tell: whether each
+ops, a simulation's time steps on whole tensors. A stack of identical layers that slice (a
+chunked projection, rotary embeddings) repeats and takes slices too, but each layer has
+parameters of its own: its backward pass runs an AccumulateGrad node per period, where a loop over
+samples shares the parameters and accumulates each once; such runs are left out (an inference-only
+stack, with no backward pass, is not told apart). What the trace cannot tell: whether each
 iteration depends on the one before (a recurrence over time steps that index a sequence reads
 alike), so the fix says when it does not apply. None on GPU traces.
 """
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import median
+from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
 from perfdoctor.analyze.steps import Steps
@@ -51,25 +55,40 @@ def _indexing(name: str) -> bool:
     return name in INDEXING or (name.startswith("autograd::") and name.endswith(INDEXING_BACKWARD))
 
 
-def periodic_runs(s: np.ndarray, takes_row: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def periodic_runs(s: np.ndarray, takes_row: np.ndarray,
+                  own_params: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Positions of `s` (name ids in time order) inside a run of MIN_ITERATIONS or more periods
     of at most MAX_PERIOD names, each period holding a position where `takes_row`; and each
-    run's (iterations, period) at its smallest period."""
+    run's (iterations, period) at its smallest period. A period holding a position where
+    `own_params` (an AccumulateGrad node) is a stack of layers, each with parameters of its own:
+    a loop over samples shares them, and the backward pass accumulates each once. That run, and
+    any run of as many iterations (give or take the edge one: the stack's forward pass), is
+    left out."""
     n = len(s)
-    covered = np.zeros(n, bool)
-    runs: list[tuple[int, int]] = []
+    own_params = np.zeros(n, bool) if own_params is None else own_params
+    found: list[tuple[int, int, int, bool]] = []          # start, length, period, own parameters
+    seen = np.zeros(n, bool)
     for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
         eq = np.concatenate(([False], s[:-p] == s[p:], [False])).astype(np.int8)
         d = np.diff(eq)
         starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
-        for a, b in zip(starts, ends):                    # s[i] == s[i + p] for i in [a, b)
+        long = ends - starts + p >= MIN_ITERATIONS * p
+        for a, b in zip(starts[long], ends[long]):        # s[i] == s[i + p] for i in [a, b)
             length = b - a + p
-            if length < MIN_ITERATIONS * p or not takes_row[a:a + p].any() or covered[a:a + length].all():
+            if not takes_row[a:a + p].any() or seen[a:a + length].all():
                 continue
-            # one period either side: the loop's first and last iterations may differ a little
-            # (an accumulator that starts as a Python number: aten::rsub where the rest run sub)
-            covered[max(0, a - p):a + length + p] = True
-            runs.append((length // p, p))
+            seen[a:a + length] = True
+            found.append((a, length, p, bool(own_params[a:a + p].any())))
+    layers = [length // p for _, length, p, own in found if own]
+    covered = np.zeros(n, bool)
+    runs: list[tuple[int, int]] = []
+    for a, length, p, own in found:
+        if own or any(abs(length // p - r) <= 1 for r in layers):
+            continue
+        # one period either side: the loop's first and last iterations may differ a little
+        # (an accumulator that starts as a Python number: aten::rsub where the rest run sub)
+        covered[max(0, a - p):a + length + p] = True
+        runs.append((length // p, p))
     return covered, runs
 
 
@@ -85,16 +104,17 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if len(top) == 0:
         return out
     takes_row = t.name_mask(_indexing)
+    own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
     loop_us, kept_us, longest, op_us = 0.0, 0.0, [], []
-    for si in np.unique(top_step):
-        for tid in np.unique(t.tid[top[top_step == si]]):
+    for si in unique(top_step):
+        for tid in unique(t.tid[top[top_step == si]]):
             rows = top[(top_step == si) & (t.tid[top] == tid)]
             rows = rows[np.argsort(t.ts[rows], kind="stable")]
             if len(rows) < MIN_ITERATIONS:
                 kept_us += float(t.dur[rows].sum())
                 continue
-            covered, runs = periodic_runs(t.name[rows], takes_row[rows])
+            covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows])
             kept_us += float(t.dur[rows[~covered]].sum())
             if not runs:
                 continue
