@@ -6,7 +6,8 @@ dispatch cost, and the backward pass walks the same sequence (in reverse) once p
 Written over the whole batch, the loop's ops become a few batched ops. In the trace the loop is a
 run of the step's outermost ops (aten::*, autograd::*, on one thread, in time order) whose names
 repeat with a short period, many times over, each period taking a row of a tensor: an indexing
-op (aten::select, slice, index, narrow) or, in the backward pass, its backward node.
+op (aten::select, slice, index, narrow) or, in the backward pass, its backward node; or, for
+`for row in x:`, an aten::unbind just before the run (UnbindBackward0 just after it).
 
     cpu.loop_share          = host time of those runs (first op's start to last op's end, the
                               Python between the ops included) / the steps' time
@@ -55,11 +56,13 @@ def _indexing(name: str) -> bool:
     return name in INDEXING or (name.startswith("autograd::") and name.endswith(INDEXING_BACKWARD))
 
 
-def periodic_runs(s: np.ndarray, takes_row: np.ndarray,
-                  own_params: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray | None = None,
+                  unbinds: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Positions of `s` (name ids in time order) inside a run of MIN_ITERATIONS or more periods
     of at most MAX_PERIOD names, each period holding a position where `takes_row`; and each
-    run's (iterations, period) at its smallest period. A period holding a position where
+    run's (iterations, period) at its smallest period. `for row in x:` takes its rows once, before
+    the loop (aten::unbind; UnbindBackward0 after the loop's backward run): a run with one within a
+    period of either end takes rows too. A period holding a position where
     `own_params` (an AccumulateGrad node) is a stack of layers, each with parameters of its own:
     a loop over samples shares them, and the backward pass accumulates each once. That run, and
     any run of as many iterations (give or take the edge one: the stack's forward pass), is
@@ -75,7 +78,9 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray,
         long = ends - starts + p >= MIN_ITERATIONS * p
         for a, b in zip(starts[long], ends[long]):        # s[i] == s[i + p] for i in [a, b)
             length = b - a + p
-            if not takes_row[a:a + p].any() or seen[a:a + length].all():
+            rows = takes_row[a:a + p].any() or \
+                (unbinds is not None and unbinds[max(0, a - p):a + length + p].any())
+            if not rows or seen[a:a + length].all():
                 continue
             seen[a:a + length] = True
             found.append((a, length, p, bool(own_params[a:a + p].any())))
@@ -104,6 +109,8 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if len(top) == 0:
         return out
     takes_row = t.name_mask(_indexing)
+    unbinds = t.name_mask(lambda n: n == "aten::unbind" or
+                          (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
     loop_us, kept_us, longest, op_us = 0.0, 0.0, [], []
@@ -114,7 +121,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             if len(rows) < MIN_ITERATIONS:
                 kept_us += float(t.dur[rows].sum())
                 continue
-            covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows])
+            covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows], unbinds[rows])
             kept_us += float(t.dur[rows[~covered]].sum())
             if not runs:
                 continue
