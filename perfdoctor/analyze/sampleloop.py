@@ -29,7 +29,9 @@ ops, a simulation's time steps on whole tensors. A stack of identical layers tha
 chunked projection, rotary embeddings) repeats and takes slices too, but each layer has
 parameters of its own: its backward pass runs an AccumulateGrad node per period, where a loop over
 samples shares the parameters and accumulates each once; such runs are left out (an inference-only
-stack, with no backward pass, is not told apart). What the trace cannot tell: whether each
+stack, with no backward pass, is not told apart). Ops inside a DataLoader's __next__ take no part:
+a map-style Dataset makes its batch one sample at a time by design (PD301, PD358 fix that), and
+they count among the ops that stay. What the trace cannot tell: whether each
 iteration depends on the one before (a recurrence over time steps that index a sequence reads
 alike), so the fix says when it does not apply. None on GPU traces.
 """
@@ -40,7 +42,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import outermost
+from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -104,16 +106,21 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         return out
     ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
     step_of = steps.index_of(t.ts[ops])
-    ops, step_of = ops[step_of >= 0], step_of[step_of >= 0]
+    ops = ops[step_of >= 0]
     top = outermost(t, ops)
     if len(top) == 0:
         return out
+    # a DataLoader's batch is made one sample at a time by design (Dataset.__getitem__): the
+    # fixes for that are the loader's (PD301, PD358); its ops stay, and take no part in a run
+    in_loader = contained(t, top, np.flatnonzero(k.dataloader))
+    kept_loader_us = float(t.dur[top[in_loader]].sum())
+    top = top[~in_loader]
     takes_row = t.name_mask(_indexing)
     unbinds = t.name_mask(lambda n: n == "aten::unbind" or
                           (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
-    loop_us, kept_us, longest, op_us = 0.0, 0.0, [], []
+    loop_us, kept_us, longest, op_us = 0.0, kept_loader_us, [], []
     for si in unique(top_step):
         for tid in unique(t.tid[top[top_step == si]]):
             rows = top[(top_step == si) & (t.tid[top] == tid)]
