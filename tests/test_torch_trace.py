@@ -39,6 +39,9 @@ def test_real_cpu_trace(cpu_trace_dir):
     assert all(v is None for k, v in m.items() if k.startswith(("gpu.", "tensor_core.", "sync.", "memcpy.")))
     assert m["memory.events"] > 0 and m["memory.peak_reserved_bytes"] is None   # CPU allocations only
     assert "num-workers-zero" in {f["slug"] for f in doc["flags"]}
+    # the dataset's per-sample __getitem__ repeats the same ops per sample, inside the loader's
+    # __next__: the loader's to fix (PD301), no per-sample loop for PD365
+    assert m["cpu.loop_share"] == 0.0
     assert doc["findings"][0]["slug"] == "loader-workers"          # the DataLoader fix ranks first
     assert "GPU" not in doc["verdict"]["summary"]
 

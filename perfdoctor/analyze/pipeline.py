@@ -24,6 +24,7 @@ from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.precision import precision_metrics
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
+from perfdoctor.analyze.sampleloop import sample_loop_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
@@ -96,6 +97,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(cpu_op_metrics(t, k, steps))
     m.update(nograd_forward_metrics(t, k, steps))
     m["evaluation.share"] = m["evaluation.nograd_forward_share"]    # a run adds its own measures (callshares)
+    m.update(sample_loop_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

@@ -145,6 +145,12 @@ _m("threads.splittable_share", "share", "Own time (children excluded) of aten op
 _m("cpu.small_op_share", "share", "CPU-only traces: time of the outermost eager ops (aten::*, autograd::*) that take under 20 us per op they hold (an autograd node of five tiny ops counts as small) / step time: ops whose time is mostly their fixed dispatch cost, which torch.compile removes (analyze/cpuops.py). None on GPU traces.")
 _m("cpu.ops_per_step", "per_step", "CPU-only traces: outermost eager ops (aten::*, autograd::*) per step.")
 _m("cpu.op_median_us", "us", "CPU-only traces: median duration of those ops (profiled).")
+# -- a Python loop over the batch's samples (analyze/sampleloop.py; CPU-only traces) ----------
+_m("cpu.loop_share", "share", "CPU-only traces: host time of runs of the step's outermost ops whose names repeat with a period of at most 64 ops, 16 or more times, each period taking a row of a tensor (aten::select/slice/index/narrow, or its backward node): a Python loop over the samples of a batch, from the run's first op to its last, the Python between them included / step time (analyze/sampleloop.py). 0: no such run; None on GPU traces.")
+_m("cpu.loop_iterations", "count", "CPU-only traces: periods (loop iterations) in the longest such run of a step (median over the steps that hold one).")
+_m("cpu.loop_ops_per_iteration", "count", "CPU-only traces: outermost ops in one period of those runs (median over the steps).")
+_m("cpu.loop_op_median_us", "us", "CPU-only traces: median duration of the ops inside those runs (profiled).")
+_m("cpu.loop_kept_op_share", "share", "CPU-only traces, where such a run was found: time of the outermost ops outside the runs / step time: the ops that vectorising the loop leaves; the rest of the step (the loop, the Python between ops, the autograd engine's untraced set-up and release of the per-sample graph) is what it can at most remove.")
 # -- kernel fusion (analyze/fusion.py; CUDA and ROCm, None elsewhere) ------------------------
 _m("fusion.unfused_share", "share", "Kernel time of unfused memory-bound kernels (elementwise, norms, reductions, activations, dropout, indexing; not GEMM, attention, layout, optimizer or compiled ones) / step time, weighted by the device's busy share: what torch.compile's fusion acts on (DataParallel: the busiest replica's).")
 _m("fusion.unfused_kernels_per_step", "per_step", "Unfused memory-bound kernels per step.")

@@ -1,0 +1,149 @@
+"""A Python loop over the samples of a batch, seen in a CPU-only trace (cpu.loop_* metrics).
+
+A loss or a metric written as `for i in range(B): ... x[i] ...` runs the same short sequence
+of eager ops once per sample: each op works on one row of the batch and costs mostly its fixed
+dispatch cost, and the backward pass walks the same sequence (in reverse) once per sample too.
+Written over the whole batch, the loop's ops become a few batched ops. In the trace the loop is a
+run of the step's outermost ops (aten::*, autograd::*, on one thread, in time order) whose names
+repeat with a short period, many times over, each period taking a row of a tensor: an indexing
+op (aten::select, slice, index, narrow) or, in the backward pass, its backward node; or, for
+`for row in x:`, an aten::unbind just before the run (UnbindBackward0 just after it).
+
+    cpu.loop_share          = host time of those runs (first op's start to last op's end, the
+                              Python between the ops included) / the steps' time
+    cpu.loop_iterations     = periods in the longest such run (median over the steps that hold one)
+    cpu.loop_ops_per_iteration = ops in one period of it
+    cpu.loop_op_median_us   = median duration of the ops inside the runs
+    cpu.loop_kept_op_share  = time of the outermost ops outside the runs / the steps' time
+
+The last bounds what vectorising can remove: the ops outside the loop stay, and everything else
+may go, since the loop's cost is not only its ops. The autograd engine walks a graph of one node
+per op per sample before the backward pass starts, and frees it (with the samples' saved tensors)
+after: untraced time outside the runs that shrinks with the loop (a contrastive loss over 128
+samples spent 1.6 ms of a 36 ms step there, as long as the whole vectorised step).
+
+A run counts from MIN_ITERATIONS periods: a loop over a batch of 16 or more samples, and more
+repeats than a few heads, crops or losses summed by hand; a period is at most MAX_PERIOD ops. The
+indexing op keeps out loops that repeat without taking rows: a for-loop optimizer's per-parameter
+ops, a simulation's time steps on whole tensors. A stack of identical layers that slice (a
+chunked projection, rotary embeddings) repeats and takes slices too, but each layer has
+parameters of its own: its backward pass runs an AccumulateGrad node per period, where a loop over
+samples shares the parameters and accumulates each once; such runs are left out (an inference-only
+stack, with no backward pass, is not told apart). Ops inside a DataLoader's __next__ take no part:
+a map-style Dataset makes its batch one sample at a time by design (PD301, PD358 fix that), and
+they count among the ops that stay. What the trace cannot tell: whether each
+iteration depends on the one before (a recurrence over time steps that index a sequence reads
+alike), so the fix says when it does not apply. None on GPU traces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import contained, outermost
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+MIN_ITERATIONS = 16
+MAX_PERIOD = 64
+INDEXING = ("aten::select", "aten::slice", "aten::index", "aten::narrow")
+INDEXING_BACKWARD = ("SelectBackward0", "SliceBackward0", "IndexBackward0", "NarrowBackward0")
+NAMES = ("cpu.loop_share", "cpu.loop_iterations", "cpu.loop_ops_per_iteration", "cpu.loop_op_median_us",
+         "cpu.loop_kept_op_share")
+
+
+def _indexing(name: str) -> bool:
+    return name in INDEXING or (name.startswith("autograd::") and name.endswith(INDEXING_BACKWARD))
+
+
+def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray | None = None,
+                  unbinds: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Positions of `s` (name ids in time order) inside a run of MIN_ITERATIONS or more periods
+    of at most MAX_PERIOD names, each period holding a position where `takes_row`; and each
+    run's (iterations, period) at its smallest period. `for row in x:` takes its rows once, before
+    the loop (aten::unbind; UnbindBackward0 after the loop's backward run): a run with one within a
+    period of either end takes rows too. A period holding a position where
+    `own_params` (an AccumulateGrad node) is a stack of layers, each with parameters of its own:
+    a loop over samples shares them, and the backward pass accumulates each once. That run, and
+    any run of as many iterations (give or take the edge one: the stack's forward pass), is
+    left out."""
+    n = len(s)
+    own_params = np.zeros(n, bool) if own_params is None else own_params
+    found: list[tuple[int, int, int, bool]] = []          # start, length, period, own parameters
+    seen = np.zeros(n, bool)
+    for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
+        eq = np.concatenate(([False], s[:-p] == s[p:], [False])).astype(np.int8)
+        d = np.diff(eq)
+        starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+        long = ends - starts + p >= MIN_ITERATIONS * p
+        for a, b in zip(starts[long], ends[long]):        # s[i] == s[i + p] for i in [a, b)
+            length = b - a + p
+            rows = takes_row[a:a + p].any() or \
+                (unbinds is not None and unbinds[max(0, a - p):a + length + p].any())
+            if not rows or seen[a:a + length].all():
+                continue
+            seen[a:a + length] = True
+            found.append((a, length, p, bool(own_params[a:a + p].any())))
+    layers = [length // p for _, length, p, own in found if own]
+    covered = np.zeros(n, bool)
+    runs: list[tuple[int, int]] = []
+    for a, length, p, own in found:
+        if own or any(abs(length // p - r) <= 1 for r in layers):
+            continue
+        # one period either side: the loop's first and last iterations may differ a little
+        # (an accumulator that starts as a Python number: aten::rsub where the rest run sub)
+        covered[max(0, a - p):a + length + p] = True
+        runs.append((length // p, p))
+    return covered, runs
+
+
+def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    out = dict.fromkeys(NAMES)
+    total = float(steps.duration.sum())
+    if k.platform != "cpu" or len(steps) == 0 or total <= 0:
+        return out
+    ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
+    step_of = steps.index_of(t.ts[ops])
+    ops = ops[step_of >= 0]
+    top = outermost(t, ops)
+    if len(top) == 0:
+        return out
+    # a DataLoader's batch is made one sample at a time by design (Dataset.__getitem__): the
+    # fixes for that are the loader's (PD301, PD358); its ops stay, and take no part in a run
+    in_loader = contained(t, top, np.flatnonzero(k.dataloader))
+    kept_loader_us = float(t.dur[top[in_loader]].sum())
+    top = top[~in_loader]
+    takes_row = t.name_mask(_indexing)
+    unbinds = t.name_mask(lambda n: n == "aten::unbind" or
+                          (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
+    own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
+    top_step = steps.index_of(t.ts[top])
+    loop_us, kept_us, longest, op_us = 0.0, kept_loader_us, [], []
+    for si in unique(top_step):
+        for tid in unique(t.tid[top[top_step == si]]):
+            rows = top[(top_step == si) & (t.tid[top] == tid)]
+            rows = rows[np.argsort(t.ts[rows], kind="stable")]
+            if len(rows) < MIN_ITERATIONS:
+                kept_us += float(t.dur[rows].sum())
+                continue
+            covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows], unbinds[rows])
+            kept_us += float(t.dur[rows[~covered]].sum())
+            if not runs:
+                continue
+            longest.append(max(runs))
+            op_us.append(t.dur[rows[covered]].astype(np.float64))
+            # contiguous covered stretches: first op's start to last op's end
+            edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
+            for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
+                loop_us += float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]] - t.ts[rows[a]])
+    if not longest:
+        out["cpu.loop_share"] = 0.0
+        return out
+    out["cpu.loop_share"] = min(1.0, loop_us / total)
+    out["cpu.loop_iterations"] = median([r[0] for r in longest])
+    out["cpu.loop_ops_per_iteration"] = median([r[1] for r in longest])
+    out["cpu.loop_op_median_us"] = median(np.concatenate(op_us))
+    out["cpu.loop_kept_op_share"] = min(1.0, kept_us / total)
+    return out

@@ -1,0 +1,153 @@
+"""A Python loop over the samples of a batch (analyze/sampleloop.py, PD365), recorded by
+torch.profiler on the CPU: a contrastive loss written per anchor, and its vectorised twin."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tests.quiet import Foreign, skip_if_shared
+
+B, D = 128, 32
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine a second OpenMP thread waiting for a busy
+    core made a [128, 64] linear take 12-60 ms instead of 0.1."""
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _trainer(looped: bool):
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, D), torch.nn.ReLU(), torch.nn.Linear(D, D))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x1, x2 = torch.randn(B, 64), torch.randn(B, 64)
+
+    def loss_fn(a, b):
+        a, b = F.normalize(a, dim=1), F.normalize(b, dim=1)
+        if not looped:
+            return F.cross_entropy(a @ b.T / 0.1, torch.arange(B))
+        total = 0.0
+        for i in range(B):                      # one anchor at a time
+            sims = b @ a[i] / 0.1
+            total = total - sims[i] + torch.logsumexp(sims, 0)
+        return total / B
+
+    def step():
+        loss = loss_fn(model(x1), model(x2))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
+def _report(tmp_path, step, name: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(4):
+            step()
+            p.step()
+    p.export_chrome_trace(str(tmp_path / name))
+    return diagnose_path(str(tmp_path / name))
+
+
+def test_the_two_losses_agree():
+    assert _trainer(True)() == pytest.approx(_trainer(False)(), rel=1e-4)
+
+
+def test_a_per_sample_loop_is_found_and_its_ceiling_bounds_vectorising(tmp_path):
+    looped, vectorised = _trainer(True), _trainer(False)
+    loop_doc, vec_doc = _report(tmp_path, looped, "loop.json"), _report(tmp_path, vectorised, "vec.json")
+    m = loop_doc["traces"][0]["metrics"]
+    # 7 ops per anchor (select, matmul, div, select, sub, logsumexp, add), 128 anchors; the
+    # first anchor starts from a Python 0.0 (rsub, not sub), so the run holds 127 full periods
+    assert m["cpu.loop_ops_per_iteration"] == 7 and B - 2 <= m["cpu.loop_iterations"] <= B
+    assert m["cpu.loop_share"] > 0.5 and m["cpu.loop_op_median_us"] < 50
+    assert 0 < m["cpu.loop_kept_op_share"] < 1 - m["cpu.loop_share"]
+    fix = next(f for f in loop_doc["findings"] if f["id"] == "PD365")
+    assert fix["gain"]["ceiling"] == pytest.approx(1 / m["cpu.loop_kept_op_share"], rel=1e-3)
+    vm = vec_doc["traces"][0]["metrics"]
+    assert vm["cpu.loop_share"] == 0.0 and vm["cpu.loop_iterations"] is None
+    assert "PD365" not in {f["id"] for f in vec_doc["findings"]}
+
+    # the ceiling bounds the speed-up vectorising gives, timed interleaved outside the profiler
+    skip_if_shared()
+    foreign = Foreign()
+    ratios = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        looped()
+        t1 = time.perf_counter()
+        vectorised()
+        t2 = time.perf_counter()
+        ratios.append((t1 - t0) / (t2 - t1))
+    skip_if_shared(foreign)
+    measured = float(np.sort(ratios)[len(ratios) // 2])
+    assert measured > 2                                          # the loop is the step's cost
+    assert measured <= fix["gain"]["ceiling"] * 1.15, (measured, fix["gain"])
+
+
+def test_a_stack_of_layers_that_slice_is_no_loop_over_samples(tmp_path):
+    """24 identical layers, each slicing its output: the same ops repeat 24 times, each period
+    taking a slice, but each layer has its own parameters (an AccumulateGrad per period in the
+    backward pass)."""
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(D, 2 * D)
+
+        def forward(self, x):
+            return x + torch.relu(self.lin(x)[:, :D])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block() for _ in range(24)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(B, D)
+
+    def step():
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    doc = _report(tmp_path, step, "layers.json")
+    m = doc["traces"][0]["metrics"]
+    assert m["cpu.ops_per_step"] > 24 * 5 and m["cpu.loop_share"] == 0.0
+    assert "PD365" not in {f["id"] for f in doc["findings"]}
+
+
+def test_loops_that_take_no_rows_are_not_per_sample_loops():
+    from perfdoctor.analyze.sampleloop import periodic_runs
+    # a for-loop optimizer: the same two ops per parameter, 40 parameters, no indexing
+    s = np.array([1, 2] * 40 + [3])
+    covered, runs = periodic_runs(s, np.zeros(len(s), bool))
+    assert not covered.any() and runs == []
+    # the same sequence where each period takes a row (op 1 is a select): a loop of 40
+    covered, runs = periodic_runs(s, s == 1)
+    assert max(runs) == (40, 2) and covered[:80].all() and covered.sum() == 81
+    # each period holds an AccumulateGrad: layers with parameters of their own; the forward
+    # pass of as many layers (one period fewer or more) goes with it
+    fwd, bwd = [1, 2] * 24, [5, 6, 7] * 24
+    s = np.array(fwd + bwd)
+    covered, runs = periodic_runs(s, (s == 1) | (s == 5), s == 7)
+    assert runs == [] and not covered.any()
+    # `for row in x:` unbinds x once before the loop: its periods take no row themselves
+    s = np.array([9, 8] + [1, 2] * 20 + [3])
+    assert periodic_runs(s, np.zeros(len(s), bool))[1] == []
+    assert max(periodic_runs(s, np.zeros(len(s), bool), unbinds=s == 9)[1]) == (20, 2)
+    # 15 periods: under MIN_ITERATIONS
+    s = np.array([1, 2] * 15 + [3, 4])
+    assert periodic_runs(s, s == 1)[1] == []
