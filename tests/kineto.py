@@ -13,9 +13,9 @@ class HandTrace:
         self.corr = 0                  # the last launch's correlation id
         self.device_free = 0.0         # when the stream has run every kernel launched so far
 
-    def op(self, tid: int, ts: float, name: str, dur: float, ext: int | None = None) -> None:
+    def op(self, tid: int, ts: float, name: str, dur: float, ext: int | None = None, args: dict | None = None) -> None:
         self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-                            "args": {} if ext is None else {"External id": ext}})
+                            "args": ({} if ext is None else {"External id": ext}) | (args or {})})
 
     def launch(self, tid: int, ts: float, kernel: str, kernel_us: float, cat: str = "kernel") -> None:
         """A 5 us cudaLaunchKernel at ts; its kernel starts when it returns or the stream is free.

@@ -1,4 +1,4 @@
-"""An evaluation run inside every training step, read from a CPU trace by its no-grad forward ops
+"""An evaluation run inside every training step, read from a trace by its no-grad forward ops
 (analyze/evalforward.py: evaluation.nograd_forward_share, PD354), on traces torch records here.
 
 The eval variant times its own evaluation (forward passes under no_grad and a per-element
@@ -127,3 +127,49 @@ def test_pure_inference_is_not_training(traces):
     m, fixes = _diagnose(traces, "inference")
     assert m["evaluation.nograd_forward_share"] is None and m["evaluation.share"] is None
     assert "PD354" not in fixes
+
+
+def _gpu_steps(path, *, eval_kernel_us: float, sync: bool, steps: int = 5, step_us: float = 1500.0):
+    """A device-bound CUDA loop, step by step: a training forward (300 us kernel), backward (600 us),
+    optimizer (50 us), then, when eval_kernel_us, an evaluation's no-grad linear whose kernel
+    queues behind the training's and (sync) a .item() that waits for it. Returns the evaluation's
+    cost per step on the device-extended clock: from the device finishing the training's work
+    to the later of the next step and the end of the evaluation's kernel."""
+    from kineto import HandTrace
+    h = HandTrace()
+    cost = []
+    for i in range(steps):
+        s = 1000.0 + i * step_us
+        h.step(i, s, s + step_us)
+        h.op(1, s + 5, "aten::linear", 100, args={"Sequence number": 3 * i})
+        h.launch(1, s + 10, "ampere_sgemm_128x64_tn", 300)
+        h.op(1, s + 110, "autograd::engine::evaluate_function: AddmmBackward0", 90, args={"Sequence number": 3 * i})
+        h.launch(1, s + 120, "ampere_sgemm_64x64_nt", 600)
+        h.op(1, s + 210, "Optimizer.step#SGD.step", 50)
+        h.launch(1, s + 220, "multi_tensor_apply_kernel", 50)
+        training_done = h.device_free
+        if eval_kernel_us:
+            h.op(1, s + 300, "aten::linear", 50)               # no sequence number: no_grad
+            h.launch(1, s + 310, "ampere_sgemm_128x64_tn", eval_kernel_us)
+            if sync:
+                h.op(1, s + 360, "aten::item", h.device_free + 5 - (s + 360))
+            cost.append(max(s + step_us, h.device_free) - max(s + 300, training_done))
+    h.write(path)
+    return cost
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_on_a_gpu_the_evaluation_costs_its_device_time_not_the_hosts_stretch(tmp_path, sync):
+    """The host reaches the evaluation while the training's kernels still run: its stretch (1200 us
+    of 1500) would charge it the training's device time. Taken from the device finishing the
+    training's work, the evaluation costs its own kernel and the host time after it."""
+    cost = _gpu_steps(tmp_path / "eval.json", eval_kernel_us=400, sync=sync)
+    doc = diagnose_path(str(tmp_path / "eval.json"))
+    m = doc["traces"][0]["metrics"]
+    per_step = 1500.0
+    # the last step's stretch ends with the steps (the span's end); the others at the next forward
+    assert m["evaluation.nograd_forward_share"] == pytest.approx(sum(cost) / (per_step * len(cost)), rel=0.02)
+    assert 0.3 < m["evaluation.nograd_forward_share"] < 0.4
+    assert "PD354" in [f["id"] for f in doc["findings"]]
+    _gpu_steps(tmp_path / "plain.json", eval_kernel_us=0, sync=False)
+    assert diagnose_path(str(tmp_path / "plain.json"))["traces"][0]["metrics"]["evaluation.nograd_forward_share"] == 0.0

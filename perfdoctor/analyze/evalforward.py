@@ -23,10 +23,16 @@ soft = teacher(x); out = model(x)`) lands in the same gap and cannot be told fro
 by its place: PD354 words its fix for both. A gap whose update lies before the trace (the first
 recorded step of `evaluate(); train_step()`) is not counted: a lower bound there.
 
-None where it cannot be read: no backward pass in the steps (pure inference is no training), a
-trace whose training forward ops carry no sequence number (an older Kineto), or a GPU trace (the
-host's stretch there overlaps the device's work, and a sync in it waits for the training
-kernels: not measured here).
+On a GPU the host's stretch is not the evaluation's cost: the host runs ahead of the device, so
+the stretch can start while the training's kernels still run (and a .item() in it waits for
+them), and the evaluation's own kernels can run on after it. Each stretch is therefore taken on
+the device-extended clock: it starts once the device has run everything launched before it
+(the training's work is not the evaluation's) and ends when both the host has reached the next
+training forward and the device has run everything launched before that forward (the
+evaluation's kernels). Removing it saves that stretch whether the step is host- or device-bound.
+
+None where it cannot be read: no backward pass in the steps (pure inference is no training), or a
+trace whose training forward ops carry no sequence number (an older Kineto).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import numpy as np
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
-from perfdoctor.analyze.steps import Steps
+from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 COMPUTE_RX = re.compile(r"^aten::(linear|matmul|mm|addmm|bmm|baddbmm|einsum|conv[123]d|conv_transpose[123]d|"
@@ -51,7 +57,7 @@ NAMES = ("evaluation.nograd_forward_share",)
 def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
-    if k.platform != "cpu" or len(steps) == 0 or total <= 0 or "seq" not in t.args:
+    if len(steps) == 0 or total <= 0 or "seq" not in t.args:
         return out
     lo, hi = steps.span
     ops = np.flatnonzero(k.cpu_op)                  # a backward pass before the first step counts too
@@ -90,10 +96,28 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     stop[nxt] = ends
     busy = np.concatenate([training, np.flatnonzero(k.dataloader & (t.ts >= lo) & (t.ts < hi))])
     b_lo, b_hi = intervals.union(t.ts[busy], t.ts[busy] + t.dur[busy])
+    drained = _drained(t, k) if k.platform != "cpu" else None
     tail = 0.0
     for g in np.flatnonzero(np.isfinite(starts)):
         s0, e0 = float(starts[g]), float(min(stop[g], hi))
+        if drained is not None:
+            s0, e0 = max(s0, drained(s0)), min(max(e0, drained(e0)), hi)
         s, e = intervals.clip(b_lo, b_hi, s0, e0)
         tail += max(0.0, e0 - s0 - float((e - s).sum()))
     out["evaluation.nograd_forward_share"] = min(1.0, tail / total)
     return out
+
+
+def _drained(t: EventTable, k: Kinds):
+    """time -> when the device has finished all the work launched before that time (-inf: none)."""
+    dev, launch = device_launch_index(t, k)
+    ok = launch >= 0
+    at = t.ts[launch[ok]]
+    order = np.argsort(at, kind="stable")
+    at = at[order]
+    done = np.maximum.accumulate((t.ts[dev[ok]] + t.dur[dev[ok]])[order]) if len(at) else at
+
+    def drained(x: float) -> float:
+        i = int(np.searchsorted(at, x, side="left"))
+        return float(done[i - 1]) if i > 0 else -np.inf
+    return drained
