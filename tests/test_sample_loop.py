@@ -137,7 +137,12 @@ def test_loops_that_take_no_rows_are_not_per_sample_loops():
     assert not covered.any() and runs == []
     # the same sequence where each period takes a row (op 1 is a select): a loop of 40
     covered, runs = periodic_runs(s, s == 1)
-    assert max(runs) == (40, 2) and covered[:80].all() and covered.sum() == 81
+    assert max(runs) == (40, 2) and covered[:80].all() and covered.sum() == 80   # the 3 after is not the loop's
+    # a first iteration that differs in one op (an accumulator's rsub: 4) is the loop's; the op
+    # before it (7, the model's linear) is not
+    s = np.array([7, 1, 4, 3] + [1, 2, 3] * 20 + [8])
+    covered, runs = periodic_runs(s, s == 1)
+    assert max(runs) == (20, 3) and not covered[0] and covered[1:-1].all() and not covered[-1]
     # each period holds an AccumulateGrad: layers with parameters of their own; the forward
     # pass of as many layers (one period fewer or more) goes with it
     fwd, bwd = [1, 2] * 24, [5, 6, 7] * 24
@@ -151,3 +156,38 @@ def test_loops_that_take_no_rows_are_not_per_sample_loops():
     # 15 periods: under MIN_ITERATIONS
     s = np.array([1, 2] * 15 + [3, 4])
     assert periodic_runs(s, s == 1)[1] == []
+
+
+def test_on_a_gpu_the_loop_gains_only_down_to_the_device_work_launched_outside_it(tmp_path):
+    """A CUDA step: a linear whose 800 us kernel runs while the host loops over 32 samples (select,
+    mul, sum per sample, each launching a 2 us kernel), 1500 us per step. The host's ops outside
+    the loop are 100 us, but the device work launched outside it (800 us) stays after
+    vectorising: that is the share that stays, and PD365's ceiling is 1500 / 800."""
+    from kineto import HandTrace
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    h = HandTrace()
+    steps, step_us, loop_start, per_iter = 6, 1500.0, 200.0, 30.0
+    for i in range(steps):
+        s = 1000.0 + i * step_us
+        h.step(i, s, s + step_us)
+        h.op(1, s + 10, "aten::linear", 100)
+        h.launch(1, s + 20, "ampere_sgemm_128x64_tn", 800)
+        for j in range(32):
+            a = s + loop_start + j * per_iter
+            h.op(1, a, "aten::select", 5)
+            h.op(1, a + 7, "aten::mul", 8)
+            h.launch(1, a + 8, "vectorized_elementwise_kernel", 2)
+            h.op(1, a + 17, "aten::sum", 8)
+            h.launch(1, a + 18, "reduce_kernel", 2)
+    h.write(tmp_path / "loop.json")
+    doc = diagnose_path(str(tmp_path / "loop.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["cpu.loop_iterations"] >= 30 and m["cpu.loop_ops_per_iteration"] == 3
+    loop_end = loop_start + 31 * per_iter + 25          # the last iteration's sum ends 25 us in
+    assert m["cpu.loop_share"] == pytest.approx((loop_end - loop_start) / step_us, abs=0.05)
+    assert m["cpu.loop_kept_op_share"] == pytest.approx(800 / step_us, rel=0.01)
+    fix = next(f for f in doc["findings"] if f["id"] == "PD365")
+    assert fix["gain"]["ceiling"] == pytest.approx(step_us / 800, rel=0.01)
+    share = 1 - 800 / step_us                          # the loop shortens the step only to the device work
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / m["cpu.loop_iterations"]), rel=0.01)

@@ -1,4 +1,4 @@
-"""A Python loop over the samples of a batch, seen in a CPU-only trace (cpu.loop_* metrics).
+"""A Python loop over the samples of a batch, seen in a trace (cpu.loop_* metrics).
 
 A loss or a metric written as `for i in range(B): ... x[i] ...` runs the same short sequence
 of eager ops once per sample: each op works on one row of the batch and costs mostly its fixed
@@ -14,7 +14,9 @@ op (aten::select, slice, index, narrow) or, in the backward pass, its backward n
     cpu.loop_iterations     = periods in the longest such run (median over the steps that hold one)
     cpu.loop_ops_per_iteration = ops in one period of it
     cpu.loop_op_median_us   = median duration of the ops inside the runs
-    cpu.loop_kept_op_share  = time of the outermost ops outside the runs / the steps' time
+    cpu.loop_kept_op_share  = time of the outermost ops outside the runs / the steps' time; on a
+                              GPU the larger of that and the device's busy time on work not
+                              launched from the runs (that work stays after vectorising too)
 
 The last bounds what vectorising can remove: the ops outside the loop stay, and everything else
 may go, since the loop's cost is not only its ops. The autograd engine walks a graph of one node
@@ -33,17 +35,23 @@ stack, with no backward pass, is not told apart). Ops inside a DataLoader's __ne
 a map-style Dataset makes its batch one sample at a time by design (PD301, PD358 fix that), and
 they count among the ops that stay. What the trace cannot tell: whether each
 iteration depends on the one before (a recurrence over time steps that index a sequence reads
-alike), so the fix says when it does not apply. None on GPU traces.
+alike), so the fix says when it does not apply.
+
+On a GPU the loop is found the same way on the host; each of its ops launches kernels of a few
+microseconds per sample besides. Its host time shortens the step only down to what the device
+must still run: the device work launched outside the runs stays, so the share that stays is
+the larger of the host's ops and that device time (PD365's ceiling and expected gain use it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
-from perfdoctor.analyze.steps import Steps
+from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 MIN_ITERATIONS = 16
@@ -92,17 +100,30 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray |
     for a, length, p, own in found:
         if own or any(abs(length // p - r) <= 1 for r in layers):
             continue
-        # one period either side: the loop's first and last iterations may differ a little
+        # up to a period either side: the loop's first and last iterations may differ a little
         # (an accumulator that starts as a Python number: aten::rsub where the rest run sub)
-        covered[max(0, a - p):a + length + p] = True
+        first = a - _edge(s[max(0, a - p):a][::-1], s[max(0, a - p) + p:a + p][::-1])
+        end = a + length
+        last = end + _edge(s[end:min(n, end + p)], s[end - p:min(n, end + p) - p])
+        covered[first:last] = True
         runs.append((length // p, p))
     return covered, runs
+
+
+def _edge(ops: np.ndarray, twins: np.ndarray) -> int:
+    """How many of `ops` (outward from a run's edge) belong to it: the fewest that hold the most
+    matches with the same places a period inside (`twins`), if at least half of them match."""
+    hits = np.cumsum(ops == twins)
+    if not len(hits) or hits[-1] == 0:
+        return 0
+    k = int(np.argmax(hits == hits[-1])) + 1
+    return k if 2 * int(hits[k - 1]) >= k else 0
 
 
 def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
-    if k.platform != "cpu" or len(steps) == 0 or total <= 0:
+    if len(steps) == 0 or total <= 0:
         return out
     ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
     step_of = steps.index_of(t.ts[ops])
@@ -121,6 +142,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
     loop_us, kept_us, longest, op_us = 0.0, kept_loader_us, [], []
+    stretches: list[tuple[int, float, float]] = []        # (thread, start, end) of each run
     for si in unique(top_step):
         for tid in unique(t.tid[top[top_step == si]]):
             rows = top[(top_step == si) & (t.tid[top] == tid)]
@@ -138,6 +160,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
             for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
                 loop_us += float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]] - t.ts[rows[a]])
+                stretches.append((int(tid), float(t.ts[rows[a]]), float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]])))
     if not longest:
         out["cpu.loop_share"] = 0.0
         return out
@@ -145,5 +168,24 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out["cpu.loop_iterations"] = median([r[0] for r in longest])
     out["cpu.loop_ops_per_iteration"] = median([r[1] for r in longest])
     out["cpu.loop_op_median_us"] = median(np.concatenate(op_us))
-    out["cpu.loop_kept_op_share"] = min(1.0, kept_us / total)
+    kept = kept_us / total
+    if k.platform != "cpu":
+        kept = max(kept, _device_outside(t, k, steps, stretches) / total)
+    out["cpu.loop_kept_op_share"] = min(1.0, kept)
     return out
+
+
+def _device_outside(t: EventTable, k: Kinds, steps: Steps, stretches: list[tuple[int, float, float]]) -> float:
+    """Device busy time inside the steps (us) on work not launched from the loop's stretches."""
+    dev, launch = device_launch_index(t, k)
+    ours = np.zeros(len(dev), bool)
+    known = launch >= 0
+    at, tid = t.ts[launch[known]], t.tid[launch[known]]
+    hit = np.zeros(len(at), bool)
+    for th, a, b in stretches:
+        hit |= (tid == th) & (at >= a) & (at < b)
+    ours[np.flatnonzero(known)[hit]] = True
+    rows = dev[~ours]
+    lo, hi = steps.span
+    s, e = intervals.clip(t.ts[rows], t.ts[rows] + t.dur[rows], lo, hi)
+    return intervals.total(s, e)
