@@ -691,7 +691,13 @@ def test_tune_document_on_a_small_script(tmp_path):
     crash = 'if loader.num_workers == 1:\n    raise RuntimeError("this script breaks with one worker")\nfor epoch'
     script.write_text(SCRIPT.replace("range(3)", "range(10 ** 6)").replace("for epoch", crash, 1))
     budget = 40         # 4 s runs: two baselines and both worker trials fit, the rest as the machine allows
+    foreign = Foreign()
     r = ptune("--budget", str(budget), "--duration", "4", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    if r.returncode == 3:
+        # --duration counts from the launch: on a loaded machine starting Python and importing
+        # torch can take the 4 s, and the baseline reaches a step or two (exit 3, documented).
+        # The budget and what fits in it are timings: a shared machine skips, a quiet one fails
+        skip_if_shared(foreign)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10
