@@ -51,6 +51,17 @@ def test_contention_when_the_slow_rank_waited_for_a_core():
     m, _ = cross_rank([RankInput(0, 20.4, 12.4 / 20.4, steps0, runq_ms=1.0),
                        RankInput(1, 20.4, 2.4 / 20.4, steps1, runq_ms=2.0)], 2)   # its own work: a straggler
     assert m["ranks.wait_cause"] == "straggler"
+    # with CPU times: rank 1 ran 8 ms on a CPU like rank 0's 7 ms and queued 10 ms to rank 0's 1 ms
+    m, _ = cross_rank([RankInput(0, 20.4, 12.4 / 20.4, steps0, runq_ms=1.0, cpu_ms=7.0),
+                       RankInput(1, 20.4, 2.4 / 20.4, steps1, runq_ms=10.0, cpu_ms=8.0)], 2)
+    assert m["ranks.slowest_runq_excess"] == pytest.approx((10 - 8 / 7) / 10, abs=0.01)
+    assert m["ranks.wait_cause"] == "contention"
+    # a host both ranks share, its cores half taken by other jobs: each rank queues 1 ms per CPU ms,
+    # rank 1 runs 5 ms more and so queues 5 ms more: its work, not its own contention
+    m, _ = cross_rank([RankInput(0, 20.4, 12.4 / 20.4, steps0, runq_ms=4.0, cpu_ms=4.0),
+                       RankInput(1, 20.4, 2.4 / 20.4, steps1, runq_ms=9.0, cpu_ms=9.0)], 2)
+    assert m["ranks.slowest_runq_excess"] == pytest.approx(0.0)
+    assert m["ranks.wait_cause"] == "straggler"
 
 
 def test_network_when_all_ranks_wait_alike():

@@ -673,6 +673,20 @@ def test_usage_errors_exit_2_in_one_line(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_script_perfdoctor_interrupted_after_the_durations_grace_did_not_fail(tmp_path):
+    """--duration's stop waits for a step boundary, then sends SIGINT: a script still starting by
+    then (import torch on a loaded machine) ends 130 with one step, not measurable (exit 3), not
+    failed (exit 1, "nothing to tune")."""
+    from perfdoctor.tune.measure import measure_dir
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "steps.jsonl").write_text(json.dumps({"step": 1, "end": 1.0, "dur": 0.001, "wait": 0.0, "batches": 1}) + "\n")
+    child = {"outcome": "interrupted", "exit_code": 130, "steps": 1}
+    late = measure_dir(d, {}, 130, child, 35.0, stopped_late=True)
+    assert late.error.startswith("not measurable: ") and "perfdoctor interrupted it" in late.error
+    assert measure_dir(d, {}, 130, child, 35.0).error == "the script failed (exit code 130)"
+
+
 def test_a_failing_baseline_exits_1_with_the_scripts_output(tmp_path):
     pytest.importorskip("torch")
     r = ptune("--budget", "60", "--duration", "60", "--out", tmp_path / "t", EX / "crash.py", "--crash-after", "3")
@@ -691,7 +705,13 @@ def test_tune_document_on_a_small_script(tmp_path):
     crash = 'if loader.num_workers == 1:\n    raise RuntimeError("this script breaks with one worker")\nfor epoch'
     script.write_text(SCRIPT.replace("range(3)", "range(10 ** 6)").replace("for epoch", crash, 1))
     budget = 40         # 4 s runs: two baselines and both worker trials fit, the rest as the machine allows
+    foreign = Foreign()
     r = ptune("--budget", str(budget), "--duration", "4", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    if r.returncode == 3:
+        # --duration counts from the launch: on a loaded machine starting Python and importing
+        # torch can take the 4 s, and the baseline reaches a step or two (exit 3, documented).
+        # The budget and what fits in it are timings: a shared machine skips, a quiet one fails
+        skip_if_shared(foreign)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10

@@ -281,7 +281,7 @@ _m("ranks.straggler_wait_share", "share", "Mean over ranks of (its wait - the sm
 _m("ranks.straggler_wait_share_max", "share", "The largest (wait - smallest wait) / step of any rank: the fastest rank's wait for the straggler.")
 _m("ranks.straggler_consistent", "bool", "The slowest rank is busier than the others step after step (mean difference > 2 standard errors over the paired profiled steps).")
 _m("ranks.paired_steps", "count", "Profiled steps present in every rank's trace (paired by ProfilerStep number).")
-_m("ranks.slowest_runq_excess", "fraction", "Share of the slowest rank's extra own time per profiled step that its step thread spent queued for a CPU core beyond the other ranks (schedstat): >= 0.5 means CPU contention, not more work.")
+_m("ranks.slowest_runq_excess", "fraction", "Share of the slowest rank's extra own time per profiled step that its step thread spent queued for a CPU core beyond what the other ranks queued per CPU second of its own (schedstat, the step thread's CPU clock): >= 0.5 means CPU contention, not more work; queueing that comes with more work on a host all ranks share is not counted.")
 _m("ranks.wait_cause", "str", "Why ranks wait in collectives: straggler (one rank consistently slower), contention (the slowest rank waited for a CPU core: oversubscribed host), network (all ranks wait alike), uneven (ranks take turns), none (< 5% of the step), None (no trace: waits unknown).")
 
 # -- system samples (perfdoctor run) ---------------------------------------------------------

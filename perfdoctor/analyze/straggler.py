@@ -29,6 +29,12 @@ MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the
 profiled step (CONTENTION) was spent in the run queue waiting for a CPU core beyond what the
 other ranks waited (the step thread's schedstat, steps.jsonl `runq`): the rank is not doing more
 work, its host's cores are oversubscribed (too many ranks, threads or other jobs per core).
+"Beyond what the others waited" is per CPU second when the step threads' CPU times are known
+(steps.jsonl `cpu`): on a host every rank shares, a rank queues in proportion to the time it is
+runnable, so a rank with 30 ms more work on a host whose cores are half taken by other jobs also
+queues ~30 ms more. That queueing comes with its work (the others, at the same rate per CPU
+second, would have queued as much for it): it stays a straggler. Only queueing above the other
+ranks' rate (runq / cpu) is the slow rank's own contention.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class RankInput:
     wait_share: float | None              # exposed collective time / step (the trace window)
     steps: dict[str, tuple[float, float]] = field(default_factory=dict)   # step label -> (dur ms, wait ms)
     runq_ms: float | None = None          # mean run-queue wait of the step's thread per profiled step
+    cpu_ms: float | None = None           # mean CPU time of the step's thread per profiled step
 
 
 @dataclass
@@ -115,7 +122,8 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
 
 def _contention(ranks: list[RankInput], slow: int) -> float | None:
     """How much of the slowest rank's extra own work (over the others' mean, per profiled step) it
-    spent waiting for a CPU core in the run queue, beyond what the others waited (None: unknown)."""
+    spent waiting for a CPU core in the run queue, beyond what the others waited (None: unknown).
+    With CPU times known, the others' wait is scaled to the slow rank's CPU time (module docstring)."""
     by = {r.rank: r for r in ranks}
     if any(r.runq_ms is None for r in ranks) or not all(r.steps for r in ranks):
         return None
@@ -124,7 +132,11 @@ def _contention(ranks: list[RankInput], slow: int) -> float | None:
     extra = busy[slow] - fmean(busy[k] for k in others)
     if extra <= 0:
         return None
-    return max(0.0, by[slow].runq_ms - fmean(by[k].runq_ms for k in others)) / extra
+    expected = fmean(by[k].runq_ms for k in others)
+    cpu_o = fmean(by[k].cpu_ms or 0.0 for k in others) if all(r.cpu_ms is not None for r in ranks) else 0.0
+    if cpu_o > 0:
+        expected = by[slow].cpu_ms * expected / cpu_o        # the others' queueing rate, on its CPU time
+    return max(0.0, by[slow].runq_ms - expected) / extra
 
 
 def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:

@@ -47,7 +47,7 @@ def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> d
         # the directory names the rank; rank.json (any JSON) only adds what it holds in the right shape
         infos.append({**record(_read_json(d / "rank.json"), RANK), "rank": rank})
     world = max((i.get("world_size") or 0 for i in infos), default=0) or None
-    inputs = [_rank_input(i["rank"], doc, _runq_ms(d)) for i, doc, (_, d) in zip(infos, docs, found)]
+    inputs = [_rank_input(i["rank"], doc, *_sched_ms(d)) for i, doc, (_, d) in zip(infos, docs, found)]
     ranks_m, rows = cross_rank(inputs, world)
     out = _merge(str(run_dir), docs, infos, [str(d) for _, d in found], ranks_m, rows, rules)
     out["run"] = _run_section(run_dir, out.get("run") or {}, infos, docs)
@@ -166,7 +166,7 @@ def _straggler_confidence(v: dict, m: dict) -> dict:
     return {**v, "confidence": conf, "confidence_label": label(conf), "notes": notes, "secondary": []}
 
 
-def _rank_input(rank: int, doc: dict, runq_ms: float | None) -> RankInput:
+def _rank_input(rank: int, doc: dict, runq_ms: float | None, cpu_ms: float | None = None) -> RankInput:
     t = doc["traces"][0]
     m = t["metrics"]
     step = m.get("run.step_time_ms")
@@ -178,24 +178,28 @@ def _rank_input(rank: int, doc: dict, runq_ms: float | None) -> RankInput:
         bd = s.get("breakdown_ms") or {}
         if s.get("duration_ms") and bd.get("communication") is not None:
             steps[str(s.get("label"))] = (s["duration_ms"], bd["communication"])
-    return RankInput(rank, step, wait, steps, runq_ms)
+    return RankInput(rank, step, wait, steps, runq_ms, cpu_ms)
 
 
-def _runq_ms(d: Path) -> float | None:
-    """Mean run-queue wait of the step thread per profiled step, from steps.jsonl (`runq`)."""
-    vals = []
+def _sched_ms(d: Path) -> tuple[float | None, float | None]:
+    """Mean run-queue wait and CPU time of the step thread per profiled step, from steps.jsonl
+    (`runq`, `cpu`; each None when no profiled step has it)."""
+    runq, cpu = [], []
     try:
         lines = (d / "steps.jsonl").read_text(errors="replace").splitlines()
     except OSError:
-        return None
+        return None, None
     for ln in lines:
         try:
             r = inputjson.loads(ln)
         except ValueError:
             continue
         if isinstance(r, dict) and r.get("profiled") is True and isinstance(r.get("runq"), (int, float)):
-            vals.append(1e3 * r["runq"])
-    return sum(vals) / len(vals) if vals else None
+            runq.append(1e3 * r["runq"])
+            if isinstance(r.get("cpu"), (int, float)) and not isinstance(r.get("cpu"), bool):
+                cpu.append(1e3 * r["cpu"])
+    mean = (lambda v: sum(v) / len(v) if v else None)
+    return mean(runq), (mean(cpu) if len(cpu) == len(runq) else None)
 
 
 def _pace_index(infos: list[dict], m: dict) -> int:

@@ -66,10 +66,16 @@ def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, 
     res = launch(cfg)
     if result is not None:
         result.append(res)
-    return measure_dir(run_dir, changes, res.exit_code, res.child, res.wall_s)
+    # --duration's stop waits for a step boundary, then insists (SIGINT, SIGKILL): a script still
+    # starting (or in a step) by then ends 130 or killed by perfdoctor, not by failing
+    late = res.stopped_by == "duration" and any(n.startswith("the script did not stop within") for n in res.notes)
+    return measure_dir(run_dir, changes, res.exit_code, res.child, res.wall_s, stopped_late=late)
 
 
-def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_s: float) -> Measured:
+def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_s: float, *,
+                stopped_late: bool = False) -> Measured:
+    """`stopped_late`: perfdoctor interrupted the script after --duration's grace (not a failure:
+    measured from the steps it took, usually too few)."""
     from perfdoctor.diagnose.live import loader_settings, read_steps
     from perfdoctor.gate.load import other_load_of
     from perfdoctor.stats.steptime import estimate
@@ -77,7 +83,7 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     outcome = child.get("outcome") or "killed"
     m = Measured(run_dir, dict(changes), exit_code, outcome, wall_s, read_steps(run_dir),
                  _read_json(run_dir / "inject.json"), child)
-    if outcome not in ("stopped", "completed") or exit_code != 0:
+    if (outcome not in ("stopped", "completed") or exit_code != 0) and not stopped_late:
         why = gist(child.get("error")) or (f"exit code {exit_code}" if exit_code else outcome)
         m.error = f"the script failed ({why})"
     system = system_of(run_dir)
@@ -87,7 +93,9 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
         m.estimate = estimate(m.steps, num_workers=loader["num_workers"], prefetch_factor=loader["prefetch_factor"])
     if m.error is None and (m.estimate is None or not m.estimate.conclusive):
         reason = getattr(m.estimate, "reason", None) or "no training step recorded"
-        m.error = f"not measurable: {reason}"
+        m.error = f"not measurable: {reason}" + (" (still starting or in a step when --duration's stop "
+                                                  "request's grace ran out: perfdoctor interrupted it)"
+                                                  if stopped_late else "")
     return m
 
 
