@@ -44,3 +44,29 @@ def analyze_spec(tmp_path):
         truth = tg.write(spec, path, **write_kw)
         return analyze(load_trace(path)), truth
     return run
+
+
+# `perfdoctor run` of examples/compute_bound.py (single-threaded torch: on a shared 2-core machine
+# multithreaded GEMMs slow down several-fold when another process takes a core), made at most once
+# a session and shared by the gate and compare tests: "a" and "b" the same MLP twice, "wide" 3x
+# wider (~9x the FLOPs). 80 steps: with a neighbour's load coming and going, 40 steps left 28
+# steady steps correlated over 14, too few for an interval (seen with 2 busy loops).
+MLP_RUNS = {"a": "512", "b": "512", "wide": "1536"}
+
+
+@pytest.fixture(scope="session")
+def mlp_run(tmp_path_factory):
+    import subprocess
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            d = tmp_path_factory.mktemp("mlp-runs") / name
+            p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "80", "--out", str(d),
+                                "examples/compute_bound.py", "--batch-size", "64", "--width", MLP_RUNS[name]],
+                               cwd=REPO, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200"})
+            assert p.returncode == 0 and (d / "report.json").is_file(), p.stderr[-2000:]
+            made[name] = d
+        return made[name]
+    return get

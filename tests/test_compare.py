@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +13,6 @@ import pytest
 from perfdoctor.gate.compare import compare_runs
 from perfdoctor.gate.load import RunData
 
-REPO = Path(__file__).resolve().parent.parent
-QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # see tests/test_gate.py
 FP = {"device": "cpu", "device_count": 0, "torch": "2.13.0+cpu", "cpu_count": 2, "batch_size": None}
 
 
@@ -153,17 +150,9 @@ def test_a_hand_edited_step_time_is_unknown_not_taken(bad):
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compare-runs")
-    out = []
-    for width in (512, 1536):
-        d = root / f"w{width}"
-        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--out", str(d),
-                            "examples/compute_bound.py", "--batch-size", "64", "--width", str(width)],
-                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
-        assert p.returncode == 0, p.stderr[-2000:]
-        out.append(d)
-    return out
+def two_runs(mlp_run):
+    """The MLP and the same MLP 3x wider, 80 steps each (conftest's mlp_run, shared with the gate tests)."""
+    return [mlp_run("a"), mlp_run("wide")]
 
 
 def pd(*args):

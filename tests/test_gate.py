@@ -389,24 +389,17 @@ QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Two runs of the same script, one made ~9x heavier (MLP 3x wider), and the augmentation
-    moved onto the trainer's thread (cpu_bound_loader, num_workers=0): input-bound."""
-    root = tmp_path_factory.mktemp("gate-runs")
-    mlp = ["examples/compute_bound.py", "--batch-size", "64", "--width"]
-    spec = {"a": [*mlp, "512"], "b": [*mlp, "512"], "wide": [*mlp, "1536"],
-            "w0": ["examples/cpu_bound_loader.py", "--workers", "0"]}
-    # 80 steps of the MLPs (a few seconds each): with a neighbour's load coming and going, 40 steps
-    # left 28 steady steps correlated over 14, too few for an interval (seen with 2 busy loops)
-    steps = {"a": 80, "b": 80, "wide": 80, "w0": 40}
-    out = {}
-    for name, argv in spec.items():
-        d = root / name
-        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", str(steps[name]), "--out",
-                            str(d), *argv],
-                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
-        assert p.returncode == 0 and (d / "report.json").is_file(), p.stderr[-2000:]
-        out[name] = d
+def runs(tmp_path_factory, mlp_run):
+    """Two runs of the same script, one made ~9x heavier (MLP 3x wider; conftest's mlp_run, shared
+    with the compare tests), and the augmentation moved onto the trainer's thread
+    (cpu_bound_loader, num_workers=0): input-bound."""
+    out = {name: mlp_run(name) for name in ("a", "b", "wide")}
+    d = tmp_path_factory.mktemp("gate-runs") / "w0"
+    p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--out", str(d),
+                        "examples/cpu_bound_loader.py", "--workers", "0"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+    assert p.returncode == 0 and (d / "report.json").is_file(), p.stderr[-2000:]
+    out["w0"] = d
     return out
 
 
@@ -521,19 +514,13 @@ def test_report_file_without_steps_is_inconclusive(runs, tmp_path):
     assert p.returncode in (1, 3)                        # 1 only if a share moved
 
 
-def test_run_with_baseline_gates_in_one_command(tmp_path):
-    """`perfdoctor run --baseline B` runs, diagnoses, then gates: slower work -> exit 1."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    ex = Path(__file__).resolve().parent.parent / "examples" / "compute_bound.py"
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    base = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--no-trace",
-                           "--out", str(tmp_path / "base"), str(ex), "--width", "256", "--batch-size", "64"],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert base.returncode == 0, base.stderr
+def test_run_with_baseline_gates_in_one_command(tmp_path, mlp_run):
+    """`perfdoctor run --baseline B` runs, diagnoses, then gates: slower work -> exit 1. The
+    baseline is conftest's run of the 512-wide MLP (the same script; made once a session)."""
+    ex = REPO / "examples" / "compute_bound.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     slow = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "40", "--no-trace",
-                           "--out", str(tmp_path / "slow"), "--baseline", str(tmp_path / "base"),
+                           "--out", str(tmp_path / "slow"), "--baseline", str(mlp_run("a")),
                            str(ex), "--width", "1536", "--batch-size", "64"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert slow.returncode in (1, 3), slow.stderr      # 3 only if the machine was too busy to judge

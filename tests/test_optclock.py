@@ -73,7 +73,7 @@ def test_describe_counts_the_tensors_that_stream_from_memory():
 # 40% of the step on a CPU. The script times its own optimizer steps, as the hooks do.
 ADAM = r"""
 import time, torch, torch.nn as nn
-torch.manual_seed(0)
+torch.manual_seed(0); torch.set_num_threads(1)   # 16x64 ops: a second intra-op thread only spins
 layers = []
 for _ in range(12):
     layers += [nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU()]

@@ -564,7 +564,7 @@ def test_autocast_and_optimizer_injection_change_what_the_script_sees(tmp_path, 
 
 FLOAT64 = textwrap.dedent("""
     import sys, torch
-    torch.manual_seed(0)
+    torch.manual_seed(0); torch.set_num_threads(1)      # tiny ops: a second thread only spins
     class Seq(torch.nn.Module):                  # float64 state made inside forward, as scripts do
         def __init__(self):
             super().__init__()
@@ -614,7 +614,7 @@ def test_float32_change_trains_a_float64_model_in_float32(tmp_path, capfd):
 CHECKPOINTED = textwrap.dedent("""
     from torch.utils.checkpoint import checkpoint
     import torch
-    torch.manual_seed(0)
+    torch.manual_seed(0); torch.set_num_threads(1)      # tiny ops: a second thread only spins
     calls = 0
     class Block(torch.nn.Module):
         def __init__(self):
