@@ -51,6 +51,10 @@ def test_io_bound_run_stopped_after_40_steps_gets_the_io_split(tmp_path, workers
     m = doc["traces"][0]["metrics"]
     if m["run.data_wait_share"] is not None and m["run.data_wait_share"] < 0.5:
         pytest.skip("storage is too fast here for an IO-bound loader (page cache or tmpfs)")
+    if (m["loader.runnable_share"] or 0) >= 0.5 and any("delay accounting is off" in n for n in doc["run"]["notes"]):
+        # without delay accounting the split reads the loader's runnable time: reads served by the
+        # page cache are CPU work (a CI run: runnable 65%, split "cpu"), and the storage was not the wait
+        pytest.skip(f"the loader ran {m['loader.runnable_share']:.0%} of the time: reads served from the page cache")
     assert m["run.steps"] == 40
     assert m["input.split"] == "io", (m["loader.runnable_share"], doc["run"]["notes"])
     assert doc["verdict"]["bound"] == "input_io"
