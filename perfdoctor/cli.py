@@ -205,7 +205,8 @@ def tune(
     budget: float = typer.Option(300.0, "--budget", min=10, metavar="SECONDS",
                                  help="Wall time for the whole tune; trials that do not fit are skipped (and listed)."),
     duration: Optional[float] = typer.Option(None, "--duration", min=2, metavar="SECONDS",
-                                             help="Length of each run (default: budget/8, between 8 and 45 s)."),
+                                             help="Length of each run's training, from its first step (default: budget/8, "
+                                                  "between 8 and 45 s)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=2, help="Also stop each run after N steps."),
     allow_numerics: bool = typer.Option(False, "--allow-numerics",
                                         help="Also try autocast (bf16/fp16) around the model's forward, and "

@@ -687,6 +687,46 @@ def test_a_script_perfdoctor_interrupted_after_the_durations_grace_did_not_fail(
     assert measure_dir(d, {}, 130, child, 35.0).error == "the script failed (exit code 130)"
 
 
+SLOW_START = textwrap.dedent("""
+    import sys, time
+    time.sleep(float(sys.argv[1]))          # a slow start: loading a model, data, compiling
+    import torch
+    torch.set_num_threads(1)
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    while True:
+        opt.zero_grad(); m(x).sum().backward(); opt.step(); time.sleep(0.01)
+""")
+
+
+def test_each_runs_duration_counts_from_its_first_step(tmp_path):
+    """A tune run trains for --duration seconds however long the script takes to start: 3 s of
+    sleep before `import torch` left `run --duration 2` (counted from the launch) no step at all."""
+    pytest.importorskip("torch")
+    from perfdoctor.collect.launcher import RunConfig, launch as _launch
+    from perfdoctor.tune.measure import run_once
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_START)
+    m = run_once([str(script), "3"], None, tmp_path / "tune", {}, run_s=2, max_steps=None)
+    assert m.ok, m.error
+    trained = sum(s["dur"] for s in m.steps)
+    assert 1.5 <= trained and m.wall_s >= 3 + 2 and m.estimate.n >= 50, (trained, m.wall_s)
+    res = _launch(RunConfig(argv=[str(script), "3"], run_dir=tmp_path / "run", duration=2, trace=False))
+    assert res.stopped_by == "duration" and res.exit_code == 0 and res.child.get("steps", 0) == 0
+
+
+def test_a_script_with_no_step_within_the_startup_limit_is_stopped(tmp_path):
+    from perfdoctor.collect.launcher import RunConfig, launch as _launch
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_START)
+    res = _launch(RunConfig(argv=[str(script), "60"], run_dir=tmp_path / "run", duration=2, duration_from="first-step",
+                            startup_s=2, trace=False))
+    assert res.stopped_by == "duration" and res.exit_code == 0 and res.wall_s < 20
+    assert "no training step within 2 s of the launch (--duration counts from the first step): asked the script " \
+           "to stop" in res.notes
+
+
 def test_a_failing_baseline_exits_1_with_the_scripts_output(tmp_path):
     pytest.importorskip("torch")
     r = ptune("--budget", "60", "--duration", "60", "--out", tmp_path / "t", EX / "crash.py", "--crash-after", "3")
@@ -704,12 +744,11 @@ def test_tune_document_on_a_small_script(tmp_path):
     script = tmp_path / "train.py"
     crash = 'if loader.num_workers == 1:\n    raise RuntimeError("this script breaks with one worker")\nfor epoch'
     script.write_text(SCRIPT.replace("range(3)", "range(10 ** 6)").replace("for epoch", crash, 1))
-    # 6 s runs: two baselines and both worker trials fit, the rest as the machine allows.
-    # --duration counts from the launch, and importing torch takes 2.5-4 s on a 2-core VM:
-    # 4 s runs left a step or two to measure there
+    # runs of 2 s of training (after importing torch: 2.5-4 s on a 2-core VM): two baselines and
+    # both worker trials fit, the rest as the machine allows
     budget = 40
     foreign = Foreign()
-    r = ptune("--budget", str(budget), "--duration", "6", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    r = ptune("--budget", str(budget), "--duration", "2", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
     if r.returncode == 3:
         # on a loaded machine starting Python and importing torch can take the whole run, and
         # the baseline reaches a step or two (exit 3, documented).

@@ -42,6 +42,8 @@ class RunConfig:
     run_dir: Path | None = None
     max_steps: int | None = None
     duration: float | None = None
+    duration_from: str = "launch"        # where --duration's clock starts: "launch" | "first-step" (tune)
+    startup_s: float | None = None       # "first-step": a script with no step this long after launch is stopped
     skip: int = 5
     active: int = 5
     memory: bool = False
@@ -174,6 +176,7 @@ def launch(cfg: RunConfig) -> RunResult:
     forwarded, old = forward_signals(proc, heard)
     samplers: list = []
     stopped_by, stop_sent_at = None, None
+    clock = _DurationClock(cfg, run_dir / "steps.jsonl", t0)
     progress = _Progress(run_dir) if cfg.progress and sys.stderr.isatty() else None
     try:
         samplers = _start_samplers(cfg, proc.pid, run_dir, notes)
@@ -185,8 +188,10 @@ def launch(cfg: RunConfig) -> RunResult:
                 pass
             heard.poll()                         # word of a SIGINT perfdoctor did not get is soon stale
             elapsed = time.monotonic() - t0
-            if cfg.duration and elapsed >= cfg.duration and stop_sent_at is None:
+            if stop_sent_at is None and (why := clock.due()) is not None:
                 stopped_by, stop_sent_at = "duration", elapsed
+                if why:
+                    notes.append(why)
                 proc.send_signal(signal.SIGUSR1)
             elif stop_sent_at is not None and elapsed - stop_sent_at > STOP_GRACE_S:
                 notes.append(f"the script did not stop within {STOP_GRACE_S:.0f} s of the request; interrupted it")
@@ -281,6 +286,37 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+class _DurationClock:
+    """When --duration's stop is due. From the launch (`run`), or from the first step's record
+    (`tune`: a run's length is then its training's, however long the script takes to import,
+    load and compile before it; a trial of torch.compile whose first step compiles for 40 s
+    still trains as long as the baseline). A script that records no step within `startup_s` of
+    its launch is stopped then."""
+
+    def __init__(self, cfg: RunConfig, steps_path: Path, t0: float):
+        self.cfg, self.path, self.t0 = cfg, steps_path, t0
+        self.start = t0 if cfg.duration_from == "launch" else None
+
+    def due(self) -> str | None:
+        """None while the run goes on; "" when the duration has passed; a note when the script
+        reached no step within startup_s."""
+        if not self.cfg.duration:
+            return None
+        now = time.monotonic()
+        if self.start is None:
+            try:
+                if self.path.stat().st_size > 0:
+                    self.start = now             # the first step's record is written as it ends
+            except OSError:
+                pass
+        if self.start is not None:
+            return "" if now - self.start >= self.cfg.duration else None
+        if self.cfg.startup_s is not None and now - self.t0 >= self.cfg.startup_s:
+            return (f"no training step within {self.cfg.startup_s:.0f} s of the launch (--duration counts "
+                    "from the first step): asked the script to stop")
+        return None
 
 
 class _Progress:

@@ -26,6 +26,7 @@ from perfdoctor import inputjson
 from perfdoctor.stats import steptime
 
 DIVERGE = 0.10
+STARTUP_MIN_S, STARTUP_RUNS = 60.0, 4      # startup_limit
 MIN_LOSSES = 8
 
 MIN_EFFECT = steptime.MATERIAL   # a speed-up this large either way is material (as gate's --min-effect)
@@ -57,11 +58,14 @@ class Measured:
 
 def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, *, run_s: float | None,
              max_steps: int | None, trace: bool = False, result=None) -> Measured:
-    """Launch the script once (trace off unless asked) and measure it. `result` receives the
-    launcher's RunResult (the baseline's diagnosis needs it)."""
+    """Launch the script once (trace off unless asked) and measure it: `run_s` seconds of
+    training from its first step (a slow import or compile does not eat the steps), a script
+    with no step by startup_limit(run_s) stopped then. `result` receives the launcher's
+    RunResult (the baseline's diagnosis needs it)."""
     from perfdoctor.collect.launcher import RunConfig, launch
 
     cfg = RunConfig(argv=list(argv), module=module, run_dir=run_dir, max_steps=max_steps, duration=run_s,
+                    duration_from="first-step", startup_s=startup_limit(run_s) if run_s else None,
                     trace=trace, changes=dict(changes))
     res = launch(cfg)
     if result is not None:
@@ -70,6 +74,12 @@ def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, 
     # starting (or in a step) by then ends 130 or killed by perfdoctor, not by failing
     late = res.stopped_by == "duration" and any(n.startswith("the script did not stop within") for n in res.notes)
     return measure_dir(run_dir, changes, res.exit_code, res.child, res.wall_s, stopped_late=late)
+
+
+def startup_limit(run_s: float) -> float:
+    """How long a run may take to reach its first step: importing torch and a model, loading
+    data and compiling take tens of seconds in real scripts (STARTUP_MIN_S), longer for long runs."""
+    return max(STARTUP_MIN_S, STARTUP_RUNS * run_s)
 
 
 def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_s: float, *,
