@@ -229,17 +229,41 @@ def test_module_traceback_is_pythons(tmp_path, module):
 
 
 def test_a_stop_request_after_the_script_ended_is_ignored(tmp_path):
-    """--duration's SIGUSR1 can cross the script's own exit. Once the script has ended the child
-    ignores it (SIG_IGN, which outlives the interpreter's teardown, where Python resets its own
-    handlers to the default and a late SIGUSR1 would kill the process: exit 138)."""
+    """--duration's stop signal can cross the script's own exit. Once the script has ended the
+    child ignores it (SIG_IGN, which outlives the interpreter's teardown, where Python resets its
+    own handlers to the default and a late stop signal would kill the process)."""
+    from perfdoctor.collect.threadstop import STOP_SIGNAL
     script = tmp_path / "ends.py"
     flag = tmp_path / "disposition.txt"
     script.write_text(SCRIPT.replace("sys.exit(5)", "import atexit\n"
-                      f"atexit.register(lambda: open({str(flag)!r}, 'w').write(str(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)))\n"
-                      "os.kill(os.getpid(), signal.SIGUSR1)\nsys.exit(5)"))
+                      f"atexit.register(lambda: open({str(flag)!r}, 'w').write(str(signal.getsignal({int(STOP_SIGNAL)}) == signal.SIG_IGN)))\n"
+                      f"os.kill(os.getpid(), {int(STOP_SIGNAL)})\nsys.exit(5)"))
     r = prun(tmp_path / "run", script, "plain", "12", opts=("--no-trace",))
     assert r.returncode == 5, r.stderr[-2000:]
     assert flag.read_text() == "True"
+
+
+def test_duration_stops_a_script_that_took_sigusr1_for_itself(tmp_path, capfd):
+    """`faulthandler.register(signal.SIGUSR1)` (dump every thread's stack on SIGUSR1) and SLURM's
+    requeue handlers take SIGUSR1: --duration's stop, sent there, printed the script a stack dump
+    it never asked for and ended the run by SIGINT 30 s later. It has a signal of its own."""
+    from perfdoctor.collect.launcher import RunConfig, launch
+    script = tmp_path / "dumps.py"
+    script.write_text(
+        "import faulthandler, signal, sys, torch\n"
+        "faulthandler.register(signal.SIGUSR1)\n"
+        "torch.set_num_threads(1)\n"
+        "m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1); x = torch.randn(4, 8)\n"
+        "print('training', flush=True)\n"
+        "while True:\n"
+        "    opt.zero_grad(); m(x).sum().backward(); opt.step()\n")
+    # the stop comes 2 s into the training (tune's clock), whatever the start took
+    res = launch(RunConfig(argv=[str(script)], run_dir=tmp_path / "run", duration=2, duration_from="first-step",
+                           startup_s=60, trace=False, progress=False))
+    out, err = capfd.readouterr()
+    assert res.exit_code == 0 and out == "training\n", err[-2000:]
+    assert "most recent call first" not in err and res.child["steps"] > 100
+    assert res.stopped_by == "duration" and res.notes == [], res.notes
 
 
 def test_a_diagnosis_bug_under_debug_prints_its_traceback_and_keeps_going(monkeypatch, capsys):

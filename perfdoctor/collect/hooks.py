@@ -104,8 +104,8 @@ class Session(StepSources):
         self.flushed_at = 0.0
         self.pending: list[tuple] = []   # steps recorded and not yet written (_record, _flush)
         try:
-            signal.signal(signal.SIGUSR1, self._on_stop_signal)
-        except (ValueError, OSError, AttributeError):   # not the main thread / no SIGUSR1
+            signal.signal(threadstop.STOP_SIGNAL, self._on_stop_signal)
+        except (ValueError, OSError, AttributeError):   # not the main thread
             pass
         self.pid = os.getpid()
         self.forked = None               # forked.ForkedSteps in a forked child of this process
@@ -348,8 +348,8 @@ class Session(StepSources):
         self.finished = True
         try:
             # the script has ended: a --duration stop crossing its exit means nothing (SIG_IGN outlives
-            # the interpreter's finalisation, where a late SIGUSR1 would kill it: exit 138)
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            # the interpreter's finalisation, where a late stop signal would kill it)
+            signal.signal(threadstop.STOP_SIGNAL, signal.SIG_IGN)
         except (ValueError, OSError, AttributeError):
             pass
         try:

@@ -5,7 +5,7 @@ untouched. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (its
 is what ends the run), but not a SIGINT the child got itself: a terminal's Ctrl-C reaches the
 whole process group, and a second one a millisecond later would cut short the script's handling
 of the first (its `except KeyboardInterrupt:` cleanup, perfdoctor's records). --duration asks
-the child to stop at its next step boundary (SIGUSR1), then insists (SIGINT, SIGKILL) after a
+the child to stop at its next step boundary (threadstop.STOP_SIGNAL), then insists (SIGINT, SIGKILL) after a
 grace period.
 Progress lines go to stderr only when it is a terminal. Everything measured lands in the run
 directory; nothing here formats a report.
@@ -28,6 +28,7 @@ from pathlib import Path
 from perfdoctor.collect.child import ENV
 from perfdoctor.collect.cupti import teardown_env
 from perfdoctor.collect.rundir import claim
+from perfdoctor.collect.threadstop import STOP_SIGNAL
 
 STOP_GRACE_S = 30.0
 PROGRESS_EVERY_S = 5.0
@@ -192,7 +193,7 @@ def launch(cfg: RunConfig) -> RunResult:
                 stopped_by, stop_sent_at = "duration", elapsed
                 if why:
                     notes.append(why)
-                proc.send_signal(signal.SIGUSR1)
+                proc.send_signal(STOP_SIGNAL)
             elif stop_sent_at is not None and elapsed - stop_sent_at > STOP_GRACE_S:
                 notes.append(f"the script did not stop within {STOP_GRACE_S:.0f} s of the request; interrupted it")
                 insist = signal.SIGINT if elapsed - stop_sent_at < 2 * STOP_GRACE_S else signal.SIGKILL
@@ -209,7 +210,7 @@ def launch(cfg: RunConfig) -> RunResult:
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
     child = _read_json(run_dir / "child.json")
-    raced = sig == signal.SIGUSR1 and stop_sent_at is not None and isinstance(child.get("exit_code"), int)
+    raced = sig == STOP_SIGNAL and stop_sent_at is not None and isinstance(child.get("exit_code"), int)
     if raced:
         # our own stop request met the script's exit (before the child could ignore it): the
         # script had ended by itself, and its code is the one it gave

@@ -10,8 +10,12 @@
   stopped thread's end to end the script by itself: one that joins the trainer goes on with
   what follows the join (a checkpoint save is not cut short). One still running then (a
   supervisor loop, a wait on a queue the trainer fed) gets StopRun raised in it by SIGUSR1,
-  whose handler is the session's (the signal wakes a blocking wait). A script that took SIGUSR1
-  for itself is not signalled (nor can --duration ask it to stop): its main thread ends as it will.
+  whose handler is the session's (the signal wakes a blocking wait). A script that took
+  STOP_SIGNAL for itself is not signalled (nor can --duration ask it to stop): its main thread
+  ends as it will.
+- STOP_SIGNAL, --duration's request, is a real-time signal no script has a use for: scripts and
+  their libraries take SIGUSR1 (`faulthandler.register(signal.SIGUSR1)` dumps every thread's
+  stack on it, SLURM's requeue handlers save a checkpoint), and a stop sent there was theirs.
 - End. A main thread that returns with a trainer still running: Python waits for its non-daemon
   threads before it exits, and so do the run's records (child.py, live_threads).
 - Profiler. torch.profiler stops only in the thread that started it (stopped from another, the
@@ -25,6 +29,9 @@ import threading
 
 from perfdoctor.collect.window import seconds
 
+# SIGRTMIN+0..2 may be taken by the C library's threads; +6 by nothing we know of (SIGUSR1 where
+# there are no real-time signals)
+STOP_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
 STOP_GRACE_S = 10.0      # under the launcher's 30 s for --duration: the stop stays a stop, not an interrupt
 
 
@@ -94,8 +101,8 @@ def interrupt_main(session) -> None:
     if session.script_over.is_set() or not main.is_alive():
         return
     try:
-        if signal.getsignal(signal.SIGUSR1) == session._on_stop_signal:
-            signal.pthread_kill(main.ident, signal.SIGUSR1)    # its handler raises StopRun in the main thread
+        if signal.getsignal(STOP_SIGNAL) == session._on_stop_signal:
+            signal.pthread_kill(main.ident, STOP_SIGNAL)       # its handler raises StopRun in the main thread
     except (AttributeError, ValueError, OSError):
         pass
 
