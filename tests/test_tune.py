@@ -653,6 +653,42 @@ def test_recompute_off_runs_checkpointed_blocks_once(tmp_path, capfd):
     assert len(losses[True]) == 20 and losses[True] == pytest.approx(losses[False], rel=1e-5)
 
 
+EMPTY_CACHE = textwrap.dedent("""
+    import torch
+    from torch.cuda import empty_cache                   # by name, after torch: the injected one
+    torch.set_num_threads(1)
+    freed = []
+    torch.cuda.memory.is_initialized = lambda: True      # stands in for a CUDA device: the allocator's
+    torch._C._cuda_emptyCache = lambda: freed.append(1)  # release, which empty_cache calls
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(20):
+        opt.zero_grad(); m(torch.randn(4, 8)).sum().backward(); opt.step()
+        empty_cache() if step % 2 else torch.cuda.empty_cache()
+    print("released", len(freed), flush=True)
+""")
+
+
+def test_empty_cache_off_skips_the_scripts_calls(tmp_path, capfd):
+    """The baseline counts the script's torch.cuda.empty_cache() calls (both ways of naming it),
+    which plans an empty_cache=off trial (PD343) on a CUDA machine; the trial skips them."""
+    for changes, released in (({}, 20), ({"empty_cache": "off"}, 0)):
+        sub = tmp_path / ("off" if changes else "baseline")
+        sub.mkdir()
+        res, d = launch(sub, changes, max_steps=None, script_text=EMPTY_CACHE)
+        assert res.exit_code == 0
+        assert f"released {released}\n" in capfd.readouterr().out
+        inj = json.loads((d / "inject.json").read_text())
+        assert inj["empty_cache_calls"] == 20 and inj["applied"] == (["empty_cache"] if changes else [])
+    ranked = plan.plan(facts(verdict="device", cuda=True, empty_cache_calls=20, ranked=["PD343"]))
+    assert ranked[0].changes == {"empty_cache": "off"} and ranked[0].group == "allocator" and ranked[0].skip is None
+    assert plan.rule_for({"empty_cache": "off"}, {"PD343"}) == "PD343"
+    cpu = {t.label: t.skip for t in plan.plan(facts(empty_cache_calls=20))}
+    assert cpu["empty_cache=off"] == "no CUDA device"
+    assert not any("empty_cache" in t.changes for t in plan.plan(facts(cuda=True)))
+    assert apply_text({"empty_cache": "off"}, inj, cuda=True).startswith("# torch.cuda.empty_cache()  # remove it")
+
+
 def test_without_changes_nothing_is_injected(tmp_path, capfd):
     res, d = launch(tmp_path, None)
     assert res.exit_code == 0 and "threads 1 workers 0" in capfd.readouterr().out

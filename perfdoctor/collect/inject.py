@@ -16,9 +16,10 @@ key is one change the user could make by hand; the script itself is never edited
 | float32 | True: a model with float64 parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), float64 tensors entering it or any of its submodules become float32, and its float32 outputs become float64 again, so the code around the model (loss, targets, metrics) still sees float64 |
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
+| empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments,
-optimizer classes, its thread count, its activation-checkpoint calls) and the loss of every backward() on a scalar tensor, and
+optimizer classes, its thread count, its activation-checkpoint and torch.cuda.empty_cache calls) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -51,6 +52,7 @@ class _State:
         self.compiled: set[int] = set()
         self.converted: set[int] = set()         # ids of the modules made float32 (float32 change)
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
+        self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -68,7 +70,8 @@ def apply(torch, changes: dict | None, run_dir: str) -> None:
     st = _state = _State(torch, dict(changes), run_dir)
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
-                    (("autocast", "compile", "float32"), _module_call), (("recompute",), _checkpoint)):
+                    (("autocast", "compile", "float32"), _module_call), (("recompute",), _checkpoint),
+                    (("empty_cache",), _empty_cache)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -159,6 +162,27 @@ def _checkpoint(torch, st: _State) -> None:
         return orig(function, *args, **kwargs)
     checkpoint.__wrapped__ = orig
     cp.checkpoint = checkpoint
+
+
+def _empty_cache(torch, st: _State) -> None:
+    """Count the script's torch.cuda.empty_cache() calls; with empty_cache="off", skip them: the
+    caching allocator keeps its free blocks, as it does in a script that never called it (PD343).
+    Both names the function has (torch.cuda and torch.cuda.memory) are replaced."""
+    import torch.cuda.memory as mem
+
+    orig = mem.empty_cache
+    off = st.changes.get("empty_cache") == "off"
+
+    def empty_cache():
+        if os.getpid() == st.pid:
+            st.empty_cache_calls += 1
+            if off:
+                st.applied.add("empty_cache")
+                return None
+        return orig()
+    empty_cache.__wrapped__ = orig
+    empty_cache.__doc__ = orig.__doc__
+    mem.empty_cache = torch.cuda.empty_cache = empty_cache
 
 
 def _cuda_flags(torch, st: _State) -> None:
@@ -292,7 +316,7 @@ def write_record() -> None:
         threads = None
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
-           "checkpoint_calls": st.checkpoint_calls,
+           "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
            "losses": losses, "notes": st.notes}
     try:
         with open(os.path.join(st.run_dir, "inject.json"), "w") as f:

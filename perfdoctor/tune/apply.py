@@ -56,6 +56,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         n = inject.get("checkpoint_calls")
         lines.append("y = block(x)  # instead of torch.utils.checkpoint.checkpoint(block, x): memory permitting"
                      + (f"; the script made {n} such calls" if n else ""))
+    if changes.get("empty_cache") == "off":
+        n = inject.get("empty_cache_calls")
+        lines.append("# torch.cuda.empty_cache()  # remove it from the training loop"
+                     + (f": the script made {n} calls" if n else ""))
     if changes.get("expandable_segments"):
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # in the environment, before python starts")
     return "\n".join(lines)

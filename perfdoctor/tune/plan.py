@@ -6,7 +6,8 @@ whether a CUDA device exists (child.json). A trial is one dict of changes (colle
 the fix rule of the report whose gain it tests (its `gain.expected` is the prediction).
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
-optimizer implementation, CUDA settings, numerics (opt-in), compilation (opt-in). The report's
+optimizer implementation, CUDA settings, the script's torch.cuda.empty_cache() calls (a trial
+only when the baseline made some), numerics (opt-in), compilation (opt-in). The report's
 ranked fixes order the groups first: the group of its first-ranked fix runs first, and so on
 (the trial that tests the report's top claim is never the one a short budget leaves out). The
 other groups follow in the verdict's order (input-bound: the loader first; host/overhead-bound:
@@ -39,11 +40,12 @@ PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
-         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357",)}
+         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357",),
+         "empty_cache": ("PD343",)}
 
-ORDER = {"input": ("loader", "threads", "optimizer", "recompute", "cuda", "numerics", "compile"),
-         "host": ("optimizer", "compile", "recompute", "threads", "loader", "cuda", "numerics"),
-         "device": ("numerics", "recompute", "cuda", "compile", "optimizer", "loader", "threads")}
+ORDER = {"input": ("loader", "threads", "optimizer", "recompute", "cuda", "allocator", "numerics", "compile"),
+         "host": ("optimizer", "compile", "allocator", "recompute", "threads", "loader", "cuda", "numerics"),
+         "device": ("numerics", "recompute", "allocator", "cuda", "compile", "optimizer", "loader", "threads")}
 
 
 @dataclass
@@ -73,6 +75,7 @@ class Facts:
     threads: int | None = None        # the trainer's intra-op threads as the script set them
     bf16: bool = True
     checkpoints: int = 0              # activation-checkpoint calls the script made
+    empty_cache_calls: int = 0        # torch.cuda.empty_cache() calls the script made
     fp64: bool = False                # the model trains with float64 parameters (params.fp64_share)
     compiled: bool = False            # the steps already run compiled code (fusion.compiled)
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
@@ -163,6 +166,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),
                          Trial({"expandable_segments": True}, "cuda", skip=cuda_skip)]
+    if f.empty_cache_calls:           # each call frees the allocator's cache, which the next steps refill
+        by_group["allocator"].append(Trial({"empty_cache": "off"}, "allocator", skip=cuda_skip))
     dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"
     numerics_skip = None if allow_numerics else "changes numerics: needs --allow-numerics"
     if f.fp64:                        # float32 first: the step PD357 advises before any 16-bit autocast
