@@ -88,6 +88,7 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
 
 SCRIPT = """
 import os, sys, tempfile, torch
+from safetensors.torch import save_file         # bound by name before any step: wrapped at its import
 from torch.utils.tensorboard import SummaryWriter
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -99,7 +100,10 @@ w = SummaryWriter(d)
 for step in range(30):
     loss = model(torch.randn(64, 256)).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
-    torch.save(big, os.path.join(d, "ckpt.pt"))
+    if step % 2:
+        save_file(big, os.path.join(d, "ckpt.safetensors"))
+    else:
+        torch.save(big, os.path.join(d, "ckpt.pt"))
     w.add_histogram("w", model.weight, step)
 w.close()
 print("done")
@@ -110,6 +114,7 @@ print("done")
 def test_a_run_without_stacks_names_the_checkpoint_and_the_logging(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("tensorboard")
+    pytest.importorskip("safetensors")
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     out = tmp_path / "run"
@@ -117,7 +122,8 @@ def test_a_run_without_stacks_names_the_checkpoint_and_the_logging(tmp_path):
                         str(script)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr
     steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
-    assert len(steps) == 29 and all(s["save"] > 0 and s["log"] > 0 for s in steps)
+    # torch.save and safetensors' save_file by turns: every step's save is timed
+    assert len(steps) == 29 and all(s["save"] > 0 and s["log"] > 0 for s in steps), steps
     assert all(s["save"] + s["log"] <= s["dur"] for s in steps)
     doc = json.loads((out / "report.json").read_text())
     m = doc["traces"][0]["metrics"]

@@ -28,21 +28,30 @@ class _NoModule(Exception):
     """runpy found no module to run (python -m's one-line error)."""
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Calls `on_import(module)` right after the first `import torch` finishes executing."""
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls each `on_import(module)` registered for a module name right after that module's
+    first import finishes executing: torch's (the hooks), and modules whose functions the script
+    may bind by name (`from safetensors.torch import save_file`: wrapping the module's attribute
+    at a later step boundary would miss that name)."""
 
-    def __init__(self, on_import):
-        self.on_import = on_import
-        self.done = False
+    def __init__(self):
+        self.hooks: dict[str, list] = {}
+
+    def watch(self, name: str, on_import) -> None:
+        mod = sys.modules.get(name)
+        if mod is not None:                      # imported already (not from a clean start)
+            on_import(mod)
+        else:
+            self.hooks.setdefault(name, []).append(on_import)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch" or self.done:
+        hooks = self.hooks.pop(name, None)       # popped first: find_spec below asks this finder too
+        if not hooks:
             return None
-        self.done = True
         spec = importlib.util.find_spec(name)   # the real spec, found by the other finders
         if spec is None or spec.loader is None:
             return None
-        loader, hook = spec.loader, self.on_import
+        loader = spec.loader
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, s):
@@ -50,10 +59,14 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module):
                 loader.exec_module(module)
-                hook(module)
+                for hook in hooks:
+                    hook(module)
 
         spec.loader = _Loader()
         return spec
+
+
+WATCHER = _ImportWatcher()
 
 
 def main() -> None:
@@ -63,10 +76,10 @@ def main() -> None:
     session = hooks.Session(cfg)
     _finish_before_os_exit(session)
     _signals_told(cfg.get("signal_fd"))
-    watcher = _TorchWatcher(session.install)
-    sys.meta_path.insert(0, watcher)
-    if "torch" in sys.modules:                # cannot happen from a clean start, but be safe
-        session.install(sys.modules["torch"])
+    sys.meta_path.insert(0, WATCHER)
+    WATCHER.watch("torch", session.install)
+    for name in session.calls.modules():
+        WATCHER.watch(name, session.calls.on_import)
     argv = cfg["argv"]
     script = None
     try:

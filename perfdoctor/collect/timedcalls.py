@@ -8,8 +8,10 @@ too). Each is wrapped, and the wall time inside it, on the thread that runs the 
 per step (steps.jsonl `save` and `log`, seconds). The cost is two clock reads per call, none for a
 script that never calls them. A call inside another timed call counts once (the outer one).
 
-torch.save is wrapped when torch is imported (before the script reads it); the others when a step
-ends and their module has been imported by then (a dict lookup per step while any is missing).
+torch.save is wrapped when torch is imported (before the script reads it); the others as their
+module's import finishes (child.py's import watcher), before the script binds a name from it
+(`from safetensors.torch import save_file`), and else when a step ends and their module has been
+imported by then (a dict lookup per step while any is missing).
 Saves on another thread (an asynchronous checkpoint) are not on the step's path: not counted.
 """
 
@@ -61,6 +63,19 @@ class TimedCalls:
         if getattr(torch, "save", None) is orig:
             torch.save = timed
         self.installed = True
+
+    def modules(self) -> list[str]:
+        """The modules whose calls are wrapped when they are imported (on_import)."""
+        return [t[0] for t in self.pending]
+
+    def on_import(self, mod) -> None:
+        """`mod` has just been imported: wrap what it holds now."""
+        for target in [t for t in self.pending if t[0] == getattr(mod, "__name__", None)]:
+            try:
+                self._install(mod, *target[1:])
+            except Exception:                   # an unexpected version: not timed, never fatal
+                pass
+            self.pending.remove(target)
 
     def poll(self) -> None:
         """At a step's end: wrap what the script has imported since (cheap while nothing new)."""
