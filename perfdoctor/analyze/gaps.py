@@ -10,7 +10,10 @@ Independently, idle time is split by the host's activity: data wait > sync > oth
 calls > traced CPU ops > untraced. Untraced idle in stretches of LONG_UNTRACED_US or more is
 counted apart: the Python between a model's ops lasts microseconds per op, so a millisecond with
 no op, runtime call or data wait is the loop's own code (a checkpoint write, logging, batch
-preparation), which compiling the model does not touch.
+preparation), which compiling the model does not touch. So is idle time inside one runtime call
+(not a sync) of LONG_UNTRACED_US or more: a launch costs microseconds, so a millisecond in
+cudaMalloc/cudaFree, context creation or a first launch's module load is not per-op dispatch,
+and graph replay does not remove it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
                "untraced": "gpu.idle_while_untraced_share"}[name]
         out[key] = tl.total(idle & (host_role == i)) / total
     out["gpu.idle_while_long_untraced_share"] = _long_stretches(tl, idle & (host_role == len(layers))) / total
+    out["gpu.idle_while_long_runtime_share"] = _long_stretches(tl, idle & (host_role == 2)) / total
 
     # Merge idle segments into gaps (a new gap starts where the previous segment was not idle,
     # or at a step boundary).

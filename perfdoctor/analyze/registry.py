@@ -31,7 +31,7 @@ def _m(name: str, unit: str, doc: str) -> None:
 
 # -- trace ---------------------------------------------------------------------------------
 _m("trace.events", "count", "Events read from the trace (flow arrows excluded).")
-_m("trace.platform", "str", "cuda, rocm, mtia or cpu (cpu: no device activity in the trace).")
+_m("trace.platform", "str", "cuda, rocm, mtia or cpu (cpu: no device activity and no device runtime call in the trace).")
 _m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
 _m("trace.compute_capability", "version", "CUDA compute capability as major.minor, e.g. 7.0 or 8.6 (None when unknown or not CUDA).")
 _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
@@ -97,6 +97,7 @@ _m("gpu.idle_while_runtime_share", "share", "Device idle while the host is in ot
 _m("gpu.idle_while_cpu_ops_share", "share", "Device idle while the host runs traced CPU ops.")
 _m("gpu.idle_while_untraced_share", "share", "Device idle while nothing is traced on the host.")
 _m("gpu.idle_while_long_untraced_share", "share", "Device idle while nothing is traced on the host, in stretches of 1 ms or more (the loop's own code, e.g. a checkpoint write or logging; not the Python between a model's ops).")
+_m("gpu.idle_while_long_runtime_share", "share", "Device idle while the host is in one runtime call (not a sync) for 1 ms or more: allocation, context creation, module loading; not a launch's dispatch cost.")
 _m("gpu.kernels_per_step", "per_step", "Kernels per step.")
 _m("gpu.kernel_median_us", "us", "Median kernel duration.")
 _m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels launched one by one (not replayed from a CUDA/HIP graph) that are shorter than the runtime call that launched them; None when no kernel was launched one by one.")

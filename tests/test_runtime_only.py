@@ -1,0 +1,55 @@
+"""Host time spent in the device API itself: a GPU trace whose steps call the runtime but launch
+no kernel is a GPU run with an idle device (not a CPU-only run), and idle time inside one runtime
+call of a millisecond or more (allocation, context creation, a first launch's module load) is
+not the per-kernel dispatch that compiling and graph replay remove."""
+
+from __future__ import annotations
+
+import pytest
+
+from kineto import HandTrace
+
+
+def _runtime(tr: HandTrace, ts: float, name: str, dur: float) -> None:
+    tr.corr += 1
+    tr.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                      "args": {"correlation": tr.corr}})
+
+
+def _diagnose(tr: HandTrace, path):
+    from perfdoctor.diagnose.offline import diagnose_path
+    tr.write(path)
+    doc = diagnose_path(str(path))
+    return doc["traces"][0]["metrics"], {f["slug"] for f in doc["findings"]}
+
+
+def _host_bound(tr: HandTrace, steps: int, runtime_us: float, calls: int) -> None:
+    """40 x 25 us ops each launching a 10 us kernel, plus `calls` cudaMalloc calls of
+    `runtime_us` each between the ops, per step."""
+    t = 0.0
+    for i in range(steps):
+        s0 = t
+        for j in range(40):
+            tr.op(1, t, "aten::add", 20.0, ext=tr.corr + 1)
+            tr.launch(1, t + 5, "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 10.0)
+            t += 25.0
+            if j % (40 // calls) == 0:
+                _runtime(tr, t, "cudaMalloc", runtime_us)
+                t += runtime_us
+        tr.step(i, s0, t)
+
+
+def test_long_runtime_calls_are_told_from_dispatch(tmp_path):
+    """The same 4 ms of runtime calls per 5 ms step: 40 calls of 100 us (per-op host work that
+    graph replay takes out of the step) or one 4 ms cudaMalloc (graph replay leaves it; PD311
+    must not credit it: it used to claim ~4x from it)."""
+    out = {}
+    for name, us, calls in (("short", 100.0, 40), ("long", 4000.0, 1)):
+        tr = HandTrace()
+        _host_bound(tr, 4, us, calls)
+        out[name] = _diagnose(tr, tmp_path / f"{name}.json")
+    (m_short, fixes_short), (m_long, fixes_long) = out["short"], out["long"]
+    assert m_short["gpu.idle_while_runtime_share"] == pytest.approx(m_long["gpu.idle_while_runtime_share"], abs=0.01)
+    assert m_short["gpu.idle_while_long_runtime_share"] == 0
+    assert m_long["gpu.idle_while_long_runtime_share"] == pytest.approx(4000 / 5000)
+    assert "compile-reduce-overhead" in fixes_short and "compile-reduce-overhead" not in fixes_long
