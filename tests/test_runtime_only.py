@@ -23,6 +23,25 @@ def _diagnose(tr: HandTrace, path):
     return doc["traces"][0]["metrics"], {f["slug"] for f in doc["findings"]}
 
 
+def test_gpu_trace_whose_steps_launch_nothing_is_not_a_cpu_only_run(tmp_path):
+    """An H100 trace (deviceProperties) of 3 steps of 12 ms, each 10 ms in cudaMemGetInfo and
+    1 ms in a CPU op, no kernel: CUPTI traced the runtime, so the device was there and idle. It
+    used to be read as a CPU-only run (platform cpu, "CPU only", torch.compile-on-CPU advice)."""
+    tr = HandTrace()
+    for i in range(3):
+        s0 = i * 12_000.0
+        tr.op(1, s0 + 500, "aten::empty", 1000.0)
+        _runtime(tr, s0 + 1_600, "cudaMemGetInfo", 10_000.0)
+        tr.step(i, s0, s0 + 12_000)
+    m, fixes = _diagnose(tr, tmp_path / "idle_gpu.json")
+    assert m["trace.platform"] == "cuda" and m["trace.device_name"] == "NVIDIA H100"
+    assert m["breakdown.runtime"] == pytest.approx(10 / 12)
+    assert m["share.device"] == 0 and m["share.host"] == pytest.approx(1.0)
+    assert m["gpu.idle_while_long_runtime_share"] == pytest.approx(10 / 12)
+    # Nothing on the device to replay and no CPU model to compile.
+    assert not fixes & {"compile-reduce-overhead", "compile-cpu"}, fixes
+
+
 def _host_bound(tr: HandTrace, steps: int, runtime_us: float, calls: int) -> None:
     """40 x 25 us ops each launching a 10 us kernel, plus `calls` cudaMalloc calls of
     `runtime_us` each between the ops, per step."""

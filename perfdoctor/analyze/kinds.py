@@ -102,10 +102,13 @@ def _gloo_backend(t: EventTable) -> bool:
 
 
 def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray) -> str:
-    """cpu when nothing ran on a device; mtia when MTIA categories, its launch call or an `mtia:`
-    backend say so (HTA's test); rocm when HIP names or an AMD device say so."""
+    """cpu when nothing ran on a device and no runtime call was traced (runtime calls come from
+    the device's tracer, CUPTI or roctracer: a GPU run whose traced window launched nothing has
+    them, and is a GPU run with an idle device, not a CPU-only one); mtia when MTIA categories,
+    its launch call or an `mtia:` backend say so (HTA's test); rocm when HIP names or an AMD
+    device say so."""
     props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
-    if not device_rows.any():
+    if not device_rows.any() and not runtime_rows.any():
         return "cpu"
     rt_names = {t.names[c] for c in unique(t.name[runtime_rows])}
     if (any(c.lower() in MTIA_DEVICE_CATS for c in t.cats) or MTIA_LAUNCH in rt_names
