@@ -30,6 +30,10 @@ class HandTrace:
                             "dur": kernel_us, "args": {**ids, "device": 0, "stream": 7}})
         self.device_free = start + kernel_us
 
+    def block(self, tid: int, ts: float, name: str, dur: float, cat: str = "user_annotation") -> None:
+        """A record_function label (user_annotation) or a with_stack Python frame (python_function)."""
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur})
+
     def step(self, i: int, start: float, end: float) -> None:
         self.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
                             "ts": start, "dur": end - start})

@@ -154,7 +154,13 @@ def test_cpu_only_traces_get_no_gpu_numbers(shared_traces, rel):
 
 
 def test_cpu_only_verdicts(shared_traces):
-    assert report(shared_traces, "hta/rank_non_gpu/rank_non_gpu.json.gz")["verdict"]["bound"] == "device"
+    # HTA's CPU DLRM step: "## backward ##" lasts 34 ms with 0.1 ms of recorded ops in it (its
+    # ops were left out of the file): untraced time, not the ops its label once counted as
+    # (compute-bound, ops 96%); the ops themselves cover 35% of the step
+    doc = report(shared_traces, "hta/rank_non_gpu/rank_non_gpu.json.gz")
+    m = metrics(doc)
+    assert doc["verdict"]["bound"] == "host" and doc["verdict"]["confidence"] <= 0.4
+    assert m["breakdown.cpu_exec"] == pytest.approx(0.348, abs=0.002) and m["breakdown.other"] == pytest.approx(0.626, abs=0.002)
     assert report(shared_traces, "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")["verdict"]["bound"] == "communication"
 
 

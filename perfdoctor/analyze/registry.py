@@ -58,7 +58,7 @@ for _role, _doc in (
         ("communication", "a collective (NCCL/RCCL kernel, or gloo op on CPU runs) runs, not overlapped by compute"),
         ("runtime", "the host is in a CUDA/HIP runtime call (launch, sync, malloc) and the device is idle"),
         ("data_loading", "the host waits for the next batch (DataLoader/DataPipe __next__) and the device is idle"),
-        ("cpu_exec", "the host runs traced CPU ops / annotations and the device is idle"),
+        ("cpu_exec", "the host runs traced CPU ops and the device is idle"),
         ("other", "nothing traced runs (untraced Python, waiting) and the device is idle")):
     _m(f"breakdown.{_role}", "share", f"Share of step time in which {_doc}. The eight shares sum to 1.")
 # -- the four competing shares behind the verdict (sum to 1) ---------------------------------
