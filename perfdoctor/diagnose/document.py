@@ -113,7 +113,9 @@ def _flag_doc(f: Finding) -> dict:
             "evidence": f.evidence, "source": r.source}
 
 
-def _finding_doc(f: Finding) -> dict:
+def _finding_doc(f: Finding, platform: str | None = None) -> dict:
+    """`platform`: the trace's (trace.platform); a CPU-only trace gets the rule's snippet_cpu, when it has
+    one, instead of its snippet (no CUDA-only code such as TF32 flags or pin_memory on a CPU run)."""
     r = f.rule
     gain = None
     if r.gain is not None:
@@ -122,7 +124,8 @@ def _finding_doc(f: Finding) -> dict:
                 "assumption": r.gain.assumption, "model": r.gain.model, "text": f.gain_text}
     return {"id": r.id, "slug": r.slug, "kind": r.kind, "title": r.title, "summary": f.summary,
             "evidence": f.evidence, "ranked": f.ranked, "modelled": f.modelled, "on_bottleneck": f.on_bottleneck, "gain": gain, "no_gain_reason": r.no_gain_reason,
-            "fix": {"text": " ".join((r.fix_text or "").split()), "snippet": r.snippet, "snippet_lang": r.snippet_lang},
+            "fix": {"text": " ".join((r.fix_text or "").split()), "snippet": r.snippet_cpu if platform == "cpu" and r.snippet_cpu else r.snippet,
+                    "snippet_lang": r.snippet_lang},
             "source": r.source}
 
 
@@ -161,7 +164,7 @@ def _trace_doc(a: TraceAnalysis, d: Diagnosis, lab: str) -> dict:
         for i in range(len(s))]
     return {"path": a.path, "label": lab, "rank": a.metrics.get("trace.rank"), "metrics": a.metrics,
             "verdict": _verdict_doc(d, a.metrics), "flags": [_flag_doc(f) for f in d.flags],
-            "findings": [_finding_doc(f) for f in d.fixes],
+            "findings": [_finding_doc(f, a.metrics.get("trace.platform")) for f in d.fixes],
             "skipped": [{"rule": rid, "unknown": names} for rid, names in d.skipped],
             "steps": steps, "idle_gaps": [asdict(g) for g in a.gaps],
             "memory_timeline": a.memory_series or None, "tables": getattr(a, "tables", None) or None,

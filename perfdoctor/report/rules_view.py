@@ -64,6 +64,10 @@ def render_show(r: Rule, console: Console | None = None) -> None:
     if r.snippet:
         for line in r.snippet.rstrip().splitlines():
             c.print(text("    " + line, style="cyan"))
+    if r.snippet_cpu:
+        c.print(text("  on a CPU-only trace, instead:"))
+        for line in r.snippet_cpu.rstrip().splitlines():
+            c.print(text("    " + line, style="cyan"))
     c.print(Text("source", style="bold"))
     c.print(text(f"  {r.source.get('article')}, {r.source.get('section')}"))
     for also in r.source.get("also", []):

@@ -168,6 +168,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                 priority=int(data.get("priority", 100)), bound=data.get("bound"),
                 severity=data.get("severity", "medium"), evidence=evidence, gain=gain,
                 no_gain_reason=no_gain, fix_text=fix.get("text"), snippet=fix.get("snippet"),
+                snippet_cpu=fix.get("snippet_cpu"),
                 snippet_lang=fix.get("snippet_lang", "python"), when_names=when_names, targets=targets), []
 
 
@@ -181,7 +182,7 @@ SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
              "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
                       "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,),
                       "unprofiled_share": _NUM},
-             "fix": {"text": _STR, "snippet": _STR, "snippet_lang": _STR}}
+             "fix": {"text": _STR, "snippet": _STR, "snippet_cpu": _STR, "snippet_lang": _STR}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
 

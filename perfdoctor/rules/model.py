@@ -73,6 +73,7 @@ class Rule:
     no_gain_reason: str | None = None         # fixes without a speed claim say why
     fix_text: str | None = None
     snippet: str | None = None
+    snippet_cpu: str | None = None            # shown instead of snippet on CPU-only traces (no CUDA lines)
     snippet_lang: str = "python"
     when_names: list[str] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)   # fixes: the verdict classes they address

@@ -1,0 +1,26 @@
+"""A fix shown on a CPU-only trace carries no CUDA-only code (rules' [fix] snippet_cpu, diagnose/document.py)."""
+
+import re
+
+from perfdoctor.diagnose.document import _finding_doc
+from perfdoctor.rules.engine import Finding
+from perfdoctor.rules.loader import load_rules
+
+# Code that only does something on an NVIDIA GPU (a `torch.cuda.is_available()` guard is fine).
+CUDA_ONLY = re.compile(r"allow_tf32|pin_memory\s*=\s*True|cudnn\.|\.cuda\(\)|torch\.cuda\.(?!is_available)")
+
+
+def _shown(rule, platform):
+    return _finding_doc(Finding(rule=rule, summary="s", evidence={}), platform)["fix"]["snippet"] or ""
+
+
+def test_cpu_trace_fixes_carry_no_cuda_code():
+    rules = [r for r in load_rules() if r.kind == "fix" and r.snippet and ("any" in r.devices or "cpu" in r.devices)]
+    assert len(rules) > 20
+    bad = {r.id: CUDA_ONLY.findall(_shown(r, "cpu")) for r in rules}
+    assert not {k: v for k, v in bad.items() if v}
+    by_id = {r.id: r for r in rules}
+    # the GPU trace keeps the CUDA lines: float32 with TF32 matmuls, workers with pinned batches
+    assert "allow_tf32" in _shown(by_id["PD357"], "cuda") and "allow_tf32" not in _shown(by_id["PD357"], "cpu")
+    assert "pin_memory=True" in _shown(by_id["PD301"], "cuda")
+    assert "prefetch_factor=4" in _shown(by_id["PD301"], "cpu")
