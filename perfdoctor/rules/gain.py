@@ -35,7 +35,9 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
     steps: '... 37.9% of each un-profiled step (timed), 44.5% of each traced one'."""
     cap = "no ceiling from this trace" if ceiling is None else f"at most {times(ceiling)}"
     basis = f"{label} is {100 * share:.1f}% of each step"
-    if timed and ceiling_share is not None:
+    if ceiling is None and share >= 1:         # the whole step: no measured share bounds it
+        basis = f"nothing measured bounds {label}"
+    elif timed and ceiling_share is not None:
         basis = (f"{label} is {100 * ceiling_share:.1f}% of each un-profiled step (timed), "
                  f"{100 * share:.1f}% of each traced one")
     elif ceiling_share is not None and ceiling_share > share + 0.0005:
