@@ -689,6 +689,44 @@ def test_empty_cache_off_skips_the_scripts_calls(tmp_path, capfd):
     assert apply_text({"empty_cache": "off"}, inj, cuda=True).startswith("# torch.cuda.empty_cache()  # remove it")
 
 
+SAVING = textwrap.dedent("""
+    import os, sys, tempfile
+    from safetensors.torch import save_file              # first: its import imports torch
+    import torch
+    torch.set_num_threads(1)
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    d = tempfile.mkdtemp()
+    for step in range(20):
+        opt.zero_grad(); m(torch.randn(4, 8)).sum().backward(); opt.step()
+        state = {k: v.contiguous() for k, v in m.state_dict().items()}
+        if step % 2:
+            save_file(state, os.path.join(d, f"{step}.safetensors"))
+        else:
+            torch.save(state, os.path.join(d, f"{step}.pt"))
+    print("written", sorted(os.listdir(d), key=lambda n: int(n.split(".")[0])), flush=True)
+""")
+
+
+def test_save_every_writes_one_checkpoint_in_n(tmp_path, capfd):
+    """The baseline counts the script's saves (torch.save and safetensors' save_file, bound by
+    name in an import that imports torch); save_every=5 writes the 1st, 6th, 11th and 16th."""
+    for changes, written in (({}, [f"{i}.{'safetensors' if i % 2 else 'pt'}" for i in range(20)]),
+                             ({"save_every": 5}, ["0.pt", "5.safetensors", "10.pt", "15.safetensors"])):
+        sub = tmp_path / ("every5" if changes else "baseline")
+        sub.mkdir()
+        res, d = launch(sub, changes, max_steps=None, script_text=SAVING)
+        assert res.exit_code == 0
+        assert f"written {written}\n" in capfd.readouterr().out
+        inj = json.loads((d / "inject.json").read_text())
+        assert inj["save_calls"] == 20 and inj["applied"] == (["save_every"] if changes else [])
+    trials = plan.plan(facts(verdict="host", data_wait=0.0, frequent_saves=True, ranked=["PD350"]))
+    assert trials[0].changes == {"save_every": plan.SAVE_EVERY} and trials[0].skip is None
+    assert plan.rule_for(trials[0].changes, {"PD350"}) == "PD350"
+    assert not any("save_every" in t.changes for t in plan.plan(facts()))
+    assert apply_text({"save_every": 100}, inj, cuda=False).startswith("if step % 100 == 0: torch.save(...)")
+
+
 def test_without_changes_nothing_is_injected(tmp_path, capfd):
     res, d = launch(tmp_path, None)
     assert res.exit_code == 0 and "threads 1 workers 0" in capfd.readouterr().out

@@ -39,9 +39,9 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
 
     def watch(self, name: str, on_import) -> None:
         mod = sys.modules.get(name)
-        if mod is not None:                      # imported already (not from a clean start)
-            on_import(mod)
-        else:
+        if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            on_import(mod)                       # imported already (not from a clean start)
+        else:                                    # to come, or executing now (its import imports torch)
             self.hooks.setdefault(name, []).append(on_import)
 
     def find_spec(self, name, path=None, target=None):
@@ -51,7 +51,7 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(name)   # the real spec, found by the other finders
         if spec is None or spec.loader is None:
             return None
-        loader = spec.loader
+        loader, watcher = spec.loader, self
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, s):
@@ -59,7 +59,7 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module):
                 loader.exec_module(module)
-                for hook in hooks:
+                for hook in hooks + watcher.hooks.pop(name, []):   # and those registered meanwhile
                     hook(module)
 
         spec.loader = _Loader()
@@ -73,7 +73,7 @@ def main() -> None:
     cfg = json.loads(os.environ.pop(ENV))
     from perfdoctor.collect import hooks, threadstop   # stdlib-only modules; torch is imported lazily
 
-    session = hooks.Session(cfg)
+    session = hooks.Session(cfg, watch=WATCHER.watch)
     _finish_before_os_exit(session)
     _signals_told(cfg.get("signal_fd"))
     sys.meta_path.insert(0, WATCHER)

@@ -44,8 +44,9 @@ class StopRun(BaseException):
 
 
 class Session(StepSources):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, watch=None):
         self.cfg = cfg
+        self.watch = watch               # watch(module name, on_import): child.py's import watcher
         self.run_dir = cfg["run_dir"]
         self.max_steps = cfg.get("max_steps")
         self.torch = None
@@ -130,7 +131,7 @@ class Session(StepSources):
     def install(self, torch) -> None:
         self.torch = torch
         from perfdoctor.collect import inject   # `perfdoctor tune`'s changes (none under `run`)
-        inject.apply(torch, self.cfg.get("changes"), self.run_dir)
+        inject.apply(torch, self.cfg.get("changes"), self.run_dir, self.watch)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
             register_optimizer_step_pre_hook(self._on_optimizer_pre_step)

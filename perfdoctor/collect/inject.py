@@ -17,9 +17,11 @@ key is one change the user could make by hand; the script itself is never edited
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
+| save_every | N: of the script's checkpoint saves (torch.save, safetensors' save_file) only every Nth is written, the first included; the others return at once |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments,
-optimizer classes, its thread count, its activation-checkpoint and torch.cuda.empty_cache calls) and the loss of every backward() on a scalar tensor, and
+optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache and
+checkpoint-save calls) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -49,10 +51,12 @@ class _State:
         self.notes: list[str] = []
         self.applied: set[str] = set()
         self.local = threading.local()
+        self.watch = None                        # child.py's import watcher (apply's `watch`)
         self.compiled: set[int] = set()
         self.converted: set[int] = set()         # ids of the modules made float32 (float32 change)
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
+        self.save_calls = 0                      # checkpoint saves the script asked for (save_every)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -62,16 +66,19 @@ class _State:
 _state: _State | None = None
 
 
-def apply(torch, changes: dict | None, run_dir: str) -> None:
-    """Inject `changes` (None: do nothing at all) and start recording; idempotent per process."""
+def apply(torch, changes: dict | None, run_dir: str, watch=None) -> None:
+    """Inject `changes` (None: do nothing at all) and start recording; idempotent per process.
+    `watch(module name, on_import)`: child.py's import watcher, for functions of modules the
+    script imports later (safetensors)."""
     global _state
     if changes is None or _state is not None:
         return
     st = _state = _State(torch, dict(changes), run_dir)
+    st.watch = watch
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32"), _module_call), (("recompute",), _checkpoint),
-                    (("empty_cache",), _empty_cache)):
+                    (("empty_cache",), _empty_cache), (("save_every",), _saves)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -183,6 +190,38 @@ def _empty_cache(torch, st: _State) -> None:
     empty_cache.__wrapped__ = orig
     empty_cache.__doc__ = orig.__doc__
     mem.empty_cache = torch.cuda.empty_cache = empty_cache
+
+
+def _saves(torch, st: _State) -> None:
+    """Count the script's checkpoint saves; with save_every=N write only every Nth (the first,
+    the N+1th, ...): what saving N times less often costs (PD350's model). A skipped save returns
+    None, as the save functions do; the file on disk is the last one written."""
+    every = st.changes.get("save_every")
+
+    def wrap(fn):
+        def save(*args, **kwargs):
+            if os.getpid() != st.pid:
+                return fn(*args, **kwargs)
+            st.save_calls += 1
+            if every:
+                st.applied.add("save_every")
+                if (st.save_calls - 1) % int(every):
+                    return None
+            return fn(*args, **kwargs)
+        save.__wrapped__ = fn
+        save.__doc__ = getattr(fn, "__doc__", None)
+        return save
+    orig = torch.serialization.save
+    torch.serialization.save = wrapped = wrap(orig)
+    if getattr(torch, "save", None) is orig:
+        torch.save = wrapped
+
+    def on_safetensors(mod):
+        fn = getattr(mod, "save_file", None)
+        if callable(fn):
+            mod.save_file = wrap(fn)
+    if st.watch is not None:
+        st.watch("safetensors.torch", on_safetensors)
 
 
 def _cuda_flags(torch, st: _State) -> None:
@@ -317,6 +356,7 @@ def write_record() -> None:
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
+           "save_calls": st.save_calls,
            "losses": losses, "notes": st.notes}
     try:
         with open(os.path.join(st.run_dir, "inject.json"), "w") as f:

@@ -7,7 +7,9 @@ the fix rule of the report whose gain it tests (its `gain.expected` is the predi
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
 optimizer implementation, CUDA settings, the script's torch.cuda.empty_cache() calls (a trial
-only when the baseline made some), numerics (opt-in), compilation (opt-in). The report's
+only when the baseline made some), its checkpoint saves (one in SAVE_EVERY written, only where
+the report found saving a material share of the step: PD350), numerics (opt-in), compilation
+(opt-in). The report's
 ranked fixes order the groups first: the group of its first-ranked fix runs first, and so on
 (the trial that tests the report's top claim is never the one a short budget leaves out). The
 other groups follow in the verdict's order (input-bound: the loader first; host/overhead-bound:
@@ -41,11 +43,15 @@ RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "p
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357",),
-         "empty_cache": ("PD343",)}
+         "empty_cache": ("PD343",), "save_every": ("PD350",)}
 
-ORDER = {"input": ("loader", "threads", "optimizer", "recompute", "cuda", "allocator", "numerics", "compile"),
-         "host": ("optimizer", "compile", "allocator", "recompute", "threads", "loader", "cuda", "numerics"),
-         "device": ("numerics", "recompute", "allocator", "cuda", "compile", "optimizer", "loader", "threads")}
+ORDER = {"input": ("loader", "threads", "optimizer", "checkpoint", "recompute", "cuda", "allocator", "numerics",
+                   "compile"),
+         "host": ("checkpoint", "optimizer", "compile", "allocator", "recompute", "threads", "loader", "cuda",
+                  "numerics"),
+         "device": ("numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "optimizer", "loader",
+                    "threads")}
+SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 
 
 @dataclass
@@ -76,6 +82,7 @@ class Facts:
     bf16: bool = True
     checkpoints: int = 0              # activation-checkpoint calls the script made
     empty_cache_calls: int = 0        # torch.cuda.empty_cache() calls the script made
+    frequent_saves: bool = False      # checkpoint saves take a material share of the step (PD350 fires)
     fp64: bool = False                # the model trains with float64 parameters (params.fp64_share)
     compiled: bool = False            # the steps already run compiled code (fusion.compiled)
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
@@ -162,6 +169,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
             by_group["optimizer"].append(Trial({"optimizer": impl}, "optimizer"))
     if f.checkpoints:
         by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
+    if f.frequent_saves:
+        by_group["checkpoint"].append(Trial({"save_every": SAVE_EVERY}, "checkpoint"))
     cuda_skip = None if f.cuda else "no CUDA device"
     by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),

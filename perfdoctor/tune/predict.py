@@ -37,6 +37,7 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         threads=inj.get("threads"),
         checkpoints=int(inj.get("checkpoint_calls") or 0),
         empty_cache_calls=int(inj.get("empty_cache_calls") or 0),
+        frequent_saves="PD350" in fixes,
         fp64=bool(m.get("params.fp64_share")),
         compiled=bool(m.get("fusion.compiled")),
         graph_replay=bool((fixes.get("PD311") or {}).get("ranked")),
