@@ -5,8 +5,8 @@ untouched. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (its
 is what ends the run), but not a SIGINT the child got itself: a terminal's Ctrl-C reaches the
 whole process group, and a second one a millisecond later would cut short the script's handling
 of the first (its `except KeyboardInterrupt:` cleanup, perfdoctor's records). --duration asks
-the child to stop at its next step boundary (threadstop.STOP_SIGNAL), then insists (SIGINT, SIGKILL) after a
-grace period.
+the child to stop at its next step boundary (threadstop.STOP_SIGNAL), then insists (SIGINT,
+SIGKILL) after a grace period.
 Progress lines go to stderr only when it is a terminal. Everything measured lands in the run
 directory; nothing here formats a report.
 """
