@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -110,9 +111,28 @@ def test_traces_without_ranks_are_not_called_ranks_and_a_stub_is_not_compared(tm
     doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
     v = doc["verdict"]
     assert v["summary"].startswith("[2/2 traces; figures of w") and "ranks" not in v["summary"]
-    assert any(n.startswith("the traces carry no rank") for n in v["notes"])
+    assert any(n.startswith("the traces do not all carry a rank") for n in v["notes"])
     assert "left out of the comparison (too little traced to judge: a stub trace?): w2.json" in v["notes"]
     assert doc["cross_rank"]["count"] == 2 and not any("7" in n and "differs" in n and "w2" in n for n in v["notes"])
+
+
+def test_fixes_of_another_trace_than_the_one_shown_name_it(tmp_path):
+    """Unrelated traces in one folder (a CUDA one with pageable copies, a CPU-only one that
+    waits for data): the header and breakdown are one trace's, so a fix or flag only the other
+    trace has names the trace it comes from."""
+    tg.write(tg.TraceSpec(steps=[S(pageable_h2d=4, syncs=2)] * 4), tmp_path / "gpu.json")
+    tg.write(tg.TraceSpec(steps=[S(data_wait_us=20000)] * 4, device="cpu"), tmp_path / "cpu.json")
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    shown = doc["verdict"]["figures_of"]
+    out = run("report", tmp_path).stdout
+    lines = [x for x in out.splitlines() if re.match(r" \d+\. |  \[(high|medium|low)\] ", x)]
+    assert lines
+    for item in doc["findings"] + doc["flags"]:
+        line = next((x for x in lines if f" {item['id']} " in x), None)
+        if line is None:                          # not on the first screen
+            continue
+        assert (f" {item['id']} [{', '.join(item['traces'])}] " in line) == (shown not in item["traces"]), line
+    assert any(shown not in i["traces"] for i in doc["findings"] + doc["flags"])
 
 
 def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_path):

@@ -82,7 +82,7 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
         verdict["notes"].append(f"step time differs by {100 * rs.spread:.0f}% across {word} "
                                 f"(slowest {rs.slowest}, fastest {rs.fastest})")
     if word == "traces":
-        verdict["notes"].append("the traces carry no rank (no distributedInfo): each is diagnosed on its own "
+        verdict["notes"].append("the traces do not all carry a rank (distributedInfo): each is diagnosed on its own "
                                 "(traces of different processes or jobs; the profiler windows of one process "
                                 "are joined into one trace)")
     return verdict, asdict(rs)

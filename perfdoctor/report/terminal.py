@@ -62,8 +62,9 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
         _gaps(c, first)
         _details(c, first)
     else:
-        _top_fixes(c, doc["findings"], none_of)
-        _flags_compact(c, doc["flags"])
+        figures = v.get("figures_of") if len(doc["traces"]) > 1 else None
+        _top_fixes(c, doc["findings"], none_of, figures)
+        _flags_compact(c, doc["flags"], figures)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if not details:
@@ -124,7 +125,18 @@ def _gain_column(g: dict) -> str:
     return f"{head + tail:<18}  "
 
 
-def _top_fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
+def _elsewhere(item: dict, figures: str | None) -> tuple[str, str]:
+    """' [trace a, trace b]' after the id (a narrow terminal cuts the title, not this) of a fix or
+    flag of a multi-trace report that the trace whose figures are shown does not have: the
+    traces it comes from (unrelated traces, a CUDA one and a CPU one, had CUDA fixes under a CPU
+    trace's header)."""
+    where = item.get("traces") or []
+    if figures is None or not where or figures in where:
+        return "", "dim"
+    return " [" + T(", ".join(where[:3]) + (f", +{len(where) - 3}" if len(where) > 3 else "")) + "]", "dim"
+
+
+def _top_fixes(c: Console, findings: list[dict], none_of: str | None, figures: str | None = None) -> None:
     ranked = [f for f in findings if f["ranked"]]
     if not findings:
         _no_fix(c, none_of)
@@ -140,20 +152,20 @@ def _top_fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
         if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
             _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
         _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
-                               (T(f" {f['title']}"), "bold")))
+                               _elsewhere(f, figures), (T(f" {f['title']}"), "bold")))
     rest = len(findings) - len(shown)
     if rest:
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
 
 
-def _flags_compact(c: Console, flags: list[dict]) -> None:
+def _flags_compact(c: Console, flags: list[dict], figures: str | None = None) -> None:
     if not flags:
         return
     c.print()
     c.print(Text("Flags", style="bold"))
     for f in flags:
         _line(c, Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["id"]), "dim"),
-                               (T(f" {f['title']}"), "")))
+                               _elsewhere(f, figures), (T(f" {f['title']}"), "")))
 
 
 def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
