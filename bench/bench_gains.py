@@ -32,6 +32,7 @@ EXAMPLES = {
     "io_bound_loader": ["examples/io_bound_loader.py", "--workers", "0"],
     "overhead_bound": ["examples/overhead_bound.py"],
     "compute_bound": ["examples/compute_bound.py", "--steps", "100000"],
+    "checkpoint_every_step": ["examples/checkpoint_every_step.py", "--every", "1", "--steps", "100000"],
 }
 
 

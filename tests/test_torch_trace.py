@@ -186,7 +186,11 @@ def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size
         # never sleeps: its wall time less its CPU time is queueing); quiet, 0.55-0.6 of it
         assert m["cpu.small_op_share"] > 0.3 * on_cpu[0] and m["cpu.op_median_us"] < 20
         fix = next(f for f in doc["findings"] if f["id"] == "PD312")
-        whole = m["share.host"] + m["cpu.small_op_share"]
-        assert fix["gain"]["ceiling"] is None or fix["gain"]["ceiling"] == pytest.approx(1 / (1 - whole), rel=1e-3)
+        left = 1 - m["share.host"] - m["cpu.small_op_share"]     # what compile cannot touch
+        ceiling = fix["gain"]["ceiling"]
+        if left > 0.01:
+            assert ceiling == pytest.approx(1 / left, rel=1e-3)
+        else:           # every op small (the step's rounded shares added up to 1.0 once): no material bound
+            assert ceiling is None or ceiling >= 50, ceiling
     else:
         assert m["cpu.small_op_share"] < 0.1
