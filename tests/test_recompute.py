@@ -191,3 +191,22 @@ def test_on_a_gpu_the_recomputation_costs_its_host_time_where_the_host_is_the_cr
     # host-bound until the device's remaining 75% of the step bounds it
     assert gpu_share(0.5, 0.05, 0.8) == pytest.approx(0.25)
     assert gpu_share(0.3, 0.1, None) == pytest.approx(0.1)      # unknown busy share: the device's time
+
+
+def test_backward_passes_of_threads_running_at_once_count_once(tmp_path):
+    """Two threads recompute at the same time (DataParallel's replicas: an autograd thread per
+    device): each spends 3 of a 5 ms step in its backward's recomputation; the step waits
+    3 ms, not the 6 ms their sum made (a share of 1.2)."""
+    tr = HandTrace()
+    for i in range(4):
+        s0 = i * 5000.0
+        for tid in (2, 3):
+            tr.op(tid, s0, "autograd::engine::evaluate_function: CheckpointFunctionBackward", 4000)
+            tr.op(tid, s0 + 200, "aten::linear", 1000)          # the forward, run again
+            tr.op(tid, s0 + 2000, "aten::mm", 1000)             # the backward formula
+        tr.step(i, s0, s0 + 5000)
+    p = tmp_path / "dp.json"
+    tr.write(p)
+    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    assert m["trace.platform"] == "cpu" and m["recompute.ops_per_step"] == 2.0
+    assert m["recompute.share"] == pytest.approx(3000 / 5000)

@@ -72,7 +72,10 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
     cand = cand[contained(t, cand, spans) & ~contained(t, cand, rec) & ~isin(cand, spans)]
     cand = cand[~_encloses(t, cand, rec)]          # a range or Python frame around the rerun is not backward work
     work = outermost(t, cand[~isin(cand, rec)])
-    host = (float(t.dur[spans].sum()) - float(t.dur[work].sum())) / total
+    # per thread: the backward passes of several threads (DataParallel's replicas, one autograd
+    # thread per device) run at once, and the step waits for the longest, not for their sum
+    host = max(float(t.dur[spans[t.tid[spans] == tid]].sum()) - float(t.dur[work[t.tid[work] == tid]].sum())
+               for tid in unique(t.tid[spans])) / total
     if k.platform == "cpu":
         out["recompute.share"] = host
         return out
