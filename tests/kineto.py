@@ -38,6 +38,23 @@ class HandTrace:
         self.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
                             "ts": start, "dur": end - start})
 
+    def tiny_op_steps(self, steps: int, gaps: int, gap_us: float, fill=None) -> None:
+        """Host-bound steps: per step 40 x 25 us ops, each launching a 10 us kernel, with `gaps`
+        stretches of gap_us spread between them: untraced (the Python between ops, or a long
+        piece of the loop's code), or filled by `fill(self, ts, gap_us)` (a runtime call)."""
+        t = 0.0
+        for i in range(steps):
+            s0 = t
+            for j in range(40):
+                self.op(1, t, "aten::add", 20.0, ext=self.corr + 1)
+                self.launch(1, t + 5, "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 10.0)
+                t += 25.0
+                if j % (40 // gaps) == 0:
+                    if fill is not None:
+                        fill(self, t, gap_us)
+                    t += gap_us
+            self.step(i, s0, t)
+
     def write(self, path) -> None:
         doc = {"traceEvents": self.events, "deviceProperties": [
             {"id": 0, "name": "NVIDIA H100", "computeMajor": 9, "computeMinor": 0, "totalGlobalMem": 80e9}]}

@@ -210,16 +210,8 @@ def _host_bound_trace(path, gap_us: float, gaps: int, steps: int = 4):
     gap_us spread between them (the Python between ops, or one long piece of the loop's code)."""
     from kineto import HandTrace
 
-    tr, t = HandTrace(), 0.0
-    for i in range(steps):
-        s0 = t
-        for j in range(40):
-            tr.op(1, t, "aten::add", 20.0, ext=tr.corr + 1)
-            tr.launch(1, t + 5, "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 10.0)
-            t += 25.0
-            if j % (40 // gaps) == 0:
-                t += gap_us
-        tr.step(i, s0, t)
+    tr = HandTrace()
+    tr.tiny_op_steps(steps, gaps, gap_us)
     tr.write(path)
 
 

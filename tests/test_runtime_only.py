@@ -45,17 +45,7 @@ def test_gpu_trace_whose_steps_launch_nothing_is_not_a_cpu_only_run(tmp_path):
 def _host_bound(tr: HandTrace, steps: int, runtime_us: float, calls: int) -> None:
     """40 x 25 us ops each launching a 10 us kernel, plus `calls` cudaMalloc calls of
     `runtime_us` each between the ops, per step."""
-    t = 0.0
-    for i in range(steps):
-        s0 = t
-        for j in range(40):
-            tr.op(1, t, "aten::add", 20.0, ext=tr.corr + 1)
-            tr.launch(1, t + 5, "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 10.0)
-            t += 25.0
-            if j % (40 // calls) == 0:
-                _runtime(tr, t, "cudaMalloc", runtime_us)
-                t += runtime_us
-        tr.step(i, s0, t)
+    tr.tiny_op_steps(steps, calls, runtime_us, fill=lambda tr, ts, us: _runtime(tr, ts, "cudaMalloc", us))
 
 
 def test_long_runtime_calls_are_told_from_dispatch(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -517,6 +518,15 @@ def launch(tmp_path: Path, changes, max_steps=60, script_text=SCRIPT):
     return res, d
 
 
+def injected(tmp_path: Path, capfd, changes: dict, script_text: str) -> tuple[str, dict]:
+    """The script run to its end under `changes`, in a directory of its own: (its stdout, inject.json)."""
+    sub = tmp_path / (re.sub(r"[^A-Za-z0-9]+", "_", plan.describe(changes)))
+    sub.mkdir()
+    res, d = launch(sub, changes, max_steps=None, script_text=script_text)
+    assert res.exit_code == 0
+    return capfd.readouterr().out, json.loads((d / "inject.json").read_text())
+
+
 def test_injected_changes_reach_the_script(tmp_path, capfd):
     res, d = launch(tmp_path, {"num_workers": 1, "threads": 2, "optimizer": "foreach", "autocast": "bfloat16"})
     out = capfd.readouterr().out
@@ -642,12 +652,8 @@ def test_recompute_off_runs_checkpointed_blocks_once(tmp_path, capfd):
     are the same (the checkpoint reruns dropout with the RNG state it had)."""
     losses = {}
     for changes, per_step in (({}, 4.0), ({"recompute": "off"}, 2.0)):
-        sub = tmp_path / ("off" if changes else "baseline")
-        sub.mkdir()
-        res, d = launch(sub, changes, max_steps=None, script_text=CHECKPOINTED)
-        assert res.exit_code == 0
-        assert f"forward calls per step {per_step}" in capfd.readouterr().out
-        inj = json.loads((d / "inject.json").read_text())
+        out, inj = injected(tmp_path, capfd, changes, CHECKPOINTED)
+        assert f"forward calls per step {per_step}" in out
         assert inj["checkpoint_calls"] == 40 and inj["applied"] == (["recompute"] if changes else [])
         losses[bool(changes)] = inj["losses"]
     assert len(losses[True]) == 20 and losses[True] == pytest.approx(losses[False], rel=1e-5)
@@ -673,12 +679,8 @@ def test_empty_cache_off_skips_the_scripts_calls(tmp_path, capfd):
     """The baseline counts the script's torch.cuda.empty_cache() calls (both ways of naming it),
     which plans an empty_cache=off trial (PD343) on a CUDA machine; the trial skips them."""
     for changes, released in (({}, 20), ({"empty_cache": "off"}, 0)):
-        sub = tmp_path / ("off" if changes else "baseline")
-        sub.mkdir()
-        res, d = launch(sub, changes, max_steps=None, script_text=EMPTY_CACHE)
-        assert res.exit_code == 0
-        assert f"released {released}\n" in capfd.readouterr().out
-        inj = json.loads((d / "inject.json").read_text())
+        out, inj = injected(tmp_path, capfd, changes, EMPTY_CACHE)
+        assert f"released {released}\n" in out
         assert inj["empty_cache_calls"] == 20 and inj["applied"] == (["empty_cache"] if changes else [])
     ranked = plan.plan(facts(verdict="device", cuda=True, empty_cache_calls=20, ranked=["PD343"]))
     assert ranked[0].changes == {"empty_cache": "off"} and ranked[0].group == "allocator" and ranked[0].skip is None
@@ -713,12 +715,8 @@ def test_save_every_writes_one_checkpoint_in_n(tmp_path, capfd):
     name in an import that imports torch); save_every=5 writes the 1st, 6th, 11th and 16th."""
     for changes, written in (({}, [f"{i}.{'safetensors' if i % 2 else 'pt'}" for i in range(20)]),
                              ({"save_every": 5}, ["0.pt", "5.safetensors", "10.pt", "15.safetensors"])):
-        sub = tmp_path / ("every5" if changes else "baseline")
-        sub.mkdir()
-        res, d = launch(sub, changes, max_steps=None, script_text=SAVING)
-        assert res.exit_code == 0
-        assert f"written {written}\n" in capfd.readouterr().out
-        inj = json.loads((d / "inject.json").read_text())
+        out, inj = injected(tmp_path, capfd, changes, SAVING)
+        assert f"written {written}\n" in out
         assert inj["save_calls"] == 20 and inj["applied"] == (["save_every"] if changes else [])
     trials = plan.plan(facts(verdict="host", data_wait=0.0, frequent_saves=True, ranked=["PD350"]))
     assert trials[0].changes == {"save_every": plan.SAVE_EVERY} and trials[0].skip is None
