@@ -133,6 +133,14 @@ def test_fixes_of_another_trace_than_the_one_shown_name_it(tmp_path):
             continue
         assert (f" {item['id']} [{', '.join(item['traces'])}] " in line) == (shown not in item["traces"]), line
     assert any(shown not in i["traces"] for i in doc["findings"] + doc["flags"])
+    from perfdoctor.report import html, markdown
+    from perfdoctor.report.sanitize import html as H
+    page, md = html.render(doc), markdown.report(doc)
+    for item in doc["findings"] + doc["flags"]:
+        theirs = shown not in item["traces"]
+        assert (f"(from {', '.join(item['traces'])})" in page.split(H(item["title"]), 1)[1][:200]) == theirs
+        if item in doc["findings"][:3] and item["ranked"]:
+            assert (f"({item['id']}; from {', '.join(item['traces'])})" in md) == theirs, md
 
 
 def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_path):

@@ -405,13 +405,14 @@ def test_unranked_fixes_say_what_their_model_expects():
     assert unranked_gain(capped) == ", at most 1.30x"
     assert unranked_gain(bare) == ""
     c = console(file=io.StringIO(), width=400)
-    _fixes(c, [small, capped, bare], "this trace")
+    doc = {"findings": [small, capped, bare], "traces": [{}], "verdict": {}}
+    _fixes(c, doc, "this trace")
     out = c.file.getvalue()
     assert "No fix with a measurable speed-up applies to this trace." in out
     assert ("Also worth a look (no modelled gain, or none expected here): Use the fused optimizer (PD338, "
             "expected ~1.00x); Run on cores of your own (PD348, at most 1.30x); Label the step (PD319)") in out
     assert "no model of their expected gain" not in out
-    page = html._fixes([small, capped, bare], None)
+    page = html._fixes(doc, None)
     assert "Also worth a look (no modelled gain, or none expected here)" in page
     assert "(PD338, expected ~1.00x)" in page and "(PD348, at most 1.30x)" in page and "(PD319)<" in page
 

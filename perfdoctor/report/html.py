@@ -12,7 +12,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, rank_bound, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, from_other_traces, rank_bound, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
@@ -55,7 +55,7 @@ def render(doc: dict, tune: dict | None = None) -> str:
     labels = role_labels(m)
     body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _every_step(doc.get("run"), m), _over_time(doc.get("run")), _ranks(doc),
             _breakdown(first, labels),
-            _timeline(first, labels), _memory(first), _fixes(doc["findings"], tune), _flags(doc["flags"]),
+            _timeline(first, labels), _memory(first), _fixes(doc, tune), _flags(doc),
             _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _host_ops(first),
             _warnings(doc)]
     title = f"perfdoctor: {bound_title(doc['verdict']['bound'], m)} - {doc['input']}"
@@ -272,7 +272,13 @@ def _gain_bar(g: dict, measured: dict | None, top: float) -> str:
     return f"<div class=\"gbar\">{''.join(parts)}</div>"
 
 
-def _fixes(findings: list[dict], tune: dict | None) -> str:
+def _from(doc: dict, item: dict) -> str:
+    where = from_other_traces(doc, item)
+    return f" <span class=\"dim small\">(from {H(where)})</span>" if where else ""
+
+
+def _fixes(doc: dict, tune: dict | None) -> str:
+    findings = doc["findings"]
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
     measured = measured_by_rule(tune)
@@ -289,7 +295,7 @@ def _fixes(findings: list[dict], tune: dict | None) -> str:
                     + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>")
         snippet = f["fix"].get("snippet")
         cards.append(
-            f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
+            f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{_from(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
             + _gain_bar(g, meas, top) + mtxt
             + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
             + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
@@ -300,7 +306,7 @@ def _fixes(findings: list[dict], tune: dict | None) -> str:
             + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
-            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span></li>"
+            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>{_from(doc, f)}</li>"
                       for f in rest)
             + "</ul></section>") if rest else ""
     return head + "".join(cards) + more
@@ -317,11 +323,12 @@ def _cite(src: dict) -> str:
     return f"{art}, {src.get('section')}"
 
 
-def _flags(flags: list[dict]) -> str:
+def _flags(doc: dict) -> str:
+    flags = doc["flags"]
     if not flags:
         return ""
     items = "".join(f"<div class=\"flag\" style=\"border-color:{SEV_COLOUR.get(f['severity'], '#999')}\"><b>{H(f['title'])}</b> "
-                    f"<span class=\"dim\">({H(f['severity'])}, {H(f['id'])})</span><div>{H(f['summary'])}</div></div>"
+                    f"<span class=\"dim\">({H(f['severity'])}, {H(f['id'])})</span>{_from(doc, f)}<div>{H(f['summary'])}</div></div>"
                     for f in flags)
     return f"<h2>Flags</h2><section class=\"card\">{items}</section>"
 

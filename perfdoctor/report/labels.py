@@ -68,6 +68,17 @@ def shown_trace(doc: dict) -> dict:
     return next((t for t in doc["traces"] if want is not None and t.get("label") == want), doc["traces"][0])
 
 
+def from_other_traces(doc: dict, item: dict) -> str:
+    """For a fix or flag of a report on several traces that the trace whose figures are shown
+    does not have: the traces it comes from ('a.json, b.json', at most 3 named); else ''.
+    (Unrelated traces, a CUDA one and a CPU one, had CUDA fixes under a CPU trace's header.)"""
+    figures = doc["verdict"].get("figures_of") if len(doc["traces"]) > 1 else None
+    where = item.get("traces") or []
+    if figures is None or not where or figures in where:
+        return ""
+    return ", ".join(where[:3]) + (f", +{len(where) - 3}" if len(where) > 3 else "")
+
+
 def source_text(source) -> str:
     """' of backward passes (...)' after a run's step count when its steps are not optimizer
     steps (what a step is there), else ''."""

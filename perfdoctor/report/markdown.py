@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, role_labels, shown_trace
+from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces, role_labels, shown_trace
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -52,7 +52,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
         out += ["| step breakdown | ms/step | share |", "|---|--:|--:|"]
         out += [f"| {name} | {ms:.2f} | {100 * sh:.1f}% |" for _, name, ms, sh in rows]
         out.append("")
-    out += _fixes(doc["findings"], tune)
+    out += _fixes(doc, tune)
     if doc["flags"]:
         out += ["**Flags:** " + "; ".join(f"{M(f['severity'])}: {M(f['title'])} ({M(f['id'])})" for f in doc["flags"]), ""]
     ev = v.get("evidence") or {}
@@ -72,10 +72,10 @@ def _val(x) -> str:
     return M("unknown" if x is None else x)
 
 
-def _fixes(findings: list[dict], tune: dict | None) -> list[str]:
+def _fixes(doc: dict, tune: dict | None) -> list[str]:
     from perfdoctor.report.html import measured_by_rule
 
-    ranked = [f for f in findings if f["ranked"]][:TOP_FIXES]
+    ranked = [f for f in doc["findings"] if f["ranked"]][:TOP_FIXES]
     if not ranked:
         return ["No fix with a measurable speed-up applies.", ""]
     measured = measured_by_rule(tune)
@@ -84,7 +84,9 @@ def _fixes(findings: list[dict], tune: dict | None) -> list[str]:
         g = f.get("gain") or {}
         meas = measured.get(f["id"])
         extra = f"; measured by tune: **{meas['speedup']:.2f}x**" if meas else ""
-        out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])})")
+        where = from_other_traces(doc, f)
+        out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])}"
+                   + (f"; from {M(where)})" if where else ")"))
     snippet = ranked[0]["fix"].get("snippet")
     if snippet:
         out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]

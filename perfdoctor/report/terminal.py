@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, from_other_traces, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -57,14 +57,13 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     _breakdown(c, first)
     _stacks(c, doc.get("stacks"), details)
     if details:
-        _fixes(c, doc["findings"], none_of)
-        _flags(c, doc["flags"])
+        _fixes(c, doc, none_of)
+        _flags(c, doc)
         _gaps(c, first)
         _details(c, first)
     else:
-        figures = v.get("figures_of") if len(doc["traces"]) > 1 else None
-        _top_fixes(c, doc["findings"], none_of, figures)
-        _flags_compact(c, doc["flags"], figures)
+        _top_fixes(c, doc, none_of)
+        _flags_compact(c, doc)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if not details:
@@ -125,18 +124,15 @@ def _gain_column(g: dict) -> str:
     return f"{head + tail:<18}  "
 
 
-def _elsewhere(item: dict, figures: str | None) -> tuple[str, str]:
-    """' [trace a, trace b]' after the id (a narrow terminal cuts the title, not this) of a fix or
-    flag of a multi-trace report that the trace whose figures are shown does not have: the
-    traces it comes from (unrelated traces, a CUDA one and a CPU one, had CUDA fixes under a CPU
-    trace's header)."""
-    where = item.get("traces") or []
-    if figures is None or not where or figures in where:
-        return "", "dim"
-    return " [" + T(", ".join(where[:3]) + (f", +{len(where) - 3}" if len(where) > 3 else "")) + "]", "dim"
+def _elsewhere(doc: dict, item: dict) -> tuple[str, str]:
+    """' [trace a, trace b]' after the id (a narrow terminal cuts the title, not this): the
+    traces a fix or flag comes from when the shown trace lacks it (labels.from_other_traces)."""
+    where = from_other_traces(doc, item)
+    return (f" [{T(where)}]" if where else ""), "dim"
 
 
-def _top_fixes(c: Console, findings: list[dict], none_of: str | None, figures: str | None = None) -> None:
+def _top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
+    findings = doc["findings"]
     ranked = [f for f in findings if f["ranked"]]
     if not findings:
         _no_fix(c, none_of)
@@ -152,20 +148,21 @@ def _top_fixes(c: Console, findings: list[dict], none_of: str | None, figures: s
         if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
             _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
         _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
-                               _elsewhere(f, figures), (T(f" {f['title']}"), "bold")))
+                               _elsewhere(doc, f), (T(f" {f['title']}"), "bold")))
     rest = len(findings) - len(shown)
     if rest:
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
 
 
-def _flags_compact(c: Console, flags: list[dict], figures: str | None = None) -> None:
+def _flags_compact(c: Console, doc: dict) -> None:
+    flags = doc["flags"]
     if not flags:
         return
     c.print()
     c.print(Text("Flags", style="bold"))
     for f in flags:
         _line(c, Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["id"]), "dim"),
-                               _elsewhere(f, figures), (T(f" {f['title']}"), "")))
+                               _elsewhere(doc, f), (T(f" {f['title']}"), "")))
 
 
 def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
@@ -238,7 +235,8 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
                                (T(f"  {t['code']}") if t.get("code") else "", "cyan")))
 
 
-def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
+def _fixes(c: Console, doc: dict, none_of: str | None) -> None:
+    findings = doc["findings"]
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
     if not findings:
@@ -251,7 +249,7 @@ def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     else:
         _no_fix(c, none_of, blank=False)
     for i, f in enumerate(ranked, 1):
-        _line(c, Text(T(f" {i}. {f['title']}"), style="bold"))
+        _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f)))
         _para(c, f["gain"]["text"], 4, "green")
         if i > DETAILED:
             continue
@@ -266,14 +264,15 @@ def _fixes(c: Console, findings: list[dict], none_of: str | None) -> None:
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
 
-def _flags(c: Console, flags: list[dict]) -> None:
+def _flags(c: Console, doc: dict) -> None:
+    flags = doc["flags"]
     if not flags:
         return
     c.print()
     c.print(Text("Flags", style="bold"))
     for f in flags:
         c.print(Text.assemble((T(f"  [{f['severity']}] "), SEV_STYLE.get(f["severity"], "")), (T(f["title"]), "bold"),
-                              (T(f"  ({f['id']})"), "dim")))
+                              (T(f"  ({f['id']})"), "dim"), _elsewhere(doc, f)))
         _para(c, f["summary"], 4)
 
 
