@@ -759,6 +759,28 @@ def test_a_script_perfdoctor_interrupted_after_the_durations_grace_did_not_fail(
     assert measure_dir(d, {}, 130, child, 35.0).error == "the script failed (exit code 130)"
 
 
+def test_a_baseline_with_too_few_steps_says_how_long_a_run_must_be(tmp_path):
+    """An LBFGS script (pytorch/examples time_sequence_prediction) took 6 steps in a 38 s run, 6 s
+    each: "give it more time (--duration)" did not say how much. The advice comes from the run's
+    pace: 10 steady steps plus the ones the run left out; and a script that ended by itself needs
+    more steps of its own, which no --duration gives."""
+    from perfdoctor.tune.measure import longer_runs, measure_dir
+    d = tmp_path / "run"
+    d.mkdir()
+    ends = [100.0 + 6.0 * i for i in range(1, 7)]            # 6 steps of 6 s
+    (d / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "end": e, "dur": 6.0, "wait": 0.0,
+                                                       "batches": 0}) + "\n" for i, e in enumerate(ends)))
+    stopped = measure_dir(d, {}, 0, {"outcome": "stopped", "exit_code": 0, "steps": 6}, 40.0)
+    assert stopped.error.startswith("not measurable: only ")
+    left_out = 6 - stopped.estimate.n
+    text = longer_runs(stopped, 8)
+    run_s = math.ceil((10 + left_out) * 6.0 / 5) * 5
+    assert f"6 step(s) took 36 s here, 6.0 s each" in text and f"--duration {run_s} --budget {8 * run_s}" in text
+    ended = measure_dir(d, {}, 0, {"outcome": "completed", "exit_code": 0, "steps": 6}, 40.0)
+    text = longer_runs(ended, 8)
+    assert "ended by itself after 6 step(s)" in text and "--duration" not in text
+
+
 SLOW_START = textwrap.dedent("""
     import sys, time
     time.sleep(float(sys.argv[1]))          # a slow start: loading a model, data, compiling

@@ -109,6 +109,28 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     return m
 
 
+def longer_runs(m: Measured, runs_per_budget: int) -> str:
+    """What to change when a run had too few steady steps to measure, from the pace it ran at:
+    a script that ended by itself needs more steps of its own (--duration cannot add any); one
+    that perfdoctor stopped needs runs long enough for MIN_STEPS steady steps plus the steps this
+    run left out (warm-up), at this run's steps per second (a 6 s LBFGS step cannot fit 10 in
+    the default 19 s run, and "more time" alone does not say how much)."""
+    steps = [s for s in m.steps if isinstance(s.get("end"), (int, float)) and isinstance(s.get("dur"), (int, float))]
+    if m.outcome == "completed":
+        return (f"the script ended by itself after {len(m.steps)} step(s): give it more steps (its own "
+                "arguments: epochs, iterations, data size)")
+    if not steps:
+        return "give it more time (--duration) or more steps"
+    span = steps[-1]["end"] - (steps[0]["end"] - steps[0]["dur"])
+    n = len(steps)
+    steady = getattr(m.estimate, "n", 0) or 0
+    need = steptime.MIN_STEPS + (n - steady)
+    run_s = math.ceil(need * span / n / 5) * 5
+    return (f"{n} step(s) took {span:.0f} s here, {span / n:.1f} s each: {steptime.MIN_STEPS} steady steps, "
+            f"plus the {n - steady} this run left out, need runs of about {run_s} s from the first step: "
+            f"--duration {run_s} --budget {run_s * runs_per_budget}, or smaller steps")
+
+
 def judged(lo: float, hi: float) -> str:
     """A speed-up's 95% interval [lo, hi] as a trial's status: faster or slower when it excludes
     1; no change when it lies within MIN_EFFECT either way (the runs tell that nothing material

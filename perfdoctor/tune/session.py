@@ -43,7 +43,8 @@ from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
-from perfdoctor.tune.measure import MIN_EFFECT, Measured, _read_json, judged, loss_drift, run_once, speedup
+from perfdoctor.tune.measure import (MIN_EFFECT, Measured, _read_json, judged, longer_runs, loss_drift, run_once,
+                                     speedup)
 
 NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
 NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
@@ -156,7 +157,7 @@ class Tuner:
             b = self._launch(self.dir / "baseline-2", {})
         if b.error:
             raise TuneFailed(f"baseline: {b.error} (run directory {b.run_dir}); "
-                             "give it more time (--duration) or more steps", EXIT_NOT_MEASURABLE)
+                             + longer_runs(b, RUNS_PER_BUDGET), EXIT_NOT_MEASURABLE)
         self.baselines.append(b)
         self.fixes = {f.get("id"): f for f in self.doc.get("findings") or [] if f.get("id")}
         self.facts = self._facts(b)
