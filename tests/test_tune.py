@@ -618,7 +618,10 @@ def test_float32_change_trains_a_float64_model_in_float32(tmp_path, capfd):
     drift = loss_drift(measured(ref["losses"]), measured(inj["losses"]))
     assert drift["steps"] == 20 and not drift["diverged"] and drift["drift"] < 1e-3
     assert ref["losses"][-1] < 0.5 * ref["losses"][0]                 # it trains: the comparison means something
-    assert apply_text({"float32": True}, inj, cuda=False).startswith("model.float()")
+    text = apply_text({"float32": True}, inj, cuda=False)
+    # the forward makes its LSTMCell state in float64: model.float() alone would fail on it
+    assert text.startswith("model.float()") and inj["float32_inner"] == ["LSTMCell"] and "its LSTMCell" in text
+    assert ref["float32_inner"] == [] and "its LSTMCell" not in apply_text({"float32": True}, ref, cuda=False)
 
 
 CHECKPOINTED = textwrap.dedent("""

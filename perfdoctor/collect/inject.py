@@ -21,7 +21,7 @@ key is one change the user could make by hand; the script itself is never edited
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments,
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache and
-checkpoint-save calls) and the loss of every backward() on a scalar tensor, and
+checkpoint-save calls; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -54,6 +54,7 @@ class _State:
         self.watch = None                        # child.py's import watcher (apply's `watch`)
         self.compiled: set[int] = set()
         self.converted: set[int] = set()         # ids of the modules made float32 (float32 change)
+        self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
         self.save_calls = 0                      # checkpoint saves the script asked for (save_every)
@@ -282,7 +283,10 @@ def _module_call(torch, st: _State) -> None:
             return orig(self, *args, **kwargs)
         if getattr(local, "depth", 0):
             if f32 and id(self) in st.converted:           # a submodule: its float64 inputs too
-                args, kwargs = _cast(torch, (args, kwargs), f64, f32t)
+                hit: list = []
+                args, kwargs = _cast(torch, (args, kwargs), f64, f32t, hit)
+                if hit:     # float64 made inside the model (its forward's own tensors): the code must change too
+                    st.inner_f64.add(type(self).__name__)
             return orig(self, *args, **kwargs)
         try:
             first = next(self.parameters(), None)
@@ -315,15 +319,20 @@ def _module_call(torch, st: _State) -> None:
     Module.__call__ = __call__
 
 
-def _cast(torch, obj, src, dst):
+def _cast(torch, obj, src, dst, hit: list | None = None):
     """`obj` with its `src`-dtype tensors as `dst`: a tensor, or plain tuples, lists and dicts of
-    them (a subclass, a named tuple or a model-output class, is left as it is)."""
+    them (a subclass, a named tuple or a model-output class, is left as it is). `hit` gets an
+    entry per tensor converted."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(dst) if obj.dtype == src else obj
+        if obj.dtype != src:
+            return obj
+        if hit is not None:
+            hit.append(1)
+        return obj.to(dst)
     if type(obj) in (tuple, list):
-        return type(obj)(_cast(torch, x, src, dst) for x in obj)
+        return type(obj)(_cast(torch, x, src, dst, hit) for x in obj)
     if type(obj) is dict:
-        return {k: _cast(torch, v, src, dst) for k, v in obj.items()}
+        return {k: _cast(torch, v, src, dst, hit) for k, v in obj.items()}
     return obj
 
 
@@ -356,7 +365,7 @@ def write_record() -> None:
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
-           "save_calls": st.save_calls,
+           "save_calls": st.save_calls, "float32_inner": sorted(st.inner_f64),
            "losses": losses, "notes": st.notes}
     try:
         with open(os.path.join(st.run_dir, "inject.json"), "w") as f:

@@ -45,6 +45,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
     if changes.get("float32"):
         lines.append("model.float()  # and .float() on the tensors fed to it (torch.from_numpy keeps numpy's "
                      "float64): the model trains in float64 now")
+        inner = inject.get("float32_inner")
+        if inner:     # model.float() alone would fail there: the forward's own float64 meets float32 weights
+            lines.append(f"# and float32 for the tensors the model's forward makes in float64 and passes to its "
+                         f"{', '.join(inner)} (e.g. torch.zeros(..., dtype=torch.double) -> dtype=torch.float32)")
     if changes.get("autocast"):
         dev = "cuda" if cuda else "cpu"
         lines.append(f'with torch.autocast("{dev}", dtype=torch.{changes["autocast"]}):  '

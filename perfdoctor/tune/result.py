@@ -61,10 +61,17 @@ def build(t: Tuner) -> dict:
                   "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _t(best.run.step_s),
                   "confirmed": best.confirm is not None}
                  if best else None),
-        "apply": apply_text(best.trial.changes if best else {}, b.inject, t.facts.cuda),
+        "apply": apply_text(best.trial.changes if best else {}, _inject_for(b, best), t.facts.cuda),
         "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
         "untested": untested(t),
     }
+
+
+def _inject_for(b, best) -> dict:
+    """The baseline's record of the script (its own settings), with what the best trial's run
+    found only by making its change: the submodules the model's own code fed float64."""
+    inner = ((best.run.inject if best and best.run else None) or {}).get("float32_inner")
+    return {**b.inject, "float32_inner": inner} if inner else b.inject
 
 
 UNTESTED_SHOWN = 5
