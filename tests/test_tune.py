@@ -412,6 +412,36 @@ def test_the_verdict_is_worded_as_the_report_words_it_and_no_advice_follows_no_t
     assert build(t)["baseline"]["verdict_title"] == "DEVICE-BOUND"
 
 
+def test_predicted_says_question_mark_only_for_a_fix_the_report_offers(tmp_path):
+    """pytorch/examples dcgan, compute-bound on a shared CPU: its report raised PD348, PD338 and
+    PD319, yet the num_workers rows read "? (PD301)", which the docs define as "the report offers
+    that fix without a model". A fix the report did not raise predicts nothing; one it raised
+    without a model is "?"; a modelled one shows its gain. Terminal and markdown say the same."""
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report.outputs import rendered
+    from perfdoctor.tune import session as S
+    from perfdoctor.tune.result import build, render
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.facts = facts(verdict="device", data_wait=0.0, loader={**LOADER0, "num_workers": 2})
+    t.doc = {"verdict": {"bound": "device"}, "traces": [{"metrics": {"trace.platform": "cpu"}}]}
+    t.fixes = {"PD338": {"id": "PD338", "gain": {"expected": 1.0655}}, "PD312": {"id": "PD312", "gain": {}}}
+    t.baselines = [_measured(tmp_path, "baseline", 50.0, seed=1)]
+    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    for ch, g in (({"optimizer": "fused"}, "optimizer"), ({"compile": True}, "compile"), ({"num_workers": 1}, "loader")):
+        t._trial(plan.Trial(ch, g, skip="budget"))
+    doc = build(t)
+    assert [(x["rule"], x["offered"]) for x in doc["trials"]] == [("PD338", True), ("PD312", True), ("PD301", False)]
+    buf = io.StringIO()
+    render(doc, Console(file=buf, width=250))
+    md = rendered(doc, "markdown", kind="tune").decode()
+    for out in (buf.getvalue(), md.replace("\\", "")):
+        assert "1.07x (PD338)" in out and "? (PD312)" in out and "- (PD301 not raised)" in out
+        assert "? (PD301)" not in out
+
+
 def test_apply_text_is_the_code_change():
     inject = {"loaders": [{"asked": LOADER0}], "optimizers": [SGD], "threads_asked": [1]}
     text = apply_text({"num_workers": 2, "persistent_workers": True, "threads": 2, "optimizer": "foreach"},

@@ -139,3 +139,15 @@ def breakdown_rows(trace: dict, labels: dict) -> list[tuple[str, str, float, flo
     rows = [(r, name, sum(s["breakdown_ms"][r] for s in steps) / len(steps), m.get(f"breakdown.{r}") or 0.0)
             for r, name in labels.items()]
     return [row for row in rows if row[3] >= MIN_SHARE]
+
+
+def tune_predicted(tr: dict) -> str:
+    """A tune trial's "predicted" cell: the report's expected gain of the fix it tests; "?" when
+    the report offers that fix without a model of its gain (as `run` prints it); a fix the report
+    did not raise predicts nothing (it found no sign of that bottleneck), which "?" would hide."""
+    rule = tr.get("rule")
+    if tr.get("predicted") is not None:
+        return f"{tr['predicted']:.2f}x ({rule})"
+    if not rule:
+        return "-"
+    return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces, role_labels, shown_trace
+from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces,
+                                     role_labels, shown_trace, tune_predicted)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -125,7 +126,7 @@ def tune(doc: dict) -> str:
            "| change | step time | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|---|"]
     for tr in doc["trials"]:
         ci = tr["ci95"]
-        pred = f"{tr['predicted']:.2f}x" if tr["predicted"] is not None else "-"
+        pred = M(tune_predicted(tr))
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
         out.append(f"| {M(tr['label'])} | {s_as_ms(tr['step_time_s'])} | "
                    + (f"{tr['speedup']:.2f}x" if tr["speedup"] else "-") + " | "

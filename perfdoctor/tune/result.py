@@ -31,7 +31,7 @@ def _t(x):
 def _trial_doc(o: Outcome) -> dict:
     m = o.run
     return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
-            "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
+            "offered": o.offered, "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
             "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
             "baseline_dirs": [str(b.run_dir) for b in o.bases],
@@ -106,6 +106,7 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
+    from perfdoctor.report.labels import tune_predicted
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -118,8 +119,7 @@ def render(doc: dict, console=None) -> None:
     colour = {"faster": "green", "slower": "red", "failed": "red", "skipped": "dim", "inconclusive": "yellow"}
     for tr in doc["trials"]:
         ci = tr["ci95"]
-        pred = (f"{tr['predicted']:.2f}x ({tr['rule']})" if tr["predicted"] is not None
-                else f"? ({tr['rule']})" if tr["rule"] else "-")     # ?: no model, as `run` prints it
+        pred = tune_predicted(tr)
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
         if tr.get("loss") and tr["status"] != "failed":
             status += f" ({tr['loss']['text']})"

@@ -81,6 +81,7 @@ class Outcome:
     ratio: float | None = None
     ci95: tuple | None = None
     predicted: float | None = None
+    offered: bool = False                # the baseline's report has the fix (each one, combined) it tests
     loss: dict | None = None
     confirm: dict | None = None          # the second run of a best setting: dir, speedup, ci95
 
@@ -242,7 +243,8 @@ class Tuner:
 
     def _trial(self, t: planmod.Trial) -> Outcome:
         t.rule, pred = self._prediction(t)
-        out = Outcome(t, "skipped", t.skip, predicted=pred)
+        offered = bool(t.rule) and all(r in self.fixes for r in t.rule.split("+"))
+        out = Outcome(t, "skipped", t.skip, predicted=pred, offered=offered)
         self.outcomes.append(out)
         if t.skip:
             return out
