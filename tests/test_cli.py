@@ -116,6 +116,18 @@ def test_traces_without_ranks_are_not_called_ranks_and_a_stub_is_not_compared(tm
     assert doc["cross_rank"]["count"] == 2 and not any("7" in n and "differs" in n and "w2" in n for n in v["notes"])
 
 
+def test_a_stub_beside_one_judged_trace_is_not_the_one_shown(tmp_path):
+    """One judged trace and the stub torch writes when the profiler stops mid-cycle, named so
+    that it comes first: the header and breakdown are the judged trace's, not the stub's."""
+    tg.write(tg.TraceSpec(steps=[S(data_wait_us=4000)] * 4), tmp_path / "w.json")
+    (tmp_path / "a.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#9", "pid": 7, "tid": 7, "ts": 1e6, "dur": 21}]}))
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    assert [t["label"] for t in doc["traces"]][0] == "a.json" and doc["verdict"]["figures_of"] == "w.json"
+    out = run("report", tmp_path).stdout
+    assert "Step breakdown (w.json, mean of 4 step(s))" in out and " [w.json]" not in out
+
+
 def test_fixes_of_another_trace_than_the_one_shown_name_it(tmp_path):
     """Unrelated traces in one folder (a CUDA one with pageable copies, a CPU-only one that
     waits for data): the header and breakdown are one trace's, so a fix or flag only the other
@@ -139,7 +151,7 @@ def test_fixes_of_another_trace_than_the_one_shown_name_it(tmp_path):
     for item in doc["findings"] + doc["flags"]:
         theirs = shown not in item["traces"]
         assert (f"(from {', '.join(item['traces'])})" in page.split(H(item["title"]), 1)[1][:200]) == theirs
-        if item in doc["findings"][:3] and item["ranked"]:
+        if item in doc["flags"] or (item in doc["findings"][:3] and item["ranked"]):
             assert (f"({item['id']}; from {', '.join(item['traces'])})" in md) == theirs, md
 
 

@@ -62,3 +62,39 @@ def test_long_runtime_calls_are_told_from_dispatch(tmp_path):
     assert m_short["gpu.idle_while_long_runtime_share"] == 0
     assert m_long["gpu.idle_while_long_runtime_share"] == pytest.approx(4000 / 5000)
     assert "compile-reduce-overhead" in fixes_short and "compile-reduce-overhead" not in fixes_long
+
+
+def test_the_profilers_own_sync_after_the_steps_does_not_make_a_cpu_run_a_gpu_one(tmp_path):
+    """A script that trains on the CPU of a machine with a GPU: the profiler records CUDA too and
+    synchronises the device as it stops, after the last step (cudaDeviceSynchronize, and
+    cudaGetDeviceCount as CUPTI starts). No step called the runtime: a CPU-only run."""
+    for steps in (True, False):
+        tr = HandTrace()
+        _runtime(tr, -500.0, "cudaGetDeviceCount", 5.0)
+        for i in range(3):
+            s0 = i * 5_000.0
+            tr.op(1, s0 + 100, "aten::addmm", 4_000.0)
+            if steps:
+                tr.step(i, s0, s0 + 5_000)
+        _runtime(tr, 15_200.0, "cudaDeviceSynchronize", 30.0)
+        m, fixes = _diagnose(tr, tmp_path / f"cpu_{steps}.json")
+        assert m["trace.platform"] == "cpu", steps
+        assert "pin-memory" not in fixes and not any(f.startswith("compile-reduce") for f in fixes)
+
+
+def test_short_runtime_calls_of_threads_one_after_another_are_not_one_long_call(tmp_path):
+    """Two threads launching in turn (DataParallel's replicas): 200 calls of 10 us each cover
+    2 ms of every step between them, with the device idle; no single call lasts a millisecond,
+    so none of it is set apart from dispatch."""
+    tr = HandTrace()
+    for i in range(3):
+        s0 = i * 3_000.0
+        for j in range(200):
+            _runtime(tr, s0 + 10 * j, "cudaStreamGetCaptureInfo", 10.0)
+            tr.events[-1]["tid"] = 1 + j % 2
+        tr.op(1, s0 + 2_000, "aten::add", 900.0, ext=tr.corr + 1)
+        tr.launch(1, s0 + 2_100, "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 800.0)
+        tr.step(i, s0, s0 + 3_000)
+    m, _ = _diagnose(tr, tmp_path / "turns.json")
+    assert m["gpu.idle_while_runtime_share"] == pytest.approx(2 / 3, abs=0.01)
+    assert m["gpu.idle_while_long_runtime_share"] == 0

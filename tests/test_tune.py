@@ -725,37 +725,37 @@ def test_empty_cache_off_skips_the_scripts_calls(tmp_path, capfd):
 
 
 SAVING = textwrap.dedent("""
-    import os, sys, tempfile
+    import io, os, sys, tempfile
     from safetensors.torch import save_file              # first: its import imports torch
     import torch
     torch.set_num_threads(1)
     m = torch.nn.Linear(8, 8)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     d = tempfile.mkdtemp()
+    copies = 0
     for step in range(20):
         opt.zero_grad(); m(torch.randn(4, 8)).sum().backward(); opt.step()
-        state = {k: v.contiguous() for k, v in m.state_dict().items()}
-        if step % 2:
-            save_file(state, os.path.join(d, f"{step}.safetensors"))
-        else:
-            torch.save(state, os.path.join(d, f"{step}.pt"))
-    print("written", sorted(os.listdir(d), key=lambda n: int(n.split(".")[0])), flush=True)
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()}, os.path.join(d, f"{step}.safetensors"))
+        torch.save(opt.state_dict(), os.path.join(d, f"{step}.pt"))
+        buf = io.BytesIO(); torch.save(m.state_dict(), buf); copies += buf.tell() > 0     # a copy, not a checkpoint
+    print("written", sorted(os.listdir(d), key=lambda n: (int(n.split(".")[0]), n)), "copies", copies, flush=True)
 """)
 
 
 def test_save_every_writes_one_checkpoint_in_n(tmp_path, capfd):
-    """The baseline counts the script's saves (torch.save and safetensors' save_file, bound by
-    name in an import that imports torch); save_every=5 writes the 1st, 6th, 11th and 16th."""
-    for changes, written in (({}, [f"{i}.{'safetensors' if i % 2 else 'pt'}" for i in range(20)]),
-                             ({"save_every": 5}, ["0.pt", "5.safetensors", "10.pt", "15.safetensors"])):
+    """The baseline counts the script's saves (safetensors' save_file bound by name in an import
+    that imports torch, and torch.save); save_every=5 writes every save of one step in five
+    (the model and its optimizer together) and never skips a save into a buffer."""
+    both = lambda steps: [f"{i}.{x}" for i in steps for x in ("pt", "safetensors")]   # noqa: E731
+    for changes, written in (({}, both(range(20))), ({"save_every": 5}, both((0, 5, 10, 15)))):
         out, inj = injected(tmp_path, capfd, changes, SAVING)
-        assert f"written {written}\n" in out
-        assert inj["save_calls"] == 20 and inj["applied"] == (["save_every"] if changes else [])
+        assert f"written {written} copies 20\n" in out, out
+        assert inj["save_calls"] == 60 and inj["applied"] == (["save_every"] if changes else [])
     trials = plan.plan(facts(verdict="host", data_wait=0.0, frequent_saves=True, ranked=["PD350"]))
     assert trials[0].changes == {"save_every": plan.SAVE_EVERY} and trials[0].skip is None
     assert plan.rule_for(trials[0].changes, {"PD350"}) == "PD350"
     assert not any("save_every" in t.changes for t in plan.plan(facts()))
-    assert apply_text({"save_every": 100}, inj, cuda=False).startswith("if step % 100 == 0: torch.save(...)")
+    assert apply_text({"save_every": 100}, inj, cuda=False).startswith("if step % 100 == 0: save(...)  # torch.save / save_file")
 
 
 def test_without_changes_nothing_is_injected(tmp_path, capfd):
@@ -812,6 +812,15 @@ def test_a_baseline_with_too_few_steps_says_how_long_a_run_must_be(tmp_path):
     ended = measure_dir(d, {}, 0, {"outcome": "completed", "exit_code": 0, "steps": 6}, 40.0)
     text = longer_runs(ended, 8)
     assert "ended by itself after 6 step(s)" in text and "--duration" not in text
+    assert longer_runs(stopped, 8, max_steps=6).startswith("--max-steps 6 stopped it")
+    # 200 steps of 0.1 s the estimator found correlated over too many steps: not "runs of 20 s"
+    # after a 20 s run (its reasons other than too few steady steps: twice the run)
+    from types import SimpleNamespace
+    steps = [{"step": i + 1, "end": 200 + 0.1 * (i + 1), "dur": 0.1} for i in range(200)]
+    est = SimpleNamespace(n=196, reason="step times stay correlated over 60 steps (2 burst cycles), more than 1/4 "
+                                        "of the 196 steady steps: run longer")
+    corr = Measured(d, {}, 0, "stopped", 25.0, steps, estimate=est, error="not measurable: " + est.reason)
+    assert longer_runs(corr, 8) == "200 step(s) took 20 s here: runs about twice as long, --duration 40 --budget 320"
 
 
 SLOW_START = textwrap.dedent("""

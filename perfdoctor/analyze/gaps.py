@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfdoctor.analyze.intervals import clip
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.analyze.timeline import Timeline
@@ -57,7 +58,11 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
                "untraced": "gpu.idle_while_untraced_share"}[name]
         out[key] = tl.total(idle & (host_role == i)) / total
     out["gpu.idle_while_long_untraced_share"] = _long_stretches(tl, idle & (host_role == len(layers))) / total
-    out["gpu.idle_while_long_runtime_share"] = _long_stretches(tl, idle & (host_role == 2)) / total
+    # inside one call of a millisecond or more, not a run of short calls (several threads
+    # launching one after another can cover a millisecond between them: dispatch all the same)
+    long_rt = np.flatnonzero(k.runtime & (t.dur >= LONG_UNTRACED_US))
+    inside = tl.seg.covered(*clip(t.ts[long_rt], t.ts[long_rt] + t.dur[long_rt], *steps.span))
+    out["gpu.idle_while_long_runtime_share"] = tl.total(idle & (host_role == 2) & inside) / total
 
     # Merge idle segments into gaps (a new gap starts where the previous segment was not idle,
     # or at a step boundary).

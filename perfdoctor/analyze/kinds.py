@@ -42,6 +42,7 @@ MTIA_COPY_RX = re.compile(r"dma|memcpy", re.I)
 MTIA_SET_RX = re.compile(r"memset", re.I)
 SYNC_RUNTIME_RX = re.compile(
     r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy|MemcpyWithStream)$")
+QUERY_RUNTIME_RX = re.compile(r"^(cuda|hip)(Get|DeviceGet|DriverGet|RuntimeGet|PeekAtLastError)")
 MALLOC_RX = re.compile(r"^(cuda|hip)(Malloc|MallocHost|MallocManaged|MallocAsync)$")
 FREE_RX = re.compile(r"^(cuda|hip)(Free|FreeHost|FreeAsync)$")
 
@@ -87,12 +88,24 @@ def classify(t: EventTable) -> Kinds:
     comm_kernel = kernel & t.name_mask(lambda n: COMM_KERNEL_RX.search(n) is not None)
     comm_op = host & t.name_mask(lambda n: COMM_OP_RX.match(n) is not None)
     memory = (t.ph == ord("i")) & t.name_mask(lambda n: n == "[memory]")
-    platform = detect_platform(t, kernel | memcpy | memset, runtime)
+    platform = detect_platform(t, kernel | memcpy | memset, runtime, step)
     return Kinds(complete=x, kernel=kernel, comm_kernel=comm_kernel, memcpy=memcpy, memset=memset,
                  runtime=runtime, cpu_op=host & ~step & ~loader, comm_op=comm_op,
                  comm_host=comm_op if platform == "cpu" or _gloo_backend(t) else
                  comm_op & t.name_mask(lambda n: GLOO_OP_RX.match(n) is not None),
                  step=step, dataloader=loader, memory=memory, platform=platform)
+
+
+def _steps_called_the_runtime(t: EventTable, runtime_rows: np.ndarray, step_rows: np.ndarray | None) -> bool:
+    rows = np.flatnonzero(runtime_rows)
+    steps = np.flatnonzero(step_rows) if step_rows is not None else np.zeros(0, int)
+    if not len(rows):
+        return False
+    if len(steps):
+        lo, hi = float(t.ts[steps].min()), float((t.ts[steps] + t.dur[steps]).max())
+        return bool(((t.ts[rows] >= lo) & (t.ts[rows] < hi)).any())
+    names = {t.names[c] for c in unique(t.name[rows])}
+    return any(not SYNC_RUNTIME_RX.match(n) and not QUERY_RUNTIME_RX.match(n) for n in names)
 
 
 def _gloo_backend(t: EventTable) -> bool:
@@ -101,14 +114,17 @@ def _gloo_backend(t: EventTable) -> bool:
     return "gloo" in backend and "nccl" not in backend
 
 
-def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray) -> str:
-    """cpu when nothing ran on a device and no runtime call was traced (runtime calls come from
-    the device's tracer, CUPTI or roctracer: a GPU run whose traced window launched nothing has
-    them, and is a GPU run with an idle device, not a CPU-only one); mtia when MTIA categories,
-    its launch call or an `mtia:` backend say so (HTA's test); rocm when HIP names or an AMD
-    device say so."""
+def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray,
+                    step_rows: np.ndarray | None = None) -> str:
+    """cpu when nothing ran on a device and the steps made no runtime call (runtime calls come
+    from the device's tracer, CUPTI or roctracer: a GPU run whose steps launched nothing has
+    them, and is a GPU run with an idle device, not a CPU-only one; but the profiler's own
+    device synchronisation when it stops, after the last step, is in the trace of a CPU-trained
+    script on a machine with a GPU too: calls outside the ProfilerStep spans, and without them
+    syncs and queries, do not count); mtia when MTIA categories, its launch call or an `mtia:`
+    backend say so (HTA's test); rocm when HIP names or an AMD device say so."""
     props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
-    if not device_rows.any() and not runtime_rows.any():
+    if not device_rows.any() and not _steps_called_the_runtime(t, runtime_rows, step_rows):
         return "cpu"
     rt_names = {t.names[c] for c in unique(t.name[runtime_rows])}
     if (any(c.lower() in MTIA_DEVICE_CATS for c in t.cats) or MTIA_LAUNCH in rt_names

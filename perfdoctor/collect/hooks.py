@@ -131,7 +131,7 @@ class Session(StepSources):
     def install(self, torch) -> None:
         self.torch = torch
         from perfdoctor.collect import inject   # `perfdoctor tune`'s changes (none under `run`)
-        inject.apply(torch, self.cfg.get("changes"), self.run_dir, self.watch)
+        inject.apply(torch, self.cfg.get("changes"), self.run_dir, self.watch, steps=lambda: self.steps)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
             register_optimizer_step_pre_hook(self._on_optimizer_pre_step)

@@ -17,7 +17,7 @@ key is one change the user could make by hand; the script itself is never edited
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
-| save_every | N: of the script's checkpoint saves (torch.save, safetensors' save_file) only every Nth is written, the first included; the others return at once |
+| save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments,
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache and
@@ -52,6 +52,8 @@ class _State:
         self.applied: set[str] = set()
         self.local = threading.local()
         self.watch = None                        # child.py's import watcher (apply's `watch`)
+        self.steps = None                        # the run's step count so far (apply's `steps`)
+        self.saved_at: int | None = None         # the step whose saves save_every last let through
         self.compiled: set[int] = set()
         self.converted: set[int] = set()         # ids of the modules made float32 (float32 change)
         self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64
@@ -67,15 +69,15 @@ class _State:
 _state: _State | None = None
 
 
-def apply(torch, changes: dict | None, run_dir: str, watch=None) -> None:
+def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> None:
     """Inject `changes` (None: do nothing at all) and start recording; idempotent per process.
     `watch(module name, on_import)`: child.py's import watcher, for functions of modules the
-    script imports later (safetensors)."""
+    script imports later (safetensors); `steps()`: the steps the run has counted so far."""
     global _state
     if changes is None or _state is not None:
         return
     st = _state = _State(torch, dict(changes), run_dir)
-    st.watch = watch
+    st.watch, st.steps = watch, steps or (lambda: st.save_calls)
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32"), _module_call), (("recompute",), _checkpoint),
@@ -194,33 +196,39 @@ def _empty_cache(torch, st: _State) -> None:
 
 
 def _saves(torch, st: _State) -> None:
-    """Count the script's checkpoint saves; with save_every=N write only every Nth (the first,
-    the N+1th, ...): what saving N times less often costs (PD350's model). A skipped save returns
-    None, as the save functions do; the file on disk is the last one written."""
+    """Count the script's checkpoint saves; with save_every=N let them through in one step of N:
+    every save of the first step that saves, then of the first step that saves N or more steps
+    after it, ... (what saving N times less often costs: PD350's model, one save every N steps;
+    a model and its optimizer saved in one step stay together). A skipped save returns None, as
+    the save functions do; the file on disk is the last one written. A save into a buffer
+    (io.BytesIO: a deep copy, a size check) is no checkpoint: it always runs."""
     every = st.changes.get("save_every")
 
-    def wrap(fn):
+    def wrap(fn, target: str):
         def save(*args, **kwargs):
             if os.getpid() != st.pid:
                 return fn(*args, **kwargs)
             st.save_calls += 1
-            if every:
+            dest = args[1] if len(args) > 1 else kwargs.get(target)
+            if every and isinstance(dest, (str, bytes, os.PathLike)):
                 st.applied.add("save_every")
-                if (st.save_calls - 1) % int(every):
+                step = st.steps()
+                if st.saved_at is not None and st.saved_at != step and step - st.saved_at < int(every):
                     return None
+                st.saved_at = step
             return fn(*args, **kwargs)
         save.__wrapped__ = fn
         save.__doc__ = getattr(fn, "__doc__", None)
         return save
     orig = torch.serialization.save
-    torch.serialization.save = wrapped = wrap(orig)
+    torch.serialization.save = wrapped = wrap(orig, "f")
     if getattr(torch, "save", None) is orig:
         torch.save = wrapped
 
     def on_safetensors(mod):
         fn = getattr(mod, "save_file", None)
         if callable(fn):
-            mod.save_file = wrap(fn)
+            mod.save_file = wrap(fn, "filename")
     if st.watch is not None:
         st.watch("safetensors.torch", on_safetensors)
 

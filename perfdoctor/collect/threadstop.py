@@ -9,7 +9,7 @@
 - The main thread then has `stop_grace_s` (STOP_GRACE_S; PERFDOCTOR_STOP_GRACE_S) from the
   stopped thread's end to end the script by itself: one that joins the trainer goes on with
   what follows the join (a checkpoint save is not cut short). One still running then (a
-  supervisor loop, a wait on a queue the trainer fed) gets StopRun raised in it by SIGUSR1,
+  supervisor loop, a wait on a queue the trainer fed) gets StopRun raised in it by STOP_SIGNAL,
   whose handler is the session's (the signal wakes a blocking wait). A script that took
   STOP_SIGNAL for itself is not signalled (nor can --duration ask it to stop): its main thread
   ends as it will.

@@ -57,7 +57,8 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
     verdict, or the majority bound of several with their disagreement and spread in its notes."""
     if len(compared) == 1:
         own = traces[compared[0]]["verdict"]
-        return dict(own, notes=list(own["notes"])), None
+        # beside stubs left out of the comparison, the figures shown are still the judged trace's
+        return dict(own, notes=list(own["notes"]), **({"figures_of": labels[compared[0]]} if len(traces) > 1 else {})), None
     # traces that carry no rank (no distributedInfo) are not called ranks: they may be
     # traces of different processes or jobs (the windows of one process were joined before)
     word = "ranks" if all(results[i][0].metrics.get("trace.rank") is not None for i in compared) else "traces"

@@ -55,7 +55,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
         out.append("")
     out += _fixes(doc, tune)
     if doc["flags"]:
-        out += ["**Flags:** " + "; ".join(f"{M(f['severity'])}: {M(f['title'])} ({M(f['id'])})" for f in doc["flags"]), ""]
+        out += ["**Flags:** " + "; ".join(f"{M(f['severity'])}: {M(f['title'])} ({M(f['id'])}"
+                                          + (f"; from {M(w)})" if (w := from_other_traces(doc, f)) else ")")
+                                          for f in doc["flags"]), ""]
     ev = v.get("evidence") or {}
     notes = list(v.get("notes") or [])
     if ev or notes:

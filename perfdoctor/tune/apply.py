@@ -66,8 +66,8 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                      + (f": the script made {n} calls" if n else ""))
     if changes.get("save_every"):
         n = changes["save_every"]
-        lines.append(f"if step % {n} == 0: torch.save(...)  # save every {n} steps, or off the training thread "
-                     "(torch.distributed.checkpoint.async_save)")
+        lines.append(f"if step % {n} == 0: save(...)  # torch.save / save_file: every {n} steps, or off the training "
+                     "thread (torch.distributed.checkpoint.async_save)")
     if changes.get("expandable_segments"):
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # in the environment, before python starts")
     return "\n".join(lines)

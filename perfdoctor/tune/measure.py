@@ -109,21 +109,30 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     return m
 
 
-def longer_runs(m: Measured, runs_per_budget: int) -> str:
-    """What to change when a run had too few steady steps to measure, from the pace it ran at:
-    a script that ended by itself needs more steps of its own (--duration cannot add any); one
-    that perfdoctor stopped needs runs long enough for MIN_STEPS steady steps plus the steps this
-    run left out (warm-up), at this run's steps per second (a 6 s LBFGS step cannot fit 10 in
-    the default 19 s run, and "more time" alone does not say how much)."""
+def longer_runs(m: Measured, runs_per_budget: int, max_steps: int | None = None) -> str:
+    """What to change when a run could not be measured, from the pace it ran at: a script that
+    ended by itself needs more steps of its own (--duration cannot add any), one --max-steps
+    stopped a higher --max-steps; one that had too few steady steps needs runs long enough for
+    MIN_STEPS of them plus the steps this run left out (warm-up), at this run's steps per second
+    (a 6 s LBFGS step cannot fit 10 in the default 19 s run, and "more time" alone does not say
+    how much); for the estimator's other reasons (correlated steps, no steady level) twice as
+    long a run."""
     steps = [s for s in m.steps if isinstance(s.get("end"), (int, float)) and isinstance(s.get("dur"), (int, float))]
     if m.outcome == "completed":
         return (f"the script ended by itself after {len(m.steps)} step(s): give it more steps (its own "
                 "arguments: epochs, iterations, data size)")
+    if max_steps and len(m.steps) >= max_steps:
+        return f"--max-steps {max_steps} stopped it: give it more steps (a higher --max-steps, or none)"
     if not steps:
         return "give it more time (--duration) or more steps"
     span = steps[-1]["end"] - (steps[0]["end"] - steps[0]["dur"])
     n = len(steps)
     steady = getattr(m.estimate, "n", 0) or 0
+    reason = getattr(m.estimate, "reason", None) or ""
+    if steady >= steptime.MIN_STEPS or not reason.startswith("only "):
+        run_s = math.ceil(2 * span / 5) * 5
+        return (f"{n} step(s) took {span:.0f} s here: runs about twice as long, --duration {run_s} "
+                f"--budget {run_s * runs_per_budget}")
     need = steptime.MIN_STEPS + (n - steady)
     run_s = math.ceil(need * span / n / 5) * 5
     return (f"{n} step(s) took {span:.0f} s here, {span / n:.1f} s each: {steptime.MIN_STEPS} steady steps, "

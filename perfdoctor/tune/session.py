@@ -158,7 +158,7 @@ class Tuner:
             b = self._launch(self.dir / "baseline-2", {})
         if b.error:
             raise TuneFailed(f"baseline: {b.error} (run directory {b.run_dir}); "
-                             + longer_runs(b, RUNS_PER_BUDGET), EXIT_NOT_MEASURABLE)
+                             + longer_runs(b, RUNS_PER_BUDGET, self.o.max_steps), EXIT_NOT_MEASURABLE)
         self.baselines.append(b)
         self.fixes = {f.get("id"): f for f in self.doc.get("findings") or [] if f.get("id")}
         self.facts = self._facts(b)
