@@ -220,17 +220,17 @@ def _saves(torch, st: _State) -> None:
         save.__wrapped__ = fn
         save.__doc__ = getattr(fn, "__doc__", None)
         return save
-    orig = torch.serialization.save
-    torch.serialization.save = wrapped = wrap(orig, "f")
-    if getattr(torch, "save", None) is orig:
-        torch.save = wrapped
+    from perfdoctor.collect.timedcalls import SAFETENSORS_SAVE, replace_torch_save
+
+    replace_torch_save(torch, lambda fn: wrap(fn, "f"))
+    module, name = SAFETENSORS_SAVE
 
     def on_safetensors(mod):
-        fn = getattr(mod, "save_file", None)
+        fn = getattr(mod, name, None)
         if callable(fn):
-            mod.save_file = wrap(fn, "filename")
+            setattr(mod, name, wrap(fn, "filename"))
     if st.watch is not None:
-        st.watch("safetensors.torch", on_safetensors)
+        st.watch(module, on_safetensors)
 
 
 def _cuda_flags(torch, st: _State) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from perfdoctor.collect.child import ENV
 from perfdoctor.collect.cupti import teardown_env
 from perfdoctor.collect.rundir import claim
+from perfdoctor.collect.steprecord import first_step_recorded
 from perfdoctor.collect.threadstop import STOP_SIGNAL
 
 STOP_GRACE_S = 30.0
@@ -306,12 +307,8 @@ class _DurationClock:
         if not self.cfg.duration:
             return None
         now = time.monotonic()
-        if self.start is None:
-            try:
-                if self.path.stat().st_size > 0:
-                    self.start = now             # the first step's record is written as it ends
-            except OSError:
-                pass
+        if self.start is None and first_step_recorded(self.path):
+            self.start = now                     # the first step's record is written as it ends
         if self.start is not None:
             return "" if now - self.start >= self.cfg.duration else None
         if self.cfg.startup_s is not None and now - self.t0 >= self.cfg.startup_s:

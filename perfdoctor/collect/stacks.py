@@ -62,6 +62,8 @@ import threading
 import time
 from pathlib import Path
 
+from perfdoctor.collect.steprecord import first_step_recorded
+
 RATE_HZ = 50           # samples per second: 20 ms resolution, ~3% of one core for py-spy (bench_stacks.py)
 MAX_S = 120            # record at most this long (from the first step): bounds file size and cost
 WAIT_EXIT_S = 15.0     # after the script ends, how long py-spy may take to notice and write
@@ -210,14 +212,8 @@ class StackRecorder:
             self._thread.start()
         return self
 
-    def _first_step_seen(self) -> bool:
-        try:
-            return self.steps_path.stat().st_size > 0
-        except OSError:
-            return False
-
     def _run(self) -> None:
-        while not self._stop.is_set() and not self._first_step_seen():
+        while not self._stop.is_set() and not first_step_recorded(self.steps_path):
             if not _alive(self.pid):
                 return
             self._stop.wait(self.poll)

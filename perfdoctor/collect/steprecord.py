@@ -19,6 +19,17 @@ FLUSH_FIRST = 16             # the first steps are written one by one (the live 
 REREAD_S = 0.001             # bookkeeping at a boundary longer than this: the next step's start is read afresh
 
 _JS = {True: "true", False: "false"}
+
+
+def first_step_recorded(steps_path) -> bool:
+    """steps.jsonl holds a step: the first steps are written one by one as they end
+    (FLUSH_FIRST), so the live readers in the parent see the first at once."""
+    try:
+        return os.stat(steps_path).st_size > 0
+    except OSError:
+        return False
+
+
 _SCHED_FDS: dict[int, int] = {}      # native thread id -> open /proc/thread-self/schedstat
 
 

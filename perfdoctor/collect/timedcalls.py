@@ -22,10 +22,20 @@ import sys
 import threading
 import time
 
+SAFETENSORS_SAVE = ("safetensors.torch", "save_file")    # a checkpoint save besides torch.save
 # (module, class or None, attribute prefix or name): what is timed, and as which kind
 LATER = (("torch.utils.tensorboard.writer", "SummaryWriter", "add_", "log"),
          ("tensorboardX.writer", "SummaryWriter", "add_", "log"),
-         ("safetensors.torch", None, "save_file", "save"))
+         (SAFETENSORS_SAVE[0], None, SAFETENSORS_SAVE[1], "save"))
+
+
+def replace_torch_save(torch, wrap) -> None:
+    """torch.save, one function under two names (torch.save, torch.serialization.save): both
+    become wrap(it)."""
+    orig = torch.serialization.save
+    torch.serialization.save = wrapped = wrap(orig)
+    if getattr(torch, "save", None) is orig:
+        torch.save = wrapped
 
 
 class TimedCalls:
@@ -57,11 +67,7 @@ class TimedCalls:
 
     def install_torch(self, torch) -> None:
         """torch.save (one function, also torch.serialization.save)."""
-        orig = torch.serialization.save
-        timed = self._wrap(orig, "save")
-        torch.serialization.save = timed
-        if getattr(torch, "save", None) is orig:
-            torch.save = timed
+        replace_torch_save(torch, lambda fn: self._wrap(fn, "save"))
         self.installed = True
 
     def modules(self) -> list[str]:
