@@ -25,6 +25,32 @@ os.environ["PERFDOCTOR_STACKS"] = "0"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
+# Files whose tests share a session fixture (mlp_run) run on one worker: it is made once.
+SHARED_FIXTURE_GROUPS = {"test_gate.py": "mlp_run", "test_compare.py": "mlp_run"}
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject): two workers, or one per core on a smaller machine. Most tests start a
+    script that imports torch (single-threaded, seconds): two at a time keep both cores busy."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """With --dist loadgroup, each test file is one group (its module fixtures run once)."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURE_GROUPS.get(name, name)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test, with the fixtures it sets up, holds the machine shared with the other workers;
+    a test marked `quiet` (it judges timings) holds it alone (quiet.machine_share)."""
+    from quiet import machine_share
+    with machine_share(item.config, item.get_closest_marker("quiet") is not None):
+        yield
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():

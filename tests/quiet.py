@@ -7,17 +7,57 @@ speed, so a neighbour that starts halfway through such a test changes the truth 
 time this test's own processes did not use (every core's busy time from /proc/stat, less the
 CPU time of this process and of the children it waited for: perfdoctor, the scripts, their
 DataLoader workers). A test skips, with the figure, when either says the machine was shared.
+
+The suite runs in parallel worker processes (pytest-xdist, `-n` in pyproject's addopts), so such a
+test would always find the other worker busy. It is marked `quiet`, and conftest runs every test
+inside `machine_share()`: a quiet test holds the machine exclusively (it waits for the test the
+other workers are running to end, and they start no other until it is done), every other test
+holds it shared.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import resource
 import time
+from contextlib import contextmanager
 
 import pytest
 
 QUIET = 0.5            # cores of other work a timing acceptance test tolerates
+_exclusive = False     # this worker holds the machine for a quiet test (machine_share)
+
+
+@contextmanager
+def machine_share(config: pytest.Config, exclusive: bool):
+    """Hold the machine shared, or exclusively for a quiet test, across the workers of one session.
+
+    A readers-writer lock from two flock(2) files: every test passes through the gate; a quiet
+    test keeps the gate while it waits for the main lock exclusively, so no test starts in the
+    meantime and none starves it. A worker that dies releases its locks with its files."""
+    global _exclusive
+    if not hasattr(config, "workerinput"):     # one process runs every test: nothing to share
+        _exclusive = exclusive
+        try:
+            yield
+        finally:
+            _exclusive = False
+        return
+    # xdist gives each worker a base temp folder inside the session's, which pytest cleans up
+    base = config._tmp_path_factory.getbasetemp().parent / "machine"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.main", "a") as main:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if exclusive:
+            fcntl.flock(main, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(main, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        _exclusive = exclusive
+        try:
+            yield
+        finally:
+            _exclusive = False
 
 
 def _stat() -> tuple[float, float]:
@@ -68,6 +108,9 @@ class Foreign:
 def skip_if_shared(foreign: Foreign | None = None, seconds: float = 3.0) -> None:
     """Skip the calling test when other work kept QUIET cores or more busy (before it, or during
     it when `foreign` is given)."""
+    if not _exclusive:
+        pytest.fail("a test that judges timings must be marked @pytest.mark.quiet: it would share the "
+                    "machine with the other test workers")
     busy = busy_cores(seconds) if foreign is None else foreign.cores()
     when = "before this test" if foreign is None else "while this test ran"
     if busy > QUIET:

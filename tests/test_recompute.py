@@ -90,6 +90,7 @@ def test_recomputation_is_found_in_backward(traces, mode):
         assert 0.1 < m["recompute.share"] < 0.45 and fixes[0] == "PD345", (m["recompute.share"], fixes)
 
 
+@pytest.mark.quiet
 def test_expected_gain_matches_the_measured_one(script, traces, tmp_path):
     """The model says removing checkpointing saves the recomputed share; timing both variants of
     the same blocks (interleaved, one thread) says what it saves."""

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.quiet import Foreign, skip_if_shared
+from quiet import Foreign, skip_if_shared
 
 B, D = 128, 32
 
@@ -69,6 +69,7 @@ def test_the_two_losses_agree():
     assert _trainer(True)() == pytest.approx(_trainer(False)(), rel=1e-4)
 
 
+@pytest.mark.quiet
 def test_a_per_sample_loop_is_found_and_its_ceiling_bounds_vectorising(tmp_path):
     looped, vectorised = _trainer(True), _trainer(False)
     loop_doc, vec_doc = _report(tmp_path, looped, "loop.json"), _report(tmp_path, vectorised, "vec.json")

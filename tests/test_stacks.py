@@ -435,6 +435,7 @@ def _steady_ms(every: int, steps: int) -> float:
     return float(r.stdout.split("steady ", 1)[1].split(" ms/step", 1)[0])
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 @needs_py_spy
 def test_checkpoint_every_step_ranks_the_checkpoint_fix_first(tmp_path):

@@ -872,6 +872,7 @@ def test_a_failing_baseline_exits_1_with_the_scripts_output(tmp_path):
     assert (tmp_path / "t" / "baseline" / "steps.jsonl").exists()
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 def test_tune_document_on_a_small_script(tmp_path):
     """Every trial has a status from the documented set, CUDA trials are skipped with their reason,
@@ -939,6 +940,7 @@ def test_tune_document_on_a_small_script(tmp_path):
         assert t["predicted"] == (None if want is None else pytest.approx(want, abs=1e-4))
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 def test_acceptance_cpu_bound_loader(tmp_path):
     """The README demo: tune's verdict on each DataLoader setting (faster, slower) is one that

@@ -1,0 +1,58 @@
+"""A test marked `quiet` runs while no other test does (tests/quiet.py's lock across the workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+BODY = '''
+import json, os, time
+import pytest
+
+def window(name, seconds):
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    with open(os.environ["WINDOWS"], "a") as f:
+        f.write(json.dumps([name, t0, time.monotonic()]) + "\\n")
+'''
+
+
+def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time(tmp_path):
+    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
+    (tmp_path / "quiet.py").write_text((TESTS / "quiet.py").read_text())
+    for f in "abcd":
+        tests = "".join(f"\ndef test_{f}{i}():\n    window('{f}{i}', 0.3)\n" for i in range(4))
+        (tmp_path / f"test_{f}.py").write_text(BODY + tests)
+    (tmp_path / "test_q.py").write_text(BODY + textwrap.dedent('''
+        @pytest.mark.quiet
+        def test_q():
+            from quiet import _exclusive
+            assert _exclusive
+            window("q", 1.0)
+        '''))
+    windows = tmp_path / "windows.jsonl"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                        "-o", "markers=quiet: alone", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "WINDOWS": str(windows)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [json.loads(line) for line in windows.read_text().splitlines()]
+    assert len(rows) == 17
+    (q0, q1), = [(a, b) for n, a, b in rows if n == "q"]
+    others = [(a, b) for n, a, b in rows if n != "q"]
+    assert not [w for w in others if w[0] < q1 and w[1] > q0]          # nothing ran beside it
+    # ... while the other tests did run side by side: the lock is shared for them
+    assert any(a0 < b1 and a1 > b0 for i, (a0, a1) in enumerate(others) for b0, b1 in others[i + 1:])
+
+
+def test_a_timing_test_that_is_not_marked_quiet_fails_with_the_reason():
+    from quiet import skip_if_shared
+    with pytest.raises(pytest.fail.Exception, match="marked @pytest.mark.quiet"):
+        skip_if_shared()
