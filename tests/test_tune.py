@@ -362,6 +362,24 @@ def test_trials_are_judged_against_the_run_to_run_spread(monkeypatch, tmp_path, 
         assert [b.run_dir.name for b in out.bases] == ["baseline-2", "baseline-3"] and lo < 1 / 1.1 and hi > 1.1
     else:                                                    # a quiet machine: one baseline before it
         assert [b.run_dir.name for b in out.bases] == ["baseline-2"] and hi < 1
+    # terminal and markdown say the same: the baseline runs each row was compared with, and what
+    # no faster trial means (runs that could not tell, or a measured "keep the script as it is")
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report.outputs import rendered
+    from perfdoctor.tune.result import build, render
+    t.outcomes = [out]
+    doc = build(t)
+    buf = io.StringIO()
+    render(doc, Console(file=buf, width=250))
+    md = rendered(doc, "markdown", kind="tune").decode()
+    vs = "/".join(f"{b.step_s * 1e3:.1f}" for b in out.bases) + " ms"
+    for text in (buf.getvalue(), md.replace("\\", "")):
+        assert vs in text and "none of the trials was measurably faster" in text
+        assert ("1 trial(s) inconclusive" in text) == (status == "inconclusive")
+        assert ("keep the script as it is" in text) == (status == "slower")
 
 
 def test_the_document_keeps_short_step_times_to_six_digits(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ renderers need not import it.
 
 from __future__ import annotations
 
+from perfdoctor.report.values import s_as_ms
 from perfdoctor.rules.gain import times
 
 BOUND_TITLE = {
@@ -151,3 +152,26 @@ def tune_predicted(tr: dict) -> str:
     if not rule:
         return "-"
     return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"
+
+
+def tune_vs_baseline(tr: dict) -> str:
+    """A tune trial's "vs baseline" cell: the baseline runs it was compared with (before and after
+    it, on a noisy machine), in ms."""
+    vs = "/".join(s_as_ms(x, "?").removesuffix(" ms") for x in tr.get("baseline_step_time_s") or [])
+    return f"{vs} ms" if vs else "-"
+
+
+def tune_no_best(doc: dict) -> list[str]:
+    """What tune says when no trial was measurably faster: whether anything was measured, and
+    which trials could not be told from the baseline (then not "keep the script as it is": they
+    were not measured equal, only not told apart)."""
+    measured = any(tr["speedup"] is not None for tr in doc["trials"])
+    out = ["none of the trials was measurably faster than the baseline." if measured
+           else "nothing was measured: no trial could run (reasons above)."]
+    unsure = [tr["label"] for tr in doc["trials"] if tr["status"] == "inconclusive"]
+    if unsure:
+        out.append(f"{len(unsure)} trial(s) inconclusive ({'; '.join(unsure)}): the runs varied too much to tell a "
+                   "gain from a loss; rerun on a quiet machine, or with a larger --budget")
+    elif measured:
+        out += doc["apply"].splitlines()
+    return out

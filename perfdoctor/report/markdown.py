@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces,
-                                     role_labels, shown_trace, tune_predicted)
+                                     role_labels, shown_trace, tune_no_best, tune_predicted,
+                                     tune_vs_baseline)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -125,12 +126,12 @@ def tune(doc: dict) -> str:
     out = [f"### perfdoctor tune: {M(doc['command'])}", "",
            f"Baseline {s_as_ms(b['step_time_s'])}/step (95% CI {s_as_ms(b['ci95'][0])}-{s_as_ms(b['ci95'][1])}) over {b['steps']} "
            f"steady steps; verdict {M(b.get('verdict_title') or b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
-           "| change | step time | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|---|"]
+           "| change | step time | vs baseline | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|--:|---|"]
     for tr in doc["trials"]:
         ci = tr["ci95"]
         pred = M(tune_predicted(tr))
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
-        out.append(f"| {M(tr['label'])} | {s_as_ms(tr['step_time_s'])} | "
+        out.append(f"| {M(tr['label'])} | {s_as_ms(tr['step_time_s'])} | {tune_vs_baseline(tr)} | "
                    + (f"{tr['speedup']:.2f}x" if tr["speedup"] else "-") + " | "
                    + (f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-") + f" | {pred} | {M(status)} |")
     best = doc["best"]
@@ -140,7 +141,8 @@ def tune(doc: dict) -> str:
         out += [f"**Best:** {M(changes_label(best['changes']))}: **{best['speedup']:.2f}x** (95% CI {best['ci95'][0]:.2f}-"
                 f"{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
     else:
-        out.append("**Best:** none of the trials was measurably faster than the baseline.")
+        first, *rest = tune_no_best(doc)
+        out += [f"**Best:** {first}", *(f"- {M(line)}" for line in rest)]
     if doc.get("skipped_for_budget"):
         out += ["", f"Skipped for lack of budget ({doc['budget_s']:.0f} s): " + M("; ".join(doc["skipped_for_budget"]))]
     return "\n".join(out) + "\n"

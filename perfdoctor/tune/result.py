@@ -106,7 +106,7 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import tune_predicted
+    from perfdoctor.report.labels import tune_no_best, tune_predicted, tune_vs_baseline
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -126,9 +126,7 @@ def render(doc: dict, console=None) -> None:
         if len(status) > STATUS_CHARS:          # the whole reason is in the JSON
             status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
-        # the baseline runs this row was compared with (before and after it on a noisy machine)
-        vs = "/".join(s_as_ms(x, "?").removesuffix(" ms") for x in tr.get("baseline_step_time_s") or []) or "-"
-        tab.add_row(text(tr["label"]), s_as_ms(tr["step_time_s"]), vs + (" ms" if vs != "-" else ""),
+        tab.add_row(text(tr["label"]), s_as_ms(tr["step_time_s"]), tune_vs_baseline(tr),
                     f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
                     f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
     con.print(tab)
@@ -136,21 +134,18 @@ def render(doc: dict, console=None) -> None:
         con.print(text(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
                        + " (raise --budget to run them)"))
     best = doc["best"]
-    measured = best or any(tr["speedup"] is not None for tr in doc["trials"])
     if best:
         runs = "two runs" if best.get("confirmed") else "one run (no budget left to confirm it)"
         con.print(text("best:", "bold") + text(f" {changes_label(best['changes'])}: {best['speedup']:.2f}x "
                   f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. "
                   "Apply:"))
-    unsure = [tr["label"] for tr in doc["trials"] if tr["status"] == "inconclusive"]
-    if not best:
-        con.print("[bold]best:[/bold] " + ("none of the trials was measurably faster than the baseline." if measured
-                                           else "nothing was measured: no trial could run (reasons above)."))
-        if unsure:          # not "keep the script as it is": these were not measured equal, only not told apart
-            con.print(text(f"    {len(unsure)} trial(s) inconclusive ({'; '.join(unsure)}): the runs varied too much "
-                           "to tell a gain from a loss; rerun on a quiet machine, or with a larger --budget"))
-    for line in doc["apply"].splitlines() if measured and (best or not unsure) else []:
-        con.print(text(f"    {line}"))
+        for line in doc["apply"].splitlines():
+            con.print(text(f"    {line}"))
+    else:
+        first, *rest = tune_no_best(doc)
+        con.print(text("best:", "bold") + text(f" {first}"))
+        for line in rest:
+            con.print(text(f"    {line}"))
     left = doc.get("untested") or []
     if left:
         con.print(text("not measured by tune (code changes; the baseline's report has them in full):", "dim"))
