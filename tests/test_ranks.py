@@ -64,6 +64,26 @@ def test_contention_when_the_slow_rank_waited_for_a_core():
     assert m["ranks.wait_cause"] == "straggler"
 
 
+def test_a_rank_busier_in_every_step_is_a_straggler_despite_one_long_step():
+    """Rank 0 evaluates every 10 steps (rank 0 only) and is busier in each of the 5 traced steps;
+    one of them holds the evaluation (829 ms of own work against rank 1's 6 ms). The spread of that
+    one step made the mean's standard error as large as the mean: 'uneven, the ranks take turns
+    being last', though rank 1 was never last. Recorded per-step (dur, wait) of such a run."""
+    r0 = RankInput(0, 86.3, 0.043, _steps([(21.9, 9.5), (23.2, 9.4), (15.3, 1.5), (35.8, 16.2), (832.4, 3.3)]))
+    r1 = RankInput(1, 86.3, 0.972, _steps([(14.8, 10.2), (29.7, 24.1), (14.2, 8.4), (30.3, 26.2), (837.1, 831.5)]))
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.slowest_rank"] == 0 and m["ranks.straggler_consistent"] is True
+    assert m["ranks.wait_cause"] == "straggler"
+    # busier in 4 steps of 4 (p 0.0625), or in 4 of 5 (p 0.19) with the same long step: not shown
+    m, _ = cross_rank([RankInput(0, 86.3, 0.043, dict(list(r0.steps.items())[1:])),
+                       RankInput(1, 86.3, 0.972, dict(list(r1.steps.items())[1:]))], 2)
+    assert m["ranks.straggler_consistent"] is False and m["ranks.wait_cause"] == "uneven"
+    r0.steps["1"] = (14.8, 10.2)
+    r1.steps["1"] = (21.9, 9.5)
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.straggler_consistent"] is False and m["ranks.wait_cause"] == "uneven"
+
+
 def test_network_when_all_ranks_wait_alike():
     r0 = RankInput(0, 10.0, 0.41, _steps([(10, 4.0), (10, 4.2), (10, 4.1), (10, 4.0)]))
     r1 = RankInput(1, 10.0, 0.40, _steps([(10, 4.1), (10, 3.9), (10, 4.2), (10, 4.0)]))

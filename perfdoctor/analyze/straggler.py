@@ -20,8 +20,11 @@ their ProfilerStep number (every rank counts the same steps; the profiled window
 
 A straggler is called only when it is consistently the slowest: over the paired steps its busy
 time exceeds the mean of the other ranks' by more than twice the standard error of that
-difference (a balanced job's ranks take turns being last, which averages out), with at least
-MIN_PAIRED steps. `wait_cause`: 'straggler' when that holds and the straggler wait is at least
+difference (a balanced job's ranks take turns being last, which averages out), or it is busier
+in so many of the steps that a sign test rejects turns at SIGN_P (one-sided; the 2-SE test at the
+default 5 steps is t=2 at 4 degrees of freedom, one-sided 5.8%): a rank whose evaluation every N
+steps makes one traced step 50x longer is busier in every step, yet that step's spread hides it from
+the mean's standard error. At least MIN_PAIRED steps either way. `wait_cause`: 'straggler' when that holds and the straggler wait is at least
 MATERIAL of the step and at least the network wait; 'network' when the network wait is at least
 MATERIAL and larger; 'none' when neither is material; None when the waits are unknown (no trace).
 MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the fix rules use.
@@ -47,6 +50,7 @@ from perfdoctor.analyze.ranks import step_time_spread
 
 MIN_PAIRED = 3
 MATERIAL = 0.05
+SIGN_P = 0.05               # the sign test's level: 5 of 5 steps (0.031) pass, 4 of 4 (0.0625) do not
 CONTENTION = 0.5             # share of the straggler's extra time spent queued for a CPU
 NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slowest_rank", "ranks.fastest_rank",
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
@@ -151,4 +155,14 @@ def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:
         return None, len(diffs)
     mean = fmean(diffs)
     se = stdev(diffs) / math.sqrt(len(diffs))
-    return bool(mean > 0 and mean > 2 * se), len(diffs)
+    return bool(mean > 0 and (mean > 2 * se or _sign_test(diffs) <= SIGN_P)), len(diffs)
+
+
+def _sign_test(diffs: list[float]) -> float:
+    """One-sided sign test: the chance that a rank no busier than the others would be the busier
+    one in at least as many of these steps (ties left out). It holds where the mean's standard
+    error does not: one long step (an evaluation or a checkpoint on that rank) dominates the
+    spread, while the rank is busier in every step."""
+    n = sum(1 for d in diffs if d != 0)
+    k = sum(1 for d in diffs if d > 0)
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n if n else 1.0
