@@ -148,6 +148,7 @@ def run(
     from perfdoctor.collect.launcher import RunConfig
     from perfdoctor.run_flow import Output, run_script
 
+    target, module = _torchrun_word(target, module)
     argv = _script_argv("run", target, module)
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
@@ -155,6 +156,16 @@ def run(
     report_to = Output(output, fmt.value, details, [str(d) for d in rules_dirs or []])
     dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
     raise typer.Exit(run_script(cfg, report_to, dist, nproc_per_node, list(baselines or []), strict))
+
+
+def _torchrun_word(target: Optional[list[str]], module: Optional[str]) -> tuple[Optional[list[str]], Optional[str]]:
+    """`perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console script, by
+    name or path, as a user prefixes a command line with a profiler) is `-m torch.distributed.run`:
+    the launcher is not a Python script of its own to watch."""
+    argv = list(target or [])
+    if module is None and argv and Path(argv[0]).name == "torchrun" and not Path(argv[0]).suffix:
+        return argv[1:], "torch.distributed.run"
+    return target, module
 
 
 def _script_argv(command: str, target: Optional[list[str]], module: Optional[str]) -> list[str]:

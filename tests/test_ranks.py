@@ -304,6 +304,44 @@ def test_run_of_torchrun_module_watches_every_rank(tmp_path):
     assert r.stdout.count("/2: 12 steps") == 2 and _merged(out)["ranks"]["count"] == 2
 
 
+def test_torchrun_as_the_first_word_is_torch_distributed_run():
+    from perfdoctor.cli import _torchrun_word
+    assert _torchrun_word(["torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"], None) == \
+        (["--nproc-per-node", "2", "t.py", "--lr", "1"], "torch.distributed.run")
+    assert _torchrun_word(["/venv/bin/torchrun", "t.py"], None) == (["t.py"], "torch.distributed.run")
+    assert _torchrun_word(["torchrun.py", "x"], None) == (["torchrun.py", "x"], None)   # a script of that name
+    assert _torchrun_word(["torchrun", "x"], "pkg") == (["torchrun", "x"], "pkg")
+
+
+TWO_RANKS = r"""
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for _ in range(6):
+    dist.all_reduce(t)
+print(f"rank {dist.get_rank()} sum {t[0].item():.0f}", flush=True)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)       # not the interpreter's teardown: gloo's sometimes aborts there (examples/ddp_gloo.py)
+"""
+
+
+@pytest.mark.slow
+def test_run_torchrun_command_line_starts_every_rank(tmp_path):
+    """`perfdoctor run torchrun --nproc-per-node 2 train.py`, a launcher's command line prefixed as
+    with any profiler, said "can't open file 'torchrun': no such file" (exit 2)."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS)
+    out = tmp_path / "run"
+    r = _prun("--no-trace", "--no-stacks", "torchrun", "--nproc-per-node", "2", "--standalone", script, out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # the ranks' bytes, passed through (two ranks' prints may interleave, under torchrun alone too)
+    assert sorted(r.stdout) == sorted("rank 0 sum 64\nrank 1 sum 64\n")
+    assert [k for k, _ in rank_dirs(out)] == [0, 1]
+    assert json.loads((out / "ranks.json").read_text())["dist"]["torchrun_options"] == \
+        ["--nproc-per-node", "2", "--standalone"]
+
+
 DDP_PLAIN = r"""
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
