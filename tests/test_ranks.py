@@ -153,6 +153,21 @@ def test_ranks_of_one_launch_agree_on_a_directory():
     assert job_key({"TORCHELASTIC_RUN_ID": "none"}) == f"torchrun-pid{os.getppid()}"   # the agent: every rank's parent
 
 
+def test_rank_directories_found_under_ranks_or_directly(tmp_path):
+    """`perfdoctor report RUN_DIR/ranks`, or a directory the nodes' rank-K/ were copied into, said
+    "no trace files (*.json, *.json.gz) in directory": the ranks are found there too."""
+    from perfdoctor.collect.ranks import is_multi_rank
+    for k in (0, 1, 3):
+        d = tmp_path / "run" / "ranks" / f"rank-{k}"
+        d.mkdir(parents=True)
+        (d / ("run.json" if k != 3 else "notes.txt")).write_text("{}")      # rank-3: no run in it
+    run = tmp_path / "run"
+    assert [k for k, _ in rank_dirs(run)] == [0, 1]
+    assert rank_dirs(run / "ranks") == [(0, run / "ranks" / "rank-0"), (1, run / "ranks" / "rank-1")]
+    assert is_multi_rank(run / "ranks") and not is_multi_rank(run / "ranks" / "rank-0")
+    assert rank_dirs(tmp_path / "nowhere") == []
+
+
 def test_torchrun_args():
     assert DistOptions("2").torchrun_args() == ["--nproc-per-node", "2", "--standalone"]
     multi = DistOptions("4", nnodes="2", node_rank=1, master_addr="10.0.0.1", master_port=29500).torchrun_args()
@@ -213,6 +228,10 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
     assert rep.returncode == 0, rep.stderr
     again = json.loads(rep.stdout)
     assert again["ranks"]["slowest_rank"] == 1 and again["verdict"]["rule"] == "PD115"
+    rep = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out / "ranks"), "-f", "json"],
+                         capture_output=True, text=True, timeout=120)      # its ranks/ alone: the same merge
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads(rep.stdout)["ranks"]["slowest_rank"] == 1
     # another node's ranks not copied in yet: merged from what is there, and the report says so
     shutil.rmtree(out / "ranks" / "rank-1")
     rep = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out), "-f", "json"],

@@ -84,8 +84,12 @@ def rank_dir(run_dir: Path, rank: int) -> Path:
 
 
 def rank_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(rank, directory) of the ranks present under run_dir, by rank."""
+    """(rank, directory) of the ranks present under run_dir/ranks, by rank; or directly under
+    run_dir when it has no ranks/ (`RUN_DIR/ranks` itself, or the nodes' rank-K/ copied into one
+    directory)."""
     base = Path(run_dir) / "ranks"
+    if not base.is_dir():
+        base = Path(run_dir)
     try:
         names = os.listdir(base)
     except OSError:
