@@ -99,6 +99,34 @@ def test_ranks_taking_turns_are_no_straggler():
     m, _ = cross_rank([r0, r1], 2)
     assert m["ranks.straggler_consistent"] is False
     assert m["ranks.wait_cause"] == "uneven"
+    # each rank is last in 3 of the 6 steps, holding half the 5.5 ms waits
+    assert m["ranks.slowest_last_wait_share"] == pytest.approx(0.5) and m["ranks.slowest_last_steps"] == 3
+
+
+def test_a_rank_the_others_wait_for_in_its_long_step_only_is_named():
+    """Rank 0 evaluates in one of 5 traced steps and is otherwise even with rank 1: no straggler step
+    after step (rightly uneven), but the line said 'the ranks take turns being last' while 99% of
+    the wait for a slower rank was for rank 0."""
+    import io
+
+    from perfdoctor.report.ranks_view import render_ranks
+    from perfdoctor.report.sanitize import console
+
+    r0 = RankInput(0, 60.0, 0.05, _steps([(20, 3.0), (20, 2.0), (20, 2.5), (820, 2.0), (20, 2.0)]))
+    r1 = RankInput(1, 60.0, 0.9, _steps([(20, 2.0), (20, 3.0), (20, 2.0), (820, 802.0), (20, 2.5)]))
+    m, rows = cross_rank([r0, r1], 2)
+    assert m["ranks.wait_cause"] == "uneven" and m["ranks.slowest_rank"] == 0
+    assert m["ranks.slowest_last_wait_share"] == pytest.approx(801.5 / 803.0) and m["ranks.slowest_last_steps"] == 3
+    row = {"host": "vm", "exit_code": 0, "data_wait_share": 0.0, "verdict": "device", "steps": 40}
+    sec = {"count": 2, "world_size": 2, "slowest_rank": 0, "metrics": m,
+           "per_rank": [dict(row, rank=r.rank, step_time_ms=r.step_ms, busy_ms=r.busy_ms, collective_wait_ms=r.wait_ms,
+                             collective_wait_share=r.wait_share, straggler_wait_ms=r.straggler_wait_ms) for r in rows]}
+    c = console(file=io.StringIO(), width=300)
+    render_ranks(c, sec)
+    out = c.file.getvalue()
+    assert "take turns" not in out
+    assert ("uneven: no rank is slower step after step (uneven work or a noisy machine); of the wait for slower "
+            "ranks, 100% was for rank 0, the busiest in 3 of 5 paired steps") in out
 
 
 def test_a_straggler_job_is_bound_by_what_bounds_the_slow_rank():

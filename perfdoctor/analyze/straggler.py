@@ -55,7 +55,8 @@ CONTENTION = 0.5             # share of the straggler's extra time spent queued 
 NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slowest_rank", "ranks.fastest_rank",
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
          "ranks.straggler_wait_share", "ranks.straggler_wait_share_max", "ranks.straggler_consistent",
-         "ranks.paired_steps", "ranks.slowest_runq_excess", "ranks.wait_cause")
+         "ranks.paired_steps", "ranks.slowest_last_wait_share", "ranks.slowest_last_steps", "ranks.slowest_runq_excess",
+         "ranks.wait_cause")
 
 
 @dataclass
@@ -108,6 +109,7 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     out["ranks.straggler_wait_share_max"] = max(skew)
     consistent, paired = _consistent(ranks, slow.rank)
     out["ranks.straggler_consistent"], out["ranks.paired_steps"] = consistent, paired
+    out["ranks.slowest_last_wait_share"], out["ranks.slowest_last_steps"] = _last_share(ranks, slow.rank)
     st, nw = out["ranks.straggler_wait_share"], net
     contention = _contention(ranks, slow.rank)
     out["ranks.slowest_runq_excess"] = contention
@@ -141,6 +143,28 @@ def _contention(ranks: list[RankInput], slow: int) -> float | None:
     if cpu_o > 0:
         expected = by[slow].cpu_ms * expected / cpu_o        # the others' queueing rate, on its CPU time
     return max(0.0, by[slow].runq_ms - expected) / extra
+
+
+def _last_share(ranks: list[RankInput], slow: int) -> tuple[float | None, int | None]:
+    """Of the time the ranks waited for a slower rank over the paired steps (per step: each rank's
+    own work short of the busiest rank's), the share spent in steps where `slow` was the busiest,
+    and in how many steps it was. Ranks that take turns share the wait; a rank with a long step of
+    its own every N steps (an evaluation, a checkpoint on rank 0) holds nearly all of it, though it
+    is not busier step after step. (None, None) without paired steps or without any such wait."""
+    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
+    total = mine = 0.0
+    last = 0
+    for lab in labels:
+        busy = {r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks}
+        top = max(busy, key=busy.get)
+        waited = sum(busy[top] - b for b in busy.values())
+        total += waited
+        if top == slow:
+            mine += waited
+            last += 1
+    if not labels or total <= 0:
+        return None, None
+    return mine / total, last
 
 
 def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:

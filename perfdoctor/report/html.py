@@ -12,7 +12,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, from_other_traces, rank_bound, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, uneven_detail, abnormal_end, bound_title, breakdown_rows, cause_text, from_other_traces, rank_bound, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
@@ -192,7 +192,8 @@ def _ranks(doc: dict) -> str:
                    "<th class=\"num\">for slower</th><th class=\"num\">data wait</th>"
                    f"<th>own work / wait</th><th>verdict</th><th class=\"num\">exit</th></tr>{''.join(rows)}</table>"
                    + (f"<p class=\"dim\">the wait is {H(WAIT_CAUSE.get(cause, cause))}"
-                      + (f" (*): rank {H(sec.get('slowest_rank'))}" if cause == "straggler" else "") + "</p>"
+                      + (f" (*): rank {H(sec.get('slowest_rank'))}" if cause == "straggler" else "")
+                      + H(uneven_detail(sec.get("metrics") or {})) + "</p>"
                       if cause else "") + "</section>")
     return "".join(out)
 

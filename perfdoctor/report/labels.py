@@ -22,8 +22,7 @@ WAIT_CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest on
                          "bucket sizes)",
               "contention": "CPU contention: the slowest rank waited in the run queue for a core (an oversubscribed host), "
                             "not more work",
-              "uneven": "uneven: the ranks take turns being last (no rank is consistently slower): uneven work or a noisy "
-                        "machine",
+              "uneven": "uneven: no rank is slower step after step (uneven work or a noisy machine)",
               "none": "no material wait (under 5% of the step on every rank)"}
 
 
@@ -175,3 +174,15 @@ def tune_no_best(doc: dict) -> list[str]:
     elif measured:
         out += doc["apply"].splitlines()
     return out
+
+
+def uneven_detail(m: dict) -> str:
+    """After an 'uneven' wait cause: whom the ranks waited for ('; of the wait for slower ranks,
+    99% was for rank 0, the busiest in 5 of 5 paired steps'), so a rank the others wait for in its
+    long steps only (an evaluation every N steps) is named, and turns read as turns."""
+    share, last, paired = (m.get(k) for k in ("ranks.slowest_last_wait_share", "ranks.slowest_last_steps",
+                                              "ranks.paired_steps"))
+    if m.get("ranks.wait_cause") != "uneven" or share is None or not paired:
+        return ""
+    return (f"; of the wait for slower ranks, {share:.0%} was for rank {m.get('ranks.slowest_rank')}, "
+            f"the busiest in {last} of {paired} paired steps")

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.analyze.straggler import MATERIAL
-from perfdoctor.report.labels import WAIT_CAUSE, rank_bound
+from perfdoctor.report.labels import WAIT_CAUSE, rank_bound, uneven_detail
 from perfdoctor.report.sanitize import terminal as T, text
 
 
@@ -63,6 +63,7 @@ def render_ranks(c: Console, sec: dict) -> None:
         # the transfer is the larger part, not all of it: a rank waits that much more than the others
         line += (f"; the waits differ by up to {_pct(m['ranks.straggler_wait_share_max'])} of the step: rank "
                  f"{m['ranks.slowest_rank']} is also slower than the others")
+    line += uneven_detail(m)
     c.print(text(line))
     c.print(Text(f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
                  f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
