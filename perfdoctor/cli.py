@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
+import shutil
 import sys
 from enum import Enum
 from pathlib import Path
@@ -148,7 +150,7 @@ def run(
     from perfdoctor.collect.launcher import RunConfig
     from perfdoctor.run_flow import Output, run_script
 
-    target, module = _torchrun_word(target, module)
+    target, module = _launcher_words(target, module)
     argv = _script_argv("run", target, module)
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
@@ -158,12 +160,29 @@ def run(
     raise typer.Exit(run_script(cfg, report_to, dist, nproc_per_node, list(baselines or []), strict))
 
 
-def _torchrun_word(target: Optional[list[str]], module: Optional[str]) -> tuple[Optional[list[str]], Optional[str]]:
-    """`perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console script, by
-    name or path, as a user prefixes a command line with a profiler) is `-m torch.distributed.run`:
-    the launcher is not a Python script of its own to watch."""
+PYTHON_WORD = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def _launcher_words(target: Optional[list[str]], module: Optional[str],
+                    torchrun: bool = True) -> tuple[Optional[list[str]], Optional[str]]:
+    """A command line as the user would type it without perfdoctor: `perfdoctor run python train.py
+    ARGS` (or `python -m pkg.train`: typer takes `-m` as perfdoctor's own) runs the script as
+    `perfdoctor run train.py ARGS` does, with perfdoctor's interpreter (a note says so when the named
+    one is another); `perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console
+    script, by name or path) is `-m torch.distributed.run`: the launcher is not a Python script of
+    its own to watch."""
     argv = list(target or [])
-    if module is None and argv and Path(argv[0]).name == "torchrun" and not Path(argv[0]).suffix:
+    name = Path(argv[0]).name if argv else ""
+    if PYTHON_WORD.fullmatch(name):
+        named = shutil.which(argv[0])
+        if named and Path(named).resolve() != Path(sys.executable).resolve():
+            print(f"perfdoctor: note: the script runs with perfdoctor's Python, {sys.executable} (not {named})",
+                  file=sys.stderr)
+        argv = argv[1:]
+        if module is None and argv[:1] == ["-m"] and len(argv) > 1:
+            return argv[2:], argv[1]
+        return argv, module
+    if torchrun and module is None and name == "torchrun":
         return argv[1:], "torch.distributed.run"
     return target, module
 
@@ -240,6 +259,7 @@ def tune(
     from perfdoctor.tune.result import build, render
     from perfdoctor.tune.session import TuneOptions, Tuner
 
+    target, module = _launcher_words(target, module, torchrun=False)
     argv = _script_argv("tune", target, module)
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,

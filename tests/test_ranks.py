@@ -351,13 +351,24 @@ def test_run_of_torchrun_module_watches_every_rank(tmp_path):
     assert r.stdout.count("/2: 12 steps") == 2 and _merged(out)["ranks"]["count"] == 2
 
 
-def test_torchrun_as_the_first_word_is_torch_distributed_run():
-    from perfdoctor.cli import _torchrun_word
-    assert _torchrun_word(["torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"], None) == \
+def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names_it(capsys):
+    """A command line typed as it runs without perfdoctor: `torchrun ...` is -m torch.distributed.run,
+    `python train.py` and `python -m pkg` drop the interpreter (typer takes `-m` itself when it
+    follows a word: the module is then given, the words after it stay the script's)."""
+    from perfdoctor.cli import _launcher_words as words
+    assert words(["torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"], None) == \
         (["--nproc-per-node", "2", "t.py", "--lr", "1"], "torch.distributed.run")
-    assert _torchrun_word(["/venv/bin/torchrun", "t.py"], None) == (["t.py"], "torch.distributed.run")
-    assert _torchrun_word(["torchrun.py", "x"], None) == (["torchrun.py", "x"], None)   # a script of that name
-    assert _torchrun_word(["torchrun", "x"], "pkg") == (["torchrun", "x"], "pkg")
+    assert words(["/venv/bin/torchrun", "t.py"], None) == (["t.py"], "torch.distributed.run")
+    assert words(["torchrun.py", "x"], None) == (["torchrun.py", "x"], None)   # a script of that name
+    assert words(["torchrun", "x"], "pkg") == (["torchrun", "x"], "pkg")
+    assert words(["torchrun", "t.py"], None, torchrun=False) == (["torchrun", "t.py"], None)      # tune
+    assert words(["python", "t.py", "--lr", "1"], None) == (["t.py", "--lr", "1"], None)
+    assert words(["python3.11", "-m", "pkg.train", "-x"], None) == (["-x"], "pkg.train")
+    assert words(["python", "--lr", "1"], "pkg.train") == (["--lr", "1"], "pkg.train")
+    assert words(["python.py", "a"], None) == (["python.py", "a"], None)       # a script of that name
+    capsys.readouterr()
+    assert words([sys.executable, "t.py"], None) == (["t.py"], None)
+    assert capsys.readouterr().err == ""            # this interpreter: nothing to say
 
 
 TWO_RANKS = r"""
