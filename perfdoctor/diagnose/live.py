@@ -141,6 +141,9 @@ def _extra_batches_note(steady: list[dict]) -> list[str]:
 
 DRIFT = 2.0          # the last third's median step this many times the first third's (or 1/this)
 QUEUE_SHIFT = 0.2    # run-queue share of the steps, first third against last: a change of load
+CONTENDED = 0.1      # run-queue share in both thirds from which the thread's own time says nothing
+                     # of the work (PD214's threshold): intra-op threads spin, on the CPU clock,
+                     # while they wait for a sibling the scheduler parked
 
 
 def _drift_note(steady: list[dict]) -> list[str]:
@@ -174,6 +177,15 @@ def _drift_note(steady: list[dict]) -> list[str]:
                     f"third against {queued[1]:.0%} of the last: other work on the machine came or went, and "
                     "torch's threads wait for any the scheduler parks, so the drift can be that rather than the "
                     "script's work. Rerun on a quiet machine before reading the step time"]
+        if min(queued) >= CONTENDED:
+            # queued alike in both thirds, yet the own time moved: the spin of torch's threads for a
+            # parked sibling counts as CPU time, so the load can move it as well as the work can
+            # (pytorch/examples vae, fixed work a step: 1.2 s -> 0.23 s at 65% queued throughout)
+            return [f"{head}, and the training thread waited in the run queue for a CPU {queued[0]:.0%} of the first "
+                    f"third and {queued[1]:.0%} of the last. On a machine this busy the time it ran is no measure "
+                    "of the work either (torch's threads spin on the CPU while they wait for one the scheduler "
+                    f"parked): the steps may do {'more' if last > first else 'less'} work as the run goes on, or "
+                    "the other work on the machine changed. Rerun on a quiet machine before reading the step time"]
     why = ("episodes or sequences that grow, a curriculum" if last > first
            else "episodes that get shorter, work that stops part-way through, caches that fill")
     return [f"{head}. The steps do {'more' if last > first else 'less'} work as the run goes on ({why}), so the "
