@@ -191,6 +191,7 @@ def _script_argv(command: str, target: Optional[list[str]], module: Optional[str
     """The script (or -m module) and its arguments, as `run` and `tune` take them."""
     argv = list(target or [])
     if module:
+        _own_options_after_script(command, [module, *argv])
         return [module, *argv]
     if not argv:
         raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "
@@ -199,7 +200,28 @@ def _script_argv(command: str, target: Optional[list[str]], module: Optional[str
         raise PerfdoctorError(_unknown_option(command, argv[0]))
     if not Path(argv[0]).is_file():
         raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    _own_options_after_script(command, argv)
     return argv
+
+
+def _own_options_after_script(command: str, argv: list[str]) -> None:
+    """A note when the script's arguments hold one of perfdoctor's own options: as with `python`,
+    everything after the script is the script's (`perfdoctor tune train.py --budget 120` tuned
+    with the default 300 s budget, and a script without argparse ignored the 120 silently). A note,
+    not an error: the script may have an option of that name."""
+    names = set(_option_names(command))
+    mine = [a for a in argv[1:] if a.split("=", 1)[0] in names]
+    if mine:
+        print(f"perfdoctor: note: {', '.join(_safe(a) for a in mine)} after {_safe(argv[0])} is passed to the "
+              f"script, as with python (everything after the script is its own); if meant for perfdoctor, put "
+              f"it before the script: perfdoctor {command} [OPTIONS] {_safe(argv[0])} [ARGS]", file=sys.stderr)
+
+
+def _option_names(command: str) -> list[str]:
+    """The long options of a typer command (its parameters' defaults hold their declarations)."""
+    fn = globals()[command]
+    return [n for p in inspect.signature(fn).parameters.values()
+            for n in getattr(p.default, "param_decls", None) or () if n.startswith("--")]
 
 
 # what other profilers and trainers call perfdoctor's options (spelling alone does not find them)
@@ -215,9 +237,7 @@ def _unknown_option(command: str, given: str) -> str:
     lands where the script goes (typer passes unknown options on, as they may be the script's)."""
     import difflib
 
-    fn = globals()[command]             # the typer command: its options are its parameters' defaults
-    names = [n for p in inspect.signature(fn).parameters.values()
-             for n in getattr(p.default, "param_decls", None) or () if n.startswith("--")]
+    names = _option_names(command)
     flag = given.split("=", 1)[0]
     near = ([OTHER_NAMES[flag]] if OTHER_NAMES.get(flag) in names else
             # compared without the dashes, which every name shares: '--bogus' is not near '--out'

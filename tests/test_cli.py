@@ -366,3 +366,23 @@ def test_the_run_report_starts_on_a_line_of_its_own_in_a_terminal(monkeypatch):
     fresh_line(tty)
     fresh_line(pipe)
     assert tty.getvalue() == " " * 79 + "\r" and pipe.getvalue() == ""
+
+
+@pytest.mark.parametrize("cmd,args,told", [("tune", ["--budget", "120"], "--budget"),
+                                           ("run", ["--max-steps=3", "--lr", "1"], "--max-steps=3"),
+                                           ("run", ["--lr", "1"], None)])
+def test_an_own_option_after_the_script_is_told_it_goes_to_the_script(tmp_path, capsys, cmd, args, told):
+    """`perfdoctor tune train.py --budget 120` (as a new user wrote it) passed --budget to the script,
+    which ignored it, and tuned with the default 300 s budget without a word: a note says where it went
+    and where perfdoctor's options go; the script's own options get none."""
+    from perfdoctor import cli
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert cli._script_argv(cmd, [str(script), *args], None) == [str(script), *args]
+    err = capsys.readouterr().err
+    if told is None:
+        assert err == ""
+    else:
+        assert err.startswith(f"perfdoctor: note: {told} after {script} is passed to the script")
+        assert f"put it before the script: perfdoctor {cmd} [OPTIONS] {script} [ARGS]" in err
