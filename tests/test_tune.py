@@ -1046,3 +1046,37 @@ def test_acceptance_cpu_bound_loader(tmp_path):
             said = " ".join(r.stderr.split())                       # rich wraps the line
             assert "one run (no budget left to confirm it)" in said, r.stderr
             assert "one run, not confirmed" in by[f"num_workers={w}"]["reason"], best
+
+
+def test_a_confirmed_trials_row_shows_both_runs_step_times_and_baselines(monkeypatch, tmp_path):
+    """regression.py (pytorch/examples) on a busy VM: threads=1's row read 0.378 ms against
+    0.555/0.526 ms beside a speed-up of 1.16x, which pooled a second run (0.485 ms against a
+    baseline run of 0.459 ms) that the cells did not show. A confirmed row shows both runs."""
+    from types import SimpleNamespace
+
+    from perfdoctor.report.labels import tune_step_times
+    from perfdoctor.tune import result as R, session as S
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.baselines = [SimpleNamespace(run_dir=tmp_path / "baseline", ok=True, step_s=0.1)]
+    first = SimpleNamespace(ok=True, step_s=0.08, run_dir=tmp_path / "01-threads=1", error=None)
+    a = S.Outcome(plan.Trial({"threads": 1}, "threads"), "faster", ratio=1.25, ci95=(1.2, 1.3), run=first,
+                  bases=t.baselines[:1])
+    t.outcomes = [a]
+    monkeypatch.setattr(S, "speedup", lambda bases, m: (bases[-1].step_s / m.step_s, (1.15, 1.35)))
+
+    def fake_launch(self, d, ch, **k):
+        d.mkdir(parents=True)
+        return SimpleNamespace(ok=True, step_s=0.09 if d.name.startswith("baseline") else 0.072, run_dir=d,
+                               error=None)
+    monkeypatch.setattr(S.Tuner, "_launch", fake_launch)
+    t._confirm(a)
+    tr = R._trial_doc(a)
+    assert tr["confirm"]["step_time_s"] == 0.072 and tr["confirm"]["baseline_step_time_s"] == 0.09
+    assert tune_step_times(tr) == ("80.0/72.0 ms", "100.0/90.0 ms")
+    # a trial run once keeps its one step time and its own baselines
+    once = {**tr, "confirm": None}
+    assert tune_step_times(once) == ("80.0 ms", "100.0 ms")
+    from perfdoctor.report import markdown
+    doc = {"command": "train.py", "noise": "", "trials": [tr], "best": None, "skipped_for_budget": [],
+           "untested": [], "baseline": {"step_time_s": 0.1, "ci95": [0.09, 0.11], "steps": 30, "verdict": "cpu"}}
+    assert "| threads=1 | 80.0/72.0 ms | " in markdown.tune(doc)

@@ -13,7 +13,7 @@ import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces,
                                      role_labels, shown_trace, tune_no_best, tune_predicted,
-                                     tune_vs_baseline)
+                                     tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import left_out_text, ms
@@ -131,7 +131,8 @@ def tune(doc: dict) -> str:
         ci = tr["ci95"]
         pred = M(tune_predicted(tr))
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
-        out.append(f"| {M(tr['label'])} | {s_as_ms(tr['step_time_s'])} | {tune_vs_baseline(tr)} | "
+        step, vs = tune_step_times(tr)
+        out.append(f"| {M(tr['label'])} | {step} | {vs} | "
                    + (f"{tr['speedup']:.2f}x" if tr["speedup"] else "-") + " | "
                    + (f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-") + f" | {pred} | {M(status)} |")
     best = doc["best"]

@@ -37,7 +37,9 @@ def _trial_doc(o: Outcome) -> dict:
             "baseline_dirs": [str(b.run_dir) for b in o.bases],
             "baseline_step_time_s": [_t(b.step_s) for b in o.bases], "loss": o.loss,
             "confirm": ({"dir": o.confirm["dir"], "speedup": _r(o.confirm["speedup"], 4),
-                         "ci95": [_r(x, 4) for x in o.confirm["ci95"]] if o.confirm["ci95"] else None}
+                         "ci95": [_r(x, 4) for x in o.confirm["ci95"]] if o.confirm["ci95"] else None,
+                         "step_time_s": _t(o.confirm.get("step_time_s")),
+                         "baseline_step_time_s": _t(o.confirm.get("baseline_step_time_s"))}
                         if o.confirm else None)}
 
 
@@ -106,7 +108,7 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import tune_no_best, tune_predicted, tune_vs_baseline
+    from perfdoctor.report.labels import tune_no_best, tune_predicted, tune_step_times
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -126,7 +128,8 @@ def render(doc: dict, console=None) -> None:
         if len(status) > STATUS_CHARS:          # the whole reason is in the JSON
             status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
-        tab.add_row(text(tr["label"]), s_as_ms(tr["step_time_s"]), tune_vs_baseline(tr),
+        step, vs = tune_step_times(tr)
+        tab.add_row(text(tr["label"]), step, vs,
                     f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
                     f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
     con.print(tab)

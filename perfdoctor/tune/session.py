@@ -302,7 +302,8 @@ class Tuner:
         else:
             r2, ci2 = speedup([before], m)
             lo2, hi2 = with_run_spread(r2, ci2, self.spread)
-            best.confirm = {"dir": str(m.run_dir), "speedup": r2, "ci95": (lo2, hi2)}
+            best.confirm = {"dir": str(m.run_dir), "speedup": r2, "ci95": (lo2, hi2), "step_time_s": m.step_s,
+                            "baseline_step_time_s": before.step_s}
             best.ratio, best.ci95, consistent = two_runs(best.ratio, best.ci95, r2, (lo2, hi2))
             second = f"{r2:.2f}x [{lo2:.2f}, {hi2:.2f}]"
             both = f"both runs: {best.ratio:.2f}x [{best.ci95[0]:.2f}, {best.ci95[1]:.2f}]"
