@@ -217,3 +217,19 @@ def test_an_inconclusive_verdict_names_no_secondary_cause():
     conf, _, secondary = confidence("inconclusive", {"share.host": 0.9, "share.device": 0.1})
     assert conf == 0.0 and secondary == []
     assert confidence("device", {"share.host": 0.2, "share.device": 0.8})[2] == ["host"]
+
+
+def test_traced_steps_far_shorter_than_the_steady_ones_are_not_firm():
+    """A tiny GPT-2 on a busy 2-core VM: the traced steps took 432 ms, the steady ones 2232 ms (the
+    same work a step). The profiler only adds time, so the trace saw another state of the run: the
+    header showed both numbers without a word, and the verdict stayed as firm as it was."""
+    m = {"share.device": 0.95, "share.input": 0.0, "share.host": 0.05, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
+         "steps.time_mean_ms": 427.5, "steps.time_median_ms": 432.3, "run.step_time_ms": 2034.0,
+         "run.step_time_median_ms": 2232.0, "run.trace_inflation": 1.0}
+    conf, notes, _ = confidence("device", m)
+    assert conf == 0.5
+    [note] = [n for n in notes if "the traced steps took" in n]
+    assert note.startswith("the traced steps took 432.3 ms (median) and the steady ones 2232 ms, 5.2x as long")
+    # a steady step 1.5x the traced one (a quieter moment, noise) keeps the verdict firm
+    assert confidence("device", {**m, "run.step_time_median_ms": 650.0})[0] == 1.0

@@ -10,7 +10,8 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   profiler made the traced steps twice as long as the steady ones or more, 0.5 when other
   processes took half a core or more while the trainer queued for a CPU a quarter of its time,
   0.5 when long steps every N steps hold a tenth of the time or more and the trace holds none of
-  them, and 0.4 when most of the step is untraced.
+  them, 0.5 when the steady steps' median is twice the traced one or more (the profiler only adds
+  time: the trace saw another state of the run), and 0.4 when most of the step is untraced.
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
@@ -112,6 +113,17 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
             notes.append(f"the profiler made the traced steps {inflation:.1f}x as long as the steady ones {times}: "
                          "most of a traced step is the profiler's own cost per op, so its milliseconds and shares "
                          "are not the un-profiled step's (they lean towards host time)")
+    if all(isinstance(x, (int, float)) and x > 0 for x in (med_t, med_s)) and med_s >= PROFILED_MUCH_SLOWER * med_t:
+        # the profiler only adds time: traced steps far shorter than the steady ones ran in another
+        # state of the run (a tiny GPT-2 on a busy 2-core VM: 432 ms traced, 2232 ms steady, the
+        # same work a step, the machine's load flipping between two paces)
+        conf = min(conf, 0.5)
+        from perfdoctor.stats.steptime import ms
+        notes.append(f"the traced steps took {ms(med_t)} ms (median) and the steady ones {ms(med_s)} ms, "
+                     f"{med_s / med_t:.1f}x as long, though the profiler only adds time: the trace caught the run "
+                     "in another state (other work on the machine came or went, or the steps' work changed), so "
+                     "its breakdown and shares may not describe most of the run; rerun, on a quiet machine if "
+                     "it is shared")
     # another job took cores and the training thread queued for them: the shares describe this
     # run on a shared machine, not the job alone (its own threads queueing it are the job's)
     other, runq = m.get("system.other_cores"), m.get("run.runq_share")
