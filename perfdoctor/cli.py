@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
-import shutil
 import sys
 from enum import Enum
 from pathlib import Path
@@ -150,101 +148,15 @@ def run(
     from perfdoctor.collect.launcher import RunConfig
     from perfdoctor.run_flow import Output, run_script
 
-    target, module = _launcher_words(target, module)
-    argv = _script_argv("run", target, module)
+    from perfdoctor.script_argv import launcher_words, script_argv
+    target, module = launcher_words(target, module)
+    argv = script_argv("run", run, target, module)
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)
     report_to = Output(output, fmt.value, details, [str(d) for d in rules_dirs or []])
     dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
     raise typer.Exit(run_script(cfg, report_to, dist, nproc_per_node, list(baselines or []), strict))
-
-
-PYTHON_WORD = re.compile(r"python(\d+(\.\d+)?)?")
-
-
-def _launcher_words(target: Optional[list[str]], module: Optional[str],
-                    torchrun: bool = True) -> tuple[Optional[list[str]], Optional[str]]:
-    """A command line as the user would type it without perfdoctor: `perfdoctor run python train.py
-    ARGS` (or `python -m pkg.train`: typer takes `-m` as perfdoctor's own) runs the script as
-    `perfdoctor run train.py ARGS` does, with perfdoctor's interpreter (a note says so when the named
-    one is another); `perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console
-    script, by name or path) is `-m torch.distributed.run`: the launcher is not a Python script of
-    its own to watch."""
-    argv = list(target or [])
-    name = Path(argv[0]).name if argv else ""
-    if PYTHON_WORD.fullmatch(name):
-        named = shutil.which(argv[0])
-        if named and Path(named).resolve() != Path(sys.executable).resolve():
-            print(f"perfdoctor: note: the script runs with perfdoctor's Python, {sys.executable} (not {named})",
-                  file=sys.stderr)
-        argv = argv[1:]
-        if module is None and argv[:1] == ["-m"] and len(argv) > 1:
-            return argv[2:], argv[1]
-        return argv, module
-    if torchrun and module is None and name == "torchrun":
-        return argv[1:], "torch.distributed.run"
-    return target, module
-
-
-def _script_argv(command: str, target: Optional[list[str]], module: Optional[str]) -> list[str]:
-    """The script (or -m module) and its arguments, as `run` and `tune` take them."""
-    argv = list(target or [])
-    if module:
-        _own_options_after_script(command, [module, *argv])
-        return [module, *argv]
-    if not argv:
-        raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "
-                              f"(perfdoctor {command} -m pkg.train)")
-    if argv[0].startswith("-") and not Path(argv[0]).is_file():
-        raise PerfdoctorError(_unknown_option(command, argv[0]))
-    if not Path(argv[0]).is_file():
-        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
-    _own_options_after_script(command, argv)
-    return argv
-
-
-def _own_options_after_script(command: str, argv: list[str]) -> None:
-    """A note when the script's arguments hold one of perfdoctor's own options: as with `python`,
-    everything after the script is the script's (`perfdoctor tune train.py --budget 120` tuned
-    with the default 300 s budget, and a script without argparse ignored the 120 silently). A note,
-    not an error: the script may have an option of that name."""
-    names = set(_option_names(command))
-    mine = [a for a in argv[1:] if a.split("=", 1)[0] in names]
-    if mine:
-        print(f"perfdoctor: note: {', '.join(_safe(a) for a in mine)} after {_safe(argv[0])} is passed to the "
-              f"script, as with python (everything after the script is its own); if meant for perfdoctor, put "
-              f"it before the script: perfdoctor {command} [OPTIONS] {_safe(argv[0])} [ARGS]", file=sys.stderr)
-
-
-def _option_names(command: str) -> list[str]:
-    """The long options of a typer command (its parameters' defaults hold their declarations)."""
-    fn = globals()[command]
-    return [n for p in inspect.signature(fn).parameters.values()
-            for n in getattr(p.default, "param_decls", None) or () if n.startswith("--")]
-
-
-# what other profilers and trainers call perfdoctor's options (spelling alone does not find them)
-OTHER_NAMES = {"--run-dir": "--out", "--output-dir": "--out", "--outdir": "--out", "--out-dir": "--out",
-               "--logdir": "--out", "--log-dir": "--out", "--warmup": "--skip-steps", "--warmup-steps": "--skip-steps",
-               "--wait": "--skip-steps", "--active": "--trace-steps", "--time": "--duration",
-               "--timeout": "--duration", "--seconds": "--duration", "--profile-memory": "--memory",
-               "--json": "--format", "--html": "--format"}
-
-
-def _unknown_option(command: str, given: str) -> str:
-    """'no such option: --steps (did you mean --max-steps?) ...': an option perfdoctor does not know
-    lands where the script goes (typer passes unknown options on, as they may be the script's)."""
-    import difflib
-
-    names = _option_names(command)
-    flag = given.split("=", 1)[0]
-    near = ([OTHER_NAMES[flag]] if OTHER_NAMES.get(flag) in names else
-            # compared without the dashes, which every name shares: '--bogus' is not near '--out'
-            ["--" + n for n in difflib.get_close_matches(flag.lstrip("-"), [n[2:] for n in names], n=1, cutoff=0.6)]
-            or [n for n in names if flag[2:] and flag[2:] in n][:1])
-    hint = f" (did you mean {near[0]}?)" if near else ""
-    return f"no such option: {flag}{hint}; `perfdoctor {command} --help` lists them"
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
@@ -279,8 +191,9 @@ def tune(
     from perfdoctor.tune.result import build, render
     from perfdoctor.tune.session import TuneOptions, Tuner
 
-    target, module = _launcher_words(target, module, torchrun=False)
-    argv = _script_argv("tune", target, module)
+    from perfdoctor.script_argv import launcher_words, script_argv
+    target, module = launcher_words(target, module, torchrun=False)
+    argv = script_argv("tune", tune, target, module)
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []]))

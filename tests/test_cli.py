@@ -376,10 +376,11 @@ def test_an_own_option_after_the_script_is_told_it_goes_to_the_script(tmp_path, 
     which ignored it, and tuned with the default 300 s budget without a word: a note says where it went
     and where perfdoctor's options go; the script's own options get none."""
     from perfdoctor import cli
+    from perfdoctor.script_argv import script_argv
 
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    assert cli._script_argv(cmd, [str(script), *args], None) == [str(script), *args]
+    assert script_argv(cmd, getattr(cli, cmd), [str(script), *args], None) == [str(script), *args]
     err = capsys.readouterr().err
     if told is None:
         assert err == ""

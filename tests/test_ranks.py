@@ -353,9 +353,8 @@ def test_run_of_torchrun_module_watches_every_rank(tmp_path):
 
 def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names_it(capsys):
     """A command line typed as it runs without perfdoctor: `torchrun ...` is -m torch.distributed.run,
-    `python train.py` and `python -m pkg` drop the interpreter (typer takes `-m` itself when it
-    follows a word: the module is then given, the words after it stay the script's)."""
-    from perfdoctor.cli import _launcher_words as words
+    `python train.py` and `python -m pkg` drop the interpreter."""
+    from perfdoctor.script_argv import launcher_words as words
     assert words(["torchrun", "--nproc-per-node", "2", "t.py", "--lr", "1"], None) == \
         (["--nproc-per-node", "2", "t.py", "--lr", "1"], "torch.distributed.run")
     assert words(["/venv/bin/torchrun", "t.py"], None) == (["t.py"], "torch.distributed.run")
@@ -364,7 +363,7 @@ def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names
     assert words(["torchrun", "t.py"], None, torchrun=False) == (["torchrun", "t.py"], None)      # tune
     assert words(["python", "t.py", "--lr", "1"], None) == (["t.py", "--lr", "1"], None)
     assert words(["python3.11", "-m", "pkg.train", "-x"], None) == (["-x"], "pkg.train")
-    assert words(["python", "--lr", "1"], "pkg.train") == (["--lr", "1"], "pkg.train")
+    assert words(["python", "x"], "pkg") == (["python", "x"], "pkg")          # the module's own argument
     assert words(["python.py", "a"], None) == (["python.py", "a"], None)       # a script of that name
     capsys.readouterr()
     assert words([sys.executable, "t.py"], None) == (["t.py"], None)

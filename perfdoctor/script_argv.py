@@ -1,0 +1,101 @@
+"""The script's command line as `run` and `tune` take it: the script (or -m module) and its
+arguments, a launcher or interpreter word typed in front of them, and the one-line answers to
+an option in the wrong place (perfdoctor's own after the script, an unknown one before it)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.report.sanitize import terminal
+
+PYTHON_WORD = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def launcher_words(target: Optional[list[str]], module: Optional[str],
+                    torchrun: bool = True) -> tuple[Optional[list[str]], Optional[str]]:
+    """A command line as the user would type it without perfdoctor: `perfdoctor run python train.py
+    ARGS` (or `python -m pkg.train ARGS`) runs the script as
+    `perfdoctor run train.py ARGS` does, with perfdoctor's interpreter (a note says so when the named
+    one is another); `perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console
+    script, by name or path) is `-m torch.distributed.run`: the launcher is not a Python script of
+    its own to watch."""
+    argv = list(target or [])
+    name = Path(argv[0]).name if argv else ""
+    if module is None and PYTHON_WORD.fullmatch(name):
+        named = shutil.which(argv[0])
+        if named and Path(named).resolve() != Path(sys.executable).resolve():
+            print(f"perfdoctor: note: the script runs with perfdoctor's Python, {sys.executable} (not {named})",
+                  file=sys.stderr)
+        argv = argv[1:]
+        if argv[:1] == ["-m"] and len(argv) > 1:
+            return argv[2:], argv[1]
+        return argv, module
+    if torchrun and module is None and name == "torchrun":
+        return argv[1:], "torch.distributed.run"
+    return target, module
+
+
+def script_argv(command: str, fn, target: Optional[list[str]], module: Optional[str]) -> list[str]:
+    """The script (or -m module) and its arguments, as `run` and `tune` take them (`fn`: the typer
+    command, whose options a misplaced one is checked against)."""
+    argv = list(target or [])
+    if module:
+        _own_options_after_script(command, fn, [module, *argv])
+        return [module, *argv]
+    if not argv:
+        raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "
+                              f"(perfdoctor {command} -m pkg.train)")
+    if argv[0].startswith("-") and not Path(argv[0]).is_file():
+        raise PerfdoctorError(_unknown_option(command, fn, argv[0]))
+    if not Path(argv[0]).is_file():
+        raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
+    _own_options_after_script(command, fn, argv)
+    return argv
+
+
+def _own_options_after_script(command: str, fn, argv: list[str]) -> None:
+    """A note when the script's arguments hold one of perfdoctor's own options: as with `python`,
+    everything after the script is the script's (`perfdoctor tune train.py --budget 120` tuned
+    with the default 300 s budget, and a script without argparse ignored the 120 silently). A note,
+    not an error: the script may have an option of that name."""
+    names = set(_option_names(fn))
+    mine = [a for a in argv[1:] if a.split("=", 1)[0] in names]
+    if mine:
+        print(f"perfdoctor: note: {', '.join(terminal(a) for a in mine)} after {terminal(argv[0])} is passed to the "
+              f"script, as with python (everything after the script is its own); if meant for perfdoctor, put "
+              f"it before the script: perfdoctor {command} [OPTIONS] {terminal(argv[0])} [ARGS]", file=sys.stderr)
+
+
+def _option_names(fn) -> list[str]:
+    """The long options of a typer command (its parameters' defaults hold their declarations)."""
+    return [n for p in inspect.signature(fn).parameters.values()
+            for n in getattr(p.default, "param_decls", None) or () if n.startswith("--")]
+
+
+# what other profilers and trainers call perfdoctor's options (spelling alone does not find them)
+OTHER_NAMES = {"--run-dir": "--out", "--output-dir": "--out", "--outdir": "--out", "--out-dir": "--out",
+               "--logdir": "--out", "--log-dir": "--out", "--warmup": "--skip-steps", "--warmup-steps": "--skip-steps",
+               "--wait": "--skip-steps", "--active": "--trace-steps", "--time": "--duration",
+               "--timeout": "--duration", "--seconds": "--duration", "--profile-memory": "--memory",
+               "--json": "--format", "--html": "--format"}
+
+
+def _unknown_option(command: str, fn, given: str) -> str:
+    """'no such option: --steps (did you mean --max-steps?) ...': an option perfdoctor does not know
+    lands where the script goes (typer passes unknown options on, as they may be the script's)."""
+    import difflib
+
+    names = _option_names(fn)
+    flag = given.split("=", 1)[0]
+    near = ([OTHER_NAMES[flag]] if OTHER_NAMES.get(flag) in names else
+            # compared without the dashes, which every name shares: '--bogus' is not near '--out'
+            ["--" + n for n in difflib.get_close_matches(flag.lstrip("-"), [n[2:] for n in names], n=1, cutoff=0.6)]
+            or [n for n in names if flag[2:] and flag[2:] in n][:1])
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"no such option: {flag}{hint}; `perfdoctor {command} --help` lists them"
