@@ -1,4 +1,4 @@
-"""Checkpoint saves, logging calls and optimizer steps as shares of the steady steps.
+"""Checkpoint saves, logging calls, optimizer steps and evaluations as shares of the steady steps.
 
 Saves and logging calls come from two sources:
 
@@ -17,6 +17,39 @@ the share it was taken from. None where neither source measured anything.
 calls.optimizer_share: the time inside optimizer.step() (collect/optclock.py; steps.jsonl `opt`),
 un-profiled: the trace's optimizer.step_share pays the profiler's per-op cost, which a for-loop
 optimizer's many small ops pay the most.
+
+evaluation.nograd_run_share: the trace's no-grad evaluation share, taken from the traced window
+to the run. evaluation.nograd_forward_share (analyze/evalforward.py) is a share of the traced
+steps. An
+evaluation every P steps that falls inside a window of 5 traced steps is 1 in 5 there, 1 in P
+in the run: the window's share overstates it (a 2-rank DDP run evaluating every 10 steps read
+88% where its steady steps put it at 80%). The run's long-step analysis (analyze/longsteps.py)
+knows what the window cannot: the long steps recur every loop.long_steps_every steps and cost
+loop.long_steps_share of the run's steady wall time beyond as many usual steps, measured on the
+run's own un-profiled steps.
+
+The trace says which part of its no-grad stretch only its long steps hold
+(evaluation.nograd_long_steps_share: beyond the no-grad time of the median step, which a teacher
+or an evaluation in every step puts in each step) and which fraction of those steps' time
+beyond the median step that part is (evaluation.nograd_long_steps_fraction: 1 when the long
+steps are the evaluation, less when a checkpoint or a log shares them). So, where the run saw
+long traced steps (loop.long_steps_traced >= 1) and measured their share:
+
+    evaluation.nograd_run_share = (nograd_forward_share - nograd_long_steps_share)
+                                  + nograd_long_steps_fraction * loop.long_steps_share
+
+the every-step part at the window's rate (a teacher run before the training forward, in every
+step: its share is the same in any window), plus the long steps' part at the run's. The
+long-step part is taken on the run's clock rather than scaled by the window's step count
+(s_w/(kP) against (1 - s_w)/N): the profiler slows a small training step's many short ops far
+more than an evaluation's large ones (a CPU MLP: usual step 2.8 ms traced, 1.3 ms un-profiled),
+so the trace's usual step is no measure of the run's; within the trace, the evaluation and the
+long step it lengthens are timed on the same clock.
+
+Otherwise the window's share stands: no long step traced, none measured in the run, or a trace
+whose long steps hold no more no-grad work than the others (a teacher every step beside a
+checkpoint every N steps: nograd_long_steps_share 0, so nothing is rescaled). None where the
+trace measured no no-grad share.
 """
 
 from __future__ import annotations
@@ -24,7 +57,7 @@ from __future__ import annotations
 from perfdoctor.analyze.stepwait import positive, timed_steps
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "save.share", "save.interval_steps", "logging.share", "evaluation.share")
+         "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False) -> dict:
@@ -48,13 +81,29 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False)
 def combined(m: dict) -> dict:
     """save.share, save.interval_steps, logging.share from the calls.* and stacks.* metrics in m;
     evaluation.share from the extra-batch steps, the stacks' evaluation frames and the trace's
-    no-grad forward after the backward pass (analyze/evalforward.py)."""
+    no-grad forward after the backward pass (analyze/evalforward.py), at the run's rate where
+    evaluation.nograd_run_share has it (below), else the traced window's."""
     save = [(m.get(share), m.get(interval)) for share, interval in
             (("calls.save_share", "calls.save_interval_steps"),
              ("stacks.checkpoint_share", "stacks.checkpoint_interval_steps")) if m.get(share) is not None]
     best = max(save, key=lambda x: x[0], default=(None, None))
     logs = [m[k] for k in ("calls.log_share", "stacks.logging_sync_share") if m.get(k) is not None]
-    evals = [m[k] for k in ("loop.extra_batches_excess_share", "stacks.evaluation_share",
-                            "evaluation.nograd_forward_share") if m.get(k) is not None]
+    nograd = m.get("evaluation.nograd_run_share")       # the run's rate, where perfdoctor run found it
+    nograd = m.get("evaluation.nograd_forward_share") if nograd is None else nograd
+    evals = [x for x in (m.get("loop.extra_batches_excess_share"), m.get("stacks.evaluation_share"), nograd)
+             if x is not None]
     return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
             "logging.share": max(logs) if logs else None, "evaluation.share": max(evals) if evals else None}
+
+
+def nograd_run_share(m: dict) -> dict:
+    """evaluation.nograd_run_share from the trace's evaluation.nograd_* and the run's loop.long_steps_*."""
+    window = m.get("evaluation.nograd_forward_share")
+    if window is None:
+        return {"evaluation.nograd_run_share": None}
+    in_long, fraction = m.get("evaluation.nograd_long_steps_share"), m.get("evaluation.nograd_long_steps_fraction")
+    long_share, traced = m.get("loop.long_steps_share"), m.get("loop.long_steps_traced")
+    if None in (in_long, fraction, long_share, m.get("loop.long_steps_every")) or not traced or traced < 1:
+        return {"evaluation.nograd_run_share": window}
+    every_step = max(0.0, window - in_long)
+    return {"evaluation.nograd_run_share": min(1.0, every_step + fraction * long_share)}

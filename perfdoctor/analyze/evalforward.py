@@ -31,6 +31,15 @@ the device-extended clock: it starts once the device has run everything launched
 training forward and the device has run everything launched before that forward (the
 evaluation's kernels). Removing it saves that stretch whether the step is host- or device-bound.
 
+An evaluation every N steps lengthens the steps it runs in: the window's share is its share of
+the traced steps, which may hold it more often than the run does (1 evaluation in 5 traced steps,
+1 in 10 in the run). Each stretch is therefore also placed in its steps, and the part only the
+long steps hold (at least LONG times the median step, as analyze/longsteps.py) beyond the median
+step's no-grad time is evaluation.nograd_long_steps_share, with its fraction of those steps' time
+beyond the median step (evaluation.nograd_long_steps_fraction). A no-grad forward in every step
+(a teacher) puts as much in each step: none of it is in that part. perfdoctor run takes that part
+at the run's rate (analyze/callshares.py).
+
 None where it cannot be read: no backward pass in the steps (pure inference is no training), or a
 trace whose training forward ops carry no sequence number (an older Kineto).
 """
@@ -42,7 +51,9 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
+from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.longsteps import LONG
 from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
@@ -51,7 +62,8 @@ COMPUTE_RX = re.compile(r"^aten::(linear|matmul|mm|addmm|bmm|baddbmm|einsum|conv
                         r"convolution|_convolution|scaled_dot_product_attention)$")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 OPTIMIZER_PREFIX = ("Optimizer.step#", "Optimizer.zero_grad#")
-NAMES = ("evaluation.nograd_forward_share",)
+NAMES = ("evaluation.nograd_forward_share", "evaluation.nograd_long_steps_share",
+         "evaluation.nograd_long_steps_fraction")
 
 
 def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
@@ -85,6 +97,7 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     between = np.isfinite(prev_b) & (prev_b >= prev_f)
     if not between.any():
         out["evaluation.nograd_forward_share"] = 0.0
+        out.update(_in_long_steps(steps.duration, np.zeros(len(steps)), total))
         return out
     # one region per gap between an update and the next training forward: from its first no-grad
     # op to that forward (or the steps' end), less the training's and the loader's work in it
@@ -97,15 +110,37 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     busy = np.concatenate([training, np.flatnonzero(k.dataloader & (t.ts >= lo) & (t.ts < hi))])
     b_lo, b_hi = intervals.union(t.ts[busy], t.ts[busy] + t.dur[busy])
     drained = _drained(t, k) if k.platform != "cpu" else None
-    tail = 0.0
+    tail, per_step = 0.0, np.zeros(len(steps))
     for g in np.flatnonzero(np.isfinite(starts)):
         s0, e0 = float(starts[g]), float(min(stop[g], hi))
         if drained is not None:
             s0, e0 = max(s0, drained(s0)), min(max(e0, drained(e0)), hi)
         s, e = intervals.clip(b_lo, b_hi, s0, e0)
         tail += max(0.0, e0 - s0 - float((e - s).sum()))
+        i = int(np.searchsorted(steps.end, s0, side="right"))    # the steps the stretch overlaps
+        while i < len(steps) and steps.start[i] < e0:
+            a, b = max(s0, float(steps.start[i])), min(e0, float(steps.end[i]))
+            s, e = intervals.clip(b_lo, b_hi, a, b)
+            per_step[i] += max(0.0, b - a - float((e - s).sum()))
+            i += 1
     out["evaluation.nograd_forward_share"] = min(1.0, tail / total)
+    out.update(_in_long_steps(steps.duration, per_step, total))
     return out
+
+
+def _in_long_steps(dur: np.ndarray, nograd: np.ndarray, total: float) -> dict:
+    """The part of the no-grad stretch that only the long traced steps hold: in each step at least
+    LONG times the median step, its no-grad time beyond the median step's (a teacher or an
+    evaluation in every step holds about as much in each step: none of it is counted), as a share
+    of the steps' time and as a fraction of those steps' time beyond the median step's."""
+    usual, g_usual = median(dur), median(nograd)
+    long = dur >= LONG * usual
+    if len(dur) < 3 or usual <= 0 or not long.any():
+        return dict.fromkeys(NAMES[1:])             # no long step, or too few steps to tell one
+    extra = np.clip(nograd[long] - g_usual, 0, None)
+    excess = float((dur[long] - usual).sum())
+    return {"evaluation.nograd_long_steps_share": min(1.0, float(extra.sum()) / total),
+            "evaluation.nograd_long_steps_fraction": min(1.0, float(extra.sum()) / excess)}
 
 
 def _drained(t: EventTable, k: Kinds):
