@@ -25,21 +25,10 @@ os.environ["PERFDOCTOR_STACKS"] = "0"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
-# Files whose tests share a session fixture (mlp_run) run on one worker: it is made once.
-SHARED_FIXTURE_GROUPS = {"test_gate.py": "mlp_run", "test_compare.py": "mlp_run"}
-
-
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject): two workers, or one per core on a smaller machine. Most tests start a
     script that imports torch (single-threaded, seconds): two at a time keep both cores busy."""
     return max(1, min(2, os.cpu_count() or 1))
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """With --dist loadgroup, each test file is one group (its module fixtures run once)."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURE_GROUPS.get(name, name)))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -81,18 +70,30 @@ MLP_RUNS = {"a": "512", "b": "512", "wide": "1536"}
 
 
 @pytest.fixture(scope="session")
-def mlp_run(tmp_path_factory):
+def mlp_run(request, tmp_path_factory):
+    import fcntl
     import subprocess
     made: dict[str, Path] = {}
+    # the test workers share the session's base temp folder: one worker makes each run, the other
+    # waits for it and takes it (each worker had made all three)
+    root = tmp_path_factory.getbasetemp()
+    root = (root.parent if hasattr(request.config, "workerinput") else root) / "mlp-runs"
+    root.mkdir(exist_ok=True)
 
     def get(name: str) -> Path:
         if name not in made:
-            d = tmp_path_factory.mktemp("mlp-runs") / name
-            p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "80", "--out", str(d),
-                                "examples/compute_bound.py", "--batch-size", "64", "--width", MLP_RUNS[name]],
-                               cwd=REPO, capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200"})
-            assert p.returncode == 0 and (d / "report.json").is_file(), p.stderr[-2000:]
+            d = root / name
+            with open(root / f"{name}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (d / "report.json").is_file():
+                    p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--max-steps", "80", "--out", str(d),
+                                        "--force", "examples/compute_bound.py", "--batch-size", "64", "--width",
+                                        MLP_RUNS[name]],
+                                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                                       env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                            "COLUMNS": "200"})
+                    assert p.returncode == 0 and (d / "report.json").is_file(), p.stderr[-2000:]
+                fcntl.flock(lock, fcntl.LOCK_UN)
             made[name] = d
         return made[name]
     return get

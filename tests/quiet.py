@@ -58,6 +58,10 @@ def machine_share(config: pytest.Config, exclusive: bool):
             yield
         finally:
             _exclusive = False
+            # unlocked, not only closed: a process the test forked (a DataLoader worker) shares
+            # the open files, and closing ours would leave the lock held while it lives
+            fcntl.flock(main, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 def _stat() -> tuple[float, float]:

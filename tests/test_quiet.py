@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,13 @@ def window(name, seconds):
     t0 = time.monotonic()
     time.sleep(seconds)
     with open(os.environ["WINDOWS"], "a") as f:
-        f.write(json.dumps([name, t0, time.monotonic()]) + "\\n")
+        f.write(json.dumps([name, t0, time.monotonic(), os.environ.get("PYTEST_XDIST_WORKER")]) + "\\n")
 '''
 
 
-def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time(tmp_path):
+def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time_each_file_on_one_worker(tmp_path):
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the suite runs in one worker (conftest.pytest_xdist_auto_num_workers)")
     (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
     (tmp_path / "quiet.py").write_text((TESTS / "quiet.py").read_text())
     for f in "abcd":
@@ -39,17 +42,22 @@ def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time(tmp_path):
             window("q", 1.0)
         '''))
     windows = tmp_path / "windows.jsonl"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+    # the project's own options (pyproject's addopts: the workers and how tests are dealt to them)
+    addopts = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *addopts.split(),
                         "-o", "markers=quiet: alone", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120, env={**os.environ, "WINDOWS": str(windows)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(line) for line in windows.read_text().splitlines()]
     assert len(rows) == 17
-    (q0, q1), = [(a, b) for n, a, b in rows if n == "q"]
-    others = [(a, b) for n, a, b in rows if n != "q"]
+    (q0, q1), = [(a, b) for n, a, b, _ in rows if n == "q"]
+    others = [(a, b) for n, a, b, _ in rows if n != "q"]
     assert not [w for w in others if w[0] < q1 and w[1] > q0]          # nothing ran beside it
     # ... while the other tests did run side by side: the lock is shared for them
     assert any(a0 < b1 and a1 > b0 for i, (a0, a1) in enumerate(others) for b0, b1 in others[i + 1:])
+    # and a file's tests run on one worker (its module fixtures are made once)
+    workers = {f: {w for n, _, _, w in rows if n[0] == f} for f in "abcd"}
+    assert all(len(w) == 1 for w in workers.values()) and set().union(*workers.values()) == {"gw0", "gw1"}
 
 
 def test_a_timing_test_that_is_not_marked_quiet_fails_with_the_reason():
