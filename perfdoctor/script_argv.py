@@ -14,6 +14,7 @@ from typing import Optional
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.report.sanitize import terminal
 
+TORCHRUN = "torch.distributed.run"
 PYTHON_WORD = re.compile(r"python(\d+(\.\d+)?)?")
 
 
@@ -29,16 +30,28 @@ def launcher_words(target: Optional[list[str]], module: Optional[str],
     name = Path(argv[0]).name if argv else ""
     if module is None and PYTHON_WORD.fullmatch(name):
         named = shutil.which(argv[0])
-        if named and Path(named).resolve() != Path(sys.executable).resolve():
-            print(f"perfdoctor: note: the script runs with perfdoctor's Python, {sys.executable} (not {named})",
-                  file=sys.stderr)
+        if named and _environment(named) != _environment(sys.executable):
+            print(f"perfdoctor: note: the script runs with perfdoctor's Python, {terminal(sys.executable)} "
+                  f"(not {terminal(named)})", file=sys.stderr)
         argv = argv[1:]
         if argv[:1] == ["-m"] and len(argv) > 1:
             return argv[2:], argv[1]
+        if argv and argv[0].startswith("-") and not Path(argv[0]).is_file():
+            raise PerfdoctorError(f"python's own option {terminal(argv[0])} is not passed on (the script runs with "
+                                  "perfdoctor's interpreter): set it in the environment (PYTHONUNBUFFERED=1, "
+                                  "PYTHONOPTIMIZE=1, PYTHONWARNINGS=..., PYTHONDEVMODE=1) and give the script")
         return argv, module
     if torchrun and module is None and name == "torchrun":
-        return argv[1:], "torch.distributed.run"
+        return argv[1:], TORCHRUN
     return target, module
+
+
+def _environment(interpreter: str) -> Path:
+    """The Python environment an interpreter runs: its virtual environment (pyvenv.cfg above its
+    bin/: a venv's python links to the base interpreter, which another venv's links to as well),
+    else the interpreter file itself."""
+    p = Path(interpreter).absolute()
+    return p.parent.parent if (p.parent.parent / "pyvenv.cfg").is_file() else p.resolve()
 
 
 def script_argv(command: str, fn, target: Optional[list[str]], module: Optional[str]) -> list[str]:
@@ -46,7 +59,8 @@ def script_argv(command: str, fn, target: Optional[list[str]], module: Optional[
     command, whose options a misplaced one is checked against)."""
     argv = list(target or [])
     if module:
-        _own_options_after_script(command, fn, [module, *argv])
+        if module != TORCHRUN:          # its arguments are torchrun's options (--nproc-per-node ...), then the script's
+            _own_options_after_script(command, fn, [module, *argv])
         return [module, *argv]
     if not argv:
         raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "

@@ -14,6 +14,7 @@ import pytest
 
 from perfdoctor.analyze.straggler import RankInput, cross_rank
 from perfdoctor.collect.ranks import DistOptions, identity, rank_dirs
+from perfdoctor.errors import PerfdoctorError
 
 REPO = Path(__file__).resolve().parent.parent
 DDP = REPO / "examples" / "ddp_gloo.py"
@@ -351,7 +352,7 @@ def test_run_of_torchrun_module_watches_every_rank(tmp_path):
     assert r.stdout.count("/2: 12 steps") == 2 and _merged(out)["ranks"]["count"] == 2
 
 
-def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names_it(capsys):
+def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names_it(capsys, tmp_path):
     """A command line typed as it runs without perfdoctor: `torchrun ...` is -m torch.distributed.run,
     `python train.py` and `python -m pkg` drop the interpreter."""
     from perfdoctor.script_argv import launcher_words as words
@@ -368,6 +369,23 @@ def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names
     capsys.readouterr()
     assert words([sys.executable, "t.py"], None) == (["t.py"], None)
     assert capsys.readouterr().err == ""            # this interpreter: nothing to say
+    # another virtual environment's python is named, though it links to the same interpreter
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    assert words([str(venv / "bin" / "python"), "t.py"], None) == (["t.py"], None)
+    assert f"(not {venv / 'bin' / 'python'})" in capsys.readouterr().err
+    with pytest.raises(PerfdoctorError, match="python's own option -u is not passed on"):
+        words(["python", "-u", "t.py"], None)
+    capsys.readouterr()
+    # torchrun's own options are not perfdoctor's misplaced ones (a note said "--nproc-per-node ...
+    # after torch.distributed.run is passed to the script")
+    from perfdoctor import cli
+    from perfdoctor.script_argv import script_argv
+    args = ["--nproc-per-node", "2", "--master_port", "29511", "t.py"]
+    assert script_argv("run", cli.run, args, "torch.distributed.run") == ["torch.distributed.run", *args]
+    assert capsys.readouterr().err == ""
 
 
 TWO_RANKS = r"""
