@@ -9,6 +9,13 @@ there, and torch.compile removes it: the graph's ops become one fused C++ loop, 
     cpu.small_op_share = time of the outermost ops (aten::*, autograd::*) that take under
                          SMALL_OP_US per op they hold / the steps' time
 
+    cpu.optimizer_large_op_share = time of those outermost ops of SMALL_OP_US or more per op
+                         inside Optimizer.step's own part (after a closure's last backward pass)
+                         / the steps' time
+
+the part of optimizer.step_share that is neither Python nor small ops: compiling the model leaves
+the optimizer's step, and PD312 takes out only what its own share counted of it.
+
 Outermost: an op not inside another op of that kind on its thread (an aten::linear holds an
 aten::addmm; a backward node holds its aten ops), so nothing is counted twice; per op it holds,
 itself included, so that a backward node of five tiny ops counts as small. SMALL_OP_US is 20
@@ -23,12 +30,13 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import outermost
+from perfdoctor.analyze.nesting import contained, outermost
+from perfdoctor.analyze.patterns import OwnPart
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
 SMALL_OP_US = 20.0
-NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us")
+NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share")
 
 
 def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -58,4 +66,11 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out["cpu.small_op_share"] = min(1.0, float(dur[per_op < SMALL_OP_US].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
     out["cpu.op_median_us"] = float(median(dur))
+    opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith("Optimizer.step#")))
+    opt = opt[steps.index_of(t.ts[opt]) >= 0]
+    if len(opt):
+        large = top[per_op >= SMALL_OP_US]
+        inside = large[contained(t, large, opt)]           # any depth, same thread
+        inside = inside[OwnPart(t, opt, steps).own(t.ts[inside])]
+        out["cpu.optimizer_large_op_share"] = min(1.0, float(t.dur[inside].astype(np.float64).sum()) / total)
     return out
