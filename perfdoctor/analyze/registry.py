@@ -281,12 +281,12 @@ _m("ranks.comm_wait_share_mean", "share", "Mean over ranks of the exposed collec
 _m("ranks.network_wait_share", "share", "The smallest collective wait of any rank / step: what every rank waits alike (the transfer itself: network, NCCL/gloo).")
 _m("ranks.straggler_wait_share", "share", "Mean over ranks of (its wait - the smallest wait) / step: the time ranks spend waiting for a slower rank.")
 _m("ranks.straggler_wait_share_max", "share", "The largest (wait - smallest wait) / step of any rank: the fastest rank's wait for the straggler.")
-_m("ranks.straggler_consistent", "bool", "The slowest rank is busier than the others step after step (mean difference > 2 standard errors over the paired profiled steps).")
+_m("ranks.straggler_consistent", "bool", "The slowest rank is busier than the others step after step over the paired profiled steps: mean difference > 2 standard errors, or busier in so many steps that a one-sided sign test, times the rank count, is at most 5% (2 ranks: 6 of 6).")
 _m("ranks.slowest_last_wait_share", "share", "Of the time ranks waited for a slower rank over the paired profiled steps (per step: each rank's own work short of the busiest rank's), the share in steps where the slowest rank (ranks.slowest_rank) was the busiest: near 1 for a rank the others wait for (in every step, or in its long steps only: an evaluation or checkpoint on one rank), about 1/ranks for ranks that take turns. None without paired steps or wait.")
 _m("ranks.slowest_last_steps", "count", "Paired profiled steps in which the slowest rank (ranks.slowest_rank) was the busiest.")
 _m("ranks.paired_steps", "count", "Profiled steps present in every rank's trace (paired by ProfilerStep number).")
 _m("ranks.slowest_runq_excess", "fraction", "Share of the slowest rank's extra own time per profiled step that its step thread spent queued for a CPU core beyond what the other ranks queued per CPU second of its own (schedstat, the step thread's CPU clock): >= 0.5 means CPU contention, not more work; queueing that comes with more work on a host all ranks share is not counted.")
-_m("ranks.wait_cause", "str", "Why ranks wait in collectives: straggler (one rank consistently slower), contention (the slowest rank waited for a CPU core: oversubscribed host), network (all ranks wait alike), uneven (ranks take turns), none (< 5% of the step), None (no trace: waits unknown).")
+_m("ranks.wait_cause", "str", "Why ranks wait in collectives: straggler (one rank consistently slower), contention (the slowest rank waited for a CPU core: oversubscribed host), network (all ranks wait alike), uneven (no rank consistently slower: ranks.slowest_last_wait_share says how much of the wait was for the slowest), none (< 5% of the step), None (no trace: waits unknown).")
 
 # -- system samples (perfdoctor run) ---------------------------------------------------------
 # From perfdoctor/analyze/system.py (SystemSampler samples); None for a trace alone. "cores": CPU

@@ -21,10 +21,12 @@ their ProfilerStep number (every rank counts the same steps; the profiled window
 A straggler is called only when it is consistently the slowest: over the paired steps its busy
 time exceeds the mean of the other ranks' by more than twice the standard error of that
 difference (a balanced job's ranks take turns being last, which averages out), or it is busier
-in so many of the steps that a sign test rejects turns at SIGN_P (one-sided; the 2-SE test at the
-default 5 steps is t=2 at 4 degrees of freedom, one-sided 5.8%): a rank whose evaluation every N
-steps makes one traced step 50x longer is busier in every step, yet that step's spread hides it from
-the mean's standard error. At least MIN_PAIRED steps either way. `wait_cause`: 'straggler' when that holds and the straggler wait is at least
+in so many of the steps that a sign test rejects turns at SIGN_P, one-sided and over the ranks
+(the rank tested is the busiest of them on these steps: any could have been busier as often by
+chance, so its p times the rank count): a rank whose evaluation every N steps makes one traced
+step 50x longer is busier in every step, yet that step's spread hides it from the mean's standard
+error. Two ranks need 6 steps of 6; over the default 5 traced steps the 'uneven' wait names the
+rank waited for instead (ranks.slowest_last_wait_share). At least MIN_PAIRED steps either way. `wait_cause`: 'straggler' when that holds and the straggler wait is at least
 MATERIAL of the step and at least the network wait; 'network' when the network wait is at least
 MATERIAL and larger; 'none' when neither is material; None when the waits are unknown (no trace).
 MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the fix rules use.
@@ -50,7 +52,7 @@ from perfdoctor.analyze.ranks import step_time_spread
 
 MIN_PAIRED = 3
 MATERIAL = 0.05
-SIGN_P = 0.05               # the sign test's level: 5 of 5 steps (0.031) pass, 4 of 4 (0.0625) do not
+SIGN_P = 0.05               # the sign test's level, over the ranks: 2 ranks need 6 of 6 steps (2/64), 8 ranks 8 of 8
 CONTENTION = 0.5             # share of the straggler's extra time spent queued for a CPU
 NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slowest_rank", "ranks.fastest_rank",
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
@@ -179,7 +181,9 @@ def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:
         return None, len(diffs)
     mean = fmean(diffs)
     se = stdev(diffs) / math.sqrt(len(diffs))
-    return bool(mean > 0 and (mean > 2 * se or _sign_test(diffs) <= SIGN_P)), len(diffs)
+    # the rank tested is the busiest of len(ranks) on these same steps: any of them could have
+    # been busier in as many steps by chance (Bonferroni), 2 ranks of 5 steps each 1/32, 1/16 in all
+    return bool(mean > 0 and (mean > 2 * se or _sign_test(diffs) * len(ranks) <= SIGN_P)), len(diffs)
 
 
 def _sign_test(diffs: list[float]) -> float:
