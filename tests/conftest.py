@@ -25,6 +25,26 @@ os.environ["PERFDOCTOR_STACKS"] = "0"
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+def pytest_configure_node(node) -> None:
+    """The controller's terminal size variables, for the workers (below)."""
+    node.workerinput["terminal_size"] = {k: os.environ.get(k) for k in TERMINAL_SIZE}
+
+
+def pytest_configure(config) -> None:
+    """A worker's environment as the controller's: the workers start with COLUMNS=80 and LINES=24
+    where the controller has none, and perfdoctor's console wraps at 80 columns under COLUMNS (on
+    a pipe without it, lines run whole): tests of a report's lines would read another output."""
+    given = getattr(config, "workerinput", {}).get("terminal_size")
+    for k, v in (given or {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject): two workers, or one per core on a smaller machine. Most tests start a
     script that imports torch (single-threaded, seconds): two at a time keep both cores busy."""
