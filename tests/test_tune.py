@@ -1080,3 +1080,35 @@ def test_a_confirmed_trials_row_shows_both_runs_step_times_and_baselines(monkeyp
     doc = {"command": "train.py", "noise": "", "trials": [tr], "best": None, "skipped_for_budget": [],
            "untested": [], "baseline": {"step_time_s": 0.1, "ci95": [0.09, 0.11], "steps": 30, "verdict": "cpu"}}
     assert "| threads=1 | 80.0/72.0 ms | " in markdown.tune(doc)
+
+
+def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeypatch, tmp_path):
+    """pytorch/examples vae with --budget 120: the baseline ran twice (too few steady steps at 15 s),
+    every trial was skipped for budget, and the table said only "raise --budget". With runs of
+    ~40 s each, 90 s spent, three skipped trials on a quiet machine and the best's confirmation
+    (two runs) need about 90 + 5 x 40 = 290 s; on a noisy one each trial takes a baseline too."""
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report.outputs import rendered
+    from perfdoctor.tune import session as S
+    from perfdoctor.tune.result import build, render
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=120), log=lambda s: None)
+    t.facts = facts()
+    t.baselines = [_measured(tmp_path, "baseline", 50.0, seed=1)]
+    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.longest = 40.0
+    monkeypatch.setattr(S.Tuner, "elapsed", lambda self: 90.0)
+    for ch, g in (({"threads": 1}, "threads"), ({"optimizer": "foreach"}, "optimizer"), ({"num_workers": 1}, "loader")):
+        t._trial(plan.Trial(ch, g))
+    doc = build(t)
+    assert doc["skipped_for_budget"] == ["threads=1", "optimizer=foreach", "num_workers=1"]
+    assert doc["budget_for_all_s"] == 290
+    buf = io.StringIO()
+    render(doc, Console(file=buf, width=250))
+    md = rendered(doc, "markdown", kind="tune").decode()
+    for out in (buf.getvalue(), md.replace("\\", "")):
+        assert "--budget 290 would run them all, at this run length" in out
+    t.noisy = True
+    assert build(t)["budget_for_all_s"] == 90 + (3 * 2 + 2) * 40

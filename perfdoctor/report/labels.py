@@ -196,3 +196,9 @@ def tune_step_times(tr: dict) -> tuple[str, str]:
         return "/".join(s_as_ms(x, "?").removesuffix(" ms") for x in xs) + " ms"
     return (cell(steps) if len(steps) > 1 else s_as_ms(steps[0]),
             cell(bases) if bases else "-")
+
+
+def budget_hint(doc: dict) -> str:
+    """After the trials tune skipped for lack of budget: how large a budget would run them."""
+    need = doc.get("budget_for_all_s")
+    return f"--budget {need:.0f} would run them all, at this run length" if need else "raise --budget to run them"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces,
-                                     role_labels, shown_trace, tune_no_best, tune_predicted,
+                                     role_labels, shown_trace, budget_hint, tune_no_best, tune_predicted,
                                      tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
@@ -145,5 +145,6 @@ def tune(doc: dict) -> str:
         first, *rest = tune_no_best(doc)
         out += [f"**Best:** {first}", *(f"- {M(line)}" for line in rest)]
     if doc.get("skipped_for_budget"):
-        out += ["", f"Skipped for lack of budget ({doc['budget_s']:.0f} s): " + M("; ".join(doc["skipped_for_budget"]))]
+        out += ["", f"Skipped for lack of budget ({doc['budget_s']:.0f} s): " + M("; ".join(doc["skipped_for_budget"]))
+                + f" ({M(budget_hint(doc))})"]
     return "\n".join(out) + "\n"

@@ -9,10 +9,12 @@ skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, c
 
 from __future__ import annotations
 
+import math
+
 from perfdoctor import __version__
 from perfdoctor.report.values import changes_label, s_as_ms
 from perfdoctor.tune.apply import apply_text
-from perfdoctor.tune.session import Outcome, Tuner
+from perfdoctor.tune.session import CONFIRM_RUNS, Outcome, Tuner
 
 SCHEMA_VERSION = 1
 
@@ -65,8 +67,19 @@ def build(t: Tuner) -> dict:
                  if best else None),
         "apply": apply_text(best.trial.changes if best else {}, _inject_for(b, best), t.facts.cuda),
         "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
+        "budget_for_all_s": _budget_for_all(t),
         "untested": untested(t),
     }
+
+
+def _budget_for_all(t: Tuner) -> float | None:
+    """About how large a --budget would have run the trials skipped for lack of it: the time spent,
+    and a run as long as the longest for each (two on a noisy machine: the baseline again after
+    it), and the best setting's confirmation. None when none was skipped for budget."""
+    n = sum(1 for o in t.outcomes if o.status == "skipped" and o.reason == "budget")
+    if not n or t.longest <= 0:
+        return None
+    return float(math.ceil((t.elapsed() + (n * (2 if t.noisy else 1) + CONFIRM_RUNS) * t.longest) / 10) * 10)
 
 
 def _inject_for(b, best) -> dict:
@@ -108,7 +121,7 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import tune_no_best, tune_predicted, tune_step_times
+    from perfdoctor.report.labels import budget_hint, tune_no_best, tune_predicted, tune_step_times
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -135,7 +148,7 @@ def render(doc: dict, console=None) -> None:
     con.print(tab)
     if doc["skipped_for_budget"]:
         con.print(text(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
-                       + " (raise --budget to run them)"))
+                       + f" ({budget_hint(doc)})"))
     best = doc["best"]
     if best:
         runs = "two runs" if best.get("confirmed") else "one run (no budget left to confirm it)"
