@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, from_other_traces,
-                                     role_labels, shown_trace, budget_hint, tune_no_best, tune_predicted,
+from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint,
+                                     from_other_traces, role_labels, shown_trace, tune_no_best, tune_predicted,
                                      tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
