@@ -18,7 +18,6 @@ import numpy as np
 
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
-from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.callshares import call_metrics, combined, nograd_run_share
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
@@ -29,7 +28,7 @@ from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepseries import step_series
-from perfdoctor.analyze.stepwait import extra_batches, runq_runnable_share, runq_share, thread_awake_share, wait_busy_share
+from perfdoctor.analyze.stepwait import runq_runnable_share, runq_share, thread_awake_share, wait_busy_share
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
@@ -38,6 +37,7 @@ from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
+from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
 from perfdoctor.stats.steptime import StepEstimate, estimate, ms
@@ -127,71 +127,6 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.traced_runq_share": runq_share(profiled(steps))}
 
 
-def _extra_batches_note(steady: list[dict]) -> list[str]:
-    """A note when steady steps draw more batches than the usual step (an evaluation inside them)
-    and those steps are 5% or more of the wall time: their time and wait are part of the figures."""
-    x = extra_batches(steady)
-    if x is None or x["time_share"] < 0.05:
-        return []
-    wait = f", and {x['wait_share']:.0%} of the data wait" if x["wait_share"] is not None else ""
-    return [f"{x['steps']} of {x['of']} steady steps drew more DataLoader batches than the usual {x['usual']:g} "
-            f"(up to {x['most']:g}): another loop (an evaluation?) runs inside them. They take {x['time_share']:.0%} "
-            f"of the steady wall time{wait}: the step time and the input share include it"]
-
-
-DRIFT = 2.0          # the last third's median step this many times the first third's (or 1/this)
-QUEUE_SHIFT = 0.2    # run-queue share of the steps, first third against last: a change of load
-CONTENDED = 0.1      # run-queue share in both thirds from which the thread's own time says nothing
-                     # of the work (PD214's threshold): intra-op threads spin, on the CPU clock,
-                     # while they wait for a sibling the scheduler parked
-
-
-def _drift_note(steady: list[dict]) -> list[str]:
-    """A note when the steady steps' length drifts through the run (an RL loop whose episodes
-    grow: 4 ms to 54 ms a step): a time per step then depends on how long the run was. When the
-    training thread's run-queue wait (schedstat, `runq`) accounts for the drift, so that the time
-    it was not queued does not drift, the machine changed, not the work: the note says so."""
-    rows = [(s["dur"], s.get("runq")) for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
-    third = len(rows) // 3
-    if third < 4:
-        return []
-    durs = [d for d, _ in rows]
-    first, last = float(median(durs[:third])), float(median(durs[-third:]))
-    if first <= 0 or 1 / DRIFT < last / first < DRIFT:
-        return []
-    head = (f"the steady steps' length drifts: median {ms(1e3 * first)} ms in the first third, {ms(1e3 * last)} ms "
-            f"in the last ({last / first:.2g}x)")
-    if all(isinstance(q, (int, float)) for _, q in rows):
-        own = [max(0.0, d - q) for d, q in rows]
-        a, b = float(median(own[:third])), float(median(own[-third:]))
-        queued = [sum(q for _, q in part) / sum(d for d, _ in part) for part in (rows[:third], rows[-third:])]
-        if a > 0 and 1 / DRIFT < b / a < DRIFT:
-            return [f"{head}, while the time the training thread was not waiting for a CPU stays {ms(1e3 * a)} -> "
-                    f"{ms(1e3 * b)} ms: it waited in the run queue {queued[0]:.0%} of the first third and "
-                    f"{queued[1]:.0%} of the last. Other work on the machine came or went, not the script's: "
-                    "rerun on a quiet machine, and compare and gate runs made in the same conditions"]
-        if abs(queued[0] - queued[1]) >= QUEUE_SHIFT and (queued[1] > queued[0]) == (last > first):
-            # the slower third also queued far more: the load changed; threads the scheduler parks
-            # make an intra-op pool wait for the slowest, so the slowdown can exceed the queueing
-            return [f"{head}, and the training thread waited in the run queue for a CPU {queued[0]:.0%} of the first "
-                    f"third against {queued[1]:.0%} of the last: other work on the machine came or went, and "
-                    "torch's threads wait for any the scheduler parks, so the drift can be that rather than the "
-                    "script's work. Rerun on a quiet machine before reading the step time"]
-        if min(queued) >= CONTENDED:
-            # queued alike in both thirds, yet the own time moved: the spin of torch's threads for a
-            # parked sibling counts as CPU time, so the load can move it as well as the work can
-            # (pytorch/examples vae, fixed work a step: 1.2 s -> 0.23 s at 65% queued throughout)
-            return [f"{head}, and the training thread waited in the run queue for a CPU {queued[0]:.0%} of the first "
-                    f"third and {queued[1]:.0%} of the last. On a machine this busy the time it ran is no measure "
-                    "of the work either (torch's threads spin on the CPU while they wait for one the scheduler "
-                    f"parked): the steps may do {'more' if last > first else 'less'} work as the run goes on, or "
-                    "the other work on the machine changed. Rerun on a quiet machine before reading the step time"]
-    why = ("episodes or sequences that grow, a curriculum" if last > first
-           else "episodes that get shorter, work that stops part-way through, caches that fill")
-    return [f"{head}. The steps do {'more' if last > first else 'less'} work as the run goes on ({why}), so the "
-            "time per step depends on how long the run was: compare and gate runs of the same length"]
-
-
 def _system(run_dir: Path, steps: list[dict], kids: list[dict]) -> tuple[dict, list[str], dict | None, dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section
     and the run's series over time (analyze/runseries.py)."""
@@ -276,7 +211,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     m.update(long_step_metrics(steady, profiled(steps)))
     trained_elsewhere = elsewhere(kids, steps, m)
-    notes += ([trained_elsewhere] if trained_elsewhere else []) + _extra_batches_note(steady) + _drift_note(steady) \
+    notes += ([trained_elsewhere] if trained_elsewhere else []) + extra_batches_note(steady) + drift_note(steady) \
         + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
     notes.sort(key=_note_rank)
