@@ -135,3 +135,20 @@ def test_live_an_evaluation_every_20_steps_inside_the_window_is_taken_at_the_run
     assert window > truth + 0.12, (window, truth)          # 1 evaluation in 5 traced steps, 1 in 20 in the run
     assert m["evaluation.share"] == m["evaluation.nograd_run_share"]
     assert m["evaluation.share"] == pytest.approx(truth, abs=0.08), (m["evaluation.share"], truth)
+
+
+def test_without_a_period_the_runs_long_steps_bound_the_window_share():
+    """HF Trainer evaluating every 10 steps, 20 steady steps: the 5-step window held one
+    evaluation (43.5% of it), the run's 2 long steps cost 21.9% of its steady time; no period in
+    2 long steps. The evaluation is taken at the long steps' cost, not the window's."""
+    m = {"loop.long_steps_every": None, "loop.long_steps_share": None, "loop.long_steps_traced": None,
+         "loop.long_steps_any_share": 0.219, "evaluation.nograd_forward_share": 0.435,
+         "evaluation.nograd_long_steps_share": 0.435, "evaluation.nograd_long_steps_fraction": 0.96}
+    assert nograd_run_share(m)["evaluation.nograd_run_share"] == pytest.approx(0.96 * 0.219)
+    # a teacher in every step (0.10 of the window) stays at the window's share
+    m.update({"evaluation.nograd_forward_share": 0.535})
+    assert nograd_run_share(m)["evaluation.nograd_run_share"] == pytest.approx(0.10 + 0.96 * 0.219)
+    # never above the window's share; no long step in the trace's no-grad work, or none in the run: the window's
+    assert nograd_run_share({**m, "loop.long_steps_any_share": 0.9})["evaluation.nograd_run_share"] == 0.535
+    assert nograd_run_share({**m, "evaluation.nograd_long_steps_share": 0.0})["evaluation.nograd_run_share"] == 0.535
+    assert nograd_run_share({**m, "loop.long_steps_any_share": 0.0})["evaluation.nograd_run_share"] == 0.535

@@ -157,3 +157,14 @@ def test_live_an_evaluation_every_15_steps_without_stacks(tmp_path):
     assert m["loop.long_steps_share"] >= 0.3                 # 256 forward passes against one training step
     ids = {f["id"] for f in doc["flags"]} | {f["id"] for f in doc["findings"]}
     assert {"PD218", "PD359"} <= ids
+
+
+def test_two_long_steps_show_no_period_but_their_cost_is_measured():
+    """A steady window of 20 steps with an evaluation every 10 (HF Trainer, eval_steps=10, 40
+    steps): 2 long steps, too few to show a period, yet what they cost that window is known."""
+    durs = every(20, 10, 0.105, 0.450, phase=7)
+    m = long_step_metrics(steps(durs), [])
+    assert m["loop.long_steps_every"] is None and m["loop.long_steps_share"] is None
+    assert m["loop.long_steps_any_share"] == pytest.approx(2 * (0.450 - 0.105) / sum(durs))
+    assert long_step_metrics(steps([0.105] * 20), [])["loop.long_steps_any_share"] == 0.0
+    assert long_step_metrics(steps(durs[:9]), [])["loop.long_steps_any_share"] is None     # too few steps

@@ -30,6 +30,11 @@ works longer queues longer) and their own DataLoader waits (an evaluation's batc
 what making that work rarer, or taking it off the training step, can save. At most a third of the phases may be long (more is a loop of two kinds
 of step, not a few long ones). loop.long_steps_traced counts the profiled steps that fall in the
 long phases, by their step numbers, so the diagnosis can say whether the breakdown saw any.
+
+loop.long_steps_any_share is the same sum over every long step, at a period or not: a steady
+window of 20 steps with an evaluation every 10 holds 2 of them, too few to show a period, yet
+their cost to that window is measured all the same. It bounds what work that only long steps
+hold (a trace's evaluation in its long step) can cost the run (analyze/callshares.py).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ TIERS = 7           # thresholds LONG x 1, 2, 4 ... 64 times the usual step
 PER_TIER = 8        # the most frequent distances tried from each (each a pass over the steps)
 
 NAMES = ("loop.long_steps_share", "loop.long_steps_every", "loop.long_step_ms", "loop.usual_step_ms",
-         "loop.long_steps_traced")
+         "loop.long_steps_traced", "loop.long_steps_any_share")
 
 
 def own_times(recs: list[dict]) -> np.ndarray:
@@ -141,6 +146,10 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     numbered = all(isinstance(x, int) and not isinstance(x, bool) for x in steps) and steps == sorted(set(steps))
     pos = np.array(steps) - steps[0] if numbered else np.arange(len(recs))
     found = periodic_long(own, usual, pos) if usual > 0 else None
+    dur = np.array([s["dur"] for s in recs])
+    typical = float(median(dur))
+    if usual > 0:
+        out["loop.long_steps_any_share"] = float(np.clip(dur[own >= LONG * usual] - typical, 0, None).sum()) / wall
     if found is None:
         loose = float(np.clip(own - usual, 0, None)[own >= LONG * usual].sum()) / wall if usual > 0 else 0.0
         out["loop.long_steps_share"] = None if loose >= UNKNOWN_AT else 0.0
@@ -148,8 +157,6 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     period, mask = found
     # the time those steps cost the run beyond as many usual steps: their wall time, their
     # queueing and their own loader's waits included (an evaluation's batches are its work)
-    dur = np.array([s["dur"] for s in recs])
-    typical = float(median(dur))
     long_phases = {int(p) % period for p in pos[mask]}
     out["loop.long_steps_share"] = float(np.clip(dur[mask] - typical, 0, None).sum()) / wall
     out["loop.long_steps_every"] = period / len(long_phases)
