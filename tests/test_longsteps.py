@@ -168,3 +168,25 @@ def test_two_long_steps_show_no_period_but_their_cost_is_measured():
     assert m["loop.long_steps_any_share"] == pytest.approx(2 * (0.450 - 0.105) / sum(durs))
     assert long_step_metrics(steps([0.105] * 20), [])["loop.long_steps_any_share"] == 0.0
     assert long_step_metrics(steps(durs[:9]), [])["loop.long_steps_any_share"] is None     # too few steps
+
+
+def test_a_long_traced_step_the_run_holds_too_rarely_for_a_period_lowers_the_confidence():
+    """HF Trainer, eval_steps=10 and save_steps=10 over 40 steps: the 5 traced steps held the
+    evaluation and checkpoint step (594 ms among steps of ~110 ms: mean 211, median 115 ms), the
+    run's 2 long steps 21.9% of its steady time, too few to show a period. Its breakdown (host-
+    bound, 31% untraced, where the usual traced steps run their ops 85%) is the long step's more
+    than the run's."""
+    m = {"share.device": 0.684, "share.input": 0.006, "share.host": 0.31, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "steps.time_mean_ms": 211.2, "steps.time_median_ms": 115.1,
+         "run.step_time_ms": 136.7, "run.step_time_median_ms": 107.7, "run.trace_inflation": 1.54,
+         "loop.long_steps_share": None, "loop.long_steps_every": None, "loop.long_steps_any_share": 0.219}
+    conf, notes, _ = confidence("host", m)
+    assert conf == 0.5
+    assert any(n.startswith("a long step fell in the traced window: the traced steps' time beyond their median is 46% "
+                            "of the trace, the run's long steps hold 22% of its steady time") and "about 3.0x" in n
+               for n in notes), notes
+    # the window holds them as the run does (or no long step in it; none in the run): no note
+    for same in ({"loop.long_steps_any_share": 0.40}, {"steps.time_mean_ms": 118.0},
+                 {"loop.long_steps_any_share": 0.0}, {"loop.long_steps_any_share": None}):
+        conf, notes, _ = confidence("host", {**m, **same})
+        assert conf == 1.0 and not any("long step" in n for n in notes), (same, notes)

@@ -156,6 +156,14 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"{traced_long} of the {traced_n} traced steps are long ones, where the run has one in "
                      f"{every:.0f}: the breakdown weighs their work {traced_long * every / traced_n:.1f}x as much as "
                      "the run does (PD218)")
+    elif every is None and not skew_told and (over := _window_overweight(m)) is not None:
+        # the run's long steps too few to show a period (2 evaluations in a steady window of 20
+        # steps): their time, not their rate, says how much more the window holds of them
+        conf = min(conf, 0.5)
+        window, run, odds = over
+        notes.append(f"a long step fell in the traced window: the traced steps' time beyond their median is "
+                     f"{window:.0%} of the trace, the run's long steps hold {run:.0%} of its steady time beyond "
+                     f"the usual step: the breakdown weighs their work about {odds:.1f}x as much as the run does")
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
@@ -166,3 +174,21 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
 
 def label(conf: float) -> str:
     return "high" if conf >= 0.75 else "medium" if conf >= 0.5 else "low"
+
+
+def _window_overweight(m: dict) -> tuple[float, float, float] | None:
+    """(window's long-step share, the run's, their odds ratio) where the traced window holds the
+    run's long steps (loop.long_steps_any_share) at least twice as often as the run does. The
+    window's share is the traced steps' time beyond their median step, (mean - median) / mean; the
+    odds ratio, (w / (1 - w)) / (r / (1 - r)), is the ratio of the rates (long steps per usual
+    step) where a long step's excess and a usual step cost the same in both: 2, as for a period
+    (an evaluation every 10 steps, 1 of 5 traced). None below LONG_STEPS of the window."""
+    mean_t, med_t, run = m.get("steps.time_mean_ms"), m.get("steps.time_median_ms"), m.get("loop.long_steps_any_share")
+    if not all(isinstance(x, (int, float)) for x in (mean_t, med_t, run)) or mean_t <= 0 or not 0 < run < 1:
+        return None
+    window = max(0.0, (mean_t - med_t) / mean_t)
+    if window < LONG_STEPS or window >= 1:
+        return None
+    odds = (window / (1 - window)) / (run / (1 - run))
+    return (window, run, odds) if odds >= 2 else None
+
