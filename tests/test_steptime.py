@@ -293,3 +293,24 @@ def test_run_to_run_spread_widens_a_two_run_interval():
     w = 1.959964 * math.sqrt(2) * 0.02
     assert math.log(1.2 / lo) == pytest.approx(math.hypot(math.log(1.2 / 1.1), w), rel=1e-4)
     assert math.log(hi / 1.2) == pytest.approx(math.hypot(math.log(1.25 / 1.2), w), rel=1e-4)
+
+
+def test_an_inconclusive_step_time_says_why_in_the_run_line():
+    """Lightning, an evaluation every 10 steps in 60: 40 steady steps, a burst cycle of 10. The
+    run line said '(too few to tell)' after its 95% CI, which left a reader asking: too few of
+    what? It gives the estimate's reason."""
+    from perfdoctor.report.terminal import _run_steps_line
+    from perfdoctor.stats.steptime import inconclusive_text
+    durs = [0.05 if i % 10 == 9 else 0.012 for i in range(40)]
+    recs = [{"step": i + 1, "dur": d, "wait": 0.0, "batches": 10 if d > 0.02 else 2} for i, d in enumerate(durs)]
+    e = estimate(recs)
+    assert not e.conclusive and e.reason
+    m = {"run.steps": 40, "run.step_time_ms": 1e3 * e.step_s, "run.step_time_ci95_ms": None,
+         "run.steady_steps": e.n, "run.step_time_conclusive": e.conclusive}
+    line = _run_steps_line(m, 10.0, None, None, e.reason)
+    assert line.endswith(f" steady steps (inconclusive: {e.reason})"), line
+    assert "too few to tell" not in line
+    # a run.json from an older perfdoctor has no reason: the old words; a hand-edited one's junk too
+    assert _run_steps_line(m, 10.0).endswith(" (too few to tell)")
+    assert inconclusive_text(3) == inconclusive_text("") == " (too few to tell)"
+    assert inconclusive_text("only 6 steady steps (need 10)") == " (inconclusive: only 6 steady steps (need 10))"

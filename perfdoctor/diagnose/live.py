@@ -235,6 +235,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "signal": res.signal, "stopped_by": res.stopped_by,
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "steps_left_out": {k: v for k, v in est.dropped.items() if v},
+                  "step_time_reason": est.reason,
                   "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling, "series": series, "step_series": step_series(steps, est.first, est.n)}
     doc["stacks"] = stacks

@@ -19,7 +19,7 @@ from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
 from perfdoctor.report.values import ms_text, number
-from perfdoctor.stats.steptime import left_out_text, ms
+from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
                 "device": "#2e8b57", "communication": "#8e5bb5", "inconclusive": "#6b7280"}
@@ -130,7 +130,7 @@ def _run(run: dict | None, m: dict) -> str:
                 + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                 + f" over {m['run.steady_steps']} steady steps"
                 + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")
-                + ("" if m.get("run.step_time_conclusive") else " (too few to tell)")
+                + ("" if m.get("run.step_time_conclusive") else H(inconclusive_text(run.get("step_time_reason"))))
                 + f"; data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time")
     return ("<h2>The run</h2><section class=\"card\">"
             f"<div><code>{H(run.get('command') or '(command unknown)')}</code></div><div class=\"dim\">{H(how)} · "

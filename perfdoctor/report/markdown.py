@@ -16,7 +16,7 @@ from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, br
                                      tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
-from perfdoctor.stats.steptime import left_out_text, ms
+from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
 
 TOP_FIXES = 5
 
@@ -47,7 +47,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
                      + f" over {m['run.steady_steps']} steady steps"
                      + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
                         else "")
-                     + (" (too few to tell)" if m.get("run.step_time_conclusive") is False else ""))
+                     + (M(inconclusive_text((doc.get("run") or {}).get("step_time_reason")))
+                        if m.get("run.step_time_conclusive") is False else ""))
     out += [" · ".join(facts), ""]
     if first.get("steps"):
         rows = sorted(breakdown_rows(first, role_labels(m)), key=lambda r: -r[3])

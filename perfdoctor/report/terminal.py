@@ -11,7 +11,7 @@ from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdo
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
-from perfdoctor.stats.steptime import left_out_text, ms
+from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
@@ -175,7 +175,8 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
                           (f" · {how} · exit code {code}", ""), (f" · {T(err)}" if err else "", "red")))
     if m.get("run.step_time_ms") is not None:
-        c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"))
+        c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
+                                     run.get("step_time_reason"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; data wait"
                      f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
@@ -185,10 +186,12 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
         _para(c, f"note: {n}", 0, "yellow")
 
 
-def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None) -> str:
+def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None,
+                    reason: str | None = None) -> str:
     """'99 steps in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady steps (left
     out: 10 profiled, 2 warm-up)': the wall time is the whole run's (imports and set-up
-    included), not the steps'. Steps that are not optimizer steps say what they are."""
+    included), not the steps'. Steps that are not optimizer steps say what they are; a step time
+    the window cannot tell says why (`reason`: the estimate's, in run.json's step_time_reason)."""
     why = left_out_text(left_out)
     ci = m.get("run.step_time_ci95_ms")
     t = m["run.step_time_ms"]
@@ -198,7 +201,8 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
             + f" over {m['run.steady_steps']} steady steps"
             + (f" (left out: {why})" if why else "")
-            + ("" if m.get("run.step_time_conclusive") else " (too few to tell)"))
+            + ("" if m.get("run.step_time_conclusive")
+               else inconclusive_text(T(reason) if isinstance(reason, str) else None)))
 
 
 def _breakdown(c: Console, t: dict) -> None:

@@ -135,6 +135,13 @@ def left_out_text(dropped) -> str | None:
     return ", ".join(f"{v} {w}" for v, w in sorted(parts, key=lambda p: -p[0])) or None
 
 
+def inconclusive_text(reason) -> str:
+    """' (inconclusive: only 6 steady steps (need 10))' for the run's step line: the estimate's
+    reason (run.json's step_time_reason); ' (too few to tell)' for a run from an older perfdoctor
+    or a hand-edited report, which has none."""
+    return f" (inconclusive: {reason})" if isinstance(reason, str) and reason else " (too few to tell)"
+
+
 # --- the estimate -------------------------------------------------------------------------------
 
 def estimate(steps: list[dict], *, num_workers: int | None = None,
