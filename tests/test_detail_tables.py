@@ -182,6 +182,7 @@ def test_an_op_running_past_the_last_step_counts_up_to_its_end(tmp_path):
     assert sum(r["share"] for r in rows.values()) == approx((400 + 500) / 2000)
 
 
+@pytest.mark.quiet
 def test_host_ops_of_a_cpu_run_sum_to_its_op_time(tmp_path):
     """On a trace torch records on the CPU (one thread), the rows' self times add up to the time
     the steps spend in ops: the breakdown's CPU-ops share, less what the top rows leave out."""

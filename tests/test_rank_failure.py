@@ -112,6 +112,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 def test_a_rank_killed_by_sigkill_fails_the_job_as_it_would_under_torchrun(tmp_path):
     script = tmp_path / "killed.py"

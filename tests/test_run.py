@@ -179,6 +179,7 @@ def test_missing_script_is_a_usage_error(tmp_path):
 
 # Steps per run: enough measured time after the ~3 s of imports for the 0.5 s samplers to see
 # the steady state (examples/ README numbers: fast IO steps need a few hundred).
+@pytest.mark.quiet
 @pytest.mark.parametrize("script,args,n,bound,split", [
     ("cpu_bound_loader.py", ["--workers", "0"], 30, "input_cpu", "cpu"),
     ("cpu_bound_loader.py", ["--workers", "2"], 150, "input_cpu", "cpu"),
@@ -225,6 +226,7 @@ def test_script_imports_torch_itself_with_python_semantics(tmp_path):
     assert "argv ['--flag', 'x'] path0 True" in r.stdout
 
 
+@pytest.mark.quiet
 def test_stacks_are_sampled_or_refusal_is_explained(tmp_path):
     r = prun("--stacks", "--no-trace", "--duration", "10", EX / "cpu_bound_loader.py", "--workers", "1",
              "--batch-size", "2", "--steps", "100000", out=tmp_path / "run")

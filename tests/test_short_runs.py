@@ -36,6 +36,7 @@ def test_young_run_is_sampled_faster_and_life_counters_are_cumulative():
     assert tr["runq_life_s"] is not None and tr["runq_life_s"] >= 0
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 0])
 def test_io_bound_run_stopped_after_40_steps_gets_the_io_split(tmp_path, workers):

@@ -169,6 +169,7 @@ for step in range(200):
 """
 
 
+@pytest.mark.quiet
 @pytest.mark.parametrize("mode", ["busy", "sleep"])
 def test_a_threads_cpu_time_on_steps_shorter_than_a_tick_adds_up(tmp_path, mode):
     """schedstat's runtime lags a running thread by up to a tick: on 2 ms steps it read 0 or 4 ms,
