@@ -147,34 +147,38 @@ def _contention(ranks: list[RankInput], slow: int) -> float | None:
     return max(0.0, by[slow].runq_ms - expected) / extra
 
 
+def _paired_busy(ranks: list[RankInput]) -> list[dict[int, float]]:
+    """Each rank's own work (step time less its collective wait), per step every rank recorded
+    (paired by ProfilerStep number)."""
+    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
+    return [{r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks} for lab in labels]
+
+
 def _last_share(ranks: list[RankInput], slow: int) -> tuple[float | None, int | None]:
     """Of the time the ranks waited for a slower rank over the paired steps (per step: each rank's
     own work short of the busiest rank's), the share spent in steps where `slow` was the busiest,
     and in how many steps it was. Ranks that take turns share the wait; a rank with a long step of
     its own every N steps (an evaluation, a checkpoint on rank 0) holds nearly all of it, though it
     is not busier step after step. (None, None) without paired steps or without any such wait."""
-    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
+    paired = _paired_busy(ranks)
     total = mine = 0.0
     last = 0
-    for lab in labels:
-        busy = {r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks}
+    for busy in paired:
         top = max(busy, key=busy.get)
         waited = sum(busy[top] - b for b in busy.values())
         total += waited
         if top == slow:
             mine += waited
             last += 1
-    if not labels or total <= 0:
+    if not paired or total <= 0:
         return None, None
     return mine / total, last
 
 
 def _consistent(ranks: list[RankInput], slow: int) -> tuple[bool | None, int]:
     """Is `slow` busier than the others step after step (module docstring)? (None: too few steps.)"""
-    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
     diffs = []
-    for lab in labels:
-        busy = {r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks}
+    for busy in _paired_busy(ranks):
         others = [b for k, b in busy.items() if k != slow]
         diffs.append(busy[slow] - fmean(others))
     if len(diffs) < MIN_PAIRED:

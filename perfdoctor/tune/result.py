@@ -50,6 +50,7 @@ def build(t: Tuner) -> dict:
     est = b.estimate
     best = t.best()
     verdict = (t.doc.get("verdict") or {}).get("bound")
+    skipped = [o for o in t.outcomes if o.status == "skipped" and o.reason == "budget"]
     return {
         "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
         "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
@@ -66,17 +67,16 @@ def build(t: Tuner) -> dict:
                   "confirmed": best.confirm is not None}
                  if best else None),
         "apply": apply_text(best.trial.changes if best else {}, _inject_for(b, best), t.facts.cuda),
-        "skipped_for_budget": [o.trial.label for o in t.outcomes if o.status == "skipped" and o.reason == "budget"],
-        "budget_for_all_s": _budget_for_all(t),
+        "skipped_for_budget": [o.trial.label for o in skipped],
+        "budget_for_all_s": _budget_for_all(t, len(skipped)),
         "untested": untested(t),
     }
 
 
-def _budget_for_all(t: Tuner) -> float | None:
+def _budget_for_all(t: Tuner, n: int) -> float | None:
     """About how large a --budget would have run the trials skipped for lack of it: the time spent,
     and a run as long as the longest for each (two on a noisy machine: the baseline again after
-    it), and the best setting's confirmation. None when none was skipped for budget."""
-    n = sum(1 for o in t.outcomes if o.status == "skipped" and o.reason == "budget")
+    it), and the best setting's confirmation, for the `n` skipped. None when none was."""
     if not n or t.longest <= 0:
         return None
     return float(math.ceil((t.elapsed() + (n * (2 if t.noisy else 1) + CONFIRM_RUNS) * t.longest) / 10) * 10)
