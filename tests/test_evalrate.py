@@ -113,6 +113,7 @@ for step in range(90):
 """
 
 
+@pytest.mark.quiet
 @pytest.mark.torch
 def test_live_an_evaluation_every_20_steps_inside_the_window_is_taken_at_the_runs_rate(tmp_path):
     pytest.importorskip("torch")

@@ -148,6 +148,7 @@ with tempfile.TemporaryDirectory() as out:
 """
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 def test_hf_trainer_evaluating_every_10_steps(tmp_path):
     """eval_steps=10 over 30 optimizer steps: the 5 traced steps hold one evaluation, the steady
