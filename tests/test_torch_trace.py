@@ -111,6 +111,7 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
         assert "fused-optimizer" not in fixes and "unfused-optimizer" not in {f["slug"] for f in doc["flags"]}
 
 
+@pytest.mark.quiet      # its share is timing: the other worker's load moved it 0.15-0.8
 @pytest.mark.parametrize("closure", [False, True])
 def test_an_optimizer_closures_forward_and_backward_are_not_optimizer_time(tmp_path, closure):
     """optimizer.step(closure) (LBFGS; Lightning) runs the model inside the Optimizer.step range.
@@ -139,7 +140,14 @@ def test_an_optimizer_closures_forward_and_backward_are_not_optimizer_time(tmp_p
         return step
     step = stepper(closure)
     on_cpu = []
-    doc = _profiled(tmp_path, step, 4, on_cpu)
+    # one intra-op thread: the calling thread's CPU clock is then all the steps' compute (a second
+    # thread queued behind another process leaves this one spinning at a barrier, on a CPU)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        doc = _profiled(tmp_path, step, 4, on_cpu)
+    finally:
+        torch.set_num_threads(threads)
     m = doc["traces"][0]["metrics"]
     assert m["optimizer.closure"] is closure
     assert 6 * 2 * 5 <= m["optimizer.ops_per_step"] < 6 * 2 * 40      # the update's ops, not the model's
@@ -148,7 +156,7 @@ def test_an_optimizer_closures_forward_and_backward_are_not_optimizer_time(tmp_p
         plain = _profiled(tmp_path / "plain", stepper(False), 4)["traces"][0]["metrics"]
         assert m["optimizer.ops_per_step"] == plain["optimizer.ops_per_step"]
     # the forward and backward are not in it: the update is under half of the time the thread ran
-    # (0.15-0.25 of a step here); time it queued for a core (a loaded machine; no sleep in these
+    # (0.25-0.45 of a step here); time it queued for a core (a loaded machine; no sleep in these
     # steps) may fall anywhere, in the update too
     assert m["optimizer.step_share"] < 0.5 * on_cpu[0] + (1 - on_cpu[0]), on_cpu
 
