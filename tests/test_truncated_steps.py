@@ -22,11 +22,14 @@ from perfdoctor.trace.loader import load_trace
 S = tg.StepSpec
 
 
-def cut_gz(spec: tg.TraceSpec, path, event: str, nth: int = 1, into: int = 60) -> str | None:
+def cut_gz(spec: tg.TraceSpec, path, event: str, nth: int = 1, into: int = 60, props: dict | None = None) -> str | None:
     """Write the trace as a gzip stream that stops `into` characters inside the `nth` event named
     `event` (every event before it complete), as a writer killed there leaves it: no final deflate
-    block, no gzip trailer. Returns the number of the last ProfilerStep written before the cut."""
+    block, no gzip trailer. Returns the number of the last ProfilerStep written before the cut.
+    `props`: the trace's deviceProperties (a CPU-trained script's trace on a machine with a GPU)."""
     obj, _ = tg.build(spec)
+    if props is not None:
+        obj = {"deviceProperties": [props], **{k: v for k, v in obj.items() if k != "deviceProperties"}}
     text = tg.render(obj)
     blocks = [m.start() for m in re.finditer(r"\n  \{\n", text)]       # one per event, in file order
     names = [e["name"] for e in obj["traceEvents"]]
@@ -77,6 +80,27 @@ def test_gpu_trace_cut_before_its_device_events_has_no_step_to_judge(tmp_path):
     a, labels = steps_of(tmp_path / "cut.json.gz")
     assert labels is None and a.metrics["steps.count"] == 0
     assert any("cut off before its first device event" in n for n in a.notes)
+    # nor is it a CPU-only trace: its header names the device its properties describe
+    assert a.metrics["trace.platform"] == "cuda" and a.metrics["trace.device_name"] == "Tesla V100-SXM2-32GB"
+
+
+@pytest.mark.parametrize("cut_in", ["host events", "trailer"])
+def test_cpu_trained_trace_on_a_gpu_machine_is_cpu_unless_the_cut_hid_that(tmp_path, cut_in):
+    """A script trained on the CPU of a machine with a GPU: its trace has the device's properties
+    and no device event. Cut in its trailer, every step is there and it is a CPU trace; cut in
+    its host events, the device events it may have had are lost: its steps are dropped, and it is
+    not called CPU only."""
+    spec = tg.TraceSpec(steps=[S(cpu_ops_us=2000)] * 4, device="cpu")
+    event, into = ("aten::relu", 60) if cut_in == "host events" else ("Iteration Start: PyTorch Profiler", 20)
+    cut_gz(spec, tmp_path / "cut.json.gz", event, nth=3 if cut_in == "host events" else 1, into=into,
+           props={"id": 0, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9, "computeMinor": 0})
+    a, labels = steps_of(tmp_path / "cut.json.gz")
+    assert a.metrics["trace.truncated"] is True
+    if cut_in == "trailer":
+        assert a.metrics["trace.platform"] == "cpu" and labels == ["5", "6", "7", "8"]
+    else:
+        assert a.metrics["trace.platform"] == "cuda" and labels is None
+        assert a.metrics["trace.device_name"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_cut_in_the_trailer_keeps_every_step(tmp_path):

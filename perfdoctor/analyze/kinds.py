@@ -122,9 +122,14 @@ def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.nda
     device synchronisation when it stops, after the last step, is in the trace of a CPU-trained
     script on a machine with a GPU too: calls outside the ProfilerStep spans, and without them
     syncs and queries, do not count); mtia when MTIA categories, its launch call or an `mtia:`
-    backend say so (HTA's test); rocm when HIP names or an AMD device say so."""
+    backend say so (HTA's test); rocm when HIP names or an AMD device say so. A file with a
+    device's properties cut off before its device events is that device's trace, not a CPU one
+    (its steps are dropped: analyze/steps.py)."""
     props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
-    if not device_rows.any() and not _steps_called_the_runtime(t, runtime_rows, step_rows):
+    # cut before its device events (and the trailer after them: metadata, the profiler's span)
+    cut_before_device = (t.meta.truncated and bool(t.meta.device_properties)
+                         and not ((t.ph == ord("M")) | t.cat_mask("Trace")).any())
+    if not device_rows.any() and not _steps_called_the_runtime(t, runtime_rows, step_rows) and not cut_before_device:
         return "cpu"
     rt_names = {t.names[c] for c in unique(t.name[runtime_rows])}
     if (any(c.lower() in MTIA_DEVICE_CATS for c in t.cats) or MTIA_LAUNCH in rt_names
