@@ -82,6 +82,12 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     # an evaluation seen both ways: the larger measure (extra batches 8%, stacks 14%)
     assert combined({"loop.extra_batches_excess_share": 0.08, "stacks.evaluation_share": 0.14})[
         "evaluation.share"] == 0.14
+    # saves every 10 steps, 2 of them among 27 steady steps: their gap, not 27 / 2; one save: the steps over it
+    every10 = [{"step": n, "dur": 0.1, **({"save": 0.02} if n % 10 == 0 else {})} for n in range(1, 28)]
+    assert call_metrics(every10, timed=True)["calls.save_interval_steps"] == 10.0
+    assert call_metrics(every10[:15], timed=True)["calls.save_interval_steps"] == 15.0
+    assert call_metrics([{k: v for k, v in s.items() if k != "step"} for s in every10], timed=True)[
+        "calls.save_interval_steps"] == 13.5                     # an older run's steps have no numbers
     # no save in the steady steps: share 0, no interval
     assert call_metrics([{"dur": 0.1}] * 3, timed=True)["calls.save_interval_steps"] is None
 

@@ -347,7 +347,7 @@ _m("stacks.python_data_share", "share", "Share of steady step time in the user's
 # older run directory; save.* and logging.*: the larger of the timed and the sampled (stacks) share.
 _m("calls.optimizer_share", "share", "Share of steady step time the training thread spent inside optimizer.step() (timed per step by perfdoctor run; calls given a closure are not counted, since the forward and backward passes run inside them). Un-profiled, unlike optimizer.step_share. On a GPU it is the host's launch time, not the update's.")
 _m("calls.save_share", "share", "Share of steady step time the training thread spent inside torch.save and safetensors' save_file (timed per step by perfdoctor run).")
-_m("calls.save_interval_steps", "count", "Steady steps per step that called torch.save or save_file (1 = every step); None when no steady step saved.")
+_m("calls.save_interval_steps", "count", "Steady steps per step that called torch.save or save_file (1 = every step): the median gap between the numbers of the steps that saved, with two or more; the steady steps over the saves with one. None when no steady step saved.")
 _m("calls.log_share", "share", "Share of steady step time the training thread spent inside TensorBoard's SummaryWriter.add_* calls (torch.utils.tensorboard, tensorboardX; timed per step).")
 _m("save.share", "share", "Share of steady step time spent saving checkpoints: the larger of calls.save_share (timed) and stacks.checkpoint_share (sampled), each of which sees only part of the savers.")
 _m("save.interval_steps", "count", "Steady steps per checkpoint save, from the source save.share was taken from.")
