@@ -104,15 +104,17 @@ def test_evaluation_in_every_step_is_measured(traces):
     assert truth > 0.3 and m["evaluation.share"] == share and "PD354" in fixes
 
 
-def test_evaluation_before_the_training_step_is_counted_after_an_update(traces):
-    """`evaluate(); train_step()`: each evaluation follows the previous step's update, which the
-    first recorded step's has not in the trace (the profiler keeps its warm-up step out): 3 of
-    the 4 steps' evaluations count, a lower bound."""
+def test_evaluation_before_the_training_step_is_counted_in_every_step(traces):
+    """`evaluate(); train_step()`: each evaluation follows the previous step's update, which for
+    the first recorded step lies before the trace (the profiler keeps its warm-up step out). The
+    later steps show the same no-grad forward after an update, so the first step's leading one is
+    the same loop: all 4 steps' evaluations count (3 of 4 read 3/4 of the truth, a GCN trained
+    this way read 35% for a 45% evaluation)."""
     truth = json.loads((traces / "truth.json").read_text())["eval_first"]
     m, fixes = _diagnose(traces, "eval_first")
     share = m["evaluation.nograd_forward_share"]
-    assert 0.6 * truth < share < 0.75 * truth + 0.05, (share, truth)
-    assert "PD354" in fixes
+    assert share == pytest.approx(truth, abs=0.06), (share, truth)
+    assert truth > 0.3 and "PD354" in fixes
 
 
 @pytest.mark.parametrize("variant", ["plain", "distill"])
