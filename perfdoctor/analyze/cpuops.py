@@ -31,7 +31,7 @@ import numpy as np
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
-from perfdoctor.analyze.patterns import OwnPart
+from perfdoctor.analyze.patterns import OwnPart, optimizer_step_rows
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -66,8 +66,7 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out["cpu.small_op_share"] = min(1.0, float(dur[per_op < SMALL_OP_US].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
     out["cpu.op_median_us"] = float(median(dur))
-    opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith("Optimizer.step#")))
-    opt = opt[steps.index_of(t.ts[opt]) >= 0]
+    opt = optimizer_step_rows(t, k, steps)
     if len(opt):
         large = top[per_op >= SMALL_OP_US]
         inside = large[contained(t, large, opt)]           # any depth, same thread

@@ -40,6 +40,13 @@ BACKWARD = "autograd::engine::evaluate_function"
 OPEN_AT_CUT_US = 1000.0    # a range ending this close to the trace's last event was open at the cut
 
 
+def optimizer_step_rows(t: EventTable, k: Kinds, steps: Steps) -> np.ndarray:
+    """The Optimizer.step ranges (torch's `Optimizer.step#<class>.step` annotation) that start
+    inside a step."""
+    opt = np.flatnonzero(k.cpu_op & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
+    return opt[steps.of_events(t)[opt] >= 0]
+
+
 class OwnPart:
     """The optimizer's own part of each Optimizer.step range. optimizer.step(closure) (LBFGS,
     Lightning's automatic optimization) runs the model's forward and backward inside the range;
@@ -101,7 +108,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "optimizer.implementation": None, "optimizer.closure": None,
            "gpu.kernels_per_step_cv": None,
            "gpu.kernel_time_per_step_cv": None}
-    opt = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: s.startswith("Optimizer.step#")))
+    opt = optimizer_step_rows(t, k, steps)
     part = OwnPart(t, opt, steps)
     s_, e_ = intervals.clip(part.cut, part.ends, *steps.span)
     out["optimizer.step_share"] = intervals.total(s_, e_) / total if len(opt) else None
