@@ -36,13 +36,9 @@ def machine_share(config: pytest.Config, exclusive: bool):
     A readers-writer lock from two flock(2) files: every test passes through the gate; a quiet
     test keeps the gate while it waits for the main lock exclusively, so no test starts in the
     meantime and none starves it. A worker that dies releases its locks with its files."""
-    global _exclusive
     if not hasattr(config, "workerinput"):     # one process runs every test: nothing to share
-        _exclusive = exclusive
-        try:
+        with _holding(exclusive):
             yield
-        finally:
-            _exclusive = False
         return
     # xdist gives each worker a base temp folder inside the session's, which pytest cleans up
     base = config._tmp_path_factory.getbasetemp().parent / "machine"
@@ -53,15 +49,25 @@ def machine_share(config: pytest.Config, exclusive: bool):
         else:
             fcntl.flock(main, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-        _exclusive = exclusive
         try:
-            yield
+            with _holding(exclusive):
+                yield
         finally:
-            _exclusive = False
             # unlocked, not only closed: a process the test forked (a DataLoader worker) shares
             # the open files, and closing ours would leave the lock held while it lives
             fcntl.flock(main, fcntl.LOCK_UN)
             fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _holding(exclusive: bool):
+    """Says to skip_if_shared, for the test's length, whether this worker holds the machine alone."""
+    global _exclusive
+    _exclusive = exclusive
+    try:
+        yield
+    finally:
+        _exclusive = False
 
 
 def _stat() -> tuple[float, float]:
