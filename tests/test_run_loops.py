@@ -264,6 +264,29 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert not any(f["id"] == "PD353" for f in report(out)["findings"])
 
 
+def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
+    """A 1-D input is one unbatched sample to torch's layers: an RL rollout calling its policy on
+    one state of 4 numbers 20 times a step read as 20 calls with a batch of 4, and PD353 (batch
+    the samples) gave way to PD365 with "~16x" for a loop that is a recurrence."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.collect.modules import Census
+    policy, loss = torch.nn.Linear(4, 2), torch.nn.MSELoss()
+    census = Census(torch.Tensor)
+    census.boundary("optimizer")                       # the counted step starts
+    for _ in range(20):
+        census.count(policy, (torch.zeros(4),), {})    # one state: 1-D
+    census.count(loss, (torch.zeros(3, 2), torch.zeros(3, 2)), {})
+    census.boundary("optimizer")
+    assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0}
+    census.reset()
+    census.boundary("optimizer")
+    census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch
+    census.count(loss, (torch.tensor(1.0),), {})
+    census.boundary("optimizer")
+    assert census.result["batch"] == 32
+    assert census.counts == {} and census.state == "done"
+
+
 # LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call
 # also multiplies matrices for STEP_S / 20 seconds, so that a step lasts STEP_S of CPU work on any
 # machine, however fast or busy. The time rules are scaled down (1 s instead of 10 s) as for

@@ -35,7 +35,7 @@ IN_LOADER = threading.local()  # this thread is inside a DataLoader's __next__ (
 class Census:
     """The outermost module calls of the first whole step after the step source is chosen: per
     module, how many, and the leading dimension of each call's first tensor argument (its batch
-    size, for a model that takes a batch); and the backward passes of that step. `result`
+    size, for a model that takes a batch; 1 for a 1-D tensor: one unbatched sample); and the backward passes of that step. `result`
     (child.json "root_calls"): the module called most, {"module", "calls", "batch",
     "batch_share", "modules", "passes"}; None until the step ends."""
 
@@ -73,9 +73,12 @@ class Census:
         c[2][lead] = c[2].get(lead, 0) + 1
 
     def _lead(self, args, kwargs):
+        """The batch size of a call: the leading dimension of its first tensor argument; 1 for a
+        1-D tensor, which torch's layers read as one unbatched sample (Linear's features,
+        Embedding's one sequence: an RL policy called on one state of 4 numbers is no batch of 4)."""
         for v in (*args, *kwargs.values()):
             if isinstance(v, self.tensor):
-                return int(v.shape[0]) if v.dim() else None
+                return None if v.dim() == 0 else 1 if v.dim() == 1 else int(v.shape[0])
         return None
 
 
