@@ -209,3 +209,21 @@ def test_fp64_ratios_by_generation():
     assert fp64_ratios(8.9) == pytest.approx((64.0, 128.0))         # Ada / consumer Ampere: 1/64-rate fp64
     assert fp64_ratios(7.0)[1] == pytest.approx(15.7 / 7.8)         # V100: no TF32, fp32 SIMT
     assert fp64_ratios(6.1) is None and fp64_ratios(None) is None
+
+
+def test_an_a100_already_on_tensor_cores_is_not_told_to_move_to_an_a100(tmp_path):
+    """A GPU-bound A100 trace whose GEMMs already run fp16 on tensor cores (a public matmul
+    benchmark's, JeremyMorlier/GPUModel): the hardware cost note fires, and proposed 'a newer GPU
+    generation (A100 / H100)' to an A100. Its title names no generation; its text says what each
+    generation adds over the one before."""
+    path = tmp_path / "a100.json"
+    _step_trace(path, [("ampere_fp16_s16816gemm_fp16_128x256_ldg8_f2f_stages_64x3_nn", 15_000)])
+    doc = json.loads(path.read_text())
+    doc["deviceProperties"] = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8, "computeMinor": 0,
+                                "totalGlobalMem": 85095874560}]
+    path.write_text(json.dumps(doc))
+    m, fixes = _metrics_and_fixes(path)
+    assert m["trace.compute_capability"] == 8.0 and m["share.device"] > 0.99 and "no-tensor-cores" not in fixes
+    note = fixes["faster-gpu"]
+    assert "A100" not in note["title"], note["title"]
+    assert "H100 (Hopper) over an A100" in note["fix"]["text"]

@@ -98,3 +98,57 @@ def test_short_runtime_calls_of_threads_one_after_another_are_not_one_long_call(
     m, _ = _diagnose(tr, tmp_path / "turns.json")
     assert m["gpu.idle_while_runtime_share"] == pytest.approx(2 / 3, abs=0.01)
     assert m["gpu.idle_while_long_runtime_share"] == 0
+
+
+def test_a_trace_of_the_profilers_setup_calls_alone_is_nothing_to_analyse(tmp_path):
+    """A GPU trace whose 5 s window holds only the runtime calls of the profiler's own start and
+    stop (cudaGetDeviceCount, cudaGetDeviceProperties, cudaDeviceSynchronize), no operator and no
+    kernel: the model ran outside the window (a public A100 trace of a particle transformer is
+    like this). It used to be read as one host-bound 'step' of 14.6 ms, 87% untraced, with
+    Python-profiling advice; it is refused with one line saying why, and skipped beside a good
+    trace."""
+    import json
+    import subprocess
+    import sys
+
+    tr = HandTrace()
+    _runtime(tr, 1_000.0, "cudaGetDeviceCount", 468.0)
+    _runtime(tr, 12_000.0, "cudaGetDeviceProperties", 1_322.0)
+    _runtime(tr, 14_500.0, "cudaDeviceSynchronize", 30.0)
+    tr.events.append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                      "tid": "PyTorch Profiler", "ts": -5_230_000.0, "dur": 5_245_000.0})
+    empty = tmp_path / "setup_only.json"
+    tr.write(empty)
+
+    def report(path):
+        return subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(path), "-f", "json"],
+                              capture_output=True, text=True)
+
+    r = report(empty)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
+    assert r.stderr.startswith(f"perfdoctor: error: {empty}: nothing to analyse: the trace holds 3 runtime "
+                               "call(s) (cudaGetDeviceCount, cudaGetDeviceProperties, cudaDeviceSynchronize)")
+    good = HandTrace()
+    for i in range(3):
+        good.op(1, i * 1_000.0 + 10, "aten::mm", 100.0, ext=good.corr + 1)
+        good.launch(1, i * 1_000.0 + 20, "ampere_sgemm_128x64_nn", 500.0)
+        good.step(i, i * 1_000.0, i * 1_000.0 + 1_000)
+    good.write(tmp_path / "good.json")
+    r = report(tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [t["metrics"]["steps.count"] for t in doc["traces"]] == [3]
+    assert any(w.startswith("skipped setup_only.json: nothing to analyse") for w in doc["traces"][0]["warnings"])
+
+
+def test_runtime_calls_beside_python_frames_are_still_a_pseudo_step(tmp_path):
+    """Python frames (with_stack) or a record_function label are the workload's own time: such a
+    trace without ops is still analysed as one whole-trace step."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    tr = HandTrace()
+    _runtime(tr, 1_000.0, "cudaGetDeviceCount", 100.0)
+    tr.block(1, 1_200.0, "train.py(12): step", 4_000.0, cat="python_function")
+    tr.write(tmp_path / "frames.json")
+    m = diagnose_path(str(tmp_path / "frames.json"))["traces"][0]["metrics"]
+    assert m["steps.count"] == 1 and m["steps.source"] == "whole trace"
+    assert m["steps.time_mean_ms"] == pytest.approx(4.2)

@@ -62,7 +62,9 @@ def analyze(t: EventTable) -> TraceAnalysis:
     if len(steps) == 0 and steps.cut_off:
         return _cut_off(t, k, steps)
     if len(steps) == 0 or float(steps.duration.sum()) <= 0:
-        raise TraceFormatError(f"{t.meta.path}: no timed (complete 'X') events to analyse")
+        why = steps.notes[0] if steps.notes and steps.notes[0].startswith("nothing to analyse") else \
+            "no timed (complete 'X') events to analyse"
+        raise TraceFormatError(f"{t.meta.path}: {why}")
     tl = build_timeline(t, k, steps)
     bm = breakdown_matrix(tl, len(steps))
     total = float(steps.duration.sum())
