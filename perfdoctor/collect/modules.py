@@ -35,9 +35,9 @@ IN_LOADER = threading.local()  # this thread is inside a DataLoader's __next__ (
 class Census:
     """The outermost module calls of the first whole step after the step source is chosen: per
     module, how many, and the leading dimension of each call's first tensor argument (its batch
-    size, for a model that takes a batch; 1 for a 1-D tensor: one unbatched sample); and the backward passes of that step. `result`
-    (child.json "root_calls"): the module called most, {"module", "calls", "batch",
-    "batch_share", "modules", "passes"}; None until the step ends."""
+    size, for a model that takes a batch; 1 for a 1-D tensor: one unbatched sample); and the
+    backward passes of that step. `result` (child.json "root_calls"): the module called most,
+    {"module", "calls", "batch", "batch_share", "modules", "passes"}; None until the step ends."""
 
     def __init__(self, tensor_type):
         self.tensor = tensor_type
