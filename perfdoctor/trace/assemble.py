@@ -10,6 +10,7 @@ import numpy as np
 
 from perfdoctor.trace import schema
 from perfdoctor.trace.columns import LAYOUT, STRING_COLUMNS, Interner, Part
+from perfdoctor.trace.legacy import legacy_categories
 from perfdoctor.trace.table import EventTable, TraceMeta
 
 DTYPES = {k: np.dtype({"B": np.uint8, "i": np.int32, "d": np.float64}[t]) for k, t in LAYOUT.items()}
@@ -145,6 +146,9 @@ def build_table(path: str, part: Part) -> EventTable:
         part.labels = kept_labels(part.labels, keep)
         part.warnings = [*part.warnings, warning]
     _untimed_as_zero(cols)
+    legacy = legacy_categories(path, cols, part.strings)
+    if legacy:
+        part.warnings = [*part.warnings, legacy]
     m = part.meta
     props = m.get("deviceProperties") or []
     dist = m.get("distributedInfo") or {}
