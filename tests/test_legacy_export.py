@@ -17,9 +17,10 @@ def _record(tmp_path):
     torch = pytest.importorskip("torch", reason="torch is a test dependency")
     from torch.profiler import ProfilerActivity, profile, schedule
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    # ops of a millisecond or more: the loop is compute whatever else the machine runs
+    m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
     legacy, kineto = tmp_path / "legacy.json", tmp_path / "kineto.json"
 
     def ready(p):
@@ -47,7 +48,7 @@ def test_legacy_export_reads_its_steps_and_ops(tmp_path):
     m = doc["traces"][0]["metrics"]
     assert m["trace.platform"] == "cpu"
     assert m["steps.source"] == "ProfilerStep" and m["steps.count"] == 4
-    assert m["steps.time_median_ms"] == pytest.approx((steps[1] + steps[2]) / 2 / 1000, rel=1e-6)
+    assert m["steps.time_median_ms"] == pytest.approx((steps[1] + steps[2]) / 2 / 1000, abs=1e-3)   # us, to 3 places of ms
     # The ops of the same steps, as the Kineto export of the same run reads them: the loop is
     # compute on the CPU, not untraced host time.
     k = diagnose_path(str(kineto))["traces"][0]["metrics"]
