@@ -141,6 +141,33 @@ def test_a_trace_of_the_profilers_setup_calls_alone_is_nothing_to_analyse(tmp_pa
     assert any(w.startswith("skipped setup_only.json: nothing to analyse") for w in doc["traces"][0]["warnings"])
 
 
+def test_cupti_overhead_records_beside_setup_calls_are_still_nothing_to_analyse(tmp_path):
+    """CUPTI's own overhead records (cat "overhead", pid -1: "Activity Buffer Request",
+    "Instrumentation", "Resource") are the tracer's, not the workload's. A public two-RTX-3090
+    trace (bclarkson-code/flow_matching pytorch_trace.json: a 78 s profiler window holding only
+    cudaGetDeviceCount, cudaGetDeviceProperties_v2, a 185 ms first cudaDeviceSynchronize and
+    such records) was read as a 'CPU only' host-bound step of 210.6 ms with torch.compile-on-CPU
+    advice; it is refused like the same calls without them."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.errors import TraceFormatError
+
+    tr = HandTrace()
+    _runtime(tr, 1_000.0, "cudaGetDeviceCount", 0.3)
+    _runtime(tr, 20_000.0, "cudaGetDeviceProperties_v2", 1_465.0)
+    tr.events.append({"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "pid": -1, "tid": 0,
+                      "ts": 1_001.0, "dur": 1_724.0})
+    _runtime(tr, 25_000.0, "cudaDeviceSynchronize", 185_000.0)
+    for ts, name, dur in ((186_000.0, "Instrumentation", 29.0), (187_000.0, "Resource", 5_236.0)):
+        tr.events.append({"ph": "X", "cat": "overhead", "name": name, "pid": -1, "tid": 0, "ts": ts, "dur": dur})
+    tr.events.append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                      "tid": "PyTorch Profiler", "ts": -77_000_000.0, "dur": 77_300_000.0})
+    path = tmp_path / "overhead_only.json"
+    tr.write(path)
+    with pytest.raises(TraceFormatError, match=r"nothing to analyse: the trace holds 3 runtime call\(s\) "
+                       r"\(cudaGetDeviceCount, cudaGetDeviceProperties_v2, cudaDeviceSynchronize\)"):
+        diagnose_path(str(path))
+
+
 def test_runtime_calls_beside_python_frames_are_still_a_pseudo_step(tmp_path):
     """Python frames (with_stack) or a record_function label are the workload's own time: such a
     trace without ops is still analysed as one whole-trace step."""

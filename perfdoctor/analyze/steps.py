@@ -290,7 +290,9 @@ def _whole_trace(t: EventTable, k: Kinds) -> Steps:
         rows = np.flatnonzero(k.complete & ~t.cat_mask("Trace"))
     if len(rows) == 0:
         return Steps(np.zeros(0), np.zeros(0), [], "whole trace", ["no timed events"])
-    if not t.meta.truncated and not (k.complete & ~k.runtime & ~t.cat_mask("Trace")).any():
+    # CUPTI's own overhead records ("overhead", pid -1: buffer requests, instrumentation) are
+    # the tracer's, not the workload's
+    if not t.meta.truncated and not (k.complete & ~k.runtime & ~t.cat_mask("Trace", "overhead")).any():
         return Steps(np.zeros(0), np.zeros(0), [], "whole trace", [_runtime_only(t, rows)])
     lo, hi = float(t.ts[rows].min()), float((t.ts[rows] + t.dur[rows]).max())
     return Steps(np.array([lo]), np.array([hi]), ["all"], "whole trace",
@@ -300,9 +302,10 @@ def _whole_trace(t: EventTable, k: Kinds) -> Steps:
 
 def _runtime_only(t: EventTable, rows: np.ndarray) -> str:
     """Why a trace of device-API calls alone (no operator, kernel, copy, annotation or Python
-    frame: typically cudaGetDeviceCount and cudaGetDeviceProperties as the profiler starts, and
-    its own cudaDeviceSynchronize as it stops) holds nothing to diagnose: the workload ran
-    outside the recorded window. Analysed, it read as a host-bound 'step' of setup calls."""
+    frame, whatever CUPTI's own overhead records: typically cudaGetDeviceCount and
+    cudaGetDeviceProperties as the profiler starts, and its own cudaDeviceSynchronize as it
+    stops) holds nothing to diagnose: the workload ran outside the recorded window. Analysed, it
+    read as a host-bound 'step' of setup calls."""
     names = list(dict.fromkeys(t.names[c] for c in t.name[rows]))
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
     return (f"nothing to analyse: the trace holds {len(rows)} runtime call(s) ({shown}) and no operator, "
