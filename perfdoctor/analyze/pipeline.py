@@ -137,10 +137,23 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
     info = t.meta.distributed_info
     return {"trace.events": len(t), "trace.platform": k.platform,
             "trace.device_name": dev.get("name"), "trace.compute_capability": cc,
+            "trace.untraced_device": _untraced_device(t, k),
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
             "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows}
+
+
+def _untraced_device(t: EventTable, k: Kinds) -> str | None:
+    """The device the trace lists (deviceProperties) when it holds no device activity and no
+    runtime call at all: recorded without the device's activity (torch.profiler without
+    ProfilerActivity.CUDA), so whether its ops ran on that device is unknown. A script trained on
+    the CPU of a GPU machine and profiled with both activities has the profiler's own runtime
+    calls (its device sync as it stops), so it is not this."""
+    props = t.meta.device_properties
+    if k.platform != "cpu" or not props or k.runtime.any() or k.device_activity.any():
+        return None
+    return str(props[0].get("name") or "a device")
 
 
 def verdict_shares(m: dict) -> dict:

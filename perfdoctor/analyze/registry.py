@@ -33,6 +33,7 @@ def _m(name: str, unit: str, doc: str) -> None:
 _m("trace.events", "count", "Events read from the trace (flow arrows excluded).")
 _m("trace.platform", "str", "cuda, rocm, mtia or cpu (cpu: no device activity, and no device runtime call inside the steps' ProfilerStep spans; without them, none but syncs and queries; a file with a device's properties cut off before its device events is that device's).")
 _m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
+_m("trace.untraced_device", "str", "The device a CPU-platform trace lists in deviceProperties though it holds no device activity and no runtime call: recorded without the device's activity (no ProfilerActivity.CUDA), so whether its ops ran there is unknown; None otherwise.")
 _m("trace.compute_capability", "version", "CUDA compute capability as major.minor, e.g. 7.0 or 8.6 (None when unknown or not CUDA).")
 _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")

@@ -164,6 +164,13 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"a long step fell in the traced window: the traced steps' time beyond their median is "
                      f"{window:.0%} of the trace, the run's long steps hold {run:.0%} of its steady time beyond "
                      f"the usual step: the breakdown weighs their work about {odds:.1f}x as much as the run does")
+    if m.get("trace.untraced_device"):
+        # no device activity and no runtime call, yet a device listed: recorded without it
+        conf = min(conf, 0.5)
+        notes.append(f"the trace lists a device ({m['trace.untraced_device']}) but holds none of its activity and "
+                     "no runtime call: it was recorded without the device's activity (torch.profiler without "
+                     "ProfilerActivity.CUDA), so whether these ops ran on it, and copied to it, is unknown; read "
+                     "as a CPU-only run. Record with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
     if (m.get("breakdown.other") or 0) > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "

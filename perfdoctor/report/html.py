@@ -12,7 +12,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text,
+from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, device_text,
                                      from_other_traces, rank_bound, role_labels, shown_trace, source_text,
                                      uneven_detail, unranked_gain, windows_text)
 from perfdoctor.report.runcharts import run_charts
@@ -72,7 +72,7 @@ def render(doc: dict, tune: dict | None = None) -> str:
 
 
 def _header(doc: dict, m: dict) -> str:
-    dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
+    dev = device_text(m)
     n = len(doc["traces"])
     where = f"{n} traces in {doc['input']}" if n > 1 else doc["input"]
     steps = (f" · {m['steps.count']} step(s) from {m['steps.source']}{windows_text(m)} · median step "

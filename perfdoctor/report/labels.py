@@ -32,6 +32,16 @@ OUTCOME = {"completed": "the script finished", "stopped": "perfdoctor stopped th
            "killed": "the script was killed", "unknown": "outcome unknown", "no_module": "no such module"}
 
 
+def device_text(m: dict) -> str:
+    """The header's device: the model the trace names; 'CPU only', or for a trace that lists a
+    device whose activity it did not record, that it is not known to be CPU only."""
+    if m.get("trace.device_name"):
+        return str(m["trace.device_name"])
+    if m.get("trace.untraced_device"):
+        return f"CPU ops traced, {m['trace.untraced_device']} activity not recorded"
+    return {"cpu": "CPU only", "mtia": "MTIA"}.get(m.get("trace.platform"), "device unknown")
+
+
 def bound_title(bound: str, metrics: dict) -> str:
     """The verdict's badge: a device-bound CPU-only run is COMPUTE-BOUND (CPU) (its "device" is
     the CPU, and no GPU is involved); an unknown bound (a hostile report.json) as it is."""

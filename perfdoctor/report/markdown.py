@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint,
+from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      from_other_traces, role_labels, shown_trace, tune_no_best, tune_predicted,
                                      tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
@@ -37,7 +37,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
     ended = abnormal_end(doc.get("run"))
     if ended:
         out[-1:-1] = ["", f"**{M(ended)}**"]
-    dev = m.get("trace.device_name") or {"cpu": "CPU only"}.get(m.get("trace.platform"), "device unknown")
+    dev = device_text(m)
     facts = [M(doc["input"]), M(dev)]
     if m.get("steps.count"):
         facts.append(f"{m['steps.count']} traced steps, median {ms(m['steps.time_median_ms'])} ms")

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, error_line, from_other_traces, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, device_text, error_line, from_other_traces, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -26,7 +26,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     v = doc["verdict"]
     first = shown_trace(doc)
     m = first["metrics"]
-    dev = T(m.get("trace.device_name")) if m.get("trace.device_name") else {"cpu": "CPU only", "mtia": "MTIA"}.get(m["trace.platform"], "device unknown")
+    dev = T(device_text(m))
     traced = m.get("steps.count") is not None        # False: a live run without a trace
     none_of = _nothing_measured(doc, traced)
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
