@@ -19,9 +19,9 @@ step (collect/nogradcalls.py; steps.jsonl `nograd`): an evaluation that draws no
 (nanoGPT's estimate_loss) and leaves no trace in a window of usual steps. A no-grad call in every
 step (a teacher, a target network) is no evaluation: each step's no-grad time beyond the median
 step's cancels it, and only a step whose excess is at least SIGNIFICANT of the usual step counts
-(the jitter of a teacher's time is not an evaluation). Only the calls are timed: the Python
-between them (get_batch, loss.item(), where a GPU's queued work is waited for) is not, so this is
-a lower bound of the evaluation's cost. None where the run did not time the calls, and for loops
+(the jitter of a teacher's time is not an evaluation). The calls are timed with the time between
+two in a row (get_batch, loss.item(), where a GPU's queued work is waited for); the work before
+the first and after the last is not, so this is a lower bound of the evaluation's cost. None where the run did not time the calls, and for loops
 that do not train (every step of an inference loop is a no-grad call; nothing evaluates inside).
 
 calls.optimizer_share: the time inside optimizer.step() (collect/optclock.py; steps.jsonl `opt`),

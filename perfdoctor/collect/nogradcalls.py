@@ -6,7 +6,10 @@ steps) lengthens a step in every N with nothing the other hooks see. The module 
 (modules.py Census) names the module called most in one step, the outermost one: the model.
 Once it has, the calls of that one instance made on the training thread while grad mode is off
 (torch.no_grad(), torch.inference_mode()) are timed, and their wall time is summed per step
-(steps.jsonl `nograd`, seconds). A call inside another timed call counts once.
+(steps.jsonl `nograd`, seconds), with the time between two such calls in a row: an evaluation
+loop's batch slicing and loss.item() (on a GPU the wait for the forward's queued kernels, which
+the call itself does not pay). A run ends at a call with grad mode on (a training forward) and
+at a step boundary. A call inside another timed call counts once.
 
 The timing sits on the model's class: `type(model).__call__` (for most models inherited from
 nn.Module, so a class attribute is added that calls the one it shadows, looked up at each
@@ -14,14 +17,14 @@ call: the census's Module.__call__ wrapper when it is on). Not forward hooks: a 
 with the module, and `torch.save(model)` of a model holding a local function fails. A class
 attribute is pickled by reference, copied models (an EMA copy) keep the class and are not the
 instance timed. A call with grad mode on pays one Python frame and a grad-mode read (~0.3 us;
-bench/bench_hooks.py); other instances of the class pay the same and are not timed. A model
+a store; bench/bench_hooks.py); other instances of the class pay the same and are not timed. A model
 compiled in place (`model.compile()`) is timed around its compiled call; `torch.compile(model)`
 (OptimizedModule) has a __call__ of its own, which is what is wrapped then. Inside a graph that
 dynamo traces (the model called from a compiled function) nothing is timed.
 
-What this misses: the Python between the calls (get_batch, loss.item(); on a GPU the calls
-return once their kernels are queued, so the wait for them lands in loss.item()), and
-evaluations of another instance (an EMA copy, `model.module` under DDP). A lower bound.
+What this misses: the evaluation's work before its first call and after its last (model.eval(),
+the last loss.item(): on a GPU, the wait for the last forward), and evaluations of another
+instance (an EMA copy, `model.module` under DDP). A lower bound.
 A forked child (a DataLoader worker, a Hogwild trainer) times nothing.
 """
 
@@ -37,6 +40,7 @@ class NogradClock:
     def __init__(self, thread: int):
         self.thread = thread          # the thread that runs the steps (TimedCalls.thread)
         self.step = 0.0               # seconds inside no-grad calls of the root since the last take()
+        self.last = 0.0               # when the last of a run of no-grad calls ended (0: none running)
         self.depth = 0
         self.root_id = None           # id() of the instance timed, checked against the weak reference
         self.ref = None
@@ -78,15 +82,21 @@ class NogradClock:
 
         def __call__(mod, *args, **kwargs):
             call = own if own is not None else owner.__call__
-            if grad() or id(mod) != clock.root_id or clock.depth or clock.off or compiling() \
+            if grad():
+                clock.last = 0.0      # a call with grad mode on ends a run of no-grad calls
+                return call(mod, *args, **kwargs)
+            if id(mod) != clock.root_id or clock.depth or clock.off or compiling() \
                     or clock.ref() is not mod or ident() != clock.thread:
                 return call(mod, *args, **kwargs)
             clock.depth = 1
             t0 = perf()
+            if clock.last:            # the Python since the last no-grad call (the batch, loss.item())
+                clock.step += t0 - clock.last
             try:
                 return call(mod, *args, **kwargs)
             finally:
-                clock.step += perf() - t0
+                clock.last = perf()
+                clock.step += clock.last - t0
                 clock.depth = 0
         __call__._perfdoctor_nograd = True
         if own is not None and getattr(own, "_perfdoctor_nograd", False):
@@ -103,5 +113,5 @@ class NogradClock:
 
     def take(self) -> float:
         """No-grad seconds since the last take: the step that just ended (both on the training thread)."""
-        t, self.step = self.step, 0.0
+        t, self.step, self.last = self.step, 0.0, 0.0   # a step boundary ends a run of no-grad calls
         return t
