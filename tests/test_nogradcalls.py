@@ -140,5 +140,5 @@ def test_live_a_teacher_every_step_is_no_evaluation(tmp_path):
     _, out = prun_script(tmp_path, "teacher.py", TEACHER, opts=("--no-stacks",))
     assert all(s.get("nograd", 0) > 0 for s in steps(out) if s["step"] >= 2)    # the teacher, in every step
     m = report(out)["traces"][0]["metrics"]
-    assert m["calls.nograd_share"] < 0.02, m["calls.nograd_share"]
+    assert m["calls.nograd_share"] < 0.05, m["calls.nograd_share"]      # under PD354's 5%: a preempted call or two at most
     assert (m["evaluation.share"] or 0) < 0.05
