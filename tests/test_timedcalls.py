@@ -66,7 +66,7 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     steps = [{"dur": 0.1, "save": 0.05, "log": 0.01, "opt": 0.02}, {"dur": 0.1, "opt": 0.02},
              {"dur": 0.1, "save": 0.05}, {"dur": 0.1, "opt": 0.04}]
     m = call_metrics(steps, timed=True)
-    assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0,
+    assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0, "calls.nograd_share": None,
                  "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None}
     assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
     # optimizer steps timed (collect/optclock.py): their share, whether the other calls were timed or not

@@ -14,6 +14,16 @@ Each source sees part of the cost, so the cost is at least the larger of the two
 logging.share (what the rules use) take the larger share, and save.interval_steps comes with
 the share it was taken from. None where neither source measured anything.
 
+calls.nograd_share: the training's root module (the model) called with grad mode off, timed per
+step (collect/nogradcalls.py; steps.jsonl `nograd`): an evaluation that draws no DataLoader batch
+(nanoGPT's estimate_loss) and leaves no trace in a window of usual steps. A no-grad call in every
+step (a teacher, a target network) is no evaluation: each step's no-grad time beyond the median
+step's cancels it, and only a step whose excess is at least SIGNIFICANT of the usual step counts
+(the jitter of a teacher's time is not an evaluation). The calls are timed with the time between
+two in a row (get_batch, loss.item(), where a GPU's queued work is waited for); the work before
+the first and after the last is not, so this is a lower bound of the evaluation's cost. None where the run did not time the calls, and for loops
+that do not train (every step of an inference loop is a no-grad call; nothing evaluates inside).
+
 calls.optimizer_share: the time inside optimizer.step() (collect/optclock.py; steps.jsonl `opt`),
 un-profiled: the trace's optimizer.step_share pays the profiler's per-op cost, which a for-loop
 optimizer's many small ops pay the most.
@@ -66,18 +76,24 @@ import numpy as np
 from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.stepwait import positive, timed_steps
 
+SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share of the usual step, to count
+TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
+
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
+         "calls.nograd_share", "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
 
 
-def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False) -> dict:
+def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False) -> dict:
     """calls.* over the steady steps; None unless the run timed the calls (`timed`,
-    `optimizer_timed`: child.json says so; a run directory from an older perfdoctor has no
-    `save`/`log`/`opt` fields). calls.optimizer_share: optimizer.step() (collect/optclock.py)."""
-    out = dict.fromkeys(NAMES[:4])
+    `optimizer_timed`, `nograd_timed`: child.json says so; a run directory from an older
+    perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
+    (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share)."""
+    out = dict.fromkeys(NAMES[:5])
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
+    if nograd_timed and total > 0:
+        out["calls.nograd_share"] = nograd_share(recs, total)
     if not timed or total <= 0:
         return out
     save = [positive(s.get("save")) for s in recs]
@@ -85,6 +101,18 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False)
     out["calls.log_share"] = min(1.0, sum(positive(s.get("log")) for s in recs) / total)
     out["calls.save_interval_steps"] = _save_interval(recs, save)
     return out
+
+
+def nograd_share(recs: list[dict], total: float) -> float | None:
+    """The steps' no-grad time beyond the median step's, where that excess is at least SIGNIFICANT
+    of the median step's time, over `total` (the steps' time); None unless they train."""
+    recs = [s for s in recs if s.get("mode") in TRAINING]
+    if not recs or total <= 0:
+        return None
+    nograd = np.array([positive(s.get("nograd")) for s in recs])
+    excess = nograd - median(nograd)
+    usual = float(median(np.array([s["dur"] for s in recs])))
+    return min(1.0, float(excess[excess >= max(SIGNIFICANT * usual, 1e-9)].sum()) / total)
 
 
 def _save_interval(recs: list[dict], save: list[float]) -> float | None:
@@ -99,9 +127,10 @@ def _save_interval(recs: list[dict], save: list[float]) -> float | None:
 
 def combined(m: dict) -> dict:
     """save.share, save.interval_steps, logging.share from the calls.* and stacks.* metrics in m;
-    evaluation.share from the extra-batch steps, the stacks' evaluation frames and the trace's
+    evaluation.share from the extra-batch steps, the stacks' evaluation frames, the trace's
     no-grad forward after the backward pass (analyze/evalforward.py), at the run's rate where
-    evaluation.nograd_run_share has it (below), else the traced window's."""
+    evaluation.nograd_run_share has it (below), else the traced window's, and the run's timed
+    no-grad calls of the model (calls.nograd_share)."""
     save = [(m.get(share), m.get(interval)) for share, interval in
             (("calls.save_share", "calls.save_interval_steps"),
              ("stacks.checkpoint_share", "stacks.checkpoint_interval_steps")) if m.get(share) is not None]
@@ -109,8 +138,8 @@ def combined(m: dict) -> dict:
     logs = [m[k] for k in ("calls.log_share", "stacks.logging_sync_share") if m.get(k) is not None]
     nograd = m.get("evaluation.nograd_run_share")       # the run's rate, where perfdoctor run found it
     nograd = m.get("evaluation.nograd_forward_share") if nograd is None else nograd
-    evals = [x for x in (m.get("loop.extra_batches_excess_share"), m.get("stacks.evaluation_share"), nograd)
-             if x is not None]
+    evals = [x for x in (m.get("loop.extra_batches_excess_share"), m.get("stacks.evaluation_share"), nograd,
+                         m.get("calls.nograd_share")) if x is not None]
     return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
             "logging.share": max(logs) if logs else None, "evaluation.share": max(evals) if evals else None}
 

@@ -28,6 +28,7 @@ from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.loaderkinds import LoaderKinds
 from perfdoctor.collect.modules import IN_LOADER
+from perfdoctor.collect.nogradcalls import NogradClock
 from perfdoctor.collect.optclock import OptimizerClock
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
@@ -95,6 +96,7 @@ class Session(StepSources):
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
         self.opt_clock = OptimizerClock()  # time inside optimizer.step(), per step
+        self.nograd = NogradClock(self.calls.thread)   # the root module's no-grad calls, per step
         self.iters = LoaderIters()       # DataLoader iterator starts and peeks, per step
         self.fetches = FetchTimes(self.run_dir)   # what a loader worker spends making a batch
         os.makedirs(self.run_dir, exist_ok=True)
@@ -266,10 +268,11 @@ class Session(StepSources):
         save, log = self.calls.take()
         starts = self.iters.take()
         opt = self.opt_clock.take()
+        nograd = self.nograd.take()
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
-                                 self.window.perturbed_next, skipped, save, log, starts, opt))
+                                 self.window.perturbed_next, skipped, save, log, starts, opt, nograd))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])
@@ -301,12 +304,12 @@ class Session(StepSources):
         end = end or self._mark()
         if self.census is not None and self.census.state != "done":
             self.census.boundary(self.mode)     # the outermost module calls of one whole step (modules.py)
+            self.nograd.from_census(self.census, self.torch, self.notes)   # done: time its root's no-grad calls
         self.calls.poll()
         if self.mark is None:                   # the first boundary starts the count
             self.mark, self.t_first = end, end[0]
             self.calls.take()                   # saves and logs before the first step are no step's
-            self.iters.take()
-            self.opt_clock.take()
+            self.iters.take(), self.opt_clock.take(), self.nograd.take()
             return
         dur = self._record(end, skipped)
         main = threading.current_thread() is threading.main_thread()
@@ -382,7 +385,7 @@ class Session(StepSources):
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),
-                    "optimizer_timed": True, "optimizer": self.opt_clock.info(),
+                    "optimizer_timed": True, "optimizer": self.opt_clock.info(), "nograd_timed": self.nograd.timed,
                     "cpu_clock": "thread"}      # steps' `cpu` from the thread's CPU clock (steprecord.py)
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 MAX_MODULES = 64    # distinct modules counted in the census step
 _DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
@@ -48,6 +49,7 @@ class Census:
         self.counts: dict = {}            # id(module) -> [class name, calls, {leading dim: calls}]
         self.passes = 0                   # backward passes and autograd.grad calls in the counted step
         self.result = None
+        self.root = None                  # a weak reference to the module called most, once done (nogradcalls.py)
 
     def boundary(self, mode) -> None:
         if self.state == "wait":
@@ -56,7 +58,8 @@ class Census:
         elif self.state == "counting":
             self.state = "done"
             if self.counts:
-                name, calls, leads = max(self.counts.values(), key=lambda c: c[1])
+                name, calls, leads, ref = max(self.counts.values(), key=lambda c: c[1])
+                self.root = ref
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / calls,
                                "modules": len(self.counts), "passes": self.passes}
@@ -67,7 +70,7 @@ class Census:
         if c is None:
             if len(self.counts) >= MAX_MODULES:
                 return
-            c = self.counts[id(module)] = [type(module).__name__, 0, {}]
+            c = self.counts[id(module)] = [type(module).__name__, 0, {}, _ref(module)]
         c[1] += 1
         lead = self._lead(args, kwargs)
         c[2][lead] = c[2].get(lead, 0) + 1
@@ -79,6 +82,13 @@ class Census:
         for v in (*args, *kwargs.values()):
             if isinstance(v, self.tensor):
                 return None if v.dim() == 0 else 1 if v.dim() == 1 else int(v.shape[0])
+        return None
+
+
+def _ref(module):
+    try:
+        return weakref.ref(module)
+    except TypeError:                     # a module class with __slots__ and no __weakref__
         return None
 
 

@@ -69,7 +69,7 @@ def schedstat() -> tuple[int, int] | None:
 
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
           skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0),
-          opt: float = 0.0) -> str:
+          opt: float = 0.0, nograd: float = 0.0) -> str:
     """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
     SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
     line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
@@ -87,6 +87,8 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
         line += f', "log": {min(log, max(dur, 0.0)):.6f}'
     if opt > 0:              # inside optimizer.step() (optclock.py), s
         line += f', "opt": {min(opt, max(dur, 0.0)):.6f}'
+    if nograd > 0:           # inside the root module's calls with grad mode off (nogradcalls.py), s
+        line += f', "nograd": {min(nograd, max(dur, 0.0)):.6f}'
     if starts[0] > 0 or starts[1] > 0 or starts[3] > 0:   # DataLoader iterators (loaderiters.py), s
         line += (f', "istart": {starts[0]:.6f}, "ishut": {starts[1]:.6f}, "ifirst": {starts[2]:.6f}, '
                  f'"nfirst": {starts[3]}')
