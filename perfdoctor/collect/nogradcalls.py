@@ -82,10 +82,12 @@ class NogradClock:
 
         def __call__(mod, *args, **kwargs):
             call = own if own is not None else owner.__call__
+            if compiling():           # traced by dynamo: no side effect of ours in its graph
+                return call(mod, *args, **kwargs)
             if grad():
                 clock.last = 0.0      # a call with grad mode on ends a run of no-grad calls
                 return call(mod, *args, **kwargs)
-            if id(mod) != clock.root_id or clock.depth or clock.off or compiling() \
+            if id(mod) != clock.root_id or clock.depth or clock.off \
                     or clock.ref() is not mod or ident() != clock.thread:
                 return call(mod, *args, **kwargs)
             clock.depth = 1
