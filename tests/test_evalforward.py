@@ -175,3 +175,41 @@ def test_on_a_gpu_the_evaluation_costs_its_device_time_not_the_hosts_stretch(tmp
     assert "PD354" in [f["id"] for f in doc["findings"]]
     _gpu_steps(tmp_path / "plain.json", eval_kernel_us=0, sync=False)
     assert diagnose_path(str(tmp_path / "plain.json"))["traces"][0]["metrics"]["evaluation.nograd_forward_share"] == 0.0
+
+
+# A model compiled for training whose input length changes every 3 steps under static shapes: its
+# forward runs inside CompiledFunction (ops without sequence numbers) and one traced step
+# recompiles (more ops without them). Read as a 1/3-of-the-step "evaluation" (PD354).
+COMPILED = """
+import sys, torch
+from torch import nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Embedding(100, 32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 100))
+cmodel = torch.compile(model, dynamic=False)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=4),
+                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for i in range(5):
+        x = torch.randint(0, 100, (8, 8 + 2 * (i // 3)))
+        loss = nn.functional.cross_entropy(cmodel(x).reshape(-1, 100), x.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        prof.step()
+"""
+
+
+def test_a_compiled_training_loop_that_recompiles_evaluates_nothing(tmp_path):
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t.json")], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    names = {e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
+    assert "CompiledFunction" in names and "entire_frame_compile" in names
+    doc = diagnose_path(str(tmp_path / "t.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["compile.steps"] == 1                                  # the recompile in the fourth step
+    assert m["evaluation.nograd_forward_share"] == 0.0
+    assert "PD354" not in [f["id"] for f in doc["findings"]]

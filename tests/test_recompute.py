@@ -211,3 +211,61 @@ def test_backward_passes_of_threads_running_at_once_count_once(tmp_path):
     m = diagnose_path(str(p))["traces"][0]["metrics"]
     assert m["trace.platform"] == "cpu" and m["recompute.ops_per_step"] == 2.0
     assert m["recompute.share"] == pytest.approx(3000 / 5000)
+
+
+# Per-sample gradients as the torch.func tutorial takes them (vmap over grad of a functional_call),
+# parameters updated by hand: no checkpoint anywhere. Under vmap, mm's backward formula calls
+# aten::matmul inside AddmmBackward0, which read as recomputation (PD345 first, ~1.4x).
+PER_SAMPLE = """
+import sys, torch, torch.nn as nn, torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+params = {k: v.detach() for k, v in model.named_parameters()}
+def loss(p, x, y):
+    return F.cross_entropy(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for _ in range(4):
+        g = per_sample(params, x, y)
+        with torch.no_grad():
+            for k in params:
+                params[k].sub_(0.01 * g[k].mean(0))
+        prof.step()
+"""
+
+
+def test_per_sample_gradients_under_vmap_are_no_recomputation(tmp_path):
+    script = tmp_path / "per_sample.py"
+    script.write_text(PER_SAMPLE)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t.json")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    names = {e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
+    assert "autograd::engine::evaluate_function: AddmmBackward0" in names and "aten::matmul" in names
+    doc = diagnose_path(str(tmp_path / "t.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["recompute.ops_per_step"] == 0 and m["recompute.share"] == 0
+    assert "PD345" not in [f["id"] for f in doc["findings"]]
+
+
+def test_a_rerun_block_ending_in_a_matmul_still_counts_whole(tmp_path):
+    """A checkpointed block (linear, gelu, then x @ w) reruns from the MmBackward0 of its last op:
+    that node holds the block's linear and gelu as well as its matmul, so all three are the rerun."""
+    tr = HandTrace()
+    for i in range(3):
+        s0 = i * 5000.0
+        tr.op(1, s0, "aten::linear", 500)
+        tr.op(1, s0 + 600, "autograd::engine::evaluate_function: MmBackward0", 3000)
+        tr.op(1, s0 + 700, "aten::linear", 500)                 # the rerun: linear, gelu, matmul
+        tr.op(1, s0 + 1300, "aten::gelu", 200)
+        tr.op(1, s0 + 1600, "aten::matmul", 400)
+        tr.op(1, s0 + 2200, "aten::mm", 1000)                   # the formula
+        tr.step(i, s0, s0 + 5000)
+    p = tmp_path / "ckpt.json"
+    tr.write(p)
+    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    assert m["recompute.ops_per_step"] == 3.0
+    assert m["recompute.share"] == pytest.approx(2000 / 5000)

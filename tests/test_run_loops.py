@@ -206,6 +206,11 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     assert len(recs) == 19 and {s["mode"] for s in recs} == {"module"}   # nested modules and the head: no steps
     c = child(out)
     assert c["mode"] == "module" and c["step_source"] == "calls of the outermost module (one per step)"
+    # one call of the model per step (its pre-hook, which marks the step, runs after the class
+    # wrapper counted the call: that call is the next step's, not a second one of this step)
+    assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
+                               "passes": 0}
+    assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
 

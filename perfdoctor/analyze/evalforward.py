@@ -47,6 +47,11 @@ at the run's rate (analyze/callshares.py).
 
 None where it cannot be read: no backward pass in the steps (pure inference is no training), or a
 trace whose training forward ops carry no sequence number (an older Kineto).
+
+A model compiled for training (torch.compile) runs its forward inside one CompiledFunction
+autograd node whose ops record no sequence number, and a compile traces the model with ops that
+record none either: neither is a no-grad forward (a compiled training loop, recompiling every 10
+steps, read 33% "evaluation" and got PD354 "evaluate less often"; it evaluates nothing).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import median
+from perfdoctor.analyze.compiletime import COMPILE_RANGE_RX
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.longsteps import LONG
 from perfdoctor.analyze.nesting import contained, outermost
@@ -88,6 +94,10 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     optimizer = ops[t.name_mask(lambda n: n.startswith(OPTIMIZER_PREFIX))[ops]]
     training = np.concatenate([backward, optimizer])
     nograd = compute[~graded]
+    # torch.compile's own: the compiled training forward (its ops run inside the CompiledFunction
+    # autograd node and record no sequence number) and the ops a compile runs while tracing
+    compiled = ops[t.name_mask(lambda n: n == "CompiledFunction")[ops] | t.name_regex(COMPILE_RANGE_RX.pattern)[ops]]
+    nograd = nograd[~contained(t, nograd, compiled)]
     nograd = outermost(t, nograd[~contained(t, nograd, training)])
     nograd = nograd[(t.ts[nograd] >= lo) & (t.ts[nograd] < hi)]
     fwd = np.sort(t.ts[outermost(t, compute[graded])])

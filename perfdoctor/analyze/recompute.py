@@ -26,6 +26,12 @@ without the checkpoints (bench/holdout/h_recompute.py). Counting
 the ops alone came to 0.14 of a profiled CPU step, the spans to 0.186, where the profiled steps
 with and without the checkpoint differed by ~0.17 (tests/test_recompute.py; un-profiled runs
 differ by 0.19-0.25: the profiler slows ops more than the checkpoint's Python bookkeeping).
+
+One exception: under torch.func (vmap over grad, as per-sample gradients are taken) the batching
+rule of mm's backward formula calls aten::matmul, so a backward node of the matmul family
+(AddmmBackward0, MmBackward0, BmmBackward0, ...) holds a matmul that is its formula, not a rerun:
+such a node holding nothing recomputed but matmuls (einsum) reruns nothing. A checkpoint's rerun
+of a block holds its other forward ops too (linear, layer_norm, gelu) and still counts whole.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import contained, kernels_launched_inside, outermost
+from perfdoctor.analyze.nesting import contained, kernels_launched_inside, outermost, parents, start_order
 from perfdoctor.analyze.precision import device_weight
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
@@ -45,6 +51,10 @@ FORWARD_RX = re.compile(r"^aten::(linear|conv[123]d|conv_transpose[123]d|layer_n
                         r"instance_norm|gelu|silu|mish|dropout|embedding|scaled_dot_product_attention|softmax|"
                         r"log_softmax|matmul|einsum)$")
 BACKWARD_RX = re.compile(r"^autograd::engine::evaluate_function: ")
+# backward nodes whose formula (under a batching rule: vmap) may call aten::matmul itself
+MATMUL_NODE_RX = re.compile(r"^autograd::engine::evaluate_function: (Mm|Addmm|Bmm|Baddbmm|Addbmm|Mv|Addmv|Dot|Vdot|"
+                            r"Matmul|Linear)Backward\d*$")
+MATMUL_OPS = frozenset({"aten::matmul", "aten::einsum"})
 
 
 def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None,
@@ -60,6 +70,7 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
     backward = np.flatnonzero(in_span & node)
     forward = np.flatnonzero(in_span & t.name_regex(FORWARD_RX.pattern))
     rec = outermost(t, forward[contained(t, forward, backward)])
+    rec = rec[~_formula_matmuls(t, rec, backward)]
     out["recompute.ops_per_step"] = len(rec) / len(steps)
     if not len(rec):
         out["recompute.share"] = 0.0
@@ -93,6 +104,33 @@ def gpu_share(host: float, kernels: float, device_share: float | None) -> float:
     and on a host-bound step the host time, until the device's remaining work bounds the step."""
     d = device_weight(device_share)
     return max(kernels * d, min(host, max(0.0, 1.0 - d + kernels)))
+
+
+def _formula_matmuls(t: EventTable, rec: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Which of the recomputed rows `rec` are a matmul-family node's own formula: matmul or einsum
+    rows whose innermost enclosing backward node (same thread) is of the matmul family and holds
+    no other recomputed row than matmuls."""
+    res = np.zeros(len(rec), bool)
+    is_mm = np.array([t.names[c] in MATMUL_OPS for c in t.name[rec]], bool)
+    if not is_mm.any():
+        return res
+    node = np.full(len(rec), -1)
+    for tid in unique(t.tid[rec]):
+        on = np.flatnonzero(t.tid[rec] == tid)
+        n = nodes[t.tid[nodes] == tid]
+        rows = np.concatenate([n, rec[on]])
+        inner = np.concatenate([np.zeros(len(n), bool), np.ones(len(on), bool)])
+        order = start_order(t.ts[rows], t.dur[rows], inner)
+        par = parents(t.ts[rows[order]].astype(np.float64), t.dur[rows[order]].astype(np.float64))
+        pos = np.empty(len(rows), int)
+        pos[order] = np.arange(len(rows))
+        p = par[pos[len(n):]]
+        node[on] = np.where(p >= 0, rows[order][np.maximum(p, 0)], -1)
+    for nd in unique(node[is_mm]):
+        here = node == nd
+        if nd >= 0 and is_mm[here].all() and MATMUL_NODE_RX.match(t.names[t.name[nd]]):
+            res |= here
+    return res
 
 
 def _encloses(t: EventTable, rows: np.ndarray, inner: np.ndarray) -> np.ndarray:

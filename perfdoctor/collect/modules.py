@@ -50,8 +50,26 @@ class Census:
         self.passes = 0                   # backward passes and autograd.grad calls in the counted step
         self.result = None
         self.root = None                  # a weak reference to the module called most, once done (nogradcalls.py)
+        self.last = None                  # (id(module), leading dim) of the last call counted
 
     def boundary(self, mode) -> None:
+        if (self.state == "counting" and mode == "module" and getattr(_DEPTH, "n", 0)
+                and self.last is not None):
+            # a boundary inside an outermost call: the chosen module's pre-hook, which runs after
+            # the class wrapper counted the call; that call starts the next step, not this one
+            # (an inference loop calling its model once per iteration read as 2 calls a step)
+            key, lead = self.last
+            c = self.counts[key]
+            c[1] -= 1
+            c[2][lead] -= 1
+            if not c[2][lead]:
+                del c[2][lead]
+            if not c[1]:
+                del self.counts[key]
+        self.last = None
+        self._boundary(mode)
+
+    def _boundary(self, mode) -> None:
         if self.state == "wait":
             if mode is not None:
                 self.state, self.passes = "counting", 0
@@ -66,6 +84,7 @@ class Census:
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
+        self.last = None
         c = self.counts.get(id(module))
         if c is None:
             if len(self.counts) >= MAX_MODULES:
@@ -74,6 +93,7 @@ class Census:
         c[1] += 1
         lead = self._lead(args, kwargs)
         c[2][lead] = c[2].get(lead, 0) + 1
+        self.last = (id(module), lead)
 
     def _lead(self, args, kwargs):
         """The batch size of a call: the leading dimension of its first tensor argument; 1 for a
