@@ -21,8 +21,9 @@ step (a teacher, a target network) is no evaluation: each step's no-grad time be
 step's cancels it, and only a step whose excess is at least SIGNIFICANT of the usual step counts
 (the jitter of a teacher's time is not an evaluation). The calls are timed with the time between
 two in a row (get_batch, loss.item(), where a GPU's queued work is waited for); the work before
-the first and after the last is not, so this is a lower bound of the evaluation's cost. None where the run did not time the calls, and for loops
-that do not train (every step of an inference loop is a no-grad call; nothing evaluates inside).
+the first and after the last is not, so this is a lower bound of the evaluation's cost. None
+where the run did not time the calls, and for loops that do not train (every step of an
+inference loop is a no-grad call; nothing evaluates inside).
 
 calls.optimizer_share: the time inside optimizer.step() (collect/optclock.py; steps.jsonl `opt`),
 un-profiled: the trace's optimizer.step_share pays the profiler's per-op cost, which a for-loop
@@ -80,7 +81,8 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
+         "calls.nograd_share", "save.share", "save.interval_steps", "logging.share", "evaluation.share",
+         "evaluation.nograd_run_share")
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False) -> dict:

@@ -26,7 +26,7 @@ from collections import deque
 from perfdoctor.collect import forked, threadstop
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
-from perfdoctor.collect.loaderkinds import LoaderKinds
+from perfdoctor.collect.loaderkinds import WORKER_INFO_MARKER, LoaderKinds, watch_worker_info
 from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.nogradcalls import NogradClock
 from perfdoctor.collect.optclock import OptimizerClock
@@ -38,7 +38,6 @@ from perfdoctor.collect.tracebudget import TRACE_MB
 from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
-WORKER_INFO_MARKER = "worker_info.marker"     # a DataLoader worker read get_worker_info()
 
 class StopRun(BaseException):
     """Raised at a step boundary to end the script gracefully (--max-steps / --duration)."""
@@ -154,7 +153,7 @@ class Session(StepSources):
             self.notes.append(f"module calls cannot be watched ({type(exc).__name__}: {exc})")
         self._wrap_dataloader()
         self._wrap_grad_scaler()
-        self._wrap_worker_info()
+        watch_worker_info(self.run_dir)
         try:
             self.calls.install_torch(torch)
         except Exception as exc:
@@ -202,34 +201,6 @@ class Session(StepSources):
                 if got:
                     kinds(it)
         base.__next__ = __next__
-
-    def _wrap_worker_info(self) -> None:
-        """An IterableDataset that shards its stream reads get_worker_info() in the workers: the
-        first such read from outside torch (default_collate reads it too) leaves a marker file (a
-        forked worker inherits this wrapper; a spawned one does not, and then nothing is seen).
-        child.json's worker_info_used says it (PD310)."""
-        try:
-            import torch.utils.data as data
-        except Exception:
-            return
-        orig = getattr(data, "get_worker_info", None)
-        if orig is None or getattr(orig, "_perfdoctor", False):
-            return
-        marker, seen = os.path.join(self.run_dir, WORKER_INFO_MARKER), []
-        torch_dir = os.path.dirname(os.path.dirname(os.path.dirname(data.__file__))) + os.sep
-
-        def get_worker_info():
-            info = orig()
-            # torch's own callers (default_collate's shared-memory check) are not the dataset's
-            if info is not None and not seen and not sys._getframe(1).f_code.co_filename.startswith(torch_dir):
-                seen.append(True)
-                try:
-                    open(marker, "a").close()
-                except OSError:
-                    pass
-            return info
-        get_worker_info._perfdoctor = True
-        data.get_worker_info = get_worker_info
 
     def _wrap_grad_scaler(self) -> None:
         session = self
@@ -309,7 +280,8 @@ class Session(StepSources):
         if self.mark is None:                   # the first boundary starts the count
             self.mark, self.t_first = end, end[0]
             self.calls.take()                   # saves and logs before the first step are no step's
-            self.iters.take(), self.opt_clock.take(), self.nograd.take()
+            for clock in (self.iters, self.opt_clock, self.nograd):
+                clock.take()
             return
         dur = self._record(end, skipped)
         main = threading.current_thread() is threading.main_thread()

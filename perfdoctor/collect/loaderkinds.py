@@ -15,11 +15,18 @@ batches are counted per description. info() lists the descriptions, most batches
 
 A TensorDataset fetched sample by sample indexes each of its tensors batch_size times and stacks
 the rows again, where one indexing with the batch's indices would do (PD358).
+
+watch_worker_info(run_dir): whether the dataset reads get_worker_info() in its workers (an
+IterableDataset that shards its stream), a marker file in the run directory.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 MAX_KINDS = 16          # descriptions kept (a script making loaders of many dataset classes)
+WORKER_INFO_MARKER = "worker_info.marker"     # a DataLoader worker read get_worker_info()
 
 
 class LoaderKinds:
@@ -58,3 +65,32 @@ def _describe(it) -> tuple:
                 loader_bs if isinstance(loader_bs, int) else None, int(getattr(it, "_num_workers", 0) or 0), default)
     except Exception:           # an iterator of a torch we do not know
         return ("?", "?", None, None, 0, None)
+
+
+def watch_worker_info(run_dir: str) -> None:
+    """An IterableDataset that shards its stream reads get_worker_info() in the workers: the
+    first such read from outside torch (default_collate reads it too) leaves a marker file (a
+    forked worker inherits this wrapper; a spawned one does not, and then nothing is seen).
+    child.json's worker_info_used says it (PD310)."""
+    try:
+        import torch.utils.data as data
+    except Exception:
+        return
+    orig = getattr(data, "get_worker_info", None)
+    if orig is None or getattr(orig, "_perfdoctor", False):
+        return
+    marker, seen = os.path.join(run_dir, WORKER_INFO_MARKER), []
+    torch_dir = os.path.dirname(os.path.dirname(os.path.dirname(data.__file__))) + os.sep
+
+    def get_worker_info():
+        info = orig()
+        # torch's own callers (default_collate's shared-memory check) are not the dataset's
+        if info is not None and not seen and not sys._getframe(1).f_code.co_filename.startswith(torch_dir):
+            seen.append(True)
+            try:
+                open(marker, "a").close()
+            except OSError:
+                pass
+        return info
+    get_worker_info._perfdoctor = True
+    data.get_worker_info = get_worker_info
