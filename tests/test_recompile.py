@@ -73,3 +73,36 @@ def test_h100_launch_compiled_has_no_compile_time(shared_traces):
     m = doc["traces"][0]["metrics"]
     assert m["compile.share"] == 0.0 and m["compile.steps"] == 0 and m["compile.region_ids"] == 1
     assert "PD362" not in _fixes(doc)
+
+
+def test_a_recompile_every_n_steps_is_taken_at_the_runs_rate(analyze_spec):
+    """A shape that grows every 10 steps under static shapes recompiles in one traced step of five:
+    no recompile loop by the window (one compile step is a first compile as often), but the live
+    run's long steps recur every 10 steps and the traced long step is the compile: the run's
+    share of it is the long steps' share times the part of the long step that compiles, and
+    PD362 is offered on it. A trace alone, or a run whose long steps show no period, keeps the
+    window's reading (no PD362)."""
+    from perfdoctor.analyze.compiletime import compile_run_share
+    from perfdoctor.rules.engine import evaluate
+    from perfdoctor.rules.loader import load_rules
+    a, truth = analyze_spec(tg.TraceSpec(steps=[S(**COMPILED)] * 3 + [S(compile_us=40_000, **COMPILED), S(**COMPILED)],
+                                         compute_major=9))
+    m = dict(a.metrics)
+    assert truth.compile_us == [0, 0, 0, 40_000, 0] and m["compile.steps"] == 1
+    # all of the window's compile is in its long step, and nearly all of that step's excess is it
+    assert m["compile.long_steps_share"] == pytest.approx(m["compile.share"], rel=1e-9)
+    d = a.steps.duration
+    assert m["compile.long_steps_fraction"] == pytest.approx(40_000 / (d[3] - sorted(d)[2]), rel=1e-3)
+    assert 0.9 < m["compile.long_steps_fraction"] <= 1.0
+    assert compile_run_share(m) == {"compile.run_share": None}          # a trace alone: no run to rate it by
+    rules = load_rules()
+    assert "PD362" not in {f.rule.id for f in evaluate(rules, {**m, "compile.run_share": None}).fixes}
+    run = {"loop.long_steps_share": 0.5, "loop.long_steps_every": 10, "loop.long_steps_traced": 1}
+    m.update(run)
+    m.update(compile_run_share(m))
+    assert m["compile.run_share"] == pytest.approx(m["compile.long_steps_fraction"] * 0.5, rel=1e-9)
+    found = {f.rule.id: f for f in evaluate(rules, m).fixes}
+    assert found["PD362"].ceiling == pytest.approx(1 / (1 - m["compile.run_share"]), rel=1e-6)
+    # the same long steps without a period (too few to show one): the window's reading stands
+    m.update({"loop.long_steps_every": None, **compile_run_share({**m, "loop.long_steps_every": None})})
+    assert m["compile.run_share"] is None

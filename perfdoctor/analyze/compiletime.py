@@ -22,6 +22,8 @@ not compiling, and do not count.
 "Torch-Compiled Region: F/N" names the frame F and its N-th compile of it (convert_frame.py):
 the distinct ids seen in the steps say how many compiled versions the steps ran; a new id every
 step is a recompile every step.
+A recompile every N steps lands in one traced step of five: compile.long_steps_* say how much of
+the traced long steps compiling holds, and compile_run_share takes it at the run's rate.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.longsteps import long_steps_part
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -41,8 +44,12 @@ COMPILE_RANGE_RX = re.compile(r"\(dynamo_timed\)$|^(dynamo|entire_frame_compile|
 REGION_RX = re.compile(r"^Torch-Compiled Region: (\S+)$")
 
 
+NAMES = ("compile.share", "compile.steps", "compile.region_ids", "compile.long_steps_share",
+         "compile.long_steps_fraction")
+
+
 def compile_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
-    out = {"compile.share": None, "compile.steps": None, "compile.region_ids": None}
+    out = dict.fromkeys(NAMES)
     lo, hi = steps.span
     total = float(steps.duration.sum())
     if total <= 0:
@@ -53,7 +60,25 @@ def compile_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     per_step = np.array([intervals.total(*intervals.clip(s, e, a, b)) for a, b in zip(steps.start, steps.end)])
     regions = np.flatnonzero(ops & t.name_regex(REGION_RX.pattern))
     ids = {REGION_RX.match(t.names[c]).group(1) for c in unique(t.name[regions])}
+    long_share, fraction = long_steps_part(steps.duration.astype(float), per_step, total)
     out.update({"compile.share": float(per_step.sum()) / total,
                 "compile.steps": int((per_step > 0).sum()),
-                "compile.region_ids": len(ids)})
+                "compile.region_ids": len(ids),
+                "compile.long_steps_share": long_share, "compile.long_steps_fraction": fraction})
     return out
+
+
+def compile_run_share(m: dict) -> dict:
+    """compile.run_share: the compile time at the run's rate (perfdoctor run), where the run's long
+    steps recur at a period (loop.long_steps_every) and the trace holds one of them
+    (loop.long_steps_traced >= 1): the window's compile in every step plus
+    compile.long_steps_fraction of loop.long_steps_share. A recompile every N steps (a shape that
+    changes every N steps under static shapes) is one traced step in five, not a compile in two
+    steps of the window, and costs the run one step in N. None otherwise."""
+    window, in_long = m.get("compile.share"), m.get("compile.long_steps_share")
+    fraction, long_share, traced = (m.get("compile.long_steps_fraction"), m.get("loop.long_steps_share"),
+                                    m.get("loop.long_steps_traced"))
+    if None in (window, in_long, fraction, long_share, traced) or m.get("loop.long_steps_every") is None \
+            or traced < 1:
+        return {"compile.run_share": None}
+    return {"compile.run_share": min(1.0, max(0.0, window - in_long) + fraction * long_share)}

@@ -61,10 +61,9 @@ import re
 import numpy as np
 
 from perfdoctor.analyze import intervals
-from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.compiletime import COMPILE_RANGE_RX
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.longsteps import LONG
+from perfdoctor.analyze.longsteps import long_steps_part
 from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
@@ -149,18 +148,10 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
 
 
 def _in_long_steps(dur: np.ndarray, nograd: np.ndarray, total: float) -> dict:
-    """The part of the no-grad stretch that only the long traced steps hold: in each step at least
-    LONG times the median step, its no-grad time beyond the median step's (a teacher or an
-    evaluation in every step holds about as much in each step: none of it is counted), as a share
-    of the steps' time and as a fraction of those steps' time beyond the median step's."""
-    usual, g_usual = median(dur), median(nograd)
-    long = dur >= LONG * usual
-    if len(dur) < 3 or usual <= 0 or not long.any():
-        return dict.fromkeys(NAMES[1:])             # no long step, or too few steps to tell one
-    extra = np.clip(nograd[long] - g_usual, 0, None)
-    excess = float((dur[long] - usual).sum())
-    return {"evaluation.nograd_long_steps_share": min(1.0, float(extra.sum()) / total),
-            "evaluation.nograd_long_steps_fraction": min(1.0, float(extra.sum()) / excess)}
+    """The part of the no-grad stretch that only the long traced steps hold (longsteps.long_steps_part:
+    a teacher or an evaluation in every step holds about as much in each step, none of it counted)."""
+    share, fraction = long_steps_part(dur, nograd, total)
+    return {"evaluation.nograd_long_steps_share": share, "evaluation.nograd_long_steps_fraction": fraction}
 
 
 def _drained(t: EventTable, k: Kinds):

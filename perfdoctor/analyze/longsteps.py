@@ -167,13 +167,29 @@ def long_step_metrics(steady: list[dict], profiled: list[dict]) -> dict:
     return out
 
 
+def long_steps_part(dur: np.ndarray, part: np.ndarray, total: float) -> tuple[float | None, float | None]:
+    """Of a per-step time `part` (a trace's no-grad stretch, its compile time), what only the long
+    traced steps hold: in each step at least LONG times the median step, its part beyond the median
+    step's (work in every step puts about as much in each: none of it counts), as a share of the
+    steps' time `total` and as a fraction of those steps' time beyond the median step's (1: the
+    long steps are this part). (None, None) with fewer than 3 steps or no long one."""
+    usual, p_usual = median(dur), median(part)
+    long = dur >= LONG * usual
+    if len(dur) < 3 or usual <= 0 or not long.any():
+        return None, None
+    extra = float(np.clip(part[long] - p_usual, 0, None).sum())
+    excess = float((dur[long] - usual).sum())
+    return min(1.0, extra / total), min(1.0, extra / excess)
+
+
 def unexplained(m: dict) -> float | None:
     """loop.long_steps_share less what the run already names (an evaluation, checkpoint saves,
-    logging, DataLoader iterators started each epoch): what no measured cause accounts for. The
+    logging, DataLoader iterators started each epoch, recompiles): what no measured cause accounts for. The
     named shares can include work spread over every step, so this errs low: a lower bound of the
     unnamed long-step time."""
     share = m.get("loop.long_steps_share")
     if share is None:
         return None
-    named = sum(m.get(k) or 0.0 for k in ("evaluation.share", "save.share", "logging.share", "loader.restart_share"))
+    named = sum(m.get(k) or 0.0 for k in ("evaluation.share", "save.share", "logging.share", "loader.restart_share",
+                                          "compile.run_share"))
     return max(0.0, share - named)

@@ -162,6 +162,9 @@ _m("fusion.compiled", "bool", "The steps already run compiled code (Triton kerne
 # -- compilation inside the steps (analyze/compiletime.py) --------------------------------
 _m("compile.share", "share", "Host time inside torch.compile's compile ranges (the '(dynamo_timed)' ranges and the chromium-log phases dynamo, entire_frame_compile, backend_compile, inductor_compile...; their union over threads, nested ranges once) / step time: Dynamo and Inductor compiling in the steps, first compiles and recompiles.")
 _m("compile.steps", "count", "Steps that hold compile-range time (compile.share's ranges).")
+_m("compile.long_steps_share", "share", "The part of compile.share only the trace's long steps hold: in each traced step at least twice the median step, its compile time beyond the median step's / the steps' time. None with fewer than 3 steps or no long one (analyze/longsteps.py long_steps_part).")
+_m("compile.long_steps_fraction", "fraction", "compile.long_steps_share's time / the long traced steps' time beyond the median step: 1 when the long steps are recompiles.")
+_m("compile.run_share", "share", "Compile time at the run's rate (perfdoctor run): where the run's long steps recur at a period and the trace holds one (loop.long_steps_traced >= 1), the window's compile in every step plus compile.long_steps_fraction of loop.long_steps_share (a recompile every 10 steps under static shapes is 1 traced step in 5, 1 in 10 in the run). None otherwise (analyze/compiletime.py).")
 _m("compile.region_ids", "count", "Distinct 'Torch-Compiled Region: F/N' ids (frame F, its N-th compile) run in the steps: compiled versions the steps used; a new one per step is a recompile per step.")
 # -- math precision (analyze/precision.py; CUDA only, None elsewhere) ------------------------
 _m("precision.gemm_fp32_share", "share", "Kernel time of fp32 GEMM/convolution kernels on the SIMT cores (no tensor cores) / step time.")

@@ -19,6 +19,7 @@ import numpy as np
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined, nograd_run_share
+from perfdoctor.analyze.compiletime import compile_run_share
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderkinds import loader_metrics
@@ -223,6 +224,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(run_optimizer_metrics(opt, m.get("optimizer.implementation")))
     m.update(param_metrics(res.child.get("param_dtypes")))
     m.update(nograd_run_share(m))           # the trace window's no-grad evaluation, at the run's rate
+    m.update(compile_run_share(m))          # and its recompiles
     m.update(combined(m))
     m["loop.long_steps_unnamed_share"] = unexplained(m)
     registry.check(m)
