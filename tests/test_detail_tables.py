@@ -184,8 +184,11 @@ def test_an_op_running_past_the_last_step_counts_up_to_its_end(tmp_path):
 
 @pytest.mark.quiet
 def test_host_ops_of_a_cpu_run_sum_to_its_op_time(tmp_path):
-    """On a trace torch records on the CPU (one thread), the rows' self times add up to the time
-    the steps spend in ops: the breakdown's CPU-ops share, less what the top rows leave out."""
+    """On a trace torch records on the CPU (one thread), the op rows' self times add up to the time
+    the steps spend in ops: the breakdown's CPU-ops share, less what the top rows leave out. The
+    rows of torch's own ranges (Optimizer.step#SGD.step: the Python between the optimizer's ops)
+    are no op time: the breakdown has them as untraced (0.1 of these steps, which a fresh-clone CI
+    read as 0.75 against 0.68 when they were summed with the ops)."""
     path = tmp_path / "cpu.json"
     code = textwrap.dedent(f"""
         import torch, torch.nn as nn
@@ -205,7 +208,9 @@ def test_host_ops_of_a_cpu_run_sum_to_its_op_time(tmp_path):
     assert {"aten::addmm", "aten::mm"} <= names and all(r["self_us"] <= r["total_us"] + 1e-6 for r in rows)
     ops_share = a.metrics["breakdown.cpu_exec"]
     assert 0.3 < ops_share < 1
-    assert sum(r["share"] for r in rows) == approx(ops_share, rel=0.1), (sum(r["share"] for r in rows), ops_share)
+    op_rows = sum(r["share"] for r in rows if "#" not in r["name"])
+    assert {r["name"] for r in rows if "#" in r["name"]} <= {"Optimizer.step#SGD.step", "Optimizer.zero_grad#SGD.zero_grad"}
+    assert op_rows == approx(ops_share, rel=0.1) and op_rows <= ops_share + 1e-9, (op_rows, ops_share)
 
 
 def test_cpu_trace_has_gloo_collectives_and_no_device_tables(analyze_spec):
