@@ -1,4 +1,5 @@
-"""`perfdoctor run` from the tests: a script run under it, or bare, and the files of its run directory."""
+"""`perfdoctor run` from the tests: a script run under it, or bare, and the files of its run directory;
+a script that records its own trace, and that trace diagnosed."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def child(out: Path) -> dict:
 
 def steps(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
+
+
+def recorded(tmp_path: Path, text: str, timeout: int = 300) -> tuple[set[str], dict]:
+    """Run a script that writes a torch.profiler trace to its first argument: (the trace's event
+    names, `perfdoctor report`'s document of it)."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    script, trace = tmp_path / "recorded.py", tmp_path / "t.json"
+    script.write_text(text)
+    r = subprocess.run([sys.executable, str(script), str(trace)], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    return {e["name"] for e in json.loads(trace.read_text())["traceEvents"]}, diagnose_path(str(trace))

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from runs import recorded
 
 from perfdoctor.diagnose.offline import diagnose_path
 
@@ -201,14 +202,8 @@ with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, a
 
 
 def test_a_compiled_training_loop_that_recompiles_evaluates_nothing(tmp_path):
-    script = tmp_path / "compiled.py"
-    script.write_text(COMPILED)
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t.json")], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr
-    names = {e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
+    names, doc = recorded(tmp_path, COMPILED, timeout=600)
     assert "CompiledFunction" in names and "entire_frame_compile" in names
-    doc = diagnose_path(str(tmp_path / "t.json"))
     m = doc["traces"][0]["metrics"]
     assert m["compile.steps"] == 1                                  # the recompile in the fourth step
     assert m["evaluation.nograd_forward_share"] == 0.0

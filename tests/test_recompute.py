@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from kineto import HandTrace
 from quiet import Foreign, skip_if_shared
+from runs import recorded
 
 from perfdoctor.diagnose.offline import diagnose_path
 
@@ -238,14 +239,8 @@ with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, a
 
 
 def test_per_sample_gradients_under_vmap_are_no_recomputation(tmp_path):
-    script = tmp_path / "per_sample.py"
-    script.write_text(PER_SAMPLE)
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t.json")], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    names = {e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
+    names, doc = recorded(tmp_path, PER_SAMPLE)
     assert "autograd::engine::evaluate_function: AddmmBackward0" in names and "aten::matmul" in names
-    doc = diagnose_path(str(tmp_path / "t.json"))
     m = doc["traces"][0]["metrics"]
     assert m["recompute.ops_per_step"] == 0 and m["recompute.share"] == 0
     assert "PD345" not in [f["id"] for f in doc["findings"]]
