@@ -63,13 +63,15 @@ def recorded(tmp_path_factory):
     return out
 
 
+@pytest.mark.quiet     # its traces are recorded here (the fixture's only user): op durations judge it
 def test_splittable_share_tells_big_ops_from_small_ones(recorded):
     """Ops of ~1 ms (512x2048 GEMMs at batch 128) are most of the step; ops of a few microseconds
     (32-wide layers at batch 8: what more threads make slower) none of it, though they are still
     most of the traced op time."""
     wide, tiny = recorded["wide"], recorded["tiny"]
     assert wide["threads.splittable_share"] > 0.6 and wide["threads.splittable_share"] <= wide["share.device"]
-    # 0.0 on a quiet machine; one op the scheduler preempted in a 3-step trace made it 0.052 once
+    # 0.0 on a quiet machine; one op the scheduler preempted in a 3-step trace made it 0.052 once,
+    # and under the other test worker's load 0.60 (a fresh-clone CI): the test holds the machine
     assert tiny["threads.splittable_share"] < 0.15 and tiny["share.device"] > 0.3
 
 
