@@ -114,6 +114,11 @@ def _gloo_backend(t: EventTable) -> bool:
     return "gloo" in backend and "nccl" not in backend
 
 
+def trailer(t: EventTable) -> np.ndarray:
+    """The profiler's trailer, written after every activity: metadata ('M') and its own `Trace` span."""
+    return (t.ph == ord("M")) | t.cat_mask("Trace")
+
+
 def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray,
                     step_rows: np.ndarray | None = None) -> str:
     """cpu when nothing ran on a device and the steps made no runtime call (runtime calls come
@@ -127,8 +132,7 @@ def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.nda
     (its steps are dropped: analyze/steps.py)."""
     props = " ".join(str(p.get("name", "")) for p in t.meta.device_properties)
     # cut before its device events (and the trailer after them: metadata, the profiler's span)
-    cut_before_device = (t.meta.truncated and bool(t.meta.device_properties)
-                         and not ((t.ph == ord("M")) | t.cat_mask("Trace")).any())
+    cut_before_device = t.meta.truncated and bool(t.meta.device_properties) and not trailer(t).any()
     if not device_rows.any() and not _steps_called_the_runtime(t, runtime_rows, step_rows) and not cut_before_device:
         return "cpu"
     rt_names = {t.names[c] for c in unique(t.name[runtime_rows])}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
-from perfdoctor.analyze.kinds import STEP_RX, Kinds
+from perfdoctor.analyze.kinds import STEP_RX, Kinds, trailer
 from perfdoctor.trace.table import EventTable
 
 TAIL_KEEP_RATIO = 0.8
@@ -151,9 +151,9 @@ def _before_cut(t: EventTable, k: Kinds, steps: Steps) -> Steps:
     metadata) follows every activity: a cut inside it cut no step. No step has all its device work
     in a GPU trace (deviceProperties) cut before its first device event, or cut in the device
     events before those of a host thread that ran ops: all are dropped."""
-    trailer = (t.ph == ord("M")) | t.cat_mask("Trace")
-    rows = np.flatnonzero(k.complete & ~trailer)
-    if not len(rows) or not len(steps) or trailer[rows[-1]:].any():
+    after = trailer(t)
+    rows = np.flatnonzero(k.complete & ~after)
+    if not len(rows) or not len(steps) or after[rows[-1]:].any():
         return steps
     device = k.device_activity | k.runtime | t.cat_mask("gpu_user_annotation")
     launches = np.flatnonzero(k.runtime)
