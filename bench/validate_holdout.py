@@ -59,6 +59,12 @@ APPLIED = {
     "h3_safetensors_every2.py": ["checkpoint-off-the-step"],
     "h3_llama_mlp.py": ["compile-fuse"],
     "h3_recompute_gpt_devicebound.py": ["recompute-less"],
+    # a fourth set (2026-11-30): the corpus's other bottlenecks (input, syncs, launches, the
+    # allocator), which no held-out script had yet, on other models
+    "h4_loader_spectrogram.py": ["loader-workers", "pin-memory"],
+    "h4_sync_metrics.py": ["pin-memory", "remove-host-syncs"],
+    "h4_foreach_off_moe.py": ["fused-optimizer"],
+    "h4_empty_cache_cnn.py": ["remove-empty-cache"],
 }
 TOLERANCE = 0.25
 
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--only", nargs="*", choices=sorted(APPLIED))
-    ap.add_argument("--set", choices=["h", "h2", "h3"], help="only the scripts of one set (h_*, h2_*, h3_*)")
+    ap.add_argument("--set", choices=["h", "h2", "h3", "h4"], help="only the scripts of one set (h_*, h2_*, h3_*, h4_*)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--keep", type=Path, help="keep the perfdoctor run directories here")
     ap.add_argument("--cpu", action="store_true", help="run without CUDA (--small sizes): checks the harness only")
