@@ -113,6 +113,30 @@ def test_cpu_bound_forkserver_workers(tmp_path):
         assert m["gpu.util_mean"] is None and m["gpu.memory_used_fraction_peak"] is None
 
 
+# A helper caught between fork and exec: for 0.6 s a copy of the trainer (same executable, same
+# command line), then python running the resource tracker's module (as multiprocessing starts it)
+PRE_EXEC = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(0.6)
+    os.execv(sys.executable, [sys.executable, "-c",
+             "import time; import multiprocessing.resource_tracker; time.sleep(1.0)"])
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_helper_caught_before_its_exec_is_no_worker(tmp_path):
+    sampler, m, _ = _run(tmp_path, PRE_EXEC)
+    s = sampler.samples
+    helper = {h["pid"] for x in s for h in x["helpers"] if h["role"] == "helper"}
+    assert len(helper) == 1, s                     # seen after its exec, as the helper it is
+    assert all(not x["workers"] for x in s)        # and not counted as a worker before it
+    assert m["loader.workers"] == 0
+    # the samples before its exec (0.1 s apart in a run's first seconds) count it as a helper too
+    assert sum(1 for x in s if any(h["pid"] in helper for h in x["helpers"])) >= 10
+
+
 def test_sleeping_workers_are_other(tmp_path):
     sampler, m, notes = _run(tmp_path, SLEEP, "2.5")
     assert m["loader.workers"] == 2

@@ -255,14 +255,20 @@ class SystemSampler:
             exe = p.exe()
         except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
             exe = None
-        if tr.name is not None and exe == tr.exe and tr.primed:
+        # A child caught between fork and exec looks like the trainer (its command line too) and
+        # exec may keep the executable (python starting python -c ...): the command line tells.
+        try:
+            cmd = " ".join(p.cmdline())
+        except (psutil.AccessDenied, psutil.ZombieProcess):
+            cmd = None
+        if tr.name is not None and exe == tr.exe and cmd in (None, tr.cmd) and tr.primed:
             return                            # unchanged since last look (no exec happened)
         tr.exe = exe
         try:
             tr.name = p.name()
-            tr.cmd = " ".join(p.cmdline())
         except (psutil.AccessDenied, psutil.ZombieProcess):
             tr.name = tr.name or "?"
+        tr.cmd = cmd if cmd is not None else tr.cmd
         if tr.pid == self.root_pid:
             tr.role = "trainer"
             self._trainer_exe = exe
@@ -280,7 +286,10 @@ class SystemSampler:
         p = tr.proc
         try:
             with p.oneshot():
+                was = tr.role if tr.primed else None
                 self._classify(tr, parent_role)
+                if was == "worker" and tr.role != "worker":
+                    self._not_a_worker(tr.pid, tr.role)
                 cpu = p.cpu_percent(None)
                 status = p.status()
                 nthreads = p.num_threads()
@@ -315,6 +324,17 @@ class SystemSampler:
              "blkio_life_s": _blkio_s(tr.pid) if self._delayacct else None}
         tr.primed = True
         return d, kids
+
+    def _not_a_worker(self, pid: int, role: str) -> None:
+        """A process sampled as a worker turned out, at its exec, to be a helper (the resource
+        tracker or forkserver caught between fork and exec, a copy of the trainer until then): the
+        samples that counted it as a worker, the latest first, count it as what it is."""
+        for s in reversed(self.samples):
+            moved = [w for w in s["workers"] if w["pid"] == pid]
+            if not moved:
+                return
+            s["workers"] = [w for w in s["workers"] if w["pid"] != pid]
+            s["helpers"] = s["helpers"] + [{**w, "role": role} for w in moved]
 
     def _threads(self, tr: _Tracked, nthreads: int) -> list[int]:
         """Accumulate schedstat deltas per thread; collect child pids. Returns the children."""
