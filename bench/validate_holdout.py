@@ -60,7 +60,7 @@ APPLIED = {
     "h3_llama_mlp.py": ["compile-fuse"],
     "h3_recompute_gpt_devicebound.py": ["recompute-less"],
     # a fourth set (2026-11-30): the corpus's other bottlenecks (input, syncs, launches, the
-    # allocator), which no held-out script had yet, on other models
+    # allocator), which no held-out script had yet, on other models; run once as written
     "h4_loader_spectrogram.py": ["loader-workers", "pin-memory"],
     "h4_sync_metrics.py": ["pin-memory", "remove-host-syncs"],
     "h4_foreach_off_moe.py": ["fused-optimizer"],
