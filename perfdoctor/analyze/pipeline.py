@@ -18,6 +18,7 @@ from perfdoctor.analyze.evalforward import nograd_forward_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
+from perfdoctor.analyze.loaderops import loader_op_metrics
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
@@ -73,6 +74,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(_step_metrics(steps))
     m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
     m.update(_input_metrics(t, k, tl, total))
+    m.update(loader_op_metrics(t, k, steps))
     m.update(comm_metrics(t, k, steps, tl, total))
     gaps, series, marked = [], {}, []
     if k.platform != "cpu":

@@ -85,6 +85,8 @@ _m("input.default_collate", "bool", "That loader builds its batches with torch's
 _m("input.dataset_kind", "str", "map or iterable: the kind of dataset the script's first iterated DataLoader reads (torch's _DatasetKind, seen by perfdoctor run); None for a trace alone.")
 _m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_SingleProcessDataLoaderIter); None when unknown.")
 _m("input.traced_op_share_of_wait", "fraction", "Share of data-wait time covered by traced CPU ops (transforms, collate) on the trainer thread.")
+_m("input.wait_tensor_op_share", "fraction", "Time of the outermost tensor-math ops (aten ops other than collation and copies: stack/cat, to/copy, empty, pin_memory) inside the DataLoader's __next__ spans / those spans' time: transforms the trainer computes itself, which run on a GPU as written. None where the spans hold no traced op (workers prepare the batches) (analyze/loaderops.py).")
+_m("input.wait_top_ops", "str", "The (up to three) tensor-math ops with the most time inside the DataLoader's spans, each with its share of them (at least 5%), e.g. 'aten::stft 74%, aten::mm 11%'; None where none (analyze/loaderops.py).")
 # -- device ----------------------------------------------------------------------------------
 _m("gpu.kernel_busy_share", "share", "Union of kernel time on all devices / step time (the TensorBoard plugin's GPU utilisation).")
 _m("gpu.idle_share", "share", "Share of step time with no kernel, copy or memset on any device.")

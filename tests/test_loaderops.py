@@ -1,0 +1,83 @@
+"""What the trainer's own data loading computes (analyze/loaderops.py), on traces torch records on
+the CPU: a Dataset of tensor transforms, one of Python work, one that generates random samples."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch records the traces")
+
+from perfdoctor.analyze.pipeline import analyze  # noqa: E402
+from perfdoctor.trace.loader import load_trace  # noqa: E402
+
+
+class Spectrograms(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        wave = torch.linspace(0, 1, 16000) * (i + 1)
+        spec = torch.stft(wave, 512, 128, window=torch.hann_window(512), return_complex=True).abs()
+        return torch.log1p(spec.T @ torch.ones(257, 32)).T
+
+
+class PythonWork(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.tensor([float(sum(j * j for j in range(20000 + i)))] * 64)
+
+
+class Synthetic(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.randn(3, 96, 96)
+
+
+def _metrics(tmp_path, dataset) -> dict:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=0)
+    model = torch.nn.Linear(1, 1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)) as p:
+        for n, x in enumerate(loader):
+            model(x.reshape(-1, 1)[:8]).sum()
+            p.step()
+            if n == 4:
+                break
+    path = tmp_path / "t.json"
+    p.export_chrome_trace(str(path))
+    return analyze(load_trace(path)).metrics
+
+
+def test_tensor_transforms_in_the_loader_are_named_with_their_share(tmp_path):
+    m = _metrics(tmp_path, Spectrograms())
+    assert m["input.loader"] == "single_process"
+    assert m["input.wait_tensor_op_share"] >= 0.5, m["input.wait_tensor_op_share"]
+    names = [part.rsplit(" ", 1)[0] for part in m["input.wait_top_ops"].split(", ")]
+    assert "aten::stft" in names or "aten::abs" in names, m["input.wait_top_ops"]
+    assert all(n.startswith("aten::") and n not in ("aten::stack", "aten::cat") for n in names)
+    # each shown share is at least 5% and they add up to no more than the tensor-math share
+    shares = [int(part.rsplit(" ", 1)[1].rstrip("%")) / 100 for part in m["input.wait_top_ops"].split(", ")]
+    assert all(s >= 0.05 for s in shares) and sum(shares) <= m["input.wait_tensor_op_share"] + 0.015
+
+
+def test_python_work_and_random_samples_are_no_tensor_transforms(tmp_path):
+    py = _metrics(tmp_path, PythonWork())
+    assert py["input.wait_tensor_op_share"] is not None and py["input.wait_tensor_op_share"] < 0.2
+    synth = _metrics(tmp_path, Synthetic())
+    assert synth["input.wait_tensor_op_share"] < 0.2, synth["input.wait_top_ops"]
+
+
+def test_no_loader_no_metrics(tmp_path):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1)) as p:
+        for _ in range(3):
+            torch.ones(64, 64).matmul(torch.ones(64, 64))
+            p.step()
+    path = tmp_path / "t.json"
+    p.export_chrome_trace(str(path))
+    m = analyze(load_trace(path)).metrics
+    assert m["input.wait_tensor_op_share"] is None and m["input.wait_top_ops"] is None
