@@ -5,6 +5,8 @@ repeat. Fixed seeds throughout; the truth is known (the trial's factor)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -100,3 +102,49 @@ def test_too_few_common_steps_fall_back_to_independent_bootstraps():
     assert list(a.step_ids) == list(range(a.first, a.first + a.n))
     assert paired_means([a], b) is not None
     assert width(speedup(a, b, by_step=True)[1]) < 0.6 * width(speedup(a, b)[1])
+
+
+VARIABLE = textwrap.dedent("""
+    import sys, time
+    import torch
+    factor = float(sys.argv[1])
+    sizes = torch.Generator().manual_seed(1)           # seeded: the same per-step work in every run
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10 ** 6):
+        work_ms = 2 + 20 * torch.rand(1, generator=sizes).item()     # 2..22 ms by step number
+        time.sleep(factor * work_ms / 1e3)
+        loss = model(torch.randn(4, 8)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+""")
+
+
+@pytest.mark.quiet
+def test_tune_pairs_real_runs_of_a_seeded_variable_script(tmp_path):
+    """Two real runs of one script (perfdoctor's launcher, as tune runs them) whose steps sleep
+    2..22 ms by step number from a seeded generator, the second 10% faster: tune's speed-up
+    (measure.speedup) pairs them by step number and excludes 1; the independent bootstraps of
+    the same two windows do not. (The hooks and the tiny model add a fixed ~1 ms a step: the
+    true ratio is a little under 1.10; a sleep overshoots by up to a few ms on a busy machine,
+    noise that does not repeat and stays in the paired interval.)"""
+    pytest.importorskip("torch")
+    from perfdoctor.collect.launcher import RunConfig, launch
+    from perfdoctor.tune.measure import measure_dir
+    from perfdoctor.tune.measure import speedup as tune_speedup
+
+    script = tmp_path / "train.py"
+    script.write_text(VARIABLE)
+    runs = []
+    for name, factor in (("base", 1.0), ("fast", 1 / 1.10)):
+        d = tmp_path / name
+        res = launch(RunConfig(argv=[str(script), str(factor)], run_dir=d, max_steps=40, trace=False, changes={}))
+        assert res.exit_code == 0
+        runs.append(measure_dir(d, {}, res.exit_code, res.child, res.wall_s))
+    base, fast = runs
+    assert base.ok and fast.ok, (base.error, fast.error)
+    assert paired_means([base.estimate], fast.estimate) is not None
+    ratio, (lo, hi) = tune_speedup([base], fast)
+    assert 1 < lo <= ratio <= hi and ratio < 1.25
+    assert speedup(base.estimate, fast.estimate)[1][0] < 1          # unpaired: the sizes' spread is noise
