@@ -148,3 +148,15 @@ def test_tune_pairs_real_runs_of_a_seeded_variable_script(tmp_path):
     ratio, (lo, hi) = tune_speedup([base], fast)
     assert 1 < lo <= ratio <= hi and ratio < 1.25
     assert speedup(base.estimate, fast.estimate)[1][0] < 1          # unpaired: the sizes' spread is noise
+
+
+def test_hand_edited_step_numbers_never_break_the_estimate_and_repeats_are_not_paired():
+    """steps.jsonl is read, not trusted: a step number too large for an int64, a boolean or a
+    float stands as the record's place; a window that repeats a step number is not paired."""
+    w = sizes_work(4, 60)
+    odd = [{"step": v, "dur": float(x)} for v, x in zip([10 ** 30, True, 2.5] + list(range(3, 60)), w)]
+    e = estimate(odd)
+    assert e.n == 58 and list(e.step_ids[:3]) == [2, 3, 4]
+    twice = estimate([{"step": i // 2, "dur": float(x)} for i, x in enumerate(w)])
+    assert paired_means([e], twice) is None
+    assert speedup(e, twice, by_step=True) == speedup(e, twice)

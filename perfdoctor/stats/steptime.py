@@ -199,9 +199,10 @@ def _disturbed(s: dict) -> str | None:
 
 
 def _step_no(s: dict, i: int) -> int:
-    """A record's step number: its "step" when it has one (steps.jsonl), else its place `i`."""
+    """A record's step number: its "step" when it has one (steps.jsonl) that fits an int64 (a
+    hand-edited 1e30 does not), else its place `i`."""
     v = s.get("step")
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else i
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2 ** 62 else i
 
 
 def _num(x, default: float = 0.0) -> float:
