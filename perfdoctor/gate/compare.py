@@ -4,7 +4,13 @@ measured inside the two runs.
 Noise:
 - step time and throughput: each run's steady-state step time (perfdoctor.stats.steptime: wall
   time of the steady window / its steps); a change is "beyond noise" when the 95% CI of the
-  ratio after / before (moving-block bootstrap of both windows) excludes 1. The median and
+  ratio after / before (moving-block bootstrap of both windows) excludes 1. Runs of the same
+  command (gate/load.py same_command) are paired by step number: the same blocks of step
+  numbers resampled on both sides (stats.speedups.speedup, `by_step`), so work that repeats step
+  for step (image sizes from a seeded generator) cancels. After may be an edited script: its
+  step n still does step n's work when the data order is unchanged, and where it is not,
+  nothing repeats and pairing leaves the interval as wide. Different commands are not paired:
+  their step numbers need not mean the same work. The median and
   p90 of the same windows are listed as secondary figures, without a noise test: with a bursty
   loader most steps are short, and the median says nothing about the time per step;
 - breakdown shares: the per-step breakdown of the profiled steps of each trace; a change is beyond
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, settings_diff
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, same_command, settings_diff
 from perfdoctor.report.labels import MIN_SHARE
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.speedups import speedup
@@ -85,7 +91,7 @@ def _step_rows(b: RunData, a: RunData) -> list[dict]:
     sb, sa = b.steady, a.steady
     ms = (lambda x: None if x is None else 1e3 * x)
     if sb is not None and sa is not None and sb.n >= 3 and sa.n >= 3:
-        faster, (lo, hi) = speedup(sb, sa)                 # before / after
+        faster, (lo, hi) = speedup(sb, sa, by_step=same_command(b, a))      # before / after
         r_lo, r_hi = 1 / hi, 1 / lo                        # after / before
         noise, beyond = f"CI95 {r_lo:.2f}-{r_hi:.2f}x", r_lo > 1 or r_hi < 1
         rate_noise = f"CI95 {lo:.2f}-{hi:.2f}x"            # throughput after / before: the inverse ratio

@@ -6,7 +6,9 @@ Step time: each run's steady-state step time (perfdoctor.stats.steptime: wall ti
 detected steady window / its steps, never a median, no long step dropped as an outlier).
 - one baseline (within-run noise only, the weaker test): ratio = current / baseline step time,
   with the 95% CI of a moving-block bootstrap of both steady windows (blocks longer than the
-  burst cycle). Regression when the ratio is at least 1 + --min-effect AND the CI lies above 1;
+  burst cycle), paired by step number when both runs ran the same command (gate/load.py
+  same_command: the same blocks of step numbers on both sides, so work that repeats step for
+  step cancels; stats.speedups.speedup). Regression when the ratio is at least 1 + --min-effect AND the CI lies above 1;
   improvement symmetrically; a change of at least --min-effect whose CI includes 1 is
   inconclusive; otherwise pass.
 - several baselines (run-to-run noise): center = median of the baselines' step times, spread =
@@ -42,7 +44,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, other_load_of, settings_diff
+from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, other_load_of, same_command,
+                                  settings_diff)
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats import speedups, steptime
 from perfdoctor.stats.speedups import speedup, wait_share_change
@@ -205,7 +208,7 @@ def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list
                    "no step records for the current run (give its run directory, not only report.json)")
     cs = cur.steady
     notes.append(f"current: {cs.describe()}")
-    bss = []
+    bss, brs = [], []
     for b in bases:
         if b.steps is None:
             notes.append(f"baseline {b.label}: no step records, not used for step time")
@@ -216,6 +219,7 @@ def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list
             notes.append(f"baseline {b.label}: {_too_few(s, opt)}, not used for step time")
             continue
         bss.append(s)
+        brs.append(b)
     need = f">= {opt.min_steps} steady steps"
     if cs.n < opt.min_steps or not cs.conclusive or not bss:
         apart = _apart(cs, [b.steady for b in bases if b.steps is not None], opt)
@@ -228,7 +232,7 @@ def _step_time(cur: RunData, bases: list[RunData], opt: GateOptions, notes: list
         return Row(name, "", _secs(cs.step_s), "", need, INCONCLUSIVE,
                    f"no baseline with a conclusive steady window of {opt.min_steps} or more steps")
     if len(bss) == 1:
-        return _within(name, bss[0], cs, opt)
+        return _within(name, bss[0], cs, opt, by_step=same_command(brs[0], cur))
     return _across(name, bss, cs, opt)
 
 
@@ -266,8 +270,8 @@ def _too_few(s: StepEstimate, opt: GateOptions) -> str:
     return s.reason or "inconclusive steady window"
 
 
-def _within(name: str, b: StepEstimate, c: StepEstimate, opt: GateOptions) -> Row:
-    faster, (flo, fhi) = speedup(b, c, level=opt.level)       # baseline / current
+def _within(name: str, b: StepEstimate, c: StepEstimate, opt: GateOptions, by_step: bool = False) -> Row:
+    faster, (flo, fhi) = speedup(b, c, level=opt.level, by_step=by_step)       # baseline / current
     ratio, lo, hi = 1 / faster, 1 / fhi, 1 / flo              # current / baseline
     change = ratio - 1
     values = {"baseline_step_s": b.step_s, "current_step_s": c.step_s, "ratio": ratio, "ci95": [lo, hi],

@@ -246,6 +246,14 @@ def command_key(command: str) -> tuple[str, ...]:
     return tuple(words)
 
 
+def same_command(a: RunData, b: RunData) -> bool:
+    """Both runs recorded their command and it is the same (command_key): then step n of one runs
+    the same code path as step n of the other, and with a seeded data order the same work, so
+    compare and gate pair their step times by step number (stats.speedups.speedup's `by_step`).
+    Unknown or different commands (train.py vs train_amp.py) are not paired."""
+    return a.command is not None and b.command is not None and command_key(a.command) == command_key(b.command)
+
+
 def command_warning(bases: list[RunData], cur: RunData,
                     sides: tuple[str, str] = ("baseline", "current")) -> tuple[bool | None, str | None]:
     """(differ, line): whether a baseline ran another command than the current run (None when the

@@ -88,6 +88,9 @@ class StepEstimate:
     source: str = "durations"               # or "end timestamps": where the wall time came from
     durs: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     waits: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    step_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    # the window's step numbers (the records' "step", else their place in the input), one per
+    # entry of durs: two runs of one script are paired by them (stats.speedups)
 
     @property
     def scale(self) -> float:
@@ -160,6 +163,7 @@ def estimate(steps: list[dict], *, num_workers: int | None = None,
             dropped[k] = dropped.get(k, 0) + 1
     durs = np.array([float(s["dur"]) for s in steps[a:e]], dtype=float)
     waits = np.array([_num(s.get("wait")) for s in steps[a:e]], dtype=float)
+    ids = np.array([_step_no(s, a + i) for i, s in enumerate(steps[a:e])], dtype=np.int64)
     ends = [s.get("end") for s in steps]
     batches = np.cumsum([max(_num(s.get("batches"), 1.0), 0.0) for s in steps]) if steps else np.zeros(0)
     lead = _leading(durs, a, batches, num_workers, prefetch_factor)
@@ -168,7 +172,7 @@ def estimate(steps: list[dict], *, num_workers: int | None = None,
             dropped[k] = dropped.get(k, 0) + v
     cut = sum(lead.values())
     first = a + cut
-    res = _finish(durs[cut:], waits[cut:], total, first, dropped, num_workers, ends)
+    res = _finish(durs[cut:], waits[cut:], total, first, dropped, num_workers, ends, ids[cut:])
     if cut > (e - a) // 2 and res.conclusive:
         res.conclusive = False
         res.reason = (f"no steady state: the level changed over {cut} of the window's {e - a} steps "
@@ -192,6 +196,13 @@ def _disturbed(s: dict) -> str | None:
     if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d <= 0:
         return "invalid"
     return None
+
+
+def _step_no(s: dict, i: int) -> int:
+    """A record's step number: its "step" when it has one (steps.jsonl) that fits an int64 (a
+    hand-edited 1e30 does not), else its place `i`."""
+    v = s.get("step")
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2 ** 62 else i
 
 
 def _num(x, default: float = 0.0) -> float:
@@ -261,8 +272,9 @@ def _wall(first: int, n: int, durs: np.ndarray, ends: list) -> tuple[float, str]
     return s, "durations"
 
 
-def _finish(durs, waits, total, first, dropped, num_workers, ends) -> StepEstimate:
+def _finish(durs, waits, total, first, dropped, num_workers, ends, ids=None) -> StepEstimate:
     n = len(durs)
+    ids = np.arange(first, first + n, dtype=np.int64) if ids is None else ids
     if n == 0:
         return StepEstimate(None, None, None, 0, total, first, dropped, None, 0, False,
                             "no steady steps (every step was warm-up, profiled or disturbed)")
@@ -272,13 +284,13 @@ def _finish(durs, waits, total, first, dropped, num_workers, ends) -> StepEstima
         # time, so the window's wall time / steps does not depend on where the bursts fall
         cut = n % cycle
         dropped["partial_cycle"] = cut
-        durs, waits, n = durs[:n - cut], waits[:n - cut], n - cut
+        durs, waits, ids, n = durs[:n - cut], waits[:n - cut], ids[:n - cut], n - cut
     wall, source = _wall(first, n, durs, ends)
     step = wall / n
     need, block = block_length(durs, num_workers)
     est = StepEstimate(step, None, float(np.median(durs)), n, total, first, dropped,
                        float(waits.sum()) / wall if wall > 0 else None, block, True, None,
-                       float(np.percentile(durs, 90)), source, durs, waits)
+                       float(np.percentile(durs, 90)), source, durs, waits, ids)
     if n >= 2:
         rel = relative_means(bootstrap_means(durs, block, np.random.default_rng(SEED)))
         lo, hi = step * np.percentile(rel, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
@@ -358,13 +370,14 @@ def _autocov(eps: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_means(x: np.ndarray, block: int, rng: np.random.Generator,
-                    resamples: int = BOOTSTRAP) -> np.ndarray:
+                    resamples: int = BOOTSTRAP, blocks: int | None = None) -> np.ndarray:
     """Means of `resamples` moving-block-bootstrap resamples of x: round(n / block) blocks of
-    `block` consecutive steps, each starting anywhere in [0, n - block] (no wrap-around: joining
-    the end to the start would cut a burst cycle)."""
+    `block` consecutive steps (or `blocks` of them: the mean of fewer steps than x holds), each
+    starting anywhere in [0, n - block] (no wrap-around: joining the end to the start would cut a
+    burst cycle). Two calls with generators of one seed draw the same blocks."""
     n = len(x)
     block = max(1, min(block, n))
-    k = max(1, int(round(n / block)))
+    k = max(1, int(round(n / block)) if blocks is None else blocks)
     c = np.concatenate([[0.0], np.cumsum(x)])
     sums = c[block:] - c[:n - block + 1]                   # sum of the block starting at each step
     starts = rng.integers(0, n - block + 1, size=(resamples, k))

@@ -175,17 +175,15 @@ def system_of(run_dir: Path) -> dict:
 
 def speedup(bases: list[Measured], new: Measured) -> tuple[float, tuple[float, float]]:
     """base step time / new step time with its 95% interval (stats.speedups.speedup). Several
-    baseline runs (before and after the trial) are pooled: their steady windows, end to end."""
-    import numpy as np
-
+    baseline runs (before and after the trial) are pooled: their steady windows, end to end, for
+    the point estimate. Every run here is the same command, so step n does the same work in each
+    (when the script seeds its data order and sizes; where it does not, nothing repeats and the
+    interval stays as wide): the interval pairs the trial with the baseline by step number, the
+    baseline's runs averaged at each step number (the mean of their runs is the baseline's best
+    figure for a step's work; pairing the trial with each run in turn would need the per-run
+    intervals combined, and each would hold only one run's noise)."""
     from perfdoctor.stats.speedups import speedup as _speedup
-    from perfdoctor.stats.steptime import estimate_durations
-    if len(bases) == 1:
-        base = bases[0].estimate                 # the window as its run's estimate saw it
-    else:
-        base = estimate_durations(np.concatenate([b.estimate.durs * b.estimate.scale for b in bases]),
-                                  np.concatenate([b.estimate.waits for b in bases]))
-    ratio, (lo, hi) = _speedup(base, new.estimate)
+    ratio, (lo, hi) = _speedup([b.estimate for b in bases], new.estimate, by_step=True)
     return float(ratio), (float(lo), float(hi))
 
 

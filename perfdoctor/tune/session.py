@@ -11,7 +11,9 @@
    baseline or any trial), or when the baseline's own 95% interval is wide, the machine is
    noisy: from then on the baseline is run again after every trial (interleaved), and each
    trial is compared with the steps of the baseline runs just before and after it, pooled, so
-   that a load that comes and goes weighs on both sides.
+   that a load that comes and goes weighs on both sides. Every speed-up interval pairs the trial
+   with the baseline by step number (measure.speedup): a script that seeds its per-step work
+   (image sizes, data order) repeats it step for step in every run, and it cancels.
 3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline;
    a trial is started only when the time left in the budget covers a run as long as the longest
    so far; the others are reported as skipped for lack of budget.
