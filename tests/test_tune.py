@@ -1112,3 +1112,44 @@ def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeyp
         assert "--budget 290 would run them all, at this run length" in out
     t.noisy = True
     assert build(t)["budget_for_all_s"] == 90 + (3 * 2 + 2) * 40
+
+
+def _multiscale(tmp_path, name, scale, seed):
+    """A run whose steps repeat a seeded 4x spread of work (image sizes 96-224 px, drawn by one
+    generator in every run) with 0.5% noise of its own, as measure_dir leaves one."""
+    from perfdoctor.stats.steptime import estimate
+    from perfdoctor.tune.measure import Measured
+    work = np.random.default_rng(0).choice([0.04, 0.07, 0.11, 0.16], size=65)
+    durs = scale * work * (1 + 0.005 * np.random.default_rng(seed).standard_normal(65))
+    steps = [{"step": i + 10, "dur": float(d), "wait": 0.0} for i, d in enumerate(durs)]
+    return Measured(tmp_path / name, {}, 0, "stopped", 10.0, estimate=estimate(steps), other_load=0.0, cores=16)
+
+
+def test_a_wide_baseline_interval_whose_work_repeats_step_for_step_is_no_noise(tmp_path):
+    """The H200 run of bench/holdout/h4_empty_cache_cnn.py: the baseline's own interval was +-13%
+    (image sizes 4x apart from step to step), three baseline runs agreed within 0.2%, and tune
+    called the machine noisy. Paired by step number, two baseline runs agree within a percent: the
+    machine is quiet. Work that does not repeat (another generator in each run) stays noisy."""
+    from perfdoctor.tune import session as S
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    first = _multiscale(tmp_path, "baseline", 1.0, 1)
+    lo, hi = first.estimate.ci95
+    assert (hi - lo) / 2 / first.step_s > S.NOISY_CI              # wide on its own
+    t.baselines = [first]
+    t.noisy, t.noise_head = t._noise(first)
+    assert t.noisy
+    again = _multiscale(tmp_path, "baseline-2", 1.002, 2)
+    t.baselines.append(again)
+    t._update_spread()
+    t._paired_noise(first, again)
+    assert not t.noisy and "repeats step for step" in t.noise_head, t.noise_head
+
+    # the same spread drawn afresh in each run: nothing repeats, the pairing finds no agreement
+    u = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    other = _multiscale(tmp_path, "other", 1.0, 3)
+    other.estimate.durs[:] = np.random.default_rng(9).permutation(other.estimate.durs)
+    u.baselines = [first, other]
+    u.noisy, u.noise_head = u._noise(first)
+    u._update_spread()
+    u._paired_noise(first, other)
+    assert u.noisy
