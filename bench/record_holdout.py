@@ -28,6 +28,8 @@ def record(results: Path) -> dict:
     doc = json.loads(results.read_text())
     out = {}
     for name, row in doc["rows"].items():
+        # a row whose diagnosis failed on the device (its "error") holds the measurement alone:
+        # its run directory, when kept, is diagnosed here like any other
         run_dir = results.parent / name.removesuffix(".py")
         if run_dir.is_dir():
             r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(run_dir), "-f", "json"],

@@ -132,6 +132,7 @@ def main(argv=None) -> int:
         print("|---|---|---|---|---|---|---|---|---|")
         for name in [n for n in a.only or APPLIED if a.set is None or n.startswith(a.set + "_")]:
             script = HOLDOUT / name
+            bare = fixed = None
             try:                  # one script that fails must not cost the others their turn
                 bare, fixed = measure(script, a.pairs, small)
                 measured = statistics.mean(bare) / statistics.mean(fixed)
@@ -139,6 +140,9 @@ def main(argv=None) -> int:
                 doc = diagnose(script, out, small)
             except SystemExit as e:
                 print(f"| {name} | failed: {str(e)[-300:]!r} |", flush=True)
+                if a.json and bare is not None:   # the measurement stands without its diagnosis
+                    rows[name] = {"bare_ms": bare, "fixed_ms": fixed, "error": str(e)[-2000:]}
+                    a.json.write_text(json.dumps({"device": what, "rows": rows}, indent=1))
                 continue
             # the run's metrics travel in the results: record_holdout.py can keep them without the run directory
             row = judge(doc, APPLIED[name], measured) | {"bare_ms": bare, "fixed_ms": fixed,

@@ -84,3 +84,16 @@ def test_record_keeps_the_metrics_a_run_reported_when_its_directory_is_gone(tmp_
     bare.write_text(json.dumps({"device": "d", "rows": {"h3_safetensors_every2.py": {"bare_ms": [1], "fixed_ms": [1]}}}))
     with pytest.raises(SystemExit, match="no run directory"):
         record_holdout.record(bare)
+
+
+def test_a_measurement_whose_diagnosis_fails_is_kept(tmp_path, monkeypatch, capsys):
+    """On an H200 the diagnosis failed (a wheel missing on the device) after both arms had been
+    measured, and the measurement was lost with it: the row keeps the step times and the error."""
+    def broken(script, out, small):
+        raise SystemExit("perfdoctor run failed (1): ModuleNotFoundError: No module named 'simpleeval'")
+    monkeypatch.setattr(validate_holdout, "diagnose", broken)
+    results = tmp_path / "results.json"
+    assert validate_holdout.main(["--cpu", "--pairs", "1", "--only", "h4_sync_metrics.py", "--json", str(results)]) == 0
+    row = json.loads(results.read_text())["rows"]["h4_sync_metrics.py"]
+    assert len(row["bare_ms"]) == len(row["fixed_ms"]) == 1 and row["bare_ms"][0] > 0 and row["fixed_ms"][0] > 0
+    assert "simpleeval" in row["error"] and "failed" in capsys.readouterr().out
