@@ -133,8 +133,9 @@ def test_a_helper_caught_before_its_exec_is_no_worker(tmp_path):
     assert len(helper) == 1, s                     # seen after its exec, as the helper it is
     assert all(not x["workers"] for x in s)        # and not counted as a worker before it
     assert m["loader.workers"] == 0
-    # the samples before its exec (0.1 s apart in a run's first seconds) count it as a helper too
-    assert sum(1 for x in s if any(h["pid"] in helper for h in x["helpers"])) >= 10
+    # the samples before its exec (0.1 s apart in a run's first seconds: ~6 of them unless the
+    # machine is busy) count it as a helper too
+    assert sum(1 for x in s if any(h["pid"] in helper for h in x["helpers"])) >= 5
 
 
 def test_sleeping_workers_are_other(tmp_path):
