@@ -490,10 +490,25 @@ def test_a_float64_model_gets_a_float32_trial_before_autocast():
     labels = [t.label for t in plan.plan(facts(verdict="cpu_compute"))]
     assert "float32=True" not in labels and "autocast=bfloat16" in labels
     trials = [t for t in plan.plan(facts(verdict="cpu_compute", fp64=True)) if t.group == "numerics"]
-    assert [t.label for t in trials] == ["float32=True", "autocast=bfloat16"]
+    # autocast leaves float64 ops alone: on a float64 model it is tried on top of float32
+    assert [t.label for t in trials] == ["float32=True", "float32=True, autocast=bfloat16"]
     assert all(t.skip == "changes numerics: needs --allow-numerics" for t in trials)
     assert [t.skip for t in plan.plan(facts(fp64=True), allow_numerics=True) if t.group == "numerics"] == [None, None]
     assert plan.rule_for({"float32": True}, {"PD357"}) == "PD357"
+
+
+def test_stacked_changes_of_different_fixes_are_predicted_as_those_fixes_combined():
+    """float32 with autocast tests PD357 and PD320 together: neither alone is credited or
+    predicts it; num_workers with persistent_workers is PD301's one change."""
+    from perfdoctor.tune.predict import prediction
+    fixes = {"PD357": {"gain": {"expected": 1.86}}, "PD320": {"gain": {"expected": 1.5}},
+             "PD301": {"gain": {"expected": 2.0}}}
+    rule, pred = prediction(plan.Trial({"float32": True, "autocast": "bfloat16"}, "numerics"), fixes, None)
+    assert rule == "PD357+PD320" and pred == pytest.approx(1 / (1 / 1.86 + 1 / 1.5 - 1))
+    assert prediction(plan.Trial({"float32": True, "autocast": "bfloat16"}, "numerics"),
+                      {"PD357": fixes["PD357"]}, None) == ("PD357+PD320", None)   # autocast not raised: unknown
+    assert prediction(plan.Trial({"num_workers": 1, "persistent_workers": True}, "loader"), fixes, None) == ("PD301", 2.0)
+    assert prediction(plan.Trial({"float32": True}, "numerics"), fixes, None) == ("PD357", 1.86)
 
 
 def test_num_workers_zero_is_pd347s_trial_and_its_refinements_say_why_they_skip():
@@ -670,6 +685,16 @@ def test_float32_change_trains_a_float64_model_in_float32(tmp_path, capfd):
     # the forward makes its LSTMCell state in float64: model.float() alone would fail on it
     assert text.startswith("model.float()") and inj["float32_inner"] == ["LSTMCell"] and "its LSTMCell" in text
     assert ref["float32_inner"] == [] and "its LSTMCell" not in apply_text({"float32": True}, ref, cuda=False)
+
+
+def test_autocast_on_a_float64_model_runs_it_in_bfloat16_only_on_top_of_float32(tmp_path, capfd):
+    """torch.autocast casts float32 ops only: alone it leaves a float64 model in float64 (so the
+    plan stacks it on float32), and on float32 the model's linear layers run in bfloat16."""
+    text = FLOAT64.replace("out = model(x[:, :-1])", "out = model(x[:, :-1]); print('out', out.dtype, flush=True)")
+    alone, _ = injected(tmp_path, capfd, {"autocast": "bfloat16"}, text)
+    assert "out torch.float64" in alone and "out torch.bfloat16" not in alone
+    out, inj = injected(tmp_path, capfd, {"float32": True, "autocast": "bfloat16"}, text)
+    assert set(inj["applied"]) == {"float32", "autocast"} and "out torch.bfloat16" in out
 
 
 CHECKPOINTED = textwrap.dedent("""

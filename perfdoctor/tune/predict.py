@@ -53,7 +53,7 @@ def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tu
     change that no rule predicts here, it has neither."""
     def expected(rule):
         return ((fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
-    if t.group != "combined":
+    if t.group != "combined" and not _stacked(t.changes):
         rule = planmod.rule_for(t.changes, set(fixes), applicable)
         return rule, expected(rule)
     parts = [planmod.rule_for({k: v}, set(fixes), applicable) for k, v in t.changes.items()]
@@ -63,6 +63,14 @@ def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tu
     preds = [expected(r) for r in rules]
     both = combined(preds) if rules and all(p is not None for p in preds) else None
     return "+".join(rules) or None, both
+
+
+def _stacked(changes: dict) -> bool:
+    """Changes that different fixes test, stacked in one trial (autocast on float32 for a float64
+    model): predicted as those fixes combined, like a combined trial. Changes that share a rule
+    (num_workers with persistent_workers: PD301) test that one rule."""
+    tested = [set(planmod.RULES.get(k, ())) for k in changes]
+    return len(tested) > 1 and all(a.isdisjoint(b) for i, a in enumerate(tested) for b in tested[i + 1:])
 
 
 def applicable(doc: dict, f: planmod.Facts | None, rule_dirs) -> set[str] | None:
