@@ -620,6 +620,40 @@ def test_the_no_workers_trial_runs_a_loader_built_for_workers(tmp_path, capfd):
     assert "num_workers=0, persistent_workers=False, prefetch_factor=None, multiprocessing_context=None" in line
 
 
+REBUILT = textwrap.dedent("""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.set_num_threads(1)
+    lin = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    def make(ds):                                 # a new loader each epoch, from a helper
+        return DataLoader(ds, batch_size=4)
+    val = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    for epoch in range(3):
+        for (x,) in make(TensorDataset(torch.randn(16, 2))):
+            loss = lin(x).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        for (x,) in make(TensorDataset(torch.randn(8, 2))):     # validation, from the same helper
+            pass
+""")
+
+
+def test_a_dataloader_built_again_each_epoch_is_told_to_be_built_once(tmp_path, capfd):
+    """persistent_workers keeps workers alive as long as their DataLoader: a script that builds
+    its loader anew each epoch (in a function the loop calls) restarts them anyway, so the code
+    to apply says to build it once. Loaders on other data (validation, same helper) or built once
+    are not counted."""
+    from perfdoctor.tune.apply import apply_text
+    _, inj = injected(tmp_path, capfd, {"num_workers": 1, "persistent_workers": True}, REBUILT)
+    built = [ld["built"] for ld in inj["loaders"]]
+    assert len(built) == 7 and len(set(built)) == 3 and built.count(built[0]) == 1   # val, then 3 x (train, val)
+    train = {**inj, "loaders": inj["loaders"][1:]}
+    text = apply_text({"num_workers": 1, "persistent_workers": True}, train, cuda=False)
+    assert "built this DataLoader 3 times" in text and "build it once" in text
+    assert "build it once" not in apply_text({"num_workers": 1, "persistent_workers": True}, inj, cuda=False)
+    assert "build it once" not in apply_text({"threads": 2}, train, cuda=False)
+
+
 def test_a_script_leaving_through_os_exit_keeps_its_record(tmp_path, capfd):
     """os._exit skips atexit: tune's record (what was applied, the losses) is written first."""
     res, d = launch(tmp_path, {"num_workers": 1}, max_steps=None,

@@ -19,7 +19,7 @@ key is one change the user could make by hand; the script itself is never edited
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
-Whatever the changes, the session also records what the script asked for (DataLoader arguments,
+Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache and
 checkpoint-save calls; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import threading
 
 LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
@@ -145,7 +146,8 @@ def _loader(torch, st: _State) -> None:
                 a["pin_memory"] = False
             st.applied.update(want)
         out = orig(*ba.args, **ba.kwargs)
-        st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS}})
+        st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS},
+                           "built": _built(a.get("dataset"))})
         return out
     DataLoader.__init__ = __init__
 
@@ -272,6 +274,21 @@ def _optimizer(torch, st: _State) -> None:
                 st.optimizers.append(rec)
             return _orig(self, *args, **kwargs)
         cls.__init__ = __init__
+
+
+def _built(dataset) -> str:
+    """Where and on what a DataLoader was built: the script's line making it, the dataset's class
+    and length. Loaders alike in all of it were the same loader built again (per epoch, in a
+    function the loop calls): its workers, persistent or not, start again with each one."""
+    f = sys._getframe(2)
+    while f is not None and ("/torch/" in f.f_code.co_filename or f.f_code.co_filename == __file__):
+        f = f.f_back                           # a DataLoader subclass's super().__init__
+    try:
+        n = len(dataset)
+    except Exception:
+        n = None
+    where = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
+    return f"{where} {type(dataset).__name__} {n}"
 
 
 def _module_call(torch, st: _State) -> None:

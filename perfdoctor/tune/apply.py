@@ -28,6 +28,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in loader.items())
         now = ", ".join(f"{k}={asked.get(k)!r}" for k in loader if k in asked)
         lines.append(f"DataLoader(..., {args})" + (f"  # the script has {now}" if now else ""))
+        again = rebuilt(inject)
+        if again > 1 and loader.get("persistent_workers"):
+            lines.append(f"# the script built this DataLoader {again} times (per epoch?): build it once, before the "
+                         "epoch loop, or its workers start again with each one, persistent or not")
     if "threads" in changes:
         asked = inject.get("threads_asked") or []
         now = f"  # the script sets {asked[-1]}" if asked else f"  # the script runs with {inject.get('threads')}" \
@@ -71,3 +75,11 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
     if changes.get("expandable_segments"):
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # in the environment, before python starts")
     return "\n".join(lines)
+
+
+def rebuilt(inject: dict) -> int:
+    """How many times the script built its first DataLoader: loaders made on the same line, on a
+    dataset of the same class and length (inject.json's "built"), are that loader built again."""
+    built = [ld.get("built") for ld in inject.get("loaders") or []]
+    return built.count(built[0]) if built and built[0] else len(built[:1])
+
