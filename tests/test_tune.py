@@ -1139,6 +1139,19 @@ def test_a_confirmed_trials_row_shows_both_runs_step_times_and_baselines(monkeyp
     doc = {"command": "train.py", "noise": "", "trials": [tr], "best": None, "skipped_for_budget": [],
            "untested": [], "baseline": {"step_time_s": 0.1, "ci95": [0.09, 0.11], "steps": 30, "verdict": "cpu"}}
     assert "| threads=1 | 80.0/72.0 ms | " in markdown.tune(doc)
+    # the best line says both runs' step times too, as its speed-up pools both
+    import io
+
+    from rich.console import Console
+    best = {"changes": {"threads": 1}, "speedup": a.ratio, "ci95": list(a.ci95), "step_time_s": 0.08, "confirmed": True}
+    doc = {**doc, "best": best, "apply": "torch.set_num_threads(1)", "budget_s": 1000, "dir": "runs", "elapsed_s": 60}
+    buf = io.StringIO()
+    R.render(doc, Console(file=buf, width=200))
+    assert "two runs), 80.0/72.0 ms/step. Apply:" in buf.getvalue()
+    assert "two runs), 80.0/72.0 ms/step. Apply:" in markdown.tune(doc)
+    buf = io.StringIO()
+    R.render({**doc, "best": {**best, "confirmed": False}, "trials": [once]}, Console(file=buf, width=200))
+    assert "one run (no budget left to confirm it)), 80.0 ms/step. Apply:" in buf.getvalue()
 
 
 def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeypatch, tmp_path):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
-                                     from_other_traces, role_labels, shown_trace, tune_no_best, tune_predicted,
-                                     tune_step_times)
+                                     from_other_traces, role_labels, shown_trace, tune_best_step, tune_no_best,
+                                     tune_predicted, tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -141,7 +141,7 @@ def tune(doc: dict) -> str:
     if best:
         runs = "two runs" if best.get("confirmed") else "one run"
         out += [f"**Best:** {M(changes_label(best['changes']))}: **{best['speedup']:.2f}x** (95% CI {best['ci95'][0]:.2f}-"
-                f"{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. Apply:", "", _fence(doc["apply"])]
+                f"{best['ci95'][1]:.2f}, {runs}), {tune_best_step(doc)}/step. Apply:", "", _fence(doc["apply"])]
     else:
         first, *rest = tune_no_best(doc)
         out += [f"**Best:** {first}", *(f"- {M(line)}" for line in rest)]

@@ -121,7 +121,8 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import budget_hint, tune_no_best, tune_predicted, tune_step_times
+    from perfdoctor.report.labels import (budget_hint, tune_best_step, tune_no_best, tune_predicted,
+                                         tune_step_times)
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -153,7 +154,7 @@ def render(doc: dict, console=None) -> None:
     if best:
         runs = "two runs" if best.get("confirmed") else "one run (no budget left to confirm it)"
         con.print(text("best:", "bold") + text(f" {changes_label(best['changes'])}: {best['speedup']:.2f}x "
-                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {s_as_ms(best['step_time_s'])}/step. "
+                  f"(95% CI {best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}, {runs}), {tune_best_step(doc)}/step. "
                   "Apply:"))
         for line in doc["apply"].splitlines():
             con.print(text(f"    {line}"))
