@@ -82,4 +82,3 @@ def rebuilt(inject: dict) -> int:
     dataset of the same class and length (inject.json's "built"), are that loader built again."""
     built = [ld.get("built") for ld in inject.get("loaders") or []]
     return built.count(built[0]) if built and built[0] else len(built[:1])
-
