@@ -71,6 +71,7 @@ _m("share.communication", "share", "Exposed communication (= breakdown.communica
 _m("machine.cpu_count", "count", "CPU cores usable by the training process.")
 _m("machine.physical_cores", "count", "Physical cores among the usable CPUs (hyperthread siblings count once; capped by a cgroup quota); None when the topology is unknown.")
 _m("machine.torch_threads", "count", "The trainer's torch intra-op threads (torch.get_num_threads() when the script ended); None for a trace alone.")
+_m("machine.cpu_bf16", "bool", "The run's CPU has bfloat16 math instructions (x86 avx512_bf16 or amx_bf16, Arm bf16: /proc/cpuinfo, read by the run, collect/cpuflags.py); None for a trace alone or where unknown.")
 _m("machine.free_cores", "count", "Cores not busy during the run (cpu_count minus average busy cores).")
 _m("machine.ram_free_bytes", "bytes", "Free RAM during the run.")
 # -- input pipeline ------------------------------------------------------------------------
@@ -240,6 +241,7 @@ _m("loop.model_name", "str", "Class of the module the step calls most often at t
 _m("loop.model_calls_per_step", "per_step", "How many times that step called loop.model_name at the outermost level: 1 for a batched loop, the batch size for a per-sample loop (model(x[i:i+1])), the micro-batches for gradient accumulation.")
 _m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size), the most common one; None when they got no tensor or a 0-d one.")
 _m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
+_m("loop.model_cpu_autocast", "str", "The dtype torch.autocast(\"cpu\") cast to (\"bfloat16\", \"float16\") while the model ran, in the counted step (loop.model_name); None without CPU autocast (`perfdoctor run` only).")
 _m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
 _m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
 _m("loop.extra_batches_excess_share", "share", "Steady steps that drew more DataLoader batches than the usual step (an evaluation every N steps, a second loader): their wall time beyond as many usual steps (the median usual step each) / the steady wall time; 0 when no step did, None without DataLoader batches.")
