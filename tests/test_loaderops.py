@@ -37,12 +37,25 @@ class Synthetic(torch.utils.data.Dataset):
         return torch.randn(3, 96, 96)
 
 
-def _metrics(tmp_path, dataset) -> dict:
-    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=0)
+class InMemory(torch.utils.data.Dataset):
+    """pytorch/examples style on synthetic data: the tensors built once, a sample indexed out of them."""
+    def __init__(self):
+        self.x, self.y = torch.rand(512, 1, 28, 28), torch.randint(0, 10, (512,))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _metrics(tmp_path, dataset, batch_size=4) -> dict:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=0)
     model = torch.nn.Linear(1, 1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)) as p:
         for n, x in enumerate(loader):
+            x = x[0] if isinstance(x, list) else x
             model(x.reshape(-1, 1)[:8]).sum()
             p.step()
             if n == 4:
@@ -69,6 +82,15 @@ def test_python_work_and_random_samples_are_no_tensor_transforms(tmp_path):
     assert py["input.wait_tensor_op_share"] is not None and py["input.wait_tensor_op_share"] < 0.2
     synth = _metrics(tmp_path, Synthetic())
     assert synth["input.wait_tensor_op_share"] < 0.2, synth["input.wait_top_ops"]
+
+
+def test_indexing_samples_out_of_tensors_in_memory_is_no_tensor_transform(tmp_path):
+    """`self.x[i]` is an aten::select per sample (and its label's another): it had been named the
+    loading's tensor math ("aten::select 28%"), which PD366 would send to the GPU as a transform."""
+    m = _metrics(tmp_path, InMemory(), batch_size=64)
+    assert m["input.loader"] == "single_process" and m["input.traced_op_share_of_wait"] > 0
+    assert m["input.wait_tensor_op_share"] < 0.05, m["input.wait_top_ops"]
+    assert m["input.wait_top_ops"] is None
 
 
 def test_no_loader_no_metrics(tmp_path):

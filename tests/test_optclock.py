@@ -118,3 +118,39 @@ def test_a_for_loop_adam_is_timed_and_pd338_expects_its_gain_on_the_untraced_sha
     assert g["range"][0] == pytest.approx(amdahl(share, 1.4), rel=1e-3) and g["range"][1] == pytest.approx(amdahl(share, 3.3), rel=1e-3)
     assert g["ceiling"] == pytest.approx(1 / (1 - share), rel=1e-3) and g["ceiling_share"] == pytest.approx(share)
     assert "of each un-profiled step (timed)" in g["text"]
+
+
+# A for-loop Adam over two 1024x1024 layers (mnist_forward_forward's or an accelerate MLP's kind):
+# every op of its update takes far over 20 us, so PD211 raises no small-op flag; the fused
+# kernel still makes one pass per tensor where the for-loop makes a dozen, and these tensors
+# stream from memory (the largest measured ratio). PD338 had depended on the small-op flag.
+LARGE_ADAM = r"""
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+x = torch.randn(8, 1024)
+for step in range(30):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("done")
+"""
+
+
+def test_a_for_loop_adam_of_large_ops_raises_no_small_op_flag_but_gets_pd338(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "large_adam.py"
+    script.write_text(LARGE_ADAM)
+    out = tmp_path / "run"
+    r = prun("--no-stacks", script, out=out)
+    assert r.returncode == 0, r.stderr
+    assert child(out)["optimizer"]["large_elements"] == 2 * 1024 * 1024
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert m["optimizer.implementation"] == "for-loop"
+    assert m["cpu.optimizer_large_op_share"] >= 0.5 * m["optimizer.step_share"]
+    assert "PD211" not in {f["id"] for f in doc["flags"]}
+    assert m["optimizer.fused_cpu_speedup"] > 4                          # streamed tensors
+    f = next(f for f in doc["findings"] if f["id"] == "PD338")
+    share = m["calls.optimizer_share"]
+    assert f["gain"]["expected"] == pytest.approx(amdahl(share, m["optimizer.fused_cpu_speedup"]), rel=1e-3)

@@ -209,7 +209,7 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     # one call of the model per step (its pre-hook, which marks the step, runs after the class
     # wrapper counted the call: that call is the next step's, not a second one of this step)
     assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
-                               "passes": 0}
+                               "passes": 0, "cpu_autocast": None}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -252,7 +252,7 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert r.stdout == "per-sample: done\n"
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
     assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
-                                         "passes": 1}
+                                         "passes": 1, "cpu_autocast": None}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -282,7 +282,8 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
         census.count(policy, (torch.zeros(4),), {})    # one state: 1-D
     census.count(loss, (torch.zeros(3, 2), torch.zeros(3, 2)), {})
     census.boundary("optimizer")
-    assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0}
+    assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
+                             "cpu_autocast": None}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch

@@ -5,9 +5,12 @@ transforms run inside the DataLoader's `__next__` spans and the profiler traces 
 outermost ops inside those spans (an op's children are its own time) say what the loading is:
 
 - input.wait_tensor_op_share: their time in tensor math (every outermost aten op except the
-  batch's collation and copies: aten::stack/cat, to/copy, empty, pin_memory; and random
-  generation, which in a loader is the data itself: a synthetic data set's samples, or an
-  augmentation's few parameters) / the spans' time.
+  batch's collation and copies: aten::stack/cat, to/copy, empty, pin_memory; the sample's
+  indexing and views: `self.x[i]` of a Dataset that holds its tensors in memory is an
+  aten::select, no transform to move to a device (pytorch/examples' VAE style on synthetic
+  data: aten::select was 28% of the loading, named as its tensor math); reading a label's value
+  (item); and random generation, which in a loader is the data itself: a synthetic data set's
+  samples, or an augmentation's few parameters) / the spans' time.
   Tensor math runs on a GPU as it is written: moved after the copy to the device it becomes a
   few batched kernels (article 003: convert to float and normalise on the GPU). Python, PIL,
   decoders and numpy are not traced: a loader busy with them shows a low share here;
@@ -35,7 +38,13 @@ NOT_TRANSFORM = frozenset({"aten::stack", "aten::cat", "aten::_cat", "aten::to",
                            "aten::detach", "aten::alias", "aten::lift_fresh", "aten::clone",
                            "aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::normal_",
                            "aten::uniform_", "aten::random_", "aten::bernoulli", "aten::bernoulli_",
-                           "aten::multinomial", "aten::rand_like", "aten::randn_like", "aten::randint_like"})
+                           "aten::multinomial", "aten::rand_like", "aten::randn_like", "aten::randint_like",
+                           # indexing a sample out of tensors held in memory, and views: no math
+                           "aten::select", "aten::slice", "aten::narrow", "aten::index", "aten::unbind",
+                           "aten::split", "aten::chunk", "aten::view", "aten::reshape", "aten::_reshape_alias",
+                           "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::expand",
+                           "aten::permute", "aten::transpose", "aten::t", "aten::flatten",
+                           "aten::item", "aten::_local_scalar_dense"})
 MIN_SHOWN = 0.05
 TOP = 3
 

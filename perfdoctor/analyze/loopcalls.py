@@ -6,7 +6,7 @@ GPU its launch) once per sample, and each op does a sliver of the work it could 
 trace shows only many small ops; the hooks see the loop itself. During one whole step after the
 step source is chosen, `perfdoctor run` counts the outermost module calls (collect/modules.py,
 child.json "root_calls"): the module called most, how many times, and the leading dimension of
-its first tensor argument (the batch it was given).
+its first tensor argument (the batch it was given), and the dtype CPU autocast cast to while it ran.
 
 The DataLoader batches per steady step, and the backward passes of the counted step, tell a
 per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
@@ -23,7 +23,8 @@ from __future__ import annotations
 from perfdoctor.analyze.stepwait import extra_batches
 
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
-         "loop.batches_per_step", "loop.backward_passes_per_step", "loop.extra_batches_excess_share")
+         "loop.batches_per_step", "loop.backward_passes_per_step", "loop.extra_batches_excess_share",
+         "loop.model_cpu_autocast")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -47,6 +48,8 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     out["loop.model_call_batch"] = batch if isinstance(batch, int) and batch >= 0 else None
     share = rc.get("batch_share")
     out["loop.model_call_batch_share"] = float(share) if isinstance(share, (int, float)) and 0 <= share <= 1 else None
+    autocast = rc.get("cpu_autocast")
+    out["loop.model_cpu_autocast"] = autocast if isinstance(autocast, str) else None
     passes = rc.get("passes")
     out["loop.backward_passes_per_step"] = passes if isinstance(passes, int) and passes >= 0 else None
     return out

@@ -71,6 +71,7 @@ _m("share.communication", "share", "Exposed communication (= breakdown.communica
 _m("machine.cpu_count", "count", "CPU cores usable by the training process.")
 _m("machine.physical_cores", "count", "Physical cores among the usable CPUs (hyperthread siblings count once; capped by a cgroup quota); None when the topology is unknown.")
 _m("machine.torch_threads", "count", "The trainer's torch intra-op threads (torch.get_num_threads() when the script ended); None for a trace alone.")
+_m("machine.cpu_bf16", "bool", "The run's CPU has bfloat16 math instructions (x86 avx512_bf16 or amx_bf16, Arm bf16: /proc/cpuinfo, read by the run, collect/cpuflags.py); None for a trace alone or where unknown.")
 _m("machine.free_cores", "count", "Cores not busy during the run (cpu_count minus average busy cores).")
 _m("machine.ram_free_bytes", "bytes", "Free RAM during the run.")
 # -- input pipeline ------------------------------------------------------------------------
@@ -85,7 +86,7 @@ _m("input.default_collate", "bool", "That loader builds its batches with torch's
 _m("input.dataset_kind", "str", "map or iterable: the kind of dataset the script's first iterated DataLoader reads (torch's _DatasetKind, seen by perfdoctor run); None for a trace alone.")
 _m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_SingleProcessDataLoaderIter); None when unknown.")
 _m("input.traced_op_share_of_wait", "fraction", "Share of data-wait time covered by traced CPU ops (transforms, collate) on the trainer thread.")
-_m("input.wait_tensor_op_share", "fraction", "Time of the outermost tensor-math ops (aten ops other than collation and copies: stack/cat, to/copy, empty, pin_memory) inside the DataLoader's __next__ spans / those spans' time: transforms the trainer computes itself, which run on a GPU as written. None where the spans hold no traced op (workers prepare the batches) (analyze/loaderops.py).")
+_m("input.wait_tensor_op_share", "fraction", "Time of the outermost tensor-math ops (aten ops other than collation and copies: stack/cat, to/copy, empty, pin_memory; a sample's indexing and views: select, slice, index, view; random generation) inside the DataLoader's __next__ spans / those spans' time: transforms the trainer computes itself, which run on a GPU as written. None where the spans hold no traced op (workers prepare the batches) (analyze/loaderops.py).")
 _m("input.wait_top_ops", "str", "The (up to three) tensor-math ops with the most time inside the DataLoader's spans, each with its share of them (at least 5%), e.g. 'aten::stft 74%, aten::mm 11%'; None where none (analyze/loaderops.py).")
 # -- device ----------------------------------------------------------------------------------
 _m("gpu.kernel_busy_share", "share", "Union of kernel time on all devices / step time (the TensorBoard plugin's GPU utilisation).")
@@ -240,6 +241,7 @@ _m("loop.model_name", "str", "Class of the module the step calls most often at t
 _m("loop.model_calls_per_step", "per_step", "How many times that step called loop.model_name at the outermost level: 1 for a batched loop, the batch size for a per-sample loop (model(x[i:i+1])), the micro-batches for gradient accumulation.")
 _m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size), the most common one; None when they got no tensor or a 0-d one.")
 _m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
+_m("loop.model_cpu_autocast", "str", "The dtype torch.autocast(\"cpu\") cast to (\"bfloat16\", \"float16\") while the model ran, in the counted step (loop.model_name); None without CPU autocast (`perfdoctor run` only).")
 _m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
 _m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
 _m("loop.extra_batches_excess_share", "share", "Steady steps that drew more DataLoader batches than the usual step (an evaluation every N steps, a second loader): their wall time beyond as many usual steps (the median usual step each) / the steady wall time; 0 when no step did, None without DataLoader batches.")

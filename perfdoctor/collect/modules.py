@@ -40,8 +40,9 @@ class Census:
     backward passes of that step. `result` (child.json "root_calls"): the module called most,
     {"module", "calls", "batch", "batch_share", "modules", "passes"}; None until the step ends."""
 
-    def __init__(self, tensor_type):
+    def __init__(self, tensor_type, cpu_autocast=None):
         self.tensor = tensor_type
+        self.cpu_autocast = cpu_autocast  # () -> the CPU autocast dtype's name in force, or None
         self.reset()
 
     def reset(self) -> None:
@@ -51,6 +52,7 @@ class Census:
         self.result = None
         self.root = None                  # a weak reference to the module called most, once done (nogradcalls.py)
         self.last = None                  # (id(module), leading dim) of the last call counted
+        self.autocast = None              # the CPU autocast dtype a counted call ran under
 
     def boundary(self, mode) -> None:
         if (self.state == "counting" and mode == "module" and getattr(_DEPTH, "n", 0)
@@ -80,7 +82,7 @@ class Census:
                 self.root = ref
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / calls,
-                               "modules": len(self.counts), "passes": self.passes}
+                               "modules": len(self.counts), "passes": self.passes, "cpu_autocast": self.autocast}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
@@ -91,6 +93,8 @@ class Census:
                 return
             c = self.counts[id(module)] = [type(module).__name__, 0, {}, _ref(module)]
         c[1] += 1
+        if self.autocast is None and self.cpu_autocast is not None:
+            self.autocast = self.cpu_autocast()
         lead = self._lead(args, kwargs)
         c[2][lead] = c[2].get(lead, 0) + 1
         self.last = (id(module), lead)
@@ -103,6 +107,16 @@ class Census:
             if isinstance(v, self.tensor):
                 return None if v.dim() == 0 else 1 if v.dim() == 1 else int(v.shape[0])
         return None
+
+
+def _cpu_autocast(torch) -> str | None:
+    """The dtype torch.autocast("cpu") casts to where it is on ("bfloat16"), or None."""
+    try:
+        if torch.is_autocast_enabled("cpu"):
+            return str(torch.get_autocast_dtype("cpu")).replace("torch.", "")
+    except Exception:                     # an older torch without the device argument
+        return None
+    return None
 
 
 def _ref(module):
@@ -118,7 +132,7 @@ def watch(torch, session) -> None:
     steps (session.module_watch). Again after an optimizer took over from a fallback: a new census."""
     Module = torch.nn.Module
     orig = Module.__call__
-    session.census = Census(torch.Tensor)
+    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch))
     if getattr(orig, "_perfdoctor", False):
         return
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)

@@ -198,6 +198,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     est = step_estimate(steps, **loader_settings(run_dir, m))
     m.update(step_metrics(steps, res, est=est))
     m["machine.torch_threads"] = res.child.get("torch_threads")
+    m["machine.cpu_bf16"] = res.child.get("cpu_bf16")
     kind = res.child.get("dataset_kind")
     m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
     m.update(loader_metrics(res.child.get("loaders")))
