@@ -736,7 +736,12 @@ def test_loop_metrics_from_the_census():
     m = loop_metrics({"module": "Net", "calls": 32, "batch": 1, "batch_share": 0.97, "modules": 1}, steady)
     assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_call_batch": 1,
                  "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3),
-                 "loop.backward_passes_per_step": None, "loop.extra_batches_excess_share": None}
+                 "loop.backward_passes_per_step": None, "loop.extra_batches_excess_share": None,
+                 "loop.model_cpu_autocast": None}
+    # the CPU autocast dtype the census saw; anything but a name is unknown
+    assert loop_metrics({"module": "Net", "calls": 1, "cpu_autocast": "bfloat16"}, steady)["loop.model_cpu_autocast"] \
+        == "bfloat16"
+    assert loop_metrics({"module": "Net", "calls": 1, "cpu_autocast": 16}, steady)["loop.model_cpu_autocast"] is None
     # no census (a trace alone, a run of one step) or a damaged one: unknown, never made up
     assert loop_metrics(None, [])["loop.model_calls_per_step"] is None
     bad = loop_metrics({"module": 3, "calls": 0, "batch": -2, "batch_share": 7}, steady)
