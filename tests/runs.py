@@ -21,12 +21,13 @@ def bare(script: Path, *args, cwd=None):
                           timeout=240, cwd=cwd)
 
 
-def prun_script(tmp_path: Path, name: str, text: str, *args, opts: tuple = ()):
-    """Write a script and run it under `perfdoctor run --no-trace [opts]`: (result, run directory)."""
+def prun_script(tmp_path: Path, name: str, text: str, *args, opts: tuple = (), trace: bool = False):
+    """Write a script and run it under `perfdoctor run [--no-trace] [opts]` (a trace only when
+    `trace`): (result, run directory)."""
     script = tmp_path / name
     script.write_text(text)
     out = tmp_path / "run"
-    r = prun("--no-trace", *opts, script, *args, out=out)
+    r = prun(*(() if trace else ("--no-trace",)), *opts, script, *args, out=out)
     assert r.returncode == 0, r.stderr
     return r, out
 

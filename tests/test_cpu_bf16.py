@@ -4,7 +4,7 @@ dtype CPU autocast casts to while the model runs (collect/modules.py, loop.model
 from __future__ import annotations
 
 import pytest
-from runs import child, prun, report
+from runs import child, prun, prun_script, report
 
 from perfdoctor.collect.cpuflags import cpu_bf16
 from perfdoctor.rules.gain import amdahl
@@ -51,11 +51,8 @@ with torch.no_grad():
 
 def test_bf16_autocast_is_seen_and_pd367_follows_the_cpu(tmp_path):
     pytest.importorskip("torch")
+    _, out = prun_script(tmp_path, "autocast.py", AUTOCAST, opts=("--no-stacks",), trace=True)
     script = tmp_path / "autocast.py"
-    script.write_text(AUTOCAST)
-    out = tmp_path / "run"
-    r = prun("--no-stacks", script, out=out)
-    assert r.returncode == 0, r.stderr
     c = child(out)
     assert c["root_calls"]["cpu_autocast"] == "bfloat16" and c["cpu_bf16"] is cpu_bf16()
     doc = report(out)

@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from runs import child, prun, report, steps
+from runs import child, prun, prun_script, report, steps
 
 from perfdoctor.analyze.fusedcpu import annotated_class, fused_cpu_metrics
 from perfdoctor.collect.optclock import LARGE, OptimizerClock, describe
@@ -139,11 +139,7 @@ print("done")
 
 def test_a_for_loop_adam_of_large_ops_raises_no_small_op_flag_but_gets_pd338(tmp_path):
     pytest.importorskip("torch")
-    script = tmp_path / "large_adam.py"
-    script.write_text(LARGE_ADAM)
-    out = tmp_path / "run"
-    r = prun("--no-stacks", script, out=out)
-    assert r.returncode == 0, r.stderr
+    _, out = prun_script(tmp_path, "large_adam.py", LARGE_ADAM, opts=("--no-stacks",), trace=True)
     assert child(out)["optimizer"]["large_elements"] == 2 * 1024 * 1024
     doc = report(out)
     m = doc["traces"][0]["metrics"]

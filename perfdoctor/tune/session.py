@@ -10,9 +10,10 @@
    NOISY_RUNS, when other processes used a material share of the cores during a run (the
    baseline or any trial), or when the baseline's own 95% interval is wide (unless its second
    run, paired with the first by step number, agrees within NOISY_CI: the width was the steps'
-   own work varying, which repeats in every run), the machine is noisy: from then on the baseline is run again after every trial (interleaved), and each
-   trial is compared with the steps of the baseline runs just before and after it, pooled, so
-   that a load that comes and goes weighs on both sides. Every speed-up interval pairs the trial
+   own work varying, which repeats in every run), the machine is noisy: from then on the
+   baseline is run again after every trial (interleaved), and each trial is compared with the
+   steps of the baseline runs just before and after it, pooled, so that a load that comes and
+   goes weighs on both sides. Every speed-up interval pairs the trial
    with the baseline by step number (measure.speedup): a script that seeds its per-step work
    (image sizes, data order) repeats it step for step in every run, and it cancels.
 3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline;
@@ -186,8 +187,7 @@ class Tuner:
         return predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs))
 
     def _noise(self, b: Measured) -> tuple[bool, str]:
-        lo, hi = b.estimate.ci95
-        half = (hi - lo) / 2 / b.step_s if b.step_s else 0.0
+        half = _own_half(b)
         if _busy(b):
             return True, (f"other processes used {b.other_load:.1f} of {b.cores} cores: noisy machine, each "
                           "trial is compared with the baseline runs just before and after it")
@@ -202,15 +202,12 @@ class Tuner:
         run: the two baseline runs, paired by step number (measure.speedup), then agree closely,
         and the machine is quiet after all (an H200 multi-scale CNN: +-13% alone, three runs
         within 0.2%). Judged only where the wide interval alone made the machine noisy."""
-        if not self.noisy or _busy(first) or _busy(again) or (self.spread or 0) > NOISY_RUNS:
-            return
-        lo, hi = first.estimate.ci95
-        if not first.step_s or (hi - lo) / 2 / first.step_s <= NOISY_CI:
+        own = _own_half(first)
+        if not self.noisy or _busy(first) or _busy(again) or (self.spread or 0) > NOISY_RUNS or own <= NOISY_CI:
             return
         ratio, (plo, phi) = speedup([first], again)
         half = max(phi / ratio - 1, 1 - plo / ratio)
         if half <= NOISY_CI:
-            own = (hi - lo) / 2 / first.step_s
             self.noisy = False
             self.noise_head = (f"quiet machine: the baseline's +-{100 * own:.0f}% interval is its steps' own work "
                                f"varying, which repeats step for step (two baseline runs paired by step number: "
@@ -367,6 +364,12 @@ class Tuner:
 
 def _add_reason(o: Outcome, text: str) -> None:
     o.reason = f"{o.reason}; {text}" if o.reason else text
+
+
+def _own_half(m: Measured) -> float:
+    """Half the width of a run's own 95% interval, relative to its step time (0 without one)."""
+    lo, hi = m.estimate.ci95
+    return (hi - lo) / 2 / m.step_s if m.step_s else 0.0
 
 
 def _busy(m: Measured) -> bool:
