@@ -41,6 +41,27 @@ def test_straggler_from_durations():
     assert rows[0].straggler_wait_ms == pytest.approx(31.0) and rows[1].straggler_wait_ms == 0
 
 
+def test_a_two_rank_straggler_is_judged_by_the_wait_of_the_rank_that_waits():
+    """Recorded on the CI machine under load: rank 1 loads each batch 30 ms longer; rank 0 waits
+    68% of its step, 34% of it for rank 1 beyond the 24% both ranks spend in the (CPU-starved)
+    transfer. Averaged over both ranks (the slowest waits for nobody) the straggler wait read 17%,
+    under the transfer: 'network'. The ranks that wait for the slowest wait more for it than for
+    the transfer."""
+    steps0 = _steps([(50.0, 34.0), (51.0, 35.0), (49.0, 33.5), (50.5, 34.2), (50.2, 34.0), (49.8, 33.8)])
+    steps1 = _steps([(50.0, 12.0), (51.0, 12.5), (49.0, 11.5), (50.5, 12.1), (50.2, 11.9), (49.8, 12.0)])
+    m, _ = cross_rank([RankInput(0, 50.0, 0.68, steps0), RankInput(1, 50.0, 0.24, steps1)], 2)
+    assert m["ranks.network_wait_share"] == pytest.approx(0.24)
+    assert m["ranks.straggler_wait_share"] == pytest.approx(0.22)        # over both ranks
+    assert m["ranks.others_wait_share"] == pytest.approx(0.44)           # rank 0's wait for rank 1
+    assert m["ranks.wait_cause"] == "straggler" and m["ranks.slowest_rank"] == 1
+    # three ranks, one slow: the two that wait are the mean
+    steps2 = _steps([(50.0, 24.0), (51.0, 25.0), (49.0, 23.5), (50.5, 24.2), (50.2, 24.0), (49.8, 23.8)])
+    m, _ = cross_rank([RankInput(0, 50.0, 0.68, steps0), RankInput(1, 50.0, 0.24, steps1),
+                       RankInput(2, 50.0, 0.48, steps2)], 3)
+    assert m["ranks.others_wait_share"] == pytest.approx((0.44 + 0.24) / 2)
+    assert m["ranks.straggler_wait_share"] == pytest.approx((0.44 + 0.24) / 3)
+
+
 def test_contention_when_the_slow_rank_waited_for_a_core():
     steps0 = _steps([(20.0, 12.0), (21.0, 13.0), (20.5, 12.4), (20.2, 12.1)])
     steps1 = _steps([(20.0, 2.0), (21.0, 3.0), (20.5, 2.5), (20.2, 2.2)])
@@ -138,7 +159,7 @@ def test_a_rank_the_others_wait_for_in_its_long_step_only_is_named():
 
 def test_a_straggler_job_is_bound_by_what_bounds_the_slow_rank():
     from perfdoctor.diagnose.ranks import _straggler_verdict
-    m = {"ranks.straggler_wait_share": 0.45, "ranks.network_wait_share": 0.05, "ranks.paired_steps": 8}
+    m = {"ranks.straggler_wait_share": 0.45, "ranks.others_wait_share": 0.9, "ranks.network_wait_share": 0.05, "ranks.paired_steps": 8}
     v = {"bound": "communication", "rule": "PD115", "summary": "Straggler: rank 1 ...", "confidence": 1.0,
          "confidence_label": "high", "secondary": [], "notes": []}
     own = {"bound": "input_io", "summary": "Input-bound (IO): ...", "confidence": 0.7, "notes": ["few steps"]}

@@ -26,9 +26,11 @@ in so many of the steps that a sign test rejects turns at SIGN_P, one-sided and 
 chance, so its p times the rank count): a rank whose evaluation every N steps makes one traced
 step 50x longer is busier in every step, yet that step's spread hides it from the mean's standard
 error. Two ranks need 6 steps of 6; over the default 5 traced steps the 'uneven' wait names the
-rank waited for instead (ranks.slowest_last_wait_share). At least MIN_PAIRED steps either way. `wait_cause`: 'straggler' when that holds and the straggler wait is at least
-MATERIAL of the step and at least the network wait; 'network' when the network wait is at least
-MATERIAL and larger; 'none' when neither is material; None when the waits are unknown (no trace).
+rank waited for instead (ranks.slowest_last_wait_share). At least MIN_PAIRED steps either way.
+`wait_cause`: 'straggler' when that holds and the straggler wait of the ranks that wait for it (ranks.others_wait_share: the mean over the ranks other than the slowest, which itself waits
+for nobody; over all ranks it would halve a 2-rank job's straggler) is at least MATERIAL of the
+step and at least the network wait; 'network' when the network wait is at least MATERIAL and
+larger; 'none' when neither is material; None when the waits are unknown (no trace).
 MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the fix rules use.
 'contention' instead of 'straggler' when at least half of the straggler's extra time per
 profiled step (CONTENTION) was spent in the run queue waiting for a CPU core beyond what the
@@ -58,7 +60,7 @@ NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slo
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
          "ranks.straggler_wait_share", "ranks.straggler_wait_share_max", "ranks.straggler_consistent",
          "ranks.paired_steps", "ranks.slowest_last_wait_share", "ranks.slowest_last_steps", "ranks.slowest_runq_excess",
-         "ranks.wait_cause")
+         "ranks.others_wait_share", "ranks.wait_cause")
 
 
 @dataclass
@@ -109,10 +111,12 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     skew = [r.wait_share - net for r, _ in known]
     out["ranks.straggler_wait_share"] = fmean(skew)
     out["ranks.straggler_wait_share_max"] = max(skew)
+    others = [r.wait_share - net for r, _ in known if r.rank != slow.rank]
+    out["ranks.others_wait_share"] = fmean(others)
     consistent, paired = _consistent(ranks, slow.rank)
     out["ranks.straggler_consistent"], out["ranks.paired_steps"] = consistent, paired
     out["ranks.slowest_last_wait_share"], out["ranks.slowest_last_steps"] = _last_share(ranks, slow.rank)
-    st, nw = out["ranks.straggler_wait_share"], net
+    st, nw = out["ranks.others_wait_share"], net
     contention = _contention(ranks, slow.rank)
     out["ranks.slowest_runq_excess"] = contention
     if consistent and st >= MATERIAL and st >= nw and contention is not None and contention >= CONTENTION:

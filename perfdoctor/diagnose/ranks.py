@@ -156,7 +156,7 @@ def _no_surer(v: dict, own: dict, rank: int) -> dict:
 
 
 def _straggler_confidence(v: dict, m: dict) -> dict:
-    st, nw = m["ranks.straggler_wait_share"], m["ranks.network_wait_share"]
+    st, nw = m["ranks.others_wait_share"], m["ranks.network_wait_share"]
     conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
     notes = [n for n in v.get("notes", []) if "untraced host time" not in n]
     if (m.get("ranks.paired_steps") or 0) < 5:
