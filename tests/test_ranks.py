@@ -42,11 +42,11 @@ def test_straggler_from_durations():
 
 
 def test_a_two_rank_straggler_is_judged_by_the_wait_of_the_rank_that_waits():
-    """Recorded on the CI machine under load: rank 1 loads each batch 30 ms longer; rank 0 waits
-    68% of its step, 34% of it for rank 1 beyond the 24% both ranks spend in the (CPU-starved)
-    transfer. Averaged over both ranks (the slowest waits for nobody) the straggler wait read 17%,
-    under the transfer: 'network'. The ranks that wait for the slowest wait more for it than for
-    the transfer."""
+    """The shape of a CI failure (the live test below on a loaded 2-core machine read 'network'):
+    rank 1 loads each batch 30 ms longer; rank 0 waits 68% of its step, 44% of it for rank 1
+    beyond the 24% both ranks spend in the CPU-starved transfer. Averaged over both ranks (the
+    slowest waits for nobody) the straggler wait reads 22%, under the transfer: 'network'. The
+    ranks that wait for the slowest wait more for it than for the transfer."""
     steps0 = _steps([(50.0, 34.0), (51.0, 35.0), (49.0, 33.5), (50.5, 34.2), (50.2, 34.0), (49.8, 33.8)])
     steps1 = _steps([(50.0, 12.0), (51.0, 12.5), (49.0, 11.5), (50.5, 12.1), (50.2, 11.9), (49.8, 12.0)])
     m, _ = cross_rank([RankInput(0, 50.0, 0.68, steps0), RankInput(1, 50.0, 0.24, steps1)], 2)
