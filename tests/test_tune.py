@@ -70,6 +70,17 @@ def test_verdict_orders_the_groups_and_material_wait_puts_the_loader_first():
     assert all(t.skip is None for t in dev if t.group == "cuda")
 
 
+def test_no_idle_core_puts_the_loader_trials_last():
+    """The report found no idle core (PD309: more workers would take CPU from the trainer): the
+    loader's trials no longer come first for the data wait; they run last, whatever the verdict."""
+    trials = [t for t in plan.plan(facts(saturated=True)) if not t.skip]
+    assert [t.group for t in trials] == ["threads", "optimizer", "optimizer", "loader", "loader"]
+    host = [t for t in plan.plan(facts(verdict="host", data_wait=0.22, saturated=True)) if not t.skip]
+    assert host[0].group == "optimizer" and host[-1].group == "loader"
+    # without PD309 the same wait puts them first
+    assert [t for t in plan.plan(facts()) if not t.skip][0].group == "loader"
+
+
 def test_the_reports_ranked_fixes_order_the_groups():
     """A device-bound CPU run whose report ranks PD346 (threads) first, then PD338: the threads
     trial runs first, the optimizer next, then the verdict's order; skipped trials do not count."""

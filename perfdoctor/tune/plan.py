@@ -14,7 +14,10 @@ ranked fixes order the groups first: the group of its first-ranked fix runs firs
 (the trial that tests the report's top claim is never the one a short budget leaves out). The
 other groups follow in the verdict's order (input-bound: the loader first; host/overhead-bound:
 optimizer and compilation first; device-bound: numerics and CUDA first), and a data wait of at
-least MATERIAL_WAIT of the step puts the loader first among them whatever the verdict. Within
+least MATERIAL_WAIT of the step puts the loader first among them whatever the verdict, unless
+the report found no idle core (PD309: more workers would take CPU time from the trainer and
+from each other): then the loader's trials come last, measured only when the budget reaches
+them (PD309 could be wrong, and fewer workers may be the gain). Within
 the loader group, num_workers candidates come first (zero among them when the script has
 workers: an in-memory dataset with a cheap __getitem__ loads fastest in the trainer) (kept alive across epochs, persistent_workers=True, when the
 script had no workers: worker_changes); persistent_workers (for a script that already has
@@ -89,6 +92,7 @@ class Facts:
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
     contended: bool = False           # the training thread queued for a CPU (flag PD214)
     other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
+    saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
 
 
 def describe(changes: dict) -> str:
@@ -138,7 +142,10 @@ def group_order(f: Facts) -> list[str]:
     key = "input" if v.startswith("input") else "host" if v in ("host", "cpu_overhead") else \
         "device" if v in ("device", "cpu_compute") else "input"
     order = list(ORDER[key])
-    if f.data_wait is not None and f.data_wait >= MATERIAL_WAIT and order[0] != "loader":
+    if f.saturated:
+        order.remove("loader")
+        order.append("loader")
+    elif f.data_wait is not None and f.data_wait >= MATERIAL_WAIT and order[0] != "loader":
         order.remove("loader")
         order.insert(0, "loader")
     return order
