@@ -233,3 +233,27 @@ def test_traced_steps_far_shorter_than_the_steady_ones_are_not_firm():
     assert note.startswith("the traced steps took 432.3 ms (median) and the steady ones 2232 ms, 5.2x as long")
     # a steady step 1.5x the traced one (a quieter moment, noise) keeps the verdict firm
     assert confidence("device", {**m, "run.step_time_median_ms": 650.0})[0] == 1.0
+
+
+def test_few_steps_are_told_whatever_marked_them(analyze_spec):
+    """Two DataLoader waits, no ProfilerStep: the "only N steps" note is owed as much as
+    with ProfilerStep steps (it was dropped when the steps came from a fallback)."""
+    v, _, m = diagnose(analyze_spec, tg.TraceSpec(steps=[S(data_wait_us=6000)] * 2, profiler_steps=False),
+                       name="few.json")
+    n = m["steps.count"]
+    assert m["steps.source"] == "DataLoader iterations" and 1 <= n < 3
+    assert v.confidence <= 0.5
+    assert any(f"only {n} step(s) traced" in x for x in v.notes), v.notes
+    assert any("not ProfilerStep annotations" in x for x in v.notes), v.notes
+
+
+def test_a_whole_trace_step_is_not_told_as_one_step_recorded():
+    """A trace with no step markers is one 'step' however many iterations it holds: the
+    source note says so, and 'only 1 step(s) traced; record 3 or more' would be wrong."""
+    m = {"share.device": 0.93, "share.input": 0.0, "share.host": 0.07, "share.communication": 0.0,
+         "trace.platform": "cpu", "steps.source": "whole trace", "steps.count": 1}
+    conf, notes, _ = confidence("device", m)
+    assert conf <= 0.5 and any("whole trace" in n for n in notes)
+    assert not any("step(s) traced" in n for n in notes), notes
+    conf, notes, _ = confidence("device", {**m, "steps.source": "optimizer steps"})
+    assert any("only 1 step(s) traced" in n for n in notes), notes

@@ -5,7 +5,7 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
 - input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
   is at least twice the runner-up; and at most 0.4 just under the 80% device line, rising to
   1.0 at 70% (a verdict that a few points of device time would flip is not firm);
-- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps or a truncated file, 0.5 when
+- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps (noted whatever marked them) or a truncated file, 0.5 when
   a live run's steady data wait and the traced one differ by 10 points or more, 0.5 when the
   profiler made the traced steps twice as long as the steady ones or more, 0.5 when other
   processes took half a core or more while the trainer queued for a CPU a quarter of its time,
@@ -70,7 +70,9 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         conf = min(conf, 0.5)
         if m.get("steps.source"):         # without a trace, the run's own note says so
             notes.append(f"steps come from {m.get('steps.source')}, not ProfilerStep annotations")
-    elif (m.get("steps.count") or 0) < 3:
+    # fallback steps are thin evidence too, and say so; a whole trace is one "step" however many
+    # iterations it holds, so its count says nothing of what was recorded (the source note does)
+    if (m.get("steps.count") or 0) < 3 and m.get("steps.source") != "whole trace":
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
     if m.get("trace.truncated"):
