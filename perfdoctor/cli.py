@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from perfdoctor import __version__
-from perfdoctor.errors import EXIT_INTERNAL, PerfdoctorError
+from perfdoctor.errors import EXIT_INTERNAL, EXIT_PIPE, PerfdoctorError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -338,11 +338,25 @@ def _safe(msg: object) -> str:
     return terminal(msg)
 
 
+def _stdout_gone(exc: SystemExit) -> bool:
+    """The exit is rich's or click's answer to a closed pipe: both raise SystemExit(1) while
+    handling the BrokenPipeError (EPIPE) a write to stdout met."""
+    import errno
+    ctx = exc.__context__
+    return isinstance(ctx, OSError) and ctx.errno == errno.EPIPE
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line on stderr and a documented exit code."""
     debug = os.environ.get("PERFDOCTOR_DEBUG") == "1"
     try:
         app(args=argv, prog_name="perfdoctor", standalone_mode=True)
+    except SystemExit as exc:
+        if _stdout_gone(exc):
+            # rich and click turn EPIPE into exit 1, which reads as `gate`'s regression or
+            # `rules check`'s failed case: a closed pipe is neither
+            sys.exit(EXIT_PIPE)
+        raise
     except PerfdoctorError as exc:
         if debug:
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_INPUT = 2        # usage error, unreadable / unsupported / malformed input
 EXIT_INTERNAL = 70    # a bug in perfdoctor (EX_SOFTWARE); rerun with --debug for the traceback
+EXIT_PIPE = 141       # stdout's reader went away (`| head`): 128 + SIGPIPE, what the shell shows for tools it kills
 
 
 class PerfdoctorError(Exception):

@@ -387,3 +387,18 @@ def test_an_own_option_after_the_script_is_told_it_goes_to_the_script(tmp_path, 
     else:
         assert err.startswith(f"perfdoctor: note: {told} after {script} is passed to the script")
         assert f"put it before the script: perfdoctor {cmd} [OPTIONS] {script} [ARGS]" in err
+
+
+@pytest.mark.parametrize("fmt", ["terminal", "json"])
+def test_a_reader_that_goes_away_is_not_a_failure_code(trace, fmt):
+    """`perfdoctor report T | head -1`: rich (terminal) and click (json) answered the closed
+    pipe with exit 1, which `gate` uses for a regression. It is 141 (128 + SIGPIPE), silent."""
+    r, w = os.pipe()
+    os.close(r)                 # the reader has gone before the report writes a byte
+    try:
+        p = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(trace), "--details", "-f", fmt],
+                           stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141, p.stderr
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr

@@ -53,7 +53,7 @@ def test_ci_runs_the_readme_test_command():
 def test_docs_document_exit_codes():
     from perfdoctor import errors
     page = (DOCS / "exit-codes.md").read_text()
-    for code in (errors.EXIT_OK, errors.EXIT_INPUT, errors.EXIT_INTERNAL):
+    for code in (errors.EXIT_OK, errors.EXIT_INPUT, errors.EXIT_INTERNAL, errors.EXIT_PIPE):
         assert f"| {code} |" in page
 
 
