@@ -192,3 +192,29 @@ def test_on_a_gpu_the_loop_gains_only_down_to_the_device_work_launched_outside_i
     assert fix["gain"]["ceiling"] == pytest.approx(step_us / 800, rel=0.01)
     share = 1 - 800 / step_us                          # the loop shortens the step only to the device work
     assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / m["cpu.loop_iterations"]), rel=0.01)
+
+
+def test_a_loop_with_a_branch_taken_in_some_iterations_is_still_a_loop():
+    """A per-sample augmentation that flips half of the images at random (`if torch.rand(1).item()
+    < 0.5: img = img.flip(2)`): its iterations are 13 or 14 ops, so no period repeats exactly. A
+    SimCLR-like script made two such views of 128 images a step (~40% of it) and was told 0% loop."""
+    from perfdoctor.analyze.sampleloop import branching_runs, periodic_runs, sample_loop_metrics  # noqa: F401
+    rng = np.random.default_rng(0)
+    body, flip = [1, 2, 3, 4], 9                 # 1: select (takes the row), 9: the optional flip
+    s = [7]                                      # the model's op before the loop
+    for _ in range(40):
+        s += body[:2] + ([flip] if rng.random() < 0.5 else []) + body[2:]
+    s = np.array(s + [8])
+    assert periodic_runs(s, s == 1)[1] == []      # no exact period
+    covered, runs = branching_runs(s, s == 1)
+    assert max(runs) == (40, 4)
+    assert not covered[0] and not covered[-1] and covered[1:-1].all()   # the flips inside included
+    # a stack of layers (an AccumulateGrad, 7, each period) with an optional op stays out
+    s2 = []
+    for _ in range(24):
+        s2 += [1, 2] + ([flip] if rng.random() < 0.5 else []) + [7]
+    s2 = np.array(s2)
+    assert branching_runs(s2, s2 == 1, s2 == 7)[1] == []
+    # no loop at all: nothing, whichever name is left out
+    s3 = np.array([1, 2, 3, 9, 2, 1, 3, 3, 9] * 3)
+    assert branching_runs(s3, s3 == 1)[1] == []

@@ -56,6 +56,7 @@ from perfdoctor.trace.table import EventTable
 
 MIN_ITERATIONS = 16
 MAX_PERIOD = 64
+MAX_BRANCH_SEARCH = 20_000     # ops in a thread's step for branching_runs' per-name search (its cost)
 INDEXING = ("aten::select", "aten::slice", "aten::index", "aten::narrow")
 INDEXING_BACKWARD = ("SelectBackward0", "SliceBackward0", "IndexBackward0", "NarrowBackward0")
 NAMES = ("cpu.loop_share", "cpu.loop_iterations", "cpu.loop_ops_per_iteration", "cpu.loop_op_median_us",
@@ -110,6 +111,35 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray |
     return covered, runs
 
 
+def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray | None = None,
+                   unbinds: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """periodic_runs of a loop with a branch taken in some iterations only (a random flip in a
+    per-sample augmentation: `if torch.rand(1).item() < 0.5: img = img.flip(2)`): its periods
+    differ by that op, so no period repeats exactly. Each name in turn is left out (the indexing
+    ones excepted) and the runs found without it kept where they cover the most ops; the left-out
+    ops inside a run's span belong to it. A layer's AccumulateGrad is never left out (the stack
+    of layers periodic_runs leaves out stays out). Only for a sequence of at most MAX_BRANCH_SEARCH ops:
+    the search costs one periodic_runs per distinct name."""
+    n = len(s)
+    none: tuple[np.ndarray, list[tuple[int, int]]] = (np.zeros(n, bool), [])
+    if n > MAX_BRANCH_SEARCH or n < MIN_ITERATIONS:
+        return none
+    own_params = np.zeros(n, bool) if own_params is None else own_params
+    unbinds = np.zeros(n, bool) if unbinds is None else unbinds
+    best, best_covered = none, 0
+    for name in unique(s[~takes_row & ~own_params]):
+        keep = np.flatnonzero(s != name)
+        covered, runs = periodic_runs(s[keep], takes_row[keep], own_params[keep], unbinds[keep])
+        if not runs or int(covered.sum()) <= best_covered:
+            continue
+        full = np.zeros(n, bool)
+        edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
+        for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
+            full[keep[a]:keep[b - 1] + 1] = True
+        best, best_covered = (full, runs), int(covered.sum())
+    return best
+
+
 def _edge(ops: np.ndarray, twins: np.ndarray) -> int:
     """How many of `ops` (outward from a run's edge) belong to it: the fewest that hold the most
     matches with the same places a period inside (`twins`), if at least half of them match."""
@@ -151,6 +181,8 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
                 kept_us += float(t.dur[rows].sum())
                 continue
             covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows], unbinds[rows])
+            if not runs:
+                covered, runs = branching_runs(t.name[rows], takes_row[rows], own_params[rows], unbinds[rows])
             kept_us += float(t.dur[rows[~covered]].sum())
             if not runs:
                 continue
