@@ -209,6 +209,13 @@ def test_a_loop_with_a_branch_taken_in_some_iterations_is_still_a_loop():
     covered, runs = branching_runs(s, s == 1)
     assert max(runs) == (40, 4)
     assert not covered[0] and not covered[-1] and covered[1:-1].all()   # the flips inside included
+    # the loop's ops also run outside it, many more times than it iterates (the model's own adds
+    # and copies, of eleven different counts): the row-taking op's count (40) is the level tried first
+    model = np.concatenate([np.repeat(np.arange(20, 31), np.arange(50, 61) * 3)] + [np.array([2, 3] * 300)])
+    rng.shuffle(model)
+    s4 = np.concatenate([model, s])
+    covered, runs = branching_runs(s4, s4 == 1)
+    assert max(runs) == (40, 4) and covered[len(model) + 1:-1].all() and not covered[:len(model)].any()
     # a stack of layers (an AccumulateGrad, 7, each period) with an optional op stays out
     s2 = []
     for _ in range(24):
