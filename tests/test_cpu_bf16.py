@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from runs import child, prun, prun_script, report
 
-from perfdoctor.collect.cpuflags import cpu_bf16
+from perfdoctor.collect.cpuflags import cpu_bf16, cpu_fp16
 from perfdoctor.rules.gain import amdahl
 
 X86_AVX2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: avx512_bf16\n"
@@ -22,6 +22,17 @@ def test_the_cpu_flags_tell_bf16_math(tmp_path, text, has):
     path.write_text(text)
     assert cpu_bf16(str(path)) is has                       # the first CPU's flags, not a later one's
     assert cpu_bf16(str(tmp_path / "missing")) is None
+
+
+X86_SPR = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile\n"
+
+
+@pytest.mark.parametrize("text, has", [(X86_AVX2, False), (X86_AMX, False), (X86_SPR, True), (ARM_V1, None),
+                                       (ARM_N1, None), ("processor\t: 0\n", None)])
+def test_the_cpu_flags_tell_fp16_math_on_x86_only(tmp_path, text, has):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    assert cpu_fp16(str(path)) is has                       # Arm: whether torch uses its fp16 is unknown
 
 
 # A 512-wide MLP trained under torch.autocast("cpu", dtype=torch.bfloat16) (with GradScaler and
@@ -68,3 +79,36 @@ def test_bf16_autocast_is_seen_and_pd367_follows_the_cpu(tmp_path):
     assert r.returncode == 0, r.stderr
     assert child(tmp_path / "fp32")["root_calls"]["cpu_autocast"] is None
     assert "PD367" not in {f["id"] for f in report(tmp_path / "fp32")["findings"]}
+
+
+# The same MLP converted with .bfloat16() (its batches too), trained with AdamW on its bf16
+# parameters: the run counts the optimizer's parameters per dtype (params.half_dtype).
+HALF_MODEL = r"""
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 2)).bfloat16()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 64, dtype=torch.bfloat16), torch.randint(0, 2, (64,))
+for step in range(16):
+    loss = F.cross_entropy(model(x).float(), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+print("loss", round(loss.item(), 3) > 0)
+"""
+
+
+def test_a_model_kept_in_bf16_is_seen_and_pd368_follows_the_cpu(tmp_path):
+    pytest.importorskip("torch")
+    _, out = prun_script(tmp_path, "half.py", HALF_MODEL, opts=("--no-stacks",), trace=True)
+    c = child(out)
+    assert list(c["param_dtypes"]) == ["torch.bfloat16"] and c["root_calls"]["cpu_autocast"] is None
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert m["params.half_dtype"] == "bfloat16" and m["machine.cpu_bf16"] is cpu_bf16()
+    assert m["machine.cpu_fp16"] is cpu_fp16()
+    fixes = {f["id"]: f for f in doc["findings"]}
+    assert "PD367" not in fixes                              # no autocast
+    assert ("PD368" in fixes) is (cpu_bf16() is False and m["share.device"] >= 0.2)
+    if "PD368" in fixes:
+        assert fixes["PD368"]["gain"]["expected"] == pytest.approx(amdahl(m["share.device"], 8), rel=1e-3)

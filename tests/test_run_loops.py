@@ -568,8 +568,14 @@ def test_a_model_in_float64_is_told_to_train_in_float32(tmp_path):
 
 def test_param_dtypes_read_as_untrusted():
     from perfdoctor.analyze.params import param_metrics
-    assert param_metrics({"torch.float64": 30, "torch.float32": 10}) == {"params.count": 40, "params.fp64_share": 0.75}
-    assert param_metrics({"torch.float64": -5, 7: 3, "torch.complex128": True}) == dict.fromkeys(("params.count", "params.fp64_share"))
+    assert param_metrics({"torch.float64": 30, "torch.float32": 10}) == {"params.count": 40, "params.fp64_share": 0.75,
+                                                                         "params.half_dtype": None}
+    assert param_metrics({"torch.float64": -5, 7: 3, "torch.complex128": True}) == dict.fromkeys(
+        ("params.count", "params.fp64_share", "params.half_dtype"))
+    # a model kept in a 16-bit float: the dtype that holds half the elements or more
+    assert param_metrics({"torch.bfloat16": 20, "torch.float32": 20})["params.half_dtype"] == "bfloat16"
+    assert param_metrics({"torch.float16": 19, "torch.float32": 21})["params.half_dtype"] is None
+    assert param_metrics({"torch.float16": 30, "torch.float32": 1})["params.half_dtype"] == "float16"
     assert param_metrics(None)["params.fp64_share"] is None
 
 

@@ -508,6 +508,47 @@ def test_a_float64_model_gets_a_float32_trial_before_autocast():
     assert plan.rule_for({"float32": True}, {"PD357"}) == "PD357"
 
 
+def test_a_16_bit_model_on_a_cpu_without_its_math_gets_the_float32_trial_only():
+    """PD368's change: a model kept in bf16/fp16 on a CPU without that math is made float32; a
+    16-bit autocast trial on it would test nothing the report advises."""
+    trials = [t for t in plan.plan(facts(verdict="cpu_compute", half=True), allow_numerics=True)
+              if t.group == "numerics"]
+    assert [(t.label, t.skip) for t in trials] == [("float32=True", None)]
+    assert plan.rule_for({"float32": True}, {"PD368", "PD338"}) == "PD368"
+
+
+HALF = textwrap.dedent("""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1)).bfloat16()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(64, 32, dtype=torch.bfloat16)
+    y = x[:, :1].float() * 2
+    for i in range(20):
+        opt.zero_grad()
+        out = model(x)
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        opt.step()
+    print("dtypes", next(model.parameters()).dtype, out.dtype, flush=True)
+""")
+
+
+def test_float32_change_trains_a_bfloat16_model_in_float32(tmp_path, capfd):
+    """The same change on a model kept in bfloat16: its parameters and inputs float32, its output
+    bfloat16 again; the code to apply names the dtype it trains in now."""
+    from perfdoctor.tune.apply import apply_text
+
+    res, d = launch(tmp_path, {"float32": True}, max_steps=None, script_text=HALF)
+    assert res.exit_code == 0, capfd.readouterr().err[-2000:]
+    assert "dtypes torch.float32 torch.bfloat16" in capfd.readouterr().out
+    inj = json.loads((d / "inject.json").read_text())
+    assert inj["applied"] == ["float32"] and inj["float32_from"] == ["bfloat16"]
+    assert inj["losses"][-1] < 0.7 * inj["losses"][0]                 # it still trains
+    text = apply_text({"float32": True}, inj, cuda=False)
+    assert text.startswith("model.float()") and "trains in bfloat16 now" in text and "numpy" not in text
+
+
 def test_stacked_changes_of_different_fixes_are_predicted_as_those_fixes_combined():
     """float32 with autocast tests PD357 and PD320 together: neither alone is credited or
     predicts it; num_workers with persistent_workers is PD301's one change."""

@@ -71,6 +71,7 @@ _m("share.communication", "share", "Exposed communication (= breakdown.communica
 _m("machine.cpu_count", "count", "CPU cores usable by the training process.")
 _m("machine.physical_cores", "count", "Physical cores among the usable CPUs (hyperthread siblings count once; capped by a cgroup quota); None when the topology is unknown.")
 _m("machine.torch_threads", "count", "The trainer's torch intra-op threads (torch.get_num_threads() when the script ended); None for a trace alone.")
+_m("machine.cpu_fp16", "bool", "The run's CPU has float16 math instructions (x86 avx512_fp16 or amx_fp16: /proc/cpuinfo, read by the run, collect/cpuflags.py); None for a trace alone, on Arm, or where unknown.")
 _m("machine.cpu_bf16", "bool", "The run's CPU has bfloat16 math instructions (x86 avx512_bf16 or amx_bf16, Arm bf16: /proc/cpuinfo, read by the run, collect/cpuflags.py); None for a trace alone or where unknown.")
 _m("machine.free_cores", "count", "Cores not busy during the run (cpu_count minus average busy cores).")
 _m("machine.ram_free_bytes", "bytes", "Free RAM during the run.")
@@ -260,6 +261,7 @@ _m("loader.restarting", "bool", "A DataLoader with num_workers > 0 and persisten
 # -- the model's parameters (perfdoctor run: analyze/params.py; None for a trace or without an optimizer) --
 _m("params.count", "count", "Elements of the step-defining optimizer's parameters, at its first step.")
 _m("params.fp64_share", "fraction", "Share of those elements in float64 (or complex128): a model in double precision.")
+_m("params.half_dtype", "str", "\"bfloat16\" or \"float16\" where that dtype holds at least half of those elements (a model converted with .bfloat16() / .half()); None otherwise.")
 # -- what the loader's batches cost to make (perfdoctor run: analyze/loaderfetch.py; None for a trace or an older run) --
 _m("loader.fetch_ms", "ms", "Mean time a DataLoader worker took to make one batch (torch's fetcher: __getitem__ per index or __getitems__, then collate_fn), less the time it waited in the run queue for a CPU meanwhile and the time it allocated the shared memory its collate stacks into; the handing over to the trainer (pickling, shared memory) is not in it. Forked workers only; None with num_workers=0 (the trainer's data wait is that time).")
 _m("loader.fetch_share", "ratio", "loader.fetch_ms x the batches the steady steps drew / the steady wall time: what making those batches would cost a trainer that made them itself (num_workers=0), as a share of today's step; above 1, loading needs the workers.")

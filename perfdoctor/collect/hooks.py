@@ -24,7 +24,7 @@ import time
 from collections import deque
 
 from perfdoctor.collect import forked, threadstop
-from perfdoctor.collect.cpuflags import cpu_bf16
+from perfdoctor.collect.cpuflags import cpu_bf16, cpu_fp16
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.loaderkinds import WORKER_INFO_MARKER, LoaderKinds, watch_worker_info
@@ -352,7 +352,7 @@ class Session(StepSources):
                     "torch_imported": self.torch is not None,
                     "torch_version": getattr(self.torch, "__version__", None),
                     "cuda_available": bool(self.torch and self.torch.cuda.is_available()),
-                    "torch_threads": self._torch_threads(), "cpu_bf16": cpu_bf16(),
+                    "torch_threads": self._torch_threads(), "cpu_bf16": cpu_bf16(), "cpu_fp16": cpu_fp16(),
                     "dataset_kind": dataset_kind(self.dataset_kinds),
                     "loaders": self.loader_kinds.info(),
                     "timed_calls": self.calls.installed, "loader_iters": self.iters.info(),

@@ -13,7 +13,7 @@ key is one change the user could make by hand; the script itself is never edited
 | expandable_segments | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before the first CUDA allocation) |
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
-| float32 | True: a model with float64 parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), float64 tensors entering it or any of its submodules become float32, and its float32 outputs become float64 again, so the code around the model (loss, targets, metrics) still sees float64 |
+| float32 | True: a model with float64 (or bfloat16, float16) parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), tensors of that dtype entering it or any of its submodules become float32, and its float32 outputs take that dtype again, so the code around the model (loss, targets, metrics) still sees it |
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
@@ -56,7 +56,7 @@ class _State:
         self.steps = None                        # the run's step count so far (apply's `steps`)
         self.saved_at: int | None = None         # the step whose saves save_every last let through
         self.compiled: set[int] = set()
-        self.converted: set[int] = set()         # ids of the modules made float32 (float32 change)
+        self.converted: dict = {}                # id of each module made float32 -> its former dtype (float32)
         self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
@@ -300,16 +300,17 @@ def _module_call(torch, st: _State) -> None:
     dtype = getattr(torch, dtype_name) if dtype_name else None
     Module = torch.nn.Module
     orig = Module.__call__
-    f64, f32t = torch.float64, torch.float32
+    f32t = torch.float32
+    wider = (torch.float64, torch.bfloat16, torch.float16)     # the dtypes a model is made float32 from
 
     def __call__(self, *args, **kwargs):
         local = st.local
         if os.getpid() != st.pid:
             return orig(self, *args, **kwargs)
         if getattr(local, "depth", 0):
-            if f32 and id(self) in st.converted:           # a submodule: its float64 inputs too
+            if f32 and id(self) in st.converted:           # a submodule: its float64 (bf16...) inputs too
                 hit: list = []
-                args, kwargs = _cast(torch, (args, kwargs), f64, f32t, hit)
+                args, kwargs = _cast(torch, (args, kwargs), st.converted[id(self)], f32t, hit)
                 if hit:     # float64 made inside the model (its forward's own tensors): the code must change too
                     st.inner_f64.add(type(self).__name__)
             return orig(self, *args, **kwargs)
@@ -321,13 +322,14 @@ def _module_call(torch, st: _State) -> None:
             return orig(self, *args, **kwargs)
         local.depth = 1
         try:
-            if f32 and id(self) not in st.converted and first.dtype == f64:
+            if f32 and id(self) not in st.converted and first.dtype in wider:
+                was = first.dtype
                 self.float()
-                st.converted.update(id(m) for m in self.modules())
+                st.converted.update((id(m), was) for m in self.modules())
                 st.applied.add("float32")
-            back = f32 and id(self) in st.converted
-            if back:
-                args, kwargs = _cast(torch, (args, kwargs), f64, f32t)
+            back = st.converted.get(id(self)) if f32 else None
+            if back is not None:
+                args, kwargs = _cast(torch, (args, kwargs), back, f32t)
             if comp and id(self) not in st.compiled:
                 st.compiled.add(id(self))
                 self.compile(**({"mode": comp} if isinstance(comp, str) else {}))
@@ -338,7 +340,7 @@ def _module_call(torch, st: _State) -> None:
                     out = orig(self, *args, **kwargs)
             else:
                 out = orig(self, *args, **kwargs)
-            return _cast(torch, out, f32t, f64) if back else out
+            return _cast(torch, out, f32t, back) if back is not None else out
         finally:
             local.depth = 0
     Module.__call__ = __call__
@@ -391,6 +393,7 @@ def write_record() -> None:
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
            "save_calls": st.save_calls, "float32_inner": sorted(st.inner_f64),
+           "float32_from": sorted({str(v).replace("torch.", "") for v in st.converted.values()}),
            "losses": losses, "notes": st.notes}
     try:
         with open(os.path.join(st.run_dir, "inject.json"), "w") as f:

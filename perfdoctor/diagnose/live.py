@@ -199,6 +199,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(step_metrics(steps, res, est=est))
     m["machine.torch_threads"] = res.child.get("torch_threads")
     m["machine.cpu_bf16"] = res.child.get("cpu_bf16")
+    m["machine.cpu_fp16"] = res.child.get("cpu_fp16")
     kind = res.child.get("dataset_kind")
     m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
     m.update(loader_metrics(res.child.get("loaders")))

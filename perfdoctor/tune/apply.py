@@ -47,8 +47,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
     if changes.get("tf32"):
         lines.append('torch.set_float32_matmul_precision("high"); torch.backends.cudnn.allow_tf32 = True')
     if changes.get("float32"):
-        lines.append("model.float()  # and .float() on the tensors fed to it (torch.from_numpy keeps numpy's "
-                     "float64): the model trains in float64 now")
+        was = " / ".join(inject.get("float32_from") or []) or "float64"
+        lines.append("model.float()  # and .float() on the tensors fed to it" +
+                     (" (torch.from_numpy keeps numpy's float64)" if "float64" in was else "") +
+                     f": the model trains in {was} now")
         inner = inject.get("float32_inner")
         if inner:     # model.float() alone would fail there: the forward's own float64 meets float32 weights
             lines.append(f"# and float32 for the tensors the model's forward makes in float64 and passes to its "

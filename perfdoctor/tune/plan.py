@@ -45,7 +45,7 @@ PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
-         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357",),
+         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
          "empty_cache": ("PD343",), "save_every": ("PD350",)}
 
 ORDER = {"input": ("loader", "threads", "optimizer", "checkpoint", "recompute", "cuda", "allocator", "numerics",
@@ -87,6 +87,7 @@ class Facts:
     empty_cache_calls: int = 0        # torch.cuda.empty_cache() calls the script made
     frequent_saves: bool = False      # checkpoint saves take a material share of the step (PD350 fires)
     fp64: bool = False                # the model trains with float64 parameters (params.fp64_share)
+    half: bool = False                # bf16/fp16 parameters on a CPU without their math (PD368 fired)
     compiled: bool = False            # the steps already run compiled code (fusion.compiled)
     graph_replay: bool = False        # the report advises compile mode "reduce-overhead" (PD311)
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
@@ -186,12 +187,14 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
         by_group["allocator"].append(Trial({"empty_cache": "off"}, "allocator", skip=cuda_skip))
     dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"
     numerics_skip = None if allow_numerics else "changes numerics: needs --allow-numerics"
-    if f.fp64:                        # float32 first: the step PD357 advises before any 16-bit autocast
+    if f.fp64 or f.half:              # float32 first: the step PD357 advises before any 16-bit autocast
         by_group["numerics"].append(Trial({"float32": True}, "numerics", skip=numerics_skip))
     # autocast leaves float64 ops in float64 (only float32 ones are eligible): on a float64 model
-    # it alone changes nothing (a trial measured 1.07x, its loss identical), so it goes on float32
-    by_group["numerics"].append(Trial({"float32": True, "autocast": dtype} if f.fp64 else {"autocast": dtype},
-                                      "numerics", skip=numerics_skip))
+    # it alone changes nothing (a trial measured 1.07x, its loss identical), so it goes on float32;
+    # a 16-bit model on a CPU without its math (PD368) gets no 16-bit autocast trial: float32 is the fix
+    if not f.half:
+        by_group["numerics"].append(Trial({"float32": True, "autocast": dtype} if f.fp64 else {"autocast": dtype},
+                                          "numerics", skip=numerics_skip))
     # the mode the report advises: graph replay for a launch-bound CUDA step (PD311), else default
     mode = "reduce-overhead" if f.cuda and f.graph_replay else True
     by_group["compile"].append(Trial({"compile": mode}, "compile",

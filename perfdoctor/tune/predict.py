@@ -39,6 +39,7 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         empty_cache_calls=int(inj.get("empty_cache_calls") or 0),
         frequent_saves="PD350" in fixes,
         fp64=bool(m.get("params.fp64_share")),
+        half="PD368" in fixes,
         compiled=bool(m.get("fusion.compiled")),
         graph_replay=bool((fixes.get("PD311") or {}).get("ranked")),
         ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],

@@ -84,9 +84,11 @@ def _budget_for_all(t: Tuner, n: int) -> float | None:
 
 def _inject_for(b, best) -> dict:
     """The baseline's record of the script (its own settings), with what the best trial's run
-    found only by making its change: the submodules the model's own code fed float64."""
-    inner = ((best.run.inject if best and best.run else None) or {}).get("float32_inner")
-    return {**b.inject, "float32_inner": inner} if inner else b.inject
+    found only by making its change: the submodules the model's own code fed float64, and the
+    dtypes its float32 change converted the model from."""
+    found = (best.run.inject if best and best.run else None) or {}
+    extra = {k: found[k] for k in ("float32_inner", "float32_from") if found.get(k)}
+    return {**b.inject, **extra} if extra else b.inject
 
 
 UNTESTED_SHOWN = 5
