@@ -17,7 +17,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from bench_loader_starts import train_time   # bench/ is on the path when run as a script
+from bench_loader_starts import slowdown   # bench/ is on the path when run as a script
 
 SCRIPT = """
 import sys, time, torch
@@ -72,11 +72,9 @@ def main() -> None:
         for name in a.models.split(","):
             n = str(STEPS[name])
             ratios = {m: [] for m in modes}
-            for i in range(a.rounds):
+            for i in range(a.rounds):          # the modes of a round next to each other
                 for m in modes:
-                    order = ["fp32", m] if i % 2 == 0 else [m, "fp32"]
-                    t = {d: train_time(script, [name, d, n], tmp) for d in order}
-                    ratios[m].append(t[m] / t["fp32"])
+                    ratios[m].append(slowdown(script, name, m, "fp32", n, tmp, i))
             print(f"{name:<9}" + "".join(f"{statistics.median(r):>7.1f}x {min(r):>4.1f}-{max(r):<4.1f}x"
                                          for r in ratios.values()), flush=True)
 

@@ -19,7 +19,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from bench_loader_starts import train_time   # bench/ is on the path when run as a script
+from bench_loader_starts import slowdown   # bench/ is on the path when run as a script
 
 SCRIPT = """
 import sys, time, torch
@@ -70,11 +70,7 @@ def main() -> None:
         script.write_text(textwrap.dedent(SCRIPT))
         for name in a.models.split(","):
             n = str(STEPS[name])
-            ratios = []
-            for i in range(a.rounds):
-                order = ["float64", "float32"] if i % 2 == 0 else ["float32", "float64"]
-                t = {d: train_time(script, [name, d, n], tmp) for d in order}
-                ratios.append(t["float64"] / t["float32"])
+            ratios = [slowdown(script, name, "float64", "float32", n, tmp, i) for i in range(a.rounds)]
             out = tmp / f"run-{name}"
             r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-stacks", "--out", str(out), str(script),
                                 name, "float64", n], capture_output=True, text=True, timeout=900)

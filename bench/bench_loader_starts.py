@@ -69,6 +69,14 @@ def train_time(script: Path, args: list[str], cwd: Path) -> float:
     raise SystemExit(f"{script.name} {' '.join(args)} printed no TRAIN_S:\n{r.stderr[-2000:]}")
 
 
+def slowdown(script: Path, name: str, slow: str, fast: str, n: str, cwd: Path, round_no: int) -> float:
+    """One interleaved round: the script's training time with `slow` over that with `fast` (its
+    args: name, variant, steps), the order alternating with the round so drift weighs on both."""
+    order = [slow, fast] if round_no % 2 == 0 else [fast, slow]
+    t = {d: train_time(script, [name, d, n], cwd) for d in order}
+    return t[slow] / t[fast]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=6, help="interleaved rounds of the variants")
