@@ -547,6 +547,8 @@ def test_float32_change_trains_a_bfloat16_model_in_float32(tmp_path, capfd):
     assert inj["losses"][-1] < 0.7 * inj["losses"][0]                 # it still trains
     text = apply_text({"float32": True}, inj, cuda=False)
     assert text.startswith("model.float()") and "trains in bfloat16 now" in text and "numpy" not in text
+    inner = apply_text({"float32": True}, {**inj, "float32_inner": ["GRUCell"]}, cuda=False)
+    assert "makes in bfloat16 and passes to its GRUCell (e.g. torch.zeros(..., dtype=torch.bfloat16)" in inner
 
 
 def test_stacked_changes_of_different_fixes_are_predicted_as_those_fixes_combined():

@@ -118,9 +118,9 @@ def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray 
     differ by that op, so no period repeats exactly. The branch's ops occur fewer times than the
     loop's own (once in each iteration): for each of MAX_BRANCH_LEVELS counts of at least
     MIN_ITERATIONS (those of the names that take a row, then the largest), the names that occur
-    fewer times are left out (the indexing ones and a
-    layer's AccumulateGrad excepted: the stack of layers periodic_runs leaves out stays out), and
-    the runs found without them kept where they cover the most ops; the left-out ops inside a
+    fewer times are left out (the indexing ones and a layer's AccumulateGrad excepted: the stack
+    of layers periodic_runs leaves out stays out), and the runs found without them kept where
+    they cover the most ops; the left-out ops inside a
     run's span belong to it. A few periodic_runs passes, whatever the number of names (one pass
     per name cost 0.6 s on a 20,000-op step of 150 names)."""
     n = len(s)

@@ -27,8 +27,9 @@ chance, so its p times the rank count): a rank whose evaluation every N steps ma
 step 50x longer is busier in every step, yet that step's spread hides it from the mean's standard
 error. Two ranks need 6 steps of 6; over the default 5 traced steps the 'uneven' wait names the
 rank waited for instead (ranks.slowest_last_wait_share). At least MIN_PAIRED steps either way.
-`wait_cause`: 'straggler' when that holds and the straggler wait of the ranks that wait for it (ranks.others_wait_share: the mean over the ranks other than the slowest, which itself waits
-for nobody; over all ranks it would halve a 2-rank job's straggler) is at least MATERIAL of the
+`wait_cause`: 'straggler' when that holds and the straggler wait of the ranks that wait for it
+(ranks.others_wait_share: the mean over the ranks other than the slowest, which itself waits for
+nobody; over all ranks it would halve a 2-rank job's straggler) is at least MATERIAL of the
 step and at least the network wait; 'network' when the network wait is at least MATERIAL and
 larger; 'none' when neither is material; None when the waits are unknown (no trace).
 MATERIAL = 5% of the step: below it a fix's ceiling is under 1.05x, the line the fix rules use.
@@ -111,8 +112,7 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     skew = [r.wait_share - net for r, _ in known]
     out["ranks.straggler_wait_share"] = fmean(skew)
     out["ranks.straggler_wait_share_max"] = max(skew)
-    others = [r.wait_share - net for r, _ in known if r.rank != slow.rank]
-    out["ranks.others_wait_share"] = fmean(others)
+    out["ranks.others_wait_share"] = fmean([s for (r, _), s in zip(known, skew) if r.rank != slow.rank])
     consistent, paired = _consistent(ranks, slow.rank)
     out["ranks.straggler_consistent"], out["ranks.paired_steps"] = consistent, paired
     out["ranks.slowest_last_wait_share"], out["ranks.slowest_last_steps"] = _last_share(ranks, slow.rank)

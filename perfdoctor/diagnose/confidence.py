@@ -5,10 +5,10 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
 - input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
   is at least twice the runner-up; and at most 0.4 just under the 80% device line, rising to
   1.0 at 70% (a verdict that a few points of device time would flip is not firm);
-- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps (noted whatever marked them) or a truncated file, 0.5 when
-  a live run's steady data wait and the traced one differ by 10 points or more, 0.5 when the
-  profiler made the traced steps twice as long as the steady ones or more, 0.5 when other
-  processes took half a core or more while the trainer queued for a CPU a quarter of its time,
+- capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps (noted whatever marked them)
+  or a truncated file, 0.5 when a live run's steady data wait and the traced one differ by 10
+  points or more, 0.5 when the profiler made the traced steps twice as long as the steady ones
+  or more, 0.5 when other processes took half a core or more while the trainer queued for a CPU a quarter of its time,
   0.5 when long steps every N steps hold a tenth of the time or more and the trace holds none of
   them, 0.5 when the steady steps' median is twice the traced one or more (the profiler only adds
   time: the trace saw another state of the run), and 0.4 when most of the step is untraced.

@@ -53,8 +53,9 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                      f": the model trains in {was} now")
         inner = inject.get("float32_inner")
         if inner:     # model.float() alone would fail there: the forward's own float64 meets float32 weights
-            lines.append(f"# and float32 for the tensors the model's forward makes in float64 and passes to its "
-                         f"{', '.join(inner)} (e.g. torch.zeros(..., dtype=torch.double) -> dtype=torch.float32)")
+            example = "torch.double" if "float64" in was else f"torch.{was.split(' / ')[0]}"
+            lines.append(f"# and float32 for the tensors the model's forward makes in {was} and passes to its "
+                         f"{', '.join(inner)} (e.g. torch.zeros(..., dtype={example}) -> dtype=torch.float32)")
     if changes.get("autocast"):
         dev = "cuda" if cuda else "cpu"
         lines.append(f'with torch.autocast("{dev}", dtype=torch.{changes["autocast"]}):  '
