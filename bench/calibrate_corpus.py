@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from perfdoctor.diagnose.offline import diagnose_path
-from perfdoctor.rules.gain import combined
+from perfdoctor.rules.gain import combined, stacked
 
 # corpus row (run, fix column text) -> perfdoctor fixes that make the same change
 APPLIED = {
@@ -56,10 +56,11 @@ def main(argv=None) -> int:
         doc = docs.setdefault(run, diagnose_path(str(a.corpus / run)))
         ranked = [f["slug"] for f in doc["findings"]]
         found = {f["slug"]: f["gain"] for f in doc["findings"]}
-        gains = [found.get(s) or {} for s in slugs]
-        exp = combined([g["expected"] for g in gains]) if all(g.get("expected") for g in gains) else None
-        lo = combined([(g.get("range") or [g.get("expected")] * 2)[0] for g in gains]) if exp else None
-        hi = combined([(g.get("range") or [g.get("expected")] * 2)[1] for g in gains]) if exp else None
+        picked = {s: found.get(s) or {} for s in slugs}
+        gains = list(picked.values())
+        exp = stacked(picked, lambda g: g.get("expected"))
+        lo = stacked(picked, lambda g: (g.get("range") or [g.get("expected")] * 2)[0]) if exp else None
+        hi = stacked(picked, lambda g: (g.get("range") or [g.get("expected")] * 2)[1]) if exp else None
         cap = combined([g["ceiling"] for g in gains]) if all(g.get("ceiling") for g in gains) else None
         names = ", ".join(f"{s} (#{ranked.index(s) + 1})" if s in ranked else f"{s} (absent)" for s in slugs)
         err = f"{100 * (exp / measured - 1):+.0f}%" if exp else "-"

@@ -94,16 +94,16 @@ def diagnose(script: Path, out: Path, small: list[str]) -> dict:
 
 
 def judge(doc: dict, slugs: list[str], measured: float) -> dict:
-    from perfdoctor.rules.gain import combined
+    from perfdoctor.rules.gain import combined, stacked
 
     ranked = [f["slug"] for f in doc["findings"]]
     gains = {f["slug"]: f["gain"] for f in doc["findings"]}
-    got = [gains.get(s) or {} for s in slugs]
-    exp = combined([g["expected"] for g in got]) if all(g.get("expected") for g in got) else None
-    cap = combined([g["ceiling"] for g in got]) if all(g.get("ceiling") for g in got) else None
+    got = {s: gains.get(s) or {} for s in slugs}
+    exp = stacked(got, lambda g: g.get("expected"))
+    cap = combined([g["ceiling"] for g in got.values()]) if all(g.get("ceiling") for g in got.values()) else None
     ranks = [ranked.index(s) + 1 if s in ranked else None for s in slugs]
     return {"fixes": slugs, "ranks": ranks, "first": ranked[:1], "expected": exp, "ceiling": cap,
-            "range": [combined([(g.get("range") or [g.get("expected")] * 2)[k] for g in got]) for k in (0, 1)]
+            "range": [stacked(got, lambda g, k=k: (g.get("range") or [g.get("expected")] * 2)[k]) for k in (0, 1)]
             if exp else None,
             "measured": measured, "error": exp / measured - 1 if exp else None,
             "ranked_first": 1 in ranks, "within": exp is not None and abs(exp / measured - 1) <= TOLERANCE,

@@ -15,7 +15,7 @@ from perfdoctor.analyze import registry
 from perfdoctor.rules import expr
 from perfdoctor.rules.check import run_cases
 from perfdoctor.rules.engine import evaluate
-from perfdoctor.rules.gain import amdahl, describe
+from perfdoctor.rules.gain import amdahl, combined, describe, stacked
 from perfdoctor.rules.loader import RulesInvalid, builtin_rules_dir, load_rules
 
 RULES = load_rules()
@@ -87,6 +87,19 @@ def test_amdahl():
     # no ceiling: the whole step is the share, which is no measurement ("... is 100.0% of each step")
     assert describe(1.53, None, None, None, 1.0, "what other jobs on the cores cost the step") == \
         "expected ~1.53x, no ceiling from this trace (nothing measured bounds what other jobs on the cores cost the step)"
+
+
+def test_fixes_applied_together_add_savings_unless_their_shares_overlap():
+    """Disjoint fixes save 1 - 1/g each (1.5x and 2x: 1/3 + 1/2 saved, 6x); fixes whose shares
+    overlap (either names the other in `overlaps`) multiply, and a group of them joins the rest
+    as one; an unknown number makes the whole unknown."""
+    a, b, c = {"expected": 1.5}, {"expected": 2.0}, {"expected": 1.2, "overlaps": ["a"]}
+    pick = lambda g: g.get("expected")  # noqa: E731
+    assert stacked({"a": a, "b": b}, pick) == pytest.approx(6.0) == combined([1.5, 2.0])
+    assert stacked({"a": a, "c": c}, pick) == pytest.approx(1.5 * 1.2)
+    assert stacked({"c": c, "a": a, "b": b}, pick) == pytest.approx(combined([1.5 * 1.2, 2.0]))
+    assert stacked({"c": c, "b": b}, pick) == pytest.approx(combined([1.2, 2.0]))    # "a" not applied
+    assert stacked({"a": a, "b": {"expected": None}}, pick) is None and stacked({}, pick) is None
 
 
 def test_expressions_are_validated_not_evaluated_blindly():
@@ -173,6 +186,10 @@ BROKEN = {
         section = "s"
         """, "needs at least one firing and one non-firing test case"),
     "duplicate": (open(RULES[0].path).read(), "duplicate id/slug"),
+    "overlaps_unknown": (open(next(r.path for r in RULES if r.id == "PD342")).read()
+                         .replace('id = "PD342"', 'id = "X5"').replace('slug = "channels-last"', 'slug = "x5"')
+                         .replace('overlaps = ["mixed-precision"]', 'overlaps = ["no-such-fix"]'),
+                         "gain.overlaps names 'no-such-fix'"),
 }
 
 

@@ -8,6 +8,7 @@ always <= 1 / (1 - f): no fix can claim more than removing its share entirely.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 MIN_REPORTED_GAIN = 1.01   # below 1% a "speed-up" is noise: listed, not ranked
 
@@ -54,3 +55,29 @@ def combined(gains: list[float]) -> float:
     """Step speed-up of several fixes on disjoint shares: each saves 1 - 1/g of the step."""
     saved = sum(1.0 - 1.0 / g for g in gains if g and g > 0)
     return math.inf if saved >= 1.0 else 1.0 / (1.0 - saved)
+
+
+def stacked(gains: dict[str, dict], pick: Callable[[dict], float | None]) -> float | None:
+    """Expected step speed-up of several fixes applied together: `gains` maps each fix's slug to its
+    report gain (`expected`, `range`, `overlaps`), `pick` takes the number to combine from one.
+    Fixes whose shares overlap (a gain's `overlaps` names another fix) compose multiplicatively,
+    the second acting on what the first leaves (their savings cannot add up: they would count the
+    shared kernels twice); groups that do not overlap add their savings (combined). None when a
+    number is unknown. For ceilings use combined: the union of shares is at most their sum."""
+    values = {slug: pick(g or {}) for slug, g in gains.items()}
+    if not values or any(v is None for v in values.values()):
+        return None
+    group = {slug: slug for slug in gains}
+
+    def root(slug: str) -> str:
+        while group[slug] != slug:
+            slug = group[slug]
+        return slug
+    for slug, g in gains.items():
+        for other in (g or {}).get("overlaps") or ():
+            if other in group:
+                group[root(other)] = root(slug)
+    products: dict[str, float] = {}
+    for slug, v in values.items():
+        products[root(slug)] = products.get(root(slug), 1.0) * v
+    return combined(list(products.values()))

@@ -76,6 +76,11 @@ def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bo
             if key in seen:
                 problems.append(RuleProblem(r.path, r.id, f"duplicate id/slug {key!r} (also in {seen[key]})"))
             seen[key] = r.path
+    fixes = {r.slug for r in rules if r.kind == "fix"}
+    for r in rules:
+        for other in (r.gain.overlaps if r.gain else ()):
+            if other not in fixes or other == r.slug:
+                problems.append(RuleProblem(r.path, r.id, f"gain.overlaps names {other!r}, which is no other fix's slug"))
     if problems:
         raise RulesInvalid(problems)
     return rules
@@ -141,6 +146,11 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                         _names(str(g["speedup"]), known, bad, "gain.speedup"))
             _expected(gain, g, known, bad)
             gain.work = g.get("work") is True
+            overlaps = g.get("overlaps", [])
+            if not isinstance(overlaps, list) or not all(isinstance(o, str) and o for o in overlaps):
+                bad("gain.overlaps must be a list of fix slugs")
+            else:
+                gain.overlaps = list(overlaps)
             if "unprofiled_share" in g:
                 gain.unprofiled_share = str(g["unprofiled_share"])
                 _names(gain.unprofiled_share, known, bad, "gain.unprofiled_share")     # unknown metrics: invalid
@@ -222,9 +232,9 @@ def _types(data: dict, bad) -> None:
 
 def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
     """The optional expected-gain model of a [gain] table (see model.Gain)."""
-    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", *EXPECTED_KEYS})
+    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", "overlaps", *EXPECTED_KEYS})
     if unknown:
-        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share: "
+        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share/overlaps: "
             f"{', '.join(EXPECTED_KEYS)})")
     if not any(k in g for k in EXPECTED_KEYS):
         return

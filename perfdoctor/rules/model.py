@@ -42,6 +42,8 @@ class Gain:
     unprofiled_share: str | None = None     # expression: the same share timed on un-profiled steps
     #                            (None where not measured); when known it is the ceiling's and the
     #                            expected model's share, with no inflation to allow for
+    overlaps: list[str] = field(default_factory=list)   # slugs of fixes whose shares overlap this
+    #                            one's (gain.stacked composes them multiplicatively when applied together)
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from perfdoctor.rules.gain import combined
+from perfdoctor.rules.gain import stacked
 from perfdoctor.tune import plan as planmod
 
 
@@ -51,7 +51,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
 def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tuple[str | None, float | None]:
     """The fix rule a trial tests and its expected gain. A combined trial tests several: its
     rule reads "PD338+PD346" (so no single fix is credited with its measurement) and its
-    prediction is theirs combined (their savings add), unknown if any one is unknown; with a
+    prediction is theirs combined (gain.stacked: their savings add, or multiply where their shares
+    overlap), unknown if any one is unknown; with a
     change that no rule predicts here, it has neither."""
     def expected(rule):
         return ((fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
@@ -62,8 +63,8 @@ def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tu
     if None in parts:
         return None, None
     rules = list(dict.fromkeys(parts))
-    preds = [expected(r) for r in rules]
-    both = combined(preds) if rules and all(p is not None for p in preds) else None
+    gains = {(fixes.get(r) or {}).get("slug") or r: (fixes.get(r) or {}).get("gain") or {} for r in rules}
+    both = stacked(gains, lambda g: g.get("expected")) if rules else None
     return "+".join(rules) or None, both
 
 
