@@ -227,3 +227,43 @@ def test_an_a100_already_on_tensor_cores_is_not_told_to_move_to_an_a100(tmp_path
     note = fixes["faster-gpu"]
     assert "A100" not in note["title"], note["title"]
     assert "H100 (Hopper) over an A100" in note["fix"]["text"]
+
+
+# --- channels_last: the layout conversions and NCHW batch norm (PD342) ----------------------------
+
+CONV_BF16 = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_warpgroupsize1x1x1"
+TO_NHWC = "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true>"
+BN_NCHW = "void at::native::batch_norm_backward_kernel<c10::BFloat16, float, float, int>(float)"
+BN_NHWC = "void at::native::batch_norm_backward_elemt_channels_last_kernel<4, c10::BFloat16, float, float>(float)"
+
+
+@pytest.mark.parametrize("name, nchw", [
+    (BN_NCHW, True), (BN_NHWC, False),
+    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1, true>(float)", True),
+    ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>(float)", True),
+    ("void at::native::batch_norm_collect_statistics_channels_last_kernel<at::native::Var, c10::BFloat16>", False),
+    ("triton_red_fused__native_batch_norm_legit_functional_0", False),     # Inductor picks its own layout
+    (CONV_BF16, False), (TO_NHWC, False), (LN, False)])
+def test_nchw_batch_norm_kernels_by_name(name, nchw):
+    from perfdoctor.analyze.precision import nchw_norm
+
+    assert nchw_norm(name) is nchw
+
+
+def test_channels_last_is_credited_with_the_conversions_and_nchw_batch_norm(tmp_path):
+    """A bf16 CNN in NCHW: PD342's expected gain is the conversions gone and batch norm 3x faster,
+    its ceiling both gone; the same network in channels_last (NHWC batch-norm kernels, no
+    conversions) gets no such advice."""
+    _step_trace(tmp_path / "nchw.json", [(CONV_BF16, 300), (TO_NHWC, 200), (BN_NCHW, 400)])
+    m, fixes = _metrics_and_fixes(tmp_path / "nchw.json")
+    L, N, d = m["precision.layout_share"], m["precision.nchw_norm_share"], m["share.device"]
+    assert L == pytest.approx(200 / 900, rel=0.05) and N == pytest.approx(400 / 900, rel=0.05)
+    g = fixes["channels-last"]["gain"]
+    assert g["expected"] == pytest.approx(1 / (1 - d * (L + N * 2 / 3)), rel=0.01)
+    assert g["ceiling"] == pytest.approx(1 / (1 - d * (L + N)), rel=0.01)
+    assert g["range"][0] == pytest.approx(1 / (1 - d * (L / 2 + N / 2)), rel=0.01)
+    assert g["range"][0] < g["expected"] < g["range"][1] <= g["ceiling"]
+    _step_trace(tmp_path / "nhwc.json", [(CONV_BF16, 300), (BN_NHWC, 150)])
+    m, fixes = _metrics_and_fixes(tmp_path / "nhwc.json")
+    assert m["precision.nchw_norm_share"] == 0 and m["precision.layout_share"] == 0
+    assert "channels-last" not in fixes

@@ -27,13 +27,21 @@ def test_without_cuda_it_measures_nothing_and_says_so():
 
 def test_judgement_on_the_corpus(shared_traces):
     from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.rules.gain import combined
 
     doc = diagnose_path(str(shared_traces / "h100" / "compute"))
     row = validate_holdout.judge(doc, ["mixed-precision", "channels-last"], 2.08)
     assert row["ranks"][0] == 1 and row["ranked_first"] and row["first"] == ["mixed-precision"]
     assert row["within"] and row["ceiling_holds"] and row["expected"] < row["ceiling"]
     assert row["error"] == pytest.approx(row["expected"] / 2.08 - 1)
-    beaten = validate_holdout.judge(doc, ["mixed-precision", "channels-last"], 3.0)
+    # the two overlap (both credit the batch-norm kernels): their expected gains multiply, while
+    # their ceilings add (the union of their shares is at most the sum)
+    alone = {s: validate_holdout.judge(doc, [s], 2.08) for s in ("mixed-precision", "channels-last")}
+    assert row["expected"] == pytest.approx(alone["mixed-precision"]["expected"] * alone["channels-last"]["expected"])
+    assert row["ceiling"] == pytest.approx(combined([alone[s]["ceiling"] for s in alone]))
+    far = validate_holdout.judge(doc, ["mixed-precision", "channels-last"], row["expected"] * 1.4)
+    assert not far["within"] and far["ceiling_holds"]
+    beaten = validate_holdout.judge(doc, ["mixed-precision", "channels-last"], row["ceiling"] * 1.1)
     assert not beaten["within"] and not beaten["ceiling_holds"]
     absent = validate_holdout.judge(doc, ["remove-empty-cache"], 1.04)
     assert absent["ranks"] == [None] and absent["expected"] is None and not absent["ranked_first"]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from steady import GPTBlock, arguments, run_steady
 from torch import nn
 
-a, dev = arguments(__doc__, steps=120, batch=16)
+a, dev = arguments(__doc__, steps=120, batch=16, compile=0)
 V, D, H, L, T = (500, 64, 4, 2, 32) if a.small else (8192, 384, 6, 6, 256)
 
 emb, head = nn.Embedding(V, D), nn.Linear(D, V)
@@ -18,6 +18,9 @@ host = torch.randint(0, V, (a.batch, T + 1))
 if a.fixed and dev == "cuda":
     host = host.pin_memory()
 kept = torch.zeros(3, device=dev)
+# --compile 1: the model under torch.compile, 2: with mode="reduce-overhead" (CUDA graphs); the
+# measurements of 2026-12-01 (bench/holdout/h200-2026-12-01.json)
+forward = torch.compile(model, mode="reduce-overhead" if a.compile == 2 else None) if a.compile else model
 
 
 def step(i):
@@ -25,7 +28,7 @@ def step(i):
     ids = host.to(dev, non_blocking=a.fixed)
     x, y = ids[:, :-1], ids[:, 1:]
     with torch.autocast(dev, dtype=torch.bfloat16):
-        logits = model(x)
+        logits = forward(x)
     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     opt.zero_grad(set_to_none=True)
     loss.backward()

@@ -76,6 +76,11 @@ GEMM_RX = re.compile(r"gemm|gemv|nvjet|conv(?!ert)|winograd|implicit_convolve|fp
                      r"\bfft[12]d_[rc]2[rc]_\d+(?:x\d+)?", re.I)
 ATTENTION_RX = re.compile(r"fmha|flash|attention|cutlassF|cutlassB", re.I)
 LAYOUT_RX = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw", re.I)
+# Batch-norm kernels that work on NCHW tensors: ATen's per-channel kernels (batch_norm_backward_kernel,
+# batch_norm_collect_statistics_kernel, ...; their NHWC versions say channels_last) and cuDNN's
+# (bn_fw_tr_1C11_kernel_NCHW, bn_bw_1C11_kernel_new). channels_last runs them as NHWC kernels.
+BATCH_NORM_RX = re.compile(r"batch_?norm|cudnn::bn_|\bbn_(?:fw|bw)_", re.I)
+NHWC_NAME_RX = re.compile(r"channels_?last|nhwc", re.I)
 NOT_GEMM_RX = re.compile(r"cudnn::bn_|batch_?norm|bn_fw|bn_bw|softmax|reduce_kernel|elementwise|"
                          r"compute\w*Offsets\w*Kernel|"       # cudnn::gemm::computeOffsetsKernel: index setup
                          r"^triton_(?:poi|red|per|for)_", re.I)  # Inductor pointwise/reduction kernels named after aten ops
@@ -153,6 +158,20 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
+def nchw_norm(name: str) -> bool:
+    """A batch-norm kernel on NCHW tensors (one channels_last would replace by its NHWC version;
+    Inductor's fused kernels choose their own layout and are not counted)."""
+    return bool(BATCH_NORM_RX.search(name)) and not NHWC_NAME_RX.search(name) and not name.startswith("triton_")
+
+
+def _nchw_norm(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
+    lut = k.cache.get("nchw_norm_lut")
+    if lut is None:
+        lut = np.fromiter((nchw_norm(n) for n in t.names), bool, len(t.names))
+        k.cache["nchw_norm_lut"] = lut
+    return lut[t.name[rows]]
+
+
 def class_of_rows(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
     """Index into CLASSES of each row's kernel class (names classified once per trace)."""
     lut = k.cache.get("precision_lut")
@@ -197,6 +216,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     kr = np.flatnonzero(k.kernel if on is None else k.kernel & on)
     kr = kr[(t.ts[kr] >= lo) & (t.ts[kr] < hi)]
     out = {f"precision.{c}_share": 0.0 for c in CLASSES[:-1]}
+    out["precision.nchw_norm_share"] = 0.0
     out.update({"precision.amp_share": None, "precision.amp_speedup": None,
                 "precision.amp_speedup_low": None, "precision.amp_speedup_high": None,
                 "precision.amp_speedup_peak": None})
@@ -209,6 +229,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
+    out["precision.nchw_norm_share"] = float(dur[_nchw_norm(t, k, kr)].sum()) / total
     crit = device_weight(device_share)
     out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc)))
     ratios = peak_ratios(cc)
