@@ -225,3 +225,8 @@ def test_a_loop_with_a_branch_taken_in_some_iterations_is_still_a_loop():
     # no loop at all: nothing, whichever name is left out
     s3 = np.array([1, 2, 3, 9, 2, 1, 3, 3, 9] * 3)
     assert branching_runs(s3, s3 == 1)[1] == []
+    # a row-taking op (1) once in each of 18 different stretches (a Transformer's layers: the H100
+    # corpus `alloc`, told "a loop that runs the same 1 ops 18 times"): with the other names, each
+    # counted less often, left out, the slices alone repeat; that is no loop
+    s5 = np.concatenate([[100 + 3 * i, 1, 101 + 3 * i, 102 + 3 * i] for i in range(18)])
+    assert periodic_runs(s5, s5 == 1)[1] == [] and branching_runs(s5, s5 == 1)[1] == []

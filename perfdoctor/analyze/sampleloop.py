@@ -144,7 +144,9 @@ def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray 
             continue
         keep = np.flatnonzero(~out[inverse])
         covered, runs = periodic_runs(s[keep], takes_row[keep], own_params[keep], unbinds[keep])
-        if not runs or int(covered.sum()) <= best_covered:
+        # a loop's body does more than take rows: runs of the indexing ops alone, left once the
+        # rest is out (a stack of layers that slice, its other ops counted less often), are none
+        if not runs or int(covered.sum()) <= best_covered or fixed[inverse[keep[covered]]].all():
             continue
         full = np.zeros(n, bool)
         edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
