@@ -1279,3 +1279,48 @@ def test_a_wide_baseline_interval_whose_work_repeats_step_for_step_is_no_noise(t
     u._update_spread()
     u._paired_noise(first, other)
     assert u.noisy
+
+
+CNN = textwrap.dedent("""
+    import torch
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen = []
+    model[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
+    x = torch.randn(16, 3, 12, 12)
+    y = x.mean((1, 2, 3)).unsqueeze(1)
+    w0 = model[0].weight.detach().clone()
+    for i in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    w = model[0].weight
+    print("layout", w.is_contiguous(memory_format=torch.channels_last), "inputs", all(seen),
+          "stepped", not torch.equal(w.detach(), w0), "same", w is opt.param_groups[0]["params"][0], flush=True)
+""")
+
+
+def test_channels_last_change_trains_the_model_in_channels_last(tmp_path, capfd):
+    """PD342's change: the convolution weights channels_last in place (the optimizer still steps
+    the same Parameter), the input batches too; the losses those of the NCHW run (same math, in
+    another memory layout). Planned (CUDA only) where the report found NCHW convolutions."""
+    from perfdoctor.tune.apply import apply_text
+
+    out, inj = injected(tmp_path, capfd, {"channels_last": True}, CNN)
+    assert "layout True inputs True stepped True same True" in out
+    assert inj["applied"] == ["channels_last"] and inj["channels_last_modules"] == 1 and not inj["notes"]
+    out_ref, ref = injected(tmp_path, capfd, {}, CNN)
+    assert "layout False inputs False stepped True same True" in out_ref
+    drift = loss_drift(measured(ref["losses"]), measured(inj["losses"]))
+    assert drift["steps"] == 20 and not drift["diverged"] and drift["drift"] < 1e-4
+    assert "model.to(memory_format=torch.channels_last)" in apply_text({"channels_last": True}, inj, cuda=True)
+    facts = lambda **kw: plan.Facts(cores=4, cuda=True, verdict="device", **kw)  # noqa: E731
+    trials = plan.plan(facts(nchw=True, ranked=["PD342", "PD320"]))
+    assert trials[0].changes == {"channels_last": True} and trials[0].skip is None
+    assert not any("channels_last" in t.changes for t in plan.plan(facts()))
+    cpu = plan.plan(plan.Facts(cores=4, cuda=False, verdict="device", nchw=True))
+    assert [t.skip for t in cpu if "channels_last" in t.changes] == ["no CUDA device"]
+    assert plan.rule_for({"channels_last": True}, {"PD342"}) == "PD342"

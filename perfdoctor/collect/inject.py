@@ -14,6 +14,7 @@ key is one change the user could make by hand; the script itself is never edited
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
 | float32 | True: a model with float64 (or bfloat16, float16) parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), tensors of that dtype entering it or any of its submodules become float32, and its float32 outputs take that dtype again, so the code around the model (loss, targets, metrics) still sees it |
+| channels_last | True: at its outermost call a module with 4-D (convolution) parameters is converted in place to torch.channels_last (Module.to(memory_format=...): the optimizer keeps the same Parameter objects), and the 4-D floating-point tensors entering it become channels_last |
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
@@ -34,6 +35,8 @@ import json
 import os
 import sys
 import threading
+
+from perfdoctor.collect.inject_model import module_call
 
 LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
@@ -57,6 +60,7 @@ class _State:
         self.saved_at: int | None = None         # the step whose saves save_every last let through
         self.compiled: set[int] = set()
         self.converted: dict = {}                # id of each module made float32 -> its former dtype (float32)
+        self.channels_last: set[int] = set()     # ids of the modules made channels_last (channels_last)
         self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
@@ -81,7 +85,7 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
     st.watch, st.steps = watch, steps or (lambda: st.save_calls)
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
-                    (("autocast", "compile", "float32"), _module_call), (("recompute",), _checkpoint),
+                    (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
                     (("empty_cache",), _empty_cache), (("save_every",), _saves)):
         try:
             fn(torch, st)
@@ -291,78 +295,6 @@ def _built(dataset) -> str:
     return f"{where} {type(dataset).__name__} {n}"
 
 
-def _module_call(torch, st: _State) -> None:
-    dtype_name = st.changes.get("autocast")
-    comp = st.changes.get("compile")   # True: default mode; a string: that torch.compile mode
-    f32 = bool(st.changes.get("float32"))
-    if not dtype_name and not comp and not f32:
-        return
-    dtype = getattr(torch, dtype_name) if dtype_name else None
-    Module = torch.nn.Module
-    orig = Module.__call__
-    f32t = torch.float32
-    wider = (torch.float64, torch.bfloat16, torch.float16)     # the dtypes a model is made float32 from
-
-    def __call__(self, *args, **kwargs):
-        local = st.local
-        if os.getpid() != st.pid:
-            return orig(self, *args, **kwargs)
-        if getattr(local, "depth", 0):
-            if f32 and id(self) in st.converted:           # a submodule: its float64 (bf16...) inputs too
-                hit: list = []
-                args, kwargs = _cast(torch, (args, kwargs), st.converted[id(self)], f32t, hit)
-                if hit:     # float64 made inside the model (its forward's own tensors): the code must change too
-                    st.inner_f64.add(type(self).__name__)
-            return orig(self, *args, **kwargs)
-        try:
-            first = next(self.parameters(), None)
-        except Exception:
-            first = None
-        if first is None or not first.requires_grad:
-            return orig(self, *args, **kwargs)
-        local.depth = 1
-        try:
-            if f32 and id(self) not in st.converted and first.dtype in wider:
-                was = first.dtype
-                self.float()
-                st.converted.update((id(m), was) for m in self.modules())
-                st.applied.add("float32")
-            back = st.converted.get(id(self)) if f32 else None
-            if back is not None:
-                args, kwargs = _cast(torch, (args, kwargs), back, f32t)
-            if comp and id(self) not in st.compiled:
-                st.compiled.add(id(self))
-                self.compile(**({"mode": comp} if isinstance(comp, str) else {}))
-                st.applied.add("compile")
-            if dtype is not None:
-                with torch.autocast(first.device.type, dtype=dtype):
-                    st.applied.add("autocast")
-                    out = orig(self, *args, **kwargs)
-            else:
-                out = orig(self, *args, **kwargs)
-            return _cast(torch, out, f32t, back) if back is not None else out
-        finally:
-            local.depth = 0
-    Module.__call__ = __call__
-
-
-def _cast(torch, obj, src, dst, hit: list | None = None):
-    """`obj` with its `src`-dtype tensors as `dst`: a tensor, or plain tuples, lists and dicts of
-    them (a subclass, a named tuple or a model-output class, is left as it is). `hit` gets an
-    entry per tensor converted."""
-    if isinstance(obj, torch.Tensor):
-        if obj.dtype != src:
-            return obj
-        if hit is not None:
-            hit.append(1)
-        return obj.to(dst)
-    if type(obj) in (tuple, list):
-        return type(obj)(_cast(torch, x, src, dst, hit) for x in obj)
-    if type(obj) is dict:
-        return {k: _cast(torch, v, src, dst, hit) for k, v in obj.items()}
-    return obj
-
-
 def _record_loss(torch, st: _State) -> None:
     orig = torch.Tensor.backward
 
@@ -392,7 +324,7 @@ def write_record() -> None:
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
-           "save_calls": st.save_calls, "float32_inner": sorted(st.inner_f64),
+           "save_calls": st.save_calls, "channels_last_modules": len(st.channels_last), "float32_inner": sorted(st.inner_f64),
            "float32_from": sorted({str(v).replace("torch.", "") for v in st.converted.values()}),
            "losses": losses, "notes": st.notes}
     try:

@@ -44,6 +44,9 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
             lines.append(f"torch.optim.{name}(..., {impl}=True)")
     if changes.get("cudnn_benchmark"):
         lines.append("torch.backends.cudnn.benchmark = True")
+    if changes.get("channels_last"):
+        lines.append("model = model.to(memory_format=torch.channels_last)  # before the training loop; and each "
+                     "input batch: x = x.to(memory_format=torch.channels_last)")
     if changes.get("tf32"):
         lines.append('torch.set_float32_matmul_precision("high"); torch.backends.cudnn.allow_tf32 = True')
     if changes.get("float32"):

@@ -6,7 +6,8 @@ whether a CUDA device exists (child.json). A trial is one dict of changes (colle
 the fix rule of the report whose gain it tests (its `gain.expected` is the prediction).
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
-optimizer implementation, CUDA settings, the script's torch.cuda.empty_cache() calls (a trial
+optimizer implementation, CUDA settings (channels_last first where the report found convolutions
+on NCHW tensors: PD342), the script's torch.cuda.empty_cache() calls (a trial
 only when the baseline made some), its checkpoint saves (one in SAVE_EVERY written, only where
 the report found saving a material share of the step: PD350), numerics (opt-in), compilation
 (opt-in). The report's
@@ -46,7 +47,7 @@ RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "p
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
-         "empty_cache": ("PD343",), "save_every": ("PD350",)}
+         "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",)}
 
 ORDER = {"input": ("loader", "threads", "optimizer", "checkpoint", "recompute", "cuda", "allocator", "numerics",
                    "compile"),
@@ -94,6 +95,7 @@ class Facts:
     contended: bool = False           # the training thread queued for a CPU (flag PD214)
     other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
+    nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
 
 
 def describe(changes: dict) -> str:
@@ -180,6 +182,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     if f.frequent_saves:
         by_group["checkpoint"].append(Trial({"save_every": SAVE_EVERY}, "checkpoint"))
     cuda_skip = None if f.cuda else "no CUDA device"
+    if f.nchw:                        # the report's channels_last claim first: a layout change, numerics kept
+        by_group["cuda"].append(Trial({"channels_last": True}, "cuda", skip=cuda_skip))
     by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),
                          Trial({"expandable_segments": True}, "cuda", skip=cuda_skip)]

@@ -45,7 +45,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],
         contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
         other_cores=m.get("system.other_cores"),
-        saturated="PD309" in fixes)
+        saturated="PD309" in fixes,
+        nchw="PD342" in fixes)
 
 
 def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tuple[str | None, float | None]:

@@ -1,0 +1,105 @@
+"""The changes `perfdoctor tune` makes at a model's outermost call (collect/inject.py's table):
+autocast, torch.compile, float32 for a float64 or 16-bit model, channels_last. Module.__call__
+is wrapped once; the outermost call of a module with parameters that require gradients (the
+model being trained) gets the changes, the calls inside it run as they are (a float32 model's
+submodules excepted: the float64 tensors its own code makes are cast on their way in)."""
+
+from __future__ import annotations
+
+import os
+
+
+def module_call(torch, st) -> None:
+    dtype_name = st.changes.get("autocast")
+    comp = st.changes.get("compile")   # True: default mode; a string: that torch.compile mode
+    f32 = bool(st.changes.get("float32"))
+    cl = bool(st.changes.get("channels_last"))
+    if not dtype_name and not comp and not f32 and not cl:
+        return
+    dtype = getattr(torch, dtype_name) if dtype_name else None
+    Module = torch.nn.Module
+    orig = Module.__call__
+    f32t = torch.float32
+    wider = (torch.float64, torch.bfloat16, torch.float16)     # the dtypes a model is made float32 from
+
+    def __call__(self, *args, **kwargs):
+        local = st.local
+        if os.getpid() != st.pid:
+            return orig(self, *args, **kwargs)
+        if getattr(local, "depth", 0):
+            if f32 and id(self) in st.converted:           # a submodule: its float64 (bf16...) inputs too
+                hit: list = []
+                args, kwargs = _cast(torch, (args, kwargs), st.converted[id(self)], f32t, hit)
+                if hit:     # float64 made inside the model (its forward's own tensors): the code must change too
+                    st.inner_f64.add(type(self).__name__)
+            return orig(self, *args, **kwargs)
+        try:
+            first = next(self.parameters(), None)
+        except Exception:
+            first = None
+        if first is None or not first.requires_grad:
+            return orig(self, *args, **kwargs)
+        local.depth = 1
+        try:
+            if f32 and id(self) not in st.converted and first.dtype in wider:
+                was = first.dtype
+                self.float()
+                st.converted.update((id(m), was) for m in self.modules())
+                st.applied.add("float32")
+            back = st.converted.get(id(self)) if f32 else None
+            if back is not None:
+                args, kwargs = _cast(torch, (args, kwargs), back, f32t)
+            if cl:
+                args, kwargs = _channels_last(torch, st, self, (args, kwargs))
+            if comp and id(self) not in st.compiled:
+                st.compiled.add(id(self))
+                self.compile(**({"mode": comp} if isinstance(comp, str) else {}))
+                st.applied.add("compile")
+            if dtype is not None:
+                with torch.autocast(first.device.type, dtype=dtype):
+                    st.applied.add("autocast")
+                    out = orig(self, *args, **kwargs)
+            else:
+                out = orig(self, *args, **kwargs)
+            return _cast(torch, out, f32t, back) if back is not None else out
+        finally:
+            local.depth = 0
+    Module.__call__ = __call__
+
+
+def _cast(torch, obj, src, dst, hit: list | None = None):
+    """`obj` with its `src`-dtype tensors as `dst`. `hit` gets an entry per tensor converted."""
+    def cast(x):
+        if x.dtype != src:
+            return x
+        if hit is not None:
+            hit.append(1)
+        return x.to(dst)
+    return _tensors(torch, obj, cast)
+
+
+def _channels_last(torch, st, module, obj):
+    """The model `module` in channels_last, in place, the first time it is called (when it has 4-D
+    parameters: convolutions), and the 4-D floating-point tensors of `obj` (its arguments) so."""
+    fmt = torch.channels_last
+    if id(module) not in st.channels_last:
+        st.channels_last.add(id(module))
+        if any(p.dim() == 4 for p in module.parameters()):
+            module.to(memory_format=fmt)
+            st.applied.add("channels_last")
+    if "channels_last" not in st.applied:
+        return obj
+    return _tensors(torch, obj, lambda x: x.contiguous(memory_format=fmt)
+                    if x.dim() == 4 and x.is_floating_point() else x)
+
+
+def _tensors(torch, obj, fn):
+    """`obj` with fn(tensor) for each of its tensors: a tensor, or plain tuples, lists and dicts of
+    them (a subclass, a named tuple or a model-output class, is left as it is)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if type(obj) in (tuple, list):
+        return type(obj)(_tensors(torch, x, fn) for x in obj)
+    if type(obj) is dict:
+        return {k: _tensors(torch, v, fn) for k, v in obj.items()}
+    return obj
