@@ -1324,3 +1324,29 @@ def test_channels_last_change_trains_the_model_in_channels_last(tmp_path, capfd)
     cpu = plan.plan(plan.Facts(cores=4, cuda=False, verdict="device", nchw=True))
     assert [t.skip for t in cpu if "channels_last" in t.changes] == ["no CUDA device"]
     assert plan.rule_for({"channels_last": True}, {"PD342"}) == "PD342"
+
+
+TWO_MODELS = textwrap.dedent("""
+    import torch
+    torch.manual_seed(0); torch.set_num_threads(1)
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 1))
+    mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 6 * 6, 1))  # no 4-D parameters
+    seen = []
+    mlp.register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
+    opt = torch.optim.SGD([*cnn.parameters(), *mlp.parameters()], lr=0.01)
+    x = torch.randn(4, 3, 6, 6)
+    for i in range(3):
+        opt.zero_grad()
+        (cnn(x).sum() + mlp(x).sum()).backward()
+        opt.step()
+    print("mlp inputs channels_last", any(seen), flush=True)
+""")
+
+
+def test_channels_last_changes_only_the_models_it_converts(tmp_path, capfd):
+    """A module without 4-D parameters called beside a CNN keeps its inputs as they are (only
+    the converted model's inputs become channels_last), and the record counts the one model
+    converted, not every model called."""
+    out, inj = injected(tmp_path, capfd, {"channels_last": True}, TWO_MODELS)
+    assert "mlp inputs channels_last False" in out
+    assert inj["applied"] == ["channels_last"] and inj["channels_last_modules"] == 1

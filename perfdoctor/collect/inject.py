@@ -60,7 +60,7 @@ class _State:
         self.saved_at: int | None = None         # the step whose saves save_every last let through
         self.compiled: set[int] = set()
         self.converted: dict = {}                # id of each module made float32 -> its former dtype (float32)
-        self.channels_last: set[int] = set()     # ids of the modules made channels_last (channels_last)
+        self.channels_last: dict = {}            # id of each outermost module seen -> made channels_last (channels_last)
         self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
@@ -324,7 +324,7 @@ def write_record() -> None:
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
-           "save_calls": st.save_calls, "channels_last_modules": len(st.channels_last), "float32_inner": sorted(st.inner_f64),
+           "save_calls": st.save_calls, "channels_last_modules": sum(st.channels_last.values()), "float32_inner": sorted(st.inner_f64),
            "float32_from": sorted({str(v).replace("torch.", "") for v in st.converted.values()}),
            "losses": losses, "notes": st.notes}
     try:

@@ -80,14 +80,16 @@ def _cast(torch, obj, src, dst, hit: list | None = None):
 
 def _channels_last(torch, st, module, obj):
     """The model `module` in channels_last, in place, the first time it is called (when it has 4-D
-    parameters: convolutions), and the 4-D floating-point tensors of `obj` (its arguments) so."""
+    parameters: convolutions), and then the 4-D floating-point tensors of `obj` (its arguments)
+    so; a module without 4-D parameters is left as it is, its arguments too."""
     fmt = torch.channels_last
-    if id(module) not in st.channels_last:
-        st.channels_last.add(id(module))
-        if any(p.dim() == 4 for p in module.parameters()):
+    converted = st.channels_last.get(id(module))
+    if converted is None:
+        converted = st.channels_last[id(module)] = any(p.dim() == 4 for p in module.parameters())
+        if converted:
             module.to(memory_format=fmt)
             st.applied.add("channels_last")
-    if "channels_last" not in st.applied:
+    if not converted:
         return obj
     return _tensors(torch, obj, lambda x: x.contiguous(memory_format=fmt)
                     if x.dim() == 4 and x.is_floating_point() else x)
