@@ -1350,3 +1350,26 @@ def test_channels_last_changes_only_the_models_it_converts(tmp_path, capfd):
     out, inj = injected(tmp_path, capfd, {"channels_last": True}, TWO_MODELS)
     assert "mlp inputs channels_last False" in out
     assert inj["applied"] == ["channels_last"] and inj["channels_last_modules"] == 1
+
+
+LAZY_CNN = textwrap.dedent("""
+    import torch
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.LazyConv2d(4, 3, padding=1), torch.nn.Flatten(), torch.nn.LazyLinear(1))
+    opt = None
+    x = torch.randn(4, 3, 6, 6)
+    for i in range(3):
+        out = model(x)                     # the first call makes the parameters
+        opt = opt or torch.optim.SGD(model.parameters(), lr=0.01)
+        opt.zero_grad()
+        out.sum().backward()
+        opt.step()
+    print("layout", model[0].weight.is_contiguous(memory_format=torch.channels_last), flush=True)
+""")
+
+
+def test_channels_last_waits_for_a_lazy_model_to_make_its_parameters(tmp_path, capfd):
+    """Lazy modules have no shapes before their first call (their parameters refuse dim()): the
+    model is converted at the first call after that, instead of the script failing."""
+    out, inj = injected(tmp_path, capfd, {"channels_last": True}, LAZY_CNN)
+    assert "layout True" in out and inj["channels_last_modules"] == 1

@@ -81,11 +81,15 @@ def _cast(torch, obj, src, dst, hit: list | None = None):
 def _channels_last(torch, st, module, obj):
     """The model `module` in channels_last, in place, the first time it is called (when it has 4-D
     parameters: convolutions), and then the 4-D floating-point tensors of `obj` (its arguments)
-    so; a module without 4-D parameters is left as it is, its arguments too."""
+    so; a module without 4-D parameters is left as it is, its arguments too. A model with lazy
+    modules is converted at its first call after the one that made their parameters."""
     fmt = torch.channels_last
     converted = st.channels_last.get(id(module))
     if converted is None:
-        converted = st.channels_last[id(module)] = any(p.dim() == 4 for p in module.parameters())
+        params = list(module.parameters())
+        if any(torch.nn.parameter.is_lazy(p) for p in params):
+            return obj                  # a lazy module's first call makes its parameters: convert it after
+        converted = st.channels_last[id(module)] = any(p.dim() == 4 for p in params)
         if converted:
             module.to(memory_format=fmt)
             st.applied.add("channels_last")
