@@ -230,3 +230,10 @@ def test_a_loop_with_a_branch_taken_in_some_iterations_is_still_a_loop():
     # counted less often, left out, the slices alone repeat; that is no loop
     s5 = np.concatenate([[100 + 3 * i, 1, 101 + 3 * i, 102 + 3 * i] for i in range(18)])
     assert periodic_runs(s5, s5 == 1)[1] == [] and branching_runs(s5, s5 == 1)[1] == []
+    # but a loop whose every iteration takes a row and some flip it (r = x[i]; if ...: r = r.flip(0))
+    # is one: the ops left out between the row takes are at most one an iteration
+    s6 = [7]
+    for _ in range(30):
+        s6 += [1, 50] if rng.random() < 0.5 else [1]
+    s6 = np.array(s6 + [9])
+    assert max(branching_runs(s6, s6 == 1)[1]) == (30, 1)

@@ -144,14 +144,17 @@ def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray 
             continue
         keep = np.flatnonzero(~out[inverse])
         covered, runs = periodic_runs(s[keep], takes_row[keep], own_params[keep], unbinds[keep])
-        # a loop's body does more than take rows: runs of the indexing ops alone, left once the
-        # rest is out (a stack of layers that slice, its other ops counted less often), are none
-        if not runs or int(covered.sum()) <= best_covered or fixed[inverse[keep[covered]]].all():
+        if not runs or int(covered.sum()) <= best_covered:
             continue
         full = np.zeros(n, bool)
         edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
         for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
             full[keep[a]:keep[b - 1] + 1] = True
+        # a run of the indexing ops alone, left once the rest is out, is a loop only where the
+        # ops left out between them are a branch (a few per iteration), not a stack of layers
+        # that slice once among many ops of their own (the H100 corpus `alloc`)
+        if fixed[inverse[keep[covered]]].all() and int(full.sum()) > 3 * int(covered.sum()):
+            continue
         best, best_covered = (full, runs), int(covered.sum())
     return best
 
