@@ -1,6 +1,7 @@
 """Expected vs measured gains on the H100 corpus (../shared/traces/h100, measured speed-ups in
 its README). For each case: the fixes perfdoctor ranks that correspond to the fix applied, their
-expected gains (combined: savings add), the ceiling, the measured speed-up and the error.
+expected gains (combined as validate_holdout.judge does: savings add, or multiply where their
+shares overlap), the ceiling, the measured speed-up and the error.
 
     python bench/calibrate_corpus.py [--corpus ../shared/traces/h100]
 
@@ -16,7 +17,9 @@ import sys
 from pathlib import Path
 
 from perfdoctor.diagnose.offline import diagnose_path
-from perfdoctor.rules.gain import combined, stacked
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate_holdout import judge  # noqa: E402  (the held-out check's bar, on the corpus)
 
 # corpus row (run, fix column text) -> perfdoctor fixes that make the same change
 APPLIED = {
@@ -54,16 +57,10 @@ def main(argv=None) -> int:
         if slugs is None:
             continue
         doc = docs.setdefault(run, diagnose_path(str(a.corpus / run)))
-        ranked = [f["slug"] for f in doc["findings"]]
-        found = {f["slug"]: f["gain"] for f in doc["findings"]}
-        picked = {s: found.get(s) or {} for s in slugs}
-        gains = list(picked.values())
-        exp = stacked(picked, lambda g: g.get("expected"))
-        lo = stacked(picked, lambda g: (g.get("range") or [g.get("expected")] * 2)[0]) if exp else None
-        hi = stacked(picked, lambda g: (g.get("range") or [g.get("expected")] * 2)[1]) if exp else None
-        cap = combined([g["ceiling"] for g in gains]) if all(g.get("ceiling") for g in gains) else None
-        names = ", ".join(f"{s} (#{ranked.index(s) + 1})" if s in ranked else f"{s} (absent)" for s in slugs)
-        err = f"{100 * (exp / measured - 1):+.0f}%" if exp else "-"
+        row = judge(doc, slugs, measured)
+        exp, (lo, hi), cap = row["expected"], row["range"] or (None, None), row["ceiling"]
+        names = ", ".join(f"{s} (#{r})" if r else f"{s} (absent)" for s, r in zip(slugs, row["ranks"]))
+        err = f"{100 * row['error']:+.0f}%" if exp else "-"
         fmt = lambda v: ("unbounded" if v == float("inf") else f"{v:.2f}x") if v else "-"   # noqa: E731
         print(f"| {run} | {fix[:40]} | {names} | {fmt(exp)} | {fmt(lo)}-{fmt(hi)} | {fmt(cap)} | {measured:.2f}x | {err} |")
     return 0

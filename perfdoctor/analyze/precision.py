@@ -164,14 +164,6 @@ def nchw_norm(name: str) -> bool:
     return bool(BATCH_NORM_RX.search(name)) and not NHWC_NAME_RX.search(name) and not name.startswith("triton_")
 
 
-def _nchw_norm(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
-    lut = k.cache.get("nchw_norm_lut")
-    if lut is None:
-        lut = np.fromiter((nchw_norm(n) for n in t.names), bool, len(t.names))
-        k.cache["nchw_norm_lut"] = lut
-    return lut[t.name[rows]]
-
-
 def class_of_rows(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
     """Index into CLASSES of each row's kernel class (names classified once per trace)."""
     lut = k.cache.get("precision_lut")
@@ -229,7 +221,7 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
-    out["precision.nchw_norm_share"] = float(dur[_nchw_norm(t, k, kr)].sum()) / total
+    out["precision.nchw_norm_share"] = float(dur[t.name_mask(nchw_norm)[kr]].sum()) / total
     crit = device_weight(device_share)
     out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc)))
     ratios = peak_ratios(cc)
