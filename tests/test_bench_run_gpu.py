@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "bench_run_gpu.py"
 
@@ -47,3 +49,18 @@ def test_pairs_ratios_and_wall_fallback_on_cpu(tmp_path):
     assert w["measure"] == "wall_s" and w["args"] == ["--x", "1"] and len(w["ratios"]) == 2
     assert all(x > 0.2 for x in w["bare"] + w["run"])
     assert "per-pair ratios: 1.000 1.000" in r.stdout and "steady.py pair 2" in r.stdout
+
+
+def test_the_recorded_gpu_overhead_is_what_the_docs_say():
+    """bench/overhead/ holds bench_run_gpu's JSON from GPU sessions; docs/project.md and
+    bench/README.md quote the H200 record's per-pair step times and ratios: they must be its."""
+    rec = json.loads((REPO / "bench" / "overhead" / "h200-2026-12-01.json").read_text())
+    (res,) = rec["results"]
+    assert res["script"] == "g_launch.py" and res["measure"] == "steady_ms" and len(res["ratios"]) == rec["pairs"]
+    assert res["ratios"] == pytest.approx([r / b for b, r in zip(res["bare"], res["run"])])   # run over bare
+    project = " ".join((REPO / "docs" / "project.md").read_text().split())
+    for b, r in zip(res["bare"], res["run"]):
+        assert f"{b:.2f}" in project and f"{r:.2f}" in project, (b, r)
+    bench = " ".join((REPO / "bench" / "README.md").read_text().split())
+    ratios = " and ".join(f"{x:.3f}" for x in res["ratios"])
+    assert f"ratios {ratios}" in bench and f"median {res['median_ratio']:.3f}" in bench
