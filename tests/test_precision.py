@@ -93,6 +93,65 @@ def test_peak_ratios_by_generation():
     assert peak_ratios(6.1) is None and peak_ratios(None) is None
 
 
+
+def test_peak_ratios_past_the_table_are_unknown_and_geforce_parts_have_their_own():
+    """cc 12.0 (an RTX 5090) and 13.0 were given B200's 28x fp32 -> bf16; past cc 11 there is no
+    table unless the part is a GeForce, whose fp32-accumulate tensor math runs at half rate and TF32
+    at the fp32 rate (RTX 3090 35.6 / 35.6 / 71 TFLOPS, 4090 82.6 / 82.6 / 165, 5090 104.8 / 104.8 / 209.5)."""
+    assert peak_ratios(10.0) == pytest.approx((2250 / 80, 2250 / 1100))          # B200
+    for cc in (11.0, 12.0, 12.1, 13.0):
+        assert peak_ratios(cc) is None and peak_ratios(cc, "NVIDIA RTX PRO 6000 Blackwell") is None
+    for cc, name in ((8.6, "NVIDIA GeForce RTX 3090"), (8.9, "NVIDIA GeForce RTX 4090"),
+                     (12.0, "NVIDIA GeForce RTX 5090")):
+        assert peak_ratios(cc, name) == pytest.approx((2.0, 2.0)), name
+    assert peak_ratios(8.9, "NVIDIA L4") == pytest.approx((4.0, 2.0))          # data-center Ada: 30.3 / 60 / 121
+    assert peak_ratios(7.5, "NVIDIA GeForce RTX 2080 Ti") == pytest.approx((4.0, 1.0))
+    assert peak_ratios(6.1, "NVIDIA GeForce GTX 1080") is None
+
+
+def _with_device(path, name, major, minor):
+    doc = json.loads(path.read_text())
+    doc["deviceProperties"] = [{"id": 0, "name": name, "computeMajor": major, "computeMinor": minor,
+                                "totalGlobalMem": 34e9}]
+    path.write_text(json.dumps(doc))
+
+
+def test_an_unknown_generation_gets_autocast_with_no_expected_gain(tmp_path):
+    """fp32 SIMT GEMMs filling a device-bound step on a cc 13.0 part: PD320 fires with the share
+    measured, no expected gain and the whole share as its ceiling (was: 11x expected from B200's
+    ratios); the same trace on an RTX 5090 expects the GeForce ratio, 2**0.8 on that share."""
+    from perfdoctor.rules.gain import amdahl
+
+    path = tmp_path / "sgemm.json"
+    _step_trace(path, [("volta_sgemm_128x64_nn", 900)])
+    _with_device(path, "NVIDIA Future", 13, 0)
+    m, fixes = _metrics_and_fixes(path)
+    s = m["precision.amp_share"]
+    assert s == pytest.approx(m["precision.gemm_fp32_share"] * m["share.device"]) and s > 0.9
+    assert m["precision.amp_speedup"] is None and m["precision.amp_speedup_peak"] is None
+    gain = fixes["mixed-precision"]["gain"]
+    assert gain["expected"] is None and gain["ceiling"] == pytest.approx(amdahl(s, float("inf")), rel=1e-3)
+    _with_device(path, "NVIDIA GeForce RTX 5090", 12, 0)
+    m, fixes = _metrics_and_fixes(path)
+    assert m["precision.amp_speedup"] == pytest.approx(2 ** 0.8) and m["precision.amp_speedup_peak"] == pytest.approx(2)
+    gain = fixes["mixed-precision"]["gain"]
+    assert gain["expected"] == pytest.approx(amdahl(s, 2 ** 0.8), rel=1e-3)
+    assert gain["expected"] < gain["ceiling"] == pytest.approx(amdahl(s, 2), rel=1e-3)
+
+
+def test_fp64_on_an_unknown_generation_has_no_expected_gain(tmp_path):
+    from perfdoctor.analyze.precision import fp64_ratios
+
+    assert fp64_ratios(8.6, "NVIDIA GeForce RTX 3090") == pytest.approx((64.0, 64.0))   # TF32 at the fp32 rate
+    assert fp64_ratios(12.0, "NVIDIA GeForce RTX 5090") == pytest.approx((64.0, 64.0))
+    assert fp64_ratios(13.0) is None and fp64_ratios(12.0) is None
+    path = tmp_path / "fp64.json"
+    _step_trace(path, [(DGEMM, 900)])
+    _with_device(path, "NVIDIA Future", 13, 0)
+    m, fixes = _metrics_and_fixes(path)
+    assert m["precision.fp64_share"] > 0.9 and m["precision.fp64_speedup"] is None
+    assert fixes["float32-not-float64"]["gain"]["expected"] is None
+
 # --- the model: what autocast would change ------------------------------------------------------
 
 def _step_trace(path, kernels, steps=3, second=None):

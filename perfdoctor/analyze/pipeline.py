@@ -91,7 +91,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(attention_metrics(t, k, steps, on))
     m.update(verdict_shares(m))
     crit = m["share.device"] if on is None else on_share
-    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on)
+    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on, m["trace.device_name"])
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, crit, on) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, crit, on))
