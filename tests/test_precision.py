@@ -326,3 +326,34 @@ def test_channels_last_is_credited_with_the_conversions_and_nchw_batch_norm(tmp_
     m, fixes = _metrics_and_fixes(tmp_path / "nhwc.json")
     assert m["precision.nchw_norm_share"] == 0 and m["precision.layout_share"] == 0
     assert "channels-last" not in fixes
+
+
+# --- bf16 only where the part has it: Volta/Turing get fp16 -------------------------------------
+
+BF16_HARDCODED = ("dtype=torch.bfloat16", "torch.autocast(\"cuda\", torch.bfloat16", ".to(torch.bfloat16)")
+
+
+def test_no_fix_shown_on_a_pre_ampere_gpu_hard_codes_bf16():
+    """Volta and Turing have fp16 tensor cores and no bf16 ones (autocast to bf16 there is emulated
+    or disabled): a CUDA fix that can fire below compute capability 8.0 picks the dtype from the
+    device (as PD320's snippet does), never torch.bfloat16 outright. PD342 and PD329 did."""
+    from perfdoctor.rules.loader import load_rules
+
+    bad = []
+    for rule in load_rules():
+        if not rule.snippet or not ({"cuda", "any"} & set(rule.devices)) or "compute_capability >= 8" in rule.when:
+            continue
+        picked = "get_device_capability() >= (8, 0)" in rule.snippet
+        bad += [f"{rule.id}: {s}" for s in BF16_HARDCODED if s in rule.snippet and not (picked and s.startswith(".to"))]
+    assert not bad, bad
+
+
+def test_a_v100_cnn_in_nchw_is_shown_fp16_autocast_for_channels_last(tmp_path):
+    path = tmp_path / "v100.json"
+    _step_trace(path, [("volta_scudnn_128x64_relu_interior_nn_v1", 400),
+                       ("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true>", 200),
+                       ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1, true>(float)", 300)])
+    _with_device(path, "Tesla V100-SXM2-32GB", 7, 0)
+    _, fixes = _metrics_and_fixes(path)
+    snippet = fixes["channels-last"]["fix"]["snippet"]
+    assert "torch.float16" in snippet and not any(s in snippet for s in BF16_HARDCODED), snippet
