@@ -357,3 +357,24 @@ def test_a_v100_cnn_in_nchw_is_shown_fp16_autocast_for_channels_last(tmp_path):
     _, fixes = _metrics_and_fixes(path)
     snippet = fixes["channels-last"]["fix"]["snippet"]
     assert "torch.float16" in snippet and not any(s in snippet for s in BF16_HARDCODED), snippet
+
+
+def test_a_turing_part_without_tensor_cores_is_not_told_its_tensor_cores_are_unused(tmp_path):
+    """GTX 16xx, MX450 and the small Quadro T parts are compute capability 7.5 without tensor cores
+    (TU116/TU117): PD206 told a GTX 1660 its tensor cores sat unused and PD320 expected an RTX
+    2080 Ti's 4x. fp16 runs at twice the fp32 rate on their CUDA cores: 2x is the peak ratio."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.rules.gain import amdahl
+
+    assert peak_ratios(7.5, "NVIDIA GeForce GTX 1660 SUPER") == pytest.approx((2.0, 1.0))
+    assert peak_ratios(7.5, "Quadro T1000") == pytest.approx((2.0, 1.0))
+    path = tmp_path / "gtx.json"
+    _step_trace(path, [("turing_sgemm_128x64_nn", 900)])
+    for name, has in (("NVIDIA GeForce GTX 1660 SUPER", False), ("NVIDIA GeForce RTX 2080 Ti", True)):
+        _with_device(path, name, 7, 5)
+        m, fixes = _metrics_and_fixes(path)
+        flags = {f["id"] for f in diagnose_path(str(path))["flags"]}
+        assert m["trace.tensor_cores"] is has and ("PD206" in flags) is has, name
+        r = 4.0 if has else 2.0
+        s = m["precision.amp_share"]
+        assert fixes["mixed-precision"]["gain"]["expected"] == pytest.approx(amdahl(s, r ** 0.8), rel=1e-3), name

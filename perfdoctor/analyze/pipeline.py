@@ -22,7 +22,7 @@ from perfdoctor.analyze.loaderops import loader_op_metrics
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
-from perfdoctor.analyze.precision import precision_metrics
+from perfdoctor.analyze.precision import precision_metrics, tensor_cores
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
 from perfdoctor.analyze.sampleloop import sample_loop_metrics
@@ -139,6 +139,7 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
     info = t.meta.distributed_info
     return {"trace.events": len(t), "trace.platform": k.platform,
             "trace.device_name": dev.get("name"), "trace.compute_capability": cc,
+            "trace.tensor_cores": tensor_cores(cc, dev.get("name")),
             "trace.untraced_device": _untraced_device(t, k),
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,

@@ -126,6 +126,10 @@ KNOWN_BELOW = 11.0
 # Turing's RTX 2080 Ti 13.4 fp32 / 53.8, no TF32), and fp64 at 1/64 of fp32 (Turing 1/32).
 GEFORCE_RX = re.compile(r"GeForce", re.I)
 GEFORCE = ((8.0, (1.0, 1.0, 2.0), 1 / 64), (7.5, (1.0, None, 4.0), 1 / 32))
+# Turing parts without tensor cores (TU116/TU117: GTX 16xx, MX450/550, the small Quadro/T parts):
+# fp16 at twice the fp32 rate on their CUDA cores (GTX 1660 Ti 5.4 / 10.9 TFLOPS), fp64 1/32
+NO_TENSOR_CORES_RX = re.compile(r"GTX 16\d\d|\bMX ?[45]\d0\b|Quadro T[12]000|\bT(?:400|600|1000|1200)\b", re.I)
+NO_TENSOR_CORES = ((1.0, None, 2.0), 1 / 32)
 # Dense fp64 peak (TFLOPS; fp64 tensor cores where the part has them): B200 40, H100 SXM 67, consumer
 # Ampere/Ada 1/64 of fp32, A100 19.5, V100 7.8 (T4, cc 7.5, has 1/32 of fp32: taken as V100, less gain)
 PEAKS64 = ((10.0, 40.0), (9.0, 67.0), (8.6, 40.0 / 64), (8.0, 19.5), (7.0, 7.8))
@@ -195,6 +199,9 @@ def _peaks(cc: float | None, name: str | None) -> tuple[tuple[float, float | Non
     model has no data for it: no tensor cores (cc < 7), the capability unknown, or past the table."""
     if cc is None or cc < 7.0:
         return None
+    if name and NO_TENSOR_CORES_RX.search(name) and cc < 8.0:
+        (fp32, tf32, half), fp64 = NO_TENSOR_CORES
+        return (fp32, tf32, half), fp64 * fp32
     if name and GEFORCE_RX.search(name):
         for floor, peaks, fp64 in GEFORCE:
             if cc >= floor:
@@ -202,6 +209,14 @@ def _peaks(cc: float | None, name: str | None) -> tuple[tuple[float, float | Non
     if cc >= KNOWN_BELOW:
         return None
     return (next(p for floor, p in PEAKS if cc >= floor), next(v for floor, v in PEAKS64 if cc >= floor))
+
+
+def tensor_cores(cc: float | None, name: str | None) -> bool | None:
+    """Whether the GPU has tensor cores: from compute capability 7.0 on, but for the Turing parts
+    built without them; None when the capability is unknown."""
+    if cc is None:
+        return None
+    return cc >= 7.0 and not (cc < 8.0 and bool(name) and bool(NO_TENSOR_CORES_RX.search(name)))
 
 
 def peak_ratios(cc: float | None, name: str | None = None) -> tuple[float, float] | None:
