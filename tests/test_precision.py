@@ -116,6 +116,22 @@ def _with_device(path, name, major, minor):
     path.write_text(json.dumps(doc))
 
 
+@pytest.mark.parametrize("props, cc, name", [
+    ({"computeMajor": "abc", "computeMinor": 0}, None, "X"), ({"computeMajor": 13, "computeMinor": None}, None, "X"),
+    ({"computeMajor": 1e308}, None, "X"), ({"computeMajor": True, "computeMinor": 0}, None, "X"),
+    ({"computeMajor": 8, "name": 7}, 8.0, None), ({"computeMajor": 7, "computeMinor": 5, "name": ["GTX 1660"]}, 7.5, None)])
+def test_device_properties_of_any_type_never_crash_the_report(tmp_path, props, cc, name):
+    """A compute capability that is not two small integers is unknown, a name that is not a string
+    none (both raised: '13.None' was parsed as a float, an int name searched as a string)."""
+    path = tmp_path / "odd.json"
+    _step_trace(path, [("volta_sgemm_128x64_nn", 900)])
+    doc = json.loads(path.read_text())
+    doc["deviceProperties"] = [{"id": 0, "name": "X", **props}]
+    path.write_text(json.dumps(doc))
+    m, _ = _metrics_and_fixes(path)
+    assert m["trace.compute_capability"] == cc and m["trace.device_name"] == name
+
+
 def test_an_unknown_generation_gets_autocast_with_no_expected_gain(tmp_path):
     """fp32 SIMT GEMMs filling a device-bound step on a cc 13.0 part: PD320 fires with the share
     measured, no expected gain and the whole share as its ceiling (was: 11x expected from B200's

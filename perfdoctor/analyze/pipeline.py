@@ -133,18 +133,26 @@ def _cut_off(t: EventTable, k: Kinds, steps: Steps) -> TraceAnalysis:
 def _trace_metrics(t: EventTable, k: Kinds) -> dict:
     props = t.meta.device_properties
     dev = props[0] if props and k.platform != "cpu" else {}
-    cc = None
-    if k.platform == "cuda" and "computeMajor" in dev:
-        cc = float(f"{dev['computeMajor']}.{dev.get('computeMinor', 0)}")
+    cc = _compute_capability(dev) if k.platform == "cuda" else None
+    name = dev.get("name") if isinstance(dev.get("name"), str) else None
     info = t.meta.distributed_info
     return {"trace.events": len(t), "trace.platform": k.platform,
-            "trace.device_name": dev.get("name"), "trace.compute_capability": cc,
-            "trace.tensor_cores": tensor_cores(cc, dev.get("name")),
+            "trace.device_name": name, "trace.compute_capability": cc,
+            "trace.tensor_cores": tensor_cores(cc, name),
             "trace.untraced_device": _untraced_device(t, k),
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
             "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows}
+
+
+def _compute_capability(dev: dict) -> float | None:
+    """major.minor from deviceProperties; None unless both are small non-negative integers (a
+    missing minor reads 0): a file may hold anything there."""
+    major, minor = dev.get("computeMajor"), dev.get("computeMinor", 0)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 for v in (major, minor)):
+        return None
+    return float(f"{major}.{minor}")
 
 
 def _untraced_device(t: EventTable, k: Kinds) -> str | None:
