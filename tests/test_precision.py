@@ -394,3 +394,22 @@ def test_a_turing_part_without_tensor_cores_is_not_told_its_tensor_cores_are_unu
         r = 4.0 if has else 2.0
         s = m["precision.amp_share"]
         assert fixes["mixed-precision"]["gain"]["expected"] == pytest.approx(amdahl(s, r ** 0.8), rel=1e-3), name
+
+
+def test_the_gpu_that_ran_the_kernels_sets_the_generation_not_the_first_listed(tmp_path):
+    """A workstation lists its display GPU (a GT 710, cc 3.5) first and trains on device 1, an RTX
+    4090: its fp32 GEMMs were read as a pre-Volta part's (no PD320, PD206 silent)."""
+    path = tmp_path / "two.json"
+    _step_trace(path, [("ampere_sgemm_128x64_nn", 900)])
+    doc = json.loads(path.read_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["args"]["device"] = 1
+    doc["deviceProperties"] = [
+        {"id": 0, "name": "NVIDIA GeForce GT 710", "computeMajor": 3, "computeMinor": 5, "totalGlobalMem": 2e9},
+        {"id": 1, "name": "NVIDIA GeForce RTX 4090", "computeMajor": 8, "computeMinor": 9, "totalGlobalMem": 24e9}]
+    path.write_text(json.dumps(doc))
+    m, fixes = _metrics_and_fixes(path)
+    assert (m["trace.device_name"], m["trace.compute_capability"], m["trace.device_memory_bytes"]) == \
+        ("NVIDIA GeForce RTX 4090", 8.9, 24e9)
+    assert m["precision.amp_speedup_peak"] == pytest.approx(2.0) and "mixed-precision" in fixes

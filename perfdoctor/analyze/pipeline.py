@@ -131,8 +131,7 @@ def _cut_off(t: EventTable, k: Kinds, steps: Steps) -> TraceAnalysis:
 
 
 def _trace_metrics(t: EventTable, k: Kinds) -> dict:
-    props = t.meta.device_properties
-    dev = props[0] if props and k.platform != "cpu" else {}
+    dev = _device_of_the_kernels(t, k) if k.platform != "cpu" else {}
     cc = _compute_capability(dev) if k.platform == "cuda" else None
     name = dev.get("name") if isinstance(dev.get("name"), str) else None
     info = t.meta.distributed_info
@@ -144,6 +143,26 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
             "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows}
+
+
+def _device_of_the_kernels(t: EventTable, k: Kinds) -> dict:
+    """The deviceProperties entry of the device that ran the most kernel time: a machine's GPUs
+    are all listed, and the first need not be the one trained on (a workstation's display GPU
+    beside its compute GPU); the first entry when the kernels name no listed device."""
+    props = t.meta.device_properties
+    if not props:
+        return {}
+    kr = np.flatnonzero(k.kernel)
+    ids = t.args["device"][kr]
+    known = ~np.isnan(ids)
+    if known.any():
+        found = unique(ids[known])
+        busy = [float(t.dur[kr[known][ids[known] == d]].sum()) for d in found]
+        top = int(found[int(np.argmax(busy))])
+        for p in props:
+            if p.get("id") == top and not isinstance(p.get("id"), bool):
+                return p
+    return props[0]
 
 
 def _compute_capability(dev: dict) -> float | None:
