@@ -93,6 +93,81 @@ def test_peak_ratios_by_generation():
     assert peak_ratios(6.1) is None and peak_ratios(None) is None
 
 
+
+def test_peak_ratios_past_the_table_are_unknown_and_geforce_parts_have_their_own():
+    """cc 12.0 (an RTX 5090) and 13.0 were given B200's 28x fp32 -> bf16; past cc 11 there is no
+    table unless the part is a GeForce, whose fp32-accumulate tensor math runs at half rate and TF32
+    at the fp32 rate (RTX 3090 35.6 / 35.6 / 71 TFLOPS, 4090 82.6 / 82.6 / 165, 5090 104.8 / 104.8 / 209.5)."""
+    assert peak_ratios(10.0) == pytest.approx((2250 / 80, 2250 / 1100))          # B200
+    for cc in (11.0, 12.0, 12.1, 13.0):
+        assert peak_ratios(cc) is None and peak_ratios(cc, "NVIDIA RTX PRO 6000 Blackwell") is None
+    for cc, name in ((8.6, "NVIDIA GeForce RTX 3090"), (8.9, "NVIDIA GeForce RTX 4090"),
+                     (12.0, "NVIDIA GeForce RTX 5090")):
+        assert peak_ratios(cc, name) == pytest.approx((2.0, 2.0)), name
+    assert peak_ratios(8.9, "NVIDIA L4") == pytest.approx((4.0, 2.0))          # data-center Ada: 30.3 / 60 / 121
+    assert peak_ratios(7.5, "NVIDIA GeForce RTX 2080 Ti") == pytest.approx((4.0, 1.0))
+    assert peak_ratios(6.1, "NVIDIA GeForce GTX 1080") is None
+
+
+def _with_device(path, name, major, minor):
+    doc = json.loads(path.read_text())
+    doc["deviceProperties"] = [{"id": 0, "name": name, "computeMajor": major, "computeMinor": minor,
+                                "totalGlobalMem": 34e9}]
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("props, cc, name", [
+    ({"computeMajor": "abc", "computeMinor": 0}, None, "X"), ({"computeMajor": 13, "computeMinor": None}, None, "X"),
+    ({"computeMajor": 1e308}, None, "X"), ({"computeMajor": True, "computeMinor": 0}, None, "X"),
+    ({"computeMajor": 8, "name": 7}, 8.0, None), ({"computeMajor": 7, "computeMinor": 5, "name": ["GTX 1660"]}, 7.5, None)])
+def test_device_properties_of_any_type_never_crash_the_report(tmp_path, props, cc, name):
+    """A compute capability that is not two small integers is unknown, a name that is not a string
+    none (both raised: '13.None' was parsed as a float, an int name searched as a string)."""
+    path = tmp_path / "odd.json"
+    _step_trace(path, [("volta_sgemm_128x64_nn", 900)])
+    doc = json.loads(path.read_text())
+    doc["deviceProperties"] = [{"id": 0, "name": "X", **props}]
+    path.write_text(json.dumps(doc))
+    m, _ = _metrics_and_fixes(path)
+    assert m["trace.compute_capability"] == cc and m["trace.device_name"] == name
+
+
+def test_an_unknown_generation_gets_autocast_with_no_expected_gain(tmp_path):
+    """fp32 SIMT GEMMs filling a device-bound step on a cc 13.0 part: PD320 fires with the share
+    measured, no expected gain and the whole share as its ceiling (was: 11x expected from B200's
+    ratios); the same trace on an RTX 5090 expects the GeForce ratio, 2**0.8 on that share."""
+    from perfdoctor.rules.gain import amdahl
+
+    path = tmp_path / "sgemm.json"
+    _step_trace(path, [("volta_sgemm_128x64_nn", 900)])
+    _with_device(path, "NVIDIA Future", 13, 0)
+    m, fixes = _metrics_and_fixes(path)
+    s = m["precision.amp_share"]
+    assert s == pytest.approx(m["precision.gemm_fp32_share"] * m["share.device"]) and s > 0.9
+    assert m["precision.amp_speedup"] is None and m["precision.amp_speedup_peak"] is None
+    gain = fixes["mixed-precision"]["gain"]
+    assert gain["expected"] is None and gain["ceiling"] == pytest.approx(amdahl(s, float("inf")), rel=1e-3)
+    _with_device(path, "NVIDIA GeForce RTX 5090", 12, 0)
+    m, fixes = _metrics_and_fixes(path)
+    assert m["precision.amp_speedup"] == pytest.approx(2 ** 0.8) and m["precision.amp_speedup_peak"] == pytest.approx(2)
+    gain = fixes["mixed-precision"]["gain"]
+    assert gain["expected"] == pytest.approx(amdahl(s, 2 ** 0.8), rel=1e-3)
+    assert gain["expected"] < gain["ceiling"] == pytest.approx(amdahl(s, 2), rel=1e-3)
+
+
+def test_fp64_on_an_unknown_generation_has_no_expected_gain(tmp_path):
+    from perfdoctor.analyze.precision import fp64_ratios
+
+    assert fp64_ratios(8.6, "NVIDIA GeForce RTX 3090") == pytest.approx((64.0, 64.0))   # TF32 at the fp32 rate
+    assert fp64_ratios(12.0, "NVIDIA GeForce RTX 5090") == pytest.approx((64.0, 64.0))
+    assert fp64_ratios(13.0) is None and fp64_ratios(12.0) is None
+    path = tmp_path / "fp64.json"
+    _step_trace(path, [(DGEMM, 900)])
+    _with_device(path, "NVIDIA Future", 13, 0)
+    m, fixes = _metrics_and_fixes(path)
+    assert m["precision.fp64_share"] > 0.9 and m["precision.fp64_speedup"] is None
+    assert fixes["float32-not-float64"]["gain"]["expected"] is None
+
 # --- the model: what autocast would change ------------------------------------------------------
 
 def _step_trace(path, kernels, steps=3, second=None):
@@ -267,3 +342,74 @@ def test_channels_last_is_credited_with_the_conversions_and_nchw_batch_norm(tmp_
     m, fixes = _metrics_and_fixes(tmp_path / "nhwc.json")
     assert m["precision.nchw_norm_share"] == 0 and m["precision.layout_share"] == 0
     assert "channels-last" not in fixes
+
+
+# --- bf16 only where the part has it: Volta/Turing get fp16 -------------------------------------
+
+BF16_HARDCODED = ("dtype=torch.bfloat16", "torch.autocast(\"cuda\", torch.bfloat16", ".to(torch.bfloat16)")
+
+
+def test_no_fix_shown_on_a_pre_ampere_gpu_hard_codes_bf16():
+    """Volta and Turing have fp16 tensor cores and no bf16 ones (autocast to bf16 there is emulated
+    or disabled): a CUDA fix that can fire below compute capability 8.0 picks the dtype from the
+    device (as PD320's snippet does), never torch.bfloat16 outright. PD342 and PD329 did."""
+    from perfdoctor.rules.loader import load_rules
+
+    bad = []
+    for rule in load_rules():
+        if not rule.snippet or not ({"cuda", "any"} & set(rule.devices)) or "compute_capability >= 8" in rule.when:
+            continue
+        picked = "get_device_capability() >= (8, 0)" in rule.snippet
+        bad += [f"{rule.id}: {s}" for s in BF16_HARDCODED if s in rule.snippet and not (picked and s.startswith(".to"))]
+    assert not bad, bad
+
+
+def test_a_v100_cnn_in_nchw_is_shown_fp16_autocast_for_channels_last(tmp_path):
+    path = tmp_path / "v100.json"
+    _step_trace(path, [("volta_scudnn_128x64_relu_interior_nn_v1", 400),
+                       ("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true>", 200),
+                       ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1, true>(float)", 300)])
+    _with_device(path, "Tesla V100-SXM2-32GB", 7, 0)
+    _, fixes = _metrics_and_fixes(path)
+    snippet = fixes["channels-last"]["fix"]["snippet"]
+    assert "torch.float16" in snippet and not any(s in snippet for s in BF16_HARDCODED), snippet
+
+
+def test_a_turing_part_without_tensor_cores_is_not_told_its_tensor_cores_are_unused(tmp_path):
+    """GTX 16xx, MX450 and the small Quadro T parts are compute capability 7.5 without tensor cores
+    (TU116/TU117): PD206 told a GTX 1660 its tensor cores sat unused and PD320 expected an RTX
+    2080 Ti's 4x. fp16 runs at twice the fp32 rate on their CUDA cores: 2x is the peak ratio."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.rules.gain import amdahl
+
+    assert peak_ratios(7.5, "NVIDIA GeForce GTX 1660 SUPER") == pytest.approx((2.0, 1.0))
+    assert peak_ratios(7.5, "Quadro T1000") == pytest.approx((2.0, 1.0))
+    path = tmp_path / "gtx.json"
+    _step_trace(path, [("turing_sgemm_128x64_nn", 900)])
+    for name, has in (("NVIDIA GeForce GTX 1660 SUPER", False), ("NVIDIA GeForce RTX 2080 Ti", True)):
+        _with_device(path, name, 7, 5)
+        m, fixes = _metrics_and_fixes(path)
+        flags = {f["id"] for f in diagnose_path(str(path))["flags"]}
+        assert m["trace.tensor_cores"] is has and ("PD206" in flags) is has, name
+        r = 4.0 if has else 2.0
+        s = m["precision.amp_share"]
+        assert fixes["mixed-precision"]["gain"]["expected"] == pytest.approx(amdahl(s, r ** 0.8), rel=1e-3), name
+
+
+def test_the_gpu_that_ran_the_kernels_sets_the_generation_not_the_first_listed(tmp_path):
+    """A workstation lists its display GPU (a GT 710, cc 3.5) first and trains on device 1, an RTX
+    4090: its fp32 GEMMs were read as a pre-Volta part's (no PD320, PD206 silent)."""
+    path = tmp_path / "two.json"
+    _step_trace(path, [("ampere_sgemm_128x64_nn", 900)])
+    doc = json.loads(path.read_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["args"]["device"] = 1
+    doc["deviceProperties"] = [
+        {"id": 0, "name": "NVIDIA GeForce GT 710", "computeMajor": 3, "computeMinor": 5, "totalGlobalMem": 2e9},
+        {"id": 1, "name": "NVIDIA GeForce RTX 4090", "computeMajor": 8, "computeMinor": 9, "totalGlobalMem": 24e9}]
+    path.write_text(json.dumps(doc))
+    m, fixes = _metrics_and_fixes(path)
+    assert (m["trace.device_name"], m["trace.compute_capability"], m["trace.device_memory_bytes"]) == \
+        ("NVIDIA GeForce RTX 4090", 8.9, 24e9)
+    assert m["precision.amp_speedup_peak"] == pytest.approx(2.0) and "mixed-precision" in fixes

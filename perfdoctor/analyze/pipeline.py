@@ -22,7 +22,7 @@ from perfdoctor.analyze.loaderops import loader_op_metrics
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
-from perfdoctor.analyze.precision import precision_metrics
+from perfdoctor.analyze.precision import precision_metrics, tensor_cores
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
 from perfdoctor.analyze.sampleloop import sample_loop_metrics
@@ -91,7 +91,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(attention_metrics(t, k, steps, on))
     m.update(verdict_shares(m))
     crit = m["share.device"] if on is None else on_share
-    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on)
+    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on, m["trace.device_name"])
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, crit, on) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, crit, on))
@@ -131,19 +131,47 @@ def _cut_off(t: EventTable, k: Kinds, steps: Steps) -> TraceAnalysis:
 
 
 def _trace_metrics(t: EventTable, k: Kinds) -> dict:
-    props = t.meta.device_properties
-    dev = props[0] if props and k.platform != "cpu" else {}
-    cc = None
-    if k.platform == "cuda" and "computeMajor" in dev:
-        cc = float(f"{dev['computeMajor']}.{dev.get('computeMinor', 0)}")
+    dev = _device_of_the_kernels(t, k) if k.platform != "cpu" else {}
+    cc = _compute_capability(dev) if k.platform == "cuda" else None
+    name = dev.get("name") if isinstance(dev.get("name"), str) else None
     info = t.meta.distributed_info
     return {"trace.events": len(t), "trace.platform": k.platform,
-            "trace.device_name": dev.get("name"), "trace.compute_capability": cc,
+            "trace.device_name": name, "trace.compute_capability": cc,
+            "trace.tensor_cores": tensor_cores(cc, name),
             "trace.untraced_device": _untraced_device(t, k),
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
             "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows}
+
+
+def _device_of_the_kernels(t: EventTable, k: Kinds) -> dict:
+    """The deviceProperties entry of the device that ran the most kernel time: a machine's GPUs
+    are all listed, and the first need not be the one trained on (a workstation's display GPU
+    beside its compute GPU); the first entry when the kernels name no listed device."""
+    props = t.meta.device_properties
+    if not props:
+        return {}
+    kr = np.flatnonzero(k.kernel)
+    ids = t.args["device"][kr]
+    known = ~np.isnan(ids)
+    if known.any():
+        found = unique(ids[known])
+        busy = [float(t.dur[kr[known][ids[known] == d]].sum()) for d in found]
+        top = int(found[int(np.argmax(busy))])
+        for p in props:
+            if p.get("id") == top and not isinstance(p.get("id"), bool):
+                return p
+    return props[0]
+
+
+def _compute_capability(dev: dict) -> float | None:
+    """major.minor from deviceProperties; None unless both are small non-negative integers (a
+    missing minor reads 0): a file may hold anything there."""
+    major, minor = dev.get("computeMajor"), dev.get("computeMinor", 0)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 for v in (major, minor)):
+        return None
+    return float(f"{major}.{minor}")
 
 
 def _untraced_device(t: EventTable, k: Kinds) -> str | None:

@@ -30,7 +30,9 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
 - the rest (half already, integer, optimizer kernels on fp32 weights): unchanged.
 
 The expected effect of autocast (bf16 on Ampere+, fp16 on Volta/Turing) follows from the peak
-throughput ratios of the GPU generation (vendor data sheets, dense tensor math), damped because
+throughput ratios of the GPU generation (vendor data sheets, dense tensor math; GeForce parts from
+their own, fp32-accumulate tensor math at half rate; compute capability 11 or later, GeForce aside,
+has no table: the shares are measured, the speed-ups unknown), damped because
 no real kernel reaches peak: a ratio r is expected to deliver r**0.8 (range r**0.6 .. r**0.95:
 an H200 Transformer encoder on the fp32 SIMT cores measured ~r**0.93, the H100 ResNet-50 in TF32
 with channels_last lies 7-10% above the expectation at r**0.7-0.8);
@@ -46,7 +48,7 @@ float64 GEMM/convolution time (precision.fp64_share, weighted the same way) is w
 would shorten (PD357): the fp64 -> TF32 peak ratio of the generation (fp64 tensor cores where the
 part has them: H100 67 vs 495 TFLOPS, A100 19.5 vs 156; 1/64 of fp32 on the consumer parts),
 damped alike (r**0.8, range r**0.6 .. r**0.95). Conservative: the fp64 elementwise, norm and
-optimizer kernels, which would move half the bytes, get no credit, and cc 10+ is taken as B200
+optimizer kernels, which would move half the bytes, get no credit, and cc 10.x is taken as B200
 (40 TFLOPS fp64; parts with less fp64 gain more). Without TF32 the GEMMs gain only the fp32 SIMT
 ratio: 1x on A100/H100, whose fp64 tensor cores match it.
 Kernels on concurrent compute streams overlap: when their summed time exceeds the time some of
@@ -110,11 +112,24 @@ AUTOCAST_FP32_RX = re.compile(r"layer_norm|LayerNorm|GammaBeta|RowwiseMoments|gr
                               r"softmax|SoftMax|nll_loss|cross_entropy|mse_loss|l1_loss|logsumexp", re.I)
 OPTIMIZER_KERNEL_RX = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 
-# Dense peak throughput (TFLOPS) by compute capability: fp32 SIMT, TF32 tensor, bf16/fp16 tensor.
-# V100 15.7/-/125; T4 8.1/-/65; A100 19.5/156/312; RTX 30/40 ~35-80/~same as fp16 w/ fp32 acc;
-# H100 SXM 67/495/989; B200 ~80/1100/2250.
+# Dense peak throughput (TFLOPS) by compute capability, data-center parts: fp32 SIMT, TF32 tensor,
+# bf16/fp16 tensor with fp32 accumulation (what autocast's GEMMs use). V100 15.7/-/125; T4 8.1/-/65;
+# A100 19.5/156/312; A10/A40/L4/L40S (cc 8.6/8.9) ~4x and 2x, as 40/80/160; H100 SXM 67/495/989;
+# B200 ~80/1100/2250. Each entry holds from its floor up to the next; past cc 11 (Thor, consumer and
+# workstation Blackwell, parts to come) no table: the ratios are unknown, not taken from the last row.
 PEAKS = ((10.0, (80.0, 1100.0, 2250.0)), (9.0, (67.0, 495.0, 989.0)), (8.6, (40.0, 80.0, 160.0)),
          (8.0, (19.5, 156.0, 312.0)), (7.0, (15.7, None, 125.0)))
+KNOWN_BELOW = 11.0
+# GeForce parts run fp16/bf16 tensor math with fp32 accumulation at half their data-center rate and
+# TF32 at the fp32 SIMT rate (NVIDIA's architecture whitepapers: RTX 3090 35.6 fp32 / 35.6 TF32 /
+# 71 fp16-with-fp32-accumulate TFLOPS, RTX 4090 82.6 / 82.6 / 165, RTX 5090 104.8 / 104.8 / 209.5;
+# Turing's RTX 2080 Ti 13.4 fp32 / 53.8, no TF32), and fp64 at 1/64 of fp32 (Turing 1/32).
+GEFORCE_RX = re.compile(r"GeForce", re.I)
+GEFORCE = ((8.0, (1.0, 1.0, 2.0), 1 / 64), (7.5, (1.0, None, 4.0), 1 / 32))
+# Turing parts without tensor cores (TU116/TU117: GTX 16xx, MX450/550, the small Quadro/T parts):
+# fp16 at twice the fp32 rate on their CUDA cores (GTX 1660 Ti 5.4 / 10.9 TFLOPS), fp64 1/32
+NO_TENSOR_CORES_RX = re.compile(r"GTX 16\d\d|\bMX ?[45]\d0\b|Quadro T[12]000|\bT(?:400|600|1000|1200)\b", re.I)
+NO_TENSOR_CORES = ((1.0, None, 2.0), 1 / 32)
 # Dense fp64 peak (TFLOPS; fp64 tensor cores where the part has them): B200 40, H100 SXM 67, consumer
 # Ampere/Ada 1/64 of fp32, A100 19.5, V100 7.8 (T4, cc 7.5, has 1/32 of fp32: taken as V100, less gain)
 PEAKS64 = ((10.0, 40.0), (9.0, 67.0), (8.6, 40.0 / 64), (8.0, 19.5), (7.0, 7.8))
@@ -179,30 +194,57 @@ def device_weight(device_share: float | None) -> float:
     return min(max(device_share if device_share is not None else 1.0, 0.0), 1.0)
 
 
-def peak_ratios(cc: float | None) -> tuple[float, float] | None:
-    """(fp32 -> half, tf32 -> half) peak ratios for a compute capability; None when unknown."""
+def _peaks(cc: float | None, name: str | None) -> tuple[tuple[float, float | None, float], float] | None:
+    """((fp32, tf32, half), fp64) peak throughputs (any one unit) of the part, or None when this
+    model has no data for it: no tensor cores (cc < 7), the capability unknown, or past the table."""
     if cc is None or cc < 7.0:
         return None
-    for floor, (fp32, tf32, half) in PEAKS:
-        if cc >= floor:
-            return half / fp32, (half / tf32 if tf32 else 1.0)
-    return None
+    if name and NO_TENSOR_CORES_RX.search(name) and cc < 8.0:
+        (fp32, tf32, half), fp64 = NO_TENSOR_CORES
+        return (fp32, tf32, half), fp64 * fp32
+    if name and GEFORCE_RX.search(name):
+        for floor, peaks, fp64 in GEFORCE:
+            if cc >= floor:
+                return peaks, fp64 * peaks[0]
+    if cc >= KNOWN_BELOW:
+        return None
+    return (next(p for floor, p in PEAKS if cc >= floor), next(v for floor, v in PEAKS64 if cc >= floor))
 
 
-def fp64_ratios(cc: float | None) -> tuple[float, float] | None:
+def tensor_cores(cc: float | None, name: str | None) -> bool | None:
+    """Whether the GPU has tensor cores: from compute capability 7.0 on, but for the Turing parts
+    built without them; None when the capability is unknown."""
+    if cc is None:
+        return None
+    return cc >= 7.0 and not (cc < 8.0 and bool(name) and bool(NO_TENSOR_CORES_RX.search(name)))
+
+
+def peak_ratios(cc: float | None, name: str | None = None) -> tuple[float, float] | None:
+    """(fp32 -> half, tf32 -> half) peak ratios for a compute capability (and device name: GeForce
+    parts differ); None when unknown."""
+    peaks = _peaks(cc, name)
+    if peaks is None:
+        return None
+    fp32, tf32, half = peaks[0]
+    return half / fp32, (half / tf32 if tf32 else 1.0)
+
+
+def fp64_ratios(cc: float | None, name: str | None = None) -> tuple[float, float] | None:
     """(fp64 -> fp32 SIMT, fp64 -> TF32 tensor) peak ratios for a compute capability (TF32: fp32
     where the part has none); None when unknown."""
-    if cc is None or cc < 7.0:
+    peaks = _peaks(cc, name)
+    if peaks is None:
         return None
-    fp64 = next(v for floor, v in PEAKS64 if cc >= floor)
-    fp32, tf32, _ = next(p for floor, p in PEAKS if cc >= floor)
+    (fp32, tf32, _), fp64 = peaks
     return fp32 / fp64, (tf32 or fp32) / fp64
 
 
 def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
-                      device_share: float | None, on: np.ndarray | None = None) -> dict:
+                      device_share: float | None, on: np.ndarray | None = None, name: str | None = None) -> dict:
     """`on`: a mask over the rows, the one device to measure (the busiest DataParallel replica,
-    replicas.critical_device, with device_share its busy share); None: every device."""
+    replicas.critical_device, with device_share its busy share); None: every device. `name`: the
+    device's name (GeForce parts have other peak ratios). On a part with tensor cores whose ratios
+    the table lacks the shares are measured and the speed-ups left unknown."""
     total = float(steps.duration.sum())
     lo, hi = steps.span
     kr = np.flatnonzero(k.kernel if on is None else k.kernel & on)
@@ -223,11 +265,11 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
     out["precision.nchw_norm_share"] = float(dur[t.name_mask(nchw_norm)[kr]].sum()) / total
     crit = device_weight(device_share)
-    out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc)))
-    ratios = peak_ratios(cc)
-    if ratios is None:
+    out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc, name)))
+    if cc is None or cc < 7.0:
         return out
-    fp32_r, tf32_r = ratios
+    ratios = peak_ratios(cc, name)
+    fp32_r, tf32_r = ratios or (None, None)
     wide = out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"] + out["precision.gemm_tf32_share"]
     narrow = out["precision.gemm_half_share"] + out["precision.attention_half_share"]
     follows = wide / (wide + narrow) if wide + narrow > 0 else 0.0    # memory kernels fed by fp32 GEMMs
@@ -235,8 +277,8 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
              (out["precision.gemm_tf32_share"], tf32_r)]
     shares = [s * crit for s, _ in parts] + [out["precision.memory_fp32_share"] * follows * crit]
     amp = sum(shares)
-    if amp <= 0:
-        out.update({"precision.amp_share": 0.0})
+    if amp <= 0 or ratios is None:
+        out.update({"precision.amp_share": max(amp, 0.0)})
         return out
 
     def combined(exponent: float | None, memory: float) -> float:

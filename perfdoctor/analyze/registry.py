@@ -35,6 +35,7 @@ _m("trace.platform", "str", "cuda, rocm, mtia or cpu (cpu: no device activity, a
 _m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
 _m("trace.untraced_device", "str", "The device a CPU-platform trace lists in deviceProperties though it holds no device activity and no runtime call: recorded without the device's activity (no ProfilerActivity.CUDA), so whether its ops ran there is unknown; None otherwise.")
 _m("trace.compute_capability", "version", "CUDA compute capability as major.minor, e.g. 7.0 or 8.6 (None when unknown or not CUDA).")
+_m("trace.tensor_cores", "bool", "The GPU has tensor cores: compute capability 7.0 or later, but for the Turing parts built without them (GTX 16xx, MX450/550, small Quadro T parts); None when the capability is unknown.")
 _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
 _m("trace.rank", "count", "Distributed rank from distributedInfo (None for single-process runs).")
