@@ -156,6 +156,23 @@ def test_rocm_trace_is_recognised(analyze_spec):
     assert m["gpu.kernel_busy_share"] > 0
 
 
+@pytest.mark.parametrize("device", ["rocm", "cuda"])
+def test_a_device_only_trace_is_told_rocm_by_its_kernel_names(tmp_path, device):
+    """A trace of device activity alone (no runtime calls, no deviceProperties: no HIP name, no
+    AMD device to tell): AMD's Tensile GEMM kernels (Cijk_...) say ROCm; NVIDIA's say CUDA."""
+    import json
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+    obj, _ = tg.build(tg.TraceSpec(steps=[S(kernels=6, gemm_ops=3)] * 3, device=device))
+    obj.pop("deviceProperties", None)
+    obj["traceEvents"] = [e for e in obj["traceEvents"] if e.get("cat") not in ("cuda_runtime", "runtime")]
+    names = {e["name"] for e in obj["traceEvents"] if e.get("cat") == "kernel"}
+    assert any(n.startswith("Cijk_") for n in names) == (device == "rocm"), names
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(obj))
+    assert analyze(load_trace(path)).metrics["trace.platform"] == device
+
+
 def test_kernel_statistics_and_launch_boundness(analyze_spec):
     a, truth = analyze_spec(tg.TraceSpec(steps=[S(kernels=12, kernel_us=3)] * 3))   # 3 us kernels, ~5 us launches
     m = a.metrics

@@ -119,6 +119,10 @@ def trailer(t: EventTable) -> np.ndarray:
     return (t.ph == ord("M")) | t.cat_mask("Trace")
 
 
+# kernels only AMD's libraries make: rocBLAS/hipBLASLt's Tensile GEMMs, MIOpen's kernels
+ROCM_KERNEL_RX = re.compile(r"Cijk_|MIOpen", re.I)
+
+
 def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.ndarray,
                     step_rows: np.ndarray | None = None) -> str:
     """cpu when nothing ran on a device and the steps made no runtime call (runtime calls come
@@ -140,5 +144,9 @@ def detect_platform(t: EventTable, device_rows: np.ndarray, runtime_rows: np.nda
             or str(t.meta.distributed_info.get("backend") or "").startswith("mtia")):
         return "mtia"
     if any(n.startswith("hip") for n in rt_names) or re.search(r"AMD|Radeon|Instinct", props):
+        return "rocm"
+    # neither (a trace of device activity alone, without runtime calls or device properties):
+    # AMD's libraries name their kernels as NVIDIA's never are (Tensile GEMMs, MIOpen)
+    if any(ROCM_KERNEL_RX.match(t.names[c]) for c in unique(t.name[device_rows])):
         return "rocm"
     return "cuda"
