@@ -349,6 +349,10 @@ def _stdout_gone(exc: SystemExit) -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line on stderr and a documented exit code."""
     debug = os.environ.get("PERFDOCTOR_DEBUG") == "1"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["run"], ["tune"]):
+        from perfdoctor.script_argv import module_args_to_module
+        argv = module_args_to_module(argv, typer.main.get_command(app).commands[argv[0]])
     try:
         app(args=argv, prog_name="perfdoctor", standalone_mode=True)
     except SystemExit as exc:

@@ -46,6 +46,28 @@ def launcher_words(target: Optional[list[str]], module: Optional[str],
     return target, module
 
 
+def module_args_to_module(argv: list[str], command) -> list[str]:
+    """`perfdoctor run [OPTIONS] -m MODULE ARGS`: ARGS are the module's, as with `python -m MODULE
+    ARGS` and as after a script. -m is an option of ours, so the parser went on reading options
+    after its value: `run -m mytrain --max-steps 150 -o out.pt` stopped the script at 150 steps and
+    wrote the report over the script's out.pt, and the script got no arguments. A `--` after the
+    module ends our options there (click drops it). `command`: the click command of `argv[0]`, whose
+    options say which take a value (skipped while looking for -m); the script's path ends the
+    search (everything after it is the script's already)."""
+    takes_value = {o: not (p.is_flag or p.count) for p in command.params      # typer's click: no isinstance
+                   if getattr(p, "param_type_name", "") == "option" for o in (*p.opts, *p.secondary_opts)}
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "--" or not a.startswith("-"):
+            return argv
+        if a == "-m" or a.startswith("-m") and not a.startswith("--"):
+            end = i + (2 if a == "-m" else 1)
+            return argv if end >= len(argv) or argv[end] == "--" else [*argv[:end], "--", *argv[end:]]
+        i += 2 if "=" not in a and takes_value.get(a, False) else 1
+    return argv
+
+
 def _environment(interpreter: str) -> Path:
     """The Python environment an interpreter runs: its virtual environment (pyvenv.cfg above its
     bin/: a venv's python links to the base interpreter, which another venv's links to as well),

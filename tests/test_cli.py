@@ -389,6 +389,36 @@ def test_an_own_option_after_the_script_is_told_it_goes_to_the_script(tmp_path, 
         assert f"put it before the script: perfdoctor {cmd} [OPTIONS] {script} [ARGS]" in err
 
 
+def test_the_arguments_after_a_module_are_the_modules(monkeypatch, capsys):
+    """`perfdoctor run -m mytrain --max-steps 150 --trace-steps 2 -o out.pt` (a package whose argparse
+    has options named like ours): -m is an option of ours, so the parser read on, stopped the script
+    at 150 steps, traced 2, wrote the report over out.pt and gave the module no arguments. As after
+    a script and as with `python -m`, they are the module's; ours before -m stay ours."""
+    from perfdoctor import cli, run_flow
+
+    seen = {}
+
+    def fake_run_script(cfg, report_to, *rest):
+        seen.update(cfg=cfg, output=report_to)
+        return 0
+
+    monkeypatch.setattr(run_flow, "run_script", fake_run_script)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--skip-steps", "3", "-m", "mytrain", "--max-steps", "150", "--trace-steps", "2", "-o", "out.pt"])
+    assert exc.value.code == 0
+    cfg = seen["cfg"]
+    assert cfg.argv == ["mytrain", "--max-steps", "150", "--trace-steps", "2", "-o", "out.pt"]
+    assert (cfg.module, cfg.max_steps, cfg.active, cfg.skip) == ("mytrain", None, 5, 3)
+    assert seen["output"].file is None
+    assert "--max-steps, --trace-steps after mytrain is passed to the script" in capsys.readouterr().err
+    for given, argv, steps in ((["run", "--max-steps", "7", "-mmytrain", "--lr", "1"], ["mytrain", "--lr", "1"], 7),
+                               (["run", "-o", "r.json", "-m", "mytrain", "--", "-x"], ["mytrain", "-x"], None),
+                               (["run", "-m", "mytrain"], ["mytrain"], None)):
+        with pytest.raises(SystemExit):
+            cli.main(given)
+        assert (seen["cfg"].argv, seen["cfg"].max_steps) == (argv, steps), given
+
+
 @pytest.mark.parametrize("fmt", ["terminal", "json"])
 def test_a_reader_that_goes_away_is_not_a_failure_code(trace, fmt):
     """`perfdoctor report T | head -1`: rich (terminal) and click (json) answered the closed

@@ -53,6 +53,9 @@ def test_changes_against_within_run_noise():
     assert dl["noise"].endswith(" pts (5/5 traced steps)")      # how few steps the noise rests on
     assert "breakdown.kernel" not in rows                 # unknown on both sides: not listed
     assert doc["verdict"] == {"before": "device", "after": "input", "changed": True}
+    # a CPU-only run's "device" reads as its badge does (compare showed "device", a GPU word)
+    before.doc["traces"][0]["metrics"]["trace.platform"] = after.doc["traces"][0]["metrics"]["trace.platform"] = "cpu"
+    assert compare_runs(before, after)["verdict_titles"] == {"before": "COMPUTE-BOUND (CPU)", "after": "INPUT-BOUND"}
     assert doc["findings"]["added"] == ["PD301"] and doc["findings"]["removed"] == []
 
 

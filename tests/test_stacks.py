@@ -582,6 +582,44 @@ def test_work_inside_an_every_n_steps_block_is_periodic_not_batch_preparation(tm
     assert {t["at"]: t["cause"] for t in rep.top} == {"train.py:5": "periodic", "train.py:2": "python_data"}
 
 
+def test_a_hand_written_update_is_the_optimizer_not_batch_preparation(tmp_path):
+    """`p.data -= lr * p.grad` in a loop without torch.optim is the optimizer's step written out:
+    it was python_data, and PD352 offered DataLoader workers for it (user trial: manual SGD over a
+    40-layer MLP, 10% of the step on that line)."""
+    f = tmp_path / "train.py"
+    f.write_text(textwrap.dedent("""\
+        for step in range(n):
+            x = np.tanh(table[idx])
+            loss = ((model(x) - y) ** 2).mean()
+            for p in params:
+                p.grad = None
+            loss.backward()
+            with torch.no_grad():
+                for p in params:
+                    p.data -= lr * p.grad
+                    p.add_(p.grad, alpha=-lr)
+            if (step + 1) % accum == 0:
+                w.sub_(lr * w.grad)
+            if step % 10 == 0:
+                print(sum(p.grad.norm() for p in params).item())
+                gn = p.grad.norm()
+            g = torch.autograd.grad(loss, params)
+            requires = x.requires_grad
+        """))
+    at = lambda n: ("main", str(f), n)  # noqa: E731
+    lib = lambda mod, fn: (fn, SITE + mod.replace(".", "/") + ".py", 1)  # noqa: E731
+    linecache.checkcache(str(f))
+    assert classify((at(2), lib("numpy", "tanh")))[0] == "python_data"
+    assert classify((at(5),))[0] == "optimizer"                   # the gradient reset
+    assert classify((at(9),))[0] == "optimizer"
+    assert classify((at(10),))[0] == "optimizer"
+    assert classify((at(12),))[0] == "optimizer"                  # gradient accumulation: not periodic logging
+    assert classify((at(14),))[0] == "periodic"                   # a logged grad norm stays the log line's
+    assert classify((at(15),))[0] == "periodic"                   # read, not written
+    assert classify((at(16),))[0] == "python_data"                # autograd.grad( is no update
+    assert classify((at(17),))[0] == "python_data"
+
+
 def test_a_call_from_an_every_n_steps_block_is_periodic_and_a_forward_there_is_evaluation(tmp_path):
     """The sleep inside `log_metrics()`, called under `if step % 10 == 0:`, is periodic work (it
     was "waiting": PD359 called it unexplained; user trial); a forward under such a block is an

@@ -102,6 +102,14 @@ def test_contention_tries_fewer_threads_first():
     assert trials[0].changes == {"threads": 1} and trials[0].group == "threads"
     assert [t for t in trials if "threads" in t.changes] == trials[:1]
     assert plan.rule_for({"threads": 1}, {"PD348", "PD338"}) == "PD348"
+    # PD341 (fit threads to cores) fired beside it with no gain: the trial still tests the ranked
+    # PD348 and takes its expected gain (user trial: it read "? (PD341)", PD348 "not measured")
+    from perfdoctor.tune.predict import prediction
+    fixes = {"PD348": {"kind": "fix", "ranked": True, "gain": {"expected": 1.77}},
+             "PD338": {"kind": "fix", "ranked": True, "gain": {"expected": 1.03}},
+             "PD341": {"kind": "fix", "ranked": False, "gain": {"expected": None}}}
+    assert prediction(plan.Trial({"threads": 1}, "threads"), fixes, None) == ("PD348", 1.77)
+    assert plan.rule_for({"threads": 1}, {"PD348", "PD341"}) == "PD341"     # nothing ranked: the first given
     light = facts(verdict="cpu_compute", data_wait=0.0, threads=2, contended=True, other_cores=0.3)
     assert not any("threads" in t.changes for t in plan.plan(light))
     eight = facts(cores=8, verdict="input_cpu", threads=8, contended=True, other_cores=3.2)

@@ -21,6 +21,11 @@ from functools import lru_cache
 
 DEVICE_READ = re.compile(r"\.(?:item|cpu|tolist|numpy)\(\s*\)")
 WAITING = re.compile(r"\b(?:sleep|wait|join|synchronize|barrier)\s*\(")
+# A hand-written parameter update: the line reads a gradient (`.grad`, not `autograd.grad(` or
+# `.grad_fn`) and changes a tensor in place (`p.data -= lr * p.grad`, `p.add_(p.grad, alpha=-lr)`,
+# `p.grad = None`): the optimizer's step written out, not batch preparation.
+GRAD_READ = re.compile(r"\.grad\b(?!\s*\()")
+IN_PLACE = re.compile(r"(?:[-+*/]=|\.(?:add|sub|mul|div|addcmul|addcdiv|copy|zero|lerp)_\(|\.grad\s*=\s*None)")
 
 
 def line_says(file: str, line: int, pattern: re.Pattern, source=linecache.getline) -> bool:

@@ -7,7 +7,8 @@ The causes, checked in this order on each stack:
 - logging_sync: logging, TensorBoard, wandb, mlflow... frames, or the leaf is the user's own
   line reading device values (.item(), .cpu(), .tolist(), .numpy(): the source line is read)
   outside a periodic block (below);
-- data_loader (DataLoader __next__), model (nn.Module calls), backward, optimizer;
+- data_loader (DataLoader __next__), model (nn.Module calls), backward, optimizer (torch.optim
+  frames, or the user's line is a hand-written update: it reads `.grad` and writes in place);
 - waiting: the innermost frame blocks (a selector, queue, pipe or lock: a DataLoader worker idle
   for its next index);
 - perfdoctor: our own code runs (a frame of ours with only the standard library below it; a
@@ -32,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfdoctor.analyze.sourcelines import DEVICE_READ, WAITING, in_periodic_block, line_says
+from perfdoctor.analyze.sourcelines import DEVICE_READ, GRAD_READ, IN_PLACE, WAITING, in_periodic_block, line_says
 
 _TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
 _STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
@@ -155,6 +156,13 @@ def _evaluating(frames: list[Frame], libs: list[Frame]) -> bool:
         for f in frames[marked + 1:])
 
 
+def _updates_parameters(f: Frame, source) -> bool:
+    """The user's line is a hand-written parameter update (sourcelines.GRAD_READ and IN_PLACE):
+    it reads a gradient and writes a tensor in place, with no device read (a logged grad norm)."""
+    return (line_says(f.file, f.line, GRAD_READ, source) and line_says(f.file, f.line, IN_PLACE, source)
+            and not line_says(f.file, f.line, DEVICE_READ, source))
+
+
 def _frames(stack: tuple) -> list[Frame]:
     """The stack's code frames, root first (py-spy's process and thread pseudo-frames left out)."""
     return [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
@@ -206,6 +214,8 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
         cause = "logging_sync"
     elif _evaluating(frames, libs) or periodic and _forward_not_training(frames, user, libs, lines_of):
         cause = "evaluation"    # a forward under `if step % N`: not the training step, which runs every step
+    elif not below and _updates_parameters(frames[user], source):
+        cause = "optimizer"     # a hand-written update (gradient accumulation's under `if step % N` too)
     elif periodic and not below:
         cause = "periodic"      # the script's own every-N-steps work (a log line's metric, a sleep in a log call)
     elif not below and line_says(frames[user].file, frames[user].line, DEVICE_READ, source):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, same_command, settings_diff
-from perfdoctor.report.labels import MIN_SHARE
+from perfdoctor.report.labels import MIN_SHARE, bound_title
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.speedups import speedup
 
@@ -53,6 +53,11 @@ def _ids_line(what: str, d: dict) -> str:
             + (f"; gone: {', '.join(d['removed'])}" if d["removed"] else ""))
 
 
+def _title(bound, metrics: dict):
+    """A run's verdict in its badge's words (None: unknown, shown as the bound is)."""
+    return bound_title(bound, metrics) if isinstance(bound, str) else None
+
+
 def compare_runs(b: RunData, a: RunData) -> dict:
     rows = _step_rows(b, a)
     mb, ma = b.metrics, a.metrics
@@ -75,6 +80,8 @@ def compare_runs(b: RunData, a: RunData) -> dict:
     differ, warning = command_warning([b], a, ("before", "after"))
     return {"before": b.label, "after": a.label, "rows": rows,
             "verdict": {"before": b.verdict, "after": a.verdict, "changed": b.verdict != a.verdict},
+            # as the reports' badges say it: a CPU-only run's "device" is COMPUTE-BOUND (CPU), not a GPU
+            "verdict_titles": {"before": _title(b.verdict, mb), "after": _title(a.verdict, ma)},
             "findings": {"before": fb, "after": fa, "added": [f for f in fa if f not in fb],
                          "removed": [f for f in fb if f not in fa]},
             "flags": {"before": list(b.flags), "after": list(a.flags), "added": [f for f in a.flags if f not in b.flags],
@@ -147,8 +154,9 @@ def render_compare(doc: dict, console=None) -> None:
             noise, beyond = "secondary figure", ""
         t.add_row(text(r["metric"]), value(r["before"], r["unit"]), value(r["after"], r["unit"]), change(r),
                   text(noise), beyond)
-    v = doc["verdict"]
-    t.add_row("verdict", text(v["before"]), text(v["after"]), "changed" if v["changed"] else "", "", "")
+    v, titles = doc["verdict"], doc.get("verdict_titles") or {}
+    t.add_row("verdict", text(titles.get("before") or v["before"]), text(titles.get("after") or v["after"]),
+              "changed" if v["changed"] else "", "", "")
     c.print(t)
     c.print(text(_ids_line("findings", doc["findings"])))
     g = doc.get("flags") or {}

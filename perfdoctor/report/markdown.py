@@ -108,8 +108,9 @@ def compare(doc: dict) -> str:
             beyond = "secondary figure"
         out.append(f"| {M(r['metric'])} | {value(r['before'], r['unit'])} | {value(r['after'], r['unit'])} | "
                    f"{change(r)} | {beyond} |")
-    v, f = doc["verdict"], doc["findings"]
-    out += [f"| verdict | {M(v['before'])} | {M(v['after'])} | {'changed' if v['changed'] else ''} | |", ""]
+    v, f, titles = doc["verdict"], doc["findings"], doc.get("verdict_titles") or {}
+    out += [f"| verdict | {M(titles.get('before') or v['before'])} | {M(titles.get('after') or v['after'])} | "
+            f"{'changed' if v['changed'] else ''} | |", ""]
     out.append("Fixes before: " + (M(", ".join(f["before"])) or "none") + "; after: " + (M(", ".join(f["after"])) or "none")
                + (f"; new: {M(', '.join(f['added']))}" if f["added"] else "")
                + (f"; gone: {M(', '.join(f['removed']))}" if f["removed"] else ""))

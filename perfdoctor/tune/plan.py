@@ -256,9 +256,14 @@ def _rules(key: str, value) -> tuple:
     return ("PD347",) if key == "num_workers" and value == 0 else RULES.get(key, ())
 
 
-def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None) -> str | None:
-    """The fix rule this change tests: the first of its rules that the report ranked, else the
-    first one it could have ranked (its prediction is then null). `applicable`: the rules that
-    apply on this run's device (a CPU run's compile is PD312's, not the CUDA-only PD311's)."""
+def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None,
+             ranked: set[str] | None = None) -> str | None:
+    """The fix rule this change tests: the first of its rules that the report ranked (`ranked`:
+    with a gain), else the first the report gave (`fix_ids`), else the first one it could have
+    given (its prediction is then null). `applicable`: the rules that apply on this run's device
+    (a CPU run's compile is PD312's, not the CUDA-only PD311's). A threads=1 trial on a contended
+    machine tests PD348 (~1.77x, ranked), not PD341 (fired beside it, no gain): it was credited
+    to PD341, predicted "?", and PD348 was listed as "not measured by tune"."""
     ids = [rid for k, v in changes.items() for rid in (_rules(k, v)) if applicable is None or rid in applicable]
-    return next((r for r in ids if r in fix_ids), ids[0] if ids else None)
+    return next((r for r in ids if r in (ranked or ())), None) or next((r for r in ids if r in fix_ids),
+                                                                      ids[0] if ids else None)
