@@ -134,7 +134,11 @@ def test_live_an_evaluation_every_20_steps_inside_the_window_is_taken_at_the_run
     window = m["evaluation.nograd_forward_share"]
     assert (m["loop.long_steps_every"], m["loop.long_steps_traced"]) == (20, 1), (m["loop.long_steps_every"], m["loop.long_steps_traced"], window, truth)
     assert window > truth + 0.12, (window, truth)          # 1 evaluation in 5 traced steps, 1 in 20 in the run
-    assert m["evaluation.share"] == m["evaluation.nograd_run_share"]
+    # taken at the run's rate: the larger of the trace's no-grad forward at that rate and the
+    # run's timed no-grad calls of the model, two measures of the same evaluations (a CI run had
+    # the calls' 0.381 beside the trace's 0.376), never the window's rate
+    run_rate = [x for x in (m["evaluation.nograd_run_share"], m["calls.nograd_share"]) if x is not None]
+    assert m["evaluation.nograd_run_share"] is not None and m["evaluation.share"] == max(run_rate)
     assert m["evaluation.share"] == pytest.approx(truth, abs=0.08), (m["evaluation.share"], truth)
 
 
