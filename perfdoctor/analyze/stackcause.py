@@ -9,6 +9,10 @@ The causes, checked in this order on each stack:
   outside a periodic block (below);
 - data_loader (DataLoader __next__), model (nn.Module calls), backward, optimizer (torch.optim
   frames, or the user's line is a hand-written update: it reads `.grad` and writes in place);
+- producer_wait: the user's line waits for a value another thread or process makes: a thread
+  or process pool's results (Executor.map's iterator, Future.result, as_completed, Pool.map /
+  imap), a queue's get: batches (or any results) the loop's own producers make, a wait that is
+  no DataLoader's and so no data wait in the step records;
 - waiting: the innermost frame blocks (a selector, queue, pipe or lock: a DataLoader worker idle
   for its next index);
 - perfdoctor: our own code runs (a frame of ours with only the standard library below it; a
@@ -58,7 +62,7 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
 CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
-          "waiting", "periodic", "python_data", "other")
+          "producer_wait", "waiting", "periodic", "python_data", "other")
 # An evaluation inside the training loop: anything under a function named for it (the user's
 # evaluate(), Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop), or torch's
 # no_grad / inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader
@@ -131,6 +135,27 @@ def _blocked(f: Frame) -> bool:
     """The stack's innermost frame blocks on a lock, a queue, a pipe or a selector: the thread
     waits, whatever called it."""
     return f.kind == "lib" and _in(f.module, WAIT_MODULES) and f.func.rsplit(".", 1)[-1] in WAIT_FUNCS
+
+
+# What the user's line calls to receive a value another thread or process makes (the module of
+# the first library frame below it, and that frame's function): a pool's or a future's results, a
+# queue's next item. Thread.join, sleeps and locks are waiting, not this: nothing comes back.
+PRODUCER_CALLS = {"concurrent.futures._base": ("result", "result_iterator", "as_completed", "wait",
+                                               "_result_or_cancel"),
+                  "queue": ("get",),
+                  "multiprocessing.queues": ("get",),
+                  "multiprocessing.pool": ("next", "__next__", "get", "map", "starmap", "wait")}
+
+
+def _awaits_producer(shown: list[Frame]) -> bool:
+    """The user's line calls straight into a call that returns another thread's or process's
+    result (PRODUCER_CALLS), from the loop: `for x in pool.map(load, items)`, `fut.result()`,
+    `q.get()`. perfdoctor's own frames are passed over (a DataLoader worker's idle `get` is under
+    torch's worker loop: not this)."""
+    if not shown or shown[0].kind != "lib":
+        return False
+    funcs = PRODUCER_CALLS.get(shown[0].module)
+    return bool(funcs) and shown[0].func.rsplit(".", 1)[-1] in funcs
 
 
 def _ours_running(below: list[Frame]) -> bool:
@@ -229,6 +254,8 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
     elif any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") and f.module == "torch._tensor"
              for f in libs):
         cause = "backward"
+    elif _awaits_producer(shown):
+        cause = "producer_wait"
     elif _blocked(frames[-1]):      # a DataLoader worker idle for its next index, through our iterator
         cause = "waiting"
     elif _ours_running(below):
