@@ -199,7 +199,7 @@ def _peaks(cc: float | None, name: str | None) -> tuple[tuple[float, float | Non
     model has no data for it: no tensor cores (cc < 7), the capability unknown, or past the table."""
     if cc is None or cc < 7.0:
         return None
-    if name and NO_TENSOR_CORES_RX.search(name) and cc < 8.0:
+    if not tensor_cores(cc, name):
         (fp32, tf32, half), fp64 = NO_TENSOR_CORES
         return (fp32, tf32, half), fp64 * fp32
     if name and GEFORCE_RX.search(name):
