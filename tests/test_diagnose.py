@@ -257,3 +257,33 @@ def test_a_whole_trace_step_is_not_told_as_one_step_recorded():
     assert not any("step(s) traced" in n for n in notes), notes
     conf, notes, _ = confidence("device", {**m, "steps.source": "optimizer steps"})
     assert any("only 1 step(s) traced" in n for n in notes), notes
+
+
+def test_a_loop_waiting_on_its_own_producers_is_input_bound_and_firm_when_the_wait_dwarfs_the_rest():
+    """A loop fed by its own thread pool waits in the pool's results: the trace reads that as
+    untraced host time (host-bound before PD370); the stacks' producer wait of the steady
+    steps makes it input-bound (PD370), and the margin is the steady wait's over the trace's split
+    of the rest, as for the DataLoader's steady wait (PD117)."""
+    from perfdoctor.analyze import registry
+    m = {**dict.fromkeys(registry.REGISTRY),           # every metric unknown, as a run without them
+         "share.device": 0.12, "share.input": 0.0, "share.host": 0.88, "share.communication": 0.0,
+         "breakdown.other": 0.85, "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
+         "stacks.producer_wait_share": 0.84, "stacks.steady_steps": 60, "run.data_wait_share": 0.0}
+    d = evaluate(RULES, m)
+    assert d.verdict.rule.id == "PD370" and d.verdict.rule.bound == "input"
+    assert d.fixes[0].rule.id == "PD369"
+    conf, notes, secondary = confidence("input", m)
+    # rescaled: input 0.84, the rest (0.16) split as the trace splits it: host 0.141, device 0.019
+    assert conf == 1.0 and secondary == ["host"]
+    assert notes == []           # no DataLoader wait to compare; the untraced time is the wait measured
+    # without the stacks the same trace is host-bound, and not firm: most of it is untraced host
+    # time that nothing names (with the stacks, it is the wait they measured: no cap)
+    bare = {k: None if k.startswith("stacks.") else v for k, v in m.items()}
+    assert evaluate(RULES, bare).verdict.rule.bound == "host"
+    conf, notes, _ = confidence("host", bare)
+    assert conf == 0.4 and any("most of the step is untraced host time" in n for n in notes)
+    # on a GPU only what the device spends idle of the wait counts: 30% idle is not half the step
+    gpu = {**m, "trace.platform": "cuda", "share.device": 0.7, "share.host": 0.3, "gpu.idle_share": 0.3}
+    assert evaluate(RULES, gpu).verdict.rule.id != "PD370"
+    first = next(f for f in evaluate(RULES, gpu).fixes if f.rule.id == "PD369")
+    assert first.expected == pytest.approx(1 / 0.7, rel=1e-3)            # 30% of the step gone, not 70%

@@ -433,6 +433,58 @@ def test_a_loop_waiting_on_its_thread_pool_is_measured_as_producer_wait(tmp_path
     assert top["cause"] == "producer_wait" and top["frame"].startswith("concurrent.futures._base.")
 
 
+TORCH_PRODUCER_SCRIPT = """
+import random, time
+from concurrent.futures import ThreadPoolExecutor
+import torch
+
+random.seed(0)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def load(i):                 # one loader thread: 20-40 ms of remote-read-like waiting a batch
+    time.sleep(random.uniform(0.02, 0.04))
+    return torch.randn(32, 64), torch.randint(0, 4, (32,))
+
+with ThreadPoolExecutor(max_workers=1) as pool:
+    for x, y in pool.map(load, range(10_000)):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@needs_py_spy
+def test_run_of_a_loop_fed_by_its_own_thread_pool_is_input_bound_with_the_producer_fix_first(tmp_path):
+    """`perfdoctor run` of a torch loop fed by a ThreadPoolExecutor (no DataLoader): its step
+    records count no data wait and the trace reads the wait as untraced host time; the stacks
+    measure it, so the verdict is input-bound on the loop's own producers (PD370), firm, the
+    producers' fix ranks first, and the run's line says where the wait went."""
+    pytest.importorskip("torch")
+    script = tmp_path / "pool_train.py"
+    script.write_text(textwrap.dedent(TORCH_PRODUCER_SCRIPT))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps", "120",
+                        str(script)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    if doc["stacks"] is None:
+        notes = " ".join(doc["run"]["notes"])
+        assert "ptrace" in notes, notes
+        pytest.skip("py-spy could not attach here: " + notes)
+    m = doc["traces"][0]["metrics"]
+    print(f"producer wait {m['stacks.producer_wait_share']:.3f}, data wait {m['run.data_wait_share']}, "
+          f"verdict {doc['verdict']['rule']} {doc['verdict']['confidence']}")
+    # the producer (30 ms a batch) paces a step whose own work is ~1-2 ms: most of it is the wait
+    assert m["stacks.producer_wait_share"] > 0.6 and (m["run.data_wait_share"] or 0) < 0.05
+    assert doc["verdict"]["rule"] == "PD370" and doc["verdict"]["confidence"] >= 0.75
+    assert doc["findings"][0]["id"] == "PD369"
+    said = " ".join(r.stderr.split())
+    assert f"waiting on its own producers {100 * m['stacks.producer_wait_share']:.1f}% (Python stacks)" in said
+
+
 def test_waiting_for_the_loops_own_producers_is_producer_wait():
     """The user's line receiving what its own threads or processes make (a pool's map, a future,
     a queue) is producer_wait; a join or a sleep is waiting; a DataLoader worker idle in its

@@ -11,7 +11,8 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   or more, 0.5 when other processes took half a core or more while the trainer queued for a CPU a quarter of its time,
   0.5 when long steps every N steps hold a tenth of the time or more and the trace holds none of
   them, 0.5 when the steady steps' median is twice the traced one or more (the profiler only adds
-  time: the trace saw another state of the run), and 0.4 when most of the step is untraced.
+  time: the trace saw another state of the run), and 0.4 when most of the step is untraced
+  time that the Python stacks do not name.
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
@@ -38,10 +39,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     """(confidence 0..1, notes explaining reductions, secondary causes >= 5% of the step)."""
     sh = {c: m.get(f"share.{c}") or 0.0 for c in ("device",) + CAUSES}
     cause = "input" if bound.startswith("input") else bound
-    steady = m.get("run.data_wait_share")
+    steady = _steady_wait(m)
     if cause == "input" and isinstance(steady, (int, float)) and steady >= 0.5 and steady - sh["input"] >= 0.1 \
             and sh["input"] < 1 and m.get("share.device") is not None:       # a trace to rescale
-        # the verdict is the steady steps' (PD117): their wait, and the trace's split of the rest
+        # the verdict is the steady steps' (PD117, PD370): their wait, and the trace's split of the rest
         rest = (1 - steady) / (1 - sh["input"])
         sh = {c: steady if c == "input" else v * rest for c, v in sh.items()}
     secondary = [c for c in sorted(CAUSES, key=sh.get, reverse=True) if sh[c] >= 0.05 and c != cause]
@@ -173,7 +174,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      "no runtime call: it was recorded without the device's activity (torch.profiler without "
                      "ProfilerActivity.CUDA), so whether these ops ran on it, and copied to it, is unknown; read "
                      "as a CPU-only run. Record with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
-    if (m.get("breakdown.other") or 0) > 0.5:
+    # untraced time the stacks name is evidence, not a gap: the loop's wait on its own producers and
+    # its Python data work (PD370's verdict rests on them; 84% waiting read "low confidence, 0.40")
+    named = (m.get("stacks.producer_wait_share") or 0) + (m.get("stacks.python_data_share") or 0)
+    if (m.get("breakdown.other") or 0) - named > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
                      + ("the Python stacks below name it" if m.get("stacks.steady_steps")
@@ -201,3 +205,14 @@ def _window_overweight(m: dict) -> tuple[float, float, float] | None:
     odds = (window / (1 - window)) / (run / (1 - run))
     return (window, run, odds) if odds >= 2 else None
 
+
+def _steady_wait(m: dict) -> float | None:
+    """The steady steps' wait for their batches: in DataLoader fetches (the step records), or on
+    the loop's own producers (the Python stacks; on a GPU only what the device spends idle,
+    PD370's line), whichever is larger; None when neither was measured."""
+    loader, own = m.get("run.data_wait_share"), m.get("stacks.producer_wait_share")
+    idle = m.get("gpu.idle_share")
+    if isinstance(own, (int, float)) and isinstance(idle, (int, float)):
+        own = min(own, idle)
+    waits = [w for w in (loader, own) if isinstance(w, (int, float))]
+    return max(waits) if waits else None

@@ -12,7 +12,7 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, device_text,
+from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text, device_text,
                                      from_other_traces, rank_bound, role_labels, shown_trace, source_text,
                                      uneven_detail, unranked_gain, windows_text)
 from perfdoctor.report.runcharts import run_charts
@@ -131,7 +131,7 @@ def _run(run: dict | None, m: dict) -> str:
                 + f" over {m['run.steady_steps']} steady steps"
                 + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")
                 + ("" if m.get("run.step_time_conclusive") else H(inconclusive_text(run.get("step_time_reason"))))
-                + f"; data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time")
+                + f"; {H(data_wait_text(m))}")
     return ("<h2>The run</h2><section class=\"card\">"
             f"<div><code>{H(run.get('command') or '(command unknown)')}</code></div><div class=\"dim\">{H(how)} · "
             f"exit code {H(_or_unknown(run.get('exit_code')))} · run directory <code>{H(run.get('dir'))}</code></div>"

@@ -101,6 +101,16 @@ def windows_text(m: dict) -> str:
     return f" in {n} profiler windows of one process, joined" if isinstance(n, int) and n > 1 else ""
 
 
+def data_wait_text(m: dict) -> str:
+    """'data wait 12.0% of that time' after a run's step time; with the loop's wait on its own
+    producers (the Python stacks) beside it, as the step records count DataLoader waits only (a
+    loop fed by its own thread pool read "data wait 0.0%" under an input-bound verdict)."""
+    own = m.get("stacks.producer_wait_share")
+    return (f"data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time"
+            + (f" (DataLoader); waiting on its own producers {100 * own:.1f}% (Python stacks)"
+               if isinstance(own, (int, float)) and own >= 0.005 else ""))
+
+
 def error_line(run: dict) -> str | None:
     """The script's error as one line (run.error_line: its first line, terminal codes removed; an
     older report has the whole message only)."""

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, device_text, error_line, from_other_traces, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -177,8 +177,7 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     if m.get("run.step_time_ms") is not None:
         c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
                                      run.get("step_time_reason"))
-                     + f"; median {ms(m['run.step_time_median_ms'])} ms; data wait"
-                     f" {100 * (m['run.data_wait_share'] or 0):.1f}% of that time", style="dim"))
+                     + f"; median {ms(m['run.step_time_median_ms'])} ms; {data_wait_text(m)}", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
     c.print(text(f"run directory: {run['dir']}{board}", style="dim"))
     notes = run.get("notes", [])
