@@ -1216,6 +1216,35 @@ def test_a_confirmed_trials_row_shows_both_runs_step_times_and_baselines(monkeyp
     assert "one run (no budget left to confirm it)), 80.0 ms/step. Apply:" in buf.getvalue()
 
 
+def test_a_baseline_run_several_times_is_explained_under_the_table():
+    """A noisy machine: the baseline ran again between trials and each trial is compared with the
+    run(s) beside it, so a row's "vs baseline" (62.0 ms) differs from the header's first run
+    (59.2 ms). The table says so, with every baseline run's step time; a baseline run once says nothing."""
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report import markdown
+    from perfdoctor.tune.result import render
+    tr = {"label": "threads=2", "changes": {"threads": 2}, "rule": "PD346", "predicted": 1.03, "step_time_s": 0.0611,
+          "baseline_step_time_s": [0.062], "speedup": 1.02, "ci95": [0.87, 1.19], "status": "inconclusive",
+          "reason": None, "confirm": None}
+    base = {"step_time_s": 0.0592, "ci95": [0.0583, 0.0604], "steps": 85, "verdict": "input_cpu", "repeats": []}
+    doc = {"command": "train.py", "noise": "", "trials": [tr], "best": None, "skipped_for_budget": [], "untested": [],
+           "baseline": base, "budget_s": 75, "dir": "runs", "elapsed_s": 70}
+
+    def shown(d):
+        buf = io.StringIO()
+        render(d, Console(file=buf, width=400))
+        return buf.getvalue(), markdown.tune(d)
+    for out in shown(doc):
+        assert "vs baseline:" not in out and "62.0 ms" in out and "59.2 ms" in out
+    again = {**doc, "baseline": {**base, "repeats": [{"dir": "b2", "step_time_s": 0.062}]}}
+    for out in shown(again):
+        out = out.replace("\\", "")                     # markdown escapes the brackets
+        assert "The baseline ran 2 times between the trials" in out and "59.2, 62.0 ms/step (the header's is the first)" in out
+
+
 def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeypatch, tmp_path):
     """pytorch/examples vae with --budget 120: the baseline ran twice (too few steady steps at 15 s),
     every trial was skipped for budget, and the table said only "raise --budget". With runs of

@@ -218,6 +218,20 @@ def tune_step_times(tr: dict) -> tuple[str, str]:
             cell(bases) if bases else "-")
 
 
+def tune_baselines_note(doc: dict) -> str:
+    """Under tune's table when the baseline ran more than once: each row's "vs baseline" is the
+    baseline run(s) beside that trial, not the header's first run (a trial read 62.0 ms under a
+    header of 59.2 ms, unexplained). '' for a baseline run once."""
+    b = doc["baseline"]
+    runs = [b.get("step_time_s")] + [r.get("step_time_s") for r in b.get("repeats") or []]
+    if len(runs) < 2:
+        return ""
+    times = ", ".join(s_as_ms(x, "?").removesuffix(" ms") for x in runs)
+    return (f"vs baseline: the baseline run(s) beside each trial, which its speed-up is measured against. The baseline "
+            f"ran {len(runs)} times between the trials, so that drift of the machine hits both sides alike: {times} "
+            "ms/step (the header's is the first).")
+
+
 def tune_best_step(doc: dict) -> str:
     """The best setting's step time after "best:": both runs' when a second run confirmed it, as
     its speed-up pools both (the first run alone, picked as the fastest of several, leans fast:

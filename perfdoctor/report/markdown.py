@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
-                                     from_other_traces, role_labels, shown_trace, tune_best_step, tune_no_best,
-                                     tune_predicted, tune_step_times)
+                                     from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
+                                     tune_no_best, tune_predicted, tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -138,6 +138,8 @@ def tune(doc: dict) -> str:
                    + (f"{tr['speedup']:.2f}x" if tr["speedup"] else "-") + " | "
                    + (f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-") + f" | {pred} | {M(status)} |")
     best = doc["best"]
+    if note := tune_baselines_note(doc):
+        out += ["", f"_{M(note)}_"]
     out.append("")
     if best:
         runs = "two runs" if best.get("confirmed") else "one run"

@@ -123,8 +123,8 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import (budget_hint, tune_best_step, tune_no_best, tune_predicted,
-                                         tune_step_times)
+    from perfdoctor.report.labels import (budget_hint, tune_baselines_note, tune_best_step, tune_no_best,
+                                         tune_predicted, tune_step_times)
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -149,6 +149,8 @@ def render(doc: dict, console=None) -> None:
                     f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
                     f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
     con.print(tab)
+    if note := tune_baselines_note(doc):
+        con.print(text(note, "dim"))
     if doc["skipped_for_budget"]:
         con.print(text(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
                        + f" ({budget_hint(doc)})"))
