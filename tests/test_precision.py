@@ -117,12 +117,13 @@ def _with_device(path, name, major, minor):
 
 
 @pytest.mark.parametrize("props, cc, name", [
-    ({"computeMajor": "abc", "computeMinor": 0}, None, "X"), ({"computeMajor": 13, "computeMinor": None}, None, "X"),
-    ({"computeMajor": 1e308}, None, "X"), ({"computeMajor": True, "computeMinor": 0}, None, "X"),
+    ({"computeMajor": "abc", "computeMinor": 0}, 7.0, "X"), ({"computeMajor": 13, "computeMinor": None}, 7.0, "X"),
+    ({"computeMajor": 1e308}, 7.0, "X"), ({"computeMajor": True, "computeMinor": 0}, 7.0, "X"),
     ({"computeMajor": 8, "name": 7}, 8.0, None), ({"computeMajor": 7, "computeMinor": 5, "name": ["GTX 1660"]}, 7.5, None)])
 def test_device_properties_of_any_type_never_crash_the_report(tmp_path, props, cc, name):
-    """A compute capability that is not two small integers is unknown, a name that is not a string
-    none (both raised: '13.None' was parsed as a float, an int name searched as a string)."""
+    """A compute capability that is not two small integers is unknown (then read from the kernels'
+    names: volta_sgemm is 7.x), a name that is not a string none (both raised: '13.None' was parsed
+    as a float, an int name searched as a string)."""
     path = tmp_path / "odd.json"
     _step_trace(path, [("volta_sgemm_128x64_nn", 900)])
     doc = json.loads(path.read_text())
@@ -130,6 +131,7 @@ def test_device_properties_of_any_type_never_crash_the_report(tmp_path, props, c
     path.write_text(json.dumps(doc))
     m, _ = _metrics_and_fixes(path)
     assert m["trace.compute_capability"] == cc and m["trace.device_name"] == name
+    assert m["trace.capability_from_kernels"] == (name == "X")
 
 
 def test_an_unknown_generation_gets_autocast_with_no_expected_gain(tmp_path):
@@ -413,3 +415,48 @@ def test_the_gpu_that_ran_the_kernels_sets_the_generation_not_the_first_listed(t
     assert (m["trace.device_name"], m["trace.compute_capability"], m["trace.device_memory_bytes"]) == \
         ("NVIDIA GeForce RTX 4090", 8.9, 24e9)
     assert m["precision.amp_speedup_peak"] == pytest.approx(2.0) and "mixed-precision" in fixes
+
+
+@pytest.mark.parametrize("names, floor", [
+    (["volta_sgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel<4>"], 7.0),
+    (["volta_sgemm_128x64_nt", "turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn"], 7.5),
+    (["maxwell_scudnn_128x32_relu_small_nn"], 5.0),          # also ran on Pascal: a floor, not the part
+    (["ampere_sgemm_64x32_sliced1x4_nn"], 8.0),
+    (["sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4",
+      "sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x128x32_warpgroupsize1x1x1"], 9.0),
+    (["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"], 9.0),
+    (["nvjet_sm100_ootst_128x128"], 10.0),
+    (["cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4"], 8.0),
+    (["fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
+      "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)"], 8.0),
+    (["sm_86_something"], 8.6),
+    # names that say nothing of the architecture (or look like it and are not)
+    (["void at::native::elementwise_kernel<128, 4>", "smem_transpose", "asm100_kernel", "cudnn_sm12",
+      "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>",
+      "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"], None),
+    ([], None),
+])
+def test_the_capability_a_traces_kernels_were_built_for(names, floor):
+    from perfdoctor.analyze.archnames import capability_floor
+    assert capability_floor(names) == floor
+
+
+def test_kernels_never_claim_more_than_the_gpu_the_trace_names(shared_traces):
+    """On every corpus trace that names an NVIDIA GPU, the floor read from its kernels' names is at
+    most that GPU's capability (a floor, not the part: the H100 alloc run's GEMMs are all sm80_)."""
+    import gzip
+
+    from perfdoctor.analyze.archnames import capability_floor
+    checked = 0
+    for p in sorted(shared_traces.rglob("*.json.gz")):
+        doc = json.load(gzip.open(p, "rt"))
+        props = doc.get("deviceProperties") if isinstance(doc, dict) else None
+        if not props or "NVIDIA" not in str(props[0].get("name")) and "Tesla" not in str(props[0].get("name")):
+            continue
+        cc = float(f"{props[0]['computeMajor']}.{props[0]['computeMinor']}")
+        floor = capability_floor({e.get("name") for e in doc["traceEvents"]
+                                  if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"})
+        if floor is not None:
+            assert floor <= cc, (p, floor, cc)
+            checked += 1
+    assert checked >= 8

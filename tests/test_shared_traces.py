@@ -88,7 +88,16 @@ def test_2021_format_traces(shared_traces):
     assert m0["gpu.kernel_busy_share"] == pytest.approx(0.678, abs=0.03)
     assert m4["input.data_wait_share"] < 0.01
     assert m4["gpu.kernel_busy_share"] == pytest.approx(0.836, abs=0.03)
-    assert m0["trace.compute_capability"] is None   # no deviceProperties in 2021 traces
+    # no deviceProperties in 2021 traces: the capability is the floor its volta_ kernels need, the
+    # part unknown; mixed precision is offered on the fp32 SIMT GEMMs with a ceiling and no
+    # expected gain (the same ResNet-50 on the V100 that resnet50_num_workers_0 names)
+    doc = report(shared_traces, "tb_plugin/profiler_api_num_workers_0/worker0.pt.trace.json.gz")
+    assert m0["trace.compute_capability"] == 7.0 and m0["trace.capability_from_kernels"] is True
+    assert m0["trace.device_name"] is None and m0["trace.tensor_cores"] is None
+    from perfdoctor.report.labels import device_text
+    assert device_text(m0) == "device unknown (compute capability 7.0 or later, from its kernels' names)"
+    amp = next(f for f in doc["findings"] if f["slug"] == "mixed-precision")
+    assert amp["gain"]["expected"] is None and amp["gain"]["ceiling"] > 1.5
 
 
 def test_df_index_resolver_memory_events(shared_traces):

@@ -22,7 +22,9 @@ from perfdoctor.analyze.loaderops import loader_op_metrics
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
-from perfdoctor.analyze.precision import precision_metrics, tensor_cores
+from perfdoctor.analyze.archnames import capability_floor
+from perfdoctor.analyze.devicetime import TENSOR_CORE_CLASSES
+from perfdoctor.analyze.precision import kernel_class, precision_metrics, tensor_cores
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
 from perfdoctor.analyze.sampleloop import sample_loop_metrics
@@ -91,7 +93,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(attention_metrics(t, k, steps, on))
     m.update(verdict_shares(m))
     crit = m["share.device"] if on is None else on_share
-    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on, m["trace.device_name"])
+    m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on, m["trace.device_name"],
+                               ratios_known=not m["trace.capability_from_kernels"])
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, crit, on) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, crit, on))
@@ -134,10 +137,17 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
     dev = _device_of_the_kernels(t, k) if k.platform != "cpu" else {}
     cc = _compute_capability(dev) if k.platform == "cuda" else None
     name = dev.get("name") if isinstance(dev.get("name"), str) else None
+    cores, floor = tensor_cores(cc, name), None
+    if k.platform == "cuda" and cc is None:     # no GPU named: what its kernels were built for
+        kernels = [t.names[c] for c in unique(t.name[k.kernel])]
+        cc = floor = capability_floor(kernels)
+        # a floor of 7.x may be a Turing part without tensor cores: only its kernels can say
+        cores = True if any(kernel_class(n) in TENSOR_CORE_CLASSES for n in kernels) else None
     info = t.meta.distributed_info
     return {"trace.events": len(t), "trace.platform": k.platform,
             "trace.device_name": name, "trace.compute_capability": cc,
-            "trace.tensor_cores": tensor_cores(cc, name),
+            "trace.capability_from_kernels": (floor is not None) if k.platform == "cuda" else None,
+            "trace.tensor_cores": cores,
             "trace.untraced_device": _untraced_device(t, k),
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,

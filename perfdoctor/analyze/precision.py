@@ -240,11 +240,13 @@ def fp64_ratios(cc: float | None, name: str | None = None) -> tuple[float, float
 
 
 def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
-                      device_share: float | None, on: np.ndarray | None = None, name: str | None = None) -> dict:
+                      device_share: float | None, on: np.ndarray | None = None, name: str | None = None,
+                      ratios_known: bool = True) -> dict:
     """`on`: a mask over the rows, the one device to measure (the busiest DataParallel replica,
     replicas.critical_device, with device_share its busy share); None: every device. `name`: the
     device's name (GeForce parts have other peak ratios). On a part with tensor cores whose ratios
-    the table lacks the shares are measured and the speed-ups left unknown."""
+    the table lacks the shares are measured and the speed-ups left unknown, as where `cc` is only
+    a floor read from kernel names (ratios_known False: the part is unknown)."""
     total = float(steps.duration.sum())
     lo, hi = steps.span
     kr = np.flatnonzero(k.kernel if on is None else k.kernel & on)
@@ -265,10 +267,10 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
     out["precision.nchw_norm_share"] = float(dur[t.name_mask(nchw_norm)[kr]].sum()) / total
     crit = device_weight(device_share)
-    out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc, name)))
+    out.update(_fp64(out["precision.gemm_fp64_share"] * crit, fp64_ratios(cc, name) if ratios_known else None))
     if cc is None or cc < 7.0:
         return out
-    ratios = peak_ratios(cc, name)
+    ratios = peak_ratios(cc, name) if ratios_known else None
     fp32_r, tf32_r = ratios or (None, None)
     wide = out["precision.gemm_fp32_share"] + out["precision.attention_fp32_share"] + out["precision.gemm_tf32_share"]
     narrow = out["precision.gemm_half_share"] + out["precision.attention_half_share"]

@@ -39,6 +39,9 @@ def device_text(m: dict) -> str:
         return str(m["trace.device_name"])
     if m.get("trace.untraced_device"):
         return f"CPU ops traced, {m['trace.untraced_device']} activity not recorded"
+    cc = m.get("trace.compute_capability")
+    if m.get("trace.capability_from_kernels") and isinstance(cc, (int, float)):
+        return f"device unknown (compute capability {cc:.1f} or later, from its kernels' names)"
     return {"cpu": "CPU only", "mtia": "MTIA"}.get(m.get("trace.platform"), "device unknown")
 
 
