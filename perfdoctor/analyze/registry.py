@@ -35,7 +35,7 @@ _m("trace.platform", "str", "cuda, rocm, mtia or cpu (cpu: no device activity, a
 _m("trace.device_name", "str", "Device model from deviceProperties (None when not recorded).")
 _m("trace.untraced_device", "str", "The device a CPU-platform trace lists in deviceProperties though it holds no device activity and no runtime call: recorded without the device's activity (no ProfilerActivity.CUDA), so whether its ops ran there is unknown; None otherwise.")
 _m("trace.compute_capability", "version", "CUDA compute capability as major.minor, e.g. 7.0 or 8.6, from deviceProperties; where the trace has none, the lowest capability its kernels were built for (volta_sgemm_...: 7.0; sm80_xmma_...: 8.0; trace.capability_from_kernels). None when unknown or not CUDA.")
-_m("trace.capability_from_kernels", "bool", "trace.compute_capability is a floor read from the kernels' names (the trace names no GPU): the part, and so its peak throughput ratios, unknown. None when not CUDA or nothing says.")
+_m("trace.capability_from_kernels", "bool", "trace.compute_capability is a floor read from the kernels' names (the trace names no GPU): the part, and so its peak throughput ratios, unknown. False where deviceProperties give it or nothing does; None when not CUDA.")
 _m("trace.tensor_cores", "bool", "The GPU has tensor cores: compute capability 7.0 or later, but for the Turing parts built without them (GTX 16xx, MX450/550, small Quadro T parts); None when the capability is unknown or only a floor read from kernel names (the part might be one of those) that no tensor-core kernel in the trace confirms.")
 _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
