@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from perfdoctor.report import svg
 from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows,
-                                     cause_text, data_wait_text, device_text, from_other_traces, rank_bound, role_labels, shown_trace, source_text,
-                                     uneven_detail, unranked_gain, windows_text)
+                                     cause_text, data_wait_text, device_text, from_other_traces, rank_bound,
+                                     role_labels, shown_trace, source_text, uneven_detail, unranked_gain,
+                                     windows_text)
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
