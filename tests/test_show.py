@@ -103,6 +103,36 @@ def test_html_cuts_a_100_kb_name_and_keeps_its_start(tmp_path):
     assert '<span title="void kernel&lt;LLL' in page and "L…</span>" in page
 
 
+def _points(svg_part: str, title: str) -> list[tuple[float, float]]:
+    pts = re.search(r'<polyline points="([^"]+)"[^>]*><title>' + title, svg_part).group(1)
+    return [tuple(map(float, p.split(","))) for p in pts.split()]
+
+
+def test_device_memory_is_a_step_line_held_until_the_next_event(trace, tmp_path):
+    """The allocator's counters change at events only: a line between two events 100 ms apart
+    had drawn an empty_cache's drop of 6 GiB as a slope over those 100 ms (H100 `alloc`)."""
+    from perfdoctor.report import svg
+    gib = 2 ** 30
+    pic = svg.memory_lines({"t_ms": [0.0, 10.0, 110.0, 120.0], "reserved_bytes": [2 * gib, 7 * gib, 1 * gib, 1 * gib],
+                            "allocated_bytes": [1 * gib, 6 * gib, 0.5 * gib, 0.5 * gib]})
+    res = _points(pic, "reserved")
+    top = min(y for _, y in res)                        # 7 GiB, the highest point
+    x10, x110 = sorted({x for x, _ in res})[1:3]
+    # 7 GiB holds from the event at 10 ms up to the one at 110 ms, and drops there, straight down
+    assert (x10, top) in res and (x110, top) in res
+    i = res.index((x110, top))
+    assert res[i + 1][0] == x110 and res[i + 1][1] > top
+    assert all(a[0] == b[0] or a[1] == b[1] for a, b in zip(res, res[1:]))
+    # on a real trace's memory events too: every segment is flat or vertical
+    page = _html(trace, tmp_path)
+    mem = page.split('aria-label="device memory over time"')[1].split("</svg>")[0]
+    for title in ("reserved", "allocated"):
+        pts = _points(mem, title)
+        assert len(pts) >= 3
+        assert all(a[0] == b[0] or a[1] == b[1] for a, b in zip(pts, pts[1:])), title
+        assert [x for x, _ in pts] == sorted(x for x, _ in pts)
+
+
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
         if shutil.which(name):
