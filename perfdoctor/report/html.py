@@ -12,9 +12,10 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text, device_text,
+from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text, device_text,
                                      from_other_traces, rank_bound, role_labels, shown_trace, source_text,
-                                     uneven_detail, unranked_gain, windows_text)
+                                     unranked_gain, windows_text)
+from perfdoctor.report.ranks_view import rank_notes, rank_title
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
@@ -175,28 +176,31 @@ def _ranks(doc: dict) -> str:
     if sec:
         per = sec.get("per_rank") or []
         span = max((r.get("step_time_ms") or 0 for r in per), default=0) or 1.0
+        hosts = len({r.get("host") for r in per}) > 1
         rows = []
         for r in per:
             own, wait = r.get("busy_ms") or 0.0, r.get("collective_wait_ms") or 0.0
             bar = (f"<svg viewBox=\"0 0 200 12\" width=\"200\" height=\"12\"><rect width=\"{200 * own / span:.1f}\" height=\"12\" "
                    f"fill=\"#2e8b57\"><title>own work {own:.1f} ms</title></rect><rect x=\"{200 * own / span:.1f}\" "
                    f"width=\"{200 * wait / span:.1f}\" height=\"12\" fill=\"#8e5bb5\"><title>wait {wait:.1f} ms</title></rect></svg>")
-            dw = r.get("data_wait_share")
+            dw, ws = r.get("data_wait_share"), r.get("collective_wait_share")
             star = "*" if r.get("rank") == sec.get("slowest_rank") and sec.get("wait_cause") == "straggler" else ""
-            rows.append(f"<tr><td>{H(r.get('rank'))}{star}</td><td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
-                        f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}</td>"
-                        f"<td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
+            rows.append(f"<tr><td>{H(r.get('rank'))}{star}</td>" + (f"<td>{H(r.get('host') or '-')}</td>" if hosts else "")
+                        + f"<td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
+                        f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}"
+                        + (f" <span class=\"dim\">{100 * ws:.0f}%</span>" if ws is not None and r.get("collective_wait_ms") is not None else "")
+                        + f"</td><td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
                         f"<td class=\"num\">{'-' if dw is None else f'{100 * dw:.0f}%'}</td>"
                         f"<td>{bar}</td><td>{H(rank_bound(r))}</td><td class=\"num\">{H(_or_unknown(r.get('exit_code')))}</td></tr>")
-        cause = (sec.get("metrics") or {}).get("ranks.wait_cause")
-        out.append(f"<h2>Across {H(sec.get('count'))} ranks</h2><section class=\"card\"><table><tr><th>rank</th>"
-                   "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
+        notes = "".join(f"<p class=\"{'dim small' if dim else 'dim'}\">{H(line.strip())}</p>" for line, dim in rank_notes(sec))
+        out.append(f"<h2>{H(rank_title(sec))}</h2><section class=\"card\"><div class=\"legend\">"
+                   "<span class=\"key\"><i style=\"background:#2e8b57\"></i>own work (step - wait)</span>"
+                   "<span class=\"key\"><i style=\"background:#8e5bb5\"></i>wait (exposed collective time per step)</span>"
+                   "</div><table><tr><th>rank</th>" + ("<th>host</th>" if hosts else "")
+                   + "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
                    "<th class=\"num\">for slower</th><th class=\"num\">data wait</th>"
                    f"<th>own work / wait</th><th>verdict</th><th class=\"num\">exit</th></tr>{''.join(rows)}</table>"
-                   + (f"<p class=\"dim\">the wait is {H(WAIT_CAUSE.get(cause, cause))}"
-                      + (f" (*): rank {H(sec.get('slowest_rank'))}" if cause == "straggler" else "")
-                      + H(uneven_detail(sec.get("metrics") or {})) + "</p>"
-                      if cause else "") + "</section>")
+                   + notes + "</section>")
     return "".join(out)
 
 
