@@ -103,6 +103,54 @@ def test_html_cuts_a_100_kb_name_and_keeps_its_start(tmp_path):
     assert '<span title="void kernel&lt;LLL' in page and "L…</span>" in page
 
 
+def _bars(card: str) -> dict[str, float]:
+    """A fix card's gain bar: {'expected'|'ceiling'|'measured': width in %}."""
+    return {m.group(2): float(m.group(1))
+            for m in re.finditer(r'<i style="width:([0-9.]+)%[^"]*" title="(expected|ceiling|measured)', card)}
+
+
+def _cards(page: str) -> list[str]:
+    return page.split('<section class="card fix">')[1:]
+
+
+def test_gain_bar_is_the_share_of_step_time_removed_on_one_scale(trace, tmp_path):
+    """The bar had been stretched from 1x to the largest gain of the report: a fix listed alone
+    filled it whatever its gain (1.48x drew as a full bar), and H100 `launch`'s first fix (1.89x)
+    drew as a 7% sliver beside the second's 13x ceiling. Its length is now 1 - 1/speed-up."""
+    from perfdoctor.report import html
+    out = tmp_path / "r.json"
+    assert cli("report", trace, "--format", "json", "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    ranked = [f for f in doc["findings"] if f["ranked"] and (f.get("gain") or {}).get("expected")]
+    assert ranked, "the input-bound trace has a fix with an expected gain"
+    page = html.render(doc)
+    for f, card in zip([f for f in doc["findings"] if f["ranked"]], _cards(page)):
+        g, bars = f["gain"], _bars(card)
+        if g.get("expected"):
+            assert bars["expected"] == pytest.approx(100 * (1 - 1 / g["expected"]), abs=0.06)
+        if g.get("ceiling"):
+            assert bars["ceiling"] == pytest.approx(100 * (1 - 1 / g["ceiling"]), abs=0.06)
+            assert bars["ceiling"] >= bars.get("expected", 0) and bars["ceiling"] < 100
+    # one fix alone draws the same bar as among the others: the scale is not the report's largest gain
+    alone = html.render({**doc, "findings": [ranked[0]]})
+    assert _bars(_cards(alone)[0]) == _bars(_cards(page)[[f for f in doc["findings"] if f["ranked"]].index(ranked[0])])
+    # a measured slowdown is a mark at the start, not a negative width
+    tune = {"trials": [{"rule": ranked[0]["id"], "speedup": 0.8, "status": "ok", "label": "x"}]}
+    assert _bars(_cards(html.render(doc, tune))[0])["measured"] == 0.0
+
+
+def test_gain_bars_of_the_h100_launch_run_keep_the_first_fix_visible(shared_traces, tmp_path):
+    from perfdoctor.report import html
+    out = tmp_path / "launch.json"
+    assert cli("report", shared_traces / "h100" / "launch", "--format", "json", "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    ranked = [f for f in doc["findings"] if f["ranked"]]
+    gains = [f["gain"]["expected"] for f in ranked[:2]]
+    assert gains[0] > gains[1] and max(f["gain"]["ceiling"] for f in ranked) > 5     # 1.89x, then 1.47x of 13x
+    first, second = (_bars(c) for c in _cards(html.render(doc))[:2])
+    assert first["expected"] > second["expected"] and first["expected"] > 40          # was 7% of the bar
+
+
 def _points(svg_part: str, title: str) -> list[tuple[float, float]]:
     pts = re.search(r'<polyline points="([^"]+)"[^>]*><title>' + title, svg_part).group(1)
     return [tuple(map(float, p.split(","))) for p in pts.split()]

@@ -262,19 +262,30 @@ def measured_by_rule(tune: dict | None) -> dict[str, dict]:
     return out
 
 
-def _gain_bar(g: dict, measured: dict | None, top: float) -> str:
-    """Expected gain (dark) inside its ceiling (light), measured gain (a mark): one scale for
-    every fix of the report, from 1x to the largest of them."""
+def saved_share(speedup: float) -> float:
+    """The share of the step time a speed-up removes, 1 - 1/speedup (0 for none or a slowdown): the
+    gain bar's scale, the same for every report, so 2x fills half the bar whatever else is listed."""
+    return max(0.0, 1.0 - 1.0 / speedup) if speedup and speedup > 0 else 0.0
+
+
+def _gain_bar(g: dict, measured: dict | None) -> str:
+    """Expected gain (dark) inside its ceiling (light), measured gain (a mark), as the share of the
+    step time each removes (saved_share): a fixed scale, not one stretched to the largest ceiling
+    of the report, where a 1.5x fix listed alone filled the bar and a 1.9x fix beside a 13x
+    ceiling drew as a sliver."""
     ceil = g.get("ceiling") or 0.0
     exp = g.get("expected")
-    if top <= 1.0:
+    if not ceil and not exp and not measured:
         return ""
-    scale = (lambda x: 100 * (x - 1) / (top - 1))
-    parts = [f"<i style=\"width:{scale(ceil):.1f}%;background:#cfe8d9\" title=\"ceiling {ceil:.2f}x\"></i>"]
+    parts = []
+    if ceil:
+        parts.append(f"<i style=\"width:{100 * saved_share(ceil):.1f}%;background:#cfe8d9\" "
+                     f"title=\"ceiling {ceil:.2f}x: {100 * saved_share(ceil):.0f}% of the step time\"></i>")
     if exp:
-        parts.append(f"<i style=\"width:{scale(exp):.1f}%;background:#2e8b57\" title=\"expected {exp:.2f}x\"></i>")
+        parts.append(f"<i style=\"width:{100 * saved_share(exp):.1f}%;background:#2e8b57\" "
+                     f"title=\"expected {exp:.2f}x: {100 * saved_share(exp):.0f}% of the step time\"></i>")
     if measured:
-        parts.append(f"<i style=\"width:{scale(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
+        parts.append(f"<i style=\"width:{100 * saved_share(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
                      f"border-radius:0\" title=\"measured {measured['speedup']:.2f}x\"></i>")
     return f"<div class=\"gbar\">{''.join(parts)}</div>"
 
@@ -289,8 +300,6 @@ def _fixes(doc: dict, tune: dict | None) -> str:
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
     measured = measured_by_rule(tune)
-    top = max([1.0] + [x for f in ranked for x in ((f.get("gain") or {}).get("ceiling"), (f.get("gain") or {}).get("expected"),
-                                                (measured.get(f["id"]) or {}).get("speedup")) if x])
     cards = []
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}
@@ -303,13 +312,14 @@ def _fixes(doc: dict, tune: dict | None) -> str:
         snippet = f["fix"].get("snippet")
         cards.append(
             f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{_from(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
-            + _gain_bar(g, meas, top) + mtxt
+            + _gain_bar(g, meas) + mtxt
             + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
             + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
             + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
             + f"<div class=\"dim small\">{H(f['id'])} · {H(_cite(f.get('source') or {}))}</div></section>")
     head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
-            "exceeds its ceiling (light bar: the Amdahl bound on the measured share)"
+            "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
+            "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
             + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
