@@ -532,3 +532,32 @@ def test_ctrl_c_on_a_multi_rank_run_exits_130(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-3000:]
     assert json.loads((out / "ranks.json").read_text())["forwarded_signals"] == [signal.SIGINT]
+
+
+def test_the_html_rank_section_says_what_the_terminal_says(shared_traces, tmp_path):
+    """Two sampled ranks of a 128-rank job: the HTML had said 'Across 2 ranks', without the job's
+    size, each rank's wait share, the line on what every rank pays, or what the bar's colours are."""
+    from perfdoctor.report import html
+    from perfdoctor.report.ranks_view import rank_notes
+    src = shared_traces / "hta" / "trace_filter"
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(src), "--format", "json", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    sec = doc["ranks"]
+    assert (sec["count"], sec["world_size"]) == (2, 128)
+    page = html.render(doc)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(src)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "COLUMNS": "300"})
+    term = " ".join((r.stdout + r.stderr).split())
+    assert "Across 2 rank(s) of 128" in term and "<h2>Across 2 rank(s) of 128</h2>" in page
+    for rank in sec["per_rank"]:            # 168.0 ms 27%, as the terminal's "168.0 27%"
+        share = f"{100 * rank['collective_wait_share']:.0f}%"
+        assert f"{rank['collective_wait_ms']:.1f} {share}" in term
+        assert f"{rank['collective_wait_ms']:.1f} ms <span class=\"dim\">{share}</span>" in page
+    notes = rank_notes(sec)
+    assert len(notes) == 2 and "every rank waits at least 24% of the step" in notes[1][0]
+    for line, _ in notes:
+        assert " ".join(line.split()) in term and line.strip() in page
+    assert "own work (step - wait)</span>" in page and "wait (exposed collective time per step)</span>" in page

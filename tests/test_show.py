@@ -103,6 +103,84 @@ def test_html_cuts_a_100_kb_name_and_keeps_its_start(tmp_path):
     assert '<span title="void kernel&lt;LLL' in page and "L…</span>" in page
 
 
+def _bars(card: str) -> dict[str, float]:
+    """A fix card's gain bar: {'expected'|'ceiling'|'measured': width in %}."""
+    return {m.group(2): float(m.group(1))
+            for m in re.finditer(r'<i style="width:([0-9.]+)%[^"]*" title="(expected|ceiling|measured)', card)}
+
+
+def _cards(page: str) -> list[str]:
+    return page.split('<section class="card fix">')[1:]
+
+
+def test_gain_bar_is_the_share_of_step_time_removed_on_one_scale(trace, tmp_path):
+    """The bar had been stretched from 1x to the largest gain of the report: a fix listed alone
+    filled it whatever its gain (1.48x drew as a full bar), and H100 `launch`'s first fix (1.89x)
+    drew as a 7% sliver beside the second's 13x ceiling. Its length is now 1 - 1/speed-up."""
+    from perfdoctor.report import html
+    out = tmp_path / "r.json"
+    assert cli("report", trace, "--format", "json", "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    ranked = [f for f in doc["findings"] if f["ranked"] and (f.get("gain") or {}).get("expected")]
+    assert ranked, "the input-bound trace has a fix with an expected gain"
+    page = html.render(doc)
+    for f, card in zip([f for f in doc["findings"] if f["ranked"]], _cards(page)):
+        g, bars = f["gain"], _bars(card)
+        if g.get("expected"):
+            assert bars["expected"] == pytest.approx(100 * (1 - 1 / g["expected"]), abs=0.06)
+        if g.get("ceiling"):
+            assert bars["ceiling"] == pytest.approx(100 * (1 - 1 / g["ceiling"]), abs=0.06)
+            assert bars["ceiling"] >= bars.get("expected", 0) and bars["ceiling"] < 100
+    # one fix alone draws the same bar as among the others: the scale is not the report's largest gain
+    alone = html.render({**doc, "findings": [ranked[0]]})
+    assert _bars(_cards(alone)[0]) == _bars(_cards(page)[[f for f in doc["findings"] if f["ranked"]].index(ranked[0])])
+    # a measured slowdown is a mark at the start, not a negative width
+    tune = {"trials": [{"rule": ranked[0]["id"], "speedup": 0.8, "status": "ok", "label": "x"}]}
+    assert _bars(_cards(html.render(doc, tune))[0])["measured"] == 0.0
+
+
+def test_gain_bars_of_the_h100_launch_run_keep_the_first_fix_visible(shared_traces, tmp_path):
+    from perfdoctor.report import html
+    out = tmp_path / "launch.json"
+    assert cli("report", shared_traces / "h100" / "launch", "--format", "json", "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    ranked = [f for f in doc["findings"] if f["ranked"]]
+    gains = [f["gain"]["expected"] for f in ranked[:2]]
+    assert gains[0] > gains[1] and max(f["gain"]["ceiling"] for f in ranked) > 5     # 1.89x, then 1.47x of 13x
+    first, second = (_bars(c) for c in _cards(html.render(doc))[:2])
+    assert first["expected"] > second["expected"] and first["expected"] > 40          # was 7% of the bar
+
+
+def _points(svg_part: str, title: str) -> list[tuple[float, float]]:
+    pts = re.search(r'<polyline points="([^"]+)"[^>]*><title>' + title, svg_part).group(1)
+    return [tuple(map(float, p.split(","))) for p in pts.split()]
+
+
+def test_device_memory_is_a_step_line_held_until_the_next_event(trace, tmp_path):
+    """The allocator's counters change at events only: a line between two events 100 ms apart
+    had drawn an empty_cache's drop of 6 GiB as a slope over those 100 ms (H100 `alloc`)."""
+    from perfdoctor.report import svg
+    gib = 2 ** 30
+    pic = svg.memory_lines({"t_ms": [0.0, 10.0, 110.0, 120.0], "reserved_bytes": [2 * gib, 7 * gib, 1 * gib, 1 * gib],
+                            "allocated_bytes": [1 * gib, 6 * gib, 0.5 * gib, 0.5 * gib]})
+    res = _points(pic, "reserved")
+    top = min(y for _, y in res)                        # 7 GiB, the highest point
+    x10, x110 = sorted({x for x, _ in res})[1:3]
+    # 7 GiB holds from the event at 10 ms up to the one at 110 ms, and drops there, straight down
+    assert (x10, top) in res and (x110, top) in res
+    i = res.index((x110, top))
+    assert res[i + 1][0] == x110 and res[i + 1][1] > top
+    assert all(a[0] == b[0] or a[1] == b[1] for a, b in zip(res, res[1:]))
+    # on a real trace's memory events too: every segment is flat or vertical
+    page = _html(trace, tmp_path)
+    mem = page.split('aria-label="device memory over time"')[1].split("</svg>")[0]
+    for title in ("reserved", "allocated"):
+        pts = _points(mem, title)
+        assert len(pts) >= 3
+        assert all(a[0] == b[0] or a[1] == b[1] for a, b in zip(pts, pts[1:])), title
+        assert [x for x, _ in pts] == sorted(x for x, _ in pts)
+
+
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
         if shutil.which(name):

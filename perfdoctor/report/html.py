@@ -12,10 +12,10 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import (OUTCOME, WAIT_CAUSE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows,
-                                     cause_text, data_wait_text, device_text, from_other_traces, rank_bound,
-                                     role_labels, shown_trace, source_text, uneven_detail, unranked_gain,
-                                     windows_text)
+from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text,
+                                     data_wait_text, device_text, from_other_traces, rank_bound, role_labels,
+                                     shown_trace, source_text, unranked_gain, windows_text)
+from perfdoctor.report.ranks_view import rank_notes, rank_title
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
@@ -176,28 +176,31 @@ def _ranks(doc: dict) -> str:
     if sec:
         per = sec.get("per_rank") or []
         span = max((r.get("step_time_ms") or 0 for r in per), default=0) or 1.0
+        hosts = len({r.get("host") for r in per}) > 1
         rows = []
         for r in per:
             own, wait = r.get("busy_ms") or 0.0, r.get("collective_wait_ms") or 0.0
             bar = (f"<svg viewBox=\"0 0 200 12\" width=\"200\" height=\"12\"><rect width=\"{200 * own / span:.1f}\" height=\"12\" "
                    f"fill=\"#2e8b57\"><title>own work {own:.1f} ms</title></rect><rect x=\"{200 * own / span:.1f}\" "
                    f"width=\"{200 * wait / span:.1f}\" height=\"12\" fill=\"#8e5bb5\"><title>wait {wait:.1f} ms</title></rect></svg>")
-            dw = r.get("data_wait_share")
+            dw, ws = r.get("data_wait_share"), r.get("collective_wait_share")
             star = "*" if r.get("rank") == sec.get("slowest_rank") and sec.get("wait_cause") == "straggler" else ""
-            rows.append(f"<tr><td>{H(r.get('rank'))}{star}</td><td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
-                        f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}</td>"
-                        f"<td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
+            rows.append(f"<tr><td>{H(r.get('rank'))}{star}</td>" + (f"<td>{H(r.get('host') or '-')}</td>" if hosts else "")
+                        + f"<td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
+                        f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}"
+                        + (f" <span class=\"dim\">{100 * ws:.0f}%</span>" if ws is not None and r.get("collective_wait_ms") is not None else "")
+                        + f"</td><td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
                         f"<td class=\"num\">{'-' if dw is None else f'{100 * dw:.0f}%'}</td>"
                         f"<td>{bar}</td><td>{H(rank_bound(r))}</td><td class=\"num\">{H(_or_unknown(r.get('exit_code')))}</td></tr>")
-        cause = (sec.get("metrics") or {}).get("ranks.wait_cause")
-        out.append(f"<h2>Across {H(sec.get('count'))} ranks</h2><section class=\"card\"><table><tr><th>rank</th>"
-                   "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
+        notes = "".join(f"<p class=\"{'dim small' if dim else 'dim'}\">{H(line.strip())}</p>" for line, dim in rank_notes(sec))
+        out.append(f"<h2>{H(rank_title(sec))}</h2><section class=\"card\"><div class=\"legend\">"
+                   "<span class=\"key\"><i style=\"background:#2e8b57\"></i>own work (step - wait)</span>"
+                   "<span class=\"key\"><i style=\"background:#8e5bb5\"></i>wait (exposed collective time per step)</span>"
+                   "</div><table><tr><th>rank</th>" + ("<th>host</th>" if hosts else "")
+                   + "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
                    "<th class=\"num\">for slower</th><th class=\"num\">data wait</th>"
                    f"<th>own work / wait</th><th>verdict</th><th class=\"num\">exit</th></tr>{''.join(rows)}</table>"
-                   + (f"<p class=\"dim\">the wait is {H(WAIT_CAUSE.get(cause, cause))}"
-                      + (f" (*): rank {H(sec.get('slowest_rank'))}" if cause == "straggler" else "")
-                      + H(uneven_detail(sec.get("metrics") or {})) + "</p>"
-                      if cause else "") + "</section>")
+                   + notes + "</section>")
     return "".join(out)
 
 
@@ -259,19 +262,30 @@ def measured_by_rule(tune: dict | None) -> dict[str, dict]:
     return out
 
 
-def _gain_bar(g: dict, measured: dict | None, top: float) -> str:
-    """Expected gain (dark) inside its ceiling (light), measured gain (a mark): one scale for
-    every fix of the report, from 1x to the largest of them."""
+def saved_share(speedup: float) -> float:
+    """The share of the step time a speed-up removes, 1 - 1/speedup (0 for none or a slowdown): the
+    gain bar's scale, the same for every report, so 2x fills half the bar whatever else is listed."""
+    return max(0.0, 1.0 - 1.0 / speedup) if speedup and speedup > 0 else 0.0
+
+
+def _gain_bar(g: dict, measured: dict | None) -> str:
+    """Expected gain (dark) inside its ceiling (light), measured gain (a mark), as the share of the
+    step time each removes (saved_share): a fixed scale, not one stretched to the largest ceiling
+    of the report, where a 1.5x fix listed alone filled the bar and a 1.9x fix beside a 13x
+    ceiling drew as a sliver."""
     ceil = g.get("ceiling") or 0.0
     exp = g.get("expected")
-    if top <= 1.0:
+    if not ceil and not exp and not measured:
         return ""
-    scale = (lambda x: 100 * (x - 1) / (top - 1))
-    parts = [f"<i style=\"width:{scale(ceil):.1f}%;background:#cfe8d9\" title=\"ceiling {ceil:.2f}x\"></i>"]
+    parts = []
+    if ceil:
+        parts.append(f"<i style=\"width:{100 * saved_share(ceil):.1f}%;background:#cfe8d9\" "
+                     f"title=\"ceiling {ceil:.2f}x: {100 * saved_share(ceil):.0f}% of the step time\"></i>")
     if exp:
-        parts.append(f"<i style=\"width:{scale(exp):.1f}%;background:#2e8b57\" title=\"expected {exp:.2f}x\"></i>")
+        parts.append(f"<i style=\"width:{100 * saved_share(exp):.1f}%;background:#2e8b57\" "
+                     f"title=\"expected {exp:.2f}x: {100 * saved_share(exp):.0f}% of the step time\"></i>")
     if measured:
-        parts.append(f"<i style=\"width:{scale(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
+        parts.append(f"<i style=\"width:{100 * saved_share(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
                      f"border-radius:0\" title=\"measured {measured['speedup']:.2f}x\"></i>")
     return f"<div class=\"gbar\">{''.join(parts)}</div>"
 
@@ -286,8 +300,6 @@ def _fixes(doc: dict, tune: dict | None) -> str:
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
     measured = measured_by_rule(tune)
-    top = max([1.0] + [x for f in ranked for x in ((f.get("gain") or {}).get("ceiling"), (f.get("gain") or {}).get("expected"),
-                                                (measured.get(f["id"]) or {}).get("speedup")) if x])
     cards = []
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}
@@ -300,13 +312,14 @@ def _fixes(doc: dict, tune: dict | None) -> str:
         snippet = f["fix"].get("snippet")
         cards.append(
             f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{_from(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
-            + _gain_bar(g, meas, top) + mtxt
+            + _gain_bar(g, meas) + mtxt
             + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
             + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
             + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
             + f"<div class=\"dim small\">{H(f['id'])} · {H(_cite(f.get('source') or {}))}</div></section>")
     head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
-            "exceeds its ceiling (light bar: the Amdahl bound on the measured share)"
+            "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
+            "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
             + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"

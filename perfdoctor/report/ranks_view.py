@@ -8,7 +8,7 @@ from rich.text import Text
 
 from perfdoctor.analyze.straggler import MATERIAL
 from perfdoctor.report.labels import WAIT_CAUSE, rank_bound, uneven_detail
-from perfdoctor.report.sanitize import terminal as T, text
+from perfdoctor.report.sanitize import text
 
 
 def _ms(x) -> str:
@@ -25,10 +25,8 @@ def _pct(x) -> str:
 
 def render_ranks(c: Console, sec: dict) -> None:
     m = sec.get("metrics") or {}
-    world = sec.get("world_size")
     c.print()
-    c.print(Text(f"Across {sec['count']} rank(s)" + (f" of {world}" if world and world != sec["count"] else "")
-                 + " (wait = exposed collective time per step, own work = step - wait)", style="bold"))
+    c.print(Text(rank_title(sec) + " (wait = exposed collective time per step, own work = step - wait)", style="bold"))
     hosts = len({r.get("host") for r in sec["per_rank"]}) > 1
     table = Table(show_edge=False, box=None, padding=(0, 1))
     for col in ("rank",) + (("host",) if hosts else ()) + ("step ms", "own ms", "wait ms", "for slower",
@@ -42,20 +40,31 @@ def render_ranks(c: Console, sec: dict) -> None:
                       _ms(r["straggler_wait_ms"]), _pct(r["data_wait_share"]), text(rank_bound(r)),
                       text("-" if r.get("exit_code") is None else r["exit_code"]))
     c.print(table)
+    for line, dim in rank_notes(sec):
+        c.print(text(line, style="dim" if dim else ""))
+
+
+def rank_title(sec: dict) -> str:
+    """'Across 2 rank(s) of 128': the ranks read, and the job's size where it is larger."""
+    world = sec.get("world_size")
+    return f"Across {sec['count']} rank(s)" + (f" of {world}" if world and world != sec["count"] else "")
+
+
+def rank_notes(sec: dict) -> list[tuple[str, bool]]:
+    """The lines under the rank table, as (plain text, dim): what the wait is and how much of it
+    every rank pays; the terminal and the HTML report print the same (each escapes them)."""
+    m = sec.get("metrics") or {}
     cause = m.get("ranks.wait_cause")
     if cause is None:
-        c.print(Text("  collective waits unknown (no trace on some rank): straggler and network waits not "
-                     "separated", style="dim"))
-        return
+        return [("  collective waits unknown (no trace on some rank): straggler and network waits not separated", True)]
     steps = {r["steps"] for r in sec["per_rank"] if isinstance(r.get("steps"), int)}
     if not m.get("ranks.comm_wait_share_mean") and cause == "none":
         # no collective in any rank's traced steps: nothing to pair, nobody waits for anybody
-        c.print(text("  no rank ran a collective in its traced steps: the ranks did not wait for each other "
-                     "(independent processes?)" + (f"; they ran {min(steps)}-{max(steps)} steps"
-                                                   if len(steps) > 1 else "")))
-        return
-    line = f"  the wait is {WAIT_CAUSE.get(cause, T(cause))}"
-    if cause == "straggler":
+        return [("  no rank ran a collective in its traced steps: the ranks did not wait for each other "
+                 "(independent processes?)" + (f"; they ran {min(steps)}-{max(steps)} steps" if len(steps) > 1 else ""),
+                 False)]
+    line = f"  the wait is {WAIT_CAUSE.get(cause, cause)}"
+    if cause == "straggler" and m.get("ranks.slowest_ratio") is not None:
         line += (f" (*): rank {m['ranks.slowest_rank']} does {m['ranks.slowest_ratio']:.2f}x the work per step "
                  f"of rank {m['ranks.fastest_rank']}, which waits {_pct(m['ranks.straggler_wait_share_max'])} "
                  "of its step for it")
@@ -63,9 +72,11 @@ def render_ranks(c: Console, sec: dict) -> None:
         # the transfer is the larger part, not all of it: a rank waits that much more than the others
         line += (f"; the waits differ by up to {_pct(m['ranks.straggler_wait_share_max'])} of the step: rank "
                  f"{m['ranks.slowest_rank']} is also slower than the others")
+    elif cause == "straggler":
+        line += f" (*): rank {sec.get('slowest_rank')}"
     line += uneven_detail(m)
-    c.print(text(line))
-    c.print(Text(f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
-                 f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
-                 + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
-                 style="dim"))
+    return [(line, False),
+            (f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
+             f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
+             + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
+             True)]

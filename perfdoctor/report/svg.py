@@ -5,7 +5,8 @@ Three pictures, each a function from document parts to an <svg> string:
   common millisecond axis, so a slow step and what made it slow are both visible;
 - `step_lanes`: the representative step (traces[].timeline) as lanes over time: device busy/idle,
   the breakdown role, the host's activity, with the step's longest idle gaps marked and numbered;
-- `memory_lines`: reserved and allocated device memory over time.
+- `memory_lines`: reserved and allocated device memory over time, as step lines (each value
+  holds until the next memory event).
 Every string from the input goes through sanitize.html (element text and attributes alike).
 """
 
@@ -151,8 +152,15 @@ def memory_lines(mem: dict) -> str:
     width, height, y0 = W - LEFT - 20, 140, 8
 
     def pts(vals):
-        return " ".join(f"{_f(LEFT + width * (x - t[0]) / span)},{_f(y0 + height * (1 - v / top))}"
-                        for x, v in zip(t, vals))
+        # a step line: the allocator's counters hold their value until the next event (an empty_cache
+        # that hands back 6 GiB is one drop, not a slope over the 100 ms to the next allocation)
+        xy = [(_f(LEFT + width * (x - t[0]) / span), _f(y0 + height * (1 - v / top))) for x, v in zip(t, vals)]
+        out = [f"{xy[0][0]},{xy[0][1]}"]
+        for (_, ya), (xb, yb) in zip(xy, xy[1:]):
+            out.append(f"{xb},{ya}")
+            if yb != ya:
+                out.append(f"{xb},{yb}")
+        return " ".join(out)
 
     parts = [f'<svg class="chart" viewBox="0 0 {W} {height + 50}" role="img" aria-label="device memory over time" {FONT}>']
     for frac in (0, 0.5, 1):
