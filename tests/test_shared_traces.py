@@ -111,7 +111,30 @@ def test_df_index_resolver_memory_events(shared_traces):
     assert m["memory.reserved_swing"] == 0 and m["memory.free_per_step"] == 0
     assert "allocator-thrashing" not in {f["slug"] for f in doc["flags"]}
     assert not any(("alloc" in f["slug"] or "expandable" in f["slug"]) for f in doc["findings"])
-    assert doc["traces"][0]["memory_timeline"]["reserved_bytes"]
+    # 28k events drawn as at most 200 bins: each keeps its bin's largest values, so the chart
+    # reaches the peaks (it had kept each bin's first event: the allocated peak fell between)
+    series = doc["traces"][0]["memory_timeline"]
+    assert len(series["t_ms"]) <= 200 and series["t_ms"] == sorted(series["t_ms"])
+    assert max(series["reserved_bytes"]) == m["memory.peak_reserved_bytes"]
+    assert max(series["allocated_bytes"]) == m["memory.peak_allocated_bytes"]
+
+
+def test_the_memory_series_keeps_each_bins_peak():
+    """A spike between two bins' first events is drawn: 1000 events, one of them 5x the rest."""
+    import numpy as np
+
+    from perfdoctor.analyze.memory import _downsample
+    ts = np.arange(1000, dtype=float) * 10.0
+    res = np.full(1000, 100.0)
+    alloc = np.full(1000, 50.0)
+    res[503], alloc[777] = 500.0, np.nan
+    alloc[778] = 250.0
+    s = _downsample(ts, res, alloc, points=100)
+    assert len(s["t_ms"]) == 100 and s["t_ms"][0] == 0.0
+    assert max(s["reserved_bytes"]) == 500.0 and s["reserved_bytes"].count(500.0) == 1
+    assert max(s["allocated_bytes"]) == 250.0 and min(s["allocated_bytes"]) == 50.0
+    short = _downsample(ts[:10], res[:10], alloc[:10])
+    assert short["reserved_bytes"] == [100.0] * 10
 
 
 def test_two_rank_directory(shared_traces):

@@ -81,13 +81,16 @@ def _fraction_of_device(t: EventTable, rows: np.ndarray, res: np.ndarray) -> flo
 
 
 def _downsample(ts: np.ndarray, res: np.ndarray, alloc: np.ndarray, points: int = 200) -> dict:
-    """Reserved/allocated over time for reports: at most `points` samples (max per bin)."""
+    """Reserved/allocated over time for reports: at most `points` samples, each bin of time at its
+    first event's time with each series' largest value in the bin (its first value had been kept,
+    so a peak between two kept events, the one that matters for running out, was not drawn)."""
+    alloc = np.nan_to_num(alloc, nan=0.0)
     if len(ts) <= points:
-        idx = np.arange(len(ts))
-    else:
-        bins = np.linspace(ts[0], ts[-1], points + 1)
-        b = np.clip(np.searchsorted(bins, ts, side="right") - 1, 0, points - 1)
-        idx = unique(np.searchsorted(b, np.arange(points)))
-        idx = idx[idx < len(ts)]
-    return {"t_ms": (ts[idx] / 1e3).round(3).tolist(), "reserved_bytes": res[idx].tolist(),
-            "allocated_bytes": np.nan_to_num(alloc[idx], nan=0.0).tolist()}
+        return {"t_ms": (ts / 1e3).round(3).tolist(), "reserved_bytes": res.tolist(), "allocated_bytes": alloc.tolist()}
+    bins = np.linspace(ts[0], ts[-1], points + 1)
+    b = np.clip(np.searchsorted(bins, ts, side="right") - 1, 0, points - 1)
+    first = unique(np.searchsorted(b, np.arange(points)))
+    first = first[first < len(ts)]                 # the first event of each bin that has one
+    return {"t_ms": (ts[first] / 1e3).round(3).tolist(),
+            "reserved_bytes": np.maximum.reduceat(res, first).tolist(),
+            "allocated_bytes": np.maximum.reduceat(alloc, first).tolist()}
