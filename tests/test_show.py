@@ -597,3 +597,14 @@ def test_run_with_a_format_but_no_output_file_says_where_that_report_is(monkeypa
     err = capsys.readouterr().err.splitlines()
     assert err == [f"the json report: {Path('runs/r1/report.json')} (-o FILE writes a copy)",
                    f"the html report: {Path('runs/r1/report.html')} (-o FILE writes a copy)"]
+
+
+def test_the_run_over_time_names_the_shaded_steps_only_where_there_are_some():
+    """A run that completed no step (a script that failed on its arguments) drew its samples with
+    no shaded band, under a caption that said "the steps lie in the shaded part"."""
+    from perfdoctor.report.html import _over_time
+    series = {"t_s": [0.0, 0.5, 1.0, 1.5], "cpu_cores": [0.2, 1.0, 1.1, 0.3], "steps": None, "traced": None}
+    none = _over_time({"series": series})
+    assert "<svg" in none and "shaded" not in none
+    some = _over_time({"series": {**series, "steps": [0.4, 1.2]}})
+    assert "the steps lie in the shaded part" in some and 'fill="#dcefdc"' in some

@@ -153,9 +153,10 @@ def _over_time(run: dict | None) -> str:
     legend, pic = run_charts((run or {}).get("series"))
     if not pic:
         return ""
+    shaded = "; the steps lie in the shaded part" if ((run or {}).get("series") or {}).get("steps") else ""
     return ("<h2>The run over time</h2><section class=\"card\"><div class=\"legend\">" + legend + "</div>" + pic
             + "<div class=\"dim small\">As the system sampler saw it (every 0.1-0.5 s): the whole process, from "
-              "its start-up to its exit; the steps lie in the shaded part.</div></section>")
+              f"its start-up to its exit{shaded}.</div></section>")
 
 
 def _or_unknown(value):

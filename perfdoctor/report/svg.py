@@ -19,7 +19,8 @@ from perfdoctor.stats.steptime import ms as fmt_ms
 
 ROLE_COLOUR = {"kernel": "#2e8b57", "memcpy": "#3a7dc2", "memset": "#8fb3dd", "communication": "#8e5bb5",
                "runtime": "#e39b26", "data_loading": "#d64541", "cpu_exec": "#e8c547", "other": "#b8bcc2"}
-HOST_COLOUR = {"data_wait": "#d64541", "sync": "#c0392b", "runtime": "#e39b26", "communication": "#8e5bb5",
+# synchronising in slate, not a second red beside "waiting for data" (the two read as one)
+HOST_COLOUR = {"data_wait": "#d64541", "sync": "#34495e", "runtime": "#e39b26", "communication": "#8e5bb5",
                "cpu_ops": "#e8c547", "untraced": "#b8bcc2"}
 HOST_LABEL = {"data_wait": "waiting for data", "sync": "synchronising", "runtime": "runtime calls",
               "communication": "collectives", "cpu_ops": "CPU ops", "untraced": "untraced"}
