@@ -212,6 +212,32 @@ def test_html_renders_in_a_headless_browser(hostile, tmp_path):
     print(f"screenshot: {shot}")
 
 
+def test_a_narrow_window_scrolls_wide_tables_inside_their_card(tmp_path):
+    """At phone width (420 px asked; Chromium lays out 500) the per-rank table of a two-rank
+    directory ran past its card and the page scrolled sideways. Each card scrolls its own wide
+    content now: no card reaches past the window, nor does the page. The browser measures it; a
+    copy of the page without its script ban (CSP) runs the measurement."""
+    runs = tmp_path / "ranks"
+    runs.mkdir()
+    for rank in (0, 1):
+        steps = [tg.StepSpec(cpu_ops_us=1000, kernels=5, kernel_us=50, nccl_kernels=3, nccl_us=4000 + 900 * rank)] * 4
+        tg.write(tg.TraceSpec(steps=steps, rank=rank, world_size=2), runs / f"rank{rank}.pt.trace.json")
+    out = tmp_path / "r.html"
+    assert cli("report", runs, "-f", "html", "-o", out).returncode == 0
+    page = out.read_text()
+    assert "Across 2 rank(s)" in page
+    probe = tmp_path / "probe.html"
+    measure = ("<script>var w=innerWidth,bad=[];document.querySelectorAll('section.card').forEach(function(c,i)"
+               "{if(c.getBoundingClientRect().right>w+1)bad.push(i)});document.body.setAttribute('data-fit',"
+               "document.documentElement.scrollWidth+' '+w+' '+bad.join(','))</script></body>")
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page).replace("</body>", measure))
+    dom = _browser("--window-size=420,3000", "--dump-dom", probe.as_uri(), cwd=tmp_path).stdout
+    fit = re.search(r'data-fit="(\d+) (\d+) ([\d,]*)"', dom)
+    assert fit, dom[-500:]
+    page_w, window_w, cards = int(fit.group(1)), int(fit.group(2)), fit.group(3)
+    assert window_w <= 520 and page_w <= window_w and cards == "", fit.group(0)
+
+
 # --- annotated trace ---------------------------------------------------------------------------
 
 def test_annotated_trace_keeps_every_event_and_reports_the_same(trace, tmp_path):

@@ -31,7 +31,7 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#
 main{max-width:980px;margin:0 auto;padding:20px 24px 40px}
 h1{font-size:20px;margin:0 0 2px}h2{font-size:16px;margin:26px 0 8px;border-bottom:1px solid #dde1e6;padding-bottom:4px}
 .dim{color:#5b636d}.small{font-size:12px}
-section.card{background:#fff;border:1px solid #dde1e6;border-radius:8px;padding:14px 16px;margin:12px 0}
+section.card{background:#fff;border:1px solid #dde1e6;border-radius:8px;padding:14px 16px;margin:12px 0;overflow-x:auto}
 .badge{display:inline-block;color:#fff;font-weight:700;border-radius:6px;padding:4px 10px;letter-spacing:.03em}
 .conf{display:inline-block;width:120px;height:8px;background:#e5e7eb;border-radius:4px;vertical-align:middle;margin:0 6px}
 .conf i{display:block;height:8px;border-radius:4px;background:#2e8b57}
