@@ -634,3 +634,15 @@ def test_the_run_over_time_names_the_shaded_steps_only_where_there_are_some():
     assert "<svg" in none and "shaded" not in none
     some = _over_time({"series": {**series, "steps": [0.4, 1.2]}})
     assert "the steps lie in the shaded part" in some and 'fill="#dcefdc"' in some
+
+
+def test_host_op_shares_past_the_step_are_explained(shared_traces, tmp_path):
+    """HTA's cpu_only rank: gloo's ops on two threads at once, one op "of step 163.6%": the page
+    says why the shares add past the step; a one-thread trace's page does not."""
+    out = tmp_path / "c.html"
+    assert cli("report", shared_traces / "hta/cpu_only", "-f", "html", "-o", out).returncode == 0
+    page = out.read_text()
+    shares = [float(x) for x in re.findall(r'<td class="num">([\d.]+)%</td></tr>', page.split("Top host ops")[1])]
+    assert sum(shares) > 100 and "the shares add up past the step" in page
+    assert cli("report", shared_traces / "h100/launch", "-f", "html", "-o", out).returncode == 0
+    assert "Top host ops" in out.read_text() and "the shares add up past the step" not in out.read_text()

@@ -395,7 +395,17 @@ def _host_ops(t: dict) -> str:
     return ("<h2>Top host ops (self time)</h2><section class=\"card\"><table style=\"table-layout:fixed\"><col>"
             "<col style=\"width:70px\"><col style=\"width:90px\"><col style=\"width:70px\"><tr><th>op</th>"
             "<th class=\"num\">calls</th><th class=\"num\">mean</th><th class=\"num\">of step</th></tr>"
-            f"{body}</table></section>")
+            f"{body}</table>{_host_ops_note(rows)}</section>")
+
+
+def _host_ops_note(rows: list[dict]) -> str:
+    """Under the host-op table when its shares add past the step: ops on several host threads at
+    once (gloo's threads, DataLoader or intra-op pools) each count their own time (cpu_only: one
+    op read "of step 163.6%", unexplained)."""
+    if sum(r.get("share") or 0 for r in rows) <= 1.0:
+        return ""
+    return ("<div class=\"dim small\">Ops on several host threads run at once (collectives' threads, loader or "
+            "intra-op pools), and each counts its own self time: the shares add up past the step.</div>")
 
 
 def _warnings(doc: dict) -> str:
