@@ -646,3 +646,17 @@ def test_host_op_shares_past_the_step_are_explained(shared_traces, tmp_path):
     assert sum(shares) > 100 and "the shares add up past the step" in page
     assert cli("report", shared_traces / "h100/launch", "-f", "html", "-o", out).returncode == 0
     assert "Top host ops" in out.read_text() and "the shares add up past the step" not in out.read_text()
+
+
+@pytest.mark.parametrize("peak, top", [(767.5 * 2 ** 20, 800 * 2 ** 20), (383.8 * 2 ** 20, 400 * 2 ** 20),
+                                       (6.4 * 2 ** 30, 8 * 2 ** 30), (3.2 * 2 ** 30, 4 * 2 ** 30),
+                                       (2 ** 30, 2 ** 30), (80 * 2 ** 30, 80 * 2 ** 30), (12 * 2 ** 20, 12 * 2 ** 20)])
+def test_memory_axes_top_out_at_round_values(peak, top):
+    """The H100 pages' memory axes read 767.5 / 383.8 MiB and 6.4 / 3.2 GiB (the data's peak):
+    the top is the peak rounded up to a round number of its unit, and the chart's labels say it."""
+    from perfdoctor.report.svg import memory_lines, nice_byte_top
+    assert nice_byte_top(peak) == pytest.approx(top) and nice_byte_top(peak) >= peak
+    svg = memory_lines({"t_ms": [0.0, 1.0, 2.0], "reserved_bytes": [peak / 2, peak, peak / 3],
+                        "allocated_bytes": [peak / 4, peak / 2, peak / 5]})
+    unit, scale = ("GiB", 2 ** 30) if top >= 2 ** 30 else ("MiB", 2 ** 20)
+    assert f">{top / scale:.1f} {unit}</text>" in svg and f">{top / scale / 2:.1f} {unit}</text>" in svg

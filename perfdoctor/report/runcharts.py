@@ -9,7 +9,7 @@ string from the input goes through sanitize.html; the numbers are formatted here
 from __future__ import annotations
 
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.svg import FONT, LEFT, W, _axis, _f, byte_axis
+from perfdoctor.report.svg import FONT, LEFT, W, _axis, _f, byte_axis, nice_byte_top
 
 # (series key, label, colour, stroke width)
 CPU_LINES = (("cpu_cores", "machine, all processes", "#9aa0a6", 1.5), ("trainer_cpu_cores", "trainer", "#e39b26", 2),
@@ -82,7 +82,7 @@ def run_charts(series: dict | None) -> tuple[str, str]:
     if "gpu_util" in series:
         panels.append((GPU_LINES, "GPU busy", 1.0, lambda v: f"{100 * v:.0f}%"))
     if any(k in series for k, *_ in MEM_LINES):
-        top = _top(series, [k for k, *_ in MEM_LINES], 2 ** 20)
+        top = nice_byte_top(_top(series, [k for k, *_ in MEM_LINES], 2 ** 20))
         scale, unit = byte_axis(top)
         panels.append((MEM_LINES, "Memory", top, lambda v, s=scale, u=unit: f"{v / s:.1f} {u}"))
     if not panels:

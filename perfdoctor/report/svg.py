@@ -142,12 +142,26 @@ def byte_axis(top: float) -> tuple[float, str]:
     return (2 ** 30, "GiB") if top >= 2 ** 30 else (2 ** 20, "MiB")
 
 
+NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def nice_byte_top(peak: float) -> float:
+    """A memory axis's top in bytes: the peak rounded up to a round number of its unit (767.5 MiB
+    -> 800 MiB, 6.4 GiB -> 8 GiB), so its ticks (0, half, top) read as round values too."""
+    scale, _ = byte_axis(peak)
+    v = peak / scale
+    if v <= 0:
+        return peak or 1.0
+    tens = 10.0 ** math.floor(math.log10(v))
+    return next(n * tens for n in NICE if n * tens >= v * (1 - 1e-9)) * scale
+
+
 def memory_lines(mem: dict) -> str:
     t = mem.get("t_ms") or []
     if len(t) < 2:
         return ""
     res, alloc = mem.get("reserved_bytes") or [], mem.get("allocated_bytes") or []
-    top = max(max(res, default=0), max(alloc, default=0)) or 1.0
+    top = nice_byte_top(max(max(res, default=0), max(alloc, default=0)) or 1.0)
     scale, unit = byte_axis(top)
     span = (t[-1] - t[0]) or 1.0
     width, height, y0 = W - LEFT - 20, 140, 8
