@@ -28,7 +28,7 @@ def test_series_hold_the_samples_values_and_the_step_windows():
     assert s["t_s"][:3] == [0.0, 0.5, 1.0] and len(s["t_s"]) == 20
     assert s["cpu_cores"][0] == 3.0 and s["trainer_cpu_cores"][0] == 0.95 and s["workers_cpu_cores"][0] == 1.0
     assert s["trainer_rss_bytes"][3] == 2 ** 30 + 3 * 2 ** 20 and s["workers_rss_bytes"][0] == 2 ** 29
-    assert s["ram_used_bytes"][0] == 6 * 2 ** 30 and s["ram_total_bytes"] == 16 * 2 ** 30
+    assert s["ram_used_bytes"][0] == 6 * 2 ** 30 and s["ram_total_bytes"] == 16 * 2 ** 30 and s["usable_cpus"] == 4
     # only the GPU the trainer uses (the other device's 9 GiB are another job's)
     assert s["gpu_util"][0] == 0.8 and s["gpu_memory_bytes"][0] == 3 * 2 ** 30
     assert s["steps"] == [2.2, 8.0] and s["traced"] == [3.0, 3.6]
@@ -57,5 +57,7 @@ def test_a_long_run_keeps_samples_as_taken_not_averages():
 def test_the_chart_has_a_panel_for_each_kind_measured():
     legend, pic = run_charts(run_series([_sample(i, workers=1, gpu=True) for i in range(6)], []))
     assert pic.startswith('<svg class="chart"') and 'aria-label="the run over time"' in pic
-    assert ">CPU, cores busy<" in pic and ">GPU busy<" in pic and ">Memory<" in pic
+    # the CPU panel's scale follows the data (3 cores busy: top 3); its title says of how many
+    # usable cores, so a busy machine reads as one (a 16-core H100 host drew 5 cores as its top)
+    assert ">CPU, cores busy (of 4 usable)<" in pic and ">GPU busy<" in pic and ">Memory<" in pic
     assert "100%" in pic and "GiB" in pic

@@ -12,6 +12,8 @@ two samples. Series (None where a sample did not measure the value):
                       count in each)
   ram_used_bytes      the machine's RAM in use (total - available)
   ram_total_bytes     one value: the machine's RAM
+  usable_cpus         one value: the cores the run could use (its CPU quota or affinity), so
+                      the CPU panel's scale can be read against them
   gpu_util            mean utilisation of the GPUs the trainer uses (0..1)
   gpu_memory_bytes    memory in use on those GPUs, summed
 
@@ -80,6 +82,8 @@ def run_series(samples: list[dict], steps: list[dict]) -> dict | None:
             out[name] = [round(v, 3) if isinstance(v, float) and "bytes" not in name else v for v in col]
     totals = [(s.get("system") or {}).get("ram_total_bytes") for s in kept]
     out["ram_total_bytes"] = max((x for x in totals if x), default=None)
+    usable = [(s.get("system") or {}).get("usable_cpus") or (s.get("system") or {}).get("cpu_count") for s in kept]
+    out["usable_cpus"] = max((x for x in usable if isinstance(x, (int, float)) and x > 0), default=None)
     win = step_windows(steps)
     for key, phase in (("steps", "steps"), ("traced", "traced")):
         w = win.get(phase)

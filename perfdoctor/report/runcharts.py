@@ -78,7 +78,9 @@ def run_charts(series: dict | None) -> tuple[str, str]:
     panels = []
     if any(k in series for k, *_ in CPU_LINES):
         top = float(int(_top(series, [k for k, *_ in CPU_LINES], 1.0) + 0.999))
-        panels.append((CPU_LINES, "CPU, cores busy", top, lambda v: f"{v:g}"))
+        cores = series.get("usable_cpus")
+        title = "CPU, cores busy" + (f" (of {cores:g} usable)" if isinstance(cores, (int, float)) and cores > 0 else "")
+        panels.append((CPU_LINES, title, top, lambda v: f"{v:g}"))
     if "gpu_util" in series:
         panels.append((GPU_LINES, "GPU busy", 1.0, lambda v: f"{100 * v:.0f}%"))
     if any(k in series for k, *_ in MEM_LINES):
