@@ -207,3 +207,44 @@ def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size
         assert m["cpu.small_op_share"] < 0.1
         # SGD's update of a 512x512 weight: large ops, a part of the optimizer's step
         assert 0 < m["cpu.optimizer_large_op_share"] <= m["optimizer.step_share"]
+
+
+@pytest.mark.parametrize("cell", [False, True])
+def test_an_lstm_modules_small_ops_are_not_compiles(tmp_path, cell):
+    """nn.LSTM runs one aten::lstm of a few ops per gate and time step, each small: torch.compile
+    leaves it eager (Dynamo graph-breaks on nn.LSTM, nn.GRU and nn.RNN), forward and backward, so
+    its small ops (cpu.rnn_small_op_share) are not in PD312's share. The same recurrence unrolled
+    over nn.LSTMCell (aten::lstm_cell, which Dynamo traces) keeps them."""
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTMCell(8, 16) if cell else torch.nn.LSTM(8, 16, batch_first=True)
+    head = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD([*lstm.parameters(), *head.parameters()], lr=1e-2)
+    x = torch.randn(4, 40, 8)
+
+    def step():
+        if cell:
+            h = c = torch.zeros(4, 16)
+            for i in range(x.shape[1]):
+                h, c = lstm(x[:, i], (h, c))
+        else:
+            h = lstm(x)[0][:, -1]
+        head(h).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    for _ in range(2):
+        step()
+    doc = _profiled(tmp_path, step, 3)
+    m = doc["traces"][0]["metrics"]
+    small, rnn = m["cpu.small_op_share"], m["cpu.rnn_small_op_share"]
+    print(f"small ops {small:.3f}, of an RNN module {rnn:.3f}, host {m['share.host']:.3f}")
+    assert small > 0.3
+    fix = next((f for f in doc["findings"] if f["id"] == "PD312"), None)
+    if cell:
+        assert rnn == 0 and fix is not None
+    else:
+        # the LSTM's forward call and the backward nodes of its ops: 3/4 of the small-op time here;
+        # the rest is the head's, the loss's, the last step's select and SGD's update
+        assert 0.6 * small < rnn <= small
+        kept = m["share.host"] + small - rnn
+        assert fix is None or fix["gain"]["share"] <= kept + 1e-6

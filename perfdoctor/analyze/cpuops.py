@@ -16,6 +16,16 @@ there, and torch.compile removes it: the graph's ops become one fused C++ loop, 
 the part of optimizer.step_share that is neither Python nor small ops: compiling the model leaves
 the optimizer's step, and PD312 takes out only what its own share counted of it.
 
+    cpu.rnn_small_op_share = time of those small outermost ops that an RNN module runs: its call
+                         (aten::lstm, aten::gru, aten::rnn_tanh, aten::rnn_relu: thousands of
+                         small ops, one per gate and time step) and the backward nodes of the ops
+                         inside it (their sequence numbers) / the steps' time
+
+torch.compile leaves these eager: Dynamo graph-breaks on nn.LSTM, nn.GRU and nn.RNN
+(torch._dynamo.config.allow_rnn is off by default: "Dynamo does not support RNN, GRU, or LSTM"),
+so PD312 takes them out of what compiling removes. nn.LSTMCell's aten::lstm_cell is traced: not
+these. A backward node is matched by its sequence number alone (the forward's thread's counter).
+
 Outermost: an op not inside another op of that kind on its thread (an aten::linear holds an
 aten::addmm; a backward node holds its aten ops), so nothing is counted twice; per op it holds,
 itself included, so that a backward node of five tiny ops counts as small. SMALL_OP_US is 20
@@ -36,7 +46,9 @@ from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
 SMALL_OP_US = 20.0
-NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share")
+RNN_OPS = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"})
+NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share",
+         "cpu.rnn_small_op_share")
 
 
 def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -51,6 +63,22 @@ def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
     return n
 
 
+def _rnn_rows(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Which of the outermost ops `top` an RNN module runs: its calls (RNN_OPS) and the backward
+    nodes whose sequence number is one of the ops' inside those calls."""
+    calls = t.name_mask(lambda n: n in RNN_OPS)[top]
+    if not calls.any():
+        return calls
+    seq = t.args.get("seq")
+    if seq is None:
+        return calls
+    inside = ops[contained(t, ops, top[calls])]
+    nums = seq[inside]
+    nums = nums[np.isfinite(nums)]
+    backward = t.name_mask(lambda n: n.startswith("autograd::"))[top] & np.isin(seq[top], nums)
+    return calls | backward
+
+
 def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
@@ -63,7 +91,10 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         return out
     dur = t.dur[top].astype(np.float64)
     per_op = dur / _ops_inside(t, ops, top)
-    out["cpu.small_op_share"] = min(1.0, float(dur[per_op < SMALL_OP_US].sum()) / total)
+    small = per_op < SMALL_OP_US
+    out["cpu.small_op_share"] = min(1.0, float(dur[small].sum()) / total)
+    rnn = _rnn_rows(t, ops, top)
+    out["cpu.rnn_small_op_share"] = min(1.0, float(dur[small & rnn].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
     out["cpu.op_median_us"] = float(median(dur))
     opt = optimizer_step_rows(t, k, steps)
