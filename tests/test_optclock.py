@@ -181,6 +181,7 @@ def test_compiles_ceiling_leaves_the_optimizers_timed_step(tmp_path):
     print(f"optimizer {opt:.3f} un-profiled, {m['optimizer.step_share']:.3f} traced; inflation "
           f"{m['run.trace_inflation']}; awake {awake:.4f}; ceiling share {fix['gain']['ceiling_share']}")
     assert 0.15 < opt < 0.8 and awake > 0.9
-    assert fix["gain"]["ceiling_share"] <= awake - opt + 1e-6
+    # the report rounds each number to 6 significant digits: equal within that
+    assert fix["gain"]["ceiling_share"] <= awake - opt + 1e-5
     assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - fix["gain"]["ceiling_share"]), rel=1e-3)
-    assert fix["gain"]["ceiling"] <= 1 / opt * (1 + 1e-6)
+    assert fix["gain"]["ceiling"] <= 1 / opt * (1 + 1e-5)
