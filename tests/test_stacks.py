@@ -443,8 +443,10 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-def load(i):                 # one loader thread: 20-40 ms of remote-read-like waiting a batch
-    time.sleep(random.uniform(0.02, 0.04))
+torch.set_num_threads(1)     # the step's own work stays small on a busy machine too
+
+def load(i):                 # one loader thread: 50-70 ms of remote-read-like waiting a batch
+    time.sleep(random.uniform(0.05, 0.07))
     return torch.randn(32, 64), torch.randint(0, 4, (32,))
 
 with ThreadPoolExecutor(max_workers=1) as pool:
@@ -466,7 +468,7 @@ def test_run_of_a_loop_fed_by_its_own_thread_pool_is_input_bound_with_the_produc
     script = tmp_path / "pool_train.py"
     script.write_text(textwrap.dedent(TORCH_PRODUCER_SCRIPT))
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps", "120",
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps", "90",
                         str(script)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "report.json").read_text())
@@ -477,12 +479,79 @@ def test_run_of_a_loop_fed_by_its_own_thread_pool_is_input_bound_with_the_produc
     m = doc["traces"][0]["metrics"]
     print(f"producer wait {m['stacks.producer_wait_share']:.3f}, data wait {m['run.data_wait_share']}, "
           f"verdict {doc['verdict']['rule']} {doc['verdict']['confidence']}")
-    # the producer (30 ms a batch) paces a step whose own work is ~1-2 ms: most of it is the wait
+    # the producer (60 ms a batch) paces a step whose own work is ~1-2 ms (a busy machine: ~0.5 of
+    # the step once with 30 ms batches): most of it is the wait
     assert m["stacks.producer_wait_share"] > 0.6 and (m["run.data_wait_share"] or 0) < 0.05
-    assert doc["verdict"]["rule"] == "PD370" and doc["verdict"]["confidence"] >= 0.75
+    # firm, or only as unsure as a shared machine makes any verdict (0.5), not the 0.4 of time
+    # nothing names
+    assert doc["verdict"]["rule"] == "PD370" and doc["verdict"]["confidence"] >= 0.5
+    assert not any("most of the step is untraced" in n for n in doc["verdict"]["notes"])
     assert doc["findings"][0]["id"] == "PD369"
     said = " ".join(r.stderr.split())
     assert f"waiting on its own producers {100 * m['stacks.producer_wait_share']:.1f}% (Python stacks)" in said
+
+
+SLEEPING_SCRIPT = """
+import json, random, sys, time
+import torch
+
+random.seed(0)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+slept = total = 0.0
+last = time.perf_counter()
+for step in range(10_000):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    t = time.perf_counter()
+    time.sleep(random.uniform(0.015, 0.025))          # SLEEP: pacing the loop
+    now = time.perf_counter()
+    if step >= 10:                                    # the script's own clock of its wait
+        slept += now - t
+        total += now - last
+        json.dump({"slept": slept, "total": total}, open(sys.argv[1], "w"))
+    last = now
+"""
+
+
+@needs_py_spy
+def test_a_loop_that_sleeps_on_its_own_line_is_told_to_take_the_wait_off_the_step(tmp_path):
+    """A loop that sleeps ~20 ms of each step on its own line: the stacks name the wait (cause
+    waiting, stacks.waiting_share), PD371 offers to take it off the step with the whole wait as
+    its ceiling and no expected gain (whether it can go is the user's call), and the verdict is
+    not capped as unexplained untraced time."""
+    pytest.importorskip("torch")
+    script = tmp_path / "paced.py"
+    script.write_text(textwrap.dedent(SLEEPING_SCRIPT))
+    out = tmp_path / "run"
+    truth = tmp_path / "truth.json"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps", "100",
+                        str(script), str(truth)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    if doc["stacks"] is None:
+        notes = " ".join(doc["run"]["notes"])
+        assert "ptrace" in notes, notes
+        pytest.skip("py-spy could not attach here: " + notes)
+    m = doc["traces"][0]["metrics"]
+    wait, clock = m["stacks.waiting_share"], json.loads(truth.read_text())
+    want = clock["slept"] / clock["total"]
+    print(f"waiting {wait:.3f}, the script's clock {want:.3f}, producer {m['stacks.producer_wait_share']}, "
+          f"verdict {doc['verdict']['rule']} {doc['verdict']['confidence']}")
+    # within 0.15 and what py-spy failed to read, as for the producer wait (a busy machine slows the
+    # step's own work, so the share itself moves: 0.18 with the other cores taken, ~0.8 quiet)
+    assert abs(wait - want) < 0.15 + (m["stacks.unread_share"] or 0) and m["stacks.producer_wait_share"] < 0.05
+    line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if "# SLEEP" in t)
+    row = next(t for t in doc["stacks"]["top"] if t["at"] == f"{script.name}:{line}")
+    assert row["cause"] == "waiting"
+    fix = next(f for f in doc["findings"] if f["id"] == "PD371")
+    assert fix["gain"]["expected"] is None and fix["gain"]["share"] == pytest.approx(wait, abs=1e-4)
+    if (doc["traces"][0]["metrics"]["breakdown.other"] or 0) - wait <= 0.5:     # the stacks name the rest
+        assert not any("most of the step is untraced" in n for n in doc["verdict"]["notes"])
 
 
 def test_waiting_for_the_loops_own_producers_is_producer_wait():

@@ -356,6 +356,7 @@ _m("stacks.logging_sync_share", "share", "Share of steady step time in logging c
 _m("stacks.evaluation_share", "share", "Share of steady step time in an evaluation inside the training loop: forward passes or loader fetches under a function named for it (evaluate, validate, test, Lightning's evaluation loop, HF Trainer.evaluate) or under torch's no_grad / inference_mode decorator, with no backward pass in the stack.")
 _m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls and outside `if step % N` blocks: batches built in the loop (tensor ops called straight from the loop count too).")
 _m("stacks.producer_wait_share", "share", "Share of steady step time the training thread waits for a value its own threads or processes make, outside a DataLoader: a thread or process pool's results (Executor.map's iterator, Future.result, as_completed, Pool.map/imap) or a queue's get, called from the user's line. The step records count no data wait for it.")
+_m("stacks.waiting_share", "share", "Share of steady step time the training thread blocks on its own line: a sleep, a wait, a join, a lock, a synchronize or barrier call (by the line's source text), or a call into threading/multiprocessing/queue that returns nothing the loop uses (not a producer's results: stacks.producer_wait_share).")
 
 
 # -- Checkpoint saves and logging calls (perfdoctor run; analyze/callshares.py) ------------------

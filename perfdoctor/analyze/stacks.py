@@ -47,7 +47,7 @@ def empty_metrics() -> dict:
     return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
             "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
             "stacks.python_data_share": None, "stacks.evaluation_share": None,
-            "stacks.producer_wait_share": None}
+            "stacks.producer_wait_share": None, "stacks.waiting_share": None}
 
 
 def segments(events: list[dict]) -> dict[tuple, list[tuple[int, int, tuple]]]:
@@ -243,6 +243,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.python_data_share": float(share["python_data"]),
               "stacks.evaluation_share": float(share["evaluation"]),
               "stacks.producer_wait_share": float(share["producer_wait"]),
+              "stacks.waiting_share": float(share["waiting"]),
               "stacks.checkpoint_interval_steps": interval})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)

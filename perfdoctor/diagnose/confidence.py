@@ -174,9 +174,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      "no runtime call: it was recorded without the device's activity (torch.profiler without "
                      "ProfilerActivity.CUDA), so whether these ops ran on it, and copied to it, is unknown; read "
                      "as a CPU-only run. Record with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
-    # untraced time the stacks name is evidence, not a gap: the loop's wait on its own producers and
-    # its Python data work (PD370's verdict rests on them; 84% waiting read "low confidence, 0.40")
-    named = (m.get("stacks.producer_wait_share") or 0) + (m.get("stacks.python_data_share") or 0)
+    # untraced time the stacks name is evidence, not a gap: the loop's wait on its own producers, its
+    # blocking on its own line, its Python data work (PD370's verdict rests on the first; 84% waiting
+    # read "low confidence, 0.40")
+    named = sum(m.get(f"stacks.{k}_share") or 0 for k in ("producer_wait", "waiting", "python_data"))
     if (m.get("breakdown.other") or 0) - named > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
