@@ -199,6 +199,9 @@ def tune(
     from perfdoctor.script_argv import launcher_words, script_argv
     target, module = launcher_words(target, module, torchrun=False)
     argv = script_argv("tune", tune, target, module)
+    if output is not None:              # before the budget is spent, not after it
+        from perfdoctor.report.outputs import check_writable
+        check_writable(output)
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks))

@@ -926,6 +926,15 @@ def test_usage_errors_exit_2_in_one_line(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_tune_starts(tmp_path):
+    """-o into a missing directory was found out after the whole budget (300 s by default): the
+    tune ran, then printed one error and no table. It is refused at once, and nothing runs."""
+    for bad, why in ((tmp_path / "missing" / "tune.json", "No such file or directory"), (tmp_path, "is a directory")):
+        r = ptune("--budget", "10", "--out", tmp_path / "t", "-o", bad, EX / "compute_bound.py")
+        assert r.returncode == 2 and r.stderr == f"perfdoctor: error: cannot write {bad}: {why}\n", r.stderr
+        assert not (tmp_path / "t").exists()
+
+
 def test_a_script_perfdoctor_interrupted_after_the_durations_grace_did_not_fail(tmp_path):
     """--duration's stop waits for a step boundary, then sends SIGINT: a script still starting by
     then (import torch on a loaded machine) ends 130 with one step, not measurable (exit 3), not
