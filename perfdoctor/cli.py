@@ -182,6 +182,11 @@ def tune(
                                    help="Format of the -o file (markdown without -o: on stderr instead of the table)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
+    stacks: Optional[bool] = typer.Option(None, "--stacks/--no-stacks", envvar="PERFDOCTOR_STACKS",
+                                          show_default="auto",
+                                          help="Record Python stacks of the baseline run with py-spy, as `run` does "
+                                               "(default: only when half a CPU core or more is idle). Env: "
+                                               "PERFDOCTOR_STACKS=1/0."),
 ) -> None:
     """Measure zero-code changes (DataLoader workers, threads, optimizer, CUDA flags...) on the
     unmodified script, each in a fresh run against the baseline, and print the best as code.
@@ -194,9 +199,12 @@ def tune(
     from perfdoctor.script_argv import launcher_words, script_argv
     target, module = launcher_words(target, module, torchrun=False)
     argv = script_argv("tune", tune, target, module)
+    if output is not None:              # before the budget is spent, not after it
+        from perfdoctor.report.outputs import check_writable
+        check_writable(output)
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
-                              rule_dirs=[str(d) for d in rules_dirs or []]))
+                              rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks))
     tuner.run()
     doc = build(tuner)
     from perfdoctor.report.json_out import to_json

@@ -27,6 +27,21 @@ def rendered(doc: dict, fmt: str, tune: dict | None = None, kind: str = "report"
             "tune": lambda: markdown.tune(doc)}[kind]().encode()
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an -o FILE that cannot be written before a long command (tune: its whole budget)
+    starts: a missing or read-only directory, or a directory where the file should be. Nothing is
+    created here (an interrupted command leaves no empty file); `write` still reports what fails late."""
+    import os
+
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    denied = not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK))
+    why = ("is a directory" if p.is_dir() else "No such file or directory" if not parent.is_dir()
+           else "Permission denied" if denied else None)
+    if why:
+        raise PerfdoctorError(f"cannot write {path}: {why}")
+
+
 def write(path: Path, data: bytes) -> None:
     try:
         Path(path).write_bytes(data)

@@ -57,8 +57,9 @@ class Measured:
 
 
 def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, *, run_s: float | None,
-             max_steps: int | None, trace: bool = False, result=None) -> Measured:
-    """Launch the script once (trace off unless asked) and measure it: `run_s` seconds of
+             max_steps: int | None, trace: bool = False, result=None, stacks: bool | None = False) -> Measured:
+    """Launch the script once (trace and Python stacks off unless asked: `stacks` None is `run`'s
+    auto mode) and measure it: `run_s` seconds of
     training from its first step (a slow import or compile does not eat the steps), a script
     with no step by startup_limit(run_s) stopped then. `result` receives the launcher's
     RunResult (the baseline's diagnosis needs it)."""
@@ -66,7 +67,7 @@ def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, 
 
     cfg = RunConfig(argv=list(argv), module=module, run_dir=run_dir, max_steps=max_steps, duration=run_s,
                     duration_from="first-step", startup_s=startup_limit(run_s) if run_s else None,
-                    trace=trace, changes=dict(changes))
+                    trace=trace, stacks=stacks, changes=dict(changes))
     res = launch(cfg)
     if result is not None:
         result.append(res)

@@ -17,8 +17,13 @@ other groups follow in the verdict's order (input-bound: the loader first; host/
 optimizer and compilation first; device-bound: numerics and CUDA first), and a data wait of at
 least MATERIAL_WAIT of the step puts the loader first among them whatever the verdict, unless
 the report found no idle core (PD309: more workers would take CPU time from the trainer and
-from each other): then the loader's trials come last, measured only when the budget reaches
-them (PD309 could be wrong, and fewer workers may be the gain). Within
+from each other): then the loader's trials come after the threads group on an input-bound
+verdict, last on the others (PD309 could be wrong, and fewer workers may be the gain). An
+input-bound step is mostly its data wait, and the optimizer or compile groups can gain at most
+the rest: ranked behind them, the loader was what a short budget left out (a Dataset whose
+__getitem__ does 2-thread matmuls, 89% data wait, PD309: tune measured only optimizer=fused,
+within the 4% of the step the ops took, while bare reruns with num_workers=2 ran 2.5-33x
+faster on this shared 2-core VM). Within
 the loader group, num_workers candidates come first (zero among them when the script has
 workers: an in-memory dataset with a cheap __getitem__ loads fastest in the trainer) (kept alive across epochs, persistent_workers=True, when the
 script had no workers: worker_changes); persistent_workers (for a script that already has
@@ -147,7 +152,10 @@ def group_order(f: Facts) -> list[str]:
     order = list(ORDER[key])
     if f.saturated:
         order.remove("loader")
-        order.append("loader")
+        if key == "input":               # right after the threads (PD309's own knob): the wait is the step
+            order.insert(order.index("threads") + 1, "loader")
+        else:
+            order.append("loader")
     elif f.data_wait is not None and f.data_wait >= MATERIAL_WAIT and order[0] != "loader":
         order.remove("loader")
         order.insert(0, "loader")

@@ -73,6 +73,7 @@ class TuneOptions:
     allow_numerics: bool = False
     allow_compile: bool = False
     rule_dirs: list = field(default_factory=list)
+    stacks: bool | None = None          # the baseline's Python stacks: None auto (as `run`), True on, False off
 
 
 @dataclass
@@ -146,7 +147,10 @@ class Tuner:
 
         self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s")
         res: list = []
-        b = self._launch(self.dir / "baseline", {}, trace=True, result=res)
+        # with Python stacks, as `run` records them (auto: only where a core is idle, so they cost
+        # the job nothing): without them the fixes the stacks find (PD369 a loop waiting on its
+        # own producer threads, PD351/352/354) were never raised, nor listed as not measured
+        b = self._launch(self.dir / "baseline", {}, trace=True, result=res, stacks=self.o.stacks)
         if res and b.steps:
             try:
                 self.doc = diagnose_run(res[0], self.o.rule_dirs)
@@ -229,10 +233,11 @@ class Tuner:
         return "; ".join(x for x in (self.noise_head, self.spread_text) if x)
 
     # -- runs ----------------------------------------------------------------------------
-    def _launch(self, run_dir: Path, changes: dict, trace: bool = False, result=None) -> Measured:
+    def _launch(self, run_dir: Path, changes: dict, trace: bool = False, result=None,
+                stacks: bool | None = False) -> Measured:
         t = time.monotonic()
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
-                     trace=trace, result=result)
+                     trace=trace, result=result, stacks=stacks)
         self.longest = max(self.longest, time.monotonic() - t)
         if _read_json(run_dir / "run.json").get("forwarded_signals"):
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
