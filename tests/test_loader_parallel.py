@@ -134,7 +134,13 @@ def test_real_traces(shared_traces, monkeypatch, forking, rel, chunks):
         pytest.skip(f"{rel} not in {shared_traces}")
     if chunks:
         small_chunks(monkeypatch, *chunks)
-    seq, par = load_both(path, monkeypatch, forking)
+    # merged None is the same race as load_both's False, earlier: the helper decoded the whole
+    # file before this process asked it to stop at all (the 2 MB MI250 trace, with the suite's
+    # other worker holding the cores: seen in CI). A real trace always splits when both run.
+    for _ in range(3):
+        seq, par = load_both(path, monkeypatch, forking)
+        if forking["merged"] is not None:
+            break
     assert forking["merged"] is True
     assert_same_table(seq, par)
 
