@@ -252,7 +252,9 @@ def _apart(c: StepEstimate, bss: list[StepEstimate], opt: GateOptions) -> Row | 
               "current_max_s": float(cd.max()), "baseline_min_s": float(bd.min()), "baseline_max_s": float(bd.max()),
               "current_steps": c.n, "baseline_steps": int(len(bd))}
     thr = f"±{100 * opt.min_effect:.0f}%, no overlap"
-    why = (f"every one of the current run's {c.n} steady steps is {{}} than every one of the baselines' {len(bd)} "
+    # named as every other step-time reason is ("regression: step time ..."): a CI log's one line
+    why = (f"step time {base} -> {curs} ({chg}): every one of the current run's {c.n} steady steps is {{}} than "
+           f"every one of the baselines' {len(bd)} "
            f"by {100 * opt.min_effect:.0f}% or more ({{}}; too few or too correlated steps for an interval, "
            "but no step overlaps)")
     if cd.min() >= k * bd.max():
