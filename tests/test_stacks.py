@@ -433,6 +433,21 @@ def test_a_loop_waiting_on_its_thread_pool_is_measured_as_producer_wait(tmp_path
     assert top["cause"] == "producer_wait" and top["frame"].startswith("concurrent.futures._base.")
 
 
+def _run_with_stacks(tmp_path, script, steps, *args):
+    """(the process, report.json) of `perfdoctor run --stacks --max-steps STEPS SCRIPT ARGS`; skips,
+    with the note, where py-spy could not attach (ptrace refused)."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps",
+                        str(steps), str(script), *map(str, args)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    if doc["stacks"] is None:
+        notes = " ".join(doc["run"]["notes"])
+        assert "ptrace" in notes, notes
+        pytest.skip("py-spy could not attach here: " + notes)
+    return r, doc
+
+
 TORCH_PRODUCER_SCRIPT = """
 import random, time
 from concurrent.futures import ThreadPoolExecutor
@@ -467,15 +482,7 @@ def test_run_of_a_loop_fed_by_its_own_thread_pool_is_input_bound_with_the_produc
     pytest.importorskip("torch")
     script = tmp_path / "pool_train.py"
     script.write_text(textwrap.dedent(TORCH_PRODUCER_SCRIPT))
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps", "90",
-                        str(script)], capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads((out / "report.json").read_text())
-    if doc["stacks"] is None:
-        notes = " ".join(doc["run"]["notes"])
-        assert "ptrace" in notes, notes
-        pytest.skip("py-spy could not attach here: " + notes)
+    r, doc = _run_with_stacks(tmp_path, script, 90)
     m = doc["traces"][0]["metrics"]
     print(f"producer wait {m['stacks.producer_wait_share']:.3f}, data wait {m['run.data_wait_share']}, "
           f"verdict {doc['verdict']['rule']} {doc['verdict']['confidence']}")
@@ -527,16 +534,8 @@ def test_a_loop_that_sleeps_on_its_own_line_is_told_to_take_the_wait_off_the_ste
     pytest.importorskip("torch")
     script = tmp_path / "paced.py"
     script.write_text(textwrap.dedent(SLEEPING_SCRIPT))
-    out = tmp_path / "run"
     truth = tmp_path / "truth.json"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps", "100",
-                        str(script), str(truth)], capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads((out / "report.json").read_text())
-    if doc["stacks"] is None:
-        notes = " ".join(doc["run"]["notes"])
-        assert "ptrace" in notes, notes
-        pytest.skip("py-spy could not attach here: " + notes)
+    r, doc = _run_with_stacks(tmp_path, script, 100, truth)
     m = doc["traces"][0]["metrics"]
     wait, clock = m["stacks.waiting_share"], json.loads(truth.read_text())
     want = clock["slept"] / clock["total"]
