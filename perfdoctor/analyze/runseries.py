@@ -44,9 +44,14 @@ def _gpus(s: dict, ours: set[int]) -> list[dict]:
     return mine or devs
 
 
+def _cores(system: dict):
+    """The cores a sample says the run could use: its quota or affinity, else the machine's."""
+    return system.get("usable_cpus") or system.get("cpu_count")
+
+
 def _point(s: dict, ours: set[int]) -> dict:
     trainer, workers, system = s.get("trainer") or {}, s.get("workers") or [], s.get("system") or {}
-    busy, cores = system.get("cpu_usable_percent"), system.get("usable_cpus") or system.get("cpu_count")
+    busy, cores = system.get("cpu_usable_percent"), _cores(system)
     total, avail = system.get("ram_total_bytes"), system.get("ram_available_bytes")
     gpus = _gpus(s, ours)
     util = [d.get("util_percent") for d in gpus]
@@ -82,7 +87,7 @@ def run_series(samples: list[dict], steps: list[dict]) -> dict | None:
             out[name] = [round(v, 3) if isinstance(v, float) and "bytes" not in name else v for v in col]
     totals = [(s.get("system") or {}).get("ram_total_bytes") for s in kept]
     out["ram_total_bytes"] = max((x for x in totals if x), default=None)
-    usable = [(s.get("system") or {}).get("usable_cpus") or (s.get("system") or {}).get("cpu_count") for s in kept]
+    usable = [_cores(s.get("system") or {}) for s in kept]
     out["usable_cpus"] = max((x for x in usable if isinstance(x, (int, float)) and x > 0), default=None)
     win = step_windows(steps)
     for key, phase in (("steps", "steps"), ("traced", "traced")):
