@@ -1139,6 +1139,16 @@ def test_tune_document_on_a_small_script(tmp_path):
             # on the machine: 0.67x pooled against 0.85x from the means)
             tol = max(0.2, 2 * (doc["run_spread"] or 0))
             assert t["speedup"] == pytest.approx(first if again is None else (first * again) ** 0.5, rel=tol)
+            # each decisive trial of a fix the report raised is held to that fix's model
+            mc = t["model_check"]
+            if t["rule"] and t["offered"] and t["status"] in ("faster", "slower", "no change"):
+                assert mc is not None and mc["rule"] == t["rule"], t
+                if mc["verdict"] == "agrees" and mc["range"] is None:
+                    assert lo <= mc["expected"] <= hi
+                if mc["verdict"] == "beats-ceiling":
+                    assert lo > mc["ceiling"]
+            elif t["status"] == "inconclusive":
+                assert mc is None
         assert Path(t["dir"], "steps.jsonl").exists()
     longest = max(json.loads(Path(d, "run.json").read_text())["wall_s"]
                   for d in (tmp_path / "t").iterdir() if (d / "run.json").exists())

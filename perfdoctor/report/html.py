@@ -291,6 +291,14 @@ def _gain_bar(g: dict, measured: dict | None) -> str:
     return f"<div class=\"gbar\">{''.join(parts)}</div>"
 
 
+def _model_check(mc: dict | None) -> str:
+    """Tune's check of this fix's model against the measurement (tune/modelcheck.py), under the
+    measured gain: 'agrees', or where the report's numbers were wrong, in what way."""
+    if not mc:
+        return ""
+    return f"<div class=\"small\">model check: {H(mc.get('text'))}</div>"
+
+
 def _from(doc: dict, item: dict) -> str:
     where = from_other_traces(doc, item)
     return f" <span class=\"dim small\">(from {H(where)})</span>" if where else ""
@@ -309,7 +317,8 @@ def _fixes(doc: dict, tune: dict | None) -> str:
         if meas:
             ci = meas.get("ci95")
             mtxt = (f"<div><b>measured by tune: {meas['speedup']:.2f}x</b>"
-                    + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>")
+                    + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>"
+                    + _model_check(meas.get("model_check")))
         snippet = f["fix"].get("snippet")
         cards.append(
             f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{_from(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"

@@ -235,6 +235,21 @@ def tune_baselines_note(doc: dict) -> str:
             "ms/step (the header's is the first).")
 
 
+def tune_model_check(trials: list[dict]) -> list[str]:
+    """The lines under tune's table: how many checked trials agree with the report's model of
+    the fix they test (naming their rules), then each other trial in full, by its label (one
+    rule can be tested by several trials: workers 1 and 2). tune/modelcheck.py judges each
+    trial. [] when no trial was checked."""
+    checked = [tr for tr in trials if tr.get("model_check")]
+    if not checked:
+        return []
+    agree = [tr["model_check"]["rule"] for tr in checked if tr["model_check"]["verdict"] == "agrees"]
+    head = (f"the report's gains against these runs: {len(agree)} of {len(checked)} agree"
+            + (f" ({', '.join(dict.fromkeys(agree))})" if agree else ""))
+    return [head] + [f"{tr['label']} ({tr['model_check']['rule']}): {tr['model_check']['text']}"
+                     for tr in checked if tr["model_check"]["verdict"] != "agrees"]
+
+
 def tune_best_step(doc: dict) -> str:
     """The best setting's step time after "best:": both runs' when a second run confirmed it, as
     its speed-up pools both (the first run alone, picked as the fastest of several, leans fast:

@@ -13,7 +13,7 @@ import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
-                                     tune_no_best, tune_predicted, tune_step_times)
+                                     tune_model_check, tune_no_best, tune_predicted, tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -140,6 +140,8 @@ def tune(doc: dict) -> str:
     best = doc["best"]
     if note := tune_baselines_note(doc):
         out += ["", f"_{M(note)}_"]
+    if checks := tune_model_check(doc["trials"]):
+        out += ["", M(checks[0]) + (":" if len(checks) > 1 else ""), *(f"- {M(c)}" for c in checks[1:])]
     out.append("")
     if best:
         runs = "two runs" if best.get("confirmed") else "one run"

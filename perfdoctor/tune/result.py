@@ -2,7 +2,7 @@
 
 Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
 data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
-speedup, ci95, status, reason, dir, loss, confirm}, best {changes, speedup, ci95, confirmed} or null,
+speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command.
 """
@@ -13,6 +13,7 @@ import math
 
 from perfdoctor import __version__
 from perfdoctor.report.values import changes_label, s_as_ms
+from perfdoctor.tune import modelcheck
 from perfdoctor.tune.apply import apply_text
 from perfdoctor.tune.session import CONFIRM_RUNS, Outcome, Tuner
 
@@ -30,7 +31,7 @@ def _t(x):
     return None if x is None else float(f"{float(x):.6g}")
 
 
-def _trial_doc(o: Outcome) -> dict:
+def _trial_doc(o: Outcome, fixes: dict) -> dict:
     m = o.run
     return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
             "offered": o.offered, "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
@@ -38,6 +39,7 @@ def _trial_doc(o: Outcome) -> dict:
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
             "baseline_dirs": [str(b.run_dir) for b in o.bases],
             "baseline_step_time_s": [_t(b.step_s) for b in o.bases], "loss": o.loss,
+            "model_check": modelcheck.check(o.trial.rule, o.offered, o.status, o.ratio, o.ci95, fixes),
             "confirm": ({"dir": o.confirm["dir"], "speedup": _r(o.confirm["speedup"], 4),
                          "ci95": [_r(x, 4) for x in o.confirm["ci95"]] if o.confirm["ci95"] else None,
                          "step_time_s": _t(o.confirm.get("step_time_s")),
@@ -61,7 +63,7 @@ def build(t: Tuner) -> dict:
                      "verdict_title": t.verdict_title(),
                      "data_wait_share": _r(est.wait_share, 4),
                      "repeats": [{"dir": str(x.run_dir), "step_time_s": _t(x.step_s)} for x in t.baselines[1:]]},
-        "trials": [_trial_doc(o) for o in t.outcomes],
+        "trials": [_trial_doc(o, t.fixes) for o in t.outcomes],
         "best": ({"changes": best.trial.changes, "speedup": _r(best.ratio, 4),
                   "ci95": [_r(best.ci95[0], 4), _r(best.ci95[1], 4)], "step_time_s": _t(best.run.step_s),
                   "confirmed": best.confirm is not None}
@@ -123,8 +125,8 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import (budget_hint, tune_baselines_note, tune_best_step, tune_no_best,
-                                         tune_predicted, tune_step_times)
+    from perfdoctor.report.labels import (budget_hint, tune_baselines_note, tune_best_step, tune_model_check,
+                                         tune_no_best, tune_predicted, tune_step_times)
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
@@ -151,6 +153,8 @@ def render(doc: dict, console=None) -> None:
     con.print(tab)
     if note := tune_baselines_note(doc):
         con.print(text(note, "dim"))
+    for i, line in enumerate(tune_model_check(doc["trials"])):
+        con.print(text(("    " if i else "") + line, "dim" if i == 0 else ""))
     if doc["skipped_for_budget"]:
         con.print(text(f"skipped for lack of budget ({doc['budget_s']:.0f} s): " + "; ".join(doc["skipped_for_budget"])
                        + f" ({budget_hint(doc)})"))
