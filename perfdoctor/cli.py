@@ -151,6 +151,9 @@ def run(
     from perfdoctor.script_argv import launcher_words, script_argv
     target, module = launcher_words(target, module)
     argv = script_argv("run", run, target, module)
+    if output is not None:              # before the script runs, not after its whole training
+        from perfdoctor.report.outputs import check_writable
+        check_writable(output)
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)

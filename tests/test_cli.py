@@ -305,6 +305,17 @@ def test_unwritable_output_is_a_clean_error(trace, tmp_path):
     assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_run_refuses_an_output_it_cannot_write_before_the_script_runs(tmp_path):
+    """`run -o` into a missing directory was found out after the whole training: the script ran,
+    then perfdoctor printed one error and no report. It is refused at once; the script never runs."""
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    bad = tmp_path / "missing" / "r.json"
+    r = run("run", "-o", bad, "--out", tmp_path / "d", script)
+    assert r.returncode == 2 and r.stderr == f"perfdoctor: error: cannot write {bad}: No such file or directory\n"
+    assert not (tmp_path / "train.py.ran").exists() and not (tmp_path / "d").exists()
+
+
 def test_version_and_help():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("perfdoctor ")
