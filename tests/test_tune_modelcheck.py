@@ -131,3 +131,27 @@ def test_the_check_is_shown_under_the_table_in_markdown_and_on_the_fix_card(fixe
     card_doc = {"findings": [dict(fixes[fid], ranked=True)], "verdict": {}, "traces": [{}]}
     body = html._fixes(card_doc, {"trials": trials})
     assert "model check: " in body and "beats its ceiling" in body     # b=2 measured the most for this rule
+
+
+def test_a_baseline_without_python_stacks_says_what_the_untested_list_lacks():
+    """Where py-spy found no idle core at the baseline's first step, the fixes only the stacks
+    find (PD369, PD371, ...) are neither in the report nor in "not measured by tune": tune says so."""
+    from rich.console import Console
+
+    from perfdoctor.collect.stacks import skipped_note
+    from perfdoctor.report import markdown
+    from perfdoctor.tune.result import _stacks_note, render
+    note = skipped_note(0.1, 2)
+    assert _stacks_note({"run": {"notes": ["the trace stopped inside a step", note]}}) == note
+    assert _stacks_note({"run": {"notes": ["no NVIDIA GPU found"]}}) is None and _stacks_note({}) is None
+    base = {"step_time_s": 0.01, "ci95": [0.0099, 0.0101], "steps": 50, "verdict": "host", "repeats": [],
+            "stacks_note": note}
+    doc = {"command": "train.py", "noise": "", "trials": [], "best": None, "skipped_for_budget": [], "untested": [],
+           "budget_s": 75, "dir": "runs", "elapsed_s": 70, "baseline": base}
+    buf = io.StringIO()
+    render(doc, Console(file=buf, width=400))
+    for out in (buf.getvalue(), markdown.tune(doc).replace("\\", "")):
+        assert "Python stacks not recorded: no idle CPU for py-spy" in out and "fixes only the stacks find" in out
+    buf = io.StringIO()
+    render({**doc, "baseline": {**base, "stacks_note": None}}, Console(file=buf, width=400))
+    assert "Python stacks" not in buf.getvalue()

@@ -150,6 +150,8 @@ def tune(doc: dict) -> str:
     else:
         first, *rest = tune_no_best(doc)
         out += [f"**Best:** {first}", *(f"- {M(line)}" for line in rest)]
+    if note := b.get("stacks_note"):
+        out += ["", f"_Baseline: {M(note)} (fixes only the stacks find are not listed)._"]
     if doc.get("skipped_for_budget"):
         out += ["", f"Skipped for lack of budget ({doc['budget_s']:.0f} s): " + M("; ".join(doc["skipped_for_budget"]))
                 + f" ({M(budget_hint(doc))})"]

@@ -1,7 +1,7 @@
 """`perfdoctor tune`'s result: the JSON document (-o FILE) and the terminal table.
 
 Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
-data_wait_share, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
+data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command.
@@ -61,7 +61,7 @@ def build(t: Tuner) -> dict:
         "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
                      "median_s": _t(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
                      "verdict_title": t.verdict_title(),
-                     "data_wait_share": _r(est.wait_share, 4),
+                     "data_wait_share": _r(est.wait_share, 4), "stacks_note": _stacks_note(t.doc),
                      "repeats": [{"dir": str(x.run_dir), "step_time_s": _t(x.step_s)} for x in t.baselines[1:]]},
         "trials": [_trial_doc(o, t.fixes) for o in t.outcomes],
         "best": ({"changes": best.trial.changes, "speedup": _r(best.ratio, 4),
@@ -73,6 +73,14 @@ def build(t: Tuner) -> dict:
         "budget_for_all_s": _budget_for_all(t, len(skipped)),
         "untested": untested(t),
     }
+
+
+def _stacks_note(doc: dict) -> str | None:
+    """The baseline report's note that its Python stacks were not recorded (no idle core for
+    py-spy): the fixes only the stacks find (a loop waiting on its own producers, logging,
+    checkpoints on the step) are then missing from the untested list too, and tune says so."""
+    notes = (doc.get("run") or {}).get("notes") or []
+    return next((n for n in notes if isinstance(n, str) and n.startswith("Python stacks not recorded")), None)
 
 
 def _budget_for_all(t: Tuner, n: int) -> float | None:
@@ -178,4 +186,6 @@ def render(doc: dict, console=None) -> None:
             gain = ", ".join(x for x in (f"~{u['expected']:.2f}x" if u["expected"] else "?",
                                          f"max {u['ceiling']:.2f}x" if u["ceiling"] else "") if x)
             con.print(text(f"    {u['id']} {u['title']} ({gain})", "dim"))
+    if note := b.get("stacks_note"):
+        con.print(text(f"baseline: {note} (fixes only the stacks find are not listed)", "dim"))
     con.print(text(f"runs: {doc['dir']} ({doc['elapsed_s']:.0f} s)"))
