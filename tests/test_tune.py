@@ -1278,7 +1278,7 @@ def test_a_confirmed_trials_row_shows_both_runs_step_times_and_baselines(monkeyp
                                error=None)
     monkeypatch.setattr(S.Tuner, "_launch", fake_launch)
     t._confirm(a)
-    tr = R._trial_doc(a)
+    tr = R._trial_doc(a, {})
     assert tr["confirm"]["step_time_s"] == 0.072 and tr["confirm"]["baseline_step_time_s"] == 0.09
     assert tune_step_times(tr) == ("80.0/72.0 ms", "100.0/90.0 ms")
     # a trial run once keeps its one step time and its own baselines
