@@ -86,6 +86,36 @@ def test_contention_when_the_slow_rank_waited_for_a_core():
     assert m["ranks.wait_cause"] == "straggler"
 
 
+def test_a_rank_that_also_does_more_cpu_work_is_a_straggler_though_it_queued_more():
+    """Measured (helper75, `perfdoctor run --nproc-per-node 2` on a loaded 2-core host): rank 1 given
+    2x the batch of rank 0 in DDP ran 10.5 ms of CPU per profiled step to rank 0's 6.5 ms, and
+    queued 10.7 ms for a core to rank 0's 1.1 ms (rank 0 sleeps in its all-reduce and wakes
+    briefly; the scheduler favours it). Per CPU second rank 1 queued 6x more: the rate model read
+    'contention' and the report said 'not more work', though its extra CPU alone is 18% of the
+    step, above the 12% transfer: a straggler. Its queueing stays the host's (runq excess kept)."""
+    steps0 = _steps([(23.0, 17.0), (22.5, 16.4), (23.4, 17.5), (22.0, 15.9), (22.8, 16.8), (23.1, 16.9)])
+    steps1 = _steps([(22.6, 2.9), (22.2, 2.6), (23.0, 3.0), (21.8, 2.7), (22.5, 2.8), (22.7, 2.9)])
+    r0 = RankInput(0, 22.8, 16.75 / 22.8, steps0, runq_ms=1.1, cpu_ms=6.5)
+    r1 = RankInput(1, 22.4, 2.8 / 22.4, steps1, runq_ms=10.7, cpu_ms=10.5)
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.slowest_rank"] == 1 and m["ranks.slowest_runq_excess"] > 0.5     # the rate model alone
+    assert m["ranks.slowest_extra_cpu_share"] == pytest.approx(4.0 / 22.4)
+    assert m["ranks.wait_cause"] == "straggler"
+    # the same queueing with the same CPU on both ranks: no more work, the host's contention
+    m, _ = cross_rank([RankInput(0, 22.8, 16.75 / 22.8, steps0, runq_ms=1.1, cpu_ms=6.5),
+                       RankInput(1, 22.4, 2.8 / 22.4, steps1, runq_ms=10.7, cpu_ms=6.9)], 2)
+    assert m["ranks.slowest_extra_cpu_share"] == pytest.approx(0.4 / 22.4)
+    assert m["ranks.wait_cause"] == "contention"
+    # more CPU, but less than the transfer every rank waits for (a balanced job on a loaded host:
+    # rank 0 ran 26.6 ms to rank 1's 22.2 ms of a 67 ms step with a 28% transfer): contention stays
+    s0 = _steps([(67.0, 19.0), (66.0, 18.5), (68.0, 19.5), (67.5, 19.0)])
+    s1 = _steps([(67.0, 40.0), (66.0, 39.5), (68.0, 40.5), (67.5, 40.0)])
+    m, _ = cross_rank([RankInput(0, 67.0, 19.0 / 67.0, s0, runq_ms=31.3, cpu_ms=26.6),
+                       RankInput(1, 67.0, 40.0 / 67.0, s1, runq_ms=12.7, cpu_ms=22.2)], 2)
+    assert m["ranks.slowest_rank"] == 0 and m["ranks.slowest_extra_cpu_share"] < m["ranks.network_wait_share"]
+    assert m["ranks.wait_cause"] == "contention"
+
+
 def test_a_rank_busier_in_every_step_is_a_straggler_despite_one_long_step():
     """Rank 0 evaluates every 10 steps (rank 0 only) and is busier in each traced step; one of
     them holds the evaluation (829 ms of own work against rank 1's 6 ms). The spread of that one

@@ -43,6 +43,16 @@ runnable, so a rank with 30 ms more work on a host whose cores are half taken by
 queues ~30 ms more. That queueing comes with its work (the others, at the same rate per CPU
 second, would have queued as much for it): it stays a straggler. Only queueing above the other
 ranks' rate (runq / cpu) is the slow rank's own contention.
+Contention is a claim that the rank is not doing more work, and with CPU times known it is
+checked: the slow rank's CPU time per profiled step beyond the others' mean, as a share of its
+step (ranks.slowest_extra_cpu_share), is the wait its extra work alone costs the others. When that
+alone is a straggler's wait (at least MATERIAL of the step and at least the network wait), the
+rank is a straggler whatever it also queued: rebalancing its work removes that wait, and the
+queueing is the host's contention on top (flag PD214, fix PD348). On a loaded 2-core host a rank
+given 2x the batch ran 10.5 ms of CPU per step to the other's 6.5 ms (17% of a 22 ms step, the
+transfer 12%) yet queued 10.7 ms to its 1.1 ms: the scheduler favours the rank that sleeps in its
+collective and wakes briefly over the one that computes without a break, so per CPU second the
+busier rank queues more, and the rate model above read 'contention'.
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slo
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
          "ranks.straggler_wait_share", "ranks.straggler_wait_share_max", "ranks.straggler_consistent",
          "ranks.paired_steps", "ranks.slowest_last_wait_share", "ranks.slowest_last_steps", "ranks.slowest_runq_excess",
-         "ranks.others_wait_share", "ranks.wait_cause")
+         "ranks.slowest_extra_cpu_share", "ranks.others_wait_share", "ranks.wait_cause")
 
 
 @dataclass
@@ -119,7 +129,10 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     st, nw = out["ranks.others_wait_share"], net
     contention = _contention(ranks, slow.rank)
     out["ranks.slowest_runq_excess"] = contention
-    if consistent and st >= MATERIAL and st >= nw and contention is not None and contention >= CONTENTION:
+    extra_cpu = out["ranks.slowest_extra_cpu_share"] = _extra_cpu_share(ranks, slow.rank)
+    more_work = extra_cpu is not None and extra_cpu >= MATERIAL and extra_cpu >= nw
+    if (consistent and st >= MATERIAL and st >= nw and contention is not None and contention >= CONTENTION
+            and not more_work):
         out["ranks.wait_cause"] = "contention"
     elif consistent and st >= MATERIAL and st >= nw:
         out["ranks.wait_cause"] = "straggler"
@@ -149,6 +162,15 @@ def _contention(ranks: list[RankInput], slow: int) -> float | None:
     if cpu_o > 0:
         expected = by[slow].cpu_ms * expected / cpu_o        # the others' queueing rate, on its CPU time
     return max(0.0, by[slow].runq_ms - expected) / extra
+
+
+def _extra_cpu_share(ranks: list[RankInput], slow: int) -> float | None:
+    """The slowest rank's CPU time per profiled step beyond the other ranks' mean, as a share of
+    its step time (None: CPU times or the step time unknown)."""
+    by = {r.rank: r for r in ranks}
+    if any(r.cpu_ms is None for r in ranks) or not by[slow].step_ms:
+        return None
+    return max(0.0, by[slow].cpu_ms - fmean(by[k].cpu_ms for k in by if k != slow)) / by[slow].step_ms
 
 
 def _paired_busy(ranks: list[RankInput]) -> list[dict[int, float]]:

@@ -20,8 +20,8 @@ BOUND_TITLE = {
 WAIT_CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest one",
               "network": "mostly the transfer itself, which every rank waits for (network, collective library, "
                          "bucket sizes)",
-              "contention": "CPU contention: the slowest rank waited in the run queue for a core (an oversubscribed host), "
-                            "not more work",
+              "contention": "CPU contention: the slowest rank spent most of its extra time waiting in the run queue for "
+                            "a core (an oversubscribed host), not working",
               "uneven": "uneven: no rank is slower step after step (uneven work or a noisy machine)",
               "none": "no material wait (under 5% of the step on every rank)"}
 
