@@ -70,8 +70,8 @@ def _model_text(expected, rng, ceiling) -> str:
     parts = []
     if expected is not None:
         parts.append(f"expected ~{times(expected)}"
-                     + (f" ({times(rng[0])[:-1]}-{times(rng[1])})" if rng and rng[1] > rng[0] * 1.005
-                        and math.isfinite(rng[1]) else ""))
+                     + (f" ({times(rng[0])[:-1]}-{times(rng[1])})" if rng and math.isfinite(rng[1])
+                        and times(rng[1]) != times(rng[0]) else ""))
     else:
         parts.append("no model of its gain")
     if ceiling is not None:
