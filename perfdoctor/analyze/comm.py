@@ -20,13 +20,22 @@ launch call; without any, the host collectives that do the work (gloo), placed b
   (Optimizer.step#... annotations) the steps that run one are counted: a collective that runs on
   every micro-batch anyway (DDP's forward broadcast of buffers) does not make a micro-batch a
   synchronising step. Without optimizer annotations, the steps that launch collectives.
+- comm.exposed_reduce_share: the exposed part of the collectives that reduce (all_reduce,
+  reduce_scatter, reduce: kernels, or host collectives on gloo, by name), the gradient reduction
+  that DDP's and FSDP1's no_sync() and FSDP2's set_requires_gradient_sync(False) skip. What else
+  is exposed runs on every micro-batch whatever the synchronisation: FSDP's parameter all-gathers,
+  DDP's buffer broadcasts. On gloo FSDP's reduce-scatter runs as an all_reduce (a reduction too).
+  An all_reduce of a logged loss counts as well: the name alone cannot tell it from gradients.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.intervals import clip
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import launches_inside
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -35,11 +44,13 @@ from perfdoctor.trace.table import EventTable
 
 BACKWARD = "autograd::engine::evaluate_function"
 OPTIMIZER_STEP = "Optimizer.step#"
+REDUCING_RX = re.compile(r"reduce", re.I)   # all_reduce, reduce_scatter, reduce; NCCL's AllReduce, ReduceScatter
 REMAINING = 0.1      # share of the step's backward compute still to be launched after a collective
 
 
 def comm_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, total: float) -> dict:
     out = _shares(tl, k, total)
+    out["comm.exposed_reduce_share"] = _exposed_reduce_share(t, k, steps, tl, total) if out["comm.share"] else 0.0
     at, dur = collectives(t, k, steps)
     out["comm.launched_in_backward"] = launched_in_backward(t, k, steps, at, dur)
     out["comm.sync_steps"] = sync_steps(t, k, steps, at)
@@ -55,6 +66,17 @@ def _shares(tl: Timeline, k: Kinds, total: float) -> dict:
     return {"comm.share": ct / total,
             "comm.exposed_share": tl.total(tl.role == BREAKDOWN.index("communication")) / total,
             "comm.overlap": overlap}
+
+
+def _exposed_reduce_share(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, total: float) -> float:
+    """Exposed communication (the breakdown's role) that a reducing collective covers / step time.
+    The rows are the timeline's communication rows, so their clipped ends are segment boundaries."""
+    comm = k.comm_host | (k.comm_kernel if k.platform != "cpu" else False)
+    rows = np.flatnonzero(comm & t.name_mask(lambda n: REDUCING_RX.search(n) is not None))
+    if not len(rows):
+        return 0.0
+    covered = tl.seg.covered(*clip(t.ts[rows], t.ts[rows] + t.dur[rows], *steps.span))
+    return tl.total(covered & (tl.role == BREAKDOWN.index("communication"))) / total
 
 
 def collectives(t: EventTable, k: Kinds, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
