@@ -167,3 +167,26 @@ def test_the_wrapper_is_named_from_its_annotations(tmp_path, label, wrapper):
     a, fixes = _analyze_doc(tmp_path, doc)
     assert a.metrics["parallel.wrapper"] == wrapper
     assert f"(data-parallel wrapper in the trace: {wrapper})" in fixes["PD334"].summary
+
+
+def test_reductions_by_hand_one_per_tensor_are_offered_one_flat_buffer(tmp_path):
+    # 4 all-reduces of 3 ms a step and no DDP/FSDP annotation: gradients reduced by hand (PD372),
+    # at best 4-fold faster as one call; with DDP's annotation (it buckets already) not offered
+    doc, _ = tg.build(ddp())
+    a, fixes = _analyze_doc(tmp_path, doc)
+    m = a.metrics
+    assert m["comm.reduce_calls_per_step"] == 4.0
+    assert m["comm.reduce_call_mean_us"] == pytest.approx(3000, rel=0.01)
+    assert m["comm.reduce_call_mean_bytes"] is None                  # tracegen records no sizes
+    assert fixes["PD372"].ceiling == pytest.approx(amdahl(m["comm.exposed_reduce_share"], 4))
+    assert "4 reducing collectives a step" in fixes["PD372"].summary
+    step = next(e for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "DistributedDataParallel.forward",
+                               "pid": step["pid"], "tid": step["tid"], "ts": step["ts"] + 1, "dur": 5})
+    _, fixes = _analyze_doc(tmp_path, doc)
+    assert "PD372" not in fixes and "PD334" in fixes
+    # half the calls all-gathers: two reductions a step, under PD372's four
+    doc, _ = tg.build(ddp())
+    _gathers(doc, 2)
+    a, fixes = _analyze_doc(tmp_path, doc)
+    assert a.metrics["comm.reduce_calls_per_step"] == 2.0 and "PD372" not in fixes

@@ -277,6 +277,9 @@ _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
 _m("comm.overlap", "fraction", "Collective time overlapped by compute / collective time.")
 _m("comm.exposed_reduce_share", "share", "Exposed collective time (the step breakdown's communication) covered by a reducing collective (all_reduce, reduce_scatter, reduce, by kernel or gloo/c10d op name) / step time: the gradient reduction that no_sync() / set_requires_gradient_sync(False) skip, without FSDP's parameter all-gathers or DDP's buffer broadcasts (analyze/comm.py).")
+_m("comm.reduce_calls_per_step", "count", "Reducing collectives (all_reduce, reduce_scatter, reduce) per analysed step, one per call: their kernels, else their gloo ops (analyze/comm.py); 0 without any.")
+_m("comm.reduce_call_mean_us", "us", "Mean duration of one of those calls; None without any.")
+_m("comm.reduce_call_mean_bytes", "bytes", "Mean size of one of those calls (In msg nelems x the dtype's size) where the trace records it on every call; None otherwise (gloo CPU traces).")
 _m("comm.launched_in_backward", "fraction", "Share of collective time (kernel durations in the analysed steps) launched while at least a tenth of "
    "its step's backward compute (kernel time launched from autograd engine ops) was still to be launched: collectives issued during "
    "backward, as DDP's bucketed all-reduce and FSDP's reduce-scatter are (the last bucket, issued as backward ends, is not counted), or "
