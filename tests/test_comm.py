@@ -109,3 +109,84 @@ def test_no_collectives_no_comm_metrics(analyze_spec):
     a, _ = analyze_spec(tg.TraceSpec(steps=[S(**{**DDP, "nccl_kernels": 0}, optimizer=True)] * 4))
     m = a.metrics
     assert m["comm.share"] == 0.0 and m["comm.launched_in_backward"] is None and m["comm.sync_steps"] is None
+
+
+def _analyze_doc(tmp_path, doc):
+    import json
+
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    a = analyze(load_trace(path))
+    return a, {f.rule.id: f for f in evaluate(RULES, a.metrics).fixes}
+
+
+def _gathers(doc, every):
+    """Rename every `every`-th all-reduce kernel (and its nccl: annotation's launch) to an all-gather."""
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["name"] == tg.NCCL_KERNEL]
+    for e in kernels[::every]:
+        e["name"] = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    return len(kernels[::every]), len(kernels)
+
+
+def test_only_the_reducing_collectives_are_what_fewer_syncs_remove(tmp_path):
+    # the same DDP-like trace with none, half and all of its collective kernels turned into all-gathers
+    # (FSDP's parameter gathers, which come back on every micro-batch): the exposed share stays, the
+    # share PD334 attacks (comm.exposed_reduce_share) is what the all-reduces leave exposed
+    base, _ = tg.build(ddp())
+    a, fixes = _analyze_doc(tmp_path, base)
+    m = a.metrics
+    assert m["comm.exposed_reduce_share"] == pytest.approx(m["comm.exposed_share"])
+    assert fixes["PD334"].ceiling == pytest.approx(amdahl(m["comm.exposed_share"], 4))
+    assert m["parallel.wrapper"] is None
+    half, _ = tg.build(ddp())
+    n, total = _gathers(half, 2)
+    assert n == total // 2
+    a, fixes = _analyze_doc(tmp_path, half)
+    h = a.metrics
+    assert h["comm.exposed_share"] == pytest.approx(m["comm.exposed_share"])
+    assert 0.3 * m["comm.exposed_share"] < h["comm.exposed_reduce_share"] < 0.7 * m["comm.exposed_share"]
+    assert fixes["PD334"].ceiling == pytest.approx(amdahl(h["comm.exposed_reduce_share"], 4))
+    assert fixes["PD334"].ceiling < amdahl(h["comm.exposed_share"], 4)
+    gathers, _ = tg.build(ddp())
+    _gathers(gathers, 1)
+    a, fixes = _analyze_doc(tmp_path, gathers)
+    assert a.metrics["comm.exposed_reduce_share"] == 0.0 and a.metrics["comm.exposed_share"] > 0.10
+    assert "PD334" not in fixes
+
+
+@pytest.mark.parametrize("label, wrapper", [("FSDP::pre_forward (0)", "fully_shard"),
+                                            ("FullyShardedDataParallel._pre_forward", "FullyShardedDataParallel"),
+                                            ("DistributedDataParallel.forward", "DistributedDataParallel")])
+def test_the_wrapper_is_named_from_its_annotations(tmp_path, label, wrapper):
+    doc, _ = tg.build(ddp())
+    step = next(e for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": label, "pid": step["pid"],
+                               "tid": step["tid"], "ts": step["ts"] + 1, "dur": 5})
+    a, fixes = _analyze_doc(tmp_path, doc)
+    assert a.metrics["parallel.wrapper"] == wrapper
+    assert f"(data-parallel wrapper in the trace: {wrapper})" in fixes["PD334"].summary
+
+
+def test_reductions_by_hand_one_per_tensor_are_offered_one_flat_buffer(tmp_path):
+    # 4 all-reduces of 3 ms a step and no DDP/FSDP annotation: gradients reduced by hand (PD372),
+    # at best 4-fold faster as one call; with DDP's annotation (it buckets already) not offered
+    doc, _ = tg.build(ddp())
+    a, fixes = _analyze_doc(tmp_path, doc)
+    m = a.metrics
+    assert m["comm.reduce_calls_per_step"] == 4.0
+    assert m["comm.reduce_call_mean_us"] == pytest.approx(3000, rel=0.01)
+    assert m["comm.reduce_call_mean_bytes"] is None                  # tracegen records no sizes
+    assert fixes["PD372"].ceiling == pytest.approx(amdahl(m["comm.exposed_reduce_share"], 4))
+    assert "4 reducing collectives a step" in fixes["PD372"].summary
+    step = next(e for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "DistributedDataParallel.forward",
+                               "pid": step["pid"], "tid": step["tid"], "ts": step["ts"] + 1, "dur": 5})
+    _, fixes = _analyze_doc(tmp_path, doc)
+    assert "PD372" not in fixes and "PD334" in fixes
+    # half the calls all-gathers: two reductions a step, under PD372's four
+    doc, _ = tg.build(ddp())
+    _gathers(doc, 2)
+    a, fixes = _analyze_doc(tmp_path, doc)
+    assert a.metrics["comm.reduce_calls_per_step"] == 2.0 and "PD372" not in fixes

@@ -43,7 +43,7 @@ def collective_name(name: str) -> str:
 
 def collective_table(t: EventTable, k: Kinds, steps: Steps, world_size: int | None,
                      top: int = TOP_ROWS) -> list[dict]:
-    rows = _rows(t, k, steps)
+    rows = collective_rows(t, k, steps)
     if not len(rows):
         return []
     codes = t.name[rows]
@@ -76,7 +76,7 @@ def collective_table(t: EventTable, k: Kinds, steps: Steps, world_size: int | No
     return out[:top]
 
 
-def _rows(t: EventTable, k: Kinds, steps: Steps) -> np.ndarray:
+def collective_rows(t: EventTable, k: Kinds, steps: Steps) -> np.ndarray:
     """Collective kernels in the steps; without any, the host collectives doing the work (gloo ops
     when present, so a c10d wrapper and its gloo op are not counted twice)."""
     lo, hi = steps.span

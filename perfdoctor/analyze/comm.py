@@ -20,13 +20,27 @@ launch call; without any, the host collectives that do the work (gloo), placed b
   (Optimizer.step#... annotations) the steps that run one are counted: a collective that runs on
   every micro-batch anyway (DDP's forward broadcast of buffers) does not make a micro-batch a
   synchronising step. Without optimizer annotations, the steps that launch collectives.
+- comm.exposed_reduce_share: the exposed part of the collectives that reduce (all_reduce,
+  reduce_scatter, reduce: kernels, or host collectives on gloo, by name), the gradient reduction
+  that DDP's and FSDP1's no_sync() and FSDP2's set_requires_gradient_sync(False) skip. What else
+  is exposed runs on every micro-batch whatever the synchronisation: FSDP's parameter all-gathers,
+  DDP's buffer broadcasts. On gloo FSDP's reduce-scatter runs as an all_reduce (a reduction too).
+  An all_reduce of a logged loss counts as well: the name alone cannot tell it from gradients.
+- comm.reduce_calls_per_step / reduce_call_mean_us / reduce_call_mean_bytes: those reducing
+  collectives counted one per call as the collective table counts them (kernels, else the gloo ops),
+  per analysed step, their mean duration, and their mean size where the trace records it
+  (`In msg nelems` x the dtype's size on every call; None otherwise, as on gloo CPU traces).
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from perfdoctor.analyze.arrays import unique
+from perfdoctor.analyze.collectives import collective_rows
+from perfdoctor.analyze.intervals import clip
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import launches_inside
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -35,12 +49,15 @@ from perfdoctor.trace.table import EventTable
 
 BACKWARD = "autograd::engine::evaluate_function"
 OPTIMIZER_STEP = "Optimizer.step#"
+REDUCING_RX = re.compile(r"reduce", re.I)   # all_reduce, reduce_scatter, reduce; NCCL's AllReduce, ReduceScatter
 REMAINING = 0.1      # share of the step's backward compute still to be launched after a collective
 
 
 def comm_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, total: float) -> dict:
     out = _shares(tl, k, total)
+    out["comm.exposed_reduce_share"] = _exposed_reduce_share(t, k, steps, tl, total) if out["comm.share"] else 0.0
     at, dur = collectives(t, k, steps)
+    out.update(_reduce_calls(t, k, steps))
     out["comm.launched_in_backward"] = launched_in_backward(t, k, steps, at, dur)
     out["comm.sync_steps"] = sync_steps(t, k, steps, at)
     return out
@@ -55,6 +72,29 @@ def _shares(tl: Timeline, k: Kinds, total: float) -> dict:
     return {"comm.share": ct / total,
             "comm.exposed_share": tl.total(tl.role == BREAKDOWN.index("communication")) / total,
             "comm.overlap": overlap}
+
+
+def _exposed_reduce_share(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, total: float) -> float:
+    """Exposed communication (the breakdown's role) that a reducing collective covers / step time.
+    The rows are the timeline's communication rows, so their clipped ends are segment boundaries."""
+    comm = k.comm_host | (k.comm_kernel if k.platform != "cpu" else False)
+    rows = np.flatnonzero(comm & t.name_mask(lambda n: REDUCING_RX.search(n) is not None))
+    if not len(rows):
+        return 0.0
+    covered = tl.seg.covered(*clip(t.ts[rows], t.ts[rows] + t.dur[rows], *steps.span))
+    return tl.total(covered & (tl.role == BREAKDOWN.index("communication"))) / total
+
+
+def _reduce_calls(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    rows = collective_rows(t, k, steps)
+    rows = rows[t.name_mask(lambda n: REDUCING_RX.search(n) is not None)[rows]]
+    out = {"comm.reduce_calls_per_step": len(rows) / len(steps) if len(steps) else None,
+           "comm.reduce_call_mean_us": float(t.dur[rows].mean()) if len(rows) else None,
+           "comm.reduce_call_mean_bytes": None}
+    nbytes = t.args["in_nelems"][rows] * t.args["dtype_bytes"][rows]
+    if len(rows) and not np.isnan(nbytes).any():
+        out["comm.reduce_call_mean_bytes"] = float(nbytes.mean())
+    return out
 
 
 def collectives(t: EventTable, k: Kinds, steps: Steps) -> tuple[np.ndarray, np.ndarray]:

@@ -95,6 +95,21 @@ class OwnPart:
         return ok
 
 
+# The record_function labels each data-parallel wrapper puts in a trace, FSDP's before DDP's (a
+# model could nest one in the other; FSDP's sharding decides what its collectives are).
+WRAPPERS = (("fully_shard", "FSDP::"), ("FullyShardedDataParallel", "FullyShardedDataParallel."),
+            ("DistributedDataParallel", "DistributedDataParallel.forward"))
+
+
+def parallel_wrapper(t: EventTable, k: Kinds) -> str | None:
+    """fully_shard (FSDP2), FullyShardedDataParallel (FSDP1) or DistributedDataParallel from their
+    annotations; None without any (a trace without them, or gradients reduced by hand)."""
+    for name, prefix in WRAPPERS:
+        if (k.cpu_op & t.name_mask(lambda s, p=prefix: s.startswith(p))).any():
+            return name
+    return None
+
+
 def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     n, total = len(steps), float(steps.duration.sum())
     in_steps = steps.of_events(t) >= 0
@@ -103,6 +118,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = {"attention.math_ops_per_step": len(math_ops) / n,
            "attention.fused_ops_per_step": int(fused_ops.sum()) / n,
            "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
+           "parallel.wrapper": parallel_wrapper(t, k),
            "trace.devices_used": None, "attention.math_kernel_share": None,
            "optimizer.kernels_per_step": None, "optimizer.ops_per_step": None, "optimizer.fused": None,
            "optimizer.implementation": None, "optimizer.closure": None,

@@ -201,6 +201,7 @@ _m("attention.manual_kernel_share", "share", "Device time of kernels launched by
 _m("attention.manual_gemm_share", "share", "The part of attention.manual_kernel_share in GEMM kernels (the matmuls a fused attention kernel still computes; the rest it removes); None on CPU.")
 _m("attention.math_kernel_share", "share", "Device time of kernels launched inside math-attention ops / step time.")
 _m("parallel.data_parallel", "bool", "torch.nn.DataParallel ran (DataParallel.forward annotations).")
+_m("parallel.wrapper", "str", "The data-parallel wrapper whose record_function labels the trace has: 'fully_shard' (FSDP2: FSDP::...), 'FullyShardedDataParallel' (FSDP1: FullyShardedDataParallel.*) or 'DistributedDataParallel' (DistributedDataParallel.forward), FSDP's first; None without any (analyze/patterns.py).")
 _m("parallel.replica_compute_share_max", "share", "The busiest device's compute kernels alone (no copies, memsets or collectives: DataParallel's replicate/broadcast, scatter, gather and gradient reduce), their union / step time: about what a DDP step would take on that replica; None with one device.")
 _m("parallel.replica_compute_share_mean", "share", "Mean over the devices of that compute-kernel share: the step if DDP evened the replicas' work; None with one device.")
 _m("parallel.replica_idle_share", "share", "Under DataParallel on several devices: the union of device busy time over the devices minus their mean busy share (gpu.device_busy_mean): time the replicas idle while the one driving process replicates, scatters, gathers and computes the loss on the first device. share.device is the mean and this share is counted in share.host (analyze/replicas.py); None otherwise.")
@@ -275,6 +276,10 @@ _m("run.outside_loader_share", "share", "The steady steps' time outside DataLoad
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
 _m("comm.overlap", "fraction", "Collective time overlapped by compute / collective time.")
+_m("comm.exposed_reduce_share", "share", "Exposed collective time (the step breakdown's communication) covered by a reducing collective (all_reduce, reduce_scatter, reduce, by kernel or gloo/c10d op name) / step time: the gradient reduction that no_sync() / set_requires_gradient_sync(False) skip, without FSDP's parameter all-gathers or DDP's buffer broadcasts (analyze/comm.py).")
+_m("comm.reduce_calls_per_step", "count", "Reducing collectives (all_reduce, reduce_scatter, reduce) per analysed step, one per call: their kernels, else their gloo ops (analyze/comm.py); 0 without any.")
+_m("comm.reduce_call_mean_us", "us", "Mean duration of one of those calls; None without any.")
+_m("comm.reduce_call_mean_bytes", "bytes", "Mean size of one of those calls (In msg nelems x the dtype's size) where the trace records it on every call; None otherwise (gloo CPU traces).")
 _m("comm.launched_in_backward", "fraction", "Share of collective time (kernel durations in the analysed steps) launched while at least a tenth of "
    "its step's backward compute (kernel time launched from autograd engine ops) was still to be launched: collectives issued during "
    "backward, as DDP's bucketed all-reduce and FSDP's reduce-scatter are (the last bucket, issued as backward ends, is not counted), or "
