@@ -265,10 +265,13 @@ def test_a_loop_waiting_on_its_own_producers_is_input_bound_and_firm_when_the_wa
     steps makes it input-bound (PD370), and the margin is the steady wait's over the trace's split
     of the rest, as for the DataLoader's steady wait (PD117)."""
     from perfdoctor.analyze import registry
+    from perfdoctor.analyze.stacks import exposed_waits
     m = {**dict.fromkeys(registry.REGISTRY),           # every metric unknown, as a run without them
          "share.device": 0.12, "share.input": 0.0, "share.host": 0.88, "share.communication": 0.0,
          "breakdown.other": 0.85, "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
          "stacks.producer_wait_share": 0.84, "stacks.steady_steps": 60, "run.data_wait_share": 0.0}
+    m.update(exposed_waits(m))                          # as diagnose/live.run_stacks derives them
+    assert m["stacks.producer_wait_exposed_share"] == 0.84      # no device timeline: the whole wait
     d = evaluate(RULES, m)
     assert d.verdict.rule.id == "PD370" and d.verdict.rule.bound == "input"
     assert d.fixes[0].rule.id == "PD369"
@@ -284,6 +287,8 @@ def test_a_loop_waiting_on_its_own_producers_is_input_bound_and_firm_when_the_wa
     assert conf == 0.4 and any("most of the step is untraced host time" in n for n in notes)
     # on a GPU only what the device spends idle of the wait counts: 30% idle is not half the step
     gpu = {**m, "trace.platform": "cuda", "share.device": 0.7, "share.host": 0.3, "gpu.idle_share": 0.3}
+    gpu.update(exposed_waits(gpu))
+    assert gpu["stacks.producer_wait_exposed_share"] == 0.3 and gpu["stacks.waiting_exposed_share"] is None
     assert evaluate(RULES, gpu).verdict.rule.id != "PD370"
     first = next(f for f in evaluate(RULES, gpu).fixes if f.rule.id == "PD369")
     assert first.expected == pytest.approx(1 / 0.7, rel=1e-3)            # 30% of the step gone, not 70%

@@ -47,7 +47,24 @@ def empty_metrics() -> dict:
     return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
             "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
             "stacks.python_data_share": None, "stacks.evaluation_share": None,
-            "stacks.producer_wait_share": None, "stacks.waiting_share": None}
+            "stacks.producer_wait_share": None, "stacks.waiting_share": None,
+            "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None}
+
+
+def exposed_waits(m: dict) -> dict:
+    """The training thread's waits the step cannot hide, from the stacks' waits and the trace's
+    device idle time: on a device the trainer may wait (on its producers, on its own line) while
+    the device runs the work it queued, so only the wait the device spends idle is on the step's
+    path, at most gpu.idle_share; on a CPU, or without a device timeline, the whole wait. One
+    place for the line PD369, PD370, PD371 and the verdict's confidence draw alike."""
+    idle = m.get("gpu.idle_share")
+
+    def exposed(wait):
+        if not isinstance(wait, (int, float)):
+            return None
+        return min(float(wait), float(idle)) if isinstance(idle, (int, float)) else float(wait)
+    return {"stacks.producer_wait_exposed_share": exposed(m.get("stacks.producer_wait_share")),
+            "stacks.waiting_exposed_share": exposed(m.get("stacks.waiting_share"))}
 
 
 def segments(events: list[dict]) -> dict[tuple, list[tuple[int, int, tuple]]]:

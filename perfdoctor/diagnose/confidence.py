@@ -211,9 +211,6 @@ def _steady_wait(m: dict) -> float | None:
     """The steady steps' wait for their batches: in DataLoader fetches (the step records), or on
     the loop's own producers (the Python stacks; on a GPU only what the device spends idle,
     PD370's line), whichever is larger; None when neither was measured."""
-    loader, own = m.get("run.data_wait_share"), m.get("stacks.producer_wait_share")
-    idle = m.get("gpu.idle_share")
-    if isinstance(own, (int, float)) and isinstance(idle, (int, float)):
-        own = min(own, idle)
+    loader, own = m.get("run.data_wait_share"), m.get("stacks.producer_wait_exposed_share")
     waits = [w for w in (loader, own) if isinstance(w, (int, float))]
     return max(waits) if waits else None

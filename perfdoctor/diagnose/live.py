@@ -264,7 +264,7 @@ def _note_rank(note: str) -> int:
 
 def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> dict | None:
     """The py-spy recording (if any) -> stacks.* metrics into m, and the report's `stacks` section."""
-    from perfdoctor.analyze.stacks import attribute, section
+    from perfdoctor.analyze.stacks import attribute, exposed_waits, section
     from perfdoctor.collect.stacks import MIN_IDLE_CORES, load_recording, skipped_note
 
     rec = load_recording(run_dir / "stacks")
@@ -282,6 +282,7 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
         return None
     rep = attribute(rec[0], rec[1], steps)
     m.update(rep.metrics)
+    m.update(exposed_waits(m))
     return section(rep, rec[1])
 
 
