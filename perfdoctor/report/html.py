@@ -15,7 +15,7 @@ from perfdoctor.report import svg
 from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text,
                                      data_wait_text, device_text, from_other_traces, rank_bound, role_labels,
                                      shown_trace, source_text, unranked_gain, windows_text)
-from perfdoctor.report.ranks_view import rank_notes, rank_title
+from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
 from perfdoctor.report.stepchart import step_chart
@@ -177,7 +177,7 @@ def _ranks(doc: dict) -> str:
     if sec:
         per = sec.get("per_rank") or []
         span = max((r.get("step_time_ms") or 0 for r in per), default=0) or 1.0
-        hosts = len({r.get("host") for r in per}) > 1
+        hosts = several_hosts(sec)
         rows = []
         for r in per:
             own, wait = r.get("busy_ms") or 0.0, r.get("collective_wait_ms") or 0.0

@@ -27,7 +27,7 @@ def render_ranks(c: Console, sec: dict) -> None:
     m = sec.get("metrics") or {}
     c.print()
     c.print(Text(rank_title(sec) + " (wait = exposed collective time per step, own work = step - wait)", style="bold"))
-    hosts = len({r.get("host") for r in sec["per_rank"]}) > 1
+    hosts = several_hosts(sec)
     table = Table(show_edge=False, box=None, padding=(0, 1))
     for col in ("rank",) + (("host",) if hosts else ()) + ("step ms", "own ms", "wait ms", "for slower",
                                                            "data wait", "verdict", "exit"):
@@ -42,6 +42,11 @@ def render_ranks(c: Console, sec: dict) -> None:
     c.print(table)
     for line, dim in rank_notes(sec):
         c.print(text(line, style="dim" if dim else ""))
+
+
+def several_hosts(sec: dict) -> bool:
+    """The ranks ran on more than one host: the rank tables (terminal and HTML) get a host column."""
+    return len({r.get("host") for r in sec.get("per_rank") or []}) > 1
 
 
 def rank_title(sec: dict) -> str:
