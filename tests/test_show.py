@@ -215,7 +215,8 @@ def test_html_renders_in_a_headless_browser(hostile, tmp_path):
 def test_a_narrow_window_scrolls_wide_tables_inside_their_card(tmp_path):
     """At phone width (420 px asked; Chromium lays out 500) the per-rank table of a two-rank
     directory ran past its card and the page scrolled sideways. Each card scrolls its own wide
-    content now: no card reaches past the window, nor does the page. The browser measures it; a
+    content now: no card reaches past the window, nor does the page, and the charts keep a
+    readable width inside their cards. The browser measures it; a
     copy of the page without its script ban (CSP) runs the measurement."""
     runs = tmp_path / "ranks"
     runs.mkdir()
@@ -228,14 +229,18 @@ def test_a_narrow_window_scrolls_wide_tables_inside_their_card(tmp_path):
     assert "Across 2 rank(s)" in page
     probe = tmp_path / "probe.html"
     measure = ("<script>var w=innerWidth,bad=[];document.querySelectorAll('section.card').forEach(function(c,i)"
-               "{if(c.getBoundingClientRect().right>w+1)bad.push(i)});document.body.setAttribute('data-fit',"
-               "document.documentElement.scrollWidth+' '+w+' '+bad.join(','))</script></body>")
+               "{if(c.getBoundingClientRect().right>w+1)bad.push(i)});var s=1e9;document.querySelectorAll('svg.chart')"
+               ".forEach(function(g){s=Math.min(s,g.getBoundingClientRect().width)});document.body.setAttribute('data-fit',"
+               "document.documentElement.scrollWidth+' '+w+' '+bad.join(',')+' '+Math.round(s))</script></body>")
     probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page).replace("</body>", measure))
     dom = _browser("--window-size=420,3000", "--dump-dom", probe.as_uri(), cwd=tmp_path).stdout
-    fit = re.search(r'data-fit="(\d+) (\d+) ([\d,]*)"', dom)
+    fit = re.search(r'data-fit="(\d+) (\d+) ([\d,]*) (\d+)"', dom)
     assert fit, dom[-500:]
-    page_w, window_w, cards = int(fit.group(1)), int(fit.group(2)), fit.group(3)
+    page_w, window_w, cards, chart_w = int(fit.group(1)), int(fit.group(2)), fit.group(3), int(fit.group(4))
     assert window_w <= 520 and page_w <= window_w and cards == "", fit.group(0)
+    # the charts (drawn 900 wide, 11 px text) keep 600 px and scroll in their card: scaled to the
+    # phone's ~450 px their text was 5 px high
+    assert 600 <= chart_w < 1e9, fit.group(0)
 
 
 # --- annotated trace ---------------------------------------------------------------------------
