@@ -16,17 +16,21 @@ began:
 - End. Recording stops at the boundary where `active` steps (`--trace-steps`) are recorded, or
   at least one is and `trace_s` seconds of steps have been recorded: a run of a few long
   steps gets one or two whole steps, not a cut-short window, and the trace stays small.
-- Memory. torch.profiler keeps every op event in memory, about 1 KB each while recording (the
-  CPU LSTM of pytorch/examples' time_sequence_prediction: 290 MB per 375k-event closure call),
-  and stop() and the export take about twice that again. A whole LBFGS step of 20 such calls,
-  with stop() parsing every event in Python (acc_events, since dropped), grew the script past
-  the machine's 24 GB and the kernel killed it. So the window has a memory budget: the least of
-  `trace_mb` (512 MB, PERFDOCTOR_TRACE_MB, "trace_mb") and a twentieth of the memory available
-  when recording begins, above the process's peak resident size by then (the script's own
-  per-step peaks, the profiler's start-up and its warm-up step do not count). Past it,
-  recording stops at the next point the hooks see on the profiling thread (a backward pass, a
-  DataLoader batch, a step boundary): the trace then holds part of a step, and a note says how
-  much.
+- Memory. torch.profiler keeps every op event in memory, about 0.3 KB each while recording,
+  and stop() and the export take about 1.5 KB an event more for a moment (tracebudget.py). A
+  whole LBFGS step of pytorch/examples' time_sequence_prediction on the CPU (20 closure calls of
+  an LSTM cell, 375k events each), with stop() parsing every event in Python (acc_events, since
+  dropped), grew the script past the machine's 24 GB and the kernel killed it. So the window has
+  a memory budget: the least of `trace_mb` (512 MB, PERFDOCTOR_TRACE_MB, "trace_mb") and a
+  twentieth of the memory available when recording begins, above the process's peak resident
+  size by then (the script's own per-step peaks, the profiler's start-up and its warm-up step do
+  not count). The resident size also holds the free memory of a heap the records fragment (the
+  script's freed tensors, kept: 1-40 KB an event on an LSTM or a conv net, by their tensors'
+  size); past the budget, that free heap is first returned to the system (glibc malloc_trim,
+  "heap_trims" in child.json's window) and recording goes on when the process is then half the
+  budget or more below its limit. Else recording stops at the next point the hooks see on the
+  profiling thread (a backward pass, a DataLoader batch, a step boundary): the trace then holds
+  part of a step, and a note says how much.
 
 Defaults: warmup_s = trace_s = 10 s, overridable by the environment (PERFDOCTOR_WARMUP_S,
 PERFDOCTOR_TRACE_S) or the child configuration ("warmup_s", "trace_s"). Ending the window is
@@ -48,7 +52,7 @@ import threading
 import time
 
 from perfdoctor.collect import profquiet
-from perfdoctor.collect.tracebudget import CHECK_S, TRACE_MB, memory_limit, resident_bytes
+from perfdoctor.collect.tracebudget import CHECK_S, TRACE_MB, memory_limit, release_free_heap, resident_bytes
 
 WARMUP_S = 10.0
 TRACE_S = 10.0
@@ -102,6 +106,7 @@ class Window:
         self.thread = None             # the thread that started the profiler: the only one that stops it
         self.checked = 0.0             # last resident-size reading (perf_counter)
         self.cut = None                # {"after_s", "resident_mb", "budget_mb"}: stopped inside a step
+        self.trims: list[dict] = []    # free heap returned past the budget: {"after_s", "freed_mb", "ms"}
         self.skip, self.active, self.memory, self.enabled = skip, max(1, active), memory, enabled
         self.warmup_s, self.trace_s = warmup_s, trace_s
         self.torch = self.import_thread = None
@@ -238,13 +243,31 @@ class Window:
             return None
         self.checked = now
         rss = resident_bytes()
-        return rss if rss is not None and rss > self.limit[0] else None
+        if rss is None or rss <= self.limit[0]:
+            return None
+        return self._after_release(rss, now)
+
+    def _after_release(self, rss: int, now: float) -> int | None:
+        """Past the limit: return the free heap to the system (tracebudget.py: the script's freed
+        tensors kept by a heap the profiler's records fragment) and read again. Recording goes
+        on when that brought the process back below the limit by half the budget or more, so
+        a trim comes at most once per half budget of growth; else the resident size (stop)."""
+        t0 = time.perf_counter()
+        if not release_free_heap():
+            return rss
+        after = resident_bytes()
+        if after is None:
+            return rss
+        ms = (time.perf_counter() - t0) * 1e3
+        self.trims.append({"after_s": round(now - self.t_record, 3), "freed_mb": round((rss - after) / 2 ** 20),
+                           "ms": round(ms, 1)})
+        return None if after <= self.limit[0] - self.limit[1] // 2 else after
 
     def _budget_text(self, rss: int) -> str:
         mb = 2 ** 20
-        return (f"the process grew to {rss / mb:.0f} MB while the profiler recorded (it holds about 1 KB an op "
-                f"event), past the window's budget of {self.limit[1] / mb:.0f} MB over the earlier peak "
-                "(PERFDOCTOR_TRACE_MB)")
+        return (f"the process grew to {rss / mb:.0f} MB while the profiler recorded (about 0.3 KB an op event, "
+                f"once the free heap is returned), past the window's budget of {self.limit[1] / mb:.0f} MB over "
+                "the earlier peak (PERFDOCTOR_TRACE_MB)")
 
     def check_memory(self, now: float | None = None) -> bool:
         """Called by the hooks inside a step (backward passes, DataLoader batches): stops the
@@ -376,4 +399,4 @@ class Window:
         return {"start_after_steps": self.start_step, "profiler_warmup_steps": self.warmup if started else None,
                 "recorded_steps": self.recorded, "warmup_s": self.warmup_s, "trace_s": self.trace_s,
                 "trace_mb": self.trace_mb, "budget_mb": round(self.limit[1] / 2 ** 20) if self.limit else None,
-                "cut": self.cut}
+                "cut": self.cut, "heap_trims": self.trims}
