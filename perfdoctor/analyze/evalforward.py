@@ -52,6 +52,11 @@ A model compiled for training (torch.compile) runs its forward inside one Compil
 autograd node whose ops record no sequence number, and a compile traces the model with ops that
 record none either: neither is a no-grad forward (a compiled training loop, recompiling every 10
 steps, read 33% "evaluation" and got PD354 "evaluate less often"; it evaluates nothing).
+So does any autograd.Function's forward, which runs with grad mode off inside the op of the
+Function itself (that op records a sequence number): reentrant activation checkpointing
+(CheckpointFunction, torch.utils.checkpoint(use_reentrant=True)), a custom fused op. Its ops are
+the training forward's, and the Function's op is where that forward starts (4 checkpointed
+transformer blocks read as a 30% "evaluation" and got PD354).
 """
 
 from __future__ import annotations
