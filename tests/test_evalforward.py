@@ -208,3 +208,65 @@ def test_a_compiled_training_loop_that_recompiles_evaluates_nothing(tmp_path):
     assert m["compile.steps"] == 1                                  # the recompile in the fourth step
     assert m["evaluation.nograd_forward_share"] == 0.0
     assert "PD354" not in [f["id"] for f in doc["findings"]]
+
+
+# Reentrant activation checkpointing (torch.utils.checkpoint(..., use_reentrant=True)): each
+# checkpointed block's forward runs inside the CheckpointFunction autograd node with grad mode off,
+# so its ops record no sequence number, and it runs after the last update before the first op
+# that records one. A 2-core VM, 4 checkpointed transformer blocks (helper73's probe): read as a
+# 30% "evaluation" and got PD354 "evaluate less often"; it evaluates nothing. With an evaluation
+# after each update too, that evaluation is still measured.
+CHECKPOINTED = """
+import sys, time, json, torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+torch.manual_seed(0)
+torch.set_num_threads(1)
+blocks = nn.ModuleList([nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)) for _ in range(4)])
+opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
+x = torch.randn(64, 128, requires_grad=True)
+val = [torch.randn(256, 128) for _ in range(4)]
+evaluate = sys.argv[2] == "eval"
+spent = {"eval": 0.0, "step": 0.0}
+with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=4),
+                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for i in range(5):
+        t0 = time.perf_counter()
+        h = x
+        for b in blocks:
+            h = checkpoint(b, h, use_reentrant=True)
+        loss = h.pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if evaluate:
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                for v in val:
+                    for b in blocks:
+                        v = b(v)
+            if i:
+                spent["eval"] += time.perf_counter() - t1
+        if i:
+            spent["step"] += time.perf_counter() - t0
+        prof.step()
+json.dump(spent["eval"] / spent["step"], open(sys.argv[1] + ".truth", "w"))
+"""
+
+
+@pytest.mark.parametrize("variant", ["plain", "eval"])
+def test_reentrant_checkpointing_is_no_evaluation(tmp_path, variant):
+    from perfdoctor.diagnose.offline import diagnose_path
+    script, trace = tmp_path / "ckpt.py", tmp_path / "t.json"
+    script.write_text(CHECKPOINTED)
+    r = subprocess.run([sys.executable, str(script), str(trace), variant], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "CheckpointFunction" in trace.read_text()
+    doc = diagnose_path(str(trace))
+    m, fixes = doc["traces"][0]["metrics"], [f["id"] for f in doc["findings"]]
+    share, truth = m["evaluation.nograd_forward_share"], json.loads((tmp_path / "t.json.truth").read_text())
+    if variant == "plain":
+        assert share == 0.0 and "PD354" not in fixes
+    else:
+        assert share == pytest.approx(truth, abs=0.08), (share, truth)
+        assert truth > 0.2 and "PD354" in fixes

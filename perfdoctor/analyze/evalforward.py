@@ -52,6 +52,11 @@ A model compiled for training (torch.compile) runs its forward inside one Compil
 autograd node whose ops record no sequence number, and a compile traces the model with ops that
 record none either: neither is a no-grad forward (a compiled training loop, recompiling every 10
 steps, read 33% "evaluation" and got PD354 "evaluate less often"; it evaluates nothing).
+So does any autograd.Function's forward, which runs with grad mode off inside the op of the
+Function itself (that op records a sequence number): reentrant activation checkpointing
+(CheckpointFunction, torch.utils.checkpoint(use_reentrant=True)), a custom fused op. Its ops are
+the training forward's, and the Function's op is where that forward starts (4 checkpointed
+transformer blocks read as a 30% "evaluation" and got PD354).
 """
 
 from __future__ import annotations
@@ -98,8 +103,13 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     compiled = ops[t.name_mask(lambda n: n == "CompiledFunction")[ops] | t.name_regex(COMPILE_RANGE_RX.pattern)[ops]]
     nograd = nograd[~contained(t, nograd, compiled)]
     nograd = outermost(t, nograd[~contained(t, nograd, training)])
+    # an autograd.Function's forward (reentrant checkpointing's CheckpointFunction, a custom
+    # fused op) runs with grad mode off inside an op that records a backward node: training
+    # forward work, and that op is where the training forward starts
+    wrappers = _graded_wrappers(t, ops, nograd, training)
+    nograd = nograd[~contained(t, nograd, wrappers)]
     nograd = nograd[(t.ts[nograd] >= lo) & (t.ts[nograd] < hi)]
-    fwd = np.sort(t.ts[outermost(t, compute[graded])])
+    fwd = np.sort(t.ts[outermost(t, np.concatenate([compute[graded], wrappers]))])
     bwd_end = np.sort(t.ts[backward] + t.dur[backward])
     at = t.ts[nograd]
     # the last training forward and the last backward pass before each no-grad op: a forward
@@ -145,6 +155,27 @@ def nograd_forward_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out["evaluation.nograd_forward_share"] = min(1.0, tail / total)
     out.update(_in_long_steps(steps.duration, per_step, total))
     return out
+
+
+def _graded_wrappers(t: EventTable, ops: np.ndarray, nograd: np.ndarray, training: np.ndarray) -> np.ndarray:
+    """The outermost ops outside backward and the optimizer that record a backward node (a sequence
+    number) and hold a no-grad compute op: autograd Functions whose forward runs with grad off."""
+    graded = ops[np.isfinite(t.args["seq"][ops])]
+    graded = outermost(t, graded[~contained(t, graded, training)])
+    if len(graded) == 0 or len(nograd) == 0:
+        return graded[:0]
+    keep = np.zeros(len(graded), bool)
+    for tid in np.unique(t.tid[graded]):
+        on = np.flatnonzero(t.tid[graded] == tid)
+        g = graded[on]
+        order = np.argsort(t.ts[g], kind="stable")
+        g, on = g[order], on[order]
+        r = nograd[t.tid[nograd] == tid]
+        i = np.searchsorted(t.ts[g], t.ts[r], side="right") - 1     # the latest wrapper started before
+        ok = i >= 0
+        ok[ok] = t.ts[r][ok] + t.dur[r][ok] <= t.ts[g][i[ok]] + t.dur[g][i[ok]]
+        keep[on[i[ok]]] = True
+    return graded[keep]
 
 
 def _in_long_steps(dur: np.ndarray, nograd: np.ndarray, total: float) -> dict:

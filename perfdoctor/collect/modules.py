@@ -99,6 +99,13 @@ class Census:
         c[2][lead] = c[2].get(lead, 0) + 1
         self.last = (id(module), lead)
 
+    def inner(self) -> None:
+        """A module called inside a counted outermost call: the autocast in force there. A model
+        whose forward enters autocast itself (accelerate's prepare wraps model.forward in
+        torch.autocast) runs its layers under it, though the outermost call began without it."""
+        if self.cpu_autocast is not None:
+            self.autocast = self.cpu_autocast()
+
     def _lead(self, args, kwargs):
         """The batch size of a call: the leading dimension of its first tensor argument; 1 for a
         1-D tensor, which torch's layers read as one unbatched sample (Linear's features,
@@ -140,7 +147,12 @@ def watch(torch, session) -> None:
     dynamo_told = [False]
 
     def __call__(self, *args, **kwargs):
-        if compiling() or getattr(_DEPTH, "n", 0) or getattr(IN_LOADER, "n", 0):
+        if compiling() or getattr(IN_LOADER, "n", 0):
+            return orig(self, *args, **kwargs)
+        if getattr(_DEPTH, "n", 0):
+            census = session.census
+            if census.state == "counting" and census.autocast is None:
+                census.inner()
             return orig(self, *args, **kwargs)
         if not dynamo_told[0]:
             _skip_in_dynamo(__call__, dynamo_told)
