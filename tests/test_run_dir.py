@@ -308,3 +308,45 @@ def test_the_note_shown_by_default_is_the_one_that_could_change_the_advice():
     run = "2 of 20 steady steps drew more DataLoader batches than the usual 1"
     notes = [NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE, run, skipped_note(0.0, 2)]
     assert sorted(notes, key=_note_rank) == [skipped_note(0.0, 2), run, NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE]
+
+
+def test_damaged_samples_json_is_warned(tmp_path):
+    """samples.json that is not JSON, nested 10000 deep or a list was dropped without a word (the
+    IO/CPU split and the machine's numbers silently unknown); a missing one is no fault."""
+    for i, (content, warning) in enumerate([
+            (b"\x00\xffjunk", "samples.json is not JSON (Expecting value)"),
+            (b"[" * 10000 + b"]" * 10000, "samples.json is not JSON (RecursionError)"),
+            (b"[1, 2]", "samples.json holds a JSON list, not an object"),
+            (b'{"samples": {}}', "samples.json holds no list of samples")]):
+        d = _hand_run(tmp_path / f"run{i}")
+        (d / "samples.json").write_bytes(content)
+        doc, term = _report(d)
+        assert doc["traces"][0]["warnings"] == [warning + ": the system samples (CPU, IO, memory) are unknown"]
+        assert f"warning: {warning}" in term
+    assert _report(_hand_run(tmp_path / "none"))[0]["traces"][0]["warnings"] == []
+
+
+def test_a_fifo_or_a_damaged_trace_in_the_run_directory(tmp_path):
+    """trace/ holding a FIFO named like a trace hung `report RUN_DIR` forever (the loader opened
+    it); a trace that is not JSON ended it with exit 2 and a message naming no file. The FIFO is
+    skipped, the damaged trace named, and the run diagnosed from its steps, as a run without a
+    trace is."""
+    import os
+    import tracegen as tg
+    d = _hand_run(tmp_path / "fifo")
+    (d / "trace").mkdir()
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec()] * 4, device="cpu"), d / "trace" / "h_1.pt.trace.json")
+    os.mkfifo(d / "trace" / "h_0.pt.trace.json")
+    doc, term = _report(d)
+    assert doc["traces"][0]["warnings"] == [
+        "skipped trace/h_0.pt.trace.json: not a regular file (a FIFO, socket or device)"]
+    assert doc["traces"][0]["metrics"]["steps.count"] == 4         # the real trace next to it is read
+    d = _hand_run(tmp_path / "junk")
+    (d / "trace").mkdir()
+    (d / "trace" / "h_1.pt.trace.json").write_text("garbage")
+    doc, term = _report(d)
+    (w,) = doc["traces"][0]["warnings"]
+    assert w.startswith("trace/h_1.pt.trace.json is unusable (not a JSON trace") and "step timings" in w
+    assert doc["run"]["steps"] == 30 and doc["traces"][0]["metrics"]["run.step_time_ms"] == pytest.approx(100, rel=0.01)
+    assert any("no trace (its trace file is unusable)" in n for n in doc["verdict"]["notes"]), doc["verdict"]["notes"]
+    assert "None" not in term
