@@ -350,3 +350,22 @@ def test_a_fifo_or_a_damaged_trace_in_the_run_directory(tmp_path):
     assert doc["run"]["steps"] == 30 and doc["traces"][0]["metrics"]["run.step_time_ms"] == pytest.approx(100, rel=0.01)
     assert any("no trace (its trace file is unusable)" in n for n in doc["verdict"]["notes"]), doc["verdict"]["notes"]
     assert "None" not in term
+
+
+def test_compare_and_gate_say_which_step_records_they_left_out(tmp_path):
+    """A run whose steps.jsonl holds junk lines was compared on the rest without a word (the
+    damage only `report RUN_DIR` named); compare and gate now note it, with or without a
+    report.json in the directory."""
+    from perfdoctor.gate.load import load_run
+    base = _hand_run(tmp_path / "base")
+    d = _hand_run(tmp_path / "junk")
+    with (d / "steps.jsonl").open("ab") as f:
+        f.write(b"\x00\xff\x1b[2J junk\n")
+    note = "steps.jsonl: 1 line(s) are not step records (not JSON, or no duration and data wait); left out"
+    assert note in load_run(d).read_note and load_run(base).read_note == f"{base}: no report.json, diagnosed again " \
+                                                                         "from its run files"
+    (d / "report.json").write_text(json.dumps(_report(d)[0]))
+    assert load_run(d).read_note == f"{d}: {note}"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "compare", str(base), str(d)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and note in " ".join(r.stdout.split())
