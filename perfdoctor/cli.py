@@ -77,8 +77,10 @@ def report(
 ) -> None:
     """Diagnose a recorded trace: verdict, ranked fixes, breakdown, flags and the numbers behind them."""
     from perfdoctor.diagnose.offline import diagnose_path
-    from perfdoctor.report.outputs import emit, tune_for
+    from perfdoctor.report.outputs import check_writable, emit, report_inputs, tune_for
 
+    for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
+        check_writable(dest, report_inputs(path))
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
     tune = tune_for(path, tune_json) if fmt in (Format.html, Format.markdown) else None
     if annotate is not None:
@@ -153,7 +155,7 @@ def run(
     argv = script_argv("run", run, target, module)
     if output is not None:              # before the script runs, not after its whole training
         from perfdoctor.report.outputs import check_writable
-        check_writable(output)
+        check_writable(output, [] if module else [Path(argv[0])])
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)
@@ -204,7 +206,7 @@ def tune(
     argv = script_argv("tune", tune, target, module)
     if output is not None:              # before the budget is spent, not after it
         from perfdoctor.report.outputs import check_writable
-        check_writable(output)
+        check_writable(output, [] if module else [Path(argv[0])])
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks))

@@ -316,6 +316,34 @@ def test_run_refuses_an_output_it_cannot_write_before_the_script_runs(tmp_path):
     assert not (tmp_path / "train.py.ran").exists() and not (tmp_path / "d").exists()
 
 
+def test_an_output_over_an_input_is_refused_and_the_input_kept(trace, tmp_path):
+    """`report t.json -f json -o t.json` replaced the trace with its report (exit 0), `--annotate`
+    onto the trace replaced it with the copy, `-o RUN/steps.jsonl` a run file, and `run -o
+    train.py train.py` the script after its training. Each is refused before anything is read or
+    run (exit 2, one line); a run directory's own report.json may be written anew."""
+    before = trace.read_bytes()
+    for args in (["-f", "json", "-o", trace], ["--annotate", trace], ["-o", str(trace.parent) + "/./" + trace.name]):
+        r = run("report", trace, *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "an input of this command (the output would replace it)" in r.stderr
+        assert trace.read_bytes() == before
+    d = tmp_path / "r"
+    (d / "trace").mkdir(parents=True)
+    (d / "trace" / "h_1.pt.trace.json.gz").write_bytes(before)
+    (d / "steps.jsonl").write_text(json.dumps({"step": 1, "end": 1.7e9, "dur": 0.1, "wait": 0.0}) + "\n")
+    for target in (d / "steps.jsonl", d / "trace" / "h_1.pt.trace.json.gz"):
+        r = run("report", d, "-f", "json", "-o", target)
+        assert r.returncode == 2 and f"cannot write {target}: an input of this command" in r.stderr, r.stderr
+    assert (d / "trace" / "h_1.pt.trace.json.gz").read_bytes() == before
+    r = run("report", d, "-f", "json", "-o", d / "report.json")
+    assert r.returncode == 0 and json.loads((d / "report.json").read_text())["schema_version"] == 2
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    r = run("run", "-o", script, "--out", tmp_path / "d", script)
+    assert r.returncode == 2 and "cannot write" in r.stderr and "an input of this command" in r.stderr
+    assert not (tmp_path / "train.py.ran").exists() and script.read_text().startswith("open(")
+
+
 def test_version_and_help():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("perfdoctor ")

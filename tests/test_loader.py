@@ -283,7 +283,7 @@ def test_events_without_a_start_or_duration_are_dropped_with_a_warning(tmp_path,
     instant = {"ph": "i", "name": "mark", "pid": op["pid"], "tid": op["tid"], "ts": op["ts"]}
     events += [meta, instant]
     if untyped:
-        events.append({"ph": "X", "name": "odd", "pid": [1], "tid": 1, "ts": 5, "dur": 1})  # forces the untyped path
+        events.append({"ph": "X", "name": "odd", "pid": [1], "tid": 1, "ts": op["ts"], "dur": 1})  # forces the untyped path
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     t, t_good = load_trace(bad), load_trace(good)

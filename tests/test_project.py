@@ -100,3 +100,73 @@ def test_readme_demo_command_runs(tmp_path):
     free = json.loads((tmp_path / "run" / "report.json").read_text())["traces"][0]["metrics"]["machine.free_cores"]
     # the flag (and the workers fix) needs an idle core for a worker: a busy neighbour can take it
     assert ("DataLoader runs with num_workers=0" in r.stderr) == (free is None or free >= 0.5), free
+
+
+def _sections(page: str) -> dict[str, str]:
+    """docs/commands.md cut at its `## \\`perfdoctor CMD` headings: each command's text."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"^## `perfdoctor (\w+)(.*?)(?=^## |\Z)", page, re.S | re.M):
+        out[m.group(1)] = out.get(m.group(1), "") + m.group(0)
+    return out
+
+
+def test_docs_document_every_option_of_every_command():
+    """Each option the CLI takes, in every spelling (`-o`, `--output`, `--rdzv_id`), is named in its
+    command's section of docs/commands.md (`rules`: docs/rules.md): --rdzv-backend and --rdzv-id,
+    and the short forms -f, -b, --output of run and tune, were in --help only."""
+    import typer
+
+    from perfdoctor import cli
+    sections = _sections((DOCS / "commands.md").read_text())
+    sections["rules"] = (DOCS / "rules.md").read_text()
+    missing = []
+    for name, cmd in typer.main.get_command(cli.app).commands.items():
+        for sub in (cmd.commands.values() if hasattr(cmd, "commands") else [cmd]):
+            for p in sub.params:
+                for opt in (getattr(p, "opts", []) + getattr(p, "secondary_opts", [])) if p.param_type_name == "option" else []:
+                    if opt != "--help" and not re.search(re.escape(opt) + r"(?![\w-])", sections.get(name, "")):
+                        missing.append(f"{name}: {opt}")
+    assert not missing, f"options missing from their command's docs: {missing}"
+
+
+def _keys(doc, path: str = "") -> set[str]:
+    """Every key path of a JSON document, list items merged (`traces[].steps[].label`); the
+    contents of the dicts keyed by data (metrics, evidence, units, breakdowns) left out."""
+    out: set[str] = set()
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out.add(f"{path}.{k}".lstrip("."))
+            if k not in ("metrics", "evidence", "units", "breakdown_ms", "phases", "whole_run", "delay_us",
+                         "queue_depth", "steps_left_out"):
+                out |= _keys(v, f"{path}.{k}")
+    elif isinstance(doc, list):
+        for v in doc:
+            out |= _keys(v, f"{path}[]")
+    return out
+
+
+def test_json_docs_name_every_key_a_report_writes(tmp_path):
+    """docs/json.md names every key `report --format json` writes for a GPU trace with memory
+    events and for a run directory (gain.overlaps and run.sampling.seconds were missing)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import tracegen as tg
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    page = (DOCS / "json.md").read_text() + (DOCS / "commands.md").read_text()
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=500, syncs=1, pageable_h2d=1)] * 6, memory_events=True),
+             tmp_path / "t.pt.trace.json")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"argv": ["train.py"], "exit_code": 0, "signal": None, "wall_s": 4.0}))
+    (run / "child.json").write_text(json.dumps({"outcome": "completed", "exit_code": 0, "steps": 30,
+                                                "torch_imported": True, "trace_enabled": False}))
+    (run / "steps.jsonl").write_text("".join(json.dumps({"step": i, "end": 1.7e9 + 0.1 * i, "dur": 0.1, "wait": 0.01})
+                                             + "\n" for i in range(1, 31)))
+    (run / "samples.json").write_text(json.dumps({"samples": [
+        {"t": 0.1 * i, "unix": 1.7e9 + 0.1 * i, "system": {"cpu_busy": 0.5}, "trainer": None} for i in range(40)]}))
+    keys = _keys(diagnose_path(str(tmp_path / "t.pt.trace.json"))) | _keys(diagnose_path(str(run)))
+    names = {k: k.rsplit(".", 1)[-1].removesuffix("[]") for k in keys}
+    missing = sorted(k for k, n in names.items() if f'"{n}"' not in page and f"`{n}" not in page)
+    assert not missing, f"docs/json.md does not name {missing}"

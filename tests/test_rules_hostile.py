@@ -103,6 +103,15 @@ def test_rules_check_names_file_and_rule_and_exits_2(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_missing_rules_directory_names_no_rule():
+    """A problem of no rule (a directory not found, a file that is not TOML) read `nosuch: ?:
+    rules directory not found`: the `?` stood for a rule id there is none of."""
+    from perfdoctor.rules.loader import RulesInvalid, load_rules
+    with pytest.raises(RulesInvalid) as e:
+        load_rules(["nosuch-dir"])
+    assert str(e.value) == "invalid rule nosuch-dir: rules directory not found" and e.value.exit_code == 2
+
+
 def test_evaluation_is_bounded_in_time_and_size():
     """What the loader lets through (metric values may be strings) cannot blow up: a string
     metric repeated is capped and reads as unknown, like a division by zero or an overflow."""

@@ -308,3 +308,64 @@ def test_the_note_shown_by_default_is_the_one_that_could_change_the_advice():
     run = "2 of 20 steady steps drew more DataLoader batches than the usual 1"
     notes = [NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE, run, skipped_note(0.0, 2)]
     assert sorted(notes, key=_note_rank) == [skipped_note(0.0, 2), run, NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE]
+
+
+def test_damaged_samples_json_is_warned(tmp_path):
+    """samples.json that is not JSON, nested 10000 deep or a list was dropped without a word (the
+    IO/CPU split and the machine's numbers silently unknown); a missing one is no fault."""
+    for i, (content, warning) in enumerate([
+            (b"\x00\xffjunk", "samples.json is not JSON (Expecting value)"),
+            (b"[" * 10000 + b"]" * 10000, "samples.json is not JSON (RecursionError)"),
+            (b"[1, 2]", "samples.json holds a JSON list, not an object"),
+            (b'{"samples": {}}', "samples.json holds no list of samples")]):
+        d = _hand_run(tmp_path / f"run{i}")
+        (d / "samples.json").write_bytes(content)
+        doc, term = _report(d)
+        assert doc["traces"][0]["warnings"] == [warning + ": the system samples (CPU, IO, memory) are unknown"]
+        assert f"warning: {warning}" in term
+    assert _report(_hand_run(tmp_path / "none"))[0]["traces"][0]["warnings"] == []
+
+
+def test_a_fifo_or_a_damaged_trace_in_the_run_directory(tmp_path):
+    """trace/ holding a FIFO named like a trace hung `report RUN_DIR` forever (the loader opened
+    it); a trace that is not JSON ended it with exit 2 and a message naming no file. The FIFO is
+    skipped, the damaged trace named, and the run diagnosed from its steps, as a run without a
+    trace is."""
+    import os
+    import tracegen as tg
+    d = _hand_run(tmp_path / "fifo")
+    (d / "trace").mkdir()
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec()] * 4, device="cpu"), d / "trace" / "h_1.pt.trace.json")
+    os.mkfifo(d / "trace" / "h_0.pt.trace.json")
+    doc, term = _report(d)
+    assert doc["traces"][0]["warnings"] == [
+        "skipped trace/h_0.pt.trace.json: not a regular file (a FIFO, socket or device)"]
+    assert doc["traces"][0]["metrics"]["steps.count"] == 4         # the real trace next to it is read
+    d = _hand_run(tmp_path / "junk")
+    (d / "trace").mkdir()
+    (d / "trace" / "h_1.pt.trace.json").write_text("garbage")
+    doc, term = _report(d)
+    (w,) = doc["traces"][0]["warnings"]
+    assert w.startswith("trace/h_1.pt.trace.json is unusable (not a JSON trace") and "step timings" in w
+    assert doc["run"]["steps"] == 30 and doc["traces"][0]["metrics"]["run.step_time_ms"] == pytest.approx(100, rel=0.01)
+    assert any("no trace (its trace file is unusable)" in n for n in doc["verdict"]["notes"]), doc["verdict"]["notes"]
+    assert "None" not in term
+
+
+def test_compare_and_gate_say_which_step_records_they_left_out(tmp_path):
+    """A run whose steps.jsonl holds junk lines was compared on the rest without a word (the
+    damage only `report RUN_DIR` named); compare and gate now note it, with or without a
+    report.json in the directory."""
+    from perfdoctor.gate.load import load_run
+    base = _hand_run(tmp_path / "base")
+    d = _hand_run(tmp_path / "junk")
+    with (d / "steps.jsonl").open("ab") as f:
+        f.write(b"\x00\xff\x1b[2J junk\n")
+    note = "steps.jsonl: 1 line(s) are not step records (not JSON, or no duration and data wait); left out"
+    assert note in load_run(d).read_note and load_run(base).read_note == f"{base}: no report.json, diagnosed again " \
+                                                                         "from its run files"
+    (d / "report.json").write_text(json.dumps(_report(d)[0]))
+    assert load_run(d).read_note == f"{d}: {note}"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "compare", str(base), str(d)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and note in " ".join(r.stdout.split())

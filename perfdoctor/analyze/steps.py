@@ -188,10 +188,18 @@ def _profiler_steps(t: EventTable, k: Kinds, rows: np.ndarray) -> Steps:
     for r, n in zip(rows, nums):
         if n not in best or t.dur[r] > t.dur[best[n]]:
             best[n] = r
+    notes: list[str] = []
+    # a repeat outside the kept span is another step under the same number (a second profiler,
+    # a step count restarted), not a per-thread copy: it is left out, and the report says so
+    apart = sum(1 for r, n in zip(rows, nums) if t.ts[r] >= t.ts[best[n]] + t.dur[best[n]]
+                or t.ts[r] + t.dur[r] <= t.ts[best[n]])
+    if apart:
+        notes.append(f"left out {apart} ProfilerStep span(s) that repeat another step's number at another time "
+                     "(a second profiler, or a step count restarted): only the longest span of each number "
+                     "is analysed")
     rows = np.array(sorted(best.values(), key=lambda r: t.ts[r]))
     hs, he = t.ts[rows], t.ts[rows] + t.dur[rows]
     labels = [str(int(STEP_RX.match(t.names[c]).group(1))) for c in t.name[rows]]
-    notes: list[str] = []
     dev, launch = device_launch_index(t, k)
     linked = launch >= 0
     if not linked.any():

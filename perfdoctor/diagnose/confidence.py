@@ -73,7 +73,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
             notes.append(f"steps come from {m.get('steps.source')}, not ProfilerStep annotations")
     # fallback steps are thin evidence too, and say so; a whole trace is one "step" however many
     # iterations it holds, so its count says nothing of what was recorded (the source note does)
-    if (m.get("steps.count") or 0) < 3 and m.get("steps.source") != "whole trace":
+    # no trace at all (steps.count unknown): the run's own note says so, and caps the confidence
+    if m.get("steps.count") is not None and m["steps.count"] < 3 and m.get("steps.source") != "whole trace":
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
     if m.get("trace.truncated"):

@@ -66,19 +66,20 @@ def _headline(error: str) -> str:
 
 
 def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: bool,
-                       elsewhere: str | None = None) -> None:
+                       elsewhere: str | None = None, why: str | None = None) -> None:
     """The run section names the step source and the script's failure; a run without a trace
     gets its verdict (PD111, PD114) with the confidence capped and the reason stated, and a
     script that failed before its first step gets that failure as its verdict. `elsewhere`:
     training in child processes (diagnose/childtrainers.py), the reason a run without steps
-    has nothing to diagnose."""
+    has nothing to diagnose. `why`: the reason there is no trace to use, when it is not one
+    why_no_trace tells (a trace file that could not be read)."""
     run = doc["run"]
     run["step_source"] = res.child.get("step_source")
     run["error"] = res.child.get("error")
     run["error_line"] = _headline(run["error"]) if isinstance(run["error"], str) and run["error"] else None
     if traced:
         return
-    why = why_no_trace(res, steps)
+    why = why or why_no_trace(res, steps)
     verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
     if not steps and (failed(res) or outcome(res) == "unknown"):
         code = "unknown" if res.exit_code is None else res.exit_code

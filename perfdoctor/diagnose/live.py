@@ -39,6 +39,7 @@ from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
 from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note
+from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
 from perfdoctor.stats.steptime import StepEstimate, estimate, ms
@@ -128,13 +129,27 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
             "run.traced_runq_share": runq_share(profiled(steps))}
 
 
-def _system(run_dir: Path, steps: list[dict], kids: list[dict]) -> tuple[dict, list[str], dict | None, dict | None]:
+def _system(run_dir: Path, steps: list[dict], kids: list[dict],
+            damaged: list[str] | None = None) -> tuple[dict, list[str], dict | None, dict | None]:
     """System metrics over the steps window (analyze/windows.py), the notes, the `sampling` section
-    and the run's series over time (analyze/runseries.py)."""
+    and the run's series over time (analyze/runseries.py). A samples.json that is there but cannot
+    be used adds one line to `damaged` (a missing one is a run that never sampled: not a fault)."""
+    unknown = "the system samples (CPU, IO, memory) are unknown"
     try:
-        data, dropped = runfiles.samples(inputjson.loads((run_dir / "samples.json").read_text()))
-    except (OSError, ValueError, RecursionError):
+        raw = inputjson.loads((run_dir / "samples.json").read_bytes())
+    except FileNotFoundError:
         return {}, [], None, None
+    except OSError as exc:
+        return _unsampled(damaged, f"samples.json could not be read ({exc.strerror or exc}): {unknown}")
+    except UnicodeDecodeError:
+        return _unsampled(damaged, f"samples.json is not JSON (not UTF-8 text): {unknown}")
+    except (ValueError, RecursionError) as exc:
+        return _unsampled(damaged, f"samples.json is not JSON ({getattr(exc, 'msg', None) or type(exc).__name__}): "
+                                   f"{unknown}")
+    if not isinstance(raw, dict) or not isinstance(raw.get("samples"), list):
+        what = f"a JSON {type(raw).__name__}, not an object" if not isinstance(raw, dict) else "no list of samples"
+        return _unsampled(damaged, f"samples.json holds {what}: {unknown}")
+    data, dropped = runfiles.samples(raw)
     if dropped:
         data["notes"].append(f"{dropped} malformed system sample(s) in samples.json were left out")
     try:
@@ -149,6 +164,12 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict]) -> tuple[dict, l
     metrics, sampling = windowed_metrics(samples, steps, notes, system_metrics)
     metrics.update(memory_growth(samples, steps))
     return metrics, notes, sampling, run_series(samples, steps)
+
+
+def _unsampled(damaged: list[str] | None, line: str) -> tuple[dict, list[str], None, None]:
+    if damaged is not None:
+        damaged.append(line)
+    return {}, [], None, None
 
 
 def _trainers_apart(samples: list[dict], kids: list[dict]) -> list[dict]:
@@ -175,20 +196,26 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     launched = runfiles.read_record(run_dir / "run.json", runfiles.RUN, damaged)
     runfiles.read_record(run_dir / "child.json", runfiles.CHILD, damaged)   # its faults: res.child has its content
     steps = read_steps(run_dir, damaged)
-    traces = run_traces(run_dir / "trace")
-    analysis: TraceAnalysis | StepsOnly
+    traces = run_traces(run_dir / "trace", damaged)
+    analysis: TraceAnalysis | StepsOnly | None = None
     notes = list(res.child.get("notes") or []) + list(res.notes)
     if traces:
-        analysis = analyze(_load(traces[0]))
-    else:
+        try:
+            analysis = analyze(_load(traces[0]))
+        except TraceFormatError as exc:
+            # a damaged trace is one damaged run file: the step timings and samples still tell
+            damaged.append(f"trace/{traces[0].name} is unusable ({exc}): the diagnosis uses step timings and "
+                           "system samples only")
+    if analysis is None:
         m = dict.fromkeys(registry.REGISTRY)
         m["trace.platform"] = "cuda" if res.child.get("cuda_available") else "cpu"
         analysis = StepsOnly(str(run_dir), m)
-        notes.append("no trace was recorded (" + why_no_trace(res, steps) + "): the diagnosis uses step "
-                     "timings and system samples only")
+        if not traces:
+            notes.append("no trace was recorded (" + why_no_trace(res, steps) + "): the diagnosis uses step "
+                         "timings and system samples only")
     m = analysis.metrics
     kids = forked.read(run_dir)             # training in forked children (collect/forked.py)
-    sysm, sample_notes, sampling, series = _system(run_dir, steps, kids)
+    sysm, sample_notes, sampling, series = _system(run_dir, steps, kids, damaged)
     m.update({k: v for k, v in sysm.items() if k in registry.REGISTRY})
     fetches = runfiles.read_fetches(run_dir / FETCH_FILE)
     m.update(sampled_workers_or_fetched(m, res.child.get("loader_iters"), fetches))
@@ -244,7 +271,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling, "series": series, "step_series": step_series(steps, est.first, est.n)}
     doc["stacks"] = stacks
-    steps_only_verdict(doc, res, steps, bool(traces), trained_elsewhere)
+    steps_only_verdict(doc, res, steps, not isinstance(analysis, StepsOnly), trained_elsewhere,
+                       "its trace file is unusable" if traces else None)
     return doc
 
 

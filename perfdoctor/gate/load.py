@@ -126,7 +126,9 @@ def load_run(path: str | Path) -> RunData:
         run_dir = _pace_dir(run_dir, doc, notes)
     if run_dir is not None:
         from perfdoctor.diagnose.live import loader_settings, read_steps
-        steps = read_steps(run_dir) if (run_dir / "steps.jsonl").is_file() else None
+        damaged: list[str] = []         # step records left out: said, as `report RUN_DIR` says it
+        steps = read_steps(run_dir, damaged) if (run_dir / "steps.jsonl").is_file() else None
+        notes += [f"{run_dir}: {w}" for w in damaged]
         try:
             child = record(inputjson.loads((run_dir / "child.json").read_text()), CHILD)
         except (OSError, ValueError, RecursionError):
@@ -134,7 +136,7 @@ def load_run(path: str | Path) -> RunData:
         metrics = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
         loader = loader_settings(run_dir, metrics)
     return RunData(label=str(p), doc=doc, steps=steps, fingerprint=fingerprint(doc, child), loader=loader,
-                   read_note="; ".join(notes) or None)
+                   read_note="; ".join(dict.fromkeys(notes)) or None)
 
 
 def _trace_not_report(report: Path, kind: str = "") -> PerfdoctorError:
@@ -179,7 +181,10 @@ def _diagnosed(p: Path, notes: list[str]) -> dict:
     from perfdoctor.diagnose.offline import diagnose_path
 
     notes.append(f"{p}: no report.json, diagnosed again from its run files")
-    return diagnose_path(str(p))
+    doc = diagnose_path(str(p))
+    # what the diagnosis left out (a damaged run file, a trace it could not read), named as report names it
+    notes += [f"{p}: {w}" for t in doc.get("traces") or [] for w in t.get("warnings") or []]
+    return doc
 
 
 def _pace_dir(run_dir: Path, doc: dict, notes: list[str]) -> Path:

@@ -5,6 +5,7 @@ summaries); and the files every `perfdoctor run` leaves in its run directory."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from perfdoctor import inputjson
@@ -27,10 +28,12 @@ def rendered(doc: dict, fmt: str, tune: dict | None = None, kind: str = "report"
             "tune": lambda: markdown.tune(doc)}[kind]().encode()
 
 
-def check_writable(path: Path) -> None:
+def check_writable(path: Path, reads: Iterable[Path] = ()) -> None:
     """Refuse an -o FILE that cannot be written before a long command (tune: its whole budget)
     starts: a missing or read-only directory, or a directory where the file should be. Nothing is
-    created here (an interrupted command leaves no empty file); `write` still reports what fails late."""
+    created here (an interrupted command leaves no empty file); `write` still reports what fails late.
+    Also refused: a FILE that is one of `reads`, the command's inputs (`report t.json -f json -o
+    t.json` replaced the trace with its report; `run -o train.py train.py` the script)."""
     import os
 
     p = Path(path)
@@ -40,6 +43,32 @@ def check_writable(path: Path) -> None:
            else "Permission denied" if denied else None)
     if why:
         raise PerfdoctorError(f"cannot write {path}: {why}")
+    for r in reads if p.exists() else ():
+        try:
+            same = os.path.samefile(p, r)
+        except OSError:
+            same = False
+        if same:
+            which = "" if Path(r) == p else f"it is {r}, "
+            raise PerfdoctorError(f"cannot write {path}: {which}an input of this command (the output would "
+                                  "replace it); write it elsewhere")
+
+
+def report_inputs(path: Path) -> list[Path]:
+    """The files `perfdoctor report PATH` reads: PATH, or the files of the directory PATH and of
+    its trace/ folder, less a run directory's own outputs (report.json, report.html and the
+    annotated trace, which a report may write anew)."""
+    from perfdoctor.collect.rundir import is_run_dir
+
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    outputs = {"report.json", RUN_HTML, RUN_ANNOTATED} if is_run_dir(p) else set()
+    try:
+        return [f for d in (p, p / "trace") if d.is_dir() for f in d.iterdir()
+                if f.name not in outputs and f.is_file()]
+    except OSError:
+        return []
 
 
 def write(path: Path, data: bytes) -> None:

@@ -64,11 +64,24 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     else:
         _top_fixes(c, doc, none_of)
         _flags_compact(c, doc)
+    if details:
+        _trace_notes(c, doc)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if not details:
         c.print(Text("--details: evidence, the fixes in full with code, gaps and tables; --format html: "
                      "the pictures", style="dim"), no_wrap=True, overflow="ellipsis")
+
+
+def _trace_notes(c: Console, doc: dict) -> None:
+    """The traces' own notes (steps left out and why: a cut file, repeated step numbers, the
+    profiler's partial last step), those the run header and the verdict did not show already."""
+    shown = set((doc.get("run") or {}).get("notes") or []) | set(doc["verdict"].get("notes") or [])
+    several = len(doc["traces"]) > 1
+    for t in doc["traces"]:
+        for n in dict.fromkeys(t.get("notes") or []):
+            if n not in shown:
+                _para(c, f"note: {t['label']}: {n}" if several else f"note: {n}", 0, "dim")
 
 
 def _nothing_measured(doc: dict, traced: bool) -> str | None:

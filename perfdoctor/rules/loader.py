@@ -22,7 +22,7 @@ class RuleProblem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.rule_id or '?'}: {self.message}"
+        return f"{self.path}: {self.rule_id}: {self.message}" if self.rule_id else f"{self.path}: {self.message}"
 
 
 class RulesInvalid(PerfdoctorError):

@@ -103,21 +103,42 @@ def _number(v) -> float | None:
 
 LONGEST_US = 3600e6           # a complete event longer than this and than 10x the trace's span is damage
 SPAN_FACTOR = 10.0
+FAR_US = 86400e6              # a start a day beyond the bulk of the starts (plus 10x their spread) is damage
+
+
+def _far(ts: np.ndarray, x: np.ndarray, finite: np.ndarray) -> np.ndarray:
+    """Starts no profiler writes: more than a day plus 10x the spread of the middle half of the
+    complete events' starts before their first quartile or after their third (a start of 1e308
+    us among starts of 1.7e15 made a step of 1e305 ms and overflowed the statistics; so would a
+    start in ns among starts in us). A trace's events lie within one recording, so no real one
+    has such a start (the reference traces of ../shared/traces have none, of any phase)."""
+    xs = ts[x & finite]
+    if not len(xs):
+        return np.zeros(len(ts), bool)
+    q1, q3 = np.percentile(xs, [25, 75])
+    with np.errstate(over="ignore", invalid="ignore"):
+        reach = FAR_US + SPAN_FACTOR * (q3 - q1)
+        return finite & ((ts < q1 - reach) | (ts > q3 + reach))
 
 
 def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | None]:
-    """The complete ('X') events no profiler writes: a missing (NaN) or non-finite start, a
-    missing, negative or non-finite duration, or one longer than an hour and 10x the span of all
-    the events' starts (one step of 1e30 us made every share 0%; ProfilerSteps without a start all
-    began at 0). (mask of the rows to keep or None when all are, the warning)."""
+    """The events no profiler writes: complete ('X') events with a missing (NaN) or non-finite
+    start, a missing, negative or non-finite duration, or one longer than an hour and 10x the
+    span of all the events' starts (one step of 1e30 us made every share 0%; ProfilerSteps
+    without a start all began at 0); and events of any phase but metadata with an infinite
+    start or one far outside the others (_far). (mask of the rows to keep or None when all are,
+    the warning)."""
     ph, ts, dur = cols["ph"], cols["ts"], cols["dur"]
     x = ph == ord("X")
     if not x.any():
         return None, None
     finite = np.isfinite(ts)
-    span = float(ts[finite].max() - ts[finite].min()) if finite.any() else 0.0
+    far = _far(ts, x, finite)
+    near = finite & ~far
+    span = float(ts[near].max() - ts[near].min()) if near.any() else 0.0
     with np.errstate(invalid="ignore"):
         bad = x & (~finite | ~np.isfinite(dur) | (dur < 0) | ((dur > LONGEST_US) & (dur > SPAN_FACTOR * span)))
+        bad |= (ph != ord("M")) & (np.isinf(ts) | far)
     n = int(bad.sum())
     if not n:
         return None, None

@@ -122,8 +122,19 @@ def decode_header(header: bytes, state: ReadState) -> None:
     text = text[:-1] if text.endswith(b",") else text
     try:
         doc = schema.DOC_DECODER.decode(text + b"}")
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        fixed = not_utf8_replaced_or_none(text, state)     # a device name that is not UTF-8
+    except msgspec.ValidationError:          # a field of another type (deviceProperties an object): the rest reads
+        try:
+            obj = _untyped(text + b"}", state)
+        except msgspec.DecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            merge_fields(obj, state)
+            return
+        state.warnings.append("could not read the trace header (deviceProperties etc.)")
+        return
+    except msgspec.DecodeError:
+        # a device name that is not UTF-8, or holds a lone surrogate escape
+        fixed = replaced_or_none(text, state) or not_utf8_replaced_or_none(text, state)
         if fixed is not None:
             return decode_header(fixed, state)
         state.warnings.append("could not read the trace header (deviceProperties etc.)")
@@ -138,6 +149,20 @@ def merge_meta(doc: schema.TraceDoc, state: ReadState) -> None:
             state.meta[f] = v
 
 
+def merge_fields(obj: dict, state: ReadState) -> None:
+    """The metadata fields of an untyped trace object, each on its own: one of an unexpected
+    type is left out, with a warning naming it, and the others are kept."""
+    odd = []
+    for k in schema.META_FIELDS:
+        if k in obj:
+            try:
+                merge_meta(msgspec.convert({k: obj[k]}, schema.TraceDoc), state)
+            except msgspec.ValidationError:
+                odd.append(k)
+    if odd:
+        state.warnings.append(f"the trace's {', '.join(odd)} of an unexpected type: left out")
+
+
 def decode_document(doc_bytes: bytes, state: ReadState) -> list[schema.Event]:
     """The events of a whole trace object (its metadata merged into `state`), with the retries
     `decode_payload` makes. msgspec.DecodeError when none of them reads."""
@@ -147,10 +172,7 @@ def decode_document(doc_bytes: bytes, state: ReadState) -> list[schema.Event]:
         obj = _untyped(doc_bytes, state)
         obj = obj if isinstance(obj, dict) else {}
         state.untyped_chunks += 1
-        try:
-            merge_meta(msgspec.convert({k: obj[k] for k in schema.META_FIELDS if k in obj}, schema.TraceDoc), state)
-        except msgspec.ValidationError:
-            pass                     # metadata of unexpected types: the events are still read
+        merge_fields(obj, state)     # metadata of unexpected types: left out, the events are still read
         events = obj.get("traceEvents")
         return coerce_events(events if isinstance(events, list) else [], state)
     except msgspec.DecodeError:

@@ -119,15 +119,29 @@ def is_execution_trace(path: str | os.PathLike) -> bool:
             and '"traceEvents"' not in head)
 
 
-def run_trace_files(trace_dir: str | os.PathLike) -> list[Path]:
+def run_trace_files(trace_dir: str | os.PathLike, skipped: list[str] | None = None) -> list[Path]:
     """The traces of a `perfdoctor run` directory's trace/ folder: each .pt.trace.json.gz, or its
-    plain .pt.trace.json while (or if) it was never compressed; hidden partial files are not traces."""
+    plain .pt.trace.json while (or if) it was never compressed; hidden partial files are not traces.
+    An entry named so that is no readable regular file (a FIFO would block the load, a looping
+    link) is left out, with a line in `skipped`, as find_trace_files does."""
     d = Path(trace_dir)
     if not d.is_dir():
         return []
-    names = {p.name: p for p in d.iterdir() if not p.name.startswith(".")}
-    return sorted(p for n, p in names.items()
-                  if n.endswith(".pt.trace.json.gz") or (n.endswith(".pt.trace.json") and n + ".gz" not in names))
+    try:
+        names = {p.name: p for p in d.iterdir() if not p.name.startswith(".")}
+    except OSError:
+        return []
+    out = []
+    for n, p in sorted(names.items()):
+        if not (n.endswith(".pt.trace.json.gz") or (n.endswith(".pt.trace.json") and n + ".gz" not in names)):
+            continue
+        why = _not_readable(p)
+        if why:
+            if skipped is not None:
+                skipped.append(f"skipped {d.name}/{n}: {why}")
+            continue
+        out.append(p)
+    return out
 
 
 def load_traces(path: str | os.PathLike):

@@ -1,0 +1,126 @@
+"""Trace files no profiler writes, made by hand or by damage: timestamps far outside the
+recording (1e308), infinite starts on instant events, step numbers used twice, header fields of
+another type or holding lone surrogate escapes. Each is read with what it still tells and a
+warning or note saying what was left out; never an internal error (exit 70) or a report of
+nonsense at full confidence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import tracegen as tg
+from perfdoctor.diagnose.offline import diagnose_path
+from perfdoctor.trace.loader import load_trace
+
+
+def _doc(memory: bool = False) -> dict:
+    spec = tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=500) for _ in range(6)], memory_events=memory)
+    return tg.build(spec)[0]
+
+
+def _write(tmp_path, doc: dict, name: str = "t.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))          # Python's json writes NaN and Infinity as their literals
+    return p
+
+
+def _steps(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+
+
+def test_starts_far_outside_the_recording_are_left_out_with_a_warning(tmp_path):
+    """A start of 1e308 us among starts of 1.7e15 made a step of 1e305 ms, numpy overflow
+    warnings on stderr and a host-bound verdict; the events are left out and the trace reads as
+    the intact one does."""
+    good = _write(tmp_path, _doc(), "good.json")
+    doc = _doc()
+    events = doc["traceEvents"]
+    _steps(doc)[0]["ts"] = 1e308
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    ops[3]["ts"], ops[4]["ts"] = 1e308, -1e300
+    bad = _write(tmp_path, doc, "bad.json")
+    t = load_trace(bad)
+    assert len(t.ts) == len(load_trace(good).ts) - 3
+    (w,) = [w for w in t.meta.warnings if w.startswith("ignored")]
+    assert w.startswith("ignored 3 event(s)") and "start 1e+308 us" in w
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # no overflow in the statistics
+        m = diagnose_path(str(bad))["traces"][0]["metrics"]
+    m_good = diagnose_path(str(good))["traces"][0]["metrics"]
+    assert m["steps.count"] == m_good["steps.count"] - 1           # the step whose span is gone
+    assert m["steps.time_median_ms"] == pytest.approx(m_good["steps.time_median_ms"], rel=0.01)
+    assert m["breakdown.data_loading"] == pytest.approx(m_good["breakdown.data_loading"], abs=0.03)
+
+
+def test_a_long_recording_keeps_every_event():
+    """The bound is far from any real trace: events spread evenly over 5 days, or a bulk of
+    one second with a last event 20 hours later, are all kept; a start in ns among starts in us
+    is not."""
+    from perfdoctor.trace.assemble import _far
+    spread = np.linspace(1.7e15, 1.7e15 + 5 * 86400e6, 1000)
+    tail = np.append(np.linspace(1.7e15, 1.7e15 + 1e6, 999), 1.7e15 + 20 * 3600e6)
+    for ts in (spread, tail):
+        assert not _far(ts, np.ones(len(ts), bool), np.isfinite(ts)).any()
+    for odd in (1e308, 1.7e18, -1e300):
+        assert _far(np.append(tail, odd), np.ones(1001, bool), np.ones(1001, bool))[-1]
+
+
+def test_an_infinite_start_on_a_memory_event_does_not_break_the_html(tmp_path):
+    """[memory] instants starting at Infinity reached the memory chart as null times: the HTML
+    report was an internal error (exit 70). They are left out, with the warning."""
+    doc = _doc(memory=True)
+    mem = [e for e in doc["traceEvents"] if e.get("name") == "[memory]"]
+    assert len(mem) > 4
+    mem[1]["ts"], mem[2]["ts"] = float("inf"), float("-inf")
+    p = _write(tmp_path, doc)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", "--format", "html", str(p)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "device memory over time" in r.stdout
+    rep = diagnose_path(str(p))["traces"][0]
+    assert None not in rep["memory_timeline"]["t_ms"]
+    assert any(w.startswith("ignored 2 event(s)") for w in rep["warnings"]), rep["warnings"]
+
+
+def test_a_step_number_used_twice_at_different_times_is_noted(tmp_path):
+    """Six ProfilerStep spans all named #5 (two profilers, a step count restarted): one step is
+    analysed and a note says the other five were left out; copies of a span on another thread
+    (overlapping it) are no other step and get no note."""
+    doc = _doc()
+    for e in _steps(doc):
+        e["name"] = "ProfilerStep#5"
+    rep = diagnose_path(str(_write(tmp_path, doc, "same.json")))
+    assert rep["traces"][0]["metrics"]["steps.count"] == 1
+    assert any(n.startswith("left out 5 ProfilerStep span(s) that repeat another step's number")
+               for n in rep["traces"][0]["notes"]), rep["traces"][0]["notes"]
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", "--details", str(tmp_path / "same.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "note: left out 5 ProfilerStep span(s)" in " ".join(r.stdout.split())
+    doc = _doc()
+    doc["traceEvents"] += [dict(e, tid=e["tid"] + 1, ts=e["ts"] + 1, dur=e["dur"] - 2) for e in _steps(doc)]
+    rep = diagnose_path(str(_write(tmp_path, doc, "copies.json")))
+    assert rep["traces"][0]["metrics"]["steps.count"] == 6
+    assert not any("ProfilerStep span(s)" in n for n in rep["traces"][0]["notes"])
+
+
+def test_header_fields_of_another_type_or_with_a_lone_surrogate(tmp_path):
+    """One odd header field cost the whole header (device unknown, no rank): a lone surrogate
+    escape in the device name now reads as U+FFFD, and deviceProperties as an object is left out
+    on its own, with a warning naming it, while distributedInfo is kept."""
+    doc = _doc()
+    doc["deviceProperties"][0]["name"] = "GPU\ud800"
+    t = load_trace(_write(tmp_path, doc, "surrogate.json"))
+    assert t.meta.device_properties[0]["name"] == "GPU\ufffd"
+    assert any("lone UTF-16 surrogate" in w for w in t.meta.warnings)
+    doc = _doc()
+    doc["deviceProperties"] = {"name": "GPU"}
+    doc["distributedInfo"] = {"rank": 3, "world_size": 4, "backend": "nccl"}
+    t = load_trace(_write(tmp_path, doc, "odd.json"))
+    assert t.meta.device_properties == [] and t.meta.distributed_info["rank"] == 3
+    assert "the trace's deviceProperties of an unexpected type: left out" in t.meta.warnings
