@@ -351,6 +351,12 @@ def _safe(msg: object) -> str:
     return terminal(msg)
 
 
+def _click_error(exc: Exception, name: str) -> bool:
+    """`exc` is click's exception class `name` (ClickException, UsageError, Abort) or a subclass,
+    whichever click typer brings: its own copy from typer 0.20 on, the click package before."""
+    return any(c.__name__ == name and "click" in c.__module__ for c in type(exc).__mro__)
+
+
 def _stdout_gone(exc: SystemExit) -> bool:
     """The exit is rich's or click's answer to a closed pipe: both raise SystemExit(1) while
     handling the BrokenPipeError (EPIPE) a write to stdout met."""
@@ -367,7 +373,9 @@ def main(argv: list[str] | None = None) -> None:
         from perfdoctor.script_argv import module_args_to_module
         argv = module_args_to_module(argv, typer.main.get_command(app).commands[argv[0]])
     try:
-        app(args=argv, prog_name="perfdoctor", standalone_mode=True)
+        # not standalone: click's usage errors come here, to be said in one line (click and
+        # typer print a usage block and a boxed message)
+        rv = app(args=argv, prog_name="perfdoctor", standalone_mode=False)
     except SystemExit as exc:
         if _stdout_gone(exc):
             # rich and click turn EPIPE into exit 1, which reads as `gate`'s regression or
@@ -382,11 +390,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # a bug: one line, and how to get the traceback
+        if _click_error(exc, "Abort"):
+            sys.exit(130)
+        if _click_error(exc, "ClickException"):       # a usage error: a bad option or value, a missing argument
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if _click_error(exc, "UsageError") and ctx else ""
+            print(f"perfdoctor: error: {_safe(exc.format_message())}{hint}", file=sys.stderr)
+            sys.exit(exc.exit_code)
         if debug:
             raise
         print(f"perfdoctor: internal error: {type(exc).__name__}: {_safe(exc)} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(EXIT_INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else 0)      # a command's typer.Exit(code), or 0
 
 
 if __name__ == "__main__":  # pragma: no cover

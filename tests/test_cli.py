@@ -471,3 +471,18 @@ def test_a_reader_that_goes_away_is_not_a_failure_code(trace, fmt):
         os.close(w)
     assert p.returncode == 141, p.stderr
     assert "Traceback" not in p.stderr and "internal error" not in p.stderr
+
+
+@pytest.mark.parametrize("args,says", [(["report", "t.json", "--format", "bogus"], "Invalid value for '--format'"),
+                                       (["report", "--bogus", "t.json"], "No such option: --bogus"),
+                                       (["report"], "Missing argument"),
+                                       (["gate"], "Missing argument 'CURRENT'"),
+                                       (["tune", "--budget", "-5", "x.py"], "not in the range"),
+                                       (["nosuchcommand"], "No such command")])
+def test_usage_errors_are_one_line_with_exit_2(args, says):
+    """click and typer print a usage block and a boxed message for a bad option, value or missing
+    argument; perfdoctor's errors are one line on stderr (docs/exit-codes.md)."""
+    r = run(*args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
+    assert r.stderr.startswith("perfdoctor: error: ") and says in r.stderr and "--help`)" in r.stderr
+    assert "╭" not in r.stderr and "Usage:" not in r.stderr
