@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.stackcause import CAUSES, classify, user_code
 
 MIN_STEADY_STEPS = 3
@@ -48,7 +49,8 @@ def empty_metrics() -> dict:
             "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
             "stacks.python_data_share": None, "stacks.evaluation_share": None,
             "stacks.producer_wait_share": None, "stacks.waiting_share": None,
-            "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None}
+            "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
+            "stacks.own_threads_busy_share": None}
 
 
 def exposed_waits(m: dict) -> dict:
@@ -261,10 +263,38 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.evaluation_share": float(share["evaluation"]),
               "stacks.producer_wait_share": float(share["producer_wait"]),
               "stacks.waiting_share": float(share["waiting"]),
-              "stacks.checkpoint_interval_steps": interval})
+              "stacks.checkpoint_interval_steps": interval,
+              "stacks.own_threads_busy_share": _own_threads_busy(segs, trainer, main["t0_unix"], win, sampled, source)})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
     return rep
+
+
+def _own_threads_busy(segs: dict, trainer: tuple, t0: float, win: _Windows, sampled: float, source) -> float:
+    """The share of the sampled steady time in which one of the trainer process's other threads
+    (the user's: analyze/gilwait.own_thread) runs a stack that is not blocked: the union of
+    their busy segments, inside the steady steps (analyze/gilwait.py)."""
+    memo: dict[tuple, bool] = {}
+    spans = []
+    for key, ss in segs.items():
+        if key[0] != trainer[0] or key == trainer or not own_thread(ss[0][2]):
+            continue
+        for sa, sb, stack in ss:
+            ok = memo.get(stack)
+            if ok is None:
+                ok = memo[stack] = busy(stack, source)
+            if ok:
+                spans.append((float(t0) + sa / 1e6, float(t0) + sb / 1e6))
+    merged: list[list[float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    if not merged or sampled <= 0:
+        return 0.0
+    lo, hi = np.array([a for a, _ in merged]), np.array([b for _, b in merged])
+    return float(min(1.0, win.overlap(lo, hi).sum() / sampled))
 
 
 def _tally_row(frames: dict, c: tuple, stack: tuple, wt: float, source=linecache.getline) -> None:

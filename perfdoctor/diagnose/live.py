@@ -292,7 +292,8 @@ def _note_rank(note: str) -> int:
 
 def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> dict | None:
     """The py-spy recording (if any) -> stacks.* metrics into m, and the report's `stacks` section."""
-    from perfdoctor.analyze.stacks import attribute, exposed_waits, section
+    from perfdoctor.analyze.gilwait import gil_wait
+    from perfdoctor.analyze.stacks import attribute, exposed_waits, section, steady_steps
     from perfdoctor.collect.stacks import MIN_IDLE_CORES, load_recording, skipped_note
 
     rec = load_recording(run_dir / "stacks")
@@ -311,6 +312,7 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
     rep = attribute(rec[0], rec[1], steps)
     m.update(rep.metrics)
     m.update(exposed_waits(m))
+    m.update(gil_wait(steady_steps(steps), m))
     return section(rep, rec[1])
 
 
