@@ -509,7 +509,7 @@ def test_unranked_fixes_say_what_their_model_expects():
     optimizer 0.9% of the step)."""
     import io
 
-    from perfdoctor.report import html
+    from perfdoctor.report import fixcards
     from perfdoctor.report.labels import unranked_gain
     from perfdoctor.report.sanitize import console
     from perfdoctor.report.terminal import _fixes
@@ -530,7 +530,7 @@ def test_unranked_fixes_say_what_their_model_expects():
     assert ("Also worth a look (no modelled gain, or none expected here): Use the fused optimizer (PD338, "
             "expected ~1.00x); Run on cores of your own (PD348, at most 1.30x); Label the step (PD319)") in out
     assert "no model of their expected gain" not in out
-    page = html._fixes(doc, None)
+    page = fixcards.fixes_section(doc, None)
     assert "Also worth a look (no modelled gain, or none expected here)" in page
     assert "(PD338, expected ~1.00x)" in page and "(PD348, at most 1.30x)" in page and "(PD319)<" in page
 

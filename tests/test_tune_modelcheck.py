@@ -102,7 +102,7 @@ def test_a_combined_trial_is_held_to_its_fixes_combined():
 def test_the_check_is_shown_under_the_table_in_markdown_and_on_the_fix_card(fixes):
     from rich.console import Console
 
-    from perfdoctor.report import html, markdown
+    from perfdoctor.report import fixcards, markdown
     from perfdoctor.tune.result import render
     fid, g = _modelled(fixes)
     c = g["ceiling"]
@@ -129,7 +129,7 @@ def test_the_check_is_shown_under_the_table_in_markdown_and_on_the_fix_card(fixe
         assert "c=3 (" not in out                       # inconclusive: not checked
     # the fix card's measured line carries the check of the best trial of its rule
     card_doc = {"findings": [dict(fixes[fid], ranked=True)], "verdict": {}, "traces": [{}]}
-    body = html._fixes(card_doc, {"trials": trials})
+    body = fixcards.fixes_section(card_doc, {"trials": trials})
     assert "model check: " in body and "beats its ceiling" in body     # b=2 measured the most for this rule
 
 

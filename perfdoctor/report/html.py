@@ -12,9 +12,9 @@ tables. Every string from the input is escaped by sanitize.html.
 from __future__ import annotations
 
 from perfdoctor.report import svg
-from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, cause_text,
-                                     data_wait_text, device_text, from_other_traces, rank_bound, role_labels,
-                                     shown_trace, source_text, unranked_gain, windows_text)
+from perfdoctor.report.fixcards import fixes_section, flags_section
+from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
+                                     device_text, rank_bound, role_labels, shown_trace, source_text, windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
@@ -24,7 +24,6 @@ from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
 
 BOUND_COLOUR = {"input_io": "#d64541", "input_cpu": "#d64541", "input": "#d64541", "host": "#e39b26",
                 "device": "#2e8b57", "communication": "#8e5bb5", "inconclusive": "#6b7280"}
-SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;background:#f6f7f9;margin:0}
@@ -58,7 +57,7 @@ def render(doc: dict, tune: dict | None = None) -> str:
     labels = role_labels(m)
     body = [_header(doc, m), _verdict(doc), _run(doc.get("run"), m), _every_step(doc.get("run"), m), _over_time(doc.get("run")), _ranks(doc),
             _breakdown(first, labels),
-            _timeline(first, labels), _memory(first), _fixes(doc, tune), _flags(doc),
+            _timeline(first, labels), _memory(first), fixes_section(doc, tune), flags_section(doc),
             _stacks(doc.get("stacks")), _gaps(first), _kernels(first), _host_ops(first),
             _warnings(doc)]
     title = f"perfdoctor: {bound_title(doc['verdict']['bound'], m)} - {doc['input']}"
@@ -251,113 +250,6 @@ def _memory(t: dict) -> str:
     return ("<h2>Device memory</h2><section class=\"card\"><div class=\"legend\"><span class=\"key\"><i style=\"background:"
             "#3a7dc2\"></i>reserved</span><span class=\"key\"><i style=\"background:#2e8b57\"></i>allocated</span></div>"
             + pic + "</section>")
-
-
-def measured_by_rule(tune: dict | None) -> dict[str, dict]:
-    """The best measured trial of each rule, from tune's JSON."""
-    out: dict[str, dict] = {}
-    for tr in (tune or {}).get("trials") or []:
-        rid, sp = tr.get("rule"), tr.get("speedup")
-        if rid and sp is not None and tr.get("status") != "failed" and (rid not in out or sp > out[rid]["speedup"]):
-            out[rid] = tr
-    return out
-
-
-def saved_share(speedup: float) -> float:
-    """The share of the step time a speed-up removes, 1 - 1/speedup (0 for none or a slowdown): the
-    gain bar's scale, the same for every report, so 2x fills half the bar whatever else is listed."""
-    return max(0.0, 1.0 - 1.0 / speedup) if speedup and speedup > 0 else 0.0
-
-
-def _gain_bar(g: dict, measured: dict | None) -> str:
-    """Expected gain (dark) inside its ceiling (light), measured gain (a mark), as the share of the
-    step time each removes (saved_share): a fixed scale, not one stretched to the largest ceiling
-    of the report, where a 1.5x fix listed alone filled the bar and a 1.9x fix beside a 13x
-    ceiling drew as a sliver."""
-    ceil = g.get("ceiling") or 0.0
-    exp = g.get("expected")
-    if not ceil and not exp and not measured:
-        return ""
-    parts = []
-    if ceil:
-        parts.append(f"<i style=\"width:{100 * saved_share(ceil):.1f}%;background:#cfe8d9\" "
-                     f"title=\"ceiling {ceil:.2f}x: {100 * saved_share(ceil):.0f}% of the step time\"></i>")
-    if exp:
-        parts.append(f"<i style=\"width:{100 * saved_share(exp):.1f}%;background:#2e8b57\" "
-                     f"title=\"expected {exp:.2f}x: {100 * saved_share(exp):.0f}% of the step time\"></i>")
-    if measured:
-        parts.append(f"<i style=\"width:{100 * saved_share(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
-                     f"border-radius:0\" title=\"measured {measured['speedup']:.2f}x\"></i>")
-    return f"<div class=\"gbar\">{''.join(parts)}</div>"
-
-
-def _model_check(mc: dict | None) -> str:
-    """Tune's check of this fix's model against the measurement (tune/modelcheck.py), under the
-    measured gain: 'agrees', or where the report's numbers were wrong, in what way."""
-    if not mc:
-        return ""
-    return f"<div class=\"small\">model check: {H(mc.get('text'))}</div>"
-
-
-def _from(doc: dict, item: dict) -> str:
-    where = from_other_traces(doc, item)
-    return f" <span class=\"dim small\">(from {H(where)})</span>" if where else ""
-
-
-def _fixes(doc: dict, tune: dict | None) -> str:
-    findings = doc["findings"]
-    ranked = [f for f in findings if f["ranked"]]
-    rest = [f for f in findings if not f["ranked"]]
-    measured = measured_by_rule(tune)
-    cards = []
-    for i, f in enumerate(ranked, 1):
-        g = f.get("gain") or {}
-        meas = measured.get(f["id"])
-        mtxt = ""
-        if meas:
-            ci = meas.get("ci95")
-            mtxt = (f"<div><b>measured by tune: {meas['speedup']:.2f}x</b>"
-                    + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>"
-                    + _model_check(meas.get("model_check")))
-        snippet = f["fix"].get("snippet")
-        cards.append(
-            f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{_from(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
-            + _gain_bar(g, meas) + mtxt
-            + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
-            + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
-            + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
-            + f"<div class=\"dim small\">{H(f['id'])} · {H(_cite(f.get('source') or {}))}</div></section>")
-    head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
-            "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
-            "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
-            + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
-            if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
-    more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
-            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>{_from(doc, f)}</li>"
-                      for f in rest)
-            + "</ul></section>") if rest else ""
-    return head + "".join(cards) + more
-
-
-def H_block(s: str) -> str:
-    """A multi-line snippet: escaped, its newlines kept."""
-    return "\n".join(H(line) for line in str(s).rstrip().splitlines())
-
-
-def _cite(src: dict) -> str:
-    art = str(src.get("article"))
-    art = f"article {art[:3]}" if art[:3].isdigit() else art
-    return f"{art}, {src.get('section')}"
-
-
-def _flags(doc: dict) -> str:
-    flags = doc["flags"]
-    if not flags:
-        return ""
-    items = "".join(f"<div class=\"flag\" style=\"border-color:{SEV_COLOUR.get(f['severity'], '#999')}\"><b>{H(f['title'])}</b> "
-                    f"<span class=\"dim\">({H(f['severity'])}, {H(f['id'])})</span>{_from(doc, f)}<div>{H(f['summary'])}</div></div>"
-                    for f in flags)
-    return f"<h2>Flags</h2><section class=\"card\">{items}</section>"
 
 
 def _stacks(st: dict | None) -> str:

@@ -78,7 +78,7 @@ def _val(x) -> str:
 
 
 def _fixes(doc: dict, tune: dict | None) -> list[str]:
-    from perfdoctor.report.html import measured_by_rule
+    from perfdoctor.report.fixcards import measured_by_rule
 
     ranked = [f for f in doc["findings"] if f["ranked"]][:TOP_FIXES]
     if not ranked:

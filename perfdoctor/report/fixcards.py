@@ -1,0 +1,118 @@
+"""The HTML report's fix and flag cards: each ranked fix with its expected gain against its
+ceiling as a bar, the gain `perfdoctor tune` measured and its check of the fix's model, the
+fix's text and code, its model and source; the fixes worth a look; the flags."""
+
+from __future__ import annotations
+
+from perfdoctor.report.labels import WORTH_A_LOOK, from_other_traces, unranked_gain
+from perfdoctor.report.sanitize import html as H
+
+SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
+
+
+def measured_by_rule(tune: dict | None) -> dict[str, dict]:
+    """The best measured trial of each rule, from tune's JSON."""
+    out: dict[str, dict] = {}
+    for tr in (tune or {}).get("trials") or []:
+        rid, sp = tr.get("rule"), tr.get("speedup")
+        if rid and sp is not None and tr.get("status") != "failed" and (rid not in out or sp > out[rid]["speedup"]):
+            out[rid] = tr
+    return out
+
+
+def saved_share(speedup: float) -> float:
+    """The share of the step time a speed-up removes, 1 - 1/speedup (0 for none or a slowdown): the
+    gain bar's scale, the same for every report, so 2x fills half the bar whatever else is listed."""
+    return max(0.0, 1.0 - 1.0 / speedup) if speedup and speedup > 0 else 0.0
+
+
+def _gain_bar(g: dict, measured: dict | None) -> str:
+    """Expected gain (dark) inside its ceiling (light), measured gain (a mark), as the share of the
+    step time each removes (saved_share): a fixed scale, not one stretched to the largest ceiling
+    of the report, where a 1.5x fix listed alone filled the bar and a 1.9x fix beside a 13x
+    ceiling drew as a sliver."""
+    ceil = g.get("ceiling") or 0.0
+    exp = g.get("expected")
+    if not ceil and not exp and not measured:
+        return ""
+    parts = []
+    if ceil:
+        parts.append(f"<i style=\"width:{100 * saved_share(ceil):.1f}%;background:#cfe8d9\" "
+                     f"title=\"ceiling {ceil:.2f}x: {100 * saved_share(ceil):.0f}% of the step time\"></i>")
+    if exp:
+        parts.append(f"<i style=\"width:{100 * saved_share(exp):.1f}%;background:#2e8b57\" "
+                     f"title=\"expected {exp:.2f}x: {100 * saved_share(exp):.0f}% of the step time\"></i>")
+    if measured:
+        parts.append(f"<i style=\"width:{100 * saved_share(measured['speedup']):.1f}%;background:none;border-right:3px solid #1f2328;"
+                     f"border-radius:0\" title=\"measured {measured['speedup']:.2f}x\"></i>")
+    return f"<div class=\"gbar\">{''.join(parts)}</div>"
+
+
+def _model_check(mc: dict | None) -> str:
+    """Tune's check of this fix's model against the measurement (tune/modelcheck.py), under the
+    measured gain: 'agrees', or where the report's numbers were wrong, in what way."""
+    if not mc:
+        return ""
+    return f"<div class=\"small\">model check: {H(mc.get('text'))}</div>"
+
+
+def from_note(doc: dict, item: dict) -> str:
+    """' (from a.json, b.json)' after a fix or flag of a report on several traces that the shown trace lacks."""
+    where = from_other_traces(doc, item)
+    return f" <span class=\"dim small\">(from {H(where)})</span>" if where else ""
+
+
+def fixes_section(doc: dict, tune: dict | None) -> str:
+    findings = doc["findings"]
+    ranked = [f for f in findings if f["ranked"]]
+    rest = [f for f in findings if not f["ranked"]]
+    measured = measured_by_rule(tune)
+    cards = []
+    for i, f in enumerate(ranked, 1):
+        g = f.get("gain") or {}
+        meas = measured.get(f["id"])
+        mtxt = ""
+        if meas:
+            ci = meas.get("ci95")
+            mtxt = (f"<div><b>measured by tune: {meas['speedup']:.2f}x</b>"
+                    + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>"
+                    + _model_check(meas.get("model_check")))
+        snippet = f["fix"].get("snippet")
+        cards.append(
+            f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{from_note(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
+            + _gain_bar(g, meas) + mtxt
+            + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
+            + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
+            + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
+            + f"<div class=\"dim small\">{H(f['id'])} · {H(_cite(f.get('source') or {}))}</div></section>")
+    head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
+            "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
+            "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
+            + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
+            if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
+    more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
+            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>{from_note(doc, f)}</li>"
+                      for f in rest)
+            + "</ul></section>") if rest else ""
+    return head + "".join(cards) + more
+
+
+def H_block(s: str) -> str:
+    """A multi-line snippet: escaped, its newlines kept."""
+    return "\n".join(H(line) for line in str(s).rstrip().splitlines())
+
+
+def _cite(src: dict) -> str:
+    art = str(src.get("article"))
+    art = f"article {art[:3]}" if art[:3].isdigit() else art
+    return f"{art}, {src.get('section')}"
+
+
+def flags_section(doc: dict) -> str:
+    flags = doc["flags"]
+    if not flags:
+        return ""
+    items = "".join(f"<div class=\"flag\" style=\"border-color:{SEV_COLOUR.get(f['severity'], '#999')}\"><b>{H(f['title'])}</b> "
+                    f"<span class=\"dim\">({H(f['severity'])}, {H(f['id'])})</span>{from_note(doc, f)}<div>{H(f['summary'])}</div></div>"
+                    for f in flags)
+    return f"<h2>Flags</h2><section class=\"card\">{items}</section>"
