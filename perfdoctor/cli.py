@@ -81,8 +81,13 @@ def report(
 
     for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
         check_writable(dest, report_inputs(path))
+    given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
-    tune = tune_for(path, tune_json) if fmt in (Format.html, Format.markdown) else None
+    shows_tune = fmt in (Format.html, Format.markdown)
+    if given is not None and not shows_tune:
+        print("perfdoctor: note: --tune's measured gains are shown by --format html and markdown only",
+              file=sys.stderr)
+    tune = (given or tune_for(path, None)) if shows_tune else None
     if annotate is not None:
         from perfdoctor.report.annotate import write_annotated
         write_annotated(doc, annotate)

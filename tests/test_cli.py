@@ -486,3 +486,18 @@ def test_usage_errors_are_one_line_with_exit_2(args, says):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
     assert r.stderr.startswith("perfdoctor: error: ") and says in r.stderr and "--help`)" in r.stderr
     assert "╭" not in r.stderr and "Usage:" not in r.stderr
+
+
+def test_a_tune_file_is_read_whatever_the_format(trace, tmp_path):
+    """--tune with the terminal or JSON format was never opened: a missing file passed silently and
+    a good one was ignored without a word. It is read first (exit 2 before the load), and the
+    formats that do not show it say so."""
+    r = run("report", trace, "--tune", tmp_path / "missing.json")
+    assert r.returncode == 2 and r.stderr == f"perfdoctor: error: --tune {tmp_path / 'missing.json'}: no such file\n"
+    good = tmp_path / "tune.json"
+    good.write_text('{"trials": []}')
+    for fmt in ("terminal", "json"):
+        r = run("report", trace, "--tune", good, "-f", fmt)
+        assert r.returncode == 0 and "--tune's measured gains are shown by --format html and markdown only" in r.stderr
+    r = run("report", trace, "--tune", good, "-f", "markdown")
+    assert r.returncode == 0 and "--tune" not in r.stderr
