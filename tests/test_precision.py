@@ -172,16 +172,16 @@ def test_fp64_on_an_unknown_generation_has_no_expected_gain(tmp_path):
 
 # --- the model: what autocast would change ------------------------------------------------------
 
-def _step_trace(path, kernels, steps=3, second=None):
-    """Per step each (name, us) kernel launched by its own op, back to back on one stream; with
-    second=(name, us), that kernel on a second stream, overlapping the end of the step."""
+def _step_trace(path, kernels, steps=3, second=None, op="aten::op"):
+    """Per step each (name, us) kernel launched by its own op (named `op`), back to back on one
+    stream; with second=(name, us), that kernel on a second stream, overlapping the end of the step."""
     from kineto import HandTrace
 
     tr, t = HandTrace(), 0.0
     for i in range(steps):
         s0 = t = max(t, tr.device_free)
         for name, us in kernels:
-            tr.op(1, t, "aten::op", 20.0, ext=tr.corr + 1)
+            tr.op(1, t, op, 20.0, ext=tr.corr + 1)
             tr.launch(1, t + 5, name, us)
             t += 25.0
         t = max(t, tr.device_free)
@@ -344,6 +344,18 @@ def test_channels_last_is_credited_with_the_conversions_and_nchw_batch_norm(tmp_
     m, fixes = _metrics_and_fixes(tmp_path / "nhwc.json")
     assert m["precision.nchw_norm_share"] == 0 and m["precision.layout_share"] == 0
     assert "channels-last" not in fixes
+
+
+def test_channels_last_is_not_offered_where_the_only_convolutions_are_1d(tmp_path):
+    """A Conv1d model's convolutions run on 3-D tensors, which no memory format reorders; cuDNN
+    runs them as 2-D convolutions of height 1 with the layout conversions around them, so
+    channels_last would leave them: PD342 is not offered. The same kernels under aten::conv2d are."""
+    kernels = [(CONV_BF16, 300), (TO_NHWC, 200), (BN_NCHW, 400)]
+    for op, applies in (("aten::conv1d", False), ("aten::conv2d", True), ("aten::op", None)):
+        _step_trace(tmp_path / "c.json", kernels, op=op)
+        m, fixes = _metrics_and_fixes(tmp_path / "c.json")
+        assert m["precision.conv_layout_applies"] is applies, op
+        assert m["precision.layout_share"] > 0.2 and ("channels-last" in fixes) is (applies is not False), op
 
 
 # --- bf16 only where the part has it: Volta/Turing get fp16 -------------------------------------

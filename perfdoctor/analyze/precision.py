@@ -239,6 +239,24 @@ def fp64_ratios(cc: float | None, name: str | None = None) -> tuple[float, float
     return fp32 / fp64, (tf32 or fp32) / fp64
 
 
+CONV_4D = frozenset({"aten::conv2d", "aten::conv3d", "aten::conv_transpose2d", "aten::conv_transpose3d"})
+CONV_3D = frozenset({"aten::conv1d", "aten::conv_transpose1d"})
+
+
+def conv_layout_applies(t: EventTable, k: Kinds, steps: Steps) -> bool | None:
+    """Whether channels_last can change the convolutions' layout: True where the steps run a 2-D or
+    3-D convolution op (4-D/5-D tensors: channels_last, channels_last_3d), False where their only
+    convolution ops are 1-D (3-D tensors, which no memory format reorders: cuDNN runs them as 2-D
+    convolutions of height 1 and converts the layout around them whatever the model's format),
+    None where no convolution op is named (a compiled graph calls aten::convolution directly)."""
+    lo, hi = steps.span
+    ops = np.flatnonzero(k.cpu_op)
+    ops = ops[(t.ts[ops] >= lo) & (t.ts[ops] < hi)]
+    if t.name_mask(lambda n: n in CONV_4D)[ops].any():
+        return True
+    return False if t.name_mask(lambda n: n in CONV_3D)[ops].any() else None
+
+
 def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
                       device_share: float | None, on: np.ndarray | None = None, name: str | None = None,
                       ratios_known: bool = True) -> dict:
@@ -258,7 +276,8 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
                 "precision.amp_speedup_peak": None})
     out.update(dict.fromkeys(FP64_KEYS))
     if not len(kr) or total <= 0:
-        return {key: None for key in out}
+        return {key: None for key in out} | {"precision.conv_layout_applies": None}
+    out["precision.conv_layout_applies"] = conv_layout_applies(t, k, steps)
     cls = class_of_rows(t, k, kr)
     mem, other = CLASSES.index("memory_fp32"), CLASSES.index("other")
     cls = np.where(_in_optimizer(t, k, kr) & (cls == mem), other, cls)
