@@ -115,7 +115,8 @@ def _far(ts: np.ndarray, x: np.ndarray, finite: np.ndarray) -> np.ndarray:
     xs = ts[x & finite]
     if not len(xs):
         return np.zeros(len(ts), bool)
-    q1, q3 = np.percentile(xs, [25, 75])
+    k1, k3 = (len(xs) - 1) // 4, 3 * (len(xs) - 1) // 4     # the quartiles' ranks (np.percentile would load
+    q1, q3 = np.partition(xs, [k1, k3])[[k1, k3]]           # numpy.ma: 20 ms of a cold report)
     with np.errstate(over="ignore", invalid="ignore"):
         reach = FAR_US + SPAN_FACTOR * (q3 - q1)
         return finite & ((ts < q1 - reach) | (ts > q3 + reach))
