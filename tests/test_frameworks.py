@@ -144,7 +144,7 @@ with tempfile.TemporaryDirectory() as out:
     args = TrainingArguments(output_dir=out, max_steps=30, per_device_train_batch_size=8, per_device_eval_batch_size=32,
                              gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=10, save_strategy="no",
                              logging_steps=1, report_to=[], disable_tqdm=True, use_cpu=True, seed=0)
-    Trainer(model=BertForSequenceClassification(cfg), args=args, train_dataset=Ids(512), eval_dataset=Ids(256)).train()
+    Trainer(model=BertForSequenceClassification(cfg), args=args, train_dataset=Ids(512), eval_dataset=Ids(512)).train()
 """
 
 
@@ -153,7 +153,10 @@ with tempfile.TemporaryDirectory() as out:
 def test_hf_trainer_evaluating_every_10_steps(tmp_path):
     """eval_steps=10 over 30 optimizer steps: the 5 traced steps hold one evaluation, the steady
     window too few to show a period. The evaluation's share is the run's (the steps that drew
-    its batches, their time beyond the usual step), not the window's, which holds it 1 step in 5."""
+    its batches, their time beyond the usual step), not the window's, which holds it 1 step in 5.
+    The evaluation (16 batches of 32) makes its step ~3.5x the usual one: with 8 batches it was
+    ~2.3x, near the long-step line (2x), and a CI run whose traced evaluation step fell under it
+    read the window's share (0.22 for 0.10)."""
     pytest.importorskip("transformers", reason="transformers is in the test extra")
     script = tmp_path / "hf_eval.py"
     script.write_text(HF_EVAL)
