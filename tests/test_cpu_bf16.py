@@ -86,13 +86,13 @@ def test_bf16_autocast_is_seen_and_pd367_follows_the_cpu(tmp_path):
 # 2-core AVX2 VM a 1024-wide MLP prepared that way took 1.35 s a step against 0.47 s with
 # mixed_precision="no" (interleaved), and PD367 was missing: the census read autocast only at the
 # outermost call (helper73's probe). Done here as accelerate does it, without accelerate.
-FORWARD_AUTOCAST = r"""
+MLP = r"""
 import torch, torch.nn as nn, torch.nn.functional as F
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 2))
-model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 2)){convert}
+{wrap}
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = torch.randn(64, 64), torch.randint(0, 2, (64,))
+x, y = torch.randn(64, 64{dtype}), torch.randint(0, 2, (64,))
 for step in range(16):
     loss = F.cross_entropy(model(x).float(), y)
     opt.zero_grad(set_to_none=True)
@@ -100,6 +100,8 @@ for step in range(16):
     opt.step()
 print("loss", round(loss.item(), 3) > 0)
 """
+FORWARD_AUTOCAST = MLP.format(convert="", dtype="",
+                              wrap='model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)')
 
 
 def test_autocast_entered_inside_the_models_forward_is_seen(tmp_path):
@@ -113,19 +115,7 @@ def test_autocast_entered_inside_the_models_forward_is_seen(tmp_path):
 
 # The same MLP converted with .bfloat16() (its batches too), trained with AdamW on its bf16
 # parameters: the run counts the optimizer's parameters per dtype (params.half_dtype).
-HALF_MODEL = r"""
-import torch, torch.nn as nn, torch.nn.functional as F
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 2)).bfloat16()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = torch.randn(64, 64, dtype=torch.bfloat16), torch.randint(0, 2, (64,))
-for step in range(16):
-    loss = F.cross_entropy(model(x).float(), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-print("loss", round(loss.item(), 3) > 0)
-"""
+HALF_MODEL = MLP.format(convert=".bfloat16()", dtype=", dtype=torch.bfloat16", wrap="")
 
 
 def test_a_model_kept_in_bf16_is_seen_and_pd368_follows_the_cpu(tmp_path):
