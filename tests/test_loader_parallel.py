@@ -80,7 +80,9 @@ def small_chunks(monkeypatch, chunk=2048, read=1024):
 
 
 def load_both(path, monkeypatch, seen):
-    """(single pass, parallel) tables of one file."""
+    """(single pass, parallel) tables of one file. The record starts afresh: a retried load (a
+    raced split, test_real_traces) kept the last parallel load's "forked" and failed the first check."""
+    seen.update(merged=None, forked=False, asked=0, parts=0)
     monkeypatch.setenv(parallel.JOBS_ENV, "1")
     seq = load_trace(path)
     assert not seen["forked"], "PERFDOCTOR_JOBS=1 must not fork"
