@@ -45,11 +45,17 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
         basis = f"{label} is {100 * share:.1f}% of each traced step, up to {100 * ceiling_share:.1f}% of an un-profiled one"
     if expected is None:
         return f"{cap}, no model of the expected gain ({basis})"
-    rng = (f" ({times(low)[:-1]}-{times(high)})" if low is not None and high is not None and high > low * 1.005
-           and times(low) != times(high) else "")     # not "(1.01-1.01x)"
-    if high is not None and math.isinf(high) and low is not None:
-        rng = f" ({times(low)} or more)"
-    return f"expected ~{times(expected)}{rng}, {cap} ({basis})"
+    return f"expected ~{times(expected)}{range_text(low, high)}, {cap} ({basis})"
+
+
+def range_text(low: float | None, high: float | None) -> str:
+    """' (1.20-1.45x)' after an expected gain, ' (1.20x or more)' without an upper end, '' where
+    there is no range or its two ends print alike (not '(1.01-1.01x)')."""
+    if low is None or high is None:
+        return ""
+    if math.isinf(high):
+        return f" ({times(low)} or more)"
+    return f" ({times(low)[:-1]}-{times(high)})" if high > low * 1.005 and times(low) != times(high) else ""
 
 
 def combined(gains: list[float]) -> float:

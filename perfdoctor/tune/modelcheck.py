@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from perfdoctor.rules.gain import combined, stacked, times
+from perfdoctor.rules.gain import combined, range_text, stacked, times
 
 CHECKED = ("faster", "slower", "no change")
 
@@ -69,9 +69,7 @@ def check(rule: str | None, offered: bool, status: str, ratio: float | None, ci9
 def _model_text(expected, rng, ceiling) -> str:
     parts = []
     if expected is not None:
-        parts.append(f"expected ~{times(expected)}"
-                     + (f" ({times(rng[0])[:-1]}-{times(rng[1])})" if rng and math.isfinite(rng[1])
-                        and times(rng[1]) != times(rng[0]) else ""))
+        parts.append(f"expected ~{times(expected)}" + (range_text(*rng) if rng else ""))
     else:
         parts.append("no model of its gain")
     if ceiling is not None:
