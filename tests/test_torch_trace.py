@@ -255,8 +255,10 @@ def test_an_lstm_modules_small_ops_are_not_compiles(tmp_path, cell):
     if cell:
         assert rnn == 0 and fix is not None
     else:
-        # the LSTM's forward call and the backward nodes of its ops: 3/4 of the small-op time here;
-        # the rest is the head's, the loss's, the last step's select and SGD's update
-        assert 0.6 * small < rnn <= small
+        # the LSTM's forward call and the backward nodes of its ops: 3/4 of the small-op time here
+        # (0.72-0.75 alone); the rest is the head's, the loss's, the last step's select and SGD's
+        # update. Beside the suite's other worker the thread stays on its CPU (0.99) but its ops
+        # run slower, and some of the LSTM's cross the small-op line first: 0.49 of 0.36 once
+        assert 0.4 * small < rnn <= small
         kept = m["share.host"] + small - rnn
         assert fix is None or fix["gain"]["share"] <= kept + 1e-6
