@@ -24,6 +24,7 @@ from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.archnames import capability_floor
 from perfdoctor.analyze.devicetime import TENSOR_CORE_CLASSES
+from perfdoctor.analyze.launches import clock_warning
 from perfdoctor.analyze.precision import kernel_class, precision_metrics, tensor_cores
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
@@ -116,7 +117,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
                      "memory budget): that step is cut short, so its shares hold and its length does not")
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
-                         notes=notes, warnings=list(t.meta.warnings),
+                         notes=notes, warnings=list(t.meta.warnings) + [w for w in (clock_warning(t, k),) if w],
                          tables=detail_tables(t, k, steps, m["trace.world_size"]),
                          view=step_view(steps, tl, k.platform, m["trace.devices_used"]), marked_gaps=marked,
                          step_device_ms=replica_step_device_ms(k, m))
