@@ -293,9 +293,12 @@ def test_markdown_escapes_a_hostile_name(tmp_path):
     doc = {"verdict": {"bound": "device", "confidence_label": "high", "confidence": 0.9, "summary": HOSTILE,
                        "evidence": {"x": HOSTILE}, "notes": [HOSTILE]},
            "traces": [{"metrics": {"trace.platform": "cuda", "trace.device_name": "[a](https://evil.example)"},
-                       "steps": []}],
+                       "steps": [], "warnings": [HOSTILE, HOSTILE, "second"]}],
            "input": "`x`", "findings": [], "flags": [{"severity": "high", "title": "**b**", "id": "PD1"}]}
     md = report(doc)
+    quoted = [x for x in md.splitlines() if x.startswith("> **warning:**")]
+    assert len(quoted) == 2 and quoted[1] == "> **warning:** second"     # each once, each its own quote
+    assert md.splitlines()[md.splitlines().index(quoted[0]) + 1] == ""
     own = re.sub(r"</?(details|summary|sub)>", "", md)
     assert not re.search(r"(?<!\\)<", own) and "](https" not in md and "**b**" not in md   # every < escaped
     assert "\\<script\\>" in md

@@ -60,6 +60,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
         out += ["**Flags:** " + "; ".join(f"{M(f['severity'])}: {M(f['title'])} ({M(f['id'])}"
                                           + (f"; from {M(w)})" if (w := from_other_traces(doc, f)) else ")")
                                           for f in doc["flags"]), ""]
+    # what the terminal and the HTML print as warnings (damaged or doubtful input): a PR comment too
+    for w in dict.fromkeys(w for t in doc["traces"] for w in t.get("warnings") or []):
+        out += [f"> **warning:** {M(w)}", ""]        # a blank line each: one quote would run them together
     ev = v.get("evidence") or {}
     notes = list(v.get("notes") or [])
     if ev or notes:
