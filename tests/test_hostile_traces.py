@@ -144,7 +144,13 @@ def test_device_clock_behind_the_host_is_warned_about(tmp_path):
     assert not [w for w in glitch["traces"][0]["warnings"] if "clocks disagree" in w]
     for e in device[few:]:
         e["ts"] -= 5000
-    (w,) = [w for w in diagnose_path(str(_write(tmp_path, doc, "behind.json")))["traces"][0]["warnings"]
-            if "clocks disagree" in w]
+    assert glitch["traces"][0]["metrics"]["trace.clock_early_share"] == pytest.approx(few / len(device), abs=0.01)
+    assert good["traces"][0]["metrics"]["trace.clock_early_share"] == 0.0
+    assert not any("clocks disagree" in n for n in glitch["verdict"]["notes"])
+    behind = diagnose_path(str(_write(tmp_path, doc, "behind.json")))
+    assert behind["traces"][0]["metrics"]["trace.clock_early_share"] == 1.0
+    assert behind["verdict"]["confidence"] <= 0.4 < good["verdict"]["confidence"]
+    assert any("clocks disagree" in n for n in behind["verdict"]["notes"])
+    (w,) = [w for w in behind["traces"][0]["warnings"] if "clocks disagree" in w]
     assert w.startswith("device work starts before the call that launched it in 100% of the launches")
     assert "by up to 5.0 ms" in w

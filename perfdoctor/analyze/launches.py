@@ -55,21 +55,26 @@ CLOCK_SKEW_US = 1.0
 CLOCK_SHARE = 0.05
 
 
-def clock_warning(t: EventTable, k: Kinds) -> str | None:
-    """A warning when device work starts before its launch call in more than CLOCK_SHARE of the
-    linked launches of the whole trace (see the module docstring), else None."""
+def clock_check(t: EventTable, k: Kinds) -> tuple[float | None, float]:
+    """(trace.clock_early_share, how long before its call the earliest work started, in us): the
+    share of the trace's linked launches whose device work started more than CLOCK_SKEW_US before
+    the call began (see the module docstring); None on the CPU or without linked launches."""
     if k.platform == "cpu":
-        return None
+        return None, 0.0
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
     if not ok.any():
-        return None
+        return None, 0.0
     early = t.ts[launch[ok]] - t.ts[dev[ok]]           # how long before the call began the work did
-    bad = early > CLOCK_SKEW_US
-    if bad.mean() <= CLOCK_SHARE:
+    return float(np.mean(early > CLOCK_SKEW_US)), float(max(early.max(), 0.0))
+
+
+def clock_warning(share: float | None, early_us: float) -> str | None:
+    """The warning for a trace whose clocks disagree (share over CLOCK_SHARE), else None."""
+    if share is None or share <= CLOCK_SHARE:
         return None
-    return (f"device work starts before the call that launched it in {bad.mean():.0%} of the launches (by up to "
-            f"{early.max() / 1e3:,.1f} ms): the trace's host and device clocks disagree, so the shares that set "
+    return (f"device work starts before the call that launched it in {share:.0%} of the launches (by up to "
+            f"{early_us / 1e3:,.1f} ms): the trace's host and device clocks disagree, so the shares that set "
             "host time against device time (idle gaps, overlap, the verdict) may be wrong")
 
 

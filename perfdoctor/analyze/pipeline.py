@@ -24,7 +24,7 @@ from perfdoctor.analyze.patterns import pattern_metrics
 from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.archnames import capability_floor
 from perfdoctor.analyze.devicetime import TENSOR_CORE_CLASSES
-from perfdoctor.analyze.launches import clock_warning
+from perfdoctor.analyze.launches import clock_check, clock_warning
 from perfdoctor.analyze.precision import kernel_class, precision_metrics, tensor_cores
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
@@ -74,6 +74,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
     total = float(steps.duration.sum())
     m: dict = dict.fromkeys(registry.names())
     m.update(_trace_metrics(t, k))
+    early = clock_check(t, k)
+    m["trace.clock_early_share"] = early[0]
     m.update(_step_metrics(steps))
     m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
     m.update(_input_metrics(t, k, tl, total))
@@ -117,7 +119,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
                      "memory budget): that step is cut short, so its shares hold and its length does not")
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
-                         notes=notes, warnings=list(t.meta.warnings) + [w for w in (clock_warning(t, k),) if w],
+                         notes=notes, warnings=list(t.meta.warnings) + [w for w in (clock_warning(*early),) if w],
                          tables=detail_tables(t, k, steps, m["trace.world_size"]),
                          view=step_view(steps, tl, k.platform, m["trace.devices_used"]), marked_gaps=marked,
                          step_device_ms=replica_step_device_ms(k, m))

@@ -41,6 +41,7 @@ _m("trace.devices_used", "count", "Devices that ran kernels in this trace.")
 _m("trace.device_memory_bytes", "bytes", "Total device memory from deviceProperties.")
 _m("trace.rank", "count", "Distributed rank from distributedInfo (None for single-process runs).")
 _m("trace.world_size", "count", "Distributed world size from distributedInfo.")
+_m("trace.clock_early_share", "fraction", "Linked launches whose device work started before the launch call began (more than 1 us: the host/device clock conversion's error), of all linked launches in the trace: over 5% says the host and device clocks disagree (or the timestamps were rewritten), and every share that sets host time against device time is in doubt (analyze/launches.py). None on the CPU or without linked launches.")
 _m("trace.windows", "count", "Profiler windows of one process joined into this trace (1: a single window; diagnose/profwindows.py).")
 _m("trace.truncated", "bool", "The file ended early (profiler killed mid-write); only parsed events are used, and only "
    "the steps completed before the cut.")

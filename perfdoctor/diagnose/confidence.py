@@ -12,12 +12,15 @@ The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says 
   0.5 when long steps every N steps hold a tenth of the time or more and the trace holds none of
   them, 0.5 when the steady steps' median is twice the traced one or more (the profiler only adds
   time: the trace saw another state of the run), and 0.4 when most of the step is untraced
-  time that the Python stacks do not name.
+  time that the Python stacks do not name, and 0.4 when device work starts before its launch
+  call in over 5% of the launches (the trace's clocks disagree: analyze/launches.py).
 A truncated file is judged on the steps completed before the cut (analyze/steps.py); with none,
 the verdict is inconclusive and says why.
 """
 
 from __future__ import annotations
+
+from perfdoctor.analyze.launches import CLOCK_SHARE
 
 CAUSES = ("input", "host", "communication")
 # Traced steps this many times as long as the steady ones: at least half of a traced step is the
@@ -77,6 +80,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     if m.get("steps.count") is not None and m["steps.count"] < 3 and m.get("steps.source") != "whole trace":
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
+    if (m.get("trace.clock_early_share") or 0.0) > CLOCK_SHARE:
+        conf = min(conf, 0.4)
+        notes.append(f"device work starts before the call that launched it in {m['trace.clock_early_share']:.0%} of "
+                     "the launches: the host and device clocks disagree, so the host/device shares may be wrong")
     if m.get("trace.truncated"):
         conf = min(conf, 0.6)
         notes.append("the trace file was truncated; the verdict uses the steps completed before the cut")
