@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import linecache
 
-from perfdoctor.analyze.stackcause import _blocked, _frames, classify
+from perfdoctor.analyze.stackcause import blocked, classify, code_frames
 from perfdoctor.analyze.stepwait import sleep_sums
 
 IDLE_CAUSES = ("waiting", "producer_wait")
@@ -64,7 +64,7 @@ def own_thread(stack: tuple) -> bool:
     the thread's target, the first frame past the standard library's thread start and our
     wrapper of it (collect/threadstop.py wraps every thread's bootstrap), is not ours, and no
     frame is the pin-memory loop."""
-    frames = _frames(stack)
+    frames = code_frames(stack)
     if any(f.kind == "lib" and f.module.startswith(PIN_MEMORY) for f in frames):
         return False
     first = next((f for f in frames if not (f.kind == "lib" and f.stdlib or f.file.endswith(THREAD_WRAPPER))), None)
@@ -73,8 +73,8 @@ def own_thread(stack: tuple) -> bool:
 
 def busy(stack: tuple, source=linecache.getline) -> bool:
     """The stack runs (it holds or wants the GIL): not blocked, not waiting by its cause."""
-    frames = _frames(stack)
-    if not frames or _blocked(frames[-1]):
+    frames = code_frames(stack)
+    if not frames or blocked(frames[-1]):
         return False
     return classify(stack, source)[0] not in IDLE_CAUSES
 
