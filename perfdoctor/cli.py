@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Optional
 import typer
 
 from perfdoctor import __version__
-from perfdoctor.errors import EXIT_INTERNAL, EXIT_PIPE, PerfdoctorError
+from perfdoctor.errors import exit_with
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -203,7 +202,7 @@ def tune(
 
     Exit code: 0 tuned (whatever the trials found); 1 the baseline run of the script failed;
     2 usage error; 3 the baseline could not be measured (too few steps)."""
-    from perfdoctor.tune.result import build, render
+    from perfdoctor.tune.result import emit
     from perfdoctor.tune.session import TuneOptions, Tuner
 
     from perfdoctor.script_argv import launcher_words, script_argv
@@ -216,16 +215,7 @@ def tune(
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks))
     tuner.run()
-    doc = build(tuner)
-    from perfdoctor.report.json_out import to_json
-    (tuner.dir / "tune.json").write_bytes(to_json(doc))
-    from perfdoctor.report.outputs import rendered, write
-    if output is not None:
-        write(output, rendered(doc, "json" if fmt is TextFormat.terminal else fmt.value, kind="tune"))
-    if fmt is TextFormat.markdown and output is None:
-        sys.stderr.write(rendered(doc, "markdown", kind="tune").decode())
-        return
-    render(doc)
+    emit(tuner, output, fmt.value)
 
 
 @app.command()
@@ -306,12 +296,8 @@ def rules_show(rule_id: str = typer.Argument(..., help="Rule id (PD301) or slug 
                                                                help="Extra rule directory (repeatable).")) -> None:
     """Show one rule in full: condition, gain model, fix text and snippet, source."""
     from perfdoctor.report.rules_view import render_show
-    from perfdoctor.rules.loader import load_rules
-    rules = load_rules([str(d) for d in rules_dirs or []])
-    match = [r for r in rules if rule_id in (r.id, r.slug)]
-    if not match:
-        raise PerfdoctorError(f"no rule with id or slug {rule_id!r} (see `perfdoctor rules list`)")
-    render_show(match[0])
+    from perfdoctor.rules.loader import find_rule
+    render_show(find_rule(rule_id, [str(d) for d in rules_dirs or []]))
 
 
 @rules_app.command("check")
@@ -319,19 +305,16 @@ def rules_check(directory: Optional[Path] = typer.Argument(None, help="A directo
                                                                       "(default: check the built-in rules).")) -> None:
     """Validate rule files and run each rule's test cases. Exit 2 if a file is invalid, 1 if a case fails."""
     from perfdoctor.report.rules_view import render_check
-    from perfdoctor.rules.check import run_cases
-    from perfdoctor.rules.loader import RulesInvalid, load_rules
+    from perfdoctor.report.sanitize import terminal
+    from perfdoctor.rules.check import check_rules
+    from perfdoctor.rules.loader import RulesInvalid
     try:
-        rules = load_rules([str(directory)] if directory else [])
+        results, n_rules = check_rules(directory)
     except RulesInvalid as exc:
         for p in exc.problems:
-            print(f"perfdoctor: error: invalid rule {_safe(p)}", file=sys.stderr)
+            print(f"perfdoctor: error: invalid rule {terminal(p)}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
-    if directory is not None:
-        root = str(directory.resolve())
-        rules = [r for r in rules if str(Path(r.path).resolve()).startswith(root)]
-    results = [res for r in rules for res in run_cases(r)]
-    render_check(results, len(rules))
+    render_check(results, n_rules)
     if any(not x.ok for x in results):
         raise typer.Exit(1)
 
@@ -349,65 +332,15 @@ def _unwrap_help(*apps: typer.Typer) -> None:
 _unwrap_help(app, rules_app)
 
 
-def _safe(msg: object) -> str:
-    """An error message for the terminal: it echoes paths and parse errors, so control
-    characters are shown escaped and it stays one line (perfdoctor/report/sanitize.py)."""
-    from perfdoctor.report.sanitize import terminal
-    return terminal(msg)
-
-
-def _click_error(exc: Exception, name: str) -> bool:
-    """`exc` is click's exception class `name` (ClickException, UsageError, Abort) or a subclass,
-    whichever click typer brings: its own copy from typer 0.20 on, the click package before."""
-    return any(c.__name__ == name and "click" in c.__module__ for c in type(exc).__mro__)
-
-
-def _stdout_gone(exc: SystemExit) -> bool:
-    """The exit is rich's or click's answer to a closed pipe: both raise SystemExit(1) while
-    handling the BrokenPipeError (EPIPE) a write to stdout met."""
-    import errno
-    ctx = exc.__context__
-    return isinstance(ctx, OSError) and ctx.errno == errno.EPIPE
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to one line on stderr and a documented exit code."""
-    debug = os.environ.get("PERFDOCTOR_DEBUG") == "1"
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["run"], ["tune"]):
         from perfdoctor.script_argv import module_args_to_module
         argv = module_args_to_module(argv, typer.main.get_command(app).commands[argv[0]])
-    try:
-        # not standalone: click's usage errors come here, to be said in one line (click and
-        # typer print a usage block and a boxed message)
-        rv = app(args=argv, prog_name="perfdoctor", standalone_mode=False)
-    except SystemExit as exc:
-        if _stdout_gone(exc):
-            # rich and click turn EPIPE into exit 1, which reads as `gate`'s regression or
-            # `rules check`'s failed case: a closed pipe is neither
-            sys.exit(EXIT_PIPE)
-        raise
-    except PerfdoctorError as exc:
-        if debug:
-            raise
-        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # a bug: one line, and how to get the traceback
-        if _click_error(exc, "Abort"):
-            sys.exit(130)
-        if _click_error(exc, "ClickException"):       # a usage error: a bad option or value, a missing argument
-            ctx = getattr(exc, "ctx", None)
-            hint = f" (see `{ctx.command_path} --help`)" if _click_error(exc, "UsageError") and ctx else ""
-            print(f"perfdoctor: error: {_safe(exc.format_message())}{hint}", file=sys.stderr)
-            sys.exit(exc.exit_code)
-        if debug:
-            raise
-        print(f"perfdoctor: internal error: {type(exc).__name__}: {_safe(exc)} "
-              "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
-        sys.exit(EXIT_INTERNAL)
-    sys.exit(rv if isinstance(rv, int) else 0)      # a command's typer.Exit(code), or 0
+    # not standalone: click's usage errors come here, to be said in one line (click and
+    # typer print a usage block and a boxed message)
+    exit_with(lambda: app(args=argv, prog_name="perfdoctor", standalone_mode=False))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,6 +1,12 @@
-"""Errors that reach the user as one line and a documented exit code (see docs/exit-codes.md)."""
+"""Errors that reach the user as one line and a documented exit code (see docs/exit-codes.md), and
+`exit_with`, which turns whatever a command raises into them."""
 
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_INPUT = 2        # usage error, unreadable / unsupported / malformed input
@@ -21,3 +27,60 @@ class PerfdoctorError(Exception):
 
 class TraceFormatError(PerfdoctorError):
     """The input is not a torch.profiler / Chrome trace we can read."""
+
+
+def exit_with(command: Callable[[], object]) -> NoReturn:
+    """Run the parsed command line and leave with its exit code (a command's typer.Exit(code), or 0):
+    an error is one line on stderr and a documented exit code. PERFDOCTOR_DEBUG=1 raises a
+    PerfdoctorError or a bug instead, with its traceback."""
+    debug = os.environ.get("PERFDOCTOR_DEBUG") == "1"
+    try:
+        rv = command()
+    except SystemExit as exc:
+        if _stdout_gone(exc):
+            # rich and click turn EPIPE into exit 1, which reads as `gate`'s regression or
+            # `rules check`'s failed case: a closed pipe is neither
+            sys.exit(EXIT_PIPE)
+        raise
+    except PerfdoctorError as exc:
+        if debug:
+            raise
+        print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a bug: one line, and how to get the traceback
+        if _click_error(exc, "Abort"):
+            sys.exit(130)
+        if _click_error(exc, "ClickException"):       # a usage error: a bad option or value, a missing argument
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if _click_error(exc, "UsageError") and ctx else ""
+            print(f"perfdoctor: error: {_safe(exc.format_message())}{hint}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        if debug:
+            raise
+        print(f"perfdoctor: internal error: {type(exc).__name__}: {_safe(exc)} "
+              "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _safe(msg: object) -> str:
+    """An error message for the terminal: it echoes paths and parse errors, so control
+    characters are shown escaped and it stays one line (perfdoctor/report/sanitize.py)."""
+    from perfdoctor.report.sanitize import terminal
+    return terminal(msg)
+
+
+def _click_error(exc: Exception, name: str) -> bool:
+    """`exc` is click's exception class `name` (ClickException, UsageError, Abort) or a subclass,
+    whichever click typer brings: its own copy from typer 0.20 on, the click package before."""
+    return any(c.__name__ == name and "click" in c.__module__ for c in type(exc).__mro__)
+
+
+def _stdout_gone(exc: SystemExit) -> bool:
+    """The exit is rich's or click's answer to a closed pipe: both raise SystemExit(1) while
+    handling the BrokenPipeError (EPIPE) a write to stdout met."""
+    import errno
+    ctx = exc.__context__
+    return isinstance(ctx, OSError) and ctx.errno == errno.EPIPE

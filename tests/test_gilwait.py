@@ -31,7 +31,7 @@ def _no_source(f, n):
 
 def test_the_scripts_threads_are_told_from_perfdoctors_and_the_pin_memory_thread():
     assert own_thread((BOOT, WRAP, INNER, RUN, PRODUCE, WORK))        # under our bootstrap wrapper: still the user's
-    assert not own_thread((BOOT, WRAP, INNER, RUN, ("compress_trace", TOOL + "collect/window.py", 86),
+    assert not own_thread((BOOT, WRAP, INNER, RUN, ("compress_trace", TOOL + "collect/tracefile.py", 45),
                            ("copyfileobj", STD + "shutil.py", 197)))
     pin = ("_pin_memory_loop", SITE + "torch/utils/data/_utils/pin_memory.py", 52)
     assert not own_thread((BOOT, INNER, RUN, pin, ("Queue.get", STD + "queue.py", 180)))
@@ -84,7 +84,7 @@ def test_attribute_measures_the_union_of_the_other_threads_busy_time():
     step, 60%; the steady steps (3-10) only."""
     main = ("main", "/home/u/train.py", 27)
     fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
-    ours = ("compress_trace", TOOL + "collect/window.py", 86)
+    ours = ("compress_trace", TOOL + "collect/tracefile.py", 45)
     ev = [_ev("B", 0, *main), _ev("B", 0, *fwd)]
     ev += [_ev("B", 0, *f, tid=t) for t in (8, 9) for f in (BOOT, WRAP, INNER, RUN, PRODUCE)]
     ev += [_ev("B", 0, *f, tid=10) for f in (BOOT, WRAP, INNER, RUN, ours)]

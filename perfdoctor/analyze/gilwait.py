@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import linecache
 
-from perfdoctor.analyze.stackcause import _blocked, _frames, classify
+from perfdoctor.analyze.stackcause import blocked, classify, code_frames
+from perfdoctor.analyze.stepwait import sleep_sums
 
 IDLE_CAUSES = ("waiting", "producer_wait")
 PIN_MEMORY = "torch.utils.data._utils.pin_memory"
@@ -63,7 +64,7 @@ def own_thread(stack: tuple) -> bool:
     the thread's target, the first frame past the standard library's thread start and our
     wrapper of it (collect/threadstop.py wraps every thread's bootstrap), is not ours, and no
     frame is the pin-memory loop."""
-    frames = _frames(stack)
+    frames = code_frames(stack)
     if any(f.kind == "lib" and f.module.startswith(PIN_MEMORY) for f in frames):
         return False
     first = next((f for f in frames if not (f.kind == "lib" and f.stdlib or f.file.endswith(THREAD_WRAPPER))), None)
@@ -72,32 +73,17 @@ def own_thread(stack: tuple) -> bool:
 
 def busy(stack: tuple, source=linecache.getline) -> bool:
     """The stack runs (it holds or wants the GIL): not blocked, not waiting by its cause."""
-    frames = _frames(stack)
-    if not frames or _blocked(frames[-1]):
+    frames = code_frames(stack)
+    if not frames or blocked(frames[-1]):
         return False
     return classify(stack, source)[0] not in IDLE_CAUSES
-
-
-def _sums(steps: list[dict]) -> tuple[float, float, float, float]:
-    """(wall, sleep, data wait, runq) summed over the steps that have dur, cpu and runq."""
-    dur = sleep = wait = runq = 0.0
-    for s in steps:
-        d, cpu, rq = s.get("dur"), s.get("cpu"), s.get("runq")
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (d, cpu, rq)) or d <= 0:
-            continue
-        dur += d
-        sleep += max(0.0, d - cpu - rq)
-        runq += max(0.0, min(rq, d))
-        w = s.get("wait")
-        wait += min(max(0.0, float(w)), d) if isinstance(w, (int, float)) else 0.0
-    return dur, sleep, wait, runq
 
 
 def unnamed_sleep_share(steps: list[dict], m: dict) -> float | None:
     """The steady steps' share the training thread slept, less the waits already named (the
     DataLoader's data wait and the stacks' waits, NAMED_WAITS); at least 0. None without the
     steps' cpu and runq."""
-    dur, sleep, wait, _ = _sums(steps)
+    dur, sleep, wait, _ = sleep_sums(steps)
     if dur <= 0:
         return None
     named = sum(float(m.get(k) or 0.0) for k in NAMED_WAITS)
@@ -114,7 +100,7 @@ def gil_wait(steps: list[dict], m: dict) -> dict:
         return out
     sleep = unnamed_sleep_share(steps, m)
     if sleep is not None:
-        dur, _, _, runq = _sums(steps)
+        dur, _, _, runq = sleep_sums(steps)
         out["stacks.gil_wait_share"] = float(min(busy_share, sleep))
         out["stacks.gil_bound_share"] = float(min(busy_share, sleep + runq / dur))
     return out

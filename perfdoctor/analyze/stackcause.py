@@ -131,7 +131,7 @@ WAIT_FUNCS = {"select", "wait", "join", "get", "poll", "_poll", "recv", "recv_by
 CALLED_TO_WAIT = ("time", "threading", "multiprocessing", "queue", "concurrent.futures", "selectors")
 
 
-def _blocked(f: Frame) -> bool:
+def blocked(f: Frame) -> bool:
     """The stack's innermost frame blocks on a lock, a queue, a pipe or a selector: the thread
     waits, whatever called it."""
     return f.kind == "lib" and _in(f.module, WAIT_MODULES) and f.func.rsplit(".", 1)[-1] in WAIT_FUNCS
@@ -188,7 +188,7 @@ def _updates_parameters(f: Frame, source) -> bool:
             and not line_says(f.file, f.line, DEVICE_READ, source))
 
 
-def _frames(stack: tuple) -> list[Frame]:
+def code_frames(stack: tuple) -> list[Frame]:
     """The stack's code frames, root first (py-spy's process and thread pseudo-frames left out)."""
     return [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
 
@@ -199,7 +199,7 @@ CODE_CHARS = 120     # of a source line shown beside its frame
 def user_code(stack: tuple, source=linecache.getline) -> str | None:
     """The text of the user's innermost line in the stack (stripped, at most CODE_CHARS), as the
     file reads now; None when there is no user frame or the file cannot be read."""
-    frames = _frames(stack)
+    frames = code_frames(stack)
     user = next((f for f in reversed(frames) if f.kind == "user"), None)
     if user is None:
         return None
@@ -220,7 +220,7 @@ def _forward_not_training(frames: list, user: int, libs: list, lines_of) -> bool
 def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines) -> tuple[str, str, str | None]:
     """(cause, frame label, user line label) of one stack, root first: ((func, file, line), ...).
     `source` gives a line's text, `lines_of` a file's lines (sourcelines.py reads them)."""
-    frames = _frames(stack)
+    frames = code_frames(stack)
     if not frames:
         return "other", "?", None
     user = max((i for i, f in enumerate(frames) if f.kind == "user"), default=None)
@@ -256,7 +256,7 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
         cause = "backward"
     elif _awaits_producer(shown):
         cause = "producer_wait"
-    elif _blocked(frames[-1]):      # a DataLoader worker idle for its next index, through our iterator
+    elif blocked(frames[-1]):       # a DataLoader worker idle for its next index, through our iterator
         cause = "waiting"
     elif _ours_running(below):
         cause = "perfdoctor"

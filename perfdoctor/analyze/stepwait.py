@@ -34,6 +34,8 @@ running thread by up to a scheduler tick and read far too low on short steps.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 MIN_WAIT_SHARE = 0.01
 
 
@@ -48,13 +50,46 @@ def timed_steps(steps: list[dict]) -> tuple[list[dict], float]:
     return recs, sum(s["dur"] for s in recs)
 
 
+def thread_sleep(s: dict) -> float | None:
+    """The seconds the step's thread slept in the step record s: dur - cpu - runq, at least 0.
+    None for a record without a positive dur, or without cpu and runq (no schedstat)."""
+    d, cpu, rq = s.get("dur"), s.get("cpu"), s.get("runq")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (d, cpu, rq)) or d <= 0:
+        return None
+    return max(0.0, d - cpu - rq)
+
+
+class SleepSums(NamedTuple):
+    """Summed over the step records that have a positive dur, cpu and runq (thread_sleep)."""
+    dur: float      # their wall time
+    sleep: float    # the step thread's sleep in them
+    wait: float     # their DataLoader data wait, each step's within [0, dur]
+    runq: float     # the step thread's time queued for a CPU, each step's within [0, dur]
+
+
+def sleep_sums(steps: list[dict]) -> SleepSums:
+    """The steps' wall time, and the step thread's sleep, data wait and run-queue wait in it."""
+    dur = sleep = wait = runq = 0.0
+    for s in steps:
+        slept = thread_sleep(s)
+        if slept is None:
+            continue
+        d = s["dur"]
+        dur += d
+        sleep += slept
+        runq += max(0.0, min(s["runq"], d))
+        w = s.get("wait")
+        wait += min(max(0.0, float(w)), d) if isinstance(w, (int, float)) else 0.0
+    return SleepSums(dur, sleep, wait, runq)
+
+
 def wait_busy_share(steps: list[dict]) -> float | None:
     wait = busy = total = 0.0
     for s in steps:
-        w, d, cpu, runq = s.get("wait"), s.get("dur"), s.get("cpu"), s.get("runq")
-        if not all(isinstance(x, (int, float)) for x in (w, d, cpu, runq)) or d <= 0:
+        w, sleep = s.get("wait"), thread_sleep(s)
+        if sleep is None or not isinstance(w, (int, float)):
             continue
-        sleep = max(0.0, d - cpu - runq)
+        d = s["dur"]
         wait += max(0.0, w)
         busy += max(0.0, min(w, d) - sleep)
         total += d

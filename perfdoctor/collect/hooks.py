@@ -36,7 +36,8 @@ from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, datase
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
 from perfdoctor.collect.timedcalls import TimedCalls
 from perfdoctor.collect.tracebudget import TRACE_MB
-from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, compress_trace, seconds
+from perfdoctor.collect.tracefile import compress_trace
+from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
 

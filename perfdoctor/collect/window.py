@@ -36,9 +36,7 @@ Defaults: warmup_s = trace_s = 10 s, overridable by the environment (PERFDOCTOR_
 PERFDOCTOR_TRACE_S) or the child configuration ("warmup_s", "trace_s"). Ending the window is
 always `profile.stop()`, which exports what was recorded through `on_trace_ready`.
 
-Kineto writes <run>/trace/<host>_<pid>.pt.trace.json on the training thread (its C++ writer,
-the least the script can be held up); a background thread then compresses it to
-.pt.trace.json.gz (isal, which releases the GIL) while training goes on, joined at the end.
+The trace file, its name and its compression off the training thread: tracefile.py.
 If the script runs its own profiler, ours is not started (or steps aside when theirs starts). Its
 first start off torch's importing thread keeps Kineto's line about that off stderr (profquiet.py).
 """
@@ -46,17 +44,15 @@ first start off torch's importing thread keeps Kineto's line about that off stde
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import threading
 import time
 
 from perfdoctor.collect import profquiet
+from perfdoctor.collect.tracefile import COMPRESS_WAIT_S, compress_in_background, remove_dropped, trace_path
 from perfdoctor.collect.tracebudget import CHECK_S, TRACE_MB, memory_limit, release_free_heap, resident_bytes
 
 WARMUP_S = 10.0
 TRACE_S = 10.0
-COMPRESS_WAIT_S = 120.0   # at the end, how long to wait for the trace's compression
 
 
 def seconds(cfg: dict, key: str, env: str, default: float) -> float:
@@ -68,29 +64,6 @@ def seconds(cfg: dict, key: str, env: str, default: float) -> float:
         except ValueError:
             pass
     return default
-
-
-def compress_trace(path: str) -> None:
-    """path -> path + ".gz" (written under a hidden name, then renamed), then the plain file is
-    removed. Any failure leaves the plain trace in place: readers take it as well."""
-    d, name = os.path.split(path)
-    partial = os.path.join(d, f".{name}.gz.partial")
-    try:
-        try:
-            from isal import igzip as gz   # releases the GIL while compressing; ~4x zlib's speed
-            level = 2
-        except ImportError:  # pragma: no cover - isal is a dependency, but the child runs in the user's env
-            import gzip as gz
-            level = 6
-        with open(path, "rb") as src, gz.open(partial, "wb", compresslevel=level) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(partial, path + ".gz")
-        os.remove(path)
-    except Exception:
-        try:
-            os.remove(partial)
-        except OSError:
-            pass
 
 
 class Window:
@@ -296,23 +269,15 @@ class Window:
         self._stop(partial=False)
         return True
 
-    def _trace_path(self) -> str:
-        d = os.path.join(self.run_dir, "trace")
-        os.makedirs(d, exist_ok=True)
-        again = f"-{self.generation}" if self.generation else ""     # a window placed again (rebase)
-        return os.path.join(d, f"{socket.gethostname()}_{os.getpid()}{again}.pt.trace.json")
-
     def _export(self, prof) -> None:
         if self.discard:
             return
         t0 = time.perf_counter()
         try:
-            path = self._trace_path()
+            path = trace_path(self.run_dir, self.generation)
             prof.export_chrome_trace(path)     # plain JSON: no Python-level gzip on this thread
             self.state = "exported"
-            self.compressor = threading.Thread(target=compress_trace, args=(path,),
-                                               name="perfdoctor-trace-gzip", daemon=True)
-            self.compressor.start()
+            self.compressor = compress_in_background(path)
         except Exception as exc:
             self.state = "failed"
             self.notes.append(f"writing the trace failed: {type(exc).__name__}: {exc}")
@@ -344,7 +309,7 @@ class Window:
             self.discard = False
         elif self.state == "done":
             # its file may still be compressing: removed at the end (finish), never waited for here
-            self.dropped.append((self._trace_path(), self.compressor))
+            self.dropped.append((trace_path(self.run_dir, self.generation), self.compressor))
         else:
             return False
         self.generation += 1                    # the next window writes a file of its own
@@ -385,14 +350,7 @@ class Window:
             if self.compressor.is_alive():
                 self.notes.append("the trace was still being compressed when the script ended; "
                                   "the uncompressed .pt.trace.json is kept")
-        for path, compressor in self.dropped:   # traces of steps that turned out not to be steps
-            if compressor is not None:
-                compressor.join(timeout=COMPRESS_WAIT_S)
-            for name in (path, path + ".gz"):
-                try:
-                    os.remove(name)
-                except OSError:
-                    pass
+        remove_dropped(self.dropped)            # traces of steps that turned out not to be steps
 
     def info(self) -> dict:
         started = self.start_step is not None

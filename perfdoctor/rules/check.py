@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from perfdoctor.analyze import registry
 from perfdoctor.rules import expr
 from perfdoctor.rules.engine import Diagnosis, _fire, _gain
+from perfdoctor.rules.loader import load_rules
 from perfdoctor.rules.model import Rule
 
 
@@ -17,6 +19,17 @@ class CaseResult:
     name: str
     ok: bool
     message: str
+
+
+def check_rules(directory: Path | None) -> tuple[list[CaseResult], int]:
+    """`perfdoctor rules check [DIR]`: the case results of the built-in rules, or of the rules in
+    DIR only (loaded beside the built-in ones, as --rules does), and how many rules ran. Raises
+    RulesInvalid for a file that is not a valid rule."""
+    rules = load_rules([str(directory)] if directory else [])
+    if directory is not None:
+        root = str(directory.resolve())
+        rules = [r for r in rules if str(Path(r.path).resolve()).startswith(root)]
+    return [res for r in rules for res in run_cases(r)], len(rules)
 
 
 def run_cases(rule: Rule) -> list[CaseResult]:

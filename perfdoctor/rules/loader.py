@@ -86,6 +86,15 @@ def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bo
     return rules
 
 
+def find_rule(rule_id: str, extra_dirs: list[str | os.PathLike] | None = None) -> Rule:
+    """The rule whose id (PD301) or slug (loader-workers) is rule_id, among the built-in rules
+    and those of extra_dirs."""
+    match = [r for r in load_rules(extra_dirs) if rule_id in (r.id, r.slug)]
+    if not match:
+        raise PerfdoctorError(f"no rule with id or slug {rule_id!r} (see `perfdoctor rules list`)")
+    return match[0]
+
+
 def _read(path: Path) -> tuple[dict | None, RuleProblem | None]:
     if sys.version_info >= (3, 11):  # imported here: with the cache warm, no TOML is parsed
         import tomllib

@@ -10,6 +10,8 @@ skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, c
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 from perfdoctor import __version__
 from perfdoctor.report.values import changes_label, s_as_ms
@@ -127,6 +129,22 @@ def _verdict(baseline: dict) -> str:
 
 
 STATUS_CHARS = 120          # a trial's status and reason in the table, at most
+
+
+def emit(t: Tuner, output: Path | None, fmt: str) -> None:
+    """The finished tune's result: tune.json in its directory; -o FILE in fmt (json for the
+    terminal format); on the terminal the table, or markdown on stderr when there is no -o FILE."""
+    from perfdoctor.report.json_out import to_json
+    from perfdoctor.report.outputs import rendered, write
+
+    doc = build(t)
+    (t.dir / "tune.json").write_bytes(to_json(doc))
+    if output is not None:
+        write(output, rendered(doc, "json" if fmt == "terminal" else fmt, kind="tune"))
+    if fmt == "markdown" and output is None:
+        sys.stderr.write(rendered(doc, "markdown", kind="tune").decode())
+        return
+    render(doc)
 
 
 def render(doc: dict, console=None) -> None:
