@@ -1119,7 +1119,11 @@ def test_tune_document_on_a_small_script(tmp_path):
     assert statuses <= {"faster", "slower", "no change", "inconclusive", "failed", "skipped"}
     by = {t["label"].replace(", persistent_workers=True", ""): t for t in doc["trials"]}
     assert by["tf32=True"]["status"] == "skipped" and by["tf32=True"]["reason"] == "no CUDA device"
-    # the loader comes first; a trial that crashes is reported, and the tune goes on
+    # the loader comes first; a trial that crashes is reported, and the tune goes on. Whether the
+    # worker trials fit in the budget is a timing: on a machine with other work (a load of 4 on
+    # 2 cores once) the baselines took it all, and that skips, as exit 3 does above
+    if any(by[k]["status"] == "skipped" and by[k]["reason"] == "budget" for k in ("num_workers=1", "num_workers=2")):
+        skip_if_shared(foreign)
     assert by["num_workers=1"]["status"] == "failed"
     assert "RuntimeError: this script breaks with one worker" in by["num_workers=1"]["reason"]
     assert by["num_workers=2"]["status"] != "skipped"
