@@ -155,6 +155,9 @@ _m("cpu.rnn_small_op_share", "share", "CPU-only traces: the part of cpu.small_op
 _m("cpu.ops_per_step", "per_step", "CPU-only traces: outermost eager ops (aten::*, autograd::*) per step.")
 _m("cpu.op_median_us", "us", "CPU-only traces: median duration of those ops (profiled).")
 _m("cpu.optimizer_large_op_share", "share", "CPU-only traces: time of the outermost eager ops of 20 us or more per op inside Optimizer.step's own part (after a closure's last backward pass), as a share of step time: the part of optimizer.step_share that is neither Python nor small ops. None without Optimizer.step annotations.")
+# -- autograd anomaly detection (analyze/anomaly.py; None where the steps run no backward node) --
+_m("autograd.anomaly_checked_share", "fraction", "Backward nodes (autograd::engine::evaluate_function events in the steps) followed by the engine's own NaN check of their outputs (an aten::isnan directly inside the evaluate_function, beside the node's event) / all of them: torch.autograd.set_detect_anomaly(True) or detect_anomaly() left on. 0 without anomaly mode.")
+_m("autograd.anomaly_check_share", "share", "Time of those NaN checks (aten::isnan, aten::_is_any_true or any, aten::item directly inside a checked node's evaluate_function) / step time: part of what anomaly mode costs; the Python stacks it stores in every forward op are inside the ops' own time and untraced.")
 # -- a Python loop over the batch's samples (analyze/sampleloop.py; CPU-only traces) ----------
 _m("cpu.loop_share", "share", "Host ops (CPU or GPU traces): host time of runs of the step's outermost ops whose names repeat with a period of at most 64 ops, 16 or more times, each period taking a row of a tensor (aten::select/slice/index/narrow, or its backward node): a Python loop over the samples of a batch, from the run's first op to its last, the Python between them included / step time (analyze/sampleloop.py). 0: no such run; None on GPU traces.")
 _m("cpu.loop_iterations", "count", "Host ops (CPU or GPU traces): periods (loop iterations) in the longest such run of a step (median over the steps that hold one).")
@@ -272,7 +275,6 @@ _m("params.half_dtype", "str", "\"bfloat16\" or \"float16\" where that dtype hol
 _m("loader.fetch_ms", "ms", "Mean time a DataLoader worker took to make one batch (torch's fetcher: __getitem__ per index or __getitems__, then collate_fn), less the time it waited in the run queue for a CPU meanwhile and the time it allocated the shared memory its collate stacks into; the handing over to the trainer (pickling, shared memory) is not in it. Forked workers only; None with num_workers=0 (the trainer's data wait is that time).")
 _m("loader.fetch_share", "ratio", "loader.fetch_ms x the batches the steady steps drew / the steady wall time: what making those batches would cost a trainer that made them itself (num_workers=0), as a share of today's step; above 1, loading needs the workers.")
 _m("run.outside_loader_share", "share", "The steady steps' time outside DataLoader.__next__, iterator starts and worker shutdowns / their wall time: the step's own work (forward, backward, optimizer, the loop's Python), its queueing for a CPU included.")
-
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
@@ -350,7 +352,6 @@ _m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kern
 _m("gpu.memory_used_fraction_peak", "fraction", "Peak NVML memory used / total on the devices the run used (all processes on them).")
 _m("input.split", "str", "What the input pipeline waits on in a live run: cpu, io, other (neither: remote storage, locks), or None (too few samples).")
 
-
 # -- Python stacks (perfdoctor run: py-spy over the steady steps; analyze/stacks.py) ------------
 # Shares of the sampled steady step time on the trainer's main thread; None without stacks.
 _m("stacks.steady_steps", "count", "Steady steps the py-spy recording covered (warm-up, profiled and perturbed steps excluded).")
@@ -369,7 +370,6 @@ _m("stacks.waiting_exposed_share", "share", "stacks.waiting_share bounded by gpu
 _m("stacks.own_threads_busy_share", "share", "Share of the steady steps' sampled time in which one of the trainer process's other Python threads (the script's own: not perfdoctor's, not torch's pin-memory thread) runs a stack that is not blocked (no lock, queue, pipe, selector or sleep at its innermost frame; not waiting by its cause): the union over those threads (analyze/gilwait.py). Such a thread holds or wants the GIL the training step needs. None without stacks.")
 _m("stacks.gil_wait_share", "share", "Share of the steady step time the training thread waits for the GIL while the loop's own threads run Python: min(stacks.own_threads_busy_share, the training thread's sleep over the steady steps (dur - cpu - runq of the step records) less the waits already named: the DataLoader data wait and the stacks' producer_wait, waiting, checkpoint and logging_sync shares) (analyze/gilwait.py). None on a GPU run (the training thread also sleeps in backward while the autograd device thread works, and in synchronizations), without the thread's CPU clock (run.thread_awake_share) or without stacks.")
 _m("stacks.gil_bound_share", "share", "The most of the steady step that moving the loop's own Python threads out of the trainer's process can save: min(stacks.own_threads_busy_share, stacks.gil_wait_share's unnamed sleep plus the training thread's queueing for a core, runq, over the same steps). A thread woken for the GIL queues for a core on a busy machine: a spinning Python thread on 2 cores left the training thread asleep 0.67 of the step and queued 0.16, and moving it to a process sped the step 3.8x, above the sleep's 3.1x (analyze/gilwait.py). None where stacks.gil_wait_share is.")
-
 
 # -- Checkpoint saves and logging calls (perfdoctor run; analyze/callshares.py) ------------------
 # calls.*: timed on the training thread by run (collect/timedcalls.py), None for a trace or an
