@@ -169,3 +169,57 @@ def test_a_run_names_the_peek_and_the_worker_restarts_not_an_evaluation(tmp_path
     assert "PD356" in ids, (ids, m["loader.restart_share"])     # 2 workers started 16 times for 8 epochs
     if m["loop.peek_share"] >= 0.05:
         assert "PD355" in ids
+
+
+def test_an_iterator_re_created_every_step_wastes_its_start_shutdown_and_first_wait():
+    """Every step starts an iterator and its workers: each is a peek found in the next step, and a
+    kept iterator would save its start, its shutdown and its fresh workers' first batch beyond
+    the usual wait (none here: every step starts one)."""
+    info = {"installed": True, "relabelled": 0, "restarting": True, "workers": 2}
+    step = {"dur": 0.200, "wait": 0.030, "batches": 1, "istart": 0.035, "ishut": 0.022, "ifirst": 0.030,
+            "nfirst": 1, "peek": 0.035 + 0.022, "peek_start": 0.035, "peek_batches": 0,
+            "peek_first": 0.030, "npeek_first": 1}
+    m = start_metrics([step] * 20, info)
+    assert m["loop.peek_share"] == pytest.approx((0.035 + 0.022 + 0.030) / 0.200)
+    assert m["loop.peek_share"] == pytest.approx(m["loader.restart_share"])    # every restart is a peek's
+    # where some steps start no iterator, the first wait counts beyond theirs (10 ms a batch)
+    plain = {"dur": 0.050, "wait": 0.010, "batches": 1}
+    m = start_metrics([step, plain] * 10, info)
+    assert m["loop.peek_share"] == pytest.approx(10 * (0.035 + 0.022 + 0.020) / (10 * 0.250))
+
+
+RE_CREATED_SCRIPT = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(64, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(TensorDataset(torch.rand(4096, 64), torch.rand(4096, 1)), batch_size=32,
+                        shuffle=True, num_workers=2)
+    if __name__ == "__main__":
+        for step in range(30):
+            x, y = next(iter(loader))              # a new iterator, and new workers, every step
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        print("done")
+"""
+
+
+@pytest.mark.torch
+def test_a_run_that_re_creates_its_iterator_every_step_is_told_to_keep_one_first(tmp_path):
+    """A user trial: `next(iter(loader))` every step with 2 workers had "~1.77x persistent_workers"
+    first and "~1.26x keep one iterator" (its start only) third; keeping one measured 10x and more."""
+    pytest.importorskip("torch")
+    r, out = prun_script(tmp_path, "train.py", textwrap.dedent(RE_CREATED_SCRIPT), opts=("--no-stacks",))
+    assert r.stdout == "done\n", r.stderr
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert sum(1 for s in steps if s.get("npeek_first") == 1) >= 20
+    # each step's iterator is found a peek in the next step: its start, shutdown and first batch
+    for before, s in zip(steps, steps[1:]):
+        assert s["peek"] + s["peek_first"] == pytest.approx(before["istart"] + before["ishut"] + before["ifirst"], abs=3e-6)
+    doc = json.loads((out / "report.json").read_text())
+    m = doc["traces"][0]["metrics"]
+    assert m["loop.peek_share"] > 0.75 * m["loader.restart_share"] > 0.2       # one step apart at the window's edges
+    gains = {f["id"]: f["gain"]["expected"] for f in doc["findings"] if f["id"] in ("PD355", "PD356")}
+    assert gains["PD355"] > gains["PD356"], gains

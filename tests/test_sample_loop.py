@@ -237,3 +237,28 @@ def test_a_loop_with_a_branch_taken_in_some_iterations_is_still_a_loop():
         s6 += [1, 50] if rng.random() < 0.5 else [1]
     s6 = np.array(s6 + [9])
     assert max(branching_runs(s6, s6 == 1)[1]) == (30, 1)
+
+
+def test_an_nn_lstms_time_steps_are_no_python_loop(tmp_path):
+    """nn.LSTM on the CPU runs one op per gate and time step inside aten::lstm, and its backward
+    pass walks those nodes one time step at a time (SliceBackward0 takes each step's row of a
+    packed sequence): a recurrence inside torch, with no Python loop to vectorise. A user trial
+    (an LSTM over bucketed, packed sequences) had "~2.97x Vectorise the per-sample Python loop"."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence
+    torch.manual_seed(0)
+    emb, rnn, head = torch.nn.Embedding(100, 16), torch.nn.LSTM(16, 16, batch_first=True), torch.nn.Linear(16, 5)
+    params = [*emb.parameters(), *rnn.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.01)
+    x, lengths, y = torch.randint(0, 100, (B, 40)), torch.randint(20, 41, (B,)), torch.randint(0, 5, (B,))
+
+    def step():
+        _, (h, _) = rnn(pack_padded_sequence(emb(x), lengths, batch_first=True, enforce_sorted=False))
+        torch.nn.functional.cross_entropy(head(h[-1]), y).backward()
+        opt.step()
+        opt.zero_grad()
+    doc = _report(tmp_path, step, "lstm.json")
+    m = doc["traces"][0]["metrics"]
+    assert m["cpu.ops_per_step"] > 20 * 10             # the backward pass walks the time steps
+    assert m["cpu.loop_share"] == 0.0
+    assert "PD365" not in {f["id"] for f in doc["findings"]}

@@ -63,7 +63,7 @@ def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
     return n
 
 
-def _rnn_rows(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
+def rnn_rows(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
     """Which of the outermost ops `top` an RNN module runs: its calls (RNN_OPS) and the backward
     nodes whose sequence number is one of the ops' inside those calls."""
     calls = t.name_mask(lambda n: n in RNN_OPS)[top]
@@ -93,7 +93,7 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     per_op = dur / _ops_inside(t, ops, top)
     small = per_op < SMALL_OP_US
     out["cpu.small_op_share"] = min(1.0, float(dur[small].sum()) / total)
-    rnn = _rnn_rows(t, ops, top)
+    rnn = rnn_rows(t, ops, top)
     out["cpu.rnn_small_op_share"] = min(1.0, float(dur[small & rnn].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
     out["cpu.op_median_us"] = float(median(dur))

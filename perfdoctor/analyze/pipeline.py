@@ -9,6 +9,7 @@ import numpy as np
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics, allocator_segments
+from perfdoctor.analyze.anomaly import anomaly_metrics
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.compiletime import compile_metrics
@@ -108,6 +109,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(nograd_forward_metrics(t, k, steps))
     m["evaluation.share"] = m["evaluation.nograd_forward_share"]    # a run adds its own measures (callshares)
     m.update(sample_loop_metrics(t, k, steps))
+    m.update(anomaly_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}

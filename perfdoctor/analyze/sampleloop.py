@@ -33,8 +33,10 @@ parameters of its own: its backward pass runs an AccumulateGrad node per period,
 samples shares the parameters and accumulates each once; such runs are left out (an inference-only
 stack, with no backward pass, is not told apart). Ops inside a DataLoader's __next__ take no part:
 a map-style Dataset makes its batch one sample at a time by design (PD301, PD358 fix that), and
-they count among the ops that stay. What the trace cannot tell: whether each
-iteration depends on the one before (a recurrence over time steps that index a sequence reads
+they count among the ops that stay. An RNN module's time steps (its
+call and the backward nodes of the ops inside it, cpuops.rnn_rows) are left out the same way: a
+packed nn.LSTM's backward pass walks one SliceBackward0 per time step. What the trace cannot
+tell: whether each iteration of a Python loop depends on the one before (a recurrence over time steps that index a sequence reads
 alike), so the fix says when it does not apply.
 
 On a GPU the loop is found the same way on the host; each of its ops launches kernels of a few
@@ -49,6 +51,7 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.cpuops import rnn_rows
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -183,8 +186,12 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     # a DataLoader's batch is made one sample at a time by design (Dataset.__getitem__): the
     # fixes for that are the loader's (PD301, PD358); its ops stay, and take no part in a run
     in_loader = contained(t, top, np.flatnonzero(k.dataloader))
-    kept_loader_us = float(t.dur[top[in_loader]].sum())
-    top = top[~in_loader]
+    # an RNN module (nn.LSTM, nn.GRU, nn.RNN) runs one op per gate and time step inside its call,
+    # and its backward pass walks them one time step at a time (SliceBackward0 takes each step's
+    # rows of a packed sequence): a recurrence inside torch, no Python loop; its ops stay too
+    rnn = rnn_rows(t, ops, top)
+    kept_loader_us = float(t.dur[top[in_loader | rnn]].sum())
+    top = top[~(in_loader | rnn)]
     takes_row = t.name_mask(_indexing)
     unbinds = t.name_mask(lambda n: n == "aten::unbind" or
                           (n.startswith("autograd::") and n.endswith("UnbindBackward0")))

@@ -23,7 +23,10 @@ StopIteration), and did not run out. Its time (start, batches, shutdown) is adde
 where that is found (`peek` seconds, of which `peek_start` its start, and `peek_batches`):
 normally the step of the peek itself, since the loop's own iterator starts right after. A peek
 started in an earlier step (an iterator re-created every step, whose one batch was that step's
-batch) adds its start only. A generation called a peek that draws again later was not one (two
+batch) adds its start and shutdown, and, when the loader has workers, its first draw
+(`peek_first`, `npeek_first` of them): fresh workers make that batch while the trainer waits,
+where a kept iterator's workers would have had it ready; the analysis counts its wait beyond the
+usual one (analyze/loaderstarts.py). A generation called a peek that draws again later was not one (two
 iterators of one loader used in turn): child.json `loader_iters.relabelled` counts them, and the
 analysis then claims nothing.
 """
@@ -38,13 +41,14 @@ PEEK_MAX = 2          # batches a dropped iterator may have drawn and still be a
 
 class Generation:
     """One start of a loader's iterator (a persistent iterator's reset too), until the next one."""
-    __slots__ = ("batches", "draw_s", "start_s", "shut_s", "ran_out", "peek", "step", "size")
+    __slots__ = ("batches", "draw_s", "first_s", "start_s", "shut_s", "ran_out", "peek", "step", "size", "workers")
 
-    def __init__(self, start_s: float, step: int, size: int):
-        self.batches, self.draw_s, self.start_s, self.shut_s = 0, 0.0, start_s, 0.0
+    def __init__(self, start_s: float, step: int, size: int, workers: int = 0):
+        self.batches, self.draw_s, self.first_s, self.start_s, self.shut_s = 0, 0.0, 0.0, start_s, 0.0
         self.ran_out = self.peek = False
         self.step = step                        # the step it started in (LoaderIters.serial)
         self.size = size                        # the loader's length: a loop may stop there
+        self.workers = workers                  # the loader's num_workers
 
 
 class LoaderIters:
@@ -61,11 +65,12 @@ class LoaderIters:
     def _reset(self) -> None:
         """The step's sums (take() reads them): seconds in DataLoader.__iter__, in worker
         shutdowns, in each iterator's first __next__ and how many; the peeks found (seconds, of
-        which their start, and the batches they drew in this step)."""
+        which their start, and the batches they drew in this step; the first draws of those
+        started in an earlier step with workers, and how many)."""
         self.istart = self.ishut = self.ifirst = 0.0
         self.nfirst = 0
-        self.peek_s = self.peek_start = 0.0
-        self.peek_batches = 0
+        self.peek_s = self.peek_start = self.peek_first = 0.0
+        self.peek_batches = self.npeek_first = 0
 
     def install(self, dl) -> None:
         """Wrap DataLoader.__iter__ and the worker shutdown (module torch.utils.data.dataloader)."""
@@ -114,6 +119,11 @@ class LoaderIters:
             if prev.step == self.serial:        # it drew in this step: those batches are this step's extra
                 self.peek_s += prev.draw_s + prev.shut_s
                 self.peek_batches += prev.batches
+            else:                               # re-created every step: its batch was its step's own
+                self.peek_s += prev.shut_s
+                if prev.workers > 0 and prev.batches > 0:
+                    self.peek_first += prev.first_s
+                    self.npeek_first += 1
             self.peek_s += prev.start_s
             self.peek_start += prev.start_s
             self.peeks += 1
@@ -124,7 +134,7 @@ class LoaderIters:
             size = len(loader)
         except Exception:                       # an IterableDataset without __len__
             size = PEEK_MAX + 1
-        gen = self.last[key] = Generation(dt, self.serial, size)
+        gen = self.last[key] = Generation(dt, self.serial, size, self.loaders[key]["workers"])
         it._perfdoctor_gen = gen
 
     def drew(self, it, got: bool, dt: float) -> None:
@@ -138,6 +148,7 @@ class LoaderIters:
         if gen.batches == 0:
             self.ifirst += dt
             self.nfirst += 1
+            gen.first_s = dt
         gen.batches += 1
         gen.draw_s += dt
         if gen.peek:                            # called a peek, and drawing again: it was not one
@@ -145,9 +156,11 @@ class LoaderIters:
             self.relabelled += 1
 
     def take(self) -> tuple:
-        """(istart, ishut, ifirst, nfirst, peek, peek_start, peek_batches) since the last take:
-        the step that just ended (takes and iterator starts both run on the training thread)."""
-        out = (self.istart, self.ishut, self.ifirst, self.nfirst, self.peek_s, self.peek_start, self.peek_batches)
+        """(istart, ishut, ifirst, nfirst, peek, peek_start, peek_batches, peek_first, npeek_first)
+        since the last take: the step that just ended (takes and iterator starts both run on the
+        training thread)."""
+        out = (self.istart, self.ishut, self.ifirst, self.nfirst, self.peek_s, self.peek_start, self.peek_batches,
+               self.peek_first, self.npeek_first)
         self._reset()
         self.serial += 1
         return out

@@ -68,7 +68,7 @@ def schedstat() -> tuple[int, int] | None:
 
 
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
-          skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0),
+          skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0),
           opt: float = 0.0, nograd: float = 0.0) -> str:
     """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
     SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
@@ -94,6 +94,8 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
                  f'"nfirst": {starts[3]}')
     if starts[4] > 0 or starts[6] > 0:     # peeks found in this step: their time, start and batches
         line += f', "peek": {starts[4]:.6f}, "peek_start": {starts[5]:.6f}, "peek_batches": {starts[6]}'
+    if len(starts) > 8 and starts[8] > 0:  # the first draws of iterators re-created every step, with workers
+        line += f', "peek_first": {starts[7]:.6f}, "npeek_first": {starts[8]}'
     return line + (', "skipped": true}\n' if skipped else '}\n')
 
 
