@@ -147,3 +147,23 @@ def test_a_tune_json_beside_a_run_is_its_tune_only_if_the_tune_made_that_run(tmp
     assert tune_for(tmp_path / "my-run", tmp_path / "tune.json") == tune
     for name in ("baseline", "baseline-2", "01-num_workers=2"):
         assert tune_for(tmp_path / name, None) == tune, name
+
+
+_GROUPS = ("<script>var n=0,bad=[];document.querySelectorAll('.legend .kgroup').forEach(function(g){n++;"
+           "var tops=[].map.call(g.children,function(c){return Math.round(c.getBoundingClientRect().top)});"
+           "if(Math.max.apply(null,tops)!==Math.min.apply(null,tops))bad.push(g.textContent)});"
+           "document.body.setAttribute('data-groups',n+' '+bad.join(';'))</script></body>")
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_a_legend_group_of_the_run_over_time_stays_on_one_line(shared_traces, tmp_path, width):
+    """The run-over-time legend (CPU: ..., GPU busy: ..., Memory: ..., shaded: ...) wrapped
+    anywhere: at 800 px "Memory:" ended a line and its keys began the next (H100 lightning), at
+    1280 "traced" sat alone under "shaded: steps" (H100 loader). Each group wraps whole."""
+    out = tmp_path / "lightning.html"
+    assert cli("report", shared_traces / "h100/lightning", "-f", "html", "-o", out).returncode == 0
+    probe = tmp_path / "groups.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", out.read_text()).replace("</body>", _GROUPS))
+    dom = _browser(f"--window-size={width},3000", "--dump-dom", probe.as_uri(), cwd=tmp_path).stdout
+    found = re.search(r'data-groups="(\d+) ([^"]*)"', dom)
+    assert found and int(found.group(1)) == 4 and found.group(2) == "", found and found.group(0)

@@ -40,7 +40,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:now
 td code{word-break:break-all}
 code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f3f4f6;border-radius:6px;padding:8px 10px;overflow-x:auto;white-space:pre;margin:6px 0}
-.legend{margin:4px 0 2px;font-size:12px}.key{margin-right:14px;white-space:nowrap}
+.legend{margin:4px 0 2px;font-size:12px}.key{margin-right:14px;white-space:nowrap}.kgroup{display:inline-block;margin-right:8px}
 .key i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 svg.chart{width:100%;min-width:600px;height:auto;display:block}
 .fix h3{font-size:15px;margin:0 0 2px}.gain{color:#1e7b45;font-weight:600}

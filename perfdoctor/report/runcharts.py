@@ -102,6 +102,9 @@ def run_charts(series: dict | None) -> tuple[str, str]:
     groups = [(title.split(",")[0], [(label, colour) for key, label, colour, _ in lines if key in series])
               for lines, title, *_ in panels]
     groups.append(("shaded", [(k, c) for k, c in BANDS if series.get(k)]))
-    legend = " · ".join(f"<b>{H(name)}:</b> " + "".join(f'<span class="key"><i style="background:{c}"></i>{H(label)}</span>'
-                                                         for label, c in keys) for name, keys in groups if keys)
+    # each group one box (html.py's .kgroup) that wraps whole: "Memory:" had ended one line and
+    # its keys begun the next
+    legend = "".join(f'<span class="kgroup"><b>{H(name)}:</b> ' + "".join(f'<span class="key"><i style="background:{c}"></i>'
+                                                                          f'{H(label)}</span>' for label, c in keys) + "</span>"
+                     for name, keys in groups if keys)
     return legend, "".join(parts)
