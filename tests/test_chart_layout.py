@@ -167,3 +167,15 @@ def test_a_legend_group_of_the_run_over_time_stays_on_one_line(shared_traces, tm
     dom = _browser(f"--window-size={width},3000", "--dump-dom", probe.as_uri(), cwd=tmp_path).stdout
     found = re.search(r'data-groups="(\d+) ([^"]*)"', dom)
     assert found and int(found.group(1)) == 4 and found.group(2) == "", found and found.group(0)
+
+
+def test_the_step_breakdown_legend_keys_the_rows_of_its_table(shared_traces, tmp_path):
+    """H100 `launch`: the legend had a key for memset (0.01 ms of 24 ms, no visible bar) that the
+    table under it left out (under its 0.05% cut)."""
+    out = tmp_path / "launch.html"
+    assert cli("report", shared_traces / "h100/launch", "-f", "html", "-o", out).returncode == 0
+    sec = out.read_text().split("<h2>Step breakdown")[1].split("<h2>")[0]
+    legend, table = sec.split("<svg")[0], sec.split("<table")[1]
+    keys = re.findall(r"</i>([^<]+)</span>", legend)
+    rows = re.findall(r"</i>([^<]+)</span></td>", table)
+    assert keys == rows and "GPU kernels" in keys and "memset" not in keys, (keys, rows)

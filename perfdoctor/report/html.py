@@ -207,10 +207,13 @@ def _ranks(doc: dict) -> str:
 def _breakdown(t: dict, labels: dict) -> str:
     if not t.get("steps"):
         return ""
+    shown = breakdown_rows(t, labels)
     rows = "".join(f"<tr><td><span class=\"key\"><i style=\"background:{svg.ROLE_COLOUR[r]}\"></i>{H(name)}</span></td>"
                    f"<td class=\"num\">{ms:.2f} ms</td><td class=\"num\">{100 * share:.1f}%</td></tr>"
-                   for r, name, ms, share in breakdown_rows(t, labels))
-    present = {r for s in t["steps"] for r, v in s["breakdown_ms"].items() if v}
+                   for r, name, ms, share in shown)
+    # the legend keys the table's rows: a role of 0.01% (memset, a sliver no one sees) had a key
+    # the table below did not list
+    present = {r for r, *_ in shown}
     return (f"<h2>Step breakdown ({H(t['label'])}, {len(t['steps'])} step(s))</h2><section class=\"card\">"
             + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(t["steps"], labels, _whole(t))
             + f"<table style=\"max-width:420px\"><tr><th>mean per step</th><th class=\"num\">time</th>"
