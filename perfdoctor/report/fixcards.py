@@ -67,6 +67,7 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
     measured = measured_by_rule(tune)
+    marked = any(f["id"] in measured for f in ranked)       # a card below draws tune's mark
     cards = []
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}
@@ -88,7 +89,7 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
     head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
             "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
             "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
-            + ("; the black mark is the speed-up tune measured." if measured else ".") + "</p>"
+            + ("; the black mark is the speed-up tune measured." if marked else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
             + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>{from_note(doc, f)}</li>"

@@ -40,7 +40,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:now
 td code{word-break:break-all}
 code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f3f4f6;border-radius:6px;padding:8px 10px;overflow-x:auto;white-space:pre;margin:6px 0}
-.legend{margin:4px 0 2px;font-size:12px}.key{margin-right:14px;white-space:nowrap}
+.legend{margin:4px 0 2px;font-size:12px}.key{margin-right:14px;white-space:nowrap}.kgroup{display:inline-block;margin-right:8px}
 .key i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 svg.chart{width:100%;min-width:600px;height:auto;display:block}
 .fix h3{font-size:15px;margin:0 0 2px}.gain{color:#1e7b45;font-weight:600}
@@ -207,14 +207,22 @@ def _ranks(doc: dict) -> str:
 def _breakdown(t: dict, labels: dict) -> str:
     if not t.get("steps"):
         return ""
+    shown = breakdown_rows(t, labels)
     rows = "".join(f"<tr><td><span class=\"key\"><i style=\"background:{svg.ROLE_COLOUR[r]}\"></i>{H(name)}</span></td>"
                    f"<td class=\"num\">{ms:.2f} ms</td><td class=\"num\">{100 * share:.1f}%</td></tr>"
-                   for r, name, ms, share in breakdown_rows(t, labels))
-    present = {r for s in t["steps"] for r, v in s["breakdown_ms"].items() if v}
+                   for r, name, ms, share in shown)
+    # the legend keys the table's rows: a role of 0.01% (memset, a sliver no one sees) had a key
+    # the table below did not list
+    present = {r for r, *_ in shown}
     return (f"<h2>Step breakdown ({H(t['label'])}, {len(t['steps'])} step(s))</h2><section class=\"card\">"
-            + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(t["steps"], labels)
+            + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(t["steps"], labels, _whole(t))
             + f"<table style=\"max-width:420px\"><tr><th>mean per step</th><th class=\"num\">time</th>"
               f"<th class=\"num\">share</th></tr>{rows}</table></section>")
+
+
+def _whole(t: dict) -> bool:
+    """A trace without step markers: its one pseudo-step is the whole trace (analyze/steps.py)."""
+    return (t.get("metrics") or {}).get("steps.source") == "whole trace"
 
 
 def _timeline(t: dict, labels: dict) -> str:
@@ -229,8 +237,9 @@ def _timeline(t: dict, labels: dict) -> str:
                    f"<td><code>{H(g.get('host_event') or '-')}</code></td></tr>" for i, g in enumerate(gaps, 1))
     present = {r for _, _, r in view["breakdown"]}
     hosts = {r for _, _, r in view["host"]}
-    return (f"<h2>One step as a timeline (step {H(view['step'])}, {view['duration_ms']:.2f} ms: the steady step "
-            "closest to the median)</h2><section class=\"card\">"
+    what = (f"The whole trace as a timeline ({view['duration_ms']:.2f} ms: it marks no steps)" if _whole(t) else
+            f"One step as a timeline (step {H(view['step'])}, {view['duration_ms']:.2f} ms: the steady step closest to the median)")
+    return (f"<h2>{what}</h2><section class=\"card\">"
             + ("<div class=\"legend\"><b class=\"key\">device"
                + (f" (busy: any of {int(view['devices'])})" if view.get("devices") else "") + ":</b>"
                "<span class=\"key\"><i style=\"background:#2e8b57\"></i>busy</span>"
@@ -268,7 +277,7 @@ def _gaps(t: dict) -> str:
     gaps = [g for g in t.get("idle_gaps") or [] if g["duration_ms"] >= 0.05]
     if not gaps:
         return ""
-    rows = "".join(f"<tr><td>step {H(g['step'])}</td><td class=\"num\">+{g['offset_ms']:.2f} ms</td>"
+    rows = "".join(f"<tr><td>{H(svg.step_name(g['step'], _whole(t)))}</td><td class=\"num\">+{g['offset_ms']:.2f} ms</td>"
                    f"<td class=\"num\">{g['duration_ms']:.2f} ms</td><td>{H(g['kind'].replace('_', ' '))}</td>"
                    f"<td><code>{html_name(g.get('host_event') or g['host_activity'])}</code></td></tr>" for g in gaps)
     return ("<h2>Largest idle-device gaps</h2><section class=\"card\"><table><tr><th>step</th><th class=\"num\">at</th>"

@@ -127,7 +127,17 @@ def tune_for(path: Path, explicit: Path | None) -> dict | None:
     ok = isinstance(data, dict) and isinstance(data.get("trials"), list)
     if not ok and explicit is not None:
         raise PerfdoctorError(f"--tune {explicit}: not tune's JSON (no trials list)")
-    return data if ok else None
+    return data if ok and (explicit is not None or Path(path).resolve().name in _tune_runs(data)) else None
+
+
+def _tune_runs(tune: dict) -> set[str]:
+    """The names of the run directories a tune made (baseline, its repeats, each trial): a tune.json
+    found beside a run directory is that run's tune only if the run is one of them (a run next to
+    another script's `tune -o tune.json` drew that tune's measurements on its own fixes)."""
+    base = tune.get("baseline") if isinstance(tune.get("baseline"), dict) else {}
+    dirs = [base.get("dir")] + [r.get("dir") for r in base.get("repeats") or [] if isinstance(r, dict)]
+    dirs += [t.get("dir") for t in tune.get("trials") or [] if isinstance(t, dict)]
+    return {Path(d).name for d in dirs if isinstance(d, str) and d}
 
 
 def run_files(doc: dict, run_dir: Path) -> list[str]:

@@ -9,7 +9,7 @@ string from the input goes through sanitize.html; the numbers are formatted here
 from __future__ import annotations
 
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.svg import FONT, LEFT, W, _axis, _f, byte_axis, nice_byte_top
+from perfdoctor.report.svg import FONT, LEFT, W, _axis, _f, byte_axis, byte_tick, nice_byte_top
 
 # (series key, label, colour, stroke width)
 CPU_LINES = (("cpu_cores", "machine, all processes", "#9aa0a6", 1.5), ("trainer_cpu_cores", "trainer", "#e39b26", 2),
@@ -86,7 +86,7 @@ def run_charts(series: dict | None) -> tuple[str, str]:
     if any(k in series for k, *_ in MEM_LINES):
         top = nice_byte_top(_top(series, [k for k, *_ in MEM_LINES], 2 ** 20))
         scale, unit = byte_axis(top)
-        panels.append((MEM_LINES, "Memory", top, lambda v, s=scale, u=unit: f"{v / s:.1f} {u}"))
+        panels.append((MEM_LINES, "Memory", top, lambda v, s=scale, u=unit: byte_tick(v, s, u)))
     if not panels:
         return "", ""
     gap = 34
@@ -102,6 +102,9 @@ def run_charts(series: dict | None) -> tuple[str, str]:
     groups = [(title.split(",")[0], [(label, colour) for key, label, colour, _ in lines if key in series])
               for lines, title, *_ in panels]
     groups.append(("shaded", [(k, c) for k, c in BANDS if series.get(k)]))
-    legend = " · ".join(f"<b>{H(name)}:</b> " + "".join(f'<span class="key"><i style="background:{c}"></i>{H(label)}</span>'
-                                                         for label, c in keys) for name, keys in groups if keys)
+    # each group one box (html.py's .kgroup) that wraps whole: "Memory:" had ended one line and
+    # its keys begun the next
+    legend = "".join(f'<span class="kgroup"><b>{H(name)}:</b> ' + "".join(f'<span class="key"><i style="background:{c}"></i>'
+                                                                          f'{H(label)}</span>' for label, c in keys) + "</span>"
+                     for name, keys in groups if keys)
     return legend, "".join(parts)

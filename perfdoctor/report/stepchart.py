@@ -11,7 +11,7 @@ the rest, so a bar above it is cut, marked, and keeps its value in its title.
 from __future__ import annotations
 
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.svg import FONT, LEFT, W, _f, _rect, _ticks
+from perfdoctor.report.svg import FONT, LEFT, TICK_DY, W, _f, _rect, _ticks
 from perfdoctor.stats.steptime import ms as fmt_ms
 
 KIND = {"steady": ("#3a7dc2", "steady step"), "profiled": ("#e6a817", "profiled (traced)"),
@@ -94,14 +94,24 @@ def step_chart(series: dict | None, step_ms: float | None = None) -> tuple[str, 
     return legend, "".join(parts)
 
 
+def step_ticks(first: int, count: int) -> list[int]:
+    """The step numbers to mark on the axis of `count` steps from step `first`: the first step and
+    round numbers after it (1, 10, 20, 30, 40 of steps 1-40), each a step that is on the chart: a
+    tick after the last bar (41 of 40 steps) had named a step the run did not have."""
+    ticks = _ticks(float(count))
+    d = max(1, round(ticks[1] - ticks[0])) if len(ticks) > 1 else 1
+    last = first + count - 1
+    start = -(-first // d) * d                         # the first multiple of d from `first` on
+    return [first] + [t for t in range(start, last + 1, d) if t - first >= d / 2]
+
+
 def _x_axis(series: dict, n: int, bw: float, y: float) -> list[str]:
     k, first = series["k"], series.get("first_step")
     first = first if isinstance(first, int) else 1
-    span = n * k
     out = [f'<line x1="{LEFT}" y1="{_f(y)}" x2="{_f(LEFT + n * bw)}" y2="{_f(y)}" stroke="#999"/>']
-    for t in _ticks(span):
-        x = LEFT + bw * t / k
+    for step in step_ticks(first, n * k):
+        x = LEFT + bw * (step - first + 0.5) / k           # the middle of that step's place on the axis
         out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}" stroke="#999"/>'
-                   f'<text x="{_f(x)}" y="{_f(y + 16)}" text-anchor="middle" fill="#555">{first + int(t)}</text>')
-    out.append(f'<text x="{_f(LEFT - 8)}" y="{_f(y + 16)}" text-anchor="end" fill="#555">step</text>')
+                   f'<text x="{_f(x)}" y="{_f(y + TICK_DY)}" text-anchor="middle" fill="#555">{step}</text>')
+    out.append(f'<text x="{_f(LEFT - 8)}" y="{_f(y + TICK_DY)}" text-anchor="end" fill="#555">step</text>')
     return out

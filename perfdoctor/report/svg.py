@@ -47,13 +47,18 @@ def _ticks(span: float, n: int = 6) -> list[float]:
     return out
 
 
+# the baseline of an x axis's numbers below the axis line: clear of the lowest y-axis number, whose
+# baseline is 4 under that line (at 16 the unit left of "0" printed into the "0 ms" above it)
+TICK_DY = 19
+
+
 def _axis(x0: float, width: float, span: float, y: float, unit: str = "ms") -> list[str]:
     out = [f'<line x1="{_f(x0)}" y1="{_f(y)}" x2="{_f(x0 + width)}" y2="{_f(y)}" stroke="#999"/>']
     for v in _ticks(span):
         x = x0 + width * v / span if span > 0 else x0
         out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}" stroke="#999"/>'
-                   f'<text x="{_f(x)}" y="{_f(y + 16)}" text-anchor="middle" fill="#555">{_f(v)}</text>')
-    out.append(f'<text x="{_f(x0 - 8)}" y="{_f(y + 16)}" text-anchor="end" fill="#555">{H(unit)}</text>')
+                   f'<text x="{_f(x)}" y="{_f(y + TICK_DY)}" text-anchor="middle" fill="#555">{_f(v)}</text>')
+    out.append(f'<text x="{_f(x0 - 8)}" y="{_f(y + TICK_DY)}" text-anchor="end" fill="#555">{H(unit)}</text>')
     return out
 
 
@@ -62,25 +67,32 @@ def _rect(x, y, w, h, fill, title: str, extra: str = "") -> str:
             f'<title>{H(title)}</title></rect>')
 
 
-def step_bars(steps: list[dict], labels: dict[str, str]) -> str:
-    """Stacked bars, one per step: milliseconds of each breakdown role."""
+def step_name(label, whole: bool = False) -> str:
+    """A step's name on a chart: "step 3"; the pseudo-step of a trace without step markers (its
+    label "all") is "whole trace", not "step all"."""
+    return "whole trace" if whole else f"step {label}"
+
+
+def step_bars(steps: list[dict], labels: dict[str, str], whole: bool = False) -> str:
+    """Stacked bars, one per step: milliseconds of each breakdown role; `whole`: the one bar is the
+    whole trace (no step markers)."""
     if not steps:
         return ""
     span = max(s["duration_ms"] for s in steps) or 1.0
     row, bar = 22, 16
     width = W - LEFT - 70
-    h = row * len(steps) + 28
+    h = row * len(steps) + 31
     parts = [f'<svg class="chart" viewBox="0 0 {W} {h}" role="img" aria-label="step breakdown per step" {FONT}>']
     for i, s in enumerate(steps):
         y = 4 + i * row
-        parts.append(f'<text x="{LEFT - 8}" y="{_f(y + bar - 4)}" text-anchor="end" fill="#333">step {H(s["label"])}</text>')
+        parts.append(f'<text x="{LEFT - 8}" y="{_f(y + bar - 4)}" text-anchor="end" fill="#333">{H(step_name(s["label"], whole))}</text>')
         x = LEFT
         for role, ms in s["breakdown_ms"].items():
             if not ms or ms <= 0:
                 continue
             w = width * ms / span
             parts.append(_rect(x, y, w, bar, ROLE_COLOUR.get(role, "#999"),
-                               f"step {s['label']}: {labels.get(role, role)} {ms:.2f} ms "
+                               f"{step_name(s['label'], whole)}: {labels.get(role, role)} {ms:.2f} ms "
                                f"({100 * ms / s['duration_ms']:.1f}%)" if s["duration_ms"] else role))
             x += w
         parts.append(f'<text x="{_f(x + 6)}" y="{_f(y + bar - 4)}" fill="#333">{fmt_ms(s["duration_ms"])} ms</text>')
@@ -102,9 +114,10 @@ def step_lanes(view: dict, gaps: list[dict], labels: dict[str, str]) -> str:
     lanes = [("device", view.get("device")), ("breakdown", view["breakdown"]), ("host", view["host"])]
     lanes = [(n, v) for n, v in lanes if v is not None]
     lane_h, gap = 22, 10
-    top = 20 if gaps else 4
-    h = top + len(lanes) * (lane_h + gap) + 22
     x_of = (lambda ms: LEFT + width * ms / span)
+    rows = label_rows([x_of(g["offset_ms"] + g["duration_ms"] / 2) for g in gaps])
+    top = (20 + LABEL_ROW * max(rows)) if gaps else 4
+    h = top + len(lanes) * (lane_h + gap) + 25
     parts = [f'<svg class="chart" viewBox="0 0 {W} {h}" role="img" aria-label="one step as a timeline" {FONT}>']
     for j, (name, runs) in enumerate(lanes):
         y = top + j * (lane_h + gap)
@@ -120,15 +133,34 @@ def step_lanes(view: dict, gaps: list[dict], labels: dict[str, str]) -> str:
             parts.append(_rect(x_of(off), y, width * dur / span, lane_h, colours.get(what, "#999"),
                                f"{names.get(what, what)} +{off:.3f} ms for {dur:.3f} ms"))
     bottom = top + len(lanes) * (lane_h + gap) - gap
-    for n, g in enumerate(gaps, 1):
+    for n, (g, row) in enumerate(zip(gaps, rows), 1):
         x0, x1 = x_of(g["offset_ms"]), x_of(g["offset_ms"] + g["duration_ms"])
         parts.append(f'<rect x="{_f(x0)}" y="{_f(top - 3)}" width="{_f(max(x1 - x0, 1))}" height="{_f(bottom - top + 6)}" '
                      f'fill="none" stroke="#222" stroke-dasharray="3 2"><title>{H(_gap_title(n, g))}</title></rect>'
-                     f'<text x="{_f((x0 + x1) / 2)}" y="{_f(top - 6)}" text-anchor="middle" font-weight="bold" '
-                     f'fill="#222">{n}</text>')
+                     f'<text x="{_f((x0 + x1) / 2)}" y="{_f(top - 6 - LABEL_ROW * row)}" text-anchor="middle" '
+                     f'font-weight="bold" fill="#222">{n}</text>')
     parts += _axis(LEFT, width, span, bottom + 6, "ms")
     parts.append("</svg>")
     return "".join(parts)
+
+
+LABEL_ROW = 15     # a row of gap numbers above the lanes (a 12 px line, ascent and descent: 14)
+LABEL_SEP = 16     # the least distance between two numbers' centres in one row (two digits, bold, 12 px)
+
+
+def label_rows(xs: list[float]) -> list[int]:
+    """The row of each gap number (0: just above the lanes, 1 above that...): the lowest row whose
+    last number lies LABEL_SEP or more to the left, so numbers of gaps close together do not print
+    over each other (`xs` in drawing order, left to right)."""
+    last: list[float] = []
+    rows = []
+    for x in xs:
+        row = next((r for r, lx in enumerate(last) if x - lx >= LABEL_SEP), len(last))
+        if row == len(last):
+            last.append(x)
+        last[row] = x
+        rows.append(row)
+    return rows
 
 
 def _gap_title(n: int, g: dict) -> str:
@@ -140,6 +172,12 @@ def _gap_title(n: int, g: dict) -> str:
 def byte_axis(top: float) -> tuple[float, str]:
     """The unit of a memory axis whose top is `top` bytes: GiB from 1 GiB up, else MiB."""
     return (2 ** 30, "GiB") if top >= 2 ** 30 else (2 ** 20, "MiB")
+
+
+def byte_tick(v: float, scale: float, unit: str) -> str:
+    """A memory axis's number: as many decimals as it has, up to two (half of 1.5 GiB is 0.75 GiB,
+    which one decimal printed as 0.8)."""
+    return f"{_f(v / scale)} {unit}"
 
 
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
@@ -182,7 +220,7 @@ def memory_lines(mem: dict) -> str:
         y = y0 + height * (1 - frac)
         parts.append(f'<line x1="{LEFT}" y1="{_f(y)}" x2="{LEFT + width}" y2="{_f(y)}" stroke="#e3e3e3"/>'
                      f'<text x="{LEFT - 8}" y="{_f(y + 4)}" text-anchor="end" fill="#555">'
-                     f'{top * frac / scale:.1f} {unit}</text>')
+                     f'{byte_tick(top * frac, scale, unit)}</text>')
     parts.append(f'<polyline points="{pts(res)}" fill="none" stroke="#3a7dc2" stroke-width="2"><title>reserved</title></polyline>')
     if any(alloc):
         parts.append(f'<polyline points="{pts(alloc)}" fill="none" stroke="#2e8b57" stroke-width="1.5">'
