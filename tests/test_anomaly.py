@@ -62,6 +62,9 @@ def test_anomaly_mode_is_named_by_the_engines_nan_checks(tmp_path):
     fix = next(f for f in on["findings"] if f["id"] == "PD374")
     assert fix["gain"] is None and "cannot separate" in fix["no_gain_reason"]    # its stacks are not in the trace
     assert "PD374" not in {f["id"] for f in off["findings"]}
+    # and flagged, so a fix without a modelled gain, ranked under the modelled ones, is seen
+    assert [f["severity"] for f in on["flags"] if f["id"] == "PD220"] == ["high"]
+    assert "PD220" not in {f["id"] for f in off["flags"]}
 
 
 def test_a_custom_functions_own_nan_check_is_not_anomaly_mode(tmp_path):
