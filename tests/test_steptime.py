@@ -314,3 +314,17 @@ def test_an_inconclusive_step_time_says_why_in_the_run_line():
     assert _run_steps_line(m, 10.0).endswith(" (too few to tell)")
     assert inconclusive_text(3) == inconclusive_text("") == " (too few to tell)"
     assert inconclusive_text("only 6 steady steps (need 10)") == " (inconclusive: only 6 steady steps (need 10))"
+
+
+def test_no_prefetch_fill_without_loader_batches():
+    # A trainer with no DataLoader whose preprocessing runs in a multiprocessing Pool: the
+    # samplers count the pool's 2 processes as workers, but its steps draw no loader batch
+    # ("batches": 0), so none of them is a prefetched one, however short it is.
+    rng = np.random.default_rng(11)
+    d = 0.2 * rng.lognormal(0, 0.3, 120)
+    d[2:12] = 0.12                                     # short early steps, below the level
+    recs = [{**r, "batches": 0} for r in records(d)]
+    e = estimate(recs, num_workers=2)
+    assert "prefetch_fill" not in e.dropped and e.first == 2
+    with_loader = estimate(records(d), num_workers=2)  # the same series drawing a batch a step
+    assert with_loader.dropped["prefetch_fill"] == 2 and with_loader.first == 4

@@ -16,7 +16,9 @@ The steady window is detected, in this order:
    remaining steps; the other remaining steps are `outside_window`.
 2. prefetch fill: with num_workers > 0, the DataLoader's first num_workers x prefetch_factor
    (default 2) batches may wait ready at the start; leading steps of the window within those
-   batches that are shorter than the window's level L are dropped (`prefetch_fill`).
+   batches that are shorter than the window's level L are dropped (`prefetch_fill`). Only steps
+   that drew a loader batch: a script without a DataLoader (its child processes a
+   multiprocessing Pool, counted as workers by the samplers) has no prefetched batches.
 3. transients: from the window's start, blocks of whole burst cycles (at least the block length
    and DETECT_BLOCK steps; a block cut mid-burst would look fast or slow) whose mean
    lies more than K_SPREAD robust spreads (1.4826 x MAD of the block means, at least
@@ -243,7 +245,8 @@ def _leading(durs: np.ndarray, offset: int, batches: np.ndarray, num_workers, pr
     i = 0
     if num_workers and num_workers > 0:
         ready = num_workers * (prefetch_factor or PREFETCH_DEFAULT)
-        while i < n // 2 and batches[offset + i] <= ready and durs[i] < level:
+        drawn = np.diff(batches, prepend=0.0)       # a step that drew no loader batch took none
+        while i < n // 2 and drawn[offset + i] > 0 and batches[offset + i] <= ready and durs[i] < level:
             i += 1
         out["prefetch_fill"] = i
     margin = max(K_SPREAD * spread, MATERIAL * level)
