@@ -440,6 +440,7 @@ def test_steps_that_grow_through_the_run_are_told(tmp_path):
     notes = [n for n in grow["run"]["notes"] if "drifts" in n]
     assert len(notes) == 1 and notes[0].startswith("the steady steps' length drifts: median ")
     assert "do more work as the run goes on" in notes[0]
+    assert grow["run"]["notes"][0] == notes[0]      # the default screen shows the first: it leads
     flat = 0.02 * np.exp(np.random.default_rng(3).normal(0, 0.2, 60))
     assert not any("drifts" in n for n in diagnose_dir(_run_dir(tmp_path / "flat", flat, 3.0))["run"]["notes"])
 

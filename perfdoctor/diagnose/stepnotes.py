@@ -68,7 +68,7 @@ def drift_note(steady: list[dict]) -> list[str]:
                     "of the work either (torch's threads spin on the CPU while they wait for one the scheduler "
                     f"parked): the steps may do {'more' if last > first else 'less'} work as the run goes on, or "
                     "the other work on the machine changed. Rerun on a quiet machine before reading the step time"]
-    why = ("episodes or sequences that grow, a curriculum" if last > first
+    why = ("episodes or sequences that grow, a curriculum, a later phase or model" if last > first
            else "episodes that get shorter, work that stops part-way through, caches that fill")
     return [f"{head}. The steps do {'more' if last > first else 'less'} work as the run goes on ({why}), so the "
             "time per step depends on how long the run was: compare and gate runs of the same length"]
