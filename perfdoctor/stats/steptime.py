@@ -167,7 +167,7 @@ def estimate(steps: list[dict], *, num_workers: int | None = None,
     waits = np.array([_num(s.get("wait")) for s in steps[a:e]], dtype=float)
     ids = np.array([_step_no(s, a + i) for i, s in enumerate(steps[a:e])], dtype=np.int64)
     ends = [s.get("end") for s in steps]
-    batches = np.cumsum([max(_num(s.get("batches"), 1.0), 0.0) for s in steps]) if steps else np.zeros(0)
+    batches = np.array([max(_num(s.get("batches"), 1.0), 0.0) for s in steps], dtype=np.float64)
     lead = _leading(durs, a, batches, num_workers, prefetch_factor)
     for k, v in lead.items():
         if v:
@@ -234,7 +234,8 @@ def _level(x: np.ndarray, size: int) -> tuple[float, float, np.ndarray]:
 
 
 def _leading(durs: np.ndarray, offset: int, batches: np.ndarray, num_workers, prefetch_factor) -> dict:
-    """Steps to drop from the window's start, by reason: prefetch fill, then warm-up/fast-start blocks."""
+    """Steps to drop from the window's start, by reason: prefetch fill, then warm-up/fast-start blocks.
+    `batches`: the loader batches each step drew (every step's, the window starting at `offset`)."""
     out = {"prefetch_fill": 0, "warmup": 0, "fast_start": 0}
     n = len(durs)
     if n < MIN_STEPS:
@@ -245,8 +246,9 @@ def _leading(durs: np.ndarray, offset: int, batches: np.ndarray, num_workers, pr
     i = 0
     if num_workers and num_workers > 0:
         ready = num_workers * (prefetch_factor or PREFETCH_DEFAULT)
-        drawn = np.diff(batches, prepend=0.0)       # a step that drew no loader batch took none
-        while i < n // 2 and drawn[offset + i] > 0 and batches[offset + i] <= ready and durs[i] < level:
+        drawn = np.cumsum(batches)                  # batches drawn up to each step, that one's included
+        # a step that drew no loader batch took none of the prefetched ones
+        while i < n // 2 and batches[offset + i] > 0 and drawn[offset + i] <= ready and durs[i] < level:
             i += 1
         out["prefetch_fill"] = i
     margin = max(K_SPREAD * spread, MATERIAL * level)
