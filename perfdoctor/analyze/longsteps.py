@@ -15,9 +15,11 @@ its own time is at least LONG times the median step's.
 Work every N steps recurs at a period: the steps are folded by a period P (step i in phase
 i mod P), and a phase is long when at least two thirds of its steps (3 or more) are long, beyond
 chance (long steps at the run's rate anywhere would make a phase that long with a probability,
-times every phase of every period tried, of at most ALPHA). Long
-steps that recur at no period (a page
-fault storm, another process's burst) are the machine's noise and stay out. The period taken is
+times every phase of every period tried at every threshold, of at most ALPHA). A period's phases
+are judged at the lowest threshold (2x, 4x ... the usual step) where they pass: on a busy machine
+1 step in 8 runs 2-4x long at random, and at 2x a phase of 4 steps is then long by chance, while
+past 8x only an evaluation's steps remain. Long steps that recur at no period (a page fault
+storm, another process's burst) are the machine's noise and stay out. The period taken is
 the one whose long phases hold the most time beyond the usual step (the shortest of those within
 5% of it: twice the period holds the same steps); the candidates are the most frequent distances
 between nearby long steps, among the steps past each of a few thresholds (2x, 4x ... 128x the
@@ -74,20 +76,22 @@ def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) 
     `pos`: each step's position (its step number from the first), the index by default."""
     pos = np.arange(own.size) if pos is None else pos
     span = int(pos[-1]) + 1 if pos.size else 0
-    is_long = own >= LONG * usual
-    idx = pos[is_long]
-    if idx.size < MIN_REPEATS:
+    if int((own >= LONG * usual).sum()) < MIN_REPEATS:
         return None
     excess = np.clip(own - usual, 0, None)
-    rate = float(is_long.mean())
     # candidate periods: the most frequent distances between nearby long steps, among the steps
     # past each of a few thresholds (LONG x 2^k): work every 500 steps, 50x the usual step, among
-    # noise at 5x every few steps has only its own kind as neighbours past 16x
+    # noise at 5x every few steps has only its own kind as neighbours past 16x. A period's phases
+    # are judged at the lowest threshold where they stand out beyond chance: a busy machine's 2-4x
+    # steps at random make a phase long at 2x by chance, not one long at 8x
     cands: set[int] = set()
+    tiers: list[np.ndarray] = []        # each threshold's long steps, while 3 or more pass it
     for k in range(TIERS):
-        at = pos[own >= LONG * 2 ** k * usual]
+        past = own >= LONG * 2 ** k * usual
+        at = pos[past]
         if at.size < MIN_REPEATS:
             break
+        tiers.append(past)
         d = np.concatenate([at[j:] - at[:-j] for j in range(1, min(NEARBY, at.size - 1) + 1)])
         d = d[(d >= 2) & (d <= span // MIN_REPEATS)]
         if d.size:
@@ -96,27 +100,37 @@ def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) 
             counts = tally[values]
             cands.update(int(v) for v in values[np.argsort(-counts, kind="stable")[:PER_TIER]])
     best: list[tuple[int, float, np.ndarray]] = []
-    tried = sum(cands)                  # phases tried in all: the Bonferroni factor
+    tried = sum(cands) * len(tiers)     # phases tried at each threshold: the Bonferroni factor
     for period in sorted(cands):
         phase = pos % period
         counts = np.bincount(phase, minlength=period)
-        longs = np.bincount(phase, weights=is_long, minlength=period)
-        phases = (counts >= MIN_REPEATS) & (longs >= PHASE_LONG * counts)
-        if not phases.any() or phases.sum() > MOST * period:
-            continue
-        # each such phase must be long beyond chance: the steps long at rate `rate` anywhere, the
-        # chance of a phase this long (a Chernoff bound of its binomial tail), times every phase
-        # of every period tried (Bonferroni), at most ALPHA
-        chance = np.array([_tail(int(longs[i]), int(counts[i]), rate) * tried for i in np.flatnonzero(phases)])
-        if (chance > ALPHA).any():
-            continue
-        mask = phases[phase]
-        best.append((period, float(excess[mask].sum()), mask))
+        for past in tiers:                          # the lowest threshold whose long phases pass
+            phases = _long_phases(phase, counts, past, period, tried)
+            if phases is not None:
+                mask = phases[phase]
+                best.append((period, float(excess[mask].sum()), mask))
+                break
     if not best:
         return None
     top = max(x[1] for x in best)
     period, _, mask = next(x for x in best if x[1] >= SAME * top)        # sorted: the shortest
     return period, mask
+
+
+def _long_phases(phase: np.ndarray, counts: np.ndarray, past: np.ndarray, period: int,
+                 tried: int) -> np.ndarray | None:
+    """The phases of `period` where at least PHASE_LONG of the steps are past a threshold (`past`:
+    each step's), when there are some, at most MOST of the phases, and each is that long beyond
+    chance: steps past it at their rate anywhere, the chance of a phase this long (a Chernoff
+    bound of its binomial tail), times every phase tried (Bonferroni), at most ALPHA."""
+    longs = np.bincount(phase, weights=past, minlength=period)
+    phases = (counts >= MIN_REPEATS) & (longs >= PHASE_LONG * counts)
+    if not phases.any() or phases.sum() > MOST * period:
+        return None
+    rate = float(past.mean())
+    if any(_tail(int(longs[i]), int(counts[i]), rate) * tried > ALPHA for i in np.flatnonzero(phases)):
+        return None
+    return phases
 
 
 def _tail(k: int, n: int, p: float) -> float:
