@@ -82,8 +82,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"only {m.get('steps.count')} step(s) traced; record 3 or more for a firm verdict")
     if (m.get("trace.clock_early_share") or 0.0) > CLOCK_SHARE:
         conf = min(conf, 0.4)
-        notes.append(f"device work starts before the call that launched it in {m['trace.clock_early_share']:.0%} of "
-                     "the launches: the host and device clocks disagree, so the host/device shares may be wrong")
+        notes.append("the trace's host and device clocks disagree (its warning says how far): confidence capped")
     if m.get("trace.truncated"):
         conf = min(conf, 0.6)
         notes.append("the trace file was truncated; the verdict uses the steps completed before the cut")
