@@ -55,15 +55,18 @@ def _open(path: str):
         raise
 
 
-def _recover_gz(path: str, skip: int) -> bytes:
-    """After the gzip reader failed: everything that still inflates past the first `skip` bytes.
+def _recover_gz(path: str, skip: int) -> tuple[bytes, bool]:
+    """After the gzip reader failed: (everything that still inflates past the first `skip` bytes,
+    whether the file is whole members followed by bytes that are not gzip data).
 
     The gzip reader drops the output of the call that fails, so how much it delivered depends
-    on how it was read. Here each member is inflated as raw deflate (no CRC verdict) up to the
-    last byte that decodes, so the salvaged bytes are a function of the file alone: a single
-    pass and both processes of a parallel load see the same data."""
+    on how it was read. Here each member is inflated as raw deflate up to the last byte that
+    decodes, so the salvaged bytes are a function of the file alone: a single pass and both
+    processes of a parallel load see the same data. Each member's CRC and length are checked
+    only to tell junk after whole members (nothing lost) from a damaged stream."""
     kept = bytearray()
     total = 0
+    whole = True            # every member so far inflated to its end with a matching trailer
 
     def take(piece: bytes) -> None:
         nonlocal total
@@ -73,6 +76,7 @@ def _recover_gz(path: str, skip: int) -> bytes:
 
     with open(path, "rb") as f:
         data = b""
+        members = 0
         while True:  # one gzip member per round
             while True:
                 data = data.lstrip(b"\x00")  # zero padding between members, as gzip.GzipFile allows
@@ -80,33 +84,37 @@ def _recover_gz(path: str, skip: int) -> bytes:
                 if hl is None:  # need more bytes
                     more = f.read(1 << 20)
                     if not more:
-                        return bytes(kept)
+                        return bytes(kept), False
                     data += more
                     continue
                 if hl < 0:  # not a member: trailing garbage
-                    return bytes(kept)
+                    return bytes(kept), whole and members > 0
                 break
             data = data[hl:]
             d = zlib.decompressobj(-15)
+            crc = size = 0
             while not d.eof:
                 before = d.copy()
                 try:
                     piece = d.decompress(data, RECOVER_STEP)
                 except zlib.error:
                     take(_clean_prefix(before, data))
-                    return bytes(kept)
+                    return bytes(kept), False
                 take(piece)
+                crc, size = zlib.crc32(piece, crc), size + len(piece)
                 data = d.unconsumed_tail
                 if not data and not piece and not d.eof:
                     data = f.read(1 << 20)
                     if not data:
-                        return bytes(kept)  # the stream is cut here
+                        return bytes(kept), False  # the stream is cut here
             data = d.unused_data
             while len(data) < 8:  # CRC32 + ISIZE
                 more = f.read(1 << 20)
                 if not more:
-                    return bytes(kept)
+                    return bytes(kept), False
                 data += more
+            whole = whole and data[:8] == crc.to_bytes(4, "little") + (size & 0xFFFFFFFF).to_bytes(4, "little")
+            members += 1
             data = data[8:]
 
 
@@ -156,6 +164,7 @@ class Source:
         self.f, self.file, self.is_gz = _open(path)
         self.eof = False
         self.error: BaseException | None = None
+        self.junk = False       # the error is bytes that are not gzip after whole members
         self.recovered: memoryview | None = None
 
     def readinto(self, mv: memoryview) -> int:
@@ -173,11 +182,12 @@ class Source:
         try:
             n = self.f.readinto(mv)
         except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
-            rest = _recover_gz(self.path, self.state.bytes_read) if self.is_gz else b""
+            rest, junk = _recover_gz(self.path, self.state.bytes_read) if self.is_gz else (b"", False)
             self.close()
             if self.state.bytes_read == 0 and not rest:
                 raise TraceFormatError(f"cannot decompress: {exc}") from None
             self.error = exc
+            self.junk = junk
             if rest:
                 self.recovered = memoryview(rest)
                 return self.readinto(mv)
@@ -199,11 +209,15 @@ class Source:
         warning's place among the others does not depend on read sizes."""
         self.eof = True
         self.close()
-        if self.error is not None:
+        if self.error is not None and self.junk:
+            # every member inflated whole, its CRC checked: nothing of the trace is lost (the
+            # JSON reader still says so if the document ended early)
+            self.state.warnings.append("the bytes after the compressed stream's end are not gzip data: ignored")
+        elif self.error is not None:
             self.state.truncated = True
             self.state.warnings.append(
                 f"compressed stream ends early ({self.error}); using what decompressed")
-            self.error = None
+        self.error = None
         return 0
 
     def close(self) -> None:
