@@ -259,7 +259,9 @@ def _run_section(run_dir: Path, base: dict, infos: list[dict], docs: list[dict])
     notes += [f"rank {i['rank']} exited with code {c}" + (f" ({why})" if (why := consequence(i, d)) else "")
               for i, d in zip(infos, docs) if (c := rank_exit_code(i, d))]
     if hint := uneven_hint(infos, docs):
-        notes.append(hint)
+        # first: the terminal shows one note by default, and the header names the rank that
+        # failed in its collective, not the rank that ran out of batches before it
+        notes.insert(0, hint)
     world = max((i.get("world_size") or 0 for i in infos), default=0)
     if world and len(infos) < world:
         missing = sorted(set(range(world)) - {i["rank"] for i in infos})
