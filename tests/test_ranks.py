@@ -568,6 +568,14 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     c = console(file=io.StringIO(), width=300)
     render_ranks(c, sec)
     assert "every rank waits at least 2% of the step (the transfer)" in c.file.getvalue()
+    # ranks that all-reduce but ran different numbers of steps (a user trial: Join, rank 1 with 70%
+    # of the batches) are said to; one step apart is a stop mid-step, not uneven inputs
+    assert ("the ranks ran different numbers of steps (rank 0 29, rank 1 79): uneven inputs (a rank that ran out "
+            "of batches joined, under torch.distributed.algorithms.Join, or left)") in c.file.getvalue()
+    sec["per_rank"][1]["steps"] = 30
+    c = console(file=io.StringIO(), width=300)
+    render_ranks(c, sec)
+    assert "different numbers of steps" not in c.file.getvalue()
 
 
 def test_the_html_rank_table_has_the_terminals_columns():
