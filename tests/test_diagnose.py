@@ -150,6 +150,10 @@ def test_a_verdict_just_under_the_device_line_is_not_firm():
     conf, notes, _ = confidence("host", m)
     assert conf == pytest.approx(0.41, abs=0.01) and any("near the 80%" in n and "CPU ops run 80%" in n for n in notes)
     assert confidence("host", {**m, "share.device": 0.65, "share.host": 0.28})[0] == 1.0     # far from it
+    # a verdict that comes before the device's (a straggler's: communication on a rank whose ops
+    # ran 88%, a user trial) is over the line, not near it
+    _, over, _ = confidence("communication", {**m, "share.device": 0.88, "share.host": 0.02, "share.communication": 0.09})
+    assert any("CPU ops run 88% of the step, at or over the 80%" in n for n in over) and not any("near" in n for n in over)
 
 
 def test_inconclusive_on_almost_nothing():

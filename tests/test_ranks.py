@@ -230,7 +230,11 @@ def test_the_straggler_is_named_by_what_it_does_more_of_not_by_its_largest_share
     v = {"bound": "communication", "rule": "PD115", "summary": "Straggler: rank 1 ...", "confidence": 1.0,
          "confidence_label": "high", "secondary": [], "notes": []}
     own = {"bound": "input_cpu", "summary": "Input-bound (CPU): ...", "confidence": 0.5, "notes": []}
-    job = _straggler_verdict(v, m, own, 1)
+    # the cluster's own confidence note on the device line (its rules judged a communication
+    # bound on rank 1's metrics) gives way to the straggler's confidence
+    note = "the CPU ops run 48% of the step, near the 80% that would make the step compute-bound"
+    job = _straggler_verdict({**v, "notes": [note]}, m, own, 1)
+    assert note not in job["notes"]
     assert job["bound"] == "device" and job["secondary"] == ["communication"]
     assert job["summary"] == ("Straggler: rank 1 ... Its own work beyond rank 0's: compute +20.2 ms a traced step, "
                               "data loading +11.7 ms, other host time +3.4 ms: mostly compute. "

@@ -190,7 +190,10 @@ def _no_surer(v: dict, own: dict, rank: int) -> dict:
 def _straggler_confidence(v: dict, m: dict) -> dict:
     st, nw = m["ranks.others_wait_share"], m["ranks.network_wait_share"]
     conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
-    notes = [n for n in v.get("notes", []) if "untraced host time" not in n]
+    # the single-rank confidence's notes on how near its cause is to another (the device line)
+    # judged a communication-bound rank; the straggler's confidence replaces them
+    notes = [n for n in v.get("notes", []) if "untraced host time" not in n and "of the step, near the 80%" not in n
+             and "of the step, at or over the 80%" not in n]
     if (m.get("ranks.paired_steps") or 0) < 5:
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('ranks.paired_steps')} profiled steps paired across the ranks")
