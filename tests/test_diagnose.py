@@ -165,6 +165,20 @@ def test_inconclusive_on_almost_nothing():
     assert d.verdict.rule.bound == "inconclusive" and d.fixes == []
 
 
+def test_a_run_without_a_trace_that_no_rule_judges_does_not_speak_of_a_trace():
+    """`torchrun ... perfdoctor run --no-trace`, a balanced DDP job (data wait 9%): the verdict
+    read 'No verdict rule applies to this trace', of a run that recorded none."""
+    from perfdoctor.analyze import registry
+    from perfdoctor.diagnose.document import _verdict_doc
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"run.steps": 39, "run.data_wait_share": 0.09, "run.all_steps_wait_share": 0.09, "loader.workers": 0})
+    d = evaluate(RULES, m)
+    assert d.verdict is None
+    assert _verdict_doc(d, m)["summary"].startswith("No verdict rule applies to the step timings alone (no trace")
+    m["trace.events"] = 1200
+    assert _verdict_doc(d, m)["summary"] == "No verdict rule applies to this trace (the numbers it needs are unknown)."
+
+
 def test_flags_fire_on_their_signals(analyze_spec):
     # gap_us: the loop's own 0.5 ms after the item() at the end of each step, while the device it
     # drained sits idle: the cost the sync flag reads (the host blocking in the syncs is not)
