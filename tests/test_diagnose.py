@@ -150,6 +150,10 @@ def test_a_verdict_just_under_the_device_line_is_not_firm():
     conf, notes, _ = confidence("host", m)
     assert conf == pytest.approx(0.41, abs=0.01) and any("near the 80%" in n and "CPU ops run 80%" in n for n in notes)
     assert confidence("host", {**m, "share.device": 0.65, "share.host": 0.28})[0] == 1.0     # far from it
+    # a verdict that comes before the device's (a straggler's: communication on a rank whose ops
+    # ran 88%, a user trial) is over the line, not near it
+    _, over, _ = confidence("communication", {**m, "share.device": 0.88, "share.host": 0.02, "share.communication": 0.09})
+    assert any("CPU ops run 88% of the step, at or over the 80%" in n for n in over) and not any("near" in n for n in over)
 
 
 def test_inconclusive_on_almost_nothing():
@@ -159,6 +163,20 @@ def test_inconclusive_on_almost_nothing():
               "share.input": 0.0, "share.host": 1.0, "share.communication": 0.0})
     d = evaluate(RULES, m)
     assert d.verdict.rule.bound == "inconclusive" and d.fixes == []
+
+
+def test_a_run_without_a_trace_that_no_rule_judges_does_not_speak_of_a_trace():
+    """`torchrun ... perfdoctor run --no-trace`, a balanced DDP job (data wait 9%): the verdict
+    read 'No verdict rule applies to this trace', of a run that recorded none."""
+    from perfdoctor.analyze import registry
+    from perfdoctor.diagnose.document import _verdict_doc
+    m = dict.fromkeys(registry.REGISTRY)
+    m.update({"run.steps": 39, "run.data_wait_share": 0.09, "run.all_steps_wait_share": 0.09, "loader.workers": 0})
+    d = evaluate(RULES, m)
+    assert d.verdict is None
+    assert _verdict_doc(d, m)["summary"].startswith("No verdict rule applies to the step timings alone (no trace")
+    m["trace.events"] = 1200
+    assert _verdict_doc(d, m)["summary"] == "No verdict rule applies to this trace (the numbers it needs are unknown)."
 
 
 def test_flags_fire_on_their_signals(analyze_spec):

@@ -75,6 +75,13 @@ def test_uneven_inputs_are_hinted_when_the_only_failure_waited_for_a_finished_ra
     assert "rank 1 failed in a collective after rank(s) 0 had ended normally" in uneven_hint(infos, docs)
     crash = _job(_rank(0, 0, None, 1.0, "exit"), _rank(1, 1, None, 2.0, "crashed", "RuntimeError: boom"))
     assert uneven_hint(*crash) is None            # a failure of its own: nothing to do with the inputs
+    # the job's run notes lead with it (the terminal shows the first note): a user trial's rank 1
+    # left its loop early, and the default screen said only rank 0's "Connection reset by peer"
+    # and "Python stacks not recorded"
+    from perfdoctor.diagnose.ranks import _run_section
+    run = _run_section(Path("/nonexistent"), {"notes": ["Python stacks not recorded: no idle CPU"]}, infos, docs)
+    assert run["notes"][0].startswith("rank 1 failed in a collective after rank(s) 0 had ended normally")
+    assert run["notes"][1:] == ["Python stacks not recorded: no idle CPU", "rank 1 exited with code 1 (its error says a peer failed)"]
 
 
 def test_a_job_that_failed_before_its_first_step_says_so():

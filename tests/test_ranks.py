@@ -212,6 +212,51 @@ def test_a_straggler_job_is_bound_by_what_bounds_the_slow_rank():
     assert _straggler_verdict(v, m, {**own, "bound": "inconclusive", "confidence": 0.0}, 1)["confidence"] == 1.0
 
 
+def test_the_straggler_is_named_by_what_it_does_more_of_not_by_its_largest_share():
+    """A user trial: rank 1 given 4x the batch (gloo, 2 ranks). Its own verdict read input-bound
+    (its data wait, 25% of its step, outgrew the transfer, 18%; its compute 48% is under the 80%
+    that makes a CPU step compute-bound), and so did the job's, though of its extra work over
+    rank 0 (traced: compute +20.2 ms, data loading +11.7 ms, other +3.4 ms) most is compute."""
+    from perfdoctor.diagnose.ranks import _straggler_verdict
+    steps0 = _steps([(56.0, 43.5), (54.0, 46.4), (55.0, 45.0), (57.0, 46.0), (55.5, 45.5), (56.5, 46.2)])
+    steps1 = _steps([(56.0, 8.0), (54.0, 5.6), (55.0, 6.0), (57.0, 7.0), (55.5, 6.5), (56.5, 7.1)])
+    r0 = RankInput(0, 36.7, 0.787, steps0, parts_ms={"device": 7.3, "input": 2.8, "host": 1.6})
+    r1 = RankInput(1, 36.8, 0.183, steps1, parts_ms={"device": 27.5, "input": 14.5, "host": 5.0})
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.wait_cause"] == "straggler" and m["ranks.slowest_rank"] == 1
+    assert (m["ranks.slowest_extra_device_ms"], m["ranks.slowest_extra_input_ms"], m["ranks.slowest_extra_host_ms"]) \
+        == pytest.approx((20.2, 11.7, 3.4))
+    assert m["ranks.slowest_extra_part"] == "device"                   # 20.2 of 35.3 ms: more than half
+    v = {"bound": "communication", "rule": "PD115", "summary": "Straggler: rank 1 ...", "confidence": 1.0,
+         "confidence_label": "high", "secondary": [], "notes": []}
+    own = {"bound": "input_cpu", "summary": "Input-bound (CPU): ...", "confidence": 0.5, "notes": []}
+    # the cluster's own confidence note on the device line (its rules judged a communication
+    # bound on rank 1's metrics) gives way to the straggler's confidence
+    note = "the CPU ops run 48% of the step, near the 80% that would make the step compute-bound"
+    job = _straggler_verdict({**v, "notes": [note]}, m, own, 1)
+    assert note not in job["notes"]
+    assert job["bound"] == "device" and job["secondary"] == ["communication"]
+    assert job["summary"] == ("Straggler: rank 1 ... Its own work beyond rank 0's: compute +20.2 ms a traced step, "
+                              "data loading +11.7 ms, other host time +3.4 ms: mostly compute. "
+                              "Rank 1 itself: Input-bound (CPU): ...")
+    # a rank slow in its data loading: its own verdict already names it
+    r1.parts_ms = {"device": 8.0, "input": 40.0, "host": 2.0}
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.slowest_extra_part"] == "input"
+    assert _straggler_verdict(v, m, own, 1)["bound"] == "input_cpu"
+    # no part holds half of the growth: the rank's own verdict stays, and the text says so
+    r1.parts_ms = {"device": 17.3, "input": 12.8, "host": 9.6}          # +10, +10, +8
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.slowest_extra_part"] is None
+    job = _straggler_verdict(v, m, own, 1)
+    assert job["bound"] == "input_cpu" and ": no part holds most of it." in job["summary"]
+    # parts unknown on a rank: nothing said, nothing changed
+    r1.parts_ms = None
+    m, _ = cross_rank([r0, r1], 2)
+    assert m["ranks.slowest_extra_part"] is None and m["ranks.slowest_extra_device_ms"] is None
+    assert _straggler_verdict(v, m, own, 1)["summary"] == "Straggler: rank 1 ... Rank 1 itself: Input-bound (CPU): ..."
+
+
 def test_waits_unknown_without_a_trace():
     m, rows = cross_rank([RankInput(0, 10.0, None), RankInput(1, 10.5, None)], 2)
     assert m["ranks.wait_cause"] is None and m["ranks.slowest_rank"] is None
@@ -527,6 +572,14 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     c = console(file=io.StringIO(), width=300)
     render_ranks(c, sec)
     assert "every rank waits at least 2% of the step (the transfer)" in c.file.getvalue()
+    # ranks that all-reduce but ran different numbers of steps (a user trial: Join, rank 1 with 70%
+    # of the batches) are said to; one step apart is a stop mid-step, not uneven inputs
+    assert ("the ranks ran different numbers of steps (rank 0 29, rank 1 79): uneven inputs (a rank that ran out "
+            "of batches joined, under torch.distributed.algorithms.Join, or left)") in c.file.getvalue()
+    sec["per_rank"][1]["steps"] = 30
+    c = console(file=io.StringIO(), width=300)
+    render_ranks(c, sec)
+    assert "different numbers of steps" not in c.file.getvalue()
 
 
 def test_the_html_rank_table_has_the_terminals_columns():

@@ -71,7 +71,10 @@ NAMES = ("ranks.count", "ranks.world_size", "ranks.step_time_spread", "ranks.slo
          "ranks.slowest_ratio", "ranks.comm_wait_share_mean", "ranks.network_wait_share",
          "ranks.straggler_wait_share", "ranks.straggler_wait_share_max", "ranks.straggler_consistent",
          "ranks.paired_steps", "ranks.slowest_last_wait_share", "ranks.slowest_last_steps", "ranks.slowest_runq_excess",
-         "ranks.slowest_extra_cpu_share", "ranks.others_wait_share", "ranks.wait_cause")
+         "ranks.slowest_extra_cpu_share", "ranks.others_wait_share", "ranks.wait_cause",
+         "ranks.slowest_extra_device_ms", "ranks.slowest_extra_input_ms", "ranks.slowest_extra_host_ms",
+         "ranks.slowest_extra_part")
+PARTS = ("device", "input", "host")    # own work by what it is (the share.* names): compute, data loading, the rest
 
 
 @dataclass
@@ -82,6 +85,7 @@ class RankInput:
     steps: dict[str, tuple[float, float]] = field(default_factory=dict)   # step label -> (dur ms, wait ms)
     runq_ms: float | None = None          # mean run-queue wait of the step's thread per profiled step
     cpu_ms: float | None = None           # mean CPU time of the step's thread per profiled step
+    parts_ms: dict[str, float] | None = None   # own work per traced step by part (PARTS): share.* x the traced step
 
 
 @dataclass
@@ -130,6 +134,7 @@ def cross_rank(ranks: list[RankInput], world_size: int | None = None) -> tuple[d
     contention = _contention(ranks, slow.rank)
     out["ranks.slowest_runq_excess"] = contention
     extra_cpu = out["ranks.slowest_extra_cpu_share"] = _extra_cpu_share(ranks, slow.rank)
+    out.update(_extra_parts(ranks, slow.rank))
     more_work = extra_cpu is not None and extra_cpu >= MATERIAL and extra_cpu >= nw
     if (consistent and st >= MATERIAL and st >= nw and contention is not None and contention >= CONTENTION
             and not more_work):
@@ -171,6 +176,26 @@ def _extra_cpu_share(ranks: list[RankInput], slow: int) -> float | None:
     if any(r.cpu_ms is None for r in ranks) or not by[slow].step_ms:
         return None
     return max(0.0, by[slow].cpu_ms - fmean(by[k].cpu_ms for k in by if k != slow)) / by[slow].step_ms
+
+
+def _extra_parts(ranks: list[RankInput], slow: int) -> dict:
+    """What the slowest rank's extra own work is made of: per part (compute, data loading, other
+    host time) its ms per traced step beyond the other ranks' mean, and the part that holds at
+    least half of the extra (the sum of the parts that grew), else None (no part dominates, or
+    the parts are unknown). A rank with 4x the batch is slower in its compute and in its loading:
+    the part that holds most of the difference is what to fix, whatever its own verdict names."""
+    out = {f"ranks.slowest_extra_{p}_ms": None for p in PARTS} | {"ranks.slowest_extra_part": None}
+    by = {r.rank: r for r in ranks}
+    if len(by) < 2 or any(not r.parts_ms or any(r.parts_ms.get(p) is None for p in PARTS) for r in ranks):
+        return out
+    extra = {p: by[slow].parts_ms[p] - fmean(by[k].parts_ms[p] for k in by if k != slow) for p in PARTS}
+    for p, v in extra.items():
+        out[f"ranks.slowest_extra_{p}_ms"] = v
+    grown = sum(v for v in extra.values() if v > 0)
+    top = max(PARTS, key=extra.get)
+    if grown > 0 and extra[top] >= 0.5 * grown:
+        out["ranks.slowest_extra_part"] = top
+    return out
 
 
 def _paired_busy(ranks: list[RankInput]) -> list[dict[int, float]]:

@@ -68,7 +68,9 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         if near < conf:
             conf = near
             cpu = m.get("trace.platform") == "cpu"
-            notes.append(f"the {'CPU ops' if cpu else 'device'} run {sh['device']:.0%} of the step, near the 80% "
+            # at or over the line (a verdict that comes before the device's, as PD115's or PD117's)
+            where = "near the 80%" if sh["device"] < 0.8 else "at or over the 80%"
+            notes.append(f"the {'CPU ops' if cpu else 'device'} run {sh['device']:.0%} of the step, {where} "
                          f"that would make the step {'compute-bound' if cpu else 'device-bound'}")
     if m.get("steps.source") != "ProfilerStep":
         conf = min(conf, 0.5)

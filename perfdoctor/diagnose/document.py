@@ -104,8 +104,15 @@ def _verdict_doc(d: Diagnosis, m: dict) -> dict:
     conf, notes, secondary = confidence(bound, m)
     return {"bound": bound, "rule": v.rule.id if v else None, "title": v.rule.title if v else "Inconclusive",
             "confidence": conf, "confidence_label": label(conf),
-            "summary": v.summary if v else "No verdict rule applies to this trace (the numbers it needs are unknown).",
+            "summary": v.summary if v else _no_verdict(m),
             "evidence": v.evidence if v else {}, "secondary": secondary, "notes": notes}
+
+
+def _no_verdict(m: dict) -> str:
+    if m.get("trace.events") is None:       # a run without a trace (--no-trace): its step timings alone
+        return ("No verdict rule applies to the step timings alone (no trace: the step breakdown the other "
+                "verdicts need is unknown).")
+    return "No verdict rule applies to this trace (the numbers it needs are unknown)."
 
 
 def _flag_doc(f: Finding) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
-from perfdoctor.analyze.straggler import RankInput, cross_rank
+from perfdoctor.analyze.straggler import PARTS, RankInput, cross_rank
 from perfdoctor.collect.ranks import rank_dirs
 from perfdoctor.diagnose.confidence import label
 from perfdoctor.diagnose.live import StepsOnly, diagnose_dir
@@ -31,6 +31,7 @@ from perfdoctor.errors import PerfdoctorError
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
+from perfdoctor.rules.model import target_of
 
 
 def diagnose_ranks(run_dir: str | Path, rule_dirs: list[str] | None = None) -> dict:
@@ -123,7 +124,11 @@ def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:
     so what limits that rank limits the job: a rank starved by its data loading makes an
     input-bound job, not a communication-bound one), with the straggler's summary first and the
     waiting ranks' collective wait as the secondary cause. When the slow rank's own verdict is
-    communication or inconclusive the straggler stays a communication-bound verdict.
+    communication or inconclusive the straggler stays a communication-bound verdict. What the
+    slow rank does more of than the others (analyze/straggler.py, ranks.slowest_extra_part:
+    compute, data loading or other host time) is said, and where it is not what the rank's own
+    verdict names (that verdict names the largest share of its step: a rank given 4x the batch
+    reads input-bound by its data wait, though its compute grew more), the job is bound by it.
 
     Confidence as diagnose/confidence.py for a cause against its runner-up: 0.4 when the wait for
     the straggler ties the wait every rank has (the transfer), 1.0 when it is at least twice that;
@@ -135,10 +140,37 @@ def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:
     if bound in (None, "inconclusive"):
         return v
     v = _no_surer(v, own, rank)
+    extra, part = _extra_text(m), m.get("ranks.slowest_extra_part")
+    itself = f"Rank {rank} itself: {own.get('summary', '')}".rstrip()
+    if part is not None and part != target_of(bound):
+        # its own verdict names the largest share of its step, not what it does more of than the
+        # others (4x the batch: its data wait outgrows the transfer, its compute grows more)
+        return {**v, "bound": part, "secondary": ["communication"], "summary": _join(v["summary"], extra, itself)}
     if bound == "communication":
-        return v
-    return {**v, "bound": bound, "secondary": ["communication"],
-            "summary": f"{v['summary']} Rank {rank} itself: {own.get('summary', '')}".rstrip()}
+        return {**v, "summary": _join(v["summary"], extra)}
+    return {**v, "bound": bound, "secondary": ["communication"], "summary": _join(v["summary"], extra, itself)}
+
+
+def _join(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
+
+
+PART_WORDS = {"device": "compute", "input": "data loading", "host": "other host time"}
+
+
+def _extra_text(m: dict) -> str:
+    """'Its own work beyond rank 0's: compute +17.5 ms a traced step, data loading +9.9 ms, other host
+    time +2.6 ms: mostly compute.' ('' when the parts are unknown.)"""
+    extra = {p: m.get(f"ranks.slowest_extra_{p}_ms") for p in PARTS}
+    if any(v is None for v in extra.values()):
+        return ""
+    order = sorted(PARTS, key=lambda p: -abs(extra[p]))
+    items = [f"{PART_WORDS[p]} {extra[p]:+.1f} ms" + (" a traced step" if i == 0 else "") for i, p in enumerate(order)]
+    whom = (f"rank {m['ranks.fastest_rank']:.0f}'s" if m.get("ranks.count") == 2 and m.get("ranks.fastest_rank") is not None
+            else "the other ranks' mean")
+    part = m.get("ranks.slowest_extra_part")
+    tail = f": mostly {PART_WORDS[part]}" if part else ": no part holds most of it"
+    return f"Its own work beyond {whom}: {', '.join(items)}{tail}."
 
 
 def _no_surer(v: dict, own: dict, rank: int) -> dict:
@@ -158,7 +190,10 @@ def _no_surer(v: dict, own: dict, rank: int) -> dict:
 def _straggler_confidence(v: dict, m: dict) -> dict:
     st, nw = m["ranks.others_wait_share"], m["ranks.network_wait_share"]
     conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
-    notes = [n for n in v.get("notes", []) if "untraced host time" not in n]
+    # the single-rank confidence's notes on how near its cause is to another (the device line)
+    # judged a communication-bound rank; the straggler's confidence replaces them
+    notes = [n for n in v.get("notes", []) if "untraced host time" not in n and "of the step, near the 80%" not in n
+             and "of the step, at or over the 80%" not in n]
     if (m.get("ranks.paired_steps") or 0) < 5:
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('ranks.paired_steps')} profiled steps paired across the ranks")
@@ -178,7 +213,17 @@ def _rank_input(rank: int, doc: dict, runq_ms: float | None, cpu_ms: float | Non
         bd = s.get("breakdown_ms") or {}
         if s.get("duration_ms") and bd.get("communication") is not None:
             steps[str(s.get("label"))] = (s["duration_ms"], bd["communication"])
-    return RankInput(rank, step, wait, steps, runq_ms, cpu_ms)
+    return RankInput(rank, step, wait, steps, runq_ms, cpu_ms, _parts_ms(m) if t.get("steps") else None)
+
+
+def _parts_ms(m: dict) -> dict[str, float] | None:
+    """The rank's own work per traced step by part: share.device, share.input and share.host of its
+    traced mean step (None when a share or the traced step is unknown)."""
+    step = m.get("steps.time_mean_ms")
+    shares = {p: m.get(f"share.{p}") for p in PARTS}
+    if not isinstance(step, (int, float)) or any(not isinstance(v, (int, float)) for v in shares.values()):
+        return None
+    return {p: v * step for p, v in shares.items()}
 
 
 def _sched_ms(d: Path) -> tuple[float | None, float | None]:
@@ -217,7 +262,9 @@ def _run_section(run_dir: Path, base: dict, infos: list[dict], docs: list[dict])
     notes += [f"rank {i['rank']} exited with code {c}" + (f" ({why})" if (why := consequence(i, d)) else "")
               for i, d in zip(infos, docs) if (c := rank_exit_code(i, d))]
     if hint := uneven_hint(infos, docs):
-        notes.append(hint)
+        # first: the terminal shows one note by default, and the header names the rank that
+        # failed in its collective, not the rank that ran out of batches before it
+        notes.insert(0, hint)
     world = max((i.get("world_size") or 0 for i in infos), default=0)
     if world and len(infos) < world:
         missing = sorted(set(range(world)) - {i["rank"] for i in infos})

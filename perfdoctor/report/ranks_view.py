@@ -76,12 +76,19 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
     elif cause == "network" and (m.get("ranks.straggler_wait_share_max") or 0) >= MATERIAL:
         # the transfer is the larger part, not all of it: a rank waits that much more than the others
         line += (f"; the waits differ by up to {_pct(m['ranks.straggler_wait_share_max'])} of the step: rank "
-                 f"{m['ranks.slowest_rank']} is also slower than the others")
+                 f"{m['ranks.slowest_rank']} is also slower than the "
+                 + ("other" if sec.get("count") == 2 else "others"))
     elif cause == "straggler":
         line += f" (*): rank {sec.get('slowest_rank')}"
     line += uneven_detail(m)
-    return [(line, False),
-            (f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
-             f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
-             + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
-             True)]
+    out = [(line, False),
+           (f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
+            f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
+            + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
+            True)]
+    if steps and max(steps) - min(steps) > 1:       # one step apart: ranks stopped mid-step, not uneven data
+        counts = ", ".join(f"rank {r['rank']} {r['steps']}" for r in sec["per_rank"] if isinstance(r.get("steps"), int))
+        out.append((f"  the ranks ran different numbers of steps ({counts}): uneven inputs (a rank that ran out of "
+                    "batches joined, under torch.distributed.algorithms.Join, or left); each rank's figures are "
+                    "over its own steps", False))
+    return out
