@@ -96,7 +96,7 @@ def test_a_trace_the_profiler_slowed_several_fold_is_not_firm():
     """A 1 ms CPU step traced at 6 ms: most of the traced step is the profiler's per-op cost, so
     the host share it shows is not the un-profiled step's: medium at most, and said why."""
     m = {"share.device": 0.575, "share.input": 0.0, "share.host": 0.425, "share.communication": 0.0,
-         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu"}
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu", "cpu.small_op_share": 0.5}
     firm = confidence("host", m)[0]
     assert firm == 1.0
     conf, notes, _ = confidence("host", {**m, "run.trace_inflation": 5.96, "steps.time_mean_ms": 6.01,
@@ -143,13 +143,22 @@ def test_one_long_step_in_the_trace_is_not_blamed_on_the_profiler():
 
 
 def test_a_verdict_just_under_the_device_line_is_not_firm():
-    """Host-bound at 79.8% CPU ops (host 13%, input 2%) is a few points from device-bound: the
-    margin over the input share says 0.94, the device line says low."""
+    """Host-bound at 79.8% CPU ops (host 13%, input 2%; most ops tiny, so their compute is far
+    under PD102's 50%) is a few points from device-bound: the margin over the input share says
+    0.94, the device line says low."""
     m = {"share.device": 0.798, "share.input": 0.02, "share.host": 0.13, "share.communication": 0.0,
-         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu"}
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu", "cpu.small_op_share": 0.6}
     conf, notes, _ = confidence("host", m)
     assert conf == pytest.approx(0.41, abs=0.01) and any("near the 80%" in n and "CPU ops run 80%" in n for n in notes)
-    assert confidence("host", {**m, "share.device": 0.65, "share.host": 0.28})[0] == 1.0     # far from it
+    assert confidence("host", {**m, "share.device": 0.65, "share.host": 0.28})[0] == 1.0     # far from both lines
+    # the CPU's own line: ops of 20 us or more at 46% of the step, 4 points under PD102's 50%
+    conf, notes, _ = confidence("host", {**m, "share.device": 0.56, "cpu.small_op_share": 0.1, "share.host": 0.42})
+    assert conf == pytest.approx(0.64) and notes == ["the CPU ops of 20 us or more run 46% of the step, near the 50% "
+                                                     "that would make the step compute-bound"]
+    # compute-bound by that line: firm ten points over it, as a device-bound GPU step at 90%
+    assert confidence("device", {**m, "share.device": 0.62, "cpu.small_op_share": 0.02, "share.host": 0.36})[0] == 1.0
+    assert confidence("device", {**m, "share.device": 0.55, "cpu.small_op_share": 0.0, "share.host": 0.45})[0] \
+        == pytest.approx(0.8)
     # a verdict that comes before the device's (a straggler's: communication on a rank whose ops
     # ran 88%, a user trial) is over the line, not near it
     _, over, _ = confidence("communication", {**m, "share.device": 0.88, "share.host": 0.02, "share.communication": 0.09})

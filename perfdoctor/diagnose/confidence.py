@@ -1,10 +1,11 @@
 """How sure a verdict is: the margin over the runner-up, weakened where evidence is thin.
 
 The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says how firmly.
-- device-bound: 0.6 at the 80% line, rising to 1.0 at 90% device busy;
+- device-bound: 0.6 at the 80% line, rising to 1.0 at 90% device busy (on the CPU also 0.6 at
+  the 50% line of the ops of 20 us or more, PD102's, rising to 1.0 at 60%);
 - input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
-  is at least twice the runner-up; and at most 0.4 just under the 80% device line, rising to
-  1.0 at 70% (a verdict that a few points of device time would flip is not firm);
+  is at least twice the runner-up; and at most 0.4 just under the 80% device line (or the CPU's
+  50% compute line), rising to 1.0 ten points under it (a verdict that a few points of device time would flip is not firm);
 - capped at 0.5 for fallback steps, 0.6 for fewer than 3 steps (noted whatever marked them)
   or a truncated file, 0.5 when a live run's steady data wait and the traced one differ by 10
   points or more, 0.5 when the profiler made the traced steps twice as long as the steady ones
@@ -23,6 +24,7 @@ from __future__ import annotations
 from perfdoctor.analyze.launches import CLOCK_SHARE
 
 CAUSES = ("input", "host", "communication")
+CPU_COMPUTE = 0.5    # PD102: a CPU step whose compute (ops of 20 us or more) is half of it is compute-bound
 # Traced steps this many times as long as the steady ones: at least half of a traced step is the
 # profiler's own per-op cost (tiny ops: a 1 ms CPU step traced at 6.6 ms), so its shares are not
 # the un-profiled step's.
@@ -55,8 +57,13 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
             notes.append("the trace file was cut off before any step was complete, so no step is judged "
                          "(a step cut short shows only its first events); record the trace again")
         return 0.0, notes, []           # nothing judged: no cause is "also significant" either
+    cpu = m.get("trace.platform") == "cpu"
+    # on the CPU the step is also compute-bound when its compute (ops less the small ones, mostly
+    # dispatch) is half of it (PD102): the margin over either line counts
+    compute = sh["device"] - (m.get("cpu.small_op_share") or 0.0) if cpu else None
     if bound == "device":
-        conf = 0.6 + 0.4 * min(1.0, max(0.0, sh["device"] - 0.8) / 0.1)
+        over = max(sh["device"] - 0.8, compute - CPU_COMPUTE if compute is not None else -1.0)
+        conf = 0.6 + 0.4 * min(1.0, max(0.0, over) / 0.1)
     else:
         others = [sh[c] for c in CAUSES if c != cause]
         top, runner = sh.get(cause, 0.0), max(others)
@@ -64,13 +71,18 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         conf = 0.4 + 0.6 * min(1.0, margin / 0.5)
         # the other side of the device line: 0.4 just under 80% busy, firm from 70% down, as a
         # device-bound verdict is 0.6 at the line and firm at 90%
-        near = 0.4 + 0.6 * min(1.0, max(0.0, 0.8 - sh["device"]) / 0.1)
+        under = 0.8 - sh["device"]
+        closer = compute is not None and CPU_COMPUTE - compute < under
+        if closer:
+            under = CPU_COMPUTE - compute
+        near = 0.4 + 0.6 * min(1.0, max(0.0, under) / 0.1)
         if near < conf:
             conf = near
-            cpu = m.get("trace.platform") == "cpu"
             # at or over the line (a verdict that comes before the device's, as PD115's or PD117's)
-            where = "near the 80%" if sh["device"] < 0.8 else "at or over the 80%"
-            notes.append(f"the {'CPU ops' if cpu else 'device'} run {sh['device']:.0%} of the step, {where} "
+            line, share = (CPU_COMPUTE, compute) if closer else (0.8, sh["device"])
+            what = "CPU ops of 20 us or more" if closer else "CPU ops" if cpu else "device"
+            where = f"near the {line:.0%}" if under > 0 else f"at or over the {line:.0%}"
+            notes.append(f"the {what} run {share:.0%} of the step, {where} "
                          f"that would make the step {'compute-bound' if cpu else 'device-bound'}")
     if m.get("steps.source") != "ProfilerStep":
         conf = min(conf, 0.5)

@@ -192,8 +192,8 @@ def _straggler_confidence(v: dict, m: dict) -> dict:
     conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
     # the single-rank confidence's notes on how near its cause is to another (the device line)
     # judged a communication-bound rank; the straggler's confidence replaces them
-    notes = [n for n in v.get("notes", []) if "untraced host time" not in n and "of the step, near the 80%" not in n
-             and "of the step, at or over the 80%" not in n]
+    notes = [n for n in v.get("notes", []) if "untraced host time" not in n
+             and not ("of the step, " in n and "that would make the step" in n)]
     if (m.get("ranks.paired_steps") or 0) < 5:
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('ranks.paired_steps')} profiled steps paired across the ranks")
