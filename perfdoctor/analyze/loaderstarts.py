@@ -25,6 +25,36 @@ With persistent workers all of that is a reset of the sampler.
 Both are None when the run did not time iterator starts (an older run); loop.peek_share is None
 when a generation called a peek drew again later (two iterators of one loader used in turn: not a
 peek, and which steps hold the error is unknown).
+
+What each fix leaves of that time (kept_metrics, with F = loader.fetch_wall_ms, a batch's making
+in a worker with its waits for a CPU, and W workers):
+
+    loop.peek_kept_share = sum(npeek_first) x F / W / steady wall time
+
+keeping one iterator, its W workers still make the batch each step draws, one every F / W: the
+step that waited for a fresh iterator's first batch waits for that (a 2-core VM, 2 workers, 32 ms
+of CPU per batch, measured 145 ms a batch with the queueing: keeping one iterator measured 3.4x
+where the start's whole first-batch wait leaving claimed 5.4x).
+
+    loader.persistent_kept_share = sum(nfirst x max(0, F - usual wait) + (npeek_first + peek_batches) x P x F) / steady wall time
+
+persistent workers still make each new iterator's first batch while the trainer waits (F, of
+which restart_share counts what is beyond the usual wait for a batch), and an
+iterator dropped before it ran out leaves P (prefetch_factor, torch's default 2) batches queued in
+each worker, which a persistent worker makes before it takes the reset (torch's _reset waits for
+every worker's acknowledgement): P x F more. (A peek draws one batch: peek_batches counts the peeks
+of the step.) The same VM: persistent workers with an iterator re-created every step measured
+1.14x where the starts' whole time leaving claimed 3.7x.
+
+    loop.peek_every_step = the steady steps holding a start of an iterator re-created every step / the steady steps
+
+such a step also forks the workers, which slows the rest of the step by an amount the run does
+not measure (a probe on the 2-core VM, 2 workers: the forward, backward and optimizer step took
+3-6x as long in steps that re-created the iterator as with one kept, its page faults 339 a step
+against 5; which of the faults, the exiting workers or the queue threads costs it is not
+measured): the rules' ceilings leave that share of the rest of the step open.
+None (each) when the run did not time starts; the kept shares also when F is unknown and there
+were starts with workers.
 """
 
 from __future__ import annotations
@@ -32,6 +62,15 @@ from __future__ import annotations
 from perfdoctor.analyze.stepwait import positive, timed_steps
 
 NAMES = ("loop.peek_share", "loop.peek_batches", "loader.restart_share", "loader.restarting")
+KEPT = ("loop.peek_kept_share", "loader.persistent_kept_share", "loop.peek_every_step")
+PREFETCH_DEFAULT = 2  # torch DataLoader prefetch_factor with workers
+
+
+def usual_wait(recs: list[dict]) -> float:
+    """The median wait per batch of the steps that started no iterator (0 when every step did)."""
+    plain = sorted(positive(s.get("wait")) / s["batches"] for s in recs
+                   if not positive(s.get("nfirst")) and isinstance(s.get("batches"), (int, float)) and s["batches"] > 0)
+    return plain[len(plain) // 2] if plain else 0.0
 
 
 def start_metrics(steady: list[dict], info: dict | None) -> dict:
@@ -43,9 +82,7 @@ def start_metrics(steady: list[dict], info: dict | None) -> dict:
         return out
     restarting = info.get("restarting")
     out["loader.restarting"] = restarting if isinstance(restarting, bool) else None
-    plain = sorted(positive(s.get("wait")) / s["batches"] for s in recs
-                   if not positive(s.get("nfirst")) and isinstance(s.get("batches"), (int, float)) and s["batches"] > 0)
-    usual = plain[len(plain) // 2] if plain else 0.0
+    usual = usual_wait(recs)
     peek = sum(positive(s.get("peek")) + max(0.0, positive(s.get("peek_first")) - positive(s.get("npeek_first")) * usual)
                for s in recs)
     starts = sum(positive(s.get("istart")) + positive(s.get("ishut"))
@@ -55,6 +92,35 @@ def start_metrics(steady: list[dict], info: dict | None) -> dict:
     if not info.get("relabelled"):
         out["loop.peek_share"] = min(1.0, peek / total)
         out["loop.peek_batches"] = batches
+    return out
+
+
+def kept_metrics(steady: list[dict], info: dict | None, fetch_wall_ms: float | None) -> dict:
+    """What keeping one iterator and persistent workers leave of the starts' time (module doc)."""
+    out = dict.fromkeys(KEPT)
+    if not isinstance(info, dict) or info.get("installed") is not True:
+        return out
+    recs, total = timed_steps(steady)
+    if total <= 0 or not recs:
+        return out
+    every = sum(1 for s in recs if positive(s.get("npeek_first")) > 0)
+    out["loop.peek_every_step"] = every / len(recs)
+    workers = info.get("workers")
+    workers = workers if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 else 0
+    if workers == 0:
+        out["loop.peek_kept_share"] = out["loader.persistent_kept_share"] = 0.0
+        return out
+    if not isinstance(fetch_wall_ms, (int, float)) or isinstance(fetch_wall_ms, bool) or fetch_wall_ms < 0:
+        return out
+    f = fetch_wall_ms / 1e3
+    pf = info.get("prefetch")
+    pf = pf if isinstance(pf, int) and not isinstance(pf, bool) and pf > 0 else PREFETCH_DEFAULT
+    peek_first = sum(positive(s.get("npeek_first")) for s in recs)
+    dropped = sum(positive(s.get("npeek_first")) + positive(s.get("peek_batches")) for s in recs)
+    firsts = sum(positive(s.get("nfirst")) for s in recs)
+    out["loop.peek_kept_share"] = min(1.0, peek_first * f / workers / total)
+    first = max(0.0, f - usual_wait(recs))   # restart_share counts the first batch beyond the usual wait
+    out["loader.persistent_kept_share"] = min(1.0, (firsts * first + dropped * pf * f) / total)
     return out
 
 
