@@ -13,8 +13,8 @@ the collate), without the handing over to the trainer (shared memory, pickling, 
 
     loader.fetch_wall_ms = sum(wall_s - shm_s) / sum(batches)
 
-what one batch takes a worker on this machine as it is, its waits for a CPU included: the pace
-at which a worker that has to make a batch while the trainer waits hands it over (PD355, PD356).
+what one batch takes a worker on this machine as it is, its waits for a CPU included: the
+workers' own pace, which batches the trainer throws away (fresh workers' first ones) slow too.
 
     loader.fetch_share = loader.fetch_ms x (batches the steady steps drew) / steady wall time
 
