@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
+from perfdoctor.analyze.loaderstarts import kept_metrics, kept_pace_ms, start_metrics, without_peeks
 from perfdoctor.collect.loaderiters import LoaderIters
 from runs import prun_script
 
@@ -188,6 +188,65 @@ def test_an_iterator_re_created_every_step_wastes_its_start_shutdown_and_first_w
     assert m["loop.peek_share"] == pytest.approx(10 * (0.035 + 0.022 + 0.020) / (10 * 0.250))
 
 
+def test_what_a_kept_iterator_and_persistent_workers_still_cost():
+    """A 2-core VM trial, `next(iter(loader))` every step, 2 workers, 32 ms of CPU a batch taking
+    143.5 ms queued as the training thread was (76% of its runnable time): keeping one iterator
+    measured 3.42x, persistent workers 1.14x. A kept iterator's workers still make each step's
+    batch, one every 143.5 / 2 ms; persistent workers still make each new iterator's first batch
+    and, before taking the reset, the rest of the 2 batches queued in each worker for the dropped
+    iterator (the first in the making since that iterator's first batch)."""
+    info = {"installed": True, "relabelled": 0, "restarting": True, "workers": 2, "prefetch": 2}
+    step = {"dur": 0.543, "wait": 0.256, "batches": 1, "istart": 0.091, "ishut": 0.093, "ifirst": 0.256,
+            "nfirst": 1, "peek": 0.184, "peek_start": 0.091, "peek_batches": 0, "peek_first": 0.256, "npeek_first": 1}
+    m = kept_metrics([step] * 20, info, 143.5)
+    assert m["loop.peek_every_step"] == 1.0
+    assert m["loop.peek_kept_share"] == pytest.approx(0.1435 / 2 / 0.543)
+    assert m["loader.persistent_kept_share"] == pytest.approx((0.1435 + 1 * 0.1435) / 0.543)
+    # prefetch_factor=3: one more queued batch a worker to drain
+    m3 = kept_metrics([step] * 20, {**info, "prefetch": 3}, 143.5)
+    assert m3["loader.persistent_kept_share"] == pytest.approx((0.1435 + 2 * 0.1435) / 0.543)
+    # an epoch loop: the starts' first batch counts beyond the usual wait (10 ms); nothing dropped
+    epoch = {"dur": 0.300, "wait": 0.150, "batches": 1, "istart": 0.1, "ishut": 0.02, "ifirst": 0.150, "nfirst": 1}
+    plain = {"dur": 0.050, "wait": 0.010, "batches": 1}
+    m = kept_metrics([epoch] + [plain] * 9, info, 40.0)
+    assert m["loop.peek_every_step"] == 0.0 and m["loop.peek_kept_share"] == 0.0
+    assert m["loader.persistent_kept_share"] == pytest.approx((0.040 - 0.010) / (0.300 + 9 * 0.050))
+    # no workers: nothing kept; the batch's pace unknown: unknown; an older run: unknown
+    assert kept_metrics([step] * 3, {**info, "workers": 0}, None)["loader.persistent_kept_share"] == 0.0
+    assert kept_metrics([step] * 3, info, None)["loop.peek_kept_share"] is None
+    assert kept_metrics([step] * 3, None, 143.5) == dict.fromkeys(m)
+
+
+def test_fresh_workers_first_batches_after_the_start_step_count_as_the_start():
+    """A 2-core VM, 2 workers, 10-batch epochs: the step after each start waited 22 ms for the
+    second worker's first batch against 2.4 ms usually; persistent workers measured 5.0x where
+    the start step alone claimed 2.4x under a 2.9x ceiling."""
+    info = {"installed": True, "relabelled": 0, "restarting": True, "workers": 2}
+    start = {"dur": 0.172, "wait": 0.029, "batches": 1, "istart": 0.079, "ishut": 0.060, "ifirst": 0.029, "nfirst": 1}
+    second = {"dur": 0.024, "wait": 0.022, "batches": 1}
+    plain = {"dur": 0.003, "wait": 0.0024, "batches": 1}
+    epoch = [start, second] + [plain] * 8
+    total = 0.172 + 0.024 + 8 * 0.003
+    m = start_metrics(epoch * 3, info)
+    own = 0.079 + 0.060 + 0.029 - 0.0024
+    assert m["loader.restart_share"] == pytest.approx((own + 0.022 - 0.0024) / total)
+    # one worker: its first batch is the start's own; 4 workers: the 3 steps after the start
+    assert start_metrics(epoch * 3, {**info, "workers": 1})["loader.restart_share"] == pytest.approx(own / total)
+    four = start_metrics(([start, second, second, second] + [plain] * 6) * 3, {**info, "workers": 4})
+    assert four["loader.restart_share"] == pytest.approx((own + 3 * (0.022 - 0.0024)) / (0.172 + 3 * 0.024 + 6 * 0.003))
+
+
+def test_a_kept_iterators_batch_pace_is_its_work_queued_as_the_trainer_is():
+    """Fresh workers queue behind the batches they make and the trainer throws away (131.5 ms a
+    32 ms batch on the VM): the pace for a kept iterator is the batch's work queued as the training
+    thread is (63.8% of its runnable time queued: 93 ms; a kept iterator measured 40-60 ms a step,
+    persistent workers' first batch and drain about 75 ms a batch)."""
+    assert kept_pace_ms(33.7, 0.638, 131.5) == pytest.approx(33.7 / 0.362)
+    assert kept_pace_ms(33.7, None, 131.5) == 131.5                   # the trainer's queueing unknown
+    assert kept_pace_ms(33.7, 0.999, None) == pytest.approx(33.7 / 0.05)   # a stalled thread: capped
+    assert kept_pace_ms(None, 0.5, None) is None
+
+
 RE_CREATED_SCRIPT = """
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -223,3 +282,10 @@ def test_a_run_that_re_creates_its_iterator_every_step_is_told_to_keep_one_first
     assert m["loop.peek_share"] > 0.75 * m["loader.restart_share"] > 0.2       # one step apart at the window's edges
     gains = {f["id"]: f["gain"]["expected"] for f in doc["findings"] if f["id"] in ("PD355", "PD356")}
     assert gains["PD355"] > gains["PD356"], gains
+    # every step forks the workers, which slows the rest of the step by an amount not measured:
+    # no ceiling (a trial on this VM measured 14x and 39x against ceilings of 2.4x and 4.5x)
+    assert m["loop.peek_every_step"] > 0.9
+    assert 0 <= m["loop.peek_kept_share"] < 0.1 * m["loop.peek_share"]        # cheap batches: little stays
+    assert m["loader.fetch_wall_ms"] >= m["loader.fetch_ms"] > 0
+    ceilings = {f["id"]: f["gain"]["ceiling"] for f in doc["findings"] if f["id"] in ("PD355", "PD356")}
+    assert ceilings == {"PD355": None, "PD356": None}, ceilings

@@ -11,6 +11,11 @@ stacks the batch into. Each worker's last line holds its totals (`batches`, `wal
 what making one batch costs on a core of its own (the dataset's CPU work, any wait on storage,
 the collate), without the handing over to the trainer (shared memory, pickling, the queue).
 
+    loader.fetch_wall_ms = sum(wall_s - shm_s) / sum(batches)
+
+what one batch takes a worker on this machine as it is, its waits for a CPU included: the
+workers' own pace, which batches the trainer throws away (fresh workers' first ones) slow too.
+
     loader.fetch_share = loader.fetch_ms x (batches the steady steps drew) / steady wall time
 
 what the steady steps' batches would cost a trainer that made them itself (num_workers=0), as a
@@ -37,7 +42,7 @@ from __future__ import annotations
 from perfdoctor.analyze.stepwait import positive, timed_steps
 from perfdoctor.analyze.system import other_cores
 
-NAMES = ("loader.fetch_ms", "loader.fetch_share", "run.outside_loader_share")
+NAMES = ("loader.fetch_ms", "loader.fetch_wall_ms", "loader.fetch_share", "run.outside_loader_share")
 
 
 def last_per_worker(lines: list[dict]) -> list[dict]:
@@ -68,6 +73,8 @@ def fetch_metrics(steady: list[dict], lines: list[dict]) -> dict:
                for w in workers)
     per_batch = cost / batches
     out["loader.fetch_ms"] = 1e3 * per_batch
+    wall = sum(max(0.0, positive(w.get("wall_s")) - positive(w.get("shm_s"))) for w in workers)
+    out["loader.fetch_wall_ms"] = 1e3 * wall / batches
     drawn = sum(positive(s.get("batches")) for s in recs)
     out["loader.fetch_share"] = per_batch * drawn / total
     return out

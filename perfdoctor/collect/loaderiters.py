@@ -56,7 +56,7 @@ class LoaderIters:
         self.thread = threading.get_ident()     # the thread that runs the steps
         self._reset()
         self.last: dict[int, Generation] = {}   # id(loader) -> its current generation
-        self.loaders: dict[int, dict] = {}      # id(loader) -> {"workers", "persistent"} (its first start's)
+        self.loaders: dict[int, dict] = {}      # id(loader) -> {"workers", "persistent", "prefetch"} (its first start's)
         self.serial = 0                         # take() calls: the step now running
         self.peeks = 0
         self.relabelled = 0
@@ -128,8 +128,10 @@ class LoaderIters:
             self.peek_start += prev.start_s
             self.peeks += 1
         if key not in self.loaders:
+            pf = getattr(loader, "prefetch_factor", None)
             self.loaders[key] = {"workers": int(getattr(loader, "num_workers", 0) or 0),
-                                 "persistent": bool(getattr(loader, "persistent_workers", False))}
+                                 "persistent": bool(getattr(loader, "persistent_workers", False)),
+                                 "prefetch": pf if isinstance(pf, int) and not isinstance(pf, bool) else None}
         try:                                    # a loop that stops at len(loader) never sees StopIteration
             size = len(loader)
         except Exception:                       # an IterableDataset without __len__
@@ -171,4 +173,5 @@ class LoaderIters:
         return {"installed": self.installed, "loaders": len(loaders), "peeks": self.peeks,
                 "relabelled": self.relabelled,
                 "workers": max((x["workers"] for x in loaders), default=0),
+                "prefetch": max((x["prefetch"] for x in loaders if x.get("prefetch")), default=None),
                 "restarting": any(x["workers"] > 0 and not x["persistent"] for x in loaders)}

@@ -23,7 +23,7 @@ from perfdoctor.analyze.compiletime import compile_run_share
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderkinds import loader_metrics
-from perfdoctor.analyze.loaderstarts import start_metrics, without_peeks
+from perfdoctor.analyze.loaderstarts import kept_metrics, kept_pace_ms, start_metrics, without_peeks
 from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.params import param_metrics
@@ -237,6 +237,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     steady = steps[est.first:est.first + est.n]
     m.update(start_metrics(steady, res.child.get("loader_iters")))
     m.update(fetch_metrics(steady, fetches))
+    pace = kept_pace_ms(m.get("loader.fetch_ms"), m.get("run.runq_runnable_share"), m.get("loader.fetch_wall_ms"))
+    m.update(kept_metrics(steady, res.child.get("loader_iters"), pace))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     m.update(long_step_metrics(steady, profiled(steps)))

@@ -53,7 +53,7 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "optimizer": {"class": STR, "momentum": NUM, "fused": BOOL, "foreach": BOOL, "closure_calls": INT,
                        "tensors": INT, "elements": INT, "large_elements": INT}, "worker_info_used": BOOL,
          "loader_iters": {"installed": BOOL, "loaders": INT, "peeks": INT, "relabelled": INT, "workers": INT,
-                          "restarting": BOOL},
+                          "restarting": BOOL, "prefetch": INT},
          "param_dtypes": {"*": INT},
          "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
                         "passes": INT, "cpu_autocast": STR}}
