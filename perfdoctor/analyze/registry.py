@@ -6,7 +6,7 @@ input is absent from a trace is None ("unknown"), never a made-up number.
 
 Units: share = fraction of wall-clock step time (0..1, summed over the analysed steps);
 fraction = a ratio of two other quantities (0..1); ms / us = time; count; per_step = count
-per step; bytes; bool; str.
+per step; bytes; bool; str. The metrics only `perfdoctor run` measures are in registry_run.py.
 """
 
 from __future__ import annotations
@@ -223,64 +223,6 @@ _m("optimizer.fused_cpu_speedup_low", "ratio", "Low end of optimizer.fused_cpu_s
 _m("optimizer.fused_cpu_speedup_high", "ratio", "High end of optimizer.fused_cpu_speedup's range.")
 _m("gpu.kernel_time_per_step_cv", "fraction", "Variation of kernel time across steady steps (std / mean): varying input sizes keep the kernel count but not the work.")
 _m("gpu.kernels_per_step_cv", "fraction", "Variation of kernel count across steady steps (std / mean): shape or control-flow churn.")
-# -- the live run's step hooks (perfdoctor run; None for a trace alone) -----------------------
-_m("run.steps", "count", "Steps the hooks measured (optimizer steps, or DataLoader iterations without an optimizer).")
-_m("run.step_time_ms", "ms", "Steady-state step time: wall time of the steady window (warm-up, prefetch fill, profiled and post-export steps detected and left out; no step inside dropped) / its steps (perfdoctor/stats/steptime.py).")
-_m("run.step_time_ci95_ms", "ms", "[low, high]: 95% confidence interval of run.step_time_ms (moving-block bootstrap, blocks of whole burst cycles).")
-_m("run.steady_steps", "count", "Steps in the steady window that run.step_time_ms is measured over.")
-_m("run.step_time_conclusive", "bool", "The steady window is long enough to tell (>= 10 steps and >= 3 blocks of 2 burst cycles).")
-_m("run.step_time_median_ms", "ms", "Median step time over the steady window: a secondary figure (with a bursty loader most steps are short and the median is far below run.step_time_ms).")
-_m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step times (secondary figure).")
-_m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")
-_m("run.data_wait_share", "share", "Time inside DataLoader __next__ / wall time of the steady window (every step of it, not only the traced ones).")
-_m("run.runq_share", "share", "Share of the steady steps' wall time the training thread waited in the run queue for a CPU (schedstat): the cost of sharing the cores, with other processes or its own threads.")
-_m("run.traced_runq_share", "share", "Share of the profiled steps' wall time the training thread waited in the run queue for a CPU (schedstat): where it is large, other work took the cores during the trace, and that, not the profiler, made the traced steps long.")
-_m("run.thread_awake_share", "share", "Share of the steady steps' wall time the training thread was runnable, on a CPU or queued for one: sum(cpu + runq) / sum(dur) (the thread's CPU clock and schedstat). The rest it slept (a wait, a lock, storage, time.sleep): removing the thread's own work (its Python, dispatch) saves at most this. None for runs recorded before the CPU clock was used.")
-_m("run.runq_runnable_share", "fraction", "Share of the training thread's runnable time (on a CPU or queued for one) in the steady steps that it spent queued: sum(runq) / sum(cpu + runq) from schedstat. A step's own work took about 1 / (1 - this) as long as it would on cores of its own.")
-_m("input.wait_busy_share", "share", "Of the training thread's data wait over the steady window, the share it provably spent awake (on a CPU or queued for one: the loading work itself, or receiving batches from workers) rather than asleep waiting on them: a lower bound from schedstat per step (perfdoctor/analyze/stepwait.py); None without schedstat or with under 1% wait.")
-_m("run.all_steps_wait_share", "share", "Time inside DataLoader __next__ / wall time of every measured step, warm-up included: what a run too short for a steady window still measures (perfdoctor/diagnose/live.py).")
-_m("run.trace_inflation", "ratio", "Mean traced step (steps.time_mean_ms) / run.step_time_ms, at least 1: how much longer the profiled steps ran than un-profiled ones. A share of the traced step is at most this many times larger in an un-profiled step (the profiler only adds time), so ceilings use share x this (rules/engine.py). None for a trace alone.")
-_m("run.profiled_steps", "count", "Steps recorded by torch.profiler (excluded from run.* step statistics).")
-_m("run.skipped_optimizer_steps", "count", "Steps whose optimizer step GradScaler skipped (inf/NaN gradients).")
-_m("run.outcome", "str", "completed, stopped (by --max-steps/--duration), exit, crashed, interrupted, killed "
-   "(a signal ended it before it wrote child.json), no_module (-m named none) or unknown (child.json missing or "
-   "damaged, no signal known).")
-_m("run.exit_code", "count", "The script's exit code (128+N when signal N killed it).")
-_m("run.stopped_early", "bool", "perfdoctor stopped the script (--max-steps / --duration).")
-# -- the model's calls per step (perfdoctor run: analyze/loopcalls.py; None for a trace alone) --
-_m("loop.model_name", "str", "Class of the module the step calls most often at the outermost level (no other module call running), in one whole step after the step source was chosen.")
-_m("loop.model_calls_per_step", "per_step", "How many times that step called loop.model_name at the outermost level: 1 for a batched loop, the batch size for a per-sample loop (model(x[i:i+1])), the micro-batches for gradient accumulation.")
-_m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size), the most common one; None when they got no tensor or a 0-d one.")
-_m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
-_m("loop.model_cpu_autocast", "str", "The dtype torch.autocast(\"cpu\") cast to (\"bfloat16\", \"float16\") while the model ran, in the counted step (loop.model_name); None without CPU autocast (`perfdoctor run` only).")
-_m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
-_m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
-_m("loop.extra_batches_excess_share", "share", "Steady steps that drew more DataLoader batches than the usual step (an evaluation every N steps, a second loader): their wall time beyond as many usual steps (the median usual step each) / the steady wall time; 0 when no step did, None without DataLoader batches.")
-# -- DataLoader iterator starts (perfdoctor run: analyze/loaderstarts.py; None for a trace or an older run) --
-_m("loop.long_steps_share", "share", "Work every N steps (an evaluation, a checkpoint, a log that reads device values): the steady steps in the phases of a period whose steps are mostly long (own time, outside the data wait and the run queue, at least twice the median step's) beyond chance, their wall time beyond the median step's / the steady wall time. 0 when no long steps stand out; None under 10 steps, or when long steps hold a tenth of the time or more at no period the window shows (at random, or a window too short to see one repeat) (perfdoctor/analyze/longsteps.py).")
-_m("loop.long_steps_every", "count", "The period over its long phases: 20 = one step in 20 is long.")
-_m("loop.long_step_ms", "ms", "Median wall time of the long steps (loop.long_steps_share).")
-_m("loop.usual_step_ms", "ms", "Median wall time of the steady steps: the usual step the long ones are measured against.")
-_m("loop.long_steps_any_share", "share", "Every steady step at least twice the median step's own time, at a period or not: their wall time beyond the median step's / the steady wall time. Bounds what work only the long steps hold can cost the run where loop.long_steps_share finds no period (too few long steps in the window); None under 10 steps (perfdoctor/analyze/longsteps.py).")
-_m("loop.long_steps_traced", "count", "Profiled steps in the long steps' phases (by step number): 0 says the trace's breakdown saw only usual steps; None without a profiled step.")
-_m("loop.long_steps_unnamed_share", "share", "loop.long_steps_share less evaluation.share, save.share, logging.share and loader.restart_share: long-step time no measured cause names (a lower bound: those shares can include work in every step).")
-_m("loop.peek_share", "share", "Time of DataLoader iterators started for a peek (at most two batches drawn, never run out, then a new iterator of the same loader: next(iter(loader)) before an epoch, or an iterator re-created every step): their start, and the batches they drew in the step where they were dropped (an iterator re-created every step: its start, its shutdown and, with workers, its first batch's wait beyond the usual one) / the steady wall time. None when an iterator called a peek drew again later (two iterators of one loader used in turn).")
-_m("loader.kept_pace_ms", "ms", "What one batch takes a worker that makes batches for a kept iterator (or persistent workers): loader.fetch_ms queued for a CPU as the training thread is now, / (1 - run.runq_runnable_share); loader.fetch_wall_ms when the trainer's queueing is unknown. Not the fresh workers' own queueing: they make batches the trainer throws away.")
-_m("loop.peek_kept_share", "share", "The part of loop.peek_share that keeping one iterator leaves: for each iterator re-created every step, the batch its kept workers still make for that step, loader.kept_pace_ms / the workers, over the steady wall time. 0 without workers; None when loader.kept_pace_ms is unknown.")
-_m("loop.peek_every_step", "share", "The steady steps that start an iterator re-created every step (one found a peek, its batch drawn in an earlier step) / the steady steps: such steps fork the workers, which also slows the rest of the step by an amount not measured.")
-_m("loader.persistent_kept_share", "share", "The part of loader.restart_share that persistent workers leave: each new iterator's first batch, made while the trainer waits (loader.kept_pace_ms), and for an iterator dropped before it ran out the prefetch_factor batches per worker that persistent workers make before they take the reset; over the steady wall time. 0 without workers; None when loader.kept_pace_ms is unknown.")
-_m("loop.peek_batches", "count", "Batches drawn by those peeks in the steady window and thrown away.")
-_m("loader.restart_share", "share", "Time starting DataLoader iterators (each epoch's `for batch in loader`, peeks too) / the steady wall time: inside DataLoader.__iter__, inside the shutdown of the old iterator's workers, and the first batch's wait beyond the usual wait for a batch, and the waits beyond it for the first batch of each other worker in the steps after the start (with workers and persistent_workers=False each start starts the workers again).")
-_m("loader.restarting", "bool", "A DataLoader with num_workers > 0 and persistent_workers=False was iterated: each new epoch starts its workers again.")
-# -- the model's parameters (perfdoctor run: analyze/params.py; None for a trace or without an optimizer) --
-_m("params.count", "count", "Elements of the step-defining optimizer's parameters, at its first step.")
-_m("params.fp64_share", "fraction", "Share of those elements in float64 (or complex128): a model in double precision.")
-_m("params.half_dtype", "str", "\"bfloat16\" or \"float16\" where that dtype holds at least half of those elements (a model converted with .bfloat16() / .half()); None otherwise.")
-# -- what the loader's batches cost to make (perfdoctor run: analyze/loaderfetch.py; None for a trace or an older run) --
-_m("loader.fetch_ms", "ms", "Mean time a DataLoader worker took to make one batch (torch's fetcher: __getitem__ per index or __getitems__, then collate_fn), less the time it waited in the run queue for a CPU meanwhile and the time it allocated the shared memory its collate stacks into; the handing over to the trainer (pickling, shared memory) is not in it. Forked workers only; None with num_workers=0 (the trainer's data wait is that time).")
-_m("loader.fetch_wall_ms", "ms", "Mean wall time a DataLoader worker took to make one batch, its waits in the run queue for a CPU included (loader.fetch_ms is without them), less its shared-memory allocation: fresh workers' pace, which the batches they make and the trainer throws away slow too (PD355 and PD356 use loader.kept_pace_ms). Forked workers only.")
-_m("loader.fetch_share", "ratio", "loader.fetch_ms x the batches the steady steps drew / the steady wall time: what making those batches would cost a trainer that made them itself (num_workers=0), as a share of today's step; above 1, loading needs the workers.")
-_m("run.outside_loader_share", "share", "The steady steps' time outside DataLoader.__next__, iterator starts and worker shutdowns / their wall time: the step's own work (forward, backward, optimizer, the loop's Python), its queueing for a CPU included.")
 # -- communication ---------------------------------------------------------------------------
 _m("comm.share", "share", "Union of collective time / step time.")
 _m("comm.exposed_share", "share", "Collective time not overlapped by compute / step time.")
@@ -298,107 +240,6 @@ _m("comm.sync_steps", "count", "Analysed steps that synchronise gradients: those
    "DDP's no_sync() skips the all-reduce and the update together), or without such annotations those that launch collectives. "
    "steps.count / this = micro-batches per synchronisation when each step is one micro-batch. None without collectives.")
 
-# -- across ranks (a multi-rank `perfdoctor run`: analyze/straggler.py) ------------------------
-# None for a single process. Wait = exposed collective time per step; busy = step - wait.
-_m("ranks.count", "count", "Ranks merged in this report (rank directories found).")
-_m("ranks.world_size", "count", "World size the ranks reported (more than ranks.count: some ranks' directories are missing, e.g. other nodes').")
-_m("ranks.step_time_spread", "fraction", "(slowest - fastest) / fastest steady-state step time across ranks (synchronous ranks run at one pace: near 0).")
-_m("ranks.slowest_rank", "count", "The rank with the most own work per step (busy = step - collective wait): the straggler candidate.")
-_m("ranks.fastest_rank", "count", "The rank with the least own work per step.")
-_m("ranks.slowest_ratio", "ratio", "Own work per step of the slowest rank / the fastest's: how much slower the straggler is (1 = equal).")
-_m("ranks.comm_wait_share_mean", "share", "Mean over ranks of the exposed collective wait / step.")
-_m("ranks.network_wait_share", "share", "The smallest collective wait of any rank / step: what every rank waits alike (the transfer itself: network, NCCL/gloo).")
-_m("ranks.straggler_wait_share", "share", "Mean over ranks of (its wait - the smallest wait) / step: the time ranks spend waiting for a slower rank.")
-_m("ranks.others_wait_share", "share", "Mean over the ranks other than the slowest of (its wait - the smallest wait) / step: how long the ranks that wait for the slowest wait for it (the slowest waits for nobody).")
-_m("ranks.straggler_wait_share_max", "share", "The largest (wait - smallest wait) / step of any rank: the fastest rank's wait for the straggler.")
-_m("ranks.straggler_consistent", "bool", "The slowest rank is busier than the others step after step over the paired profiled steps: mean difference > 2 standard errors, or busier in so many steps that a one-sided sign test, times the rank count, is at most 5% (2 ranks: 6 of 6).")
-_m("ranks.slowest_last_wait_share", "share", "Of the time ranks waited for a slower rank over the paired profiled steps (per step: each rank's own work short of the busiest rank's), the share in steps where the slowest rank (ranks.slowest_rank) was the busiest: near 1 for a rank the others wait for (in every step, or in its long steps only: an evaluation or checkpoint on one rank), about 1/ranks for ranks that take turns. None without paired steps or wait.")
-_m("ranks.slowest_last_steps", "count", "Paired profiled steps in which the slowest rank (ranks.slowest_rank) was the busiest.")
-_m("ranks.paired_steps", "count", "Profiled steps present in every rank's trace (paired by ProfilerStep number).")
-_m("ranks.slowest_runq_excess", "fraction", "Share of the slowest rank's extra own time per profiled step that its step thread spent queued for a CPU core beyond what the other ranks queued per CPU second of its own (schedstat, the step thread's CPU clock): >= 0.5 means CPU contention, unless its extra CPU work alone is a straggler's wait (ranks.slowest_extra_cpu_share); queueing that comes with more work on a host all ranks share is not counted.")
-_m("ranks.slowest_extra_cpu_share", "share", "The slowest rank's CPU time per profiled step (its step thread's CPU clock) beyond the other ranks' mean, as a share of its step: the wait its extra work alone costs the others. At least 5% of the step and at least the network wait: a straggler, even where it also queued for a CPU (contention is then not called).")
-_m("ranks.slowest_extra_device_ms", "ms", "The slowest rank's compute per traced step (share.device x its traced step: torch's ops on a CPU, kernels and copies on a GPU) beyond the other ranks' mean.")
-_m("ranks.slowest_extra_input_ms", "ms", "The slowest rank's data wait per traced step (share.input x its traced step) beyond the other ranks' mean.")
-_m("ranks.slowest_extra_host_ms", "ms", "The slowest rank's other host time per traced step (share.host x its traced step: untraced Python, runtime calls) beyond the other ranks' mean.")
-_m("ranks.slowest_extra_part", "str", "What most of the slowest rank's extra own work is: device (compute), input (data loading) or host, the part holding at least half of the parts' growth over the other ranks' mean; None when no part does or the parts are unknown.")
-_m("ranks.wait_cause", "str", "Why ranks wait in collectives: straggler (one rank consistently slower), contention (the slowest rank waited for a CPU core: oversubscribed host), network (all ranks wait alike), uneven (no rank consistently slower: ranks.slowest_last_wait_share says how much of the wait was for the slowest), none (< 5% of the step), None (no trace: waits unknown).")
-
-# -- system samples (perfdoctor run) ---------------------------------------------------------
-# From perfdoctor/analyze/system.py (SystemSampler samples); None for a trace alone. "cores": CPU
-# time per wall second (1.0 = one core fully busy); thresholds of input.split: analyze/inputsplit.py.
-# Means and shares are over the samples taken during the steps (analyze/windows.py).
-_m("system.samples", "count", "System samples taken while the script ran (every ~0.5 s).")
-_m("system.sampler_core_fraction", "fraction", "CPU the sampler itself used, as a fraction of one core.")
-_m("system.cpu_count", "count", "Logical CPUs of the machine (machine.cpu_count: those usable by the trainer).")
-_m("system.cpu_busy_share", "fraction", "Mean busy fraction of the usable cores (all but idle and iowait).")
-_m("system.iowait_share", "fraction", "Mean share of CPU time idle with IO outstanding (iowait; per core, so one blocked task on N cores shows at most 1/N).")
-_m("system.psi_cpu_some_avg10", "fraction", "Mean of the kernel's PSI cpu 'some' avg10 (share of time runnable tasks waited for a CPU), /100.")
-_m("system.psi_io_some_avg10", "fraction", "Mean of the kernel's PSI io 'some' avg10 (share of time some task was stalled on IO), /100.")
-_m("system.psi_memory_some_avg10", "fraction", "Mean of the kernel's PSI memory 'some' avg10 (share of time some task was stalled on memory reclaim), /100.")
-_m("system.psi_io_some_share", "fraction", "Share of the sampled wall time in which some task was stalled on IO (PSI io 'some' total over the run).")
-_m("system.disk_read_mb_s", "MB/s", "Bytes read from the machine's disks per second (all processes; 1 MB = 1e6 bytes).")
-_m("system.disk_busy_share", "fraction", "Share of wall time the busiest disk had IO in flight (iostat %util).")
-_m("system.ram_available_bytes", "bytes", "Mean available RAM (MemAvailable) while the script ran.")
-# From perfdoctor/analyze/memgrowth.py: memory that grows for good over the steady steps (after
-# the profiled ones); 0.0 = measured and not growing; None = too few samples or steps to tell.
-_m("host.rss_peak_bytes", "bytes", "Peak resident memory (RSS) of the trainer process over the run.")
-_m("host.rss_growth_per_step_bytes", "bytes", "Persistent growth of the trainer's resident memory per steady step: least-squares slope over the steady window past its first 10%, x seconds per step; 0.0 unless both halves of the window grow and the fitted growth is >= 64 MiB (one malloc arena).")
-_m("loader.workers_rss_growth_per_step_bytes", "bytes", "Persistent growth of the DataLoader workers' resident memory per steady step, each worker judged on its own samples as host.rss_growth_per_step_bytes is, summed (a Dataset that caches what it reads grows in every worker); 0.0 for steps without workers, None when the workers lived too short to judge.")
-_m("host.ram_runway_steps", "count", "Steps until the machine's available RAM is used up at the trainer's and the workers' growth together (None without growth).")
-_m("gpu.memory_growth_per_step_bytes", "bytes", "Persistent growth of the memory in use on the trainer's GPUs (NVML, other processes included) per steady step; same test as host.rss_growth_per_step_bytes.")
-_m("gpu.memory_runway_steps", "count", "Steps until the trainer's GPUs are full at gpu.memory_growth_per_step_bytes (None without growth).")
-_m("loader.workers", "count", "Most DataLoader worker processes alive at once (python descendants of the trainer, forkserver and trackers excluded); 0 = num_workers=0. The loader's own num_workers where the 1 s samples saw fewer (workers restarted for short epochs; perfdoctor run).")
-_m("loader.worker_cpu_mean", "cores", "Mean CPU use of one worker (1.0 = a full core).")
-_m("loader.worker_disk_sleep_share", "fraction", "Share of worker samples in uninterruptible disk sleep (state D: blocked on storage).")
-_m("loader.worker_read_mb_s", "MB/s", "Storage reads of all workers together (read_bytes: page-cache hits excluded).")
-_m("system.other_cores", "cores", "Cores used by processes other than the trainer and its loader workers during the run (machine busy share x cores - their own CPU): another job on a shared machine.")
-_m("loader.worker_runq_wait_mean", "cores", "Mean time one worker waited in the run queue for a CPU per wall second.")
-_m("loader.trainer_cpu_mean", "cores", "Mean CPU use of the trainer process (all its threads; 1.0 = a full core).")
-_m("loader.trainer_disk_sleep_share", "fraction", "Share of samples in which the trainer's main thread was in disk sleep (state D).")
-_m("loader.trainer_read_mb_s", "MB/s", "Storage reads of the trainer process (read_bytes).")
-_m("loader.runnable_share", "fraction", "Share of its one thread's time the loader (a worker; with num_workers=0 the trainer's main thread) was runnable: on a CPU or queued for one, from CPU time and run state. >= 0.5: CPU-bound.")
-_m("loader.threads_oversubscription", "ratio", "Runnable threads per usable core: (on-CPU + run-queue wait) of trainer and workers per wall second / machine.cpu_count; > 1 means threads queued for CPU.")
-_m("gpu.util_mean", "fraction", "Mean NVML GPU utilisation (share of time a kernel ran) of the devices the run used, over the steps (run.sampling says which window); None without NVML.")
-_m("gpu.memory_used_fraction_peak", "fraction", "Peak NVML memory used / total on the devices the run used (all processes on them).")
-_m("input.split", "str", "What the input pipeline waits on in a live run: cpu, io, other (neither: remote storage, locks), or None (too few samples).")
-
-# -- Python stacks (perfdoctor run: py-spy over the steady steps; analyze/stacks.py) ------------
-# Shares of the sampled steady step time on the trainer's main thread; None without stacks.
-_m("stacks.steady_steps", "count", "Steady steps the py-spy recording covered (warm-up, profiled and perturbed steps excluded).")
-_m("stacks.coverage", "fraction", "Sampled time of the training thread / wall time of the covered steady steps.")
-_m("stacks.unread_share", "fraction", "Samples py-spy failed to read / samples taken, for the trainer (from py-spy's "
-   "own tally): each failed read's period goes to a neighbouring stack, so any stacks share may be off by this much.")
-_m("stacks.checkpoint_share", "share", "Share of steady step time the training thread spends saving checkpoints (torch.save, torch.distributed.checkpoint, safetensors, save_pretrained, save_checkpoint...).")
-_m("stacks.checkpoint_interval_steps", "count", "Steady steps per checkpoint save (1 = every step): one save = consecutive checkpoint samples inside one step (no save spans a step end); the median steady time between consecutive saves over the mean steady step, with three saves or more (a save the sampler missed leaves the median alone); otherwise steady steps / saves seen.")
-_m("stacks.logging_sync_share", "share", "Share of steady step time in logging code (logging, TensorBoard, wandb, mlflow...) or on the user's lines that read device values (.item(), .cpu(), .tolist(), .numpy()) or run inside an `if step % N` block (a log line's metric; with N = 1 it runs every step).")
-_m("stacks.evaluation_share", "share", "Share of steady step time in an evaluation inside the training loop: forward passes or loader fetches under a function named for it (evaluate, validate, test, Lightning's evaluation loop, HF Trainer.evaluate) or under torch's no_grad / inference_mode decorator, with no backward pass in the stack.")
-_m("stacks.python_data_share", "share", "Share of steady step time in the user's own code and data libraries (numpy, PIL, random, tokenizers, transforms) outside model, backward, optimizer, DataLoader and checkpoint calls and outside `if step % N` blocks: batches built in the loop (tensor ops called straight from the loop count too).")
-_m("stacks.producer_wait_share", "share", "Share of steady step time the training thread waits for a value its own threads or processes make, outside a DataLoader: a thread or process pool's results (Executor.map's iterator, Future.result, as_completed, Pool.map/imap) or a queue's get, called from the user's line. The step records count no data wait for it.")
-_m("stacks.waiting_share", "share", "Share of steady step time the training thread blocks on its own line: a sleep, a wait, a join, a lock, a synchronize or barrier call (by the line's source text), or a call into threading/multiprocessing/queue that returns nothing the loop uses (not a producer's results: stacks.producer_wait_share).")
-_m("stacks.producer_wait_exposed_share", "share", "stacks.producer_wait_share that the step cannot hide: on a device, at most gpu.idle_share (the trainer may wait on its producers while the device runs the work it queued; only the wait the device spends idle is on the step's path); the whole wait on a CPU or without a device timeline. None without stacks (analyze/stacks.exposed_waits).")
-_m("stacks.waiting_exposed_share", "share", "stacks.waiting_share bounded by gpu.idle_share in the same way (a synchronize waits while the device works). None without stacks.")
-_m("stacks.own_threads_busy_share", "share", "Share of the steady steps' sampled time in which one of the trainer process's other Python threads (the script's own: not perfdoctor's, not torch's pin-memory thread) runs a stack that is not blocked (no lock, queue, pipe, selector or sleep at its innermost frame; not waiting by its cause): the union over those threads (analyze/gilwait.py). Such a thread holds or wants the GIL the training step needs. None without stacks.")
-_m("stacks.gil_wait_share", "share", "Share of the steady step time the training thread waits for the GIL while the loop's own threads run Python: min(stacks.own_threads_busy_share, the training thread's sleep over the steady steps (dur - cpu - runq of the step records) less the waits already named: the DataLoader data wait and the stacks' producer_wait, waiting, checkpoint and logging_sync shares) (analyze/gilwait.py). None on a GPU run (the training thread also sleeps in backward while the autograd device thread works, and in synchronizations), without the thread's CPU clock (run.thread_awake_share) or without stacks.")
-_m("stacks.gil_bound_share", "share", "The most of the steady step that moving the loop's own Python threads out of the trainer's process can save: min(stacks.own_threads_busy_share, stacks.gil_wait_share's unnamed sleep plus the training thread's queueing for a core, runq, over the same steps). A thread woken for the GIL queues for a core on a busy machine: a spinning Python thread on 2 cores left the training thread asleep 0.67 of the step and queued 0.16, and moving it to a process sped the step 3.8x, above the sleep's 3.1x (analyze/gilwait.py). None where stacks.gil_wait_share is.")
-
-# -- Checkpoint saves and logging calls (perfdoctor run; analyze/callshares.py) ------------------
-# calls.*: timed on the training thread by run (collect/timedcalls.py), None for a trace or an
-# older run directory; save.* and logging.*: the larger of the timed and the sampled (stacks) share.
-_m("calls.optimizer_share", "share", "Share of steady step time the training thread spent inside optimizer.step() (timed per step by perfdoctor run; calls given a closure are not counted, since the forward and backward passes run inside them). Un-profiled, unlike optimizer.step_share. On a GPU it is the host's launch time, not the update's.")
-_m("calls.nograd_share", "share", "Share of the steady wall time the training's model (the module the run's census found called most in a step) spent in calls with grad mode off (torch.no_grad, inference_mode), beyond the median step's such time: an evaluation every N steps that draws no DataLoader batch (timed per step by perfdoctor run, steps.jsonl nograd). A teacher or target network run in every step cancels; a step counts where its excess is at least half the usual step. The time between two such calls in a row (batch slicing, loss.item(): on a GPU the wait for the queued forward) is counted with them. A lower bound: the evaluation's work before its first call and after its last (model.eval(), the last loss.item()) is not timed, nor is an evaluation of another instance (an EMA copy). None when the calls were not timed (a trace alone, an older run) or the steps do not train.")
-_m("calls.save_share", "share", "Share of steady step time the training thread spent inside torch.save and safetensors' save_file (timed per step by perfdoctor run).")
-_m("calls.save_interval_steps", "count", "Steady steps per step that called torch.save or save_file (1 = every step): the median gap between the numbers of the steps that saved, with two or more; the steady steps over the saves with one. None when no steady step saved.")
-_m("calls.log_share", "share", "Share of steady step time the training thread spent inside TensorBoard's SummaryWriter.add_* calls (torch.utils.tensorboard, tensorboardX; timed per step).")
-_m("save.share", "share", "Share of steady step time spent saving checkpoints: the larger of calls.save_share (timed) and stacks.checkpoint_share (sampled), each of which sees only part of the savers.")
-_m("save.interval_steps", "count", "Steady steps per checkpoint save, from the source save.share was taken from.")
-_m("evaluation.nograd_forward_share", "share", "Share of step time an evaluation inside the training loop takes, seen by its no-grad forward ops (matmul/linear/conv without Kineto's sequence number, outside backward and the optimizer step) run between an update (a backward pass) and the next training forward: from the first of them to that forward, less the training's and the DataLoader's work there, so its Python metric work counts too. Not counted: a no-grad forward between the training forward and its backward (a teacher or target network feeding the loss). Counted though not evaluation: a teacher run before the training forward. On a GPU the stretch runs on the device-extended clock: from the device finishing the work launched before it to the later of the next training forward and the device finishing the evaluation's kernels. None without a backward pass (inference) or without sequence numbers (analyze/evalforward.py).")
-_m("evaluation.nograd_long_steps_share", "share", "The part of evaluation.nograd_forward_share only the trace's long steps hold: in each traced step at least twice the median step, its no-grad stretch beyond the median step's (a teacher or an evaluation in every step puts as much in each step: not counted) / the steps' time. None with fewer than 3 steps or no long one (analyze/evalforward.py).")
-_m("evaluation.nograd_long_steps_fraction", "fraction", "evaluation.nograd_long_steps_share's time / the long traced steps' time beyond the median step: 1 when the long steps are the no-grad evaluation, less when a checkpoint or a log shares them.")
-_m("evaluation.nograd_run_share", "share", "evaluation.nograd_forward_share at the run's rate (perfdoctor run): where the trace's long steps hold it and the run measured its long steps (loop.long_steps_traced >= 1), the every-step part at the window's share plus evaluation.nograd_long_steps_fraction of loop.long_steps_share (an evaluation every 10 steps inside a 5-step window is 1 step in 5 there, 1 in 10 in the run); where the run's long steps show no period, of loop.long_steps_any_share instead, at most the window's share; else the window's share. None for a trace alone (analyze/callshares.py).")
-_m("evaluation.share", "share", "Share of the steady wall time (for a trace alone: of the traced steps' time) an evaluation (or another loop) inside the training steps costs: the larger of loop.extra_batches_excess_share (steps that drew extra DataLoader batches), stacks.evaluation_share (sampled stacks) the trace's no-grad forward work between an update and the next training forward (evaluation.nograd_run_share under perfdoctor run, at the run's rate; evaluation.nograd_forward_share, the traced window's, for a trace alone) and the run's timed no-grad calls of the model (calls.nograd_share); None where none was measured.")
-_m("logging.share", "share", "Share of steady step time spent logging or reading device values: the larger of calls.log_share (timed TensorBoard calls) and stacks.logging_sync_share (sampled).")
-
-
 def names() -> list[str]:
     return list(REGISTRY)
 
@@ -407,3 +248,7 @@ def check(values: dict) -> None:
     unknown = set(values) - set(REGISTRY)
     if unknown:
         raise KeyError(f"unregistered metrics: {sorted(unknown)}")
+
+
+# the metrics of `perfdoctor run` (after check and _m: that module imports this one's _m)
+from perfdoctor.analyze import registry_run  # noqa: E402,F401
