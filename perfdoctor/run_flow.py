@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from perfdoctor.errors import PerfdoctorError
+from perfdoctor.errors import PerfdoctorError, end_by_signal
 from perfdoctor.report.sanitize import terminal as _safe
 
 
@@ -77,6 +78,8 @@ def _run_one(cfg, out: Output, baselines: list[Path], strict: bool) -> int:
         code = code or exc.exit_code
     except Exception as exc:  # the script's exit code wins over a diagnosis bug
         _internal_error(exc)
+    if res.signal == signal.SIGINT and code == res.exit_code:
+        end_by_signal(signal.SIGINT)        # as python: killed by SIGINT, which stops a shell loop around us
     return code
 
 
