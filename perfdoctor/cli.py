@@ -148,7 +148,8 @@ def run(
     `perfdoctor run` once per rank with your own launcher (torchrun --no-python, srun): each rank
     writes RUN_DIR/ranks/rank-K/, and the report merges the ranks.
 
-    Exit code: the script's own (128+N if a signal N killed it; with --nproc-per-node, torchrun's);
+    Exit code: the script's own (128+N if a signal N killed it, and killed by SIGINT as python is
+    when SIGINT killed it; with --nproc-per-node, torchrun's);
     when the script succeeded and --baseline is given, the gate's (0 pass, 1 regression, 3
     inconclusive); 2 for usage errors."""
     from perfdoctor.collect.launcher import RunConfig

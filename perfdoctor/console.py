@@ -41,7 +41,18 @@ def entry() -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe (`| head`): its reader has gone
             pass
+    _end_by_signal()
     os._exit(code)
+
+
+def _end_by_signal() -> None:
+    """A run whose script died of SIGINT ends the same way (errors.end_by_signal); no return then."""
+    from perfdoctor.errors import end_by_signal
+    sig = end_by_signal()
+    if sig is not None:
+        import signal
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
 
 
 def _keep_freed_memory() -> None:

@@ -14,6 +14,19 @@ EXIT_INTERNAL = 70    # a bug in perfdoctor (EX_SOFTWARE); rerun with --debug fo
 EXIT_PIPE = 141       # stdout's reader went away (`| head`): 128 + SIGPIPE, what the shell shows for tools it kills
 
 
+_END_BY_SIGNAL: list[int] = []
+
+
+def end_by_signal(sig: int | None = None) -> int | None:
+    """With `sig`: ask the console script to end by that signal once its output is flushed (a run
+    whose script died of SIGINT ends as `python script.py` does, killed by SIGINT, not by exiting
+    130: a shell loop or `make` around it stops at Ctrl-C only for a command that died of it).
+    Without: the signal asked for, if any."""
+    if sig is not None:
+        _END_BY_SIGNAL[:] = [sig]
+    return _END_BY_SIGNAL[0] if _END_BY_SIGNAL else None
+
+
 class PerfdoctorError(Exception):
     """An error with a one-line message for the user and an exit code."""
 

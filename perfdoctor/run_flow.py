@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import stat
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from perfdoctor.errors import PerfdoctorError
+from perfdoctor.errors import PerfdoctorError, end_by_signal
 from perfdoctor.report.sanitize import terminal as _safe
 
 
@@ -77,6 +79,8 @@ def _run_one(cfg, out: Output, baselines: list[Path], strict: bool) -> int:
         code = code or exc.exit_code
     except Exception as exc:  # the script's exit code wins over a diagnosis bug
         _internal_error(exc)
+    if res.signal == signal.SIGINT and code == res.exit_code:
+        end_by_signal(signal.SIGINT)        # as python: killed by SIGINT, which stops a shell loop around us
     return code
 
 
@@ -84,14 +88,38 @@ def fresh_line(stream=None) -> None:
     """Start the report on a line of its own in a terminal whose cursor the script's output left
     mid-line (its last print without a newline): the width of the terminal less one in spaces,
     then a carriage return (as zsh does for its prompt). From column 0 that stays on the line and
-    returns to its start; from any other column it wraps to the next line first."""
+    returns to its start; from any other column it wraps to the next line first. In a file the
+    script's output left mid-line: a newline."""
     stream = stream or sys.stderr
     try:
         if stream.isatty():
             stream.write(" " * (shutil.get_terminal_size().columns - 1) + "\r")
             stream.flush()
+        elif _file_ends_mid_line(stream):
+            stream.write("\n")
+            stream.flush()
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def _file_ends_mid_line(stream) -> bool:
+    """A regular file (`2> log`, `> log 2>&1`) whose byte before the write position is not a
+    newline: the script's last write (a `\r` progress bar, a print without end) left the line open.
+    A pipe cannot be read back: False."""
+    stream.flush()
+    fd = stream.fileno()
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return False
+    import fcntl
+    # where the report lands: the end for `2>>` (O_APPEND), the shared offset the script's writes moved for `2>`
+    pos = os.fstat(fd).st_size if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND else os.lseek(fd, 0, os.SEEK_CUR)
+    if pos <= 0:
+        return False
+    rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)   # the stream is often opened write-only
+    try:
+        return os.pread(rfd, 1, pos - 1) not in (b"\n", b"")
+    finally:
+        os.close(rfd)
 
 
 def _multi_rank_checks(duration: float | None, baselines: list[Path]) -> None:

@@ -407,6 +407,24 @@ def test_the_run_report_starts_on_a_line_of_its_own_in_a_terminal(monkeypatch):
     assert tty.getvalue() == " " * 79 + "\r" and pipe.getvalue() == ""
 
 
+def test_the_run_report_starts_on_a_line_of_its_own_in_a_file(tmp_path):
+    """`2> log`: a script whose stderr ended on a `\r` progress bar had the report's first line
+    glued to it in the file (a user trial); a newline goes in first then, and only then."""
+    from perfdoctor.run_flow import fresh_line
+    for before, after in ((b"progress 40/40\r", b"progress 40/40\r\n"), (b"done\n", b"done\n"), (b"", b"")):
+        log = tmp_path / "log"
+        log.write_bytes(b"")
+        with open(log, "a", encoding="utf-8") as f, open(log, "ab") as script:   # `2>>`: O_APPEND, write-only
+            script.write(before)            # another description's writes: only the file's end tells
+            script.flush()
+            fresh_line(f)
+        assert log.read_bytes() == after, before
+    with open(log, "w", encoding="utf-8") as f:        # `2> log`, the script's bytes through its own fd
+        os.write(f.fileno(), b"step 3 \xff")
+        fresh_line(f)
+    assert log.read_bytes() == b"step 3 \xff\n"
+
+
 @pytest.mark.parametrize("cmd,args,told", [("tune", ["--budget", "120"], "--budget"),
                                            ("run", ["--max-steps=3", "--lr", "1"], "--max-steps=3"),
                                            ("run", ["--lr", "1"], None)])

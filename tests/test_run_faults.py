@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -150,6 +151,45 @@ def test_a_terminals_ctrl_c_reaches_the_script_once(tmp_path):
     assert stdout == b"cleanup done\n" and b"Traceback" not in stderr
     assert json.loads((out / "child.json").read_text())["outcome"] == "exit"
     assert json.loads((out / "run.json").read_text())["forwarded_signals"] == [signal.SIGINT]
+
+
+LOOP_FOREVER = r'''
+import time
+import torch
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 8)
+while True:
+    model(x).square().mean().backward(); opt.step(); opt.zero_grad()
+    time.sleep(0.05)
+'''
+
+
+def test_ctrl_c_stops_a_shell_loop_around_the_run_as_around_python(tmp_path):
+    # A script killed by an uncaught Ctrl-C dies of SIGINT under python; a shell running it in a
+    # loop (a sweep of configs) then stops too, since its child died of the signal. perfdoctor
+    # used to exit 130 instead, which tells the shell the child handled the Ctrl-C: the loop went on
+    # to the next config. perfdoctor now dies of SIGINT too, after its report.
+    script, out = tmp_path / "forever.py", tmp_path / "run"
+    script.write_text(LOOP_FOREVER)
+    cmd = f"{shlex.quote(sys.executable)} -m perfdoctor run --no-trace --out {shlex.quote(str(out))}-$i " \
+          f"{shlex.quote(str(script))}"
+    p = subprocess.Popen(["bash", "-c", f"for i in 1 2; do {cmd}; echo \"next $?\"; done"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    first = Path(f"{out}-1") / "steps.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (first.exists() and len(first.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)                     # as the terminal does
+    try:
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert b"interrupted" in stderr and b"KeyboardInterrupt" in stderr, stderr[-2000:]
+    assert stdout == b"" and p.returncode == -signal.SIGINT, (stdout, stderr[-2000:])
+    assert not Path(f"{out}-2").exists()
+    assert json.loads((Path(f"{out}-1") / "run.json").read_text())["exit_code"] == 130
 
 
 def test_unwritable_out_is_one_line_and_the_script_does_not_run(tmp_path, script):

@@ -316,6 +316,23 @@ def test_an_inconclusive_step_time_says_why_in_the_run_line():
     assert inconclusive_text("only 6 steady steps (need 10)") == " (inconclusive: only 6 steady steps (need 10))"
 
 
+def test_the_run_line_says_when_a_step_holds_several_backward_passes():
+    """Gradient accumulation over 8 micro-batches (a user trial): the step is the optimizer step,
+    8 forward/backward passes, 8x the script's own time per micro-batch; the line says so. One
+    backward pass a step, or none counted, adds nothing."""
+    from perfdoctor.report.labels import passes_text
+    from perfdoctor.report.terminal import _run_steps_line
+    m = {"run.steps": 59, "run.step_time_ms": 764.0, "run.step_time_ci95_ms": None, "run.steady_steps": 47,
+         "run.step_time_conclusive": True, "loop.backward_passes_per_step": 8}
+    assert _run_steps_line(m, 56.0).startswith("59 steps (8 backward passes a step) in a 56.0 s run: 764.0 ms/step")
+    line = _run_steps_line(m, 56.0, None, "backward passes (a step from one gradient reset to the next)")
+    assert line.startswith("59 steps of backward passes (a step from one gradient reset to the next) "
+                           "(8 backward passes a step) in a 56.0 s run")
+    for n in (1, 0, None, True, "8"):
+        assert passes_text({"loop.backward_passes_per_step": n}) == "", n
+        assert _run_steps_line({**m, "loop.backward_passes_per_step": n}, 56.0).startswith("59 steps in a 56.0 s run")
+
+
 def test_no_prefetch_fill_without_loader_batches():
     # A trainer with no DataLoader whose preprocessing runs in a multiprocessing Pool: the
     # samplers count the pool's 2 processes as workers, but its steps draw no loader batch

@@ -98,6 +98,14 @@ def source_text(source) -> str:
     return f" of {source}" if isinstance(source, str) and source and source != "optimizer steps" else ""
 
 
+def passes_text(m: dict) -> str:
+    """' (8 backward passes a step)' after a run's step count when a step holds several backward
+    passes (gradient accumulation: the step time is the optimizer step's, not the micro-batch's),
+    else ''. The count is of the step whose module calls were counted (loop.backward_passes_per_step)."""
+    n = m.get("loop.backward_passes_per_step")
+    return f" ({n} backward passes a step)" if isinstance(n, int) and not isinstance(n, bool) and n > 1 else ""
+
+
 def windows_text(m: dict) -> str:
     """' in 3 profiler windows of one process, joined' after a step count, or ''."""
     n = m.get("trace.windows")

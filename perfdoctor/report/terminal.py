@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, role_labels, shown_trace, source_text, unranked_gain, windows_text
+from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, passes_text, role_labels, shown_trace, source_text, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -208,7 +208,7 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
     ci = m.get("run.step_time_ci95_ms")
     t = m["run.step_time_ms"]
     wall = f" in a {wall_s:.1f} s run" if wall_s is not None else " measured"
-    what = T(source_text(source))
+    what = T(source_text(source)) + passes_text(m)
     return (f"{m['run.steps']} steps{what}{wall}: {ms(t)} ms/step"
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
             + f" over {m['run.steady_steps']} steady steps"
