@@ -70,6 +70,29 @@ def test_trainer_with_num_workers_zero_counts_its_main_thread():
     assert split(workers=0, trainer_cpu=100.0, trainer_running=0.9) == ("cpu", pytest.approx(0.9))
 
 
+def test_trainer_loading_is_judged_over_its_waits_when_the_hooks_timed_them():
+    """num_workers=0 beside a busy step: the main thread runs 90% of the run, but inside
+    DataLoader __next__ the process ran 0.09 s of 1 s (its queueing 0.02 s of the waits' part
+    of the steps): a loader sleeping on something, 'other', not the trainer computing its batches
+    (a user trial's sleeping loader read 'cpu'). Without those records the run's state decides."""
+    from perfdoctor.analyze.system import wait_cpu_of
+    steps = [{"step": i, "dur": 0.05, "wait": 0.01, "wcpu": 0.0009, "runq": 0.01, "profiled": False}
+             for i in range(100)]
+    steps += [{"step": 100, "dur": 0.5, "wait": 0.4, "wcpu": 0.4, "runq": 0.0, "profiled": True}]  # the trace's: out
+    cpu, wait = wait_cpu_of(steps)
+    assert (cpu, wait) == (pytest.approx(0.09 + 0.2), pytest.approx(1.0))
+    m = system_metrics(_samples(workers=0, trainer_cpu=100.0, trainer_running=0.9), [], (0.09, 1.0))
+    assert m["input.split"] == "other" and m["loader.trainer_wait_runnable_share"] == pytest.approx(0.09)
+    assert m["loader.runnable_share"] == pytest.approx(0.9)          # the main thread over the run: PD114's
+    m = system_metrics(_samples(workers=0, trainer_cpu=100.0, trainer_running=0.9), [], (0.95, 1.0))
+    assert m["input.split"] == "cpu" and m["loader.trainer_wait_runnable_share"] == pytest.approx(0.95)
+    # under MIN_COVERED_S of waits, or a run with workers: the samples decide
+    assert system_metrics(_samples(workers=0, trainer_cpu=100.0, trainer_running=0.9), [], (0.01, 0.3))[
+        "input.split"] == "cpu"
+    assert system_metrics(_samples(cpu=30.0, running=0.3), [], (1.0, 1.0))["input.split"] == "other"
+    assert wait_cpu_of([{k: v for k, v in s.items() if k != "wcpu"} for s in steps]) is None   # an older run
+
+
 def _metrics(samples, **shares) -> dict:
     m = dict.fromkeys(registry.REGISTRY)
     m.update({"trace.platform": "cuda", "share.device": 0.15, "share.input": 0.8, "share.host": 0.05,
@@ -121,3 +144,46 @@ def test_too_little_loading_observed_says_where_and_cuts_the_seconds():
                      "observed for 0.49 s in all, under the 0.5 s the split needs (the run was too short to tell)"]
     split({}, ld, False, notes)
     assert "data loading in the loader workers was observed" in notes[1]
+
+
+SLEEPING_LOADER = """
+import time, torch
+torch.set_num_threads(1)
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        if i % 16 == 0:
+            time.sleep(0.02)              # one wait on something else (a socket, a lock) a batch
+        return torch.ones(64), 1
+
+loader = torch.utils.data.DataLoader(Slow(), batch_size=16, num_workers=0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                            torch.nn.ReLU(), torch.nn.Linear(1024, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    for _ in range(6):                    # ~20 ms of compute a step: the main thread busy most of the run
+        loss = model(x.repeat(16, 1)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if step == 80:
+        break
+"""
+
+
+@pytest.mark.torch
+def test_live_a_trainer_loader_that_sleeps_is_not_called_cpu_work(tmp_path):
+    """num_workers=0, the batch's wait a 20 ms sleep beside ~20 ms of compute: the trainer's
+    process runs most of the run (its sampled state says 'cpu'), but inside __next__ it runs a few
+    percent: the split is 'other' (a user trial read 'Input-bound (CPU) ... computes them itself')."""
+    pytest.importorskip("torch")
+    from tests.runs import prun_script, steps
+    r, out = prun_script(tmp_path, "sleeping_loader.py", SLEEPING_LOADER, opts=("--no-stacks",))
+    recs = [s for s in steps(out) if s.get("wait", 0) > 0.015 and not s.get("profiled")]
+    assert len(recs) >= 40 and all("wcpu" in s for s in recs)
+    assert sum(s["wcpu"] for s in recs) / sum(s["wait"] for s in recs) < 0.25
+    m = json.loads((out / "report.json").read_text())["traces"][0]["metrics"]
+    assert m["input.split"] == "other" and m["loader.trainer_wait_runnable_share"] < 0.5, \
+        (m["input.split"], m["loader.trainer_wait_runnable_share"])

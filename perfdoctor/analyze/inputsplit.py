@@ -8,8 +8,13 @@ and its runnable share is (on-CPU time + run-queue wait) per wall second, capped
 share of samples that caught it running (state R), whichever is larger (a throttled process is
 runnable without being on a CPU or in the run queue). A worker at 0.8 core spent 80% of its time
 computing: it is CPU-bound on its one thread, not waiting on something else. With num_workers=0
-the trainer's CPU also holds its other threads (intra-op pool, CUDA), so only its main thread's
-state counts (the CPU numbers when no state was sampled).
+the trainer's CPU also holds its other threads (intra-op pool, CUDA), and its loading is only
+part of its time: the step hooks time the process's CPU inside DataLoader __next__ (`wcpu`, its
+intra-op threads included) and its runnable share there is that CPU plus the step's run-queue
+wait pro rata, over the waits (a loader sleeping 30 ms a batch beside a busy step read 'cpu' from
+the main thread's state over the whole run, 56% running, while it ran 9% of its waits); without
+those records (an older run), the main thread's sampled state (the CPU numbers when no state was
+sampled).
 
 'io' first when the loader was caught in disk sleep (state D) in >= 20% of the samples and at
 least as often as it was runnable: a process blocked on storage a fifth of the time is

@@ -90,11 +90,14 @@ def _usable_cores(sys0: dict) -> float | None:
     return min(n, q) if q else n
 
 
-def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
+def system_metrics(samples: list[dict], notes: list[str] | None = None,
+                   wait_cpu: tuple[float, float] | None = None) -> dict:
     """Registered system/loader/gpu/machine metrics and input.split from sampler samples.
 
     notes: the sampler's notes; explanations for unknown results are appended to it (when a
-    list is given).
+    list is given). wait_cpu: (seconds the trainer's process was runnable inside DataLoader
+    __next__ of loaders without workers, seconds inside it), from the step records
+    (wait_cpu_of): the trainer's loading judged over its waits, not over its whole run.
     """
     out: dict = {}
     notes = notes if notes is not None else []
@@ -197,7 +200,11 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None) -> dict:
     out.update(_gpu(samples))
     ld = loader if has_workers else trainer_n
     out["loader.runnable_share"] = runnable_share(ld, not has_workers) if ld["covered_s"] >= MIN_COVERED_S else None
-    out["input.split"] = _split(out, ld, not has_workers, notes)
+    in_waits = min(1.0, wait_cpu[0] / wait_cpu[1]) if not has_workers and wait_cpu and wait_cpu[1] >= MIN_COVERED_S \
+        else None
+    out["loader.trainer_wait_runnable_share"] = in_waits
+    # the trainer's loading is judged over its waits where the hooks timed them
+    out["input.split"] = _split(out, ld if in_waits is None else {**ld, "running": in_waits}, not has_workers, notes)
     return _fill(out)
 
 
@@ -323,10 +330,28 @@ _NAMES = ("system.samples", "system.sampler_core_fraction", "system.cpu_count", 
           "system.disk_busy_share", "system.ram_available_bytes", "loader.workers",
           "loader.worker_cpu_mean", "loader.worker_disk_sleep_share", "loader.worker_read_mb_s",
           "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_disk_sleep_share",
-          "loader.trainer_read_mb_s", "loader.runnable_share", "loader.threads_oversubscription", "gpu.util_mean",
+          "loader.trainer_read_mb_s", "loader.runnable_share", "loader.trainer_wait_runnable_share",
+          "loader.threads_oversubscription", "gpu.util_mean",
           "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.physical_cores", "machine.free_cores",
           "machine.ram_free_bytes", "system.other_cores", "input.split")
 
 
 def _fill(out: dict) -> dict:
     return {k: out.get(k) for k in _NAMES}
+
+
+def wait_cpu_of(steps: list[dict]) -> tuple[float, float] | None:
+    """(runnable seconds, seconds) inside DataLoader __next__ of loaders without workers over the
+    un-profiled steps: the process's CPU there (`wcpu`: its intra-op threads too) and the step's
+    run-queue wait pro rata of the wait's part of the step. None for a run without those records
+    (workers make the batches, or an older run)."""
+    if not any("wcpu" in s for s in steps):
+        return None
+    cpu = wait = 0.0
+    for s in steps:
+        w = s.get("wait") or 0.0
+        if s.get("profiled") or w <= 0 or not s.get("dur"):
+            continue
+        cpu += (s.get("wcpu") or 0.0) + (s.get("runq") or 0.0) * min(1.0, w / s["dur"])
+        wait += w
+    return (cpu, wait) if wait > 0 else None

@@ -77,7 +77,8 @@ class Session(StepSources):
         self.fallback_notes: list = []   # what _choose said (dropped if an optimizer takes over)
         self.cum_wait = 0.0              # DataLoader wait and batches since the start
         self.cum_batches = 0
-        self.mark = None                 # (perf_counter, cum_wait, cum_batches, unix) at the current step's start
+        self.cum_wait_cpu = 0.0          # the process's CPU inside __next__ of loaders without workers
+        self.mark = None                 # (perf_counter, cum_wait, cum_batches, unix, schedstat, cum_wait_cpu) at the current step's start
         self.t_first = None              # perf_counter when the first measured step began
         # fallback candidates: their boundaries, kept until a source is chosen
         self.resets = None
@@ -189,6 +190,9 @@ class Session(StepSources):
             got = False
             outer = not getattr(IN_LOADER, "n", 0)
             IN_LOADER.n = 1
+            # without workers the trainer makes the batch here: the process's CPU meanwhile (its
+            # intra-op threads too) tells computing from sleeping on storage, a socket or a lock
+            c0 = time.process_time() if outer and not getattr(it, "_num_workers", 1) else None
             try:
                 batch = orig(it)
                 got = True                      # the StopIteration ending an epoch is no batch
@@ -197,6 +201,8 @@ class Session(StepSources):
                 if outer:
                     IN_LOADER.n = 0
                 dt = time.perf_counter() - t0
+                if c0 is not None:
+                    session.cum_wait_cpu += time.process_time() - c0
                 session.cum_wait += dt
                 session.cum_batches += got
                 drew(it, got, dt)
@@ -227,7 +233,8 @@ class Session(StepSources):
 
     # -- step sources -----------------------------------------------------------------------
     def _mark(self, t: float | None = None) -> tuple:
-        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), schedstat())
+        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), schedstat(),
+                self.cum_wait_cpu)
 
     # -- step boundaries ------------------------------------------------------------------
     def _record(self, end: tuple, skipped: bool = False) -> float:

@@ -1,7 +1,7 @@
 """One step record of `perfdoctor run`: the readings at a step boundary and the steps.jsonl line.
 
-A mark is (perf_counter, cumulative data wait, cumulative batches, unix time, schedstat) taken at
-a boundary; a step's record is the difference of two marks. steps.jsonl is written in batches by
+A mark is (perf_counter, cumulative data wait, cumulative batches, unix time, schedstat, cumulative
+process CPU inside the data wait of loaders without workers) taken at a boundary; a step's record is the difference of two marks. steps.jsonl is written in batches by
 the session (hooks.py): each of the first FLUSH_FIRST steps at once, then whenever a step ends
 FLUSH_S or more after the last write, and at the end. A write(2) a step was a third of the hooks'
 cost on a 0.4 ms step. What a batch can lose: a SIGKILL or a default-action SIGTERM drops the
@@ -81,6 +81,8 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
         cpu = min(max(0.0, (end[4][0] - mark[4][0]) / 1e9), max(dur, 0.0))
         runq = min(max(0.0, (end[4][1] - mark[4][1]) / 1e9), max(dur - cpu, 0.0))
         line += f', "cpu": {cpu:.6f}, "runq": {runq:.6f}'
+    if len(end) > 5 and len(mark) > 5 and end[5] > mark[5]:  # the process's CPU in that wait (num_workers=0), s
+        line += f', "wcpu": {end[5] - mark[5]:.6f}'
     if save > 0:             # inside torch.save and other checkpoint writers (timedcalls.py), s
         line += f', "save": {min(save, max(dur, 0.0)):.6f}'
     if log > 0:              # inside TensorBoard's add_* calls, s
@@ -113,4 +115,4 @@ def start_mark(end: tuple, now: float) -> tuple:
     sched = end[4]
     if sched is not None:
         sched = (sched[0] + int((now - end[0]) * 1e9), sched[1])
-    return (now, end[1], end[2], end[3], sched)
+    return (now, end[1], end[2], end[3], sched, *end[5:])

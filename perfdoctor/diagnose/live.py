@@ -155,13 +155,14 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict],
     try:
         from perfdoctor.analyze.memgrowth import memory_growth
         from perfdoctor.analyze.runseries import run_series
-        from perfdoctor.analyze.system import system_metrics
+        from perfdoctor.analyze.system import system_metrics, wait_cpu_of
         from perfdoctor.analyze.windows import windowed_metrics
     except ImportError:
         return {}, data.get("notes", []), None, None
     notes = list(data.get("notes", []))
     samples = _trainers_apart(data.get("samples", []), kids)
-    metrics, sampling = windowed_metrics(samples, steps, notes, system_metrics)
+    wait_cpu = wait_cpu_of(steps)
+    metrics, sampling = windowed_metrics(samples, steps, notes, lambda got, said: system_metrics(got, said, wait_cpu))
     metrics.update(memory_growth(samples, steps))
     return metrics, notes, sampling, run_series(samples, steps)
 
