@@ -165,6 +165,19 @@ def test_a_verdict_just_under_the_device_line_is_not_firm():
     assert any("CPU ops run 88% of the step, at or over the 80%" in n for n in over) and not any("near" in n for n in over)
 
 
+def test_the_cpu_compute_line_scales_the_small_ops_with_the_rest_of_the_step():
+    """An input verdict from the steady steps' wait (PD117: 50% steady, none traced) rescales the
+    trace's shares of the rest; the small ops' share is one of them: the ops of 20 us or more,
+    95% - 10% of the traced step, are 42.5% of the steady one (47.5% - 5%), 7.5 points under
+    PD102's 50% line, not 37.5% (the traced 10% taken from the rescaled 47.5%: firm)."""
+    m = {"share.device": 0.95, "share.input": 0.0, "share.host": 0.05, "share.communication": 0.0,
+         "cpu.small_op_share": 0.1, "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
+         "run.data_wait_share": 0.5}
+    conf, notes, _ = confidence("input", m)
+    assert conf == pytest.approx(0.85) and notes == ["the CPU ops of 20 us or more run 42% of the step, near the "
+                                                     "50% that would make the step compute-bound"]
+
+
 def test_inconclusive_on_almost_nothing():
     from perfdoctor.analyze import registry
     m = dict.fromkeys(registry.REGISTRY)

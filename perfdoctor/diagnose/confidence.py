@@ -45,6 +45,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     sh = {c: m.get(f"share.{c}") or 0.0 for c in ("device",) + CAUSES}
     cause = "input" if bound.startswith("input") else bound
     steady = _steady_wait(m)
+    rest = 1.0          # what the trace's shares of the step are scaled by (the steady wait's verdict)
     if cause == "input" and isinstance(steady, (int, float)) and steady >= 0.5 and steady - sh["input"] >= 0.1 \
             and sh["input"] < 1 and m.get("share.device") is not None:       # a trace to rescale
         # the verdict is the steady steps' (PD117, PD370): their wait, and the trace's split of the rest
@@ -60,7 +61,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     cpu = m.get("trace.platform") == "cpu"
     # on the CPU the step is also compute-bound when its compute (ops less the small ones, mostly
     # dispatch) is half of it (PD102): the margin over either line counts
-    compute = sh["device"] - (m.get("cpu.small_op_share") or 0.0) if cpu else None
+    compute = sh["device"] - (m.get("cpu.small_op_share") or 0.0) * rest if cpu else None
     if bound == "device":
         over = max(sh["device"] - 0.8, compute - CPU_COMPUTE if compute is not None else -1.0)
         conf = 0.6 + 0.4 * min(1.0, max(0.0, over) / 0.1)
