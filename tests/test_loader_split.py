@@ -93,6 +93,17 @@ def test_trainer_loading_is_judged_over_its_waits_when_the_hooks_timed_them():
     assert wait_cpu_of([{k: v for k, v in s.items() if k != "wcpu"} for s in steps]) is None   # an older run
 
 
+def test_a_hand_edited_step_records_odd_cpu_in_the_wait_counts_as_none():
+    """steps.jsonl passes fields it does not check through (runfiles.conform): a `wcpu` or `runq`
+    that is not a number ended `perfdoctor report` of the run in an internal error (TypeError)."""
+    from perfdoctor.analyze.system import wait_cpu_of
+    steps = [{"step": 1, "dur": 0.05, "wait": 0.01, "wcpu": "x", "runq": None, "profiled": False},
+             {"step": 2, "dur": 0.05, "wait": 0.01, "wcpu": 0.004, "runq": "y", "profiled": False},
+             {"step": 3, "dur": 0.05, "wait": 0.01, "wcpu": True, "runq": 0.01, "profiled": False}]
+    cpu, wait = wait_cpu_of(steps)
+    assert (cpu, wait) == (pytest.approx(0.004 + 0.01 * 0.2), pytest.approx(0.03))
+
+
 def _metrics(samples, **shares) -> dict:
     m = dict.fromkeys(registry.REGISTRY)
     m.update({"trace.platform": "cuda", "share.device": 0.15, "share.input": 0.8, "share.host": 0.05,

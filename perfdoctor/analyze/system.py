@@ -36,6 +36,7 @@ import math
 from statistics import fmean
 
 from perfdoctor.analyze.inputsplit import MIN_COVERED_S, runnable_share, split as _split
+from perfdoctor.analyze.stepwait import positive
 
 MIN_SAMPLES = 4              # samples a window needs for its sampled means (analyze/windows.py)
 
@@ -348,10 +349,10 @@ def wait_cpu_of(steps: list[dict]) -> tuple[float, float] | None:
     if not any("wcpu" in s for s in steps):
         return None
     cpu = wait = 0.0
-    for s in steps:
-        w = s.get("wait") or 0.0
-        if s.get("profiled") or w <= 0 or not s.get("dur"):
+    for s in steps:                     # a hand-edited record's odd value counts as none (stepwait.positive)
+        w, dur = positive(s.get("wait")), positive(s.get("dur"))
+        if s.get("profiled") or w <= 0 or dur <= 0:
             continue
-        cpu += (s.get("wcpu") or 0.0) + (s.get("runq") or 0.0) * min(1.0, w / s["dur"])
+        cpu += positive(s.get("wcpu")) + positive(s.get("runq")) * min(1.0, w / dur)
         wait += w
     return (cpu, wait) if wait > 0 else None
