@@ -145,7 +145,10 @@ def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:
     if part is not None and part != target_of(bound):
         # its own verdict names the largest share of its step, not what it does more of than the
         # others (4x the batch: its data wait outgrows the transfer, its compute grows more)
-        return {**v, "bound": part, "secondary": ["communication"], "summary": _join(v["summary"], extra, itself)}
+        # the rank's own notes on how near its verdict came to the device line judged that verdict
+        notes = [n for n in v.get("notes", []) if not _line_note(n)]
+        return {**v, "bound": part, "secondary": ["communication"], "summary": _join(v["summary"], extra, itself),
+                "notes": notes}
     if bound == "communication":
         return {**v, "summary": _join(v["summary"], extra)}
     return {**v, "bound": bound, "secondary": ["communication"], "summary": _join(v["summary"], extra, itself)}
@@ -187,13 +190,17 @@ def _no_surer(v: dict, own: dict, rank: int) -> dict:
     return {**v, "notes": notes}
 
 
+def _line_note(note: str) -> bool:
+    """diagnose/confidence.py's note on how near a verdict is to the device (or CPU compute) line."""
+    return "of the step, " in note and "that would make the step" in note
+
+
 def _straggler_confidence(v: dict, m: dict) -> dict:
     st, nw = m["ranks.others_wait_share"], m["ranks.network_wait_share"]
     conf = 0.4 + 0.6 * min(1.0, max(0.0, (st - nw) / st) / 0.5) if st > 0 else 0.4
     # the single-rank confidence's notes on how near its cause is to another (the device line)
     # judged a communication-bound rank; the straggler's confidence replaces them
-    notes = [n for n in v.get("notes", []) if "untraced host time" not in n
-             and not ("of the step, " in n and "that would make the step" in n)]
+    notes = [n for n in v.get("notes", []) if "untraced host time" not in n and not _line_note(n)]
     if (m.get("ranks.paired_steps") or 0) < 5:
         conf = min(conf, 0.6)
         notes.append(f"only {m.get('ranks.paired_steps')} profiled steps paired across the ranks")
