@@ -123,12 +123,14 @@ def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:
     """The job waits for one rank: its bound is that rank's own bound (the job runs at its pace,
     so what limits that rank limits the job: a rank starved by its data loading makes an
     input-bound job, not a communication-bound one), with the straggler's summary first and the
-    waiting ranks' collective wait as the secondary cause. When the slow rank's own verdict is
-    communication or inconclusive the straggler stays a communication-bound verdict. What the
-    slow rank does more of than the others (analyze/straggler.py, ranks.slowest_extra_part:
-    compute, data loading or other host time) is said, and where it is not what the rank's own
-    verdict names (that verdict names the largest share of its step: a rank given 4x the batch
-    reads input-bound by its data wait, though its compute grew more), the job is bound by it.
+    waiting ranks' collective wait as the secondary cause; when the slow rank's own verdict is
+    inconclusive the straggler stays a communication-bound verdict. What the slow rank does more
+    of than the others (analyze/straggler.py, ranks.slowest_extra_part: compute, data loading or
+    other host time) is said, and where it is not what the rank's own verdict names (that
+    verdict names the largest share of its step: a rank given 4x the batch reads input-bound by
+    its data wait, though its compute grew more), the job is bound by it; a rank whose own
+    verdict is communication, and whose extra work is not another part, keeps the job
+    communication-bound.
 
     Confidence as diagnose/confidence.py for a cause against its runner-up: 0.4 when the wait for
     the straggler ties the wait every rank has (the transfer), 1.0 when it is at least twice that;
