@@ -11,6 +11,7 @@ the previous call).
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 import psutil
@@ -183,3 +184,22 @@ def cgroup_cpu_quota(pid: int) -> float | None:
                 if q and per and int(q) > 0:
                     return int(q) / int(per)
     return None
+
+
+def boot_fix() -> float:
+    """Seconds to add to psutil's create_time: the true boot time (now less /proc/uptime) less
+    psutil's (btime, whole seconds). 0 where /proc/uptime is missing or the two disagree by more
+    than the truncation can explain. The uptime is read between two clock reads, the tightest
+    pair of a few tries kept: a read preempted on a loaded machine (0.8 s in a CI run) moved
+    every process's birth that much later."""
+    try:
+        reads = []
+        for _ in range(5):
+            t0, up, t1 = time.time(), float(read_text("/proc/uptime").split()[0]), time.time()
+            reads.append((t1 - t0, (t0 + t1) / 2 - up))
+            if t1 - t0 < 0.001:
+                break
+        fix = min(reads)[1] - psutil.boot_time()
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+    return fix if 0.0 <= fix < 1.0 else 0.0

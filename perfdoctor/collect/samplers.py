@@ -56,7 +56,7 @@ import time
 import psutil
 
 from perfdoctor.collect.gpu_counters import GpuCounters
-from perfdoctor.collect.machine_counters import MachineCounters, read_text
+from perfdoctor.collect.machine_counters import MachineCounters, boot_fix, read_text
 
 MAX_THREADS_READ = 256                     # per-thread schedstat/children reads per process
 YOUNG_S = 10.0                             # the run's first seconds ...
@@ -66,19 +66,7 @@ DELAYACCT_NOTE = ("block-IO delay accounting is off on this kernel (kernel.task_
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _boot_fix() -> float:
-    """Seconds to add to psutil's create_time: the true boot time (now less /proc/uptime) less
-    psutil's (btime, whole seconds). 0 where /proc/uptime is missing or the two disagree by more
-    than the truncation can explain."""
-    try:
-        up = float(read_text("/proc/uptime").split()[0])
-        fix = (time.time() - up) - psutil.boot_time()
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0.0
-    return fix if 0.0 <= fix < 1.0 else 0.0
-
-
-BOOT_FIX = _boot_fix()
+BOOT_FIX = boot_fix()
 _HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
                  "compile_worker", "torch._inductor", "multiprocessing.popen_spawn_posix")
 _FORKSERVER_MARK = "multiprocessing.forkserver"
