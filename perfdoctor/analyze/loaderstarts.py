@@ -83,6 +83,11 @@ MAX_QUEUED = 0.95      # a runnable share queued beyond this reads as a stalled 
 PREFETCH_DEFAULT = 2  # torch DataLoader prefetch_factor with workers
 
 
+def _count(x) -> int:
+    """A count from child.json (workers, prefetch_factor): a positive int, else 0."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
+
+
 def usual_wait(recs: list[dict]) -> float:
     """The median wait per batch of the steps that started no iterator (0 when every step did)."""
     plain = sorted(positive(s.get("wait")) / s["batches"] for s in recs
@@ -95,12 +100,12 @@ def fresh_workers_wait(recs: list[dict], workers, usual: float) -> float:
     new iterator: each of the W workers makes its first batch after its own start, and the steps
     that draw them wait for it (a 2-core VM, 2 workers, 10-batch epochs: the step after each start
     waited 22 ms against 2.4 ms usually). Steps in order; the start is taken to begin its step."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 2:
+    workers = _count(workers)
+    if workers < 2:
         return 0.0
     extra, since = 0.0, None
     for s in recs:
-        b = s.get("batches")
-        b = int(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 else 0
+        b = int(positive(s.get("batches")))
         if positive(s.get("nfirst")):
             since = b
             continue
@@ -154,8 +159,7 @@ def kept_metrics(steady: list[dict], info: dict | None, pace_ms: float | None) -
         return out
     every = sum(1 for s in recs if positive(s.get("npeek_first")) > 0)
     out["loop.peek_every_step"] = every / len(recs)
-    workers = info.get("workers")
-    workers = workers if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 else 0
+    workers = _count(info.get("workers"))
     if workers == 0:
         out["loop.peek_kept_share"] = out["loader.persistent_kept_share"] = 0.0
         return out
@@ -163,8 +167,7 @@ def kept_metrics(steady: list[dict], info: dict | None, pace_ms: float | None) -
         return out
     out["loader.kept_pace_ms"] = pace_ms
     f = pace_ms / 1e3
-    pf = info.get("prefetch")
-    pf = pf if isinstance(pf, int) and not isinstance(pf, bool) and pf > 0 else PREFETCH_DEFAULT
+    pf = _count(info.get("prefetch")) or PREFETCH_DEFAULT
     peek_first = sum(positive(s.get("npeek_first")) for s in recs)
     dropped = sum(positive(s.get("npeek_first")) + positive(s.get("peek_batches")) for s in recs)
     firsts = sum(positive(s.get("nfirst")) for s in recs)
