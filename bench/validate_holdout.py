@@ -1,7 +1,7 @@
 """Held-out check of perfdoctor's advice on GPU scripts that are not in the H100 corpus.
 
     python bench/validate_holdout.py [--pairs 3] [--set h3] [--only h_attention.py ...] [--json FILE]
-                                     [--keep DIR] [--cpu]
+                                     [--keep DIR] [--cpu] [--steps N]
 
 Each script in bench/holdout/ has a known bottleneck and a textbook fix behind `--fixed`
 (hand-written attention -> SDPA, fp32 -> bf16 autocast, a checkpoint every step -> every 100,
@@ -18,7 +18,8 @@ on the second (run it first, as it comes). For each one this runs, on this machi
    fix ranks first; expected within 25% of measured; the measurement never beats the ceiling).
 
 GPU only: without CUDA it says so and exits 0. `--cpu` runs it anyway with `--small` sizes, to
-check the harness itself (the numbers then say nothing about GPUs). Add a row to
+check the harness itself (the numbers then say nothing about GPUs); `--steps N` runs each script
+N steps instead of its own default (a quicker check). Add a row to
 ../shared/traces/h100/README.md and the run directory to the corpus when a script's result is
 worth keeping (`--keep DIR` keeps the run directories).
 """
@@ -118,13 +119,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--keep", type=Path, help="keep the perfdoctor run directories here")
     ap.add_argument("--cpu", action="store_true", help="run without CUDA (--small sizes): checks the harness only")
+    ap.add_argument("--steps", type=int, help="steps each script runs (default: its own)")
     a = ap.parse_args(argv)
     ok, what = cuda_available()
     print(f"# {what}")
     if not ok and not a.cpu:
         print("no CUDA device: nothing measured (--cpu checks the harness on the CPU)")
         return 0
-    small = [] if ok else ["--small"]
+    small = ([] if ok else ["--small"]) + ([] if a.steps is None else ["--steps", str(a.steps)])
     rows = {}
     tmp = Path(tempfile.mkdtemp(prefix="perfdoctor-holdout-"))
     try:

@@ -105,7 +105,8 @@ def test_a_measurement_whose_diagnosis_fails_is_kept(tmp_path, monkeypatch, caps
         raise SystemExit("perfdoctor run failed (1): ModuleNotFoundError: No module named 'simpleeval'")
     monkeypatch.setattr(validate_holdout, "diagnose", broken)
     results = tmp_path / "results.json"
-    assert validate_holdout.main(["--cpu", "--pairs", "1", "--only", "h4_sync_metrics.py", "--json", str(results)]) == 0
+    assert validate_holdout.main(["--cpu", "--pairs", "1", "--steps", "6", "--only", "h4_sync_metrics.py",
+                                  "--json", str(results)]) == 0
     row = json.loads(results.read_text())["rows"]["h4_sync_metrics.py"]
     assert len(row["bare_ms"]) == len(row["fixed_ms"]) == 1 and row["bare_ms"][0] > 0 and row["fixed_ms"][0] > 0
     assert "simpleeval" in row["error"] and "failed" in capsys.readouterr().out
