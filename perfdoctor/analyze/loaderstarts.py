@@ -1,7 +1,7 @@
 """What starting DataLoader iterators costs the steady steps (loop.peek_*, loader.restart_share; `run` only).
 
 collect/loaderiters.py records per step the time inside DataLoader.__iter__ (`istart`), inside
-worker shutdowns (`ishut`) and inside the first __next__ of each new iterator (`ifirst`, `nfirst`
+iterator shutdowns (`ishut`) and inside the first __next__ of each new iterator (`ifirst`, `nfirst`
 of them), and finds peeks: iterators that drew at most two batches, never ran out, and were
 followed by a new iterator of the same loader (`next(iter(loader))` before an epoch, or an
 iterator re-created every step). A peek's time (`peek`: its start, and its batches and shutdown
@@ -9,11 +9,14 @@ when it drew in the step where it is found) is waste: the loop draws its own bat
 iterator re-created every step is found a peek in the next step; its batch was its step's batch,
 which the step needed: its start and shutdown count, and, with workers, the wait for its first
 batch beyond the usual wait (`peek_first`, `npeek_first` of them): fresh workers make that batch
-while the trainer waits, where a kept iterator's workers have it ready. (A user trial, 2 workers
-and `next(iter(loader))` every step: the start alone was 20% of the wall time, start, shutdown and
-first batch 48%; keeping one iterator measured 10x and more on a busy 2-core VM.)
+while the trainer waits, where a kept iterator's workers have it ready; without workers, the
+sampler's order it drew in that wait (`peek_order`, in `peek`: a shuffled dataset's permutation,
+less a kept iterator's one an epoch), and its shutdown is that order's release. (A user trial,
+2 workers and `next(iter(loader))` every step: the start alone was 20% of the wall time, start,
+shutdown and first batch 48%; keeping one iterator measured 10x and more on a busy 2-core VM.)
 
     loop.peek_share = (sum(peek) + sum(max(0, peek_first - npeek_first x usual wait))) / steady wall time
+    loop.peek_order_share = sum(peek_order) / steady wall time      (inside the trainer's wait)
 
     loader.restart_share = (sum(istart + ishut + max(0, ifirst - nfirst x usual wait))
                             + the waits beyond the usual one for the new iterator's batches 2..W) / steady wall time
@@ -68,7 +71,10 @@ not measure: the fresh workers take the cores while the trainer computes, and to
 threads wait for each other when one is parked (PD348). A probe on the shared 2-core VM, 2
 workers: with torch's 2 threads the forward, backward and optimizer step took 7-137 ms in steps
 that re-created the iterator, 1-77 ms with one kept, from one run to the next; with 1 thread
-2.0 ms against 0.7 ms. The rules' ceilings leave that share of the rest of the step open.
+2.0 ms against 0.7 ms. Without workers such a step allocates and frees the sampler's order (a
+shuffled TensorDataset of 2M rows, torch on 1 thread: the rest of the step took 2.3 ms against
+1.45 ms with one iterator kept, which made the gain 100-119x where the order's draw and release
+alone claimed 43-56x). The rules' ceilings leave that share of the rest of the step open.
 None (each) when the run did not time starts; the kept shares also when F is unknown and there
 were starts with workers.
 """
@@ -77,7 +83,7 @@ from __future__ import annotations
 
 from perfdoctor.analyze.stepwait import positive, timed_steps
 
-NAMES = ("loop.peek_share", "loop.peek_batches", "loader.restart_share", "loader.restarting")
+NAMES = ("loop.peek_share", "loop.peek_batches", "loop.peek_order_share", "loader.restart_share", "loader.restarting")
 KEPT = ("loop.peek_kept_share", "loader.persistent_kept_share", "loop.peek_every_step", "loader.kept_pace_ms")
 MAX_QUEUED = 0.95      # a runnable share queued beyond this reads as a stalled thread, not a pace
 PREFETCH_DEFAULT = 2  # torch DataLoader prefetch_factor with workers
@@ -133,6 +139,7 @@ def start_metrics(steady: list[dict], info: dict | None) -> dict:
     starts += fresh_workers_wait(recs, info.get("workers"), usual)
     batches = sum(int(positive(s.get("peek_batches"))) for s in recs)
     out["loader.restart_share"] = min(1.0, starts / total)
+    out["loop.peek_order_share"] = min(1.0, sum(positive(s.get("peek_order")) for s in recs) / total)
     if not info.get("relabelled"):
         out["loop.peek_share"] = min(1.0, peek / total)
         out["loop.peek_batches"] = batches
@@ -157,7 +164,7 @@ def kept_metrics(steady: list[dict], info: dict | None, pace_ms: float | None) -
     recs, total = timed_steps(steady)
     if total <= 0 or not recs:
         return out
-    every = sum(1 for s in recs if positive(s.get("npeek_first")) > 0)
+    every = sum(1 for s in recs if positive(s.get("npeek_first")) > 0 or positive(s.get("peek_order")) > 0)
     out["loop.peek_every_step"] = every / len(recs)
     workers = _count(info.get("workers"))
     if workers == 0:

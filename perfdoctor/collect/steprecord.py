@@ -98,6 +98,8 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
         line += f', "peek": {starts[4]:.6f}, "peek_start": {starts[5]:.6f}, "peek_batches": {starts[6]}'
     if len(starts) > 8 and starts[8] > 0:  # the first draws of iterators re-created every step, with workers
         line += f', "peek_first": {starts[7]:.6f}, "npeek_first": {starts[8]}'
+    if len(starts) > 9 and starts[9] > 0:  # the sampler orders those drew without workers (in `peek`)
+        line += f', "peek_order": {starts[9]:.6f}'
     return line + (', "skipped": true}\n' if skipped else '}\n')
 
 

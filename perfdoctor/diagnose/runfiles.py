@@ -39,7 +39,7 @@ SAMPLE_REQUIRED = ("t", "unix", "system")
 STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode": STR, "profiled": BOOL,
         "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "opt": NUM, "nograd": NUM, "istart": NUM,
         "ishut": NUM, "ifirst": NUM, "nfirst": INT, "peek": NUM, "peek_start": NUM, "peek_batches": INT,
-        "peek_first": NUM, "npeek_first": INT}
+        "peek_first": NUM, "npeek_first": INT, "peek_order": NUM}
 FETCH = {"!": ("pid", "batches", "wall_s"), "pid": INT, "batches": INT, "wall_s": NUM, "runq_s": NUM, "shm_s": NUM,
          "cpu_s": NUM, "first": NUM, "last": NUM, "at": NUM}
 RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": NUM, "stopped_by": STR,
