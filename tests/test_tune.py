@@ -1501,3 +1501,91 @@ def test_channels_last_waits_for_a_lazy_model_to_make_its_parameters(tmp_path, c
     model is converted at the first call after that, instead of the script failing."""
     out, inj = injected(tmp_path, capfd, {"channels_last": True}, LAZY_CNN)
     assert "layout True" in out and inj["channels_last_modules"] == 1
+
+
+# -- keep_iterator (PD355) -------------------------------------------------------------------------
+
+PEEKING = textwrap.dedent("""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    lin = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.arange(40.0).reshape(-1, 1)), batch_size=4, shuffle=True)   # 10 batches
+    seen = []
+    for step in range(25):
+        (x,) = next(iter(loader))                  # a new iterator every step
+        seen.append(x.flatten().tolist())
+        loss = lin(x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    epochs = [sorted(v for b in seen[i:i + 10] for v in b) for i in (0, 10)]
+    print("epochs whole", all(e == [float(v) for v in range(40)] for e in epochs))
+    short = DataLoader(TensorDataset(torch.arange(40.0).reshape(-1, 1)), batch_size=4)
+    for epoch in range(3):                          # an epoch loop that stops early: left alone
+        print("starts at", next(iter(short))[0][0].item(), end="; ")
+        for i, (x,) in enumerate(short):
+            if i == 4:
+                break
+    print()
+""")
+
+
+def test_keep_iterator_hands_a_peeking_iterator_out_again_until_it_runs_out(tmp_path, capfd):
+    """tune's trial of PD355: `next(iter(loader))` every step draws from one iterator, a new one
+    only when it ran out (an epoch: every sample once); an epoch loop that stops early, and its
+    peek, are left as they are. Without the change the starts are only counted."""
+    pytest.importorskip("torch")
+    out, inj = injected(tmp_path, capfd, {"keep_iterator": True}, PEEKING)
+    assert "epochs whole True" in out
+    # 25 steps over 10-batch epochs: 3 iterators; the short loader's peek is followed by its own
+    # epoch loop, which takes the peek's iterator (1 batch drawn) and breaks after 5 more: 3
+    # starts, and its next peek gets a new one (6 batches drawn is no peek's)
+    assert inj["iterator_starts"] == 3 + 3 and inj["iterator_reuses"] == 22 + 3
+    assert "keep_iterator" in inj["applied"]
+    assert out.count("starts at 0.0") == 3                     # the short loader's epochs start over
+    bare_out, bare = injected(tmp_path, capfd, {}, PEEKING)
+    assert bare["iterator_starts"] == 25 + 6 and bare["iterator_reuses"] == 0 and "keep_iterator" not in bare["applied"]
+    assert "epochs whole False" in bare_out                   # a fresh order every step repeats samples
+    text = apply_text({"keep_iterator": True}, bare, cuda=False)
+    assert text.startswith("it = iter(loader)") and "started 31 iterators" in text
+
+
+def test_a_report_that_found_peeks_plans_the_keep_iterator_trial_first():
+    trials = plan.plan(facts(peeks=True, ranked=["PD355", "PD301"]))
+    assert trials[0].changes == {"keep_iterator": True} and trials[0].group == "iterator" and not trials[0].skip
+    assert plan.rule_for(trials[0].changes, {"PD355", "PD301"}) == "PD355"
+    assert all("keep_iterator" not in t.changes for t in plan.plan(facts()))
+
+
+@pytest.mark.slow
+def test_tune_measures_keeping_the_iterator_a_script_re_creates_every_step(tmp_path):
+    """The every-step iterator over a shuffled TensorDataset (the sampler's order drawn each step):
+    the baseline's report ranks PD355 first and tune measures its trial faster, predicted by it."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.set_num_threads(1)
+        model = torch.nn.Linear(16, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        loader = DataLoader(TensorDataset(torch.rand(400_000, 16), torch.rand(400_000, 1)), batch_size=32,
+                            shuffle=True)
+        for step in range(10 ** 6):
+            x, y = next(iter(loader))
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    """))
+    foreign = Foreign()
+    r = ptune("--budget", "40", "--duration", "3", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    if r.returncode == 3:
+        skip_if_shared(foreign)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    keep = next(t for t in doc["trials"] if t["changes"] == {"keep_iterator": True})
+    assert keep["rule"] == "PD355" and keep["predicted"] > 2
+    assert keep["status"] == "faster" and keep["speedup"] > 2, keep
+    assert doc["trials"][0] is keep or doc["trials"].index(keep) == 0
+    assert doc["best"]["changes"] == {"keep_iterator": True} and doc["apply"].startswith("it = iter(loader)")

@@ -18,11 +18,12 @@ key is one change the user could make by hand; the script itself is never edited
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
+| keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache and
-checkpoint-save calls; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
+checkpoint-save calls, its DataLoader iterator starts; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -36,6 +37,7 @@ import os
 import sys
 import threading
 
+from perfdoctor.collect.inject_iter import keep_iterators
 from perfdoctor.collect.inject_model import module_call
 
 LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
@@ -65,6 +67,8 @@ class _State:
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
         self.save_calls = 0                      # checkpoint saves the script asked for (save_every)
+        self.iterator_starts = 0                 # DataLoader iterators started (keep_iterator)
+        self.iterator_reuses = 0                 # iter(loader) calls that got the kept one back (keep_iterator)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -86,7 +90,7 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
-                    (("empty_cache",), _empty_cache), (("save_every",), _saves)):
+                    (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -324,7 +328,8 @@ def write_record() -> None:
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
-           "save_calls": st.save_calls, "channels_last_modules": sum(st.channels_last.values()), "float32_inner": sorted(st.inner_f64),
+           "save_calls": st.save_calls, "iterator_starts": st.iterator_starts,
+           "iterator_reuses": st.iterator_reuses, "channels_last_modules": sum(st.channels_last.values()), "float32_inner": sorted(st.inner_f64),
            "float32_from": sorted({str(v).replace("torch.", "") for v in st.converted.values()}),
            "losses": losses, "notes": st.notes}
     try:

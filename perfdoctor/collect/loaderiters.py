@@ -153,6 +153,9 @@ class LoaderIters:
 
     def started(self, loader, it, dt: float) -> None:
         key = id(loader)
+        if getattr(it, "_perfdoctor_again", False):     # tune's keep_iterator handed it out again: no start
+            it._perfdoctor_again = False
+            return
         self.istart += dt
         prev = self.last.get(key)
         if (prev is not None and prev.batches <= PEEK_MAX and prev.batches < prev.size

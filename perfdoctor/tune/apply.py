@@ -74,6 +74,11 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         n = inject.get("empty_cache_calls")
         lines.append("# torch.cuda.empty_cache()  # remove it from the training loop"
                      + (f": the script made {n} calls" if n else ""))
+    if changes.get("keep_iterator"):
+        n = inject.get("iterator_starts")
+        lines.append("it = iter(loader)  # once; then x, y = next(it) each step, and it = iter(loader) again only when "
+                     "it runs out (StopIteration); loader.batch_size instead of next(iter(loader)) to read a batch's "
+                     "shape" + (f": the script started {n} iterators" if n else ""))
     if changes.get("save_every"):
         n = changes["save_every"]
         lines.append(f"if step % {n} == 0: save(...)  # torch.save / save_file: every {n} steps, or off the training "

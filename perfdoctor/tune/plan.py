@@ -7,7 +7,9 @@ the fix rule of the report whose gain it tests (its `gain.expected` is the predi
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
 optimizer implementation, CUDA settings (channels_last first where the report found convolutions
-on NCHW tensors: PD342), the script's torch.cuda.empty_cache() calls (a trial
+on NCHW tensors: PD342), the loader's iterator kept where the report found iterators started for
+a peek or re-created every step (PD355: collect/inject_iter.py), the script's
+torch.cuda.empty_cache() calls (a trial
 only when the baseline made some), its checkpoint saves (one in SAVE_EVERY written, only where
 the report found saving a material share of the step: PD350), numerics (opt-in), compilation
 (opt-in). The report's
@@ -52,14 +54,15 @@ RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "p
          "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
-         "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",)}
+         "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
+         "keep_iterator": ("PD355",)}
 
-ORDER = {"input": ("loader", "threads", "optimizer", "checkpoint", "recompute", "cuda", "allocator", "numerics",
-                   "compile"),
-         "host": ("checkpoint", "optimizer", "compile", "allocator", "recompute", "threads", "loader", "cuda",
+ORDER = {"input": ("iterator", "loader", "threads", "optimizer", "checkpoint", "recompute", "cuda", "allocator",
+                   "numerics", "compile"),
+         "host": ("checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads", "loader", "cuda",
                   "numerics"),
-         "device": ("numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "optimizer", "loader",
-                    "threads")}
+         "device": ("numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator", "optimizer",
+                    "loader", "threads")}
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 
 
@@ -101,6 +104,7 @@ class Facts:
     other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
     nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
+    peeks: bool = False               # DataLoader iterators started to peek, or re-created every step (PD355 fired)
 
 
 def describe(changes: dict) -> str:
@@ -185,6 +189,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
         opts = [o for o in f.optimizers if impl in o.get("supports", []) and not o.get(impl)]
         if opts:
             by_group["optimizer"].append(Trial({"optimizer": impl}, "optimizer"))
+    if f.peeks:                       # the loader's iterator kept, not started again for a batch or two
+        by_group["iterator"].append(Trial({"keep_iterator": True}, "iterator"))
     if f.checkpoints:
         by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
     if f.frequent_saves:

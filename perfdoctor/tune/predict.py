@@ -46,7 +46,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
         other_cores=m.get("system.other_cores"),
         saturated="PD309" in fixes,
-        nchw="PD342" in fixes)
+        nchw="PD342" in fixes,
+        peeks="PD355" in fixes)
 
 
 def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tuple[str | None, float | None]:
