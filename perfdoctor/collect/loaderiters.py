@@ -32,9 +32,9 @@ counts its wait beyond the usual one (analyze/loaderstarts.py). Without workers,
 iterator's first draw draws the sampler's order (RandomSampler's randperm of the whole dataset
 and a list of it, in the first __next__), and dropping the iterator frees that list: the draw
 (`peek_order`, also in `peek`) is added, less the one order an epoch a kept iterator still draws,
-and the release is the iterator's shutdown (both timed by a wrapper of the iterator's sampler iterator). A 2-core
-VM, a shuffled TensorDataset of 2M rows and `next(iter(loader))` every step: they were nearly all
-of a 197 ms step (14.5 ms with one iterator kept), and nothing counted them.
+and the release is the iterator's shutdown (both timed by a wrapper of the iterator's sampler
+iterator). A 2-core VM, a shuffled TensorDataset of 2M rows and `next(iter(loader))` every step:
+they were nearly all of a 197 ms step (14.5 ms with one iterator kept), and nothing counted them.
 
 A generation called a peek that draws again later was not one (two iterators of one loader used
 in turn): child.json `loader_iters.relabelled` counts them, and the analysis then claims nothing.
@@ -111,7 +111,7 @@ class LoaderIters:
         """The step's sums (take() reads them): seconds in DataLoader.__iter__, in iterator
         shutdowns, in each iterator's first __next__ and how many; the peeks found (seconds, of
         which their start, and the batches they drew in this step; the first draws of those
-        started in an earlier step with workers, and how many)."""
+        started in an earlier step with workers, and how many; without workers, their orders)."""
         self.istart = self.ishut = self.ifirst = 0.0
         self.nfirst = 0
         self.peek_s = self.peek_start = self.peek_first = self.peek_order = 0.0
