@@ -1589,3 +1589,49 @@ def test_tune_measures_keeping_the_iterator_a_script_re_creates_every_step(tmp_p
     assert keep["status"] == "faster" and keep["speedup"] > 2, keep
     assert doc["trials"][0] is keep or doc["trials"].index(keep) == 0
     assert doc["best"]["changes"] == {"keep_iterator": True} and doc["apply"].startswith("it = iter(loader)")
+
+
+INDEXED = textwrap.dedent("""
+    import torch
+    from torch.utils.data import DataLoader, Subset, TensorDataset
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    ds = TensorDataset(torch.arange(50.0).reshape(-1, 1), torch.arange(50) % 3)
+    lin = torch.nn.Linear(1, 3)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    for loader in (DataLoader(ds, batch_size=8, shuffle=True),
+                   DataLoader(Subset(ds, list(range(0, 50, 2))), batch_size=4, drop_last=True),
+                   DataLoader(ds, batch_size=8, collate_fn=lambda b: b)):      # the script's own collate: left
+        got = []
+        for batch in loader:
+            if isinstance(batch[0], tuple):
+                got.append(len(batch))
+                continue
+            x, y = batch
+            got.append(x.flatten().tolist() + y.tolist())
+            loss = torch.nn.functional.cross_entropy(lin(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+        print(type(batch).__name__, len(loader), loader.batch_size, got)
+""")
+
+
+def test_index_batches_draws_the_same_rows_with_one_indexing_a_batch(tmp_path, capfd):
+    """tune's trial of PD358: a TensorDataset (or a Subset of one) fetched sample by sample gets a
+    BatchSampler over its own sampler and batch_size=None; the batches hold the same rows in the
+    same order, shuffled or not, drop_last kept; a loader with its own collate_fn is left alone."""
+    pytest.importorskip("torch")
+    out, inj = injected(tmp_path, capfd, {"index_batches": True}, INDEXED)
+    bare_out, bare = injected(tmp_path, capfd, {}, INDEXED)
+    lines, bare_lines = out.splitlines(), bare_out.splitlines()
+    assert len(lines) == len(bare_lines) == 3
+    for a, b in zip(lines, bare_lines):
+        # type, batches, batch_size, the rows of every batch: the same, batch_size aside
+        ka, kb = a.split(" ", 3), b.split(" ", 3)
+        assert ka[0] == kb[0] and ka[1] == kb[1] and ka[3] == kb[3]
+    assert [x.split(" ", 3)[2] for x in lines] == ["None", "None", "8"]
+    assert [x.split(" ", 3)[2] for x in bare_lines] == ["8", "4", "8"]
+    assert "index_batches" in inj["applied"] and "index_batches" not in bare["applied"]
+    text = apply_text({"index_batches": True}, bare, cuda=False)
+    assert "sampler=BatchSampler(RandomSampler(dataset), batch_size=8" in text and "batch_size=None" in text
+    assert plan.plan(facts(per_sample=True, ranked=["PD358"]))[0].changes == {"index_batches": True}
+    assert plan.rule_for({"index_batches": True}, {"PD358"}) == "PD358"

@@ -18,6 +18,7 @@ key is one change the user could make by hand; the script itself is never edited
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
+| index_batches | True: a DataLoader over a TensorDataset fetching sample by sample gets a BatchSampler as its sampler and batch_size=None: one indexing a batch (collect/inject_iter.py) |
 | keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
@@ -37,7 +38,7 @@ import os
 import sys
 import threading
 
-from perfdoctor.collect.inject_iter import keep_iterators
+from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_model import module_call
 
 LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
@@ -153,6 +154,8 @@ def _loader(torch, st: _State) -> None:
             if a.get("pin_memory") and not torch.cuda.is_available():
                 a["pin_memory"] = False
             st.applied.update(want)
+        if st.changes.get("index_batches") and os.getpid() == st.pid and index_batches(a):
+            st.applied.add("index_batches")
         out = orig(*ba.args, **ba.kwargs)
         st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS},
                            "built": _built(a.get("dataset"))})

@@ -1,4 +1,6 @@
-"""`perfdoctor tune`'s keep_iterator trial (PD355): a loader's peeking iterator kept, not re-created.
+"""How the loader draws batches, in `perfdoctor tune`'s trials: keep_iterator (PD355), index_batches (PD358).
+
+keep_iterator: a loader's peeking iterator kept, not re-created.
 
 With keep_iterator=True, `iter(loader)` hands out the loader's last iterator again when that one
 drew at most PEEK_MAX batches since it was handed out (a peek: `next(iter(loader))` every step,
@@ -12,6 +14,13 @@ before an epoch is then the epoch's first batch: the epoch trains on one batch f
 
 Either way the script's iterator starts are counted (inject.json `iterator_starts`; under the
 trial also `iterator_reuses`, and `keep_iterator` applied once an iterator was handed out again).
+
+index_batches: a DataLoader over a TensorDataset (or a Subset of one) that fetches sample by
+sample (batch_size set, torch's default collate, no batch_sampler) is built with a BatchSampler
+over the sampler it would have had (its own, else RandomSampler with shuffle=True, else
+SequentialSampler) as its sampler and batch_size=None: the dataset is indexed once per batch with
+the batch's indices, one gather per tensor, PD358's code. The batches hold the same rows in the
+same order (the same sampler draws them); `loader.batch_size` reads None.
 """
 
 from __future__ import annotations
@@ -66,3 +75,21 @@ def _reusable(loader, entry: list) -> int | None:
     except TypeError:
         return None
     return drawn if left and drawn - handed <= PEEK_MAX else None
+
+
+def index_batches(a: dict) -> bool:
+    """Rewrite DataLoader(...)'s bound arguments `a` for index_batches (module doc); whether it did."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, Subset, TensorDataset
+
+    ds = a.get("dataset")
+    base = ds.dataset if isinstance(ds, Subset) else ds
+    bs = a.get("batch_size")
+    if (not isinstance(base, TensorDataset) or not isinstance(bs, int) or isinstance(bs, bool) or bs < 2
+            or a.get("batch_sampler") is not None or a.get("collate_fn") is not None):
+        return False
+    sampler = a.get("sampler")
+    if sampler is None:
+        sampler = RandomSampler(ds, generator=a.get("generator")) if a.get("shuffle") else SequentialSampler(ds)
+    a.update(sampler=BatchSampler(sampler, bs, bool(a.get("drop_last"))), batch_size=None, shuffle=None,
+             drop_last=False)
+    return True

@@ -79,6 +79,12 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         lines.append("it = iter(loader)  # once; then x, y = next(it) each step, and it = iter(loader) again only when "
                      "it runs out (StopIteration); loader.batch_size instead of next(iter(loader)) to read a batch's "
                      "shape" + (f": the script started {n} iterators" if n else ""))
+    if changes.get("index_batches"):
+        asked = ((inject.get("loaders") or [{}])[0]).get("asked") or {}
+        bs = asked.get("batch_size") or "B"
+        lines.append(f"DataLoader(dataset, sampler=BatchSampler(RandomSampler(dataset), batch_size={bs}, drop_last=False), "
+                     "batch_size=None)  # one dataset[[i1, ..., iB]] a batch, from torch.utils.data (SequentialSampler "
+                     "without shuffle)" + (f": the script has batch_size={bs}" if asked.get("batch_size") else ""))
     if changes.get("save_every"):
         n = changes["save_every"]
         lines.append(f"if step % {n} == 0: save(...)  # torch.save / save_file: every {n} steps, or off the training "

@@ -8,7 +8,8 @@ the fix rule of the report whose gain it tests (its `gain.expected` is the predi
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
 optimizer implementation, CUDA settings (channels_last first where the report found convolutions
 on NCHW tensors: PD342), the loader's iterator kept where the report found iterators started for
-a peek or re-created every step (PD355: collect/inject_iter.py), the script's
+a peek or re-created every step (PD355: collect/inject_iter.py), a TensorDataset indexed once a
+batch where the report found it fetched sample by sample (PD358), the script's
 torch.cuda.empty_cache() calls (a trial
 only when the baseline made some), its checkpoint saves (one in SAVE_EVERY written, only where
 the report found saving a material share of the step: PD350), numerics (opt-in), compilation
@@ -55,14 +56,14 @@ RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "p
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
          "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
-         "keep_iterator": ("PD355",)}
+         "keep_iterator": ("PD355",), "index_batches": ("PD358",)}
 
-ORDER = {"input": ("iterator", "loader", "threads", "optimizer", "checkpoint", "recompute", "cuda", "allocator",
-                   "numerics", "compile"),
-         "host": ("checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads", "loader", "cuda",
-                  "numerics"),
+ORDER = {"input": ("iterator", "loader", "indexing", "threads", "optimizer", "checkpoint", "recompute", "cuda",
+                   "allocator", "numerics", "compile"),
+         "host": ("checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads", "loader",
+                  "indexing", "cuda", "numerics"),
          "device": ("numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator", "optimizer",
-                    "loader", "threads")}
+                    "loader", "indexing", "threads")}
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 
 
@@ -105,6 +106,7 @@ class Facts:
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
     nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
     peeks: bool = False               # DataLoader iterators started to peek, or re-created every step (PD355 fired)
+    per_sample: bool = False          # an in-memory dataset fetched sample by sample (PD358 fired)
 
 
 def describe(changes: dict) -> str:
@@ -191,6 +193,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
             by_group["optimizer"].append(Trial({"optimizer": impl}, "optimizer"))
     if f.peeks:                       # the loader's iterator kept, not started again for a batch or two
         by_group["iterator"].append(Trial({"keep_iterator": True}, "iterator"))
+    if f.per_sample:                  # a TensorDataset indexed once a batch, not once a sample
+        by_group["indexing"].append(Trial({"index_batches": True}, "indexing"))
     if f.checkpoints:
         by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
     if f.frequent_saves:
