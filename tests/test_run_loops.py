@@ -403,6 +403,61 @@ def test_the_window_hides_torchs_cycle_warning_and_nothing_else():
                                               "Warning: Profiler clears events at the end of each cycle. (the script's profiler)"]
 
 
+def test_hiding_the_cycle_warning_leaves_the_scripts_once_per_line_warnings_shown_once():
+    """The window's start and steps hide torch's warning without touching the warnings filters:
+    a filter change clears every module's record of the warnings it showed, so a script's
+    once-per-line warning printed again after each of the window's calls."""
+    import warnings
+
+    from perfdoctor.collect.profquiet import cycle_warning_hidden
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+
+        def script_warns():
+            warnings.warn("the script's own warning")
+        script_warns()
+        for _ in range(3):
+            with cycle_warning_hidden():
+                warnings.warn("Warning: Profiler clears events at the end of each cycle. Only events ...")
+            script_warns()
+    assert [str(w.message) for w in seen] == ["the script's own warning"]
+
+
+def test_the_cycle_warning_is_filtered_out_where_warnings_are_errors():
+    """Under -W error the warning would raise inside the profiler's start: there it is filtered out."""
+    import warnings
+
+    from perfdoctor.collect.profquiet import cycle_warning_hidden
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cycle_warning_hidden():
+            warnings.warn("Warning: Profiler clears events at the end of each cycle. Only events ...")
+        with pytest.raises(UserWarning):
+            warnings.warn("the script's own warning")
+
+
+WARNS_EACH_STEP = """
+import warnings
+import torch, torch.nn as nn
+m = nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(20):
+    warnings.warn("the script's own warning, once per line by default")
+    opt.zero_grad(); m(torch.randn(4, 8)).sum().backward(); opt.step()
+"""
+
+
+def test_a_scripts_warning_prints_as_often_as_under_python(tmp_path):
+    """pytorch/examples' mnist_rnn warns on each forward (dropout2d on a 2-D input): python shows it
+    once; under `run` the trace window's start and steps showed it 6 more times."""
+    script = tmp_path / "warns.py"
+    script.write_text(WARNS_EACH_STEP)
+    r = prun(script, out=tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run" / "trace").is_dir() and any((tmp_path / "run" / "trace").iterdir())
+    assert bare(script).stderr.count("own warning") == 2           # the message and its source line
+    assert r.stderr.count("own warning") == 2, r.stderr
+
+
 def test_the_memory_budget_is_the_least_of_the_setting_and_a_part_of_the_free_memory(monkeypatch):
     """Above the larger of the resident size now and the process's peak so far: the script's own
     peaks are not the profiler's."""

@@ -67,17 +67,41 @@ def inductor_left_unloaded(torch):
         torch.__getattr__ = lazy
 
 
+CYCLE = re.compile(r".*Profiler clears events at the end of each cycle")
+
+
 @contextlib.contextmanager
 def cycle_warning_hidden():
     """torch 2.10-2.11 warn on the user's stderr, at a scheduled profiler's start, that a cycle
     clears events (pytorch/pytorch issue 180348), though this window has one cycle. The way out
     torch offers, acc_events=True, turns every stop() into a Python parse of all events: 41 s and
     +3.4 GB for 20k-op passes where stop() and export take 4.9 s and +1 GB without it (measured
-    here, torch 2.13). So the warning is filtered out around the window's own calls instead."""
+    here, torch 2.13). So the warning is hidden around the window's own calls instead.
+
+    Hidden where it would be shown (`warnings._showwarnmsg`, which CPython calls for every warning
+    its filters let through), not by a filter: entering or leaving `catch_warnings`, or adding a
+    filter, clears every module's record of the warnings it has shown, so each of the window's
+    calls (its start and each step) made the script's once-per-line warnings print again (a
+    pytorch/examples script's UserWarning 7 times under `run`, once under python). Only where a
+    filter turns warnings into errors (`-W error`), which would raise this one before it is shown,
+    is it filtered out as before."""
     import warnings
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+    show = warnings.__dict__.get("_showwarnmsg")
+    if show is None or any(f[0] == "error" for f in warnings.filters):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=CYCLE.pattern)
+            yield
+        return
+
+    def hidden(msg):
+        if not CYCLE.match(str(getattr(msg, "message", ""))):
+            show(msg)
+    warnings._showwarnmsg = hidden
+    try:
         yield
+    finally:
+        if warnings.__dict__.get("_showwarnmsg") is hidden:
+            warnings._showwarnmsg = show
 
 
 _first = [True]        # Kineto starts once a process: the line can come only from the first start
