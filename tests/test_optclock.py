@@ -92,6 +92,7 @@ print(f"OPT_SHARE {inside / total:.4f}")
 """
 
 
+@pytest.mark.quiet             # the run's optimizer share against the script's own clock, within 0.08
 def test_a_for_loop_adam_is_timed_and_pd338_expects_its_gain_on_the_untraced_share(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "adam.py"
