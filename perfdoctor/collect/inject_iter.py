@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import weakref
 
-PEEK_MAX = 2          # batches a dropped iterator may have drawn and still be a peek (collect/loaderiters.py)
+from perfdoctor.collect.loaderiters import PEEK_MAX    # what the run calls a peek, the trial keeps
 
 
 def keep_iterators(torch, st) -> None:
