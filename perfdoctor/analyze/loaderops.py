@@ -14,6 +14,13 @@ outermost ops inside those spans (an op's children are its own time) say what th
   Tensor math runs on a GPU as it is written: moved after the copy to the device it becomes a
   few batched kernels (article 003: convert to float and normalise on the GPU). Python, PIL,
   decoders and numpy are not traced: a loader busy with them shows a low share here;
+- input.wait_fetch_share: the time of the outermost ops that fetch a sample and batch it, whatever
+  is computed ahead of time: indexing a stored sample (select, index, slice, narrow, item) and
+  collating (stack, cat; pin_memory) / the spans' time. Offline preprocessing (PD306) keeps these:
+  a per-sample conversion (ToTensor's aten::to, contiguous's aten::clone, views) is
+  preprocessing, done once when the result is stored (pytorch/examples mnist_rnn: aten::to 4.8%
+  of its loading, indexing and collation 3.3%; with ToTensor and Normalize done once the step
+  ran 2.47x as fast at a 59% wait, 2.04-3.02x in 13 interleaved pairs);
 - input.wait_top_ops: the three ops with the most of that time, each with its share of the
   spans ("aten::stft 74%, aten::mm 11%"), the ones of at least MIN_SHOWN.
 
@@ -31,7 +38,7 @@ from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
-METRICS = ("input.wait_tensor_op_share", "input.wait_top_ops")
+METRICS = ("input.wait_tensor_op_share", "input.wait_fetch_share", "input.wait_top_ops")
 # what a loader does that is no transform: collating samples into a batch, copies, allocation
 NOT_TRANSFORM = frozenset({"aten::stack", "aten::cat", "aten::_cat", "aten::to", "aten::_to_copy", "aten::copy_",
                            "aten::empty", "aten::empty_strided", "aten::pin_memory", "aten::_pin_memory",
@@ -45,6 +52,10 @@ NOT_TRANSFORM = frozenset({"aten::stack", "aten::cat", "aten::_cat", "aten::to",
                            "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::expand",
                            "aten::permute", "aten::transpose", "aten::t", "aten::flatten",
                            "aten::item", "aten::_local_scalar_dense"})
+# what stays per sample and per batch when every deterministic step is stored ahead of time
+FETCH = frozenset({"aten::select", "aten::index", "aten::slice", "aten::narrow", "aten::item",
+                   "aten::_local_scalar_dense", "aten::stack", "aten::cat", "aten::_cat",
+                   "aten::pin_memory", "aten::_pin_memory"})
 MIN_SHOWN = 0.05
 TOP = 3
 
@@ -66,6 +77,8 @@ def loader_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     names = [t.names[c] for c in t.name[top]]
     transform = np.asarray([n not in NOT_TRANSFORM for n in names], bool)
     out["input.wait_tensor_op_share"] = min(1.0, float(t.dur[top][transform].sum()) / span_t)
+    fetch = np.asarray([n in FETCH for n in names], bool)
+    out["input.wait_fetch_share"] = min(1.0, float(t.dur[top][fetch].sum()) / span_t)
     by: dict[str, float] = {}
     for n, d, keep in zip(names, t.dur[top], transform):
         if keep:

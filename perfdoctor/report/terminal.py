@@ -154,7 +154,7 @@ def _top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
     if ranked:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
     else:           # only fixes whose gain no model bounds: still the advice there is
-        c.print(Text("No fix is expected to speed this up measurably; worth a look (? no model, ~ expected, "
+        c.print(Text("No fix has a measurable modelled gain here; worth a look (? no model, ~ expected, "
                      "max: its ceiling)", style="bold"))
     shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
     for i, f in enumerate(shown, 1):
