@@ -19,6 +19,7 @@ key is one change the user could make by hand; the script itself is never edited
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
 | index_batches | True: a DataLoader over a TensorDataset fetching sample by sample gets a BatchSampler as its sampler and batch_size=None: one indexing a batch (collect/inject_iter.py) |
+| store_samples | True: a DataLoader over a map-style dataset (not a TensorDataset) serves a pool of samples prepared once, when it is built: what preprocessing the data set once (PD306) can give at most (collect/inject_store.py) |
 | keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
@@ -40,6 +41,7 @@ import threading
 
 from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_model import module_call
+from perfdoctor.collect.inject_store import StoredSamples, store_samples
 
 LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
@@ -156,9 +158,15 @@ def _loader(torch, st: _State) -> None:
             st.applied.update(want)
         if st.changes.get("index_batches") and os.getpid() == st.pid and index_batches(a):
             st.applied.add("index_batches")
+        if st.changes.get("store_samples") and os.getpid() == st.pid:
+            why = store_samples(a, torch)
+            if why is None:
+                st.applied.add("store_samples")
+            elif why.startswith("dataset["):
+                st.note(f"store_samples: {why}")
         out = orig(*ba.args, **ba.kwargs)
         st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS},
-                           "built": _built(a.get("dataset"))})
+                           "built": _built(ds.dataset if isinstance(ds := a.get("dataset"), StoredSamples) else ds)})
         return out
     DataLoader.__init__ = __init__
 

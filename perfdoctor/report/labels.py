@@ -188,10 +188,16 @@ def tune_no_best(doc: dict) -> list[str]:
     """What tune says when no trial was measurably faster: whether anything was measured, and
     which trials could not be told from the baseline (then not "keep the script as it is": they
     were not measured equal, only not told apart)."""
-    measured = any(tr["speedup"] is not None for tr in doc["trials"])
+    settings = [tr for tr in doc["trials"] if not tr.get("bound")]
+    measured = any(tr["speedup"] is not None for tr in settings)
     out = ["none of the trials was measurably faster than the baseline." if measured
            else "nothing was measured: no trial could run (reasons above)."]
-    unsure = [tr["label"] for tr in doc["trials"] if tr["status"] == "inconclusive"]
+    bounds = [tr for tr in doc["trials"] if tr.get("bound") and tr["status"] == "faster"]
+    if bounds:          # a measure of a code change, not a setting to apply (tune/plan.py)
+        out[0] = ("no setting tune can make was measurably faster; " if measured else "no setting was measured; ") + \
+            "; ".join(f"{tr['label']} measured {tr['speedup']:.2f}x: the most {tr['rule']}'s code change (in the "
+                      "report) can give" for tr in bounds) + "."
+    unsure = [tr["label"] for tr in settings if tr["status"] == "inconclusive"]
     if unsure:
         out.append(f"{len(unsure)} trial(s) inconclusive ({'; '.join(unsure)}): the runs varied too much to tell a "
                    "gain from a loss; rerun on a quiet machine, or with a larger --budget")

@@ -37,6 +37,9 @@ group comes first and tries fewer threads, one per core they leave free (PD348),
 The compile trial uses the mode the report advises: "reduce-overhead" (CUDA graph replay) where
 PD311 ranks, the default mode elsewhere; a graph-replay trial that fails is followed by a
 default-mode one (`fallback`), since graph replay refuses some scripts that compile alone takes.
+A bound trial measures the most a code change tune cannot make gives, not a setting: store_samples
+(collect/inject_store.py) serves samples prepared once, augmentations frozen, so it is never the
+best setting nor combined with others; its measurement is set against PD306's ceiling.
 A trial that cannot apply here is planned as skipped with its reason (never measured, never
 invented): CUDA settings without a CUDA device, numerics and compilation without their flag.
 """
@@ -56,14 +59,15 @@ RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "p
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
          "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
-         "keep_iterator": ("PD355",), "index_batches": ("PD358",)}
+         "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",)}
 
-ORDER = {"input": ("iterator", "loader", "indexing", "threads", "optimizer", "checkpoint", "recompute", "cuda",
-                   "allocator", "numerics", "compile"),
+ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "threads", "optimizer", "checkpoint",
+                   "recompute", "cuda", "allocator", "numerics", "compile"),
          "host": ("checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads", "loader",
-                  "indexing", "cuda", "numerics"),
+                  "indexing", "preprocessing", "cuda", "numerics"),
          "device": ("numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator", "optimizer",
-                    "loader", "indexing", "threads")}
+                    "loader", "indexing", "preprocessing", "threads")}
+STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 
 
@@ -74,6 +78,7 @@ class Trial:
     rule: str | None = None          # the fix rule whose expected gain this trial tests
     skip: str | None = None          # planned as skipped, with the reason
     refines: bool = False            # applied on top of the group's best first-pass setting
+    bound: str | None = None         # a bound trial's caveat: it measures a fix's most, not a setting (module doc)
     label: str = ""
 
     def __post_init__(self):
@@ -107,6 +112,7 @@ class Facts:
     nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
     peeks: bool = False               # DataLoader iterators started to peek, or re-created every step (PD355 fired)
     per_sample: bool = False          # an in-memory dataset fetched sample by sample (PD358 fired)
+    preprocess: bool = False          # the report offers preprocessing the data set once (PD306 fired)
 
 
 def describe(changes: dict) -> str:
@@ -195,6 +201,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
         by_group["iterator"].append(Trial({"keep_iterator": True}, "iterator"))
     if f.per_sample:                  # a TensorDataset indexed once a batch, not once a sample
         by_group["indexing"].append(Trial({"index_batches": True}, "indexing"))
+    if f.preprocess:                  # the samples prepared once: PD306's most, augmentations frozen
+        by_group["preprocessing"].append(Trial({"store_samples": True}, "preprocessing", bound=STORED))
     if f.checkpoints:
         by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
     if f.frequent_saves:

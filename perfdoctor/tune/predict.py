@@ -48,7 +48,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         saturated="PD309" in fixes,
         nchw="PD342" in fixes,
         peeks="PD355" in fixes,
-        per_sample="PD358" in fixes)
+        per_sample="PD358" in fixes,
+        preprocess="PD306" in fixes)
 
 
 def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tuple[str | None, float | None]:

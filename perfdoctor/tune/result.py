@@ -36,6 +36,7 @@ def _t(x):
 def _trial_doc(o: Outcome, fixes: dict) -> dict:
     m = o.run
     return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
+            "bound": bool(o.trial.bound),
             "offered": o.offered, "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
             "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,

@@ -138,7 +138,7 @@ class Tuner:
         while (best := self._unconfirmed_best()) is not None and self._fits(CONFIRM_RUNS):
             self._confirm(best)
         for o in self.outcomes:              # the other "faster" rows rest on one run: say so
-            if o.status == "faster" and o.confirm is None:
+            if o.status == "faster" and o.confirm is None and not o.trial.bound:
                 _add_reason(o, "one run, not confirmed")
 
     def _baseline(self) -> None:
@@ -305,6 +305,8 @@ class Tuner:
             if missing and out.status != "failed":
                 why = "; ".join(m.inject.get("notes") or []) or "the script never reached it"
                 out.status, out.reason = "failed", f"not applied: {', '.join(missing)} ({why})"
+        if t.bound and out.status != "failed":
+            _add_reason(out, t.bound)
         loads = [x.other_load for x in (before, m, after) if x is not None and _busy(x)]
         if loads:
             _add_reason(out, f"other processes used up to {max(loads):.1f} cores meanwhile")
@@ -352,11 +354,13 @@ class Tuner:
         confirmed one (the next to confirm), or None."""
         done = max((o.ratio for o in self.outcomes if o.status == "faster" and (o.confirm or {}).get("speedup")),
                    default=0.0)
-        cands = [o for o in self.outcomes if o.status == "faster" and o.confirm is None and o.ratio > done]
+        cands = [o for o in self.outcomes if o.status == "faster" and not o.trial.bound and o.confirm is None
+                 and o.ratio > done]
         return max(cands, key=lambda o: o.ratio, default=None)
 
     def _best(self, group: str | None = None) -> Outcome | None:
-        cands = [o for o in self.outcomes if o.status == "faster" and (group is None or o.trial.group == group)]
+        cands = [o for o in self.outcomes
+                 if o.status == "faster" and not o.trial.bound and (group is None or o.trial.group == group)]
         return max(cands, key=lambda o: o.ratio, default=None)
 
     def best(self) -> Outcome | None:

@@ -1,0 +1,102 @@
+"""store_samples, in `perfdoctor tune`'s trials: the most that preprocessing the data set once (PD306) can give.
+
+PD306's fix is the script's own work (resize, convert, tokenise once and save the result); tune
+cannot write it, but it can measure a loader that has nothing left to prepare. With
+store_samples=True a DataLoader over a map-style dataset is built over StoredSamples instead:
+when the loader is built, in the trainer, a pool of samples (dataset[i] for indices drawn with a
+fixed seed: POOL_BATCHES batches' worth, at most POOL_BYTES and POOL_S seconds, at least one
+sample) is prepared, and dataset[i] then returns the pool's sample i % len(pool). Every step the
+loader still fetches samples one by one, collates them, pins them and, with workers, hands them
+over (workers get the pool with the dataset): what stays after preprocessing. The epoch keeps its
+length and its batch count; attributes (`loader.dataset.classes`) read through to the dataset.
+
+An upper bound of the fix, said so wherever it is shown: random augmentations are frozen with
+the sample (the fix keeps them per sample), a pool of a few batches is read from the CPU's caches
+where a stored data set is read from RAM or storage, and the steps train on the pool's samples
+(tune does not compare the losses of this trial). Never a setting to apply (session: not a
+"best"), a measurement of PD306's ceiling and of the room it leaves.
+
+Left alone: an IterableDataset (no indices), a TensorDataset or a Subset of one (its samples are
+stored tensors already: PD358's case), a dataset without a length or an empty one, a dataset
+already stored (a loader built again on `loader.dataset`: Lightning's re-instantiation), and one
+whose first samples raise (the trial then fails as not applied, with the error in its notes).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+POOL_BATCHES = 4              # batches' worth of samples prepared ahead
+POOL_MIN = 64                 # samples, whatever the batch size (batch_size=None, 1)
+POOL_BYTES = 256 * 2 ** 20    # the pool's tensors and arrays, at most
+POOL_S = 10.0                 # seconds preparing it, at most (the loader's construction waits for it)
+
+
+class StoredSamples:
+    """A map-style dataset whose samples were prepared once (module doc)."""
+
+    def __init__(self, dataset, pool: list):
+        self.dataset = dataset
+        self.pool = pool
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        if isinstance(i, int) and not isinstance(i, bool):
+            return self.pool[i % len(self.pool)]
+        return self.dataset[i]                 # a key that is no index (a sampler of lists, strings)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("dataset", "pool"):   # __getitems__: per-index fetches, stored
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def store_samples(a: dict, torch) -> str | None:
+    """Rewrite DataLoader(...)'s bound arguments `a` for store_samples (module doc): None when it
+    did, else why the loader is left alone (said in the notes only when it is a failure)."""
+    from torch.utils.data import IterableDataset, Subset, TensorDataset
+
+    ds = a.get("dataset")
+    base = ds.dataset if isinstance(ds, Subset) else ds
+    if isinstance(ds, StoredSamples):
+        return "stored already"
+    if isinstance(ds, IterableDataset) or isinstance(base, TensorDataset) or not hasattr(ds, "__getitem__"):
+        return "not a map-style dataset to prepare"
+    try:
+        n = len(ds)
+    except TypeError:
+        return "a dataset without a length"
+    if n <= 0:
+        return "an empty dataset"
+    bs = a.get("batch_size")
+    want = min(n, max(POOL_MIN, POOL_BATCHES * (bs if isinstance(bs, int) and bs > 0 else 1)))
+    order = random.Random(0).sample(range(n), want)
+    pool, size, t0 = [], 0, time.monotonic()
+    for i in order:
+        try:
+            sample = ds[i]
+        except Exception as exc:
+            return f"dataset[{i}] failed ({type(exc).__name__}: {exc})"
+        pool.append(sample)
+        size += _nbytes(sample, torch)
+        if size >= POOL_BYTES or time.monotonic() - t0 >= POOL_S:
+            break
+    a["dataset"] = StoredSamples(ds, pool)
+    return None
+
+
+def _nbytes(x, torch, depth: int = 0) -> int:
+    """The bytes of a sample's tensors and arrays (containers walked a few levels deep)."""
+    if isinstance(x, torch.Tensor):
+        return x.element_size() * x.nelement()
+    nb = getattr(x, "nbytes", None)
+    if isinstance(nb, int):
+        return nb
+    if depth < 3 and isinstance(x, (list, tuple)):
+        return sum(_nbytes(v, torch, depth + 1) for v in x)
+    if depth < 3 and isinstance(x, dict):
+        return sum(_nbytes(v, torch, depth + 1) for v in x.values())
+    return 0

@@ -1,0 +1,154 @@
+"""tune's store_samples trial (collect/inject_store.py): the most preprocessing the data set once
+(PD306) can give, measured as a bound, never applied as a setting."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from test_tune import facts, injected
+
+from perfdoctor.collect.inject_store import POOL_BATCHES, StoredSamples
+from perfdoctor.report.labels import tune_no_best
+from perfdoctor.tune import plan
+
+PREPARED = textwrap.dedent("""
+    import pickle
+    import torch
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    class Images(Dataset):
+        classes = ["a", "b"]
+        calls = 0
+        def __len__(self):
+            return 1000
+        def __getitem__(self, i):
+            Images.calls += 1
+            return torch.full((3, 8, 8), float(i)).mul(2).add(1), i % 2
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(8.0).reshape(-1, 1))
+
+    lin = torch.nn.Linear(3 * 8 * 8, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    loader = DataLoader(Images(), batch_size=8, shuffle=True)
+    built = Images.calls
+    seen, n = set(), 0
+    for x, y in loader:
+        seen.update(int(v) for v in (x[:, 0, 0, 0] - 1) / 2)
+        loss = torch.nn.functional.cross_entropy(lin(x.flatten(1)), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        n += 1
+    print("built", built, "epoch", Images.calls - built, "batches", n, "distinct", len(seen))
+    print("len", len(loader.dataset), "classes", loader.dataset.classes, "pickles", len(pickle.dumps(loader.dataset)) > 0)
+    for other in (DataLoader(TensorDataset(torch.ones(16, 1)), batch_size=4), DataLoader(Stream(), batch_size=4),
+                  DataLoader(loader.dataset, batch_size=8)):
+        print(type(other.dataset).__name__, end=" ")
+    print()
+""")
+
+
+def test_store_samples_serves_a_pool_prepared_once_when_the_loader_is_built(tmp_path, capfd):
+    """A map-style dataset's samples are prepared when the loader is built (a pool of
+    POOL_BATCHES batches, at least POOL_MIN samples), then served for the whole epoch, which
+    keeps its length and batch count; attributes read through; a TensorDataset, an
+    IterableDataset and a loader built again on the stored dataset are left alone."""
+    pytest.importorskip("torch")
+    out, inj = injected(tmp_path, capfd, {"store_samples": True}, PREPARED)
+    lines = out.splitlines()
+    pool = max(64, POOL_BATCHES * 8)
+    assert lines[0] == f"built {pool} epoch 0 batches 125 distinct {pool}", out
+    assert lines[1] == "len 1000 classes ['a', 'b'] pickles True"
+    assert lines[2].split() == ["TensorDataset", "Stream", "StoredSamples"]
+    assert "store_samples" in inj["applied"] and not inj["notes"]
+    assert inj["loaders"][0]["built"].endswith(" Images 1000")          # the script's dataset, as it built it
+    bare_out, bare = injected(tmp_path, capfd, {}, PREPARED)
+    assert bare_out.splitlines()[0] == "built 0 epoch 1000 batches 125 distinct 1000"
+    assert "store_samples" not in bare["applied"]
+
+
+def test_a_dataset_whose_samples_fail_is_left_alone_and_said_so(tmp_path, capfd):
+    pytest.importorskip("torch")
+    script = PREPARED.replace("Images.calls += 1", "Images.calls += 1\n        assert i < 0, 'no such file'")
+    script = script[:script.index("built = ")] + "print(type(loader.dataset).__name__)\n"
+    out, inj = injected(tmp_path, capfd, {"store_samples": True}, script)
+    assert out.strip() == "Images" and "store_samples" not in inj["applied"]
+    assert len(inj["notes"]) == 1 and inj["notes"][0].startswith("store_samples: dataset[")
+    assert "AssertionError: no such file" in inj["notes"][0]
+
+
+def test_a_stored_sample_is_looked_up_by_index_and_other_keys_pass_through():
+    pytest.importorskip("torch")
+    base = {"k": "by key", 0: "a", 1: "b", 2: "c", 3: "d"}
+    ds = StoredSamples(base, ["s0", "s1"])
+    assert [ds[i] for i in range(5)] == ["s0", "s1", "s0", "s1", "s0"] and ds["k"] == "by key"
+    with pytest.raises(AttributeError):
+        ds.__getitems__                  # the fetcher then fetches index by index: stored samples
+
+
+def test_a_report_offering_pd306_plans_the_bound_trial_never_a_best_setting():
+    trials = plan.plan(facts(preprocess=True))
+    stored = [t for t in trials if t.changes == {"store_samples": True}]
+    assert len(stored) == 1 and stored[0].group == "preprocessing" and stored[0].bound and not stored[0].skip
+    assert plan.rule_for(stored[0].changes, {"PD306", "PD301"}) == "PD306"
+    assert [t.group for t in trials].index("preprocessing") > [t.group for t in trials].index("loader")
+    assert all("store_samples" not in t.changes for t in plan.plan(facts()))
+    # only the bound was faster: no setting to apply, and the bound named as PD306's most
+    trial = {"label": "store_samples=True", "bound": True, "status": "faster", "speedup": 2.4, "rule": "PD306"}
+    other = {"label": "num_workers=1", "bound": False, "status": "no change", "speedup": 1.01, "rule": "PD301"}
+    lines = tune_no_best({"trials": [other, trial], "apply": "keep the script as it is"})
+    assert lines[0].startswith("no setting tune can make was measurably faster; store_samples=True measured 2.40x: "
+                               "the most PD306's code change")
+
+
+@pytest.mark.slow
+def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
+    """A Dataset that computes each sample from scratch (deterministic tensor math, ~0.4 ms a
+    sample): the report offers PD306, tune measures its bound far faster than the baseline, sets
+    it against PD306's ceiling, and never recommends it as the setting to apply."""
+    pytest.importorskip("torch")
+    from quiet import Foreign, skip_if_shared
+    from test_tune import ptune
+    import json
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        torch.set_num_threads(1)
+
+        class Computed(Dataset):
+            def __len__(self):
+                return 100_000
+
+            def __getitem__(self, i):
+                x = torch.full((48, 48), float(i % 97))
+                for _ in range(6):
+                    x = (x @ x).softmax(-1)
+                return x.flatten()[:32], i % 2
+
+        model = torch.nn.Linear(32, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for x, y in DataLoader(Computed(), batch_size=16, shuffle=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    """))
+    foreign = Foreign()
+    r = ptune("--budget", "75", "--duration", "3", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    if r.returncode == 3:
+        skip_if_shared(foreign)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    stored = next(t for t in doc["trials"] if t["changes"] == {"store_samples": True})
+    if stored["reason"] == "budget":                # the baseline repeated around every trial: a shared machine
+        skip_if_shared(foreign)
+    assert stored["rule"] == "PD306" and stored["bound"] and stored["offered"], stored
+    assert stored["status"] == "faster" and stored["speedup"] > 3, stored
+    assert stored["reason"].startswith("a bound, not a setting")
+    check = stored["model_check"]
+    assert check["rule"] == "PD306" and check["ceiling"] > 3, check      # a wait of most of the step
+    assert not doc["best"] or doc["best"]["changes"] != {"store_samples": True}
+    assert "store_samples" not in doc["apply"]
