@@ -201,7 +201,7 @@ def tune_no_best(doc: dict) -> list[str]:
     if unsure:
         out.append(f"{len(unsure)} trial(s) inconclusive ({'; '.join(unsure)}): the runs varied too much to tell a "
                    "gain from a loss; rerun on a quiet machine, or with a larger --budget")
-    elif measured:
+    elif measured and not bounds:     # "no change was measured faster": not so, with a bound faster
         out += (doc.get("apply") or "").splitlines()
     return out
 
