@@ -60,7 +60,8 @@ def test_anomaly_mode_is_named_by_the_engines_nan_checks(tmp_path):
     assert m_on["autograd.anomaly_checked_share"] == 1.0 and 0 < m_on["autograd.anomaly_check_share"] < 1
     assert m_off["autograd.anomaly_checked_share"] == 0.0 and m_off["autograd.anomaly_check_share"] == 0.0
     fix = next(f for f in on["findings"] if f["id"] == "PD374")
-    assert fix["gain"] is None and "cannot separate" in fix["no_gain_reason"]    # its stacks are not in the trace
+    # the stacks it stores are not in a trace (py-spy's samples of a run have them): unknown, no ceiling
+    assert fix["gain"]["expected"] is None and fix["gain"]["ceiling"] is None and not fix["ranked"], fix["gain"]
     assert "PD374" not in {f["id"] for f in off["findings"]}
     # and flagged, so a fix without a modelled gain, ranked under the modelled ones, is seen
     assert [f["severity"] for f in on["flags"] if f["id"] == "PD220"] == ["high"]

@@ -296,6 +296,30 @@ def test_segments_rebuild_stacks_and_steady_windows_clip_them():
         ("torch.save", "train.py:27", 0.6), ("nn.Module.__call__", "train.py:27", 0.4)]
 
 
+def test_anomaly_mode_storing_each_forward_ops_stack_is_its_own_share():
+    """Anomaly mode's stored stacks: traceback.format_stack (and extract_stack below it) called from
+    inside a forward op, 25 ms of each 100 ms step; a format_stack of the user's own elsewhere
+    counts too (it is the same cost), a traceback module's other functions do not."""
+    main = ("main", "/home/u/train.py", 9)
+    fwd = ("Linear.forward", SITE + "torch/nn/modules/linear.py", 125)
+    fmt = ("format_stack", "/usr/lib/python3.11/traceback.py", 213)
+    ext = ("extract_stack", "/usr/lib/python3.11/traceback.py", 232)
+    other = ("print_exc", "/usr/lib/python3.11/traceback.py", 183)
+    ev = [_ev("B", 0, *main)]
+    for k in range(10):
+        t = k * 100_000
+        ev += [_ev("B", t, *fwd), _ev("B", t + 10_000, *fmt), _ev("B", t + 15_000, *ext), _ev("E", t + 35_000, *ext),
+               _ev("E", t + 35_000, *fmt), _ev("B", t + 35_000, *other), _ev("E", t + 45_000, *other),
+               _ev("E", t + 100_000, *fwd)]
+    ev.append(_ev("E", 1_000_000, *main))
+    t0 = 1000.0
+    steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
+              "profiled": False} for k in range(10)]
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
+                    source=lambda f, n: "")
+    assert rep.metrics["stacks.anomaly_stack_share"] == pytest.approx(0.25)
+
+
 def test_a_line_whose_stacks_differ_in_cause_names_the_main_one_and_its_part():
     """trainer.train() on one line: 30 ms of forward, then 70 ms of backward a step, all below the
     same library call. The row is that call at that line, 'mostly backward (70%)', whichever

@@ -50,7 +50,7 @@ def empty_metrics() -> dict:
             "stacks.python_data_share": None, "stacks.evaluation_share": None,
             "stacks.producer_wait_share": None, "stacks.waiting_share": None,
             "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
-            "stacks.own_threads_busy_share": None}
+            "stacks.own_threads_busy_share": None, "stacks.anomaly_stack_share": None}
 
 
 def exposed_waits(m: dict) -> dict:
@@ -240,8 +240,11 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap, start, step]
     period = 1.0 / float(meta.get("rate_hz") or 100)
     ends = np.sort(np.array([float(s["end"]) for s in steps if "end" in s]))
+    stored, storing = 0.0, {}           # time in the Python stacks anomaly mode stores with each forward op
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
+        if wt > 0 and storing.setdefault(stack, _stores_stack(stack)):
+            stored += wt
         if c[0] == "checkpoint":
             _add_save(saves, sa, sb, ends, period, win)
         if wt <= 0:
@@ -264,10 +267,18 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.producer_wait_share": float(share["producer_wait"]),
               "stacks.waiting_share": float(share["waiting"]),
               "stacks.checkpoint_interval_steps": interval,
+              "stacks.anomaly_stack_share": stored / sampled,
               "stacks.own_threads_busy_share": _own_threads_busy(segs, trainer, main["t0_unix"], win, sampled, source)})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
     return rep
+
+
+def _stores_stack(stack: tuple) -> bool:
+    """Autograd anomaly mode at work: each forward op that records a backward node stores the
+    Python stack that made it (torch calls traceback.format_stack, or torch.fx.traceback's, from
+    inside the op): a sample inside one of those calls."""
+    return any(f[0] in ("format_stack", "extract_stack") and f[1].endswith("traceback.py") for f in stack)
 
 
 def _own_threads_busy(segs: dict, trainer: tuple, t0: float, win: _Windows, sampled: float, source) -> float:
