@@ -21,11 +21,12 @@ key is one change the user could make by hand; the script itself is never edited
 | index_batches | True: a DataLoader over a TensorDataset fetching sample by sample gets a BatchSampler as its sampler and batch_size=None: one indexing a batch (collect/inject_iter.py) |
 | store_samples | True: a DataLoader over a map-style dataset (not a TensorDataset) serves a pool of samples prepared once, when it is built: what preprocessing the data set once (PD306) can give at most (collect/inject_store.py) |
 | keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
+| anomaly | "off": autograd anomaly detection stays off: the script's set_detect_anomaly(True) and detect_anomaly() (torch.set_anomaly_enabled(True, ...)) leave it off; the numerics are the same (PD374) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
-optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache and
-checkpoint-save calls, its DataLoader iterator starts; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
+optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache,
+anomaly-detection and checkpoint-save calls, its DataLoader iterator starts; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -69,6 +70,7 @@ class _State:
         self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64
         self.checkpoint_calls = 0                # torch.utils.checkpoint.checkpoint calls seen
         self.empty_cache_calls = 0               # torch.cuda.empty_cache calls seen
+        self.anomaly_calls = 0                   # calls asking for autograd anomaly detection on (restores too)
         self.save_calls = 0                      # checkpoint saves the script asked for (save_every)
         self.iterator_starts = 0                 # DataLoader iterators started (keep_iterator)
         self.iterator_reuses = 0                 # iter(loader) calls that got the kept one back (keep_iterator)
@@ -93,7 +95,8 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
     for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
-                    (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators)):
+                    (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators),
+                    (("anomaly",), _anomaly)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -214,6 +217,23 @@ def _empty_cache(torch, st: _State) -> None:
     empty_cache.__wrapped__ = orig
     empty_cache.__doc__ = orig.__doc__
     mem.empty_cache = torch.cuda.empty_cache = empty_cache
+
+
+def _anomaly(torch, st: _State) -> None:
+    """Count the script's turning autograd anomaly detection on (set_detect_anomaly(True),
+    detect_anomaly(): both call torch.set_anomaly_enabled); with anomaly="off" it stays off."""
+    orig = torch.set_anomaly_enabled
+    off = st.changes.get("anomaly") == "off"
+
+    def set_anomaly_enabled(enabled, *args, **kwargs):
+        if enabled and os.getpid() == st.pid:
+            st.anomaly_calls += 1
+            if off:
+                st.applied.add("anomaly")
+                enabled = False
+        return orig(enabled, *args, **kwargs)
+    set_anomaly_enabled.__wrapped__ = orig
+    torch.set_anomaly_enabled = set_anomaly_enabled
 
 
 def _saves(torch, st: _State) -> None:
@@ -339,6 +359,7 @@ def write_record() -> None:
     doc = {"changes": st.changes, "applied": sorted(st.applied), "loaders": st.loaders,
            "optimizers": st.optimizers, "threads_asked": st.threads_asked, "threads": threads,
            "checkpoint_calls": st.checkpoint_calls, "empty_cache_calls": st.empty_cache_calls,
+           "anomaly_calls": st.anomaly_calls,
            "save_calls": st.save_calls, "iterator_starts": st.iterator_starts,
            "iterator_reuses": st.iterator_reuses, "channels_last_modules": sum(st.channels_last.values()), "float32_inner": sorted(st.inner_f64),
            "float32_from": sorted({str(v).replace("torch.", "") for v in st.converted.values()}),

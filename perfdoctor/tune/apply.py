@@ -74,6 +74,9 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         n = inject.get("empty_cache_calls")
         lines.append("# torch.cuda.empty_cache()  # remove it from the training loop"
                      + (f": the script made {n} calls" if n else ""))
+    if changes.get("anomaly") == "off":
+        lines.append("torch.autograd.set_detect_anomaly(False)  # or remove set_detect_anomaly(True) / detect_anomaly() "
+                     "from the training run: a debugging mode")
     if changes.get("keep_iterator"):
         n = inject.get("iterator_starts")
         lines.append("it = iter(loader)  # once; then x, y = next(it) each step, and it = iter(loader) again only when "

@@ -9,9 +9,11 @@ Groups and order. Each group is one knob a user would turn: the DataLoader, host
 optimizer implementation, CUDA settings (channels_last first where the report found convolutions
 on NCHW tensors: PD342), the loader's iterator kept where the report found iterators started for
 a peek or re-created every step (PD355: collect/inject_iter.py), a TensorDataset indexed once a
-batch where the report found it fetched sample by sample (PD358), the script's
-torch.cuda.empty_cache() calls (a trial
-only when the baseline made some), its checkpoint saves (one in SAVE_EVERY written, only where
+batch where the report found it fetched sample by sample (PD358), the loader's samples prepared
+once where the report offers preprocessing them (PD306: a bound, below), autograd anomaly
+detection left off where the report found it on (PD374: first on a host- or device-bound
+verdict, a debugging mode that slows every op), the script's torch.cuda.empty_cache() calls (a
+trial only when the baseline made some), its checkpoint saves (one in SAVE_EVERY written, only where
 the report found saving a material share of the step: PD350), numerics (opt-in), compilation
 (opt-in). The report's
 ranked fixes order the groups first: the group of its first-ranked fix runs first, and so on
@@ -59,14 +61,15 @@ RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "p
          "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
          "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
          "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
-         "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",)}
+         "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
+         "anomaly": ("PD374",)}
 
-ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "threads", "optimizer", "checkpoint",
+ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "threads", "optimizer", "checkpoint",
                    "recompute", "cuda", "allocator", "numerics", "compile"),
-         "host": ("checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads", "loader",
-                  "indexing", "preprocessing", "cuda", "numerics"),
-         "device": ("numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator", "optimizer",
-                    "loader", "indexing", "preprocessing", "threads")}
+         "host": ("anomaly", "checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads",
+                  "loader", "indexing", "preprocessing", "cuda", "numerics"),
+         "device": ("anomaly", "numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator",
+                    "optimizer", "loader", "indexing", "preprocessing", "threads")}
 STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 
@@ -113,6 +116,7 @@ class Facts:
     peeks: bool = False               # DataLoader iterators started to peek, or re-created every step (PD355 fired)
     per_sample: bool = False          # an in-memory dataset fetched sample by sample (PD358 fired)
     preprocess: bool = False          # the report offers preprocessing the data set once (PD306 fired)
+    anomaly: bool = False             # autograd anomaly detection checks the backward (PD374 fired)
 
 
 def describe(changes: dict) -> str:
@@ -203,6 +207,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
         by_group["indexing"].append(Trial({"index_batches": True}, "indexing"))
     if f.preprocess:                  # the samples prepared once: PD306's most, augmentations frozen
         by_group["preprocessing"].append(Trial({"store_samples": True}, "preprocessing", bound=STORED))
+    if f.anomaly:                     # a debugging mode left on: the same numerics without its checks
+        by_group["anomaly"].append(Trial({"anomaly": "off"}, "anomaly"))
     if f.checkpoints:
         by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
     if f.frequent_saves:

@@ -49,7 +49,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         nchw="PD342" in fixes,
         peeks="PD355" in fixes,
         per_sample="PD358" in fixes,
-        preprocess="PD306" in fixes)
+        preprocess="PD306" in fixes,
+        anomaly="PD374" in fixes)
 
 
 def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tuple[str | None, float | None]:
