@@ -138,7 +138,7 @@ def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
             opt.step()
     """))
     foreign = Foreign()
-    r = ptune("--budget", "75", "--duration", "3", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    r = ptune("--budget", "60", "--duration", "2", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
     if r.returncode == 3:
         skip_if_shared(foreign)
     assert r.returncode == 0, r.stderr
