@@ -1238,15 +1238,16 @@ def test_acceptance_cpu_bound_loader(tmp_path):
             assert max(measured[w]) > 1.0, (trial, measured)
         if trial["status"] == "slower":
             assert min(measured[w]) < 1.10, (trial, measured)
-    # 1 worker: no material gain on a 2-core machine, as the report's model predicts. tune claims
-    # none: not "faster", its interval not above 1.10, and a point estimate under 1.10 unless it
-    # says the trial is inconclusive (a CI run: 1.13x [0.76, 1.67] against reruns of 0.65-0.95x;
-    # the point of an interval that wide is no claim)
+    # 1 worker: no material gain on a 2-core machine. tune claims none: not "faster", its interval
+    # not above 1.10, and a point estimate under 1.10 unless it says the trial is inconclusive (a
+    # CI run: 1.13x [0.76, 1.67] against reruns of 0.65-0.95x; the point of an interval that wide
+    # is no claim). The report's model (PD301: one worker on the free core overlaps the ~7% of the
+    # step outside the wait, max(1 - f, f / 1)) predicts ~1.07x: at most the step less its wait.
     one = by["num_workers=1"]
     assert one["status"] == "skipped" or (
         one["status"] != "faster" and one["ci95"][0] < 1.10
         and (one["status"] == "inconclusive" or one["speedup"] < 1.10)
-        and one["predicted"] == pytest.approx(1.0, abs=0.05)), one
+        and 1.0 <= one["predicted"] <= 1 / max(0.5, doc["baseline"]["data_wait_share"]) + 0.01), one
     best = doc["best"]
     if best and "num_workers" in best["changes"]:
         w = best["changes"]["num_workers"]

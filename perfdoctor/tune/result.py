@@ -1,7 +1,7 @@
 """`perfdoctor tune`'s result: the JSON document (-o FILE) and the terminal table.
 
 Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
-data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, predicted, step_time_s,
+data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command.
