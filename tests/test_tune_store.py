@@ -89,6 +89,29 @@ def test_a_stored_sample_is_looked_up_by_index_and_other_keys_pass_through():
         ds.__getitems__                  # the fetcher then fetches index by index: stored samples
 
 
+def test_numpy_and_tensor_indices_are_served_from_the_pool():
+    """SubsetRandomSampler over a numpy array of indices (a train/val split) yields numpy.int64:
+    those indices, and 0-d integer tensors, are indices too, served from the pool, not prepared
+    again (the trial then measured the unprepared loader as the bound)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    class Prepared:
+        calls = 0
+        def __len__(self):
+            return 10
+        def __getitem__(self, i):
+            Prepared.calls += 1
+            return torch.zeros(2)
+
+    ds = StoredSamples(Prepared(), [torch.ones(2), torch.full((2,), 2.0)])
+    assert ds[np.int64(3)] is ds.pool[1] and ds[torch.tensor(2)] is ds.pool[0] and ds[np.int32(-1)] is ds.pool[1]
+    assert ds[True] is not ds.pool[1] and Prepared.calls == 1          # a bool is no index here: the dataset's own
+    batches = list(DataLoader(ds, batch_size=5, sampler=SubsetRandomSampler(np.arange(10))))
+    assert Prepared.calls == 1 and all(float(b.min()) >= 1 for b in batches)
+
+
 def test_a_report_offering_pd306_plans_the_bound_trial_never_a_best_setting():
     trials = plan.plan(facts(preprocess=True))
     stored = [t for t in trials if t.changes == {"store_samples": True}]

@@ -24,6 +24,7 @@ whose first samples raise (the trial then fails as not applied, with the error i
 
 from __future__ import annotations
 
+import operator
 import random
 import time
 
@@ -44,8 +45,15 @@ class StoredSamples:
         return len(self.dataset)
 
     def __getitem__(self, i):
-        if isinstance(i, int) and not isinstance(i, bool):
-            return self.pool[i % len(self.pool)]
+        # Any integer is an index: a SubsetRandomSampler over a numpy array of indices (a train/val
+        # split) yields numpy.int64, a sampler over torch.randperm 0-d tensors; served from the dataset,
+        # they left the trial measuring the unprepared loader as the bound.
+        try:
+            k = None if isinstance(i, bool) else operator.index(i)
+        except TypeError:
+            k = None
+        if k is not None:
+            return self.pool[k % len(self.pool)]
         return self.dataset[i]                 # a key that is no index (a sampler of lists, strings)
 
     def __getattr__(self, name):
