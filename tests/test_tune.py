@@ -919,6 +919,17 @@ def ptune(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def tuned(tmp_path: Path, script: Path, *args) -> tuple[dict, Foreign]:
+    """`perfdoctor tune ARGS SCRIPT` into tmp_path/t: its JSON document, and the machine's share
+    that other work took meanwhile (a tune that found nothing measurable on a shared machine skips)."""
+    foreign = Foreign()
+    r = ptune(*args, "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
+    if r.returncode == 3:
+        skip_if_shared(foreign)
+    assert r.returncode == 0, r.stderr
+    return json.loads((tmp_path / "t.json").read_text()), foreign
+
+
 def test_usage_errors_exit_2_in_one_line(tmp_path):
     r = ptune()
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "give a script" in r.stderr
@@ -1579,12 +1590,7 @@ def test_tune_measures_keeping_the_iterator_a_script_re_creates_every_step(tmp_p
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
     """))
-    foreign = Foreign()
-    r = ptune("--budget", "40", "--duration", "3", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
-    if r.returncode == 3:
-        skip_if_shared(foreign)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads((tmp_path / "t.json").read_text())
+    doc, _ = tuned(tmp_path, script, "--budget", "40", "--duration", "3")
     keep = next(t for t in doc["trials"] if t["changes"] == {"keep_iterator": True})
     assert keep["rule"] == "PD355" and keep["predicted"] > 2
     assert keep["status"] == "faster" and keep["speedup"] > 2, keep

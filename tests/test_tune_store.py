@@ -134,9 +134,8 @@ def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
     sample): the report offers PD306, tune measures its bound far faster than the baseline, sets
     it against PD306's ceiling, and never recommends it as the setting to apply."""
     pytest.importorskip("torch")
-    from quiet import Foreign, skip_if_shared
-    from test_tune import ptune
-    import json
+    from quiet import skip_if_shared
+    from test_tune import tuned
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch
@@ -160,12 +159,7 @@ def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     """))
-    foreign = Foreign()
-    r = ptune("--budget", "60", "--duration", "2", "--out", tmp_path / "t", "-o", tmp_path / "t.json", script)
-    if r.returncode == 3:
-        skip_if_shared(foreign)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads((tmp_path / "t.json").read_text())
+    doc, foreign = tuned(tmp_path, script, "--budget", "60", "--duration", "2")
     stored = next(t for t in doc["trials"] if t["changes"] == {"store_samples": True})
     if stored["reason"] == "budget":                # the baseline repeated around every trial: a shared machine
         skip_if_shared(foreign)
