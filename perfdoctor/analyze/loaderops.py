@@ -39,23 +39,21 @@ from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
 METRICS = ("input.wait_tensor_op_share", "input.wait_fetch_share", "input.wait_top_ops")
-# what a loader does that is no transform: collating samples into a batch, copies, allocation
-NOT_TRANSFORM = frozenset({"aten::stack", "aten::cat", "aten::_cat", "aten::to", "aten::_to_copy", "aten::copy_",
-                           "aten::empty", "aten::empty_strided", "aten::pin_memory", "aten::_pin_memory",
-                           "aten::detach", "aten::alias", "aten::lift_fresh", "aten::clone",
-                           "aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::normal_",
-                           "aten::uniform_", "aten::random_", "aten::bernoulli", "aten::bernoulli_",
-                           "aten::multinomial", "aten::rand_like", "aten::randn_like", "aten::randint_like",
-                           # indexing a sample out of tensors held in memory, and views: no math
-                           "aten::select", "aten::slice", "aten::narrow", "aten::index", "aten::unbind",
-                           "aten::split", "aten::chunk", "aten::view", "aten::reshape", "aten::_reshape_alias",
-                           "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::expand",
-                           "aten::permute", "aten::transpose", "aten::t", "aten::flatten",
-                           "aten::item", "aten::_local_scalar_dense"})
-# what stays per sample and per batch when every deterministic step is stored ahead of time
+# what stays per sample and per batch when every deterministic step is stored ahead of time:
+# indexing a sample out of tensors held in memory, collating the batch, pinning it
 FETCH = frozenset({"aten::select", "aten::index", "aten::slice", "aten::narrow", "aten::item",
                    "aten::_local_scalar_dense", "aten::stack", "aten::cat", "aten::_cat",
                    "aten::pin_memory", "aten::_pin_memory"})
+# what a loader does that is no transform: the fetch, and copies, allocation, random generation
+# and views (no math)
+NOT_TRANSFORM = FETCH | frozenset({"aten::to", "aten::_to_copy", "aten::copy_", "aten::empty", "aten::empty_strided",
+                                   "aten::detach", "aten::alias", "aten::lift_fresh", "aten::clone",
+                                   "aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::normal_",
+                                   "aten::uniform_", "aten::random_", "aten::bernoulli", "aten::bernoulli_",
+                                   "aten::multinomial", "aten::rand_like", "aten::randn_like", "aten::randint_like",
+                                   "aten::unbind", "aten::split", "aten::chunk", "aten::view", "aten::reshape",
+                                   "aten::_reshape_alias", "aten::unsqueeze", "aten::squeeze", "aten::as_strided",
+                                   "aten::expand", "aten::permute", "aten::transpose", "aten::t", "aten::flatten"})
 MIN_SHOWN = 0.05
 TOP = 3
 

@@ -243,8 +243,11 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     stored, storing = 0.0, {}           # time in the Python stacks anomaly mode stores with each forward op
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
-        if wt > 0 and storing.setdefault(stack, _stores_stack(stack)):
-            stored += wt
+        if wt > 0:
+            if stack not in storing:
+                storing[stack] = _stores_stack(stack)
+            if storing[stack]:
+                stored += wt
         if c[0] == "checkpoint":
             _add_save(saves, sa, sb, ends, period, win)
         if wt <= 0:
