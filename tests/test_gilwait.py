@@ -129,16 +129,17 @@ def produce(q):                # keeps the freshest few values: never blocks on 
             pass
         i += 1
 
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                            torch.nn.Linear(256, 10))
+x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+# the producer starts once the model is built: beside it, building took 20 s of GIL waits
 if sys.argv[1] == "thread":
     q = queue.Queue(maxsize=4)
     threading.Thread(target=produce, args=(q,), daemon=True).start()
 else:
     q = mp.get_context("fork").Queue(maxsize=4)
     mp.get_context("fork").Process(target=produce, args=(q,), daemon=True).start()
-model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                            torch.nn.Linear(256, 10))
-x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
 v = q.get()
 for step in range(100_000):
     try:
@@ -163,9 +164,9 @@ def test_a_pure_python_producer_thread_makes_the_step_wait_for_the_gil(tmp_path,
     pytest.importorskip("torch")
     script = tmp_path / "producer.py"
     script.write_text(textwrap.dedent(PRODUCER_SCRIPT))
-    # ~1.5 s of steady steps either way (a step of ~3 ms beside a process, ~10 ms beside the thread):
-    # py-spy needs half a second of them sampled
-    _, doc = _run_with_stacks(tmp_path, script, 400 if where == "thread" else 1500, where)
+    # seconds of steady steps either way (a step of ~3 ms beside a process, ~100 ms beside the thread
+    # on the 2-core VM, each op's GIL release costing a switch interval): py-spy needs half a second
+    _, doc = _run_with_stacks(tmp_path, script, 60 if where == "thread" else 1500, where)
     m = doc["traces"][0]["metrics"]
     gil, busy_share = m["stacks.gil_wait_share"], m["stacks.own_threads_busy_share"]
     ids = [f["id"] for f in doc["findings"]]
