@@ -184,6 +184,10 @@ def tune(
                                         help="Also try autocast (bf16/fp16) around the model's forward, and "
                                              "float32 for a model in float64."),
     allow_compile: bool = typer.Option(False, "--allow-compile", help="Also try torch.compile of the model."),
+    only: Optional[list[str]] = typer.Option(None, "--only", metavar="NAMES",
+                                             help="Try only these trial groups (loader, threads, optimizer, ...) or "
+                                                  "the trials of these fixes (PD301, ...): comma-separated, "
+                                                  "repeatable."),
     out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default perfdoctor-runs/<time>-<script>-tune)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Also write the result here, in --format (json when the format is "
@@ -204,6 +208,7 @@ def tune(
     Exit code: 0 tuned (whatever the trials found); 1 the baseline run of the script failed;
     2 usage error; 3 the baseline could not be measured (too few steps)."""
     from perfdoctor.tune.result import emit
+    from perfdoctor.tune.plan import only_names
     from perfdoctor.tune.session import TuneOptions, Tuner
 
     from perfdoctor.script_argv import launcher_words, script_argv
@@ -214,7 +219,7 @@ def tune(
         check_writable(output, [] if module else [Path(argv[0])])
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
-                              rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks))
+                              rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only)))
     tuner.run()
     emit(tuner, output, fmt.value)
 

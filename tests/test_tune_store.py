@@ -159,8 +159,10 @@ def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     """))
-    doc, foreign = tuned(tmp_path, script, "--budget", "60", "--duration", "2")
-    stored = next(t for t in doc["trials"] if t["changes"] == {"store_samples": True})
+    # --only: the bound's trial alone (the loader's and threads' trials took half a minute more)
+    doc, foreign = tuned(tmp_path, script, "--budget", "60", "--duration", "2", "--only", "pd306")
+    assert doc["only"] == ["PD306"] and [t["changes"] for t in doc["trials"]] == [{"store_samples": True}]
+    stored = doc["trials"][0]
     if stored["reason"] == "budget":                # the baseline repeated around every trial: a shared machine
         skip_if_shared(foreign)
     assert stored["rule"] == "PD306" and stored["bound"] and stored["offered"], stored

@@ -184,6 +184,15 @@ def tune_predicted(tr: dict) -> str:
     return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"
 
 
+def tune_only(doc: dict) -> str:
+    """What `--only` kept: the names, and how many trials test them here (none: the fix was not
+    raised by the baseline's report, or no setting tests it)."""
+    names = ", ".join(doc.get("only") or [])
+    n = len(doc["trials"])
+    return (f"only {names} (--only): " + (f"{n} trial{'s' if n != 1 else ''}" if n else
+            "no trial tests it on this run (the baseline's report did not raise it, or no setting tests it)"))
+
+
 def tune_no_best(doc: dict) -> list[str]:
     """What tune says when no trial was measurably faster: whether anything was measured, and
     which trials could not be told from the baseline (then not "keep the script as it is": they
@@ -191,6 +200,7 @@ def tune_no_best(doc: dict) -> list[str]:
     settings = [tr for tr in doc["trials"] if not tr.get("bound")]
     measured = any(tr["speedup"] is not None for tr in settings)
     out = ["none of the trials was measurably faster than the baseline." if measured
+           else "nothing was measured: --only left no trial to run." if doc.get("only") and not doc["trials"]
            else "nothing was measured: no trial could run (reasons above)."]
     bounds = [tr for tr in doc["trials"] if tr.get("bound") and tr["status"] == "faster"]
     if bounds:          # a measure of a code change, not a setting to apply (tune/plan.py)

@@ -13,7 +13,7 @@ import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
-                                     tune_model_check, tune_no_best, tune_predicted, tune_step_times)
+                                     tune_model_check, tune_no_best, tune_only, tune_predicted, tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -131,6 +131,7 @@ def tune(doc: dict) -> str:
     out = [f"### perfdoctor tune: {M(doc['command'])}", "",
            f"Baseline {s_as_ms(b['step_time_s'])}/step (95% CI {s_as_ms(b['ci95'][0])}-{s_as_ms(b['ci95'][1])}) over {b['steps']} "
            f"steady steps; verdict {M(b.get('verdict_title') or b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
+           *([M(tune_only(doc)), ""] if doc.get("only") else []),
            "| change | step time | vs baseline | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|--:|---|"]
     for tr in doc["trials"]:
         ci = tr["ci95"]

@@ -44,11 +44,15 @@ A bound trial measures the most a code change tune cannot make gives, not a sett
 best setting nor combined with others; its measurement is set against PD306's ceiling.
 A trial that cannot apply here is planned as skipped with its reason (never measured, never
 invented): CUDA settings without a CUDA device, numerics and compilation without their flag.
+`--only` keeps the trials of the groups or fix ids it names (`only_names`, `wanted`): the others
+are neither run nor listed, and the budget goes to those asked for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from perfdoctor.errors import PerfdoctorError
 
 MATERIAL_WAIT = 0.05         # data wait share of the step from which the loader group comes first
 FREE_CORE = 0.5              # a core counts as free when other processes leave it idle at least this much
@@ -178,8 +182,10 @@ def group_order(f: Facts) -> list[str]:
     return order
 
 
-def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False) -> list[Trial]:
-    """First-pass trials in order (refinements are planned later, by `refinements`)."""
+def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
+         only: frozenset[str] | None = None) -> list[Trial]:
+    """First-pass trials in order (refinements are planned later, by `refinements`); `only`: the
+    groups and fix ids `--only` named."""
     by_group: dict[str, list[Trial]] = {g: [] for g in ORDER["input"]}
     if f.loader is not None:
         cur = int(f.loader.get("num_workers") or 0)
@@ -241,7 +247,27 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False)
     if fewer is not None:               # before the report's ranked fixes: contention distorts their trials
         order.remove("threads")
         order.insert(0, "threads")
-    return [t for g in order for t in by_group[g]]
+    return [t for g in order for t in by_group[g] if wanted(t, only)]
+
+
+def only_names(values: list[str] | None) -> frozenset[str] | None:
+    """`--only`'s names (comma-separated, repeatable): trial groups and the fix ids trials test;
+    an unknown name is a usage error that lists the known ones."""
+    names = frozenset(v.strip() for value in values or () for v in value.split(",") if v.strip())
+    if not names:
+        return None
+    groups = set(ORDER["input"])
+    fixes = {r for rules in RULES.values() for r in rules} | {"PD347"}
+    unknown = sorted(n for n in names if n not in groups and n.upper() not in fixes)
+    if unknown:
+        raise PerfdoctorError(f"--only: unknown {', '.join(unknown)}; groups: {', '.join(ORDER['input'])}; "
+                              f"fixes: {', '.join(sorted(fixes))}")
+    return frozenset(n if n in groups else n.upper() for n in names)
+
+
+def wanted(t: Trial, only: frozenset[str] | None) -> bool:
+    """`t` is one `--only` asked for: its group, or a fix it tests, is named (no `--only`: all)."""
+    return only is None or t.group in only or any(r in only for k, v in t.changes.items() for r in _rules(k, v))
 
 
 def _first_rank(ranked: list, trials: list[Trial], fallback: int) -> tuple:
@@ -260,7 +286,7 @@ def fallback(t: Trial) -> Trial | None:
 
 
 def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = True,
-                workers_failed: bool = False) -> list[Trial]:
+                workers_failed: bool = False, only: frozenset[str] | None = None) -> list[Trial]:
     """persistent_workers and prefetch_factor on top of the best worker setting found (or the
     script's own, when it already has workers). `workers_measured`: some num_workers trial was
     measured (false when the budget skipped them all, or they all failed: `workers_failed`)."""
@@ -280,7 +306,7 @@ def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = Tru
     if pf < PREFETCH_TRY:
         out.append(Trial({**base, "prefetch_factor": PREFETCH_TRY}, "loader", refines=True,
                          skip=None if workers else no_workers))
-    return out
+    return [t for t in out if wanted(t, only)]
 
 
 def _rules(key: str, value) -> tuple:

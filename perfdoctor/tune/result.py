@@ -4,7 +4,7 @@ Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, m
 data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
-skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command.
+skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command, only.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def build(t: Tuner) -> dict:
         "skipped_for_budget": [o.trial.label for o in skipped],
         "budget_for_all_s": _budget_for_all(t, len(skipped)),
         "untested": untested(t),
+        "only": sorted(t.o.only) if t.o.only else None,
     }
 
 
@@ -153,12 +154,14 @@ def render(doc: dict, console=None) -> None:
 
     from perfdoctor.report.sanitize import console as _console, text
     from perfdoctor.report.labels import (budget_hint, tune_baselines_note, tune_best_step, tune_model_check,
-                                         tune_no_best, tune_predicted, tune_step_times)
+                                         tune_no_best, tune_only, tune_predicted, tune_step_times)
     con = console or _console(stderr=True)
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
     con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
                    f"{b['steps']} steady steps; verdict {_verdict(b)}; {doc['noise']}"))
+    if doc.get("only"):
+        con.print(text(tune_only(doc)))
     tab = Table(show_edge=False, pad_edge=False)
     for col in ("change", "step time", "vs baseline", "speed-up", "95% CI", "predicted", "status"):
         tab.add_column(col, justify="right" if col in ("step time", "vs baseline", "speed-up", "95% CI") else "left",
@@ -200,7 +203,8 @@ def render(doc: dict, console=None) -> None:
             con.print(text(f"    {line}"))
     left = doc.get("untested") or []
     if left:
-        con.print(text("not measured by tune (code changes; the baseline's report has them in full):", "dim"))
+        why = "left out by --only, or code changes" if doc.get("only") else "code changes"
+        con.print(text(f"not measured by tune ({why}; the baseline's report has them in full):", "dim"))
         for u in left:
             gain = ", ".join(x for x in (f"~{u['expected']:.2f}x" if u["expected"] else "?",
                                          f"max {u['ceiling']:.2f}x" if u["ceiling"] else "") if x)

@@ -74,6 +74,7 @@ class TuneOptions:
     allow_compile: bool = False
     rule_dirs: list = field(default_factory=list)
     stacks: bool | None = None          # the baseline's Python stacks: None auto (as `run`), True on, False off
+    only: frozenset[str] | None = None  # --only: the trial groups and fix ids to try (plan.only_names)
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Tuner:
     def run(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._baseline()
-        first = planmod.plan(self.facts, allow_numerics=self.o.allow_numerics, allow_compile=self.o.allow_compile)
+        first = planmod.plan(self.facts, allow_numerics=self.o.allow_numerics, allow_compile=self.o.allow_compile,
+                             only=self.o.only)
         for t in first:
             out = self._trial(t)
             if out.run is not None and not out.run.ok and (again := planmod.fallback(t)) is not None:
@@ -124,7 +126,7 @@ class Tuner:
         measured = any(o.status not in ("skipped", "failed") for o in workers)
         failed = any(o.status == "failed" for o in workers)
         for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None, measured,
-                                     failed):
+                                     failed, self.o.only):
             self._trial(t)
         winners = [o for g in dict.fromkeys(o.trial.group for o in self.outcomes) if (o := self._best(g))]
         if len(winners) >= 2:

@@ -1,0 +1,62 @@
+"""`perfdoctor tune --only`: the trials of the groups and fixes it names, and nothing else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_tune import facts
+
+from perfdoctor.errors import PerfdoctorError
+from perfdoctor.report.labels import tune_only
+from perfdoctor.report.markdown import tune as tune_markdown
+from perfdoctor.tune import plan
+
+
+def test_only_keeps_the_named_groups_and_the_trials_of_the_named_fixes():
+    everything = plan.plan(facts(), allow_compile=True)
+    assert {t.group for t in everything} >= {"loader", "threads", "optimizer", "compile"}
+    loader = plan.plan(facts(), only=plan.only_names(["loader"]))
+    assert loader == [t for t in everything if t.group == "loader"] and len(loader) == 3   # 1, 2 workers, pinning
+    # a fix id keeps the trials that test it, across groups: PD338 the optimizer's two
+    assert [t.changes for t in plan.plan(facts(), only=plan.only_names(["pd338"]))] == [
+        {"optimizer": "fused"}, {"optimizer": "foreach"}]
+    # comma-separated and repeated names add up, in the plan's own order
+    both = plan.plan(facts(), allow_compile=True, only=plan.only_names(["compile, PD341", "PD338"]))
+    assert [t.group for t in both] == [t.group for t in everything if t.group in ("threads", "optimizer", "compile")]
+    assert plan.plan(facts(), only=plan.only_names(["PD306"])) == []          # not raised: no trial tests it
+    assert plan.only_names([]) is None and plan.only_names([" , "]) is None   # nothing named: everything
+
+
+def test_only_applies_to_the_loader_refinements_too():
+    f = facts(loader={**facts().loader, "num_workers": 2})
+    assert [t.changes for t in plan.refinements(f, None, only=plan.only_names(["PD356"]))] == [
+        {"persistent_workers": True}]
+    assert len(plan.refinements(f, None, only=plan.only_names(["PD301"]))) == 2     # PD301 is each one's too
+    assert len(plan.refinements(f, None, only=plan.only_names(["loader"]))) == 2
+    assert plan.refinements(f, None, only=plan.only_names(["threads"])) == []
+
+
+def test_an_unknown_name_is_a_usage_error_that_lists_the_known_ones(tmp_path):
+    with pytest.raises(PerfdoctorError) as e:
+        plan.only_names(["loader,PD999"])
+    assert e.value.exit_code == 2 and "unknown PD999;" in str(e.value) and "loader" in str(e.value)
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "tune", "--only", "warp", "--out", str(tmp_path / "t"),
+                        str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--only: unknown warp" in r.stderr
+    assert "never run" not in r.stdout and not (tmp_path / "t").exists()
+
+
+def test_what_only_kept_is_said_in_the_terminal_and_the_markdown():
+    doc = {"command": "train.py", "noise": "quiet machine", "only": ["PD306"], "trials": [], "best": None,
+           "apply": "keep the script as it is", "baseline": {"step_time_s": 0.002, "ci95": [0.0019, 0.0021],
+                                                             "steps": 900, "verdict": "input_cpu"}}
+    assert tune_only(doc) == ("only PD306 (--only): no trial tests it on this run (the baseline's report did not "
+                              "raise it, or no setting tests it)")
+    assert tune_only({**doc, "trials": [{}]}) == "only PD306 (--only): 1 trial"
+    md = tune_markdown(doc)
+    assert "only PD306 \\(--only\\): no trial tests it" in md and "--only left no trial to run" in md
+    assert "--only" not in tune_markdown({**doc, "only": None})
