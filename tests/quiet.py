@@ -12,7 +12,8 @@ The suite runs in parallel worker processes (pytest-xdist, `-n` in pyproject's a
 test would always find the other worker busy. It is marked `quiet`, and conftest runs every test
 inside `machine_share()`: a quiet test holds the machine exclusively (it waits for the test the
 other workers are running to end, and they start no other until it is done), every other test
-holds it shared.
+holds it shared. A file's quiet tests run one after the other (conftest), and each passes its
+hold on to the next, which would otherwise wait again for a test the other worker started.
 """
 
 from __future__ import annotations
@@ -29,34 +30,52 @@ QUIET = 0.5            # cores of other work a timing acceptance test tolerates
 _exclusive = False     # this worker holds the machine for a quiet test (machine_share)
 
 
+_held: list = []        # the lock files of a quiet test's exclusive hold, kept for the next quiet test
+
+
 @contextmanager
-def machine_share(config: pytest.Config, exclusive: bool):
+def machine_share(config: pytest.Config, exclusive: bool, keep: bool = False):
     """Hold the machine shared, or exclusively for a quiet test, across the workers of one session.
 
     A readers-writer lock from two flock(2) files: every test passes through the gate; a quiet
     test keeps the gate while it waits for the main lock exclusively, so no test starts in the
-    meantime and none starves it. A worker that dies releases its locks with its files."""
+    meantime and none starves it. A worker that dies releases its locks with its files.
+    `keep`: the next test of this worker is quiet too, and the exclusive hold passes on to it
+    (taking it again meant waiting, the whole machine idle but one worker, for the test the
+    other worker had started in between: the 38 quiet tests waited ~2 minutes of a suite)."""
     if not hasattr(config, "workerinput"):     # one process runs every test: nothing to share
         with _holding(exclusive):
             yield
         return
-    # xdist gives each worker a base temp folder inside the session's, which pytest cleans up
-    base = config._tmp_path_factory.getbasetemp().parent / "machine"
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.main", "a") as main:
+    if _held and not exclusive:                # never: a hold is kept only for a quiet test
+        _release()
+    if not _held:
+        # xdist gives each worker a base temp folder inside the session's, which pytest cleans up
+        base = config._tmp_path_factory.getbasetemp().parent / "machine"
+        gate, main = open(f"{base}.gate", "a"), open(f"{base}.main", "a")
+        _held[:] = [gate, main]
         fcntl.flock(gate, fcntl.LOCK_EX)
         if exclusive:
             fcntl.flock(main, fcntl.LOCK_EX)
         else:
             fcntl.flock(main, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            with _holding(exclusive):
-                yield
-        finally:
-            # unlocked, not only closed: a process the test forked (a DataLoader worker) shares
-            # the open files, and closing ours would leave the lock held while it lives
-            fcntl.flock(main, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+    try:
+        with _holding(exclusive):
+            yield
+    finally:
+        if not (exclusive and keep):
+            _release()
+
+
+def _release() -> None:
+    """Unlock and close the held lock files: unlocked, not only closed, since a process the test
+    forked (a DataLoader worker) shares the open files, and closing ours would leave the lock
+    held while it lives."""
+    for f in _held:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+    _held.clear()
 
 
 @contextmanager

@@ -27,20 +27,26 @@ def window(name, seconds):
 
 
 def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time_each_file_on_one_worker(tmp_path):
+    """Two quiet tests in a row keep the machine between them; the others share it."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: the suite runs in one worker (conftest.pytest_xdist_auto_num_workers)")
     (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
     (tmp_path / "quiet.py").write_text((TESTS / "quiet.py").read_text())
-    for f in "abcd":
-        tests = "".join(f"\ndef test_{f}{i}():\n    window('{f}{i}', 0.3)\n" for i in range(4))
-        (tmp_path / f"test_{f}.py").write_text(BODY + tests)
-    (tmp_path / "test_q.py").write_text(BODY + textwrap.dedent('''
+    # the quiet tests first in the first file: the other worker has tests to run while they wait
+    quiet = textwrap.dedent('''
         @pytest.mark.quiet
         def test_q():
             from quiet import _exclusive
             assert _exclusive
             window("q", 1.0)
-        '''))
+
+        @pytest.mark.quiet
+        def test_q2():
+            window("q2", 0.3)
+        ''')
+    for f in "abcd":
+        tests = "".join(f"\ndef test_{f}{i}():\n    window('{f}{i}', 0.3)\n" for i in range(4))
+        (tmp_path / f"test_{f}.py").write_text(BODY + (quiet if f == "a" else "") + tests)
     windows = tmp_path / "windows.jsonl"
     # the project's own options (pyproject's addopts: the workers and how tests are dealt to them)
     addopts = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
@@ -49,10 +55,12 @@ def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time_each_file_on_one_w
                        timeout=120, env={**os.environ, "WINDOWS": str(windows)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(line) for line in windows.read_text().splitlines()]
-    assert len(rows) == 17
-    (q0, q1), = [(a, b) for n, a, b, _ in rows if n == "q"]
-    others = [(a, b) for n, a, b, _ in rows if n != "q"]
-    assert not [w for w in others if w[0] < q1 and w[1] > q0]          # nothing ran beside it
+    assert len(rows) == 18
+    (q0, _), = [(a, b) for n, a, b, _ in rows if n == "q"]
+    (_, q1), = [(a, b) for n, a, b, _ in rows if n == "q2"]
+    others = [(a, b) for n, a, b, _ in rows if n[0] != "q"]
+    # nothing ran beside them, nor between them: the hold passed from one quiet test to the next
+    assert not [w for w in others if w[0] < q1 and w[1] > q0]
     # ... while the other tests did run side by side: the lock is shared for them
     assert any(a0 < b1 and a1 > b0 for i, (a0, a1) in enumerate(others) for b0, b1 in others[i + 1:])
     # and a file's tests run on one worker (its module fixtures are made once)
