@@ -728,8 +728,10 @@ def test_run_records_stacks_by_default_only_with_an_idle_core(tmp_path):
     core idle or more, and then names the checkpoint; otherwise the report says why there are none."""
     env = {k: v for k, v in os.environ.items() if k != "PERFDOCTOR_STACKS"}
     out = tmp_path / "run"
+    # 50 MB a save (the example's 200 MB wrote 6 GB in this test): torch.save is still half the step
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(EX),
-                        "--every", "1", "--steps", "30"], capture_output=True, text=True, timeout=240, env=env)
+                        "--every", "1", "--steps", "30", "--mb", "50"], capture_output=True, text=True, timeout=240,
+                       env=env)
     assert r.returncode == 0, r.stderr
     meta = json.loads((out / "stacks" / collect_stacks.META).read_text())
     doc = json.loads((out / "report.json").read_text())
