@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 import tracegen as tg
-from perfdoctor.diagnose.confidence import confidence
+from perfdoctor.analyze.cpuops import compute_share
+from perfdoctor.diagnose.confidence import confidence as _confidence
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
+
+
+def confidence(bound: str, m: dict):
+    """The confidence of metrics as the pipeline gives them: cpu.compute_share from the shares."""
+    return _confidence(bound, {**m, **compute_share(m)})
+
 
 S = tg.StepSpec
 RULES = load_rules()
@@ -332,3 +339,12 @@ def test_a_loop_waiting_on_its_own_producers_is_input_bound_and_firm_when_the_wa
     assert evaluate(RULES, gpu).verdict.rule.id != "PD370"
     first = next(f for f in evaluate(RULES, gpu).fixes if f.rule.id == "PD369")
     assert first.expected == pytest.approx(1 / 0.7, rel=1e-3)            # 30% of the step gone, not 70%
+
+
+def test_the_cpu_compute_share_is_the_ops_less_the_small_ones_on_the_cpu_only():
+    m = {"trace.platform": "cpu", "share.device": 0.62, "cpu.small_op_share": 0.05}
+    assert compute_share(m) == {"cpu.compute_share": pytest.approx(0.57)}
+    assert compute_share({**m, "cpu.small_op_share": None}) == {"cpu.compute_share": 0.62}   # no split known
+    assert compute_share({**m, "cpu.small_op_share": 0.7}) == {"cpu.compute_share": 0.0}     # never under 0
+    assert compute_share({**m, "trace.platform": "cuda"}) == {"cpu.compute_share": None}
+    assert compute_share({**m, "share.device": None}) == {"cpu.compute_share": None}

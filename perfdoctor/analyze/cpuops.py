@@ -16,6 +16,8 @@ there, and torch.compile removes it: the graph's ops become one fused C++ loop, 
 the part of optimizer.step_share that is neither Python nor small ops: compiling the model leaves
 the optimizer's step, and PD312 takes out only what its own share counted of it.
 
+    cpu.compute_share = share.device - cpu.small_op_share: the ops' compute, not their dispatch
+
     cpu.rnn_small_op_share = time of those small outermost ops that an RNN module runs: its call
                          (aten::lstm, aten::gru, aten::rnn_tanh, aten::rnn_relu: thousands of
                          small ops, one per gate and time step) and the backward nodes of the ops
@@ -77,6 +79,15 @@ def rnn_rows(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
     nums = nums[np.isfinite(nums)]
     backward = t.name_mask(lambda n: n.startswith("autograd::"))[top] & np.isin(seq[top], nums)
     return calls | backward
+
+
+def compute_share(m: dict) -> dict:
+    """cpu.compute_share: the step's ops less its small ones (share.device - cpu.small_op_share),
+    from the metrics already computed; None off the CPU or without the device share."""
+    dev = m.get("share.device")
+    if m.get("trace.platform") != "cpu" or dev is None:
+        return {"cpu.compute_share": None}
+    return {"cpu.compute_share": max(0.0, dev - (m.get("cpu.small_op_share") or 0.0))}
 
 
 def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:

@@ -13,7 +13,7 @@ from perfdoctor.analyze.anomaly import anomaly_metrics
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.compiletime import compile_metrics
-from perfdoctor.analyze.cpuops import cpu_op_metrics
+from perfdoctor.analyze.cpuops import compute_share, cpu_op_metrics
 from perfdoctor.analyze.device import device_metrics
 from perfdoctor.analyze.evalforward import nograd_forward_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
@@ -106,6 +106,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(compile_metrics(t, k, steps))
     m.update(thread_metrics(t, k, steps))
     m.update(cpu_op_metrics(t, k, steps))
+    m.update(compute_share(m))
     m.update(nograd_forward_metrics(t, k, steps))
     m["evaluation.share"] = m["evaluation.nograd_forward_share"]    # a run adds its own measures (callshares)
     m.update(sample_loop_metrics(t, k, steps))

@@ -61,7 +61,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     cpu = m.get("trace.platform") == "cpu"
     # on the CPU the step is also compute-bound when its compute (ops less the small ones, mostly
     # dispatch) is half of it (PD102): the margin over either line counts
-    compute = sh["device"] - (m.get("cpu.small_op_share") or 0.0) * rest if cpu else None
+    compute = (m.get("cpu.compute_share") or 0.0) * rest if cpu else None
     if bound == "device":
         over = max(sh["device"] - 0.8, compute - CPU_COMPUTE if compute is not None else -1.0)
         conf = 0.6 + 0.4 * min(1.0, max(0.0, over) / 0.1)
