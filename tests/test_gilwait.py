@@ -164,9 +164,11 @@ def test_a_pure_python_producer_thread_makes_the_step_wait_for_the_gil(tmp_path,
     pytest.importorskip("torch")
     script = tmp_path / "producer.py"
     script.write_text(textwrap.dedent(PRODUCER_SCRIPT))
-    # seconds of steady steps either way (a step of ~3 ms beside a process, ~100 ms beside the thread
-    # on the 2-core VM, each op's GIL release costing a switch interval): py-spy needs half a second
-    _, doc = _run_with_stacks(tmp_path, script, 60 if where == "thread" else 1500, where)
+    # seconds of steady steps either way (a step of ~3 ms beside a process; beside the thread ~100 ms
+    # on a quiet 2-core VM, each op's GIL release costing a switch interval, and ~6 ms beside another
+    # test's process): py-spy needs half a second. 400 steps, or 12 s from the launch
+    _, doc = _run_with_stacks(tmp_path, script, 400 if where == "thread" else 1500, where,
+                              options=("--duration", 12) if where == "thread" else ())
     m = doc["traces"][0]["metrics"]
     gil, busy_share = m["stacks.gil_wait_share"], m["stacks.own_threads_busy_share"]
     ids = [f["id"] for f in doc["findings"]]

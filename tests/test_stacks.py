@@ -457,12 +457,13 @@ def test_a_loop_waiting_on_its_thread_pool_is_measured_as_producer_wait(tmp_path
     assert top["cause"] == "producer_wait" and top["frame"].startswith("concurrent.futures._base.")
 
 
-def _run_with_stacks(tmp_path, script, steps, *args):
-    """(the process, report.json) of `perfdoctor run --stacks --max-steps STEPS SCRIPT ARGS`; skips,
-    with the note, where py-spy could not attach (ptrace refused)."""
+def _run_with_stacks(tmp_path, script, steps, *args, options=()):
+    """(the process, report.json) of `perfdoctor run --stacks --max-steps STEPS OPTIONS SCRIPT ARGS`;
+    skips, with the note, where py-spy could not attach (ptrace refused)."""
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), "--max-steps",
-                        str(steps), str(script), *map(str, args)], capture_output=True, text=True, timeout=240)
+                        str(steps), *map(str, options), str(script), *map(str, args)], capture_output=True, text=True,
+                       timeout=240)
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "report.json").read_text())
     if doc["stacks"] is None:
