@@ -60,3 +60,24 @@ def test_what_only_kept_is_said_in_the_terminal_and_the_markdown():
     md = tune_markdown(doc)
     assert "only PD306 \\(--only\\): no trial tests it" in md and "--only left no trial to run" in md
     assert "--only" not in tune_markdown({**doc, "only": None})
+
+
+def test_a_runs_report_names_the_tune_command_that_measures_its_fixes():
+    from perfdoctor.report.labels import tune_hint
+    from perfdoctor.rules.tunable import fixes_tested, tune_command
+
+    cmd = "train.py --data 'my data'"
+    # on the CPU: no CUDA-only trial (pinning), the compile trial's opt-in flag, the report's order
+    assert tune_command(["PD312", "PD302", "PD319", "PD301"], cmd, cuda=False) == (
+        "perfdoctor tune --only PD312,PD301 --allow-compile train.py --data 'my data'")
+    assert tune_command(["PD302", "PD320"], cmd, cuda=True) == (
+        "perfdoctor tune --only PD302,PD320 --allow-numerics train.py --data 'my data'")   # autocast's flag; tf32's none
+    assert tune_command(["PD347"], cmd, cuda=False) == "perfdoctor tune --only PD347 train.py --data 'my data'"
+    assert tune_command(["PD319", "PD317"], cmd, cuda=True) is None and tune_command(["PD301"], None, False) is None
+    # every fix it can name is one --only takes
+    assert plan.only_names([",".join(sorted(fixes_tested()))]) == fixes_tested()
+    doc = {"run": {"command": cmd}, "findings": [{"id": "PD301", "kind": "fix"}, {"id": "PD201", "kind": "flag"}],
+           "verdict": {}, "traces": [{"metrics": {"trace.platform": "cpu"}, "label": "t", "path": "t"}]}
+    assert tune_hint(doc) == "perfdoctor tune --only PD301 " + cmd
+    assert tune_hint({**doc, "run": None}) is None                       # a trace alone: no script to tune
+    assert tune_hint({**doc, "ranks": {"ranks": []}}) is None           # several ranks: tune runs one process

@@ -184,6 +184,22 @@ def tune_predicted(tr: dict) -> str:
     return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"
 
 
+def tune_hint(doc: dict) -> str | None:
+    """Under a run's fixes: the `perfdoctor tune` command line that measures those of them a trial
+    can test on this device (rules/tunable.py), on the same script; None for a trace alone, a
+    multi-rank run (tune runs one process), or fixes no trial tests."""
+    from perfdoctor.rules.tunable import tune_command
+
+    run = doc.get("run") or {}
+    if not run.get("command") or doc.get("ranks") or doc.get("cross_rank") or not doc.get("traces"):
+        return None
+    m = shown_trace(doc)["metrics"]
+    platform = m.get("trace.platform")
+    cuda = platform in ("cuda", "rocm") or (platform is None and m.get("gpu.util_mean") is not None)
+    fixes = [f["id"] for f in doc.get("findings") or [] if f.get("kind", "fix") == "fix" and f.get("id")]
+    return tune_command(fixes, run["command"], cuda)
+
+
 def tune_only(doc: dict) -> str:
     """What `--only` kept: the names, and how many trials test them here (none: the fix was not
     raised by the baseline's report, or no setting tests it)."""

@@ -53,20 +53,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perfdoctor.errors import PerfdoctorError
+from perfdoctor.rules.tunable import KNOB_RULES, NO_WORKERS_RULE, fixes_tested
 
 MATERIAL_WAIT = 0.05         # data wait share of the step from which the loader group comes first
 FREE_CORE = 0.5              # a core counts as free when other processes leave it idle at least this much
 MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
-# Fix rule whose expected gain predicts each knob (first one present in the report wins).
-RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
-         "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
-         "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
-         "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
-         "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
-         "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
-         "anomaly": ("PD374",)}
+RULES = KNOB_RULES           # the fix rules each knob tests (rules/tunable.py)
 
 ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "threads", "optimizer", "checkpoint",
                    "recompute", "cuda", "allocator", "numerics", "compile"),
@@ -257,7 +251,7 @@ def only_names(values: list[str] | None) -> frozenset[str] | None:
     if not names:
         return None
     groups = set(ORDER["input"])
-    fixes = {r for rules in RULES.values() for r in rules} | {"PD347"}
+    fixes = fixes_tested()
     unknown = sorted(n for n in names if n not in groups and n.upper() not in fixes)
     if unknown:
         raise PerfdoctorError(f"--only: unknown {', '.join(unknown)}; groups: {', '.join(ORDER['input'])}; "
@@ -311,7 +305,7 @@ def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = Tru
 
 def _rules(key: str, value) -> tuple:
     """The rules a change tests: num_workers=0 (from a script with workers) is PD347's."""
-    return ("PD347",) if key == "num_workers" and value == 0 else RULES.get(key, ())
+    return (NO_WORKERS_RULE,) if key == "num_workers" and value == 0 else RULES.get(key, ())
 
 
 def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None,

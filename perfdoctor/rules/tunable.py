@@ -1,0 +1,50 @@
+"""The settings `perfdoctor tune` can change, and the fix rules whose gain each one measures.
+
+tune/plan.py plans its trials from this table (which rule predicts a trial: the first of its
+rules the report ranked); a report names the ranked fixes that a tune would measure, with the
+command that does (`tune_command`, printed under `run`'s fixes).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+# Fix rule whose expected gain predicts each knob (first one present in the report wins).
+KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
+              "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
+              "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
+              "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
+              "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
+              "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
+              "anomaly": ("PD374",)}
+NO_WORKERS_RULE = "PD347"       # num_workers=0, tried from a script that has workers
+CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "channels_last",
+                       "empty_cache"})
+OPT_IN = {"autocast": "--allow-numerics", "float32": "--allow-numerics", "compile": "--allow-compile"}
+
+
+def fixes_tested() -> frozenset[str]:
+    """Every fix id some trial can test."""
+    return frozenset(r for rules in KNOB_RULES.values() for r in rules) | {NO_WORKERS_RULE}
+
+
+def _knobs(fix_id: str) -> list[str]:
+    return (["num_workers"] if fix_id == NO_WORKERS_RULE else
+            [k for k, rules in KNOB_RULES.items() if fix_id in rules])
+
+
+def tune_command(fix_ids: list[str], command: str | None, cuda: bool) -> str | None:
+    """`perfdoctor tune --only ...` for those of `fix_ids` (the report's ranked fixes, in order)
+    that a trial on this device can measure, with the opt-in flags their trials need; None when
+    none can, or the script's command line is unknown."""
+    if not command:
+        return None
+    ids, flags = [], []
+    for fid in fix_ids:
+        knobs = [k for k in _knobs(fid) if cuda or k not in CUDA_ONLY]
+        if knobs and fid not in ids:
+            ids.append(fid)
+            flags += [OPT_IN[k] for k in knobs if k in OPT_IN and OPT_IN[k] not in flags]
+    if not ids:
+        return None
+    return shlex.join(["perfdoctor", "tune", "--only", ",".join(ids), *flags]) + " " + command
