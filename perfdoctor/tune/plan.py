@@ -70,6 +70,7 @@ ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly",
                     "optimizer", "loader", "indexing", "preprocessing", "threads")}
 STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
+THREADS_FEWER, THREADS_MORE = ("PD348",), ("PD341", "PD346")   # a threads trial's rules, by its direction
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Trial:
     refines: bool = False            # applied on top of the group's best first-pass setting
     bound: str | None = None         # a bound trial's caveat: it measures a fix's most, not a setting (module doc)
     label: str = ""
+    tests: tuple | None = None       # the rules it tests where its direction decides (THREADS_*); None: RULES'
 
     def __post_init__(self):
         if not self.label:
@@ -188,11 +190,11 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
             by_group["loader"].append(Trial({"pin_memory": True}, "loader", skip=None if f.cuda else "no CUDA device"))
     fewer = threads_for_free_cores(f)
     if fewer is not None:
-        by_group["threads"].append(Trial({"threads": fewer}, "threads"))
+        by_group["threads"].append(Trial({"threads": fewer}, "threads", tests=THREADS_FEWER))
     elif f.cores > 1 and f.threads is not None and f.threads != f.cores:
         # on a machine other work keeps busy, more threads queue for the cores it holds (and an op
         # split over threads waits for the slowest): not measured there, and said so
-        by_group["threads"].append(Trial({"threads": f.cores}, "threads",
+        by_group["threads"].append(Trial({"threads": f.cores}, "threads", tests=THREADS_MORE,
                                          skip="other processes kept the cores busy: more threads would queue for "
                                               "them (rerun on a quiet machine)" if f.contended else None))
     # On the CPU fused first: it is what PD338 advises there (foreach measured 0.8-1.19x, fused
@@ -261,7 +263,12 @@ def only_names(values: list[str] | None) -> frozenset[str] | None:
 
 def wanted(t: Trial, only: frozenset[str] | None) -> bool:
     """`t` is one `--only` asked for: its group, or a fix it tests, is named (no `--only`: all)."""
-    return only is None or t.group in only or any(r in only for k, v in t.changes.items() for r in _rules(k, v))
+    return only is None or t.group in only or any(r in only for r in tested(t))
+
+
+def tested(t: Trial) -> tuple:
+    """The fix rules `t` can test: its own (`tests`), else its changes' (RULES)."""
+    return t.tests or tuple(r for k, v in t.changes.items() for r in _rules(k, v))
 
 
 def _first_rank(ranked: list, trials: list[Trial], fallback: int) -> tuple:
@@ -309,13 +316,16 @@ def _rules(key: str, value) -> tuple:
 
 
 def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None,
-             ranked: set[str] | None = None) -> str | None:
+             ranked: set[str] | None = None, tests: tuple | None = None) -> str | None:
     """The fix rule this change tests: the first of its rules that the report ranked (`ranked`:
     with a gain), else the first the report gave (`fix_ids`), else the first one it could have
     given (its prediction is then null). `applicable`: the rules that apply on this run's device
     (a CPU run's compile is PD312's, not the CUDA-only PD311's). A threads=1 trial on a contended
     machine tests PD348 (~1.77x, ranked), not PD341 (fired beside it, no gain): it was credited
-    to PD341, predicted "?", and PD348 was listed as "not measured by tune"."""
-    ids = [rid for k, v in changes.items() for rid in (_rules(k, v)) if applicable is None or rid in applicable]
+    to PD341, predicted "?", and PD348 was listed as "not measured by tune". `tests`: the trial's
+    own rules where its direction decides (more threads on a contended machine, planned as skipped,
+    had been credited to the ranked PD348, fewer threads' fix, which then left the untested list)."""
+    ids = [rid for rid in (tests or [r for k, v in changes.items() for r in _rules(k, v)])
+           if applicable is None or rid in applicable]
     return next((r for r in ids if r in (ranked or ())), None) or next((r for r in ids if r in fix_ids),
                                                                       ids[0] if ids else None)

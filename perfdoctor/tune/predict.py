@@ -63,7 +63,7 @@ def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None) -> tu
         return ((fixes.get(rule) or {}).get("gain") or {}).get("expected") if rule else None
     ranked = {i for i, f in fixes.items() if f.get("ranked")}
     if t.group != "combined" and not _stacked(t.changes):
-        rule = planmod.rule_for(t.changes, set(fixes), applicable, ranked)
+        rule = planmod.rule_for(t.changes, set(fixes), applicable, ranked, t.tests)
         return rule, expected(rule)
     parts = [planmod.rule_for({k: v}, set(fixes), applicable, ranked) for k, v in t.changes.items()]
     if None in parts:
