@@ -1,8 +1,8 @@
 """The settings `perfdoctor tune` can change, and the fix rules whose gain each one measures.
 
 tune/plan.py plans its trials from this table (which rule predicts a trial: the first of its
-rules the report ranked); a report names the ranked fixes that a tune would measure, with the
-command that does (`tune_command`, printed under `run`'s fixes).
+rules the report ranked); a run's report ends with the command that measures those of its fixes
+a trial can test (`tune_command`, printed under `run`'s fixes).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def _knobs(fix_id: str) -> list[str]:
 
 
 def tune_command(fix_ids: list[str], command: str | None, cuda: bool) -> str | None:
-    """`perfdoctor tune --only ...` for those of `fix_ids` (the report's ranked fixes, in order)
-    that a trial on this device can measure, with the opt-in flags their trials need; None when
+    """`perfdoctor tune --only ...` for those of `fix_ids` (the report's fixes, in its order) that
+    a trial on this device can measure, with the opt-in flags their trials need; None when
     none can, or the script's command line is unknown."""
     if not command:
         return None
