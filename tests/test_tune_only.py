@@ -81,3 +81,13 @@ def test_a_runs_report_names_the_tune_command_that_measures_its_fixes():
     assert tune_hint(doc) == "perfdoctor tune --only PD301 " + cmd
     assert tune_hint({**doc, "run": None}) is None                       # a trace alone: no script to tune
     assert tune_hint({**doc, "ranks": {"ranks": []}}) is None           # several ranks: tune runs one process
+
+
+def test_rules_show_names_the_tune_command_of_a_fix_a_trial_tests():
+    show = [sys.executable, "-m", "perfdoctor", "rules", "show"]
+    out = subprocess.run([*show, "PD312"], capture_output=True, text=True, timeout=60).stdout
+    assert "measured by\n  perfdoctor tune --only PD312 --allow-compile SCRIPT [ARGS]   (trials: compile)" in out
+    out = subprocess.run([*show, "PD302"], capture_output=True, text=True, timeout=60).stdout
+    assert "(trials: pin_memory; CUDA only)" in out
+    out = subprocess.run([*show, "PD319"], capture_output=True, text=True, timeout=60).stdout
+    assert "measured by" not in out and "source" in out            # a profiling advice: no trial tests it

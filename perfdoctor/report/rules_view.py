@@ -9,6 +9,7 @@ from rich.text import Text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.check import CaseResult
 from perfdoctor.rules.model import Rule
+from perfdoctor.rules.tunable import CUDA_ONLY, OPT_IN, knobs_of
 
 KIND_ORDER = {"verdict": 0, "flag": 1, "fix": 2}
 
@@ -68,6 +69,12 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         c.print(text("  on a CPU-only trace, instead:"))
         for line in r.snippet_cpu.rstrip().splitlines():
             c.print(text("    " + line, style="cyan"))
+    if r.kind == "fix" and (knobs := knobs_of(r.id)):
+        flags = sorted({OPT_IN[k] for k in knobs if k in OPT_IN})
+        c.print(Text("measured by", style="bold"))
+        c.print(text(f"  perfdoctor tune --only {r.id}{''.join(' ' + f for f in flags)} SCRIPT [ARGS]   "
+                     f"(trials: {', '.join(knobs)}"
+                     + ("; CUDA only" if all(k in CUDA_ONLY for k in knobs) else "") + ")"))
     c.print(Text("source", style="bold"))
     c.print(text(f"  {r.source.get('article')}, {r.source.get('section')}"))
     for also in r.source.get("also", []):

@@ -2,7 +2,8 @@
 
 tune/plan.py plans its trials from this table (which rule predicts a trial: the first of its
 rules the report ranked); a run's report ends with the command that measures those of its fixes
-a trial can test (`tune_command`, printed under `run`'s fixes).
+a trial can test (`tune_command`, printed under `run`'s fixes), and `rules show` the command
+that measures a fix (`knobs_of`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def fixes_tested() -> frozenset[str]:
     return frozenset(r for rules in KNOB_RULES.values() for r in rules) | {NO_WORKERS_RULE}
 
 
-def _knobs(fix_id: str) -> list[str]:
+def knobs_of(fix_id: str) -> list[str]:
+    """The settings whose trials test `fix_id` (empty: a code change tune cannot make)."""
     return (["num_workers"] if fix_id == NO_WORKERS_RULE else
             [k for k, rules in KNOB_RULES.items() if fix_id in rules])
 
@@ -41,7 +43,7 @@ def tune_command(fix_ids: list[str], command: str | None, cuda: bool) -> str | N
         return None
     ids, flags = [], []
     for fid in fix_ids:
-        knobs = [k for k in _knobs(fid) if cuda or k not in CUDA_ONLY]
+        knobs = [k for k in knobs_of(fid) if cuda or k not in CUDA_ONLY]
         if knobs and fid not in ids:
             ids.append(fid)
             flags += [OPT_IN[k] for k in knobs if k in OPT_IN and OPT_IN[k] not in flags]
