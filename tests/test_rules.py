@@ -47,9 +47,10 @@ def test_rule_is_complete_and_bounded(rule):
             values.update(c.metrics)
         for n in rule.gain.share_names:
             values[n] = share
+        ev = expr.Evaluator(values)
         try:
-            s = float(expr.Evaluator(values).eval(rule.gain.share))
-            sp = float(expr.Evaluator(values).eval(rule.gain.speedup))
+            with ev.scope(rule.gain.let):            # the rule's [gain.let] names
+                s, sp = float(ev.eval(rule.gain.share)), float(ev.eval(rule.gain.speedup))
         except (TypeError, ValueError):
             continue
         if 0 < s < 1 and sp > 1:

@@ -43,19 +43,23 @@ def render_show(r: Rule, console: Console | None = None) -> None:
     if r.gain:
         c.print(Text("expected gain", style="bold"))
         c.print("  step speed-up <= 1 / ((1 - f) + f / s)   (Amdahl)")
-        c.print(text(f"  f = {r.gain.share}   ({r.gain.label})"))
-        c.print(text(f"  s = {r.gain.speedup}"))
+        for name, value in r.gain.let.items():           # [gain.let]: the names the expressions below use
+            c.print(text(f"  where {name} = {_one_line(value)}"))
+        c.print(text(f"  f = {_one_line(r.gain.share)}   ({r.gain.label})"))
+        c.print(text(f"  s = {_one_line(r.gain.speedup)}"))
         c.print(text(f"  assumption: {r.gain.assumption}"))
         if r.gain.work:
             c.print(text("  f is work: in a run directory the ceiling uses up to f x run.trace_inflation "
                          "(the profiler only lengthens work, the un-profiled step may be shorter)"))
         if r.gain.unprofiled_share:
-            c.print(text(f"  where known, f timed on un-profiled steps = {r.gain.unprofiled_share} replaces f "
+            c.print(text(f"  where known, f timed on un-profiled steps = {_one_line(r.gain.unprofiled_share)} replaces f "
                          "for the ceiling and the expected gain"))
         if r.gain.expected_speedup:
-            c.print(text(f"  expected: s = {r.gain.expected_speedup} on f = {r.gain.expected_share or r.gain.share}"))
+            c.print(text(f"  expected: s = {_one_line(r.gain.expected_speedup)} on f = "
+                         f"{_one_line(r.gain.expected_share or r.gain.share)}"))
             if r.gain.expected_range:
-                c.print(text(f"  range: s from {r.gain.expected_range[0]} to {r.gain.expected_range[1]}"))
+                c.print(text(f"  range: s from {_one_line(r.gain.expected_range[0])} to "
+                             f"{_one_line(r.gain.expected_range[1])}"))
             c.print(text(f"  model: {r.gain.model}"))
     elif r.kind == "fix":
         c.print(Text.assemble(("expected gain ", "bold"), T(f"none claimed: {r.no_gain_reason}")))
@@ -80,6 +84,11 @@ def render_show(r: Rule, console: Console | None = None) -> None:
     for also in r.source.get("also", []):
         c.print(text(f"  also: {also}", style="dim"))
     c.print(Text(f"test cases: {len(r.cases)} ({sum(x.fires for x in r.cases)} firing)", style="dim"))
+
+
+def _one_line(expression: str) -> str:
+    """An expression written over several lines in its file, on one (its newlines are spaces)."""
+    return " ".join(expression.split())
 
 
 def render_check(results: list[CaseResult], n_rules: int, console: Console | None = None) -> None:

@@ -151,6 +151,11 @@ def _gain(f: Finding, ev: expr.Evaluator) -> None:
     g = f.rule.gain
     if g is None:
         return
+    with ev.scope(g.let):                # the rule's [gain.let] names, for its gain's expressions only
+        _gain_in_scope(f, g, ev)
+
+
+def _gain_in_scope(f: Finding, g, ev: expr.Evaluator) -> None:
     try:
         share = float(ev.eval(g.share))
         speedup = float(ev.eval(g.speedup))

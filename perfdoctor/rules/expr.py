@@ -14,6 +14,7 @@ import functools
 import math
 import re
 import string
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -89,8 +90,9 @@ def parse(expr: str) -> ast.Expr:
     return module.body[0]
 
 
-def metric_names(expr: str, known: set[str]) -> list[str]:
-    """Validate `expr` and return the metric names it uses (raises ExprError)."""
+def metric_names(expr: str, known: set[str], local: frozenset[str] = frozenset()) -> list[str]:
+    """Validate `expr` and return the metric names it uses (raises ExprError). `local`: names a
+    rule defines for its gain's expressions ([gain.let]), allowed and not returned."""
     tree = parse(expr).value
     names: list[str] = []
     _check_depth(tree, expr)
@@ -115,7 +117,7 @@ def metric_names(expr: str, known: set[str]) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) or isinstance(node, ast.Name):
             name = dotted(node)
-            if name is None or name in FUNCTIONS or name in CONSTANTS:
+            if name is None or name in FUNCTIONS or name in CONSTANTS or name in local:
                 continue
             if isinstance(node, ast.Name) and any(n.startswith(name + ".") for n in names):
                 continue
@@ -124,6 +126,11 @@ def metric_names(expr: str, known: set[str]) -> list[str]:
             elif not any(k.startswith(name + ".") for k in known):
                 raise ExprError(f"unknown metric {name!r} in {_short(expr)}")
     return list(dict.fromkeys(names))
+
+
+def local_names(expr: str, local: frozenset[str]) -> set[str]:
+    """The `local` names (a rule's [gain.let]) that a valid `expr` uses."""
+    return {n.id for n in ast.walk(parse(expr).value) if isinstance(n, ast.Name) and n.id in local}
 
 
 def _check_depth(tree: ast.AST, expr: str) -> None:
@@ -169,6 +176,24 @@ class Evaluator:
     def set(self, name: str, value: Any) -> None:
         self.values[name] = value
         self._se.names = {**CONSTANTS, **_namespace(self.values)}
+
+    @contextmanager
+    def scope(self, lets: dict[str, str]):
+        """A rule's [gain.let] names for its gain's expressions: each the value of its expression
+        over the metrics and the names before it (None where that is unknown or cannot be
+        computed); gone afterwards, so no other rule sees them."""
+        saved = self._se.names
+        self._se.names = dict(saved)
+        try:
+            for name, text in lets.items():
+                try:
+                    value = self.eval(text)
+                except (TypeError, ValueError, ZeroDivisionError):
+                    value = None
+                self._se.names[name] = value
+            yield
+        finally:
+            self._se.names = saved
 
     def eval(self, text: str) -> Any:
         """The value (raises TypeError when it meets None or cannot be computed: EvalError)."""

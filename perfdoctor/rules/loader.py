@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +131,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
     for d in devices:
         if d not in DEVICES:
             bad(f"unknown device {d!r} (allowed: {', '.join(DEVICES)})")
-    when_names = _names(data["when"], known, bad, "when")
+    when_names = _names(data["when"], "when", known, bad)
     try:
         for name in expr.template_names(str(data["summary"])):
             if name not in known:
@@ -150,10 +152,12 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
         if missing:
             bad(f"gain needs {', '.join(missing)}")
         else:
+            lets = _lets(g.get("let", {}), known, bad)
+            names = functools.partial(_names, known=known, bad=bad, lets=lets)
             gain = Gain(str(g["share"]), str(g["speedup"]), g["assumption"], g["label"],
-                        _names(str(g["share"]), known, bad, "gain.share"),
-                        _names(str(g["speedup"]), known, bad, "gain.speedup"))
-            _expected(gain, g, known, bad)
+                        names(str(g["share"]), "gain.share"), names(str(g["speedup"]), "gain.speedup"),
+                        let={k: text for k, (text, _) in lets.items()})
+            _expected(gain, g, names, bad)
             gain.work = g.get("work") is True
             overlaps = g.get("overlaps", [])
             if not isinstance(overlaps, list) or not all(isinstance(o, str) and o for o in overlaps):
@@ -162,7 +166,7 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                 gain.overlaps = list(overlaps)
             if "unprofiled_share" in g:
                 gain.unprofiled_share = str(g["unprofiled_share"])
-                _names(gain.unprofiled_share, known, bad, "gain.unprofiled_share")     # unknown metrics: invalid
+                names(gain.unprofiled_share, "gain.unprofiled_share")     # unknown metrics: invalid
     fix = data.get("fix", {})
     if kind == "fix":
         if gain is None and not no_gain:
@@ -200,7 +204,7 @@ TYPES = {"id": _STR, "slug": _STR, "kind": _STR, "title": _STR, "when": _STR, "s
 SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
              "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
                       "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,),
-                      "unprofiled_share": _NUM},
+                      "unprofiled_share": _NUM, "let": (dict,)},
              "fix": {"text": _STR, "snippet": _STR, "snippet_cpu": _STR, "snippet_lang": _STR}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
@@ -239,22 +243,24 @@ def _types(data: dict, bad) -> None:
                 bad(f"case {i + 1} {ck} must be two numbers [low, high]")
 
 
-def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
-    """The optional expected-gain model of a [gain] table (see model.Gain)."""
-    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", "overlaps", *EXPECTED_KEYS})
+def _expected(gain: Gain, g: dict, names, bad) -> None:
+    """The optional expected-gain model of a [gain] table (see model.Gain); `names(text, where)`:
+    the metrics an expression uses (validated, the [gain.let] names it uses expanded)."""
+    unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", "overlaps", "let",
+                               *EXPECTED_KEYS})
     if unknown:
-        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share/overlaps: "
-            f"{', '.join(EXPECTED_KEYS)})")
+        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share/"
+            f"overlaps/let: {', '.join(EXPECTED_KEYS)})")
     if not any(k in g for k in EXPECTED_KEYS):
         return
     if "expected_speedup" not in g or not g.get("model"):
         bad("an expected-gain model needs expected_speedup and model (its assumption)")
         return
     gain.expected_speedup, gain.model = str(g["expected_speedup"]), str(g["model"])
-    names = _names(gain.expected_speedup, known, bad, "gain.expected_speedup")
+    used = names(gain.expected_speedup, "gain.expected_speedup")
     if "expected_share" in g:
         gain.expected_share = str(g["expected_share"])
-        names += _names(gain.expected_share, known, bad, "gain.expected_share")
+        used += names(gain.expected_share, "gain.expected_share")
     rng = g.get("expected_range")
     if rng is not None:
         if not (isinstance(rng, list) and len(rng) == 2):
@@ -262,16 +268,48 @@ def _expected(gain: Gain, g: dict, known: set[str], bad) -> None:
         else:
             gain.expected_range = (str(rng[0]), str(rng[1]))
             for part in rng:
-                names += _names(str(part), known, bad, "gain.expected_range")
-    gain.expected_names = sorted(set(names))
+                used += names(str(part), "gain.expected_range")
+    gain.expected_names = sorted(set(used))
 
 
-def _names(text: str, known: set[str], bad, where: str) -> list[str]:
+def _names(text: str, where: str, known: set[str], bad, lets: dict | None = None) -> list[str]:
+    """The metrics `text` uses, those of the [gain.let] names it uses included (`lets`: name ->
+    (expression, its metrics)); an invalid expression is reported through `bad`."""
+    lets = lets or {}
     try:
-        return expr.metric_names(text, known)
+        used = expr.metric_names(text, known, frozenset(lets))
+        return used + [m for n in sorted(expr.local_names(text, frozenset(lets))) for m in lets[n][1]]
     except expr.ExprError as exc:
         bad(f"{where}: {exc}")
         return []
+
+
+LET_NAME = re.compile(r"[a-z_][a-z0-9_]{0,31}")
+MAX_LETS = 16
+
+
+def _lets(raw, known: set[str], bad) -> dict[str, tuple[str, list[str]]]:
+    """[gain.let]: name -> (expression, the metrics it uses), in the file's order; each expression
+    may use the names before it. A name is a short lower-case identifier that is no metric, metric
+    group (`share`, `run`...), function or constant."""
+    if not isinstance(raw, dict):
+        bad("gain.let must be a table of name = expression")
+        return {}
+    if len(raw) > MAX_LETS:
+        bad(f"gain.let has {len(raw)} names (at most {MAX_LETS})")
+        return {}
+    out: dict[str, tuple[str, list[str]]] = {}
+    for name, text in raw.items():
+        if not isinstance(name, str) or not LET_NAME.fullmatch(name) or name in expr.FUNCTIONS \
+                or name in expr.CONSTANTS or name in known or any(k.startswith(name + ".") for k in known):
+            bad(f"gain.let: {name!r} is no name a rule can define (a short lower-case identifier that is no "
+                "metric, metric group, function or constant)")
+            continue
+        if not isinstance(text, (str, int, float)) or isinstance(text, bool):
+            bad(f"gain.let.{name} must be an expression")
+            continue
+        out[name] = (str(text), _names(str(text), f"gain.let.{name}", known, bad, out))
+    return out
 
 
 def _cases(raw, known: set[str], bad) -> list[Case]:

@@ -44,6 +44,8 @@ class Gain:
     #                            expected model's share, with no inflation to allow for
     overlaps: list[str] = field(default_factory=list)   # slugs of fixes whose shares overlap this
     #                            one's (gain.stacked composes them multiplicatively when applied together)
+    let: dict[str, str] = field(default_factory=dict)   # [gain.let]: names for sub-expressions the
+    #                            gain's expressions share, evaluated in order (expr.Evaluator.scope)
 
 
 @dataclass
