@@ -278,7 +278,8 @@ def _names(text: str, where: str, known: set[str], bad, lets: dict | None = None
     lets = lets or {}
     try:
         used = expr.metric_names(text, known, frozenset(lets))
-        return used + [m for n in sorted(expr.local_names(text, frozenset(lets))) for m in lets[n][1]]
+        return list(dict.fromkeys(used + [m for n in sorted(expr.local_names(text, frozenset(lets)))
+                                          for m in lets[n][1]]))
     except expr.ExprError as exc:
         bad(f"{where}: {exc}")
         return []
