@@ -51,16 +51,6 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """A file's quiet tests run one after the other, after its other tests (files keep their
-    order, and tests their order within each kind), so that the machine's exclusive hold passes
-    from one to the next instead of being waited for again."""
-    first: dict = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.path, i)
-    items.sort(key=lambda item: (first[item.path], item.get_closest_marker("quiet") is not None))
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test, with the fixtures it sets up, holds the machine shared with the other workers;
