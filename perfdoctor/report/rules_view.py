@@ -8,6 +8,7 @@ from rich.text import Text
 
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.check import CaseResult
+from perfdoctor.rules.expr import normalize
 from perfdoctor.rules.model import Rule
 from perfdoctor.rules.tunable import CUDA_ONLY, OPT_IN, knobs_of
 
@@ -35,7 +36,7 @@ def render_show(r: Rule, console: Console | None = None) -> None:
     c.print(text("file: " + r.path, style="dim"))
     c.print()
     c.print(Text("when", style="bold"))
-    c.print(text("  " + " ".join(r.when.split())))
+    c.print(text("  " + normalize(r.when)))
     if r.bound:
         c.print(Text.assemble(("verdict ", "bold"), T(r.bound), (T(f"  (priority {r.priority})"), "dim")))
     c.print(Text("summary template", style="bold"))
@@ -44,22 +45,22 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         c.print(Text("expected gain", style="bold"))
         c.print("  step speed-up <= 1 / ((1 - f) + f / s)   (Amdahl)")
         for name, value in r.gain.let.items():           # [gain.let]: the names the expressions below use
-            c.print(text(f"  where {name} = {_one_line(value)}"))
-        c.print(text(f"  f = {_one_line(r.gain.share)}   ({r.gain.label})"))
-        c.print(text(f"  s = {_one_line(r.gain.speedup)}"))
+            c.print(text(f"  where {name} = {normalize(value)}"))
+        c.print(text(f"  f = {normalize(r.gain.share)}   ({r.gain.label})"))
+        c.print(text(f"  s = {normalize(r.gain.speedup)}"))
         c.print(text(f"  assumption: {r.gain.assumption}"))
         if r.gain.work:
             c.print(text("  f is work: in a run directory the ceiling uses up to f x run.trace_inflation "
                          "(the profiler only lengthens work, the un-profiled step may be shorter)"))
         if r.gain.unprofiled_share:
-            c.print(text(f"  where known, f timed on un-profiled steps = {_one_line(r.gain.unprofiled_share)} replaces f "
+            c.print(text(f"  where known, f timed on un-profiled steps = {normalize(r.gain.unprofiled_share)} replaces f "
                          "for the ceiling and the expected gain"))
         if r.gain.expected_speedup:
-            c.print(text(f"  expected: s = {_one_line(r.gain.expected_speedup)} on f = "
-                         f"{_one_line(r.gain.expected_share or r.gain.share)}"))
+            c.print(text(f"  expected: s = {normalize(r.gain.expected_speedup)} on f = "
+                         f"{normalize(r.gain.expected_share or r.gain.share)}"))
             if r.gain.expected_range:
-                c.print(text(f"  range: s from {_one_line(r.gain.expected_range[0])} to "
-                             f"{_one_line(r.gain.expected_range[1])}"))
+                c.print(text(f"  range: s from {normalize(r.gain.expected_range[0])} to "
+                             f"{normalize(r.gain.expected_range[1])}"))
             c.print(text(f"  model: {r.gain.model}"))
     elif r.kind == "fix":
         c.print(Text.assemble(("expected gain ", "bold"), T(f"none claimed: {r.no_gain_reason}")))
@@ -84,11 +85,6 @@ def render_show(r: Rule, console: Console | None = None) -> None:
     for also in r.source.get("also", []):
         c.print(text(f"  also: {also}", style="dim"))
     c.print(Text(f"test cases: {len(r.cases)} ({sum(x.fires for x in r.cases)} firing)", style="dim"))
-
-
-def _one_line(expression: str) -> str:
-    """An expression written over several lines in its file, on one (its newlines are spaces)."""
-    return " ".join(expression.split())
 
 
 def render_check(results: list[CaseResult], n_rules: int, console: Console | None = None) -> None:

@@ -60,8 +60,6 @@ FREE_CORE = 0.5              # a core counts as free when other processes leave 
 MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
-RULES = KNOB_RULES           # the fix rules each knob tests (rules/tunable.py)
-
 ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "threads", "optimizer", "checkpoint",
                    "recompute", "cuda", "allocator", "numerics", "compile"),
          "host": ("anomaly", "checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads",
@@ -82,7 +80,7 @@ class Trial:
     refines: bool = False            # applied on top of the group's best first-pass setting
     bound: str | None = None         # a bound trial's caveat: it measures a fix's most, not a setting (module doc)
     label: str = ""
-    tests: tuple | None = None       # the rules it tests where its direction decides (THREADS_*); None: RULES'
+    tests: tuple | None = None       # the rules it tests where its direction decides (THREADS_*); None: KNOB_RULES'
 
     def __post_init__(self):
         if not self.label:
@@ -267,7 +265,7 @@ def wanted(t: Trial, only: frozenset[str] | None) -> bool:
 
 
 def tested(t: Trial) -> tuple:
-    """The fix rules `t` can test: its own (`tests`), else its changes' (RULES)."""
+    """The fix rules `t` can test: its own (`tests`), else its changes' (KNOB_RULES)."""
     return t.tests or tuple(r for k, v in t.changes.items() for r in _rules(k, v))
 
 
@@ -312,7 +310,7 @@ def refinements(f: Facts, best_loader: dict | None, workers_measured: bool = Tru
 
 def _rules(key: str, value) -> tuple:
     """The rules a change tests: num_workers=0 (from a script with workers) is PD347's."""
-    return (NO_WORKERS_RULE,) if key == "num_workers" and value == 0 else RULES.get(key, ())
+    return (NO_WORKERS_RULE,) if key == "num_workers" and value == 0 else KNOB_RULES.get(key, ())
 
 
 def rule_for(changes: dict, fix_ids: set[str], applicable: set[str] | None = None,

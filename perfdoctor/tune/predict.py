@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from perfdoctor.rules.gain import stacked
+from perfdoctor.rules.tunable import KNOB_RULES
 from perfdoctor.tune import plan as planmod
 
 
@@ -78,7 +79,7 @@ def _stacked(changes: dict) -> bool:
     """Changes that different fixes test, stacked in one trial (autocast on float32 for a float64
     model): predicted as those fixes combined, like a combined trial. Changes that share a rule
     (num_workers with persistent_workers: PD301) test that one rule."""
-    tested = [set(planmod.RULES.get(k, ())) for k in changes]
+    tested = [set(KNOB_RULES.get(k, ())) for k in changes]
     return len(tested) > 1 and all(a.isdisjoint(b) for i, a in enumerate(tested) for b in tested[i + 1:])
 
 
