@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -91,3 +92,29 @@ def test_rules_show_names_the_tune_command_of_a_fix_a_trial_tests():
     assert "(trials: pin_memory; CUDA only)" in out
     out = subprocess.run([*show, "PD319"], capture_output=True, text=True, timeout=60).stdout
     assert "measured by" not in out and "source" in out            # a profiling advice: no trial tests it
+
+
+def test_markdown_and_html_reports_of_a_run_name_the_tune_command_too(mlp_run, tmp_path):
+    """The terminal's last lines name the `perfdoctor tune` command that measures a run's fixes; a
+    PR comment (markdown) and the HTML report carry it too, as code to copy (the script's arguments
+    kept as given), and not beside tune's own measurements."""
+    from perfdoctor.report import html, markdown
+    from perfdoctor.report.labels import tune_hint
+
+    run = mlp_run("a")
+    doc = json.loads((run / "report.json").read_text())
+    cmd = tune_hint(doc)
+    assert cmd and cmd.startswith("perfdoctor tune --only ") and cmd.endswith(
+        "examples/compute_bound.py --batch-size 64 --width 512"), cmd
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", "--format", "markdown", str(run)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"Measure these fixes on the script:\n\n```sh\n{cmd}\n```" in r.stdout
+    page = html.render(doc)
+    assert f"<b>Measure these fixes on the script:</b><pre><code>{cmd}</code></pre>" in page
+    # with tune's measurements the fixes show what it measured: no command to run it again
+    tuned = {"trials": [{"rule": doc["findings"][0]["id"], "speedup": 1.2, "status": "faster", "label": "x"}]}
+    assert "Measure these fixes" not in html.render(doc, tuned) and "Measure these" not in markdown.report(doc, tuned)
+    # a command from hostile arguments is escaped in the page
+    evil = {**doc, "run": {**doc["run"], "command": "t.py --name '</code><script>x</script>'"}}
+    assert "<script>x" not in html.render(evil) and "&lt;script&gt;x" in html.render(evil)

@@ -1,10 +1,11 @@
 """The HTML report's fix and flag cards: each ranked fix with its expected gain against its
 ceiling as a bar, the gain `perfdoctor tune` measured and its check of the fix's model, the
-fix's text and code, its model and source; the fixes worth a look; the flags."""
+fix's text and code, its model and source; the fixes worth a look; the `perfdoctor tune`
+command that measures them; the flags."""
 
 from __future__ import annotations
 
-from perfdoctor.report.labels import WORTH_A_LOOK, from_other_traces, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, from_other_traces, tune_hint, unranked_gain
 from perfdoctor.report.sanitize import html as H
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
@@ -95,7 +96,10 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
             + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>{from_note(doc, f)}</li>"
                       for f in rest)
             + "</ul></section>") if rest else ""
-    return head + "".join(cards) + more
+    cmd = tune_hint(doc) if tune is None else None     # with tune's JSON the cards show what it measured
+    measure = (f"<section class=\"card\"><b>Measure these fixes on the script:</b>"
+               f"<pre><code>{H(cmd)}</code></pre></section>") if cmd else ""
+    return head + "".join(cards) + more + measure
 
 
 def H_block(s: str) -> str:

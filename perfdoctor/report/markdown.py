@@ -13,7 +13,8 @@ import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
-                                     tune_model_check, tune_no_best, tune_only, tune_predicted, tune_step_times)
+                                     tune_hint, tune_model_check, tune_no_best, tune_only, tune_predicted,
+                                     tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -98,6 +99,8 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     snippet = ranked[0]["fix"].get("snippet")
     if snippet:
         out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]
+    if tune is None and (cmd := tune_hint(doc)):
+        out += ["", "Measure these fixes on the script:", "", _fence(cmd, "sh")]
     out.append("")
     return out
 
