@@ -36,13 +36,13 @@ def test_each_loader_is_described_by_its_first_batch_and_counted():
                   (DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), 16, False), batch_size=None), 2),
                   (DataLoader(Stream(), batch_size=2), 3))
     assert info[0] == {"dataset": "TensorDataset", "module": "torch.utils.data.dataset", "per_sample": True,
-                       "batch_size": 8, "workers": 0, "default_collate": True, "batches": 5}
+                       "batch_size": 8, "workers": 0, "default_collate": True, "start": None, "batches": 5}
     # batch_size=None with a batch sampler: the dataset is indexed once per batch
     assert info[2]["dataset"] == "TensorDataset" and info[2]["per_sample"] is False and info[2]["batches"] == 2
     assert info[1]["dataset"] == "Stream" and info[1]["per_sample"] is False     # an iterable: no indexing
     m = loader_metrics(info)
     assert m == {"input.dataset_class": "TensorDataset", "input.per_sample_fetch": True, "input.loader_batch_size": 8,
-                 "input.default_collate": True}
+                 "input.default_collate": True, "input.loader_workers": 0, "input.worker_start": None}
 
 
 def test_a_subset_is_judged_by_the_dataset_it_wraps_and_a_collate_fn_is_seen():

@@ -86,6 +86,8 @@ _m("input.worker_info_used", "bool", "Whether a DataLoader worker called torch.u
 _m("input.dataset_class", "str", "Class name of the dataset of the DataLoader that yielded the most batches ('Subset of X' for a Subset of X; perfdoctor run); None for a trace alone.")
 _m("input.per_sample_fetch", "bool", "That loader makes each batch sample by sample: map-style with batch_size set and a dataset without __getitems__, so dataset[i] runs once per sample and default_collate stacks the results (perfdoctor run).")
 _m("input.loader_batch_size", "count", "That loader's batch_size (None with batch_size=None or unknown).")
+_m("input.loader_workers", "count", "That loader's num_workers (perfdoctor run; None for a trace alone).")
+_m("input.worker_start", "str", "How that loader's worker processes started: fork, spawn or forkserver (perfdoctor run; None without workers or for a trace alone). Only forked workers inherit the watch behind input.worker_info_used.")
 _m("input.default_collate", "bool", "That loader builds its batches with torch's default_collate (False: the script's own collate_fn).")
 _m("input.dataset_kind", "str", "map or iterable: the kind of dataset the script's first iterated DataLoader reads (torch's _DatasetKind, seen by perfdoctor run); None for a trace alone.")
 _m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_SingleProcessDataLoaderIter); None when unknown.")

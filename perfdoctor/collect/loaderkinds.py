@@ -10,6 +10,8 @@ batches are counted per description. info() lists the descriptions, most batches
                  dataset[i] once per sample and default_collate stacks the results
   batch_size     the loader's batch_size (None: batch_size=None, the sampler yields batches)
   workers        num_workers
+  start          how its workers started: fork, spawn or forkserver (None without workers): a
+                 forked worker inherits perfdoctor's get_worker_info watch, others do not
   default_collate  torch's default_collate makes the batch (False: the script's collate_fn)
   batches        batches drawn from loaders so described
 
@@ -42,7 +44,8 @@ class LoaderKinds:
 
     def info(self) -> list[dict]:
         return [{"dataset": k[0], "module": k[1], "per_sample": k[2], "batch_size": k[3], "workers": k[4],
-                 "default_collate": k[5], "batches": n} for k, n in sorted(self.batches.items(), key=lambda kv: -kv[1])]
+                 "default_collate": k[5], "start": k[6], "batches": n}
+                for k, n in sorted(self.batches.items(), key=lambda kv: -kv[1])]
 
 
 def _describe(it) -> tuple:
@@ -62,9 +65,28 @@ def _describe(it) -> tuple:
         default = getattr(collate, "__name__", None) == "default_collate" and \
             getattr(collate, "__module__", "").startswith("torch.utils.data")
         return ((name or "") + cls.__name__, cls.__module__, per_sample,
-                loader_bs if isinstance(loader_bs, int) else None, int(getattr(it, "_num_workers", 0) or 0), default)
+                loader_bs if isinstance(loader_bs, int) else None, int(getattr(it, "_num_workers", 0) or 0), default,
+                _start_method(it))
     except Exception:           # an iterator of a torch we do not know
-        return ("?", "?", None, None, 0, None)
+        return ("?", "?", None, None, 0, None, None)
+
+
+_STARTS = {"ForkProcess": "fork", "SpawnProcess": "spawn", "ForkServerProcess": "forkserver"}
+
+
+def _start_method(it) -> str | None:
+    """fork, spawn or forkserver: how the iterator's worker processes started (their class for a
+    loader given a multiprocessing_context, else the process's start method, which starting them
+    fixed); None without workers."""
+    workers = getattr(it, "_workers", None)
+    if not workers:
+        return None
+    name = type(workers[0]).__name__
+    if name in _STARTS:
+        return _STARTS[name]
+    import multiprocessing
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method if method in ("fork", "spawn", "forkserver") else None
 
 
 def watch_worker_info(run_dir: str) -> None:

@@ -49,7 +49,7 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT, "cpu_bf16": BOOL, "cpu_fp16": BOOL,
          "dataset_kind": STR, "timed_calls": BOOL, "optimizer_timed": BOOL, "nograd_timed": BOOL, "cpu_clock": STR,
          "loaders": [{"!": ("dataset", "batches"), "dataset": STR, "module": STR, "per_sample": BOOL,
-                      "batch_size": INT, "workers": INT, "default_collate": BOOL, "batches": INT}],
+                      "batch_size": INT, "workers": INT, "default_collate": BOOL, "start": STR, "batches": INT}],
          "optimizer": {"class": STR, "momentum": NUM, "fused": BOOL, "foreach": BOOL, "closure_calls": INT,
                        "tensors": INT, "elements": INT, "large_elements": INT}, "worker_info_used": BOOL,
          "loader_iters": {"installed": BOOL, "loaders": INT, "peeks": INT, "relabelled": INT, "workers": INT,
