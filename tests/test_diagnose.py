@@ -149,6 +149,26 @@ def test_one_long_step_in_the_trace_is_not_blamed_on_the_profiler():
     assert any("the profiler made the traced steps 2.9x" in n for n in even)
 
 
+def test_a_long_traced_step_that_queued_for_a_cpu_is_not_blamed_on_the_script():
+    """A GAN loop (no evaluation, no checkpoint, no periodic work) on a shared 2-core VM: two of
+    its traced steps queued for a CPU (the trace's run-queue share 47%, 0.75 cores of other
+    processes), pulling the traced mean to 223 ms against a 25.7 ms median (steady 22.7 ms). The
+    note had named the script's 'evaluation, checkpoint, log every N steps' as the long step."""
+    m = {"share.device": 0.984, "share.input": 0.0, "share.host": 0.016, "share.communication": 0.0,
+         "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
+         "run.trace_inflation": 9.80, "steps.time_mean_ms": 222.7, "steps.time_median_ms": 25.67,
+         "run.step_time_ms": 22.73, "run.step_time_median_ms": 21.77, "run.traced_runq_share": 0.47}
+    conf, notes, _ = confidence("device", m)
+    note = next(n for n in notes if n.startswith("a long step fell in the traced window"))
+    assert conf == 0.5
+    assert "the training thread waited for a CPU 47% of their time: other work took the cores" in note
+    assert "may be that wait rather than the script's own work" in note and note.endswith("rerun on a quiet machine")
+    # a trace that did not queue: the long step is the script's, as before
+    _, quiet, _ = confidence("device", {**m, "run.traced_runq_share": 0.02})
+    note = next(n for n in quiet if n.startswith("a long step fell in the traced window"))
+    assert "It (an evaluation, a checkpoint, a log every N steps) weighs" in note and "waited for a CPU" not in note
+
+
 def test_a_verdict_just_under_the_device_line_is_not_firm():
     """Host-bound at 79.8% CPU ops (host 13%, input 2%; most ops tiny, so their compute is far
     under PD102's 50%) is a few points from device-bound: the margin over the input share says

@@ -118,12 +118,22 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     skew_told = isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER and skewed
     if skew_told:
         conf = min(conf, 0.5)
-        notes.append(f"a long step fell in the traced window: the traced steps' mean is {mean_t:.3g} ms against their "
-                     f"median {med_t:.3g} ms (steady steps: {m.get('run.step_time_ms') or 0:.3g} ms, median "
-                     f"{med_s:.3g} ms). It (an evaluation, a checkpoint, a log every N steps) weighs on the breakdown "
-                     "far more than on the run" + (f"; the profiler's cost per op also makes the typical traced step "
-                                                   f"{med_t / med_s:.1f}x the steady one's"
-                                                   if med_t / med_s >= PROFILED_MUCH_SLOWER else ""))
+        profiled = (f"; the profiler's cost per op also makes the typical traced step {med_t / med_s:.1f}x the "
+                    "steady one's" if med_t / med_s >= PROFILED_MUCH_SLOWER else "")
+        head = (f"a long step fell in the traced window: the traced steps' mean is {mean_t:.3g} ms against their "
+                f"median {med_t:.3g} ms (steady steps: {m.get('run.step_time_ms') or 0:.3g} ms, median "
+                f"{med_s:.3g} ms)")
+        if contended:
+            # the trace queued for a CPU: the long step may be that wait, not the script's work (a
+            # GAN on a shared 2-core VM: traced mean 223 ms, median 25.7 ms, the trace queued 47%;
+            # its loop has no evaluation, no checkpoint, and had been told it had one)
+            notes.append(head + f", and the training thread waited for a CPU {queued:.0%} of their time: other work "
+                         "took the cores during the trace, so the long step may be that wait rather than the "
+                         "script's own work (an evaluation, a checkpoint, a log every N steps); either way it weighs "
+                         "on the breakdown far more than on the run" + profiled + "; rerun on a quiet machine")
+        else:
+            notes.append(head + ". It (an evaluation, a checkpoint, a log every N steps) weighs on the breakdown "
+                         "far more than on the run" + profiled)
     elif isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER:
         conf = min(conf, 0.5)
         times = f"({m.get('steps.time_mean_ms') or 0:.3g} vs {m.get('run.step_time_ms') or 0:.3g} ms)"
