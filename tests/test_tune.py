@@ -322,6 +322,37 @@ def test_a_second_run_that_found_no_gain_does_not_confirm_the_fastest_of_several
     assert a.status == "inconclusive" and "a second run measured 1.00x [0.80, 1.25]: not confirmed" in a.reason
 
 
+def test_a_second_run_that_other_processes_slowed_says_so(monkeypatch, tmp_path):
+    """A GAN on a shared 2-core VM: fused Adam 1.12x [1.08, 1.16] in its first run, then its
+    confirm run took 760 ms a step (a 20 ms step) while other processes used 0.8 of the 2 cores;
+    the reason said only 'the runs disagree', where a trial's says what the machine did."""
+    from types import SimpleNamespace
+
+    from perfdoctor.tune import session as S
+    t = S.Tuner(S.TuneOptions(argv=["gan.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
+    t.baselines = [SimpleNamespace(run_dir=tmp_path / "baseline", ok=True, step_s=0.022, other_load=0.02, cores=2)]
+    a = S.Outcome(plan.Trial({"optimizer": "fused"}, "optimizer"), "faster", ratio=1.12, ci95=(1.08, 1.16))
+    t.outcomes = [a]
+    monkeypatch.setattr(S, "speedup", lambda bases, m: (0.04, (0.02, 0.10)))
+    load = {"baseline": 0.29, "confirm": 0.8}
+
+    def fake_launch(self, d, ch, **k):
+        d.mkdir(parents=True)
+        kind = "baseline" if d.name.startswith("baseline") else "confirm"
+        return SimpleNamespace(ok=True, step_s=0.0328 if kind == "baseline" else 0.760, run_dir=d, error=None,
+                               other_load=load[kind], cores=2)
+    monkeypatch.setattr(S.Tuner, "_launch", fake_launch)
+    t._confirm(a)
+    assert a.status == "inconclusive" and "the runs disagree" in a.reason
+    assert a.reason.endswith("other processes used up to 0.8 cores during the second run")
+    # a quiet second run: nothing about other processes
+    b = S.Outcome(plan.Trial({"optimizer": "foreach"}, "optimizer"), "faster", ratio=1.12, ci95=(1.08, 1.16))
+    t.outcomes.append(b)
+    load.update(baseline=0.02, confirm=0.1)
+    t._confirm(b)
+    assert b.status == "inconclusive" and "other processes" not in b.reason
+
+
 def test_an_interval_that_spans_a_gain_and_a_loss_is_inconclusive_not_no_change():
     from perfdoctor.tune.measure import judged
     assert judged(1.02, 1.3) == "faster" and judged(0.5, 0.97) == "slower"

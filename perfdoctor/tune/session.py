@@ -348,6 +348,12 @@ class Tuner:
             else:
                 best.status = "inconclusive" if judged(lo2, hi2) == "inconclusive" else "no change"
                 best.reason = f"a second run measured {second}: not confirmed"
+            # as a trial's: other processes' load in either run is what the user reads next
+            # (a confirm run at 760 ms/step for a 20 ms step, 0.8 of 2 cores taken, said only
+            # "the runs disagree")
+            loads = [x.other_load for x in (before, m) if _busy(x)]
+            if loads:
+                _add_reason(best, f"other processes used up to {max(loads):.1f} cores during the second run")
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
                  + (f" ({best.reason})" if best.reason else ""))
 
@@ -385,7 +391,8 @@ def _own_half(m: Measured) -> float:
 
 def _busy(m: Measured) -> bool:
     """Other processes used a material share of the cores during this run."""
-    return m.other_load is not None and bool(m.cores) and m.other_load > max(NOISY_OTHER_LOAD * m.cores, 0.5)
+    load, cores = getattr(m, "other_load", None), getattr(m, "cores", None)
+    return load is not None and bool(cores) and load > max(NOISY_OTHER_LOAD * cores, 0.5)
 
 
 def _default_dir(o: TuneOptions) -> Path:
