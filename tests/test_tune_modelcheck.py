@@ -161,3 +161,23 @@ def test_a_baseline_without_python_stacks_says_what_the_untested_list_lacks():
     buf = io.StringIO()
     render({**doc, "baseline": {**base, "stacks_note": None}}, Console(file=buf, width=400))
     assert "Python stacks" not in buf.getvalue()
+
+
+def test_a_foreach_trial_on_the_cpu_is_not_held_to_the_fused_model():
+    """A GAN on the CPU (two Adams): PD338 expected the fused step's ~1.06x (1.03-1.08x), at most
+    1.12x; tune's optimizer=foreach trial, which PD338 does not advise on the CPU ("use fused
+    only"), was shown that 1.06x as its prediction and, at 1.00x [0.95, 1.06], counted as
+    "agrees". It still tests PD338 (for --only), with no model: only the ceiling holds it."""
+    from perfdoctor.tune import plan, predict
+    fixes = {"PD338": {"ranked": True, "slug": "fused-optimizer",
+                       "gain": {"expected": 1.06, "range": [1.03, 1.08], "ceiling": 1.12}}}
+    foreach, fused = plan.Trial({"optimizer": "foreach"}, "optimizer"), plan.Trial({"optimizer": "fused"}, "optimizer")
+    assert predict.prediction(foreach, fixes, None, cuda=False) == ("PD338", None)
+    assert predict.prediction(fused, fixes, None, cuda=False) == ("PD338", 1.06)
+    assert predict.prediction(foreach, fixes, None, cuda=True) == ("PD338", 1.06)     # on a GPU PD338 covers it
+    unmodelled = check("PD338", True, "no change", 1.00, (0.95, 1.06), fixes, modelled=False)
+    assert unmodelled["verdict"] == "unmodelled" and unmodelled["expected"] is None
+    assert unmodelled["text"] == "no model of its gain, at most 1.12x, measured 1.00x [0.95-1.06]"
+    # its ceiling still holds it: a foreach step above the whole optimizer share is a wrong bound
+    assert check("PD338", True, "faster", 1.3, (1.2, 1.4), fixes, modelled=False)["verdict"] == "beats-ceiling"
+    assert check("PD338", True, "no change", 1.00, (0.95, 1.06), fixes)["verdict"] == "agrees"     # the fused model

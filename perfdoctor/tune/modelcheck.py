@@ -30,9 +30,12 @@ from perfdoctor.rules.gain import combined, range_text, stacked, times
 CHECKED = ("faster", "slower", "no change")
 
 
-def check(rule: str | None, offered: bool, status: str, ratio: float | None, ci95, fixes: dict) -> dict | None:
+def check(rule: str | None, offered: bool, status: str, ratio: float | None, ci95, fixes: dict,
+          modelled: bool = True) -> dict | None:
     """{"rule", "verdict", "expected", "range", "ceiling", "text"} for one trial, or None when there is
-    nothing to check (no rule tests the change, nothing decisive measured)."""
+    nothing to check (no rule tests the change, nothing decisive measured). `modelled` False: the
+    rule's expected gain is not this trial's (foreach on the CPU, where PD338 models fused): only
+    its ceiling holds."""
     if not rule or status not in CHECKED or ratio is None or not ci95:
         return None
     lo, hi = float(ci95[0]), float(ci95[1])
@@ -51,6 +54,8 @@ def check(rule: str | None, offered: bool, status: str, ratio: float | None, ci9
         rng = (low, high) if low is not None and high is not None else None
     ceilings = [g.get("ceiling") for g in gains.values()]
     ceiling = combined(ceilings) if ceilings and all(c for c in ceilings) else None
+    if not modelled:
+        expected, rng = None, None
     model = _model_text(expected, rng, ceiling)
     if ceiling is not None and math.isfinite(ceiling) and lo > ceiling:
         return _out(rule, "beats-ceiling", expected, rng, ceiling,

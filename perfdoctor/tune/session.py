@@ -190,7 +190,8 @@ class Tuner:
         return predict.facts(self.doc, self.fixes, b)
 
     def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
-        return predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs))
+        return predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs),
+                                  cuda=self.facts.cuda if self.facts is not None else None)
 
     def _noise(self, b: Measured) -> tuple[bool, str]:
         half = _own_half(b)
