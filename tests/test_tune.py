@@ -19,6 +19,7 @@ from quiet import Foreign, skip_if_shared
 from perfdoctor.tune import plan
 from perfdoctor.tune.apply import apply_text
 from perfdoctor.tune.measure import Measured, loss_drift
+from perfdoctor.tune.noise import baseline_noise
 
 REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples"
@@ -408,7 +409,7 @@ def test_trials_are_judged_against_the_run_to_run_spread(monkeypatch, tmp_path, 
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
     t.facts = facts()
     t.baselines = [_measured(tmp_path, "baseline", 106.7, seed=1)]
-    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.noisy, t.noise_head = baseline_noise(t.baselines[0])
     assert not t.noisy and t.spread is None
     runs = iter([_measured(tmp_path, "baseline-2", second_ms, seed=2),
                  _measured(tmp_path, "01-optimizer=foreach", 152.0, {"optimizer": "foreach"}, seed=3),
@@ -456,7 +457,7 @@ def test_the_document_keeps_short_step_times_to_six_digits(monkeypatch, tmp_path
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
     t.facts = facts()
     t.baselines = [_measured(tmp_path, "baseline", 0.2523, seed=1)]
-    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.noisy, t.noise_head = baseline_noise(t.baselines[0])
     runs = iter([_measured(tmp_path, "baseline-2", 0.2471, seed=2)])
     monkeypatch.setattr(S.Tuner, "_launch", lambda self, d, ch, **k: next(runs))
     t._repeat_baseline()
@@ -481,7 +482,7 @@ def test_the_verdict_is_worded_as_the_report_words_it_and_no_advice_follows_no_t
     t.facts = facts()
     t.doc = {"verdict": {"bound": "device"}, "traces": [{"metrics": {"trace.platform": "cpu"}}]}
     t.baselines = [_measured(tmp_path, "baseline", 50.0, seed=1)]
-    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.noisy, t.noise_head = baseline_noise(t.baselines[0])
     t.outcomes = [S.Outcome(plan.Trial({"tf32": True}, "precision"), "skipped", reason="no CUDA device")]
     doc = build(t)
     assert doc["baseline"]["verdict"] == "device" and doc["baseline"]["verdict_title"] == "COMPUTE-BOUND (CPU)"
@@ -511,7 +512,7 @@ def test_predicted_says_question_mark_only_for_a_fix_the_report_offers(tmp_path)
     t.doc = {"verdict": {"bound": "device"}, "traces": [{"metrics": {"trace.platform": "cpu"}}]}
     t.fixes = {"PD338": {"id": "PD338", "gain": {"expected": 1.0655}}, "PD312": {"id": "PD312", "gain": {}}}
     t.baselines = [_measured(tmp_path, "baseline", 50.0, seed=1)]
-    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.noisy, t.noise_head = baseline_noise(t.baselines[0])
     for ch, g in (({"optimizer": "fused"}, "optimizer"), ({"compile": True}, "compile"), ({"num_workers": 1}, "loader")):
         t._trial(plan.Trial(ch, g, skip="budget"))
     doc = build(t)
@@ -1403,7 +1404,7 @@ def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeyp
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=120), log=lambda s: None)
     t.facts = facts()
     t.baselines = [_measured(tmp_path, "baseline", 50.0, seed=1)]
-    t.noisy, t.noise_head = t._noise(t.baselines[0])
+    t.noisy, t.noise_head = baseline_noise(t.baselines[0])
     t.longest = 40.0
     monkeypatch.setattr(S.Tuner, "elapsed", lambda self: 90.0)
     for ch, g in (({"threads": 1}, "threads"), ({"optimizer": "foreach"}, "optimizer"), ({"num_workers": 1}, "loader")):
@@ -1442,7 +1443,7 @@ def test_a_wide_baseline_interval_whose_work_repeats_step_for_step_is_no_noise(t
     lo, hi = first.estimate.ci95
     assert (hi - lo) / 2 / first.step_s > S.NOISY_CI              # wide on its own
     t.baselines = [first]
-    t.noisy, t.noise_head = t._noise(first)
+    t.noisy, t.noise_head = baseline_noise(first)
     assert t.noisy
     again = _multiscale(tmp_path, "baseline-2", 1.002, 2)
     t.baselines.append(again)
@@ -1455,7 +1456,7 @@ def test_a_wide_baseline_interval_whose_work_repeats_step_for_step_is_no_noise(t
     other = _multiscale(tmp_path, "other", 1.0, 3)
     other.estimate.durs[:] = np.random.default_rng(9).permutation(other.estimate.durs)
     u.baselines = [first, other]
-    u.noisy, u.noise_head = u._noise(first)
+    u.noisy, u.noise_head = baseline_noise(first)
     u._update_spread()
     u._paired_noise(first, other)
     assert u.noisy

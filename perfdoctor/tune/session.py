@@ -47,12 +47,10 @@ from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
+from perfdoctor.tune.noise import NOISY_CI, NOISY_RUNS, baseline_noise, busy as _busy, own_half as _own_half
 from perfdoctor.tune.measure import (MIN_EFFECT, Measured, _read_json, judged, longer_runs, loss_drift, run_once,
                                      speedup)
 
-NOISY_OTHER_LOAD = 0.25      # share of the cores used by other processes (as `gate --max-other-load`)
-NOISY_CI = 0.05              # baseline 95% interval half-width, relative to its step time
-NOISY_RUNS = 0.05            # run-to-run spread of the baseline's step time (relative)
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
 CONFIRM_RUNS = 2             # a fresh baseline and the best setting again (step 5)
 EXIT_SCRIPT_FAILED, EXIT_NOT_MEASURABLE = 1, 3
@@ -172,7 +170,7 @@ class Tuner:
         self.baselines.append(b)
         self.fixes = {f.get("id"): f for f in self.doc.get("findings") or [] if f.get("id")}
         self.facts = self._facts(b)
-        self.noisy, self.noise_head = self._noise(b)
+        self.noisy, self.noise_head = baseline_noise(b)
         self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps); verdict "
                  f"{self.verdict_title()}; {self.noise_text}")
         if self._fits(2):                    # a second run, then at least one trial
@@ -192,16 +190,6 @@ class Tuner:
     def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
         return predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs),
                                   cuda=self.facts.cuda if self.facts is not None else None)
-
-    def _noise(self, b: Measured) -> tuple[bool, str]:
-        half = _own_half(b)
-        if _busy(b):
-            return True, (f"other processes used {b.other_load:.1f} of {b.cores} cores: noisy machine, each "
-                          "trial is compared with the baseline runs just before and after it")
-        if half > NOISY_CI:
-            return True, (f"the baseline's 95% interval is +-{100 * half:.0f}%: noisy, each trial is "
-                          "compared with the baseline runs just before and after it")
-        return False, f"quiet machine (baseline interval +-{100 * half:.1f}%)"
 
     def _paired_noise(self, first: Measured, again: Measured) -> None:
         """A wide baseline interval with a quiet machine may be the steps' own work varying (image
@@ -382,18 +370,6 @@ class Tuner:
 
 def _add_reason(o: Outcome, text: str) -> None:
     o.reason = f"{o.reason}; {text}" if o.reason else text
-
-
-def _own_half(m: Measured) -> float:
-    """Half the width of a run's own 95% interval, relative to its step time (0 without one)."""
-    lo, hi = m.estimate.ci95
-    return (hi - lo) / 2 / m.step_s if m.step_s else 0.0
-
-
-def _busy(m: Measured) -> bool:
-    """Other processes used a material share of the cores during this run."""
-    load, cores = getattr(m, "other_load", None), getattr(m, "cores", None)
-    return load is not None and bool(cores) and load > max(NOISY_OTHER_LOAD * cores, 0.5)
 
 
 def _default_dir(o: TuneOptions) -> Path:
