@@ -83,6 +83,39 @@ def test_deep_nesting_is_a_decode_error(tmp_path, closed):
     assert "Recursion" not in r.stderr and time.monotonic() - t0 < 30
 
 
+DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+
+
+@pytest.mark.parametrize("text", [b'{"traceEvents": [' + DEEP_OBJECT + b"]}",
+                                  b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": '
+                                  + DEEP_OBJECT + b"}]}",
+                                  b'{"traceEvents": [], "x": ' + DEEP_OBJECT + b"}",
+                                  b"[" + DEEP_OBJECT + b"]",
+                                  b'{"traceEvents": [' + b"}" * 500_000 + b"]}"],
+                         ids=["event", "args", "trailer", "bare", "closers"])
+def test_deep_objects_and_a_flood_of_braces_are_refused_quickly(tmp_path, text):
+    """The salvage of a damaged end tried the first event alone at every '}', each decode from
+    the start: quadratic, 100k closing braces ran for hours. It tries the first 64."""
+    p = tmp_path / "nest.json"
+    p.write_bytes(text)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(p)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and r.stderr.startswith("perfdoctor: error:") and r.stderr.count("\n") == 1, r.stderr
+    assert "no events could be parsed" in r.stderr and time.monotonic() - t0 < 20
+
+
+def test_a_deep_trailer_after_real_events_keeps_the_events(tmp_path):
+    p = tmp_path / "t.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec() for _ in range(3)]), p)
+    text = p.read_bytes().rstrip()
+    p.write_bytes(text[:-1] + b', "x": ' + DEEP_OBJECT + b"}")
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(p)], capture_output=True, text=True,
+                       timeout=30, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "3 step(s)" in r.stdout and "trace is truncated or damaged near its end" in r.stdout
+
+
 def test_a_directory_of_odd_entries(tmp_path):
     d = tmp_path / "traces"
     d.mkdir()

@@ -261,15 +261,17 @@ def _salvage(tail: bytes, state: ReadState) -> list[schema.Event]:
             continue
         _warn_truncated(state, len(tail) - cut)
         return events
-    # Fewer than two whole events, or damage early in the tail: try the first event alone.
-    end = tail.find(b"}")
-    while end != -1:
+    # Fewer than two whole events, or damage early in the tail: try the first event alone, ending
+    # at one of the first MAX_CUT_TRIES '}' (its nested args close a few). Each try decodes from
+    # the start, so trying every '}' was quadratic: 100k of them (a deep nest) ran for hours.
+    end, tries = tail.find(b"}"), 0
+    while end != -1 and tries < MAX_CUT_TRIES:
         try:
             events = decode.decode_events(tail[:end + 1], state)
             _warn_truncated(state, len(tail) - end - 1)
             return events
         except msgspec.DecodeError:
-            end = tail.find(b"}", end + 1)
+            end, tries = tail.find(b"}", end + 1), tries + 1
     _warn_truncated(state, len(tail))
     return []
 
