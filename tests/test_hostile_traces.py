@@ -109,6 +109,22 @@ def test_a_step_number_used_twice_at_different_times_is_noted(tmp_path):
     assert not any("ProfilerStep span(s)" in n for n in rep["traces"][0]["notes"])
 
 
+def test_a_step_number_of_thousands_of_digits_is_no_step(tmp_path):
+    """ProfilerStep#<4,400 digits> among ordinary steps made int() raise (Python's 4,300-digit
+    limit): exit 70. A step number has 1-18 digits (an int64); the odd span is no step and the
+    others are analysed; a trace of only such names falls back to another step source."""
+    doc = _doc()
+    _steps(doc)[1]["name"] = "ProfilerStep#" + "9" * 4400
+    rep = diagnose_path(str(_write(tmp_path, doc, "one.json")))["traces"][0]
+    assert rep["metrics"]["steps.count"] == 5 and rep["metrics"]["steps.source"] == "ProfilerStep"
+    doc = _doc()
+    for e in _steps(doc):
+        e["name"] = "ProfilerStep#" + "9" * 5000
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(_write(tmp_path, doc, "all.json"))],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "from DataLoader iterations" in r.stdout, r.stderr
+
+
 def test_header_fields_of_another_type_or_with_a_lone_surrogate(tmp_path):
     """One odd header field cost the whole header (device unknown, no rank): a lone surrogate
     escape in the device name now reads as U+FFFD, and deviceProperties as an object is left out
