@@ -164,3 +164,43 @@ def test_an_unreadable_file_in_a_directory(tmp_path):
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(d)], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0 and "skipped secret.json: not readable" in r.stdout
+
+
+def _run_dir(d: Path) -> Path:
+    """A small run directory by hand: run.json, child.json, 30 steps of 10 ms, samples.json."""
+    import json
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"argv": ["train.py"], "exit_code": 0, "wall_s": 1.0}))
+    (d / "child.json").write_text(json.dumps({"outcome": "completed", "steps": 30, "mode": "optimizer"}))
+    (d / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "end": 1.7e9 + 0.01 * (i + 1), "dur": 0.01,
+                                                       "wait": 0.001, "batches": 1, "mode": "optimizer"}) + "\n"
+                                           for i in range(30)))
+    (d / "samples.json").write_text(json.dumps({"samples": [], "notes": []}))
+    return d
+
+
+@pytest.mark.parametrize("name", ["run.json", "child.json", "steps.jsonl", "samples.json", "stacks/pyspy.meta.json"])
+@pytest.mark.parametrize("entry", ["fifo", "device"])
+def test_a_run_directory_file_that_is_a_fifo_or_a_device(tmp_path, name, entry):
+    """A run directory's files were read with read_text/read_bytes: a FIFO (no writer) blocked
+    `report RUN_DIR` forever, a link to /dev/zero read until the memory ran out. They are read
+    only when regular files (inputjson.read_bytes); child.json says why it is unknown."""
+    run = _run_dir(tmp_path / "run")
+    p = run / name
+    p.parent.mkdir(exist_ok=True)
+    p.unlink(missing_ok=True)
+    os.mkfifo(p) if entry == "fifo" else p.symlink_to("/dev/zero")
+    r, rss, dt = measured(["report", str(run)], timeout=30)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert rss < RSS_CAP_MB and dt < 20, (rss, dt)
+    if name == "child.json":
+        r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(run)], capture_output=True, text=True,
+                           timeout=30, env={**os.environ, "COLUMNS": "300"})
+        assert "child.json could not be read (not a regular file" in r.stdout, r.stdout
+
+
+def test_a_rule_file_that_is_a_fifo_is_an_invalid_rule(tmp_path):
+    os.mkfifo(tmp_path / "PD990-fifo.toml")
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "check", str(tmp_path)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a regular file" in r.stderr, r.stderr

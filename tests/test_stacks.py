@@ -908,3 +908,81 @@ def test_periodic_block_follows_the_file_text():
     assert in_periodic_block("/x/train.py", 4, lines_of) and not in_periodic_block("/x/train.py", 2, lines_of)
     current[0] = v2
     assert not in_periodic_block("/x/train.py", 4, lines_of)
+
+
+# --- a hostile recording (a run directory from an artifact, a hand edit) ------------------------
+
+def _hostile_dir(tmp_path: Path, meta, events=None, file: str = "pyspy-1.json") -> Path:
+    d = tmp_path / "run" / "stacks"
+    d.mkdir(parents=True)
+    (d / "pyspy.meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta, allow_nan=True))
+    if events is not None:
+        (d / file).write_text(json.dumps(events))
+    return d.parent
+
+
+def _save_steps(t0: float = 1000.0):
+    """Ten 100 ms steps of 60 ms torch.save and 40 ms forward, as the first attribution test."""
+    main = ("main", "/home/u/train.py", 27)
+    save = ("save", SITE + "torch/serialization.py", 1002)
+    fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
+    ev = [_ev("B", 0, *main)]
+    for k in range(10):
+        t = k * 100_000
+        ev += [_ev("B", t, *save), _ev("E", t + 60_000, *save), _ev("B", t + 60_000, *fwd), _ev("E", t + 100_000, *fwd)]
+    ev.append(_ev("E", 1_000_000, *main))
+    steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
+              "profiled": k in (4, 5)} for k in range(10)]
+    return ev, steps
+
+
+PROC = {"pid": 1, "role": "trainer", "file": "pyspy-1.json", "t0_unix": 1000.0}
+
+
+@pytest.mark.parametrize("meta,note", [
+    ("[1, 2]", None),
+    ('"x"', None),
+    ({"skipped": True, "idle_cores": "x", "cores": [1], "idle_cores_needed": {"a": 1}}, "(unknown cores idle, 0.5 needed)"),
+    ({"pid": 1, "rate_hz": 50, "processes": [dict(PROC, file="/dev/zero")]}, None),
+    ({"pid": 1, "rate_hz": 50, "processes": [dict(PROC, file="../run.json")]}, None),
+    ({"pid": 1, "rate_hz": 50, "processes": [dict(PROC, file="fifo")]}, None),
+    ({"pid": 1, "rate_hz": 50, "processes": [dict(PROC, t0_unix=float("nan"))]}, "recorded no stacks"),
+    ({"pid": 1, "rate_hz": 50, "processes": {"a": 1}}, None),
+    ({"pid": 1, "rate_hz": 50, "processes": ["x", 1, None, dict(PROC, pid="1")]}, None),
+], ids=["list", "string", "skipped-odd-types", "dev-zero", "outside", "fifo", "nan-start", "processes-object",
+        "odd-processes"])
+def test_a_hostile_stacks_meta_is_read_as_no_recording(tmp_path, meta, note):
+    """The stacks files were read as py-spy wrote them: a meta file that is not an object, a
+    process entry of another type, a NaN start or the idle cores as a string were exit 70; a
+    process file naming /dev/zero read until the memory ran out, and a FIFO blocked forever. Each
+    now reads as no recording (or no stacks of the training thread), with its note."""
+    from perfdoctor.diagnose.live import run_stacks
+
+    ev, steps = _save_steps()
+    run = _hostile_dir(tmp_path, meta, ev)
+    os.mkfifo(run / "stacks" / "fifo")
+    notes: list[str] = []
+    t0 = time.monotonic()
+    got = run_stacks(run, steps, {}, notes)
+    assert time.monotonic() - t0 < 10
+    if note is None:
+        assert got is None
+    else:
+        said = notes + ((got or {}).get("notes") or [])
+        assert any(note in n for n in said), said
+
+
+def test_odd_events_in_a_recording_are_left_out_and_the_rest_attributed(tmp_path):
+    """Events no py-spy writes (not objects, a string line, a ts of NaN, args as a list, a name
+    that is a list) made int() or .get() raise (exit 70); they are left out or their odd field
+    read as unknown, and the save-every-step recording is attributed as when it is clean."""
+    from perfdoctor.diagnose.live import run_stacks
+
+    ev, steps = _save_steps()
+    junk = [1, "x", None, {"ph": 5}, {"ph": "B", "ts": "nan"}, {"ph": "X", "ts": 3},
+            {"ph": "B", "ts": 5e5, "pid": 1, "tid": 99, "name": ["a"], "args": [1]},
+            {"ph": "B", "ts": 5e5, "pid": 1, "tid": 98, "name": "\x1b[31mx", "args": {"line": "\x1b]52;c;eA==\x07198"}}]
+    run = _hostile_dir(tmp_path, {"pid": 1, "rate_hz": "fast", "processes": [PROC]}, junk + ev)
+    m: dict = {}
+    sec = run_stacks(run, steps, m, [])
+    assert sec is not None and m["stacks.checkpoint_share"] == pytest.approx(0.6)

@@ -91,7 +91,7 @@ def loader_settings(run_dir: Path, system: dict) -> dict:
     them (tune's runs), else the worker processes the samplers saw (prefetch_factor unknown: the
     estimator assumes torch's default)."""
     try:
-        got = (inputjson.loads((run_dir / "inject.json").read_text()).get("loaders") or [{}])[0].get("got") or {}
+        got = (inputjson.loads(inputjson.read_bytes(run_dir / "inject.json")).get("loaders") or [{}])[0].get("got") or {}
     except (OSError, ValueError, AttributeError, IndexError, TypeError, KeyError):
         got = {}
     got = runfiles.record(got, {"num_workers": runfiles.INT, "prefetch_factor": runfiles.INT})
@@ -136,7 +136,7 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict],
     be used adds one line to `damaged` (a missing one is a run that never sampled: not a fault)."""
     unknown = "the system samples (CPU, IO, memory) are unknown"
     try:
-        raw = inputjson.loads((run_dir / "samples.json").read_bytes())
+        raw = inputjson.loads(inputjson.read_bytes(run_dir / "samples.json"))
     except FileNotFoundError:
         return {}, [], None, None
     except OSError as exc:
@@ -309,8 +309,8 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
             # materiality of the rules that use them)
             host = max(m.get("breakdown.other") or 0.0, m.get("share.host") or 0.0)
             if host >= 0.05 or m.get("breakdown.other") is None:
-                notes.append(skipped_note(meta.get("idle_cores"), meta.get("cores"),
-                                          meta.get("idle_cores_needed") or MIN_IDLE_CORES))
+                notes.append(skipped_note(_number(meta, "idle_cores"), _number(meta, "cores"),
+                                          _number(meta, "idle_cores_needed") or MIN_IDLE_CORES))
         elif (run_dir / "stacks" / "pyspy.meta.json").is_file():
             notes.append("py-spy's stack recording could not be read (killed while writing?)")
         return None
@@ -319,6 +319,12 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
     m.update(exposed_waits(m))
     m.update(gil_wait(steady_steps(steps), m))
     return section(rep, rec[1])
+
+
+def _number(doc: dict, key: str) -> float | None:
+    """doc[key] when it is a finite number (the file is untrusted: another type is unknown)."""
+    v = runfiles.conform(doc.get(key), runfiles.NUM)
+    return None if v is runfiles._MISSING else v
 
 
 def load_result(run_dir: Path) -> RunResult:
@@ -339,7 +345,7 @@ def diagnose_dir(run_dir: Path, rule_dirs: list[str] | None = None) -> dict:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = inputjson.loads(path.read_text())
+        data = inputjson.loads(inputjson.read_bytes(path))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

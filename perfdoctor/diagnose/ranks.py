@@ -240,7 +240,7 @@ def _sched_ms(d: Path) -> tuple[float | None, float | None]:
     (`runq`, `cpu`; each None when no profiled step has it)."""
     runq, cpu = [], []
     try:
-        lines = (d / "steps.jsonl").read_text(errors="replace").splitlines()
+        lines = inputjson.read_text(d / "steps.jsonl", errors="replace").splitlines()
     except OSError:
         return None, None
     for ln in lines:
@@ -310,8 +310,8 @@ def _ranks_section(dirs: list[str], infos, docs, rows, m: dict, pace: int) -> di
 
 def _read_json(path: Path) -> dict:
     try:
-        data = inputjson.loads(path.read_text())
-    except (OSError, ValueError):
+        data = inputjson.loads(inputjson.read_bytes(path))
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -120,7 +120,7 @@ def read_record(path: Path, shape: dict, warnings: list[str]) -> dict:
     there but damaged adds one warning to `warnings`; a missing file is not a fault here."""
     needed, unknown = NEEDED[path.name]
     try:
-        data = inputjson.loads(path.read_bytes())
+        data = inputjson.loads(inputjson.read_bytes(path))
     except FileNotFoundError:
         return {}
     except OSError as exc:
@@ -149,7 +149,7 @@ def read_steps(path: Path, warnings: list[str] | None = None) -> list[dict]:
     """steps.jsonl's step records. A line that is not JSON or not a step record is left out; with
     `warnings`, each such fault adds one line to it (a last line cut short: killed mid-write)."""
     try:
-        text = path.read_text(errors="replace")
+        text = inputjson.read_text(path, errors="replace")
     except OSError:
         return []
     lines = [x for x in text.splitlines() if x.strip()]
@@ -169,7 +169,7 @@ def read_fetches(path: Path) -> list[dict]:
     """loaderfetch.jsonl's lines (collect/loaderfetch.py: a worker's cumulative totals), those
     with a pid, batches and wall time of the right types; [] when the file is absent."""
     try:
-        text = path.read_text(errors="replace")
+        text = inputjson.read_text(path, errors="replace")
     except OSError:
         return []
     out = []

@@ -130,7 +130,7 @@ def load_run(path: str | Path) -> RunData:
         steps = read_steps(run_dir, damaged) if (run_dir / "steps.jsonl").is_file() else None
         notes += [f"{run_dir}: {w}" for w in damaged]
         try:
-            child = record(inputjson.loads((run_dir / "child.json").read_text()), CHILD)
+            child = record(inputjson.loads(inputjson.read_bytes(run_dir / "child.json")), CHILD)
         except (OSError, ValueError, RecursionError):
             child = {}
         metrics = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
@@ -148,7 +148,7 @@ def _read_report(report: Path) -> dict:
     """The JSON document of a report file; PerfdoctorError (one line) for anything else, a trace
     (gzip-compressed or not) named as such."""
     try:
-        raw = report.read_bytes()
+        raw = inputjson.read_bytes(report)
     except OSError as exc:
         raise PerfdoctorError(f"cannot read {report}: {exc.strerror or exc}") from None
     if raw[:2] == GZIP_MAGIC:          # perfdoctor writes no compressed reports: a .json.gz trace?

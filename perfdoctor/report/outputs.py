@@ -119,7 +119,7 @@ def tune_for(path: Path, explicit: Path | None) -> dict | None:
             raise PerfdoctorError(f"--tune {explicit}: no such file")
         return None
     try:
-        data = inputjson.loads(cand.read_text())
+        data = inputjson.loads(inputjson.read_bytes(cand))
     except (OSError, ValueError, RecursionError) as exc:
         if explicit is not None:
             raise PerfdoctorError(f"--tune {explicit}: not tune's JSON ({exc})") from None

@@ -23,6 +23,8 @@ from typing import Callable
 
 import msgspec
 
+from perfdoctor import inputjson
+
 VERSION = 2
 ENV = "PERFDOCTOR_CACHE_DIR"
 
@@ -37,7 +39,7 @@ def cache_dir() -> Path | None:
 
 def _stamp(files: list[Path]) -> list[list] | None:
     try:
-        return [[str(f.resolve()), f.read_bytes().decode("utf-8", "surrogateescape")] for f in files]
+        return [[str(f.resolve()), inputjson.read_bytes(f).decode("utf-8", "surrogateescape")] for f in files]
     except OSError:
         return None
 

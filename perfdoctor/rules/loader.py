@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.rules import cache, expr
@@ -103,7 +104,7 @@ def _read(path: Path) -> tuple[dict | None, RuleProblem | None]:
     else:  # pragma: no cover
         import tomli as tomllib
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8")), None
+        return tomllib.loads(inputjson.read_text(path)), None
     except (OSError, UnicodeDecodeError) as exc:
         return None, RuleProblem(str(path), None, f"cannot read: {exc}")
     except tomllib.TOMLDecodeError as exc:

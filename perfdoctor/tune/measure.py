@@ -224,6 +224,6 @@ def _losses(m: Measured) -> list[float]:
 
 def _read_json(path: Path) -> dict:
     try:
-        return inputjson.loads(path.read_text())
-    except (OSError, ValueError):
+        return inputjson.loads(inputjson.read_bytes(path))
+    except (OSError, ValueError, RecursionError):
         return {}
