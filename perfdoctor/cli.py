@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -45,6 +46,15 @@ def _version(value: bool) -> None:
     if value:
         typer.echo(f"perfdoctor {__version__}")
         raise typer.Exit()
+
+
+def _not_nan(value: float | None) -> float | None:
+    """A float option's check for nan, which passes click's range check (every comparison with it
+    is false) and then disabled what it set: `gate --min-effect nan` passed any slowdown ("within
+    ±nan%"), `tune --budget nan` skipped every trial, `run --duration nan` never stopped the script."""
+    if value is not None and math.isnan(value):
+        raise typer.BadParameter("nan is not a number")
+    return value
 
 
 @app.callback()
@@ -100,7 +110,7 @@ def run(
     module: Optional[str] = typer.Option(None, "-m", metavar="MODULE", help="Run a module, as `python -m MODULE`."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1,
                                             help="Stop the script gracefully after N measured steps."),
-    duration: Optional[float] = typer.Option(None, "--duration", min=1, metavar="SECONDS",
+    duration: Optional[float] = typer.Option(None, "--duration", min=1, callback=_not_nan, metavar="SECONDS",
                                              help="Stop the script gracefully after this long."),
     skip_steps: int = typer.Option(5, "--skip-steps", min=0, help="Warm-up steps before the trace window."),
     trace_steps: int = typer.Option(5, "--trace-steps", min=1, help="Steps recorded by torch.profiler."),
@@ -174,9 +184,9 @@ def tune(
     target: Optional[list[str]] = typer.Argument(None, metavar="SCRIPT [ARGS]...",
                                                  help="The training script and its arguments, exactly as for `python`."),
     module: Optional[str] = typer.Option(None, "-m", metavar="MODULE", help="Tune a module, as `python -m MODULE`."),
-    budget: float = typer.Option(300.0, "--budget", min=10, metavar="SECONDS",
+    budget: float = typer.Option(300.0, "--budget", min=10, callback=_not_nan, metavar="SECONDS",
                                  help="Wall time for the whole tune; trials that do not fit are skipped (and listed)."),
-    duration: Optional[float] = typer.Option(None, "--duration", min=2, metavar="SECONDS",
+    duration: Optional[float] = typer.Option(None, "--duration", min=2, callback=_not_nan, metavar="SECONDS",
                                              help="Length of each run's training, from its first step (default: budget/8, "
                                                   "between 8 and 45 s)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=2, help="Also stop each run after N steps."),
@@ -249,15 +259,15 @@ def gate(
     baselines: list[Path] = typer.Option(..., "--baseline", "-b", metavar="RUN",
                                          help="Baseline run directory or report (repeatable: several runs "
                                               "measure the run-to-run noise)."),
-    min_effect: float = typer.Option(0.10, "--min-effect", min=0.0,
+    min_effect: float = typer.Option(0.10, "--min-effect", min=0.0, callback=_not_nan,
                                      help="Smallest step-time change that counts (0.10 = 10%)."),
-    min_share: float = typer.Option(0.10, "--min-share", min=0.0,
+    min_share: float = typer.Option(0.10, "--min-share", min=0.0, callback=_not_nan,
                                     help="Smallest change of a share (data wait, idle device) that counts "
                                          "(0.10 = 10 points)."),
     min_steps: int = typer.Option(10, "--min-steps", min=2, help="Steady-state steps needed, else inconclusive."),
-    noise_k: float = typer.Option(3.0, "--noise-k", min=0.0,
+    noise_k: float = typer.Option(3.0, "--noise-k", min=0.0, callback=_not_nan,
                                   help="With several baselines: the change must exceed this many spreads."),
-    max_other_load: float = typer.Option(0.25, "--max-other-load", min=0.0,
+    max_other_load: float = typer.Option(0.25, "--max-other-load", min=0.0, callback=_not_nan,
                                          help="Step time is inconclusive when other processes used more than "
                                               "this share of the CPU cores during a run (1 = never)."),
     strict: bool = typer.Option(False, "--strict", help="Fail (exit 1) on inconclusive / not comparable too."),

@@ -496,6 +496,10 @@ def test_a_reader_that_goes_away_is_not_a_failure_code(trace, fmt):
                                        (["report"], "Missing argument"),
                                        (["gate"], "Missing argument 'CURRENT'"),
                                        (["tune", "--budget", "-5", "x.py"], "not in the range"),
+                                       (["tune", "--budget", "nan", "x.py"], "'--budget': nan is not a number"),
+                                       (["run", "--duration", "NaN", "x.py"], "'--duration': nan is not a number"),
+                                       (["gate", "a", "-b", "b", "--min-effect", "nan"], "'--min-effect': nan is not"),
+                                       (["gate", "a", "-b", "b", "--noise-k", "nan"], "'--noise-k': nan is not"),
                                        (["nosuchcommand"], "No such command")])
 def test_usage_errors_are_one_line_with_exit_2(args, says):
     """click and typer print a usage block and a boxed message for a bad option, value or missing
