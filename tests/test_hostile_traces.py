@@ -71,6 +71,28 @@ def test_a_long_recording_keeps_every_event():
         assert _far(np.append(tail, odd), np.ones(1001, bool), np.ones(1001, bool))[-1]
 
 
+@pytest.mark.parametrize("far", [1e300, -1e300, -1e6])
+def test_a_third_of_the_starts_far_outside_are_left_out_too(tmp_path, far):
+    """Every third event at a start of 1e300 us (or -1e6 among 1.7e15): over a quarter of the
+    starts, so the quartiles' spread was itself 1e300 and nothing was far; a step of 1e300 us
+    overflowed the statistics (numpy's RuntimeWarning on stderr), the median step read 0.0 ms and
+    the report warned of clocks 1e300 ms apart. Those starts are left out with the warning, and
+    the steps left read as the intact trace's."""
+    good = _write(tmp_path, _doc(), "good.json")
+    doc = _doc()
+    for i, e in enumerate(doc["traceEvents"]):
+        if i % 3 == 0 and "ts" in e:
+            e["ts"] = far
+    bad = _write(tmp_path, doc, "bad.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # no overflow in the statistics
+        t = diagnose_path(str(bad))["traces"][0]
+    assert any(w.startswith("ignored") and f"start {far:g} us" in w for w in t["warnings"]), t["warnings"]
+    m_good = diagnose_path(str(good))["traces"][0]["metrics"]
+    assert 0 < t["metrics"]["steps.count"] < m_good["steps.count"]
+    assert t["metrics"]["steps.time_median_ms"] == pytest.approx(m_good["steps.time_median_ms"], rel=0.01)
+
+
 def test_an_infinite_start_on_a_memory_event_does_not_break_the_html(tmp_path):
     """[memory] instants starting at Infinity reached the memory chart as null times: the HTML
     report was an internal error (exit 70). They are left out, with the warning."""

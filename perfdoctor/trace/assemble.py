@@ -115,11 +115,23 @@ def _far(ts: np.ndarray, x: np.ndarray, finite: np.ndarray) -> np.ndarray:
     xs = ts[x & finite]
     if not len(xs):
         return np.zeros(len(ts), bool)
-    k1, k3 = (len(xs) - 1) // 4, 3 * (len(xs) - 1) // 4     # the quartiles' ranks (np.percentile would load
-    q1, q3 = np.partition(xs, [k1, k3])[[k1, k3]]           # numpy.ma: 20 ms of a cold report)
+    q1, q3 = _quartiles(xs)
     with np.errstate(over="ignore", invalid="ignore"):
+        if q3 - q1 > FAR_US:
+            # the middle half spans more than a day: over a quarter of the starts are damage (a third
+            # at 1e300 made the quartiles' spread 1e300 and kept them all). The median is still
+            # one of the recording's while under half are: its bulk is the starts within a day of it.
+            med = float(np.median(xs))
+            bulk = xs[np.abs(xs - med) <= FAR_US]
+            q1, q3 = _quartiles(bulk) if len(bulk) else (q1, q3)
         reach = FAR_US + SPAN_FACTOR * (q3 - q1)
         return finite & ((ts < q1 - reach) | (ts > q3 + reach))
+
+
+def _quartiles(xs: np.ndarray) -> tuple[float, float]:
+    k1, k3 = (len(xs) - 1) // 4, 3 * (len(xs) - 1) // 4     # the quartiles' ranks (np.percentile would load
+    q1, q3 = np.partition(xs, [k1, k3])[[k1, k3]]           # numpy.ma: 20 ms of a cold report)
+    return float(q1), float(q3)
 
 
 def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | None]:
