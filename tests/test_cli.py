@@ -231,6 +231,17 @@ def test_a_damaged_file_among_traces_is_skipped_and_named(tmp_path):
     assert any(w.startswith("rank1.json: trace is truncated") for w in warnings), warnings
 
 
+def test_thousands_of_damaged_traces_are_one_short_line(tmp_path):
+    """2,000 files of `{}`: the error named every one, a 135 KB line; it names the first three and
+    counts the rest."""
+    for i in range(2000):
+        (tmp_path / f"t{i:04d}.json").write_text("{}")
+    r = run("report", tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and len(r.stderr) < 500, r.stderr[:600]
+    assert "skipped t0000.json: JSON object has no 'traceEvents' array (an empty object)" in r.stderr
+    assert r.stderr.rstrip().endswith("; and 1,997 more file(s) skipped")
+
+
 def test_a_trace_without_timed_events_among_traces_is_skipped_and_named(tmp_path):
     """A metadata-only trace (or one whose X events all lack a duration) beside good ones aborted
     the whole directory with exit 2, where an empty file is skipped: it is skipped and named too;

@@ -53,7 +53,7 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
         except TraceFormatError as exc:
             _skip(files, f, exc, skipped)
     if not traces:
-        raise TraceFormatError(f"no trace in {path} could be read: " + "; ".join(skipped))
+        raise TraceFormatError(f"no trace in {path} could be read: " + _listed(skipped))
     if len(files) > 1:                  # among several files, a warning names its own
         for t in traces:
             t.meta.warnings = [f"{Path(t.meta.path).name}: {w}" for w in t.meta.warnings]
@@ -67,7 +67,7 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
                 raise
             skipped.append(f"skipped {Path(t.meta.path).name}: {str(exc).removeprefix(f'{t.meta.path}: ')}")
     if not analyses:
-        raise TraceFormatError(f"no trace in {path} could be analysed: " + "; ".join(skipped))
+        raise TraceFormatError(f"no trace in {path} could be analysed: " + _listed(skipped))
     analyses[0].warnings[:0] = skipped
     results = [(a, evaluate(rules, a.metrics)) for a in analyses]
     if len(results) > 1:          # one trace per rank: merged as a multi-rank run is (diagnose/ranks.py)
@@ -80,6 +80,16 @@ def diagnose_path(path: str, rule_dirs: list[str] | None = None) -> dict:
             doc["verdict"].setdefault("notes", []).insert(0, why)      # before what the traces differ in
             return doc
     return build_document(str(path), results)
+
+
+LISTED = 3
+
+
+def _listed(skipped: list[str]) -> str:
+    """The first LISTED skipped files for a one-line error, then how many more (2,000 damaged
+    files made a 135 KB line)."""
+    more = len(skipped) - LISTED
+    return "; ".join(skipped[:LISTED]) + (f"; and {more:,} more file(s) skipped" if more > 0 else "")
 
 
 def _skip(files: list[Path], f: Path, exc: TraceFormatError, skipped: list[str]) -> None:

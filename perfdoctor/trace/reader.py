@@ -298,4 +298,5 @@ def _whole_document(buf: bytes) -> None:
         # a report perfdoctor wrote (report.json, --format json): its input is what to diagnose
         raise TraceFormatError("this is a perfdoctor report, not a trace: give `perfdoctor report` the trace or "
                                "the run directory it came from, or `perfdoctor compare` two such reports")
-    raise TraceFormatError("JSON object has no 'traceEvents' array; keys: " + ", ".join(keys))
+    raise TraceFormatError("JSON object has no 'traceEvents' array" + ("; keys: " + ", ".join(keys) if keys else
+                                                                       " (an empty object)"))
