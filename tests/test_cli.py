@@ -534,3 +534,21 @@ def test_a_tune_file_is_read_whatever_the_format(trace, tmp_path):
         assert r.returncode == 0 and "--tune's measured gains are shown by --format html and markdown only" in r.stderr
     r = run("report", trace, "--tune", good, "-f", "markdown")
     assert r.returncode == 0 and "--tune" not in r.stderr
+
+
+def test_a_tune_file_with_fields_of_other_types_is_read_as_unknown(trace, tmp_path):
+    """tune's trials read as tune wrote them: a trial that is not an object, a speed-up as a string
+    (compared with a number, formatted with :.2f), a rule as a list, a model check as a string were
+    exit 70 in html and markdown. Such fields read as unknown; a good trial beside them is shown."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    rid = next(f["id"] for f in diagnose_path(str(trace))["findings"] if f["ranked"])
+    trials = [1, "x", None, {"rule": rid, "speedup": "fast"}, {"rule": [rid], "speedup": 3.0},
+              {"rule": rid, "speedup": 2.0, "label": "<b>w</b>", "model_check": "agrees", "ci95": [1.5, "x"]},
+              {"rule": rid, "speedup": 1e308}]
+    tune = tmp_path / "tune.json"
+    tune.write_text(json.dumps({"trials": trials}))
+    for fmt in ("html", "markdown"):
+        out = tmp_path / f"r.{fmt}"
+        r = run("report", trace, "--tune", tune, "-f", fmt, "-o", out)
+        assert r.returncode == 0, r.stderr
+        assert "measured by tune: " in out.read_text() and "2.00x" in out.read_text()

@@ -127,7 +127,24 @@ def tune_for(path: Path, explicit: Path | None) -> dict | None:
     ok = isinstance(data, dict) and isinstance(data.get("trials"), list)
     if not ok and explicit is not None:
         raise PerfdoctorError(f"--tune {explicit}: not tune's JSON (no trials list)")
-    return data if ok and (explicit is not None or Path(path).resolve().name in _tune_runs(data)) else None
+    if not ok or not (explicit is not None or Path(path).resolve().name in _tune_runs(data)):
+        return None
+    return {**data, "trials": _trials(data["trials"])}
+
+
+def _trials(trials: list) -> list[dict]:
+    """tune's trials as the report reads them: the file is untrusted (a trial that was not an
+    object, a speed-up or a rule of another type, a model check as a string were exit 70), so a
+    field of another type reads as unknown and a trial that is not an object is left out."""
+    from perfdoctor.diagnose.runfiles import ANY, NUM, STR, conform
+
+    shape = [{"rule": STR, "speedup": NUM, "status": STR, "label": STR, "ci95": [NUM], "dir": STR,
+              "model_check": {"text": STR, "*": ANY}}]
+    out = conform(trials, shape)
+    for tr in out:
+        if tr.get("ci95") is not None and len(tr["ci95"]) != 2:
+            tr["ci95"] = None
+    return out
 
 
 def _tune_runs(tune: dict) -> set[str]:
