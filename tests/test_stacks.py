@@ -22,7 +22,8 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.stackcause import classify
 from perfdoctor.analyze.stacks import attribute, section, segments, steady_steps
 from perfdoctor.collect import stacks as collect_stacks
-from perfdoctor.collect.stacks import StackRecorder, find_py_spy, load_recording
+from perfdoctor.collect.stacks import StackRecorder, find_py_spy
+from perfdoctor.diagnose.stackfiles import load_recording
 
 PY_SPY = find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy not installed")

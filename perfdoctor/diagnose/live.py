@@ -299,7 +299,8 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
     """The py-spy recording (if any) -> stacks.* metrics into m, and the report's `stacks` section."""
     from perfdoctor.analyze.gilwait import gil_wait
     from perfdoctor.analyze.stacks import attribute, exposed_waits, section, steady_steps
-    from perfdoctor.collect.stacks import MIN_IDLE_CORES, load_recording, skipped_note
+    from perfdoctor.collect.stacks import MIN_IDLE_CORES, skipped_note
+    from perfdoctor.diagnose.stackfiles import load_recording
 
     rec = load_recording(run_dir / "stacks")
     if rec is None:
