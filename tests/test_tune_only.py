@@ -27,7 +27,7 @@ def test_only_keeps_the_named_groups_and_the_trials_of_the_named_fixes():
     both = plan.plan(facts(), allow_compile=True, only=plan.only_names(["compile, PD341", "PD338"]))
     assert [t.group for t in both] == [t.group for t in everything if t.group in ("threads", "optimizer", "compile")]
     assert plan.plan(facts(), only=plan.only_names(["PD306"])) == []          # not raised: no trial tests it
-    assert plan.only_names([]) is None and plan.only_names([" , "]) is None   # nothing named: everything
+    assert plan.only_names([]) is None and plan.only_names(None) is None      # no --only: everything
 
 
 def test_only_applies_to_the_loader_refinements_too():
@@ -43,6 +43,10 @@ def test_an_unknown_name_is_a_usage_error_that_lists_the_known_ones(tmp_path):
     with pytest.raises(PerfdoctorError) as e:
         plan.only_names(["loader,PD999"])
     assert e.value.exit_code == 2 and "unknown PD999;" in str(e.value) and "loader" in str(e.value)
+    for empty in ([""], [" , "]):      # `--only "$FIXES"` with the variable empty: said, not "everything"
+        with pytest.raises(PerfdoctorError) as e:
+            plan.only_names(empty)
+        assert e.value.exit_code == 2 and str(e.value).startswith("--only: no name given; groups: iterator, loader")
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "tune", "--only", "warp", "--out", str(tmp_path / "t"),

@@ -246,16 +246,19 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
 
 def only_names(values: list[str] | None) -> frozenset[str] | None:
     """`--only`'s names (comma-separated, repeatable): trial groups and the fix ids trials test;
-    an unknown name is a usage error that lists the known ones."""
-    names = frozenset(v.strip() for value in values or () for v in value.split(",") if v.strip())
-    if not names:
+    an unknown name is a usage error that lists the known ones, and so is `--only ""` (an empty
+    shell variable: it had meant no filter, and the whole budget went to every trial)."""
+    if not values:
         return None
+    names = frozenset(v.strip() for value in values for v in value.split(",") if v.strip())
     groups = set(ORDER["input"])
     fixes = fixes_tested()
+    known = f"groups: {', '.join(ORDER['input'])}; fixes: {', '.join(sorted(fixes))}"
+    if not names:
+        raise PerfdoctorError(f"--only: no name given; {known}")
     unknown = sorted(n for n in names if n not in groups and n.upper() not in fixes)
     if unknown:
-        raise PerfdoctorError(f"--only: unknown {', '.join(unknown)}; groups: {', '.join(ORDER['input'])}; "
-                              f"fixes: {', '.join(sorted(fixes))}")
+        raise PerfdoctorError(f"--only: unknown {', '.join(unknown)}; {known}")
     return frozenset(n if n in groups else n.upper() for n in names)
 
 
