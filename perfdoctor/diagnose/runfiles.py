@@ -147,10 +147,15 @@ def read_record(path: Path, shape: dict, warnings: list[str]) -> dict:
 
 def read_steps(path: Path, warnings: list[str] | None = None) -> list[dict]:
     """steps.jsonl's step records. A line that is not JSON or not a step record is left out; with
-    `warnings`, each such fault adds one line to it (a last line cut short: killed mid-write)."""
+    `warnings`, each such fault adds one line to it (a last line cut short: killed mid-write), and
+    so does a steps.jsonl that is there but cannot be read (a FIFO, a directory, no permission)."""
     try:
         text = inputjson.read_text(path, errors="replace")
-    except OSError:
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        if warnings is not None:
+            warnings.append(f"steps.jsonl cannot be read ({exc.strerror or exc}): no step records")
         return []
     lines = [x for x in text.splitlines() if x.strip()]
     parsed = [_json_line(x) for x in lines]
