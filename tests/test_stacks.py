@@ -271,21 +271,13 @@ def _ev(ph, ts, name, file, line, pid=1, tid=7):
 
 
 def test_segments_rebuild_stacks_and_steady_windows_clip_them():
+    # 10 steps of 100 ms from t=0: 60 ms in torch.save, then 40 ms forward
+    t0 = 1000.0
+    ev, steps = _save_steps(t0)
     main = ("main", "/home/u/train.py", 27)
     save = ("save", SITE + "torch/serialization.py", 1002)
-    fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
-    ev = [_ev("B", 0, *main)]
-    # 10 steps of 100 ms from t=0: 60 ms in torch.save, then 40 ms forward
-    for k in range(10):
-        t = k * 100_000
-        ev += [_ev("B", t, *save), _ev("E", t + 60_000, *save), _ev("B", t + 60_000, *fwd),
-               _ev("E", t + 100_000, *fwd)]
-    ev.append(_ev("E", 1_000_000, *main))
     segs = segments(ev)
     assert len(segs[(1, 7)]) == 20 and segs[(1, 7)][0] == (0, 60_000, (main, save))
-    t0 = 1000.0
-    steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
-              "profiled": k in (4, 5)} for k in range(10)]
     assert [s["step"] for s in steady_steps(steps)] == [3, 4, 7, 8, 9, 10]
     rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
                     source=lambda f, n: "")
@@ -923,7 +915,8 @@ def _hostile_dir(tmp_path: Path, meta, events=None, file: str = "pyspy-1.json") 
 
 
 def _save_steps(t0: float = 1000.0):
-    """Ten 100 ms steps of 60 ms torch.save and 40 ms forward, as the first attribution test."""
+    """Ten 100 ms steps of 60 ms torch.save and 40 ms forward (the first two stack frames of
+    each), from Unix time t0; steps 5 and 6 profiled."""
     main = ("main", "/home/u/train.py", 27)
     save = ("save", SITE + "torch/serialization.py", 1002)
     fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
