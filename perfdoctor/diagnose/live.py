@@ -324,8 +324,7 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
 
 def _number(doc: dict, key: str) -> float | None:
     """doc[key] when it is a finite number (the file is untrusted: another type is unknown)."""
-    v = runfiles.conform(doc.get(key), runfiles.NUM)
-    return None if v is runfiles._MISSING else v
+    return runfiles.record(doc, {key: runfiles.NUM}).get(key)
 
 
 def load_result(run_dir: Path) -> RunResult:
