@@ -10,7 +10,27 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from perfdoctor.analyze.loaderkinds import iterable_replayed
+from perfdoctor.rules.loader import load_rules
+
+RAW = ("input.dataset_kind", "input.loader_workers", "input.worker_info_used", "input.worker_start")
+
+
+def test_the_rule_cases_state_the_replay_the_four_facts_imply():
+    """PD221 and PD310 read input.iterable_replayed, one fact made of four: each of their cases
+    that gives the four gives the value analyze/loaderkinds.py derives from them (None: absent)."""
+    checked = 0
+    for rule in (r for r in load_rules() if r.id in ("PD221", "PD310")):
+        for case in rule.cases:
+            if not any(k in case.metrics for k in RAW):
+                continue
+            raw = {k: v for k, v in case.metrics.items() if k != "input.iterable_replayed"}
+            assert case.metrics.get("input.iterable_replayed") == iterable_replayed(raw), (rule.id, case.name)
+            checked += 1
+    assert checked >= 10
+    assert iterable_replayed({"input.dataset_kind": "iterable", "input.loader_workers": 2,
+                              "input.worker_start": "fork", "input.worker_info_used": None}) is None
+
 
 STREAM = r'''
 import sys, torch
@@ -54,24 +74,28 @@ def _run(tmp_path, *args):
     return r, doc["traces"][0]["metrics"], {f["id"] for f in doc["flags"]}, {f["id"] for f in doc["findings"]}
 
 
+@pytest.mark.slow
 def test_forked_workers_replaying_an_iterable_dataset_are_flagged_and_a_sharded_one_is_not(tmp_path):
     r, m, flags, fixes = _run(tmp_path)
     assert r.stdout == "samples 1920, distinct 960\n"              # the truth: every sample twice
     assert (m["input.dataset_kind"], m["input.loader_workers"], m["input.worker_info_used"],
-            m["input.worker_start"]) == ("iterable", 2, False, "fork")
+            m["input.worker_start"], m["input.iterable_replayed"]) == ("iterable", 2, False, "fork", True)
     assert "PD221" in flags and "PD310" in fixes
     assert "PD221 Every loader worker replays the whole IterableDataset" in r.stderr
     # the same stream, sharded with get_worker_info() (imported at the script's top, before the
     # workers fork): each sample once, and nothing said
     r, m, flags, fixes = _run(tmp_path, "--shard")
     assert r.stdout == "samples 960, distinct 960\n"
-    assert m["input.worker_info_used"] is True and "PD221" not in flags and "PD221" not in r.stderr
+    assert m["input.worker_info_used"] is True and m["input.iterable_replayed"] is False
+    assert "PD221" not in flags and "PD221" not in r.stderr
 
 
+@pytest.mark.slow
 def test_spawned_workers_are_not_judged(tmp_path):
     """A spawned worker does not inherit perfdoctor's get_worker_info watch: it may shard unseen,
     so PD221 stays silent (PD310, the hedged fix, may still be offered on an input-bound run)."""
     r, m, flags, _ = _run(tmp_path, "--spawn")
     assert r.stdout == "samples 1920, distinct 960\n"
     assert m["input.worker_start"] == "spawn" and m["input.worker_info_used"] is False
+    assert m["input.iterable_replayed"] is None                     # unknown, not "no"
     assert "PD221" not in flags

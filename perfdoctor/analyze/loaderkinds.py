@@ -26,3 +26,18 @@ def loader_metrics(loaders) -> dict:
     start = top.get("start")
     out["input.worker_start"] = start if start in ("fork", "spawn", "forkserver") else None
     return out
+
+
+def iterable_replayed(m: dict) -> bool | None:
+    """input.iterable_replayed: every worker of the training loader iterates its own copy of an
+    IterableDataset from the start. True: an IterableDataset read by two or more forked workers
+    none of which called get_worker_info() (the usual way to shard); False: a map-style dataset,
+    or fewer than two workers, or workers that shard; None where it cannot be known (a trace
+    alone, an older run, spawned workers: only forked ones inherit the watch)."""
+    kind, workers = m.get("input.dataset_kind"), m.get("input.loader_workers")
+    if kind == "map" or (kind == "iterable" and workers is not None and workers < 2):
+        return False
+    if kind != "iterable" or workers is None or m.get("input.worker_start") != "fork":
+        return None
+    used = m.get("input.worker_info_used")
+    return None if used is None else not used

@@ -89,6 +89,7 @@ _m("input.loader_batch_size", "count", "That loader's batch_size (None with batc
 _m("input.loader_workers", "count", "That loader's num_workers (perfdoctor run; None for a trace alone).")
 _m("input.worker_start", "str", "How that loader's worker processes started: fork, spawn or forkserver (perfdoctor run; None without workers or for a trace alone). Only forked workers inherit the watch behind input.worker_info_used.")
 _m("input.default_collate", "bool", "That loader builds its batches with torch's default_collate (False: the script's own collate_fn).")
+_m("input.iterable_replayed", "bool", "Every worker of that loader iterates its own copy of an IterableDataset from the start: two or more forked workers and none called get_worker_info() (analyze/loaderkinds.py). False for a map-style dataset, fewer than two workers, or workers that shard; None when unknown (a trace alone, an older run, spawned workers).")
 _m("input.dataset_kind", "str", "map or iterable: the kind of dataset the script's first iterated DataLoader reads (torch's _DatasetKind, seen by perfdoctor run); None for a trace alone.")
 _m("input.num_workers_zero", "bool", "DataLoader ran with num_workers=0 (_SingleProcessDataLoaderIter); None when unknown.")
 _m("input.traced_op_share_of_wait", "fraction", "Share of data-wait time covered by traced CPU ops (transforms, collate) on the trainer thread.")

@@ -22,7 +22,7 @@ from perfdoctor.analyze.callshares import call_metrics, combined, nograd_run_sha
 from perfdoctor.analyze.compiletime import compile_run_share
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
 from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
-from perfdoctor.analyze.loaderkinds import loader_metrics
+from perfdoctor.analyze.loaderkinds import iterable_replayed, loader_metrics
 from perfdoctor.analyze.loaderstarts import kept_metrics, kept_pace_ms, start_metrics, without_peeks
 from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
 from perfdoctor.analyze.loopcalls import loop_metrics
@@ -233,6 +233,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(loader_metrics(res.child.get("loaders")))
     used = res.child.get("worker_info_used")
     m["input.worker_info_used"] = used if isinstance(used, bool) else None      # None: an older run
+    m["input.iterable_replayed"] = iterable_replayed(m)
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
     steady = steps[est.first:est.first + est.n]
