@@ -5,7 +5,7 @@ command that measures them; the flags."""
 
 from __future__ import annotations
 
-from perfdoctor.report.labels import WORTH_A_LOOK, from_other_traces, tune_hint, unranked_gain
+from perfdoctor.report.labels import MEASURE_FIXES, WORTH_A_LOOK, from_other_traces, tune_hint, unranked_gain
 from perfdoctor.report.sanitize import html as H
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
@@ -97,7 +97,7 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
                       for f in rest)
             + "</ul></section>") if rest else ""
     cmd = tune_hint(doc) if tune is None else None     # with tune's JSON the cards show what it measured
-    measure = (f"<section class=\"card\"><b>Measure these fixes on the script:</b>"
+    measure = (f"<section class=\"card\"><b>{H(MEASURE_FIXES.capitalize())}</b>"
                f"<pre><code>{H(cmd)}</code></pre></section>") if cmd else ""
     return head + "".join(cards) + more + measure
 

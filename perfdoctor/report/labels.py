@@ -184,6 +184,9 @@ def tune_predicted(tr: dict) -> str:
     return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"
 
 
+MEASURE_FIXES = "measure these fixes on the script:"     # the line above tune_hint's command
+
+
 def tune_hint(doc: dict) -> str | None:
     """Under a run's fixes: the `perfdoctor tune` command line that measures those of them a trial
     can test on this device (rules/tunable.py), on the same script; None for a trace alone, a

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import (BOUND_TITLE, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
+from perfdoctor.report.labels import (BOUND_TITLE, MEASURE_FIXES, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
                                      tune_hint, tune_model_check, tune_no_best, tune_only, tune_predicted,
                                      tune_step_times)
@@ -100,7 +100,7 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     if snippet:
         out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]
     if tune is None and (cmd := tune_hint(doc)):
-        out += ["", "Measure these fixes on the script:", "", _fence(cmd, "sh")]
+        out += ["", MEASURE_FIXES.capitalize(), "", _fence(cmd, "sh")]
     out.append("")
     return out
 

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
+from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -69,7 +69,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if cmd := tune_hint(doc):         # a command to paste: never wrapped nor cut (the terminal folds it)
-        c.print(Text("measure these fixes on the script:", style="dim"))
+        c.print(Text(MEASURE_FIXES, style="dim"))
         c.print(Text("    " + T(cmd)), no_wrap=True, overflow="ignore", crop=False)
     if not details:
         c.print(Text("--details: evidence, the fixes in full with code, gaps and tables; --format html: "
