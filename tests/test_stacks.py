@@ -642,7 +642,13 @@ def test_classify_causes():
         != "evaluation"
     assert classify((("test", "/home/u/run.py", 3), call, lib("torch.autograd.graph", "_engine_run_backward")),
                     source)[0] == "model"
-    # an LR scheduler's wrapper around optimizer.step is named for what the line calls
+    # a closure optimizer's step (LBFGS: no_grad-decorated) runs the closure's forward with grad
+    # enabled again, through the same decorator: the model, not an evaluation
+    lbfgs = (user, lib("torch.optim.optimizer", "Optimizer.profile_hook_step.<locals>.wrapper"), nograd,
+             lib("torch.optim.lbfgs", "LBFGS.step"), nograd, ("closure", "/home/u/train.py", 77), call,
+             ("Sequence.forward", "/home/u/train.py", 28), call, lib("torch.nn.modules.rnn", "LSTMCell.forward"))
+    assert classify(lbfgs, source)[:3] == ("model", "nn.Module.__call__", "train.py:28")
+    assert classify((fit, nograd, ev, call), source)[0] == "evaluation"     # still, outside an optimizer
     wrap = lib("torch.optim.lr_scheduler",
                "LRScheduler.__init__.<locals>.patch_track_step_called.<locals>.wrap_step.<locals>.wrapper")
     assert classify((user, wrap, lib("torch.optim.adam", "Adam.step")), source)[:2] == ("optimizer", "Optimizer.step")
