@@ -79,3 +79,36 @@ def test_host_lane_shows_a_cpu_runs_collectives(tmp_path):
         lanes[r] = lanes.get(r, 0) + d
     assert lanes["communication"] == pytest.approx(6.0) and lanes["cpu_ops"] == pytest.approx(3.0)
     assert sum(lanes.values()) == pytest.approx(10.0)
+
+
+def test_a_step_of_many_small_ops_is_drawn_as_ops(tmp_path):
+    """A CPU step of thousands of 50 us ops 10 us apart (an LSTM cell's loop), with one 30 ms
+    stretch of Python in the middle: each run is far below 1/1500 of the step, and the lane
+    draws each cluster of them as the value holding most of its time (ops), the long stretch
+    as itself, and still tiles the step. (Every short run once joined the run before it: the
+    whole step was drawn in the first run's colour, "other", for a step 70% in ops.)"""
+    from kineto import HandTrace
+
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+
+    h = HandTrace()
+    n, step_us = 3000, 3000 * 60 + 30_000
+    for i in range(3):
+        t0 = i * step_us
+        h.step(i + 1, t0, t0 + step_us)
+        t = t0 + 10
+        for j in range(n):
+            h.op(1, t, "aten::addmm", 50)
+            t += 60 + (30_000 if j == n // 2 else 0)
+    h.write(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    del doc["deviceProperties"]                            # a CPU-only trace
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    a = analyze(load_trace(tmp_path / "t.json"))
+    v = a.view
+    assert sum(d for _, d, _ in v["breakdown"]) == pytest.approx(v["duration_ms"], rel=1e-9)
+    assert [r for _, _, r in v["breakdown"]] == ["cpu_exec", "other", "cpu_exec"], v["breakdown"]
+    off, dur, _ = v["breakdown"][1]
+    assert dur == pytest.approx(30.01, abs=0.02) and off == pytest.approx((n // 2 + 1) * 0.060, abs=0.02)
+    assert [r for _, _, r in v["host"]] == ["cpu_ops", "untraced", "cpu_ops"], v["host"]

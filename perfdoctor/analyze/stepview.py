@@ -8,7 +8,8 @@ report/annotate.py) only draw what was measured:
 - `step_view`: that step's breakdown role over time (run-length merged), the device's busy
   intervals (not on CPU-only traces) and the host's activity (HOST_LANE order: gaps.py's
   HOST_ACTIVITY with the host's own collectives, gloo's, before its other ops);
-  runs shorter than a `MIN_RUN_FRACTION` of the step join the run before them (device idle
+  runs shorter than a `MIN_RUN_FRACTION` of the step are drawn, where several follow each other,
+  as the value holding most of their time, and alone join the run before them (device idle
   gaps that short are closed), so the view stays small whatever the trace size;
 - `step_dominant`: per step, the largest of the four verdict shares (device, input, host,
   communication), computed as analyze/pipeline.verdict_shares does for the whole trace, and
@@ -39,7 +40,12 @@ def representative_step(steps: Steps) -> int:
 
 def _runs(start: np.ndarray, length: np.ndarray, value: np.ndarray, lo: float, min_len: float) -> list[list]:
     """Run-length merge of per-segment values (contiguous segments): [[offset_ms, duration_ms,
-    value], ...]; a run shorter than min_len joins the run before it."""
+    value], ...]. Runs of min_len or longer stay as they are; consecutive shorter ones form a
+    cluster drawn as one run of the value that holds most of its time (a step of a hundred
+    thousand small ops with a little Python between each is drawn as ops, not as the first
+    run's value: every short run once joined the run before it, and an LBFGS step 82% in ops
+    was drawn all "other"); a cluster shorter than min_len joins the run before it (or, first
+    in the step, the run after it)."""
     if len(start) == 0:
         return []
     new = np.ones(len(start), bool)
@@ -47,12 +53,38 @@ def _runs(start: np.ndarray, length: np.ndarray, value: np.ndarray, lo: float, m
     first = np.flatnonzero(new)
     ends = np.append(start[first[1:]], start[-1] + length[-1])
     out: list[list] = []
-    for s, e, v in zip(start[first].tolist(), ends.tolist(), value[first].tolist()):
-        if out and (out[-1][2] == v or e - s < min_len):
-            out[-1][1] = e - out[-1][0]
+    cluster: dict = {}            # a cluster of short runs: value -> time
+    c0 = c1 = 0.0
+
+    def close() -> None:
+        if not cluster:
+            return
+        v = max(cluster, key=cluster.get)
+        if c1 - c0 >= min_len or not out:
+            out.append([c0, c1 - c0, v])
         else:
-            out.append([s, e - s, v])
-    return [[(s - lo) / 1e3, n / 1e3, v] for s, n, v in out[:MAX_RUNS]]
+            out[-1][1] = c1 - out[-1][0]
+        cluster.clear()
+
+    for s, e, v in zip(start[first].tolist(), ends.tolist(), value[first].tolist()):
+        if e - s < min_len:
+            if not cluster:
+                c0 = s
+            cluster[v] = cluster.get(v, 0.0) + (e - s)
+            c1 = e
+            continue
+        close()
+        out.append([s, e - s, v])
+    close()
+    merged: list[list] = []
+    for s, n, v in out:
+        if merged and merged[-1][2] == v:
+            merged[-1][1] = s + n - merged[-1][0]
+        elif len(merged) == 1 and merged[0][1] < min_len:   # a first cluster too short to show
+            merged[0] = [merged[0][0], s + n - merged[0][0], v]
+        else:
+            merged.append([s, n, v])
+    return [[(s - lo) / 1e3, n / 1e3, v] for s, n, v in merged[:MAX_RUNS]]
 
 
 def _busy(start: np.ndarray, length: np.ndarray, busy: np.ndarray, lo: float, min_gap: float) -> list[list]:
