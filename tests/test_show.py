@@ -380,6 +380,19 @@ def _run_dir(d: Path, durs, wall_s: float, runq=None) -> Path:
     return d
 
 
+def test_a_loop_no_dataloader_feeds_is_not_given_a_measured_data_wait():
+    """nanoGPT's get_batch slices a memmap inside the step: no DataLoader batch in the steps, and
+    "data wait 0.0%" read as a measured wait; a loop a DataLoader feeds keeps its figure."""
+    from perfdoctor.report.labels import data_wait_text
+
+    none = {"loop.batches_per_step": 0.0, "run.data_wait_share": 0.0}
+    assert data_wait_text(none) == "no DataLoader batch in these steps (data the loop makes itself is step time)"
+    assert data_wait_text({**none, "stacks.producer_wait_share": 0.3}).endswith(
+        "is step time); waiting on its own producers 30.0% (Python stacks)")
+    assert data_wait_text({"loop.batches_per_step": 1.0, "run.data_wait_share": 0.0}) == "data wait 0.0% of that time"
+    assert data_wait_text({"loop.batches_per_step": None, "run.data_wait_share": 0.25}) == "data wait 25.0% of that time"
+
+
 def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
     """The user trial's line: the 4.2 s is the whole run's (not the steps': 200 x 0.31 ms), and a
     0.31 ms step prints with 3 significant figures, its interval and median too (not '0.3-0.3')."""

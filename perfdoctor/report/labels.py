@@ -115,11 +115,16 @@ def windows_text(m: dict) -> str:
 def data_wait_text(m: dict) -> str:
     """'data wait 12.0% of that time' after a run's step time; with the loop's wait on its own
     producers (the Python stacks) beside it, as the step records count DataLoader waits only (a
-    loop fed by its own thread pool read "data wait 0.0%" under an input-bound verdict)."""
+    loop fed by its own thread pool read "data wait 0.0%" under an input-bound verdict). A loop
+    no DataLoader fed says so: "0.0%" read as a measured wait where nanoGPT's get_batch slices a
+    memmap inside the step (step time)."""
     own = m.get("stacks.producer_wait_share")
-    return (f"data wait {100 * (m.get('run.data_wait_share') or 0):.1f}% of that time"
-            + (f" (DataLoader); waiting on its own producers {100 * own:.1f}% (Python stacks)"
-               if isinstance(own, (int, float)) and own >= 0.005 else ""))
+    wait = m.get("run.data_wait_share") or 0
+    loader = not (m.get("loop.batches_per_step") == 0 and not wait)
+    head = (f"data wait {100 * wait:.1f}% of that time" if loader else
+            "no DataLoader batch in these steps (data the loop makes itself is step time)")
+    return (head + (f"{' (DataLoader)' if loader else ''}; waiting on its own producers {100 * own:.1f}% (Python stacks)"
+                    if isinstance(own, (int, float)) and own >= 0.005 else ""))
 
 
 def error_line(run: dict) -> str | None:
