@@ -292,7 +292,7 @@ def test_a_launcher_that_trains_in_another_process_is_stopped_at_once_and_said_s
     doc = report(tmp_path / "run")
     assert doc["run"]["outcome"] == "stopped" and doc["verdict"]["bound"] == "inconclusive"
     assert any("had not imported torch in its own process" in n for n in doc["verdict"]["notes"])
-    assert "median step" not in r.stderr
+    assert "median step" not in r.stderr and "median traced step" not in r.stderr
 
 
 def test_a_path_with_spaces_runs_as_python_runs_it_and_is_quoted_in_the_report(tmp_path):

@@ -393,6 +393,32 @@ def test_a_loop_no_dataloader_feeds_is_not_given_a_measured_data_wait():
     assert data_wait_text({"loop.batches_per_step": None, "run.data_wait_share": 0.25}) == "data wait 25.0% of that time"
 
 
+def test_a_runs_header_names_its_median_the_traced_steps_one(mlp_run):
+    """A run's header gives the median of its traced (profiled) steps, its run line that of the
+    steady ones: "median step" beside "median" read as two answers to one question (nanoGPT:
+    89.4 ms over 5 profiled steps, 80.9 ms over 288 steady ones). A trace alone keeps "median step"."""
+    import io
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.report import html
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+    from perfdoctor.stats.steptime import ms
+
+    doc = json.loads((mlp_run("a") / "report.json").read_text())
+    m = doc["traces"][0]["metrics"]
+    c = console(file=io.StringIO(), width=300)
+    render(doc, c)
+    out = c.file.getvalue()
+    assert f"· median traced step {ms(m['steps.time_median_ms'])} ms" in out
+    assert f"median {ms(m['run.step_time_median_ms'])} ms;" in out and "median step" not in out
+    assert f"median traced step {ms(m['steps.time_median_ms'])} ms" in html.render(doc)
+    alone = diagnose_path(str(mlp_run("a") / "trace"))
+    c = console(file=io.StringIO(), width=300)
+    render(alone, c)
+    assert "median step" in c.file.getvalue() and "median traced step" not in c.file.getvalue()
+
+
 def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
     """The user trial's line: the 4.2 s is the whole run's (not the steps': 200 x 0.31 ms), and a
     0.31 ms step prints with 3 significant figures, its interval and median too (not '0.3-0.3')."""

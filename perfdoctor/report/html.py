@@ -14,7 +14,7 @@ from __future__ import annotations
 from perfdoctor.report import svg
 from perfdoctor.report.fixcards import fixes_section, flags_section
 from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
-                                     device_text, passes_text, rank_bound, role_labels, shown_trace, source_text,
+                                     device_text, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text,
                                      windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
@@ -76,8 +76,8 @@ def _header(doc: dict, m: dict) -> str:
     dev = device_text(m)
     n = len(doc["traces"])
     where = f"{n} traces in {doc['input']}" if n > 1 else doc["input"]
-    steps = (f" · {m['steps.count']} step(s) from {m['steps.source']}{windows_text(m)} · median step "
-             f"{ms(m['steps.time_median_ms'])} ms" if m.get("steps.count") else "")
+    steps = (f" · {m['steps.count']} step(s) from {m['steps.source']}{windows_text(m)} · "
+             f"{median_label(doc, True)} {ms(m['steps.time_median_ms'])} ms" if m.get("steps.count") else "")
     return (f"<h1>perfdoctor report</h1><div class=\"dim\">{H(where)}</div>"
             f"<div class=\"dim small\">{H(m.get('trace.platform'))} · {H(dev)}{H(steps)}</div>")
 

@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
+from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, median_label, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -38,7 +38,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · "
                  + (f"{m['steps.count']} step(s) from {T(m['steps.source'])}" if traced else "no trace")
                  + windows_text(m)
-                 + (f" · median step {ms(median)} ms" if median is not None else ""), style="dim"))
+                 + (f" · {median_label(doc, traced)} {ms(median)} ms" if median is not None else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
