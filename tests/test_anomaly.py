@@ -60,8 +60,15 @@ def test_anomaly_mode_is_named_by_the_engines_nan_checks(tmp_path):
     assert m_on["autograd.anomaly_checked_share"] == 1.0 and 0 < m_on["autograd.anomaly_check_share"] < 1
     assert m_off["autograd.anomaly_checked_share"] == 0.0 and m_off["autograd.anomaly_check_share"] == 0.0
     fix = next(f for f in on["findings"] if f["id"] == "PD374")
-    # the stacks it stores are not in a trace (py-spy's samples of a run have them): unknown, no ceiling
-    assert fix["gain"]["expected"] is None and fix["gain"]["ceiling"] is None and not fix["ranked"], fix["gain"]
+    # the stacks it stores are not in a trace (py-spy's samples of a run have them): no ceiling, and
+    # the checks alone as the expected gain only where they are 5% of the step or more, else unknown
+    # (on a quiet machine ~2-4% here; under a CI neighbour's load 5.4%: 1.057x)
+    share = m_on["autograd.anomaly_check_share"]
+    if share < 0.05:
+        assert fix["gain"]["expected"] is None and not fix["ranked"], fix["gain"]
+    else:
+        assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share), rel=1e-3), (fix["gain"], share)
+    assert fix["gain"]["ceiling"] is None, fix["gain"]
     assert "PD374" not in {f["id"] for f in off["findings"]}
     # and flagged, so a fix without a modelled gain, ranked under the modelled ones, is seen
     assert [f["severity"] for f in on["flags"] if f["id"] == "PD220"] == ["high"]

@@ -69,7 +69,9 @@ def test_run_sizes_anomaly_mode_from_its_checks_and_its_stored_stacks(tmp_path):
         pytest.skip("py-spy is not installed")
     script = tmp_path / "train.py"
     script.write_text(ANOMALOUS.replace("range(6)", "range(10 ** 6)").replace("range(4)", "range(8)"))
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--duration", "8", "--out",
+    # a number of steps, not --duration 8: a run's duration counts from the process start, and under
+    # a CI neighbour's load the start-up (torch's import) took 8 s and left one step (no trace, no stacks)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--max-steps", "400", "--out",
                         str(tmp_path / "run"), "--format", "json", "-o", str(tmp_path / "r.json"), str(script)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
