@@ -215,8 +215,7 @@ def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size
         assert 0 < m["cpu.optimizer_large_op_share"] <= m["optimizer.step_share"]
 
 
-@pytest.mark.quiet      # the 20 us line is timing: beside the other worker, on a CPU 95% of the time, a CI
-# run's LSTM ops of 4x16 tensors were a quarter of the step small (0.25) where quiet runs read over 0.3
+@pytest.mark.quiet      # the 20 us line is timing: the ops are 3-4 us, but a thread preempted for long
 @pytest.mark.parametrize("cell", [False, True])
 def test_an_lstm_modules_small_ops_are_not_compiles(tmp_path, cell):
     """nn.LSTM runs one aten::lstm of a few ops per gate and time step, each small: torch.compile
@@ -240,8 +239,12 @@ def test_an_lstm_modules_small_ops_are_not_compiles(tmp_path, cell):
         head(h).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
-    threads = torch.get_num_threads()
+    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
     torch.set_num_threads(1)          # ops of 4x16 tensors: no intra-op pool to wait for
+    # the recurrence op by op: where MKLDNN is on, CPU float32 nn.LSTM runs one fused
+    # mkldnn_rnn_layer kernel per layer instead, here 17-20 us per op its call holds (the
+    # backward's 25-31), astride the 20 us line: the share came out 0.19 or 0.41 run to run
+    torch.backends.mkldnn.enabled = False
     try:
         for _ in range(2):
             step()
@@ -249,6 +252,7 @@ def test_an_lstm_modules_small_ops_are_not_compiles(tmp_path, cell):
         doc = _profiled(tmp_path, step, 3, on_cpu)
     finally:
         torch.set_num_threads(threads)
+        torch.backends.mkldnn.enabled = mkldnn
     m = doc["traces"][0]["metrics"]
     small, rnn = m["cpu.small_op_share"], m["cpu.rnn_small_op_share"]
     print(f"small ops {small:.3f}, of an RNN module {rnn:.3f}, host {m['share.host']:.3f}, on a CPU {on_cpu[0]:.2f}")
@@ -263,10 +267,9 @@ def test_an_lstm_modules_small_ops_are_not_compiles(tmp_path, cell):
     if cell:
         assert rnn == 0 and fix is not None
     else:
-        # the LSTM's forward call and the backward nodes of its ops: 3/4 of the small-op time here
-        # (0.72-0.75 alone); the rest is the head's, the loss's, the last step's select and SGD's
-        # update. Beside the suite's other worker the thread stays on its CPU (0.99) but its ops
-        # run slower, and some of the LSTM's cross the small-op line first: 0.49 of 0.36 once
-        assert 0.4 * small < rnn <= small
+        # the LSTM's forward call and the backward nodes of its ops, 3-4 us per op: 0.94-0.97 of
+        # the small-op time here, alone or beside two busy loops; the rest is the head's, the
+        # loss's, the last step's select and SGD's update
+        assert 0.8 * small < rnn <= small
         kept = m["share.host"] + small - rnn
         assert fix is None or fix["gain"]["share"] <= kept + 1e-6
