@@ -83,7 +83,8 @@ class Session(StepSources):
         # fallback candidates: their boundaries, kept until a source is chosen
         self.resets = None
         self.passes = 0
-        self.grad_calls = 0              # of which torch.autograd.grad calls
+        self.grad_calls = 0              # of which torch.autograd.grad and torch.func.grad calls
+        self.func_calls = 0              # of which torch.func.grad calls
         self.root_calls: dict = {}       # id(module) -> [class name, marks of its outermost calls...]
         self.module_hook = None          # the chosen module's forward pre-hook (source "module")
         self.module_skip = False
@@ -147,6 +148,7 @@ class Session(StepSources):
             from perfdoctor.collect import passes
             self.resets = passes.GradResets()
             passes.wrap_backward(torch, self)
+            passes.wrap_func_grad(torch, self)
         except Exception as exc:
             self.notes.append(f"backward passes cannot be watched ({type(exc).__name__}: {exc})")
         try:

@@ -24,10 +24,17 @@ loop: the step is the pass that follows), a batched call, the gradient of new te
 (an adversarial attack's input), and a pass started while another runs (reentrant
 checkpointing runs a backward inside the backward, on the autograd engine's device thread for
 CUDA tensors: so any thread, not only the caller's).
+
+A torch.func loop (`grad(loss_fn)(params, x, y)`, then new params) calls torch.autograd.grad
+with create_graph=True on tensors functorch wraps anew each call: none of that says "step". So
+the functions torch.func.grad and grad_and_value return are wrapped (wrap_func_grad): a call
+made outside any other torch.func transform is a step's pass; one inside vmap (per-sample
+gradients) or inside another grad is part of that transform's call.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -185,3 +192,34 @@ def wrap_backward(torch, session) -> None:
                 return grad_orig(outputs, inputs, *args, **kwargs)
             return _watched(session, outputs, True, lambda: grad_orig(outputs, inputs, *args, **kwargs))
         _replace(torch, "grad", grad)
+
+
+def wrap_func_grad(torch, session) -> None:
+    """torch.func.grad and torch.func.grad_and_value: each call of the function they return, made
+    outside any other torch.func transform and not while compiling, is a pass that starts a step
+    (session.on_pass, fresh "func"). The wrappers are in place when torch's import ends, so a
+    script's `from torch.func import grad` gets them."""
+    func = getattr(torch, "func", None)
+    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
+    if func is None or level is None:
+        return
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    for name in ("grad", "grad_and_value"):
+        orig = getattr(func, name, None)
+        if orig is None or getattr(orig, "_perfdoctor", False):
+            continue
+
+        def transform(*args, _orig=orig, **kwargs):
+            g = _orig(*args, **kwargs)
+            if compiling():
+                return g
+
+            @functools.wraps(g)
+            def call(*a, **k):
+                if compiling() or level() is not None:
+                    return g(*a, **k)
+                return _watched(session, None, "func", lambda: g(*a, **k))
+            return call
+        functools.update_wrapper(transform, orig)
+        transform._perfdoctor = True
+        setattr(func, name, transform)

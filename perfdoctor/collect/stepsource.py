@@ -15,7 +15,8 @@ Steps come from the first of these sources that the script uses (child.json "mod
    after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
    gradients were never seen reset: then each pass is a step). A `torch.autograd.grad` call
    on weights (a functional loop; passes.weights_updated) returns fresh gradients: each such
-   call starts a step.
+   call starts a step, and so does a torch.func.grad call outside other transforms, unless
+   backward passes run beside it (passes.wrap_func_grad).
 3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
    with neither an optimizer step nor a backward pass, each batch request ends a step.
 4. Outermost module calls (modules.py), for loops with none of those (an inference loop over
@@ -38,6 +39,7 @@ PASS_FALLBACK = 32           # passes with no gradient reset seen before each pa
 SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
            "backward-each": "backward passes (one per step: no gradient reset seen)",
            "backward-grad": "torch.autograd.grad calls (one per step)",
+           "backward-func": "torch.func.grad calls (one per step)",
            "dataloader": "DataLoader iterations",
            "module": "calls of the outermost module (one per step)"}
 MODULE_WAIT_S = 3.0          # outermost calls with grad mode on: the module source waits this long for a backward
@@ -114,13 +116,18 @@ class StepSources:
 
     def on_pass(self, roots, t0: float, fresh: bool = False) -> None:
         """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode.
-        `fresh`: a torch.autograd.grad call, whose gradients are new (a step starts)."""
+        `fresh`: a torch.autograd.grad call, whose gradients are new (a step starts); "func": a
+        torch.func.grad call, which beside backward passes is no step of its own (a meta-learning
+        inner loop whose outer loss calls backward)."""
         if self.in_optimizer:
             self.passes_in_optimizer += 1
             return
         if fresh:
+            if fresh == "func" and self.passes > self.grad_calls:
+                return
             reset = True
             self.grad_calls += 1
+            self.func_calls += fresh == "func"
         else:
             reset = self.resets.before_pass(roots) if self.resets is not None else None
         self.passes += 1
@@ -138,8 +145,9 @@ class StepSources:
             self.group_marks.append(m)
         if len(self.group_marks) > FALLBACK:
             if self.grad_calls == self.passes:
-                self._choose("backward-grad", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
-                             "torch.autograd.grad calls (a functional loop): each call is a step")
+                source = self._grad_source()
+                self._choose(source, self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
+                             f"{SOURCES[source].split(' (')[0]} (a functional loop): each call is a step")
             elif reset is None:
                 self._choose("backward-each", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
                              "backward passes, and their gradients cannot be watched: each pass is a step")
@@ -151,6 +159,10 @@ class StepSources:
             self._choose("backward-each", list(self.pass_marks),
                          f"no optimizer step and no gradient reset seen in {PASS_FALLBACK} backward passes: each "
                          "pass is a step (a reset through .grad.data is invisible)")
+
+    def _grad_source(self) -> str:
+        """The source of a loop whose passes are all gradient calls: torch.func's or autograd's."""
+        return "backward-func" if self.func_calls == self.grad_calls else "backward-grad"
 
     def after_pass(self) -> None:
         if not self.in_optimizer and self.resets is not None:
@@ -251,7 +263,8 @@ class StepSources:
         if self.mode is not None:
             return
         if len(self.group_marks) > 1 and self.grad_calls == self.passes:
-            self._choose("backward-grad", self.group_marks, "no optimizer stepped: each torch.autograd.grad "
+            source = self._grad_source()
+            self._choose(source, self.group_marks, f"no optimizer stepped: each {SOURCES[source].split(' calls')[0]} "
                          "call is a step (a functional loop)")
         elif len(self.group_marks) > 1:
             self._choose("backward", self.group_marks, "no optimizer stepped: a step runs from one gradient "
