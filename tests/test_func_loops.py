@@ -82,3 +82,60 @@ def test_inner_func_grads_beside_backward_passes_are_no_steps(tmp_path):
     # 20 meta-updates: the first inner grad call starts the count, and each backward pass after a
     # reset ends a step; the inner calls after the first backward pass mark nothing
     assert len(steps(out)) == 20
+
+
+# Three ways a step takes its gradients, 10 steps each: loss.backward(), torch.autograd.grad of
+# the loss (after a create_graph penalty call, which is no loss), torch.func.grad_and_value (with
+# aux), and 5 of torch.func.grad, which returns no loss to record. The losses are printed too.
+LOSSES = r"""
+import torch
+from torch.func import functional_call, grad, grad_and_value
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+def loss(p):
+    return (functional_call(model, p, (x,)) - y).pow(2).mean()
+
+for i in range(10):
+    l = (model(x) - y).pow(2).mean()
+    print(repr(l.item()))
+    model.zero_grad(); l.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.05 * p.grad
+for i in range(10):
+    xi = x.clone().requires_grad_()
+    (gx,) = torch.autograd.grad(model(xi).sum(), xi, create_graph=True)
+    l = (model(x) - y).pow(2).mean() + 0.0 * gx.pow(2).sum()
+    print(repr(l.item()))
+    gs = torch.autograd.grad(l, list(model.parameters()))
+    with torch.no_grad():
+        for p, g in zip(model.parameters(), gs):
+            p -= 0.05 * g
+params = {k: v.detach() for k, v in model.named_parameters()}
+step = grad_and_value(lambda p: (loss(p), p["weight"].sum()), has_aux=True)
+for i in range(10):
+    g, (value, aux) = step(params)
+    print(repr(value.item()))
+    params = {k: v - 0.05 * g[k] for k, v in params.items()}
+for i in range(5):
+    g = grad(loss)(params)
+    params = {k: v - 0.05 * g[k] for k, v in params.items()}
+"""
+
+
+def test_tune_records_the_loss_of_each_way_a_step_takes_gradients(tmp_path, capfd):
+    """`perfdoctor tune` compares a trial's losses with the baseline's (compile, autocast and
+    float32 change numerics): they must be there for functional loops too (collect/inject_loss.py)."""
+    import json
+
+    from perfdoctor.collect.launcher import RunConfig, launch
+    script = tmp_path / "losses.py"
+    script.write_text(LOSSES)
+    res = launch(RunConfig(argv=[str(script)], run_dir=tmp_path / "run", max_steps=None, trace=False, changes={}))
+    assert res.exit_code == 0
+    printed = [float(v) for v in capfd.readouterr().out.split()]
+    inj = json.loads((tmp_path / "run" / "inject.json").read_text())
+    assert len(printed) == 30 and inj["losses"] == printed
+

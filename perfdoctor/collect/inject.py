@@ -26,7 +26,7 @@ key is one change the user could make by hand; the script itself is never edited
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache,
-anomaly-detection and checkpoint-save calls, its DataLoader iterator starts; under float32, the submodules the model's own code fed float64) and the loss of every backward() on a scalar tensor, and
+anomaly-detection and checkpoint-save calls, its DataLoader iterator starts; under float32, the submodules the model's own code fed float64) and each step's loss (inject_loss.py: backward() on a scalar, autograd.grad, torch.func.grad_and_value), and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
 settings to word the code change, and the losses to compare numerics between runs. Losses are
 kept as detached tensors and converted at exit, so no device sync is added to the step.
@@ -41,10 +41,10 @@ import sys
 import threading
 
 from perfdoctor.collect.inject_iter import index_batches, keep_iterators
+from perfdoctor.collect.inject_loss import record_losses
 from perfdoctor.collect.inject_model import module_call
 from perfdoctor.collect.inject_store import StoredSamples, store_samples
 
-LOSS_CAP = 100_000                     # losses kept (one per backward); a longer run keeps the first ones
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 
 
@@ -102,7 +102,7 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
             st.note(f"{'/'.join(key)}: could not be applied ({type(exc).__name__}: {exc})")
     try:
-        _record_loss(torch, st)
+        record_losses(torch, st)
     except Exception as exc:
         st.note(f"loss recording unavailable ({type(exc).__name__}: {exc})")
     atexit.register(write_record)
@@ -328,16 +328,6 @@ def _built(dataset) -> str:
         n = None
     where = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
     return f"{where} {type(dataset).__name__} {n}"
-
-
-def _record_loss(torch, st: _State) -> None:
-    orig = torch.Tensor.backward
-
-    def backward(self, *args, **kwargs):
-        if len(st.losses) < LOSS_CAP and self.numel() == 1 and os.getpid() == st.pid:
-            st.losses.append(self.detach())
-        return orig(self, *args, **kwargs)
-    torch.Tensor.backward = backward
 
 
 def write_record() -> None:

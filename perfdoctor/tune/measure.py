@@ -4,8 +4,9 @@ injected, bounded in time, measured with the step-time estimator (perfdoctor.sta
 Also the comparisons between two runs: the speed-up with its 95% interval, and the loss drift
 of a change that alters numerics (autocast, compile).
 
-Loss drift. inject.py records the loss of every backward() on a scalar. Two runs are compared
-over the backward calls both made, in order (same data order when the script seeds its RNGs,
+Loss drift. inject_loss.py records each step's loss: every backward() on a scalar, a scalar's
+torch.autograd.grad, torch.func.grad_and_value's value. Two runs are compared over the calls
+both made, in order (same data order when the script seeds its RNGs,
 as training scripts that want repeatable runs do). The drift is the mean absolute difference
 over the mean absolute baseline loss. A change diverges when its loss becomes non-finite where
 the baseline's is finite, or when its mean loss over the last quarter of the common steps
