@@ -30,9 +30,8 @@ import math
 
 import numpy as np
 
-from perfdoctor.stats.steptime import (BOOTSTRAP, LEVEL, MAD_SCALE, MIN_BLOCKS, MIN_STEPS, SEED, StepEstimate,
-                                       block_length, bootstrap_means, estimate, estimate_durations,
-                                       relative_means)
+from perfdoctor.stats.blockboot import BOOTSTRAP, MIN_BLOCKS, block_length, bootstrap_means, relative_means
+from perfdoctor.stats.steptime import LEVEL, MAD_SCALE, MIN_STEPS, SEED, StepEstimate, estimate, estimate_durations
 
 
 def run_spread(step_times) -> float | None:
