@@ -632,6 +632,15 @@ def measured(losses) -> Measured:
     return Measured(Path("."), {}, 0, "stopped", 1.0, inject={"losses": losses})
 
 
+def test_a_trial_without_losses_to_compare_says_why():
+    from perfdoctor.tune.measure import no_drift_reason
+    assert loss_drift(measured([]), measured([])) is None
+    assert no_drift_reason(measured([]), measured([])).startswith("no loss was recorded in either run")
+    assert loss_drift(measured([1.0] * 40), measured([1.0] * 5)) is None
+    assert no_drift_reason(measured([1.0] * 40), measured([1.0] * 5)) == \
+        "the loss could not be compared with the baseline's (5 losses against 40; 8 needed)"
+
+
 def test_loss_drift_accepts_rounding_and_refuses_divergence():
     base = [2.3 - 0.01 * i for i in range(40)]
     same = loss_drift(measured(base), measured([x * 1.002 for x in base]))

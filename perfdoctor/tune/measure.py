@@ -213,6 +213,17 @@ def loss_drift(base: Measured, new: Measured) -> dict | None:
     return {"drift": round(drift, 4), "steps": n, "diverged": diverged, "text": text}
 
 
+def no_drift_reason(base: Measured, new: Measured) -> str:
+    """Why loss_drift had nothing to say: no loss in either run (the script takes its gradients
+    in a way inject_loss.py cannot see a loss in), or too few in one of them."""
+    a, b = len(_losses(base)), len(_losses(new))
+    if not a and not b:
+        return ("no loss was recorded in either run (a step's loss is seen in backward() on a scalar, "
+                "torch.autograd.grad or torch.func.grad_and_value; torch.func.grad returns none): "
+                "its numerics cannot be checked")
+    return f"the loss could not be compared with the baseline's ({b} losses against {a}; {MIN_LOSSES} needed)"
+
+
 def _losses(m: Measured) -> list[float]:
     out = []
     for v in m.inject.get("losses") or []:

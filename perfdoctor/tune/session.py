@@ -48,8 +48,8 @@ from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
 from perfdoctor.tune.noise import NOISY_CI, NOISY_RUNS, baseline_noise, busy as _busy, own_half as _own_half
-from perfdoctor.tune.measure import (MIN_EFFECT, Measured, _read_json, judged, longer_runs, loss_drift, run_once,
-                                     speedup)
+from perfdoctor.tune.measure import (MIN_EFFECT, Measured, _read_json, judged, longer_runs, loss_drift,
+                                     no_drift_reason, run_once, speedup)
 
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
 CONFIRM_RUNS = 2             # a fresh baseline and the best setting again (step 5)
@@ -289,7 +289,7 @@ class Tuner:
             if {"autocast", "compile", "float32"} & set(t.changes):
                 out.loss = loss_drift(self.baselines[0], m)
                 if out.loss is None:
-                    out.status, out.reason = "failed", "the loss could not be compared with the baseline's"
+                    out.status, out.reason = "failed", no_drift_reason(self.baselines[0], m)
                 elif out.loss["diverged"]:
                     out.status, out.reason = "failed", "refused: " + out.loss["text"]
             missing = [k for k in t.changes if k not in (m.inject.get("applied") or [])]
