@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import os
 
+from perfdoctor.collect.passes import creates_graph, outside_transforms
+
 LOSS_CAP = 100_000                     # losses kept (one per step's gradient call); a longer run keeps the first ones
 
 
@@ -36,7 +38,7 @@ def record_losses(torch, st) -> None:
     grad_orig = torch.autograd.grad
 
     def grad(outputs, inputs, *args, **kwargs):
-        if not kwargs.get("create_graph", args[2] if len(args) > 2 else False):
+        if not creates_graph(args, kwargs):
             keep(outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs)
         return grad_orig(outputs, inputs, *args, **kwargs)
     torch.autograd.grad = functools.update_wrapper(grad, grad_orig)
@@ -44,12 +46,10 @@ def record_losses(torch, st) -> None:
 
 
 def _func_values(torch, keep) -> None:
-    func = getattr(torch, "func", None)
+    func, top_level = getattr(torch, "func", None), outside_transforms(torch)
     gv = getattr(func, "grad_and_value", None)
-    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
-    if gv is None or level is None:
+    if gv is None or top_level is None:
         return
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
     def grad_and_value(*args, **kwargs):
         g = gv(*args, **kwargs)
@@ -57,7 +57,7 @@ def _func_values(torch, keep) -> None:
 
         def call(*a, **k):
             out = g(*a, **k)
-            if not compiling() and level() is None:
+            if top_level():
                 keep(out[1][0] if aux else out[1])
             return out
         return functools.update_wrapper(call, g)

@@ -114,7 +114,7 @@ _LOCK = threading.Lock()
 _LEAVES: dict = {"refs": None, "versions": None}   # the last autograd.grad call's inputs
 
 
-def _watched(session, roots, fresh: bool, run):
+def _watched(session, roots, fresh: bool | str, run):
     """Run a pass. An outermost one is counted in the census step (modules.Census) and, unless
     steps follow optimizer steps, told to the session before and after."""
     with _LOCK:
@@ -184,14 +184,29 @@ def wrap_backward(torch, session) -> None:
         _replace(torch, "backward", backward)
     if not getattr(grad_orig, "_perfdoctor", False):
         def grad(outputs, inputs, *args, **kwargs):
-            # after (outputs, inputs): grad_outputs, retain_graph, create_graph, only_inputs,
-            # allow_unused, is_grads_batched (torch 1.13 to 2.13 alike)
-            create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
             batched = kwargs.get("is_grads_batched", args[5] if len(args) > 5 else False)
-            if create or batched or not weights_updated(torch, inputs):
+            if creates_graph(args, kwargs) or batched or not weights_updated(torch, inputs):
                 return grad_orig(outputs, inputs, *args, **kwargs)
             return _watched(session, outputs, True, lambda: grad_orig(outputs, inputs, *args, **kwargs))
         _replace(torch, "grad", grad)
+
+
+def creates_graph(args: tuple, kwargs: dict) -> bool:
+    """torch.autograd.grad's create_graph, from its arguments after (outputs, inputs):
+    grad_outputs, retain_graph, create_graph, only_inputs, allow_unused, is_grads_batched
+    (torch 1.13 to 2.13 alike)."""
+    return bool(kwargs.get("create_graph", args[2] if len(args) > 2 else False))
+
+
+def outside_transforms(torch):
+    """A check that a call runs outside any torch.func transform and not while torch.compile
+    traces it (a top-level call of a function torch.func.grad returned); None for a torch
+    without functorch's levels."""
+    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
+    if level is None:
+        return None
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    return lambda: not compiling() and level() is None
 
 
 def wrap_func_grad(torch, session) -> None:
@@ -199,9 +214,8 @@ def wrap_func_grad(torch, session) -> None:
     outside any other torch.func transform and not while compiling, is a pass that starts a step
     (session.on_pass, fresh "func"). The wrappers are in place when torch's import ends, so a
     script's `from torch.func import grad` gets them."""
-    func = getattr(torch, "func", None)
-    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
-    if func is None or level is None:
+    func, top_level = getattr(torch, "func", None), outside_transforms(torch)
+    if func is None or top_level is None:
         return
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
     for name in ("grad", "grad_and_value"):
@@ -216,7 +230,7 @@ def wrap_func_grad(torch, session) -> None:
 
             @functools.wraps(g)
             def call(*a, **k):
-                if compiling() or level() is not None:
+                if not top_level():
                     return g(*a, **k)
                 return _watched(session, None, "func", lambda: g(*a, **k))
             return call

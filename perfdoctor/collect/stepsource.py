@@ -114,7 +114,7 @@ class StepSources:
         if marks:
             self._boundary(end=marks[-1])
 
-    def on_pass(self, roots, t0: float, fresh: bool = False) -> None:
+    def on_pass(self, roots, t0: float, fresh: bool | str = False) -> None:
         """A backward pass is about to run (passes.wrap_backward); not called in optimizer mode.
         `fresh`: a torch.autograd.grad call, whose gradients are new (a step starts); "func": a
         torch.func.grad call, which beside backward passes is no step of its own (a meta-learning
