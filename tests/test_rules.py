@@ -191,6 +191,14 @@ BROKEN = {
                          .replace('id = "PD342"', 'id = "X5"').replace('slug = "channels-last"', 'slug = "x5"')
                          .replace('overlaps = ["mixed-precision"]', 'overlaps = ["no-such-fix"]'),
                          "gain.overlaps names 'no-such-fix'"),
+    "unbounded_alone": (open(next(r.path for r in RULES if r.id == "PD306")).read()
+                        .replace('id = "PD306"', 'id = "X6"').replace('slug = "offline-preprocessing"', 'slug = "x6"')
+                        .replace('\nunbounded_reason = ', '\n# unbounded_reason = '),
+                        "gain.unbounded and gain.unbounded_reason go together"),
+    "unbounded_unknown": (open(next(r.path for r in RULES if r.id == "PD306")).read()
+                          .replace('id = "PD306"', 'id = "X7"').replace('slug = "offline-preprocessing"', 'slug = "x7"')
+                          .replace('unbounded = "trace.platform', 'unbounded = "trace.no_such'),
+                          "unknown metric 'trace.no_such"),
 }
 
 
@@ -385,4 +393,10 @@ def test_workers_that_take_the_models_cores_leave_the_loading_fixes_without_a_ce
     quiet = evaluate(rules, {**base, "run.runq_share": 0.02, "machine.free_cores": 1.0})
     fix = {f.rule.id: f for f in quiet.fixes}
     assert "PD215" not in [f.rule.id for f in quiet.flags]
+    # on a CPU-only run the rest of the step speeds up too when the loading leaves it (gain.unbounded)
+    assert fix["PD306"].ceiling is None and fix["PD306"].share == pytest.approx(0.076)
+    assert fix["PD306"].gain_text.startswith("no ceiling (on a CPU-only run the rest of the step")
+    assert fix["PD306"].gain_text.endswith("(data wait is 7.6% of each step)")
+    gpu = evaluate(rules, {**base, "trace.platform": "cuda", "run.runq_share": 0.02, "machine.free_cores": 1.0})
+    fix = {f.rule.id: f for f in gpu.fixes}
     assert fix["PD306"].ceiling == pytest.approx(1 / (1 - 0.076), rel=1e-3)

@@ -55,6 +55,8 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         if r.gain.unprofiled_share:
             c.print(text(f"  where known, f timed on un-profiled steps = {normalize(r.gain.unprofiled_share)} replaces f "
                          "for the ceiling and the expected gain"))
+        if r.gain.unbounded:
+            c.print(text(f"  no ceiling where {normalize(r.gain.unbounded)}: {r.gain.unbounded_reason}"))
         if r.gain.expected_speedup:
             c.print(text(f"  expected: s = {normalize(r.gain.expected_speedup)} on f = "
                          f"{normalize(r.gain.expected_share or r.gain.share)}"))

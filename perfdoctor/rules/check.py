@@ -69,5 +69,5 @@ def _flag_names(rule: Rule) -> list[str]:
     """The `flag.<slug>` names a rule's condition and gain model read."""
     g = rule.gain
     texts = [rule.when] + ([g.share, g.speedup, g.expected_share or "", g.expected_speedup or "", g.unprofiled_share or "",
-                            *(g.expected_range or ()), *g.let.values()] if g else [])
+                            g.unbounded or "", *(g.expected_range or ()), *g.let.values()] if g else [])
     return sorted({n for t in texts for n in re.findall(r"\bflag\.\w+", t or "")})

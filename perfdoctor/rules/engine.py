@@ -174,10 +174,20 @@ def _gain_in_scope(f: Finding, g, ev: expr.Evaluator) -> None:
     inflation = _trace_inflation(ev) if g.work and unprofiled is None else 1.0
     f.ceiling_share = min(1.0, share * inflation) if unprofiled is None else unprofiled
     ceiling = amdahl(f.ceiling_share, speedup)
-    f.ceiling = None if math.isinf(ceiling) else ceiling
+    # gain.unbounded: where the fix changes the rest of the step too, the share bounds nothing
+    unbounded = g.unbounded is not None and _holds(g.unbounded, ev)
+    f.ceiling = None if math.isinf(ceiling) or unbounded else ceiling
     _expected(f, ev, share if unprofiled is None else unprofiled, inflation)
     f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share,
-                           unprofiled is not None)
+                           unprofiled is not None, g.unbounded_reason if unbounded else None)
+
+
+def _holds(text: str, ev: expr.Evaluator) -> bool:
+    """A gain's condition: true only when it evaluates true (an unknown metric keeps the default)."""
+    try:
+        return _truth(text, ev)
+    except _Unknown:
+        return False
 
 
 def _optional_share(ev: expr.Evaluator, text: str | None) -> float | None:

@@ -29,12 +29,16 @@ def times(v: float) -> str:
 
 
 def describe(expected: float | None, low: float | None, high: float | None, ceiling: float | None,
-             share: float, label: str, ceiling_share: float | None = None, timed: bool = False) -> str:
+             share: float, label: str, ceiling_share: float | None = None, timed: bool = False,
+             unbounded: str | None = None) -> str:
     """'expected ~1.30x (1.20-1.45x), at most 1.50x (data wait is 33.0% of each step)'; with a
     ceiling share above the share (the profiler slowed the traced steps): '... of each traced
     step, up to 41.0% of an un-profiled one'; `timed`: the ceiling share was timed on un-profiled
-    steps: '... 37.9% of each un-profiled step (timed), 44.5% of each traced one'."""
+    steps: '... 37.9% of each un-profiled step (timed), 44.5% of each traced one'; `unbounded`: why
+    the share bounds nothing here (gain.unbounded): 'no ceiling (why), ...'."""
     cap = "no ceiling from this trace" if ceiling is None else f"at most {times(ceiling)}"
+    if unbounded and ceiling is None:
+        cap = f"no ceiling ({unbounded})"
     basis = f"{label} is {100 * share:.1f}% of each step"
     if ceiling is None and share >= 1:         # the whole step: no measured share bounds it
         basis = f"nothing measured bounds {label}"

@@ -168,6 +168,11 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
             if "unprofiled_share" in g:
                 gain.unprofiled_share = str(g["unprofiled_share"])
                 names(gain.unprofiled_share, "gain.unprofiled_share")     # unknown metrics: invalid
+            if ("unbounded" in g) != ("unbounded_reason" in g):
+                bad("gain.unbounded and gain.unbounded_reason go together")
+            elif "unbounded" in g:
+                gain.unbounded, gain.unbounded_reason = str(g["unbounded"]), str(g["unbounded_reason"])
+                names(gain.unbounded, "gain.unbounded")
     fix = data.get("fix", {})
     if kind == "fix":
         if gain is None and not no_gain:
@@ -205,7 +210,7 @@ TYPES = {"id": _STR, "slug": _STR, "kind": _STR, "title": _STR, "when": _STR, "s
 SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
              "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
                       "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,),
-                      "unprofiled_share": _NUM, "let": (dict,)},
+                      "unprofiled_share": _NUM, "unbounded": _STR, "unbounded_reason": _STR, "let": (dict,)},
              "fix": {"text": _STR, "snippet": _STR, "snippet_cpu": _STR, "snippet_lang": _STR}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
@@ -248,9 +253,9 @@ def _expected(gain: Gain, g: dict, names, bad) -> None:
     """The optional expected-gain model of a [gain] table (see model.Gain); `names(text, where)`:
     the metrics an expression uses (validated, the [gain.let] names it uses expanded)."""
     unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", "overlaps", "let",
-                               *EXPECTED_KEYS})
+                               "unbounded", "unbounded_reason", *EXPECTED_KEYS})
     if unknown:
-        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share/"
+        bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share/unbounded/"
             f"overlaps/let: {', '.join(EXPECTED_KEYS)})")
     if not any(k in g for k in EXPECTED_KEYS):
         return

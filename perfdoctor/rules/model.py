@@ -44,6 +44,9 @@ class Gain:
     #                            expected model's share, with no inflation to allow for
     overlaps: list[str] = field(default_factory=list)   # slugs of fixes whose shares overlap this
     #                            one's (gain.stacked composes them multiplicatively when applied together)
+    unbounded: str | None = None           # expression: where true, the share bounds nothing (the rest
+    #                            of the step changes with the fix too): no ceiling, `unbounded_reason` says why
+    unbounded_reason: str | None = None
     let: dict[str, str] = field(default_factory=dict)   # [gain.let]: names for sub-expressions the
     #                            gain's expressions share, evaluated in order (expr.Evaluator.scope)
 
