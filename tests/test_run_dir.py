@@ -372,3 +372,43 @@ def test_compare_and_gate_say_which_step_records_they_left_out(tmp_path):
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "compare", str(base), str(d)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and note in " ".join(r.stdout.split())
+
+
+def test_step_records_read_in_bulk_as_line_by_line():
+    """steps.jsonl is decoded as one array and conformed by a flat reader (a run of hours has
+    hundreds of thousands of lines); on every kind of line, good or damaged, the records and the
+    count of lines left out are those of json.loads and conform line by line."""
+    import random
+
+    from perfdoctor.diagnose import runfiles as rf
+
+    good = ['{"step": 3, "end": 12.5, "dur": 0.02, "wait": 0.001, "batches": 1, "mode": "train", "profiled": false}',
+            '{"step": 4, "end": 12.52, "dur": 0.021, "wait": 0, "batches": 1.0, "extra": [1, {"a": null}]}',
+            '{"step": 5, "dur": 1e-3, "wait": 2E-4, "save": null, "nfirst": 2, "peek_order": 7}']
+    odd = ['{"step": 9999999999999999999, "dur": 0.02, "wait": 0}', '{"step": 6, "dur": 123456789012345678901234, "wait": 0}',
+           '{"step": 6, "dur": ' + "9" * 401 + ', "wait": 0}', '{"step": 6, "dur": NaN, "wait": 0}',
+           '{"step": 6, "dur": Infinity, "wait": 0}', '{"step": 6, "dur": 1e400, "wait": 0}', '{"step": true, "dur": 1, "wait": 0}',
+           '{"step": 2.0, "dur": 1, "wait": 0}', '{"dur": "1", "wait": 0}', '{"dur": -1, "wait": 0}', '{"dur": 1}',
+           '{"dur": 1, "wait": 0, "profiled": 1, "mode": 3, "!": 1, "=": {}}', '{"dur": 1, "wait": 0, "dur": 2}',
+           '[1, 2]', '7', '"x"', 'null', '{not json', '1, 2', '{"a": 1}, {"b": 2}', ']', '[' * 5000 + ']' * 5000,
+           '{"dur": 1e300, "wait": 1e-300}', '{"dur": -0.0, "wait": -0}', '\ufeff{"dur": 1, "wait": 0}',
+           '{"dur": 1, "wait": 0, "cpu": ' + "9" * 30 + ', "x": [' + "9" * 400 + ']}', '{"dur": 0.1234567890123456789012, "wait": 0}']
+
+    def by_line(lines):
+        recs, out = [rf._json_line(x) for x in lines], []
+        for r in recs:
+            c = rf.conform(r, rf.STEP)
+            if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and c[k] >= 0 for k in ("dur", "wait")):
+                out.append(c)
+        return out, len(recs) - len(out)
+
+    def same(a, b):
+        return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
+
+    rng = random.Random(0)
+    sets = [good * 3, *([*good, x] for x in odd)]
+    sets += [rng.sample(good * 4 + odd, 12) for _ in range(40)]
+    for lines in sets:
+        bulk = rf.steps(rf._json_lines(lines))
+        assert same(bulk, by_line(lines)), lines
+    assert rf.steps(rf._json_lines(good))[0][0] == json.loads(good[0])     # the common case: as written
