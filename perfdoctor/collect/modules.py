@@ -28,6 +28,8 @@ import threading
 import time
 import weakref
 
+from perfdoctor.collect.passes import compiling_check
+
 MAX_MODULES = 64    # distinct modules counted in the census step
 _DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
 IN_LOADER = threading.local()  # this thread is inside a DataLoader's __next__ (hooks.py): batch preparation
@@ -142,7 +144,7 @@ def watch(torch, session) -> None:
     session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch))
     if getattr(orig, "_perfdoctor", False):
         return
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    compiling = compiling_check(torch)
 
     dynamo_told = [False]
 

@@ -35,6 +35,8 @@ import threading
 import time
 import weakref
 
+from perfdoctor.collect.passes import compiling_check
+
 
 class NogradClock:
     def __init__(self, thread: int):
@@ -74,7 +76,7 @@ class NogradClock:
         cls = type(module)
         own = cls.__dict__.get("__call__")
         owner = next(k for k in cls.__mro__ if "__call__" in k.__dict__)
-        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+        compiling = compiling_check(torch)
         grad = torch.is_grad_enabled
         clock = self
         perf = time.perf_counter

@@ -198,6 +198,12 @@ def creates_graph(args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("create_graph", args[2] if len(args) > 2 else False))
 
 
+def compiling_check(torch):
+    """torch.compiler.is_compiling (true while torch.compile traces), or a check that is always
+    false on a torch without it."""
+    return getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
 def outside_transforms(torch):
     """A check that a call runs outside any torch.func transform and not while torch.compile
     traces it (a top-level call of a function torch.func.grad returned); None for a torch
@@ -205,7 +211,7 @@ def outside_transforms(torch):
     level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
     if level is None:
         return None
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    compiling = compiling_check(torch)
     return lambda: not compiling() and level() is None
 
 
@@ -217,7 +223,7 @@ def wrap_func_grad(torch, session) -> None:
     func, top_level = getattr(torch, "func", None), outside_transforms(torch)
     if func is None or top_level is None:
         return
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    compiling = compiling_check(torch)
     for name in ("grad", "grad_and_value"):
         orig = getattr(func, name, None)
         if orig is None or getattr(orig, "_perfdoctor", False):
