@@ -1642,11 +1642,13 @@ def test_tune_measures_keeping_the_iterator_a_script_re_creates_every_step(tmp_p
     """))
     # --only: the iterator's trial alone, and a budget without its confirmation (the other trials and
     # the second runs took 20 s more; plan.plan puts this trial first where PD355 ranks first)
-    doc, _ = tuned(tmp_path, script, "--budget", "25", "--duration", "3", "--only", "iterator")
+    doc, foreign = tuned(tmp_path, script, "--budget", "25", "--duration", "3", "--only", "iterator")
     report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
     assert next(f["id"] for f in report["findings"] if f.get("ranked")) == "PD355"
     keep, = doc["trials"]
     assert keep["changes"] == {"keep_iterator": True} and keep["rule"] == "PD355" and keep["predicted"] > 2
+    if keep["reason"] == "budget":     # a noisy machine: a baseline repeated before the trial took the budget
+        skip_if_shared(foreign)        # (CI: other processes used 1.0 of 2 cores, 16.7 s gone before the trial)
     assert keep["status"] == "faster" and keep["speedup"] > 2, keep
     assert doc["best"]["changes"] == {"keep_iterator": True} and doc["apply"].startswith("it = iter(loader)")
 
