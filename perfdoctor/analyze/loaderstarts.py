@@ -81,7 +81,9 @@ were starts with workers.
 
 from __future__ import annotations
 
-from perfdoctor.analyze.stepwait import positive, timed_steps
+import numpy as np
+
+from perfdoctor.analyze.stepwait import positive, positives, timed_steps
 
 NAMES = ("loop.peek_share", "loop.peek_batches", "loop.peek_order_share", "loader.restart_share", "loader.restarting")
 KEPT = ("loop.peek_kept_share", "loader.persistent_kept_share", "loop.peek_every_step", "loader.kept_pace_ms")
@@ -96,9 +98,11 @@ def _count(x) -> int:
 
 def usual_wait(recs: list[dict]) -> float:
     """The median wait per batch of the steps that started no iterator (0 when every step did)."""
-    plain = sorted(positive(s.get("wait")) / s["batches"] for s in recs
-                   if not positive(s.get("nfirst")) and isinstance(s.get("batches"), (int, float)) and s["batches"] > 0)
-    return plain[len(plain) // 2] if plain else 0.0
+    batches = np.fromiter((b if isinstance(b := s.get("batches"), (int, float)) else np.nan for s in recs),
+                          dtype=float, count=len(recs))
+    plain = (positives(recs, "nfirst") == 0) & (np.nan_to_num(batches) > 0)
+    waits = np.sort(positives(recs, "wait")[plain] / batches[plain])
+    return float(waits[waits.size // 2]) if waits.size else 0.0
 
 
 def fresh_workers_wait(recs: list[dict], workers, usual: float) -> float:
@@ -132,14 +136,14 @@ def start_metrics(steady: list[dict], info: dict | None) -> dict:
     restarting = info.get("restarting")
     out["loader.restarting"] = restarting if isinstance(restarting, bool) else None
     usual = usual_wait(recs)
-    peek = sum(positive(s.get("peek")) + max(0.0, positive(s.get("peek_first")) - positive(s.get("npeek_first")) * usual)
-               for s in recs)
-    starts = sum(positive(s.get("istart")) + positive(s.get("ishut"))
-                 + max(0.0, positive(s.get("ifirst")) - positive(s.get("nfirst")) * usual) for s in recs)
+    col = {k: positives(recs, k) for k in ("peek", "peek_first", "npeek_first", "istart", "ishut", "ifirst",
+                                           "nfirst", "peek_batches", "peek_order")}
+    peek = float((col["peek"] + np.maximum(0.0, col["peek_first"] - col["npeek_first"] * usual)).sum())
+    starts = float((col["istart"] + col["ishut"] + np.maximum(0.0, col["ifirst"] - col["nfirst"] * usual)).sum())
     starts += fresh_workers_wait(recs, info.get("workers"), usual)
-    batches = sum(int(positive(s.get("peek_batches"))) for s in recs)
+    batches = int(np.floor(col["peek_batches"]).sum())
     out["loader.restart_share"] = min(1.0, starts / total)
-    out["loop.peek_order_share"] = min(1.0, sum(positive(s.get("peek_order")) for s in recs) / total)
+    out["loop.peek_order_share"] = min(1.0, float(col["peek_order"].sum()) / total)
     if not info.get("relabelled"):
         out["loop.peek_share"] = min(1.0, peek / total)
         out["loop.peek_batches"] = batches

@@ -35,8 +35,10 @@ from __future__ import annotations
 import math
 from statistics import fmean
 
+import numpy as np
+
 from perfdoctor.analyze.inputsplit import MIN_COVERED_S, runnable_share, split as _split
-from perfdoctor.analyze.stepwait import positive
+from perfdoctor.analyze.stepwait import positives
 
 MIN_SAMPLES = 4              # samples a window needs for its sampled means (analyze/windows.py)
 
@@ -348,11 +350,11 @@ def wait_cpu_of(steps: list[dict]) -> tuple[float, float] | None:
     (workers make the batches, or an older run)."""
     if not any("wcpu" in s for s in steps):
         return None
-    cpu = wait = 0.0
-    for s in steps:                     # a hand-edited record's odd value counts as none (stepwait.positive)
-        w, dur = positive(s.get("wait")), positive(s.get("dur"))
-        if s.get("profiled") or w <= 0 or dur <= 0:
-            continue
-        cpu += positive(s.get("wcpu")) + positive(s.get("runq")) * min(1.0, w / dur)
-        wait += w
+    # a hand-edited record's odd value counts as none (stepwait.positives); in columns: a run of
+    # hours has hundreds of thousands of step records
+    w, dur = positives(steps, "wait"), positives(steps, "dur")
+    ok = (w > 0) & (dur > 0) & ~np.fromiter((bool(s.get("profiled")) for s in steps), dtype=bool, count=len(steps))
+    w, dur = w[ok], dur[ok]
+    cpu = float((positives(steps, "wcpu")[ok] + positives(steps, "runq")[ok] * np.minimum(1.0, w / dur)).sum())
+    wait = float(w.sum())
     return (cpu, wait) if wait > 0 else None
