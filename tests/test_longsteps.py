@@ -121,6 +121,32 @@ def test_named_causes_leave_the_unnamed_share():
     assert unexplained({"loop.long_steps_share": None}) is None
 
 
+def test_a_long_step_that_is_mostly_a_named_causes_work_is_that_causes():
+    """An evaluation's timed no-grad calls are 90% of its steps' excess: the rest (model.eval(),
+    model.train(), the training part of the step slowed after 40 forwards) is the evaluation's,
+    not unnamed; timed calls of 30% leave the steps plain; a teacher's no-grad forward in every step
+    names no step."""
+    durs = every(200, 10, 0.001, 0.005, phase=5)
+    recs = steps(durs)
+    for s in recs:
+        s["nograd"] = 0.0036 if (s["step"] - 100) % 10 == 5 else 0.0
+    m = long_step_metrics(recs, [])
+    share = m["loop.long_steps_share"]
+    assert share == pytest.approx(20 * 0.004 / sum(durs)) and m["loop.long_steps_plain_share"] == 0.0
+    m.update({"evaluation.share": 20 * 0.0036 / sum(durs)})
+    assert unexplained(m) == 0.0                        # was share - evaluation.share: 10% of the excess
+    for s in recs:
+        s["nograd"] = 0.0012 if (s["step"] - 100) % 10 == 5 else 0.0
+    m = long_step_metrics(recs, [])
+    assert m["loop.long_steps_plain_share"] == pytest.approx(share)
+    assert unexplained({**m, "evaluation.share": 20 * 0.0012 / sum(durs)}) == pytest.approx(0.7 * share)
+    for s in recs:                                      # a teacher in every step, the long steps something else
+        s["nograd"] = 0.0004 + (0.0001 if (s["step"] - 100) % 10 == 5 else 0.0)
+    m = long_step_metrics(recs, [])
+    assert m["loop.long_steps_plain_share"] == pytest.approx(share)
+    assert unexplained({**m, "evaluation.share": 0.4}) == 0.0     # the named shares still cap it (erring low)
+
+
 def test_untraced_long_steps_lower_the_confidence_with_a_note():
     m = {"share.device": 0.9, "share.input": 0.0, "share.host": 0.1, "share.communication": 0.0,
          "steps.source": "ProfilerStep", "steps.count": 5}
