@@ -57,7 +57,7 @@ import math
 import numpy as np
 
 from perfdoctor.analyze.arrays import median
-from perfdoctor.analyze.stepwait import positive, positives, timed_steps
+from perfdoctor.analyze.stepwait import positives, timed_steps
 
 LONG = 2.0          # a step doing twice the usual step's work does something the usual one does not
 MIN_REPEATS = 3     # a phase needs 3 steps in the window to show a pattern
@@ -78,7 +78,8 @@ NAMED = ("nograd", "save", "log", "istart", "ishut", "ifirst")   # step record f
 
 def own_times(recs: list[dict]) -> np.ndarray:
     """Each step's time outside the data wait and the run queue (seconds): its own work."""
-    return np.array([max(0.0, s["dur"] - positive(s.get("wait")) - positive(s.get("runq"))) for s in recs])
+    dur = np.fromiter((s["dur"] for s in recs), dtype=float, count=len(recs))
+    return np.maximum(0.0, dur - positives(recs, "wait") - positives(recs, "runq"))
 
 
 def periodic_long(own: np.ndarray, usual: float, pos: np.ndarray | None = None) -> tuple[int, np.ndarray] | None:

@@ -78,33 +78,30 @@ class SleepSums(NamedTuple):
 
 def sleep_sums(steps: list[dict]) -> SleepSums:
     """The steps' wall time, and the step thread's sleep, data wait and run-queue wait in it."""
-    dur = sleep = wait = runq = 0.0
-    for s in steps:
-        slept = thread_sleep(s)
-        if slept is None:
-            continue
-        d = s["dur"]
-        dur += d
-        sleep += slept
-        runq += max(0.0, min(s["runq"], d))
-        w = s.get("wait")
-        wait += min(max(0.0, float(w)), d) if isinstance(w, (int, float)) else 0.0
-    return SleepSums(dur, sleep, wait, runq)
+    d, slept, w, runq = _sleeps(steps)
+    return SleepSums(float(d.sum()), float(slept.sum()), float(np.clip(np.nan_to_num(w), 0.0, d).sum()),
+                     float(np.clip(runq, 0.0, d).sum()))
 
 
 def wait_busy_share(steps: list[dict]) -> float | None:
-    wait = busy = total = 0.0
-    for s in steps:
-        w, sleep = s.get("wait"), thread_sleep(s)
-        if sleep is None or not isinstance(w, (int, float)):
-            continue
-        d = s["dur"]
-        wait += max(0.0, w)
-        busy += max(0.0, min(w, d) - sleep)
-        total += d
+    d, slept, w, _ = _sleeps(steps)
+    ok = ~np.isnan(w)
+    d, slept, w = d[ok], slept[ok], w[ok]
+    wait, total = float(np.maximum(w, 0.0).sum()), float(d.sum())
+    busy = float(np.maximum(np.minimum(w, d) - slept, 0.0).sum())
     if total <= 0 or wait < MIN_WAIT_SHARE * total:
         return None
     return min(1.0, busy / wait)
+
+
+def _sleeps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Over the step records thread_sleep reads (a positive dur, cpu and runq as numbers): their
+    dur, thread_sleep, data wait (NaN where it is no number) and runq, as columns (a run of
+    hours has hundreds of thousands of records)."""
+    d, cpu, runq, w = (_column(steps, k, bools=False) for k in ("dur", "cpu", "runq", "wait"))
+    ok = np.isfinite(d) & np.isfinite(cpu) & np.isfinite(runq) & (np.nan_to_num(d) > 0)
+    d, cpu, runq, w = d[ok], cpu[ok], runq[ok], w[ok]
+    return d, np.maximum(0.0, d - cpu - runq), w, runq
 
 
 def _summed_share(steps: list[dict], num: tuple[str, ...], den: tuple[str, ...]) -> float | None:
@@ -122,10 +119,13 @@ def _summed_share(steps: list[dict], num: tuple[str, ...], den: tuple[str, ...])
     return min(1.0, a / b)
 
 
-def _column(steps: list[dict], key: str) -> np.ndarray:
-    """The steps' field `key` as floats, NaN where it is no number."""
-    return np.fromiter((v if isinstance(v := s.get(key), (int, float)) else np.nan for s in steps),
-                       dtype=float, count=len(steps))
+def _column(steps: list[dict], key: str, bools: bool = True) -> np.ndarray:
+    """The steps' field `key` as floats, NaN where it is no number (`bools` False: nor a bool)."""
+    if bools:
+        values = (v if isinstance(v := s.get(key), (int, float)) else np.nan for s in steps)
+    else:
+        values = (v if type(v := s.get(key)) in (int, float) else np.nan for s in steps)
+    return np.fromiter(values, dtype=float, count=len(steps))
 
 
 def runq_share(steps: list[dict]) -> float | None:
