@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from perfdoctor.analyze import memgrowth
-from perfdoctor.analyze.memgrowth import MIN_GROWTH_BYTES, growth_per_second, memory_growth
+from perfdoctor.analyze.memgrowth import MIN_GROWTH_BYTES, growth_rate, memory_growth
 from perfdoctor.rules.expr import human_bytes
 
 MIB = 2 ** 20
@@ -25,23 +25,23 @@ def series(f, n=40, dt=0.5, noise=0.0, seed=0):
 
 def test_linear_growth_is_measured_at_its_rate():
     pts = series(lambda t: 500 * MIB + 10 * MIB * t, noise=2 * MIB)        # 200 MiB over 20 s
-    assert growth_per_second(pts) == pytest.approx(10 * MIB, rel=0.03)
+    assert growth_rate(pts) == pytest.approx(10 * MIB, rel=0.03)
 
 
 def test_a_warm_up_that_levels_off_is_no_growth():
     # the caching allocator or the profiler's buffers: a rise in the first seconds, then flat
     pts = series(lambda t: 400 * MIB + 300 * MIB * min(1.0, t / 4), noise=1 * MIB)
-    assert growth_per_second(pts) == 0.0
+    assert growth_rate(pts) == 0.0
     # one jump in the middle (a buffer allocated once): only one half grows
     jump = series(lambda t: 400 * MIB + (200 * MIB if t > 10 else 0), noise=1 * MIB)
-    assert growth_per_second(jump) == 0.0
+    assert growth_rate(jump) == 0.0
 
 
 def test_growth_below_one_malloc_arena_is_not_told_from_noise():
     small = series(lambda t: 400 * MIB + 0.5 * (MIN_GROWTH_BYTES / 20) * t, noise=0.2 * MIB)   # 32 MiB in 20 s
-    assert growth_per_second(small) == 0.0
-    assert growth_per_second(series(lambda t: 400 * MIB, noise=8 * MIB)) == 0.0     # noisy but flat
-    assert growth_per_second(series(lambda t: 400 * MIB, n=5)) is None               # too few samples
+    assert growth_rate(small) == 0.0
+    assert growth_rate(series(lambda t: 400 * MIB, noise=8 * MIB)) == 0.0     # noisy but flat
+    assert growth_rate(series(lambda t: 400 * MIB, n=5)) is None               # too few samples
 
 
 def _samples(rss_of_t, n=60, dt=0.5, t0=1000.0, gpu=None):

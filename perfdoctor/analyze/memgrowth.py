@@ -20,7 +20,10 @@ window, and calls the growth persistent when
 
 The window is the steady phase of analyze/windows.step_windows: after the profiled steps (the
 profiler holds its events in the trainer's memory while it records, and frees them at once), or
-all the steps without a trace. Per step = slope x the window's seconds / its steps.
+all the steps without a trace. Memory is fitted against the steps ended by each sample's time, not
+against time: a step keeps its bytes however long it took, and on a machine whose load comes and
+goes the steps' pace changes inside the window (a time slope times the mean step measured 1.69 MiB
+a step for 2 MiB kept each step, under a CI neighbour's load).
 
 Metrics (None: the samples cannot tell; 0.0: measured, and no persistent growth):
   host.rss_growth_per_step_bytes   the trainer's resident memory (RSS)
@@ -59,9 +62,9 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float:
     return float(np.dot(t, y - y.mean()) / d) if d > 0 else 0.0
 
 
-def growth_per_second(points: list[tuple[float, float]]) -> float | None:
-    """Bytes per second of persistent growth over (time, bytes) points; 0.0 when the memory does
-    not grow for good; None with fewer than MIN_SAMPLES points."""
+def growth_rate(points: list[tuple[float, float]]) -> float | None:
+    """Bytes per unit of x (a step, a second) of persistent growth over (x, bytes) points; 0.0 when
+    the memory does not grow for good; None with fewer than MIN_SAMPLES points."""
     pts = sorted(p for p in points if p[1] is not None)
     if len(pts) < MIN_SAMPLES:
         return None
@@ -75,17 +78,23 @@ def growth_per_second(points: list[tuple[float, float]]) -> float | None:
     return whole if min(halves) >= HALF_RATE * whole else 0.0
 
 
-def _window(samples: list[dict], steps: list[dict]) -> tuple[list[dict], float | None]:
-    """The steady window's samples past its warm-up part, and its seconds per step."""
+def _window(samples: list[dict], steps: list[dict]) -> tuple[list[dict], np.ndarray | None]:
+    """The steady window's samples past its warm-up part, and the steps' end times (sorted), by
+    which each sample's time becomes the count of steps ended by then."""
     win = step_windows(steps).get("steady")
     if win is None:
         return [], None
     lo, hi = win
     lo += WARM_FRACTION * (hi - lo)
-    ends = [s["end"] for s in steps if isinstance(s.get("end"), (int, float)) and lo < s["end"] <= hi]
-    if len(ends) < MIN_STEPS or hi <= lo:
+    ends = np.sort([s["end"] for s in steps if isinstance(s.get("end"), (int, float))])
+    if int(((ends > lo) & (ends <= hi)).sum()) < MIN_STEPS or hi <= lo:
         return [], None
-    return select(samples, (lo, hi)), (hi - lo) / len(ends)
+    return select(samples, (lo, hi)), ends
+
+
+def _at_steps(points: list[tuple[float, float]], ends: np.ndarray) -> list[tuple[float, float]]:
+    """(time, bytes) points as (steps ended by that time, bytes)."""
+    return [(float(np.searchsorted(ends, t, side="right")), y) for t, y in points]
 
 
 def _gpu_points(picked: list[dict], ours: set[int]) -> tuple[list[tuple[float, float]], float | None]:
@@ -102,15 +111,11 @@ def _gpu_points(picked: list[dict], ours: set[int]) -> tuple[list[tuple[float, f
     return pts, free
 
 
-def _per_step(rate: float | None, step_s: float | None) -> float | None:
-    return None if rate is None or step_s is None else rate * step_s
-
-
 def _runway(per_step: float | None, room: float | None) -> float | None:
     return float(room / per_step) if per_step and room is not None and room > 0 else None
 
 
-def _workers_growth(picked: list[dict], step_s: float | None) -> float | None:
+def _workers_growth(picked: list[dict], ends: np.ndarray) -> float | None:
     """The DataLoader workers' persistent growth per step, summed over the workers (each judged
     on its own samples: a worker restarted every epoch lives too short to be judged, and a
     cache of the samples it read grows in each worker). 0.0 when the steps ran without workers
@@ -121,27 +126,27 @@ def _workers_growth(picked: list[dict], step_s: float | None) -> float | None:
             series.setdefault((w.get("pid"), w.get("create_time")), []).append((s["unix"], w.get("rss_bytes") or None))
     if not series:
         return 0.0
-    rates = [growth_per_second(pts) for pts in series.values()]
-    return _per_step(sum(r for r in rates if r), step_s) if any(r is not None for r in rates) else None
+    rates = [growth_rate(_at_steps(pts, ends)) for pts in series.values()]
+    return sum(r for r in rates if r) if any(r is not None for r in rates) else None
 
 
 def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     out = dict.fromkeys(NAMES)
     rss = [s["trainer"]["rss_bytes"] for s in samples if (s.get("trainer") or {}).get("rss_bytes")]
     out["host.rss_peak_bytes"] = int(max(rss)) if rss else None
-    picked, step_s = _window(samples, steps)
+    picked, ends = _window(samples, steps)
     if not picked:
         return out
     host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes") or None) for s in picked]   # 0: exiting
-    per = _per_step(growth_per_second(host), step_s)
+    per = growth_rate(_at_steps(host, ends))
     out["host.rss_growth_per_step_bytes"] = per
-    wper = _workers_growth(picked, step_s)
+    wper = _workers_growth(picked, ends)
     out["loader.workers_rss_growth_per_step_bytes"] = wper
     avail = [v for s in picked if (v := (s.get("system") or {}).get("ram_available_bytes"))]
     both = None if per is None and wper is None else (per or 0.0) + (wper or 0.0)
     out["host.ram_runway_steps"] = _runway(both, avail[-1] if avail else None)
     pts, free = _gpu_points(picked, our_pids(samples))
-    gper = _per_step(growth_per_second(pts), step_s)
+    gper = growth_rate(_at_steps(pts, ends))
     out["gpu.memory_growth_per_step_bytes"] = gper
     out["gpu.memory_runway_steps"] = _runway(gper, free)
     return out

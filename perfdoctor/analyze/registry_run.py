@@ -110,7 +110,7 @@ _m("system.ram_available_bytes", "bytes", "Mean available RAM (MemAvailable) whi
 # From perfdoctor/analyze/memgrowth.py: memory that grows for good over the steady steps (after
 # the profiled ones); 0.0 = measured and not growing; None = too few samples or steps to tell.
 _m("host.rss_peak_bytes", "bytes", "Peak resident memory (RSS) of the trainer process over the run.")
-_m("host.rss_growth_per_step_bytes", "bytes", "Persistent growth of the trainer's resident memory per steady step: least-squares slope over the steady window past its first 10%, x seconds per step; 0.0 unless both halves of the window grow and the fitted growth is >= 64 MiB (one malloc arena).")
+_m("host.rss_growth_per_step_bytes", "bytes", "Persistent growth of the trainer's resident memory per steady step: least-squares slope against the steps ended by each sample's time over the steady window past its first 10%; 0.0 unless both halves of the window grow and the fitted growth is >= 64 MiB (one malloc arena).")
 _m("loader.workers_rss_growth_per_step_bytes", "bytes", "Persistent growth of the DataLoader workers' resident memory per steady step, each worker judged on its own samples as host.rss_growth_per_step_bytes is, summed (a Dataset that caches what it reads grows in every worker); 0.0 for steps without workers, None when the workers lived too short to judge.")
 _m("host.ram_runway_steps", "count", "Steps until the machine's available RAM is used up at the trainer's and the workers' growth together (None without growth).")
 _m("gpu.memory_growth_per_step_bytes", "bytes", "Persistent growth of the memory in use on the trainer's GPUs (NVML, other processes included) per steady step; same test as host.rss_growth_per_step_bytes.")
