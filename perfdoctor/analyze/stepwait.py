@@ -49,8 +49,8 @@ def positive(x) -> float:
 def positives(steps: list[dict], key: str) -> np.ndarray:
     """positive(s.get(key)) of each step record, as an array (a run of hours has hundreds of
     thousands of records: one pass, no call per record)."""
-    return np.fromiter((v if type(v) in (int, float) and v > 0 else 0.0 for v in (s.get(key) for s in steps)),
-                       dtype=float, count=len(steps))
+    c = _column(steps, key, bools=False)
+    return np.where(c > 0, c, 0.0)
 
 
 def timed_steps(steps: list[dict]) -> tuple[list[dict], float]:
@@ -59,17 +59,8 @@ def timed_steps(steps: list[dict]) -> tuple[list[dict], float]:
     return recs, sum(s["dur"] for s in recs)
 
 
-def thread_sleep(s: dict) -> float | None:
-    """The seconds the step's thread slept in the step record s: dur - cpu - runq, at least 0.
-    None for a record without a positive dur, or without cpu and runq (no schedstat)."""
-    d, cpu, rq = s.get("dur"), s.get("cpu"), s.get("runq")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (d, cpu, rq)) or d <= 0:
-        return None
-    return max(0.0, d - cpu - rq)
-
-
 class SleepSums(NamedTuple):
-    """Summed over the step records that have a positive dur, cpu and runq (thread_sleep)."""
+    """Summed over the step records that have a positive dur, cpu and runq (_sleeps)."""
     dur: float      # their wall time
     sleep: float    # the step thread's sleep in them
     wait: float     # their DataLoader data wait, each step's within [0, dur]
@@ -95,9 +86,9 @@ def wait_busy_share(steps: list[dict]) -> float | None:
 
 
 def _sleeps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Over the step records thread_sleep reads (a positive dur, cpu and runq as numbers): their
-    dur, thread_sleep, data wait (NaN where it is no number) and runq, as columns (a run of
-    hours has hundreds of thousands of records)."""
+    """Over the step records with a positive dur, and cpu and runq as numbers (no schedstat: none):
+    their dur, the thread's sleep (dur - cpu - runq, at least 0), data wait (NaN where it is no
+    number) and runq, as columns (a run of hours has hundreds of thousands of records)."""
     d, cpu, runq, w = (_column(steps, k, bools=False) for k in ("dur", "cpu", "runq", "wait"))
     ok = np.isfinite(d) & np.isfinite(cpu) & np.isfinite(runq) & (np.nan_to_num(d) > 0)
     d, cpu, runq, w = d[ok], cpu[ok], runq[ok], w[ok]
