@@ -31,6 +31,7 @@ from perfdoctor.collect.loaderkinds import WORKER_INFO_MARKER, LoaderKinds, watc
 from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.nogradcalls import NogradClock
 from perfdoctor.collect.optclock import OptimizerClock
+from perfdoctor.collect.procstarts import ProcStarts
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
     schedstat
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
@@ -99,6 +100,7 @@ class Session(StepSources):
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
         self.opt_clock = OptimizerClock()  # time inside optimizer.step(), per step
+        self.starts = ProcStarts()       # processes the script starts (a spawned trainer runs without hooks)
         self.nograd = NogradClock(self.calls.thread)   # the root module's no-grad calls, per step
         self.iters = LoaderIters()       # DataLoader iterator starts and peeks, per step
         self.fetches = FetchTimes(self.run_dir)   # what a loader worker spends making a batch
@@ -163,6 +165,10 @@ class Session(StepSources):
             self.calls.install_torch(torch)
         except Exception as exc:
             self.notes.append(f"torch.save cannot be timed ({type(exc).__name__}: {exc})")
+        try:
+            self.starts.install()
+        except Exception as exc:
+            self.notes.append(f"process starts cannot be counted ({type(exc).__name__}: {exc})")
         self.window.install(torch)
 
     def _wrap_dataloader(self) -> None:
@@ -370,6 +376,7 @@ class Session(StepSources):
                     "root_calls": self.census.result if self.census is not None else None,
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),
                     "optimizer_timed": True, "optimizer": self.opt_clock.info(), "nograd_timed": self.nograd.timed,
+                    "process_starts": self.starts.info(),
                     "cpu_clock": "thread"}      # steps' `cpu` from the thread's CPU clock (steprecord.py)
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:

@@ -3,12 +3,15 @@
 - Forked children that stepped an optimizer (torch.multiprocessing with fork, Hogwild!, os.fork)
   leave their counts in forked/<pid>.json (collect/forked.py).
 - Spawned children (multiprocessing's spawn or forkserver, a launcher's subprocess) run without
-  the hooks: when the launched process recorded no step, python child processes that used CPU are
-  the only sign of them. The sampler calls them loader workers (python descendants of the
-  trainer); with no step in the launched process, DataLoader workers of an untimed loop look the
-  same, so the note says "if they train".
+  the hooks. A multiprocessing start in the launched process is counted with its target function
+  (collect/procstarts.py, child.json process_starts): with no step of its own, the note names the
+  function, the start method and how many, and says how to diagnose them (torchrun ranks under
+  --nproc-per-node, or the function called in the main process). Otherwise (a subprocess) python
+  child processes that used CPU are the only sign of them. The sampler calls them loader workers
+  (python descendants of the trainer); with no step in the launched process, DataLoader workers
+  of an untimed loop look the same, so the note says "if they train".
 
-elsewhere(kids, steps, m) -> one note, or None. The note goes into the run's notes, and with
+elsewhere(kids, steps, m, starts) -> one note, or None. The note goes into the run's notes, and with
 no step of its own it replaces "no bottleneck" as the reason the verdict is inconclusive
 (diagnose/ending.py).
 """
@@ -19,8 +22,10 @@ LEAD = ("the script trained in", "the script may train in")     # the notes' beg
 MIN_CHILD_CORES = 0.25          # a child process busy a quarter of a core: work, not a helper's idling
 
 
-def elsewhere(kids: list[dict], steps: list[dict], m: dict) -> str | None:
-    """kids: the forked children's step records (collect/forked.read)."""
+def elsewhere(kids: list[dict], steps: list[dict], m: dict, starts: list[dict] | None = None) -> str | None:
+    """kids: the forked children's step records (collect/forked.read); starts: the processes the
+    launched process started through multiprocessing (child.json process_starts,
+    collect/procstarts.py)."""
     if kids:
         n, total = len(kids), sum(k["steps"] for k in kids)
         own = (f"the {len(steps)} step(s) timed here are the launched process's own" if steps
@@ -31,10 +36,34 @@ def elsewhere(kids: list[dict], steps: list[dict], m: dict) -> str | None:
                 "their steps, run one trainer in the main process (the script set to a single process, or its "
                 "train function called directly)")
     workers, cpu = m.get("loader.workers"), m.get("loader.worker_cpu_mean")
-    if not steps and workers and cpu is not None and cpu >= MIN_CHILD_CORES:
+    busy = bool(workers and cpu is not None and cpu >= MIN_CHILD_CORES)
+    spawned = [s for s in starts or [] if s.get("method") in ("spawn", "forkserver") and s.get("count")]
+    if not steps and spawned:
+        return _spawned(spawned, workers if busy else None, cpu)
+    if not steps and busy:
         return (f"the script may train in child processes: no step was recorded in the launched process, while "
                 f"{workers} python child process(es) used {cpu:.1f} core(s) each. If they train (multiprocessing with "
                 "spawn or forkserver, a subprocess), "
                 "perfdoctor does not follow them. Run perfdoctor on one trainer in the main process (the script "
                 "set to a single process), or on the training command itself")
     return None
+
+
+def _spawned(spawned: list[dict], workers: int | None, cpu: float | None) -> str:
+    """The note for processes the script started with spawn or forkserver (torch.multiprocessing.
+    spawn: one DDP rank per device), named by their function; "trained" when its python children
+    used CPU, "may train" when nothing showed they worked."""
+    n = sum(s["count"] for s in spawned)
+    targets = sorted({s.get("target") or "?" for s in spawned})
+    via = sorted({s.get("via") or "multiprocessing" for s in spawned})
+    methods = sorted({s["method"] for s in spawned})
+    what = (f"{n} process(es) running {', '.join(t + '()' for t in targets)}, started with {' and '.join(via)} "
+            f"({' and '.join(methods)} start method)")
+    seen = (f", while {workers} python child process(es) used {cpu:.1f} core(s) each" if workers else "")
+    call = targets[0] + "()" if len(targets) == 1 and targets[0] != "?" else "the trainer function"
+    return ((f"the script trained in {what}" if workers else f"the script may train in {what}")
+            + f": the launched process itself stepped no optimizer{seen}. A process started with spawn or "
+            "forkserver runs without perfdoctor's hooks, so its steps were not timed. To diagnose them, start "
+            "one process per rank with torchrun instead, under `perfdoctor run --nproc-per-node N script.py` "
+            "(each rank reading RANK, LOCAL_RANK and WORLD_SIZE from its environment; perfdoctor then records "
+            f"every rank), or call {call} directly in the main process")

@@ -244,7 +244,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     m.update(long_step_metrics(steady, profiled(steps)))
-    trained_elsewhere = elsewhere(kids, steps, m)
+    trained_elsewhere = elsewhere(kids, steps, m, res.child.get("process_starts"))
     notes += ([trained_elsewhere] if trained_elsewhere else []) + extra_batches_note(steady) + drift_note(steady) \
         + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
