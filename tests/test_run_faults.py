@@ -306,6 +306,37 @@ def test_duration_stops_a_script_that_took_sigusr1_for_itself(tmp_path, capfd):
     assert res.stopped_by == "duration" and res.notes == [], res.notes
 
 
+def test_a_script_with_no_step_to_stop_at_is_interrupted_once_and_not_called_failed(tmp_path, capfd, monkeypatch):
+    """--duration on a process that never reaches a step boundary (its training in spawned
+    processes): perfdoctor interrupts it once after the grace, kills it one grace later, and the
+    report says perfdoctor stopped it, not that the script failed. A SIGINT on every poll had
+    interrupted torch.multiprocessing.spawn's own clean-up again and again (three times in 4 s), and
+    the verdict read "The script failed before its first step (exit code 130) ... Fix the failure"."""
+    from perfdoctor.collect import launcher
+    from perfdoctor.diagnose.live import diagnose_run
+    monkeypatch.setattr(launcher, "STOP_GRACE_S", 1.5)
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import signal, sys, time, torch\n"
+        "def on_int(*a):\n"
+        "    print('interrupted', flush=True)\n"
+        "signal.signal(signal.SIGINT, on_int)\n"
+        "print('waiting', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n")
+    res = launcher.launch(launcher.RunConfig(argv=[str(script)], run_dir=tmp_path / "run", duration=1,
+                                             trace=False, stacks=False, progress=False))
+    out, err = capfd.readouterr()
+    assert out == "waiting\ninterrupted\n", (out, err[-2000:])          # one SIGINT, then the kill
+    assert res.signal == signal.SIGKILL and res.stopped_by == "duration"
+    assert res.notes == ["the script did not stop within 2 s of the request; interrupted it",
+                         "the script did not end within 2 s of the interrupt; killed it"], res.notes
+    doc = diagnose_run(res)
+    summary = doc["verdict"]["summary"]
+    assert summary.startswith("perfdoctor stopped the script (--duration) before the launched process recorded a "
+                              "step") and "fail" not in summary, summary
+
+
 def test_a_diagnosis_bug_under_debug_prints_its_traceback_and_keeps_going(monkeypatch, capsys):
     """PERFDOCTOR_DEBUG=1 adds the traceback of a diagnosis bug; it no longer raises it, which
     turned the script's exit code 0 into 1."""

@@ -177,7 +177,7 @@ def launch(cfg: RunConfig) -> RunResult:
     # forward at once: a Ctrl-C while the samplers start must reach the script, not orphan it
     forwarded, old = forward_signals(proc, heard)
     samplers: list = []
-    stopped_by, stop_sent_at = None, None
+    stopped_by, stop_sent_at, insisted = None, None, 0
     clock = _DurationClock(cfg, run_dir / "steps.jsonl", t0)
     progress = _Progress(run_dir) if cfg.progress and sys.stderr.isatty() else None
     try:
@@ -195,12 +195,17 @@ def launch(cfg: RunConfig) -> RunResult:
                 if why:
                     notes.append(why)
                 proc.send_signal(STOP_SIGNAL)
-            elif stop_sent_at is not None and elapsed - stop_sent_at > STOP_GRACE_S:
-                notes.append(f"the script did not stop within {STOP_GRACE_S:.0f} s of the request; interrupted it")
-                insist = signal.SIGINT if elapsed - stop_sent_at < 2 * STOP_GRACE_S else signal.SIGKILL
-                if insist == signal.SIGINT:
+            elif stop_sent_at is not None and insisted < 2 and elapsed - stop_sent_at > STOP_GRACE_S * (insisted + 1):
+                # once each, a grace apart: a SIGINT every tick had interrupted the script's own
+                # clean-up (torch.multiprocessing.spawn stopping its children) again and again
+                if insisted == 0:
+                    notes.append(f"the script did not stop within {STOP_GRACE_S:.0f} s of the request; interrupted it")
                     heard.sent_sigint()
-                proc.send_signal(insist)
+                    proc.send_signal(signal.SIGINT)
+                else:
+                    notes.append(f"the script did not end within {STOP_GRACE_S:.0f} s of the interrupt; killed it")
+                    proc.send_signal(signal.SIGKILL)
+                insisted += 1
             if progress:
                 progress.tick(elapsed)
     finally:
@@ -219,14 +224,14 @@ def launch(cfg: RunConfig) -> RunResult:
         notes.append("the --duration stop request arrived as the script was exiting by itself")
     if child.get("outcome") == "stopped":
         stopped_by = stopped_by or "max-steps"
-    elif stopped_by == "duration" and child.get("outcome") != "interrupted":
+    elif stopped_by == "duration" and not insisted and child.get("outcome") != "interrupted":
         # the script ended by itself after the request (it reached no step boundary in this
         # process to stop at: its training ran elsewhere, or it was ending anyway)
         if child and not raced:
             notes.append(f"--duration asked the script to stop after {stop_sent_at:.0f} s; it reached no step "
                          "boundary in the launched process to stop at, and ended by itself")
         stopped_by = None
-    if not child:
+    if not child and insisted < 2:           # (killed by perfdoctor itself: said above)
         notes.append("the script ended before perfdoctor could record its summary (killed?)")
     res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)
     try:

@@ -81,6 +81,16 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
         return
     why = why or why_no_trace(res, steps)
     verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
+    if not steps and res.stopped_by and outcome(res) in ("interrupted", "killed", "stopped"):
+        # perfdoctor's own stop (--duration found no step boundary in this process to stop at, then
+        # interrupted it): not the script's failure (a spawn DDP script read "Fix the failure")
+        summary = (f"perfdoctor stopped the script (--{res.stopped_by}) before the launched process recorded a "
+                   "step: nothing was measured to diagnose" + (
+                       ". Its training ran in its child processes, which perfdoctor does not time (the note says how "
+                       "to diagnose them)." if elsewhere else ". A longer --duration lets it reach its first steps."))
+        for v in verdicts:
+            v.update(summary=summary, notes=[], secondary=[])
+        return
     if not steps and (failed(res) or outcome(res) == "unknown"):
         code = "unknown" if res.exit_code is None else res.exit_code
         what = (f"{_headline(run['error'])}; " if run["error"] else "") + f"exit code {code}"
