@@ -1022,7 +1022,7 @@ def test_a_baseline_with_too_few_steps_says_how_long_a_run_must_be(tmp_path):
     left_out = 6 - stopped.estimate.n
     text = longer_runs(stopped, 8)
     run_s = math.ceil((10 + left_out) * 6.0 / 5) * 5
-    assert f"6 step(s) took 36 s here, 6.0 s each" in text and f"--duration {run_s} --budget {8 * run_s}" in text
+    assert "6 step(s) took 36 s here, 6.0 s each" in text and f"--duration {run_s} --budget {8 * run_s}" in text
     ended = measure_dir(d, {}, 0, {"outcome": "completed", "exit_code": 0, "steps": 6}, 40.0)
     text = longer_runs(ended, 8)
     assert "ended by itself after 6 step(s)" in text and "--duration" not in text
@@ -1392,10 +1392,20 @@ def test_a_baseline_run_several_times_is_explained_under_the_table():
         return buf.getvalue(), markdown.tune(d)
     for out in shown(doc):
         assert "vs baseline:" not in out and "62.0 ms" in out and "59.2 ms" in out
+    # a quiet machine: both baseline runs came before the trials (said so: not "between the trials",
+    # which a user trial read while every trial ran slower on a machine slowing down)
     again = {**doc, "baseline": {**base, "repeats": [{"dir": "b2", "step_time_s": 0.062}]}}
     for out in shown(again):
         out = out.replace("\\", "")                     # markdown escapes the brackets
-        assert "The baseline ran 2 times between the trials" in out and "59.2, 62.0 ms/step (the header's is the first)" in out
+        assert "The baseline ran 2 times, before the trials (and before a confirmation), not between them" in out
+        assert "59.2, 62.0 ms/step (the header's is the first)" in out and "hits both sides" not in out
+    # a noisy one: the baseline ran again after a trial, and the trial was measured against both
+    noisy = {**again, "baseline": {**base, "repeats": [{"dir": "b2", "step_time_s": 0.062},
+                                                        {"dir": "b3", "step_time_s": 0.064}]},
+             "trials": [{**tr, "baseline_dirs": ["b2", "b3"], "baseline_step_time_s": [0.062, 0.064]}]}
+    for out in shown(noisy):
+        out = out.replace("\\", "")
+        assert "The baseline ran 3 times, before the trials and, once the machine was found noisy, after each trial" in out
 
 
 def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeypatch, tmp_path):

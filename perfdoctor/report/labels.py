@@ -202,11 +202,14 @@ MEASURE_FIXES = "measure these fixes on the script:"     # the line above tune_h
 def tune_hint(doc: dict) -> str | None:
     """Under a run's fixes: the `perfdoctor tune` command line that measures those of them a trial
     can test on this device (rules/tunable.py), on the same script; None for a trace alone, a
-    multi-rank run (tune runs one process), or fixes no trial tests."""
+    multi-rank run (tune runs one process), a run without a step in the launched process, or
+    fixes no trial tests."""
     from perfdoctor.rules.tunable import tune_command
 
     run = doc.get("run") or {}
     if not run.get("command") or doc.get("ranks") or doc.get("cross_rank") or not doc.get("traces"):
+        return None
+    if run.get("steps") == 0:     # tune measures the launched process's steps: it had none (trained elsewhere?)
         return None
     m = shown_trace(doc)["metrics"]
     platform = m.get("trace.platform")
@@ -285,9 +288,15 @@ def tune_baselines_note(doc: dict) -> str:
     if len(runs) < 2:
         return ""
     times = ", ".join(s_as_ms(x, "?").removesuffix(" ms") for x in runs)
+    # interleaved only once the machine was found noisy (tune/session.py): a trial then has the
+    # baseline runs before and after it; on a quiet one each is measured against the last before it
+    interleaved = any(len(tr.get("baseline_dirs") or []) > 1 for tr in doc.get("trials") or [])
+    how = ("before the trials and, once the machine was found noisy, after each trial, so that a drift of the "
+           "machine hits both sides alike" if interleaved else
+           "before the trials (and before a confirmation), not between them: the machine looked quiet, so a "
+           "drift during the trials is not cancelled, only the baseline runs' spread widens each interval")
     return (f"vs baseline: the baseline run(s) beside each trial, which its speed-up is measured against. The baseline "
-            f"ran {len(runs)} times between the trials, so that drift of the machine hits both sides alike: {times} "
-            "ms/step (the header's is the first).")
+            f"ran {len(runs)} times, {how}: {times} ms/step (the header's is the first).")
 
 
 def tune_model_check(trials: list[dict]) -> list[str]:
