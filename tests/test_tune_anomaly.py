@@ -78,7 +78,10 @@ def test_run_sizes_anomaly_mode_from_its_checks_and_its_stored_stacks(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     m = doc["traces"][0]["metrics"]
     assert m["autograd.anomaly_checked_share"] >= 0.5 and m["autograd.anomaly_check_share"] > 0.01, m
-    assert m["stacks.anomaly_stack_share"] > 0.02, m["stacks.anomaly_stack_share"]
+    # what the stacks saw, said when they name no storing (one CI run read 0.0 with stacks taken)
+    seen = ({k: v for k, v in m.items() if k.startswith("stacks.")}, doc.get("stacks"),
+            doc["run"]["notes"])
+    assert m["stacks.anomaly_stack_share"] > 0.02, seen
     fix = next(f for f in doc["findings"] if f["id"] == "PD374")
     checks_alone = 1 / (1 - m["autograd.anomaly_check_share"])
     assert fix["gain"]["expected"] > checks_alone * 1.01 and fix["ranked"], fix["gain"]
