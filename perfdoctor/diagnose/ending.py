@@ -81,7 +81,7 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
         return
     why = why or why_no_trace(res, steps)
     verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
-    if not steps and res.stopped_by and outcome(res) in ("interrupted", "killed", "stopped"):
+    if not steps and res.stopped_by and outcome(res) in ("interrupted", "killed"):
         # perfdoctor's own stop (--duration found no step boundary in this process to stop at, then
         # interrupted it): not the script's failure (a spawn DDP script read "Fix the failure")
         summary = (f"perfdoctor stopped the script (--{res.stopped_by}) before the launched process recorded a "
