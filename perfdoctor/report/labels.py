@@ -18,8 +18,8 @@ BOUND_TITLE = {
 
 # why the ranks of a job wait in collectives (ranks.wait_cause); each follows "the wait is "
 WAIT_CAUSE = {"straggler": "a straggler: the other ranks wait for the slowest one",
-              "network": "mostly the transfer itself, which every rank waits for (network, collective library, "
-                         "bucket sizes)",
+              "network": "mostly the collective itself, which every rank waits for: its transfer, or for small "
+                         "messages its per-call latency (network, collective library, bucket sizes)",
               "contention": "CPU contention: the slowest rank spent most of its extra time waiting in the run queue for "
                             "a core (an oversubscribed host), not working",
               "uneven": "uneven: no rank is slower step after step (uneven work or a noisy machine)",
