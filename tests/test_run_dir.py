@@ -32,6 +32,7 @@ TINY = textwrap.dedent("""
 
     model = torch.nn.Linear(32, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    time.sleep(0.5)                          # set-up before the loop (run.first_step_s)
     for step, (x, y) in enumerate(DataLoader(Slow(), batch_size=8)):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step()
@@ -144,6 +145,8 @@ def test_report_run_dir_gives_what_run_gave(tiny_run, tmp_path):
     m = live["traces"][0]["metrics"]
     assert m["run.steps"] >= 95 and m["steps.source"] == "ProfilerStep" and m["steps.count"] == 3
     assert m["run.data_wait_share"] > 0.3                   # 8 x 4 ms of busy loading in each step
+    # the set-up before the first step: the import, the model, the 0.5 s sleep; within the run
+    assert 0.5 <= m["run.first_step_s"] < live["run"]["wall_s"], (m["run.first_step_s"], live["run"]["wall_s"])
     assert _snapshot(out) == before                         # re-diagnosing writes nothing into the run
     # the terminal report names the run, as `run` printed it
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out)], capture_output=True, text=True,
@@ -152,6 +155,9 @@ def test_report_run_dir_gives_what_run_gave(tiny_run, tmp_path):
     # made the traced steps wait less than the steady ones, is not)
     from perfdoctor.report.labels import bound_title
     assert r.returncode == 0 and "perfdoctor run" in r.stdout and bound_title(live["verdict"]["bound"], m) in r.stdout
+    # the header says when the first step came where the set-up took a fifth of the run or more
+    first = f" s run (the first after {m['run.first_step_s']:.1f} s): "
+    assert (first in r.stdout) == (m["run.first_step_s"] >= 0.2 * live["run"]["wall_s"]), r.stdout[:400]
 
 
 def test_report_run_dir_without_trace_or_launcher_record(tiny_run, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.analyze.runseries import MAX_POINTS, run_series
+from perfdoctor.analyze.runseries import MAX_POINTS, first_step_s, run_series
 from perfdoctor.report.runcharts import run_charts
 
 
@@ -32,6 +32,19 @@ def test_series_hold_the_samples_values_and_the_step_windows():
     # only the GPU the trainer uses (the other device's 9 GiB are another job's)
     assert s["gpu_util"][0] == 0.8 and s["gpu_memory_bytes"][0] == 3 * 2 ** 30
     assert s["steps"] == [2.2, 8.0] and s["traced"] == [3.0, 3.6]
+
+
+def test_the_first_step_is_timed_from_the_launch_by_the_samplers_clock():
+    """The sampler's clock starts at the launch (t = 0 at unix 999.9 here, its first sample 0.1 s
+    later); the first step starts at its end less its duration; a late sample does not move the
+    launch (the median)."""
+    samples = [{"t": 0.1 + 0.5 * i, "unix": 1000.0 + 0.5 * i} for i in range(5)]
+    samples[3]["unix"] += 0.4                                   # one sample whose clocks disagree
+    steps = [{"step": 1, "end": 1005.2, "dur": 0.2}, {"step": 2, "end": 1005.4, "dur": 0.2}]
+    assert abs(first_step_s(samples, steps) - 5.1) < 1e-9
+    # a first record without its times (a damaged line) is passed over; no sample or no step: unknown
+    assert abs(first_step_s(samples, [{"step": 1, "end": "?"}] + steps[1:]) - 5.3) < 1e-9
+    assert first_step_s([], steps) is None and first_step_s(samples, []) is None
 
 
 def test_no_workers_no_gpu_no_lines_for_them_and_a_gap_stays_a_gap():

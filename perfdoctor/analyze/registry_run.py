@@ -14,6 +14,7 @@ _m("run.steady_steps", "count", "Steps in the steady window that run.step_time_m
 _m("run.step_time_conclusive", "bool", "The steady window is long enough to tell (>= 10 steps and >= 3 blocks of 2 burst cycles).")
 _m("run.step_time_median_ms", "ms", "Median step time over the steady window: a secondary figure (with a bursty loader most steps are short and the median is far below run.step_time_ms).")
 _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step times (secondary figure).")
+_m("run.first_step_s", "s", "Seconds from the launch to the start of the first step: importing, loading data, building the model, compiling before the loop (none of it in the steady steps); from the system samples' clock, None without them.")
 _m("run.steps_per_s", "count", "Steps per second: 1 / run.step_time_ms.")
 _m("run.data_wait_share", "share", "Time inside DataLoader __next__ / wall time of the steady window (every step of it, not only the traced ones).")
 _m("run.runq_share", "share", "Share of the steady steps' wall time the training thread waited in the run queue for a CPU (schedstat): the cost of sharing the cores, with other processes or its own threads.")

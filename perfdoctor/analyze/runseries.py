@@ -17,6 +17,9 @@ two samples. Series (None where a sample did not measure the value):
   gpu_util            mean utilisation of the GPUs the trainer uses (0..1)
   gpu_memory_bytes    memory in use on those GPUs, summed
 
+first_step_s(samples, steps): the seconds from the launch to the first step's start
+(run.first_step_s).
+
 A run longer than MAX_POINTS samples keeps every k-th sample (and the last): the points drawn are
 samples as taken, never averages that would smooth a spike away. A series no sample measured is
 left out, and so are the workers' with num_workers=0.
@@ -94,3 +97,15 @@ def run_series(samples: list[dict], steps: list[dict]) -> dict | None:
         w = win.get(phase)
         out[key] = [round(w[0] - unix0, 3), round(w[1] - unix0, 3)] if w and unix0 is not None else None
     return out
+
+
+def first_step_s(samples: list[dict], steps: list[dict]) -> float | None:
+    """Seconds from the launch to the first step's start (imports, data loading, set-up,
+    compilation: what the steady steps leave out). The sampler's clock starts with the launch:
+    each sample's unix time less its `t` is that moment (their median, against a late sample)."""
+    starts = sorted(smp["unix"] - smp["t"] for smp in samples)
+    first = next((s for s in steps
+                  if isinstance(s.get("end"), (int, float)) and isinstance(s.get("dur"), (int, float))), None)
+    if not starts or first is None:
+        return None
+    return max(0.0, first["end"] - first["dur"] - starts[len(starts) // 2])

@@ -14,8 +14,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined, nograd_run_share
@@ -42,7 +40,7 @@ from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
-from perfdoctor.stats.steptime import StepEstimate, estimate, ms
+from perfdoctor.stats.steptime import StepEstimate, estimate
 from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import load_trace, run_trace_files as run_traces
 
@@ -154,7 +152,7 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict],
         data["notes"].append(f"{dropped} malformed system sample(s) in samples.json were left out")
     try:
         from perfdoctor.analyze.memgrowth import memory_growth
-        from perfdoctor.analyze.runseries import run_series
+        from perfdoctor.analyze.runseries import first_step_s, run_series
         from perfdoctor.analyze.system import system_metrics, wait_cpu_of
         from perfdoctor.analyze.windows import windowed_metrics
     except ImportError:
@@ -164,6 +162,7 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict],
     wait_cpu = wait_cpu_of(steps)
     metrics, sampling = windowed_metrics(samples, steps, notes, lambda got, said: system_metrics(got, said, wait_cpu))
     metrics.update(memory_growth(samples, steps))
+    metrics["run.first_step_s"] = first_step_s(samples, steps)
     return metrics, notes, sampling, run_series(samples, steps)
 
 
