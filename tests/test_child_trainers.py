@@ -105,6 +105,8 @@ def test_process_starts_are_counted_by_method_and_function_without_fixing_the_st
         starts.saw(P(named("torch.multiprocessing.spawn", "_wrap"), (main_worker, 1, (), None), "spawn"))
         starts.saw(P(named(*WORKER_LOOP.rsplit(".", 1)), (), "fork"))
         starts.saw(P(named("mylib.jobs", "Runner.run"), ()))       # the default context's Process
+        import functools
+        starts.saw(P(functools.partial(functools.partial(main_worker, 1)), (), "forkserver"))
         unset = mp.get_start_method(allow_none=True)
         mp.set_start_method("forkserver")                            # still free to choose
         starts.saw(P(named("mylib.jobs", "Runner.run"), ()))
@@ -117,4 +119,5 @@ def test_process_starts_are_counted_by_method_and_function_without_fixing_the_st
     default = "fork" if sys.version_info < (3, 14) else "forkserver"
     assert info == [{"method": "spawn", "target": "main_worker", "via": "torch.multiprocessing.spawn", "count": 2},
                     {"method": default, "target": "mylib.jobs.Runner.run", "via": None, "count": 1},
+                    {"method": "forkserver", "target": "main_worker", "via": None, "count": 1},
                     {"method": "forkserver", "target": "mylib.jobs.Runner.run", "via": None, "count": 1}]

@@ -24,9 +24,12 @@ MAX_NAME = 200
 
 
 def qualname(fn) -> str | None:
-    """A callable's dotted name; the script's own functions (module __main__) by their bare name."""
+    """A callable's dotted name; the script's own functions (module __main__) by their bare name,
+    a functools.partial by the function it wraps."""
     if fn is None:
         return None
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None) or type(fn).__module__
     full = name if module in (None, "__main__", "__mp_main__") else f"{module}.{name}"
