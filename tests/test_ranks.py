@@ -578,7 +578,7 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     sec["metrics"].update({"ranks.comm_wait_share_mean": 0.02, "ranks.network_wait_share": 0.02})
     c = console(file=io.StringIO(), width=300)
     render_ranks(c, sec)
-    assert "every rank waits at least 2% of the step (the transfer)" in c.file.getvalue()
+    assert "every rank waits at least 2% of the step (the collective itself)" in c.file.getvalue()
     # ranks that all-reduce but ran different numbers of steps (a user trial: Join, rank 1 with 70%
     # of the batches) are said to; one step apart is a stop mid-step, not uneven inputs
     assert ("the ranks ran different numbers of steps (rank 0 29, rank 1 79): uneven inputs (a rank that ran out "

@@ -197,7 +197,7 @@ def _ranks(doc: dict) -> str:
         out.append(f"<h2>{H(rank_title(sec))}</h2><section class=\"card\"><div class=\"legend\">"
                    "<span class=\"key\"><i style=\"background:#2e8b57\"></i>own work (step - wait)</span>"
                    "<span class=\"key\"><i style=\"background:#8e5bb5\"></i>wait (exposed collective time per step)</span>"
-                   "</div><table><tr><th>rank</th>" + ("<th>host</th>" if hosts else "")
+                   "<span class=\"dim\">the steady steps' times</span></div><table><tr><th>rank</th>" + ("<th>host</th>" if hosts else "")
                    + "<th class=\"num\">step</th><th class=\"num\">own work</th><th class=\"num\">wait</th>"
                    "<th class=\"num\">for slower</th><th class=\"num\">data wait</th>"
                    f"<th>own work / wait</th><th>verdict</th><th class=\"num\">exit</th></tr>{''.join(rows)}</table>"

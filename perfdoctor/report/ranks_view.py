@@ -26,7 +26,9 @@ def _pct(x) -> str:
 def render_ranks(c: Console, sec: dict) -> None:
     m = sec.get("metrics") or {}
     c.print()
-    c.print(Text(rank_title(sec) + " (wait = exposed collective time per step, own work = step - wait)", style="bold"))
+    # the steady steps' times: the step breakdown below is the traced steps', longer under the profiler
+    c.print(Text(rank_title(sec) + " (steady steps; wait = exposed collective time per step, own work = step - wait)",
+                 style="bold"))
     hosts = several_hosts(sec)
     table = Table(show_edge=False, box=None, padding=(0, 1))
     for col in ("rank",) + (("host",) if hosts else ()) + ("step ms", "own ms", "wait ms", "for slower",
@@ -83,7 +85,7 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
     line += uneven_detail(m)
     out = [(line, False),
            (f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
-            f"transfer); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
+            f"collective itself); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
             + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
             True)]
     if steps and max(steps) - min(steps) > 1:       # one step apart: ranks stopped mid-step, not uneven data
