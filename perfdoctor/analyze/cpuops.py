@@ -28,6 +28,11 @@ torch.compile leaves these eager: Dynamo graph-breaks on nn.LSTM, nn.GRU and nn.
 so PD312 takes them out of what compiling removes. nn.LSTMCell's aten::lstm_cell is traced: not
 these. A backward node is matched by its sequence number alone (the forward's thread's counter).
 
+    cpu.gemm_conv_share = time of the outermost matrix products and convolutions (aten::linear,
+                         addmm, mm, bmm, matmul, einsum, conv*, convolution_backward: forward and
+                         backward), outside DataLoader.__next__ / the steps' time: the work bf16
+                         dot-product instructions shorten under CPU autocast around the model (PD375)
+
 Outermost: an op not inside another op of that kind on its thread (an aten::linear holds an
 aten::addmm; a backward node holds its aten ops), so nothing is counted twice; per op it holds,
 itself included, so that a backward node of five tiny ops counts as small. SMALL_OP_US is 20
@@ -49,8 +54,18 @@ from perfdoctor.trace.table import EventTable
 
 SMALL_OP_US = 20.0
 RNN_OPS = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"})
+# matrix products and convolutions, forward and backward: what 16-bit dot-product instructions
+# (AVX512_BF16, AMX, Arm BF16) shorten under CPU autocast
+GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::baddbmm",
+                      "aten::addbmm", "aten::einsum", "aten::_addmm_activation"})
+CONV_PREFIXES = ("aten::conv", "aten::_conv", "aten::mkldnn_convolution", "aten::cudnn_convolution",
+                 "aten::slow_conv", "aten::thnn_conv")
 NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share",
-         "cpu.rnn_small_op_share")
+         "cpu.rnn_small_op_share", "cpu.gemm_conv_share")
+
+
+def is_gemm_conv(name: str) -> bool:
+    return name in GEMM_OPS or name.startswith(CONV_PREFIXES)
 
 
 def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -107,6 +122,11 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     rnn = rnn_rows(t, ops, top)
     out["cpu.rnn_small_op_share"] = min(1.0, float(dur[small & rnn].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
+    mm = ops[t.name_mask(is_gemm_conv)[ops]]          # outermost of their own kind: linear holds addmm
+    # not the batches' own (a blur in DataLoader.__next__ with num_workers=0): autocast around the
+    # model leaves the loader's work as it is
+    mm = mm[~contained(t, mm, np.flatnonzero(k.dataloader))]
+    out["cpu.gemm_conv_share"] = min(1.0, float(t.dur[outermost(t, mm)].astype(np.float64).sum()) / total)
     out["cpu.op_median_us"] = float(median(dur))
     opt = optimizer_step_rows(t, k, steps)
     if len(opt):

@@ -13,7 +13,7 @@ import shlex
 # Fix rule whose expected gain predicts each knob (first one present in the report wins).
 KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"), "prefetch_factor": ("PD301",),
               "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
-              "autocast": ("PD320",), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
+              "autocast": ("PD320", "PD375"), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
               "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
               "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
               "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
