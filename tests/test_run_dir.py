@@ -157,7 +157,12 @@ def test_report_run_dir_gives_what_run_gave(tiny_run, tmp_path):
     assert r.returncode == 0 and "perfdoctor run" in r.stdout and bound_title(live["verdict"]["bound"], m) in r.stdout
     # the header says when the first step came where the set-up took a fifth of the run or more
     first = f" s run (the first after {m['run.first_step_s']:.1f} s): "
-    assert (first in r.stdout) == (m["run.first_step_s"] >= 0.2 * live["run"]["wall_s"]), r.stdout[:400]
+    shown = m["run.first_step_s"] >= 0.2 * live["run"]["wall_s"]
+    assert (first in r.stdout) == shown, r.stdout[:400]
+    # the HTML and markdown reports say it too, in their own words
+    from perfdoctor.report import html, markdown
+    said = f"the first step {m['run.first_step_s']:.1f} s into a {live['run']['wall_s']:.1f} s run"
+    assert (said in html.render(live)) == shown and (said in markdown.report(live)) == shown
 
 
 def test_report_run_dir_without_trace_or_launcher_record(tiny_run, tmp_path):

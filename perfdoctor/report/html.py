@@ -14,7 +14,7 @@ from __future__ import annotations
 from perfdoctor.report import svg
 from perfdoctor.report.fixcards import fixes_section, flags_section
 from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
-                                     device_text, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text,
+                                     device_text, first_step_shown, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text,
                                      windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
@@ -132,7 +132,9 @@ def _run(run: dict | None, m: dict) -> str:
                 + f" over {m['run.steady_steps']} steady steps"
                 + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")
                 + ("" if m.get("run.step_time_conclusive") else H(inconclusive_text(run.get("step_time_reason"))))
-                + f"; {H(data_wait_text(m))}")
+                + f"; {H(data_wait_text(m))}"
+                + (f"; the first step {first_s:.1f} s into a {run['wall_s']:.1f} s run"
+                   if (first_s := first_step_shown(m, run.get("wall_s"))) is not None else ""))
     return ("<h2>The run</h2><section class=\"card\">"
             f"<div><code>{H(run.get('command') or '(command unknown)')}</code></div><div class=\"dim\">{H(how)} · "
             f"exit code {H(_or_unknown(run.get('exit_code')))} · run directory <code>{H(run.get('dir'))}</code></div>"

@@ -112,6 +112,18 @@ def windows_text(m: dict) -> str:
     return f" in {n} profiler windows of one process, joined" if isinstance(n, int) and n > 1 else ""
 
 
+FIRST_STEP_SHARE = 0.2      # the first step's time is named once set-up took this much of the run
+
+
+def first_step_shown(m: dict, wall_s) -> float | None:
+    """run.first_step_s where the set-up before the first step took a fifth of the run or more
+    (a GCN spent 5 of its 9 s loading its graph): the renderers name it; None otherwise."""
+    first = m.get("run.first_step_s")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (wall_s, first)) or wall_s <= 0:
+        return None
+    return float(first) if first >= FIRST_STEP_SHARE * wall_s else None
+
+
 def data_wait_text(m: dict) -> str:
     """'data wait 12.0% of that time' after a run's step time; with the loop's wait on its own
     producers (the Python stacks) beside it, as the step records count DataLoader waits only (a

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, MEASURE_FIXES, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
+                                     first_step_shown,
                                      from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
                                      tune_hint, tune_model_check, tune_no_best, tune_only, tune_predicted,
                                      tune_step_times)
@@ -50,6 +51,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
                         else "")
                      + (M(inconclusive_text((doc.get("run") or {}).get("step_time_reason")))
                         if m.get("run.step_time_conclusive") is False else ""))
+        wall = (doc.get("run") or {}).get("wall_s")
+        if (first_s := first_step_shown(m, wall)) is not None:
+            facts.append(f"the first step {first_s:.1f} s into a {wall:.1f} s run")
     out += [" · ".join(facts), ""]
     if first.get("steps"):
         rows = sorted(breakdown_rows(first, role_labels(m)), key=lambda r: -r[3])

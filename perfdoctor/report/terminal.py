@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, from_other_traces, median_label, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
+from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, first_step_shown, from_other_traces, median_label, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -201,9 +201,6 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
         _para(c, f"note: {n}", 0, "yellow")
 
 
-FIRST_STEP_SHARE = 0.2      # the header names when the first step came once set-up took this much of the run
-
-
 def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None,
                     reason: str | None = None) -> str:
     """'99 steps in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady steps (left
@@ -214,9 +211,8 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
     ci = m.get("run.step_time_ci95_ms")
     t = m["run.step_time_ms"]
     wall = f" in a {wall_s:.1f} s run" if wall_s is not None else " measured"
-    first = m.get("run.first_step_s")
-    if wall_s and first is not None and first >= FIRST_STEP_SHARE * wall_s:     # set-up a material part of it
-        wall += f" (the first after {first:.1f} s)"
+    if (first_s := first_step_shown(m, wall_s)) is not None:    # set-up a material part of the run
+        wall += f" (the first after {first_s:.1f} s)"
     what = T(source_text(source)) + passes_text(m)
     return (f"{m['run.steps']} steps{what}{wall}: {ms(t)} ms/step"
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
