@@ -335,6 +335,9 @@ def test_a_script_with_no_step_to_stop_at_is_interrupted_once_and_not_called_fai
     summary = doc["verdict"]["summary"]
     assert summary.startswith("perfdoctor stopped the script (--duration) before the launched process recorded a "
                               "step") and "fail" not in summary, summary
+    # nor do the run's notes call it the script's failure (the trace's absence said so)
+    notes = " ".join(doc["run"]["notes"] + doc["traces"][0]["notes"])
+    assert "failed" not in notes and "perfdoctor stopped the script (--duration) before its first step" in notes, notes
 
 
 def test_a_diagnosis_bug_under_debug_prints_its_traceback_and_keeps_going(monkeypatch, capsys):

@@ -20,10 +20,18 @@ def outcome(res: RunResult) -> str:
     return res.child.get("outcome") or ("killed" if res.signal is not None else "unknown")
 
 
+def stopped_by_perfdoctor(res: RunResult) -> bool:
+    """perfdoctor interrupted or killed the script after a --duration stop it did not reach a step
+    boundary to obey (its training in spawned processes): perfdoctor's ending, not the script's failure."""
+    return bool(res.stopped_by) and outcome(res) in ("interrupted", "killed")
+
+
 def why_no_trace(res: RunResult, steps: list[dict]) -> str:
     state = res.child.get("profiler")
     if res.child.get("trace_enabled") is False:
         return "--no-trace"
+    if not steps and stopped_by_perfdoctor(res):
+        return f"perfdoctor stopped the script (--{res.stopped_by}) before its first step"
     if not res.child and res.signal is None:   # child.json missing or damaged, and no signal known
         return "child.json, the script's summary, is missing or unreadable"
     if not res.child:                    # no summary: the script was killed (SIGKILL, OOM killer)
@@ -48,7 +56,10 @@ def why_no_trace(res: RunResult, steps: list[dict]) -> str:
 
 
 def failed(res: RunResult) -> bool:
-    """Known to have failed (a kill by signal has exit code 128+N); an unknown ending is not."""
+    """Known to have failed (a kill by signal has exit code 128+N); an unknown ending is not, nor
+    perfdoctor's own interrupt or kill after --duration."""
+    if stopped_by_perfdoctor(res):
+        return False
     return res.child.get("outcome") in ("crashed", "interrupted") or bool(res.exit_code)
 
 
@@ -81,9 +92,8 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
         return
     why = why or why_no_trace(res, steps)
     verdicts = [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]
-    if not steps and res.stopped_by and outcome(res) in ("interrupted", "killed"):
-        # perfdoctor's own stop (--duration found no step boundary in this process to stop at, then
-        # interrupted it): not the script's failure (a spawn DDP script read "Fix the failure")
+    if not steps and stopped_by_perfdoctor(res):
+        # not the script's failure (a spawn DDP script read "Fix the failure"): what perfdoctor did
         summary = (f"perfdoctor stopped the script (--{res.stopped_by}) before the launched process recorded a "
                    "step: nothing was measured to diagnose" + (
                        ". Its training ran in its child processes, which perfdoctor does not time (the note says how "
