@@ -302,11 +302,19 @@ def tune_baselines_note(doc: dict) -> str:
     times = ", ".join(s_as_ms(x, "?").removesuffix(" ms") for x in runs)
     # interleaved only once the machine was found noisy (tune/session.py): a trial then has the
     # baseline runs before and after it; on a quiet one each is measured against the last before it
-    interleaved = any(len(tr.get("baseline_dirs") or []) > 1 for tr in doc.get("trials") or [])
-    how = ("before the trials and, once the machine was found noisy, after each trial, so that a drift of the "
-           "machine hits both sides alike" if interleaved else
-           "before the trials (and before a confirmation), not between them: the machine looked quiet, so a "
-           "drift during the trials is not cancelled, only the baseline runs' spread widens each interval")
+    # and the closing run after all the trials (tune/verify.py), when the budget left one
+    closing = doc.get("closing")
+    interleaved = any(len([d for d in tr.get("baseline_dirs") or [] if d != closing]) > 1
+                      for tr in doc.get("trials") or [] if isinstance(tr, dict))
+    if interleaved:
+        how = ("before the trials and, once the machine was found noisy, after each trial, so that a drift of the "
+               "machine hits both sides alike" + (", and once after all the trials" if closing else ""))
+    elif closing:
+        how = ("before the trials and once after them all: each trial is compared with the run before it and the "
+               "one after them all, pooled, so that a drift during the trials weighs on both sides")
+    else:
+        how = ("before the trials only (and before a confirmation; the budget left no run after them): a drift "
+               "during the trials is not cancelled, only the runs' spread widens each interval")
     return (f"vs baseline: the baseline run(s) beside each trial, which its speed-up is measured against. The baseline "
             f"ran {len(runs)} times, {how}: {times} ms/step (the header's is the first).")
 

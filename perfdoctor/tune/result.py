@@ -4,7 +4,7 @@ Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, m
 data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
-skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, dir, command, only.
+skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, closing, dir, command, only.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def build(t: Tuner) -> dict:
         "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
         "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
         "noisy": t.noisy, "noise": t.noise_text, "run_spread": _r(t.spread, 4),
+        "closing": str(t.closing.run_dir) if t.closing else None,
         "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
                      "median_s": _t(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
                      "verdict_title": t.verdict_title(),

@@ -22,13 +22,17 @@
 4. Refinements of the best loader setting, then the winners of the different groups combined
    and measured together. The best setting is the fastest measured one whose interval lies
    above 1.
-5. Confirmation: the baseline and then the best setting run once more, back to back (the same
+5. The closing baseline (verify.py): once the trials are done the baseline runs again, and each
+   trial that was compared with the baseline runs before it only is compared with those and this
+   one, pooled, so that a drift of the machine during the trials weighs on both sides.
+6. Confirmation: the baseline and then the best setting run once more, back to back (the same
    command differs between runs by more than one run's interval: 72 and 196 ms/step). The
    second run is compared with the fresh baseline and weighed with the first (stats/speedups.
    two_runs); the first was the fastest of several, so the setting stays faster only when the
    second run found a gain and no material loss and both together lie above 1. Otherwise the
-   next best is confirmed in turn; the trials leave two runs of the budget for this. The setting
-   recommended is the fastest confirmed one, one measured once (said so) only when none was.
+   next best is confirmed in turn; the trials leave two runs of the budget for this (one, for the
+   closing baseline, while none was faster; the closing run is the first confirmation's baseline).
+   The setting recommended is the fastest confirmed one, one measured once (said so) only when none was.
 A baseline with too few steady steps once its trace window is left out is run again without a
 trace, and every run from then on is twice as long (unless --duration fixed the length).
 Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
@@ -45,14 +49,14 @@ from pathlib import Path
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.report.values import s_as_ms
-from perfdoctor.stats.speedups import run_spread, two_runs, with_run_spread
+from perfdoctor.stats.speedups import run_spread, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
 from perfdoctor.tune.noise import NOISY_CI, NOISY_RUNS, baseline_noise, busy as _busy, own_half as _own_half
-from perfdoctor.tune.measure import (MIN_EFFECT, Measured, _read_json, judged, longer_runs, loss_drift,
-                                     no_drift_reason, run_once, speedup)
+from perfdoctor.tune.measure import (Measured, _read_json, judged, longer_runs, loss_drift, no_drift_reason,
+                                     run_once, speedup)
+from perfdoctor.tune.verify import CONFIRM_RUNS, Outcome, Verification, add_reason as _add_reason
 
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
-CONFIRM_RUNS = 2             # a fresh baseline and the best setting again (step 5)
 EXIT_SCRIPT_FAILED, EXIT_NOT_MEASURABLE = 1, 3
 
 
@@ -75,22 +79,7 @@ class TuneOptions:
     only: frozenset[str] | None = None  # --only: the trial groups and fix ids to try (plan.only_names)
 
 
-@dataclass
-class Outcome:
-    trial: planmod.Trial
-    status: str                          # faster | slower | no change | inconclusive | failed | skipped
-    reason: str | None = None
-    run: Measured | None = None
-    bases: list = field(default_factory=list)   # the baseline runs it was compared with
-    ratio: float | None = None
-    ci95: tuple | None = None
-    predicted: float | None = None
-    offered: bool = False                # the baseline's report has the fix (each one, combined) it tests
-    loss: dict | None = None
-    confirm: dict | None = None          # the second run of a best setting: dir, speedup, ci95
-
-
-class Tuner:
+class Tuner(Verification):
     def __init__(self, opts: TuneOptions, log=None):
         self.o = opts
         self.t0 = time.monotonic()
@@ -100,6 +89,8 @@ class Tuner:
         self.baselines: list[Measured] = []
         self.outcomes: list[Outcome] = []
         self.longest = 0.0
+        self.last: Measured | None = None   # the last run launched
+        self.closing: Measured | None = None  # the baseline run after the trials (verify.py)
         self.n = 0
         self.noisy = False
         self.noise_head = ""                # how the noise was judged (the machine, the baseline's interval)
@@ -132,14 +123,8 @@ class Tuner:
             for w in winners:
                 combo.update(w.trial.changes)
             self._trial(planmod.Trial(combo, "combined", label="combined: " + planmod.describe(combo)))
+        self._close()
         self._confirm_best()
-
-    def _confirm_best(self) -> None:
-        while (best := self._unconfirmed_best()) is not None and self._fits(CONFIRM_RUNS):
-            self._confirm(best)
-        for o in self.outcomes:              # the other "faster" rows rest on one run: say so
-            if o.status == "faster" and o.confirm is None and not o.trial.bound:
-                _add_reason(o, "one run, not confirmed")
 
     def _baseline(self) -> None:
         from perfdoctor.diagnose.live import diagnose_run
@@ -230,6 +215,7 @@ class Tuner:
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
                      trace=trace, result=result, stacks=stacks)
         self.longest = max(self.longest, time.monotonic() - t)
+        self.last = m
         if _read_json(run_dir / "run.json").get("forwarded_signals"):
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
         return m
@@ -258,6 +244,13 @@ class Tuner:
         self._update_spread()
         return b
 
+    def _judge(self, out: Outcome) -> None:
+        """A measured trial's speed-up against its baseline runs (pooled), its interval widened by the
+        run-to-run spread so far, and the status that interval gives."""
+        out.ratio, ci = speedup(out.bases, out.run)
+        out.ci95 = with_run_spread(out.ratio, ci, self.spread)
+        out.status = judged(*out.ci95)
+
     def _trial(self, t: planmod.Trial) -> Outcome:
         t.rule, pred = self._prediction(t)
         offered = bool(t.rule) and all(r in self.fixes for r in t.rule.split("+"))
@@ -265,7 +258,8 @@ class Tuner:
         self.outcomes.append(out)
         if t.skip:
             return out
-        if not self._fits(1 + (CONFIRM_RUNS if self.best() is not None else 0)):
+        # a run kept for the closing baseline, two once a trial was faster (its fresh baseline, then it again)
+        if not self._fits(1 + (CONFIRM_RUNS if self.best() is not None else 1)):
             out.reason = "budget"
             return out
         before = self.baselines[-1]
@@ -282,10 +276,7 @@ class Tuner:
         if not m.ok:
             out.status, out.reason = "failed", m.error
         else:
-            out.ratio, ci = speedup([before, after] if after else [before], m)
-            out.ci95 = with_run_spread(out.ratio, ci, self.spread)
-            lo, hi = out.ci95
-            out.status = judged(lo, hi)
+            self._judge(out)
             if {"autocast", "compile", "float32"} & set(t.changes):
                 out.loss = loss_drift(self.baselines[0], m)
                 if out.loss is None:
@@ -305,72 +296,6 @@ class Tuner:
                  + (f", {out.ratio:.2f}x [{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
                  + f" -> {out.status}" + (f" ({out.reason})" if out.reason else ""))
         return out
-
-    def _confirm(self, best: Outcome) -> None:
-        """Run the baseline, then the best setting, once more and compare the two (step 5 of the
-        docstring)."""
-        before = self._repeat_baseline()
-        if before is None:                   # the baseline failed this time: nothing to compare with
-            best.confirm = {"dir": None, "speedup": None, "ci95": None}
-            best.status, best.reason = "failed", "the baseline failed when run again to confirm this"
-            return
-        m = self._launch(self._next_dir(best.trial.changes, "confirm-"), best.trial.changes)
-        if not m.ok:
-            best.confirm = {"dir": str(m.run_dir), "speedup": None, "ci95": None}
-            best.status, best.reason = "failed", f"a second run failed: {m.error}"
-        else:
-            r2, ci2 = speedup([before], m)
-            lo2, hi2 = with_run_spread(r2, ci2, self.spread)
-            best.confirm = {"dir": str(m.run_dir), "speedup": r2, "ci95": (lo2, hi2), "step_time_s": m.step_s,
-                            "baseline_step_time_s": before.step_s}
-            best.ratio, best.ci95, consistent = two_runs(best.ratio, best.ci95, r2, (lo2, hi2))
-            second = f"{r2:.2f}x [{lo2:.2f}, {hi2:.2f}]"
-            both = f"both runs: {best.ratio:.2f}x [{best.ci95[0]:.2f}, {best.ci95[1]:.2f}]"
-            # the first run was picked as the fastest of several (its estimate leans high): the
-            # second run confirms when it found a gain and no material loss, and both together
-            # lie above 1
-            if not consistent:
-                best.status = "inconclusive"
-                best.reason = f"a second run measured {second}, beyond the first run's interval: the runs disagree"
-            elif r2 > 1 and lo2 >= 1 / (1 + MIN_EFFECT) and best.ci95[0] > 1:
-                _add_reason(best, f"a second run: {second}; {both}")
-            else:
-                best.status = "inconclusive" if judged(lo2, hi2) == "inconclusive" else "no change"
-                best.reason = f"a second run measured {second}: not confirmed"
-            # as a trial's: other processes' load in either run is what the user reads next
-            # (a confirm run at 760 ms/step for a 20 ms step, 0.8 of 2 cores taken, said only
-            # "the runs disagree")
-            loads = [x.other_load for x in (before, m) if _busy(x)]
-            if loads:
-                _add_reason(best, f"other processes used up to {max(loads):.1f} cores during the second run")
-        self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
-                 + (f" ({best.reason})" if best.reason else ""))
-
-    def _unconfirmed_best(self) -> Outcome | None:
-        """The fastest faster setting not yet run a second time that measured faster than every
-        confirmed one (the next to confirm), or None."""
-        done = max((o.ratio for o in self.outcomes if o.status == "faster" and (o.confirm or {}).get("speedup")),
-                   default=0.0)
-        cands = [o for o in self.outcomes if o.status == "faster" and not o.trial.bound and o.confirm is None
-                 and o.ratio > done]
-        return max(cands, key=lambda o: o.ratio, default=None)
-
-    def _best(self, group: str | None = None) -> Outcome | None:
-        cands = [o for o in self.outcomes
-                 if o.status == "faster" and not o.trial.bound and (group is None or o.trial.group == group)]
-        return max(cands, key=lambda o: o.ratio, default=None)
-
-    def best(self) -> Outcome | None:
-        """The setting to recommend: the fastest confirmed in two runs, if any; else the fastest
-        measured once (said unconfirmed). A single run against the first baseline does not beat
-        a setting faster in both runs."""
-        confirmed = [o for o in self.outcomes if o.status == "faster" and (o.confirm or {}).get("speedup")]
-        return max(confirmed, key=lambda o: o.ratio, default=None) or self._best()
-
-
-def _add_reason(o: Outcome, text: str) -> None:
-    o.reason = f"{o.reason}; {text}" if o.reason else text
-
 
 def _default_dir(o: TuneOptions) -> Path:
     from perfdoctor.collect.launcher import RunConfig, default_run_dir
