@@ -1323,7 +1323,7 @@ def test_acceptance_cpu_bound_loader(tmp_path):
         pytest.skip(f"the acceptance numbers are for a 2-core machine (this one has {cores})")
     skip_if_shared()
     foreign = Foreign()
-    r = ptune("--budget", "75", "--out", tmp_path / "t", "-o", tmp_path / "t.json",
+    r = ptune("--budget", "90", "--out", tmp_path / "t", "-o", tmp_path / "t.json",
               EX / "cpu_bound_loader.py", "--workers", "0", timeout=400)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
