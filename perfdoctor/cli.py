@@ -211,6 +211,9 @@ def tune(
                                           help="Record Python stacks of the baseline run with py-spy, as `run` does "
                                                "(default: only when half a CPU core or more is idle). Env: "
                                                "PERFDOCTOR_STACKS=1/0."),
+    show_output: bool = typer.Option(False, "--show-output",
+                                     help="Pass every run's output through to this terminal (default: into "
+                                          "output.log in each run's directory; a failed run's last lines are shown)."),
 ) -> None:
     """Measure zero-code changes (DataLoader workers, threads, optimizer, CUDA flags...) on the
     unmodified script, each in a fresh run against the baseline, and print the best as code.
@@ -229,7 +232,8 @@ def tune(
         check_writable(output, [] if module else [Path(argv[0])])
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
-                              rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only)))
+                              rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only),
+                              show_output=show_output))
     tuner.run()
     emit(tuner, output, fmt.value)
 

@@ -84,6 +84,23 @@ def test_script_killed_by_sigkill(tmp_path, script):
 
 
 @pytest.mark.slow
+def test_output_into_a_file_holds_both_streams_byte_for_byte_even_when_killed(tmp_path, script, capfd):
+    """tune's runs (RunConfig.output): the script's stdout and stderr go into one file, in the order
+    written, as a plain python run with both streams on that file leaves them, byte for byte, the
+    last lines of a killed run included; nothing reaches perfdoctor's own streams."""
+    from perfdoctor.collect.launcher import RunConfig, launch
+    with open(tmp_path / "bare.log", "wb") as f:
+        b = subprocess.run([sys.executable, str(script), "kill", "14"], stdout=f, stderr=f, timeout=120)
+    res = launch(RunConfig(argv=[str(script), "kill", "14"], run_dir=tmp_path / "run", trace=False,
+                           output=tmp_path / "run" / "output.log"))
+    assert b.returncode == -signal.SIGKILL and res.exit_code == 128 + signal.SIGKILL
+    got, want = (tmp_path / "run" / "output.log").read_bytes(), (tmp_path / "bare.log").read_bytes()
+    assert got == want and len(got) == 10 * 400
+    seen = capfd.readouterr()
+    assert seen.out == "" and len(seen.err) < 200          # the script's 1000 bytes of stderr are not here
+
+
+@pytest.mark.slow
 def test_script_leaving_through_os_exit_is_an_exit_not_a_kill(tmp_path, script):
     """os._exit skips atexit and `finally`: perfdoctor's child still records its summary first,
     and a forked process (a DataLoader worker leaves that way) is left alone."""

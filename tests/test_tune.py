@@ -1159,7 +1159,15 @@ def test_a_failing_baseline_exits_1_with_the_scripts_output(tmp_path):
     pytest.importorskip("torch")
     r = ptune("--budget", "60", "--duration", "60", "--out", tmp_path / "t", EX / "crash.py", "--crash-after", "3")
     assert r.returncode == 1
-    assert "Traceback (most recent call last)" in r.stderr        # the script's own traceback
+    # the script's own traceback, from the end of its output.log (its output stays there, not here)
+    log = tmp_path / "t" / "baseline" / "output.log"
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert f"line(s) of its output ({log}):" in r.stderr and "[perfdoctor tune]   Traceback (most recent" in r.stderr
+    # --show-output: through, as the script writes it, and no file
+    r = ptune("--show-output", "--budget", "60", "--duration", "60", "--out", tmp_path / "s", EX / "crash.py",
+              "--crash-after", "3")
+    assert r.returncode == 1 and "\nTraceback (most recent call last)" in r.stderr
+    assert "line(s) of its output" not in r.stderr and not (tmp_path / "s" / "baseline" / "output.log").exists()
     assert "perfdoctor: error: baseline: the script failed" in r.stderr
     assert (tmp_path / "t" / "baseline" / "steps.jsonl").exists()
 
@@ -1265,6 +1273,13 @@ def test_tune_document_on_a_small_script(tmp_path):
         skip_if_shared(foreign)
     assert by["num_workers=1"]["status"] == "failed"
     assert "RuntimeError: this script breaks with one worker" in by["num_workers=1"]["reason"]
+    # each run's output is in its directory, not among tune's lines; a failed run's last lines are
+    # shown (the traceback's, here)
+    assert "threads 1 workers 0" not in r.stdout + r.stderr        # the baseline's first line
+    assert (tmp_path / "t" / "baseline" / "output.log").read_text().startswith("threads 1 workers 0\n")
+    failed = Path(by["num_workers=1"]["dir"]) / "output.log"
+    assert f"line(s) of its output ({failed}):" in r.stderr
+    assert 'raise RuntimeError("this script breaks with one worker")' in r.stderr
     assert by["num_workers=2"]["status"] != "skipped"
     ran = [t for t in doc["trials"] if t["step_time_s"] is not None]
     for t in ran:

@@ -1,7 +1,8 @@
 """Parent side of `perfdoctor run`: start the child, sample the system, forward signals.
 
 The child (child.py) inherits stdin/stdout/stderr, so the script's output passes through
-untouched. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (its KeyboardInterrupt
+untouched; or, where the caller names a file (`output`: tune's runs), both go there, unbuffered,
+in the order written. SIGINT and SIGTERM sent to perfdoctor are forwarded to the child (its KeyboardInterrupt
 is what ends the run), but not a SIGINT the child got itself: a terminal's Ctrl-C reaches the
 whole process group, and a second one a millisecond later would cut short the script's handling
 of the first (its `except KeyboardInterrupt:` cleanup, perfdoctor's records). --duration asks
@@ -55,6 +56,7 @@ class RunConfig:
     force: bool = False                  # --force: replace a run already in run_dir
     changes: dict | None = None          # `perfdoctor tune`: changes injected into the script (inject.py)
     progress: bool = True                # progress lines on a terminal (off in the ranks of a multi-rank run)
+    output: Path | None = None           # the script's stdout and stderr into this file (tune), not through
 
 
 @dataclass
@@ -167,12 +169,19 @@ def launch(cfg: RunConfig) -> RunResult:
     unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)
     heard = ChildSignals()
     env[ENV] = json.dumps(dict(child_cfg, signal_fd=heard.w))
+    log = None
     try:
+        if cfg.output is not None:           # unbuffered: a killed run's last lines, stdout and stderr in order
+            log = open(cfg.output, "ab")
+            env["PYTHONUNBUFFERED"] = "1"
         proc = subprocess.Popen([sys.executable, *unbuffered, "-m", "perfdoctor.collect.child"], env=env,
-                                pass_fds=(heard.w,))
+                                pass_fds=(heard.w,), stdout=log, stderr=log)
     except BaseException:
         heard.close()
         raise
+    finally:
+        if log is not None:
+            log.close()                      # the child holds its own descriptors
     os.close(heard.w)
     # forward at once: a Ctrl-C while the samplers start must reach the script, not orphan it
     forwarded, old = forward_signals(proc, heard)

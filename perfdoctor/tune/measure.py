@@ -58,17 +58,19 @@ class Measured:
 
 
 def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, *, run_s: float | None,
-             max_steps: int | None, trace: bool = False, result=None, stacks: bool | None = False) -> Measured:
+             max_steps: int | None, trace: bool = False, result=None, stacks: bool | None = False,
+             output: Path | None = None) -> Measured:
     """Launch the script once (trace and Python stacks off unless asked: `stacks` None is `run`'s
     auto mode) and measure it: `run_s` seconds of
     training from its first step (a slow import or compile does not eat the steps), a script
     with no step by startup_limit(run_s) stopped then. `result` receives the launcher's
-    RunResult (the baseline's diagnosis needs it)."""
+    RunResult (the baseline's diagnosis needs it). `output`: a file for the script's stdout and
+    stderr (else they pass through)."""
     from perfdoctor.collect.launcher import RunConfig, launch
 
     cfg = RunConfig(argv=list(argv), module=module, run_dir=run_dir, max_steps=max_steps, duration=run_s,
                     duration_from="first-step", startup_s=startup_limit(run_s) if run_s else None,
-                    trace=trace, stacks=stacks, changes=dict(changes))
+                    trace=trace, stacks=stacks, changes=dict(changes), output=output)
     res = launch(cfg)
     if result is not None:
         result.append(res)

@@ -57,6 +57,7 @@ from perfdoctor.tune.measure import (Measured, _read_json, judged, longer_runs, 
 from perfdoctor.tune.verify import CONFIRM_RUNS, Outcome, Verification, add_reason as _add_reason
 
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
+OUTPUT = "output.log"        # each run's stdout and stderr, in its directory (unless --show-output)
 EXIT_SCRIPT_FAILED, EXIT_NOT_MEASURABLE = 1, 3
 
 
@@ -77,6 +78,7 @@ class TuneOptions:
     rule_dirs: list = field(default_factory=list)
     stacks: bool | None = None          # the baseline's Python stacks: None auto (as `run`), True on, False off
     only: frozenset[str] | None = None  # --only: the trial groups and fix ids to try (plan.only_names)
+    show_output: bool = False           # --show-output: every run's output through, not to output.log
 
 
 class Tuner(Verification):
@@ -130,7 +132,9 @@ class Tuner(Verification):
         from perfdoctor.diagnose.live import diagnose_run
         from perfdoctor.report.json_out import to_json
 
-        self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s")
+        self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s"
+                 + ("" if self.o.show_output else f"; each run's output goes to {OUTPUT} in its directory under "
+                    f"{self.dir} (--show-output: here)"))
         res: list = []
         # with Python stacks, as `run` records them (auto: only where a core is idle, so they cost
         # the job nothing): without them the fixes the stacks find (PD369 a loop waiting on its
@@ -143,6 +147,7 @@ class Tuner(Verification):
             except Exception as exc:   # no report: trials still run, without predictions
                 self.log(f"the baseline's diagnosis failed ({type(exc).__name__}: {exc}); no predictions")
         if b.error and b.error.startswith("the script failed"):
+            self._tail(b)
             raise TuneFailed(f"baseline: {b.error}; nothing to tune (run directory {b.run_dir})", EXIT_SCRIPT_FAILED)
         if b.error and not self.o.run_s and self.elapsed() + 2 * self.longest <= self.o.budget_s:
             # too few steady steps once the trace window is left out: every run gets twice as long
@@ -213,12 +218,28 @@ class Tuner(Verification):
                 stacks: bool | None = False) -> Measured:
         t = time.monotonic()
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
-                     trace=trace, result=result, stacks=stacks)
+                     trace=trace, result=result, stacks=stacks, output=None if self.o.show_output else run_dir / OUTPUT)
         self.longest = max(self.longest, time.monotonic() - t)
         self.last = m
         if _read_json(run_dir / "run.json").get("forwarded_signals"):
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
         return m
+
+    def _tail(self, m: Measured, lines: int = 12) -> None:
+        """The last lines of a failed run's output, when tune kept it in a file: what the script said
+        before it failed (a script that exits 1 after printing its error left only "exit code 1")."""
+        path = m.run_dir / OUTPUT
+        if self.o.show_output or not path.is_file():
+            return
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - 64 * 1024))
+                tail = f.read().decode("utf-8", "replace").splitlines()[-lines:]
+        except OSError:
+            return
+        self.log(f"the last {len(tail)} line(s) of its output ({path}):" if tail else f"it printed nothing ({path})")
+        for line in tail:
+            self.log("  " + line)
 
     def _next_dir(self, changes: dict, kind: str = "") -> Path:
         """NN-<kind><change>: the directory of the next trial run, numbered in the order run."""
@@ -295,6 +316,8 @@ class Tuner(Verification):
         self.log(f"{t.label}: {_ms(m.step_s)}/step"
                  + (f", {out.ratio:.2f}x [{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
                  + f" -> {out.status}" + (f" ({out.reason})" if out.reason else ""))
+        if not m.ok and m.error.startswith("the script failed"):
+            self._tail(m, 5)
         return out
 
 def _default_dir(o: TuneOptions) -> Path:
