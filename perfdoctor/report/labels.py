@@ -313,8 +313,8 @@ def tune_baselines_note(doc: dict) -> str:
         how = ("before the trials and once after them all: each trial is compared with the run before it and the "
                "one after them all, pooled, so that a drift during the trials weighs on both sides")
     else:
-        how = ("before the trials only (and before a confirmation; the budget left no run after them): a drift "
-               "during the trials is not cancelled, only the runs' spread widens each interval")
+        how = ("before the trials only (and before a confirmation), not after them: a drift during the trials is "
+               "not cancelled, only the runs' spread widens each interval")
     return (f"vs baseline: the baseline run(s) beside each trial, which its speed-up is measured against. The baseline "
             f"ran {len(runs)} times, {how}: {times} ms/step (the header's is the first).")
 

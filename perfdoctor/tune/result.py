@@ -92,10 +92,12 @@ def _stacks_note(doc: dict) -> str | None:
 def _budget_for_all(t: Tuner, n: int) -> float | None:
     """About how large a --budget would have run the trials skipped for lack of it: the time spent,
     and a run as long as the longest for each (two on a noisy machine: the baseline again after
-    it), and the best setting's confirmation, for the `n` skipped. None when none was."""
+    it), the closing baseline run on a quiet machine where none ran (its time is spent where one
+    did), and the best setting's confirmation, for the `n` skipped. None when none was."""
     if not n or t.longest <= 0:
         return None
-    return float(math.ceil((t.elapsed() + (n * (2 if t.noisy else 1) + CONFIRM_RUNS) * t.longest) / 10) * 10)
+    runs = n * (2 if t.noisy else 1) + (0 if t.noisy or t.closing is not None else 1) + CONFIRM_RUNS
+    return float(math.ceil((t.elapsed() + runs * t.longest) / 10) * 10)
 
 
 def _inject_for(b, best) -> dict:

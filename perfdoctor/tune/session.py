@@ -17,22 +17,22 @@
    with the baseline by step number (measure.speedup): a script that seeds its per-step work
    (image sizes, data order) repeats it step for step in every run, and it cancels.
 3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline;
-   a trial is started only when the time left in the budget covers a run as long as the longest
-   so far; the others are reported as skipped for lack of budget.
-4. Refinements of the best loader setting, then the winners of the different groups combined
-   and measured together. The best setting is the fastest measured one whose interval lies
-   above 1.
-5. The closing baseline (verify.py): once the trials are done the baseline runs again, and each
-   trial that was compared with the baseline runs before it only is compared with those and this
-   one, pooled, so that a drift of the machine during the trials weighs on both sides.
+   a trial is started only when the time left in the budget covers it and the runs it leaves
+   after it (Tuner._reserve), each as long as the longest so far; the others are reported as
+   skipped for lack of budget.
+4. Refinements of the best loader setting.
+5. The closing baseline (verify.py): the baseline runs again, and each trial that was compared
+   with the baseline runs before it only is compared with those and this one, pooled, so that a
+   drift of the machine during the trials weighs on both sides. Then the winners of the
+   different groups combined and measured together. The best setting is the fastest measured
+   one whose interval lies above 1.
 6. Confirmation: the baseline and then the best setting run once more, back to back (the same
    command differs between runs by more than one run's interval: 72 and 196 ms/step). The
    second run is compared with the fresh baseline and weighed with the first (stats/speedups.
    two_runs); the first was the fastest of several, so the setting stays faster only when the
    second run found a gain and no material loss and both together lie above 1. Otherwise the
-   next best is confirmed in turn; the trials leave two runs of the budget for this (one, for the
-   closing baseline, while none was faster; the closing run is the first confirmation's baseline).
-   The setting recommended is the fastest confirmed one, one measured once (said so) only when none was.
+   next best is confirmed in turn; the trials leave two runs of the budget for this, and one for
+   the baseline run after them (Tuner._reserve). The setting recommended is the fastest confirmed one, one measured once (said so) only when none was.
 A baseline with too few steady steps once its trace window is left out is run again without a
 trace, and every run from then on is twice as long (unless --duration fixed the length).
 Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
@@ -119,13 +119,13 @@ class Tuner(Verification):
         for t in planmod.refinements(self.facts, best_loader.trial.changes if best_loader else None, measured,
                                      failed, self.o.only):
             self._trial(t)
+        self._close()                        # before the winners are picked: they may change
         winners = [o for g in dict.fromkeys(o.trial.group for o in self.outcomes) if (o := self._best(g))]
         if len(winners) >= 2:
             combo = {}
             for w in winners:
                 combo.update(w.trial.changes)
             self._trial(planmod.Trial(combo, "combined", label="combined: " + planmod.describe(combo)))
-        self._close()
         self._confirm_best()
 
     def _baseline(self) -> None:
@@ -163,7 +163,7 @@ class Tuner(Verification):
         self.noisy, self.noise_head = baseline_noise(b)
         self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps); verdict "
                  f"{self.verdict_title()}; {self.noise_text}")
-        if self._fits(2):                    # a second run, then at least one trial
+        if self._fits(3):                    # a second run, then at least one trial and the run after it
             again = self._repeat_baseline()
             if again is not None:
                 self._paired_noise(b, again)
@@ -265,6 +265,12 @@ class Tuner(Verification):
         self._update_spread()
         return b
 
+    def _reserve(self) -> int:
+        """The runs a trial leaves in the budget after it: a baseline run after it (a noisy machine's
+        after each trial, or the closing run of a quiet one until it ran: the combined trial comes
+        after it), and once a trial was faster, its confirmation (a fresh baseline, then it again)."""
+        return (1 if self.noisy or self.closing is None else 0) + (CONFIRM_RUNS if self.best() is not None else 0)
+
     def _judge(self, out: Outcome) -> None:
         """A measured trial's speed-up against its baseline runs (pooled), its interval widened by the
         run-to-run spread so far, and the status that interval gives."""
@@ -279,8 +285,7 @@ class Tuner(Verification):
         self.outcomes.append(out)
         if t.skip:
             return out
-        # a run kept for the closing baseline, two once a trial was faster (its fresh baseline, then it again)
-        if not self._fits(1 + (CONFIRM_RUNS if self.best() is not None else 1)):
+        if not self._fits(1 + self._reserve()):
             out.reason = "budget"
             return out
         before = self.baselines[-1]

@@ -5,18 +5,21 @@ second time.
 The closing baseline. On a machine that looked quiet the baseline runs only before the trials,
 and each trial is compared with the last of those runs; a machine whose speed drifts during the
 tune moves every trial alike (a tune of a CNN on this project's 2-core VM read all six trials
-0.77-0.82x, "slower": the unchanged script had slowed as much by then). So once the trials are
-done the baseline runs again (the trials keep a run of the budget for it), and each trial
-compared with earlier runs only is compared with those and this one, pooled: a drift between
-them weighs on both sides about alike, and it widens every interval through the run-to-run spread
-of the baseline runs, which now holds the closing run. The status follows the new interval; a
-trial refused for its loss or for a change not applied stays failed. On a noisy machine each trial
-already has a baseline run after it, and only one the budget left without gets the closing run.
+0.77-0.82x, "slower": the unchanged script had slowed as much by then). So once the trials and
+the loader's refinements are done the baseline runs again (the trials keep a run of the budget
+for it), and each trial compared with earlier runs only is compared with those and this one,
+pooled: a drift between them weighs on both sides about alike, and it widens every interval
+through the run-to-run spread of the baseline runs, which now holds the closing run. Then every
+measured trial is judged again with that spread (an interleaved trial's interval had the spread
+of the runs before it), its status following; a trial refused for its loss or for a change not
+applied stays failed. On a noisy machine each trial already has a baseline run after it, and
+only one the budget left without one gets the closing run. The winners combined are picked
+after this, and the combined trial runs after the closing run, compared with it.
 
-Confirmation: the baseline and then the best setting once more, back to back (session.py, step 6).
-The closing run, launched just before, is the first confirmation's fresh baseline; the best's
-first comparison then leaves it out, so the two comparisons stay independent, as
-stats.speedups.two_runs weighs them.
+Confirmation: a fresh baseline and then the best setting once more, back to back (session.py,
+step 6). A baseline run shared by the two comparisons would make them look more independent
+than they are (stats.speedups.two_runs weighs them as independent): only a best not compared
+with the closing run (interleaved on a noisy machine) starts from it, when it was the last run.
 """
 
 from __future__ import annotations
@@ -59,55 +62,55 @@ class Verification:
     """The Tuner's steps after its trials (module docstring); mixed into tune.session.Tuner."""
 
     def _close(self) -> None:
-        """The closing baseline, and each trial compared with baseline runs before it only judged
-        again against those and it (module docstring). Nothing when no trial was, or no run fits."""
+        """The closing baseline, each trial compared with baseline runs before it only judged again
+        against those and it, and every measured trial's interval widened by the spread of all the
+        baseline runs so far (module docstring). No closing run when no trial needs one or none fits."""
         alone = [o for o in self.outcomes if o.run is not None and o.run.ok and len(o.bases) == 1
                  and o.status != "failed"]
-        if not alone or not self._fits(1):
-            return
-        first, noisy = self.baselines[-1].step_s, self.noisy
-        c = self._repeat_baseline()
-        if c is None:
-            return
-        self.closing = c
-        drift = c.step_s / first - 1
-        if not noisy and self.noisy:         # the closing run's spread made the machine noisy: a drift
-            self.noise_head = (f"the machine drifted during the trials: the baseline ran at {_ms(first)}/step "
-                               f"before them and {_ms(c.step_s)}/step after ({100 * drift:+.0f}%); each trial is "
-                               "compared with the baseline runs before and after it")
+        if alone and self._fits(1):
+            start, noisy = alone[0].bases[0].step_s, self.noisy
+            c = self._repeat_baseline()
+            if c is not None:
+                self.closing = c
+                drift = c.step_s / start - 1
+                if not noisy and self.noisy:     # the closing run's spread made the machine noisy: a drift
+                    self.noise_head = (f"the machine drifted during the trials: the baseline ran at {_ms(start)}/step "
+                                       f"before them and {_ms(c.step_s)}/step after ({100 * drift:+.0f}%); each "
+                                       "trial is compared with the baseline runs before and after it")
+                for o in alone:
+                    o.bases = [*o.bases, c]
+                    if busy(c):
+                        add_reason(o, f"other processes used {c.other_load:.1f} cores during the baseline run "
+                                      "after the trials")
+                self.log(f"baseline after the trials: {_ms(c.step_s)}/step ({100 * drift:+.1f}% from the run before "
+                         f"them); {len(alone)} trial(s) compared with both, pooled; {self.noise_text}")
         changed = []
-        for o in alone:
+        for o in self.outcomes:
+            if o.run is None or not o.run.ok or o.status == "failed" or not o.bases:
+                continue
             was = f"{o.ratio:.2f}x {o.status}"
-            o.bases = [*o.bases, c]
             self._judge(o)
-            if busy(c):
-                add_reason(o, f"other processes used {c.other_load:.1f} cores during the baseline run after the trials")
             if was != f"{o.ratio:.2f}x {o.status}":
                 changed.append(f"{o.trial.label} {was} -> {o.ratio:.2f}x [{o.ci95[0]:.2f}, {o.ci95[1]:.2f}] {o.status}")
-        self.log(f"baseline after the trials: {_ms(c.step_s)}/step ({100 * drift:+.1f}% from the run before them); "
-                 f"{len(alone)} trial(s) compared with both, pooled" + (": " + "; ".join(changed) if changed else
-                                                                         ", no status changed")
-                 + f"; {self.noise_text}")
+        if changed:
+            self.log("judged again against the baseline runs around them and the spread of all of them: "
+                     + "; ".join(changed))
 
     def _confirm_best(self) -> None:
-        while (best := self._unconfirmed_best()) is not None and self._fits(1 if self._fresh() else CONFIRM_RUNS):
+        while (best := self._unconfirmed_best()) is not None and self._fits(1 if self._reuse(best) else CONFIRM_RUNS):
             self._confirm(best)
         for o in self.outcomes:              # the other "faster" rows rest on one run: say so
             if o.status == "faster" and o.confirm is None and not o.trial.bound:
                 add_reason(o, "one run, not confirmed")
 
     def _confirm(self, best: Outcome) -> None:
-        """Run the baseline (unless the last run launched was one: the closing baseline), then the
-        best setting, once more and compare the two (module docstring)."""
-        before = self.baselines[-1] if self._fresh() else self._repeat_baseline()
+        """Run the baseline (unless _reuse), then the best setting, once more and compare the two
+        (module docstring)."""
+        before = self.closing if self._reuse(best) else self._repeat_baseline()
         if before is None:                   # the baseline failed this time: nothing to compare with
             best.confirm = {"dir": None, "speedup": None, "ci95": None}
             best.status, best.reason = "failed", "the baseline failed when run again to confirm this"
             return
-        if any(x is before for x in best.bases):     # two independent comparisons: the first leaves it out
-            best.bases = [x for x in best.bases if x is not before]
-            ratio, ci = speedup(best.bases, best.run)
-            best.ratio, best.ci95 = ratio, with_run_spread(ratio, ci, self.spread)
         m = self._launch(self._next_dir(best.trial.changes, "confirm-"), best.trial.changes)
         if not m.ok:
             best.confirm = {"dir": str(m.run_dir), "speedup": None, "ci95": None}
@@ -141,9 +144,12 @@ class Verification:
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
                  + (f" ({best.reason})" if best.reason else ""))
 
-    def _fresh(self) -> bool:
-        """The last run launched was the baseline (the closing run): a confirmation starts from it."""
-        return self.last is not None and bool(self.baselines) and self.last is self.baselines[-1]
+    def _reuse(self, best: Outcome) -> bool:
+        """The closing run was the last run launched and `best` was not compared with it (it ran
+        between baseline runs of a noisy machine): it is the fresh baseline of best's second run.
+        A trial compared with it gets a baseline run of its own: the two comparisons stay independent."""
+        c = self.closing
+        return c is not None and self.last is c and not any(x is c for x in best.bases)
 
     def _unconfirmed_best(self) -> Outcome | None:
         """The fastest faster setting not yet run a second time that measured faster than every
