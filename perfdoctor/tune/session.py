@@ -32,7 +32,8 @@
    two_runs); the first was the fastest of several, so the setting stays faster only when the
    second run found a gain and no material loss and both together lie above 1. Otherwise the
    next best is confirmed in turn; the trials leave two runs of the budget for this, and one for
-   the baseline run after them (Tuner._reserve). The setting recommended is the fastest confirmed one, one measured once (said so) only when none was.
+   the baseline run after them (Tuner._reserve). The setting recommended is the fastest
+   confirmed one, one measured once (said so) only when none was.
 A baseline with too few steady steps once its trace window is left out is run again without a
 trace, and every run from then on is twice as long (unless --duration fixed the length).
 Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-N/ (repeats).
