@@ -288,7 +288,7 @@ def tune_step_times(tr: dict) -> tuple[str, str]:
     def cell(xs):
         return "/".join(s_as_ms(x, "?").removesuffix(" ms") for x in xs) + " ms"
     return (cell(steps) if len(steps) > 1 else s_as_ms(steps[0]),
-            cell(bases) if bases else "-")
+            cell(bases) if bases and steps[0] is not None else "-")      # a failed run: no comparison
 
 
 def tune_baselines_note(doc: dict) -> str:

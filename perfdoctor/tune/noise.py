@@ -28,6 +28,6 @@ def baseline_noise(b) -> tuple[bool, str]:
         return True, (f"other processes used {b.other_load:.1f} of {b.cores} cores: noisy machine, each "
                       "trial is compared with the baseline runs just before and after it")
     if half > NOISY_CI:
-        return True, (f"the baseline's 95% interval is +-{100 * half:.0f}%: noisy, each trial is "
-                      "compared with the baseline runs just before and after it")
+        return True, (f"the baseline's 95% interval is +-{100 * half:.0f}%: noisy unless a second run agrees step "
+                      "for step; if noisy, each trial is compared with the baseline runs just before and after it")
     return False, f"quiet machine (baseline interval +-{100 * half:.1f}%)"

@@ -37,7 +37,8 @@ def _trial_doc(o: Outcome, fixes: dict) -> dict:
     m = o.run
     return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
             "bound": bool(o.trial.bound),
-            "offered": o.offered, "predicted": _r(o.predicted, 4), "step_time_s": _t(m.step_s) if m else None,
+            "offered": o.offered, "predicted": _r(o.predicted, 4),
+            "step_time_s": _t(m.step_s) if m and m.ok else None,      # a failed run measured nothing
             "speedup": _r(o.ratio, 4), "ci95": [_r(o.ci95[0], 4), _r(o.ci95[1], 4)] if o.ci95 else None,
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
             "baseline_dirs": [str(b.run_dir) for b in o.bases],
@@ -135,6 +136,8 @@ def _verdict(baseline: dict) -> str:
 
 
 STATUS_CHARS = 120          # a trial's status and reason in the table, at most
+MIN_WORDS = {"change": 20, "predicted": 9, "status": 12}   # the wrapping columns' least widths
+WIDE = 110                  # narrower terminals get the table without its step-time columns
 
 
 def emit(t: Tuner, output: Path | None, fmt: str) -> None:
@@ -167,9 +170,14 @@ def render(doc: dict, console=None) -> None:
     if doc.get("only"):
         con.print(text(tune_only(doc)))
     tab = Table(show_edge=False, pad_edge=False)
-    for col in ("change", "step time", "vs baseline", "speed-up", "95% CI", "predicted", "status"):
-        tab.add_column(col, justify="right" if col in ("step time", "vs baseline", "speed-up", "95% CI") else "left",
-                       no_wrap=col != "status")
+    # the numbers never wrap nor shrink; the words wrap instead, and below WIDE columns the step
+    # times are left to the JSON (at 100 columns the status column had vanished and the speed-ups
+    # read "1.…")
+    wide = con.width >= WIDE
+    numbers = ("step time", "vs baseline", "speed-up", "95% CI") if wide else ("speed-up (95% CI)",)
+    for col in ("change", *numbers, "predicted", "status"):
+        tab.add_column(col, justify="right" if col in numbers else "left", no_wrap=col in numbers,
+                       min_width=MIN_WORDS.get(col), overflow="fold" if col == "change" else "ellipsis")
     colour = {"faster": "green", "slower": "red", "failed": "red", "skipped": "dim", "inconclusive": "yellow"}
     for tr in doc["trials"]:
         ci = tr["ci95"]
@@ -181,10 +189,14 @@ def render(doc: dict, console=None) -> None:
             status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
         step, vs = tune_step_times(tr)
-        tab.add_row(text(tr["label"]), step, vs,
-                    f"{tr['speedup']:.2f}x" if tr["speedup"] else "-",
-                    f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-", text(pred), text(status, c or ""))
+        gain = f"{tr['speedup']:.2f}x" if tr["speedup"] else "-"
+        interval = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+        cells = (step, vs, gain, interval) if wide else (f"{gain} ({interval})" if ci else gain,)
+        tab.add_row(text(tr["label"]), *cells, text(pred), text(status, c or ""))
     con.print(tab)
+    if not wide:
+        con.print(text(f"(each run's step time and its baselines': a terminal of {WIDE} columns or more, or -o FILE)",
+                       "dim"))
     if note := tune_baselines_note(doc):
         con.print(text(note, "dim"))
     for i, line in enumerate(tune_model_check(doc["trials"])):

@@ -135,7 +135,7 @@ class Tuner(Verification):
 
         self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s"
                  + ("" if self.o.show_output else f"; each run's output goes to {OUTPUT} in its directory under "
-                    f"{self.dir} (--show-output: here)"))
+                    f"{self.dir} (--show-output shows it here instead)"))
         res: list = []
         # with Python stacks, as `run` records them (auto: only where a core is idle, so they cost
         # the job nothing): without them the fixes the stacks find (PD369 a loop waiting on its
@@ -198,6 +198,10 @@ class Tuner(Verification):
             self.noise_head = (f"quiet machine: the baseline's +-{100 * own:.0f}% interval is its steps' own work "
                                f"varying, which repeats step for step (two baseline runs paired by step number: "
                                f"+-{100 * half:.1f}%)")
+        else:
+            self.noise_head = (f"noisy machine: the baseline's 95% interval is +-{100 * own:.0f}%, and two baseline "
+                               f"runs paired by step number differ by +-{100 * half:.1f}%; each trial is compared with "
+                               "the baseline runs just before and after it")
 
     def _update_spread(self) -> None:
         """The run-to-run spread of the baseline runs so far; past NOISY_RUNS the machine is noisy."""
@@ -230,7 +234,7 @@ class Tuner(Verification):
         """The last lines of a failed run's output, when tune kept it in a file: what the script said
         before it failed (a script that exits 1 after printing its error left only "exit code 1")."""
         path = m.run_dir / OUTPUT
-        if self.o.show_output or not path.is_file():
+        if self.o.show_output or not path.is_file():   # --show-output: it passed through already
             return
         try:
             with open(path, "rb") as f:
@@ -321,7 +325,7 @@ class Tuner(Verification):
             _add_reason(out, f"other processes used up to {max(loads):.1f} cores meanwhile")
         self.log(f"{t.label}: {_ms(m.step_s)}/step"
                  + (f", {out.ratio:.2f}x [{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
-                 + f" -> {out.status}" + (f" ({out.reason})" if out.reason else ""))
+                 + f" -> {out.status}" + (f": {out.reason}" if out.reason else ""))
         if not m.ok and m.error.startswith("the script failed"):
             self._tail(m, 5)
         return out

@@ -53,6 +53,10 @@ def add_reason(o: Outcome, text: str) -> None:
     o.reason = f"{o.reason}; {text}" if o.reason else text
 
 
+def _judgement(o: Outcome) -> str:
+    return f"{o.ratio:.2f}x [{o.ci95[0]:.2f}, {o.ci95[1]:.2f}] {o.status}"
+
+
 def _ms(s: float | None) -> str:
     from perfdoctor.report.values import s_as_ms
     return s_as_ms(s, "?")
@@ -75,7 +79,7 @@ class Verification:
                 drift = c.step_s / start - 1
                 if not noisy and self.noisy:     # the closing run's spread made the machine noisy: a drift
                     self.noise_head = (f"the machine drifted during the trials: the baseline ran at {_ms(start)}/step "
-                                       f"before them and {_ms(c.step_s)}/step after ({100 * drift:+.0f}%); each "
+                                       f"before them and {_ms(c.step_s)}/step after ({100 * drift:+.1f}%); each "
                                        "trial is compared with the baseline runs before and after it")
                 for o in alone:
                     o.bases = [*o.bases, c]
@@ -88,10 +92,10 @@ class Verification:
         for o in self.outcomes:
             if o.run is None or not o.run.ok or o.status == "failed" or not o.bases:
                 continue
-            was = f"{o.ratio:.2f}x {o.status}"
+            was = _judgement(o)
             self._judge(o)
-            if was != f"{o.ratio:.2f}x {o.status}":
-                changed.append(f"{o.trial.label} {was} -> {o.ratio:.2f}x [{o.ci95[0]:.2f}, {o.ci95[1]:.2f}] {o.status}")
+            if was != _judgement(o):
+                changed.append(f"{o.trial.label} {was} -> {_judgement(o)}")
         if changed:
             self.log("judged again against the baseline runs around them and the spread of all of them: "
                      + "; ".join(changed))
@@ -142,7 +146,7 @@ class Verification:
             if loads:
                 add_reason(best, f"other processes used up to {max(loads):.1f} cores during the second run")
         self.log(f"{best.trial.label}, again: {_ms(m.step_s)}/step -> {best.status}"
-                 + (f" ({best.reason})" if best.reason else ""))
+                 + (f": {best.reason}" if best.reason else ""))
 
     def _reuse(self, best: Outcome) -> bool:
         """The closing run was the last run launched and `best` was not compared with it (it ran
