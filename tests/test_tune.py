@@ -1536,6 +1536,29 @@ def test_a_run_that_failed_after_some_steps_shows_no_step_time(tmp_path):
     assert tune_step_times(_trial_doc(out, {}))[0].endswith(" ms")
 
 
+def test_a_failed_runs_tail_names_the_scripts_own_frame_of_an_error_raised_deep_in_a_library(tmp_path):
+    """An error raised deep inside torch ends its traceback in torch's frames: the last lines alone
+    do not say where the script called it. Its innermost own frame is added above them, once."""
+    from perfdoctor.tune.measure import output_tail
+    lib = "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py"
+    text = ["epoch 1 loss 0.3", "Traceback (most recent call last):",
+            '  File "/home/me/train.py", line 40, in <module>', "    main()",
+            '  File "/home/me/train.py", line 31, in main', "    out = model(x)"]
+    text += [f'  File "{lib}", line {1700 + i}, in _call_impl' for i in range(6)]
+    text += ["RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x4 and 5x3)"]
+    (tmp_path / "output.log").write_text("\n".join(text) + "\n")
+    tail, own = output_tail(tmp_path / "output.log", 5)
+    assert tail == text[-5:]
+    assert own == ["...", '  File "/home/me/train.py", line 31, in main', "    out = model(x)", "..."]
+    tail, own = output_tail(tmp_path / "output.log", 12)       # the frame among the last lines: not twice
+    assert own == [] and tail == text[-12:]
+    # an earlier traceback the script printed and went on from is not this failure's
+    (tmp_path / "output.log").write_text("\n".join(text[:6] + ["ValueError: caught", "retrying", *text[1:2],
+                                                              *text[6:]]) + "\n")
+    assert output_tail(tmp_path / "output.log", 5)[1] == []
+    assert output_tail(tmp_path / "missing.log", 5) == (None, [])
+
+
 @pytest.mark.parametrize("width", [80, 100, 150])
 def test_the_table_keeps_every_status_and_whole_numbers_on_a_narrow_terminal(width):
     """A user's tune on a 100-column terminal: the status column had vanished and the speed-ups

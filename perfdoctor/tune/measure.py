@@ -20,6 +20,7 @@ has not diverged, however far apart the two tiny numbers are.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +166,34 @@ def gist(error: str | None, limit: int = 240) -> str | None:
         return None
     text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in ')
+_LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
+
+
+def output_tail(path: Path, lines: int) -> tuple[list[str] | None, list[str]]:
+    """(the last `lines` lines of a run's output file, the script's own innermost frame of its last
+    traceback when those lines do not reach it: its "File ..." line and the code line after it,
+    led by "..."); (None, []) when the file cannot be read. An error raised deep inside torch
+    ends its traceback in torch's frames, and the line that says where the script called it is
+    above them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 64 * 1024))
+            text = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None, []
+    tail, start = text[-lines:], max(0, len(text) - lines)
+    ours = str(Path(__file__).resolve().parent.parent)         # perfdoctor's own frames (the child, its hooks)
+    own = [i for i, x in enumerate(text) if (f := _FRAME.match(x))
+           and not any(k in f.group(1) for k in _LIBRARY) and not f.group(1).startswith(ours)]
+    last = text[max(i for i, x in enumerate(text) if x.startswith("Traceback")):] if any(
+        x.startswith("Traceback") for x in text) else []
+    if own and last and own[-1] >= len(text) - len(last) and own[-1] < start:
+        i = own[-1]
+        return tail, ["...", *text[i:min(i + 2, start)], "..."]
+    return tail, []
 
 
 def system_of(run_dir: Path) -> dict:

@@ -54,7 +54,7 @@ from perfdoctor.stats.speedups import run_spread, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
 from perfdoctor.tune.noise import NOISY_CI, NOISY_RUNS, baseline_noise, busy as _busy, own_half as _own_half
 from perfdoctor.tune.measure import (Measured, _read_json, judged, longer_runs, loss_drift, no_drift_reason,
-                                     run_once, speedup)
+                                     output_tail, run_once, speedup)
 from perfdoctor.tune.verify import CONFIRM_RUNS, Outcome, Verification, add_reason as _add_reason
 
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
@@ -236,14 +236,11 @@ class Tuner(Verification):
         path = m.run_dir / OUTPUT
         if self.o.show_output or not path.is_file():   # --show-output: it passed through already
             return
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - 64 * 1024))
-                tail = f.read().decode("utf-8", "replace").splitlines()[-lines:]
-        except OSError:
+        tail, own = output_tail(path, lines)
+        if tail is None:
             return
         self.log(f"the last {len(tail)} line(s) of its output ({path}):" if tail else f"it printed nothing ({path})")
-        for line in tail:
+        for line in own + tail:
             self.log("  " + line)
 
     def _next_dir(self, changes: dict, kind: str = "") -> Path:
@@ -324,7 +321,8 @@ class Tuner(Verification):
         if loads:
             _add_reason(out, f"other processes used up to {max(loads):.1f} cores meanwhile")
         self.log(f"{t.label}: {_ms(m.step_s)}/step"
-                 + (f", {out.ratio:.2f}x [{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
+                 + (f" against the baseline's {'/'.join(_ms(b.step_s) for b in out.bases)}, {out.ratio:.2f}x "
+                    f"[{out.ci95[0]:.2f}, {out.ci95[1]:.2f}]" if out.ratio else "")
                  + f" -> {out.status}" + (f": {out.reason}" if out.reason else ""))
         if not m.ok and m.error.startswith("the script failed"):
             self._tail(m, 5)
