@@ -1588,6 +1588,14 @@ def test_the_table_keeps_every_status_and_whole_numbers_on_a_narrow_terminal(wid
         assert want in out, (want, out)
     assert "…" not in out and all(len(line) <= width for line in out.splitlines())
     assert ("57.7 ms" in out) == (width >= WIDE) and ("a terminal of 110 columns or more" in out) == (width < WIDE)
+    # the note under the table names the "vs baseline" column only where it is shown
+    doc["baseline"]["repeats"] = [{"dir": "b2", "step_time_s": 0.0554}, {"dir": "b3", "step_time_s": 0.0523}]
+    buf = io.StringIO()
+    render(doc, Console(file=buf, width=width))
+    flat = " ".join(buf.getvalue().split())
+    assert ("vs baseline: the baseline run(s) beside each trial" in flat) == (width >= WIDE)
+    assert ("Each trial's speed-up is measured against the baseline run(s) beside it. The baseline ran 3 times"
+            in flat) == (width < WIDE)
 
 
 def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeypatch, tmp_path):

@@ -291,7 +291,7 @@ def tune_step_times(tr: dict) -> tuple[str, str]:
             cell(bases) if bases and steps[0] is not None else "-")      # a failed run: no comparison
 
 
-def tune_baselines_note(doc: dict) -> str:
+def tune_baselines_note(doc: dict, column: bool = True) -> str:
     """Under tune's table when the baseline ran more than once: each row's "vs baseline" is the
     baseline run(s) beside that trial, not the header's first run (a trial read 62.0 ms under a
     header of 59.2 ms, unexplained). '' for a baseline run once."""
@@ -315,8 +315,9 @@ def tune_baselines_note(doc: dict) -> str:
     else:
         how = ("before the trials only (and before a confirmation), not after them: a drift during the trials is "
                "not cancelled, only the runs' spread widens each interval")
-    return (f"vs baseline: the baseline run(s) beside each trial, which its speed-up is measured against. The baseline "
-            f"ran {len(runs)} times, {how}: {times} ms/step (the header's is the first).")
+    head = ("vs baseline: the baseline run(s) beside each trial, which its speed-up is measured against." if column
+            else "Each trial's speed-up is measured against the baseline run(s) beside it.")   # the column left out
+    return f"{head} The baseline ran {len(runs)} times, {how}: {times} ms/step (the header's is the first)."
 
 
 def tune_model_check(trials: list[dict]) -> list[str]:

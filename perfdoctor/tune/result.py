@@ -197,7 +197,7 @@ def render(doc: dict, console=None) -> None:
     if not wide:
         con.print(text(f"(each run's step time and its baselines': a terminal of {WIDE} columns or more, or -o FILE)",
                        "dim"))
-    if note := tune_baselines_note(doc):
+    if note := tune_baselines_note(doc, column=wide):
         con.print(text(note, "dim"))
     for i, line in enumerate(tune_model_check(doc["trials"])):
         con.print(text(("    " if i else "") + line, "dim" if i == 0 else ""))
