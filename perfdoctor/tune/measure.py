@@ -188,9 +188,8 @@ def output_tail(path: Path, lines: int) -> tuple[list[str] | None, list[str]]:
     ours = str(Path(__file__).resolve().parent.parent)         # perfdoctor's own frames (the child, its hooks)
     own = [i for i, x in enumerate(text) if (f := _FRAME.match(x))
            and not any(k in f.group(1) for k in _LIBRARY) and not f.group(1).startswith(ours)]
-    last = text[max(i for i, x in enumerate(text) if x.startswith("Traceback")):] if any(
-        x.startswith("Traceback") for x in text) else []
-    if own and last and own[-1] >= len(text) - len(last) and own[-1] < start:
+    tracebacks = [i for i, x in enumerate(text) if x.startswith("Traceback")]
+    if own and tracebacks and tracebacks[-1] <= own[-1] < start:      # in the last traceback, above the tail
         i = own[-1]
         return tail, ["...", *text[i:min(i + 2, start)], "..."]
     return tail, []

@@ -49,13 +49,12 @@ from pathlib import Path
 
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.report.sanitize import terminal as _terminal
-from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import run_spread, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
 from perfdoctor.tune.noise import NOISY_CI, NOISY_RUNS, baseline_noise, busy as _busy, own_half as _own_half
 from perfdoctor.tune.measure import (Measured, _read_json, judged, longer_runs, loss_drift, no_drift_reason,
                                      output_tail, run_once, speedup)
-from perfdoctor.tune.verify import CONFIRM_RUNS, Outcome, Verification, add_reason as _add_reason
+from perfdoctor.tune.verify import CONFIRM_RUNS, Outcome, Verification, _ms, add_reason as _add_reason
 
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
 OUTPUT = "output.log"        # each run's stdout and stderr, in its directory (unless --show-output)
@@ -333,6 +332,3 @@ def _default_dir(o: TuneOptions) -> Path:
     d = default_run_dir(RunConfig(argv=o.argv, module=o.module))
     return d.with_name(d.name + "-tune")
 
-
-def _ms(s: float | None) -> str:
-    return s_as_ms(s, "?")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats.speedups import two_runs, with_run_spread
 from perfdoctor.tune import plan as planmod
 from perfdoctor.tune.measure import MIN_EFFECT, Measured, judged, speedup
@@ -58,7 +59,6 @@ def _judgement(o: Outcome) -> str:
 
 
 def _ms(s: float | None) -> str:
-    from perfdoctor.report.values import s_as_ms
     return s_as_ms(s, "?")
 
 
@@ -134,7 +134,6 @@ class Verification:
                 best.status = "inconclusive"
                 best.reason = f"a second run measured {second}, beyond the first run's interval: the runs disagree"
             elif r2 > 1 and lo2 >= 1 / (1 + MIN_EFFECT) and best.ci95[0] > 1:
-                best.status = "faster"
                 add_reason(best, f"a second run: {second}; {both}")
             else:
                 best.status = "inconclusive" if judged(lo2, hi2) == "inconclusive" else "no change"
