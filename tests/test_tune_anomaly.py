@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from test_tune import facts, injected
+from tunecases import facts, injected
 
 from perfdoctor.tune import plan
 from perfdoctor.tune.apply import apply_text

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from test_tune import facts
+from tunecases import facts
 
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.report.labels import tune_only

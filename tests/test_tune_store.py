@@ -7,7 +7,7 @@ import json
 import textwrap
 
 import pytest
-from test_tune import facts, injected
+from tunecases import facts, injected
 
 from perfdoctor.collect.inject_store import POOL_BATCHES, StoredSamples
 from perfdoctor.report.labels import tune_no_best
@@ -136,7 +136,7 @@ def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
     it against PD306's ceiling, and never recommends it as the setting to apply."""
     pytest.importorskip("torch")
     from quiet import skip_if_shared
-    from test_tune import tuned
+    from tunecases import tuned
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch

@@ -1,0 +1,279 @@
+"""`perfdoctor tune`'s plan: which trials, in which order, skipped for what; the code it prints
+for a change; the fixes a trial tests and what they predict together; the loss comparison."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from tunecases import LOADER0, SGD, facts, measured
+
+from perfdoctor.tune import plan
+from perfdoctor.tune.apply import apply_text
+from perfdoctor.tune.measure import loss_drift
+
+
+def test_worker_candidates_follow_the_cores():
+    assert plan.worker_candidates(2, 0) == [1, 2]
+    assert plan.worker_candidates(2, 2) == [1, 0]                # workers may be the problem: none is tried
+    assert plan.worker_candidates(8, 0) == [2, 4, 7, 8]          # the 4 nearest the core count
+    assert plan.worker_candidates(8, 4) == [2, 7, 8, 0]
+    assert plan.worker_candidates(1, 0) == [1]
+
+
+def test_input_bound_plan_starts_with_the_loader_and_skips_cuda_on_cpu():
+    trials = plan.plan(facts())
+    # from num_workers=0 the workers are kept alive across epochs (PD301's advice)
+    assert [t.changes for t in trials[:2]] == [{"num_workers": 1, "persistent_workers": True},
+                                               {"num_workers": 2, "persistent_workers": True}]
+    ran = [t.changes for t in trials if not t.skip]
+    assert ran == [trials[0].changes, trials[1].changes, {"threads": 2},       # on the CPU: fused first (PD338)
+                   {"optimizer": "fused"}, {"optimizer": "foreach"}]
+    skipped = {t.label: t.skip for t in trials if t.skip}
+    for k in ("pin_memory=True", "cudnn_benchmark=True", "tf32=True", "expandable_segments=True"):
+        assert skipped[k] == "no CUDA device"
+    assert "--allow-numerics" in skipped["autocast=bfloat16"]
+    assert "--allow-compile" in skipped["compile=True"]
+
+
+def test_verdict_orders_the_groups_and_material_wait_puts_the_loader_first():
+    host = plan.plan(facts(verdict="host", data_wait=0.01), allow_compile=True)
+    assert [t.group for t in host if not t.skip][:2] == ["optimizer", "optimizer"]
+    assert [t.group for t in host if not t.skip][2] == "compile"
+    host_waiting = plan.plan(facts(verdict="host", data_wait=0.22))
+    assert host_waiting[0].changes == {"num_workers": 1, "persistent_workers": True}
+    dev = plan.plan(facts(verdict="device", data_wait=0.0, cuda=True), allow_numerics=True)
+    assert dev[0].changes == {"autocast": "bfloat16"} and dev[0].skip is None
+    assert all(t.skip is None for t in dev if t.group == "cuda")
+
+
+def test_no_idle_core_puts_the_loader_trials_after_the_threads_or_last():
+    """The report found no idle core (PD309: more workers would take CPU from the trainer): the
+    loader's trials no longer come first for the data wait; on an input-bound verdict they come
+    right after the threads trial (the wait is the step: the optimizer can gain at most the rest),
+    on the others last. A Dataset whose __getitem__ does 2-thread matmuls (input_cpu, data wait
+    93.5%, PD309, the script's threads = the 2 cores, SGD): tune ran optimizer=fused and foreach
+    first, the worker trials were skipped for budget, and bare reruns with num_workers=2 ran
+    2.5-33x faster (3 interleaved pairs on a shared 2-core VM)."""
+    trials = [t for t in plan.plan(facts(saturated=True)) if not t.skip]
+    assert [t.group for t in trials] == ["threads", "loader", "loader", "optimizer", "optimizer"]
+    seen = [t for t in plan.plan(facts(saturated=True, data_wait=0.935, threads=2)) if not t.skip]
+    assert [t.changes for t in seen[:2]] == [{"num_workers": 1, "persistent_workers": True},
+                                              {"num_workers": 2, "persistent_workers": True}]
+    assert [t.group for t in seen[2:]] == ["optimizer", "optimizer"]
+    host = [t for t in plan.plan(facts(verdict="host", data_wait=0.22, saturated=True)) if not t.skip]
+    assert host[0].group == "optimizer" and host[-1].group == "loader"
+    # without PD309 the same wait puts them first
+    assert [t for t in plan.plan(facts()) if not t.skip][0].group == "loader"
+
+
+def test_the_reports_ranked_fixes_order_the_groups():
+    """A device-bound CPU run whose report ranks PD346 (threads) first, then PD338: the threads
+    trial runs first, the optimizer next, then the verdict's order; skipped trials do not count."""
+    f = facts(verdict="cpu_compute", data_wait=0.0, ranked=["PD346", "PD338", "PD320"])
+    trials = [t for t in plan.plan(f) if not t.skip]
+    assert [t.group for t in trials][:3] == ["threads", "optimizer", "optimizer"]
+    assert [t.group for t in trials][3] == "loader"
+    assert [t.group for t in plan.plan(facts(verdict="cpu_compute", data_wait=0.0)) if not t.skip][0] == "optimizer"
+
+
+def test_contention_tries_fewer_threads_first():
+    """The training thread queued for a CPU (PD214) while another job held 0.8 of 2 cores: the
+    trial that tests PD348 runs one thread, first, whatever the verdict (a GAN on such a machine
+    ran 27x faster with one thread than with two; on a quiet one the two ran alike). Less load
+    from others leaves both cores free: no threads trial; without contention, more threads."""
+    busy = facts(verdict="cpu_compute", data_wait=0.0, threads=2, contended=True, other_cores=0.8,
+                 ranked=["PD338"])          # before the report's ranked fix too
+    trials = [t for t in plan.plan(busy) if not t.skip]
+    assert trials[0].changes == {"threads": 1} and trials[0].group == "threads"
+    assert [t for t in trials if "threads" in t.changes] == trials[:1]
+    assert plan.rule_for({"threads": 1}, {"PD348", "PD338"}) == "PD348"
+    # PD341 (fit threads to cores) fired beside it with no gain: the trial still tests the ranked
+    # PD348 and takes its expected gain (user trial: it read "? (PD341)", PD348 "not measured")
+    from perfdoctor.tune.predict import prediction
+    fixes = {"PD348": {"kind": "fix", "ranked": True, "gain": {"expected": 1.77}},
+             "PD338": {"kind": "fix", "ranked": True, "gain": {"expected": 1.03}},
+             "PD341": {"kind": "fix", "ranked": False, "gain": {"expected": None}}}
+    assert prediction(plan.Trial({"threads": 1}, "threads"), fixes, None) == ("PD348", 1.77)
+    assert plan.rule_for({"threads": 1}, {"PD348", "PD341"}) == "PD341"     # nothing ranked: the first given
+    light = facts(verdict="cpu_compute", data_wait=0.0, threads=2, contended=True, other_cores=0.3)
+    assert not any("threads" in t.changes for t in plan.plan(light))
+    eight = facts(cores=8, verdict="input_cpu", threads=8, contended=True, other_cores=3.2)
+    assert plan.plan(eight)[0].changes == {"threads": 5}
+    quiet = facts(verdict="cpu_compute", data_wait=0.0, threads=1, other_cores=0.8)
+    assert {"threads": 2} in [t.changes for t in plan.plan(quiet)]
+    # a script that sets 1 thread on a contended machine: more threads are not tried, and the
+    # row says why (it was left out without a word)
+    one = facts(verdict="cpu_compute", data_wait=0.0, threads=1, contended=True, other_cores=0.3)
+    row = next(t for t in plan.plan(one) if "threads" in t.changes)
+    assert row.changes == {"threads": 2} and row.skip.startswith("other processes kept the cores busy")
+    # that row tests more threads (PD341, PD346), not the ranked PD348 (fewer): it had taken PD348's
+    # 1.77x and taken PD348 off the fixes tune did not measure
+    assert prediction(row, fixes, None) == ("PD341", None)
+    assert prediction(trials[0], {**fixes, "PD341": {**fixes["PD341"], "ranked": True}}, None) == ("PD348", 1.77)
+    assert plan.wanted(row, plan.only_names(["PD346"])) and not plan.wanted(row, plan.only_names(["PD348"]))
+
+
+def test_no_trial_for_what_the_script_already_does():
+    trials = plan.plan(facts(loader=dict(LOADER0, num_workers=2, pin_memory=True), threads=2,
+                             optimizers=[dict(SGD, foreach=True, fused=True)]))
+    labels = [t.label for t in trials]
+    assert "num_workers=2" not in labels and "threads=2" not in labels
+    assert not any(t.group in ("optimizer", "threads") for t in trials)
+    assert "pin_memory=True" not in labels
+
+
+def test_refinements_build_on_the_best_worker_count():
+    # the script had no workers: the first pass already kept them alive; prefetch refines
+    ref = plan.refinements(facts(), {"num_workers": 2, "persistent_workers": True})
+    assert [t.changes for t in ref] == [{"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}]
+    assert all(t.skip is None for t in ref)
+    none = plan.refinements(facts(), None)
+    assert [t.skip for t in none] == ["needs worker processes (no num_workers setting was faster)"]
+    # the budget skipped every worker trial: none was measured, so none can have been faster
+    unmeasured = plan.refinements(facts(), None, workers_measured=False)
+    assert [t.skip for t in unmeasured] == ["needs worker processes (no num_workers setting was measured)"]
+    # the script has restarting workers: their count is tried as it is, persistence on top
+    own = facts(loader=dict(LOADER0, num_workers=1))
+    assert plan.plan(own)[0].changes == {"num_workers": 2}
+    ref = plan.refinements(own, {"num_workers": 2})
+    assert [t.changes for t in ref] == [{"num_workers": 2, "persistent_workers": True},
+                                        {"num_workers": 2, "prefetch_factor": 4}]
+
+
+def test_compile_trial_uses_the_advised_mode_and_falls_back():
+    """Graph replay where the report ranks PD311 on CUDA; the default mode elsewhere (a CPU run
+    has no graphs to replay, whatever the report says); a failed replay trial is followed by a
+    default-mode one, which has no fallback of its own."""
+    def compile_trial(**kw):
+        return next(t for t in plan.plan(facts(**kw), allow_compile=True) if t.group == "compile")
+    replay = compile_trial(cuda=True, graph_replay=True)
+    assert replay.changes == {"compile": "reduce-overhead"} and replay.label == "compile=reduce-overhead"
+    assert compile_trial(cuda=True).changes == {"compile": True}
+    assert compile_trial(graph_replay=True).changes == {"compile": True}
+    again = plan.fallback(replay)
+    assert again.changes == {"compile": True} and again.group == "compile" and plan.fallback(again) is None
+    assert plan.fallback(plan.Trial({"num_workers": 2}, "loader")) is None
+    assert 'torch.compile(model, mode="reduce-overhead")' in apply_text(replay.changes, {}, True)
+    assert "torch.compile(model)" in apply_text({"compile": True}, {}, False)
+
+
+def test_rule_for_prefers_a_ranked_fix():
+    assert plan.rule_for({"num_workers": 2}, {"PD301"}) == "PD301"
+    # persistent workers on the script's own workers test PD356 (restarts measured) when it ranked
+    assert plan.rule_for({"persistent_workers": True}, {"PD356", "PD301"}) == "PD356"
+    assert plan.rule_for({"num_workers": 2, "persistent_workers": True}, {"PD356", "PD301"}) == "PD301"
+    assert plan.rule_for({"compile": True}, {"PD312"}) == "PD312"
+    assert plan.rule_for({"compile": True}, set()) == "PD311"       # named, prediction null
+    assert plan.rule_for({"cudnn_benchmark": True}, {"PD301"}) is None
+    # on a CPU run the compile trial is PD312's, even when the report ranked neither
+    assert plan.rule_for({"compile": True}, set(), {"PD312", "PD301"}) == "PD312"
+    assert plan.rule_for({"autocast": "bfloat16"}, set(), {"PD312"}) is None
+
+def test_apply_text_is_the_code_change():
+    inject = {"loaders": [{"asked": LOADER0}], "optimizers": [SGD], "threads_asked": [1]}
+    text = apply_text({"num_workers": 2, "persistent_workers": True, "threads": 2, "optimizer": "foreach"},
+                      inject, cuda=False)
+    assert text.splitlines() == [
+        "DataLoader(..., num_workers=2, persistent_workers=True)  # the script has num_workers=0, "
+        "persistent_workers=False",
+        "torch.set_num_threads(2)  # the script sets 1",
+        "torch.optim.SGD(..., foreach=True)"]
+    assert 'torch.autocast("cpu", dtype=torch.bfloat16)' in apply_text({"autocast": "bfloat16"}, {}, cuda=False)
+    assert "expandable_segments:True" in apply_text({"expandable_segments": True}, {}, cuda=True)
+    assert "no change was measured faster" in apply_text({}, inject, cuda=False)
+    # back to num_workers=0 from persistent workers: the arguments torch refuses without workers go too
+    workers = {"loaders": [{"asked": dict(LOADER0, num_workers=2, persistent_workers=True, prefetch_factor=4)}]}
+    assert apply_text({"num_workers": 0}, workers, cuda=False) == (
+        "DataLoader(..., num_workers=0, persistent_workers=False, prefetch_factor=None)  # the script has "
+        "num_workers=2, persistent_workers=True, prefetch_factor=4")
+
+
+def test_no_compile_trial_for_a_script_that_compiles_already():
+    comp = [t for t in plan.plan(facts(compiled=True), allow_compile=True) if t.group == "compile"]
+    assert [t.skip for t in comp] == ["the script compiles its model already"]
+    assert [t.skip for t in plan.plan(facts(), allow_compile=True) if t.group == "compile"] == [None]
+
+
+def test_a_float64_model_gets_a_float32_trial_before_autocast():
+    """PD357's change: only for a model trained in float64, opt-in like autocast, tried first."""
+    labels = [t.label for t in plan.plan(facts(verdict="cpu_compute"))]
+    assert "float32=True" not in labels and "autocast=bfloat16" in labels
+    trials = [t for t in plan.plan(facts(verdict="cpu_compute", fp64=True)) if t.group == "numerics"]
+    # autocast leaves float64 ops alone: on a float64 model it is tried on top of float32
+    assert [t.label for t in trials] == ["float32=True", "float32=True, autocast=bfloat16"]
+    assert all(t.skip == "changes numerics: needs --allow-numerics" for t in trials)
+    assert [t.skip for t in plan.plan(facts(fp64=True), allow_numerics=True) if t.group == "numerics"] == [None, None]
+    assert plan.rule_for({"float32": True}, {"PD357"}) == "PD357"
+
+
+def test_a_16_bit_model_on_a_cpu_without_its_math_gets_the_float32_trial_only():
+    """PD368's change: a model kept in bf16/fp16 on a CPU without that math is made float32; a
+    16-bit autocast trial on it would test nothing the report advises."""
+    trials = [t for t in plan.plan(facts(verdict="cpu_compute", half=True), allow_numerics=True)
+              if t.group == "numerics"]
+    assert [(t.label, t.skip) for t in trials] == [("float32=True", None)]
+    assert plan.rule_for({"float32": True}, {"PD368", "PD338"}) == "PD368"
+
+def test_stacked_changes_of_different_fixes_are_predicted_as_those_fixes_combined():
+    """float32 with autocast tests PD357 and PD320 together: neither alone is credited or
+    predicts it; num_workers with persistent_workers is PD301's one change."""
+    from perfdoctor.tune.predict import prediction
+    fixes = {"PD357": {"gain": {"expected": 1.86}}, "PD320": {"gain": {"expected": 1.5}},
+             "PD301": {"gain": {"expected": 2.0}}}
+    rule, pred = prediction(plan.Trial({"float32": True, "autocast": "bfloat16"}, "numerics"), fixes, None)
+    assert rule == "PD357+PD320" and pred == pytest.approx(1 / (1 / 1.86 + 1 / 1.5 - 1))
+    assert prediction(plan.Trial({"float32": True, "autocast": "bfloat16"}, "numerics"),
+                      {"PD357": fixes["PD357"]}, None) == ("PD357+PD320", None)   # autocast not raised: unknown
+    assert prediction(plan.Trial({"num_workers": 1, "persistent_workers": True}, "loader"), fixes, None) == ("PD301", 2.0)
+    assert prediction(plan.Trial({"float32": True}, "numerics"), fixes, None) == ("PD357", 1.86)
+
+
+def test_num_workers_zero_is_pd347s_trial_and_its_refinements_say_why_they_skip():
+    assert plan.rule_for({"num_workers": 0}, {"PD301", "PD347"}) == "PD347"
+    assert plan.rule_for({"num_workers": 2}, {"PD301", "PD347"}) == "PD301"
+    ref = plan.refinements(facts(loader=dict(LOADER0, num_workers=2)), {"num_workers": 0})
+    assert ref and all(t.skip == "needs worker processes (the fastest setting has none)" for t in ref)
+
+
+# -- loss drift ----------------------------------------------------------------------------------
+
+def test_a_trial_without_losses_to_compare_says_why():
+    from perfdoctor.tune.measure import no_drift_reason
+    assert loss_drift(measured([]), measured([])) is None
+    assert no_drift_reason(measured([]), measured([])).startswith("no loss was recorded in either run")
+    assert loss_drift(measured([1.0] * 40), measured([1.0] * 5)) is None
+    assert no_drift_reason(measured([1.0] * 40), measured([1.0] * 5)) == \
+        "the loss could not be compared with the baseline's (5 losses against 40; 8 needed)"
+
+
+def test_loss_drift_accepts_rounding_and_refuses_divergence():
+    base = [2.3 - 0.01 * i for i in range(40)]
+    same = loss_drift(measured(base), measured([x * 1.002 for x in base]))
+    assert not same["diverged"] and same["drift"] == pytest.approx(0.002, abs=1e-4) and same["steps"] == 40
+    up = loss_drift(measured(base), measured(base[:30] + [x * 1.5 for x in base[30:]]))
+    assert up["diverged"] and "(diverges)" in up["text"]
+    nan = loss_drift(measured(base), measured(base[:12] + ["nan"] * 28))
+    assert nan["diverged"] and "non-finite at backward 13" in nan["text"]
+    assert loss_drift(measured(base[:5]), measured(base)) is None      # too few to compare
+
+
+def test_loss_drift_judges_a_converged_loss_by_what_training_achieved():
+    # both runs drive the loss from ~1 to nearly zero (a tiny ViT on the CPU under autocast: 1.3e-6 vs 2e-13)
+    base = [math.exp(-0.75 * i) for i in range(40)]
+    amp = [max(x, 1.3e-6) for x in base]
+    near = loss_drift(measured(base), measured(amp))
+    assert not near["diverged"], near["text"]
+    # losing a tenth of the progress is divergence, however small the last losses
+    lost = loss_drift(measured(base), measured(base[:30] + [0.15] * 10))
+    assert lost["diverged"], lost["text"]
+    # a loss that barely moved is judged against its own level, as before
+    flat = [2.0 - 0.001 * i for i in range(40)]
+    assert loss_drift(measured(flat), measured(flat[:30] + [x * 1.15 for x in flat[30:]]))["diverged"]
+    assert not loss_drift(measured(flat), measured(flat[:30] + [x * 1.05 for x in flat[30:]]))["diverged"]
+
+def test_a_report_that_found_peeks_plans_the_keep_iterator_trial_first():
+    trials = plan.plan(facts(peeks=True, ranked=["PD355", "PD301"]))
+    assert trials[0].changes == {"keep_iterator": True} and trials[0].group == "iterator" and not trials[0].skip
+    assert plan.rule_for(trials[0].changes, {"PD355", "PD301"}) == "PD355"
+    assert all("keep_iterator" not in t.changes for t in plan.plan(facts()))
