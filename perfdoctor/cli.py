@@ -222,7 +222,7 @@ def tune(
     2 usage error; 3 the baseline could not be measured (too few steps)."""
     from perfdoctor.tune.result import emit
     from perfdoctor.tune.plan import only_names
-    from perfdoctor.tune.session import TuneOptions, Tuner
+    from perfdoctor.tune.session import TuneFailed, TuneOptions, Tuner
 
     from perfdoctor.script_argv import launcher_words, script_argv
     target, module = launcher_words(target, module, torchrun=False)
@@ -234,7 +234,11 @@ def tune(
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only),
                               show_output=show_output))
-    tuner.run()
+    try:
+        tuner.run()
+    except TuneFailed as exc:               # its one line is the error; -o FILE and tune.json say it too
+        emit(tuner, output, fmt.value, failed=exc)
+        raise
     emit(tuner, output, fmt.value)
 
 

@@ -117,16 +117,26 @@ def test_a_script_with_no_step_within_the_startup_limit_is_stopped(tmp_path):
 
 def test_a_failing_baseline_exits_1_with_the_scripts_output(tmp_path):
     pytest.importorskip("torch")
-    r = ptune("--budget", "60", "--duration", "60", "--out", tmp_path / "t", EX / "crash.py", "--crash-after", "3")
+    r = ptune("--budget", "60", "--duration", "60", "--out", tmp_path / "t", "-o", tmp_path / "t.json", EX / "crash.py",
+              "--crash-after", "3")
     assert r.returncode == 1
+    # -o FILE and tune.json are written all the same: why, and no trial (a CI job reading the file
+    # had found none)
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc == json.loads((tmp_path / "t" / "tune.json").read_text())
+    error = r.stderr.strip().splitlines()[-1]
+    assert doc["failed"] == {"exit_code": 1, "error": error.removeprefix("perfdoctor: error: ")}
+    assert doc["baseline"] is None and doc["trials"] == [] and doc["best"] is None
+    assert doc["command"].endswith("crash.py --crash-after 3")
     # the script's own traceback, from the end of its output.log (its output stays there, not here)
     log = tmp_path / "t" / "baseline" / "output.log"
     assert "Traceback (most recent call last)" in log.read_text()
     assert f"line(s) of its output ({log}):" in r.stderr and "[perfdoctor tune]   Traceback (most recent" in r.stderr
     # --show-output: through, as the script writes it, and no file
-    r = ptune("--show-output", "--budget", "60", "--duration", "60", "--out", tmp_path / "s", EX / "crash.py",
-              "--crash-after", "3")
+    r = ptune("--show-output", "--budget", "60", "--duration", "60", "--out", tmp_path / "s", "-o", tmp_path / "s.md",
+              "-f", "markdown", EX / "crash.py", "--crash-after", "3")
     assert r.returncode == 1 and "\nTraceback (most recent call last)" in r.stderr
+    assert "Not tuned (exit code 1): baseline: the script failed" in (tmp_path / "s.md").read_text()
     assert "line(s) of its output" not in r.stderr and not (tmp_path / "s" / "baseline" / "output.log").exists()
     assert "perfdoctor: error: baseline: the script failed" in r.stderr
     assert (tmp_path / "t" / "baseline" / "steps.jsonl").exists()

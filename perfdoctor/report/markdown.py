@@ -134,6 +134,9 @@ def compare(doc: dict) -> str:
 
 
 def tune(doc: dict) -> str:
+    if failed := doc.get("failed"):
+        return (f"### perfdoctor tune: {M(doc['command'])}\n\nNot tuned (exit code {failed['exit_code']}): "
+                f"{M(failed['error'])}\n")
     b = doc["baseline"]
     out = [f"### perfdoctor tune: {M(doc['command'])}", "",
            f"Baseline {s_as_ms(b['step_time_s'])}/step (95% CI {s_as_ms(b['ci95'][0])}-{s_as_ms(b['ci95'][1])}) over {b['steps']} "

@@ -4,7 +4,8 @@ Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, m
 data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
-skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, closing, dir, command, only.
+skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, closing, dir, command, only, failed
+(null; when the baseline could not be tuned, {exit_code, error}, with baseline null and no trial: failed_doc).
 """
 
 from __future__ import annotations
@@ -79,6 +80,22 @@ def build(t: Tuner) -> dict:
         "budget_for_all_s": _budget_for_all(t, len(skipped)),
         "untested": untested(t),
         "only": sorted(t.o.only) if t.o.only else None,
+        "failed": None,
+    }
+
+
+def failed_doc(t: Tuner, exc) -> dict:
+    """The document of a tune whose baseline could not be tuned (the script failed, exit 1, or
+    gave too few steps, exit 3): why, and no trial. A CI job that reads -o FILE finds it, as it
+    would a tune's, instead of no file at all."""
+    return {
+        "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
+        "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
+        "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
+        "noisy": None, "noise": None, "run_spread": None, "closing": None, "baseline": None, "trials": [],
+        "best": None, "apply": None, "skipped_for_budget": [], "budget_for_all_s": None, "untested": [],
+        "only": sorted(t.o.only) if t.o.only else None,
+        "failed": {"exit_code": exc.exit_code, "error": str(exc)},
     }
 
 
@@ -140,16 +157,21 @@ MIN_WORDS = {"change": 20, "predicted": 9, "status": 12}   # the wrapping column
 WIDE = 110                  # narrower terminals get the table without its step-time columns
 
 
-def emit(t: Tuner, output: Path | None, fmt: str) -> None:
+def emit(t: Tuner, output: Path | None, fmt: str, failed=None) -> None:
     """The finished tune's result: tune.json in its directory; -o FILE in fmt (json for the
-    terminal format); on the terminal the table, or markdown on stderr when there is no -o FILE."""
+    terminal format); on the terminal the table, or markdown on stderr when there is no -o FILE.
+    `failed`: the baseline's TuneFailed, whose one line the command prints as its error: the
+    files only, then."""
     from perfdoctor.report.json_out import to_json
     from perfdoctor.report.outputs import rendered, write
 
-    doc = build(t)
-    (t.dir / "tune.json").write_bytes(to_json(doc))
+    doc = build(t) if failed is None else failed_doc(t, failed)
+    if t.dir.is_dir():
+        (t.dir / "tune.json").write_bytes(to_json(doc))
     if output is not None:
         write(output, rendered(doc, "json" if fmt == "terminal" else fmt, kind="tune"))
+    if failed is not None:
+        return
     if fmt == "markdown" and output is None:
         sys.stderr.write(rendered(doc, "markdown", kind="tune").decode())
         return
