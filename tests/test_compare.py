@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -57,6 +58,8 @@ def test_changes_against_within_run_noise():
     before.doc["traces"][0]["metrics"]["trace.platform"] = after.doc["traces"][0]["metrics"]["trace.platform"] = "cpu"
     assert compare_runs(before, after)["verdict_titles"] == {"before": "COMPUTE-BOUND (CPU)", "after": "INPUT-BOUND"}
     assert doc["findings"]["added"] == ["PD301"] and doc["findings"]["removed"] == []
+    # one run on each side: the interval is the noise within the runs, and the doc says what it leaves out
+    assert doc["step_noise"].startswith("one run on each side") and "-b RUN1 -b RUN2 -b RUN3" in doc["step_noise"]
 
 
 def test_same_distribution_is_within_noise():
@@ -193,6 +196,11 @@ def test_compare_terminal_and_report_files(two_runs):
     for word in ("step time", "step time median", "secondary figure", "throughput", "breakdown.cpu_exec", "verdict",
                  "beyond noise", "findings"):
         assert word in p.stdout
+    said = " ".join(p.stdout.split())
+    assert re.search(r"throughput \S* [\d.]+ steps/s", said), said            # per what: steps, not "/s"
+    assert "note: one run on each side: the step time's interval is the noise within each run" in said
+    md = pd("compare", a, b, "--format", "markdown").stdout
+    assert "_Note: one run on each side" in md
     # report files: inside their run directories they get the step records too
     p = pd("compare", a / "report.json", b / "report.json", "--format", "json")
     assert json.loads(p.stdout)["rows"][0]["noise"] is not None
@@ -224,6 +232,7 @@ def test_reports_of_traces_alone_compare_the_traced_mean_and_say_so(tmp_path):
     assert p.returncode == 0, p.stderr
     row = next(r for r in json.loads(p.stdout)["rows"] if r["metric"] == "step time")
     assert row["before"] > row["after"] and "the traced steps' mean" in row["note"]
+    assert json.loads(p.stdout)["step_noise"] is None             # no interval: nothing to qualify
 
 
 def test_a_report_with_numbers_beyond_a_float_compares_as_unknown(tmp_path):

@@ -679,3 +679,18 @@ def test_gate_command_defaults_are_the_gate_options_and_tunes_material_change():
     for name in ("min_effect", "min_share", "min_steps", "noise_k", "max_other_load"):
         assert params[name].default.default == getattr(opt, name), name
     assert opt.min_effect == measure.MIN_EFFECT == steptime.MATERIAL
+
+
+def test_the_verdict_row_speaks_as_the_reports_do():
+    """A CPU run's "device" bound is compute-bound (CPU), as its report's badge says (the gate
+    table read "device | device" for two CPU runs, a GPU's word); the bounds stay in its values."""
+    rng = np.random.default_rng(3)
+    base, cur = mk(series(rng)), mk(series(rng))
+    for r in (base, cur):
+        r.doc["traces"][0]["metrics"]["trace.platform"] = "cpu"
+    row = next(r for r in gate_runs(cur, [base]).rows if r.metric == "verdict")
+    assert (row.baseline, row.current, row.status) == ("compute-bound (CPU)", "compute-bound (CPU)", "pass")
+    assert row.values == {"baseline": "device", "current": "device"}
+    cur.doc["verdict"]["bound"] = "input_cpu"
+    row = next(r for r in gate_runs(cur, [base]).rows if r.metric == "verdict")
+    assert row.status == "warning" and row.reason == "verdict compute-bound (CPU) -> input-bound (CPU)"

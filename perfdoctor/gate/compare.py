@@ -89,7 +89,20 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
             "settings_differ": settings_diff(b, a),
             "notes": [n for n in (b.read_note, a.read_note, b.schema_note, a.schema_note) if n],
+            "step_noise": _step_noise(rows[0]),
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
+
+
+STEP_NOISE = ("one run on each side: the step time's interval is the noise within each run, and two runs of "
+              "one command can differ by more; to weigh that, run the baseline 3 times and `perfdoctor gate "
+              "AFTER -b RUN1 -b RUN2 -b RUN3`")
+
+
+def _step_noise(step_row: dict) -> str | None:
+    """What the step time's interval leaves out, where there is one: the spread between runs (a
+    user trial: fused AdamW read +21.9%, "beyond noise", where interleaved plain runs measured
+    0.90x and 1.005x, and two runs of the unchanged script differed by 6%)."""
+    return STEP_NOISE if step_row["beyond_noise"] is not None else None
 
 
 def _step_rows(b: RunData, a: RunData) -> list[dict]:
@@ -166,11 +179,11 @@ def render_compare(doc: dict, console=None) -> None:
     if env["differs"]:
         c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))
     if env["unknown"]:
-        c.print(text("environment unknown: " + ", ".join(env["unknown"])))
+        c.print(text("environment not fully known (" + ", ".join(env["unknown"]) + "): compared on what is known"))
     if doc.get("settings_differ"):
         c.print(text("the runs' settings differ: " + "; ".join(doc["settings_differ"])
                      + " (part of what changed the step time)"))
-    for note in doc.get("notes") or []:
+    for note in [*(doc.get("notes") or []), *([doc["step_noise"]] if doc.get("step_noise") else [])]:
         c.print(text(f"note: {note}"))
     warning = (doc.get("commands") or {}).get("warning")
     if warning:

@@ -361,12 +361,15 @@ def _share(cur: RunData, bases: list[RunData], key: str, label: str, opt: GateOp
 
 
 def _verdict(cur: RunData, bases: list[RunData]) -> Row:
+    """The verdict in the reports' words (a CPU run's "device" is compute-bound (CPU), not a GPU's);
+    values: the bounds themselves."""
     common = Counter(b.verdict for b in bases).most_common(1)[0][0]
-    c = cur.verdict
+    was = bound_words(next(b for b in bases if b.verdict == common))
+    c, now = cur.verdict, bound_words(cur)
+    values = {"baseline": common, "current": c}
     if c == common:
-        return Row("verdict", str(common), str(c), "", "", PASS, f"verdict unchanged ({c})")
-    return Row("verdict", str(common), str(c), "changed", "", "warning",
-               f"verdict {common} -> {c}: now {bound_words(cur)}")
+        return Row("verdict", was, now, "", "", PASS, f"verdict unchanged ({now})", values)
+    return Row("verdict", was, now, "changed", "", "warning", f"verdict {was} -> {now}", values)
 
 
 def _outcome(rows: list[Row]) -> str:

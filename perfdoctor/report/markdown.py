@@ -127,6 +127,8 @@ def compare(doc: dict) -> str:
     env = doc["environment"]
     if env["differs"]:
         out += ["", "**Environment differs** (" + M("; ".join(env["differs"])) + "): absolute times may not compare"]
+    if doc.get("step_noise"):
+        out += ["", f"_Note: {M(doc['step_noise'])}_"]
     warning = (doc.get("commands") or {}).get("warning")
     if warning:
         out += ["", f"Warning: {M(warning)}"]

@@ -30,7 +30,7 @@ def value(v, unit: str) -> str:
     if unit == "ms":
         return ms_text(v)
     if unit == "steps/s":
-        return f"{v:.2f}/s"
+        return f"{v:.2f} steps/s"
     return f"{100 * v:.1f}%"
 
 
