@@ -295,6 +295,29 @@ def test_a_launcher_that_trains_in_another_process_is_stopped_at_once_and_said_s
     assert "median step" not in r.stderr and "median traced step" not in r.stderr
 
 
+NO_LOOP = r"""
+import torch
+x = torch.randn(128, 128)
+for _ in range(3):
+    y = x @ x
+print("done", tuple(y.shape))
+"""
+
+
+def test_a_script_without_a_training_loop_is_told_so_in_one_sentence(tmp_path):
+    """A script that imports torch, computes and ends without a step (a user trial) reads "No
+    training step was recorded", not a verdict rule that found nothing in step timings it never had."""
+    script = tmp_path / "noloop.py"
+    script.write_text(NO_LOOP)
+    r = prun(script, out=tmp_path / "run")
+    assert r.returncode == 0 and r.stdout == "done (128, 128)\n", r.stderr
+    doc = report(tmp_path / "run")
+    v = doc["verdict"]
+    assert v["bound"] == "inconclusive" and v["summary"].startswith("No training step was recorded"), v["summary"]
+    assert v["notes"] == [] and "no trace was recorded (the script recorded no step)" in doc["run"]["notes"]
+    assert "No training step was recorded" in r.stderr and "step timings alone" not in r.stderr
+
+
 def test_a_path_with_spaces_runs_as_python_runs_it_and_is_quoted_in_the_report(tmp_path):
     """sys.argv as `python "dir with space/s.py" "a b"` gives it; the report's command can be
     pasted back into a shell."""

@@ -51,6 +51,8 @@ def why_no_trace(res: RunResult, steps: list[dict]) -> str:
         opens = (f"the trace opens after {skip} warm-up step(s) and {warm} profiler warm-up step(s)"
                  if isinstance(skip, int) and isinstance(warm, int) else "the trace opens after the warm-up steps")
         return f"the run ended after {len(steps)} step(s), before a whole step was recorded: {opens}"
+    if not steps:
+        return "the script recorded no step"
     return (f"the run ended after {len(steps)} step(s), before the profiled window (it opens after --skip-steps "
             "steps, or after PERFDOCTOR_WARMUP_S seconds of long steps)")
 
@@ -125,6 +127,13 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
                 v["notes"] = notes + ["no step was recorded: the script had not imported torch in its own process "
                                       "when it ended. A launcher that trains in another process (subprocess, "
                                       "os.system) is not followed: run perfdoctor on the training command itself"]
+            elif not steps and res.child:
+                # the script ran to its end and no step source ever fired: no training loop
+                # (a user trial's matmul script read "no verdict rule applies to the step timings")
+                v["summary"] = ("No training step was recorded: the script ran no optimizer step, backward pass, "
+                                "DataLoader batch or repeated module call in this process, so nothing was measured "
+                                "to diagnose: perfdoctor times the steps of a training loop.")
+                v["notes"] = notes
             else:
                 v["notes"] = notes + [f"no trace ({why}), and the step timings and system samples show no bottleneck"]
             continue

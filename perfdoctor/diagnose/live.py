@@ -211,8 +211,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
         m["trace.platform"] = "cuda" if res.child.get("cuda_available") else "cpu"
         analysis = StepsOnly(str(run_dir), m)
         if not traces:
-            notes.append("no trace was recorded (" + why_no_trace(res, steps) + "): the diagnosis uses step "
-                         "timings and system samples only")
+            notes.append("no trace was recorded (" + why_no_trace(res, steps) + ")" + (
+                ": the diagnosis uses step timings and system samples only" if steps else ""))
     m = analysis.metrics
     kids = forked.read(run_dir)             # training in forked children (collect/forked.py)
     sysm, sample_notes, sampling, series = _system(run_dir, steps, kids, damaged)
