@@ -36,6 +36,7 @@ from __future__ import annotations
 
 FALLBACK = 8                 # steps of a fallback source seen before it is chosen
 PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
+NO_OPT = "no torch.optim optimizer stepped"   # a hand-written update is an optimizer too, not torch.optim's
 SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step from one gradient reset to the next)",
            "backward-each": "backward passes (one per step: no gradient reset seen)",
            "backward-grad": "torch.autograd.grad calls (one per step)",
@@ -146,14 +147,14 @@ class StepSources:
         if len(self.group_marks) > FALLBACK:
             if self.grad_calls == self.passes:
                 source = self._grad_source()
-                self._choose(source, self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
+                self._choose(source, self.group_marks, f"{NO_OPT} during the first {FALLBACK} "
                              f"{SOURCES[source].split(' (')[0]} (a functional loop): each call is a step")
             elif reset is None:
-                self._choose("backward-each", self.group_marks, f"no optimizer stepped during the first {FALLBACK} "
+                self._choose("backward-each", self.group_marks, f"{NO_OPT} during the first {FALLBACK} "
                              "backward passes, and their gradients cannot be watched: each pass is a step")
             else:
                 self._choose("backward", self.group_marks,
-                             f"no optimizer stepped in the first {FALLBACK} rounds of backward passes: a step runs "
+                             f"{NO_OPT} in the first {FALLBACK} rounds of backward passes: a step runs "
                              "from one gradient reset (zero_grad, an update) to the next (hand-written update)")
         elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
             self._choose("backward-each", list(self.pass_marks),
@@ -264,13 +265,13 @@ class StepSources:
             return
         if len(self.group_marks) > 1 and self.grad_calls == self.passes:
             source = self._grad_source()
-            self._choose(source, self.group_marks, f"no optimizer stepped: each {SOURCES[source].split(' calls')[0]} "
+            self._choose(source, self.group_marks, f"{NO_OPT}: each {SOURCES[source].split(' calls')[0]} "
                          "call is a step (a functional loop)")
         elif len(self.group_marks) > 1:
-            self._choose("backward", self.group_marks, "no optimizer stepped: a step runs from one gradient "
+            self._choose("backward", self.group_marks, f"{NO_OPT}: a step runs from one gradient "
                          "reset to the next (hand-written update)")
         elif len(self.pass_marks) > 1:
-            self._choose("backward-each", list(self.pass_marks), "no optimizer stepped and no gradient reset "
+            self._choose("backward-each", list(self.pass_marks), f"{NO_OPT} and no gradient reset "
                          "was seen: each backward pass is a step")
         elif len(self.loader_marks) > 1:
             self._choose("dataloader", self.loader_marks, "no optimizer step nor backward pass: a step is one "
