@@ -671,11 +671,29 @@ EX = Path(__file__).resolve().parent.parent / "examples" / "checkpoint_every_ste
 CKPT_MB = "100"
 
 
-def _steady_ms(every: int, steps: int) -> float:
-    r = subprocess.run([sys.executable, str(EX), "--every", str(every), "--steps", str(steps), "--mb", CKPT_MB],
-                       capture_output=True, text=True, timeout=120)
+# Bare runs of the example, alternating every-step and every-100 in one process: each run builds
+# its own model and writes to its own temporary directory, as a run of the script does; one
+# process for a side's pairs saves importing torch for each run (~4 s each on a 2-core VM)
+PAIRS = r"""
+import runpy, sys
+path, n, mb = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+main = runpy.run_path(path, run_name="checkpoint_pairs")["main"]
+for _ in range(n):
+    for every, steps in ((1, 20), (100, 105)):
+        sys.argv = [path, "--every", str(every), "--steps", str(steps), "--mb", mb]
+        main()
+"""
+
+
+def _steady_pairs(n: int) -> tuple[list[float], list[float]]:
+    """n interleaved pairs of bare runs: (every-step ms/step, every-100 ms/step), in run order."""
+    r = subprocess.run([sys.executable, "-c", PAIRS, str(EX), str(n), CKPT_MB],
+                       capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
-    return float(r.stdout.split("steady ", 1)[1].split(" ms/step", 1)[0])
+    ms = [float(line.split("steady ", 1)[1].split(" ms/step", 1)[0]) for line in r.stdout.splitlines()
+          if line.startswith("steady ")]
+    assert len(ms) == 2 * n, r.stdout
+    return ms[0::2], ms[1::2]
 
 
 @pytest.mark.quiet
@@ -691,13 +709,7 @@ def test_checkpoint_every_step_ranks_the_checkpoint_fix_first(tmp_path):
     # measured: bare runs, interleaved (every 100 over 100 steady steps: exactly one save), two
     # pairs before the run and two after it: the disk's speed drifts (every-step bare runs of one
     # session: 214-316 ms), and pairs on both sides of the run average that drift as the run sees it
-    t1, t100 = [], []
-
-    def pairs(n):
-        for _ in range(n):
-            t1.append(_steady_ms(1, 20))
-            t100.append(_steady_ms(100, 105))
-    pairs(2)
+    t1, t100 = _steady_pairs(2)
     # 80 steps: the gain 1 / (1 - share) magnifies the share's sampling error (~0.6 of the step
     # here: 0.03 of share is 7% of gain; at 200 MB, 0.8 and 15%); 30 steps at 50 Hz with 200 MB
     # gave expected/measured 0.80-1.26
@@ -705,7 +717,8 @@ def test_checkpoint_every_step_ranks_the_checkpoint_fix_first(tmp_path):
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--stacks", "--out", str(out), str(EX),
                         "--every", "1", "--steps", "80", "--mb", CKPT_MB], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
-    pairs(2)
+    after1, after100 = _steady_pairs(2)
+    t1, t100 = t1 + after1, t100 + after100
     measured = statistics.mean(t1) / statistics.mean(t100)
     doc = json.loads((out / "report.json").read_text())
     if doc["stacks"] is None:

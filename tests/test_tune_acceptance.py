@@ -141,7 +141,7 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     # and the recommended one (confirmed by tune's own second run) lies within 25% of the reruns.
     def rerun(w, k):
         out = tmp_path / f"rerun{w}-{k}"
-        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--duration", "10",
+        p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--duration", "6",
                             "--out", str(out), str(EX / "cpu_bound_loader.py"), "--workers", str(w)],
                            capture_output=True, text=True, timeout=200)
         assert p.returncode == 0, p.stderr
