@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import (BOUND_TITLE, MEASURE_FIXES, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
+from perfdoctor.report.labels import (BOUND_TITLE, MEASURE_FIXES, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      first_step_shown,
                                      from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
                                      tune_hint, tune_model_check, tune_no_best, tune_only, tune_predicted,
-                                     tune_step_times)
+                                     tune_step_times, unranked_gain)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -89,8 +89,13 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     from perfdoctor.report.fixcards import measured_by_rule
 
     ranked = [f for f in doc["findings"] if f["ranked"]][:TOP_FIXES]
+    # the fixes without a modelled gain (or none expected here), as the terminal lists them: the
+    # tune command below can name one (a bf16 fix, max 2.20x, was in its --only and nowhere else)
+    rest = [f for f in doc["findings"] if not f["ranked"]]
+    also = [f"Also {WORTH_A_LOOK}: " + "; ".join(f"{M(f['title'])} ({M(f['id'])}{unranked_gain(f)})" for f in rest),
+            ""] if rest else []
     if not ranked:
-        return ["No fix with a measurable speed-up applies.", ""]
+        return ["No fix with a measurable speed-up applies.", "", *also]
     measured = measured_by_rule(tune)
     out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
     for i, f in enumerate(ranked, 1):
@@ -100,6 +105,8 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
         where = from_other_traces(doc, f)
         out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])}"
                    + (f"; from {M(where)})" if where else ")"))
+    if rest:
+        out += ["", also[0]]
     snippet = ranked[0]["fix"].get("snippet")
     if snippet:
         out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]
