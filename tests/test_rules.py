@@ -400,3 +400,21 @@ def test_workers_that_take_the_models_cores_leave_the_loading_fixes_without_a_ce
     gpu = evaluate(rules, {**base, "trace.platform": "cuda", "run.runq_share": 0.02, "machine.free_cores": 1.0})
     fix = {f.rule.id: f for f in gpu.fixes}
     assert fix["PD306"].ceiling == pytest.approx(1 / (1 - 0.076), rel=1e-3)
+
+
+def test_rules_citing_the_four_articles_are_cited_by_author_and_title():
+    """Reports cite a fix's source as 'article 003 (Eugene Khvedchenya, "Efficient PyTorch..."),
+    tip 0': a user read 'article 003, tip 0' and could not tell what it was. A source outside the
+    four articles (PyTorch's documentation, a user's rule) is cited as its file says."""
+    from perfdoctor.report.labels import ARTICLES, cite
+    rules = load_rules()
+    numbered = [r for r in rules if str(r.source["article"])[:3].isdigit()]
+    assert {str(r.source["article"])[:3] for r in numbered} == set(ARTICLES) and len(numbered) > 100
+    for r in rules:
+        said = cite(r.source)
+        art = str(r.source["article"])
+        assert said.startswith(f"article {art[:3]} (" if r in numbered else art), said
+        assert said.endswith(f", {r.source['section']}")
+    assert cite({"article": "003_7bbbd8e6e30a68ae.txt", "section": "tip 0"}) == (
+        'article 003 (Eugene Khvedchenya, "Efficient PyTorch: eliminating training bottlenecks" (2020)), tip 0')
+    assert cite({"article": "our wiki", "section": "page 2"}) == "our wiki, page 2"

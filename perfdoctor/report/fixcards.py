@@ -5,7 +5,7 @@ command that measures them; the flags."""
 
 from __future__ import annotations
 
-from perfdoctor.report.labels import MEASURE_FIXES, WORTH_A_LOOK, from_other_traces, tune_hint, unranked_gain
+from perfdoctor.report.labels import MEASURE_FIXES, WORTH_A_LOOK, cite, from_other_traces, tune_hint, unranked_gain
 from perfdoctor.report.sanitize import html as H
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
@@ -86,7 +86,7 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
             + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
             + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
             + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
-            + f"<div class=\"dim small\">{H(f['id'])} · {H(_cite(f.get('source') or {}))}</div></section>")
+            + f"<div class=\"dim small\">{H(f['id'])} · {H(cite(f.get('source') or {}))}</div></section>")
     head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
             "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
             "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
@@ -105,12 +105,6 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
 def H_block(s: str) -> str:
     """A multi-line snippet: escaped, its newlines kept."""
     return "\n".join(H(line) for line in str(s).rstrip().splitlines())
-
-
-def _cite(src: dict) -> str:
-    art = str(src.get("article"))
-    art = f"article {art[:3]}" if art[:3].isdigit() else art
-    return f"{art}, {src.get('section')}"
 
 
 def flags_section(doc: dict) -> str:

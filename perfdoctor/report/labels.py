@@ -63,6 +63,26 @@ def rank_bound(row: dict) -> str:
 WORTH_A_LOOK = "worth a look (no modelled gain, or none expected here)"
 
 
+# The four articles the fix rules cite by file name (`source.article`, e.g. 003_7bbbd8e6e30a68ae.txt):
+# Chinese texts, three of them translations of these English originals. A citation names the
+# article, not only its number ("article 003, tip 0" meant nothing to a user).
+ARTICLES = {
+    "000": 'Hope Wang, "This Is How To Optimize PyTorch for Faster Model Training"',
+    "001": 'Alex Dremov, "Simple ways to speed up your PyTorch model training" (2024)',
+    "002": 'a blog post on distributed training and performance optimisation in PyTorch',
+    "003": 'Eugene Khvedchenya, "Efficient PyTorch: eliminating training bottlenecks" (2020)',
+}
+
+
+def cite(src: dict) -> str:
+    """'article 003 (Eugene Khvedchenya, "Efficient PyTorch: ..." (2020)), tip 0 (...)': a rule's
+    source as the reports show it; an article outside the four (a user's rule) as its file says."""
+    art = str(src.get("article"))
+    num = art[:3]
+    name = f"article {num} ({ARTICLES[num]})" if num in ARTICLES else art
+    return f"{name}, {src.get('section')}"
+
+
 def unranked_gain(f: dict) -> str:
     """', expected ~1.00x, at most 1.01x' for a fix that has a model (what it expects is too small
     to rank); ', at most 1.30x' where only the ceiling is known; '' where neither is."""

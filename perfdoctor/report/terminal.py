@@ -7,7 +7,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, breakdown_rows, cause_text, data_wait_text, device_text, error_line, first_step_shown, from_other_traces, median_label, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
+from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text, data_wait_text, device_text, error_line, first_step_shown, from_other_traces, median_label, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -278,7 +278,7 @@ def _fixes(c: Console, doc: dict, none_of: str | None) -> None:
         _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
         if f["fix"]["snippet"]:
             _code(c, f["fix"]["snippet"], 6)
-        _para(c, f"[{f['id']} · {_cite(f['source'])}]", 4, "dim")
+        _para(c, f"[{f['id']} · {cite(f['source'])}]", 4, "dim")
     if rest:
         _para(c, f"Also {WORTH_A_LOOK}: "
               + "; ".join(f"{f['title']} ({f['id']}{unranked_gain(f)})" for f in rest), 2, "dim")
@@ -357,12 +357,6 @@ def _ranks(c: Console, doc: dict) -> None:
         table.add_row(text(t["label"]), f"{ms(med)} ms" if med is not None else "-", text(t["verdict"]["bound"]),
                       text(", ".join(f["slug"] for f in t["flags"]) or "-"))
     c.print(table)
-
-
-def _cite(src: dict) -> str:
-    art = str(src.get("article"))
-    art = f"article {art[:3]}" if art[:3].isdigit() else art
-    return f"{art}, {src.get('section')}"
 
 
 def _first_sentence(text: str) -> str:
