@@ -34,7 +34,6 @@ def facts(**kw) -> plan.Facts:
 def steady_run(tmp_path, name, ms, changes=None, seed=0):
     """A run of 60 steady steps around `ms` milliseconds (1% jitter), as measure_dir leaves one."""
     from perfdoctor.stats.steptime import estimate_durations
-    from perfdoctor.tune.measure import Measured
     durs = ms / 1e3 * (1 + 0.01 * np.random.default_rng(seed).standard_normal(60))
     return Measured(tmp_path / name, dict(changes or {}), 0, "stopped", 10.0, inject={"applied": list(changes or {})},
                     estimate=estimate_durations(durs), other_load=0.0, cores=2)
