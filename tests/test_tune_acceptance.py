@@ -14,7 +14,6 @@ from quiet import Foreign, skip_if_shared
 from tunecases import EX, SCRIPT, ptune
 
 
-
 @pytest.mark.quiet
 @pytest.mark.slow
 def test_tune_document_on_a_small_script(tmp_path):
@@ -177,11 +176,16 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     # CI run: 1.13x [0.76, 1.67] against reruns of 0.65-0.95x; the point of an interval that wide
     # is no claim). The report's model (PD301: one worker on the free core overlaps the ~7% of the
     # step outside the wait, max(1 - f, f / 1)) predicts ~1.07x: at most the step less its wait.
+    # f is the report's own (share.input of the baseline's report): the tune document's
+    # data_wait_share is the steady window's, and the two differed by 0.011 in a CI run (0.921 and
+    # 0.932: 1.0855x against a bound of 1.0833x from the other)
+    m = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())["traces"][0]["metrics"]
+    f = m["share.input"] - (m.get("loop.peek_order_share") or 0)
     one = by["num_workers=1"]
     assert one["status"] == "skipped" or (
         one["status"] != "faster" and one["ci95"][0] < 1.10
         and (one["status"] == "inconclusive" or one["speedup"] < 1.10)
-        and 1.0 <= one["predicted"] <= 1 / max(0.5, doc["baseline"]["data_wait_share"]) + 0.01), one
+        and 1.0 <= one["predicted"] <= 1 / max(0.5, f) + 0.001), (one, f)
     best = doc["best"]
     if best and "num_workers" in best["changes"]:
         w = best["changes"]["num_workers"]
