@@ -688,8 +688,11 @@ def test_the_verdict_row_speaks_as_the_reports_do():
     base, cur = mk(series(rng)), mk(series(rng))
     for r in (base, cur):
         r.doc["traces"][0]["metrics"]["trace.platform"] = "cpu"
-    row = next(r for r in gate_runs(cur, [base]).rows if r.metric == "verdict")
+    res = gate_runs(cur, [base])
+    row = next(r for r in res.rows if r.metric == "verdict")
     assert (row.baseline, row.current, row.status) == ("compute-bound (CPU)", "compute-bound (CPU)", "pass")
+    # one baseline: the method says what its interval leaves out, and what measures it
+    assert res.method.startswith("within-run") and "3 baselines weigh the spread between runs" in res.method
     assert row.values == {"baseline": "device", "current": "device"}
     cur.doc["verdict"]["bound"] = "input_cpu"
     row = next(r for r in gate_runs(cur, [base]).rows if r.metric == "verdict")

@@ -149,7 +149,8 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         notes.append("the run's settings differ from the baseline's: " + "; ".join(dict.fromkeys(settings))
                      + " (gated all the same: it may be the change under test)")
     rows: list[Row] = []
-    method = "within-run (one baseline: weaker evidence)" if len(bases) == 1 else f"run-to-run ({len(bases)} baselines)"
+    method = ("within-run (one baseline: weaker evidence, as two runs of one command can differ by more; 3 "
+              "baselines weigh the spread between runs)") if len(bases) == 1 else f"run-to-run ({len(bases)} baselines)"
     if diffs:
         why = ("environment differs (" + "; ".join(diffs) + "): absolute times not compared, "
                "gating shares and verdict only")
