@@ -96,6 +96,12 @@ def _frame(func: str, file: str, line: int) -> Frame:
     return Frame(func, file, line, "user", "")
 
 
+def frame_kind(file: str) -> str:
+    """Who wrote the code in `file`: user, lib (a package, the standard library, a frozen module
+    or <string>) or tool (perfdoctor), as the frames of a stack are told apart."""
+    return _frame("", file, 0).kind
+
+
 def _in(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 

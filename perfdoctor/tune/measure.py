@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfdoctor import inputjson
+from perfdoctor.analyze.stackcause import frame_kind
 from perfdoctor.stats import steptime
 
 DIVERGE = 0.10
@@ -169,7 +170,6 @@ def gist(error: str | None, limit: int = 240) -> str | None:
 
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in ')
-_LIBRARY = ("site-packages", "dist-packages", "/lib/python", "<frozen", "<string>")
 
 
 def output_tail(path: Path, lines: int) -> tuple[list[str] | None, list[str]]:
@@ -185,9 +185,7 @@ def output_tail(path: Path, lines: int) -> tuple[list[str] | None, list[str]]:
     except OSError:
         return None, []
     tail, start = text[-lines:], max(0, len(text) - lines)
-    ours = str(Path(__file__).resolve().parent.parent)         # perfdoctor's own frames (the child, its hooks)
-    own = [i for i, x in enumerate(text) if (f := _FRAME.match(x))
-           and not any(k in f.group(1) for k in _LIBRARY) and not f.group(1).startswith(ours)]
+    own = [i for i, x in enumerate(text) if (f := _FRAME.match(x)) and frame_kind(f.group(1)) == "user"]
     tracebacks = [i for i, x in enumerate(text) if x.startswith("Traceback")]
     if own and tracebacks and tracebacks[-1] <= own[-1] < start:      # in the last traceback, above the tail
         i = own[-1]
