@@ -53,6 +53,13 @@ def _trial_doc(o: Outcome, fixes: dict) -> dict:
                         if o.confirm else None)}
 
 
+def _head(t: Tuner) -> dict:
+    """What every tune document starts with, tuned or not: the tool, the command, the budget."""
+    return {"schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
+            "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
+            "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1)}
+
+
 def build(t: Tuner) -> dict:
     b = t.baselines[0]
     est = b.estimate
@@ -60,9 +67,7 @@ def build(t: Tuner) -> dict:
     verdict = (t.doc.get("verdict") or {}).get("bound")
     skipped = [o for o in t.outcomes if o.status == "skipped" and o.reason == "budget"]
     return {
-        "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
-        "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
-        "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
+        **_head(t),
         "noisy": t.noisy, "noise": t.noise_text, "run_spread": _r(t.spread, 4),
         "closing": str(t.closing.run_dir) if t.closing else None,
         "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
@@ -89,9 +94,7 @@ def failed_doc(t: Tuner, exc) -> dict:
     gave too few steps, exit 3): why, and no trial. A CI job that reads -o FILE finds it, as it
     would a tune's, instead of no file at all."""
     return {
-        "schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
-        "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
-        "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1),
+        **_head(t),
         "noisy": None, "noise": None, "run_spread": None, "closing": None, "baseline": None, "trials": [],
         "best": None, "apply": None, "skipped_for_budget": [], "budget_for_all_s": None, "untested": [],
         "only": sorted(t.o.only) if t.o.only else None,
