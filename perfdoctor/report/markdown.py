@@ -92,10 +92,10 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     # the fixes without a modelled gain (or none expected here), as the terminal lists them: the
     # tune command below can name one (a bf16 fix, max 2.20x, was in its --only and nowhere else)
     rest = [f for f in doc["findings"] if not f["ranked"]]
-    also = [f"Also {WORTH_A_LOOK}: " + "; ".join(f"{M(f['title'])} ({M(f['id'])}{unranked_gain(f)})" for f in rest),
-            ""] if rest else []
+    also = ([f"Also {WORTH_A_LOOK}: " + "; ".join(f"{M(f['title'])} ({M(f['id'])}{unranked_gain(f)})" for f in rest)]
+            if rest else [])
     if not ranked:
-        return ["No fix with a measurable speed-up applies.", "", *also]
+        return ["No fix with a measurable speed-up applies.", "", *also, *([""] if also else [])]
     measured = measured_by_rule(tune)
     out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
     for i, f in enumerate(ranked, 1):
@@ -105,8 +105,8 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
         where = from_other_traces(doc, f)
         out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])}"
                    + (f"; from {M(where)})" if where else ")"))
-    if rest:
-        out += ["", also[0]]
+    if also:
+        out += ["", *also]
     snippet = ranked[0]["fix"].get("snippet")
     if snippet:
         out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]
