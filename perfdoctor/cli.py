@@ -284,7 +284,8 @@ def gate(
 ) -> None:
     """Performance gate for CI: is CURRENT slower than the baseline(s)?
 
-    Exit code: 0 pass/improvement, 1 regression, 2 usage/input error, 3 inconclusive/not comparable."""
+    Exit code: 0 pass/improvement, 1 regression or a failed script in CURRENT, 2 usage/input error,
+    3 inconclusive/not comparable."""
     from perfdoctor.gate.gate import gate_paths
     from perfdoctor.gate.render import github, junit as write_junit, render_terminal
     from perfdoctor.report.json_out import to_json

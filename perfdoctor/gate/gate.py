@@ -20,14 +20,14 @@ detected steady window / its steps, never a median, no long step dropped as an o
   step records (a bare report.json): inconclusive. One exception needs no interval: when every
   steady step of the current run is slower than every steady step of the baselines by at least
   --min-effect (or faster, for an improvement), no step overlaps and the change is called.
-- environment fingerprints differ (device model/count, torch version, CPU count, batch size):
-  absolute times are "not comparable" and only shares and the verdict are gated.
-- the runs ran different commands (script file name or module, or arguments; gate/load.py
-  command_key): gated as usual (train.py vs train_amp.py can be the point), and every output
-  says so in one line (`commands.warning`).
+- environment fingerprints differ (device, torch, CPU count, batch size): absolute times are
+  "not comparable"; shares and the verdict are gated. Different commands (gate/load.py
+  command_key) are gated as usual, and every output says so in one line (`commands.warning`).
 - other processes used more than max(--max-other-load (0.25) x CPU count, 0.5) cores during the
   current or a baseline run (system.cpu_busy_share x machine.cpu_count minus the trainer's and
   the loader workers' CPU): step time is inconclusive (a noisy neighbour, not the code).
+
+A current run whose script failed (load.script_failure) fails the gate (`failed`, exit 1).
 
 Shares (share.input = exposed data wait, gpu.idle_share = idle device), gated whatever the
 fingerprint: regression when the share grows by at least --min-share (0.10 = 10 points) AND
@@ -45,30 +45,18 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, other_load_of, same_command,
-                                  settings_diff)
+                                  bound_words, script_failure, settings_diff)
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats import speedups, steptime
 from perfdoctor.stats.speedups import speedup, wait_share_change
 from perfdoctor.stats.steptime import StepEstimate
 
-PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE = (
-    "pass", "regression", "improvement", "inconclusive", "not comparable")
-EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, INCONCLUSIVE: 3, NOT_COMPARABLE: 3}
+PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE, FAILED = (
+    "pass", "regression", "improvement", "inconclusive", "not comparable", "failed")
+EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, FAILED: 1, INCONCLUSIVE: 3, NOT_COMPARABLE: 3}
+SCRIPT = "script"
 STEP_TIME = "step time"
 SHARES = (("share.input", "traced data wait"), ("gpu.idle_share", "idle device"))   # the traced steps' shares
-BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
-               "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
-               "inconclusive": "inconclusive"}
-
-
-def bound_words(run: RunData) -> str:
-    """The run's verdict in words; a CPU-only run's device is the CPU (compute-bound)."""
-    v = run.verdict
-    if v == "device" and run.metrics.get("trace.platform") == "cpu":
-        return "compute-bound (CPU)"
-    return BOUND_WORDS.get(v, str(v))
-
-
 @dataclass
 class GateOptions:
     min_effect: float = steptime.MATERIAL  # relative step-time change that matters
@@ -172,6 +160,11 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         if r is not None:
             rows.append(r)
     rows.append(_verdict(cur, bases))
+    if ended := script_failure(cur.doc.get("run")):   # an early crash reads as a speed-up
+        rows.insert(0, Row(SCRIPT, "", ended, "", "exit code 0", FAILED,
+                           f"the current run's script {ended}: its steps are not the job's, fix the failure and gate again"))
+    notes += [f"{b.label}: the script {e}: its steps cover the run up to that failure"
+              for b in bases if (e := script_failure(b.doc.get("run")))]
     outcome = _outcome(rows)
     differ, warning = command_warning(bases, cur)
     return GateResult(outcome, _reason(outcome, rows, cur), rows, method, notes,
@@ -375,6 +368,8 @@ def _verdict(cur: RunData, bases: list[RunData]) -> Row:
 
 def _outcome(rows: list[Row]) -> str:
     st = [r.status for r in rows]
+    if FAILED in st:
+        return FAILED
     if REGRESSION in st:
         return REGRESSION
     if NOT_COMPARABLE in st:

@@ -8,11 +8,11 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.gate.gate import INCONCLUSIVE, NOT_COMPARABLE, REGRESSION, STEP_TIME, GateResult
+from perfdoctor.gate.gate import FAILED, INCONCLUSIVE, NOT_COMPARABLE, REGRESSION, STEP_TIME, GateResult
 from perfdoctor.report import sanitize
 
 COLUMNS = ("metric", "baseline", "current", "change", "threshold", "status")
-STYLE = {"pass": "green", "improvement": "green", "regression": "bold red", "inconclusive": "yellow",
+STYLE = {"pass": "green", "improvement": "green", "regression": "bold red", "failed": "bold red", "inconclusive": "yellow",
          "not comparable": "yellow", "warning": "yellow"}
 
 
@@ -56,7 +56,7 @@ def markdown(res: GateResult) -> str:
 
 def github(res: GateResult, strict: bool = False, stream=None) -> None:
     """When GITHUB_STEP_SUMMARY is set: append the markdown table there and print workflow commands
-    (::error:: for a regression, ::warning:: for inconclusive / not comparable / a verdict change,
+    (::error:: for a regression or a failed script, ::warning:: for inconclusive / not comparable / a verdict change,
     and one more ::warning:: when the runs ran different commands) on `stream` (stdout; the CLI
     passes stderr with --format json so stdout stays one document)."""
     import sys
@@ -72,7 +72,7 @@ def github(res: GateResult, strict: bool = False, stream=None) -> None:
         raise PerfdoctorError(f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc.strerror or exc}") from None
     msg = sanitize.github_data(res.reason)      # the reason quotes paths and verdicts: input
     title = f"perfdoctor gate: {res.outcome}"   # our own words (GitHub reads ': ' in a title as is)
-    if res.outcome == REGRESSION or (strict and res.outcome in (INCONCLUSIVE, NOT_COMPARABLE)):
+    if res.outcome in (REGRESSION, FAILED) or (strict and res.outcome in (INCONCLUSIVE, NOT_COMPARABLE)):
         print(f"::error title={title}::{msg}", file=out, flush=True)
     elif res.outcome in (INCONCLUSIVE, NOT_COMPARABLE) or any(r.status == "warning" for r in res.rows):
         print(f"::warning title={title}::{msg}", file=out, flush=True)
@@ -82,8 +82,8 @@ def github(res: GateResult, strict: bool = False, stream=None) -> None:
 
 
 def junit(res: GateResult, path: Path) -> None:
-    """One testsuite "perfdoctor-gate", one testcase per gated metric: <failure> for a regression,
-    <skipped> for inconclusive or not comparable. When the runs ran different commands, the step
+    """One testsuite "perfdoctor-gate", one testcase per gated metric: <failure> for a regression
+    (and for the current run's script when it failed), <skipped> for inconclusive or not comparable. When the runs ran different commands, the step
     time's testcase says so in its <system-err>."""
     suite = ET.Element("testsuite", name="perfdoctor-gate", time="0")
     counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
@@ -92,8 +92,8 @@ def junit(res: GateResult, path: Path) -> None:
         case = ET.SubElement(suite, "testcase", classname="perfdoctor-gate", name=x(r.metric), time="0")
         counts["tests"] += 1
         text = x(f"baseline {r.baseline}, current {r.current}, change {r.change}, threshold {r.threshold}")
-        if r.status == REGRESSION:
-            ET.SubElement(case, "failure", message=x(r.reason), type="regression").text = text
+        if r.status in (REGRESSION, FAILED):
+            ET.SubElement(case, "failure", message=x(r.reason), type=r.status).text = text
             counts["failures"] += 1
         elif r.status in (INCONCLUSIVE, NOT_COMPARABLE):
             ET.SubElement(case, "skipped", message=x(f"{r.status}: {r.reason}"))

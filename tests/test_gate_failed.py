@@ -1,0 +1,90 @@
+"""gate on a run whose script failed: a crash that ends the job early reads as a speed-up (fewer,
+cheaper steps), so the gate fails on it, whatever its step times say (a user trial: a script
+that exited with code 3 was gated IMPROVEMENT -89.7%, exit 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.gate.gate import FAILED
+from perfdoctor.gate.load import script_failure
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200"}
+
+EXITS = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 256), torch.randn(64, 1)
+for step in range(int(sys.argv[1])):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+print("steps done", flush=True)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def _run(tmp: Path, name: str, steps: int, code: int) -> Path:
+    script = tmp / "exits.py"
+    script.write_text(EXITS)
+    d = tmp / name
+    p = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(d), str(script), str(steps), str(code)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+    assert p.returncode == code and (d / "report.json").is_file(), p.stderr[-2000:]
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gate-failed")
+    return {"ok": _run(tmp, "ok", 300, 0), "failed": _run(tmp, "failed", 60, 3)}
+
+
+def _gate(current: Path, baseline: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfdoctor", "gate", str(current), "--baseline", str(baseline), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **QUIET})
+
+
+def test_a_current_run_whose_script_failed_fails_the_gate(runs, tmp_path):
+    junit = tmp_path / "gate.xml"
+    p = _gate(runs["failed"], runs["ok"], "--format", "json", "--junit", str(junit))
+    assert p.returncode == 1, p.stderr
+    res = json.loads(p.stdout)
+    assert res["outcome"] == FAILED and res["exit_code"] == 1
+    row = res["rows"][0]
+    assert row["metric"] == "script" and row["status"] == FAILED and row["current"] == "exited (exit code 3)"
+    assert res["reason"].startswith("the current run's script exited (exit code 3)")
+    # the step time is still compared and shown: the same script, so no slower step hides in it
+    assert any(r["metric"] == "step time" for r in res["rows"])
+    xml = junit.read_text()
+    assert 'type="failed"' in xml and "exit code 3" in xml
+    t = _gate(runs["failed"], runs["ok"])
+    assert t.returncode == 1 and "perfdoctor gate: FAILED" in t.stdout, t.stdout
+
+
+def test_a_baseline_whose_script_failed_is_noted_and_the_current_run_is_gated(runs):
+    p = _gate(runs["ok"], runs["failed"], "--format", "json")
+    res = json.loads(p.stdout)
+    assert res["outcome"] != FAILED and p.returncode in (0, 1, 3)
+    assert all(r["metric"] != "script" for r in res["rows"])
+    assert any("the script exited (exit code 3)" in n for n in res["notes"]), res["notes"]
+
+
+def test_script_failure_reads_the_run_record():
+    assert script_failure({"outcome": "completed", "exit_code": 0}) is None
+    assert script_failure({"outcome": "exit", "exit_code": 0}) is None
+    assert script_failure({"outcome": "stopped", "exit_code": 0, "stopped_by": "max-steps"}) is None
+    # perfdoctor's own stop that had to interrupt the script is no failure of the script's
+    assert script_failure({"outcome": "interrupted", "exit_code": 130, "stopped_by": "duration"}) is None
+    assert script_failure({"outcome": "crashed", "exit_code": 1}) == "crashed (exit code 1)"
+    assert script_failure({"outcome": "killed", "exit_code": 137}) == "was killed (exit code 137)"
+    assert script_failure(None) is None and script_failure({}) is None
