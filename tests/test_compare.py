@@ -309,10 +309,45 @@ def test_compare_and_gate_name_a_new_flag(tmp_path):
                          ("PD999", "low", "something minor")])
     doc = compare_runs(before, after)
     assert doc["flags"] == {"before": ["PD214"], "after": ["PD216", "PD999"], "added": ["PD216", "PD999"],
-                            "removed": ["PD214"]}
+                            "removed": ["PD214"], "unchecked_before": [], "unchecked_after": []}
     res = gate_runs(after, [before], GateOptions())
     assert "new flags in the current run: PD216 (medium: The training job's memory grows every step)" in res.notes
     assert not any("PD999" in n for n in res.notes)                    # a low flag is no news for CI
+
+
+def test_a_rule_a_run_could_not_evaluate_is_neither_new_nor_gone(tmp_path):
+    """A tune trial's run has no trace: compare listed every trace rule of the baseline as "gone"
+    (a user trial: "gone: PD338, PD375, PD312, PD317" where only the fused optimizer had changed)."""
+    from perfdoctor.gate.compare import compare_runs, render_compare
+    from perfdoctor.gate.gate import GateOptions, gate_runs
+    from perfdoctor.gate.load import load_run
+
+    def report(name, fixes, flags, skipped):
+        d = {"schema_version": 2, "verdict": {"bound": "host"}, "findings": [{"id": i} for i in fixes],
+             "flags": [{"id": i, "severity": "medium", "title": "t"} for i in flags],
+             "traces": [{"metrics": {"run.step_time_ms": 10.0},
+                         "skipped": [{"rule": r, "unknown": ["trace.kernel_share"]} for r in skipped]}],
+             "run": {"command": "train.py"}}
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(d))
+        return load_run(f)
+
+    traced = report("traced", ["PD338", "PD312", "PD317"], ["PD211"], [])
+    untraced = report("untraced", [], [], ["PD312", "PD317", "PD211"])
+    doc = compare_runs(traced, untraced)
+    assert doc["findings"]["removed"] == ["PD338"] and doc["findings"]["unchecked_after"] == ["PD312", "PD317"]
+    assert doc["flags"]["removed"] == [] and doc["flags"]["unchecked_after"] == ["PD211"]
+    back = compare_runs(untraced, traced)
+    assert back["findings"]["added"] == ["PD338"] and back["findings"]["unchecked_before"] == ["PD312", "PD317"]
+    from rich.console import Console
+    con = Console(record=True, width=300)
+    render_compare(doc, con)
+    out = con.export_text()
+    assert "gone: PD338; not evaluated after (a metric they need is unknown there): PD312, PD317" in out, out
+    # gate: a flag no baseline could raise is no news in the current run
+    assert not any("new flags" in n for n in gate_runs(traced, [untraced], GateOptions()).notes)
+    assert any("new flags in the current run: PD211" in n
+               for n in gate_runs(traced, [report("clean", [], [], [])], GateOptions()).notes)
 
 
 def test_inputs_that_are_no_report_say_what_they_are(tmp_path):

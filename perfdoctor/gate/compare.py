@@ -46,11 +46,25 @@ def _row(metric, unit, b, a, noise, beyond, note=""):
             "noise": noise, "beyond_noise": beyond, "note": note}
 
 
+def _ids(before: list, after: list, unknown_before: set, unknown_after: set) -> dict:
+    """Rule ids before and after, added and removed; one a side could not evaluate (a metric it
+    needs is unknown there: a run without a trace) is neither: it is in `unchecked_before` or
+    `unchecked_after` (a tune trial's untraced run had read as every trace rule "gone")."""
+    return {"before": before, "after": after,
+            "added": [f for f in after if f not in before and f not in unknown_before],
+            "removed": [f for f in before if f not in after and f not in unknown_after],
+            "unchecked_before": [f for f in after if f not in before and f in unknown_before],
+            "unchecked_after": [f for f in before if f not in after and f in unknown_after]}
+
+
 def _ids_line(what: str, d: dict) -> str:
-    """'findings before: PD301; after: PD358; new: PD358; gone: PD301' from a before/after/added/removed dict."""
+    """'findings before: PD301; after: PD358; new: PD358; gone: PD301' from _ids's dict."""
     return (f"{what} before: {', '.join(d['before']) or 'none'}; after: {', '.join(d['after']) or 'none'}"
             + (f"; new: {', '.join(d['added'])}" if d["added"] else "")
-            + (f"; gone: {', '.join(d['removed'])}" if d["removed"] else ""))
+            + (f"; gone: {', '.join(d['removed'])}" if d["removed"] else "")
+            + "".join(f"; not evaluated {side} (a metric they need is unknown there): {', '.join(d[key])}"
+                      for side, key in (("before", "unchecked_before"), ("after", "unchecked_after"))
+                      if d.get(key)))
 
 
 def _title(bound, metrics: dict):
@@ -82,10 +96,8 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             "verdict": {"before": b.verdict, "after": a.verdict, "changed": b.verdict != a.verdict},
             # as the reports' badges say it: a CPU-only run's "device" is COMPUTE-BOUND (CPU), not a GPU
             "verdict_titles": {"before": _title(b.verdict, mb), "after": _title(a.verdict, ma)},
-            "findings": {"before": fb, "after": fa, "added": [f for f in fa if f not in fb],
-                         "removed": [f for f in fb if f not in fa]},
-            "flags": {"before": list(b.flags), "after": list(a.flags), "added": [f for f in a.flags if f not in b.flags],
-                      "removed": [f for f in b.flags if f not in a.flags]},
+            "findings": _ids(fb, fa, b.unevaluated, a.unevaluated),
+            "flags": _ids(list(b.flags), list(a.flags), b.unevaluated, a.unevaluated),
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
             "settings_differ": settings_diff(b, a),
             "notes": [n for n in (b.read_note, a.read_note, b.schema_note, a.schema_note) if n],

@@ -127,7 +127,8 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         unknown.update(u)
     notes += [n for r in (*bases, cur) for n in (r.read_note, r.schema_note) if n]
     seen = {k for b in bases for k in b.flags}
-    new = [f"{k} ({v})" for k, v in cur.flags.items() if k not in seen and not v.startswith("low")]
+    unknown_before = set.intersection(*(b.unevaluated for b in bases))   # no baseline could raise them
+    new = [f"{k} ({v})" for k, v in cur.flags.items() if k not in seen | unknown_before and not v.startswith("low")]
     if new:    # not gated (a flag is no measured slowdown), but a CI reader should see it
         notes.append("new flags in the current run: " + "; ".join(new))
     if unknown:

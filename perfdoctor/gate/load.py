@@ -93,6 +93,16 @@ class RunData:
         return [f.get("id") for f in self.doc.get("findings") or [] if f.get("id")]
 
     @property
+    def unevaluated(self) -> set[str]:
+        """Rule ids no trace of the report could evaluate (a metric they need is unknown: a tune
+        trial's run without a trace): their absence says nothing."""
+        out = None
+        for t in self.doc.get("traces") or []:
+            ids = {s.get("rule") for s in (t.get("skipped") or []) if isinstance(s, dict)} if isinstance(t, dict) else set()
+            out = ids if out is None else out & ids
+        return out or set()
+
+    @property
     def flags(self) -> dict[str, str]:
         """The report's flags: id -> 'severity: title' (strings as the report holds them)."""
         out = {}
