@@ -88,3 +88,11 @@ def test_script_failure_reads_the_run_record():
     assert script_failure({"outcome": "crashed", "exit_code": 1}) == "crashed (exit code 1)"
     assert script_failure({"outcome": "killed", "exit_code": 137}) == "was killed (exit code 137)"
     assert script_failure(None) is None and script_failure({}) is None
+
+
+def test_compare_notes_a_side_whose_script_failed(runs):
+    p = subprocess.run([sys.executable, "-m", "perfdoctor", "compare", str(runs["ok"]), str(runs["failed"]), "-f", "json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **QUIET})
+    assert p.returncode == 0, p.stderr
+    notes = json.loads(p.stdout)["notes"]
+    assert notes == ["after: the script exited (exit code 3): its steps cover the run up to that failure"], notes

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, same_command, settings_diff
+from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, same_command, script_failure,
+                                  settings_diff)
 from perfdoctor.report.labels import MIN_SHARE, bound_title
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.speedups import speedup
@@ -100,7 +101,9 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             "flags": _ids(list(b.flags), list(a.flags), b.unevaluated, a.unevaluated),
             "environment": {"before": b.fingerprint, "after": a.fingerprint, "differs": diffs, "unknown": unknown},
             "settings_differ": settings_diff(b, a),
-            "notes": [n for n in (b.read_note, a.read_note, b.schema_note, a.schema_note) if n],
+            "notes": [n for n in (b.read_note, a.read_note, b.schema_note, a.schema_note) if n]
+            + [f"{side}: the script {e}: its steps cover the run up to that failure"
+               for side, r in (("before", b), ("after", a)) if (e := script_failure(r.doc.get("run")))],
             "step_noise": _step_noise(rows[0]),
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 
