@@ -19,6 +19,41 @@ def test_worker_candidates_follow_the_cores():
     assert plan.worker_candidates(8, 0) == [2, 4, 7, 8]          # the 4 nearest the core count
     assert plan.worker_candidates(8, 4) == [2, 7, 8, 0]
     assert plan.worker_candidates(1, 0) == [1]
+    # a loader that waits (a sleep, a remote source): as many as PD301's model credits, past the cores
+    assert plan.worker_candidates(2, 0, 8.0) == [1, 2, 4, 8]
+    assert plan.worker_candidates(2, 0, 1.0) == [1, 2] and plan.worker_candidates(16, 0, 8.0) == [4, 8, 15, 16]
+
+
+def _pd301_case(prefix: str) -> dict:
+    import tomllib
+    from pathlib import Path
+    rule = tomllib.loads((Path(__file__).resolve().parents[1] / "rules" / "PD301-loader-workers.toml").read_text())
+    return next(c["metrics"] for c in rule["cases"] if c["name"].startswith(prefix))
+
+
+def test_a_worker_count_trial_is_predicted_at_its_own_count():
+    """A user's loader that sleeps 4 ms a sample on 2 cores: the report's PD301 models 8 workers
+    (they wait, they need no core), and tune predicted that same gain for 1 and 2 workers, which
+    measured 1.12x and 2.27x ("the model over-predicts"). Each trial is now predicted at its own
+    count, at most the model's (the rule's own case: 2 workers measured 2.21x)."""
+    from perfdoctor.tune import predict
+    doc = {"traces": [{"metrics": _pd301_case("a loader that waits 1 ms per sample")}]}
+    assert predict.modelled_workers(doc, []) == pytest.approx(8.0)
+    one = predict.trial_gain(doc, [], "PD301", {"num_workers": 1, "persistent_workers": True}, 0)
+    two = predict.trial_gain(doc, [], "PD301", {"num_workers": 2, "persistent_workers": True}, 0)
+    eight = predict.trial_gain(doc, [], "PD301", {"num_workers": 8}, 0)
+    sixteen = predict.trial_gain(doc, [], "PD301", {"num_workers": 16}, 0)
+    assert one["expected"] == pytest.approx(1 / 0.858, abs=0.01)           # the wait, one batch at a time
+    assert two["expected"] == pytest.approx(2.33, abs=0.01)
+    assert eight["expected"] == pytest.approx(7.0, abs=0.05) == sixteen["expected"]   # no more than the model's
+    assert one["ceiling"] == two["ceiling"] == eight["ceiling"]           # the wait removed, whatever the count
+    assert predict.trial_gain(doc, [], "PD302", {"pin_memory": True}, 0) is None
+    assert predict.trial_gain(doc, [], "PD301", {"prefetch_factor": 4}, 0) is None   # no count: the report's
+    # a computing loader: its workers get the free cores, so a 2-core machine credits 1
+    cpu = {"traces": [{"metrics": _pd301_case("pytorch/examples mnist_rnn")}]}
+    assert predict.modelled_workers(cpu, []) == pytest.approx(1.0, abs=0.1)
+    assert (predict.trial_gain(cpu, [], "PD301", {"num_workers": 2}, 0)["expected"]
+            == pytest.approx(predict.trial_gain(cpu, [], "PD301", {"num_workers": 1}, 0)["expected"]))
 
 
 def test_input_bound_plan_starts_with_the_loader_and_skips_cuda_on_cpu():

@@ -38,6 +38,7 @@ class Finding:
     share: float | None = None
     speedup: float | None = None
     ceiling_share: float | None = None     # the share the ceiling uses: at most share x run.trace_inflation
+    lets: dict[str, Any] = field(default_factory=dict)   # its gain's [gain.let] values (the model's inputs)
 
     on_bottleneck: bool = False           # the fix targets the class the verdict names
 
@@ -69,7 +70,9 @@ class _Unknown(Exception):
     pass
 
 
-def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
+def evaluate(rules: list[Rule], metrics: dict[str, Any], given: dict[str, Any] | None = None) -> Diagnosis:
+    """`given`: [gain.let] values to use instead of the rules' own (tune's prediction for the
+    setting a trial tries: rules/tunable.py KNOB_LETS)."""
     platform = metrics.get("trace.platform") or "any"
     values = dict(metrics)
     values["verdict.bound"] = None
@@ -99,7 +102,7 @@ def evaluate(rules: list[Rule], metrics: dict[str, Any]) -> Diagnosis:
     for r in fix_rules:
         f = _fire(r, diag, ev)
         if f is not None:
-            _gain(f, ev)
+            _gain(f, ev, given)
             f.on_bottleneck = bottleneck in r.targets
             diag.fixes.append(f)
     diag.flags.sort(key=lambda f: (SEVERITY_ORDER.get(f.rule.severity, 3), f.rule.id))
@@ -147,11 +150,12 @@ def _fire(r: Rule, diag: Diagnosis, ev: expr.Evaluator) -> Finding | None:
     return Finding(r, expr.render_template(r.summary, values), evidence)
 
 
-def _gain(f: Finding, ev: expr.Evaluator) -> None:
+def _gain(f: Finding, ev: expr.Evaluator, given: dict[str, Any] | None = None) -> None:
     g = f.rule.gain
     if g is None:
         return
-    with ev.scope(g.let):                # the rule's [gain.let] names, for its gain's expressions only
+    with ev.scope(g.let, given) as lets:     # the rule's [gain.let] names, for its gain's expressions only
+        f.lets = lets
         _gain_in_scope(f, g, ev)
 
 

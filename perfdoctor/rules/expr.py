@@ -178,20 +178,25 @@ class Evaluator:
         self._se.names = {**CONSTANTS, **_namespace(self.values)}
 
     @contextmanager
-    def scope(self, lets: dict[str, str]):
+    def scope(self, lets: dict[str, str], given: dict[str, Any] | None = None):
         """A rule's [gain.let] names for its gain's expressions: each the value of its expression
         over the metrics and the names before it (None where that is unknown or cannot be
-        computed); gone afterwards, so no other rule sees them."""
+        computed), or the value `given` for it (a setting tune tries: the names after it see
+        that value); gone afterwards, so no other rule sees them. Yields the names' values."""
         saved = self._se.names
         self._se.names = dict(saved)
+        values: dict[str, Any] = {}
         try:
             for name, text in lets.items():
-                try:
-                    value = self.eval(text)
-                except (TypeError, ValueError, ZeroDivisionError):
-                    value = None
-                self._se.names[name] = value
-            yield
+                if given and name in given:
+                    value = given[name]
+                else:
+                    try:
+                        value = self.eval(text)
+                    except (TypeError, ValueError, ZeroDivisionError):
+                        value = None
+                self._se.names[name] = values[name] = value
+            yield values
         finally:
             self._se.names = saved
 

@@ -19,6 +19,24 @@ KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"
               "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
               "anomaly": ("PD374",)}
 NO_WORKERS_RULE = "PD347"       # num_workers=0, tried from a script that has workers
+WORKERS_RULE = "PD301"          # its model's [gain.let] `workers` (from none) and `added` (to some)
+
+
+def knob_lets(changes: dict, current_workers: int, modelled: dict) -> dict | None:
+    """The [gain.let] values a trial's setting gives WORKERS_RULE's model: the workers it tries,
+    at most as many as the model credits (`modelled`: its own lets, from the report's metrics: the
+    cores a computing loader's workers would get, or 8 for one that waits), so that 1 and 2 workers
+    are not both predicted the gain of 8 (a user trial: "8.67x" beside measured 1.12x and 2.27x).
+    None: the trial sets no worker count, or the model has none to replace."""
+    n = changes.get("num_workers")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return None
+    out = {}
+    if isinstance(modelled.get("workers"), (int, float)):
+        out["workers"] = min(float(n), modelled["workers"])
+    if isinstance(modelled.get("added"), (int, float)) and n > current_workers:
+        out["added"] = min(float(n - current_workers), modelled["added"])
+    return out or None
 CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "channels_last",
                        "empty_cache"})
 OPT_IN = {"autocast": "--allow-numerics", "float32": "--allow-numerics", "compile": "--allow-compile"}

@@ -81,6 +81,7 @@ class Trial:
     bound: str | None = None         # a bound trial's caveat: it measures a fix's most, not a setting (module doc)
     label: str = ""
     tests: tuple | None = None       # the rules it tests where its direction decides (THREADS_*); None: KNOB_RULES'
+    gain: dict | None = None         # its rule's gain at this setting (a worker count), not the report's
 
     def __post_init__(self):
         if not self.label:
@@ -110,6 +111,7 @@ class Facts:
     contended: bool = False           # the training thread queued for a CPU (flag PD214)
     other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
+    modelled_workers: float | None = None   # the workers PD301's model credits (up to 8 for a loader that waits)
     nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
     peeks: bool = False               # DataLoader iterators started to peek, or re-created every step (PD355 fired)
     per_sample: bool = False          # an in-memory dataset fetched sample by sample (PD358 fired)
@@ -121,15 +123,18 @@ def describe(changes: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in changes.items()) or "baseline"
 
 
-def worker_candidates(cores: int, current: int) -> list[int]:
+def worker_candidates(cores: int, current: int, modelled: float | None = None) -> list[int]:
     """1, 2, 4, ... up to the core count, plus cores-1 and cores, and 0 when the script has
     workers; never the current value and never more workers than cores (extra workers fight
-    the trainer for CPU)."""
+    the trainer for CPU), unless PD301's model credits more (`modelled`: a loader that waits
+    rather than computes, a sleep or a remote source, overlaps its waits beyond the cores: a
+    user's sleeping loader on 2 cores measured 2.27x with 2 workers where 8 were modelled)."""
+    top = max(cores, int(modelled or 0))
     vals, v = {0} if current > 0 else set(), 1
-    while v <= cores:
+    while v <= top:
         vals.add(v)
         v *= 2
-    vals.update(x for x in (cores - 1, cores) if x >= 1)
+    vals.update(x for x in (cores - 1, cores, top) if x >= 1)
     vals.discard(current)
     # keep the ones nearest the core count when there are too many; 0, the other way out, last
     keep = sorted(vals - {0}, key=lambda x: -x)[:MAX_WORKER_CANDIDATES - (0 in vals)]
@@ -183,7 +188,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
     by_group: dict[str, list[Trial]] = {g: [] for g in ORDER["input"]}
     if f.loader is not None:
         cur = int(f.loader.get("num_workers") or 0)
-        by_group["loader"] += [Trial(worker_changes(f, n), "loader") for n in worker_candidates(f.cores, cur)]
+        by_group["loader"] += [Trial(worker_changes(f, n), "loader")
+                               for n in worker_candidates(f.cores, cur, f.modelled_workers)]
         if not f.loader.get("pin_memory"):
             by_group["loader"].append(Trial({"pin_memory": True}, "loader", skip=None if f.cuda else "no CUDA device"))
     fewer = threads_for_free_cores(f)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from perfdoctor.rules.gain import stacked
-from perfdoctor.rules.tunable import KNOB_RULES
+from perfdoctor.rules.tunable import KNOB_RULES, WORKERS_RULE, knob_lets
 from perfdoctor.tune import plan as planmod
 
 
@@ -97,3 +97,43 @@ def applicable(doc: dict, f: planmod.Facts | None, rule_dirs) -> set[str] | None
         return {r.id for r in load_rules(rule_dirs) if "any" in r.devices or platform in r.devices}
     except Exception:
         return None
+
+
+def _rule_finding(doc: dict, rule_dirs, rule_id: str, given: dict | None = None):
+    """The rule's finding over the baseline report's metrics (with `given` [gain.let] values),
+    or None when the rule is not found or does not fire."""
+    from perfdoctor.rules.engine import evaluate
+    from perfdoctor.rules.loader import load_rules
+    try:
+        rules = [r for r in load_rules(rule_dirs) if r.id == rule_id]
+    except Exception:
+        return None
+    if not rules:
+        return None
+    from perfdoctor.analyze.registry import REGISTRY
+    values = dict.fromkeys(REGISTRY)               # unknown unless the report has it, as in the run's diagnosis
+    values.update(_metrics(doc))
+    fixes = evaluate(rules, values, given).fixes
+    return fixes[0] if fixes else None
+
+
+def modelled_workers(doc: dict, rule_dirs) -> float | None:
+    """The worker count WORKERS_RULE's model credits the baseline's loader with (its let
+    `workers`: the free cores, or up to 8 for a loader that waits rather than computes)."""
+    f = _rule_finding(doc, rule_dirs, WORKERS_RULE)
+    w = f.lets.get("workers") if f is not None else None
+    return float(w) if isinstance(w, (int, float)) else None
+
+
+def trial_gain(doc: dict, rule_dirs, rule: str | None, changes: dict, current_workers: int) -> dict | None:
+    """WORKERS_RULE's gain for the worker count a trial tries, the report's metrics otherwise
+    unchanged: {"expected", "range", "ceiling"} as the report's fix holds them; None for another
+    rule or setting (the report's own gain stands)."""
+    if rule != WORKERS_RULE:
+        return None
+    own = _rule_finding(doc, rule_dirs, rule)
+    given = knob_lets(changes, current_workers, own.lets) if own is not None else None
+    f = _rule_finding(doc, rule_dirs, rule, given) if given else None
+    if f is None:
+        return None
+    return {"expected": f.expected, "range": [f.low, f.high] if f.low is not None else None, "ceiling": f.ceiling}

@@ -34,6 +34,14 @@ def _t(x):
     return None if x is None else float(f"{float(x):.6g}")
 
 
+def _at(fixes: dict, t) -> dict:
+    """The report's fixes, with the trial's rule's gain at the trial's setting where tune has one
+    (a worker count: tune/predict.trial_gain)."""
+    if not t.gain or t.rule not in fixes:
+        return fixes
+    return {**fixes, t.rule: {**fixes[t.rule], "gain": {**(fixes[t.rule].get("gain") or {}), **t.gain}}}
+
+
 def _trial_doc(o: Outcome, fixes: dict) -> dict:
     m = o.run
     return {"changes": o.trial.changes, "label": o.trial.label, "group": o.trial.group, "rule": o.trial.rule,
@@ -44,7 +52,7 @@ def _trial_doc(o: Outcome, fixes: dict) -> dict:
             "status": o.status, "reason": o.reason, "dir": str(m.run_dir) if m else None,
             "baseline_dirs": [str(b.run_dir) for b in o.bases],
             "baseline_step_time_s": [_t(b.step_s) for b in o.bases], "loss": o.loss,
-            "model_check": modelcheck.check(o.trial.rule, o.offered, o.status, o.ratio, o.ci95, fixes,
+            "model_check": modelcheck.check(o.trial.rule, o.offered, o.status, o.ratio, o.ci95, _at(fixes, o.trial),
                                             modelled=o.predicted is not None),
             "confirm": ({"dir": o.confirm["dir"], "speedup": _r(o.confirm["speedup"], 4),
                          "ci95": [_r(x, 4) for x in o.confirm["ci95"]] if o.confirm["ci95"] else None,

@@ -175,11 +175,20 @@ class Tuner(Verification):
         return predict.verdict_title(self.doc)
 
     def _facts(self, b: Measured) -> planmod.Facts:
-        return predict.facts(self.doc, self.fixes, b)
+        f = predict.facts(self.doc, self.fixes, b)
+        if predict.WORKERS_RULE in self.fixes:
+            f.modelled_workers = predict.modelled_workers(self.doc, self.o.rule_dirs)
+        return f
 
     def _prediction(self, t: planmod.Trial) -> tuple[str | None, float | None]:
-        return predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs),
-                                  cuda=self.facts.cuda if self.facts is not None else None)
+        """The rule a trial tests and its expected gain: the report's, or for a worker count the
+        rule's model at that count (t.gain, which the trial's model check then holds it to)."""
+        rule, pred = predict.prediction(t, self.fixes, predict.applicable(self.doc, self.facts, self.o.rule_dirs),
+                                        cuda=self.facts.cuda if self.facts is not None else None)
+        loader = (self.facts.loader if self.facts is not None else None) or {}
+        t.gain = (predict.trial_gain(self.doc, self.o.rule_dirs, rule, t.changes, int(loader.get("num_workers") or 0))
+                  if rule in self.fixes else None)
+        return rule, (t.gain["expected"] if t.gain else pred)
 
     def _paired_noise(self, first: Measured, again: Measured) -> None:
         """A wide baseline interval with a quiet machine may be the steps' own work varying (image
