@@ -436,7 +436,7 @@ def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
     c = console(file=io.StringIO())
     render(doc, c)
     out = c.file.getvalue()
-    assert ("200 steps in a 4.2 s run: 0.311 ms/step (95% CI 0.310-0.312) over 198 steady steps "
+    assert ("201 steps, 200 timed, in a 4.2 s run: 0.311 ms/step (95% CI 0.310-0.312) over 198 steady steps "
             "(left out: 2 warm-up); "
             "median 0.312 ms; data wait 0.0% of that time") in out
     assert "steps measured in" not in out and "median step 0.312 ms" in out
@@ -463,10 +463,10 @@ def test_run_line_says_what_a_step_is_when_no_optimizer_stepped(tmp_path):
         render(diagnose_dir(d), c)
         lines[source] = next(ln for ln in c.file.getvalue().splitlines() if " ms/step" in ln)
     assert lines["backward passes (a step from one gradient reset to the next)"].startswith(
-        "60 steps of backward passes (a step from one gradient reset to the next) in a 3.4 s run: ")
-    assert lines["optimizer steps"].startswith("60 steps in a 3.4 s run: ")
+        "61 steps of backward passes (a step from one gradient reset to the next), 60 timed, in a 3.4 s run: ")
+    assert lines["optimizer steps"].startswith("61 steps, 60 timed, in a 3.4 s run: ")
     from perfdoctor.report import html
-    assert "60 steps of backward passes (a step from one gradient reset to the next) measured: " in \
+    assert "61 steps of backward passes (a step from one gradient reset to the next), 60 timed: " in \
         html.render(diagnose_dir(tmp_path / "backward"))
 
 

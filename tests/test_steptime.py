@@ -325,13 +325,13 @@ def test_the_run_line_says_when_a_step_holds_several_backward_passes():
     from perfdoctor.report.terminal import _run_steps_line
     m = {"run.steps": 59, "run.step_time_ms": 764.0, "run.step_time_ci95_ms": None, "run.steady_steps": 47,
          "run.step_time_conclusive": True, "loop.backward_passes_per_step": 8}
-    assert _run_steps_line(m, 56.0).startswith("59 steps (8 backward passes a step) in a 56.0 s run: 764.0 ms/step")
+    assert _run_steps_line(m, 56.0).startswith("60 steps (8 backward passes a step), 59 timed, in a 56.0 s run: 764.0 ms/step")
     line = _run_steps_line(m, 56.0, None, "backward passes (a step from one gradient reset to the next)")
-    assert line.startswith("59 steps of backward passes (a step from one gradient reset to the next) "
-                           "(8 backward passes a step) in a 56.0 s run")
+    assert line.startswith("60 steps of backward passes (a step from one gradient reset to the next) "
+                           "(8 backward passes a step), 59 timed, in a 56.0 s run")
     for n in (1, 0, None, True, "8"):
         assert passes_text({"loop.backward_passes_per_step": n}) == "", n
-        assert _run_steps_line({**m, "loop.backward_passes_per_step": n}, 56.0).startswith("59 steps in a 56.0 s run")
+        assert _run_steps_line({**m, "loop.backward_passes_per_step": n}, 56.0).startswith("60 steps, 59 timed, in a 56.0 s run")
 
 
 def test_no_prefetch_fill_without_loader_batches():

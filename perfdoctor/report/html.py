@@ -127,7 +127,7 @@ def _run(run: dict | None, m: dict) -> str:
     line = ""
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        line = (f"{m['run.steps']} steps{H(source_text(run.get('step_source')) + passes_text(m))} measured: <b>{ms(t)} ms/step</b>"
+        line = (f"{m['run.steps'] + 1} steps{H(source_text(run.get('step_source')) + passes_text(m))}, {m['run.steps']} timed: <b>{ms(t)} ms/step</b>"
                 + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                 + f" over {m['run.steady_steps']} steady steps"
                 + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")

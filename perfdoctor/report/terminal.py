@@ -203,9 +203,10 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
 
 def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None,
                     reason: str | None = None) -> str:
-    """'99 steps in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady steps (left
-    out: 10 profiled, 2 warm-up)': the wall time is the whole run's (imports and set-up
-    included), not the steps'. Steps that are not optimizer steps say what they are; a step time
+    """'100 steps, 99 timed, in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady
+    steps (left out: 10 profiled, 2 warm-up)': the first step's end starts the clock, so N steps
+    are N - 1 timed ones (run.steps; a user counted 100 and read "99 steps"); the wall time is the
+    whole run's (imports and set-up included), not the steps'. Steps that are not optimizer steps say what they are; a step time
     the window cannot tell says why (`reason`: the estimate's, in run.json's step_time_reason)."""
     why = left_out_text(left_out)
     ci = m.get("run.step_time_ci95_ms")
@@ -214,7 +215,7 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
     if (first_s := first_step_shown(m, wall_s)) is not None:    # set-up a material part of the run
         wall += f" (the first after {first_s:.1f} s)"
     what = T(source_text(source)) + passes_text(m)
-    return (f"{m['run.steps']} steps{what}{wall}: {ms(t)} ms/step"
+    return (f"{m['run.steps'] + 1} steps{what}, {m['run.steps']} timed,{wall}: {ms(t)} ms/step"
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
             + f" over {m['run.steady_steps']} steady steps"
             + (f" (left out: {why})" if why else "")
