@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.gate.gate import FAILED
-from perfdoctor.gate.load import script_failure
+from perfdoctor.report.labels import script_failure
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200"}
@@ -96,3 +96,13 @@ def test_compare_notes_a_side_whose_script_failed(runs):
     assert p.returncode == 0, p.stderr
     notes = json.loads(p.stdout)["notes"]
     assert notes == ["after: the script exited (exit code 3): its steps cover the run up to that failure"], notes
+
+
+def test_the_report_of_a_failed_script_offers_no_tune_command(runs):
+    """tune refuses a baseline whose script fails (exit 1: "nothing to tune"), so the report of
+    one does not offer `perfdoctor tune --only ...` (a user trial: it did, for a script that exited 3)."""
+    from perfdoctor.report.labels import tune_hint
+    ok = json.loads((runs["ok"] / "report.json").read_text())
+    failed = json.loads((runs["failed"] / "report.json").read_text())
+    assert tune_hint(ok) is not None and tune_hint(ok).startswith("perfdoctor tune --only ")
+    assert [f["id"] for f in failed["findings"]] and tune_hint(failed) is None

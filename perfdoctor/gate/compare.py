@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, same_command, script_failure,
-                                  settings_diff)
-from perfdoctor.report.labels import MIN_SHARE, bound_title
+from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, same_command, settings_diff
+from perfdoctor.report.labels import MIN_SHARE, bound_title, script_failure
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.speedups import speedup
 

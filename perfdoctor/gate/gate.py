@@ -45,7 +45,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, other_load_of, same_command,
-                                  bound_words, script_failure, settings_diff)
+                                  bound_words, settings_diff)
+from perfdoctor.report.labels import script_failure
 from perfdoctor.report.values import s_as_ms
 from perfdoctor.stats import speedups, steptime
 from perfdoctor.stats.speedups import speedup, wait_share_change

@@ -297,23 +297,6 @@ def other_load_of(m: dict) -> tuple[float | None, int | None]:
     return (other if other is not None else other_cores(m)), (int(cores) if cores else cores)
 
 
-STOPPED = ("completed", "stopped")      # run.outcome of a run that ended as it should (exit 0)
-
-
-def script_failure(run: dict | None) -> str | None:
-    """'crashed (exit code 1)', 'exited with exit code 3': how a run's script failed (a non-zero
-    exit, a crash, a kill, an interrupt; not perfdoctor's stop at --duration or --max-steps, which
-    may end in an interrupt), None for a run that ended as it should or a report without a run."""
-    if not isinstance(run, dict) or run.get("stopped_by"):
-        return None
-    outcome, code = run.get("outcome"), run.get("exit_code")
-    if outcome in STOPPED or (outcome in (None, "exit") and code in (None, 0)):
-        return None
-    how = {"exit": "exited", "crashed": "crashed", "killed": "was killed", "interrupted": "was interrupted",
-           "no_module": "found no module to run"}.get(outcome, "did not finish")
-    return how + (f" (exit code {code})" if isinstance(code, int) and not isinstance(code, bool) else "")
-
-
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
                "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
                "inconclusive": "inconclusive"}

@@ -182,6 +182,23 @@ def abnormal_end(run: dict | None) -> str | None:
             + (f": {err}" if err else ""))
 
 
+STOPPED = ("completed", "stopped")      # run.outcome of a run that ended as it should (exit 0)
+
+
+def script_failure(run: dict | None) -> str | None:
+    """'crashed (exit code 1)', 'exited with exit code 3': how a run's script failed (a non-zero
+    exit, a crash, a kill, an interrupt; not perfdoctor's stop at --duration or --max-steps, which
+    may end in an interrupt), None for a run that ended as it should or a report without a run."""
+    if not isinstance(run, dict) or run.get("stopped_by"):
+        return None
+    outcome, code = run.get("outcome"), run.get("exit_code")
+    if outcome in STOPPED or (outcome in (None, "exit") and code in (None, 0)):
+        return None
+    how = {"exit": "exited", "crashed": "crashed", "killed": "was killed", "interrupted": "was interrupted",
+           "no_module": "found no module to run"}.get(outcome, "did not finish")
+    return how + (f" (exit code {code})" if isinstance(code, int) and not isinstance(code, bool) else "")
+
+
 MIXED_CAUSE = 0.9           # a stack row whose main cause holds less of it says how much
 
 
@@ -242,6 +259,8 @@ def tune_hint(doc: dict) -> str | None:
     if not run.get("command") or doc.get("ranks") or doc.get("cross_rank") or not doc.get("traces"):
         return None
     if run.get("steps") == 0:     # tune measures the launched process's steps: it had none (trained elsewhere?)
+        return None
+    if script_failure(run):       # tune refuses a baseline whose script fails: fix that first
         return None
     m = shown_trace(doc)["metrics"]
     platform = m.get("trace.platform")
