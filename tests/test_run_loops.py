@@ -363,6 +363,40 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     assert ("PD346" in ids) == (idle and not crowded), (m["machine.physical_cores"], m["machine.free_cores"])
 
 
+FEW_LONG = r"""
+import sys, time
+import torch, torch.nn as nn
+torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+a = torch.randn(256, 256)
+for i in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < float(sys.argv[2]):
+        torch.mm(a, a)
+    opt.zero_grad(); model(a).sum().backward(); opt.step()
+print("few long: done", flush=True)
+"""
+
+
+def test_few_long_cpu_steps_need_no_profiler_warm_up_step(tmp_path):
+    """A user's 6 steps of 3 s on a CPU got no trace: the window waited 10 s (warmup_s), then kept
+    torch.profiler's own warm-up step, and no step was left to record. Without CUDA the profiler
+    starts in milliseconds, so a step of a second or more needs no warm-up step (window.CPU_STEP_S).
+    Scaled: 5 steps of 1.2 s, warmup_s 3 s: the trace starts after 3 steps and records the 4th."""
+    script = tmp_path / "few_long.py"
+    script.write_text(FEW_LONG)
+    out = tmp_path / "run"
+    r = prun(script, 5, 1.2, out=out, env={"PERFDOCTOR_WARMUP_S": "3"})
+    assert r.returncode == 0 and r.stdout == "few long: done\n", r.stderr
+    c = child(out)
+    assert c["window"]["start_after_steps"] == 3 and c["window"]["profiler_warmup_steps"] == 0, c["window"]
+    assert c["window"]["recorded_steps"] == 1 and c["profiler"] == "done"
+    assert [s["step"] for s in steps(out) if s["profiled"]] == [4]
+    m = report(out)["traces"][0]["metrics"]
+    assert m["steps.count"] == 1 and m["steps.time_median_ms"] > 1100      # a whole step of ~1.2 s
+
+
 # A closure of thousands of tiny ops, 20 calls a step (pytorch/examples' time_sequence_prediction
 # is this with an LSTM cell over 999 time steps: ~8M profiler events a step, and the job was
 # killed for memory while perfdoctor recorded it).

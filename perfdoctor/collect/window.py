@@ -11,8 +11,11 @@ began:
   allocator growth, autotuning and compilation land there).
 - Profiler warm-up. torch.profiler's own warm-up step absorbs its start-up cost (CUPTI/Kineto
   initialisation: milliseconds on a CPU, up to a second or two on a GPU). It is kept when the
-  last step was shorter than `warmup_s`; a step at least that long dwarfs the start-up cost,
-  so recording begins with the next step and a run of two long steps still gets a trace.
+  last step was shorter than `warmup_s`, or on a process without CUDA shorter than CPU_STEP_S
+  (1 s: a thousand times the CPU start-up); a step at least that long dwarfs the start-up cost,
+  so recording begins with the next step and a run of two long steps still gets a trace (a
+  user's 6 steps of 3 s on a CPU had got none: 4 warm-up steps and a profiler warm-up left no
+  step to record).
 - End. Recording stops at the boundary where `active` steps (`--trace-steps`) are recorded, or
   at least one is and `trace_s` seconds of steps have been recorded: a run of a few long
   steps gets one or two whole steps, not a cut-short window, and the trace stays small.
@@ -53,6 +56,7 @@ from perfdoctor.collect.tracebudget import CHECK_S, TRACE_MB, memory_limit, rele
 
 WARMUP_S = 10.0
 TRACE_S = 10.0
+CPU_STEP_S = 1.0      # without CUDA, a step this long needs no profiler warm-up step (module doc)
 
 
 def seconds(cfg: dict, key: str, env: str, default: float) -> float:
@@ -142,7 +146,7 @@ class Window:
         if self.state == "pending":
             by_steps = steps >= self.skip
             if by_steps or (steps >= 1 and now - t_first >= self.warmup_s):
-                self.warmup = 0 if last_dur >= self.warmup_s else 1
+                self.warmup = 0 if last_dur >= min(self.warmup_s, self._startup_free_s()) else 1
                 self._start(now)
                 self.start_step = steps
                 if not by_steps:
@@ -170,6 +174,15 @@ class Window:
                 # some torch versions ask for torch._inductor in start_trace
                 with profquiet.inductor_left_unloaded(self.torch), profquiet.cycle_warning_hidden():
                     self.prof.step()
+
+    def _startup_free_s(self) -> float:
+        """How long a step must be for the profiler's start-up to vanish in it: CPU_STEP_S where
+        the profiler records no CUDA activity (no CUPTI to start), else warmup_s."""
+        try:
+            cuda = bool(self.torch.cuda.is_available())
+        except Exception:           # a torch without a working CUDA query: keep the warm-up step
+            cuda = True
+        return self.warmup_s if cuda else CPU_STEP_S
 
     def _start(self, now: float) -> None:
         torch = self.torch
