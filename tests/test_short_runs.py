@@ -70,4 +70,7 @@ def test_a_run_that_ended_before_its_trace_says_when_the_trace_opens():
              "window": {"start_after_steps": 2, "profiler_warmup_steps": 1}}
     res = RunResult(Path("."), 0, None, 30.0, child, None, [])
     assert why_no_trace(res, [{}] * 3) == ("the run ended after 3 step(s), before a whole step was recorded: the "
-                                          "trace opens after 2 warm-up step(s) and 1 profiler warm-up step(s)")
+                                          "trace opens after 2 warm-up step(s) and 1 profiler warm-up step(s); "
+                                          "to trace one of so few steps: --skip-steps 1 --trace-steps 1")
+    # one step: no flag traces it (the first step only starts the clock)
+    assert not why_no_trace(res, [{}]).endswith("--trace-steps 1")

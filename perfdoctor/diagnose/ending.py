@@ -50,11 +50,17 @@ def why_no_trace(res: RunResult, steps: list[dict]) -> str:
         skip, warm = win.get("start_after_steps"), win.get("profiler_warmup_steps")
         opens = (f"the trace opens after {skip} warm-up step(s) and {warm} profiler warm-up step(s)"
                  if isinstance(skip, int) and isinstance(warm, int) else "the trace opens after the warm-up steps")
-        return f"the run ended after {len(steps)} step(s), before a whole step was recorded: {opens}"
+        return f"the run ended after {len(steps)} step(s), before a whole step was recorded: {opens}{_sooner(steps)}"
     if not steps:
         return "the script recorded no step"
     return (f"the run ended after {len(steps)} step(s), before the profiled window (it opens after --skip-steps "
-            "steps, or after PERFDOCTOR_WARMUP_S seconds of long steps)")
+            f"steps, or after PERFDOCTOR_WARMUP_S seconds of long steps){_sooner(steps)}")
+
+
+def _sooner(steps: list) -> str:
+    """How to trace a run of a few steps: open the window after the first (a user's 6 steps of 3 s
+    got no trace and no word of the flags that give one)."""
+    return "; to trace one of so few steps: --skip-steps 1 --trace-steps 1" if len(steps) >= 2 else ""
 
 
 def failed(res: RunResult) -> bool:

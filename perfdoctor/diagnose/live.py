@@ -79,7 +79,8 @@ def step_estimate(steps: list[dict], num_workers: int | None = None,
         est = estimate([{**s, "profiled": False, "perturbed": False} for s in steps],
                        num_workers=num_workers, prefetch_factor=prefetch_factor)
         est.conclusive = False
-        est.reason = "every step was warm-up, profiled or right after the trace export" + \
+        # (not "every step was warm-up...": the line it ends says "over 3 steady steps")
+        est.reason = "no step was undisturbed, so the profiled ones and the one after the trace export stand in" + \
             (f"; {est.reason}" if est.reason else "")
     return est
 
