@@ -79,6 +79,7 @@ CHILD_POLL_S = 1.0                # how often new worker processes are looked fo
 # The trainer is a Python process py-spy was pointed at: "no python processes found" there means
 # it could not read the process's memory (py-spy words some refusals that way).
 _REFUSED = re.compile(r"permission denied|operation not permitted|\bEPERM\b|ptrace|no python processes found", re.I)
+_GONE = re.compile(r"Check that the process is running|No such process")   # py-spy met an exited process
 
 
 def _ptrace_scope() -> str | None:
@@ -313,6 +314,8 @@ class StackRecorder:
             log = ""
         if _REFUSED.search(log):
             self.notes.append(ptrace_note())
+        elif _GONE.search(log):     # py-spy's own words read as perfdoctor's failure (a user trial)
+            self.notes.append("py-spy recorded no stacks: the script had ended before py-spy read its first sample")
         else:
             first = next((ln.strip() for ln in log.splitlines() if ln.strip() and "py-spy>" not in ln), None)
             self.notes.append(f"py-spy recorded no stacks (exit code {code}"
