@@ -203,7 +203,7 @@ def tune(
                                           help="Also write the result here, in --format (json when the format is "
                                                "terminal)."),
     fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f",
-                                   help="Format of the -o file (markdown without -o: on stderr instead of the table)."),
+                                   help="Format of the -o file (markdown without -o: on stdout instead of the table)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
     stacks: Optional[bool] = typer.Option(None, "--stacks/--no-stacks", envvar="PERFDOCTOR_STACKS",

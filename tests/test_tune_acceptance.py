@@ -91,11 +91,13 @@ def test_tune_document_on_a_small_script(tmp_path):
                   for d in (tmp_path / "t").iterdir() if (d / "run.json").exists())
     assert doc["elapsed_s"] <= budget + longest + 5                        # never a run past the budget
     assert doc["skipped_for_budget"] == [t["label"] for t in doc["trials"] if t["reason"] == "budget"]
-    assert (tmp_path / "t" / "tune.json").exists() and "best:" in r.stderr
+    # the result on stdout (`tune ... > result.txt` keeps it), tune's progress on stderr
+    assert (tmp_path / "t" / "tune.json").exists() and "best:" in r.stdout and "best:" not in r.stderr
+    assert "[perfdoctor tune] baseline:" in r.stderr and "[perfdoctor tune]" not in r.stdout
     if doc["best"]:                          # confirmed by a second run, or said to rest on one
         best = next(t for t in doc["trials"] if t["changes"] == doc["best"]["changes"])
         assert doc["best"]["confirmed"] == (best["confirm"] is not None)
-        assert ("two runs" if doc["best"]["confirmed"] else "one run") in r.stderr
+        assert ("two runs" if doc["best"]["confirmed"] else "one run") in r.stdout
     report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
     expected = {f["id"]: (f.get("gain") or {}).get("expected") for f in report["findings"]}
     for t in doc["trials"]:                 # "predicted" is the report's expected gain of the tested fix
@@ -194,6 +196,6 @@ def test_acceptance_cpu_bound_loader(tmp_path):
         if best["confirmed"]:               # two runs: within 25% of what the reruns support
             assert 0.75 * lo <= best["speedup"] <= 1.25 * hi, (best, measured)
         else:                               # the budget ran out first (a slow machine): it says so
-            said = " ".join(r.stderr.split())                       # rich wraps the line
-            assert "one run (no budget left to confirm it)" in said, r.stderr
+            said = " ".join(r.stdout.split())                       # rich wraps the line
+            assert "one run (no budget left to confirm it)" in said, r.stdout
             assert "one run, not confirmed" in by[f"num_workers={w}"]["reason"], best

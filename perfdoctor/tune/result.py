@@ -170,7 +170,8 @@ WIDE = 110                  # narrower terminals get the table without its step-
 
 def emit(t: Tuner, output: Path | None, fmt: str, failed=None) -> None:
     """The finished tune's result: tune.json in its directory; -o FILE in fmt (json for the
-    terminal format); on the terminal the table, or markdown on stderr when there is no -o FILE.
+    terminal format); on stdout the table, or markdown when there is no -o FILE (tune's progress
+    lines go to stderr: `tune ... > result.txt` keeps the result, as a user expected).
     `failed`: the baseline's TuneFailed, whose one line the command prints as its error: the
     files only, then."""
     from perfdoctor.report.json_out import to_json
@@ -184,7 +185,7 @@ def emit(t: Tuner, output: Path | None, fmt: str, failed=None) -> None:
     if failed is not None:
         return
     if fmt == "markdown" and output is None:
-        sys.stderr.write(rendered(doc, "markdown", kind="tune").decode())
+        sys.stdout.write(rendered(doc, "markdown", kind="tune").decode())
         return
     render(doc)
 
@@ -195,7 +196,7 @@ def render(doc: dict, console=None) -> None:
     from perfdoctor.report.sanitize import console as _console, text
     from perfdoctor.report.labels import (budget_hint, tune_baselines_note, tune_best_step, tune_model_check,
                                          tune_no_best, tune_only, tune_predicted, tune_step_times)
-    con = console or _console(stderr=True)
+    con = console or _console()
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
     con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
