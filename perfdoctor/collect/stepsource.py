@@ -154,8 +154,9 @@ class StepSources:
                              "backward passes, and their gradients cannot be watched: each pass is a step")
             else:
                 self._choose("backward", self.group_marks,
-                             f"{NO_OPT} in the first {FALLBACK} rounds of backward passes: a step runs "
-                             "from one gradient reset (zero_grad, an update) to the next (hand-written update)")
+                             f"{NO_OPT} in the first {FALLBACK} rounds of backward passes, so the script "
+                             "updates its parameters by hand: a step runs from one reset of the gradients "
+                             "(zero_grad or grad.zero_()) to the next")
         elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
             self._choose("backward-each", list(self.pass_marks),
                          f"no optimizer step and no gradient reset seen in {PASS_FALLBACK} backward passes: each "
