@@ -74,3 +74,15 @@ def test_a_run_that_ended_before_its_trace_says_when_the_trace_opens():
                                           "to trace one of so few steps: --skip-steps 1 --trace-steps 1")
     # one step: no flag traces it (the first step only starts the clock)
     assert not why_no_trace(res, [{}]).endswith("--trace-steps 1")
+
+
+def test_a_run_max_steps_cut_too_short_says_how_many_would_do():
+    """--max-steps 20 left 8 steady steps after the trace ("need 10") with no word of what to ask
+    for (a user trial): the reason names the --max-steps that leaves enough."""
+    from perfdoctor.diagnose.ending import more_steps
+    reason = "only 8 steady steps (need 10)"
+    assert more_steps(reason, False, 8, "max-steps", 20) == reason + "; --max-steps 22 or more would leave enough"
+    assert more_steps(reason, False, 8, None, 20) == reason                  # the script ended by itself
+    assert more_steps(reason, False, 8, "duration", None) == reason          # --duration: no step count to name
+    assert more_steps(None, True, 40, "max-steps", 80) is None               # enough: nothing to add
+    assert more_steps("a drift", False, 12, "max-steps", 80) == "a drift"    # enough steps, another reason

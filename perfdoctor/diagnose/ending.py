@@ -148,3 +148,16 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
         v["confidence_label"] = label(v["confidence"])
         v["notes"] = notes + [f"no trace ({why}): the verdict rests on {len(steps)} measured step(s) and the "
                               f"system samples, so its confidence is capped at {cap}"]
+
+
+def more_steps(reason: str | None, conclusive: bool, n: int, stopped_by: str | None, max_steps) -> str | None:
+    """The step time's reason, with the --max-steps that would have left enough steady steps when
+    --max-steps ended the run too soon (a user's --max-steps 20 left 8 after the trace, "need 10",
+    and no word of what to ask for): the steps added at the end lengthen the run of undisturbed
+    steps after the trace, which is the longest one then."""
+    from perfdoctor.stats.steptime import MIN_STEPS
+    if (conclusive or stopped_by != "max-steps" or not isinstance(max_steps, int) or isinstance(max_steps, bool)
+            or n >= MIN_STEPS):
+        return reason
+    hint = f"--max-steps {max_steps + MIN_STEPS - n} or more would leave enough"
+    return f"{reason}; {hint}" if reason else hint

@@ -35,7 +35,7 @@ from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
-from perfdoctor.diagnose.ending import outcome, steps_only_verdict, why_no_trace
+from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace
 from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
@@ -271,7 +271,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "signal": res.signal, "stopped_by": res.stopped_by,
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "steps_left_out": {k: v for k, v in est.dropped.items() if v},
-                  "step_time_reason": est.reason,
+                  "step_time_reason": more_steps(est.reason, est.conclusive, est.n, res.stopped_by,
+                                                 (launched.get("config") or {}).get("max_steps")),
                   "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling, "series": series, "step_series": step_series(steps, est.first, est.n)}
     doc["stacks"] = stacks
