@@ -73,7 +73,8 @@ def report(
                                     "(pull requests, job summaries); on stdout, or in the -o file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Write the report in --format to this file instead of stdout "
-                                               "(with the terminal format: the JSON report, beside the screen)."),
+                                               "(with the terminal format: a FILE named .html or .md gets that "
+                                               "format, any other the JSON report, beside the screen)."),
     details: bool = typer.Option(False, "--details", help=DETAILS_HELP),
     annotate: Optional[Path] = typer.Option(None, "--annotate", metavar="OUT.json.gz",
                                             help="Also write a copy of the trace with the findings as events of "
@@ -86,13 +87,14 @@ def report(
 ) -> None:
     """Diagnose a recorded trace: verdict, ranked fixes, breakdown, flags and the numbers behind them."""
     from perfdoctor.diagnose.offline import diagnose_path
-    from perfdoctor.report.outputs import check_writable, emit, report_inputs, tune_for
+    from perfdoctor.report.outputs import check_writable, emit, format_for, report_inputs, tune_for
 
     for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
         check_writable(dest, report_inputs(path))
     given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
-    shows_tune = fmt in (Format.html, Format.markdown)
+    form = format_for(fmt.value, output)
+    shows_tune = form in ("html", "markdown")
     if given is not None and not shows_tune:
         print("perfdoctor: note: --tune's measured gains are shown by --format html and markdown only",
               file=sys.stderr)
@@ -100,7 +102,7 @@ def report(
     if annotate is not None:
         from perfdoctor.report.annotate import write_annotated
         write_annotated(doc, annotate)
-    emit(doc, fmt.value, output, details, tune)
+    emit(doc, form, output, details, tune)
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
@@ -127,8 +129,8 @@ def run(
     force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "
                                                       "(its files are removed first)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Also write the report here, in --format (json when the format is "
-                                               "terminal)."),
+                                          help="Also write the report here, in --format (with the terminal "
+                                               "format: html or markdown for a FILE named .html or .md, else json)."),
     fmt: Format = typer.Option(Format.terminal, "--format", "-f",
                                help="Format of the -o file; the terminal report goes to stderr (markdown without "
                                     "-o: on stderr instead). The run directory always gets report.json, "
@@ -174,7 +176,8 @@ def run(
     cfg = RunConfig(argv=argv, module=module, run_dir=out, max_steps=max_steps, duration=duration,
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)
-    report_to = Output(output, fmt.value, details, [str(d) for d in rules_dirs or []])
+    from perfdoctor.report.outputs import format_for
+    report_to = Output(output, format_for(fmt.value, output), details, [str(d) for d in rules_dirs or []])
     dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
     raise typer.Exit(run_script(cfg, report_to, dist, nproc_per_node, list(baselines or []), strict))
 
@@ -200,8 +203,8 @@ def tune(
                                                   "repeatable."),
     out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default perfdoctor-runs/<time>-<script>-tune)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Also write the result here, in --format (json when the format is "
-                                               "terminal)."),
+                                          help="Also write the result here, in --format (with the terminal "
+                                               "format: markdown for a FILE named .md, else json)."),
     fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f",
                                    help="Format of the -o file (markdown without -o: on stdout instead of the table)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
@@ -234,12 +237,14 @@ def tune(
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only),
                               show_output=show_output))
+    from perfdoctor.report.outputs import format_for
+    form = format_for(fmt.value, output, ("markdown",))
     try:
         tuner.run()
     except TuneFailed as exc:               # its one line is the error; -o FILE and tune.json say it too
-        emit(tuner, output, fmt.value, failed=exc)
+        emit(tuner, output, form, failed=exc)
         raise
-    emit(tuner, output, fmt.value)
+    emit(tuner, output, form)
 
 
 @app.command()

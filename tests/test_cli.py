@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,26 @@ def test_terminal_report(trace):
     assert "Largest idle-GPU gaps" not in out and "--details" in out     # one screen by default
     full = run("report", trace, "--details")
     assert full.returncode == 0 and "Largest idle-GPU gaps" in full.stdout and "evidence (" in full.stdout
+
+
+def test_an_output_file_named_html_or_md_gets_that_format(trace, tmp_path):
+    """`report -o report.html` wrote the JSON document into report.html with no word (a user
+    trial): with the default format, the file's name says its format; any other name keeps the
+    JSON beside the screen, and an explicit --format wins."""
+    from perfdoctor.report.outputs import format_for
+    page, notes, other, forced = (tmp_path / n for n in ("r.html", "r.md", "r.out", "f.html"))
+    r = run("report", trace, "-o", page)
+    assert r.returncode == 0 and r.stdout == "", r.stderr           # as -f html -o r.html
+    assert page.read_text().lstrip().lower().startswith("<!doctype html")
+    r = run("report", trace, "-o", notes)
+    assert r.returncode == 0 and notes.read_text().startswith("### perfdoctor: INPUT-BOUND"), notes.read_text()[:80]
+    r = run("report", trace, "-o", other)
+    assert r.returncode == 0 and "INPUT-BOUND" in r.stdout and json.loads(other.read_text())["schema_version"] == 2
+    r = run("report", trace, "-f", "json", "-o", forced)
+    assert r.returncode == 0 and json.loads(forced.read_text())["schema_version"] == 2
+    assert format_for("terminal", Path("x.MD"), ("markdown",)) == "markdown"       # tune: markdown or json
+    assert format_for("terminal", Path("x.html"), ("markdown",)) == "terminal"
+    assert format_for("terminal", None) == "terminal" and format_for("json", Path("x.html")) == "json"
 
 
 def test_a_compute_bound_cpu_run_is_not_called_device_bound(tmp_path):

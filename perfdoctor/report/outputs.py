@@ -78,6 +78,18 @@ def write(path: Path, data: bytes) -> None:
         raise PerfdoctorError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
+
+
+def format_for(fmt: str, output: Path | None, choices: tuple = ("html", "markdown")) -> str:
+    """The format asked; with the default one (terminal) and an -o FILE named .html or .md, that
+    file's format (`-o report.html` had written JSON into it, with no word: a user trial)."""
+    if fmt != "terminal" or output is None:
+        return fmt
+    named = SUFFIX_FORMATS.get(Path(output).suffix.lower())
+    return named if named in choices else fmt
+
+
 def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: dict | None = None,
          stderr: bool = False) -> None:
     """report (stdout) and run (stderr: stdout is the script's). terminal: the rich report, and -o
