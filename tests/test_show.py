@@ -440,7 +440,7 @@ def test_run_line_gives_the_run_wall_time_and_sub_millisecond_steps(tmp_path):
             "(left out: 2 warm-up); "
             "median 0.312 ms; data wait 0.0% of that time") in out
     assert "steps measured in" not in out and "median step 0.312 ms" in out
-    assert "run: **0.311 ms/step** (95% CI 0.310-0.312) over 198 steady steps (left out: 2 warm-up)" in md_report(doc)
+    assert "run: 201 steps, 200 timed: **0.311 ms/step** (95% CI 0.310-0.312) over 198 steady steps (left out: 2 warm-up)" in md_report(doc)
 
 
 def test_run_line_says_what_a_step_is_when_no_optimizer_stepped(tmp_path):

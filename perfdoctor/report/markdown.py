@@ -13,7 +13,7 @@ import re
 
 from perfdoctor.report.labels import (BOUND_TITLE, MEASURE_FIXES, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
                                      first_step_shown,
-                                     from_other_traces, role_labels, shown_trace, tune_baselines_note, tune_best_step,
+                                     from_other_traces, role_labels, script_failure, shown_trace, tune_baselines_note, tune_best_step,
                                      tune_hint, tune_model_check, tune_no_best, tune_only, tune_predicted,
                                      tune_step_times, unranked_gain)
 from perfdoctor.report.sanitize import markdown as M, terminal
@@ -36,7 +36,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
     m = first["metrics"]
     out = [f"### perfdoctor: {bound_title(v['bound'], m) if v['bound'] in BOUND_TITLE else M(v['bound'])} · {v['confidence_label']} confidence "
            f"({v['confidence']:.2f})", "", M(v["summary"]), ""]
-    ended = abnormal_end(doc.get("run"))
+    run = doc.get("run")
+    ended = abnormal_end(run) or (f"The script {failed}" if (failed := script_failure(run)) else None)
     if ended:
         out[-1:-1] = ["", f"**{M(ended)}**"]
     dev = device_text(m)
@@ -45,7 +46,9 @@ def report(doc: dict, tune: dict | None = None) -> str:
         facts.append(f"{m['steps.count']} traced steps, median {ms(m['steps.time_median_ms'])} ms")
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        facts.append(f"run: **{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
+        n = m.get("run.steps")
+        counted = f"{n + 1} steps, {n} timed: " if isinstance(n, int) and not isinstance(n, bool) and n > 0 else ""
+        facts.append(f"run: {counted}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps"
                      + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
                         else "")
@@ -94,8 +97,10 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     rest = [f for f in doc["findings"] if not f["ranked"]]
     also = ([f"Also {WORTH_A_LOOK}: " + "; ".join(f"{M(f['title'])} ({M(f['id'])}{unranked_gain(f)})" for f in rest)]
             if rest else [])
-    if not ranked:
-        return ["No fix with a measurable speed-up applies.", "", *also, *([""] if also else [])]
+    measure = (["", MEASURE_FIXES.capitalize(), "", _fence(cmd, "sh")]
+               if tune is None and (cmd := tune_hint(doc)) else [])
+    if not ranked:      # the fixes worth a look may still be measured (CPU bf16 autocast, say)
+        return ["No fix with a measurable speed-up applies.", "", *also, *measure, *([""] if also or measure else [])]
     measured = measured_by_rule(tune)
     out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
     for i, f in enumerate(ranked, 1):
@@ -110,8 +115,7 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     snippet = ranked[0]["fix"].get("snippet")
     if snippet:
         out += ["", _fence(snippet, ranked[0]["fix"].get("snippet_lang") or "")]
-    if tune is None and (cmd := tune_hint(doc)):
-        out += ["", MEASURE_FIXES.capitalize(), "", _fence(cmd, "sh")]
+    out += measure
     out.append("")
     return out
 

@@ -1,6 +1,8 @@
-"""gate on a run whose script failed: a crash that ends the job early reads as a speed-up (fewer,
-cheaper steps), so the gate fails on it, whatever its step times say (a user trial: a script
-that exited with code 3 was gated IMPROVEMENT -89.7%, exit 0)."""
+"""A run whose script failed (exited 3 after its steps), as gate, compare and the report read it.
+gate: a crash that ends the job early reads as a speed-up (fewer, cheaper steps), so the gate
+fails on it, whatever its step times say (a user trial: a script that exited with code 3 was
+gated IMPROVEMENT -89.7%, exit 0). The report: no tune command (tune refuses such a baseline),
+and markdown says it failed."""
 
 from __future__ import annotations
 
@@ -106,3 +108,21 @@ def test_the_report_of_a_failed_script_offers_no_tune_command(runs):
     failed = json.loads((runs["failed"] / "report.json").read_text())
     assert tune_hint(ok) is not None and tune_hint(ok).startswith("perfdoctor tune --only ")
     assert [f["id"] for f in failed["findings"]] and tune_hint(failed) is None
+
+
+def test_markdown_says_the_script_failed_and_keeps_the_tune_command_without_a_ranked_fix(runs):
+    """--format markdown left out what the terminal says (a user trial): a script that exited 3 was
+    not said to have failed, and with only fixes worth a look the `perfdoctor tune` line was gone."""
+    from perfdoctor.report.labels import tune_hint
+    from perfdoctor.report.markdown import report as md
+    failed = json.loads((runs["failed"] / "report.json").read_text())
+    assert "**The script exited \\(exit code 3\\)**" in md(failed)
+    ok = json.loads((runs["ok"] / "report.json").read_text())
+    cmd = tune_hint(ok)
+    assert cmd and f"```sh\n{cmd}\n```" in md(ok)
+    for f in ok["findings"]:        # the same fixes, none with a modelled gain: still measurable
+        f["ranked"] = False
+    text = md(ok)
+    assert "No fix with a measurable speed-up applies." in text and f"```sh\n{cmd}\n```" in text
+    n = ok["run"]["steps"]
+    assert f"run: {n + 1} steps, {n} timed: **" in text
