@@ -181,3 +181,18 @@ def test_a_foreach_trial_on_the_cpu_is_not_held_to_the_fused_model():
     # its ceiling still holds it: a foreach step above the whole optimizer share is a wrong bound
     assert check("PD338", True, "faster", 1.3, (1.2, 1.4), fixes, modelled=False)["verdict"] == "beats-ceiling"
     assert check("PD338", True, "no change", 1.00, (0.95, 1.06), fixes)["verdict"] == "agrees"     # the fused model
+
+
+def test_a_trial_without_a_model_is_listed_not_counted():
+    """foreach on a CPU tests PD338 without its model (PD338 models fused there): "0 of 1 agree"
+    stood over "no model of its gain, at most 1.57x, measured 1.38x" (a user trial)."""
+    from perfdoctor.report.labels import tune_model_check
+    fixes = {"PD338": {"id": "PD338", "gain": {"expected": 1.27, "range": [1.1, 1.4], "ceiling": 1.57}}}
+    foreach = {"label": "optimizer=foreach",
+               "model_check": check("PD338", True, "faster", 1.38, (1.2, 1.5), fixes, modelled=False)}
+    assert foreach["model_check"]["verdict"] == "unmodelled"
+    lines = tune_model_check([foreach])
+    assert lines == ["optimizer=foreach (PD338): no model of its gain, at most 1.57x, measured 1.38x [1.20-1.50]"], lines
+    fused = {"label": "optimizer=fused", "model_check": check("PD338", True, "faster", 1.3, (1.2, 1.4), fixes)}
+    lines = tune_model_check([foreach, fused])
+    assert lines[0] == "the report's gains against these runs: 1 of 1 agree (PD338)" and len(lines) == 2

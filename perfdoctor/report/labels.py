@@ -363,15 +363,18 @@ def tune_model_check(trials: list[dict]) -> list[str]:
     """The lines under tune's table: how many checked trials agree with the report's model of
     the fix they test (naming their rules), then each other trial in full, by its label (one
     rule can be tested by several trials: workers 1 and 2). tune/modelcheck.py judges each
-    trial. [] when no trial was checked."""
+    trial. A trial whose fix has no model of its gain (`unmodelled`) can neither agree nor not:
+    it is listed, not counted ("0 of 1 agree" had stood over "no model of its gain, at most 1.57x,
+    measured 1.38x"). [] when no trial was checked."""
     checked = [tr for tr in trials if tr.get("model_check")]
     if not checked:
         return []
-    agree = [tr["model_check"]["rule"] for tr in checked if tr["model_check"]["verdict"] == "agrees"]
-    head = (f"the report's gains against these runs: {len(agree)} of {len(checked)} agree"
-            + (f" ({', '.join(dict.fromkeys(agree))})" if agree else ""))
-    return [head] + [f"{tr['label']} ({tr['model_check']['rule']}): {tr['model_check']['text']}"
-                     for tr in checked if tr["model_check"]["verdict"] != "agrees"]
+    judged = [tr for tr in checked if tr["model_check"]["verdict"] != "unmodelled"]
+    agree = [tr["model_check"]["rule"] for tr in judged if tr["model_check"]["verdict"] == "agrees"]
+    head = ([f"the report's gains against these runs: {len(agree)} of {len(judged)} agree"
+             + (f" ({', '.join(dict.fromkeys(agree))})" if agree else "")] if judged else [])
+    return head + [f"{tr['label']} ({tr['model_check']['rule']}): {tr['model_check']['text']}"
+                   for tr in checked if tr["model_check"]["verdict"] != "agrees"]
 
 
 def tune_best_step(doc: dict) -> str:
