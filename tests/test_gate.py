@@ -173,8 +173,11 @@ def test_several_baselines_judge_against_their_spread():
     assert gate_runs(mk(series(rng, median=0.120)), noisy).outcome == "pass"
     tight = [mk(series(rng, median=m)) for m in (0.099, 0.100, 0.101)]
     res = gate_runs(mk(series(rng, median=0.120)), tight)
-    assert res.outcome == "regression" and "run-to-run" in res.method
+    assert res.outcome == "regression" and res.method == "run-to-run (3 baselines)"
     assert "spread" in res.reason
+    # two baselines: their spread may be small by chance, and the method line says so
+    two = gate_runs(mk(series(rng, median=0.120)), tight[:2])
+    assert two.method.startswith("run-to-run (2 baselines: a spread from two runs can be small by chance")
 
 
 def test_different_cpu_count_is_not_comparable_but_shares_still_gate():

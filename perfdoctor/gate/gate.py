@@ -140,7 +140,9 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
                      + " (gated all the same: it may be the change under test)")
     rows: list[Row] = []
     method = ("within-run (one baseline: weaker evidence, as two runs of one command can differ by more; 3 "
-              "baselines weigh the spread between runs)") if len(bases) == 1 else f"run-to-run ({len(bases)} baselines)"
+              "baselines weigh the spread between runs)") if len(bases) == 1 else (
+        "run-to-run (2 baselines: a spread from two runs can be small by chance; 3 or more weigh it)"
+        if len(bases) == 2 else f"run-to-run ({len(bases)} baselines)")
     if diffs:
         why = ("environment differs (" + "; ".join(diffs) + "): absolute times not compared, "
                "gating shares and verdict only")
