@@ -24,7 +24,7 @@ def test_only_keeps_the_named_groups_and_the_trials_of_the_named_fixes():
     assert [t.changes for t in plan.plan(facts(), only=plan.only_names(["pd338"]))] == [
         {"optimizer": "fused"}, {"optimizer": "foreach"}]
     # comma-separated and repeated names add up, in the plan's own order
-    both = plan.plan(facts(), allow_compile=True, only=plan.only_names(["compile, PD341", "PD338"]))
+    both = plan.plan(facts(), allow_compile=True, only=plan.only_names(["compile, PD346", "PD338"]))
     assert [t.group for t in both] == [t.group for t in everything if t.group in ("threads", "optimizer", "compile")]
     assert plan.plan(facts(), only=plan.only_names(["PD306"])) == []          # not raised: no trial tests it
     assert plan.only_names([]) is None and plan.only_names(None) is None      # no --only: everything

@@ -142,11 +142,19 @@ def test_contention_tries_fewer_threads_first():
     one = facts(verdict="cpu_compute", data_wait=0.0, threads=1, contended=True, other_cores=0.3)
     row = next(t for t in plan.plan(one) if "threads" in t.changes)
     assert row.changes == {"threads": 2} and row.skip.startswith("other processes kept the cores busy")
-    # that row tests more threads (PD341, PD346), not the ranked PD348 (fewer): it had taken PD348's
-    # 1.77x and taken PD348 off the fixes tune did not measure
-    assert prediction(row, fixes, None) == ("PD341", None)
+    # that row tests more threads (PD346), not the ranked PD348 (fewer): it had taken PD348's
+    # 1.77x and taken PD348 off the fixes tune did not measure; nor PD341, which fits threads to
+    # the cores (fewer)
+    assert prediction(row, fixes, None) == ("PD346", None)
     assert prediction(trials[0], {**fixes, "PD341": {**fixes["PD341"], "ranked": True}}, None) == ("PD348", 1.77)
     assert plan.wanted(row, plan.only_names(["PD346"])) and not plan.wanted(row, plan.only_names(["PD348"]))
+    # the queue of the job's own making (2 workers at 0.37 core each and 2 torch threads on 2
+    # cores, others at 0.02 core: a user trial): one thread fewer is tried, and tests PD341
+    own = facts(verdict="input_cpu", threads=2, contended=True, other_cores=0.02, worker_cores=0.73)
+    fewer = next(t for t in plan.plan(own) if "threads" in t.changes)
+    assert fewer.changes == {"threads": 1} and not fewer.skip and fewer.tests == plan.THREADS_FEWER
+    mine = {"PD341": {"kind": "fix", "ranked": True, "gain": {"expected": 1.41}}}
+    assert prediction(fewer, mine, None) == ("PD341", 1.41)
 
 
 def test_no_trial_for_what_the_script_already_does():

@@ -68,7 +68,7 @@ ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly",
                     "optimizer", "loader", "indexing", "preprocessing", "threads")}
 STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
-THREADS_FEWER, THREADS_MORE = ("PD348",), ("PD341", "PD346")   # a threads trial's rules, by its direction
+THREADS_FEWER, THREADS_MORE = ("PD348", "PD341"), ("PD346",)   # a threads trial's rules, by its direction
 
 
 @dataclass
@@ -110,6 +110,7 @@ class Facts:
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
     contended: bool = False           # the training thread queued for a CPU (flag PD214)
     other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
+    worker_cores: float | None = None  # cores the script's DataLoader workers kept busy
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
     modelled_workers: float | None = None   # the workers PD301's model credits (up to 8 for a loader that waits)
     nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
@@ -153,14 +154,15 @@ def worker_changes(f: Facts, n: int) -> dict:
 
 
 def threads_for_free_cores(f: Facts) -> int | None:
-    """Fewer torch threads when other processes hold cores and the training thread queued for one
-    (PD348): a thread per core they leave free (at least FREE_CORE of it), at least one; None when
-    that is not fewer than the script's own. An op split over threads waits for the slowest, so a
-    thread the scheduler parks can cost many times the queueing (measured: 15-27x from one thread
-    fewer on two shared cores, while on a quiet machine the two counts ran alike)."""
+    """Fewer torch threads when other processes, or the job's own DataLoader workers, hold cores
+    and the training thread queued for one (PD348, PD341): a thread per core they leave free (at
+    least FREE_CORE of it), at least one; None when that is not fewer than the script's own. An op
+    split over threads waits for the slowest, so a thread the scheduler parks can cost many times
+    the queueing (measured: 15-27x from one thread fewer on two shared cores, while on a quiet
+    machine the two counts ran alike)."""
     if not f.contended or f.other_cores is None or not f.threads:
         return None
-    n = max(1, int(f.cores - f.other_cores + FREE_CORE))
+    n = max(1, int(f.cores - f.other_cores - (f.worker_cores or 0.0) + FREE_CORE))
     return n if n < f.threads else None
 
 

@@ -46,12 +46,20 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],
         contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
         other_cores=m.get("system.other_cores"),
+        worker_cores=_worker_cores(m),
         saturated="PD309" in fixes,
         nchw="PD342" in fixes,
         peeks="PD355" in fixes,
         per_sample="PD358" in fixes,
         preprocess="PD306" in fixes,
         anomaly="PD374" in fixes)
+
+
+def _worker_cores(m: dict) -> float | None:
+    """The cores the script's DataLoader workers kept busy (their count x each one's mean)."""
+    n, each = m.get("loader.workers"), m.get("loader.worker_cpu_mean")
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (n, each))
+    return float(n) * float(each) if ok and n > 0 else None
 
 
 def prediction(t: planmod.Trial, fixes: dict, applicable: set[str] | None,
