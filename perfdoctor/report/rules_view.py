@@ -47,7 +47,7 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         c.print("  step speed-up <= 1 / ((1 - f) + f / s)   (Amdahl)")
         for name, value in r.gain.let.items():           # [gain.let]: the names the expressions below use
             c.print(text(f"  where {name} = {normalize(value)}"))
-        c.print(text(f"  f = {normalize(r.gain.share)}   ({r.gain.label.rstrip(",")})"))
+        c.print(text(f"  f = {normalize(r.gain.share)}   ({r.gain.label.rstrip(',')})"))
         c.print(text(f"  s = {normalize(r.gain.speedup)}"))
         c.print(text(f"  assumption: {r.gain.assumption}"))
         if r.gain.work:
