@@ -344,6 +344,12 @@ def test_a_rule_a_run_could_not_evaluate_is_neither_new_nor_gone(tmp_path):
     render_compare(doc, con)
     out = con.export_text()
     assert "gone: PD338; not evaluated after (a metric they need is unknown there): PD312, PD317" in out, out
+    # a report is input: a skipped entry that names no rule, or a list, is left out (the fuzz test's)
+    odd = report("odd", [], [], [])
+    odd.doc["traces"][0]["skipped"] = [{"rule": ["PD312"]}, {"rule": None}, "PD317", {"rule": "PD338"}]
+    assert odd.unevaluated == {"PD338"}
+    odd.doc["traces"][0]["skipped"] = {"rule": "PD338"}
+    assert odd.unevaluated == set()
     # gate: a flag no baseline could raise is no news in the current run
     assert not any("new flags" in n for n in gate_runs(traced, [untraced], GateOptions()).notes)
     assert any("new flags in the current run: PD211" in n

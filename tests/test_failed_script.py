@@ -90,6 +90,9 @@ def test_script_failure_reads_the_run_record():
     assert script_failure({"outcome": "crashed", "exit_code": 1}) == "crashed (exit code 1)"
     assert script_failure({"outcome": "killed", "exit_code": 137}) == "was killed (exit code 137)"
     assert script_failure(None) is None and script_failure({}) is None
+    # a report is input: values of the wrong type are unknown, never a crash (the fuzz test found one)
+    assert script_failure({"outcome": ["exit"], "exit_code": "3"}) is None
+    assert script_failure({"outcome": "crashed", "exit_code": [1]}) == "crashed"
 
 
 def test_compare_notes_a_side_whose_script_failed(runs):

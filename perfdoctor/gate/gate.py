@@ -27,7 +27,7 @@ detected steady window / its steps, never a median, no long step dropped as an o
   current or a baseline run (system.cpu_busy_share x machine.cpu_count minus the trainer's and
   the loader workers' CPU): step time is inconclusive (a noisy neighbour, not the code).
 
-A current run whose script failed (load.script_failure) fails the gate (`failed`, exit 1).
+A current run whose script failed (report.labels.script_failure) fails the gate (`failed`, exit 1).
 
 Shares (share.input = exposed data wait, gpu.idle_share = idle device), gated whatever the
 fingerprint: regression when the share grows by at least --min-share (0.10 = 10 points) AND
@@ -58,6 +58,8 @@ EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, FAILED: 1, INCONCLUSIVE: 3, NOT_
 SCRIPT = "script"
 STEP_TIME = "step time"
 SHARES = (("share.input", "traced data wait"), ("gpu.idle_share", "idle device"))   # the traced steps' shares
+
+
 @dataclass
 class GateOptions:
     min_effect: float = steptime.MATERIAL  # relative step-time change that matters
@@ -128,7 +130,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         unknown.update(u)
     notes += [n for r in (*bases, cur) for n in (r.read_note, r.schema_note) if n]
     seen = {k for b in bases for k in b.flags}
-    unknown_before = set.intersection(*(b.unevaluated for b in bases))   # no baseline could raise them
+    unknown_before = set.intersection(*(b.unevaluated for b in bases)) if bases else set()   # none could raise them
     new = [f"{k} ({v})" for k, v in cur.flags.items() if k not in seen | unknown_before and not v.startswith("low")]
     if new:    # not gated (a flag is no measured slowdown), but a CI reader should see it
         notes.append("new flags in the current run: " + "; ".join(new))

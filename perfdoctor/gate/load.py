@@ -98,7 +98,9 @@ class RunData:
         trial's run without a trace): their absence says nothing."""
         out = None
         for t in self.doc.get("traces") or []:
-            ids = {s.get("rule") for s in (t.get("skipped") or []) if isinstance(s, dict)} if isinstance(t, dict) else set()
+            skipped = t.get("skipped") if isinstance(t, dict) else None
+            ids = {s["rule"] for s in (skipped if isinstance(skipped, list) else [])
+                   if isinstance(s, dict) and isinstance(s.get("rule"), str)}      # a report is input
             out = ids if out is None else out & ids
         return out or set()
 

@@ -56,8 +56,8 @@ def markdown(res: GateResult) -> str:
 
 def github(res: GateResult, strict: bool = False, stream=None) -> None:
     """When GITHUB_STEP_SUMMARY is set: append the markdown table there and print workflow commands
-    (::error:: for a regression or a failed script, ::warning:: for inconclusive / not comparable / a verdict change,
-    and one more ::warning:: when the runs ran different commands) on `stream` (stdout; the CLI
+    (::error:: for a regression or a failed script, ::warning:: for inconclusive / not comparable /
+    a verdict change, and one more ::warning:: when the runs ran different commands) on `stream` (stdout; the CLI
     passes stderr with --format json so stdout stays one document)."""
     import sys
 
@@ -83,8 +83,9 @@ def github(res: GateResult, strict: bool = False, stream=None) -> None:
 
 def junit(res: GateResult, path: Path) -> None:
     """One testsuite "perfdoctor-gate", one testcase per gated metric: <failure> for a regression
-    (and for the current run's script when it failed), <skipped> for inconclusive or not comparable. When the runs ran different commands, the step
-    time's testcase says so in its <system-err>."""
+    (and for the current run's script when it failed), <skipped> for inconclusive or not
+    comparable. When the runs ran different commands, the step time's testcase says so in its
+    <system-err>."""
     suite = ET.Element("testsuite", name="perfdoctor-gate", time="0")
     counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
     for r in res.rows:

@@ -192,11 +192,13 @@ def script_failure(run: dict | None) -> str | None:
     if not isinstance(run, dict) or run.get("stopped_by"):
         return None
     outcome, code = run.get("outcome"), run.get("exit_code")
+    outcome = outcome if isinstance(outcome, str) else None             # a report is input
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
     if outcome in STOPPED or (outcome in (None, "exit") and code in (None, 0)):
         return None
     how = {"exit": "exited", "crashed": "crashed", "killed": "was killed", "interrupted": "was interrupted",
            "no_module": "found no module to run"}.get(outcome, "did not finish")
-    return how + (f" (exit code {code})" if isinstance(code, int) and not isinstance(code, bool) else "")
+    return how + (f" (exit code {code})" if code is not None else "")
 
 
 MIXED_CAUSE = 0.9           # a stack row whose main cause holds less of it says how much

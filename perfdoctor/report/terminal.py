@@ -206,8 +206,9 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
     """'100 steps, 99 timed, in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady
     steps (left out: 10 profiled, 2 warm-up)': the first step's end starts the clock, so N steps
     are N - 1 timed ones (run.steps; a user counted 100 and read "99 steps"); the wall time is the
-    whole run's (imports and set-up included), not the steps'. Steps that are not optimizer steps say what they are; a step time
-    the window cannot tell says why (`reason`: the estimate's, in run.json's step_time_reason)."""
+    whole run's (imports and set-up included), not the steps'. Steps that are not optimizer steps
+    say what they are; a step time the window cannot tell says why (`reason`: the estimate's, in
+    run.json's step_time_reason)."""
     why = left_out_text(left_out)
     ci = m.get("run.step_time_ci95_ms")
     t = m["run.step_time_ms"]

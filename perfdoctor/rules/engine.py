@@ -72,7 +72,7 @@ class _Unknown(Exception):
 
 def evaluate(rules: list[Rule], metrics: dict[str, Any], given: dict[str, Any] | None = None) -> Diagnosis:
     """`given`: [gain.let] values to use instead of the rules' own (tune's prediction for the
-    setting a trial tries: rules/tunable.py KNOB_LETS)."""
+    setting a trial tries: rules/tunable.py knob_lets)."""
     platform = metrics.get("trace.platform") or "any"
     values = dict(metrics)
     values["verdict.bound"] = None

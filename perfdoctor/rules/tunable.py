@@ -20,6 +20,9 @@ KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"
               "anomaly": ("PD374",)}
 NO_WORKERS_RULE = "PD347"       # num_workers=0, tried from a script that has workers
 WORKERS_RULE = "PD301"          # its model's [gain.let] `workers` (from none) and `added` (to some)
+CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "channels_last",
+                       "empty_cache"})
+OPT_IN = {"autocast": "--allow-numerics", "float32": "--allow-numerics", "compile": "--allow-compile"}
 
 
 def knob_lets(changes: dict, current_workers: int, modelled: dict) -> dict | None:
@@ -37,9 +40,6 @@ def knob_lets(changes: dict, current_workers: int, modelled: dict) -> dict | Non
     if isinstance(modelled.get("added"), (int, float)) and n > current_workers:
         out["added"] = min(float(n - current_workers), modelled["added"])
     return out or None
-CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "channels_last",
-                       "empty_cache"})
-OPT_IN = {"autocast": "--allow-numerics", "float32": "--allow-numerics", "compile": "--allow-compile"}
 
 
 def fixes_tested() -> frozenset[str]:
