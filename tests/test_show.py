@@ -380,6 +380,21 @@ def _run_dir(d: Path, durs, wall_s: float, runq=None) -> Path:
     return d
 
 
+def test_a_run_of_too_few_steps_still_says_how_many(tmp_path):
+    """A --duration run that ended after one 3-s step printed no step count at all (a user trial)."""
+    import io
+
+    from perfdoctor.diagnose.live import diagnose_dir
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+
+    doc = diagnose_dir(_run_dir(tmp_path / "run", [3.0], 12.0))
+    assert doc["traces"][0]["metrics"]["run.step_time_ms"] is None and doc["run"]["steps"] == 1
+    c = console(file=io.StringIO())
+    render(doc, c)
+    assert "2 steps, 1 timed: too few for a step time" in c.file.getvalue()
+
+
 def test_a_loop_no_dataloader_feeds_is_not_given_a_measured_data_wait():
     """nanoGPT's get_batch slices a memmap inside the step: no DataLoader batch in the steps, and
     "data wait 0.0%" read as a measured wait; a loop a DataLoader feeds keeps its figure."""

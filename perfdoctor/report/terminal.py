@@ -194,6 +194,9 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
         c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
                                      run.get("step_time_reason"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; {data_wait_text(m)}", style="dim"))
+    elif isinstance(n := run.get("steps"), int) and not isinstance(n, bool) and n > 0:
+        # a run of a step or two says how many it had (a user's --duration run showed no count at all)
+        c.print(Text(f"{n + 1} steps, {n} timed: too few for a step time", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
     c.print(text(f"run directory: {run['dir']}{board}", style="dim"))
     notes = run.get("notes", [])
