@@ -204,7 +204,9 @@ def test_the_baseline_records_python_stacks_so_a_loop_waiting_on_its_producers_i
     others = [d for d in out.iterdir() if d.is_dir() and d.name != "baseline"]
     assert others and not any((d / "stacks" / "pyspy.meta.json").exists() for d in others)
 
+
 @pytest.mark.slow
+@pytest.mark.quiet      # it judges a measured speed-up: alone, or skipped with the figure when shared
 def test_tune_measures_keeping_the_iterator_a_script_re_creates_every_step(tmp_path):
     """The every-step iterator over a shuffled TensorDataset (the sampler's order drawn each step):
     the baseline's report ranks PD355 first and tune measures its trial faster, predicted by it."""
