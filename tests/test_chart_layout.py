@@ -66,8 +66,9 @@ def test_memory_axis_numbers_are_not_rounded_to_another_value(top, mid):
 
 
 def test_every_step_axis_names_only_steps_the_run_had():
-    """40 steps from step 1: the axis read 1, 11, 21, 31, 41 (41 at the right edge, after the last
-    bar); it reads 1, 10, 20, 30, 40, each tick in the middle of its step's bar."""
+    """40 timed steps of a 41-step run: the axis read 1, 11, 21, 31, 41 (41 at the right edge, after
+    the last bar), then 1, 10, ..., 40 under "41 steps, 40 timed"; it reads 2, 10, 20, 30, 40, each
+    tick in the middle of its step's bar, the first timed step being the run's second."""
     from perfdoctor.report.stepchart import step_ticks
     assert step_ticks(1, 40) == [1, 10, 20, 30, 40]
     assert step_ticks(100, 7) == [100, 102, 104, 106] and step_ticks(5, 1) == [5]
@@ -75,10 +76,13 @@ def test_every_step_axis_names_only_steps_the_run_had():
     series = {"k": 1, "first_step": 1, "ms": [10.0] * n, "wait_ms": [0.0] * n, "kind": ["steady"] * n, "steady": [0, n - 1]}
     _, pic = step_chart(series, 10.0)
     ticks = {int(t): float(x) for x, t in re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="middle" fill="#555">(\d+)</text>', pic)}
-    assert sorted(ticks) == [1, 10, 20, 30, 40]
+    # the series' step 1 is the run's second step, the first timed one ("41 steps, 40 timed")
+    assert sorted(ticks) == [2, 10, 20, 30, 40]
+    assert "<title>step 2 (steady step): 10.0 ms" in pic and "<title>step 41 (steady step)" in pic
+    assert "<title>step 1 " not in pic and "<title>step 42 " not in pic
     bars = [float(x) for x in re.findall(r'<rect x="([\d.]+)" y="[\d.]+" width="[\d.]+" height="[\d.]+" fill="#3a7dc2"', pic)]
     bw = (svg.W - svg.LEFT - 20) / n
-    assert ticks[40] == pytest.approx(bars[39] + bw / 2, abs=0.02) and ticks[1] == pytest.approx(bars[0] + bw / 2, abs=0.02)
+    assert ticks[40] == pytest.approx(bars[38] + bw / 2, abs=0.02) and ticks[2] == pytest.approx(bars[0] + bw / 2, abs=0.02)
 
 
 def test_a_trace_without_steps_is_called_the_whole_trace(shared_traces, tmp_path):

@@ -49,8 +49,8 @@ def test_the_chart_cuts_a_warm_up_step_above_the_steady_ones_and_says_so():
     assert pic.startswith('<svg class="chart"') and 'aria-label="the time of every step"' in pic
     ticks = [float(t) for t in re.findall(r'>([\d.]+) ms</text>', pic)]
     assert max(ticks) == 50.0                                  # the steady window's longest step
-    assert "step 1 (warm-up, transient or partial cycle): 2500 ms, data wait 0.0 ms (cut at the top" in pic
-    assert "step 20 (steady step): 50.0 ms" in pic
+    assert "step 2 (warm-up, transient or partial cycle): 2500 ms, data wait 0.0 ms (cut at the top" in pic
+    assert "step 21 (steady step): 50.0 ms" in pic      # the 20th timed step, the run's 21st
     assert "profiled (traced)" in legend and "steady window" in legend and "data wait" not in legend
     assert step_chart(None) == ("", "")
 
@@ -58,7 +58,7 @@ def test_the_chart_cuts_a_warm_up_step_above_the_steady_ones_and_says_so():
 def test_the_chart_marks_a_bins_longest_step():
     legend, pic = step_chart(step_series(_steps(3000, long_every=20), first=20, n=2900))
     assert "bars of 5 steps: their mean; the whisker reaches their longest" in legend
-    assert "steps 36-40 (steady step): mean 11.6 ms, data wait 0.0 ms, longest 50.0 ms" in pic
+    assert "steps 37-41 (steady step): mean 11.6 ms, data wait 0.0 ms, longest 50.0 ms" in pic
     assert pic.count("(cut at the top") == 0
 
 

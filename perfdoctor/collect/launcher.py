@@ -355,5 +355,6 @@ class _Progress:
         total = sum(r["dur"] for r in recs)       # wall time over the recent steps: a median would
         dur = total / len(recs)                   # hide the long steps of a bursty loader
         wait = sum(r["wait"] for r in recs) / max(total, 1e-9)
-        print(f"[perfdoctor] step {recs[-1].get('step')} · {ms(dur * 1e3)} ms/step · data wait {100 * wait:.0f}%",
-              file=sys.stderr)
+        k = recs[-1].get("step")     # the k-th timed step is the run's step k + 1 (the first starts the clock)
+        print(f"[perfdoctor] step {k + 1 if isinstance(k, int) else '?'} · {ms(dur * 1e3)} ms/step · "
+              f"data wait {100 * wait:.0f}%", file=sys.stderr)

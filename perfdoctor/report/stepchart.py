@@ -22,8 +22,16 @@ H_PLOT = 150
 TOP_PAD = 14
 
 
+def _first(series: dict) -> int | None:
+    """The first bar's step as the run line counts steps ("41 steps, 40 timed"): the series counts
+    from 0 at the first step's end, which starts the clock, so its step 1 is the run's second step,
+    the first timed one (the chart had numbered the timed steps 1-40 under "41 steps")."""
+    first = series.get("first_step")
+    return first + 1 if isinstance(first, int) and not isinstance(first, bool) else None
+
+
 def _title(series: dict, i: int) -> str:
-    k, first = series["k"], series.get("first_step")
+    k, first = series["k"], _first(series)
     where = (f"step {first + i * k}" if k == 1 else f"steps {first + i * k}-{first + i * k + k - 1}") \
         if isinstance(first, int) else f"bar {i + 1}"
     mean = "" if k == 1 else " mean"
@@ -106,8 +114,8 @@ def step_ticks(first: int, count: int) -> list[int]:
 
 
 def _x_axis(series: dict, n: int, bw: float, y: float) -> list[str]:
-    k, first = series["k"], series.get("first_step")
-    first = first if isinstance(first, int) else 1
+    k, first = series["k"], _first(series)
+    first = first if first is not None else 1
     out = [f'<line x1="{LEFT}" y1="{_f(y)}" x2="{_f(LEFT + n * bw)}" y2="{_f(y)}" stroke="#999"/>']
     for step in step_ticks(first, n * k):
         x = LEFT + bw * (step - first + 0.5) / k           # the middle of that step's place on the axis
