@@ -344,6 +344,16 @@ def test_a_rule_a_run_could_not_evaluate_is_neither_new_nor_gone(tmp_path):
     render_compare(doc, con)
     out = con.export_text()
     assert "gone: PD338; not evaluated after (a metric they need is unknown there): PD312, PD317" in out, out
+    # the markdown says as much as the terminal (it had listed no flag and nothing unevaluated)
+    from perfdoctor.report import markdown
+    def plain(doc):       # markdown escapes the brackets
+        return markdown.compare(doc).replace("\\(", "(").replace("\\)", ")")
+    md = plain(doc)
+    assert "gone: PD338; not evaluated after (a metric they need is unknown there): PD312, PD317" in md, md
+    assert "Flags before: PD211; after: none; not evaluated after (a metric they need is unknown there): PD211" in md
+    assert "_Environment not fully known (device model" in md and "the script" not in md
+    untraced.doc["run"].update(exit_code=3)
+    assert "_Note: after: the script exited (exit code 3): its steps cover" in plain(compare_runs(traced, untraced))
     # a report is input: a skipped entry that names no rule, or a list, is left out (the fuzz test's)
     odd = report("odd", [], [], [])
     odd.doc["traces"][0]["skipped"] = [{"rule": ["PD312"]}, {"rule": None}, "PD317", {"rule": "PD338"}]

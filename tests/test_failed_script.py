@@ -106,7 +106,7 @@ def test_compare_notes_a_side_whose_script_failed(runs):
 def test_the_report_of_a_failed_script_offers_no_tune_command(runs):
     """tune refuses a baseline whose script fails (exit 1: "nothing to tune"), so the report of
     one does not offer `perfdoctor tune --only ...` (a user trial: it did, for a script that exited 3)."""
-    from perfdoctor.report.labels import tune_hint
+    from perfdoctor.report.tune_labels import tune_hint
     ok = json.loads((runs["ok"] / "report.json").read_text())
     failed = json.loads((runs["failed"] / "report.json").read_text())
     assert tune_hint(ok) is not None and tune_hint(ok).startswith("perfdoctor tune --only ")
@@ -116,7 +116,7 @@ def test_the_report_of_a_failed_script_offers_no_tune_command(runs):
 def test_markdown_says_the_script_failed_and_keeps_the_tune_command_without_a_ranked_fix(runs):
     """--format markdown left out what the terminal says (a user trial): a script that exited 3 was
     not said to have failed, and with only fixes worth a look the `perfdoctor tune` line was gone."""
-    from perfdoctor.report.labels import tune_hint
+    from perfdoctor.report.tune_labels import tune_hint
     from perfdoctor.report.markdown import report as md
     failed = json.loads((runs["failed"] / "report.json").read_text())
     assert "**The script exited \\(exit code 3\\)**" in md(failed)

@@ -186,7 +186,7 @@ def test_a_foreach_trial_on_the_cpu_is_not_held_to_the_fused_model():
 def test_a_trial_without_a_model_is_listed_not_counted():
     """foreach on a CPU tests PD338 without its model (PD338 models fused there): "0 of 1 agree"
     stood over "no model of its gain, at most 1.57x, measured 1.38x" (a user trial)."""
-    from perfdoctor.report.labels import tune_model_check
+    from perfdoctor.report.tune_labels import tune_model_check
     fixes = {"PD338": {"id": "PD338", "gain": {"expected": 1.27, "range": [1.1, 1.4], "ceiling": 1.57}}}
     foreach = {"label": "optimizer=foreach",
                "model_check": check("PD338", True, "faster", 1.38, (1.2, 1.5), fixes, modelled=False)}

@@ -10,7 +10,7 @@ import pytest
 from tunecases import facts
 
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.report.labels import tune_only
+from perfdoctor.report.tune_labels import tune_only
 from perfdoctor.report.markdown import tune as tune_markdown
 from perfdoctor.tune import plan
 
@@ -68,7 +68,7 @@ def test_what_only_kept_is_said_in_the_terminal_and_the_markdown():
 
 
 def test_a_runs_report_names_the_tune_command_that_measures_its_fixes():
-    from perfdoctor.report.labels import tune_hint
+    from perfdoctor.report.tune_labels import tune_hint
     from perfdoctor.rules.tunable import fixes_tested, tune_command
 
     cmd = "train.py --data 'my data'"
@@ -103,7 +103,7 @@ def test_markdown_and_html_reports_of_a_run_name_the_tune_command_too(mlp_run, t
     PR comment (markdown) and the HTML report carry it too, as code to copy (the script's arguments
     kept as given), and not beside tune's own measurements."""
     from perfdoctor.report import html, markdown
-    from perfdoctor.report.labels import tune_hint
+    from perfdoctor.report.tune_labels import tune_hint
 
     run = mlp_run("a")
     doc = json.loads((run / "report.json").read_text())

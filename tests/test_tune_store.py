@@ -10,7 +10,7 @@ import pytest
 from tunecases import facts, injected
 
 from perfdoctor.collect.inject_store import POOL_BATCHES, StoredSamples
-from perfdoctor.report.labels import tune_no_best
+from perfdoctor.report.tune_labels import tune_no_best
 from perfdoctor.tune import plan
 
 PREPARED = textwrap.dedent("""

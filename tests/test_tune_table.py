@@ -17,7 +17,7 @@ def test_a_confirmed_trials_row_shows_both_runs_step_times_and_baselines(monkeyp
     baseline run of 0.459 ms) that the cells did not show. A confirmed row shows both runs."""
     from types import SimpleNamespace
 
-    from perfdoctor.report.labels import tune_step_times
+    from perfdoctor.report.tune_labels import tune_step_times
     from perfdoctor.tune import result as R, session as S
     t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=1000), log=lambda s: None)
     t.baselines = [SimpleNamespace(run_dir=tmp_path / "baseline", ok=True, step_s=0.1)]
@@ -109,7 +109,7 @@ def test_a_baseline_run_several_times_is_explained_under_the_table():
 def test_a_run_that_failed_after_some_steps_shows_no_step_time(tmp_path):
     """A trial whose script failed at batch 200 (with workers only) read "13.6 ms | 13.9 ms" beside
     "failed", a measurement it never was: its row and the document show none."""
-    from perfdoctor.report.labels import tune_step_times
+    from perfdoctor.report.tune_labels import tune_step_times
     from perfdoctor.tune.result import _trial_doc
     from perfdoctor.tune.verify import Outcome
     m = steady_run(tmp_path, "01-num_workers=1", 13.6, {"num_workers": 1})

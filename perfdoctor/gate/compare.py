@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.gate.load import RunData, command_warning, fingerprint_diff, load_run, same_command, settings_diff
+from perfdoctor.report.compare_text import compare_lines
 from perfdoctor.report.labels import MIN_SHARE, bound_title, script_failure
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.speedups import speedup
@@ -55,16 +56,6 @@ def _ids(before: list, after: list, unknown_before: set, unknown_after: set) -> 
             "removed": [f for f in before if f not in after and f not in unknown_after],
             "unchecked_before": [f for f in after if f not in before and f in unknown_before],
             "unchecked_after": [f for f in before if f not in after and f in unknown_after]}
-
-
-def _ids_line(what: str, d: dict) -> str:
-    """'findings before: PD301; after: PD358; new: PD358; gone: PD301' from _ids's dict."""
-    return (f"{what} before: {', '.join(d['before']) or 'none'}; after: {', '.join(d['after']) or 'none'}"
-            + (f"; new: {', '.join(d['added'])}" if d["added"] else "")
-            + (f"; gone: {', '.join(d['removed'])}" if d["removed"] else "")
-            + "".join(f"; not evaluated {side} (a metric they need is unknown there): {', '.join(d[key])}"
-                      for side, key in (("before", "unchecked_before"), ("after", "unchecked_after"))
-                      if d.get(key)))
 
 
 def _title(bound, metrics: dict):
@@ -185,20 +176,5 @@ def render_compare(doc: dict, console=None) -> None:
     t.add_row("verdict", text(titles.get("before") or v["before"]), text(titles.get("after") or v["after"]),
               "changed" if v["changed"] else "", "", "")
     c.print(t)
-    c.print(text(_ids_line("findings", doc["findings"])))
-    g = doc.get("flags") or {}
-    if g.get("before") or g.get("after"):
-        c.print(text(_ids_line("flags", g)))
-    env = doc["environment"]
-    if env["differs"]:
-        c.print(text("environment differs", "yellow") + text(" (" + "; ".join(env["differs"]) + "): absolute times may not compare"))
-    if env["unknown"]:
-        c.print(text("environment not fully known (" + ", ".join(env["unknown"]) + "): compared on what is known"))
-    if doc.get("settings_differ"):
-        c.print(text("the runs' settings differ: " + "; ".join(doc["settings_differ"])
-                     + " (part of what changed the step time)"))
-    for note in [*(doc.get("notes") or []), *([doc["step_noise"]] if doc.get("step_noise") else [])]:
-        c.print(text(f"note: {note}"))
-    warning = (doc.get("commands") or {}).get("warning")
-    if warning:
-        c.print(text(f"warning: {warning}", "yellow"))
+    for kind, line in compare_lines(doc):
+        c.print(text(line, "yellow") if kind in ("environment", "warning") else text(line))

@@ -5,7 +5,9 @@ command that measures them; the flags."""
 
 from __future__ import annotations
 
-from perfdoctor.report.labels import MEASURE_FIXES, WORTH_A_LOOK, cite, from_other_traces, tune_hint, unranked_gain
+from perfdoctor.report.labels import WORTH_A_LOOK, cite, from_other_traces, unranked_gain
+
+from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
 from perfdoctor.report.sanitize import html as H
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}

@@ -15,7 +15,7 @@ from perfdoctor.report import svg
 from perfdoctor.report.fixcards import fixes_section, flags_section
 from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
                                      device_text, first_step_shown, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text,
-                                     windows_text)
+                                     steps_counted, windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
@@ -127,7 +127,9 @@ def _run(run: dict | None, m: dict) -> str:
     line = ""
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        line = (f"{m['run.steps'] + 1} steps{H(source_text(run.get('step_source')) + passes_text(m))}, {m['run.steps']} timed: <b>{ms(t)} ms/step</b>"
+        counted = steps_counted(m.get("run.steps"), source_text(run.get("step_source")) + passes_text(m))
+        line = ((f"{H(counted)}: " if counted else "")
+                + f"<b>{ms(t)} ms/step</b>"
                 + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                 + f" over {m['run.steady_steps']} steady steps"
                 + (f" (left out: {H(why)})" if (why := left_out_text(run.get("steps_left_out"))) else "")

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.labels import (BOUND_TITLE, MEASURE_FIXES, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows, budget_hint, device_text,
-                                     first_step_shown,
-                                     from_other_traces, role_labels, script_failure, shown_trace, tune_baselines_note, tune_best_step,
-                                     tune_hint, tune_model_check, tune_no_best, tune_only, tune_predicted,
-                                     tune_step_times, unranked_gain)
+from perfdoctor.report.compare_text import compare_lines
+from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows,
+                                       device_text, first_step_shown, from_other_traces, role_labels,
+                                       script_failure, shown_trace, steps_counted, unranked_gain)
+from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, tune_baselines_note, tune_best_step,
+                                            tune_hint, tune_model_check, tune_no_best, tune_only,
+                                            tune_predicted, tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -46,9 +48,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
         facts.append(f"{m['steps.count']} traced steps, median {ms(m['steps.time_median_ms'])} ms")
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        n = m.get("run.steps")
-        counted = f"{n + 1} steps, {n} timed: " if isinstance(n, int) and not isinstance(n, bool) and n > 0 else ""
-        facts.append(f"run: {counted}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
+        counted = steps_counted(m.get("run.steps"))
+        facts.append(f"run: {counted + ': ' if counted else ''}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps"
                      + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
                         else "")
@@ -129,20 +130,12 @@ def compare(doc: dict) -> str:
             beyond = "secondary figure"
         out.append(f"| {M(r['metric'])} | {value(r['before'], r['unit'])} | {value(r['after'], r['unit'])} | "
                    f"{change(r)} | {beyond} |")
-    v, f, titles = doc["verdict"], doc["findings"], doc.get("verdict_titles") or {}
-    out += [f"| verdict | {M(titles.get('before') or v['before'])} | {M(titles.get('after') or v['after'])} | "
-            f"{'changed' if v['changed'] else ''} | |", ""]
-    out.append("Fixes before: " + (M(", ".join(f["before"])) or "none") + "; after: " + (M(", ".join(f["after"])) or "none")
-               + (f"; new: {M(', '.join(f['added']))}" if f["added"] else "")
-               + (f"; gone: {M(', '.join(f['removed']))}" if f["removed"] else ""))
-    env = doc["environment"]
-    if env["differs"]:
-        out += ["", "**Environment differs** (" + M("; ".join(env["differs"])) + "): absolute times may not compare"]
-    if doc.get("step_noise"):
-        out += ["", f"_Note: {M(doc['step_noise'])}_"]
-    warning = (doc.get("commands") or {}).get("warning")
-    if warning:
-        out += ["", f"Warning: {M(warning)}"]
+    v, titles = doc["verdict"], doc.get("verdict_titles") or {}
+    out.append(f"| verdict | {M(titles.get('before') or v['before'])} | {M(titles.get('after') or v['after'])} | "
+               f"{'changed' if v['changed'] else ''} | |")
+    for kind, line in compare_lines(doc):
+        line = M(line[:1].upper() + line[1:])
+        out += ["", f"**{line}**" if kind == "environment" else f"_{line}_" if kind == "note" else line]
     return "\n".join(out) + "\n"
 
 

@@ -7,7 +7,12 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import MEASURE_FIXES, OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text, data_wait_text, device_text, error_line, first_step_shown, from_other_traces, median_label, passes_text, role_labels, shown_trace, source_text, tune_hint, unranked_gain, windows_text
+from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text,
+                                       data_wait_text, device_text, error_line, first_step_shown,
+                                       from_other_traces, median_label, passes_text, role_labels, shown_trace,
+                                       source_text, steps_counted, unranked_gain, windows_text)
+
+from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.rules.gain import times
@@ -194,9 +199,9 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
         c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
                                      run.get("step_time_reason"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; {data_wait_text(m)}", style="dim"))
-    elif isinstance(n := run.get("steps"), int) and not isinstance(n, bool) and n > 0:
+    elif counted := steps_counted(run.get("steps")):
         # a run of a step or two says how many it had (a user's --duration run showed no count at all)
-        c.print(Text(f"{n + 1} steps, {n} timed: too few for a step time", style="dim"))
+        c.print(Text(f"{counted}: too few for a step time", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
     c.print(text(f"run directory: {run['dir']}{board}", style="dim"))
     notes = run.get("notes", [])
@@ -207,10 +212,9 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
 def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None,
                     reason: str | None = None) -> str:
     """'100 steps, 99 timed, in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady
-    steps (left out: 10 profiled, 2 warm-up)': the first step's end starts the clock, so N steps
-    are N - 1 timed ones (run.steps; a user counted 100 and read "99 steps"); the wall time is the
-    whole run's (imports and set-up included), not the steps'. Steps that are not optimizer steps
-    say what they are; a step time the window cannot tell says why (`reason`: the estimate's, in
+    steps (left out: 10 profiled, 2 warm-up)' (labels.steps_counted); the wall time is the whole
+    run's (imports and set-up included), not the steps'. Steps that are not optimizer steps say
+    what they are; a step time the window cannot tell says why (`reason`: the estimate's, in
     run.json's step_time_reason)."""
     why = left_out_text(left_out)
     ci = m.get("run.step_time_ci95_ms")
@@ -219,7 +223,7 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
     if (first_s := first_step_shown(m, wall_s)) is not None:    # set-up a material part of the run
         wall += f" (the first after {first_s:.1f} s)"
     what = T(source_text(source)) + passes_text(m)
-    return (f"{m['run.steps'] + 1} steps{what}, {m['run.steps']} timed,{wall}: {ms(t)} ms/step"
+    return (f"{steps_counted(m.get('run.steps'), what) or 'steps'},{wall}: {ms(t)} ms/step"
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
             + f" over {m['run.steady_steps']} steady steps"
             + (f" (left out: {why})" if why else "")

@@ -194,8 +194,9 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.labels import (budget_hint, tune_baselines_note, tune_best_step, tune_model_check,
-                                         tune_no_best, tune_only, tune_predicted, tune_step_times)
+    from perfdoctor.report.tune_labels import (budget_hint, tune_baselines_note, tune_best_step,
+                                               tune_model_check, tune_no_best, tune_only, tune_predicted,
+                                               tune_step_times)
     con = console or _console()
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
