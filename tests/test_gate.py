@@ -198,6 +198,40 @@ def test_different_cpu_count_is_not_comparable_but_shares_still_gate():
     assert any("absolute times not compared" in n for n in res.notes)
 
 
+def test_a_share_is_judged_with_the_time_per_step_it_stands_for():
+    """A user trial (a sleep-bound loader, 0 -> 2 workers): the traced data wait grew 33% -> 82%
+    while the step halved; with 2 baselines at 33% and 95% the threshold was +-137 pts and the row
+    passed, with 3 it was inconclusive "not beyond the noise" beside +49 pts against +-11."""
+    rng = np.random.default_rng(3)
+
+    def run(share, traced_ms, median):
+        durs = series(rng, median=median)
+        r = mk(durs, [d * share for d in durs], share_input=share)
+        r.metrics["steps.time_mean_ms"] = traced_ms
+        return r
+
+    def row(res):
+        return next(r for r in res.rows if r.metric == "traced data wait (share.input)")
+
+    shorter = run(0.82, 20.5, 0.025)                       # wait per traced step 16.8 ms
+    b1, b2, b3 = run(0.33, 127.0, 0.046), run(0.95, 43.5, 0.048), run(0.31, 137.0, 0.087)
+    for bases in ([b1], [b1, b2], [b1, b2, b3]):
+        r = row(gate_runs(shorter, bases))
+        assert r.status == "pass" and "the share grew as the step got shorter; its time per traced step" in r.reason, r
+        assert r.values["per_step_ms"]["current"] == pytest.approx(16.8, abs=0.1)
+    # the wait per step grew too: the share's rise is a regression, or unknown where baselines disagree
+    longer = run(0.82, 200.0, 0.025)
+    assert row(gate_runs(longer, [b1])).status == "regression"
+    two = row(gate_runs(longer, [b1, b2]))
+    assert two.status == "inconclusive" and two.threshold == "±138 pts"     # 3 x 1.4826 x 31 pts
+    assert two.reason.endswith("the baselines' shares differ too much to tell a change (the baselines' range 33%-95%)")
+    three = row(gate_runs(longer, [b1, b2, b3]))
+    assert three.status == "inconclusive" and three.reason.endswith("but within the baselines' range 31%-95%"), three
+    # no traced step time: judged on the share alone, as before
+    del longer.metrics["steps.time_mean_ms"], shorter.metrics["steps.time_mean_ms"]
+    assert row(gate_runs(shorter, [b1])).status == "regression"
+
+
 def test_a_cpu_run_that_becomes_compute_bound_is_named_so():
     """A CPU-only run has no GPU: its device-bound verdict reads "compute-bound (CPU)"."""
     rng = np.random.default_rng(6)

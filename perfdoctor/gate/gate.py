@@ -34,7 +34,8 @@ fingerprint: regression when the share grows by at least --min-share (0.10 = 10 
 (several baselines) by more than --noise-k spreads of the baselines' shares, or (one baseline,
 step records on both sides) the 95% block-bootstrap CI of the change of the steady windows'
 data-wait share (wait / wall time) lies above 0. A verdict change is a warning, never a failure
-on its own.
+on its own. gate/shares.py: a share that moved while its time per traced step did not follow
+passes; baselines too far apart to tell a change (a threshold of 100 points) are inconclusive.
 """
 
 from __future__ import annotations
@@ -46,40 +47,14 @@ import numpy as np
 
 from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, other_load_of, same_command,
                                   bound_words, settings_diff)
+from perfdoctor.gate.rows import (EXIT, FAILED, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE, PASS, REGRESSION, SCRIPT,
+                                  SHARES, STEP_TIME, GateOptions, Row)
+from perfdoctor.gate.shares import share_row
 from perfdoctor.report.labels import script_failure
 from perfdoctor.report.values import s_as_ms
-from perfdoctor.stats import speedups, steptime
-from perfdoctor.stats.speedups import speedup, wait_share_change
+from perfdoctor.stats import speedups
+from perfdoctor.stats.speedups import speedup
 from perfdoctor.stats.steptime import StepEstimate
-
-PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE, FAILED = (
-    "pass", "regression", "improvement", "inconclusive", "not comparable", "failed")
-EXIT = {PASS: 0, IMPROVEMENT: 0, REGRESSION: 1, FAILED: 1, INCONCLUSIVE: 3, NOT_COMPARABLE: 3}
-SCRIPT = "script"
-STEP_TIME = "step time"
-SHARES = (("share.input", "traced data wait"), ("gpu.idle_share", "idle device"))   # the traced steps' shares
-
-
-@dataclass
-class GateOptions:
-    min_effect: float = steptime.MATERIAL  # relative step-time change that matters
-    min_share: float = 0.10      # absolute share change that matters (0.10 = 10 points)
-    noise_k: float = 3.0         # with several baselines: times their spread
-    level: float = 0.95          # one baseline: the CI of the ratio / of the share change
-    min_steps: int = steptime.MIN_STEPS
-    max_other_load: float = 0.25  # share of the machine's cores other processes may use during a run
-
-
-@dataclass
-class Row:
-    metric: str
-    baseline: str
-    current: str
-    change: str
-    threshold: str
-    status: str            # pass, regression, improvement, inconclusive, not comparable, warning, info
-    reason: str
-    values: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -113,10 +88,6 @@ def gate_paths(current, baselines, **options) -> GateResult:
     if not baselines:
         raise PerfdoctorError("give at least one --baseline")
     return gate_runs(load_run(current), [load_run(b) for b in baselines], GateOptions(**options))
-
-
-def _pct(x: float | None) -> str:
-    return "unknown" if x is None else f"{100 * x:.0f}%"
 
 
 def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None) -> GateResult:
@@ -162,7 +133,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         else:
             rows.append(_step_time(cur, bases, opt, notes))
     for key, label in SHARES:
-        r = _share(cur, bases, key, label, opt)
+        r = share_row(cur, bases, key, label, opt)
         if r is not None:
             rows.append(r)
     rows.append(_verdict(cur, bases))
@@ -318,46 +289,6 @@ def _across(name: str, bss: list[StepEstimate], c: StepEstimate, opt: GateOption
     return Row(name, base, curs, chg, thr, PASS,
                f"step time {chg}, within {thr} (max of {100 * opt.min_effect:.0f}% and {opt.noise_k:g}x "
                "the baselines' spread)", values)
-
-
-def _share(cur: RunData, bases: list[RunData], key: str, label: str, opt: GateOptions) -> Row | None:
-    cv = cur.metrics.get(key)
-    bv = [b.metrics.get(key) for b in bases]
-    bv = [v for v in bv if v is not None]
-    if cv is None and not bv:
-        return None                                  # e.g. gpu.idle_share of CPU-only runs
-    name = f"{label} ({key})"
-    if cv is None or not bv:
-        return Row(name, _pct(float(np.median(bv)) if bv else None), _pct(cv), "", "", INCONCLUSIVE,
-                   f"{label} unknown on one side")
-    arr = np.array(bv, dtype=float)
-    center = float(np.median(arr))
-    diff = cv - center
-    need = opt.min_share
-    evidence = "threshold only"
-    ok_evidence = True
-    if len(arr) > 1:
-        need = max(opt.min_share, opt.noise_k * speedups.spread(arr))
-        ok_evidence = cv > arr.max() if diff > 0 else cv < arr.min()
-        evidence = f"{len(arr)} baselines"
-    elif key == "share.input" and cur.steps and bases[0].steps:
-        b, c = bases[0].steady, cur.steady
-        if b.n >= opt.min_steps and c.n >= opt.min_steps and b.wait_share is not None and c.wait_share is not None:
-            d, (lo, hi) = wait_share_change(b, c, level=opt.level)
-            ok_evidence = lo > 0 if diff > 0 else hi < 0
-            evidence = (f"steady-window data wait {_pct(b.wait_share)} -> {_pct(c.wait_share)}, "
-                        f"CI{100 * opt.level:.0f} of the change {100 * lo:+.0f} to {100 * hi:+.0f} pts")
-    chg = f"{100 * diff:+.0f} pts"
-    thr = f"±{100 * need:.0f} pts"
-    values = {"baseline": center, "current": cv, "change": diff, "threshold": need, "evidence": evidence}
-    words = f"{label} {_pct(center)} -> {_pct(cv)}"
-    if abs(diff) >= need and ok_evidence:
-        status = REGRESSION if diff > 0 else IMPROVEMENT
-        return Row(name, _pct(center), _pct(cv), chg, thr, status, f"{words} ({evidence})", values)
-    if abs(diff) >= need:
-        return Row(name, _pct(center), _pct(cv), chg, thr, INCONCLUSIVE,
-                   f"{words} but not beyond the noise ({evidence})", values)
-    return Row(name, _pct(center), _pct(cv), chg, thr, PASS, f"{words}, within {thr}", values)
 
 
 def _verdict(cur: RunData, bases: list[RunData]) -> Row:
