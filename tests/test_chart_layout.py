@@ -91,7 +91,7 @@ def test_a_trace_without_steps_is_called_the_whole_trace(shared_traces, tmp_path
     out = tmp_path / "a.html"
     assert cli("report", shared_traces / "hta/critical_path/alexnet", "-f", "html", "-o", out).returncode == 0
     page = out.read_text()
-    assert "step all" not in page and "closest to the median" not in page
+    assert "step all" not in page and "closest to their median" not in page
     assert "<h2>The whole trace as a timeline (" in page and "One step as a timeline" not in page and ">whole trace</text>" in page
     assert "<td>whole trace</td>" in page
 

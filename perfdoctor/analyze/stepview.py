@@ -3,8 +3,9 @@ intervals, and each step's dominant share.
 
 Pure functions of the analysed time line (timeline.py), so the renderers (report/html.py,
 report/annotate.py) only draw what was measured:
-- `representative_step`: the steady step whose duration is closest to the steady steps' median
-  (a typical step, neither the warm-up nor an outlier; every step still counts in the metrics);
+- `representative_step`: the traced step whose duration is closest to the traced steps' median
+  (the one the report shows), the first (warm-up) left out: a typical step, neither the warm-up
+  nor an outlier (every step still counts in the metrics);
 - `step_view`: that step's breakdown role over time (run-length merged), the device's busy
   intervals (not on CPU-only traces) and the host's activity (HOST_LANE order: gaps.py's
   HOST_ACTIVITY with the host's own collectives, gloo's, before its other ops);
@@ -33,9 +34,12 @@ HOST_LANE = HOST_ACTIVITY[:3] + ("communication",) + HOST_ACTIVITY[3:]
 
 
 def representative_step(steps: Steps) -> int:
+    """The traced step closest to the median of all traced steps (steps.time_median_ms, which the
+    report shows), the first left out where there are others (a warm-up): the median of the rest
+    had picked a step 145 ms under a header's "median traced step 135.9 ms" that another step had."""
     idx = steps.steady()
     d = steps.duration[idx]
-    return int(idx[int(np.argmin(np.abs(d - median(d))))])
+    return int(idx[int(np.argmin(np.abs(d - median(steps.duration))))])
 
 
 def _runs(start: np.ndarray, length: np.ndarray, value: np.ndarray, lo: float, min_len: float) -> list[list]:

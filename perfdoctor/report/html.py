@@ -243,7 +243,7 @@ def _timeline(t: dict, labels: dict) -> str:
     present = {r for _, _, r in view["breakdown"]}
     hosts = {r for _, _, r in view["host"]}
     what = (f"The whole trace as a timeline ({view['duration_ms']:.2f} ms: it marks no steps)" if _whole(t) else
-            f"One step as a timeline (step {H(view['step'])}, {view['duration_ms']:.2f} ms: the steady step closest to the median)")
+            f"One step as a timeline (step {H(view['step'])}, {view['duration_ms']:.2f} ms: the traced step closest to their median)")
     return (f"<h2>{what}</h2><section class=\"card\">"
             + ("<div class=\"legend\"><b class=\"key\">device"
                + (f" (busy: any of {int(view['devices'])})" if view.get("devices") else "") + ":</b>"
