@@ -573,3 +573,11 @@ def test_a_tune_file_with_fields_of_other_types_is_read_as_unknown(trace, tmp_pa
         r = run("report", trace, "--tune", tune, "-f", fmt, "-o", out)
         assert r.returncode == 0, r.stderr
         assert "measured by tune: " in out.read_text() and "2.00x" in out.read_text()
+    # the interval and tune's status go with the speed-up (the markdown had shown a bare **1.03x**
+    # for a trial tune called inconclusive)
+    tune.write_text(json.dumps({"trials": [{"rule": rid, "speedup": 1.03, "ci95": [0.23, 4.55], "status": "inconclusive",
+                                            "label": "w"}]}))
+    for fmt in ("html", "markdown"):
+        out = tmp_path / f"s.{fmt}"
+        assert run("report", trace, "--tune", tune, "-f", fmt, "-o", out).returncode == 0
+        assert "1.03x" in out.read_text() and "95% CI 0.23-4.55; inconclusive" in out.read_text(), fmt

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from perfdoctor.report.labels import WORTH_A_LOOK, cite, from_other_traces, unranked_gain
 
-from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
+from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint, tune_measured
 from perfdoctor.report.sanitize import html as H
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
@@ -77,9 +77,8 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
         meas = measured.get(f["id"])
         mtxt = ""
         if meas:
-            ci = meas.get("ci95")
-            mtxt = (f"<div><b>measured by tune: {meas['speedup']:.2f}x</b>"
-                    + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "") + f" with {H(meas.get('label'))}</div>"
+            speed, _, interval = tune_measured(meas).partition(" ")
+            mtxt = (f"<div><b>measured by tune: {H(speed)}</b> {H(interval)} with {H(meas.get('label'))}</div>"
                     + _model_check(meas.get("model_check")))
         snippet = f["fix"].get("snippet")
         cards.append(

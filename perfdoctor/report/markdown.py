@@ -17,7 +17,7 @@ from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, b
                                        script_failure, shown_trace, steps_counted, unranked_gain)
 from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, tune_baselines_note, tune_best_step,
                                             tune_hint, tune_model_check, tune_no_best, tune_only,
-                                            tune_predicted, tune_step_times)
+                                            tune_measured, tune_predicted, tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -107,7 +107,7 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}
         meas = measured.get(f["id"])
-        extra = f"; measured by tune: **{meas['speedup']:.2f}x**" if meas else ""
+        extra = f"; measured by tune: **{M(tune_measured(meas))}**" if meas else ""
         where = from_other_traces(doc, f)
         out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])}"
                    + (f"; from {M(where)})" if where else ")"))

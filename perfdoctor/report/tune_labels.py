@@ -20,6 +20,16 @@ def tune_predicted(tr: dict) -> str:
     return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"
 
 
+def tune_measured(tr: dict) -> str:
+    """A fix's trial in the report (`report --tune`): '1.03x (95% CI 0.23-4.55: inconclusive)', its
+    interval and tune's status with the speed-up (the markdown had shown a bare **1.03x** where
+    tune called the trial inconclusive)."""
+    ci, status = tr.get("ci95"), tr.get("status")
+    inside = "; ".join(x for x in ((f"95% CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ""),
+                                   (str(status) if status else "")) if x)
+    return f"{tr['speedup']:.2f}x" + (f" ({inside})" if inside else "")
+
+
 MEASURE_FIXES = "measure these fixes on the script:"     # the line above tune_hint's command
 
 
