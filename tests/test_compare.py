@@ -349,6 +349,9 @@ def test_a_rule_a_run_could_not_evaluate_is_neither_new_nor_gone(tmp_path):
     def plain(doc):       # markdown escapes the brackets
         return markdown.compare(doc).replace("\\(", "(").replace("\\)", ")")
     md = plain(doc)
+    # the noise column, as on the terminal (the markdown had only "beyond noise")
+    assert "| metric | before | after | change | noise | beyond noise |" in md
+    assert "| step time | 10.0 ms | 10.0 ms | +0.0% | unknown | unknown |" in md, md
     assert "gone: PD338; not evaluated after (a metric they need is unknown there): PD312, PD317" in md, md
     assert "Flags before: PD211; after: none; not evaluated after (a metric they need is unknown there): PD211" in md
     assert "_Environment not fully known (device model" in md and "the script" not in md

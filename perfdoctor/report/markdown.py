@@ -123,16 +123,17 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
 
 def compare(doc: dict) -> str:
     out = [f"### perfdoctor compare: {M(doc['before'])} → {M(doc['after'])}", "",
-           "| metric | before | after | change | beyond noise |", "|---|--:|--:|--:|---|"]
+           "| metric | before | after | change | noise | beyond noise |", "|---|--:|--:|--:|--:|---|"]
     for r in doc["rows"]:
         beyond = {True: "**yes**", False: "no", None: "unknown"}[r["beyond_noise"]]
+        noise = M(r["noise"] or "unknown")
         if r["note"].startswith("secondary"):
-            beyond = "secondary figure"
+            noise, beyond = "", "secondary figure"
         out.append(f"| {M(r['metric'])} | {value(r['before'], r['unit'])} | {value(r['after'], r['unit'])} | "
-                   f"{change(r)} | {beyond} |")
+                   f"{change(r)} | {noise} | {beyond} |")
     v, titles = doc["verdict"], doc.get("verdict_titles") or {}
     out.append(f"| verdict | {M(titles.get('before') or v['before'])} | {M(titles.get('after') or v['after'])} | "
-               f"{'changed' if v['changed'] else ''} | |")
+               f"{'changed' if v['changed'] else ''} | | |")
     for kind, line in compare_lines(doc):
         line = M(line[:1].upper() + line[1:])
         out += ["", f"**{line}**" if kind == "environment" else f"_{line}_" if kind == "note" else line]
