@@ -57,7 +57,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         if m.get("trace.truncated") and m.get("steps.count") == 0:
             notes.append("the trace file was cut off before any step was complete, so no step is judged "
                          "(a step cut short shows only its first events); record the trace again")
-        return 0.0, notes, []           # nothing judged: no cause is "also significant" either
+        return 0.0, notes, []           # nothing judged: no other cause is named either
     cpu = m.get("trace.platform") == "cpu"
     # on the CPU the step is also compute-bound when its compute (ops less the small ones, mostly
     # dispatch) is half of it (PD102): the margin over either line counts

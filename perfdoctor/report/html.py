@@ -15,7 +15,7 @@ from perfdoctor.report import svg
 from perfdoctor.report.fixcards import fixes_section, flags_section
 from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
                                      device_text, first_step_shown, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text,
-                                     steps_counted, windows_text)
+                                     secondary_text, steps_counted, windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
 from perfdoctor.report.sanitize import html as H, html_name
@@ -103,7 +103,7 @@ def _verdict(doc: dict) -> str:
     conf = max(0.0, min(1.0, v["confidence"] or 0.0))
     ev = "".join(f"<tr><td><code>{H(k)}</code></td><td class=\"num\">{_fmt(k, x, doc.get('units', {}))}</td></tr>"
                  for k, x in (v.get("evidence") or {}).items())
-    notes = [f"also significant: {', '.join(v['secondary'])}"] if v.get("secondary") else []
+    notes = [also] if (also := secondary_text(v)) else []
     notes += v.get("notes") or []
     return ("<section class=\"card\">"
             f"<span class=\"badge\" style=\"background:{colour}\">{H(bound_title(v['bound'], doc['traces'][0]['metrics']))}</span>"

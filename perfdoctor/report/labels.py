@@ -134,6 +134,13 @@ def windows_text(m: dict) -> str:
 FIRST_STEP_SHARE = 0.2      # the first step's time is named once set-up took this much of the run
 
 
+def secondary_text(v: dict) -> str:
+    """Under the verdict: the other causes of 5% of the step or more (diagnose/confidence.py), as
+    that ('also significant: host' stood over a host share of 5.2%); '' when there is none."""
+    names = [str(x) for x in v.get("secondary") or []] if isinstance(v.get("secondary"), list) else []
+    return f"also 5% of the step or more: {', '.join(names)}" if names else ""
+
+
 def steps_counted(n, what: str = "") -> str:
     """'100 steps, 99 timed' from run.steps (the timed ones: the first step's end starts the clock,
     so N steps are N - 1 timed; a user counted 100 and read "99 steps"), `what` after "steps"

@@ -14,7 +14,8 @@ import re
 from perfdoctor.report.compare_text import compare_lines
 from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows,
                                        device_text, first_step_shown, from_other_traces, role_labels,
-                                       script_failure, shown_trace, steps_counted, unranked_gain)
+                                       script_failure, secondary_text, shown_trace, steps_counted,
+                                       unranked_gain)
 from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, tune_baselines_note, tune_best_step,
                                             tune_hint, tune_model_check, tune_no_best, tune_only,
                                             tune_measured, tune_predicted, tune_step_times)
@@ -38,6 +39,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
     m = first["metrics"]
     out = [f"### perfdoctor: {bound_title(v['bound'], m) if v['bound'] in BOUND_TITLE else M(v['bound'])} · {v['confidence_label']} confidence "
            f"({v['confidence']:.2f})", "", M(v["summary"]), ""]
+    if also := secondary_text(v):
+        out[-1:-1] = ["", f"_{M(also)}_"]
     run = doc.get("run")
     ended = abnormal_end(run) or (f"The script {failed}" if (failed := script_failure(run)) else None)
     if ended:

@@ -10,7 +10,8 @@ from rich.text import Text
 from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text,
                                        data_wait_text, device_text, error_line, first_step_shown,
                                        from_other_traces, median_label, passes_text, role_labels, shown_trace,
-                                       source_text, steps_counted, unranked_gain, windows_text)
+                                       secondary_text, source_text, steps_counted, unranked_gain,
+                                       windows_text)
 
 from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
@@ -48,8 +49,8 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
     c.print(text(v["summary"]))
-    if v["secondary"]:
-        _para(c, "also significant: " + ", ".join(v["secondary"]), 2, "dim")
+    if also := secondary_text(v):
+        _para(c, also, 2, "dim")
     for n in v["notes"] if details else v["notes"][:2]:
         _para(c, f"note: {n}", 2, "dim")
     if details:
