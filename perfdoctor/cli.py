@@ -123,8 +123,8 @@ def run(
                                           help="Record Python stacks of the trainer and loader workers with py-spy "
                                                "(py-spy record, 50 Hz, attached to the script: needs ptrace). "
                                                "Default: only when half a CPU core or more is idle at the first step, so "
-                                               "py-spy takes no CPU from the job. Env: PERFDOCTOR_STACKS=1/0."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default perfdoctor-runs/<time>-<script>). "
+                                               "py-spy takes no CPU from the job; the env var (1 or 0) sets the default."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: perfdoctor-runs/ <time>-<script>). "
                                                            "A directory that already holds a run is refused."),
     force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "
                                                       "(its files are removed first)."),
@@ -134,7 +134,7 @@ def run(
     fmt: Format = typer.Option(Format.terminal, "--format", "-f",
                                help="Format of the -o file; the terminal report goes to stderr (markdown without "
                                     "-o: on stderr instead). The run directory always gets report.json, "
-                                    "report.html and annotated.pt.trace.json.gz."),
+                                    "report.html and an annotated trace."),
     details: bool = typer.Option(False, "--details", help=DETAILS_HELP),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
@@ -143,7 +143,7 @@ def run(
                                                         "as `perfdoctor gate` with its defaults."),
     strict: bool = typer.Option(False, "--strict", help="With --baseline: inconclusive / not comparable fail too."),
     nproc_per_node: Optional[str] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", metavar="N",
-                                                 help="Start N ranks per node through torch.distributed.run "
+                                                 help="Start N ranks per node through torchrun (torch.distributed.run) "
                                                       "(torchrun), each watched; one merged report."),
     nnodes: Optional[str] = typer.Option(None, "--nnodes", metavar="M", help="torchrun --nnodes (several nodes)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", "--node_rank", min=0, help="torchrun --node-rank."),
@@ -201,7 +201,7 @@ def tune(
                                              help="Try only these trial groups (loader, threads, optimizer, ...) or "
                                                   "the trials of these fixes (PD301, ...): comma-separated, "
                                                   "repeatable."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default perfdoctor-runs/<time>-<script>-tune)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default: perfdoctor-runs/ <time>-<script>- tune)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Also write the result here, in --format (with the terminal "
                                                "format: markdown for a FILE named .md, else json)."),
@@ -212,8 +212,8 @@ def tune(
     stacks: Optional[bool] = typer.Option(None, "--stacks/--no-stacks", envvar="PERFDOCTOR_STACKS",
                                           show_default="auto",
                                           help="Record Python stacks of the baseline run with py-spy, as `run` does "
-                                               "(default: only when half a CPU core or more is idle). Env: "
-                                               "PERFDOCTOR_STACKS=1/0."),
+                                               "(default: only when half a CPU core or more is idle; the env var, 1 or 0, "
+                                               "sets it)."),
     show_output: bool = typer.Option(False, "--show-output",
                                      help="Pass every run's output through to this terminal (default: into "
                                           "output.log in each run's directory; a failed run's last lines are shown)."),
