@@ -32,6 +32,9 @@ rule of mm's backward formula calls aten::matmul, so a backward node of the matm
 (AddmmBackward0, MmBackward0, BmmBackward0, ...) holds a matmul that is its formula, not a rerun:
 such a node holding nothing recomputed but matmuls (einsum) reruns nothing. A checkpoint's rerun
 of a block holds its other forward ops too (linear, layer_norm, gelu) and still counts whole.
+A TorchScript model's backward node (DifferentiableGraphBackward) runs the scripted graph's
+derivative formulas, which call aten::matmul too, and torch.utils.checkpoint cannot be scripted:
+it reruns nothing (a user's scripted MLP had read PD345 first, ~2x, with no checkpoint anywhere).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ BACKWARD_RX = re.compile(r"^autograd::engine::evaluate_function: ")
 MATMUL_NODE_RX = re.compile(r"^autograd::engine::evaluate_function: (Mm|Addmm|Bmm|Baddbmm|Addbmm|Mv|Addmv|Dot|Vdot|"
                             r"Matmul|Linear)Backward\d*$")
 MATMUL_OPS = frozenset({"aten::matmul", "aten::einsum"})
+SCRIPTED_NODE_RX = re.compile(r"DifferentiableGraphBackward")   # TorchScript's: its formulas, never a rerun
 
 
 def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float | None,
@@ -66,7 +70,7 @@ def recompute_metrics(t: EventTable, k: Kinds, steps: Steps, device_share: float
     if total <= 0:
         return out
     in_span = k.cpu_op & (t.ts >= lo) & (t.ts < hi)
-    node = t.name_regex(BACKWARD_RX.pattern)
+    node = t.name_regex(BACKWARD_RX.pattern) & ~t.name_regex(SCRIPTED_NODE_RX.pattern)
     backward = np.flatnonzero(in_span & node)
     forward = np.flatnonzero(in_span & t.name_regex(FORWARD_RX.pattern))
     rec = outermost(t, forward[contained(t, forward, backward)])
