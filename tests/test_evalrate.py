@@ -62,6 +62,23 @@ def test_a_teacher_every_step_keeps_the_window_share():
     assert combined({**m, **nograd_run_share(m)})["evaluation.share"] == pytest.approx(0.3)
 
 
+def test_a_no_grad_stretch_in_every_step_of_a_timed_run_is_the_steps_own_work():
+    """An RL loop: 16 no-grad policy calls and a numpy environment between them in every step read
+    "evaluate less often", 31% of the step, where the run's timed no-grad calls were 1.8% beyond
+    the usual step's. A run that timed them (calls.nograd_share known) counts only what the long
+    steps hold; a trace alone cannot tell a teacher from an evaluation and keeps the window's."""
+    m = {**RUN, "calls.nograd_share": 0.018, "evaluation.nograd_forward_share": 0.31,
+         "evaluation.nograd_long_steps_share": None, "evaluation.nograd_long_steps_fraction": None}
+    assert nograd_run_share(m)["evaluation.nograd_run_share"] == 0.0
+    assert combined({**m, **nograd_run_share(m)})["evaluation.share"] == pytest.approx(0.018)
+    # a teacher in every step (0.10) and an evaluation in the long steps: the evaluation alone
+    m.update({"evaluation.nograd_forward_share": 0.67, "evaluation.nograd_long_steps_share": 0.57,
+              "evaluation.nograd_long_steps_fraction": 1.0})
+    assert nograd_run_share(m)["evaluation.nograd_run_share"] == pytest.approx(0.36)
+    del m["calls.nograd_share"]
+    assert nograd_run_share(m)["evaluation.nograd_run_share"] == pytest.approx(0.10 + 0.36)
+
+
 @pytest.mark.parametrize("missing", [{"loop.long_steps_traced": 0}, {"loop.long_steps_traced": None},
                                      {"loop.long_steps_every": None}, {"loop.long_steps_share": None},
                                      {"evaluation.nograd_long_steps_share": None,

@@ -65,7 +65,8 @@ window, 22% in the run by the steps that drew the evaluation's batches). Capped 
 share: a fallback that never raises it.
 
 Otherwise the window's share stands: no long step traced, none measured in the run, or a trace
-whose long steps hold no more no-grad work than the others (a teacher every step beside a
+whose long steps hold no more no-grad work than the others (under a run that timed the model's
+own no-grad calls, only the long steps' part: the every-step part is the step's own work) (a teacher every step beside a
 checkpoint every N steps: nograd_long_steps_share 0, so nothing is rescaled). None where the
 trace measured no no-grad share.
 """
@@ -147,22 +148,27 @@ def combined(m: dict) -> dict:
 
 
 def nograd_run_share(m: dict) -> dict:
-    """evaluation.nograd_run_share from the trace's evaluation.nograd_* and the run's loop.long_steps_*."""
+    """evaluation.nograd_run_share from the trace's evaluation.nograd_* and the run's loop.long_steps_*.
+    Where the run timed the model's own no-grad calls (calls.nograd_share known), the part of the
+    stretch in every step is part of each step's work (an RL rollout's policy calls, a teacher, a
+    target network): no evaluation that could run less often, and not counted (an RL loop's 16
+    no-grad policy calls and its environment between them read "evaluate less often", 31%)."""
     window = m.get("evaluation.nograd_forward_share")
     if window is None:
         return {"evaluation.nograd_run_share": None}
+    live = m.get("calls.nograd_share") is not None
     in_long, fraction = m.get("evaluation.nograd_long_steps_share"), m.get("evaluation.nograd_long_steps_fraction")
     long_share, traced = m.get("loop.long_steps_share"), m.get("loop.long_steps_traced")
-    if in_long is None or fraction is None:
-        return {"evaluation.nograd_run_share": window}
-    every_step = max(0.0, window - in_long)
+    if in_long is None or fraction is None:      # no long traced step: the stretch is in every step
+        return {"evaluation.nograd_run_share": 0.0 if live else window}
+    every_step = 0.0 if live else max(0.0, window - in_long)
     if m.get("loop.long_steps_every") is None:
         # no period to the run's long steps (too few in the window to show one): they still
         # bound what the trace's long-step evaluation costs the run, at most the window's share
         any_share = m.get("loop.long_steps_any_share")
         if in_long > 0 and any_share:
             return {"evaluation.nograd_run_share": min(window, every_step + fraction * any_share)}
-        return {"evaluation.nograd_run_share": window}
+        return {"evaluation.nograd_run_share": min(window, every_step + in_long)}
     if long_share is None or not traced or traced < 1:
-        return {"evaluation.nograd_run_share": window}
+        return {"evaluation.nograd_run_share": min(window, every_step + in_long)}
     return {"evaluation.nograd_run_share": min(1.0, every_step + fraction * long_share)}
