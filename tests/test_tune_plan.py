@@ -320,3 +320,26 @@ def test_a_report_that_found_peeks_plans_the_keep_iterator_trial_first():
     assert trials[0].changes == {"keep_iterator": True} and trials[0].group == "iterator" and not trials[0].skip
     assert plan.rule_for(trials[0].changes, {"PD355", "PD301"}) == "PD355"
     assert all("keep_iterator" not in t.changes for t in plan.plan(facts()))
+
+
+def test_a_ranked_fix_under_a_material_gain_orders_no_trial_group():
+    """An input-bound tune (89% data wait, no idle core: PD309) spent its 120 s on optimizer=fused
+    and foreach, the report's PD338 ranked at ~1.02x (max 1.04x), and left its loader trials
+    skipped for budget. A ranked fix whose ceiling (else expected gain) is under a material gain
+    orders no group: the verdict's order stands."""
+    from types import SimpleNamespace
+
+    from perfdoctor.tune.predict import facts as plan_facts
+    b = SimpleNamespace(inject={"loaders": [{"asked": LOADER0}], "optimizers": [SGD], "threads": 2},
+                        child={}, estimate=SimpleNamespace(wait_share=0.89))
+    doc = {"verdict": {"bound": "input_cpu"}, "flags": [],
+           "traces": [{"metrics": {"machine.cpu_count": 2}}]}
+    fixes = {"PD348": {"ranked": True, "gain": {"expected": 1.17}},
+             "PD338": {"ranked": True, "gain": {"expected": 1.02, "ceiling": 1.04}},
+             "PD309": {"ranked": False}}
+    f = plan_facts(doc, fixes, b)
+    assert f.ranked == ["PD348"] and f.saturated
+    groups = [t.group for t in plan.plan(f) if t.skip is None]
+    assert groups.index("loader") < groups.index("optimizer"), groups
+    fixes["PD338"]["gain"]["ceiling"] = 1.3          # a ceiling that allows a material gain ranks it
+    assert plan_facts(doc, fixes, b).ranked == ["PD348", "PD338"]

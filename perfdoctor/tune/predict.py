@@ -43,7 +43,7 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         half="PD368" in fixes,
         compiled=bool(m.get("fusion.compiled")),
         graph_replay=bool((fixes.get("PD311") or {}).get("ranked")),
-        ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix"],
+        ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix" and _material(f)],
         contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
         other_cores=m.get("system.other_cores"),
         worker_cores=_worker_cores(m),
@@ -53,6 +53,18 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         per_sample="PD358" in fixes,
         preprocess="PD306" in fixes,
         anomaly="PD374" in fixes)
+
+
+def _material(fix: dict) -> bool:
+    """A ranked fix that may gain a material step time (its ceiling, else its expected gain, at
+    least 1 + MIN_EFFECT; unknown counts): one below orders no trial group before the verdict's
+    (a fused optimizer at ~1.02x, max 1.04x, took an input-bound tune's budget before its loader
+    trials ran)."""
+    from perfdoctor.tune.measure import MIN_EFFECT
+
+    g = fix.get("gain") or {}
+    top = g.get("ceiling") if g.get("ceiling") is not None else g.get("expected")
+    return not isinstance(top, (int, float)) or top >= 1 + MIN_EFFECT
 
 
 def _worker_cores(m: dict) -> float | None:
