@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -301,6 +302,13 @@ def test_rules_cli_list_and_show():
                        capture_output=True, text=True, timeout=60)
     assert s.returncode == 0 and "Amdahl" in s.stdout and "000_b401e2bda0f90be3.txt" in s.stdout
     assert "model: workers prepare the next batches" in " ".join(s.stdout.split())   # the expected gain's model too
+    # an id in lower case is the rule (`rules show pd301` was "no rule with id or slug 'pd301'"), and
+    # the articles of `also` are cited by name as the main one is, not by their file names
+    low = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "show", "pd301"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+    assert low.returncode == 0 and "PD301" in low.stdout, low.stderr
+    assert 'also: article 001 (Alex Dremov, "Simple ways to speed up your PyTorch model training" (2024)): data loading' \
+        in low.stdout and "also: 001_" not in low.stdout
     bad = subprocess.run([sys.executable, "-m", "perfdoctor", "rules", "show", "nope"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no rule" in bad.stderr

@@ -81,6 +81,9 @@ def test_a_baseline_run_several_times_is_explained_under_the_table():
         return buf.getvalue(), markdown.tune(d)
     for out in shown(doc):
         assert "vs baseline:" not in out and "62.0 ms" in out and "59.2 ms" in out
+        # whose prediction the column is (a user compared it with an earlier run's report)
+        assert "predicted: the gain this tune's baseline report expects of the fix a trial tests" in out
+    assert not any("predicted: the gain" in out for out in shown({**doc, "trials": [{**tr, "predicted": None}]}))
     # a quiet machine: both baseline runs came before the trials (said so: not "between the trials",
     # which a user trial read while every trial ran slower on a machine slowing down)
     again = {**doc, "baseline": {**base, "repeats": [{"dir": "b2", "step_time_s": 0.062}]}}

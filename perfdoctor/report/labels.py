@@ -82,6 +82,16 @@ def cite(src: dict) -> str:
     return f"{name}, {src.get('section')}"
 
 
+def cite_also(also: str) -> str:
+    """A rule's `source.also` entry with an article's file name as cite names it ('001_83940edd4f8b10bc.txt
+    data loading' -> 'article 001 (Alex Dremov, ...): data loading'); other references as written."""
+    import re
+    m = re.match(r"(\d{3})_[0-9a-f]+\.txt\b\s*(.*)", str(also), re.S)
+    if not m or m.group(1) not in ARTICLES:
+        return str(also)
+    return f"article {m.group(1)} ({ARTICLES[m.group(1)]})" + (f": {m.group(2)}" if m.group(2) else "")
+
+
 def unranked_gain(f: dict) -> str:
     """', expected ~1.00x, at most 1.01x' for a fix that has a model (what it expects is too small
     to rank); ', at most 1.30x' where only the ceiling is known; '' where neither is."""

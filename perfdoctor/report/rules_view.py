@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.labels import cite
+from perfdoctor.report.labels import cite, cite_also
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.rules.check import CaseResult
 from perfdoctor.rules.expr import normalize
@@ -86,7 +86,7 @@ def render_show(r: Rule, console: Console | None = None) -> None:
     c.print(Text("source", style="bold"))
     c.print(text(f"  {r.source.get('article')}: {cite(r.source)}"))
     for also in r.source.get("also", []):
-        c.print(text(f"  also: {also}", style="dim"))
+        c.print(text(f"  also: {cite_also(also)}", style="dim"))
     c.print(Text(f"test cases: {len(r.cases)} ({sum(x.fires for x in r.cases)} firing)", style="dim"))
 
 

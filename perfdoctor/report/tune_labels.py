@@ -20,6 +20,15 @@ def tune_predicted(tr: dict) -> str:
     return f"? ({rule})" if tr.get("offered", True) else f"- ({rule} not raised)"
 
 
+def predicted_note(trials: list[dict]) -> str:
+    """Under tune's table when a trial has a prediction: whose it is (a user compared tune's 1.16x
+    for PD350 with the 1.27x of the report of an earlier run of the script, unexplained)."""
+    if not any(isinstance(tr, dict) and tr.get("predicted") is not None for tr in trials):
+        return ""
+    return ("predicted: the gain this tune's baseline report expects of the fix a trial tests (a report of another "
+            "run of the script measured its own shares, and may expect another)")
+
+
 def tune_measured(tr: dict) -> str:
     """A fix's trial in the report (`report --tune`): '1.03x (95% CI 0.23-4.55: inconclusive)', its
     interval and tune's status with the speed-up (the markdown had shown a bare **1.03x** where

@@ -92,7 +92,8 @@ def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bo
 def find_rule(rule_id: str, extra_dirs: list[str | os.PathLike] | None = None) -> Rule:
     """The rule whose id (PD301) or slug (loader-workers) is rule_id, among the built-in rules
     and those of extra_dirs."""
-    match = [r for r in load_rules(extra_dirs) if rule_id in (r.id, r.slug)]
+    want = rule_id.strip().casefold()             # `rules show pd201` as PD201
+    match = [r for r in load_rules(extra_dirs) if want in (r.id.casefold(), r.slug.casefold())]
     if not match:
         raise PerfdoctorError(f"no rule with id or slug {rule_id!r} (see `perfdoctor rules list`)")
     return match[0]

@@ -194,12 +194,13 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import console as _console, text
-    from perfdoctor.report.tune_labels import (budget_hint, tune_baselines_note, tune_best_step,
-                                               tune_model_check, tune_no_best, tune_only, tune_predicted,
+    from perfdoctor.report.tune_labels import (budget_hint, predicted_note, tune_baselines_note,
+                                               tune_best_step, tune_model_check, tune_no_best, tune_only,
+                                               tune_predicted,
                                                tune_step_times)
     con = console or _console()
     b = doc["baseline"]
-    con.print(text("perfdoctor tune", "bold") + text(f"  {doc['command']}"))
+    con.print(text("perfdoctor tune", "bold") + text(f" {doc['command']}"))
     con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
                    f"{b['steps']} steady steps; verdict {_verdict(b)}; {doc['noise']}"))
     if doc.get("only"):
@@ -233,6 +234,8 @@ def render(doc: dict, console=None) -> None:
         con.print(text(f"(each run's step time and its baselines': a terminal of {WIDE} columns or more, or -o FILE)",
                        "dim"))
     if note := tune_baselines_note(doc, column=wide):
+        con.print(text(note, "dim"))
+    if note := predicted_note(doc["trials"]):
         con.print(text(note, "dim"))
     for i, line in enumerate(tune_model_check(doc["trials"])):
         con.print(text(("    " if i else "") + line, "dim" if i == 0 else ""))
