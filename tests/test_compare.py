@@ -315,6 +315,29 @@ def test_compare_and_gate_name_a_new_flag(tmp_path):
     assert not any("PD999" in n for n in res.notes)                    # a low flag is no news for CI
 
 
+def test_compare_says_when_other_processes_loaded_a_side(tmp_path):
+    """A user's fused-optimizer run took 6.88 ms a step against 0.475 ms: compare said "beyond noise:
+    yes" and nothing else, while gate called the same pair inconclusive (other processes used 0.9
+    and 1.0 of 2 cores). compare notes it, with gate's threshold."""
+    from perfdoctor.gate.compare import compare_runs
+    from perfdoctor.gate.load import load_run
+
+    def report(name, other):
+        d = {"schema_version": 2, "verdict": {"bound": "device"}, "findings": [],
+             "traces": [{"metrics": {"run.step_time_ms": 10.0, "machine.cpu_count": 2, "system.other_cores": other}}],
+             "run": {"command": "train.py"}}
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(d))
+        return load_run(f)
+
+    quiet, busy = report("q", 0.2), report("b", 0.9)
+    notes = compare_runs(busy, report("b2", 1.0))["notes"]
+    assert ("the machine was busy with other work (before: 0.9 of 2 cores; after: 1.0 of 2 cores used by other "
+            "processes): the step times carry that load (gate calls such runs inconclusive)") in notes, notes
+    assert any("(after: 0.9 of 2 cores used" in n for n in compare_runs(quiet, busy)["notes"])
+    assert not any("busy with other work" in n for n in compare_runs(quiet, report("q2", 0.4))["notes"])
+
+
 def test_a_rule_a_run_could_not_evaluate_is_neither_new_nor_gone(tmp_path):
     """A tune trial's run has no trace: compare listed every trace rule of the baseline as "gone"
     (a user trial: "gone: PD338, PD375, PD312, PD317" where only the fused optimizer had changed)."""

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from perfdoctor.gate.load import (RunData, command_warning, fingerprint_diff, load_run, other_load_of, same_command,
+from perfdoctor.gate.load import (RunData, busy_texts, command_warning, fingerprint_diff, load_run, same_command,
                                   bound_words, settings_diff)
 from perfdoctor.gate.rows import (EXIT, FAILED, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE, PASS, REGRESSION, SCRIPT,
                                   SHARES, STEP_TIME, GateOptions, Row)
@@ -123,9 +123,7 @@ def gate_runs(cur: RunData, bases: list[RunData], opt: GateOptions | None = None
         rows.append(Row(STEP_TIME, _ms_med(bases), _ms_one(cur), "", "", NOT_COMPARABLE, why))
     else:
         # a report without the machine's core count (hand-edited) keeps the half-core floor
-        busy = [f"{r.label if r is not cur else 'the current run'}: {load:.1f} of {cores or '?'} cores"
-                for r in [cur, *bases] for load, cores in [other_load_of(r.metrics)]
-                if load is not None and load > max(opt.max_other_load * (cores or 0), 0.5)]
+        busy = busy_texts([("the current run", cur), *((b.label, b) for b in bases)], opt.max_other_load)
         if busy:
             why = ("the machine was busy with other work (" + "; ".join(busy) + " used by other processes): "
                    "step times are not comparable, rerun on a quiet machine")

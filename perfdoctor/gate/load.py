@@ -299,6 +299,15 @@ def other_load_of(m: dict) -> tuple[float | None, int | None]:
     return (other if other is not None else other_cores(m)), (int(cores) if cores else cores)
 
 
+def busy_texts(runs: list[tuple[str, "RunData"]], max_other_load: float) -> list[str]:
+    """'before: 0.9 of 2 cores' for each (label, run) whose other processes used more than
+    max(max_other_load x its cores, 0.5) cores (a report without its core count keeps the floor):
+    gate calls their step times inconclusive, compare says so beside its numbers."""
+    return [f"{label}: {load:.1f} of {cores or '?'} cores" for label, r in runs
+            for load, cores in [other_load_of(r.metrics)]
+            if load is not None and load > max(max_other_load * (cores or 0), 0.5)]
+
+
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
                "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
                "inconclusive": "inconclusive"}
