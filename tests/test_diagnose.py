@@ -368,3 +368,19 @@ def test_the_cpu_compute_share_is_the_ops_less_the_small_ones_on_the_cpu_only():
     assert compute_share({**m, "cpu.small_op_share": 0.7}) == {"cpu.compute_share": 0.0}     # never under 0
     assert compute_share({**m, "trace.platform": "cuda"}) == {"cpu.compute_share": None}
     assert compute_share({**m, "share.device": None}) == {"cpu.compute_share": None}
+
+
+def test_a_run_on_a_machine_other_processes_shared_says_so():
+    """A user's run under another job using 0.9 of 2 cores read clean (its training thread barely
+    queued), while gate called it inconclusive: the run notes the load, at gate's threshold."""
+    from perfdoctor.analyze.system import SHARED_SHARE, shared_by_others
+    from perfdoctor.diagnose.stepnotes import shared_note
+    from perfdoctor.gate.gate import GateOptions
+
+    assert GateOptions().max_other_load == SHARED_SHARE
+    assert shared_note({"system.other_cores": 0.89, "machine.cpu_count": 2}) == [
+        "other processes used 0.9 of the 2 cores during the run: the step time holds what they took (gate calls a "
+        "run this shared not comparable with another)"]
+    assert shared_note({"system.other_cores": 0.38, "machine.cpu_count": 2}) == []
+    assert shared_note({"system.other_cores": None, "machine.cpu_count": 2}) == []
+    assert shared_by_others(2.5, 8) and not shared_by_others(1.9, 8) and shared_by_others(0.6, None)

@@ -40,6 +40,18 @@ import numpy as np
 from perfdoctor.analyze.inputsplit import MIN_COVERED_S, runnable_share, split as _split
 from perfdoctor.analyze.stepwait import positives
 
+# A machine is shared when other processes use more than this share of its cores (and at least
+# SHARED_FLOOR cores) during a run: gate's --max-other-load default (its step times then compare
+# with nothing), compare's and the run report's note.
+SHARED_SHARE = 0.25
+SHARED_FLOOR = 0.5
+
+
+def shared_by_others(other: float | None, cores) -> bool:
+    """Other processes used more of the machine than SHARED_SHARE of its cores (SHARED_FLOOR at least)."""
+    return other is not None and other > max(SHARED_SHARE * (cores or 0), SHARED_FLOOR)
+
+
 MIN_SAMPLES = 4              # samples a window needs for its sampled means (analyze/windows.py)
 
 

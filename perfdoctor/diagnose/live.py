@@ -36,7 +36,7 @@ from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace
-from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note
+from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note, shared_note
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
@@ -248,6 +248,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     notes += ([trained_elsewhere] if trained_elsewhere else []) + extra_batches_note(steady) + drift_note(steady) \
         + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
+    notes += shared_note(m)
     notes.sort(key=_note_rank)
     opt = res.child.get("optimizer") or {}
     # a step(closure) runs forward and backward inside: its time is not the update's, and not counted
@@ -289,7 +290,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 # training two models in turn, 1.7 ms then 48 ms a step, showed only "stacks not recorded")
 _LEAD = ("the trace stopped inside a step", "the steady steps' length drifts") + CHILD_LEAD
 _FIRST = ("python stacks not recorded",)
-_LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off")
+_LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off", "other processes used")
 
 
 def _note_rank(note: str) -> int:

@@ -1,11 +1,13 @@
 """Notes the steady step series warrants on its own (`perfdoctor run`): steps that drew extra
 DataLoader batches (another loop inside them), and a step time that drifts through the run (work
-that grows or shrinks, or load on the machine that came or went)."""
+that grows or shrinks, or load on the machine that came or went), and other processes that used
+a material part of the machine during the run."""
 
 from __future__ import annotations
 
 from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.stepwait import extra_batches
+from perfdoctor.analyze.system import shared_by_others
 from perfdoctor.stats.steptime import ms
 
 
@@ -19,6 +21,17 @@ def extra_batches_note(steady: list[dict]) -> list[str]:
     return [f"{x['steps']} of {x['of']} steady steps drew more DataLoader batches than the usual {x['usual']:g} "
             f"(up to {x['most']:g}): another loop (an evaluation?) runs inside them. They take {x['time_share']:.0%} "
             f"of the steady wall time{wait}: the step time and the input share include it"]
+
+
+def shared_note(m: dict) -> list[str]:
+    """A note when other processes used more of the machine than gate allows (analyze/system
+    SHARED_SHARE): a user's run read clean under 0.9 of 2 cores busy with another job, which gate
+    then called inconclusive. Its step time holds that load; the queueing notes say how much."""
+    other, cores = m.get("system.other_cores"), m.get("machine.cpu_count")
+    if not shared_by_others(other, cores):
+        return []
+    return [f"other processes used {other:.1f} of the {cores or '?'} cores during the run: the step time holds "
+            "what they took (gate calls a run this shared not comparable with another)"]
 
 
 DRIFT = 2.0          # the last third's median step this many times the first third's (or 1/this)

@@ -303,9 +303,11 @@ def busy_texts(runs: list[tuple[str, "RunData"]], max_other_load: float) -> list
     """'before: 0.9 of 2 cores' for each (label, run) whose other processes used more than
     max(max_other_load x its cores, 0.5) cores (a report without its core count keeps the floor):
     gate calls their step times inconclusive, compare says so beside its numbers."""
+    from perfdoctor.analyze.system import SHARED_FLOOR
+
     return [f"{label}: {load:.1f} of {cores or '?'} cores" for label, r in runs
             for load, cores in [other_load_of(r.metrics)]
-            if load is not None and load > max(max_other_load * (cores or 0), 0.5)]
+            if load is not None and load > max(max_other_load * (cores or 0), SHARED_FLOOR)]
 
 
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",

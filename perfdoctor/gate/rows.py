@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfdoctor.analyze.system import SHARED_SHARE
 from perfdoctor.stats import steptime
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, NOT_COMPARABLE, FAILED = (
@@ -22,7 +23,7 @@ class GateOptions:
     noise_k: float = 3.0         # with several baselines: times their spread
     level: float = 0.95          # one baseline: the CI of the ratio / of the share change
     min_steps: int = steptime.MIN_STEPS
-    max_other_load: float = 0.25  # share of the machine's cores other processes may use during a run
+    max_other_load: float = SHARED_SHARE  # share of the machine's cores other processes may use during a run
 
 
 @dataclass
