@@ -150,6 +150,12 @@ def test_a_for_loop_adam_of_large_ops_raises_no_small_op_flag_but_gets_pd338(tmp
     assert m["optimizer.fused_cpu_speedup"] > 4                          # streamed tensors
     f = next(f for f in doc["findings"] if f["id"] == "PD338")
     share = m["calls.optimizer_share"]
+    threads, other, cores = (m.get(k) for k in ("machine.torch_threads", "system.other_cores", "machine.cpu_count"))
+    if threads and threads > 1 and other is not None and cores and cores - other + 0.5 < threads:
+        # another test's processes left fewer free cores than torch's threads: the fused update
+        # waits for a parked thread there, and PD338 expects nothing (its rule's `shared`)
+        assert f["gain"]["expected"] is None
+        return
     assert f["gain"]["expected"] == pytest.approx(amdahl(share, m["optimizer.fused_cpu_speedup"]), rel=1e-3)
 
 
