@@ -6,7 +6,6 @@ command that measures them; the flags."""
 from __future__ import annotations
 
 from perfdoctor.report.labels import WORTH_A_LOOK, cite, from_other_traces, unranked_gain
-
 from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint, tune_measured
 from perfdoctor.report.sanitize import html as H
 

@@ -6,6 +6,8 @@ renderers need not import it.
 
 from __future__ import annotations
 
+import re
+
 from perfdoctor.rules.gain import times
 
 BOUND_TITLE = {
@@ -85,7 +87,6 @@ def cite(src: dict) -> str:
 def cite_also(also: str) -> str:
     """A rule's `source.also` entry with an article's file name as cite names it ('001_83940edd4f8b10bc.txt
     data loading' -> 'article 001 (Alex Dremov, ...): data loading'); other references as written."""
-    import re
     m = re.match(r"(\d{3})_[0-9a-f]+\.txt\b\s*(.*)", str(also), re.S)
     if not m or m.group(1) not in ARTICLES:
         return str(also)
@@ -145,8 +146,8 @@ FIRST_STEP_SHARE = 0.2      # the first step's time is named once set-up took th
 
 
 def secondary_text(v: dict) -> str:
-    """Under the verdict: the other causes of 5% of the step or more (diagnose/confidence.py), as
-    that ('also significant: host' stood over a host share of 5.2%); '' when there is none."""
+    """Under the verdict: the other causes of 5% of the step or more (diagnose/confidence.py), said
+    as that ('also significant: host' had stood over a host share of 5.2%); '' when there is none."""
     names = [str(x) for x in v.get("secondary") or []] if isinstance(v.get("secondary"), list) else []
     return f"also 5% of the step or more: {', '.join(names)}" if names else ""
 
