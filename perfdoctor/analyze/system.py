@@ -47,9 +47,10 @@ SHARED_SHARE = 0.25
 SHARED_FLOOR = 0.5
 
 
-def shared_by_others(other: float | None, cores) -> bool:
-    """Other processes used more of the machine than SHARED_SHARE of its cores (SHARED_FLOOR at least)."""
-    return other is not None and other > max(SHARED_SHARE * (cores or 0), SHARED_FLOOR)
+def shared_by_others(other: float | None, cores, share: float = SHARED_SHARE) -> bool:
+    """Other processes used more of the machine than `share` of its cores (SHARED_FLOOR at least;
+    a report without its core count keeps the floor)."""
+    return other is not None and other > max(share * (cores or 0), SHARED_FLOOR)
 
 
 MIN_SAMPLES = 4              # samples a window needs for its sampled means (analyze/windows.py)

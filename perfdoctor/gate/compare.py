@@ -26,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.gate.load import RunData, busy_texts, command_warning, fingerprint_diff, load_run, same_command, settings_diff
-from perfdoctor.gate.rows import GateOptions
 from perfdoctor.report.compare_text import compare_lines
 from perfdoctor.report.labels import MIN_SHARE, bound_title, script_failure
 from perfdoctor.report.values import change, value
@@ -97,7 +96,7 @@ def compare_runs(b: RunData, a: RunData) -> dict:
                for side, r in (("before", b), ("after", a)) if (e := script_failure(r.doc.get("run")))]
             + ([f"the machine was busy with other work ({'; '.join(busy)} used by other processes): the step times "
                 "carry that load (gate calls such runs inconclusive)"]
-               if (busy := busy_texts([("before", b), ("after", a)], GateOptions().max_other_load)) else []),
+               if (busy := busy_texts([("before", b), ("after", a)])) else []),
             "step_noise": _step_noise(rows[0]),
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 

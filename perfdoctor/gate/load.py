@@ -299,15 +299,15 @@ def other_load_of(m: dict) -> tuple[float | None, int | None]:
     return (other if other is not None else other_cores(m)), (int(cores) if cores else cores)
 
 
-def busy_texts(runs: list[tuple[str, "RunData"]], max_other_load: float) -> list[str]:
-    """'before: 0.9 of 2 cores' for each (label, run) whose other processes used more than
-    max(max_other_load x its cores, 0.5) cores (a report without its core count keeps the floor):
-    gate calls their step times inconclusive, compare says so beside its numbers."""
-    from perfdoctor.analyze.system import SHARED_FLOOR
+def busy_texts(runs: list[tuple[str, "RunData"]], max_other_load: float | None = None) -> list[str]:
+    """'before: 0.9 of 2 cores' for each (label, run) whose other processes used more of the machine
+    than max_other_load of its cores (analyze/system.shared_by_others; None: its SHARED_SHARE, gate's
+    default): gate calls their step times inconclusive, compare says so beside its numbers."""
+    from perfdoctor.analyze.system import SHARED_SHARE, shared_by_others
 
+    share = SHARED_SHARE if max_other_load is None else max_other_load
     return [f"{label}: {load:.1f} of {cores or '?'} cores" for label, r in runs
-            for load, cores in [other_load_of(r.metrics)]
-            if load is not None and load > max(max_other_load * (cores or 0), SHARED_FLOOR)]
+            for load, cores in [other_load_of(r.metrics)] if shared_by_others(load, cores, share)]
 
 
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
