@@ -65,10 +65,11 @@ window, 22% in the run by the steps that drew the evaluation's batches). Capped 
 share: a fallback that never raises it.
 
 Otherwise the window's share stands: no long step traced, none measured in the run, or a trace
-whose long steps hold no more no-grad work than the others (under a run that timed the model's
-own no-grad calls, only the long steps' part: the every-step part is the step's own work) (a teacher every step beside a
+whose long steps hold no more no-grad work than the others (a teacher every step beside a
 checkpoint every N steps: nograd_long_steps_share 0, so nothing is rescaled). None where the
-trace measured no no-grad share.
+trace measured no no-grad share. Under a run that timed the model's own no-grad calls
+(calls.nograd_share known), the every-step part is the step's own work (an RL rollout, a
+teacher) and counts nothing: only the long steps' part does.
 """
 
 from __future__ import annotations

@@ -75,12 +75,17 @@ ARTICLES = {
 }
 
 
+def _article(num: str) -> str:
+    """'article 003 (Eugene Khvedchenya, "Efficient PyTorch: ..." (2020))' for one of ARTICLES."""
+    return f"article {num} ({ARTICLES[num]})"
+
+
 def cite(src: dict) -> str:
     """'article 003 (Eugene Khvedchenya, "Efficient PyTorch: ..." (2020)), tip 0 (...)': a rule's
     source as the reports show it; an article outside the four (a user's rule) as its file says."""
     art = str(src.get("article"))
     num = art[:3]
-    name = f"article {num} ({ARTICLES[num]})" if num in ARTICLES else art
+    name = _article(num) if num in ARTICLES else art
     return f"{name}, {src.get('section')}"
 
 
@@ -90,7 +95,7 @@ def cite_also(also: str) -> str:
     m = re.match(r"(\d{3})_[0-9a-f]+\.txt\b\s*(.*)", str(also), re.S)
     if not m or m.group(1) not in ARTICLES:
         return str(also)
-    return f"article {m.group(1)} ({ARTICLES[m.group(1)]})" + (f": {m.group(2)}" if m.group(2) else "")
+    return _article(m.group(1)) + (f": {m.group(2)}" if m.group(2) else "")
 
 
 def unranked_gain(f: dict) -> str:
