@@ -115,3 +115,34 @@ def test_a_name_may_use_only_the_names_before_it(tmp_path):
                                'half = "wait / 2"\n', '').replace('share = "wait"', 'share = "share.input"\nlet = 3')
     with pytest.raises(RulesInvalid, match="gain.let must be"):
         _rules(tmp_path, not_a_table.replace('"wait / max(1e-6, wait - half)"', '"2"'))
+
+
+def test_expected_with_says_the_setting_the_expected_gain_assumes(tmp_path):
+    text = RULE.replace('label = "data wait"', 'label = "data wait"\nexpected_with = "with {half:.2f} of the step left waiting"')
+    rules = _rules(tmp_path, text)
+    d = evaluate(rules, _metrics(**{"share.input": 0.4, "loop.peek_order_share": 0.1}))
+    f = next(f for f in d.fixes if f.rule.id == "PD991")
+    assert f.setting == "with 0.15 of the step left waiting"
+    assert f.gain_text.startswith("expected ~1.18x with 0.15 of the step left waiting, at most 1.43x")
+    # a name it uses is unknown: no setting (the gain itself is unknown here too)
+    d = evaluate(rules, _metrics(**{"share.input": 0.4, "loop.peek_order_share": "x"}))
+    assert next(f for f in d.fixes if f.rule.id == "PD991").setting is None
+    with pytest.raises(RulesInvalid, match=r"expected_with uses unknown names \['halves'\]"):
+        _rules(tmp_path, text.replace("{half:.2f}", "{halves:.2f}"))
+    no_model = text.replace('expected_speedup = "wait / max(1e-6, wait - half)"\nmodel = "half the wait is left"\n', "")
+    with pytest.raises(RulesInvalid, match="expected_with names the setting of an expected-gain model"):
+        _rules(tmp_path, no_model.replace("\nexpected = [1.17, 1.18]", ""))
+
+
+def test_pd301_names_the_worker_count_its_expected_gain_assumes():
+    """The H100 corpus loader: the fix's text had said 'num_workers equal to the free cores' (2.38)
+    where the model assumes 8 workers (the trainer's own loading cores move to them); measured 3.5x
+    with 8. With workers already, the count is theirs plus the free cores the model adds."""
+    rules = load_rules()
+    h100 = {"share.input": 0.82, "input.num_workers_zero": True, "machine.free_cores": 2.38, "machine.cpu_count": 16,
+            "system.cpu_busy_share": 0.85, "loader.trainer_cpu_mean": 13.6}
+    f = next(f for f in evaluate(rules, _metrics(**h100)).fixes if f.rule.id == "PD301")
+    assert f.setting == "with num_workers=8" and "expected ~3.5" in f.gain_text and "with num_workers=8 (" in f.gain_text
+    more = {**h100, "input.num_workers_zero": False, "loader.workers": 2, "machine.free_cores": 2.0}
+    f = next(f for f in evaluate(rules, _metrics(**more)).fixes if f.rule.id == "PD301")
+    assert f.setting == "with num_workers=4" and f.expected is not None

@@ -129,7 +129,7 @@ def _finding_doc(f: Finding, platform: str | None = None) -> dict:
     if r.gain is not None:
         gain = {"expected": f.expected, "range": [f.low, f.high] if f.low is not None else None,
                 "ceiling": f.ceiling, "share": f.share, "ceiling_share": f.ceiling_share, "speedup": f.speedup, "label": r.gain.label,
-                "assumption": r.gain.assumption, "model": r.gain.model, "text": f.gain_text,
+                "assumption": r.gain.assumption, "model": r.gain.model, "setting": f.setting, "text": f.gain_text,
                 "overlaps": r.gain.overlaps}
     return {"id": r.id, "slug": r.slug, "kind": r.kind, "title": r.title, "summary": f.summary,
             "evidence": f.evidence, "ranked": f.ranked, "modelled": f.modelled, "on_bottleneck": f.on_bottleneck, "gain": gain, "no_gain_reason": r.no_gain_reason,

@@ -65,6 +65,8 @@ def render_show(r: Rule, console: Console | None = None) -> None:
                 c.print(text(f"  range: s from {normalize(r.gain.expected_range[0])} to "
                              f"{normalize(r.gain.expected_range[1])}"))
             c.print(text(f"  model: {r.gain.model}"))
+            if r.gain.expected_with:
+                c.print(text(f"  said beside it: expected ... {r.gain.expected_with}"))
     elif r.kind == "fix":
         c.print(Text.assemble(("expected gain ", "bold"), T(f"none claimed: {r.no_gain_reason}")))
     if r.fix_text:

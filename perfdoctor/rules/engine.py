@@ -39,6 +39,7 @@ class Finding:
     speedup: float | None = None
     ceiling_share: float | None = None     # the share the ceiling uses: at most share x run.trace_inflation
     lets: dict[str, Any] = field(default_factory=dict)   # its gain's [gain.let] values (the model's inputs)
+    setting: str | None = None             # what the expected gain assumes is done (gain.expected_with)
 
     on_bottleneck: bool = False           # the fix targets the class the verdict names
 
@@ -182,8 +183,24 @@ def _gain_in_scope(f: Finding, g, ev: expr.Evaluator) -> None:
     unbounded = g.unbounded is not None and _holds(g.unbounded, ev)
     f.ceiling = None if math.isinf(ceiling) or unbounded else ceiling
     _expected(f, ev, share if unprofiled is None else unprofiled, inflation)
+    f.setting = _setting(f, ev)
     f.gain_text = describe(f.expected, f.low, f.high, f.ceiling, share, g.label, f.ceiling_share,
-                           unprofiled is not None, g.unbounded_reason if unbounded else None)
+                           unprofiled is not None, g.unbounded_reason if unbounded else None, f.setting)
+
+
+def _setting(f: Finding, ev: expr.Evaluator) -> str | None:
+    """gain.expected_with rendered with the metrics and the gain's [gain.let] values: None without
+    an expected gain, or where a value it names is unknown."""
+    text = f.rule.gain.expected_with
+    if text is None or f.expected is None:
+        return None
+    values = {**ev.values, **f.lets}
+    if any(values.get(n) is None for n in expr.template_names(text)):
+        return None
+    try:
+        return expr.render_template(text, values)
+    except (TypeError, ValueError):
+        return None
 
 
 def _holds(text: str, ev: expr.Evaluator) -> bool:

@@ -30,12 +30,13 @@ def times(v: float) -> str:
 
 def describe(expected: float | None, low: float | None, high: float | None, ceiling: float | None,
              share: float, label: str, ceiling_share: float | None = None, timed: bool = False,
-             unbounded: str | None = None) -> str:
+             unbounded: str | None = None, setting: str | None = None) -> str:
     """'expected ~1.30x (1.20-1.45x), at most 1.50x (data wait is 33.0% of each step)'; with a
     ceiling share above the share (the profiler slowed the traced steps): '... of each traced
     step, up to 41.0% of an un-profiled one'; `timed`: the ceiling share was timed on un-profiled
     steps: '... 37.9% of each un-profiled step (timed), 44.5% of each traced one'; `unbounded`: why
-    the share bounds nothing here (gain.unbounded): 'no ceiling (why), ...'."""
+    the share bounds nothing here (gain.unbounded): 'no ceiling (why), ...'; `setting`: what the
+    expected gain assumes is done (gain.expected_with): 'expected ~3.58x with 8 workers ...'."""
     cap = "no ceiling from this trace" if ceiling is None else f"at most {times(ceiling)}"
     if unbounded and ceiling is None:
         cap = f"no ceiling ({unbounded})"
@@ -49,7 +50,8 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
         basis = f"{label} is {100 * share:.1f}% of each traced step, up to {100 * ceiling_share:.1f}% of an un-profiled one"
     if expected is None:
         return f"{cap}, no model of the expected gain ({basis})"
-    return f"expected ~{times(expected)}{range_text(low, high)}, {cap} ({basis})"
+    assumes = f" {setting}" if setting else ""
+    return f"expected ~{times(expected)}{assumes}{range_text(low, high)}, {cap} ({basis})"
 
 
 def range_text(low: float | None, high: float | None) -> str:

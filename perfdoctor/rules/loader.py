@@ -160,6 +160,8 @@ def parse_rule(path: Path, data: dict, known: set[str]) -> tuple[Rule | None, li
                         names(str(g["share"]), "gain.share"), names(str(g["speedup"]), "gain.speedup"),
                         let={k: text for k, (text, _) in lets.items()})
             _expected(gain, g, names, bad)
+            if "expected_with" in g:
+                gain.expected_with = _setting(str(g["expected_with"]), gain, known, set(lets), bad)
             gain.work = g.get("work") is True
             overlaps = g.get("overlaps", [])
             if not isinstance(overlaps, list) or not all(isinstance(o, str) and o for o in overlaps):
@@ -211,7 +213,8 @@ TYPES = {"id": _STR, "slug": _STR, "kind": _STR, "title": _STR, "when": _STR, "s
 SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
              "gain": {"share": _NUM, "speedup": _NUM, "assumption": _STR, "label": _STR, "expected_speedup": _NUM,
                       "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,),
-                      "unprofiled_share": _NUM, "unbounded": _STR, "unbounded_reason": _STR, "let": (dict,)},
+                      "unprofiled_share": _NUM, "unbounded": _STR, "unbounded_reason": _STR, "let": (dict,),
+                      "expected_with": _STR},
              "fix": {"text": _STR, "snippet": _STR, "snippet_cpu": _STR, "snippet_lang": _STR}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
@@ -254,10 +257,10 @@ def _expected(gain: Gain, g: dict, names, bad) -> None:
     """The optional expected-gain model of a [gain] table (see model.Gain); `names(text, where)`:
     the metrics an expression uses (validated, the [gain.let] names it uses expanded)."""
     unknown = sorted(set(g) - {"share", "speedup", "assumption", "label", "work", "unprofiled_share", "overlaps", "let",
-                               "unbounded", "unbounded_reason", *EXPECTED_KEYS})
+                               "unbounded", "unbounded_reason", "expected_with", *EXPECTED_KEYS})
     if unknown:
         bad(f"gain has unknown keys {unknown} (allowed besides share/speedup/assumption/label/work/unprofiled_share/unbounded/"
-            f"overlaps/let: {', '.join(EXPECTED_KEYS)})")
+            f"overlaps/let/expected_with: {', '.join(EXPECTED_KEYS)})")
     if not any(k in g for k in EXPECTED_KEYS):
         return
     if "expected_speedup" not in g or not g.get("model"):
@@ -277,6 +280,23 @@ def _expected(gain: Gain, g: dict, names, bad) -> None:
             for part in rng:
                 used += names(str(part), "gain.expected_range")
     gain.expected_names = sorted(set(used))
+
+
+def _setting(text: str, gain: Gain, known: set[str], lets: set[str], bad) -> str | None:
+    """gain.expected_with: a short template over metrics and [gain.let] names, for a gain with an
+    expected model (the setting a model assumes says nothing beside a ceiling alone)."""
+    if gain.expected_speedup is None:
+        bad("gain.expected_with names the setting of an expected-gain model: the gain has none")
+        return None
+    try:
+        unknown = [n for n in expr.template_names(text) if n not in known and n not in lets]
+    except expr.ExprError as exc:
+        bad(f"gain.expected_with: {exc}")
+        return None
+    if unknown:
+        bad(f"gain.expected_with uses unknown names {unknown} (metrics or [gain.let] names)")
+        return None
+    return text
 
 
 def _names(text: str, where: str, known: set[str], bad, lets: dict | None = None) -> list[str]:

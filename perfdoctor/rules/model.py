@@ -49,6 +49,8 @@ class Gain:
     unbounded_reason: str | None = None
     let: dict[str, str] = field(default_factory=dict)   # [gain.let]: names for sub-expressions the
     #                            gain's expressions share, evaluated in order (expr.Evaluator.scope)
+    expected_with: str | None = None       # template over metrics and [gain.let] names: the setting the
+    #                            expected gain assumes ("with {count:.0f} workers"), said beside it
 
 
 @dataclass
