@@ -137,3 +137,19 @@ def test_framework_runs_diagnose(corpus):
         assert doc["verdict"]["bound"] != "inconclusive", name
         assert any(f["ranked"] for f in doc["findings"]) is (name != "launch_compiled"), name
     assert "mixed-precision" not in fixes(diagnose_path(str(corpus / "hf")))
+
+
+def test_host_bound_runs_without_a_memory_profile_are_offered_a_larger_batch(corpus):
+    """The corpus runs were recorded without --memory: the trace has no reserved memory, and the
+    larger-batch fix (PD313) and the headroom flag (PD208) had stayed unknown on four host-bound
+    runs. NVML's peak used (all processes, the CUDA context too: at least the reserved) stands in
+    as an upper bound, here 2-4% of the device."""
+    for name in ("hf", "lightning", "launch", "launch_compiled"):
+        doc = diagnose_path(str(corpus / name))
+        m = doc["traces"][0]["metrics"]
+        assert m["memory.peak_reserved_fraction"] is None, name
+        assert m["memory.used_fraction_peak"] == m["gpu.memory_used_fraction_peak"] < 0.05, name
+        assert "memory-headroom" in {f["slug"] for f in doc["flags"]}, name
+        if doc["verdict"]["bound"] == "host":
+            batch = fixes(doc)["larger-batch"]
+            assert batch["summary"].startswith(f"At most {100 * m['memory.used_fraction_peak']:.1f}% of device memory"), name

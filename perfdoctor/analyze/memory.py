@@ -37,7 +37,7 @@ def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
     if not has.any():
         out.update({"memory.peak_reserved_bytes": None, "memory.peak_allocated_bytes": None,
                     "memory.reserved_swing": None, "memory.reserved_changes_per_step": None,
-                    "memory.peak_reserved_fraction": None})
+                    "memory.peak_reserved_fraction": None, "memory.used_fraction_peak": None})
         return out, series
     rows = dev_mem[has]
     rows = rows[np.argsort(t.ts[rows], kind="stable")]
@@ -53,8 +53,19 @@ def memory_metrics(t: EventTable, k: Kinds, steps: Steps) -> tuple[dict, dict]:
         out["memory.reserved_swing"] = None
         out["memory.reserved_changes_per_step"] = None
     out["memory.peak_reserved_fraction"] = _fraction_of_device(t, rows, res)
+    out["memory.used_fraction_peak"] = out["memory.peak_reserved_fraction"]
     series = _downsample(t.ts[rows] - steps.start[0], res, alloc)
     return out, series
+
+
+def used_fraction(m: dict) -> dict:
+    """memory.used_fraction_peak of a `perfdoctor run`: the trace's peak reserved fraction where it
+    recorded memory, else NVML's peak used on the run's devices, which counts the CUDA context and
+    any other process too: at least what the allocator reserved. An upper bound, so a rule may
+    read headroom from it (under half in use), never pressure (a run recorded without --memory had
+    left the larger-batch advice unknown on four host-bound H100 runs using 2-4% of the device)."""
+    reserved = m.get("memory.peak_reserved_fraction")
+    return {"memory.used_fraction_peak": reserved if reserved is not None else m.get("gpu.memory_used_fraction_peak")}
 
 
 def reserved_swing(reserved: np.ndarray) -> float:

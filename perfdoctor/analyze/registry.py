@@ -145,6 +145,7 @@ _m("memory.peak_allocated_bytes", "bytes", "Peak device memory allocated to tens
 _m("memory.reserved_swing", "fraction", "The deepest fall of reserved memory below its running peak over steady-state steps, relative to the peak: memory given back to the driver (cudaFree, empty_cache); growth alone is 0 (warming up). > 0.05 means the allocator keeps releasing and re-acquiring.")
 _m("memory.reserved_changes_per_step", "per_step", "Times reserved memory changed per steady-state step.")
 _m("memory.peak_reserved_fraction", "fraction", "Peak reserved / device memory.")
+_m("memory.used_fraction_peak", "fraction", "Peak device memory in use / device memory: memory.peak_reserved_fraction where the trace recorded memory, else (`perfdoctor run`) NVML's gpu.memory_used_fraction_peak, which also counts the CUDA context and other processes: an upper bound, for headroom rules (little in use), never for pressure rules.")
 # -- tensor cores ----------------------------------------------------------------------------
 _m("tensor_core.kernel_share", "fraction", "Tensor-core kernel time / all kernel time.")
 _m("tensor_core.eligible_share", "fraction", "GEMM/convolution kernel time (tensor-core eligible) / all kernel time.")

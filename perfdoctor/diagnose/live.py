@@ -24,6 +24,7 @@ from perfdoctor.analyze.loaderkinds import iterable_replayed, loader_metrics
 from perfdoctor.analyze.loaderstarts import kept_metrics, kept_pace_ms, start_metrics, without_peeks
 from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
 from perfdoctor.analyze.loopcalls import loop_metrics
+from perfdoctor.analyze.memory import used_fraction
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepseries import step_series
@@ -260,6 +261,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(nograd_run_share(m))           # the trace window's no-grad evaluation, at the run's rate
     m.update(compile_run_share(m))          # and its recompiles
     m.update(combined(m))
+    m.update(used_fraction(m))
     m["loop.long_steps_unnamed_share"] = unexplained(m)
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
