@@ -231,9 +231,13 @@ def test_a_run_without_a_trace_that_no_rule_judges_does_not_speak_of_a_trace():
 def test_flags_fire_on_their_signals(analyze_spec):
     # gap_us: the loop's own 0.5 ms after the item() at the end of each step, while the device it
     # drained sits idle: the cost the sync flag reads (the host blocking in the syncs is not)
+    # kernels of 100 us: the fp32 GEMMs are 13% of the step's critical path (of 50 us, 4.97%: under
+    # the 5% from which PD206 flags them, as PD320 offers its fix)
     spec = tg.TraceSpec(steps=[S(data_wait_us=3000, syncs=2, item_syncs=1, pageable_h2d=2, mallocs=1, frees=1,
-                                 kernels=20, gemm_ops=10)] * 4, memory_events=True, reserved_churn=True, gap_us=500)
+                                 kernels=20, gemm_ops=10, kernel_us=100)] * 4, memory_events=True, reserved_churn=True,
+                        gap_us=500)
     _, flags, m = diagnose(analyze_spec, spec)
+    assert m["precision.amp_share"] >= 0.05
     # memory_headroom too: < 1% of the 32 GiB reserved while the device is busy < 50%
     assert set(flags) == {"num_workers_zero", "idle_gpu_gaps", "host_device_sync", "pageable_copies",
                           "allocator_thrashing", "no_tensor_cores", "memory_headroom"}
