@@ -723,3 +723,18 @@ def test_memory_axes_top_out_at_round_values(peak, top):
                         "allocated_bytes": [peak / 4, peak / 2, peak / 5]})
     unit, scale = ("GiB", 2 ** 30) if top >= 2 ** 30 else ("MiB", 2 ** 20)
     assert f">{top / scale:g} {unit}</text>" in svg and f">{top / scale / 2:g} {unit}</text>" in svg
+
+
+def test_details_show_every_ranked_fix_with_its_summary_code_and_citation(shared_traces):
+    """`--details` is the full report: the H100 sync run's fourth ranked fix (PD303, removing the
+    .item() syncs, half of the fix measured there) had shown its gain line only."""
+    doc = json.loads(cli("report", shared_traces / "h100" / "sync", "--format", "json").stdout)
+    ranked = [f for f in doc["findings"] if f["ranked"]]
+    assert len(ranked) >= 4
+    r = cli("report", shared_traces / "h100" / "sync", "--details", env={"COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    for f in ranked:
+        assert f"[{f['id']} · article" in r.stdout, f["id"]
+        assert f["summary"][:60] in r.stdout, f["id"]
+        if f["fix"]["snippet"]:
+            assert f["fix"]["snippet"].splitlines()[0].strip() in r.stdout, f["id"]

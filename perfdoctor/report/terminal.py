@@ -21,7 +21,6 @@ from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
-DETAILED = 3     # fixes shown with text and citation; the rest one line each
 TOP = 3          # fixes in the one-screen report
 
 
@@ -282,8 +281,6 @@ def _fixes(c: Console, doc: dict, none_of: str | None) -> None:
     for i, f in enumerate(ranked, 1):
         _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f)))
         _para(c, f["gain"]["text"], 4, "green")
-        if i > DETAILED:
-            continue
         _para(c, f["summary"], 4)
         _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
         if f["fix"]["snippet"]:
