@@ -372,3 +372,32 @@ def test_a_diagnosis_bug_under_debug_prints_its_traceback_and_keeps_going(monkey
     err = capsys.readouterr().err
     assert err.count("Traceback (most recent call last)") == 1 and 'raise TypeError("Encoding' in err
     assert err.count("perfdoctor: internal error while diagnosing: TypeError: Encoding objects") == 2
+
+
+FAILING_DATASET = '''import torch
+class DS(torch.utils.data.Dataset):
+    def __len__(self): return 256
+    def __getitem__(self, i):
+        if i == 40: raise ValueError(f"bad sample {i}")
+        return torch.ones(4), torch.zeros(1)
+m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), 0.1)
+for x, y in torch.utils.data.DataLoader(DS(), batch_size=8, num_workers=int(__import__("sys").argv[1])):
+    opt.zero_grad(); torch.nn.functional.mse_loss(m(x), y).backward(); opt.step()
+'''
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_datasets_exception_reads_as_under_python(tmp_path, workers):
+    """perfdoctor wraps the DataLoader's fetch (collect/loaderfetch.py) to time it; a dataset's
+    exception, raised in a worker ("Original Traceback") or in the trainer, shows no frame of that
+    wrapper: stderr up to the report is Python's own, byte for byte (a user found perfdoctor's
+    fetch in a worker's traceback, pointing at perfdoctor as the culprit)."""
+    script = tmp_path / "bad_sample.py"
+    script.write_text(FAILING_DATASET)
+    py = subprocess.run([sys.executable, str(script), workers], capture_output=True, text=True, timeout=120)
+    pd = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(tmp_path / "run"), str(script), workers],
+                        capture_output=True, text=True, timeout=180)
+    assert py.returncode == pd.returncode == 1 and "ValueError: bad sample 40" in py.stderr
+    assert pd.stderr.startswith(py.stderr), pd.stderr[:3000]
+    assert "perfdoctor" not in pd.stderr[:len(py.stderr)]

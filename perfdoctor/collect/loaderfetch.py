@@ -38,11 +38,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 FILE = "loaderfetch.jsonl"
 FLUSH_S = 10.0          # seconds between a fetching worker's lines
 FIRST_FLUSH = 8         # batches before a worker's first line (then at 16, 32, ...)
+
+
+def _without_this_frame(e: BaseException) -> None:
+    """Take the wrapper's own frame (the caller's) off a dataset's exception: a worker's "Original
+    Traceback" reads as under plain Python, not through perfdoctor's fetch. A bare `raise` after
+    this re-raises without adding the frame again."""
+    tb = e.__traceback__
+    if tb is not None and tb.tb_frame is sys._getframe(1):
+        e.__traceback__ = tb.tb_next
 
 
 class _Worker:
@@ -88,13 +98,20 @@ class FetchTimes:
                 continue
 
             def fetch(fetcher, index, _orig=orig):
-                if worker_module.get_worker_info() is None:     # the trainer (num_workers=0)
-                    return _orig(fetcher, index)
-                w = times._mine()
+                w = times._mine() if worker_module.get_worker_info() is not None else None
+                if w is None:                   # the trainer (num_workers=0)
+                    try:
+                        return _orig(fetcher, index)
+                    except BaseException as e:
+                        _without_this_frame(e)
+                        raise
                 q0, t0 = w.run_delay(), time.perf_counter()
                 w.inside = True
                 try:
                     return _orig(fetcher, index)
+                except BaseException as e:
+                    _without_this_frame(e)
+                    raise
                 finally:
                     w.inside = False
                     w.wall += time.perf_counter() - t0
