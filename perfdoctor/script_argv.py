@@ -82,7 +82,7 @@ def script_argv(command: str, fn, target: Optional[list[str]], module: Optional[
     argv = list(target or [])
     if module:
         if module != TORCHRUN:          # its arguments are torchrun's options (--nproc-per-node ...), then the script's
-            _own_options_after_script(command, fn, [module, *argv])
+            _own_options_after_script(command, fn, [module, *argv], module=True)
         return [module, *argv]
     if not argv:
         raise PerfdoctorError(f"give a script (perfdoctor {command} train.py ARGS) or a module "
@@ -95,17 +95,19 @@ def script_argv(command: str, fn, target: Optional[list[str]], module: Optional[
     return argv
 
 
-def _own_options_after_script(command: str, fn, argv: list[str]) -> None:
+def _own_options_after_script(command: str, fn, argv: list[str], module: bool = False) -> None:
     """A note when the script's arguments hold one of perfdoctor's own options: as with `python`,
     everything after the script is the script's (`perfdoctor tune train.py --budget 120` tuned
     with the default 300 s budget, and a script without argparse ignored the 120 silently). A note,
-    not an error: the script may have an option of that name."""
+    not an error: the script may have an option of that name. `module`: argv[0] is run with -m (the
+    command line shown keeps it: without it, the module's name read as a missing file)."""
     names = set(_option_names(fn))
     mine = [a for a in argv[1:] if a.split("=", 1)[0] in names]
     if mine:
         print(f"perfdoctor: note: {', '.join(terminal(a) for a in mine)} after {terminal(argv[0])} is passed to the "
               f"script, as with python (everything after the script is its own); if meant for perfdoctor, put "
-              f"it before the script: perfdoctor {command} [OPTIONS] {terminal(argv[0])} [ARGS]", file=sys.stderr)
+              f"it before the script: perfdoctor {command} [OPTIONS] {'-m ' if module else ''}{terminal(argv[0])} [ARGS]",
+              file=sys.stderr)
 
 
 def _option_names(fn) -> list[str]:

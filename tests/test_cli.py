@@ -476,6 +476,11 @@ def test_an_own_option_after_the_script_is_told_it_goes_to_the_script(tmp_path, 
     else:
         assert err.startswith(f"perfdoctor: note: {told} after {script} is passed to the script")
         assert f"put it before the script: perfdoctor {cmd} [OPTIONS] {script} [ARGS]" in err
+    # a module's line keeps its -m: without it the command it shows cannot open the module as a file
+    assert script_argv(cmd, getattr(cli, cmd), args, "mypkg.train") == ["mypkg.train", *args]
+    err = capsys.readouterr().err
+    if told is not None:
+        assert f"put it before the script: perfdoctor {cmd} [OPTIONS] -m mypkg.train [ARGS]" in err
 
 
 def test_the_arguments_after_a_module_are_the_modules(monkeypatch, capsys):
