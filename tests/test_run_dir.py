@@ -317,11 +317,16 @@ def test_the_note_shown_by_default_is_the_one_that_could_change_the_advice():
     from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
     from perfdoctor.collect.samplers import DELAYACCT_NOTE
     from perfdoctor.collect.stacks import skipped_note
+    from perfdoctor.collect.stepsource import RATES_NOTE
     from perfdoctor.diagnose.live import _note_rank
 
     run = "2 of 20 steady steps drew more DataLoader batches than the usual 1"
     notes = [NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE, run, skipped_note(0.0, 2)]
     assert sorted(notes, key=_note_rank) == [skipped_note(0.0, 2), run, NO_GPU_NOTE.capitalize(), DELAYACCT_NOTE]
+    # what a step is leads even those: a WGAN's critic stepping 5 times an iteration read "6.95
+    # ms/step" as the iteration's time, the note saying otherwise under --details only
+    rates = f"{RATES_NOTE}: a step is one step of the first to step (RMSprop of 402,433 parameters, 300 steps)"
+    assert sorted([*notes, rates], key=_note_rank)[0] == rates
 
 
 def test_damaged_samples_json_is_warned(tmp_path):

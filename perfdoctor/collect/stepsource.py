@@ -44,6 +44,7 @@ SOURCES = {"optimizer": "optimizer steps", "backward": "backward passes (a step 
            "dataloader": "DataLoader iterations",
            "module": "calls of the outermost module (one per step)"}
 MODULE_WAIT_S = 3.0          # outermost calls with grad mode on: the module source waits this long for a backward
+RATES_NOTE = "optimizers step at different rates"   # the note's start (the report leads with it)
 HANDOVER = 16                # another optimizer's steps in a row, none of the primary's, before steps follow it
 MAX_ROOTS = 64               # distinct modules whose outermost calls are kept before a source is chosen
 
@@ -293,7 +294,7 @@ class StepSources:
         rarer = [(k, c) for k, c in others if n >= 1.5 * c]
         busier = [(k, c) for k, c in others if c >= 1.5 * n]
         name = self._optimizer_label
-        head = f"optimizers step at different rates: a step is one step of the first to step ({name(self.primary)}, {n} steps)"
+        head = f"{RATES_NOTE}: a step is one step of the first to step ({name(self.primary)}, {n} steps)"
         if busier:
             k, c = max(busier, key=lambda kc: kc[1])
             self.notes.append(f"{head}, and {name(k)} stepped {c} times, {c / n:.1f} per step: where {name(k)} "

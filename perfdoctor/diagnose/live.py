@@ -34,6 +34,7 @@ from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.diagnose import runfiles
+from perfdoctor.collect.stepsource import RATES_NOTE
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace
@@ -289,8 +290,10 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 # the sampling (no NVIDIA GPU, the sampled means, block-IO delay accounting off).
 # the traced step is not whole (read its times so), or the training ran in child processes, or the
 # steps' length drifts through the run (the time per step is then the run length's: a user trial
-# training two models in turn, 1.7 ms then 48 ms a step, showed only "stacks not recorded")
-_LEAD = ("the trace stopped inside a step", "the steady steps' length drifts") + CHILD_LEAD
+# training two models in turn, 1.7 ms then 48 ms a step, showed only "stacks not recorded"), or
+# a step is not an iteration (a WGAN's critic steps 5 times an iteration: "6.95 ms/step" read as
+# the iteration's time, its note under --details only)
+_LEAD = ("the trace stopped inside a step", "the steady steps' length drifts", RATES_NOTE) + CHILD_LEAD
 _FIRST = ("python stacks not recorded",)
 _LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off", "other processes used")
 
