@@ -401,3 +401,21 @@ def test_a_datasets_exception_reads_as_under_python(tmp_path, workers):
     assert py.returncode == pd.returncode == 1 and "ValueError: bad sample 40" in py.stderr
     assert pd.stderr.startswith(py.stderr), pd.stderr[:3000]
     assert "perfdoctor" not in pd.stderr[:len(py.stderr)]
+
+
+def test_an_interrupt_before_the_first_step_is_called_an_interrupt(tmp_path):
+    """Ctrl-C (SIGINT to perfdoctor, which forwards it) while the script still sets up: the verdict
+    had read "The script failed before its first step (...exit code 130). Fix the failure" beside
+    the run line's "interrupted"."""
+    script, out = tmp_path / "slow_setup.py", tmp_path / "run"
+    script.write_text("import time\nimport torch\nprint('setting up', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "setting up\n"        # torch imported, no step yet
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=90)
+    assert p.returncode == -signal.SIGINT, stderr[-2000:]     # as the script ended: by the signal (130 in a shell)
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["run"]["outcome"] == "interrupted" and doc["run"]["steps"] == 0 and doc["run"]["exit_code"] == 130
+    assert doc["verdict"]["summary"].startswith("The script was interrupted before its first step"), doc["verdict"]
+    assert "Fix the failure" not in stderr

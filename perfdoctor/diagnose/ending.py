@@ -40,7 +40,8 @@ def why_no_trace(res: RunResult, steps: list[dict]) -> str:
     if not res.child.get("torch_imported"):
         return "the script never imported torch"
     if not steps and failed(res):
-        return "the script failed before its first step"
+        return ("the script was interrupted before its first step" if outcome(res) == "interrupted"
+                else "the script failed before its first step")
     if state == "skipped":
         return "the script runs its own profiler"
     if state == "failed":
@@ -112,7 +113,9 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
     if not steps and (failed(res) or outcome(res) == "unknown"):
         code = "unknown" if res.exit_code is None else res.exit_code
         what = (f"{_headline(run['error'])}; " if run["error"] else "") + f"exit code {code}"
-        summary = (f"The script failed before its first step ({what}): nothing was measured to diagnose. Fix "
+        summary = (f"The script was interrupted before its first step ({what}): nothing was measured to "
+                   "diagnose. Run it again, to its steps." if outcome(res) == "interrupted" else
+                   f"The script failed before its first step ({what}): nothing was measured to diagnose. Fix "
                    "the failure and run again." if failed(res) else
                    f"No step was recorded, and how the script ended is unknown ({what}): nothing was measured "
                    "to diagnose.")
