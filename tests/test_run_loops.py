@@ -109,6 +109,33 @@ def test_hand_written_gradient_accumulation_is_one_step_per_update(tmp_path):
     assert report(tmp_path / "stopped")["run"]["stopped_by"] == "max-steps"
 
 
+# 40 backward passes accumulated with no reset and no update (backward-each fallback after 32),
+# then a torch.optim loop: steps follow the optimizer from its first step.
+LATE_OPTIMIZER = r"""
+import torch, torch.nn as nn
+model = nn.Linear(16, 1)
+x, y = torch.randn(8, 16), torch.randn(8, 1)
+for i in range(40):
+    nn.functional.mse_loss(model(x), y).backward()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(30):
+    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()
+print("late: done")
+"""
+
+
+def test_an_optimizer_that_starts_late_takes_over_the_steps_and_the_note_names_accumulation(tmp_path):
+    """Backward passes before the first optimizer step are gradients accumulated (a user's 96 had
+    read "an evaluation before training?", which calls no backward); from its first step the
+    optimizer's steps are the steps."""
+    r, out = prun_script(tmp_path, "late.py", LATE_OPTIMIZER)
+    assert r.stdout == "late: done\n"
+    assert child(out)["mode"] == "optimizer"
+    notes = report(out)["run"]["notes"]
+    note = next(n for n in notes if "with no optimizer step" in n)
+    assert "(gradients accumulated over them before the first update?)" in note and "evaluation" not in note, note
+
+
 # Layer-wise training (pytorch/examples mnist_forward_forward): one Adam per layer, the layers
 # trained one after the other. Steps followed only the first optimizer: the second layer's
 # training was no step, and --max-steps past the first layer's steps never stopped the run.

@@ -248,8 +248,11 @@ class StepSources:
         old = SOURCES[self.source]
         self.notes[:] = [n for n in self.notes if n not in self.fallback_notes]
         dropped = self.window.rebase()
-        self.notes.append(f"the first {self.steps} step(s) were {old} with no optimizer step (an evaluation "
-                          "before training?); an optimizer stepped then, and steps follow optimizer steps from "
+        # backward passes are no evaluation: many micro-batches accumulated before the first update
+        why = ("gradients accumulated over them before the first update?" if self.source.startswith("backward")
+               else "an evaluation before training?")
+        self.notes.append(f"the first {self.steps} step(s) were {old} with no optimizer step ({why}); an optimizer "
+                          "stepped then, and steps follow optimizer steps from "
                           "there: --max-steps, the warm-up and the trace count from that step"
                           + ("; the trace of the earlier steps was dropped and recorded again" if dropped else ""))
         self.step_base = self.steps
