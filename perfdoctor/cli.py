@@ -26,12 +26,19 @@ class Format(str, Enum):
     json = "json"
     html = "html"
     markdown = "markdown"
+    md = "md"                      # markdown, as the file suffix names it
 
 
 class TextFormat(str, Enum):       # compare and tune: no pictures
     terminal = "terminal"
     json = "json"
     markdown = "markdown"
+    md = "md"
+
+
+def _form(fmt: Enum) -> str:
+    """The format's name: md is markdown."""
+    return "markdown" if fmt.value == "md" else fmt.value
 
 
 class GateFormat(str, Enum):
@@ -68,9 +75,9 @@ def report(
     path: Path = typer.Argument(..., help="A torch.profiler trace (.json, .json.gz, *.pt.trace.json[.gz]), "
                                           "a directory of them (one per rank/worker), or a `perfdoctor run` "
                                           "directory (re-diagnosed as run did)."),
-    fmt: Format = typer.Option(Format.terminal, "--format", "-f",
+    fmt: Format = typer.Option(Format.terminal, "--format", "-f", metavar="FORMAT",
                                help="terminal (one screen), json, html (one self-contained file) or markdown "
-                                    "(pull requests, job summaries); on stdout, or in the -o file."),
+                                    "(md; pull requests, job summaries); on stdout, or in the -o file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Write the report in --format to this file instead of stdout "
                                                "(with the terminal format: a FILE named .html or .md gets that "
@@ -93,7 +100,7 @@ def report(
         check_writable(dest, report_inputs(path))
     given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
-    form = format_for(fmt.value, output)
+    form = format_for(_form(fmt), output)
     shows_tune = form in ("html", "markdown")
     if given is not None and not shows_tune:
         print("perfdoctor: note: --tune's measured gains are shown by --format html and markdown only",
@@ -131,8 +138,9 @@ def run(
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Also write the report here, in --format (with the terminal "
                                                "format: html or markdown for a FILE named .html or .md, else json)."),
-    fmt: Format = typer.Option(Format.terminal, "--format", "-f",
-                               help="Format of the -o file; the terminal report goes to stderr (markdown without "
+    fmt: Format = typer.Option(Format.terminal, "--format", "-f", metavar="FORMAT",
+                               help="terminal, json, html or markdown (md): the -o file's; the terminal report goes "
+                                    "to stderr (markdown without "
                                     "-o: on stderr instead). The run directory always gets report.json, "
                                     "report.html and an annotated trace."),
     details: bool = typer.Option(False, "--details", help=DETAILS_HELP),
@@ -177,7 +185,7 @@ def run(
                     skip=skip_steps, active=trace_steps, memory=memory, trace=not no_trace, stacks=stacks,
                     force=force)
     from perfdoctor.report.outputs import format_for
-    report_to = Output(output, format_for(fmt.value, output), details, [str(d) for d in rules_dirs or []])
+    report_to = Output(output, format_for(_form(fmt), output), details, [str(d) for d in rules_dirs or []])
     dist = [nnodes, node_rank, master_addr, master_port, rdzv_endpoint, rdzv_backend, rdzv_id]
     raise typer.Exit(run_script(cfg, report_to, dist, nproc_per_node, list(baselines or []), strict))
 
@@ -205,8 +213,9 @@ def tune(
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Also write the result here, in --format (with the terminal "
                                                "format: markdown for a FILE named .md, else json)."),
-    fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f",
-                                   help="Format of the -o file (markdown without -o: on stdout instead of the table)."),
+    fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f", metavar="FORMAT",
+                                   help="terminal, json or markdown (md): the -o file's (markdown without -o: on "
+                                        "stdout instead of the table)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable)."),
     stacks: Optional[bool] = typer.Option(None, "--stacks/--no-stacks", envvar="PERFDOCTOR_STACKS",
@@ -238,7 +247,7 @@ def tune(
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only),
                               show_output=show_output))
     from perfdoctor.report.outputs import format_for
-    form = format_for(fmt.value, output, ("markdown",))
+    form = format_for(_form(fmt), output, ("markdown",))
     try:
         tuner.run()
     except TuneFailed as exc:               # its one line is the error; -o FILE and tune.json say it too
@@ -251,8 +260,9 @@ def tune(
 def compare(
     before: Path = typer.Argument(..., metavar="BEFORE", help="Run directory or report JSON file: the reference."),
     after: Path = typer.Argument(..., metavar="AFTER", help="Run directory or report JSON file: the changed run."),
-    fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f",
-                                   help="What to print on stdout (markdown: for a pull request or job summary)."),
+    fmt: TextFormat = typer.Option(TextFormat.terminal, "--format", "-f", metavar="FORMAT",
+                                   help="What to print on stdout: terminal, json or markdown (md: for a pull request "
+                                        "or job summary)."),
 ) -> None:
     """Two runs side by side: step time, throughput, breakdown, verdict and fixes, against the noise."""
     from perfdoctor.gate.compare import compare_paths, render_compare
@@ -260,7 +270,7 @@ def compare(
 
     doc = compare_paths(before, after)
     if fmt is not TextFormat.terminal:
-        sys.stdout.buffer.write(rendered(doc, fmt.value, kind="compare"))
+        sys.stdout.buffer.write(rendered(doc, _form(fmt), kind="compare"))
         return
     render_compare(doc)
 

@@ -586,3 +586,10 @@ def test_a_tune_file_with_fields_of_other_types_is_read_as_unknown(trace, tmp_pa
         out = tmp_path / f"s.{fmt}"
         assert run("report", trace, "--tune", tune, "-f", fmt, "-o", out).returncode == 0
         assert "1.03x" in out.read_text() and "95% CI 0.23-4.55; inconclusive" in out.read_text(), fmt
+
+
+def test_md_is_markdown_as_the_file_suffix_names_it(trace):
+    """`--format md` (a user's first guess, as `-o report.md` names it) was refused."""
+    md, markdown = run("report", "--format", "md", trace), run("report", "-f", "markdown", trace)
+    assert md.returncode == markdown.returncode == 0 and md.stdout == markdown.stdout
+    assert md.stdout.startswith("### perfdoctor: ")
