@@ -81,6 +81,8 @@ def test_script_killed_by_sigkill(tmp_path, script):
     assert doc["run"]["outcome"] == "killed" and doc["run"]["exit_code"] == 137
     assert doc["traces"][0]["metrics"]["run.steps"] >= 8          # the steps before the kill are kept
     assert any("the script was killed after 9 step(s)" in n for n in doc["run"]["notes"]), doc["run"]["notes"]
+    # its last steps' records can go with it (steps.jsonl is written in batches): the note says so
+    assert any("may be lost with it: the step counts cover the steps written" in n for n in doc["run"]["notes"])
 
 
 @pytest.mark.slow

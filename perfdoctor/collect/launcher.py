@@ -29,7 +29,7 @@ from pathlib import Path
 from perfdoctor.collect.child import ENV
 from perfdoctor.collect.cupti import teardown_env
 from perfdoctor.collect.rundir import claim
-from perfdoctor.collect.steprecord import first_step_recorded
+from perfdoctor.collect.steprecord import FLUSH_S, first_step_recorded
 from perfdoctor.collect.threadstop import STOP_SIGNAL
 
 STOP_GRACE_S = 30.0
@@ -241,7 +241,10 @@ def launch(cfg: RunConfig) -> RunResult:
                          "boundary in the launched process to stop at, and ended by itself")
         stopped_by = None
     if not child and insisted < 2:           # (killed by perfdoctor itself: said above)
-        notes.append("the script ended before perfdoctor could record its summary (killed?)")
+        # steps.jsonl is written in batches (collect/steprecord.py): a kill loses the last ones
+        notes.append("the script ended before perfdoctor could record its summary (killed?); the records of its "
+                     f"last steps (up to {FLUSH_S:g} s of them) may be lost with it: the step counts cover the steps "
+                     "written")
     res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)
     try:
         (run_dir / "run.json").write_text(json.dumps({
