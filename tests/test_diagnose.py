@@ -304,6 +304,14 @@ def test_traced_steps_far_shorter_than_the_steady_ones_are_not_firm():
     assert note.startswith("the traced steps took 432.3 ms (median) and the steady ones 2232 ms, 5.2x as long")
     # a steady step 1.5x the traced one (a quieter moment, noise) keeps the verdict firm
     assert confidence("device", {**m, "run.step_time_median_ms": 650.0})[0] == 1.0
+    # their waits differ too, and for that reason, not the profiler's pace (a user's loader that
+    # slowed after batch 30, past the trace: 7% traced, 78% steady)
+    waits = {**m, "run.data_wait_share": 0.78, "input.data_wait_host_share": 0.07}
+    [wait] = [n for n in confidence("device", waits)[1] if n.startswith("the steady steps waited")]
+    assert "the trace caught the run in another state" in wait and "profiler" not in wait, wait
+    [wait] = [n for n in confidence("device", {**waits, "run.step_time_median_ms": 500.0})[1]
+              if n.startswith("the steady steps waited")]
+    assert "the profiler changes the pace" in wait, wait
 
 
 def test_few_steps_are_told_whatever_marked_them(analyze_spec):

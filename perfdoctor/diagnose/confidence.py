@@ -104,14 +104,21 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     inflation, queued = m.get("run.trace_inflation"), m.get("run.traced_runq_share")
     contended = isinstance(queued, (int, float)) and queued >= SHARED_RUNQ    # the trace shared the cores
     # the same quantity both ways: host time inside DataLoader __next__, overlapped or not
+    mean_t, med_t, med_s = m.get("steps.time_mean_ms"), m.get("steps.time_median_ms"), m.get("run.step_time_median_ms")
+    # traced steps far shorter than the steady ones: the profiler only adds time, so the trace
+    # caught the run in another state (below), which is then why their waits differ too (a user's
+    # loader that slowed after batch 30, past the trace: "the profiler changes the pace" had read
+    # beside traced steps 18x shorter)
+    shorter = all(isinstance(x, (int, float)) and x > 0 for x in (med_t, med_s)) and med_s >= PROFILED_MUCH_SLOWER * med_t
     steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("input.data_wait_host_share")
     if steady_wait is not None and traced_wait is not None and abs(steady_wait - traced_wait) >= 0.1:
         conf = min(conf, 0.5)
+        why = ("the trace caught the run in another state (the next note), so the input share of most of the run "
+               "differs from the trace's" if shorter else
+               f"the profiler{' (and here other work on the cores)' if contended else ''} changes the pace of the "
+               "step's own work, so the input share of the un-profiled run differs from the trace's")
         notes.append(f"the steady steps waited for batches {steady_wait:.0%} of their time, the traced ones "
-                     f"{traced_wait:.0%}: the profiler{' (and here other work on the cores)' if contended else ''} "
-                     "changes the pace of the step's own work, so the input "
-                     "share of the un-profiled run differs from the trace's")
-    mean_t, med_t, med_s = m.get("steps.time_mean_ms"), m.get("steps.time_median_ms"), m.get("run.step_time_median_ms")
+                     f"{traced_wait:.0%}: {why}")
     # one long step among the few traced ones (an evaluation, a save) pulls their mean far above
     # their median: that, not the profiler's cost per op, which every traced step pays, is the gap
     skewed = all(isinstance(x, (int, float)) and x > 0 for x in (mean_t, med_t, med_s)) and mean_t >= SKEWED * med_t
@@ -148,7 +155,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
             notes.append(f"the profiler made the traced steps {inflation:.1f}x as long as the steady ones {times}: "
                          "most of a traced step is the profiler's own cost per op, so its milliseconds and shares "
                          "are not the un-profiled step's (they lean towards host time)")
-    if all(isinstance(x, (int, float)) and x > 0 for x in (med_t, med_s)) and med_s >= PROFILED_MUCH_SLOWER * med_t:
+    if shorter:
         # the profiler only adds time: traced steps far shorter than the steady ones ran in another
         # state of the run (a tiny GPT-2 on a busy 2-core VM: 432 ms traced, 2232 ms steady, the
         # same work a step, the machine's load flipping between two paces)
