@@ -173,6 +173,15 @@ def _top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
     rest = len(findings) - len(shown)
     if rest:
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
+    if _tie_broken(ranked[:TOP]):
+        _line(c, Text("    (gains within 2% of each other: the fix on the verdict's bottleneck first)", style="dim"))
+
+
+def _tie_broken(ranked: list[dict]) -> bool:
+    """A shown fix ranked above one with a larger expected gain: rules.engine.rank_key's near-tie
+    bucket put the verdict's bottleneck first (a user read 1.13x above 1.14x as a mistake)."""
+    gains = [(f.get("gain") or {}).get("expected") or 0.0 for f in ranked]
+    return any(b > a for a, b in zip(gains, gains[1:]))
 
 
 def _flags_compact(c: Console, doc: dict) -> None:
