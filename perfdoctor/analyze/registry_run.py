@@ -12,6 +12,7 @@ _m("run.step_time_ms", "ms", "Steady-state step time: wall time of the steady wi
 _m("run.step_time_ci95_ms", "ms", "[low, high]: 95% confidence interval of run.step_time_ms (moving-block bootstrap, blocks of whole burst cycles).")
 _m("run.steady_steps", "count", "Steps in the steady window that run.step_time_ms is measured over.")
 _m("run.step_time_conclusive", "bool", "The steady window is long enough to tell (>= 10 steps and >= 3 blocks of 2 burst cycles).")
+_m("run.step_kinds", "count", "2 where the steady steps are of two kinds mixed through the run (diagnose/stepnotes.kinds_note: batches of two sizes in turn), their medians 2x apart or more: then a median step is one kind's, and the notes that compare medians (a drift, traced steps far shorter than the steady ones, a long step in the traced window) say nothing; 1 otherwise, None under 12 steady steps.")
 _m("run.step_time_median_ms", "ms", "Median step time over the steady window: a secondary figure (with a bursty loader most steps are short and the median is far below run.step_time_ms).")
 _m("run.step_time_p90_ms", "ms", "90th percentile of the steady window's step times (secondary figure).")
 _m("run.first_step_s", "s", "Seconds from the launch to the start of the first step: importing, loading data, building the model, compiling before the loop (none of it in the steady steps); from the system samples' clock, None without them.")

@@ -109,7 +109,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     # caught the run in another state (below), which is then why their waits differ too (a user's
     # loader that slowed after batch 30, past the trace: "the profiler changes the pace" had read
     # beside traced steps 18x shorter)
-    shorter = all(isinstance(x, (int, float)) and x > 0 for x in (med_t, med_s)) and med_s >= PROFILED_MUCH_SLOWER * med_t
+    # (steps of two kinds in turn: a median is one kind's, and the traced few hold either)
+    two_kinds = m.get("run.step_kinds") == 2
+    shorter = all(isinstance(x, (int, float)) and x > 0 for x in (med_t, med_s)) \
+        and med_s >= PROFILED_MUCH_SLOWER * med_t and not two_kinds
     steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("input.data_wait_host_share")
     if steady_wait is not None and traced_wait is not None and abs(steady_wait - traced_wait) >= 0.1:
         conf = min(conf, 0.5)
@@ -121,7 +124,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      f"{traced_wait:.0%}: {why}")
     # one long step among the few traced ones (an evaluation, a save) pulls their mean far above
     # their median: that, not the profiler's cost per op, which every traced step pays, is the gap
-    skewed = all(isinstance(x, (int, float)) and x > 0 for x in (mean_t, med_t, med_s)) and mean_t >= SKEWED * med_t
+    skewed = all(isinstance(x, (int, float)) and x > 0 for x in (mean_t, med_t, med_s)) and mean_t >= SKEWED * med_t \
+        and not two_kinds
     skew_told = isinstance(inflation, (int, float)) and inflation >= PROFILED_MUCH_SLOWER and skewed
     if skew_told:
         conf = min(conf, 0.5)
@@ -198,7 +202,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"{traced_long} of the {traced_n} traced steps are long ones, where the run has one in "
                      f"{every:.0f}: the breakdown weighs their work {traced_long * every / traced_n:.1f}x as much as "
                      "the run does (PD218)")
-    elif every is None and not skew_told and (over := _window_overweight(m)) is not None:
+    elif every is None and not skew_told and not two_kinds and (over := _window_overweight(m)) is not None:
         # the run's long steps too few to show a period (2 evaluations in a steady window of 20
         # steps): their time, not their rate, says how much more the window holds of them
         conf = min(conf, 0.5)

@@ -38,7 +38,7 @@ from perfdoctor.collect.stepsource import RATES_NOTE
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace
-from perfdoctor.diagnose.stepnotes import drift_note, extra_batches_note, shared_note
+from perfdoctor.diagnose.stepnotes import KIND_STEPS, drift_note, extra_batches_note, kinds_note, shared_note
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
@@ -247,8 +247,10 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(loop_metrics(res.child.get("root_calls"), steady))
     m.update(long_step_metrics(steady, profiled(steps)))
     trained_elsewhere = elsewhere(kids, steps, m, res.child.get("process_starts"))
-    notes += ([trained_elsewhere] if trained_elsewhere else []) + extra_batches_note(steady) + drift_note(steady) \
-        + [n for n in sample_notes if n not in notes]
+    kinds = kinds_note(steady)      # two kinds of step in turn: the thirds' medians flip between them, no drift
+    m["run.step_kinds"] = 2 if kinds else 1 if len(steady) >= KIND_STEPS else None
+    notes += ([trained_elsewhere] if trained_elsewhere else []) + extra_batches_note(steady) \
+        + (kinds or drift_note(steady)) + [n for n in sample_notes if n not in notes]
     stacks = run_stacks(run_dir, steps, m, notes)
     notes += shared_note(m)
     notes.sort(key=_note_rank)
@@ -293,7 +295,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
 # training two models in turn, 1.7 ms then 48 ms a step, showed only "stacks not recorded"), or
 # a step is not an iteration (a WGAN's critic steps 5 times an iteration: "6.95 ms/step" read as
 # the iteration's time, its note under --details only)
-_LEAD = ("the trace stopped inside a step", "the steady steps' length drifts", RATES_NOTE) + CHILD_LEAD
+_LEAD = ("the trace stopped inside a step", "the steady steps' length drifts", "the steady steps are of two kinds",
+         RATES_NOTE) + CHILD_LEAD
 _FIRST = ("python stacks not recorded",)
 _LAST = ("no nvidia gpu found", "sampled means (", "block-io delay accounting is off", "other processes used")
 

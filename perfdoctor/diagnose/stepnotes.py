@@ -1,9 +1,11 @@
 """Notes the steady step series warrants on its own (`perfdoctor run`): steps that drew extra
-DataLoader batches (another loop inside them), and a step time that drifts through the run (work
-that grows or shrinks, or load on the machine that came or went), and other processes that used
-a material part of the machine during the run."""
+DataLoader batches (another loop inside them), a step time that drifts through the run (work
+that grows or shrinks, or load on the machine that came or went), steps of two kinds mixed
+through the run, and other processes that used a material part of the machine during the run."""
 
 from __future__ import annotations
+
+import math
 
 from perfdoctor.analyze.arrays import median
 from perfdoctor.analyze.stepwait import extra_batches
@@ -85,3 +87,53 @@ def drift_note(steady: list[dict]) -> list[str]:
            else "episodes that get shorter, work that stops part-way through, caches that fill")
     return [f"{head}. The steps do {'more' if last > first else 'less'} work as the run goes on ({why}), so the "
             "time per step depends on how long the run was: compare and gate runs of the same length"]
+
+
+KINDS = 2.0          # the long kind's median step this many times the short kind's
+KIND_GAP = 1.5       # and no step between them: the sorted steps jump this much from one kind to the other
+KIND_SHARE = 0.2     # of the steps in each kind at least (fewer long ones are long steps: analyze/longsteps.py)
+KIND_STEPS = 12      # steady steps needed to tell two kinds
+MIXED = 0.2          # kind changes per step at least: mixed through the run (fewer: a drift, or two phases)
+ALTERNATE = 0.8      # kind changes per step from which the kinds alternate
+
+
+def kinds_note(steady: list[dict]) -> list[str]:
+    """A note when the steady steps come in two kinds mixed through the run (batches of 8 and of
+    512 in turn: 2.5 and 13.5 ms): the time per step is their mean, right for the run, while the
+    median is one kind's and matches neither the mean nor a typical step; a trace of a few steps
+    holds one kind or the other in its own proportion. Two kinds, each at least KIND_SHARE of the
+    steps, separated by a jump of KIND_GAP between neighbours in sorted order and KINDS between
+    their medians, whose order changes at least MIXED times a step (a drift or a change of phase
+    is drift_note's)."""
+    rows = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
+    durs = [float(s["dur"]) for s in rows]
+    n = len(durs)
+    least = max(1, math.ceil(KIND_SHARE * n))            # steps in each kind
+    if n < KIND_STEPS:
+        return []
+    order = sorted(durs)
+    k = max(range(least, n - least + 1), key=lambda i: order[i] / order[i - 1])
+    if order[k] / order[k - 1] < KIND_GAP:
+        return []
+    short, long_ = float(median(order[:k])), float(median(order[k:]))
+    if long_ < KINDS * short:
+        return []
+    cut = order[k]
+    kinds = [d >= cut for d in durs]
+    changes = sum(a != b for a, b in zip(kinds, kinds[1:])) / (n - 1)
+    if changes < MIXED:
+        return []
+    how = "they alternate" if changes >= ALTERNATE else "mixed through the run"
+    head = (f"the steady steps are of two kinds, {how}: {k} of about {ms(1e3 * short)} ms and {n - k} of about "
+            f"{ms(1e3 * long_)} ms (their medians). The time per step is their mean, right for the run; the median "
+            "is one kind's, and a trace of a few steps holds each kind in its own proportion")
+    if all(isinstance(s.get("runq"), (int, float)) for s in rows):
+        # the time the training thread ran, not queued for a CPU: one kind, then the machine made two
+        own = [max(0.0, float(s["dur"]) - float(s["runq"])) for s in rows]
+        a = float(median([o for o, x in zip(own, kinds) if not x]))
+        b = float(median([o for o, x in zip(own, kinds) if x]))
+        if a > 0 and b < KINDS * a:
+            return [head + ". The long ones waited for a CPU: other work on the machine, not the script's, made "
+                    "them long; rerun on a quiet machine"]
+    return [head + " (batches of two sizes, or work every other step)"]
+
