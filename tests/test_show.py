@@ -495,6 +495,11 @@ def test_steps_that_grow_through_the_run_are_told(tmp_path):
     assert len(notes) == 1 and notes[0].startswith("the steady steps' length drifts: median ")
     assert "do more work as the run goes on" in notes[0]
     assert grow["run"]["notes"][0] == notes[0]      # the default screen shows the first: it leads
+    from perfdoctor.report import markdown
+    from perfdoctor.report.sanitize import markdown as M
+    summary = markdown.report(grow)                # and the markdown summary too, under the run line
+    assert f"_note: {M(notes[0])}_" in summary
+    assert all(M(n) in summary for n in grow["run"]["notes"][1:])      # the others with the evidence
     flat = 0.02 * np.exp(np.random.default_rng(3).normal(0, 0.2, 60))
     assert not any("drifts" in n for n in diagnose_dir(_run_dir(tmp_path / "flat", flat, 3.0))["run"]["notes"])
 

@@ -62,6 +62,11 @@ def report(doc: dict, tune: dict | None = None) -> str:
         if (first_s := first_step_shown(m, wall)) is not None:
             facts.append(f"the first step {first_s:.1f} s into a {wall:.1f} s run")
     out += [" · ".join(facts), ""]
+    # the run's first note, as the terminal shows it by default (a drift, steps of two kinds, what a
+    # step is: how to read the step time), the others with the evidence
+    run_notes = [str(n) for n in (run or {}).get("notes") or []]
+    if run_notes:
+        out += [f"_note: {M(run_notes[0])}_", ""]
     if first.get("steps"):
         rows = sorted(breakdown_rows(first, role_labels(m)), key=lambda r: -r[3])
         out += ["| step breakdown | ms/step | share |", "|---|--:|--:|"]
@@ -76,7 +81,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
     for w in dict.fromkeys(w for t in doc["traces"] for w in t.get("warnings") or []):
         out += [f"> **warning:** {M(w)}", ""]        # a blank line each: one quote would run them together
     ev = v.get("evidence") or {}
-    notes = list(v.get("notes") or [])
+    notes = list(v.get("notes") or []) + run_notes[1:]
     if ev or notes:
         out += ["<details><summary>Evidence</summary>", ""]
         if ev:
