@@ -373,6 +373,9 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
     fix = next(f for f in doc["findings"] if f["id"] == "PD360")
     assert 1 < fix["gain"]["expected"] <= fix["gain"]["ceiling"]          # bounded by the measured wait
     assert "Across 2 rank(s)" in r.stderr and "straggler" in r.stderr
+    # the run line's figures are the slowest rank's, and it says so (uneven inputs had shown one
+    # rank's step count as the job's)
+    assert "\nrank 1 (the table below has every rank's): 40 steps, 39 timed" in r.stderr, r.stderr[:1500]
     # `perfdoctor report RUN_DIR` merges the same way
     rep = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(out), "-f", "json"],
                          capture_output=True, text=True, timeout=120)

@@ -52,7 +52,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
         counted = steps_counted(m.get("run.steps"))
-        facts.append(f"run: {counted + ': ' if counted else ''}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
+        rank = first.get("rank") if doc.get("ranks") and isinstance(first.get("rank"), int) else None
+        facts.append(f"run{'' if rank is None else f' (rank {rank})'}: {counted + ': ' if counted else ''}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps"
                      + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
                         else "")

@@ -36,7 +36,10 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     none_of = _nothing_measured(doc, traced)
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
     if doc.get("run"):
-        _run_header(c, doc["run"], m, details)
+        # a multi-rank run's figures are one rank's (the slowest: traces[0]); uneven inputs had
+        # shown rank 1's 20 steps, "inconclusive", as the job's where rank 0 ran 40
+        rank = first.get("rank") if doc.get("ranks") and isinstance(first.get("rank"), int) else None
+        _run_header(c, doc["run"], m, details, rank)
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     median = m.get("steps.time_median_ms") if traced else m.get("run.step_time_median_ms")
@@ -195,7 +198,7 @@ def _flags_compact(c: Console, doc: dict) -> None:
                                _elsewhere(doc, f), (T(f" {f['title']}"), "")))
 
 
-def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
+def _run_header(c: Console, run: dict, m: dict, details: bool = True, rank: int | None = None) -> None:
     how = OUTCOME.get(run["outcome"], T(run["outcome"]))
     if run.get("stopped_by"):
         how += f" (--{T(run['stopped_by'])})"
@@ -204,13 +207,14 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True) -> None:
     err = error_line(run) if run.get("outcome") == "crashed" or run.get("failed_rank") is not None else None
     c.print(Text.assemble(("perfdoctor run ", "bold"), (T(run["command"] or "(command unknown)"), "bold"),
                           (f" · {how} · exit code {code}", ""), (f" · {T(err)}" if err else "", "red")))
+    whose = "" if rank is None else f"rank {rank} (the table below has every rank's): "
     if m.get("run.step_time_ms") is not None:
-        c.print(Text(_run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
-                                     run.get("step_time_reason"))
+        c.print(Text(whose + _run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
+                                             run.get("step_time_reason"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; {data_wait_text(m)}", style="dim"))
     elif counted := steps_counted(run.get("steps")):
         # a run of a step or two says how many it had (a user's --duration run showed no count at all)
-        c.print(Text(f"{counted}: too few for a step time", style="dim"))
+        c.print(Text(f"{whose}{counted}: too few for a step time", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
     c.print(text(f"run directory: {run['dir']}{board}", style="dim"))
     notes = run.get("notes", [])
