@@ -679,3 +679,14 @@ def test_the_html_rank_section_says_what_the_terminal_says(shared_traces, tmp_pa
     for line, _ in notes:
         assert " ".join(line.split()) in term and line.strip() in page
     assert "own work (step - wait)</span>" in page and "wait (exposed collective time per step)</span>" in page
+    # the markdown summary (a pull request's) has the table and its lines too: it had the straggler's
+    # summary and the ranks.* evidence only
+    from perfdoctor.report import markdown
+    from perfdoctor.report.sanitize import markdown as M
+    md = markdown.report(doc)
+    assert "**Across 2 rank\\(s\\) of 128**" in md and "| rank | step ms | own ms | wait ms |" in md
+    for rank in sec["per_rank"]:
+        assert (f"| {rank['rank']} | {rank['step_time_ms']:.1f} | {rank['busy_ms']:.1f} | "
+                f"{rank['collective_wait_ms']:.1f} {100 * rank['collective_wait_share']:.0f}% |") in md
+    for line, _ in notes:
+        assert M(line.strip()) in md

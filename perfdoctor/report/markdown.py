@@ -73,6 +73,8 @@ def report(doc: dict, tune: dict | None = None) -> str:
         out += ["| step breakdown | ms/step | share |", "|---|--:|--:|"]
         out += [f"| {name} | {ms:.2f} | {100 * sh:.1f}% |" for _, name, ms, sh in rows]
         out.append("")
+    if doc.get("ranks"):
+        out += _ranks(doc["ranks"])
     out += _fixes(doc, tune)
     if doc["flags"]:
         out += ["**Flags:** " + "; ".join(f"{M(f['severity'])}: {M(f['title'])} ({M(f['id'])}"
@@ -90,6 +92,28 @@ def report(doc: dict, tune: dict | None = None) -> str:
         out += [""] + [f"- {M(n)}" for n in notes] + ["", "</details>", ""]
     out.append(f"<sub>{M(doc.get('tool', 'perfdoctor'))}: `perfdoctor report --format json` has every number</sub>")
     return "\n".join(out) + "\n"
+
+
+def _ranks(sec: dict) -> list[str]:
+    """The rank table, as the terminal's (report/ranks_view.py) with its lines under it: what a
+    pull-request comment on a multi-rank job needs most (the summary named the straggler only)."""
+    from perfdoctor.report.labels import rank_bound
+    from perfdoctor.report.ranks_view import rank_notes, rank_title
+    m = sec.get("metrics") or {}
+    star = sec.get("slowest_rank") if m.get("ranks.wait_cause") == "straggler" else None
+
+    def num(x, pct=False) -> str:
+        return "-" if not isinstance(x, (int, float)) else f"{100 * x:.0f}%" if pct else f"{x:.1f}"
+    out = [f"**{M(rank_title(sec))}** (steady steps; wait = exposed collective time per step, own work = step - wait)",
+           "", "| rank | step ms | own ms | wait ms | for slower | data wait | verdict | exit |",
+           "|--:|--:|--:|--:|--:|--:|---|--:|"]
+    for r in sec.get("per_rank") or []:
+        mark = "\\*" if star is not None and r.get("rank") == star else ""      # the straggler, as the terminal's *
+        out.append(f"| {M(r.get('rank'))}{mark} | "
+                   f"{num(r.get('step_time_ms'))} | {num(r.get('busy_ms'))} | {num(r.get('collective_wait_ms'))} "
+                   f"{num(r.get('collective_wait_share'), True)} | {num(r.get('straggler_wait_ms'))} | "
+                   f"{num(r.get('data_wait_share'), True)} | {M(rank_bound(r))} | {M('-' if r.get('exit_code') is None else r['exit_code'])} |")
+    return out + [""] + [M(line.strip()) + "  " for line, _ in rank_notes(sec)] + [""]
 
 
 def _val(x) -> str:
