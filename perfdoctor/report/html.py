@@ -52,6 +52,11 @@ ul.notes{margin:4px 0;padding-left:20px}
 """
 
 
+def _ms1(v: float | None) -> str:
+    """A rank table's time, to 0.1 ms as the terminal's (three figures had printed 0.000427 ms)."""
+    return "-" if v is None else f"{v:.1f} ms"
+
+
 def render(doc: dict, tune: dict | None = None) -> str:
     first = shown_trace(doc)
     m = first["metrics"]
@@ -191,10 +196,10 @@ def _ranks(doc: dict) -> str:
             dw, ws = r.get("data_wait_share"), r.get("collective_wait_share")
             star = "*" if r.get("rank") == sec.get("slowest_rank") and sec.get("wait_cause") == "straggler" else ""
             rows.append(f"<tr><td>{H(r.get('rank'))}{star}</td>" + (f"<td>{H(r.get('host') or '-')}</td>" if hosts else "")
-                        + f"<td class=\"num\">{ms_text(r.get('step_time_ms'))}</td>"
-                        f"<td class=\"num\">{ms_text(r.get('busy_ms'))}</td><td class=\"num\">{ms_text(r.get('collective_wait_ms'))}"
+                        + f"<td class=\"num\">{_ms1(r.get('step_time_ms'))}</td>"
+                        f"<td class=\"num\">{_ms1(r.get('busy_ms'))}</td><td class=\"num\">{_ms1(r.get('collective_wait_ms'))}"
                         + (f" <span class=\"dim\">{100 * ws:.0f}%</span>" if ws is not None and r.get("collective_wait_ms") is not None else "")
-                        + f"</td><td class=\"num\">{ms_text(r.get('straggler_wait_ms'))}</td>"
+                        + f"</td><td class=\"num\">{_ms1(r.get('straggler_wait_ms'))}</td>"
                         f"<td class=\"num\">{'-' if dw is None else f'{100 * dw:.0f}%'}</td>"
                         f"<td>{bar}</td><td>{H(rank_bound(r))}</td><td class=\"num\">{H(_or_unknown(r.get('exit_code')))}</td></tr>")
         notes = "".join(f"<p class=\"{'dim small' if dim else 'dim'}\">{H(line.strip())}</p>" for line, dim in rank_notes(sec))
