@@ -214,15 +214,19 @@ def test_a_trace_without_a_rank_beside_ranks_is_left_out_of_the_merge_not_the_me
 
 @pytest.mark.parametrize("second,why", [
     ("rank0", "2 traces hold rank 0 (rank0-again.json, rank0.json): traces of different jobs or runs"),
-    ("world", "the traces come from jobs of different sizes (world size 2, 128)")])
+    ("world", "the traces come from jobs of different sizes (world size 2, 128)"),
+    # a world of 2 has no rank 7 (a user's trace relabelled: merged as "Across 2 rank(s)", rows 0 and 7)
+    ("outside", "rank 7 is outside the job's ranks (world size 2: ranks 0 to 1)")])
 def test_traces_of_different_jobs_are_not_merged_and_the_report_says_why(tmp_path, second, why):
     _two_ranks(tmp_path)
     if second == "rank0":
         (tmp_path / "rank1.json").rename(tmp_path / "rank0-again.json")
         text = (tmp_path / "rank0-again.json").read_text().replace('"rank": 1', '"rank": 0')
         (tmp_path / "rank0-again.json").write_text(text)
-    else:
+    elif second == "world":
         tg.write(tg.TraceSpec(steps=[S(nccl_kernels=1, nccl_us=300)] * 5, rank=1, world_size=128), tmp_path / "rank1.json")
+    else:
+        tg.write(tg.TraceSpec(steps=[S(nccl_kernels=1, nccl_us=300)] * 5, rank=7, world_size=2), tmp_path / "rank1.json")
     doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
     assert "ranks" not in doc and doc["verdict"]["notes"][0].startswith(why), doc["verdict"]["notes"]
 

@@ -79,9 +79,15 @@ def merge_rank_traces(input_path: str, results: list, rules) -> tuple[dict | Non
     if len(worlds) > 1:
         return None, (f"the traces come from jobs of different sizes (world size {', '.join(map(str, worlds))}), "
                       "so the ranks are not merged as one job's")
+    world = worlds[0] if worlds else None
+    outside = sorted(r for r in ranks if r < 0 or (world is not None and r >= world))
+    if outside:
+        # a job of world size 2 has no rank 7: relabelled or damaged traces, not one job's ranks
+        return None, (f"rank {', '.join(map(str, outside))} is outside the job's ranks (world size "
+                      f"{world if world is not None else 'unknown'}: ranks 0 to {'N-1' if world is None else world - 1}), "
+                      "so the traces are not merged as one job's")
     docs = [build_document(a.path, [(a, d)]) for a, d in ranked]
     infos = [{"rank": r} for r in ranks]
-    world = worlds[0] if worlds else None
     ranks_m, rows = cross_rank([_rank_input(r, doc, None) for r, doc in zip(ranks, docs)], world)
     if ranks_m["ranks.wait_cause"] is None or not ranks_m["ranks.comm_wait_share_mean"]:
         return None, None               # waits unknown, or no collective at all: not one synchronous job
