@@ -257,7 +257,10 @@ def render(doc: dict, console=None) -> None:
             con.print(text(f"    {line}"))
     left = doc.get("untested") or []
     if left:
-        why = "left out by --only, or code changes" if doc.get("only") else "code changes"
+        # not only code changes: a setting tune had no reason to try on this run (threads, with the
+        # cores free at the baseline) had been listed as one beside a threads trial of another tune
+        why = ("left out by --only, code changes, or settings this run gave no reason to try" if doc.get("only")
+               else "code changes, or settings this run gave no reason to try")
         con.print(text(f"not measured by tune ({why}; the baseline's report has them in full):", "dim"))
         for u in left:
             gain = ", ".join(x for x in (f"~{u['expected']:.2f}x" if u["expected"] else "?",
