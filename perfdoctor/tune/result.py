@@ -142,8 +142,8 @@ UNTESTED_SHOWN = 5
 
 
 def untested(t: Tuner) -> list[dict]:
-    """The baseline report's fixes that no trial tested (a code change, not a setting tune can
-    make) and that have a gain to weigh (an expected gain or a ceiling): the ranked ones first, as
+    """The baseline report's fixes that no trial tested (a code change, or a setting the baseline
+    gave no reason to try) and that have a gain to weigh (an expected gain or a ceiling): the ranked ones first, as
     the report ranks them, at most UNTESTED_SHOWN; their expected gain and ceiling as the report
     gave them, so the biggest win left is not lost."""
     tested = {r for o in t.outcomes if o.trial.rule for r in str(o.trial.rule).split("+")}
