@@ -33,8 +33,8 @@ from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
-from perfdoctor.diagnose import runfiles
 from perfdoctor.collect.stepsource import RATES_NOTE
+from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace

@@ -104,13 +104,14 @@ def kinds_note(steady: list[dict]) -> list[str]:
     holds one kind or the other in its own proportion. Two kinds, each at least KIND_SHARE of the
     steps, separated by a jump of KIND_GAP between neighbours in sorted order and KINDS between
     their medians, whose order changes at least MIXED times a step (a drift or a change of phase
-    is drift_note's)."""
+    is drift_note's; where this note is made, no drift note is: each third's median falls on
+    either kind, a 3.3x "drift" of two kinds in turn)."""
     rows = [s for s in steady if isinstance(s.get("dur"), (int, float)) and s["dur"] > 0]
     durs = [float(s["dur"]) for s in rows]
     n = len(durs)
-    least = max(1, math.ceil(KIND_SHARE * n))            # steps in each kind
     if n < KIND_STEPS:
         return []
+    least = max(1, math.ceil(KIND_SHARE * n))            # steps in each kind
     order = sorted(durs)
     k = max(range(least, n - least + 1), key=lambda i: order[i] / order[i - 1])
     if order[k] / order[k - 1] < KIND_GAP:
@@ -136,4 +137,3 @@ def kinds_note(steady: list[dict]) -> list[str]:
             return [head + ". The long ones waited for a CPU: other work on the machine, not the script's, made "
                     "them long; rerun on a quiet machine"]
     return [head + " (batches of two sizes, or work every other step)"]
-
