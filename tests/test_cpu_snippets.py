@@ -20,7 +20,9 @@ def test_cpu_trace_fixes_carry_no_cuda_code():
     bad = {r.id: CUDA_ONLY.findall(_shown(r, "cpu")) for r in rules}
     assert not {k: v for k, v in bad.items() if v}
     by_id = {r.id: r for r in rules}
-    # the GPU trace keeps the CUDA lines: float32 with TF32 matmuls, workers with pinned batches
+    # the GPU trace keeps the CUDA lines: float32 with TF32 matmuls, a loader with pinned batches
+    # (PD301's snippet is the workers alone: pinning is PD302's fix)
     assert "allow_tf32" in _shown(by_id["PD357"], "cuda") and "allow_tf32" not in _shown(by_id["PD357"], "cpu")
-    assert "pin_memory=True" in _shown(by_id["PD301"], "cuda")
+    assert "pin_memory=True" in _shown(by_id["PD318"], "cuda") and "pin_memory" not in _shown(by_id["PD318"], "cpu")
+    assert _shown(by_id["PD301"], "cuda") == _shown(by_id["PD301"], "cpu") and "pin_memory" not in _shown(by_id["PD301"], "cpu")
     assert "prefetch_factor=4" in _shown(by_id["PD301"], "cpu")
