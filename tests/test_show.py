@@ -83,6 +83,20 @@ def test_html_is_self_contained_and_has_the_drawings(trace, tmp_path):
     assert ">None<" not in kernels and re.search(r'<td class="num">\d+</td>', kernels)  # calls per kernel
 
 
+def test_html_step_bars_are_at_most_thirty_evenly_spaced(tmp_path):
+    """A trace of 100 traced steps: 30 bars, the first and the last steps among them, and the
+    heading says so (a 240-step trace had drawn 240 bars, ~4000 px of rows alike)."""
+    p = tmp_path / "long.pt.trace.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=600, kernels=2, kernel_us=50)] * 100), p)
+    page = _html(p, tmp_path)
+    bars = page.split('aria-label="step breakdown per step"')[1].split("</svg>")[0]
+    named = re.findall(r"<text[^>]*>step (\d+)</text>", bars)
+    assert len(named) == 30 and len(set(named)) == 30
+    steps = json.loads(cli("report", p, "--format", "json").stdout)["traces"][0]["steps"]
+    assert (named[0], named[-1]) == (str(steps[0]["label"]), str(steps[-1]["label"]))
+    assert f"{len(steps)} step(s); bars: 30 of them, evenly spaced)</h2>" in page
+
+
 def test_html_escapes_a_hostile_kernel_name(hostile, tmp_path):
     page = _html(hostile, tmp_path)
     assert "<script" not in page and "<img" not in page

@@ -52,6 +52,9 @@ ul.notes{margin:4px 0;padding-left:20px}
 """
 
 
+MAX_BARS = 30           # the step breakdown's bars at most (report/html._breakdown)
+
+
 def _ms1(v: float | None) -> str:
     """A rank table's time, to 0.1 ms as the terminal's (three figures had printed 0.000427 ms)."""
     return "-" if v is None else f"{v:.1f} ms"
@@ -224,8 +227,14 @@ def _breakdown(t: dict, labels: dict) -> str:
     # the legend keys the table's rows: a role of 0.01% (memset, a sliver no one sees) had a key
     # the table below did not list
     present = {r for r, *_ in shown}
-    return (f"<h2>Step breakdown ({H(t['label'])}, {len(t['steps'])} step(s))</h2><section class=\"card\">"
-            + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(t["steps"], labels, _whole(t))
+    steps = t["steps"]
+    # a bar per step up to MAX_BARS, then that many evenly spaced, first and last among them (a
+    # 240-step trace had drawn 240 bars, ~4000 px of rows alike; the table is over them all)
+    bars = steps if len(steps) <= MAX_BARS else [steps[round(i * (len(steps) - 1) / (MAX_BARS - 1))]
+                                                  for i in range(MAX_BARS)]
+    which = "" if bars is steps else f"; bars: {len(bars)} of them, evenly spaced"
+    return (f"<h2>Step breakdown ({H(t['label'])}, {len(steps)} step(s){which})</h2><section class=\"card\">"
+            + svg.legend(svg.ROLE_COLOUR, labels, present) + svg.step_bars(bars, labels, _whole(t))
             + f"<table style=\"max-width:420px\"><tr><th>mean per step</th><th class=\"num\">time</th>"
               f"<th class=\"num\">share</th></tr>{rows}</table></section>")
 
