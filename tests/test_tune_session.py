@@ -457,3 +457,24 @@ def test_a_wide_baseline_interval_whose_work_repeats_step_for_step_is_no_noise(t
     u._update_spread()
     u._paired_noise(first, other)
     assert u.noisy
+
+
+def test_before_the_trials_tune_says_how_many_the_budget_leaves_room_for(tmp_path):
+    """A 110 s budget, 10 s runs, a noisy machine (a baseline run again after each trial): a user's
+    tune tested one fix and said so only at the end, as 'skipped: budget'. Said before the trials,
+    with the budget that would run them all; nothing said where they all fit."""
+    import time
+
+    from perfdoctor.tune import session as S
+    said = []
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=110), log=said.append)
+    t.t0, t.longest, t.noisy = time.monotonic() - 25.0, 10.0, True     # two baseline runs, 25 s gone
+    trials = [plan.Trial({"threads": 1}, "threads"), plan.Trial({"num_workers": 0}, "loader"),
+              plan.Trial({"optimizer": "fused"}, "optimizer"), plan.Trial({"compile": True}, "compile", skip="x")]
+    t._room(trials)
+    # 110 - 25 - 2 confirming runs = 65 s: 3 trials of 20 s fit the 3 planned (one skipped): silent
+    assert said == []
+    t._room(trials + [plan.Trial({"prefetch_factor": 4}, "loader")])
+    [line] = said
+    assert line == ("the budget leaves room for about 3 of the 4 trials planned (a run takes ~10 s, and each trial "
+                    "a baseline run again on this noisy machine); --budget 130 would run them all")

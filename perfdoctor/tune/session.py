@@ -41,6 +41,7 @@ Every run's files stay in the tune directory: baseline/, NN-<change>/, baseline-
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
@@ -108,6 +109,7 @@ class Tuner(Verification):
         self._baseline()
         first = planmod.plan(self.facts, allow_numerics=self.o.allow_numerics, allow_compile=self.o.allow_compile,
                              only=self.o.only)
+        self._room(first)
         for t in first:
             out = self._trial(t)
             if out.run is not None and not out.run.ok and (again := planmod.fallback(t)) is not None:
@@ -256,6 +258,24 @@ class Tuner(Verification):
         self.n += 1
         name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", planmod.describe(changes))[:60 - len(kind)]
         return self.dir / f"{self.n:02d}-{kind}{name}"
+
+    def _room(self, trials: list[planmod.Trial]) -> None:
+        """Said before the trials: how many of those planned the budget leaves room for, where it
+        does not for all (users' 60-120 s budgets on a noisy machine tested one fix, and said so
+        only at the end, as "skipped: budget"); the report's first-ranked fix's trial runs first."""
+        n = sum(1 for t in trials if t.skip is None)
+        per = self.longest * (2 if self.noisy else 1)          # a noisy machine's baseline again after each
+        if not n or per <= 0:
+            return
+        left = self.o.budget_s - self.elapsed() - (0 if self.noisy else self.longest) - CONFIRM_RUNS * self.longest
+        room = max(0, int(left // per))
+        if room >= n:
+            return
+        need = math.ceil((self.elapsed() + n * per + (0 if self.noisy else self.longest)
+                          + CONFIRM_RUNS * self.longest) / 10) * 10
+        self.log(f"the budget leaves room for about {room} of the {n} trials planned (a run takes ~{self.longest:.0f} s"
+                 + (", and each trial a baseline run again on this noisy machine" if self.noisy else "")
+                 + f"); --budget {need:.0f} would run them all")
 
     def _fits(self, runs: int = 1) -> bool:
         return self.elapsed() + runs * self.longest <= self.o.budget_s
