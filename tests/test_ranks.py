@@ -615,6 +615,11 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     c = console(file=io.StringIO(), width=300)
     render_ranks(c, sec)
     assert "differ by up to 17% of the step: rank 1 is also slower than the other" in c.file.getvalue()
+    # waits unknown: another node's ranks not copied in is said as such, not as a rank without a trace
+    from perfdoctor.report.ranks_view import rank_notes
+    gone = {"count": 1, "world_size": 2, "per_rank": sec["per_rank"][:1], "metrics": {"ranks.wait_cause": None}}
+    assert rank_notes(gone)[0][0].startswith("  collective waits unknown (1 of the job's 2 ranks here)")
+    assert "(no trace on some rank)" in rank_notes({**gone, "count": 2, "per_rank": sec["per_rank"]})[0][0]
 
 
 def test_the_html_rank_table_has_the_terminals_columns():

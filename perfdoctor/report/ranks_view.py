@@ -63,7 +63,11 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
     m = sec.get("metrics") or {}
     cause = m.get("ranks.wait_cause")
     if cause is None:
-        return [("  collective waits unknown (no trace on some rank): straggler and network waits not separated", True)]
+        # a job's rank directories not all here (another node's) is not a rank without a trace
+        world, count = sec.get("world_size"), sec.get("count")
+        why = (f"{count} of the job's {world} ranks here" if isinstance(world, int) and isinstance(count, int)
+               and count < world else "no trace on some rank")
+        return [(f"  collective waits unknown ({why}): straggler and network waits not separated", True)]
     steps = {r["steps"] for r in sec["per_rank"] if isinstance(r.get("steps"), int)}
     if not m.get("ranks.comm_wait_share_mean") and cause == "none":
         # no collective in any rank's traced steps: nothing to pair, nobody waits for anybody
