@@ -58,6 +58,28 @@ def test_starts_far_outside_the_recording_are_left_out_with_a_warning(tmp_path):
     assert m["breakdown.data_loading"] == pytest.approx(m_good["breakdown.data_loading"], abs=0.03)
 
 
+def test_an_op_running_far_past_the_steps_is_left_out_with_a_warning(tmp_path):
+    """An op of 500 s starting in a step of a few ms: under the hour that makes a duration
+    impossible by itself, it had moved the verdict (CPU ops 0.55 -> 1.59 ms a step) without a
+    word. Left out and warned, the trace reads as the intact one; an op a step long past the
+    last step is kept (the H100 corpus has host ops ending up to 1.5 steps after theirs)."""
+    good = _write(tmp_path, _doc(), "good.json")
+    doc = _doc()
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    ops[2]["dur"] = 5e8
+    late = ops[-1]
+    steps = _steps(doc)
+    late["dur"] = max(s["ts"] + s["dur"] for s in steps) - late["ts"] + steps[-1]["dur"]    # a step past the end
+    bad = _write(tmp_path, doc, "bad.json")
+    t = load_trace(bad)
+    assert len(t.ts) == len(load_trace(good).ts) - 1
+    (w,) = [w for w in t.meta.warnings if w.startswith("ignored")]
+    assert w.startswith("ignored 1 event(s)") and "duration 5e+08 us" in w
+    m, m_good = (diagnose_path(str(p))["traces"][0]["metrics"] for p in (bad, good))
+    assert m["steps.count"] == m_good["steps.count"]
+    assert m["breakdown.data_loading"] == pytest.approx(m_good["breakdown.data_loading"], abs=0.05)
+
+
 def test_a_long_recording_keeps_every_event():
     """The bound is far from any real trace: events spread evenly over 5 days, or a bulk of
     one second with a last event 20 hours later, are all kept; a start in ns among starts in us

@@ -152,6 +152,7 @@ def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | Non
     with np.errstate(invalid="ignore"):
         bad = x & (~finite | ~np.isfinite(dur) | (dur < 0) | ((dur > LONGEST_US) & (dur > SPAN_FACTOR * span)))
         bad |= (ph != ord("M")) & (np.isinf(ts) | far)
+        bad |= _past_the_steps(cols, strings, x & ~bad)
     n = int(bad.sum())
     if not n:
         return None, None
@@ -160,6 +161,26 @@ def _impossible(cols: dict, strings: dict) -> tuple[np.ndarray | None, str | Non
     example = f"{str(name)[:60]!r}: start {ts[first]:g} us, duration {dur[first]:g} us"
     return ~bad, (f"ignored {n:,} event(s) with a missing, negative, non-finite or impossible start or duration "
                   f"(the first: {example})")
+
+
+def _past_the_steps(cols: dict, strings: dict, ok: np.ndarray) -> np.ndarray:
+    """Events on a step's thread that start inside the steps and end after the last step by more
+    than SPAN_FACTOR times all the steps' span: an op of 500 s in steps of 46 ms, under the hour
+    that makes a duration impossible by itself, had moved a verdict without a word. A host op of
+    a real trace ends within its step or a little after it (up to 1.5x a step on the H100 corpus,
+    the profiler's step marker closing first); device work runs on streams, other threads."""
+    names = strings["name"]
+    step_name = np.array([isinstance(n, str) and n.startswith("ProfilerStep#") for n in names] + [False])
+    idx = cols["name"]
+    idx = np.where((idx >= 0) & (idx < len(names)), idx, len(names)).astype(np.int64)
+    ts, dur = cols["ts"], cols["dur"]
+    step = ok & step_name[idx]
+    if not step.any():
+        return np.zeros(len(ts), bool)
+    first, last = float(ts[step].min()), float((ts[step] + dur[step]).max())
+    thread = cols["pid"].astype(np.int64) * (int(cols["tid"].max(initial=0)) + 1) + cols["tid"].astype(np.int64)
+    on = np.isin(thread, np.unique(thread[step]))
+    return ok & on & ~step & (ts >= first) & (ts <= last) & (ts + dur > last + SPAN_FACTOR * (last - first))
 
 
 def _untimed_as_zero(cols: dict) -> None:
