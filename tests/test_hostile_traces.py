@@ -59,10 +59,10 @@ def test_starts_far_outside_the_recording_are_left_out_with_a_warning(tmp_path):
 
 
 def test_an_op_running_far_past_the_steps_is_left_out_with_a_warning(tmp_path):
-    """An op of 500 s starting in a step of a few ms: under the hour that makes a duration
-    impossible by itself, it had moved the verdict (CPU ops 0.55 -> 1.59 ms a step) without a
-    word. Left out and warned, the trace reads as the intact one; an op a step long past the
-    last step is kept (the H100 corpus has host ops ending up to 1.5 steps after theirs)."""
+    """An op of 500 s starting in a step of a few ms, holding the later steps of its thread: under
+    the hour that makes a duration impossible by itself, it had moved the verdict (CPU ops 0.55 ->
+    1.59 ms a step) without a word. Left out and warned, the trace reads as the intact one; an op
+    of the last step that runs on past it is kept (the profiler can stop inside one)."""
     good = _write(tmp_path, _doc(), "good.json")
     doc = _doc()
     ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
