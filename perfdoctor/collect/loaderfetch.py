@@ -98,29 +98,25 @@ class FetchTimes:
                 continue
 
             def fetch(fetcher, index, _orig=orig):
-                w = times._mine() if worker_module.get_worker_info() is not None else None
-                if w is None:                   # the trainer (num_workers=0)
-                    try:
-                        return _orig(fetcher, index)
-                    except BaseException as e:
-                        _without_this_frame(e)
-                        raise
-                q0, t0 = w.run_delay(), time.perf_counter()
-                w.inside = True
+                w = times._mine() if worker_module.get_worker_info() is not None else None   # None: the trainer
+                if w is not None:
+                    q0, t0 = w.run_delay(), time.perf_counter()
+                    w.inside = True
                 try:
                     return _orig(fetcher, index)
                 except BaseException as e:
                     _without_this_frame(e)
                     raise
                 finally:
-                    w.inside = False
-                    w.wall += time.perf_counter() - t0
-                    w.runq += w.run_delay() - q0
-                    w.batches += 1
-                    w.last = time.time()
-                    n = w.batches
-                    if (n >= FIRST_FLUSH and not n & (n - 1)) or w.last - w.flushed >= FLUSH_S:
-                        times.flush()
+                    if w is not None:
+                        w.inside = False
+                        w.wall += time.perf_counter() - t0
+                        w.runq += w.run_delay() - q0
+                        w.batches += 1
+                        w.last = time.time()
+                        n = w.batches
+                        if (n >= FIRST_FLUSH and not n & (n - 1)) or w.last - w.flushed >= FLUSH_S:
+                            times.flush()
             fetch._perfdoctor = True
             cls.fetch = fetch
             self.installed = True
