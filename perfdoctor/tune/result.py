@@ -10,7 +10,6 @@ skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, closin
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from perfdoctor import __version__
 from perfdoctor.report.values import changes_label, s_as_ms
 from perfdoctor.tune import modelcheck
 from perfdoctor.tune.apply import apply_text
-from perfdoctor.tune.session import CONFIRM_RUNS, Outcome, Tuner
+from perfdoctor.tune.session import Outcome, Tuner
 
 SCHEMA_VERSION = 1
 
@@ -90,7 +89,7 @@ def build(t: Tuner) -> dict:
                  if best else None),
         "apply": apply_text(best.trial.changes if best else {}, _inject_for(b, best), t.facts.cuda),
         "skipped_for_budget": [o.trial.label for o in skipped],
-        "budget_for_all_s": _budget_for_all(t, len(skipped)),
+        "budget_for_all_s": t.budget_for(len(skipped)),
         "untested": untested(t),
         "only": sorted(t.o.only) if t.o.only else None,
         "failed": None,
@@ -116,17 +115,6 @@ def _stacks_note(doc: dict) -> str | None:
     checkpoints on the step) are then missing from the untested list too, and tune says so."""
     notes = (doc.get("run") or {}).get("notes") or []
     return next((n for n in notes if isinstance(n, str) and n.startswith("Python stacks not recorded")), None)
-
-
-def _budget_for_all(t: Tuner, n: int) -> float | None:
-    """About how large a --budget would have run the trials skipped for lack of it: the time spent,
-    and a run as long as the longest for each (two on a noisy machine: the baseline again after
-    it), the closing baseline run on a quiet machine where none ran (its time is spent where one
-    did), and the best setting's confirmation, for the `n` skipped. None when none was."""
-    if not n or t.longest <= 0:
-        return None
-    runs = n * (2 if t.noisy else 1) + (0 if t.noisy or t.closing is not None else 1) + CONFIRM_RUNS
-    return float(math.ceil((t.elapsed() + runs * t.longest) / 10) * 10)
 
 
 def _inject_for(b, best) -> dict:

@@ -271,11 +271,20 @@ class Tuner(Verification):
         room = max(0, int(left // per))
         if room >= n:
             return
-        need = math.ceil((self.elapsed() + n * per + (0 if self.noisy else self.longest)
-                          + CONFIRM_RUNS * self.longest) / 10) * 10
+        need = self.budget_for(n)
         self.log(f"the budget leaves room for about {room} of the {n} trials planned (a run takes ~{self.longest:.0f} s"
                  + (", and each trial a baseline run again on this noisy machine" if self.noisy else "")
                  + f"); --budget {need:.0f} would run them all")
+
+    def budget_for(self, n: int) -> float | None:
+        """About how large a --budget runs `n` more trials: the time spent, and a run as long as
+        the longest for each (two on a noisy machine: the baseline again after it), the closing
+        baseline run on a quiet machine where none ran (its time is spent where one did), and the
+        best setting's confirmation. None when there are none, or no run was timed."""
+        if not n or self.longest <= 0:
+            return None
+        runs = n * (2 if self.noisy else 1) + (0 if self.noisy or self.closing is not None else 1) + CONFIRM_RUNS
+        return float(math.ceil((self.elapsed() + runs * self.longest) / 10) * 10)
 
     def _fits(self, runs: int = 1) -> bool:
         return self.elapsed() + runs * self.longest <= self.o.budget_s
