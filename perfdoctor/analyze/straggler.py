@@ -207,7 +207,7 @@ def _extra_parts(ranks: list[RankInput], slow: int) -> dict:
 def _network_share(ranks: list[RankInput], fallback: float) -> float:
     """What every rank waits alike: per paired step the smallest wait of any rank, over the paired
     steps' mean time (module docstring); `fallback` with fewer than MIN_PAIRED of them."""
-    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
+    labels = _paired_labels(ranks)
     if len(labels) < MIN_PAIRED:
         return fallback
     net = sum(min(r.steps[lab][1] for r in ranks) for lab in labels)
@@ -218,8 +218,12 @@ def _network_share(ranks: list[RankInput], fallback: float) -> float:
 def _paired_busy(ranks: list[RankInput]) -> list[dict[int, float]]:
     """Each rank's own work (step time less its collective wait), per step every rank recorded
     (paired by ProfilerStep number)."""
-    labels = set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
-    return [{r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks} for lab in labels]
+    return [{r.rank: r.steps[lab][0] - r.steps[lab][1] for r in ranks} for lab in _paired_labels(ranks)]
+
+
+def _paired_labels(ranks: list[RankInput]) -> set[str]:
+    """The steps every rank recorded (their ProfilerStep labels)."""
+    return set.intersection(*(set(r.steps) for r in ranks)) if ranks else set()
 
 
 def _last_share(ranks: list[RankInput], slow: int) -> tuple[float | None, int | None]:
