@@ -73,10 +73,25 @@ def forking(monkeypatch):
     return seen
 
 
+HELPER_PAUSE_S = 0.001
+
+
 def small_chunks(monkeypatch, chunk=2048, read=1024):
+    """Chunks small enough for a file of a few hundred kB to split, and a helper that pauses a
+    millisecond per chunk. Without the pause, whether this process's stop request reaches the
+    helper before it decodes the whole file is up to the scheduler: with the suite's other worker
+    holding both cores, three loads in a row raced (CI, test_synthetic_formats[rocm] and
+    test_late_take_over at the same minute). The pause changes no byte of what is decoded, only
+    leaves this process time to ask; the split is what these tests are about."""
     monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
     monkeypatch.setattr(reader, "READ_BYTES", read)
     monkeypatch.setattr(source, "GZ_INPUT_BYTES", 512)   # gzip splits by compressed position
+    real_stop_for = parallel.Channel.stop_for   # (the Channel lives in the helper alone)
+
+    def paused(self, offset):
+        time.sleep(HELPER_PAUSE_S)
+        return real_stop_for(self, offset)
+    monkeypatch.setattr(parallel.Channel, "stop_for", paused)
 
 
 def load_both(path, monkeypatch, seen):
