@@ -158,6 +158,17 @@ def test_acceptance_cpu_bound_loader(tmp_path):
             reruns[w].append(rerun(w, k))
     measured = {w: sorted(speedup(b, x)[0] for b in bases for x in reruns[w]) for w in (1, 2)}
     skip_if_shared(foreign)        # a neighbour that came halfway changed the truth measured
+    # The same holds for a change that no process on this VM shows (the host under it): once,
+    # tune's runs were all ~2.2x slower than the reruns just after, and it measured 2 workers at
+    # 1.29x [1.11, 1.52] where the reruns gave 0.55-0.59x. The script's baseline step time is
+    # the gauge: where tune's baseline runs lie outside the reruns' by more than 1.5x, the reruns
+    # measured another machine, and there is nothing to check tune against.
+    tuned = [doc["baseline"]["step_time_s"]] + [x["step_time_s"] for x in doc["baseline"]["repeats"]]
+    again = [b.step_s for b in bases]
+    if min(tuned) > 1.5 * max(again) or max(tuned) < min(again) / 1.5:
+        pytest.skip(f"the machine changed speed between tune and the reruns: the baseline's step took "
+                    f"{', '.join(f'{1e3 * t:.0f}' for t in tuned)} ms in tune and "
+                    f"{', '.join(f'{1e3 * t:.0f}' for t in again)} ms in the reruns")
     for w in (1, 2):
         trial = by[f"num_workers={w}"]
         # Where the report ranked another fix higher (a CI machine whose torch ran 1 thread:
