@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfdoctor.analyze.arrays import unique
-from perfdoctor.trace.table import EventTable
+from perfdoctor.trace.table import STEP_RX, EventTable
 
 KERNEL_CATS = ("kernel",)
 MTIA_DEVICE_CATS = ("mtia_ccp_events",)
@@ -28,8 +28,6 @@ RUNTIME_CATS = ("cuda_runtime", "runtime", "cuda_driver", "mtia_runtime")
 CPU_OP_CATS = ("cpu_op", "operator")
 HOST_ANNOTATION_CATS = ("user_annotation", "python_function")
 
-# 1-18 ASCII digits: a step number fits an int64; a 4,301-digit one made int() raise (exit 70)
-STEP_RX = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
 DATALOADER_RX = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#.*__next__$")
 # NCCL/RCCL, and PyTorch's symmetric-memory collectives (multimem_all_reduce_kernel, two_shot_all_reduce_kernel...;
 # 2.2-2.4's intra_node_comm::oneShotAllReduceKernel)

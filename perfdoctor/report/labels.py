@@ -116,6 +116,14 @@ def shown_trace(doc: dict) -> dict:
     return next((t for t in doc["traces"] if want is not None and t.get("label") == want), doc["traces"][0])
 
 
+def shown_rank(doc: dict) -> int | None:
+    """The rank of a multi-rank run whose figures are shown (the slowest: traces[0]); None for one
+    process. Uneven inputs had shown rank 1's 20 steps, "inconclusive", as the job's where rank 0
+    ran 40: the run line names its rank."""
+    rank = shown_trace(doc).get("rank")
+    return rank if doc.get("ranks") and isinstance(rank, int) else None
+
+
 def from_other_traces(doc: dict, item: dict) -> str:
     """For a fix or flag of a report on several traces that the trace whose figures are shown
     does not have: the traces it comes from ('a.json, b.json', at most 3 named); else ''.

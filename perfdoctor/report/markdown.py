@@ -14,7 +14,7 @@ import re
 from perfdoctor.report.compare_text import compare_lines
 from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows,
                                        device_text, first_step_shown, from_other_traces, role_labels,
-                                       script_failure, secondary_text, shown_trace, steps_counted,
+                                       script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
                                        unranked_gain)
 from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, predicted_note, tune_baselines_note,
                                             tune_best_step, tune_hint, tune_measured, tune_model_check,
@@ -52,7 +52,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
         counted = steps_counted(m.get("run.steps"))
-        rank = first.get("rank") if doc.get("ranks") and isinstance(first.get("rank"), int) else None
+        rank = shown_rank(doc)
         facts.append(f"run{'' if rank is None else f' (rank {rank})'}: {counted + ': ' if counted else ''}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps"
                      + (f" (left out: {why})" if (why := left_out_text((doc.get("run") or {}).get("steps_left_out")))
@@ -98,21 +98,18 @@ def _ranks(sec: dict) -> list[str]:
     """The rank table, as the terminal's (report/ranks_view.py) with its lines under it: what a
     pull-request comment on a multi-rank job needs most (the summary named the straggler only)."""
     from perfdoctor.report.labels import rank_bound
-    from perfdoctor.report.ranks_view import rank_notes, rank_title
+    from perfdoctor.report.ranks_view import cell_ms, cell_pct, rank_notes, rank_title
     m = sec.get("metrics") or {}
     star = sec.get("slowest_rank") if m.get("ranks.wait_cause") == "straggler" else None
-
-    def num(x, pct=False) -> str:
-        return "-" if not isinstance(x, (int, float)) else f"{100 * x:.0f}%" if pct else f"{x:.1f}"
     out = [f"**{M(rank_title(sec))}** (steady steps; wait = exposed collective time per step, own work = step - wait)",
            "", "| rank | step ms | own ms | wait ms | for slower | data wait | verdict | exit |",
            "|--:|--:|--:|--:|--:|--:|---|--:|"]
     for r in sec.get("per_rank") or []:
         mark = "\\*" if star is not None and r.get("rank") == star else ""      # the straggler, as the terminal's *
         out.append(f"| {M(r.get('rank'))}{mark} | "
-                   f"{num(r.get('step_time_ms'))} | {num(r.get('busy_ms'))} | {num(r.get('collective_wait_ms'))} "
-                   f"{num(r.get('collective_wait_share'), True)} | {num(r.get('straggler_wait_ms'))} | "
-                   f"{num(r.get('data_wait_share'), True)} | {M(rank_bound(r))} | {M('-' if r.get('exit_code') is None else r['exit_code'])} |")
+                   f"{cell_ms(r.get('step_time_ms'))} | {cell_ms(r.get('busy_ms'))} | {cell_ms(r.get('collective_wait_ms'))} "
+                   f"{cell_pct(r.get('collective_wait_share'))} | {cell_ms(r.get('straggler_wait_ms'))} | "
+                   f"{cell_pct(r.get('data_wait_share'))} | {M(rank_bound(r))} | {M('-' if r.get('exit_code') is None else r['exit_code'])} |")
     return out + [""] + [M(line.strip()) + "  " for line, _ in rank_notes(sec)] + [""]
 
 

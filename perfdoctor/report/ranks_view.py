@@ -11,16 +11,17 @@ from perfdoctor.report.labels import WAIT_CAUSE, rank_bound, uneven_detail
 from perfdoctor.report.sanitize import text
 
 
-def _ms(x) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def cell_ms(x) -> str:
+    """A rank table's time in ms, to 0.1 ms ("-" where unknown): the terminal's and markdown's."""
+    return f"{x:.1f}" if isinstance(x, (int, float)) else "-"
 
 
 def _short(s: str, n: int = 12) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
+def cell_pct(x) -> str:
+    return f"{100 * x:.0f}%" if isinstance(x, (int, float)) else "-"
 
 
 def render_ranks(c: Console, sec: dict) -> None:
@@ -36,10 +37,10 @@ def render_ranks(c: Console, sec: dict) -> None:
         table.add_column(col, no_wrap=True)
     for r in sec["per_rank"]:
         mark = "*" if r["rank"] == sec.get("slowest_rank") and m.get("ranks.wait_cause") == "straggler" else ""
-        table.add_row(text(f"{r['rank']}{mark}"), *((text(_short(r.get("host") or "-")),) if hosts else ()), _ms(r["step_time_ms"]),
-                      _ms(r["busy_ms"]), f"{_ms(r['collective_wait_ms'])} {_pct(r['collective_wait_share'])}"
+        table.add_row(text(f"{r['rank']}{mark}"), *((text(_short(r.get("host") or "-")),) if hosts else ()), cell_ms(r["step_time_ms"]),
+                      cell_ms(r["busy_ms"]), f"{cell_ms(r['collective_wait_ms'])} {cell_pct(r['collective_wait_share'])}"
                       if r["collective_wait_ms"] is not None else "-",
-                      _ms(r["straggler_wait_ms"]), _pct(r["data_wait_share"]), text(rank_bound(r)),
+                      cell_ms(r["straggler_wait_ms"]), cell_pct(r["data_wait_share"]), text(rank_bound(r)),
                       text("-" if r.get("exit_code") is None else r["exit_code"]))
     c.print(table)
     for line, dim in rank_notes(sec):
@@ -77,21 +78,21 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
     line = f"  the wait is {WAIT_CAUSE.get(cause, cause)}"
     if cause == "straggler" and m.get("ranks.slowest_ratio") is not None:
         line += (f" (*): rank {m['ranks.slowest_rank']} does {m['ranks.slowest_ratio']:.2f}x the work per step "
-                 f"of rank {m['ranks.fastest_rank']}, which waits {_pct(m['ranks.straggler_wait_share_max'])} "
+                 f"of rank {m['ranks.fastest_rank']}, which waits {cell_pct(m['ranks.straggler_wait_share_max'])} "
                  "of its step for it")
     elif cause == "network" and (m.get("ranks.straggler_wait_share_max") or 0) >= MATERIAL:
         # the transfer is the larger part, not all of it: a rank waits that much more than the others;
         # called slower only where it is step after step (a balanced run's rank 1, at 5.3 ms to rank
         # 0's 5.4, had read "also slower than the other" from a few traced steps)
-        line += f"; the waits differ by up to {_pct(m['ranks.straggler_wait_share_max'])} of the step: " + (
+        line += f"; the waits differ by up to {cell_pct(m['ranks.straggler_wait_share_max'])} of the step: " + (
             f"rank {m['ranks.slowest_rank']} is also slower than the {'other' if sec.get('count') == 2 else 'others'}"
             if m.get("ranks.straggler_consistent") else "no rank is slower step after step (turns, or a noisy machine)")
     elif cause == "straggler":
         line += f" (*): rank {sec.get('slowest_rank')}"
     line += uneven_detail(m)
     out = [(line, False),
-           (f"  every rank waits at least {_pct(m.get('ranks.network_wait_share'))} of the step (the "
-            f"collective itself); waiting for slower ranks: {_pct(m.get('ranks.straggler_wait_share'))} on average"
+           (f"  every rank waits at least {cell_pct(m.get('ranks.network_wait_share'))} of the step (the "
+            f"collective itself); waiting for slower ranks: {cell_pct(m.get('ranks.straggler_wait_share'))} on average"
             + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
             True)]
     if steps and max(steps) - min(steps) > 1:       # one step apart: ranks stopped mid-step, not uneven data

@@ -9,8 +9,8 @@ from rich.text import Text
 
 from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text,
                                        data_wait_text, device_text, error_line, first_step_shown,
-                                       from_other_traces, median_label, passes_text, role_labels, shown_trace,
-                                       secondary_text, source_text, steps_counted, unranked_gain,
+                                       from_other_traces, median_label, passes_text, role_labels, shown_rank,
+                                       shown_trace, secondary_text, source_text, steps_counted, unranked_gain,
                                        windows_text)
 
 from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
@@ -36,10 +36,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     none_of = _nothing_measured(doc, traced)
     where = T(f"{len(doc['traces'])} traces in {doc['input']}" if len(doc["traces"]) > 1 else first["path"])
     if doc.get("run"):
-        # a multi-rank run's figures are one rank's (the slowest: traces[0]); uneven inputs had
-        # shown rank 1's 20 steps, "inconclusive", as the job's where rank 0 ran 40
-        rank = first.get("rank") if doc.get("ranks") and isinstance(first.get("rank"), int) else None
-        _run_header(c, doc["run"], m, details, rank)
+        _run_header(c, doc["run"], m, details, shown_rank(doc))
     else:
         c.print(Text.assemble(("perfdoctor ", "bold"), (where, "dim")))
     median = m.get("steps.time_median_ms") if traced else m.get("run.step_time_median_ms")

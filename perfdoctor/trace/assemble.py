@@ -11,7 +11,7 @@ import numpy as np
 from perfdoctor.trace import schema
 from perfdoctor.trace.columns import LAYOUT, STRING_COLUMNS, Interner, Part
 from perfdoctor.trace.legacy import legacy_categories
-from perfdoctor.trace.table import EventTable, TraceMeta
+from perfdoctor.trace.table import STEP_RX, EventTable, TraceMeta
 
 DTYPES = {k: np.dtype({"B": np.uint8, "i": np.int32, "d": np.float64}[t]) for k, t in LAYOUT.items()}
 
@@ -171,7 +171,7 @@ def _across_a_step(cols: dict, strings: dict, ok: np.ndarray) -> np.ndarray:
     run on past it (the profiler stopped inside an Optimizer.step: 22.9 ms past a 7 ms step), and
     device work runs on streams, other threads: neither is judged."""
     names = strings["name"]
-    step_name = np.array([isinstance(n, str) and n.startswith("ProfilerStep#") for n in names] + [False])
+    step_name = np.array([isinstance(n, str) and STEP_RX.match(n) is not None for n in names] + [False])
     idx = cols["name"]
     idx = np.where((idx >= 0) & (idx < len(names)), idx, len(names)).astype(np.int64)
     ts, end = cols["ts"], cols["ts"] + cols["dur"]

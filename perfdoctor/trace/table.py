@@ -15,6 +15,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+# A step's range as torch.profiler names it. 1-18 ASCII digits: a step number fits an int64; a
+# 4,301-digit one made int() raise (exit 70).
+STEP_RX = re.compile(r"^ProfilerStep#([0-9]{1,18})$")
+
 
 @dataclass
 class TraceMeta:
