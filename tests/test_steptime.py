@@ -378,3 +378,23 @@ def test_a_long_window_is_resampled_in_bounded_memory_with_the_same_interval(mon
     print(f"95% width {width:.5f} vs exact {exact:.5f}; peak {peak / 2**20:.1f} vs {exact_peak / 2**20:.1f} MiB")
     assert width == pytest.approx(exact, rel=0.15)
     assert peak < exact_peak / 5
+
+
+def test_a_short_window_drops_a_leading_level_it_never_returns_to():
+    """15 steps of a 0.6 ms script whose first steps its start-up slowed (88, 88, 88, 48 ms, half
+    of each waiting for a core, as `perfdoctor run --max-steps 15` recorded): too few for blocks,
+    and kept they made it 11.2 ms/step and an unchanged rerun a 23x regression. Those leading
+    steps each outlast every later one: a transient. A burst's long steps come back, and stay."""
+    slow = [0.0877, 0.0877, 0.0880, 0.0480, 0.0018]
+    rng = np.random.default_rng(3)
+    fast = list(rng.uniform(0.00059, 0.00077, 10))
+    e = estimate([{"dur": d} for d in slow + fast])
+    assert e.dropped == {"warmup": 5} and e.n == 10 and e.conclusive
+    assert e.step_s == pytest.approx(np.mean(fast))
+    # a loader that bursts: every third step waits; nothing but the run's first two steps leaves
+    bursty = [0.1, 0.001, 0.001] * 5
+    e = estimate([{"dur": d} for d in bursty])
+    assert e.dropped.get("warmup") == 2 and e.step_s > 0.03
+    # noise around one level: only the first two steps (warm-up by rule)
+    e = estimate([{"dur": d} for d in rng.normal(0.01, 0.0005, 14)])
+    assert e.dropped == {"warmup": 2}
