@@ -64,6 +64,10 @@ def test_a_baseline_with_too_few_steps_says_how_long_a_run_must_be(tmp_path):
     ended = measure_dir(d, {}, 0, {"outcome": "completed", "exit_code": 0, "steps": 6}, 40.0)
     text = longer_runs(ended, 8)
     assert "ended by itself after 6 step(s)" in text and "--duration" not in text
+    # sys.exit(0) from the loop ends it as well: not "the script failed (exit)", exit 1
+    exited = measure_dir(d, {}, 0, {"outcome": "exit", "exit_code": 0, "steps": 6}, 40.0)
+    assert exited.error.startswith("not measurable: only ") and "ended by itself after 6 step(s)" in longer_runs(exited, 8)
+    assert measure_dir(d, {}, 2, {"outcome": "exit", "exit_code": 2, "steps": 6}, 40.0).error == "the script failed (exit code 2)"
     assert longer_runs(stopped, 8, max_steps=6).startswith("--max-steps 6 stopped it")
     # 200 steps of 0.1 s the estimator found correlated over too many steps: not "runs of 20 s"
     # after a 20 s run (its reasons other than too few steady steps: twice the run)

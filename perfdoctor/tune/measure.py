@@ -99,7 +99,9 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     outcome = child.get("outcome") or "killed"
     m = Measured(run_dir, dict(changes), exit_code, outcome, wall_s, read_steps(run_dir),
                  _read_json(run_dir / "inject.json"), child)
-    if (outcome not in ("stopped", "completed") or exit_code != 0) and not stopped_late:
+    # sys.exit(0) from the loop ends a script as finishing does ("exit", code 0): a run of too few
+    # steps that way is "not measurable" (exit 3, give it more steps), not a failed script
+    if (outcome not in ("stopped", "completed", "exit") or exit_code != 0) and not stopped_late:
         why = gist(child.get("error")) or (f"exit code {exit_code}" if exit_code else outcome)
         m.error = f"the script failed ({why})"
     system = system_of(run_dir)
@@ -124,7 +126,7 @@ def longer_runs(m: Measured, runs_per_budget: int, max_steps: int | None = None)
     how much); for the estimator's other reasons (correlated steps, no steady level) twice as
     long a run."""
     steps = [s for s in m.steps if isinstance(s.get("end"), (int, float)) and isinstance(s.get("dur"), (int, float))]
-    if m.outcome == "completed":
+    if m.outcome in ("completed", "exit"):          # (exit: sys.exit(0) from the loop)
         return (f"the script ended by itself after {len(m.steps)} step(s): give it more steps (its own "
                 "arguments: epochs, iterations, data size)")
     if max_steps and len(m.steps) >= max_steps:
