@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -44,8 +45,9 @@ class TraceFormatError(PerfdoctorError):
 
 def exit_with(command: Callable[[], object]) -> NoReturn:
     """Run the parsed command line and leave with its exit code (a command's typer.Exit(code), or 0):
-    an error is one line on stderr and a documented exit code. PERFDOCTOR_DEBUG=1 raises a
-    PerfdoctorError or a bug instead, with its traceback."""
+    an error is one line on stderr and a documented exit code. PERFDOCTOR_DEBUG=1 prints the
+    traceback of a PerfdoctorError or a bug before that line; the exit code stays the documented one
+    (re-raised, both had left with Python's 1 where `report` documents 2 for bad input)."""
     debug = os.environ.get("PERFDOCTOR_DEBUG") == "1"
     try:
         rv = command()
@@ -56,8 +58,8 @@ def exit_with(command: Callable[[], object]) -> NoReturn:
             sys.exit(EXIT_PIPE)
         raise
     except PerfdoctorError as exc:
-        if debug:
-            raise
+        if debug:       # the traceback, then the same line and exit code (a CI script branches on it)
+            traceback.print_exc()
         print(f"perfdoctor: error: {_safe(exc)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
@@ -71,7 +73,7 @@ def exit_with(command: Callable[[], object]) -> NoReturn:
             print(f"perfdoctor: error: {_safe(exc.format_message())}{hint}", file=sys.stderr)
             sys.exit(exc.exit_code)
         if debug:
-            raise
+            traceback.print_exc()
         print(f"perfdoctor: internal error: {type(exc).__name__}: {_safe(exc)} "
               "(set PERFDOCTOR_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(EXIT_INTERNAL)

@@ -384,11 +384,12 @@ def _traceback(argv: list[str]) -> str:
 
     from perfdoctor.cli import main
     os.environ["PERFDOCTOR_DEBUG"] = "1"
+    err = io.StringIO()                  # (debug prints the traceback and keeps the exit code)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             main(argv)
     except SystemExit:
-        return ""
+        return "\n" + err.getvalue()[-4000:] if "Traceback" in err.getvalue() else ""
     except BaseException:
         return "\n" + traceback.format_exc(limit=-8)
     finally:

@@ -597,3 +597,19 @@ def test_md_is_markdown_as_the_file_suffix_names_it(trace):
     md, markdown = run("report", "--format", "md", trace), run("report", "-f", "markdown", trace)
     assert md.returncode == markdown.returncode == 0 and md.stdout == markdown.stdout
     assert md.stdout.startswith("### perfdoctor: ")
+
+
+def test_debug_adds_the_traceback_and_keeps_the_documented_exit_code(tmp_path):
+    """PERFDOCTOR_DEBUG=1 on bad input: the traceback, then the same one line and exit 2 (it had
+    re-raised, and Python's exit 1 read as a gate regression in a CI script that branches on 2)."""
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"hello": "not a trace"}')
+    runs = {}
+    for debug in ("0", "1"):
+        p = subprocess.run([sys.executable, "-m", "perfdoctor", "report", str(bad)], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PERFDOCTOR_DEBUG": debug})
+        runs[debug] = p
+    assert runs["0"].returncode == runs["1"].returncode == 2
+    line = runs["0"].stderr.strip()
+    assert line.startswith("perfdoctor: error: ") and "Traceback" not in line
+    assert "Traceback (most recent call last)" in runs["1"].stderr and runs["1"].stderr.rstrip().endswith(line)
