@@ -219,3 +219,24 @@ def test_trials_skipped_for_budget_say_how_large_a_budget_would_run_them(monkeyp
         assert "--budget 330 would run them all, at this run length" in out
     t.noisy = True
     assert build(t)["budget_for_all_s"] == 90 + (3 * 2 + 2) * 40
+
+
+def test_written_to_a_file_a_long_status_is_whole_and_rows_are_not_padded(monkeypatch, capsys):
+    """`tune ... > result.txt`: commands.md says no line is cut there; the status cell had ended
+    "...PD306 is the change; othe…" and each row was padded with blanks to ~300 characters."""
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.tune.result import STATUS_CHARS, render
+    monkeypatch.delenv("COLUMNS", raising=False)
+    reason = ("the script's own loop makes its samples from scratch every step and PD306 is the change; "
+              "other trials of the loader could not apply to a loop without a DataLoader")
+    assert len(reason) > STATUS_CHARS
+    trial = {"label": "store_samples", "changes": {"store_samples": True}, "rule": "PD306", "predicted": None,
+             "step_time_s": 0.01, "baseline_step_time_s": [0.1], "speedup": 10.45, "ci95": [9.8, 11.1],
+             "status": "skipped", "reason": reason, "confirm": None}
+    doc = {"command": "train.py", "noise": "", "trials": [trial], "best": None, "skipped_for_budget": [],
+           "untested": [], "baseline": {"step_time_s": 0.1, "ci95": [0.09, 0.11], "steps": 40, "verdict": "input",
+                                        "repeats": []}, "budget_s": 60, "dir": "runs", "elapsed_s": 50}
+    render(doc, console())          # capsys: stdout is not a terminal, as a file is
+    out = capsys.readouterr().out
+    assert reason in out and "…" not in out
+    assert not [line for line in out.splitlines() if line != line.rstrip(" ")]

@@ -168,5 +168,41 @@ def console(stderr: bool = False, **kw):
     c = Console(stderr=stderr, highlight=False, emoji=False, **kw)
     if "width" not in kw and not c.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
         c.width = UNCROPPED
+        if "file" not in kw:
+            c.file = _Unpadded(stderr)
     return c
+
+
+class _Unpadded:
+    """A console's file that drops the spaces rich pads each table row with to the table's width
+    (`rules list | cat` had 114 lines of 292 characters, most of them trailing blanks). The stream
+    is looked up at each write, as rich does (a test's captured stdout)."""
+
+    def __init__(self, stderr: bool):
+        self.stderr, self.part = stderr, ""
+
+    @property
+    def stream(self):
+        import sys
+        return sys.stderr if self.stderr else sys.stdout
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, s: str) -> int:
+        lines = (self.part + s).split("\n")
+        self.part = lines.pop()
+        if lines:
+            self.stream.write("\n".join(x.rstrip(" ") for x in lines) + "\n")
+        return len(s)
+
+    def flush(self) -> None:
+        if self.part:
+            self.stream.write(self.part)
+            self.part = ""
+        self.stream.flush()
 

@@ -181,7 +181,7 @@ def emit(t: Tuner, output: Path | None, fmt: str, failed=None) -> None:
 def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
-    from perfdoctor.report.sanitize import console as _console, text
+    from perfdoctor.report.sanitize import UNCROPPED, console as _console, text
     from perfdoctor.report.tune_labels import (budget_hint, predicted_note, tune_baselines_note,
                                                tune_best_step, tune_model_check, tune_no_best, tune_only,
                                                tune_predicted,
@@ -209,7 +209,7 @@ def render(doc: dict, console=None) -> None:
         status = tr["status"] + (f": {tr['reason']}" if tr["reason"] else "")
         if tr.get("loss") and tr["status"] != "failed":
             status += f" ({tr['loss']['text']})"
-        if len(status) > STATUS_CHARS:          # the whole reason is in the JSON
+        if len(status) > STATUS_CHARS and con.width < UNCROPPED:   # the whole reason is in the JSON
             status = status[:STATUS_CHARS - 1] + "…"
         c = colour.get(tr["status"])
         step, vs = tune_step_times(tr)
