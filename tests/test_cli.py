@@ -613,3 +613,19 @@ def test_debug_adds_the_traceback_and_keeps_the_documented_exit_code(tmp_path):
     line = runs["0"].stderr.strip()
     assert line.startswith("perfdoctor: error: ") and "Traceback" not in line
     assert "Traceback (most recent call last)" in runs["1"].stderr and runs["1"].stderr.rstrip().endswith(line)
+
+
+def test_a_fix_without_a_modelled_gain_shows_what_tune_measured(trace, tmp_path):
+    """`report --tune`: tune measured PD306 (preprocess once) at 10.45x, a fix with no modelled
+    gain, listed among those worth a look; neither the markdown nor the HTML said so."""
+    from perfdoctor.report import html, markdown
+    out = tmp_path / "r.json"
+    assert run("report", trace, "-f", "json", "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    rest = [f["id"] for f in doc["findings"] if not f["ranked"]]
+    assert rest, [f["id"] for f in doc["findings"]]
+    tune = {"trials": [{"rule": rest[0], "speedup": 3.1, "ci95": [2.9, 3.3], "status": "faster"}]}
+    line = next(x for x in markdown.report(doc, tune).splitlines() if x.startswith("Also worth a look"))
+    assert line.index(f"({rest[0]}") < line.index("measured by tune") and "), measured by tune: **3.10x \\(95% CI 2.90-3.30; faster\\)**" in line, line
+    assert "measured by tune" not in markdown.report(doc, None)
+    assert "measured by tune: <b>3.10x (95% CI 2.90-3.30; faster)</b>" in html.render(doc, tune)

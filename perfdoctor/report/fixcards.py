@@ -93,8 +93,9 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
             + ("; the black mark is the speed-up tune measured." if marked else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
-            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>{from_note(doc, f)}</li>"
-                      for f in rest)
+            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>"
+                      + (f", measured by tune: <b>{H(tune_measured(meas))}</b>" if (meas := measured.get(f["id"])) else "")
+                      + f"{from_note(doc, f)}</li>" for f in rest)
             + "</ul></section>") if rest else ""
     cmd = tune_hint(doc) if tune is None else None     # with tune's JSON the cards show what it measured
     measure = (f"<section class=\"card\"><b>{H(MEASURE_FIXES.capitalize())}</b>"

@@ -126,13 +126,16 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     # the fixes without a modelled gain (or none expected here), as the terminal lists them: the
     # tune command below can name one (a bf16 fix, max 2.20x, was in its --only and nowhere else)
     rest = [f for f in doc["findings"] if not f["ranked"]]
-    also = ([f"Also {WORTH_A_LOOK}: " + "; ".join(f"{M(f['title'])} ({M(f['id'])}{unranked_gain(f)})" for f in rest)]
-            if rest else [])
+    measured = measured_by_rule(tune)
+    # a fix without a modelled gain that tune measured says so (PD306 at 10.45x had been nowhere)
+    also = ([f"Also {WORTH_A_LOOK}: " + "; ".join(
+        f"{M(f['title'])} ({M(f['id'])}{unranked_gain(f)})"
+        + (f", measured by tune: **{M(tune_measured(meas))}**" if (meas := measured.get(f["id"])) else "") for f in rest)]
+        if rest else [])
     measure = (["", MEASURE_FIXES.capitalize(), "", _fence(cmd, "sh")]
                if tune is None and (cmd := tune_hint(doc)) else [])
     if not ranked:      # the fixes worth a look may still be measured (CPU bf16 autocast, say)
         return ["No fix with a measurable speed-up applies.", "", *also, *measure, *([""] if also or measure else [])]
-    measured = measured_by_rule(tune)
     out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}
