@@ -131,7 +131,7 @@ def run(
                                                "(py-spy record, 50 Hz, attached to the script: needs ptrace). "
                                                "Default: only when half a CPU core or more is idle at the first step, so "
                                                "py-spy takes no CPU from the job; the env var (1 or 0) sets the default."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: perfdoctor-runs/ <time>-<script>). "
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: perfdoctor-runs/<time>-<script>). "
                                                            "A directory that already holds a run is refused."),
     force: bool = typer.Option(False, "--force", help="With --out: replace the run already in that directory "
                                                       "(its files are removed first)."),
@@ -151,8 +151,8 @@ def run(
                                                         "as `perfdoctor gate` with its defaults."),
     strict: bool = typer.Option(False, "--strict", help="With --baseline: inconclusive / not comparable fail too."),
     nproc_per_node: Optional[str] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", metavar="N",
-                                                 help="Start N ranks per node through torchrun (torch.distributed.run) "
-                                                      "(torchrun), each watched; one merged report."),
+                                                 help="Start N ranks per node through torchrun (torch.distributed.run), "
+                                                      "each watched; one merged report."),
     nnodes: Optional[str] = typer.Option(None, "--nnodes", metavar="M", help="torchrun --nnodes (several nodes)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", "--node_rank", min=0, help="torchrun --node-rank."),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", "--master_addr", help="torchrun --master-addr."),
@@ -209,7 +209,7 @@ def tune(
                                              help="Try only these trial groups (loader, threads, optimizer, ...) or "
                                                   "the trials of these fixes (PD301, ...): comma-separated, "
                                                   "repeatable."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default: perfdoctor-runs/ <time>-<script>- tune)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Tune directory (default: perfdoctor-runs/<time>-<script>-tune)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Also write the result here, in --format (with the terminal "
                                                "format: markdown for a FILE named .md, else json)."),
@@ -231,7 +231,7 @@ def tune(
     unmodified script, each in a fresh run against the baseline, and print the best as code.
 
     Exit code: 0 tuned (whatever the trials found); 1 the baseline run of the script failed;
-    2 usage error; 3 the baseline could not be measured (too few steps)."""
+    2 usage error; 3 the baseline could not be measured (too few steps); 130 interrupted."""
     from perfdoctor.tune.result import emit
     from perfdoctor.tune.plan import only_names
     from perfdoctor.tune.session import TuneFailed, TuneOptions, Tuner

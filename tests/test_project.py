@@ -176,3 +176,17 @@ def test_json_docs_name_every_key_a_report_writes(tmp_path):
     names = {k: k.rsplit(".", 1)[-1].removesuffix("[]") for k in keys}
     missing = sorted(k for k, n in names.items() if f'"{n}"' not in page and f"`{n}" not in page)
     assert not missing, f"docs/json.md does not name {missing}"
+
+
+def test_relative_links_in_the_docs_resolve():
+    """Every relative link of README and docs/*.md names a file that exists (docs/project.md had
+    linked docs/exit-codes.md from inside docs/, which resolves to docs/docs/exit-codes.md)."""
+    broken = []
+    for md in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", md.read_text()):
+            path = target.split("#")[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue
+            if not (md.parent / path).exists():
+                broken.append(f"{md.relative_to(REPO)}: {target}")
+    assert not broken, broken
