@@ -734,3 +734,18 @@ def test_the_verdict_row_speaks_as_the_reports_do():
     cur.doc["verdict"]["bound"] = "input_cpu"
     row = next(r for r in gate_runs(cur, [base]).rows if r.metric == "verdict")
     assert row.status == "warning" and row.reason == "verdict compute-bound (CPU) -> input-bound (CPU)"
+
+
+def test_a_share_change_near_its_threshold_gets_a_decimal():
+    """The H100 launch runs: idle device 92% -> 82%, "-10 pts" beside "±10 pts" and pass (a
+    change of 9.83 points): a change within a point of its threshold is printed to 0.1."""
+    from perfdoctor.gate.shares import share_row
+    rng = np.random.default_rng(2)
+    base, cur = mk(series(rng)), mk(series(rng))
+    rows = {}
+    for b, c in ((0.9196, 0.8213), (0.9196, 0.6), (0.30, 0.31)):
+        base.doc["traces"][0]["metrics"]["gpu.idle_share"] = b
+        cur.doc["traces"][0]["metrics"]["gpu.idle_share"] = c
+        rows[c] = share_row(cur, [base], "gpu.idle_share", "idle device", GateOptions())
+    assert (rows[0.8213].change, rows[0.8213].threshold, rows[0.8213].status) == ("-9.8 pts", "±10 pts", "pass")
+    assert rows[0.6].change == "-32 pts" and rows[0.31].change == "+1 pts"

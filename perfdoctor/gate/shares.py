@@ -71,8 +71,11 @@ def share_row(cur: RunData, bases: list[RunData], key: str, label: str, opt: Gat
             ok_evidence = lo > 0 if diff > 0 else hi < 0
             evidence = (f"steady-window data wait {_pct(b.wait_share)} -> {_pct(c.wait_share)}, "
                         f"CI{100 * opt.level:.0f} of the change {100 * lo:+.0f} to {100 * hi:+.0f} pts")
-    chg = f"{100 * diff:+.0f} pts"
-    thr = f"±{100 * need:.0f} pts"
+    # a change within a point of its threshold gets a decimal: "+10 pts" beside "±10 pts" and pass
+    # read as a contradiction (+9.83)
+    near = abs(abs(100 * diff) - 100 * need) < 1
+    chg = f"{100 * diff:+.{1 if near else 0}f} pts"
+    thr = f"±{100 * need:.{1 if near and need * 100 != round(need * 100) else 0}f} pts"
     values = {"baseline": center, "current": cv, "change": diff, "threshold": need, "evidence": evidence}
     words = f"{label} {_pct(center)} -> {_pct(cv)}"
     if abs(diff) >= opt.min_share and (moved := _time_moved_with(cur, bases, key, diff)) is not None:
