@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import os
 import subprocess
 import sys
@@ -414,7 +415,7 @@ def test_inputs_that_are_no_report_say_what_they_are(tmp_path):
     (tmp_path / "latin1.json").write_bytes(b'{"schema_version": 1, "x": "\xe9"}')
     expect = {
         "t.json.gz": f"t.json.gz: a gzip-compressed trace, not a perfdoctor report: diagnose it first "
-                     f"(`perfdoctor report {tmp_path / 't.json.gz'} -f json -o report.json`) and compare reports",
+                     f"(`perfdoctor report {tmp_path / 't.json.gz'} -f json -o report.json`) and give the report",
         "t.json": f"t.json: a trace, not a perfdoctor report: diagnose it first (`perfdoctor report {trace}",
         "blob.json.gz": "blob.json.gz: gzip-compressed, not a perfdoctor report",
         "loopA": f"a dangling or looping symbolic link: {tmp_path / 'loopA'}",
@@ -426,6 +427,13 @@ def test_inputs_that_are_no_report_say_what_they_are(tmp_path):
         with pytest.raises(PerfdoctorError) as err:
             load_run(tmp_path / name)
         assert err.value.exit_code == 2 and words in str(err.value), (name, str(err.value))
+    # a trace inside a run directory: that directory, which has the step records, is the one to give
+    run = tmp_path / "run"
+    (run / "trace").mkdir(parents=True)
+    (run / "steps.jsonl").write_text("")
+    shutil.copy(trace, run / "trace" / "t.json")
+    with pytest.raises(PerfdoctorError, match=r"a trace, not a perfdoctor report: give its run directory \(.*/run\)"):
+        load_run(run / "trace" / "t.json")
     for args in (("compare", tmp_path / "t.json.gz", tmp_path / "t.json"),
                  ("gate", tmp_path / "fifo.json", "--baseline", tmp_path / "t.json")):
         p = pd(*args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -210,6 +211,13 @@ def test_directory_discovery(tmp_path):
         find_trace_files(tmp_path / "missing")
     with pytest.raises(TraceFormatError, match="no trace files"):
         find_trace_files(tmp_path)
+    # perfdoctor-runs/: a folder of run directories, not of traces: say so, and give one
+    for name in ("a-run", "b-run"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "run.json").write_text("{}")
+    with pytest.raises(TraceFormatError, match=r"holds 2 perfdoctor run directories \(a-run, b-run\), not traces: give one"):
+        find_trace_files(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "runs")
     for r in (1, 0):
         tg.write(tg.TraceSpec(steps=STEPS, rank=r, world_size=2), tmp_path / f"rank{r}.pt.trace.json.gz")
     (tmp_path / "notes.txt").write_text("x")

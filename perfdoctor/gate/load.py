@@ -152,8 +152,16 @@ def load_run(path: str | Path) -> RunData:
 
 
 def _trace_not_report(report: Path, kind: str = "") -> PerfdoctorError:
+    # a trace inside a run directory (RUN/trace/x.pt.trace.json.gz): the run directory holds the
+    # step records a step time needs, which a report of the trace alone lacks
+    run = next((d for d in list(report.parents)[:3] if (d / "steps.jsonl").is_file()), None)
+    if run is not None:
+        return PerfdoctorError(f"{report}: a {kind}trace, not a perfdoctor report: give its run directory "
+                               f"({shlex.quote(str(run))}), which holds the step records")
     return PerfdoctorError(f"{report}: a {kind}trace, not a perfdoctor report: diagnose it first "
-                           f"(`perfdoctor report {shlex.quote(str(report))} -f json -o report.json`) and compare reports")
+                           f"(`perfdoctor report {shlex.quote(str(report))} -f json -o report.json`) and give the "
+                           "report (a trace has no step records: a run directory of `perfdoctor run` gives a "
+                           "step time with its interval)")
 
 
 def _read_report(report: Path) -> dict:

@@ -53,8 +53,22 @@ def find_trace_files(path: str | os.PathLike, skipped: list[str] | None = None) 
         else:
             files.append(f)
     if not files:
+        runs = _run_dirs_in(p)
+        if runs:        # perfdoctor-runs/, or a folder of runs: the user meant one of them
+            named = ", ".join(r.name for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+            raise TraceFormatError(f"{p} holds {len(runs)} perfdoctor run director{'y' if len(runs) == 1 else 'ies'} "
+                                   f"({named}), not traces: give one of them")
         raise TraceFormatError(f"no trace files (*.json, *.json.gz) in directory {p}")
     return files
+
+
+def _run_dirs_in(p: Path) -> list[Path]:
+    """The subdirectories of `p` that are perfdoctor run directories (a run.json or steps.jsonl)."""
+    try:
+        subs = sorted(d for d in p.iterdir() if d.is_dir())
+    except OSError:
+        return []
+    return [d for d in subs if (d / "run.json").is_file() or (d / "steps.jsonl").is_file()]
 
 
 def checked_input_path(path: str | os.PathLike) -> Path:
