@@ -120,7 +120,7 @@ def run(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1,
                                             help="Stop the script gracefully after N measured steps."),
     duration: Optional[float] = typer.Option(None, "--duration", min=1, callback=_not_nan, metavar="SECONDS",
-                                             help="Stop the script gracefully after this long."),
+                                             help="Stop the script gracefully this long after its launch (imports and loading included)."),
     skip_steps: int = typer.Option(5, "--skip-steps", min=0, help="Warm-up steps before the trace window."),
     trace_steps: int = typer.Option(5, "--trace-steps", min=1, help="Steps recorded by torch.profiler."),
     memory: bool = typer.Option(False, "--memory", help="Also profile memory (allocator events) in the trace."),
