@@ -598,3 +598,13 @@ def test_ctrl_c_leaves_no_zombie(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert "interrupted, no children" in out or "finished before the signal" in out, (out, err)
+
+
+def test_a_jobs_value_that_is_not_a_number_is_said_once_and_ignored(monkeypatch, capsys):
+    monkeypatch.setattr(parallel, "_said_bad_jobs", False)
+    monkeypatch.setenv(parallel.JOBS_ENV, "abc")
+    assert parallel.jobs_allowed() is None and parallel.jobs_allowed() is None
+    err = capsys.readouterr().err
+    assert err == "perfdoctor: warning: PERFDOCTOR_JOBS='abc' is not a whole number: ignored\n"
+    monkeypatch.setenv(parallel.JOBS_ENV, " 1 ")
+    assert parallel.jobs_allowed() == 1 and capsys.readouterr().err == ""

@@ -35,6 +35,7 @@ import pickle
 import select
 import signal
 import struct
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable
@@ -57,12 +58,21 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+_said_bad_jobs = False
+
+
 def jobs_allowed() -> int | None:
-    """The PERFDOCTOR_JOBS limit, or None when unset/unreadable."""
+    """The PERFDOCTOR_JOBS limit, or None when unset/unreadable (said once on stderr: a typo had
+    passed silently, the user thinking the load ran in one process)."""
+    global _said_bad_jobs
     raw = os.environ.get(JOBS_ENV, "").strip()
     try:
         return int(raw) if raw else None
     except ValueError:
+        if not _said_bad_jobs:
+            _said_bad_jobs = True
+            print(f"perfdoctor: warning: {JOBS_ENV}={ascii(raw[:40])} is not a whole number: ignored",
+                  file=sys.stderr)
         return None
 
 
