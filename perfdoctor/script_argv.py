@@ -89,6 +89,11 @@ def script_argv(command: str, fn, target: Optional[list[str]], module: Optional[
                               f"(perfdoctor {command} -m pkg.train)")
     if argv[0].startswith("-") and not Path(argv[0]).is_file():
         raise PerfdoctorError(_unknown_option(command, fn, argv[0]))
+    if Path(argv[0]).is_dir():          # python runs a folder's __main__.py; perfdoctor a file or a module
+        main = Path(argv[0]) / "__main__.py"
+        raise PerfdoctorError(f"{argv[0]!r} is a directory: give a script file" + (
+            f" ({str(main)!r}) or its package as a module (-m {Path(argv[0]).resolve().name}, from its parent folder)"
+            if main.is_file() else " in it"))
     if not Path(argv[0]).is_file():
         raise PerfdoctorError(f"can't open file {argv[0]!r}: no such file")
     _own_options_after_script(command, fn, argv)

@@ -219,6 +219,18 @@ def test_unwritable_out_is_one_line_and_the_script_does_not_run(tmp_path, script
     assert err.count("\n") == 1 and err.startswith("perfdoctor: error: cannot create the run directory")
 
 
+def test_a_directory_for_the_script_says_what_to_give(tmp_path):
+    """`perfdoctor run DIR` (python runs DIR/__main__.py) had said "can't open file: no such file"."""
+    app = tmp_path / "app"
+    app.mkdir()
+    r = prun(tmp_path / "run", app)
+    assert r.returncode == 2 and r.stderr.decode() == f"perfdoctor: error: {str(app)!r} is a directory: give a script file in it\n"
+    (app / "__main__.py").write_text("print('hi')\n")
+    r = prun(tmp_path / "run", app)
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and not (tmp_path / "run").exists()
+    assert f"give a script file ({str(app / '__main__.py')!r}) or its package as a module (-m app" in r.stderr.decode()
+
+
 @pytest.mark.slow
 def test_full_disk_keeps_output_and_exit_code(tmp_path, script):
     small = tmp_path / "small"
