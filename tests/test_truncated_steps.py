@@ -166,3 +166,38 @@ def test_a_cpu_steps_stub_left_by_the_profilers_stop_is_dropped(tmp_path):
 def _write(path, spec):
     tg.write(spec, path)
     return path
+
+
+def _with_last_step_longer(tmp_path, spec, extra_us: float, every_us: float = 0.0):
+    """The trace of `spec` with the last ProfilerStep range `extra_us` longer (nothing traced in
+    it), and every other one `every_us` longer."""
+    path = tmp_path / "t.json"
+    tg.write(spec, path)
+    doc = json.loads(path.read_text())
+    steps = sorted((e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    for e in steps[:-1]:
+        e["dur"] += every_us
+    steps[-1]["dur"] += extra_us
+    path.write_text(json.dumps(doc))
+    return analyze(load_trace(path))
+
+
+def test_the_profilers_stop_inside_the_last_step_is_not_the_steps_time(tmp_path):
+    """The TensorBoard plugin's ResNet-50 sample (4 workers): its last step's range ran 80 ms past
+    its last op and device work, with nothing traced, where every earlier step ended at its last
+    op: that is the profiler stopping. Counted, it made the window host-bound. The last step ends
+    at its last traced work; untraced time at the end of every step is the script's, and stays."""
+    for device in ("cuda", "cpu"):
+        # the device-bound CUDA steps end with their kernels (8 ms), after their host range (1 ms)
+        spec = tg.TraceSpec(steps=[tg.StepSpec(kernels=20, kernel_us=400)] * 5, device=device, gap_us=2000)
+        tg.write(spec, tmp_path / "plain.json")
+        plain = analyze(load_trace(tmp_path / "plain.json"))
+        usual = float(plain.steps.duration[:-1].mean())
+        cut = _with_last_step_longer(tmp_path, spec, 40_000)
+        assert cut.steps.duration[-1] == pytest.approx(plain.steps.duration[-1], abs=5), device
+        assert any("cut the last step after its last traced work" in n for n in cut.steps.notes), device
+        kept = _with_last_step_longer(tmp_path, spec, 1500, every_us=1500)     # every step has such a tail
+        assert not any("cut the last step" in n for n in kept.steps.notes), device
+        if device == "cpu":
+            assert kept.steps.duration[-1] == pytest.approx(plain.steps.duration[-1] + 1500) and usual > 0
