@@ -96,7 +96,7 @@ TENSILE_RX = re.compile(r"Cijk_A[a-z]+_B[a-z]+_([0-9A-Za-z]+?)_")
 FP64_RX = re.compile(r"dgemm|zgemm|d884gemm|f64f64|(?<![a-z0-9])f64_f64|<double\b|\bdouble,", re.I)
 HALF_RX = re.compile(r"bf16|bfloat16|BFloat16|f16|fp16|half|Half|__half|h884|h1688|h16816|hmma|"
                      r"s884|e4m3|e5m2|fp8|f8f8|_i8|int8|i8816|gemm_s8_|_s4_", re.I)
-TF32_RX = re.compile(r"tf32|s1688gemm|s16816gemm|s1688|s16816", re.I)
+TF32_RX = re.compile(r"tf32|tfloat32|s1688gemm|s16816gemm|s1688|s16816", re.I)
 FP32_GEMM_RX = re.compile(r"sgemm|ffma|f32f32_f32f32|simt|scudnn|implicit_convolve_sgemm|float", re.I)
 FP32_RX = re.compile(r"float|f32|fp32", re.I)
 # nvjet_[smNN_]<A/B><compute><C/D>_...: h fp16, t bf16, s fp32 (e.g. nvjet_sm90_tst_..., nvjet_hsh_...)
@@ -148,7 +148,7 @@ def kernel_class(name: str) -> str:
     if TRITON_TEMPLATE_RX.search(name):       # dtype unknown: not claimed as fp32 SIMT work
         return "other"
     if GEMM_RX.search(name) and not NOT_GEMM_RX.search(name):
-        if re.search(r"tf32", name, re.I):
+        if re.search(r"tf32|tfloat32", name, re.I):     # CUTLASS's element type: cutlass::tfloat32_t
             return "gemm_tf32"
         nvjet = NVJET_RX.match(name)
         if nvjet:              # cuBLASLt's Hopper+ tensor-core kernels: fp32 inputs there are TF32
