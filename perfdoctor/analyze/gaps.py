@@ -13,7 +13,8 @@ no op, runtime call or data wait is the loop's own code (a checkpoint write, log
 preparation), which compiling the model does not touch. So is idle time inside one runtime call
 (not a sync) of LONG_UNTRACED_US or more: a launch costs microseconds, so a millisecond in
 cudaMalloc/cudaFree, context creation or a first launch's module load is not per-op dispatch,
-and graph replay does not remove it.
+and graph replay does not remove it; nor idle time inside the host's collective calls, which a
+loop issues outside the model.
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def idle_gaps(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, top: int = TO
     long_rt = np.flatnonzero(k.runtime & (t.dur >= LONG_UNTRACED_US))
     inside = tl.seg.covered(*clip(t.ts[long_rt], t.ts[long_rt] + t.dur[long_rt], *steps.span))
     out["gpu.idle_while_long_runtime_share"] = tl.total(idle & (host_role == 2) & inside) / total
+    # inside the host's collective calls (c10d::allreduce_, record_param_comms...), less what the
+    # long runtime calls above hold: a loop that reduces its gradients by hand issues them outside
+    # the model, so neither compiling it nor replaying it as a graph removes that idle (HTA's
+    # df_index_resolver: 404 all_reduce calls a step after backward, the device idle 14% of the
+    # step among them, which the graph-replay fix had counted)
+    comm = np.flatnonzero(k.comm_op & k.complete)
+    in_comm = tl.seg.covered(*clip(t.ts[comm], t.ts[comm] + t.dur[comm], *steps.span))
+    out["gpu.idle_while_comm_op_share"] = tl.total(idle & in_comm & ~((host_role == 2) & inside)) / total
 
     # Merge idle segments into gaps (a new gap starts where the previous segment was not idle,
     # or at a step boundary).

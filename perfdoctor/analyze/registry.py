@@ -110,6 +110,7 @@ _m("gpu.idle_while_cpu_ops_share", "share", "Device idle while the host runs tra
 _m("gpu.idle_while_untraced_share", "share", "Device idle while nothing is traced on the host.")
 _m("gpu.idle_while_long_untraced_share", "share", "Device idle while nothing is traced on the host, in stretches of 1 ms or more (the loop's own code, e.g. a checkpoint write or logging; not the Python between a model's ops).")
 _m("gpu.idle_while_long_runtime_share", "share", "Device idle while the host is in one runtime call (not a sync) for 1 ms or more: allocation, context creation, module loading; not a launch's dispatch cost.")
+_m("gpu.idle_while_comm_op_share", "share", "Device idle while the host is inside a collective call (c10d::allreduce_, gloo:/nccl: ops, record_param_comms), less gpu.idle_while_long_runtime_share's: collectives a loop issues outside the model, which compiling it or replaying it as a graph leaves.")
 _m("gpu.kernels_per_step", "per_step", "Kernels per step.")
 _m("gpu.kernel_median_us", "us", "Median kernel duration.")
 _m("gpu.launch_bound_kernel_fraction", "fraction", "Kernels launched one by one (not replayed from a CUDA/HIP graph) that are shorter than the runtime call that launched them; None when no kernel was launched one by one.")

@@ -8,7 +8,9 @@ as the sync that stops the profiler, lies in the extended step but no step made 
 is attributed by its launch (correlation to a runtime call inside the step), so the first step
 starts after the device work of the unprofiled step before it. A last step whose kernels were only partly captured (fewer than 80% of the previous
 step's) is dropped; without device work, a last step with under 80% of the usual step's host ops
-and time (the profiler stopped inside it) is dropped. Without ProfilerStep we fall back, in order, to DataLoader iterations,
+and time (the profiler stopped inside it) is dropped. A last step whose range runs on past its
+last traced work, with nothing traced, where no earlier step's does, ends as long after that work
+as the usual step (the profiler stopping inside the range). Without ProfilerStep we fall back, in order, to DataLoader iterations,
 optimizer steps, or the whole trace as one pseudo-step, and say which.
 
 A truncated file (the profiler killed mid-write, a gzip stream cut short) loses every event after
@@ -248,10 +250,10 @@ def _cut_stop_tail(t: EventTable, k: Kinds, start: np.ndarray, end: np.ndarray, 
     """The last step ends as long after its last traced work as the usual step does where its host
     range runs on past that work, with nothing traced, by more than STOP_TAIL of the usual step
     while no earlier step's does (a quarter of that at most): the profiler stopping inside the
-    range, not the script's work. The
-    TensorBoard plugin's ResNet-50 sample (num_workers=4) ends its window with a step of 206 ms
-    whose last op ends at 122 ms, every earlier step at its last op: the 85 ms made the window's
-    mean host-bound where each steady step was 83-86% device. In place: `end`, `he`."""
+    range, not the script's work. The TensorBoard plugin's ResNet-50 sample (num_workers=4) ends
+    its window with a step of 206 ms whose last op ends at 122 ms, every earlier step at its last
+    op: the 85 ms made the window's mean host-bound where each steady step was 83-86% device.
+    In place: `end`, `he`."""
     n = len(start)
     if n < 3:
         return
