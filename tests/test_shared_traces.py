@@ -209,6 +209,12 @@ def test_amd_trace_gets_no_cuda_advice(shared_traces):
     assert m["breakdown.runtime"] == pytest.approx(0.72, abs=0.03)
     assert not {f["slug"] for f in doc["flags"]} & CUDA_ONLY_FLAGS
     assert_no_cuda_advice(doc)
+    # its two syncs a step are blocking input copies (hipMemcpyWithStream, HtoD; an independent
+    # reading of the raw events found no item() and no device-to-host copy): the syncs are
+    # flagged, but "stop reading device values on the host" is not the advice
+    assert m["sync.per_step"] == m["sync.h2d_copy_per_step"] == 2.0 and m["sync.scalar_dtoh_per_step"] == 0
+    assert "host-device-sync" in {f["slug"] for f in doc["flags"]}
+    assert "remove-host-syncs" not in {f["slug"] for f in doc["findings"]}
 
 
 def test_ns_resolution_trace_is_gpu_bound(shared_traces):

@@ -70,9 +70,17 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, claimed: n
     n_sync = len(scalar_launches) + int((~sync_in_scalar).sum())
     blocking = np.concatenate([sync_rows, scalar_launches])
     s, e = intervals.clip(t.ts[blocking], end[blocking], *steps.span)
+    # blocking copy calls (cudaMemcpy, hipMemcpyWithStream: a .to(device) without non_blocking on
+    # ROCm) that carry a host-to-device copy: the host waits to send data, not to read a value
+    h2d = (k.memcpy[dev] & (launch >= 0)) & t.name_mask(lambda s: "HtoD" in s)[dev]
+    sends = sync_rows[t.name_mask(lambda s: s.endswith(("Memcpy", "MemcpyWithStream")))[sync_rows]
+                      & isin(sync_rows, launch[h2d])]
+    hs, he = intervals.clip(t.ts[sends], end[sends], *steps.span)
     out = {"sync.per_step": n_sync / n, "sync.share": intervals.total(s, e) / total,
            "sync.scalar_dtoh_per_step": len(scalar_launches) / n,
-           "sync.exposed_idle_share": exposed_idle(tl, s, e, claimed) / total}
+           "sync.exposed_idle_share": exposed_idle(tl, s, e, claimed) / total,
+           "sync.h2d_copy_per_step": len(sends) / n,
+           "sync.h2d_copy_exposed_idle_share": exposed_idle(tl, hs, he, claimed) / total}
     out.update(_copies(t, k, steps, total, tl))
     out.update(copy_type_metrics(t, k, steps))
     return out

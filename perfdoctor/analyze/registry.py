@@ -128,6 +128,8 @@ _m("sync.per_step", "per_step", "Host-device synchronisations per step (stream/d
 _m("sync.share", "share", "Share of step time the host spends blocked in synchronising calls.")
 _m("sync.scalar_dtoh_per_step", "per_step", "DtoH copies issued by aten::item / _local_scalar_dense / nonzero per step.")
 _m("sync.exposed_idle_share", "share", "Device idle the syncs expose: idle stretches that begin while the host is blocked in a sync (inside a step's host range) and outlast it, from their start until the host queues work again, less the host's data waits and the allocator calls memory.alloc_idle_share counts.")
+_m("sync.h2d_copy_per_step", "per_step", "Of sync.per_step: blocking copy calls (cudaMemcpy, hipMemcpyWithStream) that carry a host-to-device copy: the host waits to send data (a .to(device) without non_blocking), not to read a value.")
+_m("sync.h2d_copy_exposed_idle_share", "share", "The part of sync.exposed_idle_share whose idle stretches begin in those host-to-device copy calls.")
 _m("memcpy.pageable_h2d_per_step", "per_step", "Host-to-device copies from pageable (unpinned) memory per step.")
 _m("memcpy.pageable_h2d_share", "share", "Device time in pageable HtoD copies / step time.")
 _m("memcpy.h2d_share", "share", "Device time in all HtoD copies / step time.")
