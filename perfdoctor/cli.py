@@ -352,7 +352,7 @@ def rules_check(directory: Optional[Path] = typer.Argument(None, help="A directo
         results, n_rules = check_rules(directory)
     except RulesInvalid as exc:
         for p in exc.problems:
-            print(f"perfdoctor: error: invalid rule {terminal(p)}", file=sys.stderr)
+            print(f"perfdoctor: error: {terminal(p.headline())}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
     render_check(results, n_rules)
     if any(not x.ok for x in results):

@@ -16,6 +16,7 @@ from perfdoctor.rules import cache, expr
 from perfdoctor.rules.model import BOUNDS, DEVICES, KINDS, SEVERITIES, TARGETS, Case, Gain, Rule
 
 REQUIRED = ("id", "slug", "kind", "title", "devices", "when", "summary", "source")
+NO_DIRECTORY = "rules directory not found"
 
 
 @dataclass
@@ -27,13 +28,17 @@ class RuleProblem:
     def __str__(self) -> str:
         return f"{self.path}: {self.rule_id}: {self.message}" if self.rule_id else f"{self.path}: {self.message}"
 
+    def headline(self) -> str:
+        """The problem as an error line says it: a missing directory is not an invalid rule."""
+        return str(self) if self.message == NO_DIRECTORY else f"invalid rule {self}"
+
 
 class RulesInvalid(PerfdoctorError):
     def __init__(self, problems: list[RuleProblem]):
         self.problems = problems
         first = problems[0]
         more = f" (and {len(problems) - 1} more problem(s); run `perfdoctor rules check`)" if len(problems) > 1 else ""
-        super().__init__(f"invalid rule {first}{more}")
+        super().__init__(f"{first.headline()}{more}")
 
 
 def builtin_rules_dir() -> Path:
@@ -53,7 +58,7 @@ def load_rules(extra_dirs: list[str | os.PathLike] | None = None, *, builtin: bo
     files, problems, read = [], [], set()
     for d in dirs:
         if not d.is_dir():
-            problems.append(RuleProblem(str(d), None, "rules directory not found"))
+            problems.append(RuleProblem(str(d), None, NO_DIRECTORY))
             continue
         if d.resolve() in read:   # the built-in folder named again: the same rules, not duplicates
             continue
