@@ -374,7 +374,7 @@ def run_cli(argv: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, str, str]
     if code == 2:
         lines = [ln for ln in e.splitlines() if ln.strip()]
         assert lines and all(ln.startswith("perfdoctor: error:") for ln in lines), e
-        assert len(lines) == 1 or all("invalid rule" in ln for ln in lines), e
+        assert len(lines) == 1 or all("invalid rule" in ln or "rules directory not found" in ln for ln in lines), e
     return code, o, e
 
 
