@@ -201,3 +201,39 @@ def test_the_profilers_stop_inside_the_last_step_is_not_the_steps_time(tmp_path)
         assert not any("cut the last step" in n for n in kept.steps.notes), device
         if device == "cpu":
             assert kept.steps.duration[-1] == pytest.approx(plain.steps.duration[-1] + 1500) and usual > 0
+
+
+def test_a_first_step_waiting_on_work_the_profiler_never_saw_is_dropped(tmp_path):
+    """The TensorBoard plugin's ResNet-50 (4 workers): the window's first step blocks 45.7 ms in a
+    cudaMemcpyAsync before any device event is traced, waiting on kernels launched before the
+    profiler started; the device read idle there, which made the window host-bound. Such a step is
+    dropped (the device state is unknown); a short wait of the same kind is kept."""
+    from kineto import HandTrace
+
+    def trace(wait_us: float):
+        tr = HandTrace()
+        t = 0.0
+        for i in range(5):
+            s0 = t
+            if i == 0:                         # the copy waits for unseen work, then its own copy runs
+                tr.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1,
+                                  "ts": t + 10, "dur": wait_us, "args": {"correlation": 999}})
+                tr.events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)",
+                                  "pid": 0, "tid": 7, "ts": t + 10 + wait_us - 30, "dur": 25.0,
+                                  "args": {"correlation": 999, "device": 0, "stream": 7}})
+                t += wait_us + 20
+                tr.device_free = t
+            for _ in range(20):
+                tr.op(1, t, "aten::mul", 20.0, ext=tr.corr + 1)
+                tr.launch(1, t + 5, "void at::native::vectorized_elementwise_kernel<4, MulFunctor<float>>", 100.0)
+                t += 25.0
+            t = max(t, tr.device_free) + 10
+            tr.step(i, s0, t)
+        path = tmp_path / f"w{wait_us:.0f}.json"
+        tr.write(path)
+        return analyze(load_trace(path)).steps
+
+    long_wait, short_wait = trace(1500.0), trace(50.0)
+    assert len(long_wait) == 4 and long_wait.labels[0] == "1"
+    assert any("dropped the first step: its host waited 1.5 ms in cudaMemcpyAsync" in n for n in long_wait.notes), long_wait.notes
+    assert len(short_wait) == 5 and not any("dropped the first step" in n for n in short_wait.notes)
