@@ -72,8 +72,8 @@ def host_metrics(t: EventTable, k: Kinds, steps: Steps, tl: Timeline, claimed: n
     s, e = intervals.clip(t.ts[blocking], end[blocking], *steps.span)
     # blocking copy calls (cudaMemcpy, hipMemcpyWithStream: a .to(device) without non_blocking on
     # ROCm) that carry a host-to-device copy: the host waits to send data, not to read a value
-    h2d = (k.memcpy[dev] & (launch >= 0)) & t.name_mask(lambda s: "HtoD" in s)[dev]
-    sends = sync_rows[t.name_mask(lambda s: s.endswith(("Memcpy", "MemcpyWithStream")))[sync_rows]
+    h2d = (k.memcpy[dev] & (launch >= 0)) & t.name_mask(lambda name: "HtoD" in name)[dev]
+    sends = sync_rows[t.name_mask(lambda name: name.endswith(("Memcpy", "MemcpyWithStream")))[sync_rows]
                       & isin(sync_rows, launch[h2d])]
     hs, he = intervals.clip(t.ts[sends], end[sends], *steps.span)
     out = {"sync.per_step": n_sync / n, "sync.share": intervals.total(s, e) / total,
