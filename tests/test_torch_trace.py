@@ -196,8 +196,10 @@ def test_small_cpu_ops_are_told_from_large_ones_and_bound_compile(tmp_path, size
         # never sleeps: its wall time less its CPU time is queueing); quiet, 0.55-0.6 of it
         assert m["cpu.small_op_share"] > 0.3 * on_cpu[0] and m["cpu.op_median_us"] < 20
         fix = next(f for f in doc["findings"] if f["id"] == "PD312")
-        # the optimizer's update of a 2x2 weight: small ops only
-        assert m["cpu.optimizer_large_op_share"] == 0 and m["optimizer.step_share"] > 0
+        # the optimizer's update of a 2x2 weight: small ops (one of them ran past the 20 us line in
+        # a CI run, quiet test and all, a core taken from it for a moment: 1.3% of the step in
+        # "large" optimizer ops; the 512x512 update below holds most of its step's)
+        assert m["cpu.optimizer_large_op_share"] < 0.05 and m["optimizer.step_share"] > 0
         # what compiling the model cannot touch: the large ops, and the optimizer's step
         left = 1 - max(0.0, min(1.0, m["share.host"] + m["cpu.small_op_share"]) - m["optimizer.step_share"])
         ceiling = fix["gain"]["ceiling"]
