@@ -5,8 +5,8 @@ shares overlap), the ceiling, the measured speed-up and the error.
 
     python bench/calibrate_corpus.py [--corpus ../shared/traces/h100]
 
-Prints a markdown table; docs/rules.md quotes it (tests/test_h100_corpus.py checks). No GPU needed: the run
-directories were recorded on an H100 and are re-diagnosed here.
+Prints a markdown table; docs/rules.md quotes it (tests/test_h100_corpus.py checks). No GPU
+needed: the run directories were recorded on an H100 and are re-diagnosed here.
 """
 
 from __future__ import annotations
