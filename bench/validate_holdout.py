@@ -103,12 +103,13 @@ def judge(doc: dict, slugs: list[str], measured: float) -> dict:
     exp = stacked(got, lambda g: g.get("expected"))
     cap = combined([g["ceiling"] for g in got.values()]) if all(g.get("ceiling") for g in got.values()) else None
     ranks = [ranked.index(s) + 1 if s in ranked else None for s in slugs]
-    return {"fixes": slugs, "ranks": ranks, "first": ranked[:1], "expected": exp, "ceiling": cap,
-            "range": [stacked(got, lambda g, k=k: (g.get("range") or [g.get("expected")] * 2)[k]) for k in (0, 1)]
-            if exp else None,
+    rng = [stacked(got, lambda g, k=k: (g.get("range") or [g.get("expected")] * 2)[k]) for k in (0, 1)] if exp else None
+    return {"fixes": slugs, "ranks": ranks, "first": ranked[:1], "expected": exp, "ceiling": cap, "range": rng,
             "measured": measured, "error": exp / measured - 1 if exp else None,
             "ranked_first": 1 in ranks, "within": exp is not None and abs(exp / measured - 1) <= TOLERANCE,
-            "ceiling_holds": cap is None or measured <= cap * 1.05}
+            "ceiling_holds": cap is None or measured <= cap * 1.05,
+            # inside the range, with the ceiling's allowance for a measurement's noise
+            "in_range": rng is not None and rng[0] <= measured * 1.05 and measured <= rng[1] * 1.05}
 
 
 def main(argv=None) -> int:
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
             rows[name] = row
             fmt = lambda v: "-" if v is None else ("unbounded" if v == float("inf") else f"{v:.2f}x")  # noqa: E731
             fixes = ", ".join(f"{s} (#{r})" if r else f"{s} (absent)" for s, r in zip(row["fixes"], row["ranks"]))
-            bar = "met" if row["ranked_first"] and row["within"] and row["ceiling_holds"] else "NOT met"
+            bar = "met" if row["ranked_first"] and row["within"] and row["ceiling_holds"] and row["in_range"] else "NOT met"
             rng = f"{fmt(row['range'][0])}-{fmt(row['range'][1])}" if row["range"] else "-"
             err = f"{100 * row['error']:+.0f}%" if row["error"] is not None else "-"
             print(f"| {name} | {fixes} | {(row['first'] or ['-'])[0]} | {fmt(row['expected'])} | {rng} | "

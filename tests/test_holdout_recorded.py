@@ -60,6 +60,7 @@ def test_the_applied_fix_ranks_first_and_its_gain_is_sized_right(name):
     assert got["ranked_first"], (name, [f.rule.slug for f in fixes][:3])
     assert got["within"], (name, got["expected"], measured)
     assert got["ceiling_holds"], (name, got["ceiling"], measured)
+    assert got["in_range"], (name, got["range"], measured)
 
 
 def test_the_record_is_of_the_scripts_in_the_repository():
@@ -95,6 +96,7 @@ def test_the_h4_runs_size_the_applied_fix_right(name):
     got, fixes = _judged(row, measured)
     assert None not in got["ranks"], (name, [f.rule.slug for f in fixes])
     assert got["within"] and got["ceiling_holds"], (name, got["expected"], got["ceiling"], measured)
+    assert got["in_range"], (name, got["range"], measured)
     if name == "h4_sync_metrics.py":
         assert got["first"] == ["compile-reduce-overhead"] and row["metrics"]["share.device"] < 0.3
     else:
@@ -124,7 +126,7 @@ def test_the_h4_scripts_measured_on_2026_12_01_are_sized_right(name):
     row = DEC1["rows"][name]
     assert (RECORDED.parent / name).is_file() and row["applied"] == validate_holdout.APPLIED[name]
     got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
-    assert got["within"] and got["ceiling_holds"], (name, got)
+    assert got["within"] and got["ceiling_holds"] and got["in_range"], (name, got)
     arms = [a for a in DEC1["arms"].values() if a["script"] == name and not a["args"]]
     if got["ranked_first"]:
         return
@@ -147,7 +149,7 @@ def test_each_measured_change_is_sized_right(name):
     if arm["fix"] == "compile-fuse":
         assert got["ranks"] == [None] and measured < 1.25
         return
-    assert got["within"] and got["ceiling_holds"], (name, got)
+    assert got["within"] and got["ceiling_holds"] and got["in_range"], (name, got)
     ranked = [f.rule.slug for f in fixes]
     for other in DEC1["arms"].values():
         if other is not arm and other["script"] == arm["script"] and other["args"] == arm["args"] \

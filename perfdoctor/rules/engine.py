@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfdoctor.rules import expr
-from perfdoctor.rules.gain import MIN_REPORTED_GAIN, amdahl, describe
+from perfdoctor.rules.gain import MIN_REPORTED_GAIN, amdahl, calibrated_range, describe
 from perfdoctor.rules.model import Rule, target_of
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
@@ -252,5 +252,6 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float, inflation: float) ->
     if not math.isfinite(exp):
         return
     f.expected = max(exp, 1.0)
-    if lo is not None and hi is not None and math.isfinite(lo):
-        f.low, f.high = min(max(lo, 1.0), f.expected), max(hi, f.expected)
+    if lo is None or hi is None or not math.isfinite(lo):
+        lo = hi = None
+    f.low, f.high = calibrated_range(f.expected, lo, hi, f.ceiling)
