@@ -77,8 +77,8 @@ def test_ddp_gain_is_step_over_the_busiest_replicas_compute(tmp_path, spec):
     assert g["expected"] == pytest.approx(tr.step_us / own_max, rel=1e-4)
     assert g["ceiling"] == pytest.approx(tr.step_us / own_mean, rel=1e-4)
     # low end: the busiest device keeps all its busy time (copies it cannot tell from compute)
-    assert g["range"][0] == pytest.approx(tr.step_us / max(tr.busy_us), rel=1e-4)
-    assert g["range"][1] == pytest.approx(g["expected"], rel=1e-6)
+    assert g["model_range"][0] == pytest.approx(tr.step_us / max(tr.busy_us), rel=1e-4)
+    assert g["model_range"][1] == pytest.approx(g["expected"], rel=1e-6)
 
 
 def test_single_device_results_unchanged(tmp_path):

@@ -116,7 +116,7 @@ def test_pointwise_share_is_the_arithmetic_copies_and_casts_among_the_unfused_ke
     fix = next(f for f in doc["findings"] if f["slug"] == "compile-fuse")
     u, pw = m["fusion.unfused_share"], m["fusion.pointwise_share"]
     assert fix["gain"]["expected"] == pytest.approx(1 / (1 - pw), rel=0.01)
-    assert fix["gain"]["range"] == pytest.approx([1 / (1 - pw / 2), 1 / (1 - u + (u - pw) / 1.3)], rel=0.01)
+    assert fix["gain"]["model_range"] == pytest.approx([1 / (1 - pw / 2), 1 / (1 - u + (u - pw) / 1.3)], rel=0.01)
 
 
 @pytest.mark.parametrize("compiled", [True, False])

@@ -116,7 +116,7 @@ def test_a_for_loop_adam_is_timed_and_pd338_expects_its_gain_on_the_untraced_sha
     f = next(f for f in doc["findings"] if f["id"] == "PD338")
     g = f["gain"]
     assert g["expected"] == pytest.approx(amdahl(share, 2.4), rel=1e-3)
-    assert g["range"][0] == pytest.approx(amdahl(share, 1.4), rel=1e-3) and g["range"][1] == pytest.approx(amdahl(share, 3.3), rel=1e-3)
+    assert g["model_range"][0] == pytest.approx(amdahl(share, 1.4), rel=1e-3) and g["model_range"][1] == pytest.approx(amdahl(share, 3.3), rel=1e-3)
     assert g["ceiling"] == pytest.approx(1 / (1 - share), rel=1e-3) and g["ceiling_share"] == pytest.approx(share)
     assert "of each un-profiled step (timed)" in g["text"]
 

@@ -123,7 +123,7 @@ def test_expected_with_says_the_setting_the_expected_gain_assumes(tmp_path):
     d = evaluate(rules, _metrics(**{"share.input": 0.4, "loop.peek_order_share": 0.1}))
     f = next(f for f in d.fixes if f.rule.id == "PD991")
     assert f.setting == "with 0.15 of the step left waiting"
-    assert f.gain_text.startswith("expected ~1.18x with 0.15 of the step left waiting, at most 1.43x")
+    assert f.gain_text.startswith("expected ~1.18x with 0.15 of the step left waiting (1.00-1.43x), at most 1.43x")
     # a name it uses is unknown: no setting (the gain itself is unknown here too)
     d = evaluate(rules, _metrics(**{"share.input": 0.4, "loop.peek_order_share": "x"}))
     assert next(f for f in d.fixes if f.rule.id == "PD991").setting is None

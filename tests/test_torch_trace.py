@@ -94,8 +94,8 @@ def test_cpu_optimizer_implementation_from_its_ops(tmp_path, impl):
         share = m["optimizer.step_share"]
         assert m["optimizer.class"] == "Adam" and m["calls.optimizer_share"] is None
         assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / 2.4), rel=1e-3)
-        assert fix["gain"]["range"][0] == pytest.approx(1 / (1 - share + share / 1.4), rel=1e-3)
-        assert fix["gain"]["ceiling"] > fix["gain"]["range"][1] > fix["gain"]["expected"] > 1
+        assert fix["gain"]["model_range"][0] == pytest.approx(1 / (1 - share + share / 1.4), rel=1e-3)
+        assert fix["gain"]["ceiling"] > fix["gain"]["model_range"][1] > fix["gain"]["expected"] > 1
         assert "(timed)" not in fix["gain"]["text"]
     elif impl == "foreach":
         # the CPU's _foreach_* ops loop over the tensors inside (their per-tensor ops nest under them)

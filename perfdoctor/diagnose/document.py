@@ -128,6 +128,7 @@ def _finding_doc(f: Finding, platform: str | None = None) -> dict:
     gain = None
     if r.gain is not None:
         gain = {"expected": f.expected, "range": [f.low, f.high] if f.low is not None else None,
+                "model_range": list(f.model_range) if f.model_range else None,
                 "ceiling": f.ceiling, "share": f.share, "ceiling_share": f.ceiling_share, "speedup": f.speedup, "label": r.gain.label,
                 "assumption": r.gain.assumption, "model": r.gain.model, "setting": f.setting, "text": f.gain_text,
                 "overlaps": r.gain.overlaps}

@@ -32,8 +32,9 @@ class Finding:
     evidence: dict[str, Any]
     ceiling: float | None = None           # Amdahl bound of the step speed-up (None: unbounded / unknown)
     expected: float | None = None          # the model's expected step speed-up, <= ceiling
-    low: float | None = None               # expected range, when the model gives one
+    low: float | None = None               # expected range: the model's, widened to gain.MODEL_ERROR
     high: float | None = None
+    model_range: tuple[float, float] | None = None   # the model's own range (its expected_range), if any
     gain_text: str | None = None
     share: float | None = None
     speedup: float | None = None
@@ -254,4 +255,6 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float, inflation: float) ->
     f.expected = max(exp, 1.0)
     if lo is None or hi is None or not math.isfinite(lo):
         lo = hi = None
-    f.low, f.high = calibrated_range(f.expected, lo, hi, f.ceiling)
+    else:
+        f.model_range = (min(max(lo, 1.0), f.expected), max(hi, f.expected))
+    f.low, f.high = calibrated_range(f.expected, *(f.model_range or (None, None)), f.ceiling)
