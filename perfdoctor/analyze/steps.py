@@ -269,7 +269,7 @@ def _waited_on_unseen_work(t: EventTable, k: Kinds, dev: np.ndarray, start: np.n
     call = t.names[t.name[rt[np.argmin(t.ts[rt])]]]
     notes.append(f"dropped the first step: its host waited {waited / 1e3:.1f} ms in {call} before any device "
                  "work was traced (work launched before the profiler started, which it did not record: the "
-                 "device is not idle there)")
+                 "device's state there is not known)")
     return 1
 
 
@@ -285,7 +285,7 @@ def _cut_stop_tail(t: EventTable, k: Kinds, start: np.ndarray, end: np.ndarray, 
     n = len(start)
     if n < 3:
         return
-    host = np.flatnonzero((k.cpu_op | k.dataloader | k.comm_op | k.runtime) & k.complete)
+    host = _host_work(k)
     hend = t.ts[host] + t.dur[host]
     si = containing(start, end, t.ts[host])
     last_work = np.full(n, -np.inf)
@@ -301,6 +301,11 @@ def _cut_stop_tail(t: EventTable, k: Kinds, start: np.ndarray, end: np.ndarray, 
         he[-1] = min(he[-1], cut)
 
 
+def _host_work(k: Kinds) -> np.ndarray:
+    """Rows of the host's own traced work: ops, loader calls, collectives, runtime calls."""
+    return np.flatnonzero((k.cpu_op | k.dataloader | k.comm_op | k.runtime) & k.complete)
+
+
 def _host_tail_cut(t: EventTable, k: Kinds, hs: np.ndarray, he: np.ndarray) -> int:
     """1 when the last of several steps (a trace without device work joined to its launches) holds
     fewer host ops, and lasts less, than TAIL_KEEP_RATIO of the other steps' medians: the profiler
@@ -309,7 +314,7 @@ def _host_tail_cut(t: EventTable, k: Kinds, hs: np.ndarray, he: np.ndarray) -> i
     step with an evaluation before it must not make the usual one look cut."""
     if len(hs) < 2:
         return 0
-    host = np.flatnonzero((k.cpu_op | k.dataloader | k.comm_op | k.runtime) & k.complete)
+    host = _host_work(k)
     si = containing(hs, he, t.ts[host])
     counts = np.bincount(si[si >= 0], minlength=len(hs))
     durs = he - hs
