@@ -32,6 +32,9 @@ DIVERGE = 0.10
 STARTUP_MIN_S, STARTUP_RUNS = 60.0, 4      # startup_limit
 MIN_LOSSES = 8
 
+# the outcomes of a script that ran to its own end: "exit" is sys.exit(0) from the loop
+FINISHED = ("completed", "exit")
+
 MIN_EFFECT = steptime.MATERIAL   # a speed-up this large either way is material (as gate's --min-effect)
 
 
@@ -101,7 +104,7 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
                  _read_json(run_dir / "inject.json"), child)
     # sys.exit(0) from the loop ends a script as finishing does ("exit", code 0): a run of too few
     # steps that way is "not measurable" (exit 3, give it more steps), not a failed script
-    if (outcome not in ("stopped", "completed", "exit") or exit_code != 0) and not stopped_late:
+    if (outcome not in ("stopped", *FINISHED) or exit_code != 0) and not stopped_late:
         why = gist(child.get("error")) or (f"exit code {exit_code}" if exit_code else outcome)
         m.error = f"the script failed ({why})"
     system = system_of(run_dir)
@@ -126,7 +129,7 @@ def longer_runs(m: Measured, runs_per_budget: int, max_steps: int | None = None)
     how much); for the estimator's other reasons (correlated steps, no steady level) twice as
     long a run."""
     steps = [s for s in m.steps if isinstance(s.get("end"), (int, float)) and isinstance(s.get("dur"), (int, float))]
-    if m.outcome in ("completed", "exit"):          # (exit: sys.exit(0) from the loop)
+    if m.outcome in FINISHED:
         return (f"the script ended by itself after {len(m.steps)} step(s): give it more steps (its own "
                 "arguments: epochs, iterations, data size)")
     if max_steps and len(m.steps) >= max_steps:
