@@ -316,11 +316,13 @@ class SystemSampler:
     def _not_a_worker(self, pid: int, role: str) -> None:
         """A process sampled as a worker turned out, at its exec, to be a helper (the resource
         tracker or forkserver caught between fork and exec, a copy of the trainer until then): the
-        samples that counted it as a worker, the latest first, count it as what it is."""
-        for s in reversed(self.samples):
+        samples that counted it as a worker count it as what it is: all of them, not only the
+        latest run of them (a sample that missed it mid-exec had ended the walk, and a CI run kept
+        the earlier ones as workers)."""
+        for s in self.samples:
             moved = [w for w in s["workers"] if w["pid"] == pid]
             if not moved:
-                return
+                continue
             s["workers"] = [w for w in s["workers"] if w["pid"] != pid]
             s["helpers"] = s["helpers"] + [{**w, "role": role} for w in moved]
 
