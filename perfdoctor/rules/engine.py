@@ -253,8 +253,6 @@ def _expected(f: Finding, ev: expr.Evaluator, share: float, inflation: float) ->
     if not math.isfinite(exp):
         return
     f.expected = max(exp, 1.0)
-    if lo is None or hi is None or not math.isfinite(lo):
-        lo = hi = None
-    else:
+    if lo is not None and hi is not None and math.isfinite(lo):
         f.model_range = (min(max(lo, 1.0), f.expected), max(hi, f.expected))
     f.low, f.high = calibrated_range(f.expected, *(f.model_range or (None, None)), f.ceiling)
