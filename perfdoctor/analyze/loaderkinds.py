@@ -1,9 +1,30 @@
 """input.dataset_class, input.per_sample_fetch, input.loader_batch_size, input.default_collate,
 input.loader_workers and input.worker_start from child.json's `loaders`
 (collect/loaderkinds.py): the loader that yielded the most batches is the training one (an
-evaluation loader yields fewer: it runs once per epoch or less)."""
+evaluation loader yields fewer: it runs once per epoch or less).
+
+input.dataset_kind from a trace alone (traced_dataset_kind), where it holds Python frames
+(with_stack=True) of a loader that fetches in the trainer: torch's map-style fetcher indexes the
+dataset, so its `fetch` frame (or the list comprehension in it) calls the Dataset's `__getitem__`
+or `__getitems__`; the iterable one calls next() on the dataset's iterator, resuming its
+`__iter__` generator (or calling its `__next__`). A frame of the fetcher's own file only: a
+`__getitem__` deeper down (an IterableDataset that indexes a list of samples) is the dataset's
+own business.
+"""
 
 from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfdoctor.analyze.arrays import isin, unique
+from perfdoctor.analyze.nesting import parents, start_order
+from perfdoctor.trace.table import EventTable
+
+FETCH_FRAME_RX = re.compile(r"torch/utils/data/_utils/fetch\.py\(\d+\): (fetch|<listcomp>)$")
+MAP_CALL_RX = re.compile(r"\): __getitems?__$")
+ITERABLE_CALL_RX = re.compile(r"\): __(iter|next)__$")
 
 
 def loader_metrics(loaders) -> dict:
@@ -41,3 +62,32 @@ def iterable_replayed(m: dict) -> bool | None:
         return None
     used = m.get("input.worker_info_used")
     return None if used is None else not used
+
+
+def traced_dataset_kind(t: EventTable) -> str | None:
+    """'map' or 'iterable' from the frames the fetcher's frames call directly; None without such
+    frames (no with_stack, or workers fetch: their frames are in other processes)."""
+    py = np.flatnonzero((t.ph == ord("X")) & t.cat_mask("python_function"))
+    fetch = py[t.name_mask(lambda n: FETCH_FRAME_RX.search(n) is not None)[py]]
+    if not len(fetch):
+        return None
+    is_map, is_iter = t.name_mask(lambda n: MAP_CALL_RX.search(n) is not None), \
+        t.name_mask(lambda n: ITERABLE_CALL_RX.search(n) is not None)
+    is_next = t.name_mask(lambda n: n == "<built-in function next>")
+    kinds = set()
+    for tid in unique(t.tid[fetch]):
+        rows = py[t.tid[py] == tid]
+        rows = rows[start_order(t.ts[rows], t.dur[rows])]
+        up = parents(t.ts[rows], t.dur[rows])
+        child = up >= 0
+        called_by_fetch = np.zeros(len(rows), bool)
+        called_by_fetch[child] = isin(rows[up[child]], fetch)
+        # next(self.dataset_iter) is a frame of its own (<built-in function next>) between them
+        via_next = called_by_fetch & is_next[rows]
+        called_by_next = np.zeros(len(rows), bool)
+        called_by_next[child] = via_next[up[child]]
+        if (called_by_fetch & is_map[rows]).any():
+            kinds.add("map")
+        if ((called_by_fetch | called_by_next) & is_iter[rows]).any():
+            kinds.add("iterable")
+    return kinds.pop() if len(kinds) == 1 else None

@@ -19,6 +19,7 @@ from perfdoctor.analyze.evalforward import nograd_forward_metrics
 from perfdoctor.analyze.gaps import TOP_GAPS, Gap, idle_gaps
 from perfdoctor.analyze.host import host_metrics
 from perfdoctor.analyze.kinds import Kinds, classify
+from perfdoctor.analyze.loaderkinds import iterable_replayed, traced_dataset_kind
 from perfdoctor.analyze.loaderops import loader_op_metrics
 from perfdoctor.analyze.memory import memory_metrics
 from perfdoctor.analyze.patterns import pattern_metrics
@@ -80,6 +81,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(_step_metrics(steps))
     m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
     m.update(_input_metrics(t, k, tl, total))
+    m["input.dataset_kind"] = traced_dataset_kind(t)      # a live run's own reading replaces it
+    m["input.iterable_replayed"] = iterable_replayed(m)    # False for a map-style one, else unknown here
     m.update(loader_op_metrics(t, k, steps))
     m.update(comm_metrics(t, k, steps, tl, total))
     gaps, series, marked = [], {}, []

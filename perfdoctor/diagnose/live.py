@@ -230,8 +230,9 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["machine.torch_threads"] = res.child.get("torch_threads")
     m["machine.cpu_bf16"] = res.child.get("cpu_bf16")
     m["machine.cpu_fp16"] = res.child.get("cpu_fp16")
-    kind = res.child.get("dataset_kind")
-    m["input.dataset_kind"] = kind if kind in ("map", "iterable") else None
+    kind = res.child.get("dataset_kind")     # the run's own reading, else the trace's Python frames'
+    if kind in ("map", "iterable"):
+        m["input.dataset_kind"] = kind
     m.update(loader_metrics(res.child.get("loaders")))
     used = res.child.get("worker_info_used")
     m["input.worker_info_used"] = used if isinstance(used, bool) else None      # None: an older run
