@@ -7,9 +7,10 @@ input.dataset_kind from a trace alone (traced_dataset_kind), where it holds Pyth
 (with_stack=True) of a loader that fetches in the trainer: torch's map-style fetcher indexes the
 dataset, so its `fetch` frame (or the list comprehension in it) calls the Dataset's `__getitem__`
 or `__getitems__`; the iterable one calls next() on the dataset's iterator, resuming its
-`__iter__` generator (or calling its `__next__`). A frame of the fetcher's own file only: a
-`__getitem__` deeper down (an IterableDataset that indexes a list of samples) is the dataset's
-own business.
+`__iter__` generator (or calling its `__next__`). Only the frames the fetcher calls count: a
+`__getitem__` deeper down (an IterableDataset that indexes a map-style one) is the dataset's own
+business. (From Python 3.12 the list comprehension has no frame of its own: fetch calls
+`__getitem__` itself.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.nesting import parents, start_order
 from perfdoctor.trace.table import EventTable
 
-FETCH_FRAME_RX = re.compile(r"torch/utils/data/_utils/fetch\.py\(\d+\): (fetch|<listcomp>)$")
+FETCH_FRAME_RX = re.compile(r"torch[/\\]utils[/\\]data[/\\]_utils[/\\]fetch\.py\(\d+\): (fetch|<listcomp>)$")
 MAP_CALL_RX = re.compile(r"\): __getitems?__$")
 ITERABLE_CALL_RX = re.compile(r"\): __(iter|next)__$")
 
