@@ -7,10 +7,19 @@ their savings add, rules.gain.combined). Skipped where ../shared is absent (a us
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from perfdoctor.diagnose.offline import diagnose_path
 from perfdoctor.rules.gain import combined, stacked
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+from validate_holdout import judge  # noqa: E402  (the held-out check's range, stacked as it stacks them)
+
+sys.path.remove(str(BENCH))
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +60,7 @@ def test_measured_fix_ranks_first_and_is_sized(corpus, name):
     # and the measurement lies inside the range (the loader's low end was the no-overlap model
     # itself, 3.58x with pinning's 1.03x: 3.78x, above the 3.5x measured, before the workers'
     # contention widened it)
-    low, high = (stacked({s: found[s]["gain"] for s in applied}, lambda g, k=k: (g["range"] or [g["expected"]] * 2)[k])
-                 for k in (0, 1))
+    low, high = judge(doc, applied, measured)["range"]
     assert low <= measured <= high, (low, high, measured)
     for s in applied:   # every expected gain lies under its ceiling
         g = found[s]["gain"]
@@ -170,17 +178,13 @@ def test_host_bound_runs_without_a_memory_profile_are_offered_a_larger_batch(cor
 def test_docs_quote_the_calibration_table_the_bench_prints(corpus, capsys):
     """docs/rules.md quotes bench/calibrate_corpus.py's table: the code is the source (it had
     gone stale by a point on two rows and a ceiling)."""
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    sys.path.insert(0, str(bench))
+    sys.path.insert(0, str(BENCH))
     try:
         import calibrate_corpus
         assert calibrate_corpus.main(["--corpus", str(corpus)]) == 0
     finally:
-        sys.path.remove(str(bench))
+        sys.path.remove(str(BENCH))
     table = capsys.readouterr().out.strip()
     assert table.count("\n") >= 6
-    docs = (bench.parent / "docs" / "rules.md").read_text()
+    docs = (BENCH.parent / "docs" / "rules.md").read_text()
     assert table in docs, "docs/rules.md's calibration table differs: paste bench/calibrate_corpus.py's output"
