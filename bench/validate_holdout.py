@@ -66,6 +66,14 @@ APPLIED = {
     "h4_sync_metrics.py": ["pin-memory", "remove-host-syncs"],
     "h4_foreach_off_moe.py": ["fused-optimizer"],
     "h4_empty_cache_cnn.py": ["remove-empty-cache"],
+    # a fifth set (2026-12-04), written and committed before its only run: Python tokenisation in
+    # the trainer, a checkpoint every 10th step, SDPA forced onto its math path, a TF32 temporal
+    # CNN, a UNet in NCHW
+    "h5_loader_tokenize.py": ["loader-workers", "pin-memory"],
+    "h5_ckpt_every10.py": ["checkpoint-off-the-step"],
+    "h5_math_sdpa.py": ["flash-attention"],
+    "h5_tcn_fp32.py": ["mixed-precision"],
+    "h5_channels_first_unet.py": ["channels-last"],
 }
 TOLERANCE = 0.25
 NOISE = 1.05        # what a measurement may lie past a ceiling or a range's end by: its own noise
@@ -116,7 +124,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--only", nargs="*", choices=sorted(APPLIED))
-    ap.add_argument("--set", choices=["h", "h2", "h3", "h4"], help="only the scripts of one set (h_*, h2_*, h3_*, h4_*)")
+    ap.add_argument("--set", choices=["h", "h2", "h3", "h4", "h5"], help="only the scripts of one set (h_*, h2_*, ..., h5_*)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--keep", type=Path, help="keep the perfdoctor run directories here")
     ap.add_argument("--cpu", action="store_true", help="run without CUDA (--small sizes): checks the harness only")
