@@ -157,3 +157,66 @@ def test_forward_attention_without_a_backward_counts_as_seen(tmp_path):
                    + [(1, "aten::linear", "gemm_other", 1000.0)] + [(2, *b) for b in bwd])
     assert m["attention.manual_per_step"] == pytest.approx(2.0)
     assert m["attention.manual_kernel_share"] == pytest.approx(1400 / 2400, rel=0.03)
+
+
+FP32_GEMM = "sm90_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_cublas"
+BF16_GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+SOFTMAX_FWD = "void (anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, Epilogue>(float*, float const*)"
+SOFTMAX_BWD = "void (anonymous namespace)::cunn_SoftMaxBackward<4, float, float, float, Epilogue>(float*, float const*)"
+
+
+def _math_path_trace(path, steps: int = 3, first_forward: bool = True):
+    """Per step, as an H200 trace of SDPA forced onto its math path under bf16 autocast showed it:
+    the forward inside aten::_scaled_dot_product_attention_math (two fp32 GEMMs of 200 us, the
+    inputs upcast, and a 300 us fp32 softmax), a bf16 linear layer (1000 us), and the backward as
+    the autograd nodes of the ops the math path decomposes into (two fp32 BmmBackward GEMMs of
+    400 us, a 300 us SoftmaxBackward). first_forward False: the window starts after the first
+    step's forward."""
+    tr, t = HandTrace(), 0.0
+    for i in range(steps):
+        s0 = t = max(t, tr.device_free)
+        if first_forward or i:
+            tr.op(1, t, "aten::scaled_dot_product_attention", 100.0)
+            tr.op(1, t + 2, "aten::_scaled_dot_product_attention_math", 96.0)
+            for j, (kernel, us) in enumerate(((FP32_GEMM, 200.0), (SOFTMAX_FWD, 300.0), (FP32_GEMM, 200.0))):
+                tr.launch(1, t + 5 + 25 * j, kernel, us)
+            t += 105.0
+        for tid, name, kernel, us in ((1, "aten::linear", BF16_GEMM, 1000.0), (2, NODE + "BmmBackward0", FP32_GEMM, 400.0),
+                                      (2, NODE + "SoftmaxBackward0", SOFTMAX_BWD, 300.0),
+                                      (2, NODE + "BmmBackward0", FP32_GEMM, 400.0)):
+            tr.op(tid, t, name, 20.0, ext=tr.corr + 1)
+            tr.launch(tid, t + 5, kernel, us)
+            t += 25.0
+        t = max(t, tr.device_free)
+        tr.step(i, s0, t)
+    tr.write(path)
+    doc = diagnose_path(str(path))
+    return doc["traces"][0]["metrics"], {f["slug"]: f for f in doc["findings"]}
+
+
+def test_sdpa_math_path_is_sized_with_its_fp32_gemms_and_left_out_of_mixed_precision(tmp_path):
+    """The math path computes in fp32 whatever autocast does: its kernels are the attention fix's,
+    not mixed precision's; the fused kernel does its GEMM work in bf16 (the H100's fp32 -> bf16
+    peak ratio, damped to r**0.8 as PD320 damps it) at 1.25x, and drops the softmax passes."""
+    from perfdoctor.analyze.precision import DAMP, peak_ratios
+
+    m, fixes = _math_path_trace(tmp_path / "math.json")
+    step = 700.0 + 1000.0 + 1100.0                               # device back to back
+    assert m["attention.math_ops_per_step"] == 1.0 and m["attention.manual_per_step"] == 1.0
+    assert m["attention.math_kernel_share"] == pytest.approx(700 / step, rel=0.03)
+    assert m["attention.math_gemm_share"] == pytest.approx(400 / step, rel=0.03)
+    assert m["attention.manual_kernel_share"] == pytest.approx(1100 / step, rel=0.03)
+    half = peak_ratios(9.0, "NVIDIA H100")[0] ** DAMP
+    assert m["attention.gemm_half_speedup"] == pytest.approx(half, rel=1e-6)
+    assert m["precision.gemm_fp32_share"] == 0 and "mixed-precision" not in fixes
+    att, gemm = 1800 / step, 1200 / step
+    fix = fixes["flash-attention"]
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - att + att / (att / (1.25 * gemm / half))), rel=0.03)
+    assert fix["gain"]["expected"] > 2 > 1 / (1 - att + att / 2) and fix["ranked"]    # 2x on the share: 1.47x
+
+
+def test_a_math_path_forward_cut_by_the_window_counts_as_often_as_its_backward(tmp_path):
+    m, _ = _math_path_trace(tmp_path / "cut.json", first_forward=False)
+    total = 2 * 2800.0 + 2100.0
+    assert m["attention.math_kernel_share"] == pytest.approx(1.5 * 2 * 700 / total, rel=0.03)
+    assert m["attention.manual_kernel_share"] == pytest.approx(3 * 1100 / total, rel=0.03)

@@ -1,4 +1,5 @@
-"""Hand-written attention: matmul, (scale, mask), softmax, (dropout), matmul.
+"""Unfused attention: hand-written (matmul, (scale, mask), softmax, (dropout), matmul) and SDPA's
+math path.
 
 `scores = q @ k.transpose(-2, -1) / sqrt(d); attn = scores.masked_fill(mask, -inf).softmax(-1);
 out = attn @ v` materialises the [B, H, T, T] score matrix and runs several kernels over it,
@@ -7,14 +8,19 @@ it. A trace without shapes still shows the pattern as a sequence of outermost at
 thread: a softmax whose nearest neighbours (within WINDOW outermost ops each side, not counting
 the view, copy and cast ops between them: autocast's casts and the backward's views and
 expands of the batched operands) are batched matrix multiplies. The backward shows the same
-shape on the autograd thread (BmmBackward, SoftmaxBackward, BmmBackward). Softmax inside SDPA's
-own math path is counted by patterns.py, not here.
+shape on the autograd thread (BmmBackward, SoftmaxBackward, BmmBackward). A softmax inside SDPA's
+own math path is no outermost op: that forward is the kernels launched inside
+aten::_scaled_dot_product_attention_math, and its backward is those autograd nodes (hand-written
+backward passes with no hand-written forward beside a math path are the math path's). The math
+path upcasts bf16/fp16 inputs to fp32, so autocast never changes its kernels (precision.py
+leaves them out); a fused kernel does.
 
 The cost is the device time of the kernels (and the device-to-device copies and fills among
 them) launched from the host span of each match (first matmul to last), over the step time: the
 T^2 work a fused kernel replaces. The part of it in GEMM kernels (the two matmuls, by kernel name:
 analyze/precision.py) is the work a fused kernel still does; the rest (scale, mask, softmax,
-dropout passes over the score matrix) it removes.
+dropout passes over the score matrix) it removes. That GEMM work runs in bf16/fp16 in a fused
+kernel: fp32 and TF32 GEMM time shrinks by the GPU's damped peak ratio (attention.gemm_half_speedup).
 """
 
 from __future__ import annotations
@@ -23,15 +29,17 @@ import re
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import isin, unique
+from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
-from perfdoctor.analyze.precision import CLASSES, class_of_rows
+from perfdoctor.analyze.patterns import MATH_ATTENTION
+from perfdoctor.analyze.precision import CLASSES, DAMP, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 WINDOW = 4
 GEMM_CLASSES = [CLASSES.index(c) for c in ("gemm_fp32", "gemm_tf32", "gemm_half", "gemm_fp64")]
+UPCAST = "attention.math_path_kernels"     # k.cache key: the kernels of SDPA's math path
 OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
 MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
                    r"^autograd::engine::evaluate_function: (Bmm|Baddbmm|Matmul|Einsum|UnsafeView)Backward")
@@ -48,10 +56,16 @@ SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
                         r"^autograd::engine::evaluate_function: (Softmax|SafeSoftmax)Backward")
 
 
-def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | None = None) -> dict:
-    """`on`: the one device whose kernels count (replicas.critical_device), None: every device."""
+def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | None = None,
+                      ratios: tuple[float, float] | None = None) -> dict:
+    """`on`: the one device whose kernels count (replicas.critical_device), None: every device.
+    `ratios`: the GPU's (fp32 -> half, tf32 -> half) peak ratios (precision.peak_ratios), None
+    when unknown. Leaves the kernels of SDPA's math path, forward and backward, in
+    k.cache[UPCAST]: they run fp32 whatever autocast does (precision.py leaves them out)."""
     out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None,
-           "attention.manual_gemm_share": None}
+           "attention.manual_gemm_share": None, "attention.math_kernel_share": None,
+           "attention.math_gemm_share": None, "attention.gemm_half_speedup": None}
+    k.cache[UPCAST] = np.zeros(0, np.int64)
     lo, hi = steps.span
     total = float(steps.duration.sum())
     luts = _luts(t)
@@ -59,46 +73,78 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     spans = []
     for tid in unique(t.tid[ops]) if len(ops) else []:
         spans += _matches(t, ops[t.tid[ops] == tid], luts)
-    if not spans:
-        none = 0.0 if k.platform != "cpu" else None
-        out.update({"attention.manual_kernel_share": none, "attention.manual_gemm_share": none})
-        return out
+    math_ops = np.flatnonzero(k.cpu_op & (steps.of_events(t) >= 0)
+                              & t.name_mask(lambda s: MATH_ATTENTION.match(s) is not None))
     forward = sum(1 for _, _, bwd in spans if not bwd)
     n_max = max(forward, len(spans) - forward)
     out["attention.manual_per_step"] = n_max / len(steps)
-    # A window edge cuts at most one step's worth of one direction; a larger difference is real
-    # (a frozen encoder's forward, evaluation inside the window) and each direction counts as seen.
-    cut = abs(2 * forward - len(spans)) <= n_max / len(steps) + 0.5
     if k.platform == "cpu":
         return out
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
+    out["attention.math_kernel_share"] = 0.0 if len(math_ops) or (k.kernel[dev] & ok).any() else None
+    out["attention.manual_kernel_share"] = out["attention.manual_gemm_share"] = 0.0
+    if not (spans or len(math_ops)) or not total:
+        return out
     on_device = k.kernel[dev] | k.memset[dev] | (k.memcpy[dev] & t.name_mask(lambda n: "DtoD" in n)[dev])
     if on is not None:
         on_device &= on[dev]
     dev, launch = dev[ok & on_device], launch[ok & on_device]
-    if not total:
-        return out
+    # SDPA's math path runs its forward inside the op and its backward as the autograd nodes of the
+    # ops it decomposes into (BmmBackward, SoftmaxBackward): hand-written backward passes with no
+    # hand-written forward are that backward.
+    math_bwd = len(math_ops) > 0 and forward == 0 and len(spans) > 0
     # A layer's forward and backward both run every step, but the trace's window can cut the
     # forward passes the host ran ahead of the device (or the backward of the last step): then
     # each direction counts at its mean per match, as often as the direction seen more often.
-    share = gemm_share = 0.0
-    for backward in (False, True):
-        mine = [(s, e) for s, e, bwd in spans if bwd == backward]
+    # A window edge cuts at most one step's worth of one direction; a larger difference is real
+    # (a frozen encoder's forward, evaluation inside the window) and each direction counts as seen.
+    passes = [len(math_ops), len(spans)] if math_bwd else [forward, len(spans) - forward]
+    most = max(passes)
+    cut = abs(passes[0] - passes[1]) <= most / len(steps) + 0.5
+    gemm_by_class = np.zeros(len(GEMM_CLASSES))
+    for kind, backward in (("manual", False), ("manual", True), ("math", False)):
+        mine = [(int(r), int(r)) for r in math_ops] if kind == "math" else \
+            [(s, e) for s, e, bwd in spans if bwd == backward]
         if not mine:
             continue
-        inside = np.zeros(len(dev), bool)
-        for tid_code, a, b in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e]) for s, e in mine):
-            inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
-        rows = dev[inside]               # kernels, and the device-to-device copies and fills they need
+        rows = dev[_launched_in(t, dev, launch, mine)]   # kernels, and the copies and fills they need
         kern = rows[k.kernel[rows]]
-        gemm = kern[isin(class_of_rows(t, k, kern), GEMM_CLASSES)]
-        scale = n_max / len(mine) if cut else 1.0
-        share += float(t.dur[rows].sum()) * scale
-        gemm_share += float(t.dur[gemm].sum()) * scale
-    out["attention.manual_kernel_share"] = min(1.0, share / total)
-    out["attention.manual_gemm_share"] = min(1.0, gemm_share / total)
+        cls = class_of_rows(t, k, kern)
+        scale = most / len(mine) if cut and (math_bwd or kind == "manual") else 1.0
+        gemm = np.array([float(t.dur[kern[cls == c]].sum()) for c in GEMM_CLASSES]) * scale
+        gemm_by_class += gemm
+        name = "math" if kind == "math" else "manual"
+        out[f"attention.{name}_kernel_share"] += float(t.dur[rows].sum()) * scale / total
+        out[f"attention.{name}_gemm_share"] = (out[f"attention.{name}_gemm_share"] or 0.0) + float(gemm.sum()) / total
+        if kind == "math" or math_bwd:
+            k.cache[UPCAST] = np.concatenate([k.cache[UPCAST], kern])
+    for key in ("manual_kernel_share", "manual_gemm_share", "math_kernel_share", "math_gemm_share"):
+        if out[f"attention.{key}"] is not None:
+            out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
+    out["attention.gemm_half_speedup"] = _half_speedup(gemm_by_class, ratios)
     return out
+
+
+def _launched_in(t: EventTable, dev: np.ndarray, launch: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Which of the device rows were launched inside one of the host spans (first row, last row)."""
+    inside = np.zeros(len(dev), bool)
+    for tid_code, a, b in ((t.tid[s], t.ts[s], t.ts[e] + t.dur[e]) for s, e in spans):
+        inside |= (t.tid[launch] == tid_code) & (t.ts[launch] >= a) & (t.ts[launch] <= b)
+    return inside
+
+
+def _half_speedup(gemm_by_class: np.ndarray, ratios: tuple[float, float] | None) -> float | None:
+    """How much faster the attention's GEMM work runs in a fused bf16/fp16 kernel: its time over
+    that time with the fp32 and TF32 parts at the GPU's damped peak ratio to half precision
+    (precision.DAMP; fp64 and half unchanged). None without GEMM time, or with fp32/TF32 GEMM time
+    on a GPU whose ratios are unknown."""
+    total = float(gemm_by_class.sum())
+    fp32, tf32 = gemm_by_class[0], gemm_by_class[1]
+    if total <= 0 or (ratios is None and fp32 + tf32 > 0):
+        return None
+    fp32_r, tf32_r = ratios or (1.0, 1.0)
+    return total / (total - fp32 - tf32 + fp32 / fp32_r ** DAMP + tf32 / tf32_r ** DAMP)
 
 
 def _luts(t: EventTable) -> tuple[np.ndarray, ...]:

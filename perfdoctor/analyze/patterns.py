@@ -10,8 +10,8 @@ from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import isin, unique
 from perfdoctor.analyze.fusedcpu import annotated_class, fused_cpu_metrics
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import contained, kernels_launched_inside, launches_inside
-from perfdoctor.analyze.steps import Steps, device_launch_index
+from perfdoctor.analyze.nesting import contained, launches_inside
+from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
 MATH_ATTENTION = re.compile(r"^aten::_scaled_dot_product_attention_math")
@@ -119,7 +119,7 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
            "attention.fused_ops_per_step": int(fused_ops.sum()) / n,
            "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
            "parallel.wrapper": parallel_wrapper(t, k),
-           "trace.devices_used": None, "attention.math_kernel_share": None,
+           "trace.devices_used": None,
            "optimizer.kernels_per_step": None, "optimizer.ops_per_step": None, "optimizer.fused": None,
            "optimizer.implementation": None, "optimizer.closure": None,
            "gpu.kernels_per_step_cv": None,
@@ -147,11 +147,6 @@ def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     kr = np.flatnonzero(k.kernel)
     dev_ids = t.args["device"][kr]
     out["trace.devices_used"] = int(len(unique(dev_ids[~np.isnan(dev_ids)]))) or (1 if len(kr) else 0)
-    dev, launch = device_launch_index(t, k)
-    if len(math_ops):
-        out["attention.math_kernel_share"] = float(t.dur[kernels_launched_inside(t, k, math_ops)].sum()) / total
-    elif out["attention.fused_ops_per_step"] or (k.kernel[dev] & (launch >= 0)).any():
-        out["attention.math_kernel_share"] = 0.0
     if len(opt):
         kernels, launches = launches_inside(t, k, opt)
         in_opt = kernels[part.own(t.ts[launches])]

@@ -27,7 +27,7 @@ from perfdoctor.analyze.fusion import fusion_metrics
 from perfdoctor.analyze.archnames import capability_floor
 from perfdoctor.analyze.devicetime import TENSOR_CORE_CLASSES
 from perfdoctor.analyze.launches import clock_check, clock_warning
-from perfdoctor.analyze.precision import kernel_class, precision_metrics, tensor_cores
+from perfdoctor.analyze.precision import kernel_class, peak_ratios, precision_metrics, tensor_cores
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
 from perfdoctor.analyze.sampleloop import sample_loop_metrics
@@ -97,7 +97,8 @@ def analyze(t: EventTable) -> TraceAnalysis:
         m.update(replica_metrics(t, k, steps))
     m.update(pattern_metrics(t, k, steps))
     on, on_share = critical_device(t, k, m)      # DataParallel: the busiest replica alone
-    m.update(attention_metrics(t, k, steps, on))
+    m.update(attention_metrics(t, k, steps, on, None if m["trace.capability_from_kernels"]
+                               else peak_ratios(m["trace.compute_capability"], m["trace.device_name"])))
     m.update(verdict_shares(m))
     crit = m["share.device"] if on is None else on_share
     m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on, m["trace.device_name"],

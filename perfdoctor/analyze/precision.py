@@ -15,6 +15,8 @@ Every kernel in the steps is put in one class by its name (cuBLAS/cuDNN/CUTLASS/
 - attention kernels (`fmha`, flash, memory-efficient): fp32 when the name says f32/float (not
   "bfloat16");
 - collectives (NCCL/RCCL kernels): other, whatever type they reduce (gradients stay fp32);
+- the kernels of SDPA's math path, forward and backward (analyze/attention.py): other, since it
+  upcasts bf16/fp16 inputs to fp32 and autocast cannot change them (a fused kernel does: PD321);
 - NCHW <-> NHWC layout transposes cuDNN inserts around its NHWC convolutions (channels_last
   removes them);
 - fp32 layer/group norms, softmax, losses: other, since autocast runs them in fp32 whatever
@@ -281,6 +283,9 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     cls = class_of_rows(t, k, kr)
     mem, other = CLASSES.index("memory_fp32"), CLASSES.index("other")
     cls = np.where(_in_optimizer(t, k, kr) & (cls == mem), other, cls)
+    # SDPA's math path computes in fp32 whatever its inputs (it upcasts bf16/fp16): autocast cannot
+    # change its kernels, a fused attention kernel can (PD321)
+    cls = np.where(isin(kr, k.cache.get("attention.math_path_kernels", np.zeros(0, np.int64))), other, cls)
     dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
