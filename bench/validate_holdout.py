@@ -74,6 +74,12 @@ APPLIED = {
     "h5_math_sdpa.py": ["flash-attention"],
     "h5_tcn_fp32.py": ["mixed-precision"],
     "h5_channels_first_unet.py": ["channels-last"],
+    # a sixth set (2026-12-04), written after the h5 revisions to test them out of sample: an
+    # attention upcast to fp32 by hand, a loader whose device work is a large part of the step, and
+    # a checkpoint every 25th step
+    "h6_upcast_attention.py": ["flash-attention"],
+    "h6_loader_augment_vit.py": ["loader-workers", "pin-memory"],
+    "h6_ckpt_every25.py": ["checkpoint-off-the-step"],
 }
 TOLERANCE = 0.25
 NOISE = 1.05        # what a measurement may lie past a ceiling or a range's end by: its own noise
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--only", nargs="*", choices=sorted(APPLIED))
-    ap.add_argument("--set", choices=["h", "h2", "h3", "h4", "h5"], help="only the scripts of one set (h_*, h2_*, ..., h5_*)")
+    ap.add_argument("--set", choices=["h", "h2", "h3", "h4", "h5", "h6"], help="only the scripts of one set (h_*, h2_*, ..., h5_*)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--keep", type=Path, help="keep the perfdoctor run directories here")
     ap.add_argument("--cpu", action="store_true", help="run without CUDA (--small sizes): checks the harness only")
