@@ -220,3 +220,28 @@ def test_a_math_path_forward_cut_by_the_window_counts_as_often_as_its_backward(t
     total = 2 * 2800.0 + 2100.0
     assert m["attention.math_kernel_share"] == pytest.approx(1.5 * 2 * 700 / total, rel=0.03)
     assert m["attention.manual_kernel_share"] == pytest.approx(3 * 1100 / total, rel=0.03)
+
+
+def test_a_mask_built_on_every_call_and_the_casts_at_either_end_are_the_attentions(tmp_path):
+    """As an H200 GPT block with attention upcast to fp32 by hand showed it: q and k cast to fp32
+    before the first matmul, a causal mask made on every call (ones, tril, bitwise_not: three ops
+    between the matmul and the softmax, past the window if they counted), the weights cast back
+    for the second matmul; the backward ends with the casts' ToCopyBackward. Per step: forward
+    casts 2 x 100 us and the attention 1000 us, a linear layer 1000 us; backward 1200 us, its
+    casts 2 x 100 us and the qkv split's UnbindBackward 300 us."""
+    fwd = [("aten::to", "copy_fp32", 100.0), ("aten::to", "copy_fp32", 100.0), ("aten::transpose", None, 0),
+           ("aten::matmul", "gemm_qk", 200.0), ("aten::div", "elementwise_div", 100.0), ("aten::ones", "fill", 20.0),
+           ("aten::tril", "tril_kernel", 30.0), ("aten::bitwise_not", "not_kernel", 50.0),
+           ("aten::masked_fill", "masked_fill_kernel", 200.0), ("aten::softmax", "softmax_warp_forward", 200.0),
+           ("aten::to", "copy_bf16", 100.0), ("aten::matmul", "gemm_pv", 100.0)]
+    bwd = [("BmmBackward0", "gemm_a", 200.0), ("ToCopyBackward0", "copy_a", 100.0),
+           ("SoftmaxBackward0", "softmax_warp_backward", 300.0), ("MaskedFillBackward0", "masked_fill_kernel", 200.0),
+           ("DivBackward0", "elementwise_div", 100.0), ("BmmBackward0", "gemm_b", 300.0),
+           ("TransposeBackward0", None, 0), ("ToCopyBackward0", "copy_b", 100.0), ("ToCopyBackward0", "copy_c", 100.0),
+           ("UnbindBackward0", "stack_kernel", 300.0)]
+    m = _ops_trace(tmp_path / "upcast.json", lambda i: [(1, *f) for f in fwd] + [(1, "aten::linear", "gemm_other", 1000.0)]
+                   + [(2, NODE + n, k, us) for n, k, us in bwd])
+    assert m["attention.manual_per_step"] == pytest.approx(1.0)
+    step = 1200.0 + 1000.0 + 1700.0                                     # device back to back
+    # everything but the linear layer and the UnbindBackward (the qkv split, not attention)
+    assert m["attention.manual_kernel_share"] == pytest.approx((1200 + 1400) / step, rel=0.03)

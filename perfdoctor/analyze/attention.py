@@ -38,6 +38,7 @@ from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 WINDOW = 4
+EDGE = 8        # view and cast ops taken in at each end of a match
 GEMM_CLASSES = [CLASSES.index(c) for c in ("gemm_fp32", "gemm_tf32", "gemm_half", "gemm_fp64")]
 UPCAST = "attention.math_path_kernels"     # k.cache key: the kernels of SDPA's math path
 OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
@@ -52,6 +53,11 @@ SHAPE_RX = re.compile(r"^aten::(view|reshape|_unsafe_view|expand|transpose|t|per
                       r"detach|unsqueeze|squeeze|select|slice|as_strided|unflatten|flatten)$|"
                       r"^autograd::engine::evaluate_function: (View|UnsafeView|Expand|Transpose|T|Permute|Clone|"
                       r"ToCopy|Reshape|Unsqueeze|Squeeze|Select|Slice|AsStrided|Unflatten|Flatten)Backward")
+# Ops that build a mask inside the attention (a causal mask made on every call: ones, tril,
+# bitwise_not before the masked_fill; an H200 GPT block put three between its matmul and softmax):
+# they do not count towards the window either.
+MASK_RX = re.compile(r"^aten::(ones|zeros|full|empty|tril|triu|bitwise_not|logical_not|arange|ones_like|zeros_like|"
+                     r"full_like|empty_like)$")
 SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
                         r"^autograd::engine::evaluate_function: (Softmax|SafeSoftmax)Backward")
 
@@ -149,8 +155,8 @@ def _half_speedup(gemm_by_class: np.ndarray, ratios: tuple[float, float] | None)
 
 def _luts(t: EventTable) -> tuple[np.ndarray, ...]:
     """Per name code, in one pass over the names: is an op, a matmul, a softmax, backward, a
-    view/cast op, a matmul's view."""
-    flags = np.zeros((6, len(t.names)), bool)
+    view/cast op, a matmul's view, a mask-building op."""
+    flags = np.zeros((7, len(t.names)), bool)
     for i, n in enumerate(t.names):
         if OP_RX.match(n):
             flags[0, i] = True
@@ -159,14 +165,16 @@ def _luts(t: EventTable) -> tuple[np.ndarray, ...]:
             flags[3, i] = n.startswith("autograd")
             flags[4, i] = SHAPE_RX.match(n) is not None
             flags[5, i] = VIEW_OF_MM_RX.match(n) is not None
-    return flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]
+            flags[6, i] = MASK_RX.match(n) is not None
+    return flags[0], flags[1], flags[2], flags[3], flags[4], flags[5], flags[6]
 
 
 def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool]]:
     """(first row, last row, is backward) of each matmul-softmax-matmul among outermost ops.
 
     Each side of a softmax reaches to its nearest matmul within WINDOW outermost ops that are
-    not views, nor past another softmax; a matmul's UnsafeViewBackward counts only where its
+    not views, nor past another softmax, and each end then takes in up to EDGE adjacent view and
+    cast ops; a matmul's UnsafeViewBackward counts only where its
     BmmBackward is not in reach (the span must hold the GEMMs). Both matmuls are in the
     softmax's own pass (a forward softmax and the backward matmuls that follow it on the same
     thread are a softmax head, not attention)."""
@@ -174,7 +182,8 @@ def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool
     names = t.name[top]
     # an outermost softmax is never SDPA's own math path
     sm, mm, bwd, view_of_mm = luts[2][names], luts[1][names], luts[3][names], luts[5][names]
-    counted = np.cumsum(~luts[4][names])
+    shape = luts[4][names]
+    counted = np.cumsum(~(shape | luts[6][names]))
     out = []
     for i in np.flatnonzero(sm):
         ends = []
@@ -188,5 +197,13 @@ def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool
                 j += step
             ends.append(found)
         if ends[0] is not None and ends[1] is not None:
-            out.append((int(top[ends[0]]), int(top[ends[1]]), bool(bwd[i])))
+            first, last = ends
+            # the casts and views that feed the first matmul and take the last one's result (the
+            # inputs upcast by hand for a stable softmax, and their ToCopyBackward) are the
+            # attention's too: a fused kernel takes the bf16/fp16 tensors as they are
+            while first > 0 and first - ends[0] < EDGE and shape[first - 1] and bwd[first - 1] == bwd[i]:
+                first -= 1
+            while last + 1 < len(top) and last - ends[1] < EDGE and shape[last + 1] and bwd[last + 1] == bwd[i]:
+                last += 1
+            out.append((int(top[first]), int(top[last]), bool(bwd[i])))
     return out
