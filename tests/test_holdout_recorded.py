@@ -182,3 +182,28 @@ def test_the_h5_outcome_is_kept_as_it_was_judged():
     for name, o in H5["outcome"].items():
         assert o["measured"] == pytest.approx(_measured(H5["rows"][name]["bare_ms"], H5["rows"][name]["fixed_ms"]))
         assert o["within"] == (abs(o["expected"] / o["measured"] - 1) <= validate_holdout.TOLERANCE)
+
+
+H6 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h6.json").read_text())
+
+
+def test_the_h6_attention_upcast_by_hand_meets_the_bar():
+    """Attention upcast to fp32 by hand under autocast, with its causal mask built on every call:
+    as first run its forward was never matched (1.31x expected, ranked behind compile, 2.24x
+    measured); the matcher now takes the mask ops and the casts at either end in."""
+    row = H6["rows"]["h6_upcast_attention.py"]
+    got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
+    assert got["ranked_first"], [f.rule.slug for f in fixes][:3]
+    assert got["within"] and got["ceiling_holds"] and got["in_range"], got
+
+
+def test_the_h6_loader_ranks_first_inside_its_range_but_is_an_open_miss():
+    """A CPU-augmenting loader in a 16-thread trainer: workers rank first and the measurement lies
+    in the range under the ceiling, but 8 single-threaded workers hid the whole wait (6.50x, the
+    step fell to the device's own time) where the model credits no overlap for a trainer whose
+    loading ran on intra-op threads (3.1x). On the H100 corpus `loader` that caution is right
+    (threaded convolutions: 3.5x measured); the trace cannot tell the two apart yet."""
+    row = H6["rows"]["h6_loader_augment_vit.py"]
+    got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
+    assert got["ranked_first"] and got["ceiling_holds"] and got["in_range"], got
+    assert not got["within"] and got["expected"] < got["measured"]
