@@ -132,3 +132,42 @@ def test_no_loader_no_metrics(tmp_path):
     m = analyze(load_trace(path)).metrics
     assert m["input.wait_tensor_op_share"] is None and m["input.wait_top_ops"] is None
     assert m["input.wait_fetch_share"] is None
+
+
+class Blurred(torch.utils.data.Dataset):
+    """A per-image 2-D convolution (a blur), as the H100 corpus loader computes: an op intra-op
+    threads split well."""
+    def __init__(self):
+        self.kernel = torch.ones(3, 1, 9, 9) / 81
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        img = torch.rand(3, 128, 128)
+        return torch.nn.functional.conv2d(img[None], self.kernel, padding=4, groups=3)[0]
+
+
+class Jittered(torch.utils.data.Dataset):
+    """Crop, flip, jitter and normalise a small uint8 image with elementwise ops, as the H200
+    h6 loader does: nothing a thread pool splits well at this size."""
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        img = torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8)
+        x = img[:, 2:34, 3:35].float().flip(-1) / 255
+        return ((x * 1.1).clamp(0, 1) - 0.45) / 0.225
+
+
+@pytest.mark.quiet      # a share of timed spans
+def test_the_loading_in_ops_that_threads_split_is_measured(tmp_path):
+    blur = _metrics(tmp_path, Blurred())
+    assert blur["input.wait_threaded_op_share"] >= 0.3, blur["input.wait_top_ops"]
+    jitter = _metrics(tmp_path, Jittered())
+    assert jitter["input.wait_threaded_op_share"] == 0.0 and jitter["input.wait_tensor_op_share"] > 0.1
+
+
+def test_python_work_in_the_loader_is_no_threaded_op(tmp_path):
+    py = _metrics(tmp_path, PythonWork())
+    assert py["input.wait_threaded_op_share"] == 0.0           # ops traced (the tensor), none threaded

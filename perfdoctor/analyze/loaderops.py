@@ -21,6 +21,13 @@ outermost ops inside those spans (an op's children are its own time) say what th
   preprocessing, done once when the result is stored (pytorch/examples mnist_rnn: aten::to 4.8%
   of its loading, indexing and collation 3.3%; with ToTensor and Normalize done once the step
   ran 2.47x as fast at a 59% wait, 2.04-3.02x in 13 interleaved pairs);
+- input.wait_threaded_op_share: the time of the outermost ops that intra-op threads split well
+  at a sample's size (convolutions, GEMMs, FFTs: oneDNN, BLAS and the FFT libraries run them on
+  every thread) / the spans' time. A single-threaded DataLoader worker loses what the trainer's
+  threads gave these ops and little else: elementwise ops on a sample's tensors are small, random
+  generation with a generator is serial, Python is one thread (an H200 trainer with 16 threads
+  spent 0% of its loading in such ops, and 8 workers hid all of it; the H100 corpus loader 33%, in
+  convolutions, and its 8 workers took 2.7x the trainer's time per batch);
 - input.wait_top_ops: the three ops with the most of that time, each with its share of the
   spans ("aten::stft 74%, aten::mm 11%"), the ones of at least MIN_SHOWN.
 
@@ -30,6 +37,8 @@ processes, which the profiler does not record).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from perfdoctor.analyze import intervals
@@ -38,7 +47,10 @@ from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
-METRICS = ("input.wait_tensor_op_share", "input.wait_fetch_share", "input.wait_top_ops")
+METRICS = ("input.wait_tensor_op_share", "input.wait_fetch_share", "input.wait_threaded_op_share",
+           "input.wait_top_ops")
+THREADED = re.compile(r"^aten::(conv\w*|_convolution\w*|mkldnn_convolution|cudnn_convolution|_slow_conv2d\w*|"
+                      r"linear|mm|addmm|bmm|baddbmm|matmul|einsum|stft|istft|_?fft_\w+)$")
 # what stays per sample and per batch when every deterministic step is stored ahead of time:
 # indexing a sample out of tensors held in memory, collating the batch, pinning it
 FETCH = frozenset({"aten::select", "aten::index", "aten::slice", "aten::narrow", "aten::item",
@@ -75,6 +87,8 @@ def loader_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     names = [t.names[c] for c in t.name[top]]
     transform = np.asarray([n not in NOT_TRANSFORM for n in names], bool)
     out["input.wait_tensor_op_share"] = min(1.0, float(t.dur[top][transform].sum()) / span_t)
+    threaded = np.asarray([THREADED.match(n) is not None for n in names], bool)
+    out["input.wait_threaded_op_share"] = min(1.0, float(t.dur[top][threaded].sum()) / span_t)
     fetch = np.asarray([n in FETCH for n in names], bool)
     out["input.wait_fetch_share"] = min(1.0, float(t.dur[top][fetch].sum()) / span_t)
     by: dict[str, float] = {}
