@@ -772,4 +772,16 @@ def test_a_near_tie_broken_by_the_verdict_is_said_on_the_screen(shared_traces):
         out = cli("report", p, env={"COLUMNS": "200"}).stdout
         assert ("gains within 2% of each other" in out) is inverted, (p, gains)
         said.append(inverted)
-    assert True in said and False in said          # both cases met
+    assert False in said
+    # a near-tie as the engine breaks it (the TensorBoard sample's loader workers at 1.129x ranked
+    # above its fused optimizer at 1.137x, before workers were credited with overlap there)
+    from rich.console import Console
+
+    from perfdoctor.report.terminal import render
+
+    doc = json.loads(cli("report", paths[0], "--format", "json").stdout)
+    ranked = [f for f in doc["findings"] if f["ranked"]]
+    ranked[1]["gain"]["expected"] = 0.99 * ranked[2]["gain"]["expected"]
+    console = Console(record=True, width=200)
+    render(doc, console)
+    assert "gains within 2% of each other" in console.export_text()
