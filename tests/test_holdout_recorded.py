@@ -197,13 +197,13 @@ def test_the_h6_attention_upcast_by_hand_meets_the_bar():
     assert got["within"] and got["ceiling_holds"] and got["in_range"], got
 
 
-def test_the_h6_loader_ranks_first_inside_its_range_but_is_an_open_miss():
-    """A CPU-augmenting loader in a 16-thread trainer: workers rank first and the measurement lies
-    in the range under the ceiling, but 8 single-threaded workers hid the whole wait (6.50x, the
-    step fell to the device's own time) where the model credits no overlap for a trainer whose
-    loading ran on intra-op threads (3.1x). On the H100 corpus `loader` that caution is right
-    (threaded convolutions: 3.5x measured); the trace cannot tell the two apart yet."""
+def test_the_h6_loader_in_a_threaded_trainer_meets_the_bar():
+    """A CPU-augmenting loader in a 16-thread trainer: as first run workers were expected 3.1x
+    (no overlap credited to a trainer whose loading ran on intra-op threads) and measured 6.50x;
+    none of its loading was in ops that threads split well, so a single-threaded worker is as
+    fast as the trainer was and overlap is credited. The corpus loader, a third of its loading
+    in threaded convolutions, keeps no overlap (tests/test_h100_corpus.py)."""
     row = H6["rows"]["h6_loader_augment_vit.py"]
+    assert row["metrics"]["input.wait_threaded_op_share"] == 0.0
     got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
-    assert got["ranked_first"] and got["ceiling_holds"] and got["in_range"], got
-    assert not got["within"] and got["expected"] < got["measured"]
+    assert got["ranked_first"] and got["within"] and got["ceiling_holds"] and got["in_range"], got
