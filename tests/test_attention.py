@@ -245,3 +245,16 @@ def test_a_mask_built_on_every_call_and_the_casts_at_either_end_are_the_attentio
     step = 1200.0 + 1000.0 + 1700.0                                     # device back to back
     # everything but the linear layer and the UnbindBackward (the qkv split, not attention)
     assert m["attention.manual_kernel_share"] == pytest.approx((1200 + 1400) / step, rel=0.03)
+
+
+def test_a_match_takes_in_at_most_edge_casts_at_each_end(tmp_path):
+    """Ten casts of 100 us before the first matmul: the eight next to it are the attention's
+    (attention.EDGE), the two before them are not."""
+    from perfdoctor.analyze.attention import EDGE
+
+    fwd = [("aten::to", "copy_fp32", 100.0)] * 10 + [("aten::matmul", "gemm_qk", 200.0),
+                                                   ("aten::softmax", "softmax_warp_forward", 200.0),
+                                                   ("aten::matmul", "gemm_pv", 200.0)]
+    m = _ops_trace(tmp_path / "casts.json", lambda i: [(1, *f) for f in fwd] + [(1, "aten::linear", "gemm_other", 1000.0)])
+    assert EDGE == 8
+    assert m["attention.manual_kernel_share"] == pytest.approx((600 + 100 * EDGE) / 2600, rel=0.03)

@@ -89,6 +89,7 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
     out["attention.math_kernel_share"] = 0.0 if len(math_ops) or (k.kernel[dev] & ok).any() else None
+    out["attention.math_gemm_share"] = out["attention.math_kernel_share"]
     out["attention.manual_kernel_share"] = out["attention.manual_gemm_share"] = 0.0
     if not (spans or len(math_ops)) or not total:
         return out
@@ -122,12 +123,11 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
         gemm_by_class += gemm
         name = "math" if kind == "math" else "manual"
         out[f"attention.{name}_kernel_share"] += float(t.dur[rows].sum()) * scale / total
-        out[f"attention.{name}_gemm_share"] = (out[f"attention.{name}_gemm_share"] or 0.0) + float(gemm.sum()) / total
+        out[f"attention.{name}_gemm_share"] += float(gemm.sum()) / total
         if kind == "math" or math_bwd:
             k.cache[UPCAST] = np.concatenate([k.cache[UPCAST], kern])
     for key in ("manual_kernel_share", "manual_gemm_share", "math_kernel_share", "math_gemm_share"):
-        if out[f"attention.{key}"] is not None:
-            out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
+        out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
     out["attention.gemm_half_speedup"] = _half_speedup(gemm_by_class, ratios)
     return out
 
@@ -201,7 +201,7 @@ def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool
             # the casts and views that feed the first matmul and take the last one's result (the
             # inputs upcast by hand for a stable softmax, and their ToCopyBackward) are the
             # attention's too: a fused kernel takes the bf16/fp16 tensors as they are
-            while first > 0 and first - ends[0] < EDGE and shape[first - 1] and bwd[first - 1] == bwd[i]:
+            while first > 0 and ends[0] - first < EDGE and shape[first - 1] and bwd[first - 1] == bwd[i]:
                 first -= 1
             while last + 1 < len(top) and last - ends[1] < EDGE and shape[last + 1] and bwd[last + 1] == bwd[i]:
                 last += 1
