@@ -33,14 +33,14 @@ from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
 from perfdoctor.analyze.patterns import MATH_ATTENTION
-from perfdoctor.analyze.precision import CLASSES, DAMP, class_of_rows
+from perfdoctor.analyze.precision import CLASSES, DAMP, MATH_PATH_KERNELS, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 WINDOW = 4
 EDGE = 8        # view and cast ops taken in at each end of a match
 GEMM_CLASSES = [CLASSES.index(c) for c in ("gemm_fp32", "gemm_tf32", "gemm_half", "gemm_fp64")]
-UPCAST = "attention.math_path_kernels"     # k.cache key: the kernels of SDPA's math path
+UPCAST = MATH_PATH_KERNELS      # k.cache key: the kernels of SDPA's math path, for precision.py
 OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
 MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
                    r"^autograd::engine::evaluate_function: (Bmm|Baddbmm|Matmul|Einsum|UnsafeView)Backward")
