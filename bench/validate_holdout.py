@@ -8,7 +8,10 @@ Each script in bench/holdout/ has a known bottleneck and a textbook fix behind `
 unfused elementwise kernels -> torch.compile, every block checkpointed -> none). The h2_* scripts
 are a second set of the same fixes on other models, written after the gain models were fitted to
 the first set's H200 measurements; the h3_* scripts a third, written once the models were revised
-on the second (run it first, as it comes). For each one this runs, on this machine:
+on the second; h4_* the corpus's other bottlenecks; h5_* and h6_* (2026-12-04) a loader, a
+checkpoint, attention, precision and layout on other models. Each set was committed before its
+first run, and the outcome of that run is kept (bench/holdout/*.json). Not yet run:
+h6_ckpt_every25.py (run it first, as it comes). For each one this runs, on this machine:
 
 1. the script bare and with `--fixed`, in interleaved pairs (order alternating), each printing
    its own steady step time (`STEADY_MS`); measured speed-up = mean bare / mean fixed;
