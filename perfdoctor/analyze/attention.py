@@ -101,6 +101,8 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     # ops it decomposes into (BmmBackward, SoftmaxBackward): hand-written backward passes with no
     # hand-written forward are that backward.
     math_bwd = len(math_ops) > 0 and forward == 0 and len(spans) > 0
+    if math_bwd:
+        out["attention.manual_per_step"] = 0.0
     # A layer's forward and backward both run every step, but the trace's window can cut the
     # forward passes the host ran ahead of the device (or the backward of the last step): then
     # each direction counts at its mean per match, as often as the direction seen more often.
@@ -121,7 +123,7 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
         scale = most / len(mine) if cut and (math_bwd or kind == "manual") else 1.0
         gemm = np.array([float(t.dur[kern[cls == c]].sum()) for c in GEMM_CLASSES]) * scale
         gemm_by_class += gemm
-        name = "math" if kind == "math" else "manual"
+        name = "math" if kind == "math" or math_bwd else "manual"    # the math path's backward is its own
         out[f"attention.{name}_kernel_share"] += float(t.dur[rows].sum()) * scale / total
         out[f"attention.{name}_gemm_share"] += float(gemm.sum()) / total
         if kind == "math" or math_bwd:
