@@ -157,53 +157,35 @@ def test_each_measured_change_is_sized_right(name):
             assert ranked.index(arm["fix"]) < ranked.index(other["fix"]), (name, other["fix"], ranked[:4])
 
 
+
 H5 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h5.json").read_text())
+H6 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h6.json").read_text())
+DEC4 = {**H5["rows"], **H6["rows"]}
 
 
-@pytest.mark.parametrize("name", sorted(H5["rows"]))
-def test_the_h5_runs_meet_the_bar(name):
-    """The fifth held-out set as measured on 2026-12-04: today's rules rank the applied fix first,
-    within 25% of the measurement, inside its range and under its ceiling. Three of the five met
-    this as first run; the loader (a device floor) and the math-path SDPA (its GEMMs in fp32) are
-    met since the models were revised on them."""
-    row = H5["rows"][name]
+@pytest.mark.parametrize("name", sorted(DEC4))
+def test_the_h5_and_h6_runs_meet_the_bar(name):
+    """The fifth and sixth held-out sets as measured on 2026-12-04: today's rules rank the applied
+    fix first, within 25% of the measurement, inside its range and under its ceiling. As first
+    run three of the five h5 scripts met this and neither h6 script; the models were revised on
+    the misses: PD301's device floor (h5 tokenising loader) and its overlap where under 10% of a
+    threaded trainer's loading is in threaded ops (h6 ViT loader, 0%; the corpus loader, 33%,
+    keeps none), SDPA's math path sized by its fp32 GEMMs (h5), and the attention matcher's mask
+    ops and casts (h6)."""
+    row = DEC4[name]
     assert (RECORDED.parent / name).is_file() and row["applied"] == validate_holdout.APPLIED[name]
     got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
     assert got["ranked_first"], (name, [f.rule.slug for f in fixes][:3])
     assert got["within"] and got["ceiling_holds"] and got["in_range"], (name, got)
 
 
-def test_the_h5_outcome_is_kept_as_it_was_judged():
+@pytest.mark.parametrize("doc, met", [(H5, {"h5_ckpt_every10.py", "h5_tcn_fp32.py", "h5_channels_first_unet.py"}),
+                                      (H6, set())], ids=["h5", "h6"])
+def test_the_first_run_outcome_is_kept_as_it_was_judged(doc, met):
     """The held-out result stays on record: the bar validate_holdout applied at the commit that
     ran it, on the same measurements."""
-    met = {n for n, o in H5["outcome"].items()
-           if o["ranked_first"] and o["within"] and o["ceiling_holds"] and o["in_range"]}
-    assert met == {"h5_ckpt_every10.py", "h5_tcn_fp32.py", "h5_channels_first_unet.py"}
-    for name, o in H5["outcome"].items():
-        assert o["measured"] == pytest.approx(_measured(H5["rows"][name]["bare_ms"], H5["rows"][name]["fixed_ms"]))
+    assert {n for n, o in doc["outcome"].items()
+            if o["ranked_first"] and o["within"] and o["ceiling_holds"] and o["in_range"]} == met
+    for name, o in doc["outcome"].items():
+        assert o["measured"] == pytest.approx(_measured(doc["rows"][name]["bare_ms"], doc["rows"][name]["fixed_ms"]))
         assert o["within"] == (abs(o["expected"] / o["measured"] - 1) <= validate_holdout.TOLERANCE)
-
-
-H6 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h6.json").read_text())
-
-
-def test_the_h6_attention_upcast_by_hand_meets_the_bar():
-    """Attention upcast to fp32 by hand under autocast, with its causal mask built on every call:
-    as first run its forward was never matched (1.31x expected, ranked behind compile, 2.24x
-    measured); the matcher now takes the mask ops and the casts at either end in."""
-    row = H6["rows"]["h6_upcast_attention.py"]
-    got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
-    assert got["ranked_first"], [f.rule.slug for f in fixes][:3]
-    assert got["within"] and got["ceiling_holds"] and got["in_range"], got
-
-
-def test_the_h6_loader_in_a_threaded_trainer_meets_the_bar():
-    """A CPU-augmenting loader in a 16-thread trainer: as first run workers were expected 3.1x
-    (no overlap credited to a trainer whose loading ran on intra-op threads) and measured 6.50x;
-    none of its loading was in ops that threads split well, so a single-threaded worker is as
-    fast as the trainer was and overlap is credited. The corpus loader, a third of its loading
-    in threaded convolutions, keeps no overlap (tests/test_h100_corpus.py)."""
-    row = H6["rows"]["h6_loader_augment_vit.py"]
-    assert row["metrics"]["input.wait_threaded_op_share"] == 0.0
-    got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
-    assert got["ranked_first"] and got["within"] and got["ceiling_holds"] and got["in_range"], got
