@@ -3,6 +3,7 @@ outermost ops in traces torch records on the CPU, and sized by its kernels in a 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -258,3 +259,21 @@ def test_a_match_takes_in_at_most_edge_casts_at_each_end(tmp_path):
     m = _ops_trace(tmp_path / "casts.json", lambda i: [(1, *f) for f in fwd] + [(1, "aten::linear", "gemm_other", 1000.0)])
     assert EDGE == 8
     assert m["attention.manual_kernel_share"] == pytest.approx((600 + 100 * EDGE) / 2600, rel=0.03)
+
+
+def test_attention_ops_whose_kernels_no_launch_ties_to_never_crash(tmp_path):
+    """A CUDA trace whose kernels carry no correlation to a launch (a hostile or cut file): the
+    match is counted, its device time is unknown."""
+    fwd = [("aten::matmul", "gemm_qk", 200.0), ("aten::softmax", "softmax_warp_forward", 200.0),
+           ("aten::matmul", "gemm_pv", 200.0), ("aten::linear", "gemm_other", 1000.0)]
+    p = tmp_path / "uncorrelated.json"
+    _ops_trace(p, lambda i: [(1, *f) for f in fwd])
+    doc = json.loads(p.read_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["args"].pop("correlation", None)
+            e["args"].pop("External id", None)
+    p.write_text(json.dumps(doc))
+    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    assert m["attention.manual_per_step"] == pytest.approx(1.0)
+    assert m["attention.math_kernel_share"] is None

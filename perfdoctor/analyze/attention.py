@@ -129,7 +129,8 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
         if kind == "math" or math_bwd:
             k.cache[UPCAST] = np.concatenate([k.cache[UPCAST], kern])
     for key in ("manual_kernel_share", "manual_gemm_share", "math_kernel_share", "math_gemm_share"):
-        out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
+        if out[f"attention.{key}"] is not None:      # None: no kernel the trace ties to a launch
+            out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
     out["attention.gemm_half_speedup"] = _half_speedup(gemm_by_class, ratios)
     return out
 
