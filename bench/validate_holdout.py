@@ -78,7 +78,7 @@ APPLIED = {
     "h5_tcn_fp32.py": ["mixed-precision"],
     "h5_channels_first_unet.py": ["channels-last"],
     # a sixth set (2026-12-04), written after the h5 revisions to test them out of sample: an
-    # attention upcast to fp32 by hand, a loader whose device work is a large part of the step, and
+    # attention upcast to fp32 by hand, a loader augmenting images on the CPU for a ViT, and
     # a checkpoint every 25th step
     "h6_upcast_attention.py": ["flash-attention"],
     "h6_loader_augment_vit.py": ["loader-workers", "pin-memory"],
