@@ -32,15 +32,16 @@ import numpy as np
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
-from perfdoctor.analyze.patterns import MATH_ATTENTION
-from perfdoctor.analyze.precision import CLASSES, DAMP, MATH_PATH_KERNELS, class_of_rows
+from perfdoctor.analyze.precision import CLASSES, DAMP, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
 
 WINDOW = 4
 EDGE = 8        # view and cast ops taken in at each end of a match
 GEMM_CLASSES = [CLASSES.index(c) for c in ("gemm_fp32", "gemm_tf32", "gemm_half", "gemm_fp64")]
-UPCAST = MATH_PATH_KERNELS      # k.cache key: the kernels of SDPA's math path, for precision.py
+MATH_ATTENTION = re.compile(r"^aten::_scaled_dot_product_attention_math")
+FUSED_ATTENTION = re.compile(r"^aten::_(scaled_dot_product_(flash|efficient|cudnn)_attention|flash_attention_forward|"
+                             r"efficient_attention_forward)")
 OP_RX = re.compile(r"^(aten::|autograd::engine::evaluate_function: )")
 MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
                    r"^autograd::engine::evaluate_function: (Bmm|Baddbmm|Matmul|Einsum|UnsafeView)Backward")
@@ -63,15 +64,15 @@ SOFTMAX_RX = re.compile(r"^aten::(softmax|_softmax|_safe_softmax)$|"
 
 
 def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | None = None,
-                      ratios: tuple[float, float] | None = None) -> dict:
-    """`on`: the one device whose kernels count (replicas.critical_device), None: every device.
-    `ratios`: the GPU's (fp32 -> half, tf32 -> half) peak ratios (precision.peak_ratios), None
-    when unknown. Leaves the kernels of SDPA's math path, forward and backward, in
-    k.cache[UPCAST]: they run fp32 whatever autocast does (precision.py leaves them out)."""
+                      ratios: tuple[float, float] | None = None) -> tuple[dict, np.ndarray]:
+    """(the attention.* metrics, the kernels of SDPA's math path, forward and backward: they run
+    fp32 whatever autocast does, and precision_metrics leaves them out). `on`: the one device
+    whose kernels count (replicas.critical_device), None: every device. `ratios`: the GPU's
+    (fp32 -> half, tf32 -> half) peak ratios (precision.peak_ratios), None when unknown."""
     out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None,
            "attention.manual_gemm_share": None, "attention.math_kernel_share": None,
            "attention.math_gemm_share": None, "attention.gemm_half_speedup": None}
-    k.cache[UPCAST] = np.zeros(0, np.int64)
+    math_path = np.zeros(0, np.int64)
     lo, hi = steps.span
     total = float(steps.duration.sum())
     luts = _luts(t)
@@ -79,20 +80,23 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     spans = []
     for tid in unique(t.tid[ops]) if len(ops) else []:
         spans += _matches(t, ops[t.tid[ops] == tid], luts)
-    math_ops = np.flatnonzero(k.cpu_op & (steps.of_events(t) >= 0)
-                              & t.name_mask(lambda s: MATH_ATTENTION.match(s) is not None))
+    in_steps = k.cpu_op & (steps.of_events(t) >= 0)
+    math_ops = np.flatnonzero(in_steps & t.name_mask(lambda s: MATH_ATTENTION.match(s) is not None))
+    out["attention.math_ops_per_step"] = len(math_ops) / len(steps)
+    out["attention.fused_ops_per_step"] = int((in_steps & t.name_mask(
+        lambda s: FUSED_ATTENTION.match(s) is not None)).sum()) / len(steps)
     forward = sum(1 for _, _, bwd in spans if not bwd)
     n_max = max(forward, len(spans) - forward)
     out["attention.manual_per_step"] = n_max / len(steps)
     if k.platform == "cpu":
-        return out
+        return out, math_path
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
     out["attention.math_kernel_share"] = 0.0 if len(math_ops) or (k.kernel[dev] & ok).any() else None
     out["attention.math_gemm_share"] = out["attention.math_kernel_share"]
     out["attention.manual_kernel_share"] = out["attention.manual_gemm_share"] = 0.0
     if not (spans or len(math_ops)) or not total:
-        return out
+        return out, math_path
     on_device = k.kernel[dev] | k.memset[dev] | (k.memcpy[dev] & t.name_mask(lambda n: "DtoD" in n)[dev])
     if on is not None:
         on_device &= on[dev]
@@ -127,12 +131,12 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
         out[f"attention.{name}_kernel_share"] += float(t.dur[rows].sum()) * scale / total
         out[f"attention.{name}_gemm_share"] += float(gemm.sum()) / total
         if kind == "math" or math_bwd:
-            k.cache[UPCAST] = np.concatenate([k.cache[UPCAST], kern])
+            math_path = np.concatenate([math_path, kern])
     for key in ("manual_kernel_share", "manual_gemm_share", "math_kernel_share", "math_gemm_share"):
         if out[f"attention.{key}"] is not None:      # None: no kernel the trace ties to a launch
             out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
     out["attention.gemm_half_speedup"] = _half_speedup(gemm_by_class, ratios)
-    return out
+    return out, math_path
 
 
 def _launched_in(t: EventTable, dev: np.ndarray, launch: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Model-level patterns: attention implementation, DataParallel, optimizer fusion, shape churn."""
+"""Model-level patterns: DataParallel and its wrappers, optimizer fusion, kernel-count churn (the
+attention implementation is attention.py's)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from perfdoctor.analyze.nesting import contained, launches_inside
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
-MATH_ATTENTION = re.compile(r"^aten::_scaled_dot_product_attention_math")
-FUSED_ATTENTION = re.compile(r"^aten::_(scaled_dot_product_(flash|efficient|cudnn)_attention|flash_attention_forward|efficient_attention_forward)")
 FUSED_OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|fused_sgd|_fused_", re.I)
 FUSED_OPTIMIZER_OP = re.compile(r"^aten::_(fused|foreach)_")      # fused=True / foreach=True
 # which of the two: a fused update is one kernel (op) per tensor list; foreach runs a multi-tensor
@@ -112,12 +111,7 @@ def parallel_wrapper(t: EventTable, k: Kinds) -> str | None:
 
 def pattern_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     n, total = len(steps), float(steps.duration.sum())
-    in_steps = steps.of_events(t) >= 0
-    math_ops = np.flatnonzero(k.cpu_op & in_steps & t.name_mask(lambda s: MATH_ATTENTION.match(s) is not None))
-    fused_ops = k.cpu_op & in_steps & t.name_mask(lambda s: FUSED_ATTENTION.match(s) is not None)
-    out = {"attention.math_ops_per_step": len(math_ops) / n,
-           "attention.fused_ops_per_step": int(fused_ops.sum()) / n,
-           "parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
+    out = {"parallel.data_parallel": bool((k.cpu_op & t.name_mask(lambda s: s.startswith("DataParallel.forward"))).any()),
            "parallel.wrapper": parallel_wrapper(t, k),
            "trace.devices_used": None,
            "optimizer.kernels_per_step": None, "optimizer.ops_per_step": None, "optimizer.fused": None,

@@ -97,12 +97,13 @@ def analyze(t: EventTable) -> TraceAnalysis:
         m.update(replica_metrics(t, k, steps))
     m.update(pattern_metrics(t, k, steps))
     on, on_share = critical_device(t, k, m)      # DataParallel: the busiest replica alone
-    m.update(attention_metrics(t, k, steps, on, None if m["trace.capability_from_kernels"]
-                               else peak_ratios(m["trace.compute_capability"], m["trace.device_name"])))
+    attention, math_path = attention_metrics(t, k, steps, on, None if m["trace.capability_from_kernels"]
+                                             else peak_ratios(m["trace.compute_capability"], m["trace.device_name"]))
+    m.update(attention)
     m.update(verdict_shares(m))
     crit = m["share.device"] if on is None else on_share
     m.update(precision_metrics(t, k, steps, m["trace.compute_capability"], crit, on, m["trace.device_name"],
-                               ratios_known=not m["trace.capability_from_kernels"])
+                               ratios_known=not m["trace.capability_from_kernels"], math_path=math_path)
              if k.platform == "cuda" else {})
     m.update(fusion_metrics(t, k, steps, crit, on) if k.platform in ("cuda", "rocm", "cpu") else {})
     m.update(recompute_metrics(t, k, steps, crit, on))

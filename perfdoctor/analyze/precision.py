@@ -136,7 +136,6 @@ NO_TENSOR_CORES = ((1.0, None, 2.0), 1 / 32)
 # Ampere/Ada 1/64 of fp32, A100 19.5, V100 7.8 (T4, cc 7.5, has 1/32 of fp32: taken as V100, less gain)
 PEAKS64 = ((10.0, 40.0), (9.0, 67.0), (8.6, 40.0 / 64), (8.0, 19.5), (7.0, 7.8))
 DAMP, DAMP_LOW, DAMP_HIGH = 0.8, 0.6, 0.95
-MATH_PATH_KERNELS = "attention.math_path_kernels"   # k.cache key: the kernels of SDPA's math path (attention.py)
 MEMORY_SPEEDUP = (1.7, 1.0, 2.0)        # expected, low, high
 
 
@@ -262,12 +261,13 @@ def conv_layout_applies(t: EventTable, k: Kinds, steps: Steps) -> bool | None:
 
 def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
                       device_share: float | None, on: np.ndarray | None = None, name: str | None = None,
-                      ratios_known: bool = True) -> dict:
+                      ratios_known: bool = True, math_path: np.ndarray | None = None) -> dict:
     """`on`: a mask over the rows, the one device to measure (the busiest DataParallel replica,
     replicas.critical_device, with device_share its busy share); None: every device. `name`: the
     device's name (GeForce parts have other peak ratios). On a part with tensor cores whose ratios
     the table lacks the shares are measured and the speed-ups left unknown, as where `cc` is only
-    a floor read from kernel names (ratios_known False: the part is unknown)."""
+    a floor read from kernel names (ratios_known False: the part is unknown). `math_path`: the
+    kernels of SDPA's math path (attention.attention_metrics), which are no precision work."""
     total = float(steps.duration.sum())
     lo, hi = steps.span
     kr = np.flatnonzero(k.kernel if on is None else k.kernel & on)
@@ -286,7 +286,8 @@ def precision_metrics(t: EventTable, k: Kinds, steps: Steps, cc: float | None,
     cls = np.where(_in_optimizer(t, k, kr) & (cls == mem), other, cls)
     # SDPA's math path computes in fp32 whatever its inputs (it upcasts bf16/fp16): autocast cannot
     # change its kernels, a fused attention kernel can (PD321)
-    cls = np.where(isin(kr, k.cache.get(MATH_PATH_KERNELS, np.zeros(0, np.int64))), other, cls)
+    if math_path is not None and len(math_path):
+        cls = np.where(isin(kr, math_path), other, cls)
     dur = t.dur[kr] * _overlap_scale(t, k, kr)
     for i, c in enumerate(CLASSES[:-1]):
         out[f"precision.{c}_share"] = float(dur[cls == i].sum()) / total
