@@ -118,7 +118,10 @@ def test_the_fetch_is_indexing_and_collation_not_the_per_sample_conversions(tmp_
     conv = _metrics(tmp_path, ToTensorLike(), batch_size=16)
     not_math = conv["input.traced_op_share_of_wait"] - conv["input.wait_tensor_op_share"]
     assert conv["input.wait_fetch_share"] > 0, conv           # the batch's stack
-    assert not_math - conv["input.wait_fetch_share"] >= 0.1, conv    # clone and to: not the fetch
+    # clone and to are not the fetch: as a ratio of the same trace's spans (alone 0.63-0.78; the
+    # absolute margin, 0.09-0.20 alone, fell to 0.05 beside the rest of the suite), where counting
+    # them in the fetch would make it 1
+    assert conv["input.wait_fetch_share"] <= 0.9 * not_math, conv
 
 
 def test_no_loader_no_metrics(tmp_path):
