@@ -9,9 +9,11 @@ unfused elementwise kernels -> torch.compile, every block checkpointed -> none).
 are a second set of the same fixes on other models, written after the gain models were fitted to
 the first set's H200 measurements; the h3_* scripts a third, written once the models were revised
 on the second; h4_* the corpus's other bottlenecks; h5_* and h6_* (2026-12-04) a loader, a
-checkpoint, attention, precision and layout on other models. Each set was committed before its
-first run, and the outcome of that run is kept (bench/holdout/*.json). Not yet run:
-h6_ckpt_every25.py (run it first, as it comes). For each one this runs, on this machine:
+checkpoint, attention, precision and layout on other models; h7_* fixes not measured before
+(float64, anomaly detection, evaluation and logging in the loop, workers restarted each epoch)
+and bf16 on an LSTM. Each set was committed before its first run, and the outcome of that run is
+kept (bench/holdout/*.json). Not yet run: h6_ckpt_every25.py (run it first, as it comes), then
+the h7 set. For each one this runs, on this machine:
 
 1. the script bare and with `--fixed`, in interleaved pairs (order alternating), each printing
    its own steady step time (`STEADY_MS`); measured speed-up = mean bare / mean fixed;
@@ -83,6 +85,15 @@ APPLIED = {
     "h6_upcast_attention.py": ["flash-attention"],
     "h6_loader_augment_vit.py": ["loader-workers", "pin-memory"],
     "h6_ckpt_every25.py": ["checkpoint-off-the-step"],
+    # a seventh set (2026-12-04, third session), written with no GPU lent and committed before any
+    # run: fixes no held-out script had measured yet (float64, anomaly detection, evaluation and
+    # logging inside the loop, workers restarted every epoch) and precision on recurrent kernels
+    "h7_lstm_fp32.py": ["mixed-precision"],
+    "h7_float64_pinn.py": ["float32-not-float64"],
+    "h7_anomaly_gpt.py": ["anomaly-detection-off"],
+    "h7_eval_every4.py": ["evaluate-less-often"],
+    "h7_short_epochs.py": ["persistent-workers"],
+    "h7_log_grad_norms.py": ["log-less-often"],
 }
 TOLERANCE = 0.25
 NOISE = 1.05        # what a measurement may lie past a ceiling or a range's end by: its own noise
@@ -133,7 +144,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--only", nargs="*", choices=sorted(APPLIED))
-    ap.add_argument("--set", choices=["h", "h2", "h3", "h4", "h5", "h6"], help="only the scripts of one set (h_*, h2_*, ..., h5_*)")
+    ap.add_argument("--set", choices=["h", "h2", "h3", "h4", "h5", "h6", "h7"], help="only the scripts of one set (h_*, h2_*, ..., h7_*)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--keep", type=Path, help="keep the perfdoctor run directories here")
     ap.add_argument("--cpu", action="store_true", help="run without CUDA (--small sizes): checks the harness only")
