@@ -51,6 +51,13 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The longest test files first (tests/fileorder.py): the workers take them in this order, and
+    the last files to start are short ones."""
+    from fileorder import longest_first
+    longest_first(items, REPO)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test, with the fixtures it sets up, holds the machine shared with the other workers;

@@ -31,7 +31,8 @@ def test_a_quiet_test_runs_alone_and_the_others_two_at_a_time_each_file_on_one_w
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: the suite runs in one worker (conftest.pytest_xdist_auto_num_workers)")
     (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
-    (tmp_path / "quiet.py").write_text((TESTS / "quiet.py").read_text())
+    for helper in ("quiet.py", "fileorder.py"):      # conftest's; no durations.json: files in their order
+        (tmp_path / helper).write_text((TESTS / helper).read_text())
     # the quiet tests first in the first file: the other worker has tests to run while they wait
     quiet = textwrap.dedent('''
         @pytest.mark.quiet
