@@ -6,12 +6,18 @@ tensor's size (more under the profiler). A model of many ops on small tensors (a
 stepped in Python, a per-element loss, an RNN cell unrolled by hand) spends most of its op time
 there, and torch.compile removes it: the graph's ops become one fused C++ loop, called once.
 
-    cpu.small_op_share = time of the outermost ops (aten::*, autograd::*) that take under
-                         SMALL_OP_US per op they hold / the steps' time
+    cpu.small_op_share = time of the outermost ops (aten::*, autograd::*) less the own time of
+                         the large ops inside them / the steps' time
 
-    cpu.optimizer_large_op_share = time of those outermost ops of SMALL_OP_US or more per op
-                         inside Optimizer.step's own part (after a closure's last backward pass)
-                         / the steps' time
+A large op's own time (its time less that of the ops directly inside it) is SMALL_OP_US or more:
+the compute that stays when compile removes the dispatch around it. An autograd node of five tiny
+ops is small all through, while an aten::linear holding an addmm of 44 us own time keeps those
+44 us (its own and its transpose's few microseconds, and the addmm's bias copy, are small).
+Dividing an op's time by the ops it held had called that linear three 18 us ops, and a
+32 x 256 x 512 MLP's matrix products small: compile's bound read 2163x.
+
+    cpu.optimizer_large_op_share = own time of the large ops inside Optimizer.step's own part
+                         (after a closure's last backward pass) / the steps' time
 
 the part of optimizer.step_share that is neither Python nor small ops: compiling the model leaves
 the optimizer's step, and PD312 takes out only what its own share counted of it.
@@ -34,8 +40,7 @@ these. A backward node is matched by its sequence number alone (the forward's th
                          dot-product instructions shorten under CPU autocast around the model (PD375)
 
 Outermost: an op not inside another op of that kind on its thread (an aten::linear holds an
-aten::addmm; a backward node holds its aten ops), so nothing is counted twice; per op it holds,
-itself included, so that a backward node of five tiny ops counts as small. SMALL_OP_US is 20
+aten::addmm; a backward node holds its aten ops), so nothing is counted twice. SMALL_OP_US is 20
 microseconds: profiled, an op on a 2-element tensor takes 5-15 microseconds here, and an op under
 20 is mostly its fixed cost. None on GPU traces (the host's ops overlap the device's work there:
 PD311 and the launch metrics cover it).
@@ -47,7 +52,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import contained, outermost
+from perfdoctor.analyze.nesting import contained, outermost, self_time
 from perfdoctor.analyze.patterns import OwnPart, optimizer_step_rows
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
@@ -68,16 +73,22 @@ def is_gemm_conv(name: str) -> bool:
     return name in GEMM_OPS or name.startswith(CONV_PREFIXES)
 
 
-def _ops_inside(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
-    """How many of `ops` each row of `top` holds, itself included (same thread)."""
-    n = np.ones(len(top))
-    for tid in unique(t.tid[top]):
-        o = np.sort(t.ts[ops[t.tid[ops] == tid]])
+def large_op_time(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Per row of `top` (outermost among `ops`): the own time (less the ops directly inside) of
+    the ops inside it, itself included, whose own time is SMALL_OP_US or more (same thread)."""
+    out = np.zeros(len(top))
+    own = self_time(t, ops)
+    large = own >= SMALL_OP_US
+    big, big_own = ops[large], own[large]
+    for tid in unique(t.tid[big]):
+        b = t.tid[big] == tid
         on = np.flatnonzero(t.tid[top] == tid)
-        lo = np.searchsorted(o, t.ts[top[on]], side="left")
-        hi = np.searchsorted(o, t.ts[top[on]] + t.dur[top[on]], side="left")
-        n[on] = np.maximum(1, hi - lo)
-    return n
+        on = on[np.argsort(t.ts[top[on]], kind="stable")]       # outermost: they never overlap
+        i = np.searchsorted(t.ts[top[on]], t.ts[big[b]], side="right") - 1
+        ok = i >= 0
+        ok[ok] = t.ts[big[b][ok]] + t.dur[big[b][ok]] <= t.ts[top[on[i[ok]]]] + t.dur[top[on[i[ok]]]]
+        np.add.at(out, on[i[ok]], big_own[b][ok])
+    return out
 
 
 def rnn_rows(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -116,11 +127,11 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if len(top) == 0:
         return out
     dur = t.dur[top].astype(np.float64)
-    per_op = dur / _ops_inside(t, ops, top)
-    small = per_op < SMALL_OP_US
-    out["cpu.small_op_share"] = min(1.0, float(dur[small].sum()) / total)
+    large = np.minimum(large_op_time(t, ops, top), dur)
+    small = dur - large                                 # each outermost op's time but its large ops' own
+    out["cpu.small_op_share"] = min(1.0, float(small.sum()) / total)
     rnn = rnn_rows(t, ops, top)
-    out["cpu.rnn_small_op_share"] = min(1.0, float(dur[small & rnn].sum()) / total)
+    out["cpu.rnn_small_op_share"] = min(1.0, float(small[rnn].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
     mm = ops[t.name_mask(is_gemm_conv)[ops]]          # outermost of their own kind: linear holds addmm
     # not the batches' own (a blur in DataLoader.__next__ with num_workers=0): autocast around the
@@ -130,8 +141,7 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out["cpu.op_median_us"] = float(median(dur))
     opt = optimizer_step_rows(t, k, steps)
     if len(opt):
-        large = top[per_op >= SMALL_OP_US]
-        inside = large[contained(t, large, opt)]           # any depth, same thread
-        inside = inside[OwnPart(t, opt, steps).own(t.ts[inside])]
-        out["cpu.optimizer_large_op_share"] = min(1.0, float(t.dur[inside].astype(np.float64).sum()) / total)
+        inside = contained(t, top, opt)                     # any depth, same thread
+        inside[inside] = OwnPart(t, opt, steps).own(t.ts[top[inside]])
+        out["cpu.optimizer_large_op_share"] = min(1.0, float(large[inside].sum()) / total)
     return out
