@@ -51,12 +51,12 @@ def test_judgement_on_the_corpus(shared_traces):
 RUN_ALL = """
 import contextlib, io, json, os, runpy, sys
 sys.path.insert(0, os.path.dirname(json.loads(sys.argv[1])[0][0]))     # the scripts' steady.py
-out = {}
+out, kept = {}, []
 for path, args in json.loads(sys.argv[1]):
     sys.argv = [path, *args]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        runpy.run_path(path, run_name="__main__")
+        kept.append(runpy.run_path(path, run_name="__main__"))   # never collected: see below
     out[path + " " + " ".join(args)] = buf.getvalue()
 print(json.dumps(out), flush=True)
 os._exit(0)     # not the interpreter's shutdown: it joins the DataLoader workers of the last arm
@@ -66,8 +66,10 @@ os._exit(0)     # not the interpreter's shutdown: it joins the DataLoader worker
 def test_holdout_scripts_run_and_print_their_step_time():
     runs = []
     # The DataLoader workers a loader fix starts (8, forked from a process with many threads) hang
-    # at shutdown, and their iterator's collection by a later script waited 5 s for each: that
-    # script comes last, and the interpreter leaves without joining them
+    # at shutdown, and their iterator's collection by a later script waited 5 s for each: those
+    # scripts come last, every script's globals are kept (a garbage collection that fell inside
+    # the next loader script once made this test 40 s longer), and the interpreter leaves without
+    # joining them
     # (so do the persistent workers of a fixed arm)
     starts = lambda s: bool({"loader-workers", "persistent-workers"} & set(validate_holdout.APPLIED[s]))  # noqa: E731
     for script in sorted(validate_holdout.APPLIED, key=lambda s: (starts(s), s)):
