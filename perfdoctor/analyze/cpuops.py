@@ -14,7 +14,8 @@ the compute that stays when compile removes the dispatch around it. An autograd 
 ops is small all through, while an aten::linear holding an addmm of 44 us own time keeps those
 44 us (its own and its transpose's few microseconds, and the addmm's bias copy, are small).
 Dividing an op's time by the ops it held had called that linear three 18 us ops, and a
-32 x 256 x 512 MLP's matrix products small: compile's bound read 2163x.
+32 x 256 x 512 MLP's matrix products small (with a short run's trace inflation, PD312's bound
+read 2163x on it).
 
     cpu.optimizer_large_op_share = own time of the large ops inside Optimizer.step's own part
                          (after a closure's last backward pass) / the steps' time
