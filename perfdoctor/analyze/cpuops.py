@@ -65,7 +65,7 @@ RNN_OPS = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_rel
 GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::baddbmm",
                       "aten::addbmm", "aten::einsum", "aten::_addmm_activation"})
 CONV_PREFIXES = ("aten::conv", "aten::_conv", "aten::mkldnn_convolution", "aten::cudnn_convolution",
-                 "aten::slow_conv", "aten::thnn_conv")
+                 "aten::slow_conv", "aten::_slow_conv", "aten::thnn_conv")
 NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share",
          "cpu.rnn_small_op_share", "cpu.gemm_conv_share")
 

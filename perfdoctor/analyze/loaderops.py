@@ -43,14 +43,14 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.cpuops import is_gemm_conv
 from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
 METRICS = ("input.wait_tensor_op_share", "input.wait_fetch_share", "input.wait_threaded_op_share",
            "input.wait_top_ops")
-THREADED = re.compile(r"^aten::(conv\w*|_convolution\w*|mkldnn_convolution|cudnn_convolution|_slow_conv2d\w*|"
-                      r"linear|mm|addmm|bmm|baddbmm|matmul|einsum|stft|istft|_?fft_\w+)$")
+FFT = re.compile(r"^aten::(stft|istft|_?fft_\w+)$")
 # what stays per sample and per batch when every deterministic step is stored ahead of time:
 # indexing a sample out of tensors held in memory, collating the batch, pinning it
 FETCH = frozenset({"aten::select", "aten::index", "aten::slice", "aten::narrow", "aten::item",
@@ -87,7 +87,8 @@ def loader_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     names = [t.names[c] for c in t.name[top]]
     transform = np.asarray([n not in NOT_TRANSFORM for n in names], bool)
     out["input.wait_tensor_op_share"] = min(1.0, float(t.dur[top][transform].sum()) / span_t)
-    threaded = np.asarray([THREADED.match(n) is not None for n in names], bool)
+    # matrix products and convolutions as the CPU metrics name them (cpuops.is_gemm_conv), and FFTs
+    threaded = np.asarray([is_gemm_conv(n) or FFT.match(n) is not None for n in names], bool)
     out["input.wait_threaded_op_share"] = min(1.0, float(t.dur[top][threaded].sum()) / span_t)
     fetch = np.asarray([n in FETCH for n in names], bool)
     out["input.wait_fetch_share"] = min(1.0, float(t.dur[top][fetch].sum()) / span_t)
