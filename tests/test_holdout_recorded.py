@@ -51,9 +51,20 @@ def _judged(row: dict, measured: float) -> tuple[dict, list]:
     return validate_holdout.judge(doc, row["applied"], measured), fixes
 
 
-@pytest.mark.parametrize("name", sorted(ROWS))
+# The fifth and sixth held-out sets as measured on 2026-12-04 are held to the same bar. As first run
+# three of the five h5 scripts met it and neither h6 script; the models were revised on the misses:
+# PD301's device floor (h5 tokenising loader) and its overlap where under 10% of a threaded
+# trainer's loading is in threaded ops (h6 ViT loader, 0%; the corpus loader, 33%, keeps none),
+# SDPA's math path sized by its fp32 GEMMs (h5), and the attention matcher's mask ops and casts (h6).
+H5 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h5.json").read_text())
+H6 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h6.json").read_text())
+MET = {**ROWS, **H5["rows"], **H6["rows"]}
+
+
+@pytest.mark.parametrize("name", sorted(MET))
 def test_the_applied_fix_ranks_first_and_its_gain_is_sized_right(name):
-    row = ROWS[name]
+    row = MET[name]
+    assert (RECORDED.parent / name).is_file() and row["applied"] == validate_holdout.APPLIED[name]
     measured = statistics.mean(row["bare_ms"]) / statistics.mean(row["fixed_ms"])
     got, fixes = _judged(row, measured)
     assert None not in got["ranks"], (name, [f.rule.slug for f in fixes])
@@ -155,28 +166,6 @@ def test_each_measured_change_is_sized_right(name):
         if other is not arm and other["script"] == arm["script"] and other["args"] == arm["args"] \
                 and other["fix"] in ranked and _measured(other["bare_ms"], other["changed_ms"]) < measured:
             assert ranked.index(arm["fix"]) < ranked.index(other["fix"]), (name, other["fix"], ranked[:4])
-
-
-
-H5 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h5.json").read_text())
-H6 = json.loads((BENCH / "holdout" / "h200-2026-12-04-h6.json").read_text())
-DEC4 = {**H5["rows"], **H6["rows"]}
-
-
-@pytest.mark.parametrize("name", sorted(DEC4))
-def test_the_h5_and_h6_runs_meet_the_bar(name):
-    """The fifth and sixth held-out sets as measured on 2026-12-04: today's rules rank the applied
-    fix first, within 25% of the measurement, inside its range and under its ceiling. As first
-    run three of the five h5 scripts met this and neither h6 script; the models were revised on
-    the misses: PD301's device floor (h5 tokenising loader) and its overlap where under 10% of a
-    threaded trainer's loading is in threaded ops (h6 ViT loader, 0%; the corpus loader, 33%,
-    keeps none), SDPA's math path sized by its fp32 GEMMs (h5), and the attention matcher's mask
-    ops and casts (h6)."""
-    row = DEC4[name]
-    assert (RECORDED.parent / name).is_file() and row["applied"] == validate_holdout.APPLIED[name]
-    got, fixes = _judged(row, _measured(row["bare_ms"], row["fixed_ms"]))
-    assert got["ranked_first"], (name, [f.rule.slug for f in fixes][:3])
-    assert got["within"] and got["ceiling_holds"] and got["in_range"], (name, got)
 
 
 @pytest.mark.parametrize("doc, met", [(H5, {"h5_ckpt_every10.py", "h5_tcn_fp32.py", "h5_channels_first_unet.py"}),
