@@ -17,8 +17,17 @@ op (aten::select, slice, index, narrow) or, in the backward pass, its backward n
     cpu.loop_kept_op_share  = time of the outermost ops outside the runs / the steps' time; on a
                               GPU the larger of that and the device's busy time on work not
                               launched from the runs (that work stays after vectorising too)
+    cpu.loop_python_share   = time between the runs' ops in gaps of SMALL_OP_US or more, where
+                              about every iteration has one / the steps' time: Python work of the
+                              loop's own, besides calling its ops
 
-The last bounds what vectorising can remove: the ops outside the loop stay, and everything else
+Between two ops of a loop body the interpreter runs a line or two: a few microseconds. A gap of
+20 us or more (an op's fixed cost: cpuops.SMALL_OP_US) in about every iteration is work of its
+own: a per-environment simulation in an RL rollout's time loop, a tokenizer, numpy. Whether it is
+per-sample work that batches too, the trace cannot tell; PD365's expected gain leaves it in place
+(its ceiling does not). A few such gaps in a long run are the thread being preempted: not counted.
+
+The kept share bounds what vectorising can remove: the ops outside the loop stay, and everything else
 may go, since the loop's cost is not only its ops. The autograd engine walks a graph of one node
 per op per sample before the backward pass starts, and frees it (with the samples' saved tensors)
 after: untraced time outside the runs that shrinks with the loop (a contrastive loss over 128
@@ -51,7 +60,7 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import median, unique
-from perfdoctor.analyze.cpuops import rnn_rows
+from perfdoctor.analyze.cpuops import SMALL_OP_US, rnn_rows
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -63,7 +72,7 @@ MAX_BRANCH_LEVELS = 8          # occurrence counts below which branching_runs le
 INDEXING = ("aten::select", "aten::slice", "aten::index", "aten::narrow")
 INDEXING_BACKWARD = ("SelectBackward0", "SliceBackward0", "IndexBackward0", "NarrowBackward0")
 NAMES = ("cpu.loop_share", "cpu.loop_iterations", "cpu.loop_ops_per_iteration", "cpu.loop_op_median_us",
-         "cpu.loop_kept_op_share")
+         "cpu.loop_kept_op_share", "cpu.loop_python_share")
 
 
 def _indexing(name: str) -> bool:
@@ -197,7 +206,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
                           (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
-    loop_us, kept_us, longest, op_us = 0.0, kept_loader_us, [], []
+    loop_us, python_us, kept_us, longest, op_us = 0.0, 0.0, kept_loader_us, [], []
     stretches: list[tuple[int, float, float]] = []        # (thread, start, end) of each run
     for si in unique(top_step):
         for tid in unique(t.tid[top[top_step == si]]):
@@ -213,11 +222,13 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             if not runs:
                 continue
             longest.append(max(runs))
+            period = median([r[1] for r in runs])
             op_us.append(t.dur[rows[covered]].astype(np.float64))
             # contiguous covered stretches: first op's start to last op's end
             edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
             for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
                 loop_us += float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]] - t.ts[rows[a]])
+                python_us += _own_work(t, rows[a:b], period)
                 stretches.append((int(tid), float(t.ts[rows[a]]), float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]])))
     if not longest:
         out["cpu.loop_share"] = 0.0
@@ -230,7 +241,17 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     if k.platform != "cpu":
         kept = max(kept, _device_outside(t, k, steps, stretches) / total)
     out["cpu.loop_kept_op_share"] = min(1.0, kept)
+    out["cpu.loop_python_share"] = min(out["cpu.loop_share"], python_us / total)
     return out
+
+
+def _own_work(t: EventTable, rows: np.ndarray, period: float) -> float:
+    """Time (us) in the gaps of SMALL_OP_US or more between consecutive `rows` (one stretch of a
+    run, in time order), if about every iteration has one (at least half as many gaps as the
+    stretch's iterations): the loop's own Python work. Fewer are preemptions: 0."""
+    gaps = t.ts[rows[1:]] - (t.ts[rows[:-1]] + t.dur[rows[:-1]])
+    long = gaps[gaps >= SMALL_OP_US]
+    return float(long.sum()) if 2 * len(long) >= len(rows) / period else 0.0
 
 
 def _device_outside(t: EventTable, k: Kinds, steps: Steps, stretches: list[tuple[int, float, float]]) -> float:
