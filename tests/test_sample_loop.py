@@ -323,3 +323,53 @@ def test_a_recorded_loop_with_python_work_in_each_iteration(tmp_path):
     m = _report(tmp_path, step, "py.json")["traces"][0]["metrics"]
     assert m["cpu.loop_iterations"] >= 30
     assert 0.5 * m["cpu.loop_share"] < m["cpu.loop_python_share"] < m["cpu.loop_share"]
+
+
+ROLLOUT = r"""
+import math, torch
+torch.manual_seed(0)
+policy = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+state = [[0.01 * i, 0.0, 0.02, 0.0] for i in range(128)]
+def env_step(actions):                         # a pure-Python environment, one state at a time
+    for i, a in enumerate(actions):
+        x, v, th, w = state[i]
+        acc = (10.0 if a else -10.0) + 0.05 * w * w * math.sin(th)
+        state[i] = [x + 0.02 * v, v + 0.02 * acc, th + 0.02 * w, w + 0.02 * math.cos(th) * acc]
+    return torch.tensor(state)
+for it in range(150):
+    s, logps = torch.tensor(state), []
+    for t in range(16):                        # 16 time steps: each needs the one before
+        d = torch.distributions.Categorical(logits=policy(s))
+        a = d.sample()
+        logps.append(d.log_prob(a))
+        s = env_step(a.tolist())
+    loss = -torch.stack(logps).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("rollout: done")
+"""
+
+
+def test_a_rollouts_time_loop_is_no_per_sample_loop_in_a_live_run(tmp_path):
+    """An RL rollout: 16 policy calls a step, each on the 128 environments' states, with a
+    pure-Python environment stepped between them. The trace alone reads a loop of 16 iterations
+    that takes rows (Categorical.log_prob slices) with the environment as its own Python work; the
+    live run counts the policy's calls, once an iteration on 128 rows: a time loop, whose ops
+    cannot run once over a batch, so PD365 steps aside there."""
+    from runs import prun_script, report
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    r, out = prun_script(tmp_path, "rollout.py", ROLLOUT, trace=True)
+    assert r.stdout == "rollout: done\n"
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 128
+    assert m["cpu.loop_iterations"] in (15, 16, 17) and m["cpu.loop_python_share"] > 0.1
+    assert "PD365" not in {f["id"] for f in doc["findings"]}
+    # the trace alone cannot tell the loop over time from one over samples: its expected gain leaves
+    # the environment's time in place
+    trace = next(out.glob("*.pt.trace.json*"))
+    fix = next(f for f in diagnose_path(str(trace))["findings"] if f["id"] == "PD365")
+    tm = diagnose_path(str(trace))["traces"][0]["metrics"]
+    share = min(tm["cpu.loop_share"] - tm["cpu.loop_python_share"], 1 - tm["cpu.loop_kept_op_share"])
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - share + share / tm["cpu.loop_iterations"]), rel=1e-3)
