@@ -180,7 +180,7 @@ def test_a_verdict_just_under_the_device_line_is_not_firm():
     assert confidence("host", {**m, "share.device": 0.65, "share.host": 0.28})[0] == 1.0     # far from both lines
     # the CPU's own line: ops of 20 us or more at 46% of the step, 4 points under PD102's 50%
     conf, notes, _ = confidence("host", {**m, "share.device": 0.56, "cpu.small_op_share": 0.1, "share.host": 0.42})
-    assert conf == pytest.approx(0.64) and notes == ["the CPU ops of 20 us or more run 46% of the step, near the 50% "
+    assert conf == pytest.approx(0.64) and notes == ["the CPU ops' compute (their own time, 20 us or more an op) takes 46% of the step, near the 50% "
                                                      "that would make the step compute-bound"]
     # compute-bound by that line: firm ten points over it, as a device-bound GPU step at 90%
     assert confidence("device", {**m, "share.device": 0.62, "cpu.small_op_share": 0.02, "share.host": 0.36})[0] == 1.0
@@ -201,7 +201,7 @@ def test_the_cpu_compute_line_scales_the_small_ops_with_the_rest_of_the_step():
          "cpu.small_op_share": 0.1, "steps.source": "ProfilerStep", "steps.count": 5, "trace.platform": "cpu",
          "run.data_wait_share": 0.5}
     conf, notes, _ = confidence("input", m)
-    assert conf == pytest.approx(0.85) and notes == ["the CPU ops of 20 us or more run 42% of the step, near the "
+    assert conf == pytest.approx(0.85) and notes == ["the CPU ops' compute (their own time, 20 us or more an op) takes 42% of the step, near the "
                                                      "50% that would make the step compute-bound"]
 
 

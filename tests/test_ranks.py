@@ -251,7 +251,7 @@ def test_the_straggler_is_named_by_what_it_does_more_of_not_by_its_largest_share
     assert job["bound"] == "device" and job["secondary"] == ["communication"]
     # the slow rank's own note on how near its input verdict came to the compute line judged that
     # verdict: under the job's compute-bound one it would read as doubting it
-    own_note = "the CPU ops of 20 us or more run 46% of the step, near the 50% that would make the step compute-bound"
+    own_note = "the CPU ops' compute (their own time, 20 us or more an op) takes 46% of the step, near the 50% that would make the step compute-bound"
     job = _straggler_verdict(v, m, {**own, "notes": [own_note, "only 2 step(s) traced"]}, 1)
     assert job["bound"] == "device" and job["notes"] == ["only 2 step(s) traced",
                                                          "no surer than rank 1's own verdict (input_cpu, 0.50), "

@@ -2,7 +2,7 @@
 
 The verdict rules (rules/PD1xx) decide *what* bounds the step; this policy says how firmly.
 - device-bound: 0.6 at the 80% line, rising to 1.0 at 90% device busy (on the CPU also 0.6 at
-  the 50% line of the ops of 20 us or more, PD102's, rising to 1.0 at 60%);
+  the 50% line of the ops' compute, their own time of 20 us or more, PD102's, rising to 1.0 at 60%);
 - input / host / communication: 0.4 when the top idle cause ties the runner-up, 1.0 when it
   is at least twice the runner-up; and at most 0.4 just under the 80% device line (or the CPU's
   50% compute line), rising to 1.0 ten points under it (a verdict that a few points of device time would flip is not firm);
@@ -24,7 +24,7 @@ from __future__ import annotations
 from perfdoctor.analyze.launches import CLOCK_SHARE
 
 CAUSES = ("input", "host", "communication")
-CPU_COMPUTE = 0.5    # PD102: a CPU step whose compute (ops of 20 us or more) is half of it is compute-bound
+CPU_COMPUTE = 0.5    # PD102: a CPU step whose compute (ops' own time of 20 us or more) is half of it is compute-bound
 # Traced steps this many times as long as the steady ones: at least half of a traced step is the
 # profiler's own per-op cost (tiny ops: a 1 ms CPU step traced at 6.6 ms), so its shares are not
 # the un-profiled step's.
@@ -81,9 +81,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
             conf = near
             # at or over the line (a verdict that comes before the device's, as PD115's or PD117's)
             line, share = (CPU_COMPUTE, compute) if closer else (0.8, sh["device"])
-            what = "CPU ops of 20 us or more" if closer else "CPU ops" if cpu else "device"
+            what = ("CPU ops' compute (their own time, 20 us or more an op) takes" if closer
+                    else "CPU ops run" if cpu else "device runs")
             where = f"near the {line:.0%}" if under > 0 else f"at or over the {line:.0%}"
-            notes.append(f"the {what} run {share:.0%} of the step, {where} "
+            notes.append(f"the {what} {share:.0%} of the step, {where} "
                          f"that would make the step {'compute-bound' if cpu else 'device-bound'}")
     if m.get("steps.source") != "ProfilerStep":
         conf = min(conf, 0.5)
