@@ -880,6 +880,55 @@ def test_a_hand_written_update_is_the_optimizer_not_batch_preparation(tmp_path):
     assert classify((at(17),))[0] == "python_data"
 
 
+def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(tmp_path):
+    """Python after the forward pass on values read from tensors is a metric of the step's
+    results: logging_sync (PD351: read it every N steps), not batch preparation that DataLoader
+    workers could take (PD352). A user trial (an F1 in numpy over `out.argmax(1).numpy()` every
+    step, 25% of it) read "Move batch preparation into DataLoader workers"; computing it every 50
+    steps measured 1.49x. Batches made before the forward, and tensor math after it that reads
+    no value (a loss written out), stay python_data. Per 100 ms step: 20 ms of numpy at the
+    batch's line, 30 ms forward, 10 ms of loss math, 20 ms backward, 20 ms in the metric."""
+    f = tmp_path / "train.py"
+    f.write_text(textwrap.dedent("""\
+        for step in range(n):
+            x, y = np.take(X, idx), np.take(Y, idx)
+            out = model(x)
+            loss = ((out - y) ** 2).mean()
+            loss.backward()
+            f1 = f1_macro(y.numpy(), out.argmax(1).numpy())
+        def f1_macro(y, p):
+            return np.sum(p == y)
+        """))
+    linecache.checkcache(str(f))
+    main = lambda n: ("<module>", str(f), n)  # noqa: E731
+    metric = ("f1_macro", str(f), 8)
+    np_sum, np_take = ("sum", SITE + "numpy/_core/fromnumeric.py", 1), ("take", SITE + "numpy/_core/fromnumeric.py", 2)
+    fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
+    bwd = ("_engine_run_backward", SITE + "torch/autograd/graph.py", 825)
+
+    def recording(forward: bool):
+        ev = []
+        for k in range(10):
+            t = k * 100_000
+            parts = [((main(2), np_take), 20_000), ((main(3), fwd) if forward else (main(3),), 30_000),
+                     ((main(4),), 10_000), ((main(5), bwd), 20_000), ((main(6), metric, np_sum), 20_000)]
+            for frames, dur in parts:
+                ev += [_ev("B", t, *fr) for fr in frames] + [_ev("E", t + dur, *fr) for fr in reversed(frames)]
+                t += dur
+        t0 = 1000.0
+        steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
+                  "profiled": False} for k in range(10)]
+        return attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100},
+                         steps).metrics
+
+    m = recording(forward=True)
+    assert m["stacks.logging_sync_share"] == pytest.approx(0.2)
+    assert m["stacks.python_data_share"] == pytest.approx(0.3)         # the batch's numpy and the loss math
+    # no forward pass among the stacks (a model called without nn.Module): nothing says what comes after it
+    m = recording(forward=False)
+    assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.8)
+
+
 def test_a_call_from_an_every_n_steps_block_is_periodic_and_a_forward_there_is_evaluation(tmp_path):
     """The sleep inside `log_metrics()`, called under `if step % 10 == 0:`, is periodic work (it
     was "waiting": PD359 called it unexplained; user trial); a forward under such a block is an

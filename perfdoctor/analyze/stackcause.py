@@ -28,6 +28,12 @@ The causes, checked in this order on each stack:
   random, tokenizers, torchvision transforms...): batches built in the loop. A tensor op
   called straight from the loop also lands here (stacks cannot tell Python from a C call), so
   the rule caps it by the trace's untraced time.
+
+One more reading takes the whole recording (analyze/stacks.py): python_data that runs after the
+forward pass, on values read from tensors, is a metric of the step's results, not a batch in
+the making (results_work): logging_sync. A sklearn-style F1 over `out.argmax(1).numpy()` each
+step is such work, which no DataLoader worker can take (PD352) and reading every N steps
+removes (PD351).
 """
 
 from __future__ import annotations
@@ -279,3 +285,25 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
     else:
         cause = "other"
     return cause, called, at
+
+
+def forward_lines(stack: tuple) -> list[tuple[str, str, int]]:
+    """(file, function, line) of each user frame of a stack: for a forward pass's stack (cause
+    model), where each of the user's functions calls it."""
+    return [(f.file, f.func, f.line) for f in code_frames(stack) if f.kind == "user"]
+
+
+def results_work(stack: tuple, first_forward: dict[tuple[str, str], int], source=linecache.getline) -> bool:
+    """A python_data stack that works on the step's results: one of its user frames stands after
+    the first line of its function that calls the forward pass (`first_forward`: (file, function)
+    -> that line, from the forward passes' stacks), and that frame's line or one below it reads
+    values from tensors (.item(), .cpu(), .tolist(), .numpy()). Work before the forward, or
+    tensor math after it (a loss written out in the loop reads no value), stays batch
+    preparation: python_data."""
+    frames = [f for f in code_frames(stack) if f.kind == "user"]
+    for i, f in enumerate(frames):
+        first = first_forward.get((f.file, f.func))
+        if first is not None and f.line > first and any(
+                line_says(g.file, g.line, DEVICE_READ, source) for g in frames[i:]):
+            return True
+    return False

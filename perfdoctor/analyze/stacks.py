@@ -25,7 +25,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
-from perfdoctor.analyze.stackcause import CAUSES, classify, user_code
+from perfdoctor.analyze.stackcause import CAUSES, classify, forward_lines, results_work, user_code
 
 MIN_STEADY_STEPS = 3
 MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares
@@ -241,8 +241,18 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     period = 1.0 / float(meta.get("rate_hz") or 100)
     ends = np.sort(np.array([float(s["end"]) for s in steps if "end" in s]))
     stored, storing = 0.0, {}           # time in the Python stacks anomaly mode stores with each forward op
-    for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
+    # where each of the user's functions first calls the forward pass, for results_work
+    first_forward: dict[tuple[str, str], int] = {}
+    for (_, _, stack), wt in zip(segs[trainer], w):
         c = memo.get(stack) or memo.setdefault(stack, classify(stack, source))
+        if wt > 0 and c[0] == "model":
+            for file, func, line in forward_lines(stack):
+                first_forward[(file, func)] = min(line, first_forward.get((file, func), line))
+    for stack, c in memo.items():
+        if c[0] == "python_data" and results_work(stack, first_forward, source):
+            memo[stack] = ("logging_sync", *c[1:])
+    for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
+        c = memo[stack]
         if wt > 0:
             if stack not in storing:
                 storing[stack] = _stores_stack(stack)
