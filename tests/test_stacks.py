@@ -886,7 +886,8 @@ def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(
     workers could take (PD352). A user trial (an F1 in numpy over `out.argmax(1).numpy()` every
     step, 25% of it) read "Move batch preparation into DataLoader workers"; computing it every 50
     steps measured 1.49x. Batches made before the forward, and tensor math after it that reads
-    no value (a loss written out), stay python_data. Per 100 ms step: 20 ms of numpy at the
+    no value (a loss written out), stay python_data, as does all of it in a loop that calls the
+    model 8 times a step or more (a rollout: see attribute). Per 100 ms step: 20 ms of numpy at the
     batch's line, 30 ms forward, 10 ms of loss math, 20 ms backward, 20 ms in the metric."""
     f = tmp_path / "train.py"
     f.write_text(textwrap.dedent("""\
@@ -906,7 +907,7 @@ def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(
     fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
     bwd = ("_engine_run_backward", SITE + "torch/autograd/graph.py", 825)
 
-    def recording(forward: bool):
+    def recording(forward: bool, model_calls=None):
         ev = []
         for k in range(10):
             t = k * 100_000
@@ -919,11 +920,15 @@ def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(
         steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
                   "profiled": False} for k in range(10)]
         return attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100},
-                         steps).metrics
+                         steps, model_calls=model_calls).metrics
 
-    m = recording(forward=True)
+    m = recording(forward=True, model_calls=1)
     assert m["stacks.logging_sync_share"] == pytest.approx(0.2)
     assert m["stacks.python_data_share"] == pytest.approx(0.3)         # the batch's numpy and the loss math
+    # the model called 16 times a step (a rollout: the Python after a policy call steps the environment
+    # on `a.numpy()` and makes the next call's input): none of it is read as a metric
+    m = recording(forward=True, model_calls=16)
+    assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.5)
     # no forward pass among the stacks (a model called without nn.Module): nothing says what comes after it
     m = recording(forward=False)
     assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.8)

@@ -42,6 +42,10 @@ class StackReport:
     steady_steps: int = 0
     sampled_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+# calls of the model a step from which the Python between them may feed the next call (PD352's
+# and PD365's rollouts: a REINFORCE loop stepping its environment on `a.numpy()` after each of 16
+# policy calls read "log every N steps ~1.56x" as a metric of the step's results)
+FEED_CALLS = 8
 
 
 def empty_metrics() -> dict:
@@ -195,10 +199,14 @@ def _save_interval(saves: list[list[float]], win: _Windows, covered: float, span
     return covered / n_saves if n_saves > 0.5 else None
 
 
-def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache.getline) -> StackReport:
+def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache.getline,
+              model_calls: float | None = None) -> StackReport:
     """The steady steps' stacks -> stacks.* metrics and the top frames (see the module docstring).
 
-    procs: one recording per process, {'pid', 'role' (trainer | child), 't0_unix', 'events'}."""
+    procs: one recording per process, {'pid', 'role' (trainer | child), 't0_unix', 'events'}.
+    model_calls: the outermost module's calls a step (loop.model_calls_per_step), where the run
+    counted them: from FEED_CALLS on, the Python after one call may make the next one's input (an
+    environment stepped between a rollout's policy calls), so none of it is read as a metric."""
     m = empty_metrics()
     rep = StackReport(m)
     steady = steady_steps(steps)
@@ -248,8 +256,9 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
         if wt > 0 and c[0] == "model":
             for file, func, line in forward_lines(stack):
                 first_forward[(file, func)] = min(line, first_forward.get((file, func), line))
+    feeds = model_calls is not None and model_calls >= FEED_CALLS
     for stack, c in memo.items():
-        if c[0] == "python_data" and results_work(stack, first_forward, source):
+        if not feeds and c[0] == "python_data" and results_work(stack, first_forward, source):
             memo[stack] = ("logging_sync", *c[1:])
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo[stack]

@@ -327,7 +327,7 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
         elif (run_dir / "stacks" / "pyspy.meta.json").is_file():
             notes.append("py-spy's stack recording could not be read (killed while writing?)")
         return None
-    rep = attribute(rec[0], rec[1], steps)
+    rep = attribute(rec[0], rec[1], steps, model_calls=m.get("loop.model_calls_per_step"))
     m.update(rep.metrics)
     m.update(exposed_waits(m))
     m.update(gil_wait(steady_steps(steps), m))
