@@ -919,18 +919,20 @@ def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(
         t0 = 1000.0
         steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
                   "profiled": False} for k in range(10)]
-        return attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100},
-                         steps, model_calls=model_calls).metrics
+        rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100},
+                        steps, model_calls=model_calls)
+        return rep.metrics, {row["at"]: row["cause"] for row in rep.top}
 
-    m = recording(forward=True, model_calls=1)
+    m, causes = recording(forward=True, model_calls=1)
+    assert causes["train.py:8"] == "step_results" and causes["train.py:2"] == "python_data"
     assert m["stacks.logging_sync_share"] == pytest.approx(0.2)
     assert m["stacks.python_data_share"] == pytest.approx(0.3)         # the batch's numpy and the loss math
     # the model called 16 times a step (a rollout: the Python after a policy call steps the environment
     # on `a.numpy()` and makes the next call's input): none of it is read as a metric
-    m = recording(forward=True, model_calls=16)
+    m, _ = recording(forward=True, model_calls=16)
     assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.5)
     # no forward pass among the stacks (a model called without nn.Module): nothing says what comes after it
-    m = recording(forward=False)
+    m, _ = recording(forward=False)
     assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.8)
 
 

@@ -31,9 +31,9 @@ The causes, checked in this order on each stack:
 
 One more reading takes the whole recording (analyze/stacks.py): python_data that runs after the
 forward pass, on values read from tensors, is a metric of the step's results, not a batch in
-the making (results_work): logging_sync. A sklearn-style F1 over `out.argmax(1).numpy()` each
-step is such work, which no DataLoader worker can take (PD352) and reading every N steps
-removes (PD351).
+the making (results_work): step_results, which counts as logging as periodic does. A
+sklearn-style F1 over `out.argmax(1).numpy()` each step is such work, which no DataLoader worker
+can take (PD352) and reading every N steps removes (PD351).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
 CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
-          "producer_wait", "waiting", "periodic", "python_data", "other")
+          "producer_wait", "waiting", "periodic", "step_results", "python_data", "other")
 # An evaluation inside the training loop: anything under a function named for it (the user's
 # evaluate(), Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop), or torch's
 # no_grad / inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader

@@ -259,7 +259,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     feeds = model_calls is not None and model_calls >= FEED_CALLS
     for stack, c in memo.items():
         if not feeds and c[0] == "python_data" and results_work(stack, first_forward, source):
-            memo[stack] = ("logging_sync", *c[1:])
+            memo[stack] = ("step_results", *c[1:])
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo[stack]
         if wt > 0:
@@ -282,8 +282,9 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     m.update({"stacks.steady_steps": rep.steady_steps, "stacks.coverage": min(1.0, sampled / span) if span else None,
               "stacks.unread_share": unread,
               "stacks.checkpoint_share": float(share["checkpoint"]),
-              # an `if step % N` body is a log line's work (with N = 1 it runs every step)
-              "stacks.logging_sync_share": float(share["logging_sync"] + share["periodic"]),
+              # an `if step % N` body is a log line's work (with N = 1 it runs every step), and a
+              # metric of the step's results read every step is what logging every N steps removes
+              "stacks.logging_sync_share": float(share["logging_sync"] + share["periodic"] + share["step_results"]),
               "stacks.python_data_share": float(share["python_data"]),
               "stacks.evaluation_share": float(share["evaluation"]),
               "stacks.producer_wait_share": float(share["producer_wait"]),
