@@ -409,7 +409,7 @@ print("few long: done", flush=True)
 def test_few_long_cpu_steps_need_no_profiler_warm_up_step(tmp_path):
     """A user's 6 steps of 3 s on a CPU got no trace: the window waited 10 s (warmup_s), then kept
     torch.profiler's own warm-up step, and no step was left to record. Without CUDA the profiler
-    starts in milliseconds, so a step of a second or more needs no warm-up step (window.CPU_STEP_S).
+    starts in milliseconds, so a step of 0.1 s or more needs no warm-up step (window.CPU_STEP_S).
     Scaled: 5 steps of 1.2 s, warmup_s 3 s: the trace starts after 3 steps and records the 4th."""
     script = tmp_path / "few_long.py"
     script.write_text(FEW_LONG)
@@ -422,6 +422,24 @@ def test_few_long_cpu_steps_need_no_profiler_warm_up_step(tmp_path):
     assert [s["step"] for s in steps(out) if s["profiled"]] == [4]
     m = report(out)["traces"][0]["metrics"]
     assert m["steps.count"] == 1 and m["steps.time_median_ms"] > 1100      # a whole step of ~1.2 s
+
+
+def test_cpu_steps_of_a_tenth_of_a_second_need_no_profiler_warm_up_step_either(tmp_path):
+    """The profiler's first step on a CPU cost 0-3 ms more than the next ones: a step of 0.1 s
+    or more absorbs that, so it gets no warm-up step either, and a short run of such steps keeps
+    one more step to record (a hand-written update's 10 steps of 0.45 s had no trace: its step
+    source is known after 8 of them, and the warm-up step took the 9th). 7 iterations of 0.25 s,
+    6 timed steps: the trace starts after 5 and records the 6th, the last (a warm-up step there
+    left no trace)."""
+    script = tmp_path / "few_long.py"
+    script.write_text(FEW_LONG)
+    out = tmp_path / "run"
+    r = prun(script, 7, 0.25, out=out)
+    assert r.returncode == 0 and r.stdout == "few long: done\n", r.stderr
+    c = child(out)
+    assert c["window"]["start_after_steps"] == 5 and c["window"]["profiler_warmup_steps"] == 0, c["window"]
+    assert c["window"]["recorded_steps"] == 1 and c["profiler"] == "done"
+    assert [s["step"] for s in steps(out) if s["profiled"]] == [6]
 
 
 # A closure of thousands of tiny ops, 20 calls a step (pytorch/examples' time_sequence_prediction
