@@ -33,6 +33,10 @@ TOP = 8                     # trainer frames listed
 TOP_WORKER = 4
 MIN_TOP_SHARE = 0.01
 UNREAD_NOTE = 0.10          # a note when py-spy failed to read this share of its samples or more
+# calls of the model a step from which the Python between them may feed the next call (PD352's
+# and PD365's rollouts: a REINFORCE loop stepping its environment on `a.numpy()` after each of 16
+# policy calls read "log every N steps ~1.56x" as a metric of the step's results)
+FEED_CALLS = 8
 
 
 @dataclass
@@ -42,10 +46,6 @@ class StackReport:
     steady_steps: int = 0
     sampled_s: float = 0.0
     notes: list[str] = field(default_factory=list)
-# calls of the model a step from which the Python between them may feed the next call (PD352's
-# and PD365's rollouts: a REINFORCE loop stepping its environment on `a.numpy()` after each of 16
-# policy calls read "log every N steps ~1.56x" as a metric of the step's results)
-FEED_CALLS = 8
 
 
 def empty_metrics() -> dict:
