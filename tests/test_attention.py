@@ -50,6 +50,63 @@ def test_cpu_traces_tell_hand_written_attention_from_sdpa(tmp_path):
     assert per_step == {"manual": 3.0, "fused": 0.0, "head": 0.0}
 
 
+def _causal_layer_step(fused: bool, T: int = 512, B: int = 4, H: int = 4, D: int = 128):
+    """A training step of one causal self-attention layer on the CPU: hand-written or SDPA."""
+    torch.manual_seed(0)
+    qkv, out = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
+    x = torch.randn(B, T, D)
+
+    def step():
+        q, k, v = qkv(x).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        if fused:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)
+            y = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf")).softmax(-1) @ v
+        return out(y.transpose(1, 2).reshape(B, T, D))
+    return step
+
+
+@pytest.mark.torch
+@pytest.mark.quiet
+def test_a_cpu_trace_sizes_hand_written_attention_and_sdpa_bounds_its_gain(tmp_path):
+    """On a CPU-only step the hand-written attention is host ops: its matches' time and their
+    matmuls' (attention.manual_cpu_*) size PD378 (SDPA's fused CPU kernel). A user's two causal
+    layers at T=512 had no attention advice at all, and SDPA measured 3.1x."""
+    import time
+
+    import numpy as np
+    from quiet import Foreign, skip_if_shared
+    hand, fused = _causal_layer_step(False), _causal_layer_step(True)
+    _record(tmp_path / "hand.json", hand)
+    _record(tmp_path / "fused.json", fused)
+    doc = diagnose_path(str(tmp_path / "hand.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["attention.manual_per_step"] * m["steps.count"] == 3.0      # one a step, forward and backward
+    att, gemm = m["attention.manual_cpu_share"], m["attention.manual_cpu_gemm_share"]
+    assert 0.3 < att < 1 and 0 < gemm < 0.8 * att
+    fix = next(f for f in doc["findings"] if f["id"] == "PD378")
+    assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - att), rel=1e-3)
+    assert fix["gain"]["expected"] == pytest.approx(1 / (1 - att + 0.9 * gemm), rel=1e-3)
+    fm = diagnose_path(str(tmp_path / "fused.json"))
+    assert fm["traces"][0]["metrics"]["attention.manual_cpu_share"] == 0.0
+    assert "PD378" not in {f["id"] for f in fm["findings"]}
+
+    # the gain SDPA gives, timed interleaved outside the profiler, lies within the ceiling
+    skip_if_shared()
+    foreign = Foreign()
+    ratios = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        hand().sum().backward()
+        t1 = time.perf_counter()
+        fused().sum().backward()
+        ratios.append((t1 - t0) / (time.perf_counter() - t1))
+    skip_if_shared(foreign)
+    measured = float(np.median(ratios))
+    assert 1.2 < measured <= fix["gain"]["ceiling"] * 1.15, (measured, fix["gain"])
+
+
 def _cuda_trace(path, attention_us: float, other_us: float, steps: int = 3, kernels: dict | None = None):
     """A kineto trace: per step an attention block (matmul, div, softmax, matmul) and a linear
     layer, each op launching one kernel of the given length (attention_us split evenly, or by

@@ -69,7 +69,8 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     fp32 whatever autocast does, and precision_metrics leaves them out). `on`: the one device
     whose kernels count (replicas.critical_device), None: every device. `ratios`: the GPU's
     (fp32 -> half, tf32 -> half) peak ratios (precision.peak_ratios), None when unknown."""
-    out = {"attention.manual_per_step": 0.0, "attention.manual_kernel_share": None,
+    out = {"attention.manual_per_step": 0.0, "attention.manual_cpu_share": None, "attention.manual_cpu_gemm_share": None,
+           "attention.manual_kernel_share": None,
            "attention.manual_gemm_share": None, "attention.math_kernel_share": None,
            "attention.math_gemm_share": None, "attention.gemm_half_speedup": None}
     math_path = np.zeros(0, np.int64)
@@ -89,6 +90,7 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     n_max = max(forward, len(spans) - forward)
     out["attention.manual_per_step"] = n_max / len(steps)
     if k.platform == "cpu":
+        out.update(_cpu_shares(t, ops, spans, total))
         return out, math_path
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
@@ -137,6 +139,26 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
             out[f"attention.{key}"] = min(1.0, out[f"attention.{key}"])
     out["attention.gemm_half_speedup"] = _half_speedup(gemm_by_class, ratios)
     return out, math_path
+
+
+def _cpu_shares(t: EventTable, ops: np.ndarray, spans: list[tuple[int, int, bool]], total: float) -> dict:
+    """On a CPU the hand-written attention's cost is its host ops: the time of each match (first
+    op's start to last op's end: its ops and the Python between them) over the step time, and the
+    part of it in its matmuls (the outermost matmul ops and BmmBackward nodes inside the span),
+    the work a fused kernel still does."""
+    if not spans or not total:
+        return {"attention.manual_cpu_share": 0.0 if total else None,
+                "attention.manual_cpu_gemm_share": 0.0 if total else None}
+    mm = t.name_mask(lambda n: MM_RX.match(n) is not None and VIEW_OF_MM_RX.match(n) is None)
+    span_us = gemm_us = 0.0
+    for first, last, _ in spans:
+        a, b = t.ts[first], t.ts[last] + t.dur[last]
+        rows = ops[(t.tid[ops] == t.tid[first]) & (t.ts[ops] >= a) & (t.ts[ops] + t.dur[ops] <= b)]
+        top = outermost(t, rows)
+        span_us += float(b - a)
+        gemm_us += float(t.dur[top[mm[top]]].sum())
+    return {"attention.manual_cpu_share": min(1.0, span_us / total),
+            "attention.manual_cpu_gemm_share": min(1.0, gemm_us / total)}
 
 
 def _launched_in(t: EventTable, dev: np.ndarray, launch: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
