@@ -21,6 +21,11 @@ T^2 work a fused kernel replaces. The part of it in GEMM kernels (the two matmul
 analyze/precision.py) is the work a fused kernel still does; the rest (scale, mask, softmax,
 dropout passes over the score matrix) it removes. That GEMM work runs in bf16/fp16 in a fused
 kernel: fp32 and TF32 GEMM time shrinks by the GPU's damped peak ratio (attention.gemm_half_speedup).
+
+On a CPU-only trace the matches are host ops: attention.manual_cpu_share is their time (each
+match's first op start to last op end, forward and backward) over the step time, and
+attention.manual_cpu_gemm_share the part in their matmul ops, the work SDPA's fused CPU kernel
+still does (PD378).
 """
 
 from __future__ import annotations
