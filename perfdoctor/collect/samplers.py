@@ -113,6 +113,7 @@ class SystemSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tracked: dict[int, _Tracked] = {}
+        self._as_worker: set[int] = set()     # pids sampled as workers (_not_a_worker)
         self._t0 = 0.0
         self._latest: list[tuple[int, str]] = []
         self._children_file = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
@@ -274,9 +275,13 @@ class SystemSampler:
         p = tr.proc
         try:
             with p.oneshot():
-                was = tr.role if tr.primed else None
                 self._classify(tr, parent_role)
-                if was == "worker" and tr.role != "worker":
+                # by pid, not by the tracked entry: a sample that misses the process mid-exec, or
+                # a read that fails during it, drops the entry, and the new one knows no past role
+                if tr.role == "worker":
+                    self._as_worker.add(tr.pid)
+                elif tr.pid in self._as_worker:
+                    self._as_worker.discard(tr.pid)
                     self._not_a_worker(tr.pid, tr.role)
                 cpu = p.cpu_percent(None)
                 status = p.status()
