@@ -147,3 +147,19 @@ def skip_if_shared(foreign: Foreign | None = None, seconds: float = 3.0) -> None
     when = "before this test" if foreign is None else "while this test ran"
     if busy > QUIET:
         pytest.skip(f"other processes kept {busy:.1f} cores busy {when}: the timings would measure them")
+
+
+def interleaved_speedup(before, after, pairs: int) -> float:
+    """How many times faster `after()` runs than `before()`: the median over `pairs` interleaved
+    pairs of wall times (an odd count), timed on a quiet machine (the test skips otherwise)."""
+    skip_if_shared()
+    foreign = Foreign()
+    ratios = []
+    for _ in range(pairs):
+        t0 = time.perf_counter()
+        before()
+        t1 = time.perf_counter()
+        after()
+        ratios.append((t1 - t0) / (time.perf_counter() - t1))
+    skip_if_shared(foreign)
+    return sorted(ratios)[len(ratios) // 2]

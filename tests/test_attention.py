@@ -73,10 +73,7 @@ def test_a_cpu_trace_sizes_hand_written_attention_and_sdpa_bounds_its_gain(tmp_p
     """On a CPU-only step the hand-written attention is host ops: its matches' time and their
     matmuls' (attention.manual_cpu_*) size PD378 (SDPA's fused CPU kernel). A user's two causal
     layers at T=512 had no attention advice at all, and SDPA measured 3.1x."""
-    import time
-
-    import numpy as np
-    from quiet import Foreign, skip_if_shared
+    from quiet import interleaved_speedup
     hand, fused = _causal_layer_step(False), _causal_layer_step(True)
     _record(tmp_path / "hand.json", hand)
     _record(tmp_path / "fused.json", fused)
@@ -93,17 +90,7 @@ def test_a_cpu_trace_sizes_hand_written_attention_and_sdpa_bounds_its_gain(tmp_p
     assert "PD378" not in {f["id"] for f in fm["findings"]}
 
     # the gain SDPA gives, timed interleaved outside the profiler, lies within the ceiling
-    skip_if_shared()
-    foreign = Foreign()
-    ratios = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        hand().sum().backward()
-        t1 = time.perf_counter()
-        fused().sum().backward()
-        ratios.append((t1 - t0) / (time.perf_counter() - t1))
-    skip_if_shared(foreign)
-    measured = float(np.median(ratios))
+    measured = interleaved_speedup(lambda: hand().sum().backward(), lambda: fused().sum().backward(), 5)
     assert 1.2 < measured <= fix["gain"]["ceiling"] * 1.15, (measured, fix["gain"])
 
 

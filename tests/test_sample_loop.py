@@ -3,12 +3,10 @@ torch.profiler on the CPU: a contrastive loss written per anchor, and its vector
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
-from quiet import Foreign, skip_if_shared
+from quiet import interleaved_speedup
 
 B, D = 128, 32
 
@@ -86,18 +84,7 @@ def test_a_per_sample_loop_is_found_and_its_ceiling_bounds_vectorising(tmp_path)
     assert "PD365" not in {f["id"] for f in vec_doc["findings"]}
 
     # the ceiling bounds the speed-up vectorising gives, timed interleaved outside the profiler
-    skip_if_shared()
-    foreign = Foreign()
-    ratios = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        looped()
-        t1 = time.perf_counter()
-        vectorised()
-        t2 = time.perf_counter()
-        ratios.append((t1 - t0) / (t2 - t1))
-    skip_if_shared(foreign)
-    measured = float(np.sort(ratios)[len(ratios) // 2])
+    measured = interleaved_speedup(looped, vectorised, 7)
     assert measured > 2                                          # the loop is the step's cost
     assert measured <= fix["gain"]["ceiling"] * 1.15, (measured, fix["gain"])
 
