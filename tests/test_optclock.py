@@ -3,6 +3,8 @@ PD338's expected gain on the CPU from it and the optimizer's class (analyze/fuse
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import time
 
@@ -138,6 +140,31 @@ print("done")
 """
 
 
+def _optimizer_own_times(path) -> tuple[float, float, float]:
+    """In Optimizer.step's spans: the own time (less the ops directly inside) of the aten ops of 20
+    us or more own time, the outermost ops' time, and the spans' time (microseconds)."""
+    events = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith(("aten::", "autograd::"))]
+    large = outer = spans = 0.0
+    for o in (e for e in events if e["name"].startswith("Optimizer.step")):
+        end = o["ts"] + o["dur"]
+        inside = sorted((e for e in ops if e["tid"] == o["tid"] and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end),
+                        key=lambda e: (e["ts"], -e["dur"]))
+        stack, own = [], []
+        for e in inside:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                own[stack[-1][1]] -= e["dur"]
+            else:
+                outer += e["dur"]
+            own.append(float(e["dur"]))
+            stack.append((e, len(own) - 1))
+        large += sum(v for v in own if v >= 20)
+        spans += o["dur"]
+    return large, outer, spans
+
+
 def test_a_for_loop_adam_of_large_ops_raises_no_small_op_flag_but_gets_pd338(tmp_path):
     pytest.importorskip("torch")
     _, out = prun_script(tmp_path, "large_adam.py", LARGE_ADAM, opts=("--no-stacks",), trace=True)
@@ -145,7 +172,13 @@ def test_a_for_loop_adam_of_large_ops_raises_no_small_op_flag_but_gets_pd338(tmp
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["optimizer.implementation"] == "for-loop"
-    assert m["cpu.optimizer_large_op_share"] >= 0.5 * m["optimizer.step_share"]
+    # the metric against the trace, by a plain walk: the optimizer's ops of 20 us own time or more
+    # carry its op time, and their share of its step is the metric's share of optimizer.step_share.
+    # (Not of its step outright: on a loaded machine the thread loses the core between ops as
+    # often as inside one, and its Python gaps stretched to half the step in one CI run.)
+    large, ops, opt = _optimizer_own_times(next((out / "trace").glob("*.json.gz")))
+    assert large >= 0.9 * ops
+    assert m["cpu.optimizer_large_op_share"] / m["optimizer.step_share"] == pytest.approx(large / opt, rel=0.1)
     assert "PD211" not in {f["id"] for f in doc["flags"]}
     assert m["optimizer.fused_cpu_speedup"] > 4                          # streamed tensors
     f = next(f for f in doc["findings"] if f["id"] == "PD338")
