@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 
-from perfdoctor.collect import forked, threadstop
+from perfdoctor.collect import dynamoskip, forked, funcpasses, threadstop
 from perfdoctor.collect.cpuflags import cpu_bf16, cpu_fp16
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
@@ -139,10 +139,9 @@ class Session(StepSources):
         self.torch = torch
         from perfdoctor.collect import inject   # `perfdoctor tune`'s changes (none under `run`)
         inject.apply(torch, self.cfg.get("changes"), self.run_dir, self.watch, steps=lambda: self.steps)
+        dynamoskip.wrap_compile(torch)          # marks our hooks' frames once torch.compile loads Dynamo
         try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-            register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
-            register_optimizer_step_post_hook(self._on_optimizer_step)
+            self.hook_optimizers(torch)
         except Exception as exc:  # very old torch
             self.notes.append(f"optimizer hooks unavailable ({exc}); steps come from backward passes or "
                               "DataLoader iterations")
@@ -150,7 +149,7 @@ class Session(StepSources):
             from perfdoctor.collect import passes
             self.resets = passes.GradResets()
             passes.wrap_backward(torch, self)
-            passes.wrap_func_grad(torch, self)
+            funcpasses.wrap_func_grad(torch, self)
         except Exception as exc:
             self.notes.append(f"backward passes cannot be watched ({type(exc).__name__}: {exc})")
         try:

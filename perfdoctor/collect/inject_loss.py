@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 import os
 
-from perfdoctor.collect.passes import creates_graph, outside_transforms
+from perfdoctor.collect.funcpasses import outside_transforms
+from perfdoctor.collect.passes import creates_graph
 
 LOSS_CAP = 100_000                     # losses kept (one per step's gradient call); a longer run keeps the first ones
 

@@ -16,19 +16,19 @@ pre-hook instead: one call per step, on that module only; a module compiled in p
 (`model.compile()`: its hooks run inside the compiled call) keeps the class wrapper instead, which
 runs before the compiled code. Under torch.compile the wrapper steps aside at trace time
 (torch.compiler.is_compiling), so it never breaks a graph, and its own frames are skipped by
-dynamo as torch's are (_skip_in_dynamo). A forked process (a DataLoader worker)
+dynamo as torch's are (dynamoskip.keep_out: what they call is still compiled). A forked process (a DataLoader worker)
 puts the class back as it was: its module calls are not the trainer's.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import weakref
 
-from perfdoctor.collect.passes import compiling_check
+from perfdoctor.collect import dynamoskip
+from perfdoctor.collect.dynamoskip import compiling_check
 
 MAX_MODULES = 64    # distinct modules counted in the census step
 _DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
@@ -156,8 +156,8 @@ def watch(torch, session) -> None:
             if census.state == "counting" and census.autocast is None:
                 census.inner()
             return orig(self, *args, **kwargs)
-        if not dynamo_told[0]:
-            _skip_in_dynamo(__call__, dynamo_told)
+        if not dynamo_told[0]:                # dynamo loaded without torch.compile (its optimize())
+            dynamo_told[0] = dynamoskip.mark_all()
         census = session.census
         if census.state == "done" and session.module_watch is None:
             if Module.__call__ is __call__:   # counted: leave the class as it was
@@ -183,26 +183,13 @@ def watch(torch, session) -> None:
             Module.__call__ = orig
     __call__._perfdoctor = True
     __call__.__wrapped__ = orig
-    Module.__call__ = __call__
+    # a module compiled in place whose submodules run eagerly (a Sequential's forward is torch
+    # code) reaches them through the wrapper: dynamo must not compile its frames where it would
+    # not compile Module.__call__'s
+    Module.__call__ = dynamoskip.keep_out(__call__, recursive=False)
     try:
         os.register_at_fork(after_in_child=forget)
     except AttributeError:                    # no fork on this platform
-        pass
-
-
-def _skip_in_dynamo(fn, told: list) -> None:
-    """Once torch.compile is in use (torch._dynamo imported), dynamo treats the wrapper's frames as
-    it treats torch's own (skipped, what they call still compiled): a module compiled in place
-    whose submodules run eagerly (a Sequential's forward is torch code) reaches them through the
-    wrapper, and dynamo must not compile the wrapper's frames where it would not compile
-    Module.__call__'s. Never imports dynamo itself."""
-    ef = sys.modules.get("torch._dynamo.eval_frame")
-    if ef is None:
-        return
-    told[0] = True
-    try:
-        ef.skip_code(fn.__code__)
-    except Exception:            # an older torch without skip_code
         pass
 
 

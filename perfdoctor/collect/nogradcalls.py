@@ -35,7 +35,8 @@ import threading
 import time
 import weakref
 
-from perfdoctor.collect.passes import compiling_check
+from perfdoctor.collect import dynamoskip
+from perfdoctor.collect.dynamoskip import compiling_check
 
 
 class NogradClock:
@@ -105,7 +106,7 @@ class NogradClock:
         __call__._perfdoctor_nograd = True
         if own is not None and getattr(own, "_perfdoctor_nograd", False):
             return                    # already timed (a second session in this process)
-        cls.__call__ = __call__
+        cls.__call__ = dynamoskip.keep_out(__call__, recursive=False)
 
         def undo():
             if own is not None:

@@ -25,19 +25,18 @@ loop: the step is the pass that follows), a batched call, the gradient of new te
 checkpointing runs a backward inside the backward, on the autograd engine's device thread for
 CUDA tensors: so any thread, not only the caller's).
 
-A torch.func loop (`grad(loss_fn)(params, x, y)`, then new params) calls torch.autograd.grad
-with create_graph=True on tensors functorch wraps anew each call: none of that says "step". So
-the functions torch.func.grad and grad_and_value return are wrapped (wrap_func_grad): a call
-made outside any other torch.func transform is a step's pass; one inside vmap (per-sample
-gradients) or inside another grad is part of that transform's call.
+A torch.func loop's passes are funcpasses.py's. Under torch.compile Dynamo never traces into this
+module: a backward pass it hands back to Python runs these wrappers as Python (dynamoskip.py).
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 import weakref
+
+from perfdoctor.collect import dynamoskip
+from perfdoctor.collect.dynamoskip import compiling_check
 
 MAX_LEAVES = 8
 MAX_NODES = 4096     # graph nodes visited to find the leaves (the first pass only)
@@ -114,34 +113,48 @@ _LOCK = threading.Lock()
 _LEAVES: dict = {"refs": None, "versions": None}   # the last autograd.grad call's inputs
 
 
-def _watched(session, roots, fresh: bool | str, run):
-    """Run a pass. An outermost one is counted in the census step (modules.Census) and, unless
-    steps follow optimizer steps, told to the session before and after."""
+def run_pass(session, roots, fresh: bool | str, run):
+    """Run a pass between _enter and _exit."""
+    state = _enter(session, roots, fresh)
+    try:
+        return run()
+    finally:
+        _exit(session, state, fresh)
+
+
+def _enter(session, roots, fresh: bool | str) -> tuple:
+    """A pass starts. An outermost one is counted in the census step (modules.Census) and, unless
+    steps follow optimizer steps, told to the session (and, at _exit, that it ended)."""
     with _LOCK:
         nested = _RUNNING[0] > 0
         _RUNNING[0] += 1
-    watching = not nested and session.mode != "optimizer"
-    window = getattr(session, "window", None)
+    state = (nested, not nested and session.mode != "optimizer", getattr(session, "window", None))
     try:
-        if not nested and window is not None:
-            window.check_memory()                 # an LBFGS step of many passes can outgrow the trace's budget
+        if not nested and state[2] is not None:
+            state[2].check_memory()               # an LBFGS step of many passes can outgrow the trace's budget
         if not nested:
             census = getattr(session, "census", None)
             if census is not None and census.state == "counting":
                 census.passes += 1
-        if watching:
+        if state[1]:
             try:
                 session.on_pass(roots, time.perf_counter(), fresh=fresh)
-            except Exception:                         # never break the script's backward (StopRun passes)
+            except Exception:                     # never break the script's backward (StopRun passes)
                 pass
-        return run()
-    finally:
-        with _LOCK:
-            _RUNNING[0] -= 1
-        if not nested and window is not None:
-            window.check_memory()                 # the backward pass's own events
-        if watching and not fresh:
-            session.after_pass()
+    except BaseException:
+        _exit(session, state, fresh)
+        raise
+    return state
+
+
+def _exit(session, state: tuple, fresh: bool | str) -> None:
+    nested, watching, window = state
+    with _LOCK:
+        _RUNNING[0] -= 1
+    if not nested and window is not None:
+        window.check_memory()                     # the backward pass's own events
+    if watching and not fresh:
+        session.after_pass()
 
 
 def weights_updated(torch, inputs) -> bool:
@@ -178,17 +191,36 @@ def wrap_backward(torch, session) -> None:
     time, so both are covered; the wrappers are in place when torch's import ends, so a script's
     `from torch.autograd import grad` gets the wrapped one."""
     backward_orig, grad_orig = torch.autograd.backward, torch.autograd.grad
+    compiling = compiling_check(torch)
     if not getattr(backward_orig, "_perfdoctor", False):
         def backward(tensors, *args, **kwargs):
-            return _watched(session, tensors, False, lambda: backward_orig(tensors, *args, **kwargs))
-        _replace(torch, "backward", backward)
+            if compiling():                       # traced (compiled autograd): nothing of ours in the graph
+                return backward_orig(tensors, *args, **kwargs)
+            state = _enter(session, tensors, False)
+            try:
+                return backward_orig(tensors, *args, **kwargs)
+            finally:
+                _exit(session, state, False)
+        _replace(torch, "backward", dynamoskip.keep_out(backward, recursive=False))
     if not getattr(grad_orig, "_perfdoctor", False):
         def grad(outputs, inputs, *args, **kwargs):
-            batched = kwargs.get("is_grads_batched", args[5] if len(args) > 5 else False)
-            if creates_graph(args, kwargs) or batched or not weights_updated(torch, inputs):
+            if compiling() or not _takes_weights_grads(torch, inputs, args, kwargs):
                 return grad_orig(outputs, inputs, *args, **kwargs)
-            return _watched(session, outputs, True, lambda: grad_orig(outputs, inputs, *args, **kwargs))
-        _replace(torch, "grad", grad)
+            state = _enter(session, outputs, True)
+            try:
+                return grad_orig(outputs, inputs, *args, **kwargs)
+            finally:
+                _exit(session, state, True)
+        _replace(torch, "grad", dynamoskip.keep_out(grad, recursive=False))
+    for fn in (_enter, _exit, _takes_weights_grads):
+        dynamoskip.keep_out(fn, recursive=True)
+
+
+def _takes_weights_grads(torch, inputs, args: tuple, kwargs: dict) -> bool:
+    """Is this torch.autograd.grad call a step's pass: no create_graph, not batched, and the
+    gradients of weights (weights_updated)?"""
+    batched = kwargs.get("is_grads_batched", args[5] if len(args) > 5 else False)
+    return not (creates_graph(args, kwargs) or batched) and weights_updated(torch, inputs)
 
 
 def creates_graph(args: tuple, kwargs: dict) -> bool:
@@ -198,48 +230,4 @@ def creates_graph(args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("create_graph", args[2] if len(args) > 2 else False))
 
 
-def compiling_check(torch):
-    """torch.compiler.is_compiling (true while torch.compile traces), or a check that is always
-    false on a torch without it."""
-    return getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
-
-
-def outside_transforms(torch):
-    """A check that a call runs outside any torch.func transform and not while torch.compile
-    traces it (a top-level call of a function torch.func.grad returned); None for a torch
-    without functorch's levels."""
-    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
-    if level is None:
-        return None
-    compiling = compiling_check(torch)
-    return lambda: not compiling() and level() is None
-
-
-def wrap_func_grad(torch, session) -> None:
-    """torch.func.grad and torch.func.grad_and_value: each call of the function they return, made
-    outside any other torch.func transform and not while compiling, is a pass that starts a step
-    (session.on_pass, fresh "func"). The wrappers are in place when torch's import ends, so a
-    script's `from torch.func import grad` gets them."""
-    func, top_level = getattr(torch, "func", None), outside_transforms(torch)
-    if func is None or top_level is None:
-        return
-    compiling = compiling_check(torch)
-    for name in ("grad", "grad_and_value"):
-        orig = getattr(func, name, None)
-        if orig is None or getattr(orig, "_perfdoctor", False):
-            continue
-
-        def transform(*args, _orig=orig, **kwargs):
-            g = _orig(*args, **kwargs)
-            if compiling():
-                return g
-
-            @functools.wraps(g)
-            def call(*a, **k):
-                if not top_level():
-                    return g(*a, **k)
-                return _watched(session, None, "func", lambda: g(*a, **k))
-            return call
-        functools.update_wrapper(transform, orig)
-        transform._perfdoctor = True
-        setattr(func, name, transform)
+dynamoskip.never_inline(__name__)

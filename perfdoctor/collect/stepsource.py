@@ -16,7 +16,7 @@ Steps come from the first of these sources that the script uses (child.json "mod
    gradients were never seen reset: then each pass is a step). A `torch.autograd.grad` call
    on weights (a functional loop; passes.weights_updated) returns fresh gradients: each such
    call starts a step, and so does a torch.func.grad call outside other transforms, unless
-   backward passes run beside it (passes.wrap_func_grad).
+   backward passes run beside it (funcpasses.wrap_func_grad).
 3. DataLoader iterations, for loops without backward passes (evaluation): after FALLBACK batches
    with neither an optimizer step nor a backward pass, each batch request ends a step.
 4. Outermost module calls (modules.py), for loops with none of those (an inference loop over
@@ -33,6 +33,10 @@ trace already recorded over the fallback's steps is dropped and recorded again.
 """
 
 from __future__ import annotations
+
+import sys
+
+from perfdoctor.collect import dynamoskip
 
 FALLBACK = 8                 # steps of a fallback source seen before it is chosen
 PASS_FALLBACK = 32           # passes with no gradient reset seen before each pass counts as a step
@@ -51,6 +55,22 @@ MAX_ROOTS = 64               # distinct modules whose outermost calls are kept b
 
 class StepSources:
     """The step-source callbacks of hooks.Session (its state lives there: mode, source, marks...)."""
+
+    def hook_optimizers(self, torch) -> None:
+        """torch.optim's global step hooks call _on_optimizer_pre_step and _on_optimizer_step, except
+        while Dynamo traces them inside a compiled optimizer step: nothing of ours in its graph."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        compiling = dynamoskip.compiling_check(torch)
+
+        def pre(optimizer, args, kwargs):
+            if not compiling():
+                self._on_optimizer_pre_step(optimizer, args, kwargs)
+
+        def post(optimizer, args, kwargs):
+            if not compiling():
+                self._on_optimizer_step(optimizer, args, kwargs)
+        register_optimizer_step_pre_hook(dynamoskip.keep_out(pre, recursive=True))
+        register_optimizer_step_post_hook(dynamoskip.keep_out(post, recursive=True))
 
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         self.opt_clock.pre()
@@ -155,9 +175,8 @@ class StepSources:
                              "backward passes, and their gradients cannot be watched: each pass is a step")
             else:
                 self._choose("backward", self.group_marks,
-                             f"{NO_OPT} in the first {FALLBACK} rounds of backward passes, so the script "
-                             "updates its parameters by hand: a step runs from one reset of the gradients "
-                             "(zero_grad or grad.zero_()) to the next")
+                             f"{NO_OPT} in the first {FALLBACK} rounds of backward passes, {_by_hand()}: a step "
+                             "runs from one reset of the gradients (zero_grad or grad.zero_()) to the next")
         elif len(self.group_marks) <= 1 and len(self.pass_marks) > PASS_FALLBACK:
             self._choose("backward-each", list(self.pass_marks),
                          f"no optimizer step and no gradient reset seen in {PASS_FALLBACK} backward passes: each "
@@ -274,7 +293,7 @@ class StepSources:
                          "call is a step (a functional loop)")
         elif len(self.group_marks) > 1:
             self._choose("backward", self.group_marks, f"{NO_OPT}: a step runs from one gradient "
-                         "reset to the next (hand-written update)")
+                         f"reset to the next ({_by_hand(short=True)})")
         elif len(self.pass_marks) > 1:
             self._choose("backward-each", list(self.pass_marks), f"{NO_OPT} and no gradient reset "
                          "was seen: each backward pass is a step")
@@ -328,3 +347,16 @@ def _param_dtypes(optimizer) -> dict | None:
         return out
     except Exception:           # an optimizer-like object without torch's param_groups
         return None
+
+
+def _by_hand(short: bool = False) -> str:
+    """Why no optimizer step was seen: a hand-written update, or (once the script has compiled
+    something) an optimizer step inside compiled code, where the hooks step aside (dynamoskip.py)."""
+    compiled = "torch._dynamo.eval_frame" in sys.modules
+    if short:
+        return ("a hand-written update, or an optimizer step inside torch.compile'd code, where perfdoctor's "
+                "optimizer hooks step aside" if compiled else "hand-written update")
+    if compiled:
+        return ("so the script updates its parameters by hand or inside torch.compile'd code (where perfdoctor's "
+                "optimizer hooks step aside, not to break the graph)")
+    return "so the script updates its parameters by hand"
