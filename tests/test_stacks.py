@@ -657,6 +657,19 @@ def test_classify_causes():
     fwd = ("Net.forward", "/home/u/model.py", 12)
     assert classify((user, lib("torch.nn.modules.module", "Module._call_impl"), fwd), source)[:3] == (
         "model", "model.py:12", "model.py:12")
+    # a step compiled whole: Inductor's output code is torch's, its forward the model's, and the
+    # user's line is the compiled function's (not the generated file's)
+    step = ("train_step", "/home/u/train.py", 8)
+    gen = ("Runner.call", "/tmp/torchinductor_u/ed/cedukpzviuucakt4q6k4fsgqqnhyzqo5ptuka5vt55u537y5rif6.py", 255)
+    aot = lib("torch._functorch._aot_autograd.runtime_wrappers",
+              "_AOTDispatchAutogradFunctionFactory.build.<locals>.CompiledFunction.forward")
+    forward = (user, step, lib("torch._dynamo.eval_frame", "DisableContext.__call__.<locals>._fn"),
+               lib("torch.autograd.function", "Function.apply"), aot, lib("torch._inductor.output_code", "CompiledFxGraph.__call__"), gen)
+    assert classify(forward, source)[::2] == ("model", "train.py:8")
+    backward = (user, step, lib("torch._tensor", "Tensor.backward"), lib("torch.autograd.graph", "_engine_run_backward"),
+                lib("torch._functorch._aot_autograd.runtime_wrappers", "CompiledFunction.backward"),
+                (gen[0], "/cache/ab/c" + "x" * 51 + ".py", 300))
+    assert classify(backward, source)[::2] == ("backward", "train.py:8")
     # a stdlib frame resolves to its module name
     assert classify((user, ("Logger.info", "/usr/lib/python3.11/logging/__init__.py", 1489)),
                     source)[:2] == ("logging_sync", "logging.Logger.info")

@@ -48,6 +48,10 @@ from perfdoctor.analyze.sourcelines import DEVICE_READ, GRAD_READ, IN_PLACE, WAI
 _TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
 _STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
 _SITE = re.compile(r"/(?:site|dist)-packages/")
+# the Python torch.compile writes and runs (Inductor's output code: <cache>/xx/c<hash>.py, the
+# cache /tmp/torchinductor_<user> unless TORCHINDUCTOR_CACHE_DIR moves it): torch's, not the user's
+_GENERATED = re.compile(r"/torchinductor_[^/]*/|/[a-z0-9]{2}/c[a-z0-9]{50,52}\.py$")
+GENERATED_MODULE = "torch._inductor.output_code"
 
 CHECKPOINT_MODULES = ("torch.serialization", "torch.distributed.checkpoint", "safetensors", "transformers",
                       "lightning", "pytorch_lightning", "accelerate", "deepspeed", "numpy", "orbax", "h5py")
@@ -66,7 +70,8 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch._tensor.Tensor.backward": "Tensor.backward",
            "torch.optim.optimizer.Optimizer.profile_hook_step.<locals>.wrapper": "Optimizer.step",
            "torch.optim.optimizer.Optimizer.zero_grad": "Optimizer.zero_grad",
-           "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__"}
+           "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__",
+           "torch._dynamo.eval_frame.DisableContext.__call__.<locals>._fn": "torch.compile'd code"}
 CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
           "producer_wait", "waiting", "periodic", "step_results", "python_data", "other")
 # An evaluation inside the training loop: anything under a function named for it (the user's
@@ -92,6 +97,8 @@ def _frame(func: str, file: str, line: int) -> Frame:
     f = file.replace("\\", "/")
     if f.startswith(_TOOL_DIR) or "/perfdoctor/collect/" in f:
         return Frame(func, file, line, "tool", "perfdoctor")
+    if _GENERATED.search(f):
+        return Frame(func, file, line, "lib", GENERATED_MODULE)
     m = _SITE.search(f) or _STDLIB.search(f)
     if m or f.startswith("<"):
         rel = f[m.end():] if m else f.strip("<>").replace("frozen ", "")
@@ -264,8 +271,9 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
         cause = "data_loader"
     # inside a module call, the autograd engine or an optimizer step anywhere in the stack: the
     # user's own forward, custom Function.backward or optimizer code below it belongs there too
-    elif any(_in(f.module, ("torch.nn.modules",)) for f in libs):
-        cause = "model"
+    elif any(_in(f.module, ("torch.nn.modules",)) for f in libs) or any(
+            _in(f.module, ("torch._functorch",)) and f.func.endswith("CompiledFunction.forward") for f in libs):
+        cause = "model"         # a torch.compile'd forward runs in an autograd Function's forward
     elif any(_in(f.module, ("torch.autograd",)) or f.func.endswith("backward") and f.module == "torch._tensor"
              for f in libs):
         cause = "backward"
