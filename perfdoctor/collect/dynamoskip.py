@@ -17,7 +17,10 @@ fully compiled step of a small MLP ran 1.10-1.50x slower under `perfdoctor run -
 Their code objects are marked to run as they are (Dynamo's frame strategy SKIP): `keep_out`
 marks a frame and, with `recursive`, everything it calls (bookkeeping: ours alone), or only the
 frame itself for a wrapper around torch's own call, whose callees (a user's backward hooks, the
-model's forward) Dynamo treats as it would without perfdoctor.
+model's forward) Dynamo treats as it would without perfdoctor. And passes.py never reaches a
+graph: its file joins Dynamo's skipped files (never_inline), as torch's own are, since Dynamo
+can trace Tensor.backward down into the backward wrapper itself (it then breaks the graph at the
+wrapper's call, where it breaks it at backward() without perfdoctor).
 
 perfdoctor never imports Dynamo itself (~1 s of CPU in a script that never compiles), so the
 marks are set once Dynamo is loaded: torch.compile is wrapped to set them when it is first

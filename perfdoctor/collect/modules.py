@@ -16,8 +16,8 @@ pre-hook instead: one call per step, on that module only; a module compiled in p
 (`model.compile()`: its hooks run inside the compiled call) keeps the class wrapper instead, which
 runs before the compiled code. Under torch.compile the wrapper steps aside at trace time
 (torch.compiler.is_compiling), so it never breaks a graph, and its own frames are skipped by
-dynamo as torch's are (dynamoskip.keep_out: what they call is still compiled). A forked process (a DataLoader worker)
-puts the class back as it was: its module calls are not the trainer's.
+dynamo as torch's are (dynamoskip.keep_out: what they call is still compiled). A forked process
+(a DataLoader worker) puts the class back as it was: its module calls are not the trainer's.
 """
 
 from __future__ import annotations

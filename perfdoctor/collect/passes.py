@@ -194,7 +194,7 @@ def wrap_backward(torch, session) -> None:
     compiling = compiling_check(torch)
     if not getattr(backward_orig, "_perfdoctor", False):
         def backward(tensors, *args, **kwargs):
-            if compiling():                       # traced (compiled autograd): nothing of ours in the graph
+            if compiling():                       # traced by Dynamo all the same: nothing of ours in its graph
                 return backward_orig(tensors, *args, **kwargs)
             state = _enter(session, tensors, False)
             try:
