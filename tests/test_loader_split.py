@@ -86,9 +86,19 @@ def test_trainer_loading_is_judged_over_its_waits_when_the_hooks_timed_them():
     assert m["loader.runnable_share"] == pytest.approx(0.9)          # the main thread over the run: PD114's
     m = system_metrics(_samples(workers=0, trainer_cpu=100.0, trainer_running=0.9), [], (0.95, 1.0))
     assert m["input.split"] == "cpu" and m["loader.trainer_wait_runnable_share"] == pytest.approx(0.95)
-    # under MIN_COVERED_S of waits, or a run with workers: the samples decide
-    assert system_metrics(_samples(workers=0, trainer_cpu=100.0, trainer_running=0.9), [], (0.01, 0.3))[
+    # under MIN_TIMED_WAIT_S of waits, or a run with workers: the samples decide
+    assert system_metrics(_samples(workers=0, trainer_cpu=100.0, trainer_running=0.9), [], (0.001, 0.05))[
         "input.split"] == "cpu"
+    # a run whose samples cover under MIN_COVERED_S (0.4 s) but whose 0.3 s of waits were timed:
+    # the exact clock decides (a short run converting each sample from Python lists got no split)
+    samples = _samples(n=2, workers=0, trainer_cpu=100.0, trainer_running=0.0)
+    samples[1].update(t=0.4, unix=1.8e9 + 0.4)
+    samples[1]["trainer"]["sched_cpu_s"] = 0.4
+    notes: list[str] = []
+    short = system_metrics(samples, notes, (0.28, 0.3))
+    assert short["input.split"] == "cpu" and short["loader.trainer_wait_runnable_share"] == pytest.approx(0.28 / 0.3)
+    assert short["loader.runnable_share"] is None and not any("split needs" in n for n in notes)
+    assert system_metrics(samples, notes, None)["input.split"] is None and "split needs" in notes[-1]
     assert system_metrics(_samples(cpu=30.0, running=0.3), [], (1.0, 1.0))["input.split"] == "other"
     assert wait_cpu_of([{k: v for k, v in s.items() if k != "wcpu"} for s in steps]) is None   # an older run
 

@@ -50,6 +50,11 @@ input-bound runs).
 from __future__ import annotations
 
 MIN_COVERED_S = 0.5          # seconds of loader time the IO/CPU split needs (analyze/system.py docstring)
+# ... unless the trainer's own waits were timed (num_workers=0): its process CPU inside
+# DataLoader __next__ comes from an exact clock (CLOCK_PROCESS_CPUTIME_ID, not 10 ms ticks), so
+# a tenth of a second of waits, dozens of batches, gives the share (a 313-step run that waited
+# 0.49 s on per-sample tensor conversions got no split, and no preprocessing fix)
+MIN_TIMED_WAIT_S = 0.1
 THREAD_CEILING = 1.0         # cores one thread can use: a worker's ceiling
 RUNNABLE_SHARE = 0.5         # runnable share of that ceiling from which CPU is the larger part of the time
 DISK_SLEEP_SHARE = 0.2       # loader samples in state D
@@ -71,7 +76,7 @@ def runnable_share(ld: dict, is_trainer: bool) -> float | None:
 
 def split(m: dict, ld: dict, is_trainer: bool, notes) -> str | None:
     """'io', 'cpu', 'other', or None (too little loader time observed: a note says so)."""
-    if ld["cpu"] is None or ld["covered_s"] < MIN_COVERED_S:
+    if ld["cpu"] is None or ld["covered_s"] < MIN_COVERED_S and not ld.get("timed"):
         where = "in the trainer's thread (no loader workers)" if is_trainer else "in the loader workers"
         seen = int(ld["covered_s"] * 100) / 100              # cut, not rounded: 0.498 s is not "0.50 s"
         notes.append(f"input split (IO or CPU) unknown: data loading {where} was observed for {seen:.2f} s in all, "

@@ -20,7 +20,8 @@ run; the disk-sleep share is the block-IO delay over the life where the kernel a
 imports and model build, so its numbers come from the samples of the window. None only when the
 loader was observed for less than MIN_COVERED_S seconds in all: CPU times are counted in
 scheduler ticks (10 ms), so 0.5 s keeps that rounding under a few percent, and at the sampler's
-young-run rate (0.1 s) it holds five state samples.
+young-run rate (0.1 s) it holds five state samples. The trainer's waits timed by the step hooks
+(num_workers=0) need MIN_TIMED_WAIT_S (0.1 s) of waits: their CPU comes from an exact clock.
 
 loader.threads_oversubscription = (on-CPU time + run-queue wait) of the trainer and the
 workers per wall second, summed over their threads, divided by the usable cores: the average
@@ -37,7 +38,7 @@ from statistics import fmean
 
 import numpy as np
 
-from perfdoctor.analyze.inputsplit import MIN_COVERED_S, runnable_share, split as _split
+from perfdoctor.analyze.inputsplit import MIN_COVERED_S, MIN_TIMED_WAIT_S, runnable_share, split as _split
 from perfdoctor.analyze.stepwait import positives
 
 # A machine is shared when other processes use more than this share of its cores (and at least
@@ -216,11 +217,12 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None,
     out.update(_gpu(samples))
     ld = loader if has_workers else trainer_n
     out["loader.runnable_share"] = runnable_share(ld, not has_workers) if ld["covered_s"] >= MIN_COVERED_S else None
-    in_waits = min(1.0, wait_cpu[0] / wait_cpu[1]) if not has_workers and wait_cpu and wait_cpu[1] >= MIN_COVERED_S \
+    in_waits = min(1.0, wait_cpu[0] / wait_cpu[1]) if not has_workers and wait_cpu and wait_cpu[1] >= MIN_TIMED_WAIT_S \
         else None
     out["loader.trainer_wait_runnable_share"] = in_waits
     # the trainer's loading is judged over its waits where the hooks timed them
-    out["input.split"] = _split(out, ld if in_waits is None else {**ld, "running": in_waits}, not has_workers, notes)
+    out["input.split"] = _split(out, ld if in_waits is None else {**ld, "running": in_waits, "timed": True},
+                                not has_workers, notes)
     return _fill(out)
 
 
