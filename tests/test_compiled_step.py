@@ -15,7 +15,7 @@ import json
 import re
 
 import pytest
-from runs import bare, prun, steps
+from runs import bare, child, prun, steps
 
 SCRIPT = r"""
 import json, torch, torch.nn as nn
@@ -67,6 +67,5 @@ def test_a_compiled_step_compiles_as_it_does_bare_and_its_steps_are_seen(tmp_pat
     assert alone["breaks"] and alone["graphs"] >= 2          # torch breaks at backward and in Optimizer.step
     recs = steps(out)
     assert len(recs) >= 55 and {s["mode"] for s in recs} == {"backward"}
-    notes = json.loads((out / "run.json").read_text())["notes"] if (out / "run.json").exists() else []
-    text = r.stderr + " ".join(notes)
-    assert "inside torch.compile'd code" in text
+    # the step source's note, as the child wrote it (the terminal wraps it at its width)
+    assert any("inside torch.compile'd code" in n for n in child(out)["notes"])
