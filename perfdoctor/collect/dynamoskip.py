@@ -34,8 +34,7 @@ import importlib
 import sys
 
 _CODES: list = []          # [code, recursive, marked]
-_MODULES: list = []        # module names whose files Dynamo skips
-_MODULES_DONE = [0]        # how many of them it was told of
+_MODULES: list = []        # [module name, marked]: modules whose files Dynamo skips
 
 
 def keep_out(fn, *, recursive: bool):
@@ -50,25 +49,31 @@ def never_inline(module_name: str) -> None:
     """Register a module of ours whose functions Dynamo must call, never trace into: its file
     joins Dynamo's skipped files (trace_rules.add), so a call of them in traced code is a graph
     break there and they run as Python."""
-    if module_name not in _MODULES:
-        _MODULES.append(module_name)
+    if not any(entry[0] == module_name for entry in _MODULES):
+        _MODULES.append([module_name, False])
         mark_all()
+
+
+def dynamo_loaded() -> bool:
+    """Has the script loaded Dynamo (torch.compile, or torch._dynamo directly)? Never imports it."""
+    return "torch._dynamo.eval_frame" in sys.modules
 
 
 def mark_all() -> bool:
     """Mark the registered code objects and modules not marked yet; False while Dynamo is not loaded."""
-    if "torch._dynamo.eval_frame" not in sys.modules:
+    if not dynamo_loaded():
         return False
     for entry in _CODES:
         if not entry[2]:
             entry[2] = True
             _mark(entry[0], entry[1])
-    while len(_MODULES) > _MODULES_DONE[0]:
-        _MODULES_DONE[0] += 1
-        try:
-            importlib.import_module("torch._dynamo.trace_rules").add(_MODULES[_MODULES_DONE[0] - 1])
-        except Exception:
-            pass
+    for entry in _MODULES:
+        if not entry[1]:
+            entry[1] = True
+            try:
+                importlib.import_module("torch._dynamo.trace_rules").add(entry[0])
+            except Exception:
+                pass
     return True
 
 

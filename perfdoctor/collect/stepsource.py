@@ -34,8 +34,6 @@ trace already recorded over the fallback's steps is dropped and recorded again.
 
 from __future__ import annotations
 
-import sys
-
 from perfdoctor.collect import dynamoskip
 
 FALLBACK = 8                 # steps of a fallback source seen before it is chosen
@@ -352,7 +350,7 @@ def _param_dtypes(optimizer) -> dict | None:
 def _by_hand(short: bool = False) -> str:
     """Why no optimizer step was seen: a hand-written update, or (once the script has compiled
     something) an optimizer step inside compiled code, where the hooks step aside (dynamoskip.py)."""
-    compiled = "torch._dynamo.eval_frame" in sys.modules
+    compiled = dynamoskip.dynamo_loaded()
     if short:
         return ("a hand-written update, or an optimizer step inside torch.compile'd code, where perfdoctor's "
                 "optimizer hooks step aside" if compiled else "hand-written update")
