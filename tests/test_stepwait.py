@@ -198,3 +198,48 @@ def test_a_threads_cpu_time_on_steps_shorter_than_a_tick_adds_up(tmp_path, mode)
         # loaded machine) makes the rest: ~0.3 awake on a quiet machine, where a step is ~6 ms
         step = sum(s["dur"] for s in steps[20:]) / (len(steps) - 20)
         assert m["run.thread_awake_share"] <= 1 - 0.0035 / step, (m["run.thread_awake_share"], step)
+
+
+def test_steps_shorter_than_a_millisecond_share_their_groups_schedstat(monkeypatch):
+    """After the first FLUSH_FIRST steps, schedstat is read at a boundary only a millisecond after
+    the last read on its thread; the boundaries between get the reading interpolated in wall time
+    when the steps are written, so a group of short steps splits its CPU and run-queue time by
+    wall time and the sums stay exact. Steps of a millisecond or more are read at both ends."""
+    import json
+    import threading
+
+    from perfdoctor.collect import steprecord
+    from perfdoctor.collect.steprecord import FLUSH_FIRST, SchedReads, line
+
+    tid = threading.get_ident()
+    clock = {"cpu": 0, "wait": 0}
+    monkeypatch.setattr(steprecord, "schedstat", lambda: (clock["cpu"], clock["wait"], tid))
+    reads = SchedReads()
+    t, marks = 100.0, []
+    # 0.25 ms steps: each 0.2 ms on a CPU and 0.05 ms queued; then one 3 ms step, 1 ms of it queued
+    steps = [(0.00025, 200_000, 50_000)] * 12 + [(0.003, 2_000_000, 1_000_000)] + [(0.00025, 200_000, 50_000)] * 3
+    marks.append((t, 0.0, 0, t, reads.at_boundary(t, FLUSH_FIRST)))
+    for dur, cpu, wait in steps:
+        t += dur
+        clock["cpu"] += cpu
+        clock["wait"] += wait
+        marks.append((t, 0.0, 0, t, reads.at_boundary(t, FLUSH_FIRST)))
+    unread = [m for m in marks if m[4][0] is None]
+    assert 11 <= len(unread) <= 13                       # read every 4th or 5th boundary of 0.25 ms
+    assert marks[13][4][0] is not None                   # the 3 ms step's end is read
+    recs = [(k + 1, marks[k], marks[k + 1], marks[k + 1][0] - marks[k][0]) for k in range(len(steps))]
+    reads.spread(recs, clock=lambda: t)                  # the last boundary unread: the flush reads
+    out = [json.loads(line(r[0], r[1], r[2], r[3], "optimizer", False, False, False)) for r in recs]
+    assert all("cpu" in o and "runq" in o for o in out)
+    close = 1e-6 * len(out)                              # each line rounds to a microsecond
+    assert sum(o["cpu"] for o in out) == pytest.approx(sum(s[1] for s in steps) / 1e9, abs=close)
+    assert sum(o["runq"] for o in out) == pytest.approx(sum(s[2] for s in steps) / 1e9, abs=close)
+    assert all(o["cpu"] == pytest.approx(0.0002, abs=1e-6) for o in out[:10])   # groups of like steps
+    # steps 11 and 12 share the long step's group (read before 11 and after 13): it keeps most of its own
+    assert sum(o["cpu"] for o in out[10:13]) == pytest.approx(0.0024, abs=3e-6)
+    assert out[12]["runq"] == pytest.approx(0.001, rel=0.1) and out[12]["cpu"] == pytest.approx(0.002, rel=0.1)
+    # the next flush goes on from the last reading
+    assert reads.last is not None and reads.last[1][0] == clock["cpu"]
+    # a boundary on another thread is read there, never interpolated across threads
+    monkeypatch.setattr(steprecord.threading, "get_ident", lambda: tid + 1)
+    assert reads.at_boundary(t + 0.0001, FLUSH_FIRST) is not None and reads.tid == tid + 1

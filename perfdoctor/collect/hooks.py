@@ -32,8 +32,8 @@ from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.nogradcalls import NogradClock
 from perfdoctor.collect.optclock import OptimizerClock
 from perfdoctor.collect.procstarts import ProcStarts
-from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, dataset_kind, line, start_mark, \
-    schedstat
+from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, SchedReads, dataset_kind, line, \
+    start_mark
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
 from perfdoctor.collect.timedcalls import TimedCalls
 from perfdoctor.collect.tracebudget import TRACE_MB
@@ -41,6 +41,10 @@ from perfdoctor.collect.tracefile import compress_trace
 from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
+
+def _main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
 
 class StopRun(BaseException):
     """Raised at a step boundary to end the script gracefully (--max-steps / --duration)."""
@@ -96,6 +100,10 @@ class Session(StepSources):
         self.loader_marks: list = []     # batch requests since the last backward pass
         self.batches_since_pass = 0
         self.stop_requested = False
+        # backward passes have nothing to tell: steps follow an optimizer, the census step is
+        # over and no trace is being recorded (its memory budget is checked inside passes).
+        # Set at each boundary; the backward wrapper then only calls through (passes.py)
+        self.quiet_passes = False
         threadstop.attach(self, cfg)     # stopping, thread_stop, script_over: a stop in a thread of its own
         self.finished = False
         self.calls = TimedCalls()        # checkpoint saves and logging calls on this thread, per step
@@ -111,6 +119,7 @@ class Session(StepSources):
         self.out = open(os.path.join(self.run_dir, "steps.jsonl"), "w", buffering=1 << 16)
         self.flushed_at = 0.0
         self.pending: list[tuple] = []   # steps recorded and not yet written (_record, _flush)
+        self.sched = SchedReads()        # schedstat at the boundaries, read once a millisecond at most
         try:
             signal.signal(threadstop.STOP_SIGNAL, self._on_stop_signal)
         except (ValueError, OSError, AttributeError):   # not the main thread
@@ -217,31 +226,10 @@ class Session(StepSources):
                     kinds(it)
         base.__next__ = __next__
 
-    def _wrap_grad_scaler(self) -> None:
-        session = self
-        for modname in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
-            try:
-                mod = __import__(modname, fromlist=["GradScaler"])
-                cls = mod.GradScaler
-            except Exception:
-                continue
-            if getattr(cls.step, "_perfdoctor", False):
-                continue
-            orig = cls.step
-
-            def step(scaler, optimizer, *a, _orig=orig, **kw):
-                calls = session.optimizer_calls
-                out = _orig(scaler, optimizer, *a, **kw)
-                if session.optimizer_calls == calls:           # the scaler skipped optimizer.step()
-                    session._on_optimizer_step(optimizer, (), {}, skipped=True)
-                return out
-            step._perfdoctor = True
-            cls.step = step
-
     # -- step sources -----------------------------------------------------------------------
     def _mark(self, t: float | None = None) -> tuple:
-        return (time.perf_counter() if t is None else t, self.cum_wait, self.cum_batches, time.time(), schedstat(),
-                self.cum_wait_cpu)
+        t = time.perf_counter() if t is None else t
+        return t, self.cum_wait, self.cum_batches, time.time(), self.sched.at_boundary(t, self.steps), self.cum_wait_cpu
 
     # -- step boundaries ------------------------------------------------------------------
     def _record(self, end: tuple, skipped: bool = False) -> float:
@@ -274,6 +262,10 @@ class Session(StepSources):
         if self.out is None or not recs:
             return
         try:
+            self.sched.spread(recs)
+        except Exception:                          # never the script's error: those steps lack cpu/runq
+            pass
+        try:
             self.out.write("".join(line(*r) for r in recs))
             self.out.flush()
         except (OSError, ValueError) as exc:       # ValueError: closed by finish() on another thread
@@ -300,15 +292,16 @@ class Session(StepSources):
                 clock.take()
             return
         dur = self._record(end, skipped)
-        main = threading.current_thread() is threading.main_thread()
         if self.finished:                       # boundaries settled at the end: no window, no stop,
-            if self.stopping and not main:      # but another trainer thread of a stopped run stops too
+            if self.stopping and not _main():   # but another trainer thread of a stopped run stops too
                 raise StopRun()
             return
         self.window.on_boundary(self.steps - self.step_base, time.perf_counter(), self.t_first, dur)
+        self.quiet_passes = (self.mode == "optimizer" and self.window.state != "recording"
+                             and (self.census is None or self.census.state == "done"))
         if self.stop_requested or (self.max_steps and self.steps - self.step_base >= self.max_steps):
             self.stopping = True
-            if not main:
+            if not _main():
                 threadstop.install(self)        # in front of a threading.excepthook the script set since
             raise StopRun()
         # The next step starts now: our own bookkeeping is not its time. Its other readings are

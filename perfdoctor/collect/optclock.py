@@ -37,7 +37,7 @@ class OptimizerClock:
         if skipped or t0 is None:        # GradScaler skipped the step: step() never ran
             return
         rest = args[1:] if args and args[0] is optimizer else args or ()   # torch passes the optimizer first
-        if any(callable(a) for a in rest) or callable((kwargs or {}).get("closure")):
+        if (rest and any(callable(a) for a in rest)) or (kwargs and callable(kwargs.get("closure"))):
             self.closures += 1
             return
         self.step_s += time.perf_counter() - t0

@@ -194,7 +194,9 @@ def wrap_backward(torch, session) -> None:
     compiling = compiling_check(torch)
     if not getattr(backward_orig, "_perfdoctor", False):
         def backward(tensors, *args, **kwargs):
-            if compiling():                       # traced by Dynamo all the same: nothing of ours in its graph
+            # nothing to tell (session.quiet_passes), or traced by Dynamo all the same: nothing
+            # of ours in its graph
+            if session.quiet_passes or compiling():
                 return backward_orig(tensors, *args, **kwargs)
             state = _enter(session, tensors, False)
             try:

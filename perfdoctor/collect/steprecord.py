@@ -1,10 +1,11 @@
 """One step record of `perfdoctor run`: the readings at a step boundary and the steps.jsonl line.
 
-A mark is (perf_counter, cumulative data wait, cumulative batches, unix time, schedstat, cumulative
-process CPU inside the data wait of loaders without workers) taken at a boundary; a step's record is the difference of two marks. steps.jsonl is written in batches by
-the session (hooks.py): each of the first FLUSH_FIRST steps at once, then whenever a step ends
-FLUSH_S or more after the last write, and at the end. A write(2) a step was a third of the hooks'
-cost on a 0.4 ms step. What a batch can lose: a SIGKILL or a default-action SIGTERM drops the
+A mark is (perf_counter, cumulative data wait, cumulative batches, unix time, schedstat (SchedReads:
+at most once a millisecond), cumulative process CPU inside the data wait of loaders without
+workers) taken at a boundary; a step's record is the difference of two marks. steps.jsonl is
+written in batches by the session (hooks.py): each of the first FLUSH_FIRST steps at once, then
+whenever a step ends FLUSH_S or more after the last write, and at the end. A write(2) a step was
+a third of the hooks' cost on a 0.4 ms step. What a batch can lose: a SIGKILL or a default-action SIGTERM drops the
 steps not yet written (those since the last write, more if the script paused after them).
 """
 
@@ -17,6 +18,7 @@ import time
 FLUSH_S = 0.1                # a step that ends this long after the last write writes the batch
 FLUSH_FIRST = 16             # the first steps are written one by one (the live readers wait for them)
 REREAD_S = 0.001             # bookkeeping at a boundary longer than this: the next step's start is read afresh
+SCHED_EVERY_S = 0.001        # schedstat is read at a boundary this long after the last read (SchedReads)
 
 _JS = {True: "true", False: "false"}
 
@@ -30,12 +32,14 @@ def first_step_recorded(steps_path) -> bool:
         return False
 
 
-_SCHED_FDS: dict[int, int] = {}      # native thread id -> open /proc/thread-self/schedstat
+_SCHED_FDS: dict[int, int] = {}      # threading.get_ident() -> open /proc/thread-self/schedstat
+if hasattr(os, "register_at_fork"):  # a forked child keeps the thread's ident, not its thread: open anew
+    os.register_at_fork(after_in_child=_SCHED_FDS.clear)
 
 
-def schedstat() -> tuple[int, int] | None:
-    """This thread's nanoseconds on a CPU and waiting in a run queue (None where the kernel has
-    no schedstat): per step, `cpu` and `runq` in steps.jsonl.
+def schedstat() -> tuple[int, int, int] | None:
+    """This thread's nanoseconds on a CPU and waiting in a run queue, and its threading ident
+    (None where the kernel has no schedstat): per step, `cpu` and `runq` in steps.jsonl.
 
     The CPU time is the thread's CPU clock (CLOCK_THREAD_CPUTIME_ID), not schedstat's first
     field: the kernel brings a running thread's schedstat runtime up to date only at a scheduler
@@ -46,16 +50,16 @@ def schedstat() -> tuple[int, int] | None:
 
     The file stays open per thread and is re-read with pread (1 us here, against 9 us for an
     open, read and close: two reads a step were most of the hooks' cost on a 0.4 ms step). A
-    forked DataLoader worker or a new thread has another id and opens its own; a dead thread's
-    file fails to read and is opened again."""
-    tid = threading.get_native_id()
+    new thread opens its own, and a forked child (a DataLoader worker) opens its thread's anew;
+    a dead thread's file fails to read and is opened again."""
+    tid = threading.get_ident()
     for _ in range(2):
         fd = _SCHED_FDS.get(tid)
         try:
             if fd is None:
                 fd = _SCHED_FDS[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
             wait = os.pread(fd, 128, 0).split()[1]
-            return time.thread_time_ns(), int(wait)
+            return time.thread_time_ns(), int(wait), tid
         except (OSError, ValueError):
             if _SCHED_FDS.pop(tid, None) is not None:
                 try:
@@ -67,6 +71,75 @@ def schedstat() -> tuple[int, int] | None:
     return None
 
 
+class SchedReads:
+    """schedstat at step boundaries, read at most once every SCHED_EVERY_S on a thread.
+
+    A boundary closer than that to the last read on its thread (after the first FLUSH_FIRST
+    steps) gets [None, None, ident]: not read. Before its steps are written, spread() fills it in
+    place with the reading interpolated in wall time between the reads around it (the flush
+    reads once more where the last boundary was not read), so a group of steps shorter than
+    SCHED_EVERY_S shares its CPU and run-queue time in proportion to their wall time: sums over
+    any stretch of steps are exact to within one group, a step's own split is its group's.
+    Steps of SCHED_EVERY_S or more are read at both ends, as before. A read costs ~10 us in a
+    training loop (cold caches), a few percent of a 0.4 ms step."""
+
+    def __init__(self) -> None:
+        self.at = float("-inf")           # perf_counter of the last read
+        self.tid = None                   # the thread it was made on
+        self.last: tuple | None = None    # (time, reading) of the last read spread() went past
+
+    def at_boundary(self, t: float, steps: int):
+        tid = threading.get_ident()
+        if tid == self.tid and t - self.at < SCHED_EVERY_S and steps >= FLUSH_FIRST:
+            return [None, None, tid]
+        got = schedstat()
+        if got is not None:
+            self.at, self.tid = t, tid
+        return got
+
+    def spread(self, recs: list, clock=time.perf_counter, mark_at: int = 1, end_at: int = 2) -> None:
+        """Fill the unread readings of recs (pending step records, in time order, holding a
+        start and an end mark) in place; those with no read after them on their thread keep
+        none. A step's start that shares its reading with the last step's end (start_mark) gets
+        the same value: the bookkeeping between them is neither step's. The flush's own read,
+        where the last boundary was not read, is stamped by `clock`."""
+        left, run = self.last, []         # the last read, and the unread readings since: (time, reading)
+        for r in recs:
+            for m in (r[mark_at], r[end_at]):
+                got = m[4]
+                if got is None:
+                    continue
+                if got[0] is None:
+                    if not run or run[-1][1] is not got:
+                        run.append((m[0], got))
+                    continue
+                if run:
+                    _fill(left, run, (m[0], got))
+                    run = []
+                left = (m[0], got)
+        if run and run[-1][1][2] == threading.get_ident():
+            now = schedstat()                  # the flush's own read closes the last group
+            if now is not None:
+                right = (clock(), now)
+                _fill(left, run, right)
+                left = right
+        self.last = left
+
+
+def _fill(left, run: list, right) -> None:
+    """The unread readings of `run` between the reads `left` and `right`, in wall time, where
+    all are of one thread (a thread's reading never decreases, so neither do the results)."""
+    if left is None or left[1][2] != right[1][2]:
+        return
+    (t0, a), (t1, b) = left, right
+    span = t1 - t0
+    for t, got in run:
+        if got[2] != b[2]:
+            continue
+        f = min(max((t - t0) / span, 0.0), 1.0) if span > 0 else 1.0
+        got[0], got[1] = a[0] + int(f * (b[0] - a[0])), a[1] + int(f * (b[1] - a[1]))
+
+
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
           skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0),
           opt: float = 0.0, nograd: float = 0.0) -> str:
@@ -75,7 +148,7 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
     line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
             f'"wait": {end[1] - mark[1]:.6f}, "batches": {end[2] - mark[2]}, '
             f'"mode": "{mode}", "profiled": {_JS[bool(profiled)]}, "perturbed": {_JS[bool(perturbed)]}')
-    if end[4] and mark[4]:   # the step's thread on a CPU / waiting for one (schedstat, s)
+    if end[4] and mark[4] and end[4][0] is not None and mark[4][0] is not None:   # the step's thread on a CPU / waiting for one (schedstat, s)
         # schedstat is read just after the clock: a preemption between the two reads at the
         # step's end moves a few ms between this step and the next; clip to the step's wall
         cpu = min(max(0.0, (end[4][0] - mark[4][0]) / 1e9), max(dur, 0.0))
@@ -115,6 +188,6 @@ def start_mark(end: tuple, now: float) -> tuple:
     read). The bookkeeping between the two ran on this thread's CPU, so that time is added to
     the CPU reading: the step's `cpu` then covers the same span as its wall time."""
     sched = end[4]
-    if sched is not None:
-        sched = (sched[0] + int((now - end[0]) * 1e9), sched[1])
+    if sched is not None and sched[0] is not None:
+        sched = (sched[0] + int((now - end[0]) * 1e9), *sched[1:])
     return (now, end[1], end[2], end[3], sched, *end[5:])

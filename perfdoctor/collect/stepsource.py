@@ -70,6 +70,28 @@ class StepSources:
         register_optimizer_step_pre_hook(dynamoskip.keep_out(pre, recursive=True))
         register_optimizer_step_post_hook(dynamoskip.keep_out(post, recursive=True))
 
+    def _wrap_grad_scaler(self) -> None:
+        """GradScaler.step that skips optimizer.step() (inf/NaN gradients) still ends a step."""
+        session = self
+        for modname in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+            try:
+                mod = __import__(modname, fromlist=["GradScaler"])
+                cls = mod.GradScaler
+            except Exception:
+                continue
+            if getattr(cls.step, "_perfdoctor", False):
+                continue
+            orig = cls.step
+
+            def step(scaler, optimizer, *a, _orig=orig, **kw):
+                calls = session.optimizer_calls
+                out = _orig(scaler, optimizer, *a, **kw)
+                if session.optimizer_calls == calls:           # the scaler skipped optimizer.step()
+                    session._on_optimizer_step(optimizer, (), {}, skipped=True)
+                return out
+            step._perfdoctor = True
+            cls.step = step
+
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         self.opt_clock.pre()
         if self.mode != "optimizer":

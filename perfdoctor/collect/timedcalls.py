@@ -44,6 +44,7 @@ class TimedCalls:
         self.thread = threading.get_ident()     # the thread that runs the script (and its steps)
         self.depth = 0
         self.pending = list(LATER)
+        self.known = 0                          # len(sys.modules) at the last poll
         self.installed = False                  # torch.save is wrapped: steps.jsonl's save/log mean it
 
     def _wrap(self, fn, kind: str):
@@ -84,9 +85,11 @@ class TimedCalls:
             self.pending.remove(target)
 
     def poll(self) -> None:
-        """At a step's end: wrap what the script has imported since (cheap while nothing new)."""
-        if not self.pending:
+        """At a step's end: wrap what the script has imported since (nothing to do while no module
+        was imported since the last poll)."""
+        if not self.pending or len(sys.modules) == self.known:
             return
+        self.known = len(sys.modules)
         left = []
         for target in self.pending:
             mod = sys.modules.get(target[0])
