@@ -62,6 +62,9 @@ class Generation:
         self.workers = workers                  # the loader's num_workers
 
 
+_NONE = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0, 0.0)   # take() of a step with no iterator event
+
+
 class _TimedOrder:
     """A single-process iterator's sampler iterator, wrapped: the time of its first draw (the
     sampler draws its order there: RandomSampler's randperm of the whole dataset, and a list of
@@ -116,6 +119,7 @@ class LoaderIters:
         self.nfirst = 0
         self.peek_s = self.peek_start = self.peek_first = self.peek_order = 0.0
         self.peek_batches = self.npeek_first = 0
+        self.dirty = False                      # any of them set since: take() builds its tuple
 
     def install(self, dl) -> None:
         """Wrap DataLoader.__iter__ and the worker shutdown (module torch.utils.data.dataloader)."""
@@ -157,6 +161,7 @@ class LoaderIters:
             it._perfdoctor_again = False
             return
         self.istart += dt
+        self.dirty = True
         prev = self.last.get(key)
         if (prev is not None and prev.batches <= PEEK_MAX and prev.batches < prev.size
                 and not prev.ran_out and not prev.peek):
@@ -197,6 +202,7 @@ class LoaderIters:
         drops the old iterator once the new one has started) it is this step's peek time when the
         generation was called one."""
         self.ishut += dt
+        self.dirty = True
         if gen is None:
             return
         if gen.peek:
@@ -215,6 +221,7 @@ class LoaderIters:
         if gen.batches == 0:
             self.ifirst += dt
             self.nfirst += 1
+            self.dirty = True
             gen.first_s = dt
         gen.batches += 1
         gen.draw_s += dt
@@ -226,10 +233,12 @@ class LoaderIters:
         """(istart, ishut, ifirst, nfirst, peek, peek_start, peek_batches, peek_first, npeek_first,
         peek_order) since the last take: the step that just ended (takes and iterator starts both
         run on the training thread)."""
+        self.serial += 1
+        if not self.dirty:                      # most steps: nothing started, shut or drawn first
+            return _NONE
         out = (self.istart, self.ishut, self.ifirst, self.nfirst, self.peek_s, self.peek_start, self.peek_batches,
                self.peek_first, self.npeek_first, self.peek_order)
         self._reset()
-        self.serial += 1
         return out
 
     def info(self) -> dict:

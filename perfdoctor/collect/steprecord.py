@@ -140,40 +140,47 @@ def _fill(left, run: list, right) -> None:
         got[0], got[1] = a[0] + int(f * (b[0] - a[0])), a[1] + int(f * (b[1] - a[1]))
 
 
+_HEAD = ('{"step": %d, "end": %.6f, "dur": %.6f, "wait": %.6f, "batches": %d, "mode": "%s", "profiled": %s, '
+         '"perturbed": %s')
+
+
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
           skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0),
           opt: float = 0.0, nograd: float = 0.0) -> str:
     """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
-    SOURCES): json.dumps of the dict cost more than the rest of the hook together."""
-    line = (f'{{"step": {step}, "end": {end[3]:.6f}, "dur": {dur:.6f}, '
-            f'"wait": {end[1] - mark[1]:.6f}, "batches": {end[2] - mark[2]}, '
-            f'"mode": "{mode}", "profiled": {_JS[bool(profiled)]}, "perturbed": {_JS[bool(perturbed)]}')
-    if end[4] and mark[4] and end[4][0] is not None and mark[4][0] is not None:   # the step's thread on a CPU / waiting for one (schedstat, s)
+    SOURCES): json.dumps of the dict cost more than the rest of the hook together, and %-formats
+    with the clipping spelled out take 2.2 us a line where f-strings with min/max took 3.6."""
+    span = dur if dur > 0 else 0.0          # what a part of the step is clipped to
+    out = _HEAD % (step, end[3], dur, end[1] - mark[1], end[2] - mark[2], mode, _JS[bool(profiled)],
+                   _JS[bool(perturbed)])
+    a, b = mark[4], end[4]
+    if a and b and a[0] is not None and b[0] is not None:   # the step's thread on a CPU / waiting for one (schedstat, s)
         # schedstat is read just after the clock: a preemption between the two reads at the
         # step's end moves a few ms between this step and the next; clip to the step's wall
-        cpu = min(max(0.0, (end[4][0] - mark[4][0]) / 1e9), max(dur, 0.0))
-        runq = min(max(0.0, (end[4][1] - mark[4][1]) / 1e9), max(dur - cpu, 0.0))
-        line += f', "cpu": {cpu:.6f}, "runq": {runq:.6f}'
+        cpu = (b[0] - a[0]) / 1e9
+        cpu = 0.0 if cpu < 0 else span if cpu > span else cpu
+        runq, rest = (b[1] - a[1]) / 1e9, span - cpu
+        runq = 0.0 if runq < 0 else rest if runq > rest else runq
+        out += ', "cpu": %.6f, "runq": %.6f' % (cpu, runq)
     if len(end) > 5 and len(mark) > 5 and end[5] > mark[5]:  # the process's CPU in that wait (num_workers=0), s
-        line += f', "wcpu": {end[5] - mark[5]:.6f}'
+        out += ', "wcpu": %.6f' % (end[5] - mark[5])
     if save > 0:             # inside torch.save and other checkpoint writers (timedcalls.py), s
-        line += f', "save": {min(save, max(dur, 0.0)):.6f}'
+        out += ', "save": %.6f' % (save if save < span else span)
     if log > 0:              # inside TensorBoard's add_* calls, s
-        line += f', "log": {min(log, max(dur, 0.0)):.6f}'
+        out += ', "log": %.6f' % (log if log < span else span)
     if opt > 0:              # inside optimizer.step() (optclock.py), s
-        line += f', "opt": {min(opt, max(dur, 0.0)):.6f}'
+        out += ', "opt": %.6f' % (opt if opt < span else span)
     if nograd > 0:           # inside the root module's calls with grad mode off (nogradcalls.py), s
-        line += f', "nograd": {min(nograd, max(dur, 0.0)):.6f}'
+        out += ', "nograd": %.6f' % (nograd if nograd < span else span)
     if starts[0] > 0 or starts[1] > 0 or starts[3] > 0:   # DataLoader iterators (loaderiters.py), s
-        line += (f', "istart": {starts[0]:.6f}, "ishut": {starts[1]:.6f}, "ifirst": {starts[2]:.6f}, '
-                 f'"nfirst": {starts[3]}')
+        out += ', "istart": %.6f, "ishut": %.6f, "ifirst": %.6f, "nfirst": %d' % starts[:4]
     if starts[4] > 0 or starts[6] > 0:     # peeks found in this step: their time, start and batches
-        line += f', "peek": {starts[4]:.6f}, "peek_start": {starts[5]:.6f}, "peek_batches": {starts[6]}'
+        out += ', "peek": %.6f, "peek_start": %.6f, "peek_batches": %d' % starts[4:7]
     if len(starts) > 8 and starts[8] > 0:  # the first draws of iterators re-created every step, with workers
-        line += f', "peek_first": {starts[7]:.6f}, "npeek_first": {starts[8]}'
+        out += ', "peek_first": %.6f, "npeek_first": %d' % starts[7:9]
     if len(starts) > 9 and starts[9] > 0:  # the sampler orders those drew without workers (in `peek`)
-        line += f', "peek_order": {starts[9]:.6f}'
-    return line + (', "skipped": true}\n' if skipped else '}\n')
+        out += ', "peek_order": %.6f' % starts[9]
+    return out + (', "skipped": true}\n' if skipped else '}\n')
 
 
 def dataset_kind(kinds: set) -> str | None:

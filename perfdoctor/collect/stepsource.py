@@ -131,7 +131,8 @@ class StepSources:
             self._boundary(skipped=skipped)
             return
         if key == self.primary:
-            self.others = {}
+            if self.others:
+                self.others = {}
             self._boundary(skipped=skipped)
         elif self.mode == "optimizer":
             marks = self.others.setdefault(key, [])
