@@ -243,3 +243,23 @@ def test_steps_shorter_than_a_millisecond_share_their_groups_schedstat(monkeypat
     # a boundary on another thread is read there, never interpolated across threads
     monkeypatch.setattr(steprecord.threading, "get_ident", lambda: tid + 1)
     assert reads.at_boundary(t + 0.0001, FLUSH_FIRST) is not None and reads.tid == tid + 1
+
+
+def test_a_step_line_holds_every_field_clipped_to_the_step():
+    """steps.jsonl lines are formatted by hand (steprecord.line): every field of a full record,
+    each part of the step clipped to its wall time, and valid JSON."""
+    import json
+
+    from perfdoctor.collect.steprecord import line
+    mark = (10.0, 1.0, 4, 1e9, (5_000_000_000, 100_000_000, 1), 2.0)
+    end = (10.01, 1.004, 6, 1e9 + 0.01, (5_012_000_000, 100_001_000, 1), 2.003)
+    starts = (0.001, 0.0005, 0.002, 1, 0.003, 0.0004, 2, 0.0006, 1, 0.0007)
+    got = json.loads(line(7, mark, end, 0.01, "optimizer", True, False, True, save=0.02, log=0.001,
+                          starts=starts, opt=0.004, nograd=0.0))
+    want = {"step": 7, "end": 1e9 + 0.01, "dur": 0.01, "wait": 0.004, "batches": 2, "mode": "optimizer",
+            "profiled": True, "perturbed": False, "cpu": 0.01, "runq": 0.0, "wcpu": 0.003,
+            "save": 0.01, "log": 0.001, "opt": 0.004, "istart": 0.001, "ishut": 0.0005, "ifirst": 0.002,
+            "nfirst": 1, "peek": 0.003, "peek_start": 0.0004, "peek_batches": 2, "peek_first": 0.0006,
+            "npeek_first": 1, "peek_order": 0.0007, "skipped": True}
+    assert got.keys() == want.keys()        # 12 ms on a CPU and a 20 ms save in a 10 ms step: clipped
+    assert all(got[k] == pytest.approx(v, abs=1e-6) for k, v in want.items()), got
