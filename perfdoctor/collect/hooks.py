@@ -42,7 +42,9 @@ from perfdoctor.collect.window import TRACE_S, WARMUP_S, Window, seconds
 
 __all__ = ["Session", "StopRun", "compress_trace"]
 
+
 def _main() -> bool:
+    """Is this the main thread? (Asked only where a run stops: not at every boundary.)"""
     return threading.current_thread() is threading.main_thread()
 
 

@@ -5,8 +5,9 @@ at most once a millisecond), cumulative process CPU inside the data wait of load
 workers) taken at a boundary; a step's record is the difference of two marks. steps.jsonl is
 written in batches by the session (hooks.py): each of the first FLUSH_FIRST steps at once, then
 whenever a step ends FLUSH_S or more after the last write, and at the end. A write(2) a step was
-a third of the hooks' cost on a 0.4 ms step. What a batch can lose: a SIGKILL or a default-action SIGTERM drops the
-steps not yet written (those since the last write, more if the script paused after them).
+a third of the hooks' cost on a 0.4 ms step. What a batch can lose: a SIGKILL or a
+default-action SIGTERM drops the steps not yet written (those since the last write, more if the
+script paused after them).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class SchedReads:
             self.at, self.tid = t, tid
         return got
 
-    def spread(self, recs: list, clock=time.perf_counter, mark_at: int = 1, end_at: int = 2) -> None:
+    def spread(self, recs: list, clock=time.perf_counter) -> None:
         """Fill the unread readings of recs (pending step records, in time order, holding a
         start and an end mark) in place; those with no read after them on their thread keep
         none. A step's start that shares its reading with the last step's end (start_mark) gets
@@ -105,7 +106,7 @@ class SchedReads:
         where the last boundary was not read, is stamped by `clock`."""
         left, run = self.last, []         # the last read, and the unread readings since: (time, reading)
         for r in recs:
-            for m in (r[mark_at], r[end_at]):
+            for m in (r[1], r[2]):
                 got = m[4]
                 if got is None:
                     continue
