@@ -89,8 +89,9 @@ def test_a_cpu_trace_sizes_hand_written_attention_and_sdpa_bounds_its_gain(tmp_p
     assert fm["traces"][0]["metrics"]["attention.manual_cpu_share"] == 0.0
     assert "PD378" not in {f["id"] for f in fm["findings"]}
 
-    # the gain SDPA gives, timed interleaved outside the profiler, lies within the ceiling
-    measured = interleaved_speedup(lambda: hand().sum().backward(), lambda: fused().sum().backward(), 5)
+    # the gain SDPA gives, timed interleaved outside the profiler, lies within the ceiling (2.2-2.8x
+    # on a quiet 2-core VM; a CI run read 1.197 from 5 pairs, so 9 pairs take the median)
+    measured = interleaved_speedup(lambda: hand().sum().backward(), lambda: fused().sum().backward(), 9)
     assert 1.2 < measured <= fix["gain"]["ceiling"] * 1.15, (measured, fix["gain"])
 
 
