@@ -14,7 +14,7 @@ from perfdoctor.rules.loader import load_rules
 
 
 def _samples(n=20, workers=2, cpu=80.0, running=0.8, disk_sleep=0.0, runq=0.0, cores=16, busy=12.0,
-             trainer_cpu=5.0, trainer_running=0.0):
+             trainer_cpu=5.0, trainer_running=0.0, trainer_runq=0.0):
     """n samples 0.5 s apart; each worker spends `cpu`% of a core on CPU and is caught in state R in
     `running` of the samples (D in `disk_sleep`, S otherwise); the trainer likewise."""
     out = []
@@ -27,7 +27,7 @@ def _samples(n=20, workers=2, cpu=80.0, running=0.8, disk_sleep=0.0, runq=0.0, c
               "read_bytes": 0, "runq_wait_s": t * runq, "sched_cpu_s": t * cpu / 100} for k in range(workers)]
         out.append({"t": t, "unix": 1.8e9 + t, "cost_s": 0.001,
                     "trainer": {"pid": 1, "create_time": 1.0, "role": "trainer", "cpu_percent": trainer_cpu,
-                                "state": tstate, "read_bytes": 0, "runq_wait_s": 0.0,
+                                "state": tstate, "read_bytes": 0, "runq_wait_s": t * trainer_runq,
                                 "sched_cpu_s": t * trainer_cpu / 100},
                     "workers": w, "helpers": [], "gpu": None,
                     "system": {"cpu_count": cores, "usable_cpus": cores, "cpu_quota_cores": None,
@@ -208,3 +208,25 @@ def test_live_a_trainer_loader_that_sleeps_is_not_called_cpu_work(tmp_path):
     m = json.loads((out / "report.json").read_text())["traces"][0]["metrics"]
     assert m["input.split"] == "other" and m["loader.trainer_wait_runnable_share"] < 0.5, \
         (m["input.split"], m["loader.trainer_wait_runnable_share"])
+
+
+def test_the_trainers_threads_queueing_together_bounds_what_loading_in_it_gains():
+    """loader.trainer_runq_wait_mean: the trainer process's threads' run-queue time together per
+    second (its intra-op threads queued behind the workers hold up each parallel op). PD347's
+    ceiling takes it where it exceeds the training thread's own (run.runq_share): an LSTM
+    classifier's read 1.40x from the thread's 9.3% where num_workers=0 measured 1.42-1.45x."""
+    m = system_metrics(_samples(cores=2, busy=98.0, cpu=8.0, trainer_cpu=175.0, trainer_runq=0.2), [])
+    assert m["loader.trainer_runq_wait_mean"] == pytest.approx(0.2)
+    assert system_metrics(_samples(), [])["loader.trainer_runq_wait_mean"] == 0.0
+    rule = next(r for r in load_rules() if r.id == "PD347")
+    base = {"loader.workers": 2, "share.input": 0.167, "run.data_wait_share": 0.14, "input.wait_busy_share": 0.83,
+            "loader.worker_cpu_mean": 0.08, "loader.restart_share": 0.025, "run.runq_share": 0.093,
+            "system.other_cores": 0.04}
+    ceiling = {}
+    for together in (None, 0.2, 0.05):
+        d = evaluate([rule], {**base, "loader.trainer_runq_wait_mean": together})
+        ceiling[together] = next(f for f in d.fixes if f.rule.id == "PD347").ceiling
+    assert ceiling[None] == pytest.approx(1 / (1 - 0.167 - 0.025 - 0.093), rel=1e-3)
+    assert ceiling[0.2] == pytest.approx(1 / (1 - 0.167 - 0.025 - 0.2), rel=1e-3) and ceiling[0.2] > 1.45
+    assert ceiling[0.05] == ceiling[None]        # the training thread's own queueing is the larger
+

@@ -124,6 +124,7 @@ _m("loader.worker_read_mb_s", "MB/s", "Storage reads of all workers together (re
 _m("system.other_cores", "cores", "Cores used by processes other than the trainer and its loader workers during the run (machine busy share x cores - their own CPU): another job on a shared machine.")
 _m("loader.worker_runq_wait_mean", "cores", "Mean time one worker waited in the run queue for a CPU per wall second.")
 _m("loader.trainer_cpu_mean", "cores", "Mean CPU use of the trainer process (all its threads; 1.0 = a full core).")
+_m("loader.trainer_runq_wait_mean", "cores", "Time the trainer process's threads together waited in the run queue for a CPU per wall second (the training thread and torch's intra-op threads, whose queueing holds up each parallel op): an upper bound on what queueing adds to its step.")
 _m("loader.trainer_disk_sleep_share", "fraction", "Share of samples in which the trainer's main thread was in disk sleep (state D).")
 _m("loader.trainer_read_mb_s", "MB/s", "Storage reads of the trainer process (read_bytes).")
 _m("loader.runnable_share", "fraction", "Share of its one thread's time the loader (a worker; with num_workers=0 the trainer's main thread) was runnable: on a CPU or queued for one, from CPU time and run state. >= 0.5: CPU-bound.")

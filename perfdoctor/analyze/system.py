@@ -182,6 +182,7 @@ def system_metrics(samples: list[dict], notes: list[str] | None = None,
     out["loader.worker_read_mb_s"] = loader["read"] if has_workers else None
     out["loader.worker_runq_wait_mean"] = loader["runq"] if has_workers else None
     out["loader.trainer_cpu_mean"] = trainer_n["cpu"]
+    out["loader.trainer_runq_wait_mean"] = trainer_n["runq"]     # all its threads: intra-op ones too
     out["loader.trainer_disk_sleep_share"] = trainer_n["d"]
     out["loader.trainer_read_mb_s"] = trainer_n["read"]
     demand = None
@@ -347,7 +348,8 @@ _NAMES = ("system.samples", "system.sampler_core_fraction", "system.cpu_count", 
           "system.psi_memory_some_avg10", "system.psi_io_some_share", "system.disk_read_mb_s",
           "system.disk_busy_share", "system.ram_available_bytes", "loader.workers",
           "loader.worker_cpu_mean", "loader.worker_disk_sleep_share", "loader.worker_read_mb_s",
-          "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_disk_sleep_share",
+          "loader.worker_runq_wait_mean", "loader.trainer_cpu_mean", "loader.trainer_runq_wait_mean",
+          "loader.trainer_disk_sleep_share",
           "loader.trainer_read_mb_s", "loader.runnable_share", "loader.trainer_wait_runnable_share",
           "loader.threads_oversubscription", "gpu.util_mean",
           "gpu.memory_used_fraction_peak", "machine.cpu_count", "machine.physical_cores", "machine.free_cores",
