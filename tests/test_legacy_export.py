@@ -17,10 +17,11 @@ def _record(tmp_path):
     torch = pytest.importorskip("torch", reason="torch is a test dependency")
     from torch.profiler import ProfilerActivity, profile, schedule
     torch.manual_seed(0)
-    # ops of a millisecond or more: the loop is compute whatever else the machine runs
+    # steps of ~14 ms of ops of several ms each: the loop is compute whatever else the machine runs
+    # (a batch of 256, 4 ms steps, read 'host' once in CI: a few ms of preemption a step tipped it)
     m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
+    x, y = torch.randn(1024, 512), torch.randint(0, 10, (1024,))
     legacy, kineto = tmp_path / "legacy.json", tmp_path / "kineto.json"
 
     def ready(p):
