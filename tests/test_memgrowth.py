@@ -134,6 +134,7 @@ print(f"{n} steps")
 """
 
 
+@pytest.mark.quiet          # the slope maps sampled RSS to steps by time: one CI run under the other worker's load read 1.77 MiB
 def test_run_finds_a_loop_that_keeps_each_steps_output(tmp_path):
     script = tmp_path / "keeps_outputs.py"
     script.write_text(LEAK)
