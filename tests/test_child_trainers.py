@@ -31,6 +31,11 @@ if __name__ == "__main__":
     for p in procs: p.start()
     for p in procs: p.join()
     print("exit codes", [p.exitcode for p in procs], flush=True)
+    if len(sys.argv) > 4:                    # then a test in the main process, as pytorch/examples' Hogwild! does
+        from torch.utils.data import DataLoader, TensorDataset
+        with torch.no_grad():
+            for x, in DataLoader(TensorDataset(torch.randn(int(sys.argv[4]) * 64, 256)), batch_size=64):
+                model(x)
 """
 
 
@@ -121,3 +126,45 @@ def test_process_starts_are_counted_by_method_and_function_without_fixing_the_st
                     {"method": default, "target": "mylib.jobs.Runner.run", "via": None, "count": 1},
                     {"method": "forkserver", "target": "main_worker", "via": None, "count": 1},
                     {"method": "forkserver", "target": "mylib.jobs.Runner.run", "via": None, "count": 1}]
+
+
+def test_a_test_loop_after_spawned_trainers_is_said_to_be_no_training(tmp_path):
+    """pytorch/examples' Hogwild!: the trainers run in spawned processes, then the main process
+    tests the model. Its steps are that test (DataLoader batches, no backward pass): the note and
+    the verdict say so, and no tune is offered (it would measure the test)."""
+    script, out = _script(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(script), "spawn", "300", "0",
+                        "60"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["run"]["steps"] > 8 and json.loads((out / "child.json").read_text())["mode"] == "dataloader"
+    # the children's CPU (~0.96 core each, sampled) says they trained
+    note = next(n for n in doc["run"]["notes"] if n.startswith("the script trained in"))
+    assert "running train(), started with multiprocessing (spawn start method): the " in note, note
+    assert "timed here are the launched process's own, a loop with no backward pass" in note, note
+    assert doc["run"]["training_elsewhere"] is True
+    assert doc["verdict"]["summary"].startswith("These steps are the launched process's own loop with no backward pass")
+    assert "perfdoctor tune" not in r.stderr and "These steps are the launched process's own" in r.stderr
+
+
+def test_trainers_queueing_for_the_cores_are_told_to_share_them():
+    """The children's threads oversubscribe the cores (PD213's threshold): no step of theirs is
+    timed, so the note says what to do (Hogwild! with 2 threads a process on 2 cores measured 2x
+    faster with 1); it says nothing where they fit, or where the children did no work."""
+    from perfdoctor.diagnose.childtrainers import elsewhere
+    starts = [{"method": "spawn", "target": "train", "via": None, "count": 2}]
+    steps = [{"step": i, "mode": "dataloader"} for i in range(1, 17)]
+    over = {"loader.workers": 2, "loader.worker_cpu_mean": 0.98, "loader.threads_oversubscription": 1.77,
+            "loader.worker_runq_wait_mean": 0.78}
+    note = elsewhere([], steps, over, starts)
+    assert "Their threads wanted 1.77 cores per usable core, and each child queued for a core 0.78 s a second" in note
+    assert "torch.set_num_threads(cores // processes)" in note
+    fits = elsewhere([], steps, {**over, "loader.threads_oversubscription": 0.9}, starts)
+    assert fits.startswith("the script trained in 2 process(es)") and "Their threads" not in fits
+    idle = elsewhere([], steps, {**over, "loader.worker_cpu_mean": 0.1}, starts)
+    assert idle is None                 # steps of its own, children idle: nothing says they trained
+    trains = [{"step": i, "mode": "optimizer"} for i in range(1, 17)]
+    own = elsewhere([], trains, over, starts)
+    assert "the 16 step(s) timed here are the launched process's own while" not in own
+    assert "the 16 step(s) timed here are the launched process's own, while 2 python child" in own
+    assert "no backward pass" not in own

@@ -35,7 +35,7 @@ from perfdoctor.collect.launcher import RunResult
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.collect.stepsource import RATES_NOTE
 from perfdoctor.diagnose import runfiles
-from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere
+from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere, own_loop_only
 from perfdoctor.diagnose.document import build_document
 from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace
 from perfdoctor.diagnose.stepnotes import KIND_STEPS, drift_note, extra_batches_note, kinds_note, shared_note
@@ -285,6 +285,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     doc["stacks"] = stacks
     steps_only_verdict(doc, res, steps, not isinstance(analysis, StepsOnly), trained_elsewhere,
                        "its trace file is unusable" if traces else None)
+    own_loop_only(doc, steps, trained_elsewhere)
     return doc
 
 

@@ -52,8 +52,8 @@ def tune_hint(doc: dict) -> str | None:
     run = doc.get("run") or {}
     if not run.get("command") or doc.get("ranks") or doc.get("cross_rank") or not doc.get("traces"):
         return None
-    if run.get("steps") == 0:     # tune measures the launched process's steps: it had none (trained elsewhere?)
-        return None
+    if run.get("steps") == 0 or run.get("training_elsewhere"):
+        return None               # tune measures the launched process's steps: none, or no training (children trained)
     if script_failure(run):       # tune refuses a baseline whose script fails: fix that first
         return None
     m = shown_trace(doc)["metrics"]
