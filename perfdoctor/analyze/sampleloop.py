@@ -46,7 +46,8 @@ they count among the ops that stay. An RNN module's time steps (its
 call and the backward nodes of the ops inside it, cpuops.rnn_rows) are left out the same way: a
 packed nn.LSTM's backward pass walks one SliceBackward0 per time step. What the trace cannot
 tell: whether each iteration of a Python loop depends on the one before (a recurrence over time steps that index a sequence reads
-alike), so the fix says when it does not apply.
+alike), so the fix says when it does not apply. A live run with Python stacks can: the source of
+the loop they sampled (analyze/recurrence.py, stacks.recurrent_loop_share).
 
 On a GPU the loop is found the same way on the host; each of its ops launches kernels of a few
 microseconds per sample besides. Its host time shortens the step only down to what the device

@@ -25,6 +25,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
+from perfdoctor.analyze.recurrence import recurrent_lines
 from perfdoctor.analyze.stackcause import CAUSES, classify, forward_lines, results_work, user_code
 
 MIN_STEADY_STEPS = 3
@@ -54,7 +55,8 @@ def empty_metrics() -> dict:
             "stacks.python_data_share": None, "stacks.evaluation_share": None,
             "stacks.producer_wait_share": None, "stacks.waiting_share": None,
             "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
-            "stacks.own_threads_busy_share": None, "stacks.anomaly_stack_share": None}
+            "stacks.own_threads_busy_share": None, "stacks.anomaly_stack_share": None,
+            "stacks.recurrent_loop_share": None}
 
 
 def exposed_waits(m: dict) -> dict:
@@ -249,6 +251,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     period = 1.0 / float(meta.get("rate_hz") or 100)
     ends = np.sort(np.array([float(s["end"]) for s in steps if "end" in s]))
     stored, storing = 0.0, {}           # time in the Python stacks anomaly mode stores with each forward op
+    recurring, looped = 0.0, {}         # time on lines of a loop that carries a value (analyze/recurrence.py)
     # where each of the user's functions first calls the forward pass, for results_work
     first_forward: dict[tuple[str, str], int] = {}
     for (_, _, stack), wt in zip(segs[trainer], w):
@@ -272,6 +275,10 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
         if wt <= 0:
             continue
         causes[c[0]] += wt
+        if c[0] in ("model", "python_data"):       # the forward pass and the loop's own tensor work
+            if stack not in looped:
+                looped[stack] = any(line in recurrent_lines(file) for file, _, line in forward_lines(stack))
+            recurring += wt if looped[stack] else 0.0
         _tally_row(frames, c, stack, wt, source)
     interval = _save_interval(saves, win, covered, span)
     share = {k: v / sampled for k, v in causes.items()}
@@ -291,6 +298,8 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.waiting_share": float(share["waiting"]),
               "stacks.checkpoint_interval_steps": interval,
               "stacks.anomaly_stack_share": stored / sampled,
+              "stacks.recurrent_loop_share": (recurring / (causes["model"] + causes["python_data"])
+                                              if causes["model"] + causes["python_data"] > 0 else None),
               "stacks.own_threads_busy_share": _own_threads_busy(segs, trainer, main["t0_unix"], win, sampled, source)})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
