@@ -55,3 +55,28 @@ def test_a_large_ops_compute_stays_and_the_dispatch_around_it_is_small(tmp_path)
     assert m["cpu.compute_share"] == pytest.approx(large / STEP_US)
     assert m["cpu.optimizer_large_op_share"] == pytest.approx(30 / STEP_US)
     assert m["cpu.rnn_small_op_share"] == 0.0
+
+
+def test_a_call_long_in_one_step_only_is_a_stall_and_a_call_long_at_its_place_every_step_is_compute(tmp_path):
+    """Four 1000 us steps: ten 5 us copies a step, the third of them 85 us in step 2 only (a stall:
+    the allocator, a page fault, the profiler), and a 5 us sqrt then a 60 us one (an optimizer's
+    small and large parameter) in every step. The stall is no compute; the 60 us sqrt is."""
+    ev = []
+
+    def op(name, ts, dur, cat="cpu_op"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}})
+    t = 1000.0
+    for s in range(4):
+        op(f"ProfilerStep#{s}", t, 1000.0, "user_annotation")
+        for i in range(10):
+            op("aten::copy_", t + 10 + 100 * i, 85 if (s, i) == (2, 2) else 5)
+        op("aten::sqrt", t + 960, 5)
+        op("aten::sqrt", t + 970, 20 if s == 0 else 25)         # long at its place in every step
+        t += 1000.0
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    m = analyze(load_trace(path)).metrics
+    ops = 4 * (10 * 5 + 5) + 80 + 20 + 3 * 25          # the stall: 80 us beyond its 5
+    assert m["share.device"] == pytest.approx(ops / 4000)
+    assert m["cpu.compute_share"] == pytest.approx((20 + 3 * 25) / 4000)
+    assert m["cpu.small_op_share"] == pytest.approx((ops - 20 - 3 * 25) / 4000)
