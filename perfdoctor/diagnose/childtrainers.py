@@ -4,9 +4,12 @@
   leave their counts in forked/<pid>.json (collect/forked.py).
 - Spawned children (multiprocessing's spawn or forkserver, a launcher's subprocess) run without
   the hooks. A multiprocessing start in the launched process is counted with its target function
-  (collect/procstarts.py, child.json process_starts): with no step of its own, the note names the
-  function, the start method and how many, and says how to diagnose them (torchrun ranks under
-  --nproc-per-node, or the function called in the main process). Otherwise (a subprocess) python
+  (collect/procstarts.py, child.json process_starts): with no step of its own, or where their CPU
+  shows they worked, the note names the function, the start method and how many, and says how to
+  diagnose them (torchrun ranks under --nproc-per-node, or the function called in the main
+  process), and how to share the cores where their threads queued. Steps of the launched process
+  with no backward pass (pytorch/examples' Hogwild!: the test after its trainers joined) are
+  said to be no training (own_loop_only). Otherwise (a subprocess) python
   child processes that used CPU are the only sign of them. The sampler calls them loader workers
   (python descendants of the trainer); with no step in the launched process, DataLoader workers
   of an untimed loop look the same, so the note says "if they train".
