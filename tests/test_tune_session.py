@@ -482,3 +482,40 @@ def test_before_the_trials_tune_says_how_many_the_budget_leaves_room_for(tmp_pat
                     "a baseline run again on this noisy machine; fewer once a faster one takes 2 runs to confirm); "
                     "--budget 150 would run them all")
     assert t._fits(1 + t._reserve())        # what _trial asks of the first: room for it and its baseline
+
+
+def test_trials_skipped_for_the_budget_run_when_the_closing_run_frees_it(monkeypatch, tmp_path):
+    """A user's tune (VAE, --budget 150, runs of ~20 s): a fast trial held back three runs (the
+    closing one and its confirmation), so the next trials were skipped for the budget; the closing
+    run then found a drift, the fast trial went inconclusive, and tune ended at 92 s with "skipped
+    for lack of budget". The freed runs now go to the skipped trials, in their places."""
+    from perfdoctor.tune import session as S
+    t, launched = _tuner_on(monkeypatch, tmp_path, {"baseline-2": 100.0, "01-num_workers=2": 80.0,
+                                                    "baseline-3": 125.0, "02-threads=1": 124.0,
+                                                    "baseline-4": 125.0}, budget_s=130)
+    clock = {"s": 0.0}
+    monkeypatch.setattr(S.Tuner, "elapsed", lambda self: clock["s"])
+    real = S.Tuner._launch
+
+    def timed(self, d, ch, **k):            # every run takes 20 s
+        clock["s"] += 20.0
+        self.longest = 20.0
+        return real(self, d, ch, **k)
+    monkeypatch.setattr(S.Tuner, "_launch", timed)
+    clock["s"] = 20.0                        # the baseline's own run
+    t.baselines = [steady_run(tmp_path, "baseline", 100.0, seed=9)]
+    t.noisy, t.noise_head = baseline_noise(t.baselines[0])
+    t._repeat_baseline()
+    a = t._trial(plan.Trial({"num_workers": 2}, "loader"))
+    b = t._trial(plan.Trial({"threads": 1}, "threads"))
+    assert a.status == "faster" and (b.status, b.reason) == ("skipped", "budget")      # 60 + 4 x 20 > 130
+    t._close()
+    assert t.noisy and a.status == "inconclusive" and t.best() is None
+    t._skipped_again()                       # 80 s spent: the trial and a baseline after it fit
+    assert launched == ["baseline-2", "01-num_workers=2", "baseline-3", "02-threads=1", "baseline-4"]
+    again = t.outcomes[1]
+    assert again.trial.changes == {"threads": 1} and again.status != "skipped" and again is not b
+    assert [o.trial.changes for o in t.outcomes] == [{"num_workers": 2}, {"threads": 1}]
+    assert [x.run_dir.name for x in again.bases] == ["baseline-3", "baseline-4"]
+    t._skipped_again()                       # nothing left to run: nothing launched
+    assert len(launched) == 5

@@ -23,7 +23,9 @@
 4. Refinements of the best loader setting.
 5. The closing baseline (verify.py): the baseline runs again, and each trial that was compared
    with the baseline runs before it only is compared with those and this one, pooled, so that a
-   drift of the machine during the trials weighs on both sides. Then the winners of the
+   drift of the machine during the trials weighs on both sides. Trials skipped for the budget
+   then run where it covers them now (a faster trial judged inconclusive by the closing run
+   frees the runs held back to confirm it: Tuner._skipped_again). Then the winners of the
    different groups combined and measured together. The best setting is the fastest measured
    one whose interval lies above 1.
 6. Confirmation: the baseline and then the best setting run once more, back to back (the same
@@ -122,6 +124,7 @@ class Tuner(Verification):
                                      failed, self.o.only):
             self._trial(t)
         self._close()                        # before the winners are picked: they may change
+        self._skipped_again()
         winners = [o for g in dict.fromkeys(o.trial.group for o in self.outcomes) if (o := self._best(g))]
         if len(winners) >= 2:
             combo = {}
@@ -307,6 +310,18 @@ class Tuner(Verification):
         self.baselines.append(b)
         self._update_spread()
         return b
+
+    def _skipped_again(self) -> None:
+        """Trials skipped for the budget run after the closing baseline where it now covers them:
+        the runs held back for confirming a faster trial are free again when the closing run
+        judged it inconclusive (a drift of the machine), and a user's budget is not left unspent
+        beside trials said to lack it. Each keeps its place among the outcomes."""
+        for i, o in enumerate(list(self.outcomes)):
+            if o.status == "skipped" and o.reason == "budget" and self._fits(1 + self._reserve()):
+                self.outcomes.remove(o)
+                again = self._trial(o.trial)
+                self.outcomes.remove(again)
+                self.outcomes.insert(i, again)
 
     def _reserve(self) -> int:
         """The runs a trial leaves in the budget after it: a baseline run after it (a noisy machine's
