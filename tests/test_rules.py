@@ -16,7 +16,7 @@ from perfdoctor.analyze import registry
 from perfdoctor.rules import expr
 from perfdoctor.rules.check import run_cases
 from perfdoctor.rules.engine import evaluate
-from perfdoctor.rules.gain import amdahl, combined, describe, stacked
+from perfdoctor.rules.gain import amdahl, combined, describe, stacked, times
 from perfdoctor.rules.loader import RulesInvalid, builtin_rules_dir, load_rules
 
 RULES = load_rules()
@@ -89,6 +89,17 @@ def test_amdahl():
     # no ceiling: the whole step is the share, which is no measurement ("... is 100.0% of each step")
     assert describe(1.53, None, None, None, 1.0, "what other jobs on the cores cost the step") == \
         "expected ~1.53x, no ceiling from this trace (nothing measured bounds what other jobs on the cores cost the step)"
+
+
+def test_a_ceiling_beyond_what_a_share_can_tell_prints_as_more_than_1000x():
+    """1 / (1 - 0.99993) = 14996x (pytorch/examples' regression.py): no share is measured to a
+    hundredth of a percent, so from 1000x on the figure is '>1000x', in the text and the labels."""
+    from perfdoctor.report.labels import unranked_gain
+    assert [times(v) for v in (1.523, 13.4, 999.4, 1000.0, 14996.4)] == ["1.52x", "13x", "999x", ">1000x", ">1000x"]
+    assert describe(None, None, None, 1 / (1 - 0.99993), 0.99993, "untraced time") == \
+        "at most >1000x, no model of the expected gain (untraced time is 100.0% of each step)"
+    assert unranked_gain({"gain": {"ceiling": 14996.4}}) == ", at most >1000x"
+    assert unranked_gain({"gain": {"expected": 1.004, "ceiling": 1.3}}) == ", expected ~1.00x, at most 1.30x"
 
 
 def test_fixes_applied_together_add_savings_unless_their_shares_overlap():

@@ -8,6 +8,7 @@ from __future__ import annotations
 from perfdoctor.report.labels import WORTH_A_LOOK, cite, from_other_traces, unranked_gain
 from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint, tune_measured
 from perfdoctor.report.sanitize import html as H
+from perfdoctor.rules.gain import times
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
 
@@ -40,7 +41,7 @@ def _gain_bar(g: dict, measured: dict | None) -> str:
     parts = []
     if ceil:
         parts.append(f"<i style=\"width:{100 * saved_share(ceil):.1f}%;background:#cfe8d9\" "
-                     f"title=\"ceiling {ceil:.2f}x: {100 * saved_share(ceil):.0f}% of the step time\"></i>")
+                     f"title=\"ceiling {times(ceil)}: {100 * saved_share(ceil):.0f}% of the step time\"></i>")
     if exp:
         parts.append(f"<i style=\"width:{100 * saved_share(exp):.1f}%;background:#2e8b57\" "
                      f"title=\"expected {exp:.2f}x: {100 * saved_share(exp):.0f}% of the step time\"></i>")

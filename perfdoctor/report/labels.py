@@ -103,7 +103,7 @@ def unranked_gain(f: dict) -> str:
     to rank); ', at most 1.30x' where only the ceiling is known; '' where neither is."""
     g = f.get("gain") or {}
     exp, c = g.get("expected"), g.get("ceiling")
-    return (f", expected ~{times(exp)}" if exp else "") + (f", at most {c:.2f}x" if c and c >= 1.01 else "")
+    return (f", expected ~{times(exp)}" if exp else "") + (f", at most {times(c)}" if c and c >= 1.01 else "")
 
 
 ABNORMAL = {"crashed": "The script crashed", "killed": "The script was killed", "interrupted": "The run was interrupted"}
