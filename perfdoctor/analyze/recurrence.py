@@ -25,18 +25,20 @@ import ast
 import linecache
 from functools import lru_cache
 
+from perfdoctor.analyze.sourcelines import source_text
 
-def _stores(node: ast.AST) -> list[tuple[str, int, ast.stmt]]:
-    """(name, line, statement) of each plain-name assignment inside node, nested blocks included,
+
+def _stores(node: ast.AST) -> list[tuple[str, ast.stmt]]:
+    """(name, statement) of each plain-name assignment inside node, nested blocks included,
     function and class bodies left out."""
-    out: list[tuple[str, int, ast.stmt]] = []
+    out: list[tuple[str, ast.stmt]] = []
     for stmt in _statements(node):
         targets = (stmt.targets if isinstance(stmt, ast.Assign) else
                    [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) and stmt.value is not None else [])
         for t in targets:
             for n in ast.walk(t):
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                    out.append((n.id, stmt.lineno, stmt))
+                    out.append((n.id, stmt))
     return out
 
 
@@ -95,7 +97,7 @@ def recurrent(loop: ast.For | ast.While) -> bool:
     index = {id(stmt): i for i, stmt in enumerate(order)}
     stores = [s for s in _stores(body) if s[0] not in own]
     for name in {s[0] for s in stores}:
-        mine = [stmt for n, _, stmt in stores if n == name]
+        mine = [stmt for n, stmt in stores if n == name]
         first = min(index[id(stmt)] for stmt in mine)
         summing = ({id(n) for stmt in mine for n in _reads(stmt, name)}
                    if all(_sums(stmt, name) for stmt in mine) else set())
@@ -112,17 +114,24 @@ TRAINING_CALLS = ("backward", "zero_grad")
 
 def trains(loop: ast.For | ast.While) -> bool:
     """The loop runs backward passes (a closure defined in it counts): the training loop, whose
-    carried values (a running loss, an EMA, a step counter) say nothing of the loops inside it."""
+    carried values (a running loss, an EMA, a step counter) say nothing of the loops inside it.
+    Not sourcelines._trains, which counts `.step(` too: a rollout's `env.step(action)` would make
+    its time loop a training loop."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in TRAINING_CALLS
                for n in ast.walk(loop))
 
 
-@lru_cache(maxsize=256)
-def recurrent_lines(file: str) -> frozenset[int]:
+def recurrent_lines(file: str, lines_of=linecache.getlines) -> frozenset[int]:
     """The lines of `file` inside the body of a recurrent for or while loop that is no training
     loop."""
+    text = source_text(file, lines_of)
+    return _recurrent_lines(file, text) if text else frozenset()
+
+
+@lru_cache(maxsize=64)
+def _recurrent_lines(file: str, text: str) -> frozenset[int]:
     try:
-        tree = ast.parse("".join(linecache.getlines(file)))
+        tree = ast.parse(text, filename=file)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return frozenset()
     lines: set[int] = set()

@@ -64,21 +64,31 @@ def _periodic_lines(file: str, text: str) -> tuple[frozenset[int], frozenset[int
     return frozenset(lines), frozenset(training)
 
 
-def in_periodic_block(file: str, line: int, lines_of=linecache.getlines, training: bool = False) -> bool:
-    """Whether line `line` of `file` runs inside an `if ... % N ...:` body (`training`: one that
-    calls .backward( or .step()."""
-    if line <= 0 or not file or file.startswith("<"):
-        return False
+def source_text(file: str, lines_of=linecache.getlines) -> str:
+    """The text of the user's file `file`, joined once per file while linecache keeps it; '' for
+    code with no file (`<string>`, `<stdin>`) or one that cannot be read. The key, with the file,
+    of each cache of what its parse tells (here and in analyze/recurrence.py)."""
+    if not file or file.startswith("<"):
+        return ""
     try:
         lines = lines_of(file)
     except (OSError, UnicodeDecodeError, MemoryError):
-        return False
+        return ""
     seen = _joined.get(file)
     if seen is None or seen[0] is not lines:       # linecache hands back the same list while a file is cached
         if len(_joined) >= 64:
             _joined.clear()
         seen = _joined[file] = (lines, "".join(lines))
-    return bool(seen[1]) and line in _periodic_lines(file, seen[1])[1 if training else 0]
+    return seen[1]
+
+
+def in_periodic_block(file: str, line: int, lines_of=linecache.getlines, training: bool = False) -> bool:
+    """Whether line `line` of `file` runs inside an `if ... % N ...:` body (`training`: one that
+    calls .backward( or .step()."""
+    if line <= 0:
+        return False
+    text = source_text(file, lines_of)
+    return bool(text) and line in _periodic_lines(file, text)[1 if training else 0]
 
 
 _joined: dict[str, tuple[list, str]] = {}          # file -> (the line list seen, its text): one join per file
