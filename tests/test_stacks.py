@@ -755,10 +755,13 @@ def test_run_records_stacks_by_default_only_with_an_idle_core(tmp_path):
     core idle or more, and then names the checkpoint; otherwise the report says why there are none."""
     env = {k: v for k, v in os.environ.items() if k != "PERFDOCTOR_STACKS"}
     out = tmp_path / "run"
-    # 50 MB a save (the example's 200 MB wrote 6 GB in this test): torch.save is still half the step
+    # 50 MB a save (the example's 200 MB wrote 6 GB in this test), and an MLP of 512, not 1024: at
+    # 1024 torch.save held 0.48-0.59 of the sampled step and backward 0.28-0.31, and a slow stretch
+    # of the VM put backward first (twice in a row locally); at 512, save 0.78 and backward 0.05,
+    # over 60 steps (30 of the shorter steps left py-spy too few samples to name frames)
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(EX),
-                        "--every", "1", "--steps", "30", "--mb", "50"], capture_output=True, text=True, timeout=240,
-                       env=env)
+                        "--every", "1", "--steps", "60", "--mb", "50", "--hidden", "512"], capture_output=True,
+                       text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr
     meta = json.loads((out / "stacks" / collect_stacks.META).read_text())
     doc = json.loads((out / "report.json").read_text())
