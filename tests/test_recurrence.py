@@ -59,6 +59,58 @@ def _loops(src: str) -> list[bool]:
          loss = loss + crit(y, t[i])
          correct += (y.argmax() == t[i]).sum()
      """, [False]),
+    # a running max, min or product batches too (a max over the batch)
+    ("""
+     for i in range(n):
+         s = score(x[i])
+         best = max(best, s)
+         top = torch.maximum(top, s)
+         p = p * s
+         q *= s
+     """, [False]),
+    # `x = c / x` is no running product, and an EMA reads its name inside a product
+    ("""
+     for t in range(n):
+         x = c / x
+     """, [True]),
+    ("""
+     for t in range(n):
+         h = h * 0.9 + x[t]
+     """, [True]),
+    # a value only handed on (the last sample, for a difference) depends on no earlier iteration
+    ("""
+     for t in range(n):
+         x = data[t]
+         d = x - prev
+         out.append(d)
+         prev = x
+     """, [False]),
+    # ... unless what is handed on came from it: through a buffer written by subscript or by a
+    # method, under a test that reads it, or two names that feed each other
+    ("""
+     for t in range(n):
+         buf = torch.zeros(3)
+         buf[0] = state[0]
+         state = buf * 2
+     """, [True]),
+    ("""
+     for t in range(n):
+         buf = torch.zeros(3)
+         buf.copy_(state)
+         state = buf * 2
+     """, [True]),
+    ("""
+     for t in range(n):
+         if state > 0:
+             y = 1
+         else:
+             y = 2
+         state = y + x[t]
+     """, [True]),
+    ("""
+     for t in range(n):
+         a, b = b, a + b
+     """, [True]),
     # a sum read by another statement before its update is a recurrence (scaled by it)
     ("""
      for i in range(n):
