@@ -176,6 +176,36 @@ def test_fixes_of_another_trace_than_the_one_shown_name_it(tmp_path):
             assert (f"({item['id']}; from {', '.join(item['traces'])})" in md) == theirs, md
 
 
+def test_unrelated_traces_in_one_folder_are_said_to_be_different_jobs(tmp_path):
+    """A folder of traces from different experiments (found on GitHub: an A100 GEMM test beside a
+    CPU-only 0.15 ms step and an 11.8 s one) read 'step-time spread 7723650.0%' with a majority
+    verdict, and named a CPU's compute-bound verdict "device" in the table. Now: a note says they
+    cannot be one job's and why; the spread from twice the fastest on is the ratio; a CPU trace's
+    verdict is compute (CPU). Two windows of one process (4.0 and 4.4 ms waits) stay unflagged."""
+    tg.write(tg.TraceSpec(steps=[S(cpu_ops_us=300)] * 4, device="cpu"), tmp_path / "small.json")
+    tg.write(tg.TraceSpec(steps=[S(cpu_ops_us=90_000)] * 4, device="cpu", pid=5), tmp_path / "big.json")
+    tg.write(tg.TraceSpec(steps=[S(data_wait_us=2000, kernels=4, kernel_us=1500)] * 4, pid=6), tmp_path / "gpu.json")
+    doc = json.loads(run("report", tmp_path, "-f", "json").stdout)
+    notes = doc["verdict"]["notes"]
+    apart = next(n for n in notes if n.startswith("these traces look like different jobs"))
+    assert "cpu and cuda traces" in apart and "steps of 0.3" in apart and "read each trace's own report" in apart
+    assert not any(n.startswith("the traces do not all carry a rank") for n in notes)
+    ratio = doc["cross_rank"]["spread"] + 1
+    assert ratio > 100
+    out = run("report", tmp_path).stdout
+    assert re.search(r"Across 3 traces \(step-time spread \d+x\)", out), out
+    big = next(x for x in out.splitlines() if x.strip().startswith("big.json"))
+    assert "compute (CPU)" in big and "device" not in big
+    from perfdoctor.analyze.ranks import spread_text
+    assert [spread_text(s) for s in (0.031, 0.999, 1.5, 76_999.2)] == ["3.1%", "99.9%", "2.50x", "77000x"]
+    (tmp_path / "one").mkdir()
+    for k, dw in ((0, 4000), (1, 4400)):
+        tg.write(tg.TraceSpec(steps=[S(data_wait_us=dw)] * 4), tmp_path / "one" / f"w{k}.json")
+    notes = json.loads(run("report", tmp_path / "one", "-f", "json").stdout)["verdict"]["notes"]
+    assert not any(n.startswith("these traces look like") for n in notes)
+    assert any(n.startswith("the traces do not all carry a rank") for n in notes)
+
+
 def test_directory_of_rank_traces_names_the_straggler_and_what_bounds_it(tmp_path):
     """One trace per rank of a synchronous job: rank 1 waits 8 ms a step for its batches, rank 0
     waits as long in the all-reduce. Merged as a multi-rank run's ranks are (diagnose/ranks.py)."""

@@ -231,6 +231,17 @@ def test_tables_in_the_json_report(tmp_path):
     assert tb["kernels"]["kernels"] == 30 and tb["launches"]["launches"] == 30
 
 
+@pytest.mark.parametrize("p50,p90,shown", [(31.0, 56.0, "31/56 µs"), (234_768.0, 421_511.0, "234.8/421.5 ms")])
+def test_the_launch_delay_line_reads_in_ms_once_it_reaches_10_ms(p50, p90, shown):
+    """Kernels queued behind 117 ms kernels (an A100 GEMM test found on GitHub) read
+    'launch to start p50/p90 234768/421511 µs'."""
+    from perfdoctor.report.terminal import _details
+    from perfdoctor.report.sanitize import console
+    c = console(record=True, width=200)
+    _details(c, {"tables": {"launches": {"delay_us": {"p50": p50, "p90": p90}, "queue_depth": {"p90": 3}}}})
+    assert f"launch to start p50/p90 {shown}, kernels queued ahead p90 3" in c.export_text()
+
+
 # -- shared traces (integration) ----------------------------------------------------------------
 
 def test_nccl_trace_collectives_and_kernels_match_its_events(shared_traces):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -25,6 +26,23 @@ def step_time_spread(times) -> float | None:
     if len(times) < 2 or min(times) <= 0:
         return None
     return (max(times) - min(times)) / min(times)
+
+
+def spread_text(spread: float) -> str:
+    """A spread as printed: '25.0%' up to twice the fastest, then as the ratio of the slowest to
+    the fastest ('77238x': a folder of one job's traces reads 3%, one of unrelated experiments
+    had read 7723650.0%)."""
+    if spread < 1.0:
+        return f"{100 * spread:.1f}%"
+    r = 1.0 + spread
+    if r < 10:
+        return f"{r:.2f}x"
+    return f"{round(r, 2 - int(math.floor(math.log10(r)))):.0f}x"      # 3 figures: 77200x
+
+
+def bound_name(bound: str, platform: str | None) -> str:
+    """A trace's or a rank's verdict in a list of them: the CPU's "device" named as compute."""
+    return "compute (CPU)" if bound == "device" and platform == "cpu" else str(bound)
 
 
 def summarize(labels: list[str], metrics: list[dict], bounds: list[str]) -> RankSummary:

@@ -16,10 +16,11 @@ from dataclasses import asdict
 from perfdoctor import __version__
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.pipeline import TraceAnalysis
-from perfdoctor.analyze.ranks import overall_bound, summarize
+from perfdoctor.analyze.ranks import bound_name, overall_bound, spread_text, summarize
 from perfdoctor.analyze.stepview import step_dominant
 from perfdoctor.analyze.timeline import BREAKDOWN
 from perfdoctor.diagnose.confidence import confidence, label
+from perfdoctor.stats.steptime import ms as ms_text
 from perfdoctor.rules.engine import Diagnosis, Finding, order_key
 
 SCHEMA_VERSION = 2
@@ -77,16 +78,44 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
                                  if traces[i]["verdict"]["bound"] == bound),
                "notes": list(base["notes"]), "figures_of": labels[src]}
     verdict["confidence_label"] = label(verdict["confidence"])
+    apart = _unrelated(results, compared, rs.spread) if word == "traces" else None
+    if apart:
+        verdict["notes"].append(f"these traces look like different jobs ({apart}): the verdict is the majority of "
+                                "their own verdicts, no one job's; read each trace's own report "
+                                "(perfdoctor report FILE)")
     if not rs.agree:
-        verdict["notes"].append(f"{word} disagree: " + ", ".join(f"{k}: {b}" for k, b in rs.verdicts.items()))
+        platform = {labels[i]: results[i][0].metrics.get("trace.platform") for i in compared}
+        verdict["notes"].append(f"{word} disagree: " + ", ".join(f"{k}: {bound_name(b, platform[k])}"
+                                                                 for k, b in rs.verdicts.items()))
     if rs.spread > 0.05:
-        verdict["notes"].append(f"step time differs by {100 * rs.spread:.0f}% across {word} "
+        verdict["notes"].append(f"step time differs by {spread_text(rs.spread)} across {word} "
                                 f"(slowest {rs.slowest}, fastest {rs.fastest})")
-    if word == "traces":
+    if word == "traces" and not apart:
         verdict["notes"].append("the traces do not all carry a rank (distributedInfo): each is diagnosed on its own "
                                 "(traces of different processes or jobs; the profiler windows of one process "
                                 "are joined into one trace)")
     return verdict, asdict(rs)
+
+
+APART = 10.0    # step times an order of magnitude apart: no one job's processes or windows
+
+
+def _unrelated(results: list[tuple[TraceAnalysis, Diagnosis]], compared: list[int], spread: float) -> str | None:
+    """Why traces without ranks cannot be one job's, or None: they ran on different kinds of
+    device or on different GPU models, or their steps are APART times apart (one job's processes
+    and one process's windows run the same step; a straggler that slow has stopped, not lagged)."""
+    ms = [results[i][0].metrics for i in compared]
+    why = []
+    platforms = sorted({str(m.get("trace.platform")) for m in ms if m.get("trace.platform")})
+    if len(platforms) > 1:
+        why.append(f"{' and '.join(platforms)} traces")
+    devices = sorted({str(m.get("trace.device_name")) for m in ms if m.get("trace.device_name")})
+    if len(devices) > 1:
+        why.append(f"devices {', '.join(devices)}")
+    if 1.0 + spread >= APART:
+        steps = [m["steps.time_median_ms"] for m in ms if m.get("steps.time_median_ms") is not None]
+        why.append(f"steps of {ms_text(min(steps))} to {ms_text(max(steps))} ms")
+    return "; ".join(why) or None
 
 
 def _unique(labels: list[str]) -> list[str]:

@@ -11,10 +11,11 @@ tables. Every string from the input is escaped by sanitize.html.
 
 from __future__ import annotations
 
+from perfdoctor.analyze.ranks import spread_text
 from perfdoctor.report import svg
 from perfdoctor.report.fixcards import fixes_section, flags_section
 from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
-                                     device_text, first_step_shown, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text,
+                                     device_text, first_step_shown, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text, trace_bound,
                                      secondary_text, steps_counted, windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
@@ -180,9 +181,9 @@ def _ranks(doc: dict) -> str:
     if doc.get("cross_rank"):
         cr = doc["cross_rank"]
         rows = "".join(f"<tr><td>{H(t['label'])}</td><td class=\"num\">{ms_text(t['metrics'].get('steps.time_median_ms'))}</td>"
-                       f"<td>{H(t['verdict']['bound'])}</td><td>{H(', '.join(f['slug'] for f in t['flags']) or '-')}</td></tr>"
+                       f"<td>{H(trace_bound(t))}</td><td>{H(', '.join(f['slug'] for f in t['flags']) or '-')}</td></tr>"
                        for t in doc["traces"])
-        out.append(f"<h2>Across {H(cr['count'])} traces (step-time spread {100 * cr['spread']:.1f}%)</h2>"
+        out.append(f"<h2>Across {H(cr['count'])} traces (step-time spread {H(spread_text(cr['spread']))})</h2>"
                    "<section class=\"card\"><table><tr><th>trace</th><th class=\"num\">median step</th><th>verdict</th>"
                    f"<th>flags</th></tr>{rows}</table></section>")
     sec = doc.get("ranks")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from perfdoctor.analyze.ranks import bound_name
 from perfdoctor.rules.gain import times
 
 BOUND_TITLE = {
@@ -56,8 +57,12 @@ def bound_title(bound: str, metrics: dict) -> str:
 
 def rank_bound(row: dict) -> str:
     """A rank's verdict in a table of ranks: its bound, the CPU's "device" named as compute."""
-    bound = row.get("verdict")
-    return "compute (CPU)" if bound == "device" and row.get("platform") == "cpu" else str(bound)
+    return bound_name(row.get("verdict"), row.get("platform"))
+
+
+def trace_bound(t: dict) -> str:
+    """A trace's verdict in the table of a folder's traces, as rank_bound names a rank's."""
+    return bound_name(t["verdict"]["bound"], t["metrics"].get("trace.platform"))
 
 
 # the fixes that are not ranked: no model of their gain, or one that expects too little to rank

@@ -7,10 +7,11 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.analyze.ranks import spread_text
 from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text,
                                        data_wait_text, device_text, error_line, first_step_shown,
                                        from_other_traces, median_label, passes_text, role_labels, shown_rank,
-                                       shown_trace, secondary_text, source_text, steps_counted, unranked_gain,
+                                       shown_trace, secondary_text, source_text, steps_counted, trace_bound, unranked_gain,
                                        windows_text)
 
 from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
@@ -338,8 +339,9 @@ def _details(c: Console, t: dict) -> None:
     if la:
         # the time from a launch to its kernel's start, and the kernels queued ahead: "launch p50"
         # had read as a launch's own cost (74 ms on the H100 compute run, past its 71 ms step)
-        head.append(f"launch to start p50/p90 {la['delay_us']['p50']:.0f}/{la['delay_us']['p90']:.0f} µs,"
-                    f" kernels queued ahead p90 {la['queue_depth']['p90']:.0f}")
+        p50, p90 = la["delay_us"]["p50"], la["delay_us"]["p90"]
+        pair = f"{p50:.0f}/{p90:.0f} µs" if p90 < 10_000 else f"{ms(p50 / 1e3, p90 / 1e3)}/{ms(p90 / 1e3)} ms"
+        head.append(f"launch to start p50/p90 {pair}, kernels queued ahead p90 {la['queue_depth']['p90']:.0f}")
     if head:
         lines.append("Kernels: " + " · ".join(head))
     host = tb.get("host_ops") or []
@@ -368,13 +370,13 @@ def _kernel_name(name: str) -> str:
 def _ranks(c: Console, doc: dict) -> None:
     cr = doc["cross_rank"]
     c.print()
-    c.print(Text(f"Across {cr['count']} traces (step-time spread {100 * cr['spread']:.1f}%)", style="bold"))
+    c.print(Text(f"Across {cr['count']} traces (step-time spread {spread_text(cr['spread'])})", style="bold"))
     table = Table(show_edge=False, box=None, padding=(0, 2))
     for col in ("trace", "median step", "verdict", "flags"):
         table.add_column(col)
     for t in doc["traces"]:
         med = t["metrics"].get("steps.time_median_ms")
-        table.add_row(text(t["label"]), f"{ms(med)} ms" if med is not None else "-", text(t["verdict"]["bound"]),
+        table.add_row(text(t["label"]), f"{ms(med)} ms" if med is not None else "-", text(trace_bound(t)),
                       text(", ".join(f["slug"] for f in t["flags"]) or "-"))
     c.print(table)
 
