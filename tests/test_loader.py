@@ -177,6 +177,8 @@ def test_truncated_gzip_stream(tmp_path, size):
     (b"   \n", "empty file"),
     (b"hello world", "not a JSON trace"),
     (b"\x00\x01\x02binary", "not a JSON trace"),
+    # a clone without git-lfs holds the pointer (a public repo's kineto_trace.json of 564 MB)
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 564000000\n", "a Git LFS pointer.*git lfs pull"),
     (b'{"foo": 1, "bar": [1, 2]}', "no 'traceEvents'"),
     (b'{"traceEvents": []}', "no events"),
     (b"[]", "no events"),

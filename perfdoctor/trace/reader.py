@@ -53,6 +53,9 @@ TAIL_PREFIX = b'{"traceEvents":['
 assert len(TAIL_PREFIX) == KEEP_BYTES
 
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"     # what a clone without git-lfs holds
+
+
 class ChunkStream:
     """The decompressed trace in one reusable buffer, cut into decoded event chunks.
 
@@ -143,7 +146,9 @@ class ChunkStream:
             while not self.src.eof and self.end < 4 << 20:
                 self._fill((4 << 20) - self.end)
             head = bytes(self.buf[:min(self.end, 4 << 20)])
-            kind = "empty file" if not head.strip() else "not a JSON trace (expected '{' or '[')"
+            kind = ("empty file" if not head.strip() else
+                    "a Git LFS pointer, not the trace itself (`git lfs pull` in its repository fetches it)"
+                    if head[skip:].startswith(LFS_POINTER) else "not a JSON trace (expected '{' or '[')")
             raise TraceFormatError(kind)
 
     def chunks(self) -> Iterator[list[schema.Event]]:
