@@ -252,6 +252,35 @@ def test_long_untraced_stretches_are_told_from_the_python_between_ops(tmp_path):
     assert "compile-reduce-overhead" in fixes_short and "compile-reduce-overhead" not in fixes_long
 
 
+@pytest.mark.parametrize("first_us,repeat_us", [(2000.0, 25.0), (50.0, 25.0), (1500.0, 1500.0)])
+def test_an_ops_first_call_far_past_its_repeats_is_one_time_setup(tmp_path, first_us, repeat_us):
+    """A trace of a GEMM test with no step annotations (one found on GitHub: the first
+    aten::matmul 2.14 ms, four repeats of 24-39 us, read host-bound with "compile, ~4.37x" first):
+    the device idle inside the first call is one-time setup; PD222 says so and PD311 leaves it
+    out. A first call of 50 us (under a millisecond), or one as long as its repeats, is none."""
+    from kineto import HandTrace
+
+    from perfdoctor.diagnose.offline import diagnose_path
+
+    tr, t = HandTrace(), 0.0
+    for dur in [first_us] + [repeat_us] * 4:
+        tr.op(1, t, "aten::mm", dur, ext=tr.corr + 1)
+        tr.launch(1, t + dur - 10, "sm90_xmma_gemm_f16f16_f32_tn_n", 20.0)    # its kernel at the end
+        t += dur + 5
+    tr.write(tmp_path / "t.json")
+    doc = diagnose_path(str(tmp_path / "t.json"))
+    m = doc["traces"][0]["metrics"]
+    flags, fixes = {f["id"] for f in doc["flags"]}, {f["id"] for f in doc["findings"]}
+    if first_us == 2000.0:
+        # idle from the op's start to its kernel's (launched 10 us before its end, 5 us a launch)
+        assert m["gpu.idle_while_first_call_share"] == approx(1995 / (1e3 * m["steps.time_median_ms"]))
+        assert m["gpu.first_call_op"] == "aten::mm" and m["gpu.first_call_repeat_ratio"] == approx(80)
+        assert "PD222" in flags and "PD311" not in fixes
+    else:
+        assert m["gpu.idle_while_first_call_share"] == 0 and m["gpu.first_call_op"] is None
+        assert "PD222" not in flags and "PD311" in fixes       # host-bound all the same
+
+
 def test_reserved_swing_is_memory_given_back_not_growth():
     """Reserved memory that only grows (a new bucket's largest shape, cached and kept) is the
     allocator warming up; memory given back and asked for again is the swing (empty_cache)."""
