@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,6 +197,9 @@ def _compute_capability(dev: dict) -> float | None:
     return float(f"{major}.{minor}")
 
 
+GPU_LABEL = re.compile(r"GPU \d{1,3}")
+
+
 def _untraced_device(t: EventTable, k: Kinds) -> str | None:
     """The device the trace lists (deviceProperties) when it holds no device activity and no
     runtime call at all: recorded without the device's activity (torch.profiler without
@@ -202,9 +207,17 @@ def _untraced_device(t: EventTable, k: Kinds) -> str | None:
     the CPU of a GPU machine and profiled with both activities has the profiler's own runtime
     calls (its device sync as it stops), so it is not this."""
     props = t.meta.device_properties
-    if k.platform != "cpu" or not props or k.runtime.any() or k.device_activity.any():
+    if k.platform != "cpu" or k.runtime.any() or k.device_activity.any():
         return None
-    return str(props[0].get("name") or "a device")
+    if props:
+        return str(props[0].get("name") or "a device")
+    # an older torch writes no deviceProperties, but a process label for each GPU it found
+    # ("GPU 0" ... "GPU 7" beside the host's "CPU"), whatever activities it recorded
+    gpus = sorted({int(lab[4:]) for lab in t.str_args.get("labels", {}).values()
+                   if isinstance(lab, str) and GPU_LABEL.fullmatch(lab)})
+    if not gpus:
+        return None
+    return f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPU {gpus[0]}-{gpus[-1]}"
 
 
 def verdict_shares(m: dict) -> dict:
