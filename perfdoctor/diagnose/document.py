@@ -80,7 +80,7 @@ def _overall_verdict(results: list[tuple[TraceAnalysis, Diagnosis]], traces: lis
     verdict["confidence_label"] = label(verdict["confidence"])
     apart = _unrelated(results, compared, rs.spread) if word == "traces" else None
     if apart:
-        verdict["notes"].append(f"these traces look like different jobs ({apart}): the verdict is the majority of "
+        verdict["notes"].insert(0, f"these traces look like different jobs ({apart}): the verdict is the majority of "
                                 "their own verdicts, no one job's; read each trace's own report "
                                 "(perfdoctor report FILE)")
     if not rs.agree:
