@@ -20,8 +20,8 @@ from perfdoctor.analyze.ranks import bound_name, overall_bound, spread_text, sum
 from perfdoctor.analyze.stepview import step_dominant
 from perfdoctor.analyze.timeline import BREAKDOWN
 from perfdoctor.diagnose.confidence import confidence, label
-from perfdoctor.stats.steptime import ms as ms_text
 from perfdoctor.rules.engine import Diagnosis, Finding, order_key
+from perfdoctor.stats.steptime import ms as ms_text
 
 SCHEMA_VERSION = 2
 
@@ -104,16 +104,16 @@ def _unrelated(results: list[tuple[TraceAnalysis, Diagnosis]], compared: list[in
     """Why traces without ranks cannot be one job's, or None: they ran on different kinds of
     device or on different GPU models, or their steps are APART times apart (one job's processes
     and one process's windows run the same step; a straggler that slow has stopped, not lagged)."""
-    ms = [results[i][0].metrics for i in compared]
+    mets = [results[i][0].metrics for i in compared]
     why = []
-    platforms = sorted({str(m.get("trace.platform")) for m in ms if m.get("trace.platform")})
+    platforms = sorted({str(m.get("trace.platform")) for m in mets if m.get("trace.platform")})
     if len(platforms) > 1:
         why.append(f"{' and '.join(platforms)} traces")
-    devices = sorted({str(m.get("trace.device_name")) for m in ms if m.get("trace.device_name")})
+    devices = sorted({str(m.get("trace.device_name")) for m in mets if m.get("trace.device_name")})
     if len(devices) > 1:
         why.append(f"devices {', '.join(devices)}")
     if 1.0 + spread >= APART:
-        steps = [m["steps.time_median_ms"] for m in ms if m.get("steps.time_median_ms") is not None]
+        steps = [m["steps.time_median_ms"] for m in mets if m.get("steps.time_median_ms") is not None]
         why.append(f"steps of {ms_text(min(steps))} to {ms_text(max(steps))} ms")
     return "; ".join(why) or None
 
