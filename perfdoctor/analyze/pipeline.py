@@ -165,7 +165,17 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
-            "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows}
+            "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows,
+            "trace.profiler_options": _profiler_options(t, k)}
+
+
+def _profiler_options(t: EventTable, k: Kinds) -> str | None:
+    """The profiler options that add work to every op, as the trace shows them: its ops' input
+    types (record_shapes), Python frames (with_stack), allocator events (profile_memory)."""
+    on = [name for name, seen in (("record_shapes", t.meta.input_shapes),
+                                  ("with_stack", bool(t.cat_mask("python_function").any())),
+                                  ("profile_memory", bool(k.memory.any()))) if seen]
+    return ", ".join(on) or None
 
 
 def _device_of_the_kernels(t: EventTable, k: Kinds) -> dict:

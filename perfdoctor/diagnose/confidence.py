@@ -211,6 +211,13 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         notes.append(f"a long step fell in the traced window: the traced steps' time beyond their median is "
                      f"{window:.0%} of the trace, the run's long steps hold {run:.0%} of its steady time beyond "
                      f"the usual step: the breakdown weighs their work about {odds:.1f}x as much as the run does")
+    if bound == "host" and m.get("trace.profiler_options") and m.get("run.trace_inflation") is None:
+        # a trace alone (a run measures what its own trace costs its steps: run.trace_inflation)
+        opts = str(m["trace.profiler_options"])
+        one = "," not in opts
+        notes.append(f"the trace was recorded with {opts}, which add{'s' if one else ''} the profiler's own "
+                     "work to every op on the host: part of this host time may be the profiler's; record the next "
+                     f"trace without {'it' if one else 'them'} to confirm (PD319)")
     if m.get("trace.untraced_device"):
         # no device activity and no runtime call, yet a device listed: recorded without it
         conf = min(conf, 0.5)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.trace import schema
-from perfdoctor.trace.columns import LAYOUT, STRING_COLUMNS, Interner, Part
+from perfdoctor.trace.columns import INPUT_SHAPES, LAYOUT, STRING_COLUMNS, Interner, Part
 from perfdoctor.trace.legacy import legacy_categories
 from perfdoctor.trace.table import STEP_RX, EventTable, TraceMeta
 
@@ -221,7 +221,8 @@ def build_table(path: str, part: Part) -> EventTable:
         distributed_info=dist if isinstance(dist, dict) else {},
         display_time_unit=m.get("displayTimeUnit"), warnings=list(dict.fromkeys(part.warnings)),
         truncated=part.truncated, n_flow_events=part.n_flow, cut_s=_seconds(m.get("perfdoctor_cut_s")),
-        base_time_ns=_number(m.get("baseTimeNanoseconds")))
+        base_time_ns=_number(m.get("baseTimeNanoseconds")),
+        input_shapes=bool(m.get(INPUT_SHAPES)) or m.get("record_shapes") in (1, True))
     s = part.strings
     return EventTable(
         ph=cols["ph"], cat=cols["cat"], name=cols["name"], pid=cols["pid"], tid=cols["tid"],

@@ -53,6 +53,7 @@ class Columns:
         self.cols = {k: array(t) for k, t in LAYOUT.items()}
         self.labels: dict[int, str] = {}
         self.n_flow = 0
+        self.shapes = False     # some op recorded its inputs' types (record_shapes=True)
         self.rows = 0
 
     def add(self, events: list[schema.Event]) -> None:
@@ -86,6 +87,7 @@ class Columns:
         input_types = arg_cols[_INPUT_TYPE]
         col = _NAN_ROW * n
         if input_types.count(None) != n:      # record_shapes: the copy ops' rows only (a C-level filter)
+            self.shapes = True
             for row in compress(range(n), map(_COPY_SOURCE.__contains__, name)):
                 types, at = input_types[row], _COPY_SOURCE[name[row]]
                 if types is not None and len(types) > at:
@@ -103,8 +105,12 @@ class Columns:
     def part(self, state: ReadState, ended_at: int | None) -> Part:
         return Part(cols=self.cols, rows=self.rows,
                     strings={k: self.interners[k].values_list() for k in STRING_COLUMNS},
-                    labels=self.labels, n_flow=self.n_flow, meta=state.meta, warnings=state.warnings,
+                    labels=self.labels, n_flow=self.n_flow,
+                    meta={**state.meta, INPUT_SHAPES: True} if self.shapes else state.meta, warnings=state.warnings,
                     truncated=state.truncated, ended_at=ended_at)
+
+
+INPUT_SHAPES = "perfdoctor_input_shapes"      # a part's meta key: its ops recorded input types
 
 
 @dataclass

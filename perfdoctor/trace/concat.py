@@ -45,7 +45,8 @@ def concat(tables: list[EventTable]) -> EventTable:
                      truncated=any(t.meta.truncated for t in tables),
                      n_flow_events=sum(t.meta.n_flow_events for t in tables), cut_s=last.cut_s,
                      base_time_ns=first.base_time_ns, notes=[n for t in tables for n in t.meta.notes],
-                     windows=sum(t.meta.windows for t in tables))
+                     windows=sum(t.meta.windows for t in tables),
+                     input_shapes=any(t.meta.input_shapes for t in tables))
     c = {k: np.concatenate(v) for k, v in cols.items()}
     return EventTable(ph=c["ph"], cat=c["cat"], name=c["name"], pid=c["pid"], tid=c["tid"], ts=c["ts"], dur=c["dur"],
                       args={k: np.concatenate(v) for k, v in args.items()},

@@ -89,10 +89,12 @@ class TraceDoc(msgspec.Struct):
     perfdoctor_cut_s: Union[str, float, None] = None
     # kineto's clock base: one value per process, so the windows of one process share it
     baseTimeNanoseconds: Union[int, float, None] = None
+    # torch's own note of the profiler option (some versions write it beside deviceProperties)
+    record_shapes: Union[int, bool, str, None] = None
 
 
 META_FIELDS = ("deviceProperties", "distributedInfo", "displayTimeUnit", "schemaVersion", "traceName",
-               "perfdoctor_cut_s", "baseTimeNanoseconds")
+               "perfdoctor_cut_s", "baseTimeNanoseconds", "record_shapes")
 
 class _Decoder:
     """A msgspec decoder whose recursion limit is a decode error: msgspec raises RecursionError

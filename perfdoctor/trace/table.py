@@ -33,6 +33,7 @@ class TraceMeta:
     base_time_ns: float | None = None   # kineto's clock base (baseTimeNanoseconds), None when absent
     notes: list[str] = field(default_factory=list)    # how the table was put together (joined windows)
     windows: int = 1                # profiler windows of one process in this table
+    input_shapes: bool = False      # ops recorded their inputs (record_shapes=True)
 
     @property
     def rank(self) -> int | None:
