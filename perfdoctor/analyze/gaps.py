@@ -135,6 +135,9 @@ def _first_calls(t: EventTable, k: Kinds) -> tuple[np.ndarray, dict[int, float]]
     and FIRST_CALL_RATIO times the median of the name's later calls, and each one's ratio. A name
     called once has no repeat to compare with: not counted."""
     rows = np.flatnonzero(k.cpu_op & k.complete)
+    # only the names with a call that long can have a first call that long: a few, where the ops
+    # number hundreds of thousands
+    rows = rows[np.isin(t.name[rows], t.name[rows[t.dur[rows] >= LONG_UNTRACED_US]])]
     if len(rows) < 2:
         return np.zeros(0, np.int64), {}
     rows = rows[np.lexsort((t.ts[rows], t.name[rows]))]
