@@ -142,10 +142,13 @@ print("done")
 
 def _optimizer_own_times(path) -> tuple[float, float, float]:
     """In Optimizer.step's spans: the own time (less the ops directly inside) of the aten ops of 20
-    us or more own time, the outermost ops' time, and the spans' time (microseconds)."""
+    us or more own time at their place in most spans (the k-th call of the name in its span, as
+    cpuops.repeatedly_large counts an op large: one preempted in one step alone is no large op),
+    the outermost ops' time, and the spans' time (microseconds)."""
     events = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
     ops = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith(("aten::", "autograd::"))]
-    large = outer = spans = 0.0
+    outer = spans = 0.0
+    placed = []                             # (name, k-th call in its span, own time)
     for o in (e for e in events if e["name"].startswith("Optimizer.step")):
         end = o["ts"] + o["dur"]
         inside = sorted((e for e in ops if e["tid"] == o["tid"] and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end),
@@ -160,8 +163,16 @@ def _optimizer_own_times(path) -> tuple[float, float, float]:
                 outer += e["dur"]
             own.append(float(e["dur"]))
             stack.append((e, len(own) - 1))
-        large += sum(v for v in own if v >= 20)
+        calls: dict = {}
+        for e, v in zip(inside, own):
+            calls[e["name"]] = calls.get(e["name"], -1) + 1
+            placed.append((e["name"], calls[e["name"]], v))
         spans += o["dur"]
+    seen, longs = {}, {}
+    for name, k, v in placed:
+        seen[name, k] = seen.get((name, k), 0) + 1
+        longs[name, k] = longs.get((name, k), 0) + (v >= 20)
+    large = sum(v for name, k, v in placed if v >= 20 and 2 * longs[name, k] > seen[name, k])
     return large, outer, spans
 
 
