@@ -54,6 +54,7 @@ def test_a_large_ops_compute_stays_and_the_dispatch_around_it_is_small(tmp_path)
     assert m["cpu.small_op_share"] == pytest.approx((ops - large) / STEP_US)
     assert m["cpu.compute_share"] == pytest.approx(large / STEP_US)
     assert m["cpu.optimizer_large_op_share"] == pytest.approx(30 / STEP_US)
+    assert m["cpu.optimizer_op_share"] == pytest.approx((30 + 4 * 6) / STEP_US)   # its ops, not its 80 us
     assert m["cpu.rnn_small_op_share"] == 0.0
 
 

@@ -24,6 +24,12 @@ read 2163x on it).
 the part of optimizer.step_share that is neither Python nor small ops: compiling the model leaves
 the optimizer's step, and PD312 takes out only what its own share counted of it.
 
+    cpu.optimizer_op_share = time of the outermost ops inside that own part / the steps' time
+
+what PD211 weighs the large ops against: the ops' time, not the step's wall time, whose Python
+gaps between ops stretch when the thread loses its core (half a step of them in one CI run on a
+loaded machine, where the ops themselves were 90% large).
+
     cpu.compute_share = share.device - cpu.small_op_share: the ops' compute, not their dispatch
 
     cpu.rnn_small_op_share = time of those small outermost ops that an RNN module runs: its call
@@ -68,6 +74,7 @@ GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::bmm", "a
 CONV_PREFIXES = ("aten::conv", "aten::_conv", "aten::mkldnn_convolution", "aten::cudnn_convolution",
                  "aten::slow_conv", "aten::_slow_conv", "aten::thnn_conv")
 NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share",
+         "cpu.optimizer_op_share",
          "cpu.rnn_small_op_share", "cpu.gemm_conv_share")
 
 
@@ -177,4 +184,5 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         inside = contained(t, top, opt)                     # any depth, same thread
         inside[inside] = OwnPart(t, opt, steps).own(t.ts[top[inside]])
         out["cpu.optimizer_large_op_share"] = min(1.0, float(large[inside].sum()) / total)
+        out["cpu.optimizer_op_share"] = min(1.0, float(dur[inside].sum()) / total)
     return out
