@@ -131,11 +131,32 @@ def test_a_helper_caught_before_its_exec_is_no_worker(tmp_path):
     s = sampler.samples
     helper = {h["pid"] for x in s for h in x["helpers"] if h["role"] == "helper"}
     assert len(helper) == 1, s                     # seen after its exec, as the helper it is
-    assert all(not x["workers"] for x in s)        # and not counted as a worker before it
+    # and not counted as a worker before it (nor once it has exited, a zombie until its parent
+    # reaps it: neither its executable nor its command line can be read then)
+    assert all(not x["workers"] for x in s), [(x["t"], x["workers"]) for x in s if x["workers"]]
     assert m["loader.workers"] == 0
     # the samples before its exec (0.1 s apart in a run's first seconds: ~6 of them unless the
     # machine is busy) count it as a helper too
     assert sum(1 for x in s if any(h["pid"] in helper for h in x["helpers"])) >= 5
+
+
+# A child that exits at once and stays a zombie for 1 s, its parent not reaping it yet
+ZOMBIE = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+time.sleep(1.0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_an_unreaped_child_is_in_no_sample(tmp_path):
+    sampler, m, _ = _run(tmp_path, ZOMBIE)
+    s = sampler.samples
+    assert len(s) >= 3
+    assert all(not x["workers"] and not x["helpers"] for x in s), s     # the trainer alone
+    assert m["loader.workers"] == 0
 
 
 def test_sleeping_workers_are_other(tmp_path):

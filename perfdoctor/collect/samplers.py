@@ -275,6 +275,12 @@ class SystemSampler:
         p = tr.proc
         try:
             with p.oneshot():
+                status = p.status()
+                if status == psutil.STATUS_ZOMBIE:
+                    # exited, not yet reaped: it does no work, and its executable and command
+                    # line are gone, so a first look (a pid not seen before) would read a helper
+                    # as a worker by its name alone (a CI run kept one in the workers)
+                    return None, []
                 self._classify(tr, parent_role)
                 # by pid, not by the tracked entry: a sample that misses the process mid-exec, or
                 # a read that fails during it, drops the entry, and the new one knows no past role
@@ -284,7 +290,6 @@ class SystemSampler:
                     self._as_worker.discard(tr.pid)
                     self._not_a_worker(tr.pid, tr.role)
                 cpu = p.cpu_percent(None)
-                status = p.status()
                 nthreads = p.num_threads()
                 try:
                     io = p.io_counters()
