@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -66,8 +68,23 @@ def pytest_runtest_protocol(item, nextitem):
     from quiet import machine_share
     quiet = item.get_closest_marker("quiet") is not None
     keep = nextitem is not None and nextitem.get_closest_marker("quiet") is not None
+    t0 = time.time()
     with machine_share(item.config, quiet, keep):
+        t1 = time.time()
         yield
+    _timeline(item, quiet, t0, t1, time.time())
+
+
+def _timeline(item, quiet: bool, asked: float, held: float, done: float) -> None:
+    """PERFDOCTOR_TEST_TIMELINE=FILE: one JSON line per test (worker, test, quiet, when it asked for
+    the machine, got it and ended), for tests/timeline.py to tell where a suite's wall time goes."""
+    path = os.environ.get("PERFDOCTOR_TEST_TIMELINE")
+    if path:
+        worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
+        line = json.dumps({"worker": worker, "test": item.nodeid, "quiet": quiet,
+                           "asked": asked, "held": held, "done": done})
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 @pytest.fixture(scope="session")
