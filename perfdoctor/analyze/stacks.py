@@ -26,6 +26,7 @@ import numpy as np
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.recurrence import recurrent_lines
+from perfdoctor.analyze.stackmarks import Marks
 from perfdoctor.analyze.stackcause import CAUSES, classify, forward_lines, results_work, user_code
 
 MIN_STEADY_STEPS = 3
@@ -56,6 +57,7 @@ def empty_metrics() -> dict:
             "stacks.producer_wait_share": None, "stacks.waiting_share": None,
             "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
             "stacks.own_threads_busy_share": None, "stacks.anomaly_stack_share": None,
+            "stacks.distribution_check_share": None,
             "stacks.recurrent_loop_share": None}
 
 
@@ -250,7 +252,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     saves: list[list[float]] = []       # checkpoint episodes: [end, duration, steady overlap, start, step]
     period = 1.0 / float(meta.get("rate_hz") or 100)
     ends = np.sort(np.array([float(s["end"]) for s in steps if "end" in s]))
-    stored, storing = 0.0, {}           # time in the Python stacks anomaly mode stores with each forward op
+    marks = Marks()                     # time in frames a switch removes (analyze/stackmarks.py)
     recurring, looped = 0.0, {}         # time on lines of a loop that carries a value (analyze/recurrence.py)
     # where each of the user's functions first calls the forward pass, for results_work
     first_forward: dict[tuple[str, str], int] = {}
@@ -266,10 +268,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo[stack]
         if wt > 0:
-            if stack not in storing:
-                storing[stack] = _stores_stack(stack)
-            if storing[stack]:
-                stored += wt
+            marks.add(stack, wt)
         if c[0] == "checkpoint":
             _add_save(saves, sa, sb, ends, period, win)
         if wt <= 0:
@@ -297,20 +296,13 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.producer_wait_share": float(share["producer_wait"]),
               "stacks.waiting_share": float(share["waiting"]),
               "stacks.checkpoint_interval_steps": interval,
-              "stacks.anomaly_stack_share": stored / sampled,
+              **marks.shares(sampled),
               "stacks.recurrent_loop_share": (recurring / (causes["model"] + causes["python_data"])
                                               if causes["model"] + causes["python_data"] > 0 else None),
               "stacks.own_threads_busy_share": _own_threads_busy(segs, trainer, main["t0_unix"], win, sampled, source)})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
     return rep
-
-
-def _stores_stack(stack: tuple) -> bool:
-    """Autograd anomaly mode at work: each forward op that records a backward node stores the
-    Python stack that made it (torch calls traceback.format_stack, or torch.fx.traceback's, from
-    inside the op): a sample inside one of those calls."""
-    return any(f[0] in ("format_stack", "extract_stack") and f[1].endswith("traceback.py") for f in stack)
 
 
 def _own_threads_busy(segs: dict, trainer: tuple, t0: float, win: _Windows, sampled: float, source) -> float:

@@ -22,6 +22,7 @@ key is one change the user could make by hand; the script itself is never edited
 | store_samples | True: a DataLoader over a map-style dataset (not a TensorDataset) serves a pool of samples prepared once, when it is built: what preprocessing the data set once (PD306) can give at most (collect/inject_store.py) |
 | keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
 | anomaly | "off": autograd anomaly detection stays off: the script's set_detect_anomaly(True) and detect_anomaly() (torch.set_anomaly_enabled(True, ...)) leave it off; the numerics are the same (PD374) |
+| distribution_checks | "off": torch.distributions checks no arguments (the default validate_args is False, and a distribution built with validate_args=True, or after set_default_validate_args(True), checks none either); the numerics are the same (PD379) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
@@ -96,7 +97,7 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
                     (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators),
-                    (("anomaly",), _anomaly)):
+                    (("anomaly",), _anomaly), (("distribution_checks",), _distribution_checks)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -234,6 +235,23 @@ def _anomaly(torch, st: _State) -> None:
         return orig(enabled, *args, **kwargs)
     set_anomaly_enabled.__wrapped__ = orig
     torch.set_anomaly_enabled = set_anomaly_enabled
+
+
+def _distribution_checks(torch, st: _State) -> None:
+    """With distribution_checks="off": every torch.distributions distribution is built with
+    validate_args=False, whatever the script passes or set as the default."""
+    if st.changes.get("distribution_checks") != "off":
+        return
+    dist = torch.distributions.Distribution
+    dist.set_default_validate_args(False)
+    orig = dist.__init__
+
+    def __init__(self, batch_shape=torch.Size(), event_shape=torch.Size(), validate_args=None):
+        if os.getpid() == st.pid:
+            st.applied.add("distribution_checks")
+        orig(self, batch_shape, event_shape, validate_args=False)
+    __init__.__wrapped__ = orig
+    dist.__init__ = __init__
 
 
 def _saves(torch, st: _State) -> None:

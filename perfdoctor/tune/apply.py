@@ -77,6 +77,9 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
     if changes.get("anomaly") == "off":
         lines.append("torch.autograd.set_detect_anomaly(False)  # or remove set_detect_anomaly(True) / detect_anomaly() "
                      "from the training run: a debugging mode")
+    if changes.get("distribution_checks") == "off":
+        lines.append("torch.distributions.Distribution.set_default_validate_args(False)  # once at start-up, or "
+                     "validate_args=False where a distribution is built")
     if changes.get("keep_iterator"):
         n = inject.get("iterator_starts")
         lines.append("it = iter(loader)  # once; then x, y = next(it) each step, and it = iter(loader) again only when "

@@ -62,11 +62,11 @@ FREE_CORE = 0.5              # a core counts as free when other processes leave 
 MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
-ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "threads", "optimizer", "checkpoint",
+ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "distributions", "threads", "optimizer", "checkpoint",
                    "recompute", "cuda", "allocator", "numerics", "compile"),
-         "host": ("anomaly", "checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads",
+         "host": ("anomaly", "distributions", "checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads",
                   "loader", "indexing", "preprocessing", "cuda", "numerics"),
-         "device": ("anomaly", "numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator",
+         "device": ("anomaly", "distributions", "numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator",
                     "optimizer", "loader", "indexing", "preprocessing", "threads")}
 STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
@@ -120,6 +120,7 @@ class Facts:
     per_sample: bool = False          # an in-memory dataset fetched sample by sample (PD358 fired)
     preprocess: bool = False          # the report offers preprocessing the data set once (PD306 fired)
     anomaly: bool = False             # autograd anomaly detection checks the backward (PD374 fired)
+    distribution_checks: bool = False  # torch.distributions checks its arguments (PD379 fired)
 
 
 def describe(changes: dict) -> str:
@@ -219,6 +220,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
         by_group["preprocessing"].append(Trial({"store_samples": True}, "preprocessing", bound=STORED))
     if f.anomaly:                     # a debugging mode left on: the same numerics without its checks
         by_group["anomaly"].append(Trial({"anomaly": "off"}, "anomaly"))
+    if f.distribution_checks:         # argument checks on by default: the same numerics without them
+        by_group["distributions"].append(Trial({"distribution_checks": "off"}, "distributions"))
     if f.checkpoints:
         by_group["recompute"].append(Trial({"recompute": "off"}, "recompute"))
     if f.frequent_saves:

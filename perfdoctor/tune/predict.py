@@ -52,7 +52,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         peeks="PD355" in fixes,
         per_sample="PD358" in fixes,
         preprocess="PD306" in fixes,
-        anomaly="PD374" in fixes)
+        anomaly="PD374" in fixes,
+        distribution_checks="PD379" in fixes)
 
 
 def _material(fix: dict) -> bool:
