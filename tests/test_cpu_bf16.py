@@ -181,3 +181,49 @@ def test_matrix_products_and_convolutions_are_timed_and_pd375_follows_the_cpu(tm
         assert g["ceiling"] is None or g["ceiling"] >= 1 / (1 - share) - 1e-3, g
         assert "no model of the expected gain" in g["text"], g
         assert "--allow-numerics" in r.stderr and "PD375" in r.stderr
+
+
+@pytest.mark.torch
+def test_sparse_products_are_no_bf16_work(tmp_path):
+    """torch.sparse.mm runs a dense aten::addmm inside aten::_sparse_addmm (and an aten::mm inside
+    SparseAddmmBackward0): CPU autocast has no bf16 sparse product (a GCN failed under it with
+    "expected scalar type Float but found BFloat16"), so only the dense layer's products count."""
+    torch = pytest.importorskip("torch")
+    import json
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from perfdoctor.analyze.cpuops import is_gemm_conv
+    from perfdoctor.analyze.pipeline import analyze
+    from perfdoctor.trace.loader import load_trace
+    torch.manual_seed(0)
+    n = 2000
+    adj = torch.sparse_coo_tensor(torch.randint(0, n, (2, 20000)), torch.rand(20000), (n, n)).coalesce()
+    x = torch.randn(n, 64)
+    lin = torch.nn.Linear(64, 64)
+    path = tmp_path / "t.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as p:
+        for _ in range(4):
+            torch.sparse.mm(adj, lin(x)).sum().backward()
+            p.step()
+    m = analyze(load_trace(path)).metrics
+    # a plain walk: the outermost products outside any sparse op, in the steps, against the steps
+    ev = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
+    ops = sorted((e for e in ev if e.get("cat") == "cpu_op"), key=lambda e: (e["tid"], e["ts"], -e["dur"]))
+    dense = sparse = 0.0
+    stack = []
+    for e in ops:
+        while stack and (stack[-1]["tid"] != e["tid"] or stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]):
+            stack.pop()
+        inside = [a["name"] for a in stack]
+        if is_gemm_conv(e["name"]) and not any(is_gemm_conv(a) for a in inside):
+            if any("sparse" in a.lower() for a in inside):
+                sparse += e["dur"]
+            elif any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps):
+                dense += e["dur"]
+        stack.append(e)
+    total = sum(s["dur"] for s in steps)
+    assert sparse > dense > 0                            # the sparse products dominate
+    assert m["cpu.gemm_conv_share"] == pytest.approx(dense / total, rel=0.05)
