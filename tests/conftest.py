@@ -79,7 +79,7 @@ def _timeline(item, quiet: bool, asked: float, held: float, done: float) -> None
     """PERFDOCTOR_TEST_TIMELINE=FILE: one JSON line per test (worker, test, quiet, when it asked for
     the machine, got it and ended), for tests/timeline.py to tell where a suite's wall time goes."""
     path = os.environ.get("PERFDOCTOR_TEST_TIMELINE")
-    if path:
+    if path and item.config.rootpath == REPO:          # not the sessions tests/test_quiet.py starts
         worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
         line = json.dumps({"worker": worker, "test": item.nodeid, "quiet": quiet,
                            "asked": asked, "held": held, "done": done})

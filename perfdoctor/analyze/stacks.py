@@ -26,8 +26,8 @@ import numpy as np
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.recurrence import recurrent_lines
-from perfdoctor.analyze.stackmarks import Marks
 from perfdoctor.analyze.stackcause import CAUSES, classify, forward_lines, results_work, user_code
+from perfdoctor.analyze.stackmarks import Marks
 
 MIN_STEADY_STEPS = 3
 MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares

@@ -62,12 +62,12 @@ FREE_CORE = 0.5              # a core counts as free when other processes leave 
 MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
-ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "distributions", "threads", "optimizer", "checkpoint",
-                   "recompute", "cuda", "allocator", "numerics", "compile"),
-         "host": ("anomaly", "distributions", "checkpoint", "iterator", "optimizer", "compile", "allocator", "recompute", "threads",
-                  "loader", "indexing", "preprocessing", "cuda", "numerics"),
-         "device": ("anomaly", "distributions", "numerics", "recompute", "allocator", "cuda", "compile", "checkpoint", "iterator",
-                    "optimizer", "loader", "indexing", "preprocessing", "threads")}
+ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "distributions", "threads",
+                   "optimizer", "checkpoint", "recompute", "cuda", "allocator", "numerics", "compile"),
+         "host": ("anomaly", "distributions", "checkpoint", "iterator", "optimizer", "compile", "allocator",
+                  "recompute", "threads", "loader", "indexing", "preprocessing", "cuda", "numerics"),
+         "device": ("anomaly", "distributions", "numerics", "recompute", "allocator", "cuda", "compile", "checkpoint",
+                    "iterator", "optimizer", "loader", "indexing", "preprocessing", "threads")}
 STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 THREADS_FEWER, THREADS_MORE = ("PD348", "PD341"), ("PD346",)   # a threads trial's rules, by its direction
