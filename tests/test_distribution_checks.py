@@ -9,10 +9,11 @@ import sys
 import textwrap
 
 import pytest
+from stackcases import frame as _ev
+from stackcases import ten_steps
 from tunecases import facts, injected
 
 from perfdoctor.analyze.stackmarks import checks_distribution
-from perfdoctor.analyze.stacks import attribute
 from perfdoctor.tune import plan
 from perfdoctor.tune.apply import apply_text
 
@@ -24,10 +25,6 @@ SIMPLEX = ("_Simplex.check", SITE + "torch/distributions/constraints.py", 533)
 SAMPLE = ("Categorical.sample", SITE + "torch/distributions/categorical.py", 148)
 LOG_PROB = ("Categorical.log_prob", SITE + "torch/distributions/categorical.py", 155)
 VALIDATE = ("Distribution._validate_sample", SITE + "torch/distributions/distribution.py", 322)
-
-
-def _ev(ph, ts, name, file, line):
-    return {"ph": ph, "ts": ts, "name": name, "pid": 1, "tid": 7, "args": {"filename": file, "line": line}}
 
 
 def test_the_checks_are_the_frames_of_distribution_init_validate_sample_and_constraints():
@@ -54,11 +51,7 @@ def test_the_checks_share_of_each_step_is_measured_from_the_stacks():
                _ev("B", t + 40_000, *LOG_PROB), _ev("B", t + 40_000, *VALIDATE), _ev("E", t + 45_000, *VALIDATE),
                _ev("E", t + 60_000, *LOG_PROB)]
     ev.append(_ev("E", 1_000_000, *MAIN))
-    t0 = 1000.0
-    steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
-              "profiled": False} for k in range(10)]
-    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
-                    source=lambda f, n: "")
+    rep = ten_steps(ev)
     assert rep.metrics["stacks.distribution_check_share"] == pytest.approx(0.25)
     assert rep.metrics["stacks.anomaly_stack_share"] == 0.0
 

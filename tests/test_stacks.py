@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from quiet import Foreign, skip_if_shared
+from stackcases import ten_steps
 
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.stackcause import classify
@@ -306,11 +307,7 @@ def test_anomaly_mode_storing_each_forward_ops_stack_is_its_own_share():
                _ev("E", t + 35_000, *fmt), _ev("B", t + 35_000, *other), _ev("E", t + 45_000, *other),
                _ev("E", t + 100_000, *fwd)]
     ev.append(_ev("E", 1_000_000, *main))
-    t0 = 1000.0
-    steps = [{"step": k + 1, "end": t0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
-              "profiled": False} for k in range(10)]
-    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": t0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps,
-                    source=lambda f, n: "")
+    rep = ten_steps(ev)
     assert rep.metrics["stacks.anomaly_stack_share"] == pytest.approx(0.25)
 
 
