@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.arrays import isin, median, unique
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost, self_time
 from perfdoctor.analyze.patterns import OwnPart, optimizer_step_rows
@@ -148,7 +148,7 @@ def rnn_rows(t: EventTable, ops: np.ndarray, top: np.ndarray) -> np.ndarray:
     inside = ops[contained(t, ops, top[calls])]
     nums = seq[inside]
     nums = nums[np.isfinite(nums)]
-    backward = t.name_mask(lambda n: n.startswith("autograd::"))[top] & np.isin(seq[top], nums)
+    backward = t.name_mask(lambda n: n.startswith("autograd::"))[top] & isin(seq[top], nums)
     return calls | backward
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfdoctor.analyze.arrays import isin, median
 from perfdoctor.analyze.intervals import clip
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.steps import Steps, device_launch_index
@@ -137,7 +138,7 @@ def _first_calls(t: EventTable, k: Kinds) -> tuple[np.ndarray, dict[int, float]]
     rows = np.flatnonzero(k.cpu_op & k.complete)
     # only the names with a call that long can have a first call that long: a few, where the ops
     # number hundreds of thousands
-    rows = rows[np.isin(t.name[rows], t.name[rows[t.dur[rows] >= LONG_UNTRACED_US]])]
+    rows = rows[isin(t.name[rows], t.name[rows[t.dur[rows] >= LONG_UNTRACED_US]])]
     if len(rows) < 2:
         return np.zeros(0, np.int64), {}
     rows = rows[np.lexsort((t.ts[rows], t.name[rows]))]
@@ -148,7 +149,7 @@ def _first_calls(t: EventTable, k: Kinds) -> tuple[np.ndarray, dict[int, float]]
         first = rows[s]
         if e - s < 2 or t.dur[first] < LONG_UNTRACED_US:
             continue
-        typical = float(np.median(t.dur[rows[s + 1:e]]))
+        typical = median(t.dur[rows[s + 1:e]])
         if t.dur[first] >= FIRST_CALL_RATIO * typical:
             out.append(first)
             ratio[int(first)] = float(t.dur[first]) / typical if typical > 0 else None
