@@ -27,7 +27,7 @@ from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.recurrence import recurrent_lines
 from perfdoctor.analyze.stackcause import CAUSES, classify, forward_lines, results_work, user_code
-from perfdoctor.analyze.stackmarks import Marks
+from perfdoctor.analyze.stackmarks import MARKS, Marks
 
 MIN_STEADY_STEPS = 3
 MIN_SAMPLED_S = 0.5         # less sampled steady time than this: no shares
@@ -56,9 +56,8 @@ def empty_metrics() -> dict:
             "stacks.python_data_share": None, "stacks.evaluation_share": None,
             "stacks.producer_wait_share": None, "stacks.waiting_share": None,
             "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
-            "stacks.own_threads_busy_share": None, "stacks.anomaly_stack_share": None,
-            "stacks.distribution_check_share": None,
-            "stacks.recurrent_loop_share": None}
+            "stacks.own_threads_busy_share": None, "stacks.recurrent_loop_share": None,
+            **dict.fromkeys(MARKS)}
 
 
 def exposed_waits(m: dict) -> dict:
