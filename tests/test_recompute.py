@@ -246,6 +246,55 @@ def test_per_sample_gradients_under_vmap_are_no_recomputation(tmp_path):
     assert "PD345" not in [f["id"] for f in doc["findings"]]
 
 
+# Backward formulas that call aten::matmul with no checkpoint anywhere: cdist's (a triplet loss's
+# batch-hard mining: EuclideanDistBackward0; a user trial read PD345 first, ~1.09x) and
+# torch.linalg's (LinalgSolveExBackward0).
+FORMULA_MATMULS = """
+import sys, torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x, y = torch.randn(256, 64), torch.randint(0, 16, (256,))
+with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for _ in range(4):
+        e = F.normalize(net(x), dim=1)
+        d, same = torch.cdist(e, e), (y[:, None] == y[None, :]).float()
+        loss = F.relu((d * same).max(1).values - (d + 1e6 * same).min(1).values + 0.2).mean()
+        a = e[:32].T @ e[:32] + torch.eye(32)
+        loss = loss + 1e-3 * torch.linalg.solve(a, e[:32].T).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        prof.step()
+"""
+
+
+def test_backward_formulas_calling_matmul_are_no_recomputation(tmp_path):
+    names, doc = recorded(tmp_path, FORMULA_MATMULS)
+    for node in ("EuclideanDistBackward0", "LinalgSolveExBackward0"):
+        assert f"autograd::engine::evaluate_function: {node}" in names
+    m = doc["traces"][0]["metrics"]
+    assert m["recompute.ops_per_step"] == 0 and m["recompute.share"] == 0
+    assert "PD345" not in [f["id"] for f in doc["findings"]]
+
+
+def test_the_reentrant_checkpoints_node_rerunning_bare_matmuls_still_counts(tmp_path):
+    """CheckpointFunctionBackward is nothing but a rerun: its matmuls count, as they did before
+    formula matmuls were told apart by what the node holds."""
+    tr = HandTrace()
+    for i in range(3):
+        s0 = i * 5000.0
+        tr.op(1, s0, "aten::matmul", 500)
+        tr.op(1, s0 + 600, "autograd::engine::evaluate_function: CheckpointFunctionBackward", 3000)
+        tr.op(1, s0 + 700, "aten::matmul", 500)                 # the rerun
+        tr.op(1, s0 + 1300, "aten::matmul", 400)
+        tr.op(1, s0 + 2200, "aten::mm", 1000)                   # its backward
+        tr.step(i, s0, s0 + 5000)
+    p = tmp_path / "reentrant.json"
+    tr.write(p)
+    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    assert m["recompute.ops_per_step"] == 2.0
+
+
 # A TorchScript model trained as usual: its backward node runs the scripted graph's derivative
 # formulas, which call aten::matmul; no checkpoint (it cannot be scripted). A user trial read
 # PD345 first, ~2.02x (max 6.33x), "5 module forward ops per step again inside backward".

@@ -27,11 +27,15 @@ the ops alone came to 0.14 of a profiled CPU step, the spans to 0.186, where the
 with and without the checkpoint differed by ~0.17 (tests/test_recompute.py; un-profiled runs
 differ by 0.19-0.25: the profiler slows ops more than the checkpoint's Python bookkeeping).
 
-One exception: under torch.func (vmap over grad, as per-sample gradients are taken) the batching
-rule of mm's backward formula calls aten::matmul, so a backward node of the matmul family
-(AddmmBackward0, MmBackward0, BmmBackward0, ...) holds a matmul that is its formula, not a rerun:
-such a node holding nothing recomputed but matmuls (einsum) reruns nothing. A checkpoint's rerun
-of a block holds its other forward ops too (linear, layer_norm, gelu) and still counts whole.
+One exception: backward formulas that call aten::matmul themselves. Under torch.func (vmap over
+grad, as per-sample gradients are taken) the batching rule of mm's backward formula does; so do
+cdist's (EuclideanDistBackward0: a triplet loss's batch-hard mining read as recomputation, PD345
+first at ~1.09x with no checkpoint anywhere) and every torch.linalg formula (solve, cholesky, inv,
+eigh, svd, pinv, lstsq, lu_factor, matrix_exp: recorded on the CPU with torch 2.13). So a backward
+node holding nothing recomputed but matmuls (einsum) reruns nothing, whatever its name, except
+the reentrant checkpoint's own node (CheckpointFunctionBackward), which is nothing but a rerun. A
+checkpoint's rerun of a block holds its other forward ops too (linear, layer_norm, gelu) and still
+counts whole; a non-reentrant checkpoint of a block of bare matmuls would be missed.
 A TorchScript model's backward node (DifferentiableGraphBackward) runs the scripted graph's
 derivative formulas, which call aten::matmul too, and torch.utils.checkpoint cannot be scripted:
 it reruns nothing (a user's scripted MLP had read PD345 first, ~2x, with no checkpoint anywhere).
@@ -54,9 +58,7 @@ FORWARD_RX = re.compile(r"^aten::(linear|conv[123]d|conv_transpose[123]d|layer_n
                         r"instance_norm|gelu|silu|mish|dropout|embedding|scaled_dot_product_attention|softmax|"
                         r"log_softmax|matmul|einsum)$")
 BACKWARD_RX = re.compile(r"^autograd::engine::evaluate_function: ")
-# backward nodes whose formula (under a batching rule: vmap) may call aten::matmul itself
-MATMUL_NODE_RX = re.compile(r"^autograd::engine::evaluate_function: (Mm|Addmm|Bmm|Baddbmm|Addbmm|Mv|Addmv|Dot|Vdot|"
-                            r"Matmul|Linear)Backward\d*$")
+CHECKPOINT_NODE_RX = re.compile(r"CheckpointFunctionBackward")   # the reentrant checkpoint's: only a rerun
 MATMUL_OPS = frozenset({"aten::matmul", "aten::einsum"})
 SCRIPTED_NODE_RX = re.compile(r"DifferentiableGraphBackward")   # TorchScript's: its formulas, never a rerun
 
@@ -111,9 +113,9 @@ def gpu_share(host: float, kernels: float, device_share: float | None) -> float:
 
 
 def _formula_matmuls(t: EventTable, rec: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Which of the recomputed rows `rec` are a matmul-family node's own formula: matmul or einsum
-    rows whose innermost enclosing backward node (same thread) is of the matmul family and holds
-    no other recomputed row than matmuls."""
+    """Which of the recomputed rows `rec` are a backward formula's own matmuls: matmul or einsum
+    rows whose innermost enclosing backward node (same thread) holds no other recomputed row than
+    matmuls and is not the reentrant checkpoint's node."""
     res = np.zeros(len(rec), bool)
     is_mm = np.array([t.names[c] in MATMUL_OPS for c in t.name[rec]], bool)
     if not is_mm.any():
@@ -132,7 +134,7 @@ def _formula_matmuls(t: EventTable, rec: np.ndarray, nodes: np.ndarray) -> np.nd
         node[on] = np.where(p >= 0, rows[order][np.maximum(p, 0)], -1)
     for nd in unique(node[is_mm]):
         here = node == nd
-        if nd >= 0 and is_mm[here].all() and MATMUL_NODE_RX.match(t.names[t.name[nd]]):
+        if nd >= 0 and is_mm[here].all() and not CHECKPOINT_NODE_RX.search(t.names[t.name[nd]]):
             res |= here
     return res
 
