@@ -9,7 +9,8 @@ import textwrap
 import pytest
 from tunecases import facts, injected
 
-from perfdoctor.collect.inject_store import POOL_BATCHES, StoredSamples
+from perfdoctor.collect import inject_store
+from perfdoctor.collect.inject_store import POOL_BATCHES, StoredSamples, StoredStream
 from perfdoctor.report.tune_labels import tune_no_best
 from perfdoctor.tune import plan
 
@@ -55,15 +56,15 @@ PREPARED = textwrap.dedent("""
 def test_store_samples_serves_a_pool_prepared_once_when_the_loader_is_built(tmp_path, capfd):
     """A map-style dataset's samples are prepared when the loader is built (a pool of
     POOL_BATCHES batches, at least POOL_MIN samples), then served for the whole epoch, which
-    keeps its length and batch count; attributes read through; a TensorDataset, an
-    IterableDataset and a loader built again on the stored dataset are left alone."""
+    keeps its length and batch count; attributes read through; a TensorDataset and a loader built
+    again on the stored dataset are left alone (a stream is stored too: the tests below)."""
     pytest.importorskip("torch")
     out, inj = injected(tmp_path, capfd, {"store_samples": True}, PREPARED)
     lines = out.splitlines()
     pool = max(64, POOL_BATCHES * 8)
     assert lines[0] == f"built {pool} epoch 0 batches 125 distinct {pool}", out
     assert lines[1] == "len 1000 classes ['a', 'b'] pickles True"
-    assert lines[2].split() == ["TensorDataset", "Stream", "StoredSamples"]
+    assert lines[2].split() == ["TensorDataset", "StoredStream", "StoredSamples"]
     assert "store_samples" in inj["applied"] and not inj["notes"]
     assert inj["loaders"][0]["built"].endswith(" Images 1000")          # the script's dataset, as it built it
     bare_out, bare = injected(tmp_path, capfd, {}, PREPARED)
@@ -79,6 +80,115 @@ def test_a_dataset_whose_samples_fail_is_left_alone_and_said_so(tmp_path, capfd)
     assert out.strip() == "Images" and "store_samples" not in inj["applied"]
     assert len(inj["notes"]) == 1 and inj["notes"][0].startswith("store_samples: dataset[")
     assert "AssertionError: no such file" in inj["notes"][0]
+
+
+# A stream of samples parsed one by one (an IterableDataset without len), sharded over workers by
+# get_worker_info as torch's documentation shows: two epochs without workers, one with two.
+STREAM = textwrap.dedent("""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    class Parsed(IterableDataset):
+        made = 0
+        def __init__(self, n):
+            self.n = n
+        def __iter__(self):
+            info = get_worker_info()
+            lo, step = (0, 1) if info is None else (info.id, info.num_workers)
+            for i in range(lo, self.n, step):
+                Parsed.made += 1
+                yield torch.full((4,), float(i)), i % 3
+
+    loader = DataLoader(Parsed(300), batch_size=8)
+    built = Parsed.made
+    epochs = []
+    for _ in range(2):
+        epochs.append(sum(1 for _ in loader))
+    print("built", built, "made in epochs", Parsed.made - built, "batches", *epochs, type(loader.dataset).__name__)
+    first = next(iter(loader))[0][:, 0].tolist()
+    print("first", *first)
+    sharded = DataLoader(Parsed(300), batch_size=8, num_workers=2)
+    print("workers", sum(1 for _ in sharded), len(list(DataLoader(Parsed(5), batch_size=2))))
+    before = Parsed.made
+    for _ in range(2):                       # a loader built per epoch over a new stream
+        n = sum(1 for _ in DataLoader(Parsed(300), batch_size=8))
+    print("rebuilt", Parsed.made - before, n)
+""")
+
+
+def test_store_samples_replays_a_streams_first_samples_for_as_long_as_its_epoch(tmp_path, capfd):
+    """An IterableDataset is stored too: its first samples are the pool, counted on to the end
+    of its first pass when the loader is built, and each epoch replays the pool for that many
+    samples (the same batch count), split over workers as the sharded stream splits itself; a
+    stream built again (a loader per epoch) is not prepared again."""
+    pytest.importorskip("torch")
+    out, inj = injected(tmp_path, capfd, {"store_samples": True}, STREAM)
+    lines = out.splitlines()
+    pool = max(64, POOL_BATCHES * 8)
+    assert lines[0] == "built 300 made in epochs 0 batches 38 38 StoredStream", out
+    assert lines[1] == "first " + " ".join(f"{float(i)}" for i in range(8))
+    # 2 workers: 150 samples each, 19 batches each; the 5-sample stream is shorter than a pool
+    assert lines[2] == "workers 38 3", out
+    assert lines[3] == "rebuilt 0 38"         # prepared once for the stream's class and attributes
+    assert "store_samples" in inj["applied"] and not inj["notes"]
+    assert inj["loaders"][0]["built"].endswith(" Parsed None")
+    bare_out, _ = injected(tmp_path, capfd, {}, STREAM)
+    assert bare_out.splitlines()[0] == "built 0 made in epochs 600 batches 38 38 Parsed"
+    assert bare_out.splitlines()[2:] == ["workers 38 3", "rebuilt 600 38"]
+    assert pool < 300                         # the epochs replayed a pool, not the stream
+
+
+def test_a_stream_that_runs_past_the_preparation_time_replays_without_end(monkeypatch):
+    """A stream longer than POOL_S allows to count (or without end) keeps its pool and replays it
+    without end: the trial's run stops at its duration. One with len() is not counted at all."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Endless(IterableDataset):
+        made = 0
+        def __iter__(self):
+            while True:
+                Endless.made += 1
+                yield torch.zeros(2)
+
+    class Sized(Endless):
+        def __len__(self):
+            return 1000
+
+    monkeypatch.setattr(inject_store, "POOL_S", 0.2)
+    a = {"dataset": Endless(), "batch_size": 4}
+    assert inject_store.store_samples(a, torch) is None
+    ds = a["dataset"]
+    assert isinstance(ds, StoredStream) and isinstance(ds, IterableDataset) and ds.count is None
+    assert len(ds.pool) == 64 and Endless.made > 64
+    batches = DataLoader(ds, batch_size=4)
+    it = iter(batches)
+    assert all(next(it).shape == (4, 2) for _ in range(100))
+    with pytest.raises(TypeError):
+        len(ds)
+    Endless.made = 0
+    a = {"dataset": Sized(), "batch_size": 32}
+    assert inject_store.store_samples(a, torch) is None
+    assert a["dataset"].count == 1000 == len(a["dataset"]) and Endless.made == 128 + 1
+
+
+def test_a_stream_whose_samples_fail_or_that_is_empty_is_left_alone():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import IterableDataset
+
+    class Broken(IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(1)
+            raise OSError("no such file")
+
+    class Empty(IterableDataset):
+        def __iter__(self):
+            return iter(())
+
+    a = {"dataset": Broken(), "batch_size": 4}
+    why = inject_store.store_samples(a, torch)
+    assert why == "the stream's sample 1 failed (OSError: no such file)" and isinstance(a["dataset"], Broken)
+    assert inject_store.store_samples({"dataset": Empty()}, torch) == "an empty stream"
 
 
 def test_a_stored_sample_is_looked_up_by_index_and_other_keys_pass_through():
@@ -127,6 +237,23 @@ def test_a_report_offering_pd306_plans_the_bound_trial_never_a_best_setting():
     assert lines[0].startswith("no setting tune can make was measurably faster; store_samples=True measured 2.40x: "
                                "the most PD306's code change")
     assert len(lines) == 1                  # not "keep the script as it is: no change was measured faster"
+
+
+def test_an_inconclusive_bound_is_said_so_not_that_no_trial_ran():
+    """tune --only PD306 on a stream whose trial varied: the bound ran and was inconclusive (once
+    said as "nothing was measured: no trial could run"); beside a setting measured equal the
+    apply line stays."""
+    bound = {"label": "store_samples=True", "bound": True, "status": "inconclusive", "speedup": 1.70, "rule": "PD306"}
+    assert tune_no_best({"trials": [bound], "only": ["PD306"]}) == [
+        "no setting was measured; store_samples=True (the most PD306's code change can give) was tried.",
+        "1 trial(s) inconclusive (store_samples=True): the runs varied too much to tell a gain from a loss; rerun "
+        "on a quiet machine, or with a larger --budget"]
+    same = {"label": "num_workers=1", "bound": False, "status": "no change", "speedup": 1.01, "rule": "PD301"}
+    lines = tune_no_best({"trials": [same, bound], "apply": "keep the script as it is"})
+    assert lines[0] == "none of the trials was measurably faster than the baseline."
+    assert lines[1].startswith("1 trial(s) inconclusive (store_samples=True)") and lines[2] == "keep the script as it is"
+    failed = {**bound, "status": "failed", "speedup": None}
+    assert tune_no_best({"trials": [failed]}) == ["nothing was measured: no trial could run (reasons above)."]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ key is one change the user could make by hand; the script itself is never edited
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
 | index_batches | True: a DataLoader over a TensorDataset fetching sample by sample gets a BatchSampler as its sampler and batch_size=None: one indexing a batch (collect/inject_iter.py) |
-| store_samples | True: a DataLoader over a map-style dataset (not a TensorDataset) serves a pool of samples prepared once, when it is built: what preprocessing the data set once (PD306) can give at most (collect/inject_store.py) |
+| store_samples | True: a DataLoader over a dataset (not a TensorDataset; a map-style one or a stream) serves a pool of samples prepared once, when it is built: what preprocessing the data set once (PD306) can give at most (collect/inject_store.py) |
 | keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
 | anomaly | "off": autograd anomaly detection stays off: the script's set_detect_anomaly(True) and detect_anomaly() (torch.set_anomaly_enabled(True, ...)) leave it off; the numerics are the same (PD374) |
 | distribution_checks | "off": torch.distributions checks no arguments (the default validate_args is False, and a distribution built with validate_args=True, or after set_default_validate_args(True), checks none either); the numerics are the same (PD379) |
@@ -44,7 +44,7 @@ import threading
 from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_loss import record_losses
 from perfdoctor.collect.inject_model import module_call
-from perfdoctor.collect.inject_store import StoredSamples, store_samples
+from perfdoctor.collect.inject_store import StoredSamples, StoredStream, store_samples
 
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 
@@ -166,11 +166,12 @@ def _loader(torch, st: _State) -> None:
             why = store_samples(a, torch)
             if why is None:
                 st.applied.add("store_samples")
-            elif why.startswith("dataset["):
+            elif why.startswith(("dataset[", "the stream's")):
                 st.note(f"store_samples: {why}")
         out = orig(*ba.args, **ba.kwargs)
+        ds = a.get("dataset")
         st.loaders.append({"asked": asked, "got": {k: getattr(self, k, None) for k in DATALOADER_KEYS},
-                           "built": _built(ds.dataset if isinstance(ds := a.get("dataset"), StoredSamples) else ds)})
+                           "built": _built(ds.dataset if isinstance(ds, (StoredSamples, StoredStream)) else ds)})
         return out
     DataLoader.__init__ = __init__
 

@@ -78,19 +78,23 @@ def tune_no_best(doc: dict) -> list[str]:
     were not measured equal, only not told apart)."""
     settings = [tr for tr in doc["trials"] if not tr.get("bound")]
     measured = any(tr["speedup"] is not None for tr in settings)
+    bounds_run = [tr for tr in doc["trials"] if tr.get("bound") and tr["speedup"] is not None]
     out = ["none of the trials was measurably faster than the baseline." if measured
            else "nothing was measured: --only left no trial to run." if doc.get("only") and not doc["trials"]
+           else "no setting was measured; " + "; ".join(f"{tr['label']} (the most {tr['rule']}'s code change can give)"
+                                                        for tr in bounds_run) + " was tried." if bounds_run and not settings
            else "nothing was measured: no trial could run (reasons above)."]
     bounds = [tr for tr in doc["trials"] if tr.get("bound") and tr["status"] == "faster"]
     if bounds:          # a measure of a code change, not a setting to apply (tune/plan.py)
         out[0] = ("no setting tune can make was measurably faster; " if measured else "no setting was measured; ") + \
             "; ".join(f"{tr['label']} measured {tr['speedup']:.2f}x: the most {tr['rule']}'s code change (in the "
                       "report) can give" for tr in bounds) + "."
-    unsure = [tr["label"] for tr in settings if tr["status"] == "inconclusive"]
+    unsure = [tr["label"] for tr in doc["trials"] if tr["status"] == "inconclusive"]
     if unsure:
         out.append(f"{len(unsure)} trial(s) inconclusive ({'; '.join(unsure)}): the runs varied too much to tell a "
                    "gain from a loss; rerun on a quiet machine, or with a larger --budget")
-    elif measured and not bounds:     # "no change was measured faster": not so, with a bound faster
+    if measured and not bounds and not any(tr["status"] == "inconclusive" for tr in settings):
+        # "no change was measured faster": not so, with a bound faster or a setting not told apart
         out += (doc.get("apply") or "").splitlines()
     return out
 
