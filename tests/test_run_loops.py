@@ -321,6 +321,38 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     assert census.counts == {} and census.state == "done"
 
 
+def test_a_decoder_unrolled_over_time_steps_is_no_per_sample_loop():
+    """A seq2seq decoder unrolled in Python (the step calls its submodules itself, 12 time steps):
+    its embedding gets one token per sequence (1-D: read as a batch of one) and its attention,
+    GRU and output layers the batch of 32, 12 calls each. The embedding came first of the tie,
+    and PD353 said "a batch of one" at "max 12x"; the tied modules' calls are judged together."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.collect.modules import Census
+    emb, att, gru, out = (torch.nn.Embedding(10, 4), torch.nn.Linear(8, 1), torch.nn.GRU(8, 4, batch_first=True),
+                          torch.nn.Linear(4, 10))
+    census = Census(torch.Tensor)
+    census.boundary("optimizer")
+    census.count(torch.nn.GRU(4, 4), (torch.zeros(32, 12, 4),), {})          # the encoder, once
+    for _ in range(12):
+        census.count(emb, (torch.zeros(32, dtype=torch.long),), {})
+        census.count(att, (torch.zeros(32, 12, 8),), {})
+        census.count(gru, (torch.zeros(32, 1, 8),), {})
+        census.count(out, (torch.zeros(32, 4),), {})
+    census.boundary("optimizer")
+    r = census.result
+    assert (r["module"], r["calls"], r["batch"], r["modules"]) == ("Embedding", 12, 32, 5)
+    assert r["batch_share"] == pytest.approx(36 / 48)
+    # a per-sample loop calling two modules per sample stays one: both at a batch of one
+    census.reset()
+    census.boundary("optimizer")
+    for _ in range(16):
+        census.count(att, (torch.zeros(1, 8),), {})
+        census.count(out, (torch.zeros(1, 4),), {})
+    census.count(gru, (torch.zeros(16, 1, 8),), {})                         # once, batched: not counted with them
+    census.boundary("optimizer")
+    assert (census.result["batch"], census.result["batch_share"]) == (1, 1.0)
+
+
 # LBFGS with a closure: 20 forward/backward passes inside each optimizer.step(). Each closure call
 # also multiplies matrices for STEP_S / 20 seconds, so that a step lasts STEP_S of CPU work on any
 # machine, however fast or busy. The time rules are scaled down (1 s instead of 10 s) as for

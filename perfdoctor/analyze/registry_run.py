@@ -35,8 +35,8 @@ _m("run.stopped_early", "bool", "perfdoctor stopped the script (--max-steps / --
 # -- the model's calls per step (perfdoctor run: analyze/loopcalls.py; None for a trace alone) --
 _m("loop.model_name", "str", "Class of the module the step calls most often at the outermost level (no other module call running), in one whole step after the step source was chosen.")
 _m("loop.model_calls_per_step", "per_step", "How many times that step called loop.model_name at the outermost level: 1 for a batched loop, the batch size for a per-sample loop (model(x[i:i+1])), the micro-batches for gradient accumulation.")
-_m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size), the most common one; None when they got no tensor or a 0-d one.")
-_m("loop.model_call_batch_share", "fraction", "Share of those calls whose first tensor argument had loop.model_call_batch as its leading dimension.")
+_m("loop.model_call_batch", "count", "The leading dimension of the first tensor argument of those calls (their batch size; 1 for a 1-D tensor), the most common one among the calls of the modules called at least half as often as that module (a step that calls submodules itself); None when they got no tensor or a 0-d one.")
+_m("loop.model_call_batch_share", "fraction", "Share of those calls (the modules called at least half as often as the most called one) whose first tensor argument had loop.model_call_batch as its leading dimension.")
 _m("loop.model_cpu_autocast", "str", "The dtype torch.autocast(\"cpu\") cast to (\"bfloat16\", \"float16\") while the model ran, in the counted step (loop.model_name); None without CPU autocast (`perfdoctor run` only).")
 _m("loop.backward_passes_per_step", "per_step", "Backward passes (and autograd.grad calls) in the step whose module calls were counted: 1 for a per-sample loop that sums its losses, one per micro-batch for gradient accumulation, 0 without training.")
 _m("loop.batches_per_step", "per_step", "DataLoader batches per step over the steady window (0 when the loop has no DataLoader).")
