@@ -33,6 +33,7 @@ from perfdoctor.analyze.precision import kernel_class, peak_ratios, precision_me
 from perfdoctor.analyze.recompute import recompute_metrics
 from perfdoctor.analyze.replicas import critical_device, replica_metrics, replica_shares, replica_step_device_ms
 from perfdoctor.analyze.sampleloop import sample_loop_metrics
+from perfdoctor.analyze.tensorloops import tensor_loop_metrics
 from perfdoctor.analyze.steps import Steps, find_steps
 from perfdoctor.analyze.stepview import step_view
 from perfdoctor.analyze.tables import detail_tables
@@ -117,6 +118,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(nograd_forward_metrics(t, k, steps))
     m["evaluation.share"] = m["evaluation.nograd_forward_share"]    # a run adds its own measures (callshares)
     m.update(sample_loop_metrics(t, k, steps))
+    m.update(tensor_loop_metrics(t, k, steps))
     m.update(anomaly_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
