@@ -94,6 +94,51 @@ def test_an_ema_loop_is_found_with_its_tensors_and_offered_multi_tensor_ops(tmp_
         assert fix["gain"]["ceiling"] == pytest.approx(1 / (1 - share), rel=1e-3)
 
 
+# YOLOv5's ModelEMA: both models' state_dict() walked each step (a detach per tensor, buffers
+# too), then `v *= d; v += (1 - d) * msd[k].detach()` per floating-point tensor. The profiler
+# steps at the optimizer's step, as `perfdoctor run` places its boundary: each step starts with it.
+STATE_DICT_EMA = """
+import copy, sys, torch, torch.nn as nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(*[m for _ in range(6) for m in (nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))])
+ema = copy.deepcopy(model).eval()
+opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
+x = torch.randn(4, 8, 8, 8)
+with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for _ in range(4):
+        model(x).pow(2).mean().backward()
+        opt.step(); opt.zero_grad()
+        prof.step()
+        with torch.no_grad():
+            msd = model.state_dict()
+            for k, v in ema.state_dict().items():
+                if v.dtype.is_floating_point:
+                    v *= 0.99
+                    v += 0.01 * msd[k].detach()
+"""
+
+
+def test_the_state_dict_walks_before_an_ema_loop_are_part_of_it(tmp_path):
+    """6 convolutions and 6 batch norms: 30 floating-point tensors (the counters are left out),
+    4 ops each; the loop runs from the state_dict() walks' first detach to its last add_."""
+    _, doc = recorded(tmp_path, STATE_DICT_EMA)
+    m = doc["traces"][0]["metrics"]
+    assert (m["tensorloop.tensors"], m["tensorloop.ops_per_tensor"]) == (30, 4)
+    ev = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
+    span = 0.0
+    for s in steps:
+        ops = sorted((e for e in ev if e.get("cat") == "cpu_op" and s["ts"] <= e["ts"] < s["ts"] + s["dur"]),
+                     key=lambda e: (e["ts"], -e["dur"]))
+        names = [e["name"] for e in ops]
+        loop = ops[:names.index("aten::conv2d")]          # before the forward pass: the EMA
+        assert loop[0]["name"] == "aten::detach" and loop[-1]["name"] == "aten::add_"
+        span += max(e["ts"] + e["dur"] for e in loop) - loop[0]["ts"]
+    assert m["tensorloop.share"] == pytest.approx(span / sum(s["dur"] for s in steps), rel=1e-3)
+
+
 def test_ops_repeated_in_place_by_a_forward_pass_an_optimizer_or_a_zeroing_loop_are_no_update_loop(tmp_path):
     names, doc = recorded(tmp_path, NO_LOOP)
     assert {"aten::add_", "aten::zero_", "Optimizer.step#SGD.step"} <= names
