@@ -27,9 +27,9 @@ block(x)`, ReLU(inplace=True)) holds its layers' ops in each period, which are n
     tensorloop.tensors         = periods (tensors) in the longest run of a step (median)
     tensorloop.ops_per_tensor  = ops in one period of it (median)
 
-Measured on the CPU (tests/test_tensor_loops.py's model: 98 tensors of a 24-block MLP, its EMA
-by mul_/add_ each step): the run was 9% of a profiled step, its gaps 4.6%; in one process,
-alternating blocks of steps, the loop against torch._foreach_lerp_ ran 1.067-1.085x.
+Measured on the CPU (bench/bench_tensor_loops.py's model: 98 tensors of a 24-block MLP, its EMA
+by mul_/add_ each step): the run was 9-10% of a profiled step, its gaps 4.6-5.2%; in one
+process, alternating blocks of steps, the loop against torch._foreach_lerp_ ran 1.067-1.085x.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.evalforward import OPTIMIZER_PREFIX
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.sampleloop import MIN_ITERATIONS, periodic_runs
@@ -47,7 +48,6 @@ MOVES = frozenset(("aten::copy_", "aten::zero_", "aten::fill_", "aten::detach"))
 UPDATE_OPS = frozenset(f"aten::{n}" for n in (
     "mul", "mul_", "add", "add_", "sub", "sub_", "rsub", "div", "div_", "lerp", "lerp_", "copy_", "addcmul",
     "addcmul_", "addcdiv", "addcdiv_", "zero_", "fill_", "clamp", "clamp_", "neg", "neg_", "detach"))
-OPTIMIZER_PREFIX = ("Optimizer.step#", "Optimizer.zero_grad#")
 NAMES = ("tensorloop.share", "tensorloop.gap_share", "tensorloop.tensors", "tensorloop.ops_per_tensor")
 
 
