@@ -277,21 +277,29 @@ def test_backward_formulas_calling_matmul_are_no_recomputation(tmp_path):
     assert "PD345" not in [f["id"] for f in doc["findings"]]
 
 
-def test_the_reentrant_checkpoints_node_rerunning_bare_matmuls_still_counts(tmp_path):
-    """CheckpointFunctionBackward is nothing but a rerun: its matmuls count, as they did before
-    formula matmuls were told apart by what the node holds."""
+def _rerun_in(tmp_path, first: str, node: str, rerun: list[tuple[float, str, float]]) -> dict:
+    """Three 5 ms steps: `first` (a forward op), then the backward node `node` (3 ms) holding the
+    `rerun` ops (offset from the step's start, name, duration) and its formula's aten::mm; the
+    trace's metrics."""
     tr = HandTrace()
     for i in range(3):
         s0 = i * 5000.0
-        tr.op(1, s0, "aten::matmul", 500)
-        tr.op(1, s0 + 600, "autograd::engine::evaluate_function: CheckpointFunctionBackward", 3000)
-        tr.op(1, s0 + 700, "aten::matmul", 500)                 # the rerun
-        tr.op(1, s0 + 1300, "aten::matmul", 400)
-        tr.op(1, s0 + 2200, "aten::mm", 1000)                   # its backward
+        tr.op(1, s0, first, 500)
+        tr.op(1, s0 + 600, f"autograd::engine::evaluate_function: {node}", 3000)
+        for at, name, dur in rerun:
+            tr.op(1, s0 + at, name, dur)
+        tr.op(1, s0 + 2200, "aten::mm", 1000)                   # the node's own formula
         tr.step(i, s0, s0 + 5000)
-    p = tmp_path / "reentrant.json"
+    p = tmp_path / "rerun.json"
     tr.write(p)
-    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    return diagnose_path(str(p))["traces"][0]["metrics"]
+
+
+def test_the_reentrant_checkpoints_node_rerunning_bare_matmuls_still_counts(tmp_path):
+    """CheckpointFunctionBackward is nothing but a rerun: its matmuls count, as they did before
+    formula matmuls were told apart by what the node holds."""
+    m = _rerun_in(tmp_path, "aten::matmul", "CheckpointFunctionBackward",
+                  [(700, "aten::matmul", 500), (1300, "aten::matmul", 400)])
     assert m["recompute.ops_per_step"] == 2.0
 
 
@@ -333,18 +341,7 @@ def test_a_torchscript_models_backward_is_no_recomputation(tmp_path):
 def test_a_rerun_block_ending_in_a_matmul_still_counts_whole(tmp_path):
     """A checkpointed block (linear, gelu, then x @ w) reruns from the MmBackward0 of its last op:
     that node holds the block's linear and gelu as well as its matmul, so all three are the rerun."""
-    tr = HandTrace()
-    for i in range(3):
-        s0 = i * 5000.0
-        tr.op(1, s0, "aten::linear", 500)
-        tr.op(1, s0 + 600, "autograd::engine::evaluate_function: MmBackward0", 3000)
-        tr.op(1, s0 + 700, "aten::linear", 500)                 # the rerun: linear, gelu, matmul
-        tr.op(1, s0 + 1300, "aten::gelu", 200)
-        tr.op(1, s0 + 1600, "aten::matmul", 400)
-        tr.op(1, s0 + 2200, "aten::mm", 1000)                   # the formula
-        tr.step(i, s0, s0 + 5000)
-    p = tmp_path / "ckpt.json"
-    tr.write(p)
-    m = diagnose_path(str(p))["traces"][0]["metrics"]
+    m = _rerun_in(tmp_path, "aten::linear", "MmBackward0",
+                  [(700, "aten::linear", 500), (1300, "aten::gelu", 200), (1600, "aten::matmul", 400)])
     assert m["recompute.ops_per_step"] == 3.0
     assert m["recompute.share"] == pytest.approx(2000 / 5000)

@@ -182,15 +182,19 @@ def _edge(ops: np.ndarray, twins: np.ndarray) -> int:
     return k if 2 * int(hits[k - 1]) >= k else 0
 
 
+def step_ops(t: EventTable, k: Kinds, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
+    """The aten::/autograd:: ops that start inside the steps, and the outermost of them."""
+    ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
+    ops = ops[steps.index_of(t.ts[ops]) >= 0]
+    return ops, outermost(t, ops)
+
+
 def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
     if len(steps) == 0 or total <= 0:
         return out
-    ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
-    step_of = steps.index_of(t.ts[ops])
-    ops = ops[step_of >= 0]
-    top = outermost(t, ops)
+    ops, top = step_ops(t, k, steps)
     if len(top) == 0:
         return out
     # a DataLoader's batch is made one sample at a time by design (Dataset.__getitem__): the

@@ -39,8 +39,8 @@ import numpy as np
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.evalforward import OPTIMIZER_PREFIX
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import contained, outermost
-from perfdoctor.analyze.sampleloop import MIN_ITERATIONS, periodic_runs
+from perfdoctor.analyze.nesting import contained
+from perfdoctor.analyze.sampleloop import MIN_ITERATIONS, periodic_runs, step_ops
 from perfdoctor.analyze.steps import Steps
 from perfdoctor.trace.table import EventTable
 
@@ -56,9 +56,7 @@ def tensor_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     total = float(steps.duration.sum())
     if len(steps) == 0 or total <= 0:
         return out
-    ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
-    ops = ops[steps.index_of(t.ts[ops]) >= 0]
-    top = outermost(t, ops)
+    _, top = step_ops(t, k, steps)
     out["tensorloop.share"] = out["tensorloop.gap_share"] = 0.0
     if len(top) < MIN_ITERATIONS:
         return out
