@@ -251,7 +251,8 @@ def test_an_inconclusive_bound_is_said_so_not_that_no_trial_ran():
     same = {"label": "num_workers=1", "bound": False, "status": "no change", "speedup": 1.01, "rule": "PD301"}
     lines = tune_no_best({"trials": [same, bound], "apply": "keep the script as it is"})
     assert lines[0] == "none of the trials was measurably faster than the baseline."
-    assert lines[1].startswith("1 trial(s) inconclusive (store_samples=True)") and lines[2] == "keep the script as it is"
+    assert lines[1].startswith("1 trial(s) inconclusive (store_samples=True)")
+    assert lines[2] == "keep the script as it is"
     failed = {**bound, "status": "failed", "speedup": None}
     assert tune_no_best({"trials": [failed]}) == ["nothing was measured: no trial could run (reasons above)."]
 

@@ -24,8 +24,10 @@ trial's run stops at its duration, and the epoch ends the stream's baseline pays
 A stream built again (a loader made per epoch over a new instance: `for b in
 DataLoader(Files(), ...)`) gets the pool and count of the first instance of its class with the
 same plain attributes (strings, numbers: a path, a split), not a new pass inside the run's
-steps. With workers each worker yields its share of the epoch, as a stream sharded by get_worker_info
-does (one that every worker replays whole has epochs that many times longer in the baseline).
+steps; two streams of one class told apart only by other attributes (a list of files) share
+the first one's pool. With workers each worker yields its share of the epoch, as a stream
+sharded by get_worker_info does (one that every worker replays whole has epochs that many times
+longer in the baseline).
 
 Left alone: a TensorDataset or a Subset of one (its samples are stored tensors already: PD358's
 case), a map-style dataset without a length or an empty one, an empty stream, a dataset already

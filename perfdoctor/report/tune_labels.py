@@ -78,11 +78,11 @@ def tune_no_best(doc: dict) -> list[str]:
     were not measured equal, only not told apart)."""
     settings = [tr for tr in doc["trials"] if not tr.get("bound")]
     measured = any(tr["speedup"] is not None for tr in settings)
-    bounds_run = [tr for tr in doc["trials"] if tr.get("bound") and tr["speedup"] is not None]
+    bounds_run = "; ".join(f"{tr['label']} (the most {tr['rule']}'s code change can give)" for tr in doc["trials"]
+                           if tr.get("bound") and tr["speedup"] is not None)
     out = ["none of the trials was measurably faster than the baseline." if measured
            else "nothing was measured: --only left no trial to run." if doc.get("only") and not doc["trials"]
-           else "no setting was measured; " + "; ".join(f"{tr['label']} (the most {tr['rule']}'s code change can give)"
-                                                        for tr in bounds_run) + " was tried." if bounds_run and not settings
+           else f"no setting was measured; {bounds_run} was tried." if bounds_run and not settings
            else "nothing was measured: no trial could run (reasons above)."]
     bounds = [tr for tr in doc["trials"] if tr.get("bound") and tr["status"] == "faster"]
     if bounds:          # a measure of a code change, not a setting to apply (tune/plan.py)
