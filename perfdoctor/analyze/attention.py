@@ -94,7 +94,14 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     forward = sum(1 for _, _, bwd in spans if not bwd)
     n_max = max(forward, len(spans) - forward)
     out["attention.manual_per_step"] = n_max / len(steps)
+    # SDPA's math path runs its forward inside the op and its backward as the autograd nodes of the
+    # ops it decomposes into (BmmBackward, SoftmaxBackward): hand-written backward passes with no
+    # hand-written forward are that backward.
+    math_bwd = len(math_ops) > 0 and forward == 0 and len(spans) > 0
     if k.platform == "cpu":
+        if math_bwd:     # on the CPU SDPA takes its math path whenever dropout is on (a tiny BERT
+            out["attention.manual_per_step"] = 0.0      # trained with accelerate read as hand-written)
+            spans = []
         out.update(_cpu_shares(t, ops, spans, total))
         return out, math_path
     dev, launch = device_launch_index(t, k)
@@ -108,10 +115,6 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     if on is not None:
         on_device &= on[dev]
     dev, launch = dev[ok & on_device], launch[ok & on_device]
-    # SDPA's math path runs its forward inside the op and its backward as the autograd nodes of the
-    # ops it decomposes into (BmmBackward, SoftmaxBackward): hand-written backward passes with no
-    # hand-written forward are that backward.
-    math_bwd = len(math_ops) > 0 and forward == 0 and len(spans) > 0
     if math_bwd:
         out["attention.manual_per_step"] = 0.0
     # A layer's forward and backward both run every step, but the trace's window can cut the
