@@ -46,16 +46,22 @@ def test_cpu_traces_tell_hand_written_attention_from_sdpa(tmp_path):
     _record(tmp_path / "fused.json", fused)
     _record(tmp_path / "head.json", softmax_only)
     _record(tmp_path / "math.json", math_path)
-    per_step, shares = {}, {}
+    per_step, shares, math_path_shares, fixes = {}, {}, {}, {}
     for name in ("manual", "fused", "head", "math"):
         doc = diagnose_path(str(tmp_path / f"{name}.json"))
         m = doc["traces"][0]["metrics"]
         per_step[name] = m["attention.manual_per_step"] * m["steps.count"]
         shares[name] = m["attention.manual_cpu_share"]
+        math_path_shares[name] = (m["attention.math_cpu_share"], m["attention.math_cpu_gemm_share"])
+        fixes[name] = {f["id"] for f in doc["findings"]} & {"PD378", "PD381"}
     # the math path's backward nodes (BmmBackward, SoftmaxBackward) are no hand-written attention:
     # a tiny BERT trained with accelerate (dropout 0.1) read PD378 "replace the hand-written attention"
     assert per_step == {"manual": 3.0, "fused": 0.0, "head": 0.0, "math": 0.0}
     assert shares["math"] == 0.0 and shares["manual"] > 0
+    # the math path is timed as such (forward op and backward nodes), and offered no dropout (PD381)
+    ms = math_path_shares
+    assert ms["fused"] == ms["manual"] == (0.0, 0.0) and 0 < ms["math"][1] < ms["math"][0] <= 1
+    assert fixes == {"manual": {"PD378"}, "fused": set(), "head": set(), "math": {"PD381"}}
 
 
 def _causal_layer_step(fused: bool, T: int = 512, B: int = 4, H: int = 4, D: int = 128):
