@@ -36,7 +36,7 @@ import numpy as np
 
 from perfdoctor.analyze.arrays import unique
 from perfdoctor.analyze.kinds import Kinds
-from perfdoctor.analyze.nesting import outermost
+from perfdoctor.analyze.nesting import contained, outermost
 from perfdoctor.analyze.precision import CLASSES, DAMP, class_of_rows
 from perfdoctor.analyze.steps import Steps, device_launch_index
 from perfdoctor.trace.table import EventTable
@@ -100,17 +100,15 @@ def attention_metrics(t: EventTable, k: Kinds, steps: Steps, on: np.ndarray | No
     # hand-written forward are that backward.
     math_bwd = len(math_ops) > 0 and forward == 0 and len(spans) > 0
     if k.platform == "cpu":
-        math = {"attention.manual_cpu_share": 0.0 if total else None,
-                "attention.manual_cpu_gemm_share": 0.0 if total else None}
         if math_bwd:     # on the CPU SDPA takes its math path whenever dropout is on (a tiny BERT
             out["attention.manual_per_step"] = 0.0      # trained with accelerate read as hand-written)
-            math = _cpu_shares(t, ops, spans, total)    # its backward, by the same measure
-            spans = []
-        out.update(_cpu_shares(t, ops, spans, total))
+        # the matches are the math path's backward or hand-written attention, timed alike
+        back = _cpu_shares(t, ops, spans if math_bwd else [], total)
+        out.update(_cpu_shares(t, ops, [] if math_bwd else spans, total))
         if total:
             fwd, fwd_gemm = _math_forward(t, math_ops)
-            out["attention.math_cpu_share"] = min(1.0, math["attention.manual_cpu_share"] + fwd / total)
-            out["attention.math_cpu_gemm_share"] = min(1.0, math["attention.manual_cpu_gemm_share"] + fwd_gemm / total)
+            out["attention.math_cpu_share"] = min(1.0, back["attention.manual_cpu_share"] + fwd / total)
+            out["attention.math_cpu_gemm_share"] = min(1.0, back["attention.manual_cpu_gemm_share"] + fwd_gemm / total)
         return out, math_path
     dev, launch = device_launch_index(t, k)
     ok = launch >= 0
@@ -179,16 +177,12 @@ def _cpu_shares(t: EventTable, ops: np.ndarray, spans: list[tuple[int, int, bool
 
 def _math_forward(t: EventTable, math_ops: np.ndarray) -> tuple[float, float]:
     """SDPA's math path forward on the CPU (us): its ops' time, and the matmuls' in it (the
-    outermost aten::matmul/bmm inside each)."""
+    outermost aten::matmul/bmm inside them)."""
     if not len(math_ops):
         return 0.0, 0.0
+    top = outermost(t, math_ops)
     mm = np.flatnonzero(t.name_mask(lambda n: n in ("aten::matmul", "aten::bmm", "aten::baddbmm")))
-    gemm = 0.0
-    for r in outermost(t, math_ops):
-        a, b = t.ts[r], t.ts[r] + t.dur[r]
-        inside = mm[(t.tid[mm] == t.tid[r]) & (t.ts[mm] >= a) & (t.ts[mm] + t.dur[mm] <= b)]
-        gemm += float(t.dur[outermost(t, inside)].sum())
-    return float(t.dur[outermost(t, math_ops)].sum()), gemm
+    return float(t.dur[top].sum()), float(t.dur[outermost(t, mm[contained(t, mm, top)])].sum())
 
 
 def _launched_in(t: EventTable, dev: np.ndarray, launch: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
