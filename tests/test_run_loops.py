@@ -237,7 +237,7 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     # one call of the model per step (its pre-hook, which marks the step, runs after the class
     # wrapper counted the call: that call is the next step's, not a second one of this step)
     assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
-                               "passes": 0, "cpu_autocast": None}
+                               "passes": 0, "fresh_passes": 0, "cpu_autocast": None}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -280,7 +280,7 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert r.stdout == "per-sample: done\n"
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
     assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
-                                         "passes": 1, "cpu_autocast": None}
+                                         "passes": 1, "fresh_passes": 1, "cpu_autocast": None}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -311,7 +311,7 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     census.count(loss, (torch.zeros(3, 2), torch.zeros(3, 2)), {})
     census.boundary("optimizer")
     assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
-                             "cpu_autocast": None}
+                             "fresh_passes": 0, "cpu_autocast": None}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch
@@ -910,8 +910,8 @@ def test_loop_metrics_from_the_census():
     m = loop_metrics({"module": "Net", "calls": 32, "batch": 1, "batch_share": 0.97, "modules": 1}, steady)
     assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_call_batch": 1,
                  "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3),
-                 "loop.backward_passes_per_step": None, "loop.extra_batches_excess_share": None,
-                 "loop.model_cpu_autocast": None}
+                 "loop.backward_passes_per_step": None, "loop.fresh_passes_per_step": None,
+                 "loop.extra_batches_excess_share": None, "loop.model_cpu_autocast": None}
     # the CPU autocast dtype the census saw; anything but a name is unknown
     assert loop_metrics({"module": "Net", "calls": 1, "cpu_autocast": "bfloat16"}, steady)["loop.model_cpu_autocast"] \
         == "bfloat16"
@@ -923,6 +923,10 @@ def test_loop_metrics_from_the_census():
     odd = loop_metrics({"module": 3, "calls": 5, "batch": -2, "batch_share": 7}, [])
     assert odd["loop.model_name"] is None and odd["loop.model_call_batch"] is None
     assert odd["loop.model_call_batch_share"] is None and odd["loop.model_calls_per_step"] == 5
+    # fresh passes are some of the passes: more than there were, or without a count of passes, unknown
+    fresh = [loop_metrics({"module": "Net", "calls": 16, "passes": p, "fresh_passes": f}, steady)["loop.fresh_passes_per_step"]
+             for p, f in ((16, 16), (16, 1), (4, 16), (None, 3), (16, -1), (16, 2.5))]
+    assert fresh == [16, 1, None, None, None, None]
 
 
 def test_autograd_grad_steps_only_on_weights():

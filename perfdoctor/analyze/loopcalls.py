@@ -10,7 +10,10 @@ its first tensor argument (the batch it was given), and the dtype CPU autocast c
 
 The DataLoader batches per steady step, and the backward passes of the counted step, tell a
 per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
-accumulation over micro-batches (a batch and a backward pass per call). A model called with no tensor
+accumulation over micro-batches (a batch and a backward pass per call). Passes that each begin from
+no gradients (loop.fresh_passes_per_step: torch.autograd.grad calls, or backward passes after a
+reset) tell per-sample gradients taken one sample at a time (DP-SGD's clipping, influence scores)
+from accumulation, whose passes add to the gradients of the one before. A model called with no tensor
 argument, or with a 0-d one, has no batch: None.
 
 Steady steps that draw more batches than the usual step run another loop inside them (an
@@ -23,8 +26,8 @@ from __future__ import annotations
 from perfdoctor.analyze.stepwait import extra_batches
 
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
-         "loop.batches_per_step", "loop.backward_passes_per_step", "loop.extra_batches_excess_share",
-         "loop.model_cpu_autocast")
+         "loop.batches_per_step", "loop.backward_passes_per_step", "loop.fresh_passes_per_step",
+         "loop.extra_batches_excess_share", "loop.model_cpu_autocast")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -52,4 +55,7 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     out["loop.model_cpu_autocast"] = autocast if isinstance(autocast, str) else None
     passes = rc.get("passes")
     out["loop.backward_passes_per_step"] = passes if isinstance(passes, int) and passes >= 0 else None
+    fresh = rc.get("fresh_passes")
+    if isinstance(fresh, int) and 0 <= fresh <= (passes if isinstance(passes, int) else -1):
+        out["loop.fresh_passes_per_step"] = fresh
     return out

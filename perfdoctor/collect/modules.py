@@ -39,10 +39,12 @@ class Census:
     """The outermost module calls of the first whole step after the step source is chosen: per
     module, how many, and the leading dimension of each call's first tensor argument (its batch
     size, for a model that takes a batch; 1 for a 1-D tensor: one unbatched sample); and the
-    backward passes of that step. `result` (child.json "root_calls"): the module called most,
-    {"module", "calls", "batch", "batch_share", "modules", "passes"}, where batch is the most common
-    leading dimension of the calls of the modules called at least half as often as it, and
-    batch_share that dimension's share of those calls; None until the step ends."""
+    backward passes of that step, and how many of them began from no gradients (fresh_passes:
+    gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
+    most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes"}, where
+    batch is the most common leading dimension of the calls of the modules called at least half
+    as often as it, and batch_share that dimension's share of those calls; None until the step
+    ends."""
 
     def __init__(self, tensor_type, cpu_autocast=None):
         self.tensor = tensor_type
@@ -53,6 +55,8 @@ class Census:
         self.state = "wait"               # wait -> counting (a step boundary with a source) -> done
         self.counts: dict = {}            # id(module) -> [class name, calls, {leading dim: calls}]
         self.passes = 0                   # backward passes and autograd.grad calls in the counted step
+        self.fresh = 0                    # of which start from no gradients: autograd.grad calls, or
+                                          # backward passes after a gradient reset (passes.py)
         self.result = None
         self.root = None                  # a weak reference to the module called most, once done (nogradcalls.py)
         self.last = None                  # (id(module), leading dim) of the last call counted
@@ -78,7 +82,7 @@ class Census:
     def _boundary(self, mode) -> None:
         if self.state == "wait":
             if mode is not None:
-                self.state, self.passes = "counting", 0
+                self.state, self.passes, self.fresh = "counting", 0, 0
         elif self.state == "counting":
             self.state = "done"
             if self.counts:
@@ -95,7 +99,8 @@ class Census:
                             leads[lead] = leads.get(lead, 0) + k
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / sum(leads.values()),
-                               "modules": len(self.counts), "passes": self.passes, "cpu_autocast": self.autocast}
+                               "modules": len(self.counts), "passes": self.passes, "fresh_passes": self.fresh,
+                               "cpu_autocast": self.autocast}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:

@@ -128,14 +128,18 @@ def _enter(session, roots, fresh: bool | str) -> tuple:
     with _LOCK:
         nested = _RUNNING[0] > 0
         _RUNNING[0] += 1
-    state = (nested, not nested and session.mode != "optimizer", getattr(session, "window", None))
+    census = getattr(session, "census", None)
+    census = census if not nested and census is not None and census.state == "counting" else None
+    resets = getattr(session, "resets", None) if census is not None and not fresh else None
+    state = (nested, not nested and session.mode != "optimizer", getattr(session, "window", None), resets)
     try:
         if not nested and state[2] is not None:
             state[2].check_memory()               # an LBFGS step of many passes can outgrow the trace's budget
-        if not nested:
-            census = getattr(session, "census", None)
-            if census is not None and census.state == "counting":
-                census.passes += 1
+        if census is not None:
+            census.passes += 1
+            # gradients of this call alone: autograd.grad's, or a backward pass after a reset
+            # (per-sample gradients by a loop, against accumulation over micro-batches)
+            census.fresh += bool(fresh) or (resets is not None and resets.before_pass(roots) is True)
         if state[1]:
             try:
                 session.on_pass(roots, time.perf_counter(), fresh=fresh)
@@ -148,13 +152,15 @@ def _enter(session, roots, fresh: bool | str) -> tuple:
 
 
 def _exit(session, state: tuple, fresh: bool | str) -> None:
-    nested, watching, window = state
+    nested, watching, window, resets = state
     with _LOCK:
         _RUNNING[0] -= 1
     if not nested and window is not None:
         window.check_memory()                     # the backward pass's own events
     if watching and not fresh:
         session.after_pass()
+    if resets is not None:                        # the census's pass, steps or not (idempotent)
+        resets.after_pass()
 
 
 def weights_updated(torch, inputs) -> bool:
