@@ -160,6 +160,19 @@ def test_contention_tries_fewer_threads_first():
     assert fewer.changes == {"threads": 1} and not fewer.skip and fewer.tests == plan.THREADS_FEWER
     mine = {"PD341": {"kind": "fix", "ranked": True, "gain": {"expected": 1.41}}}
     assert prediction(fewer, mine, None) == ("PD341", 1.41)
+    # no workers and others idle, but the job's own threads outnumber the cores (a logger's
+    # writer thread beside 2 torch threads: 1.40 runnable per core on 2 cores, a user trial with
+    # TensorBoard histograms every step, PD341 ~1.26x): one torch thread fewer; it measured 1.10x
+    logger = facts(verdict="host", threads=2, contended=True, other_cores=0.02, demand=1.40)
+    fewer = next(t for t in plan.plan(logger) if "threads" in t.changes)
+    assert fewer.changes == {"threads": 1} and fewer.tests == plan.THREADS_FEWER
+    assert prediction(fewer, {"PD341": {"kind": "fix", "ranked": True, "gain": {"expected": 1.26}}}, None) \
+        == ("PD341", 1.26)
+    # an excess under half a core is no reason; 8 threads on 8 cores with 2.5 cores' excess: 6
+    assert not any("threads" in t.changes for t in plan.plan(facts(verdict="host", threads=2, contended=True,
+                                                                    other_cores=0.02, demand=1.2)))
+    many = facts(cores=8, verdict="host", threads=8, contended=True, other_cores=0.0, demand=1.3125)
+    assert next(t for t in plan.plan(many) if "threads" in t.changes).changes == {"threads": 6}
 
 
 def test_no_trial_for_what_the_script_already_does():

@@ -52,6 +52,8 @@ are neither run nor listed, and the budget goes to those asked for.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from perfdoctor.errors import PerfdoctorError
@@ -112,6 +114,7 @@ class Facts:
     ranked: list = field(default_factory=list)   # the report's ranked fix rule ids, best first
     contended: bool = False           # the training thread queued for a CPU (flag PD214)
     other_cores: float | None = None  # cores other processes kept busy (system.other_cores)
+    demand: float | None = None       # the job's runnable threads per core (loader.threads_oversubscription)
     worker_cores: float | None = None  # cores the script's DataLoader workers kept busy
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
     modelled_workers: float | None = None   # the workers PD301's model credits (up to 8 for a loader that waits)
@@ -162,10 +165,17 @@ def threads_for_free_cores(f: Facts) -> int | None:
     least FREE_CORE of it), at least one; None when that is not fewer than the script's own. An op
     split over threads waits for the slowest, so a thread the scheduler parks can cost many times
     the queueing (measured: 15-27x from one thread fewer on two shared cores, while on a quiet
-    machine the two counts ran alike)."""
+    machine the two counts ran alike).
+    Where neither holds a core but the job's runnable threads outnumber the cores all the same
+    (f.demand > 1: a thread of the script's own beside torch's, a logger's writer or a producer),
+    one torch thread fewer per core's worth of that excess beyond FREE_CORE. (A user's loop that
+    wrote TensorBoard histograms every step: 1.40 runnable threads per core on 2 cores, PD341
+    ~1.26x and no trial; one torch thread measured 1.10x.)"""
     if not f.contended or f.other_cores is None or not f.threads:
         return None
     n = max(1, int(f.cores - f.other_cores - (f.worker_cores or 0.0) + FREE_CORE))
+    if n >= f.threads and f.demand is not None and f.demand > 1:
+        n = max(1, f.threads - math.ceil(f.cores * (f.demand - 1) - FREE_CORE))
     return n if n < f.threads else None
 
 

@@ -46,6 +46,7 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix" and _material(f)],
         contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
         other_cores=m.get("system.other_cores"),
+        demand=m.get("loader.threads_oversubscription"),
         worker_cores=_worker_cores(m),
         saturated="PD309" in fixes,
         nchw="PD342" in fixes,
