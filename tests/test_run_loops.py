@@ -237,7 +237,8 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     # one call of the model per step (its pre-hook, which marks the step, runs after the class
     # wrapper counted the call: that call is the next step's, not a second one of this step)
     assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
-                               "passes": 0, "fresh_passes": 0, "cpu_autocast": None}
+                               "passes": 0, "fresh_passes": 0, "cpu_autocast": None,
+                               "dense_embeddings": None}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -280,7 +281,8 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert r.stdout == "per-sample: done\n"
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
     assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
-                                         "passes": 1, "fresh_passes": 1, "cpu_autocast": None}
+                                         "passes": 1, "fresh_passes": 1, "cpu_autocast": None,
+                                         "dense_embeddings": None}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -311,7 +313,7 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     census.count(loss, (torch.zeros(3, 2), torch.zeros(3, 2)), {})
     census.boundary("optimizer")
     assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
-                             "fresh_passes": 0, "cpu_autocast": None}
+                             "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch
@@ -736,10 +738,19 @@ def test_a_model_in_float64_is_told_to_train_in_float32(tmp_path):
 
 def test_param_dtypes_read_as_untrusted():
     from perfdoctor.analyze.params import param_metrics
-    assert param_metrics({"torch.float64": 30, "torch.float32": 10}) == {"params.count": 40, "params.fp64_share": 0.75,
-                                                                         "params.half_dtype": None}
+    assert param_metrics({"torch.float64": 30, "torch.float32": 10}) == {
+        "params.count": 40, "params.fp64_share": 0.75, "params.half_dtype": None,
+        "params.dense_embedding_share": None, "params.embedding_touched_share": None}
     assert param_metrics({"torch.float64": -5, 7: 3, "torch.complex128": True}) == dict.fromkeys(
-        ("params.count", "params.fp64_share", "params.half_dtype"))
+        ("params.count", "params.fp64_share", "params.half_dtype", "params.dense_embedding_share",
+         "params.embedding_touched_share"))
+    # the census's dense tables: shares of the optimizer's elements; damaged counts are unknown
+    tables = {"torch.float32": 1000}
+    m = param_metrics(tables, {"elements": 800, "touched": 40, "tables": 1})
+    assert (m["params.dense_embedding_share"], m["params.embedding_touched_share"]) == (0.8, 0.05)
+    assert param_metrics(tables, {"elements": 4000, "touched": 40})["params.dense_embedding_share"] == 1.0
+    for bad in ({"elements": 10, "touched": 20}, {"elements": "x", "touched": 1}, {"elements": 0}, [3]):
+        assert param_metrics(tables, bad)["params.dense_embedding_share"] is None
     # a model kept in a 16-bit float: the dtype that holds half the elements or more
     assert param_metrics({"torch.bfloat16": 20, "torch.float32": 20})["params.half_dtype"] == "bfloat16"
     assert param_metrics({"torch.float16": 19, "torch.float32": 21})["params.half_dtype"] is None

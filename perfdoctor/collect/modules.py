@@ -29,6 +29,7 @@ import weakref
 
 from perfdoctor.collect import dynamoskip
 from perfdoctor.collect.dynamoskip import compiling_check
+from perfdoctor.collect.embeddings import DenseTables
 
 MAX_MODULES = 64    # distinct modules counted in the census step
 _DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
@@ -41,14 +42,16 @@ class Census:
     size, for a model that takes a batch; 1 for a 1-D tensor: one unbatched sample); and the
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
-    most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes"}, where
+    most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
+    "cpu_autocast", "dense_embeddings" (embeddings.py)}, where
     batch is the most common leading dimension of the calls of the modules called at least half
     as often as it, and batch_share that dimension's share of those calls; None until the step
     ends."""
 
-    def __init__(self, tensor_type, cpu_autocast=None):
+    def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = ()):
         self.tensor = tensor_type
         self.cpu_autocast = cpu_autocast  # () -> the CPU autocast dtype's name in force, or None
+        self.embedding_types = embedding_types
         self.reset()
 
     def reset(self) -> None:
@@ -61,6 +64,7 @@ class Census:
         self.root = None                  # a weak reference to the module called most, once done (nogradcalls.py)
         self.last = None                  # (id(module), leading dim) of the last call counted
         self.autocast = None              # the CPU autocast dtype a counted call ran under
+        self.tables = DenseTables(self.embedding_types)   # embedding tables with dense gradients (embeddings.py)
 
     def boundary(self, mode) -> None:
         if (self.state == "counting" and mode == "module" and getattr(_DEPTH, "n", 0)
@@ -100,7 +104,7 @@ class Census:
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / sum(leads.values()),
                                "modules": len(self.counts), "passes": self.passes, "fresh_passes": self.fresh,
-                               "cpu_autocast": self.autocast}
+                               "cpu_autocast": self.autocast, "dense_embeddings": self.tables.result()}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
@@ -116,13 +120,16 @@ class Census:
         lead = self._lead(args, kwargs)
         c[2][lead] = c[2].get(lead, 0) + 1
         self.last = (id(module), lead)
+        self.tables.call(module, args, kwargs)
 
-    def inner(self) -> None:
-        """A module called inside a counted outermost call: the autocast in force there. A model
-        whose forward enters autocast itself (accelerate's prepare wraps model.forward in
-        torch.autocast) runs its layers under it, though the outermost call began without it."""
-        if self.cpu_autocast is not None:
+    def inner(self, module, args, kwargs) -> None:
+        """A module called inside a counted outermost call: the autocast in force there (a model
+        whose forward enters autocast itself, as accelerate's prepare wraps model.forward in
+        torch.autocast, runs its layers under it, though the outermost call began without it),
+        and the embedding tables with dense gradients."""
+        if self.autocast is None and self.cpu_autocast is not None:
             self.autocast = self.cpu_autocast()
+        self.tables.call(module, args, kwargs)
 
     def _lead(self, args, kwargs):
         """The batch size of a call: the leading dimension of its first tensor argument; 1 for a
@@ -157,7 +164,7 @@ def watch(torch, session) -> None:
     steps (session.module_watch). Again after an optimizer took over from a fallback: a new census."""
     Module = torch.nn.Module
     orig = Module.__call__
-    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch))
+    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch), (torch.nn.Embedding, torch.nn.EmbeddingBag))
     if getattr(orig, "_perfdoctor", False):
         return
     compiling = compiling_check(torch)
@@ -169,8 +176,11 @@ def watch(torch, session) -> None:
             return orig(self, *args, **kwargs)
         if getattr(_DEPTH, "n", 0):
             census = session.census
-            if census.state == "counting" and census.autocast is None:
-                census.inner()
+            if census.state == "counting":
+                try:
+                    census.inner(self, args, kwargs)
+                except Exception:             # never break the script's forward
+                    pass
             return orig(self, *args, **kwargs)
         if not dynamo_told[0]:                # dynamo loaded without torch.compile (its optimize())
             dynamo_told[0] = dynamoskip.mark_all()

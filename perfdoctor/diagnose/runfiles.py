@@ -58,7 +58,8 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "param_dtypes": {"*": INT},
          "process_starts": [{"!": ("count",), "method": STR, "target": STR, "via": STR, "count": INT}],
          "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
-                        "passes": INT, "fresh_passes": INT, "cpu_autocast": STR}}
+                        "passes": INT, "fresh_passes": INT, "cpu_autocast": STR,
+                        "dense_embeddings": {"elements": INT, "touched": INT, "tables": INT}}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,
         "host": STR, "pid": INT, "exit_code": INT, "signal": INT, "wall_s": NUM, "end_unix": NUM}
 

@@ -1,0 +1,55 @@
+"""The backward pass's dense gradients of embedding tables (embedding.dense_backward_share).
+
+An nn.Embedding (or EmbeddingBag) with sparse=False makes its weight's gradient as large as the
+whole table each backward pass: aten::embedding_dense_backward (EmbeddingBag:
+aten::_embedding_bag_dense_backward) allocates a table of zeros and adds the looked-up rows'
+gradients into it. With sparse=True the gradient holds the looked-up rows alone, so this time
+is what a sparse gradient saves in the backward pass (the optimizer's share is PD383's other
+part, from the census: collect/embeddings.py).
+
+    embedding.dense_backward_share = host time of the outermost of those ops in the steps / the
+                                     steps' time; on a CPU that is their work. None on a GPU (its
+                                     work is kernels, and the host time of the op is their launch)
+                                     and where the steps run no backward node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfdoctor.analyze.kinds import Kinds
+from perfdoctor.analyze.nesting import outermost
+from perfdoctor.analyze.steps import Steps
+from perfdoctor.trace.table import EventTable
+
+DENSE_BACKWARD = frozenset({"aten::embedding_dense_backward", "aten::_embedding_bag_dense_backward",
+                            "aten::embedding_backward", "aten::_embedding_bag_backward"})
+NAMES = ("embedding.dense_backward_share",)
+
+
+def embedding_grad_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
+    out = dict.fromkeys(NAMES)
+    total = float(steps.duration.sum())
+    if k.platform != "cpu" or len(steps) == 0 or total <= 0:
+        return out
+    rows = np.flatnonzero(k.cpu_op)
+    rows = rows[steps.index_of(t.ts[rows]) >= 0]
+    if not t.name_mask(lambda n: n.startswith("autograd::engine::evaluate_function: "))[rows].any():
+        return out
+    dense = rows[t.name_mask(lambda n: n in DENSE_BACKWARD)[rows]]
+    # embedding_backward holds embedding_dense_backward (a sparse table's holds
+    # embedding_sparse_backward instead, which is no dense gradient): the outermost of the dense ones
+    top = outermost(t, dense) if len(dense) else dense
+    if len(top):
+        inner = t.name_mask(lambda n: n in ("aten::embedding_dense_backward", "aten::_embedding_bag_dense_backward"))
+        # an embedding_backward counts where a dense op runs inside it (sparse=True runs another)
+        top = np.array([r for r in top if inner[r] or _holds(t, r, dense, inner)], dtype=np.int64)
+    out["embedding.dense_backward_share"] = min(1.0, float(t.dur[top].astype(np.float64).sum()) / total) if len(top) else 0.0
+    return out
+
+
+def _holds(t: EventTable, row: int, rows: np.ndarray, inner: np.ndarray) -> bool:
+    """Does `row` hold one of the `inner` rows of `rows` on its thread?"""
+    r = rows[inner[rows] & (t.tid[rows] == t.tid[row])]
+    end = t.ts[row] + t.dur[row]
+    return bool(((t.ts[r] >= t.ts[row]) & (t.ts[r] + t.dur[r] <= end)).any())
