@@ -11,12 +11,22 @@ part, from the census: collect/embeddings.py).
                                      steps' time; on a CPU that is their work. None on a GPU (its
                                      work is kernels, and the host time of the op is their launch)
                                      and where the steps run no backward node.
+    optimizer.zero_grad_share      = time inside Optimizer.zero_grad ranges in the steps / the
+                                     steps' time, CPU traces: setting a table-sized gradient to
+                                     None hands its memory back to the system (a 2M x 64 table:
+                                     32 ms of a 717 ms step, no op in the range). None on a GPU
+                                     (the caching allocator keeps freed memory: host time) and
+                                     without such ranges.
+
+A user's recommender (a 2M x 64 item table, Adam, 2-core CPU), one traced step of 717 ms: Adam's
+step 558 ms, the table's backward 123 ms, zero_grad 32 ms, the rest 4 ms.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from perfdoctor.analyze import intervals
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import outermost
 from perfdoctor.analyze.steps import Steps
@@ -24,7 +34,7 @@ from perfdoctor.trace.table import EventTable
 
 DENSE_BACKWARD = frozenset({"aten::embedding_dense_backward", "aten::_embedding_bag_dense_backward",
                             "aten::embedding_backward", "aten::_embedding_bag_backward"})
-NAMES = ("embedding.dense_backward_share",)
+NAMES = ("embedding.dense_backward_share", "optimizer.zero_grad_share")
 
 
 def embedding_grad_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
@@ -34,6 +44,11 @@ def embedding_grad_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
         return out
     rows = np.flatnonzero(k.cpu_op)
     rows = rows[steps.index_of(t.ts[rows]) >= 0]
+    zero = rows[t.name_mask(lambda n: n.startswith("Optimizer.zero_grad#"))[rows]]
+    if len(zero):
+        start = t.ts[zero].astype(np.float64)
+        s_, e_ = intervals.clip(start, start + t.dur[zero], *steps.span)
+        out["optimizer.zero_grad_share"] = min(1.0, intervals.total(s_, e_) / total)
     if not t.name_mask(lambda n: n.startswith("autograd::engine::evaluate_function: "))[rows].any():
         return out
     dense = rows[t.name_mask(lambda n: n in DENSE_BACKWARD)[rows]]
