@@ -23,6 +23,7 @@ key is one change the user could make by hand; the script itself is never edited
 | keep_iterator | True: `iter(loader)` hands out the loader's last iterator again when it was a peek (at most two batches drawn) with batches left, until it runs out (collect/inject_iter.py) |
 | anomaly | "off": autograd anomaly detection stays off: the script's set_detect_anomaly(True) and detect_anomaly() (torch.set_anomaly_enabled(True, ...)) leave it off; the numerics are the same (PD374) |
 | distribution_checks | "off": torch.distributions checks no arguments (the default validate_args is False, and a distribution built with validate_args=True, or after set_default_validate_args(True), checks none either); the numerics are the same (PD379) |
+| attention_dropout | "off": torch.nn.functional.scaled_dot_product_attention runs with dropout_p=0 (nn.MultiheadAttention and the models that call it through torch.nn.functional alike): on a CPU, its fused kernel instead of the math path dropout forces (PD381); training without attention dropout changes the numerics |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
@@ -45,6 +46,7 @@ from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_loss import record_losses
 from perfdoctor.collect.inject_model import module_call
 from perfdoctor.collect.inject_store import StoredSamples, StoredStream, store_samples
+from perfdoctor.collect.inject_switches import attention_dropout, distribution_checks, set_anomaly
 
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 
@@ -97,7 +99,8 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
                     (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators),
-                    (("anomaly",), _anomaly), (("distribution_checks",), _distribution_checks)):
+                    (("anomaly",), set_anomaly), (("distribution_checks",), distribution_checks),
+                    (("attention_dropout",), attention_dropout)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on
@@ -219,40 +222,6 @@ def _empty_cache(torch, st: _State) -> None:
     empty_cache.__wrapped__ = orig
     empty_cache.__doc__ = orig.__doc__
     mem.empty_cache = torch.cuda.empty_cache = empty_cache
-
-
-def _anomaly(torch, st: _State) -> None:
-    """Count the script's turning autograd anomaly detection on (set_detect_anomaly(True),
-    detect_anomaly(): both call torch.set_anomaly_enabled); with anomaly="off" it stays off."""
-    orig = torch.set_anomaly_enabled
-    off = st.changes.get("anomaly") == "off"
-
-    def set_anomaly_enabled(enabled, *args, **kwargs):
-        if enabled and os.getpid() == st.pid:
-            st.anomaly_calls += 1
-            if off:
-                st.applied.add("anomaly")
-                enabled = False
-        return orig(enabled, *args, **kwargs)
-    set_anomaly_enabled.__wrapped__ = orig
-    torch.set_anomaly_enabled = set_anomaly_enabled
-
-
-def _distribution_checks(torch, st: _State) -> None:
-    """With distribution_checks="off": every torch.distributions distribution is built with
-    validate_args=False, whatever the script passes or set as the default."""
-    if st.changes.get("distribution_checks") != "off":
-        return
-    dist = torch.distributions.Distribution
-    dist.set_default_validate_args(False)
-    orig = dist.__init__
-
-    def __init__(self, batch_shape=torch.Size(), event_shape=torch.Size(), validate_args=None):
-        if os.getpid() == st.pid:
-            st.applied.add("distribution_checks")
-        orig(self, batch_shape, event_shape, validate_args=False)
-    __init__.__wrapped__ = orig
-    dist.__init__ = __init__
 
 
 def _saves(torch, st: _State) -> None:

@@ -77,6 +77,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
     if changes.get("anomaly") == "off":
         lines.append("torch.autograd.set_detect_anomaly(False)  # or remove set_detect_anomaly(True) / detect_anomaly() "
                      "from the training run: a debugging mode")
+    if changes.get("attention_dropout") == "off":
+        lines.append("attention dropout 0 in training  # e.g. attention_probs_dropout_prob=0.0 (BERT), attn_pdrop=0.0 "
+                     "(GPT-2), nn.MultiheadAttention(..., dropout=0.0), dropout_p=0.0 in scaled_dot_product_attention: "
+                     "SDPA's fused CPU kernel takes no dropout")
     if changes.get("distribution_checks") == "off":
         lines.append("torch.distributions.Distribution.set_default_validate_args(False)  # once at start-up, or "
                      "validate_args=False where a distribution is built")

@@ -54,7 +54,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         per_sample="PD358" in fixes,
         preprocess="PD306" in fixes,
         anomaly="PD374" in fixes,
-        distribution_checks="PD379" in fixes)
+        distribution_checks="PD379" in fixes,
+        sdpa_dropout="PD381" in fixes)
 
 
 def _material(fix: dict) -> bool:

@@ -1,0 +1,66 @@
+"""torch's own switches a script turns on, which `perfdoctor tune` turns off for a trial
+(collect/inject.py's table): autograd anomaly detection (anomaly="off", PD374), torch.distributions'
+argument checks (distribution_checks="off", PD379), and attention dropout inside
+scaled_dot_product_attention (attention_dropout="off", PD381). Each function takes torch and
+inject's session state (`st`: its changes, what was applied, the script's own calls)."""
+
+from __future__ import annotations
+
+import os
+
+
+def set_anomaly(torch, st) -> None:
+    """Count the script's turning autograd anomaly detection on (set_detect_anomaly(True),
+    detect_anomaly(): both call torch.set_anomaly_enabled); with anomaly="off" it stays off."""
+    orig = torch.set_anomaly_enabled
+    off = st.changes.get("anomaly") == "off"
+
+    def set_anomaly_enabled(enabled, *args, **kwargs):
+        if enabled and os.getpid() == st.pid:
+            st.anomaly_calls += 1
+            if off:
+                st.applied.add("anomaly")
+                enabled = False
+        return orig(enabled, *args, **kwargs)
+    set_anomaly_enabled.__wrapped__ = orig
+    torch.set_anomaly_enabled = set_anomaly_enabled
+
+
+def distribution_checks(torch, st) -> None:
+    """With distribution_checks="off": every torch.distributions distribution is built with
+    validate_args=False, whatever the script passes or set as the default."""
+    if st.changes.get("distribution_checks") != "off":
+        return
+    dist = torch.distributions.Distribution
+    dist.set_default_validate_args(False)
+    orig = dist.__init__
+
+    def __init__(self, batch_shape=torch.Size(), event_shape=torch.Size(), validate_args=None):
+        if os.getpid() == st.pid:
+            st.applied.add("distribution_checks")
+        orig(self, batch_shape, event_shape, validate_args=False)
+    __init__.__wrapped__ = orig
+    dist.__init__ = __init__
+
+
+def attention_dropout(torch, st) -> None:
+    """With attention_dropout="off": scaled_dot_product_attention is called with dropout_p=0.
+    torch.nn.functional's own callers (multi_head_attention_forward) look it up in the module's
+    namespace, as models calling torch.nn.functional.scaled_dot_product_attention(...) do."""
+    if st.changes.get("attention_dropout") != "off":
+        return
+    F = torch.nn.functional
+    orig = F.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(*args, **kwargs):
+        if len(args) > 4:                      # query, key, value, attn_mask, dropout_p, ...
+            if args[4]:
+                args = (*args[:4], 0.0, *args[5:])
+                st.applied.add("attention_dropout")
+        elif kwargs.get("dropout_p"):
+            kwargs["dropout_p"] = 0.0
+            st.applied.add("attention_dropout")
+        return orig(*args, **kwargs)
+    scaled_dot_product_attention.__wrapped__ = orig
+    scaled_dot_product_attention.__doc__ = orig.__doc__
+    F.scaled_dot_product_attention = scaled_dot_product_attention
