@@ -964,13 +964,16 @@ def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(
     assert causes["train.py:8"] == "step_results" and causes["train.py:2"] == "python_data"
     assert m["stacks.logging_sync_share"] == pytest.approx(0.2)
     assert m["stacks.python_data_share"] == pytest.approx(0.3)         # the batch's numpy and the loss math
+    assert m["stacks.pre_forward_data_share"] == pytest.approx(0.2)    # the batch's numpy alone: before line 3
     # the model called 16 times a step (a rollout: the Python after a policy call steps the environment
     # on `a.numpy()` and makes the next call's input): none of it is read as a metric
     m, _ = recording(forward=True, model_calls=16)
     assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.5)
+    assert m["stacks.pre_forward_data_share"] == 0.0       # a rollout's next input needs the last output
     # no forward pass among the stacks (a model called without nn.Module): nothing says what comes after it
     m, _ = recording(forward=False)
     assert m["stacks.logging_sync_share"] == 0.0 and m["stacks.python_data_share"] == pytest.approx(0.8)
+    assert m["stacks.pre_forward_data_share"] == 0.0
 
 
 def test_a_call_from_an_every_n_steps_block_is_periodic_and_a_forward_there_is_evaluation(tmp_path):

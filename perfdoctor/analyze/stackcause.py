@@ -315,3 +315,15 @@ def results_work(stack: tuple, first_forward: dict[tuple[str, str], int], source
                 line_says(g.file, g.line, DEVICE_READ, source) for g in frames[i:]):
             return True
     return False
+
+
+def before_forward(stack: tuple, first_forward: dict[tuple[str, str], int]) -> bool:
+    """A python_data stack of the batch in the making: one of its user frames stands before the
+    first line of its function that calls the forward pass. Tensor ops there (noise drawn, a blur,
+    a normalisation: a synthetic batch) make the forward's input and need nothing of its output,
+    so a DataLoader worker can run them ahead; a trace counts them as ops, not untraced time."""
+    for f in code_frames(stack):
+        first = first_forward.get((f.file, f.func)) if f.kind == "user" else None
+        if first is not None and f.line < first:
+            return True
+    return False

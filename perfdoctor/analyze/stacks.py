@@ -26,7 +26,7 @@ import numpy as np
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.recurrence import recurrent_lines
-from perfdoctor.analyze.stackcause import CAUSES, classify, forward_lines, results_work, user_code
+from perfdoctor.analyze.stackcause import CAUSES, before_forward, classify, forward_lines, results_work, user_code
 from perfdoctor.analyze.stackmarks import MARKS, Marks
 
 MIN_STEADY_STEPS = 3
@@ -53,7 +53,7 @@ class StackReport:
 def empty_metrics() -> dict:
     return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
             "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
-            "stacks.python_data_share": None, "stacks.evaluation_share": None,
+            "stacks.python_data_share": None, "stacks.pre_forward_data_share": None, "stacks.evaluation_share": None,
             "stacks.producer_wait_share": None, "stacks.waiting_share": None,
             "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
             "stacks.own_threads_busy_share": None, "stacks.recurrent_loop_share": None,
@@ -264,6 +264,10 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     for stack, c in memo.items():
         if not feeds and c[0] == "python_data" and results_work(stack, first_forward, source):
             memo[stack] = ("step_results", *c[1:])
+    # the batch made before the forward (not in a rollout, whose next input needs the last output)
+    making = {stack for stack, c in memo.items()
+              if not feeds and c[0] == "python_data" and before_forward(stack, first_forward)}
+    pre_forward = 0.0
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo[stack]
         if wt > 0:
@@ -273,6 +277,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
         if wt <= 0:
             continue
         causes[c[0]] += wt
+        pre_forward += wt if stack in making else 0.0
         if c[0] in ("model", "python_data"):       # the forward pass and the loop's own tensor work
             if stack not in looped:
                 looped[stack] = any(line in recurrent_lines(file) for file, _, line in forward_lines(stack))
@@ -291,6 +296,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               # metric of the step's results read every step is what logging every N steps removes
               "stacks.logging_sync_share": float(share["logging_sync"] + share["periodic"] + share["step_results"]),
               "stacks.python_data_share": float(share["python_data"]),
+              "stacks.pre_forward_data_share": pre_forward / sampled,
               "stacks.evaluation_share": float(share["evaluation"]),
               "stacks.producer_wait_share": float(share["producer_wait"]),
               "stacks.waiting_share": float(share["waiting"]),
