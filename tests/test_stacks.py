@@ -917,6 +917,22 @@ def test_a_hand_written_update_is_the_optimizer_not_batch_preparation(tmp_path):
     assert classify((at(17),))[0] == "python_data"
 
 
+def test_the_batch_in_the_making_is_the_work_before_the_first_forward_but_a_device_copy():
+    """Work on a line before the loop's first forward call makes that call's input (a synthetic
+    batch drawn each step); a copy to the device there is the copy's time (pinned memory's fix,
+    not a worker's), and a line after the forward, or in a function without one, is neither."""
+    from perfdoctor.analyze.stackcause import before_forward
+    text = {1: "for step in range(n):", 2: "    x = torch.randn(128, 3, 96, 96)", 3: "    x = x.to(device)",
+            4: "    out = model(x)", 5: "    loss = out.mean()"}
+    source = lambda file, line: text.get(line, "") if file == "/home/u/train.py" else ""  # noqa: E731
+    at = lambda line: (("<module>", "/home/u/train.py", line),)  # noqa: E731
+    first = {("/home/u/train.py", "<module>"): 4}
+    assert before_forward(at(2), first, source)
+    assert not before_forward(at(3), first, source)               # x.to(device): the copy
+    assert not before_forward(at(5), first, source)               # after the forward: needs its output
+    assert not before_forward(at(2), {}, source)                  # no forward seen in that function
+
+
 def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(tmp_path):
     """Python after the forward pass on values read from tensors is a metric of the step's
     results: logging_sync (PD351: read it every N steps), not batch preparation that DataLoader

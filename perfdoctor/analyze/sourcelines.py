@@ -21,6 +21,9 @@ from functools import lru_cache
 
 DEVICE_READ = re.compile(r"\.(?:item|cpu|tolist|numpy)\(\s*\)")
 WAITING = re.compile(r"\b(?:sleep|wait|join|synchronize|barrier)\s*\(")
+# A copy to a device (`x.to(device)`, `.cuda()`, `.to("cuda", non_blocking=True)`): its time is the
+# copy (on a GPU, a pageable one waits for it), whose fix is pinned memory, not a worker.
+DEVICE_COPY = re.compile(r"\.(?:to|cuda)\(")
 # A hand-written parameter update: the line reads a gradient (`.grad`, not `autograd.grad(` or
 # `.grad_fn`) and changes a tensor in place (`p.data -= lr * p.grad`, `p.add_(p.grad, alpha=-lr)`,
 # `p.grad = None`): the optimizer's step written out, not batch preparation.

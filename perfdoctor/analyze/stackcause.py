@@ -43,7 +43,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfdoctor.analyze.sourcelines import DEVICE_READ, GRAD_READ, IN_PLACE, WAITING, in_periodic_block, line_says
+from perfdoctor.analyze.sourcelines import (DEVICE_COPY, DEVICE_READ, GRAD_READ, IN_PLACE, WAITING, in_periodic_block,
+                                            line_says)
 
 _TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
 _STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
@@ -317,13 +318,18 @@ def results_work(stack: tuple, first_forward: dict[tuple[str, str], int], source
     return False
 
 
-def before_forward(stack: tuple, first_forward: dict[tuple[str, str], int]) -> bool:
+def before_forward(stack: tuple, first_forward: dict[tuple[str, str], int], source=linecache.getline) -> bool:
     """A python_data stack of the batch in the making: one of its user frames stands before the
     first line of its function that calls the forward pass. Tensor ops there (noise drawn, a blur,
     a normalisation: a synthetic batch) make the forward's input and need nothing of its output,
-    so a DataLoader worker can run them ahead; a trace counts them as ops, not untraced time."""
-    for f in code_frames(stack):
-        first = first_forward.get((f.file, f.func)) if f.kind == "user" else None
+    so a DataLoader worker can run them ahead; a trace counts them as ops, not untraced time. Not
+    where the user's innermost line copies to a device (`x.to(device)`): that time is the copy's,
+    and pinned memory its fix."""
+    frames = [f for f in code_frames(stack) if f.kind == "user"]
+    if frames and line_says(frames[-1].file, frames[-1].line, DEVICE_COPY, source):
+        return False
+    for f in frames:
+        first = first_forward.get((f.file, f.func))
         if first is not None and f.line < first:
             return True
     return False

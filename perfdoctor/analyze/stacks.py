@@ -266,7 +266,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
             memo[stack] = ("step_results", *c[1:])
     # the batch made before the forward (not in a rollout, whose next input needs the last output)
     making = {stack for stack, c in memo.items()
-              if not feeds and c[0] == "python_data" and before_forward(stack, first_forward)}
+              if not feeds and c[0] == "python_data" and before_forward(stack, first_forward, source)}
     pre_forward = 0.0
     for (_, _, stack), sa, sb, wt in zip(segs[trainer], a, b, w):
         c = memo[stack]
