@@ -317,7 +317,7 @@ def test_the_note_shown_by_default_is_the_one_that_could_change_the_advice():
     from perfdoctor.collect.gpu_counters import NO_GPU_NOTE
     from perfdoctor.collect.samplers import DELAYACCT_NOTE
     from perfdoctor.collect.stacks import skipped_note
-    from perfdoctor.collect.stepsource import RATES_NOTE
+    from perfdoctor.collect.optsteps import RATES_NOTE
     from perfdoctor.diagnose.live import _note_rank
 
     run = "2 of 20 steady steps drew more DataLoader batches than the usual 1"

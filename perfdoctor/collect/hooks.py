@@ -69,6 +69,8 @@ class Session(StepSources):
         self.mode = None                 # "optimizer" | "backward" | "dataloader" | "module"
         self.source = None               # key of SOURCES
         self.primary = None              # id of the optimizer that defines step boundaries
+        self.primary_sig = None          # its parameters' ids (optsteps._param_ids): built again, the same
+        self.rebuilt = 0                 # times the primary was built again over the same parameters
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
         self.optimizer_steps: dict = {}  # id(optimizer) -> its steps (skipped ones included)
         self.others: dict = {}           # id(optimizer) -> marks of its steps since the primary's last step
@@ -346,6 +348,7 @@ class Session(StepSources):
         try:
             self._settle()
             self._note_optimizer_rates()
+            self._note_rebuilt()
             self.window.finish()
             if self.lock.acquire(timeout=1.0):     # os._exit from another thread mid-record: wait a little
                 try:

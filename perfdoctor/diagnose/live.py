@@ -33,7 +33,7 @@ from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
-from perfdoctor.collect.stepsource import RATES_NOTE
+from perfdoctor.collect.optsteps import RATES_NOTE
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere, own_loop_only
 from perfdoctor.diagnose.document import build_document
