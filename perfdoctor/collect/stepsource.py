@@ -10,6 +10,8 @@ Steps come from the first of these sources that the script uses (child.json "mod
    running), and the first step is measured from its own start. When another optimizer steps
    HANDOVER times in a row with no step of the first between them (layer-wise training: one
    optimizer per layer, trained one after the other), steps follow it from the first of those.
+   One of the first's class built again over the same parameters is the first built again
+   (a learning-rate schedule written by hand): steps follow it at once (optsteps.py).
 2. Backward passes (passes.py), for hand-written updates: a step begins with the first pass
    after the gradients were reset, so accumulation over several passes is one step. Chosen
    after FALLBACK steps without an optimizer step (or PASS_FALLBACK passes in which the
