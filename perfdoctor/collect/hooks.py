@@ -69,12 +69,12 @@ class Session(StepSources):
         self.mode = None                 # "optimizer" | "backward" | "dataloader" | "module"
         self.source = None               # key of SOURCES
         self.primary = None              # id of the optimizer that defines step boundaries
-        self.primary_sig = None          # its parameters' ids (optsteps._param_ids): built again, the same
         self.rebuilt = 0                 # times the primary was built again over the same parameters
         self.optimizer_calls = 0         # real optimizer.step() calls seen by the post-hook
         self.optimizer_steps: dict = {}  # id(optimizer) -> its steps (skipped ones included)
         self.others: dict = {}           # id(optimizer) -> marks of its steps since the primary's last step
         self.optimizer_names: dict = {}
+        self.optimizer_sigs: dict = {}   # id(optimizer) -> its parameters' ids (optsteps._param_ids)
         self.optimizer_dtypes: dict = {}  # id(optimizer) -> elements of its parameters per dtype
         self.dataset_kinds: set = set()  # torch's _DatasetKind of every DataLoader iterated
         self.loader_kinds = LoaderKinds()  # what each loader reads and how it fetches (loaderkinds.py)

@@ -18,7 +18,7 @@ MAX_IDS = 4096               # parameters whose ids make an optimizer's signatur
 
 class OptimizerSteps:
     """Mixed into hooks.Session through StepSources: its state (primary, others, optimizer_steps,
-    optimizer_names, optimizer_dtypes, rebuilt...) lives in the session."""
+    optimizer_names, optimizer_dtypes, optimizer_sigs, rebuilt...) lives in the session."""
 
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         self.opt_clock.pre()
@@ -40,10 +40,9 @@ class OptimizerSteps:
         if key not in self.optimizer_names:
             dtypes = self.optimizer_dtypes[key] = _param_dtypes(optimizer)
             self.optimizer_names[key] = (type(optimizer).__name__, sum(dtypes.values()) if dtypes is not None else None)
-            sig = _param_ids(optimizer)
-            if self.primary is None:
-                self.primary_sig = sig
-            elif key != self.primary and sig is not None and sig == self.primary_sig \
+            sig = self.optimizer_sigs[key] = _param_ids(optimizer)
+            if self.primary is not None and key != self.primary and sig is not None \
+                    and sig == self.optimizer_sigs.get(self.primary) \
                     and self.optimizer_names[key][0] == self.optimizer_names[self.primary][0]:
                 self._rebuilt(key)
         self.optimizer_steps[key] = self.optimizer_steps.get(key, 0) + 1
@@ -81,6 +80,7 @@ class OptimizerSteps:
         self.optimizer_steps[key] = self.optimizer_steps.pop(old, 0)
         self.optimizer_names.pop(old, None)
         self.optimizer_dtypes.pop(old, None)
+        self.optimizer_sigs.pop(old, None)
         self.primary, self.others = key, {}
         self.rebuilt += 1
 

@@ -53,7 +53,6 @@ are neither run nor listed, and the budget goes to those asked for.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from perfdoctor.errors import PerfdoctorError
