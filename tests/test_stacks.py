@@ -917,6 +917,40 @@ def test_a_hand_written_update_is_the_optimizer_not_batch_preparation(tmp_path):
     assert classify((at(17),))[0] == "python_data"
 
 
+def test_gc_collect_called_by_the_loop_is_garbage_collection_not_batch_preparation(tmp_path):
+    """gc.collect() is a builtin: py-spy's stack ends at the line that calls it, which read as the
+    loop's own data work (python_data), and PD352 offered DataLoader workers for 99.6% of a user's
+    step. Per 100 ms step: 10 ms forward, 10 ms backward, 80 ms in gc.collect()."""
+    f = tmp_path / "train.py"
+    f.write_text(textwrap.dedent("""\
+        for step in range(n):
+            out = model(x)
+            out.sum().backward()
+            gc.collect()
+        """))
+    linecache.checkcache(str(f))
+    main = lambda n: ("<module>", str(f), n)  # noqa: E731
+    fwd = ("Module._call_impl", SITE + "torch/nn/modules/module.py", 1789)
+    bwd = ("_engine_run_backward", SITE + "torch/autograd/graph.py", 825)
+    ev = []
+    for k in range(10):
+        t = k * 100_000
+        for frames, dur in (((main(2), fwd), 10_000), ((main(3), bwd), 10_000), ((main(4),), 80_000)):
+            ev += [_ev("B", t, *fr) for fr in frames] + [_ev("E", t + dur, *fr) for fr in reversed(frames)]
+            t += dur
+    steps = [{"step": k + 1, "end": 1000.0 + (k + 1) * 0.1, "dur": 0.1, "wait": 0.0, "mode": "optimizer",
+              "profiled": False} for k in range(10)]
+    rep = attribute([{"pid": 1, "role": "trainer", "t0_unix": 1000.0, "events": ev}], {"pid": 1, "rate_hz": 100}, steps)
+    assert {row["at"]: row["cause"] for row in rep.top}["train.py:4"] == "garbage_collection"
+    assert rep.metrics["stacks.gc_collect_share"] == pytest.approx(0.8)
+    assert rep.metrics["stacks.python_data_share"] == 0.0
+    from perfdoctor.rules.engine import evaluate
+    from perfdoctor.rules.loader import load_rules
+    diag = evaluate(load_rules(), {**rep.metrics, "breakdown.other": 0.8})
+    assert [f.rule.id for f in diag.fixes][:1] == ["PD384"] and "PD352" not in [f.rule.id for f in diag.fixes]
+    assert diag.fixes[0].expected == pytest.approx(1 / (1 - 0.8 * 0.99), rel=1e-3)
+
+
 def test_the_batch_in_the_making_is_the_work_before_the_first_forward_but_a_device_copy():
     """Work on a line before the loop's first forward call makes that call's input (a synthetic
     batch drawn each step); a copy to the device there is the copy's time (pinned memory's fix,

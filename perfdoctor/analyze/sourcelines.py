@@ -24,6 +24,9 @@ WAITING = re.compile(r"\b(?:sleep|wait|join|synchronize|barrier)\s*\(")
 # A copy to a device (`x.to(device)`, `.cuda()`, `.to("cuda", non_blocking=True)`): its time is the
 # copy (on a GPU, a pageable one waits for it), whose fix is pinned memory, not a worker.
 DEVICE_COPY = re.compile(r"\.(?:to|cuda)\(")
+# The garbage collector run by hand (`gc.collect()`): a full collection walks every Python object
+# the process holds, milliseconds to seconds with a data set kept as Python objects.
+GC_COLLECT = re.compile(r"\bgc\.collect\s*\(")
 # A hand-written parameter update: the line reads a gradient (`.grad`, not `autograd.grad(` or
 # `.grad_fn`) and changes a tensor in place (`p.data -= lr * p.grad`, `p.add_(p.grad, alpha=-lr)`,
 # `p.grad = None`): the optimizer's step written out, not batch preparation.

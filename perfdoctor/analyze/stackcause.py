@@ -19,6 +19,8 @@ The causes, checked in this order on each stack:
   frame of ours with a library below is a wrapper the call passes through);
 - waiting, too: the user's line sleeps, waits or joins, by its source text, or calls
   threading/multiprocessing/queue (--idle shows blocked time, and a sleep is not work);
+- garbage_collection: the user's own line calls gc.collect() (a builtin: py-spy shows the line
+  that calls it), under `if step % N` or not: a full collection walks every Python object;
 - periodic: the user's own line (alone or calling data libraries) inside an `if step % N`
   body (sourcelines.py), or inside a function called from one (a sleeping `log_metrics(...)`
   under `if step % 10 == 0:`): a log line's metric, not batch preparation. Its share counts as
@@ -43,8 +45,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfdoctor.analyze.sourcelines import (DEVICE_COPY, DEVICE_READ, GRAD_READ, IN_PLACE, WAITING, in_periodic_block,
-                                            line_says)
+from perfdoctor.analyze.sourcelines import (DEVICE_COPY, DEVICE_READ, GC_COLLECT, GRAD_READ, IN_PLACE, WAITING,
+                                            in_periodic_block, line_says)
 
 _TOOL_DIR = str(Path(__file__).resolve().parents[1]) + "/"       # perfdoctor's own package
 _STDLIB = re.compile(r"/lib(?:64)?/python\d\.\d+/(?!site-packages/|dist-packages/)")
@@ -74,7 +76,7 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__",
            "torch._dynamo.eval_frame.DisableContext.__call__.<locals>._fn": "torch.compile'd code"}
 CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
-          "producer_wait", "waiting", "periodic", "step_results", "python_data", "other")
+          "producer_wait", "waiting", "garbage_collection", "periodic", "step_results", "python_data", "other")
 # An evaluation inside the training loop: anything under a function named for it (the user's
 # evaluate(), Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop), or torch's
 # no_grad / inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader
@@ -264,6 +266,8 @@ def classify(stack: tuple, source=linecache.getline, lines_of=linecache.getlines
         cause = "evaluation"    # a forward under `if step % N`: not the training step, which runs every step
     elif not below and _updates_parameters(frames[user], source):
         cause = "optimizer"     # a hand-written update (gradient accumulation's under `if step % N` too)
+    elif not below and line_says(frames[user].file, frames[user].line, GC_COLLECT, source):
+        cause = "garbage_collection"   # gc.collect() by hand, every N steps or every step: its own cost
     elif periodic and not below:
         cause = "periodic"      # the script's own every-N-steps work (a log line's metric, a sleep in a log call)
     elif not below and line_says(frames[user].file, frames[user].line, DEVICE_READ, source):

@@ -54,7 +54,7 @@ def empty_metrics() -> dict:
     return {"stacks.steady_steps": None, "stacks.coverage": None, "stacks.checkpoint_share": None,
             "stacks.checkpoint_interval_steps": None, "stacks.logging_sync_share": None, "stacks.unread_share": None,
             "stacks.python_data_share": None, "stacks.pre_forward_data_share": None, "stacks.evaluation_share": None,
-            "stacks.producer_wait_share": None, "stacks.waiting_share": None,
+            "stacks.producer_wait_share": None, "stacks.waiting_share": None, "stacks.gc_collect_share": None,
             "stacks.producer_wait_exposed_share": None, "stacks.waiting_exposed_share": None,
             "stacks.own_threads_busy_share": None, "stacks.recurrent_loop_share": None,
             **dict.fromkeys(MARKS)}
@@ -300,6 +300,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.evaluation_share": float(share["evaluation"]),
               "stacks.producer_wait_share": float(share["producer_wait"]),
               "stacks.waiting_share": float(share["waiting"]),
+              "stacks.gc_collect_share": float(share["garbage_collection"]),
               "stacks.checkpoint_interval_steps": interval,
               **marks.shares(sampled),
               "stacks.recurrent_loop_share": (recurring / (causes["model"] + causes["python_data"])
