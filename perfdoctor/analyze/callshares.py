@@ -83,7 +83,7 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "save.share", "save.interval_steps", "logging.share", "evaluation.share",
+         "calls.nograd_share", "calls.gc_share", "gc.share", "save.share", "save.interval_steps", "logging.share", "evaluation.share",
          "evaluation.nograd_run_share")
 
 
@@ -92,7 +92,7 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     `optimizer_timed`, `nograd_timed`: child.json says so; a run directory from an older
     perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
     (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share)."""
-    out = dict.fromkeys(NAMES[:5])
+    out = dict.fromkeys(NAMES[:6])
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
@@ -103,6 +103,7 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     save = [positive(s.get("save")) for s in recs]
     out["calls.save_share"] = min(1.0, sum(save) / total)
     out["calls.log_share"] = min(1.0, sum(positive(s.get("log")) for s in recs) / total)
+    out["calls.gc_share"] = min(1.0, sum(positive(s.get("gc")) for s in recs) / total)
     out["calls.save_interval_steps"] = _save_interval(recs, save)
     return out
 
@@ -130,7 +131,7 @@ def _save_interval(recs: list[dict], save: list[float]) -> float | None:
 
 
 def combined(m: dict) -> dict:
-    """save.share, save.interval_steps, logging.share from the calls.* and stacks.* metrics in m;
+    """save.share, save.interval_steps, logging.share, gc.share from the calls.* and stacks.* metrics in m;
     evaluation.share from the extra-batch steps, the stacks' evaluation frames, the trace's
     no-grad forward after the backward pass (analyze/evalforward.py), at the run's rate where
     evaluation.nograd_run_share has it (below), else the traced window's, and the run's timed
@@ -144,8 +145,10 @@ def combined(m: dict) -> dict:
     nograd = m.get("evaluation.nograd_forward_share") if nograd is None else nograd
     evals = [x for x in (m.get("loop.extra_batches_excess_share"), m.get("stacks.evaluation_share"), nograd,
                          m.get("calls.nograd_share")) if x is not None]
+    collect = [m[k] for k in ("calls.gc_share", "stacks.gc_collect_share") if m.get(k) is not None]
     return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
-            "logging.share": max(logs) if logs else None, "evaluation.share": max(evals) if evals else None}
+            "logging.share": max(logs) if logs else None, "evaluation.share": max(evals) if evals else None,
+            "gc.share": max(collect) if collect else None}
 
 
 def nograd_run_share(m: dict) -> dict:

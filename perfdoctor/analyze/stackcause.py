@@ -213,9 +213,15 @@ def _updates_parameters(f: Frame, source) -> bool:
             and not line_says(f.file, f.line, DEVICE_READ, source))
 
 
+TIMED_WRAPPER = "perfdoctor/collect/timedcalls.py"   # its `timed` frame: a call timed on its way through
+
+
 def code_frames(stack: tuple) -> list[Frame]:
-    """The stack's code frames, root first (py-spy's process and thread pseudo-frames left out)."""
-    return [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))]
+    """The stack's code frames, root first (py-spy's process and thread pseudo-frames left out,
+    and the frame of `perfdoctor run`'s timing wrapper: the call passes through it, and a builtin
+    it wraps, gc.collect, has no frame of its own below it to tell the call by)."""
+    return [_frame(*f) for f in stack if f[1] and not f[0].startswith(("process ", "thread ("))
+            and not (f[0].endswith("timed") and f[1].replace("\\", "/").endswith(TIMED_WRAPPER))]
 
 
 CODE_CHARS = 120     # of a source line shown beside its frame

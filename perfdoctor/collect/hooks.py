@@ -244,14 +244,14 @@ class Session(StepSources):
         dur = end[0] - self.mark[0]
         if self.forked is not None:
             return dur
-        save, log = self.calls.take()
+        save, log, collect = self.calls.take()
         starts = self.iters.take()
         opt = self.opt_clock.take()
         nograd = self.nograd.take()
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
-                                 self.window.perturbed_next, skipped, save, log, starts, opt, nograd))
+                                 self.window.perturbed_next, skipped, save, log, starts, opt, nograd, collect))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])

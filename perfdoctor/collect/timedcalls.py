@@ -1,11 +1,12 @@
-"""Checkpoint saves and logging calls of `perfdoctor run`, timed where the training thread makes them.
+"""Checkpoint saves, logging and gc.collect() calls of `perfdoctor run`, timed where the training thread makes them.
 
 py-spy names the frames that take the step's time, but only where it may run (an idle core, the
 ptrace permission). Two costs that decide a fix are plain function calls: a checkpoint written
 on the training thread (torch.save, safetensors' save_file: what Lightning's, transformers' and
 most hand-written checkpoints call) and logging to TensorBoard (SummaryWriter.add_*; tensorboardX's
 too). Each is wrapped, and the wall time inside it, on the thread that runs the steps, is summed
-per step (steps.jsonl `save` and `log`, seconds). The cost is two clock reads per call, none for a
+per step (steps.jsonl `save` and `log`, seconds). So is gc.collect() called by the script (`gc`): a
+full collection walks every Python object the process holds. The cost is two clock reads per call, none for a
 script that never calls them. A call inside another timed call counts once (the outer one).
 
 torch.save is wrapped when torch is imported (before the script reads it); the others as their
@@ -18,6 +19,7 @@ Saves on another thread (an asynchronous checkpoint) are not on the step's path:
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import threading
 import time
@@ -40,7 +42,7 @@ def replace_torch_save(torch, wrap) -> None:
 
 class TimedCalls:
     def __init__(self):
-        self.step = {"save": 0.0, "log": 0.0}  # seconds inside each kind since the last take()
+        self.step = {"save": 0.0, "log": 0.0, "gc": 0.0}  # seconds inside each kind since the last take()
         self.thread = threading.get_ident()     # the thread that runs the script (and its steps)
         self.depth = 0
         self.pending = list(LATER)
@@ -67,8 +69,11 @@ class TimedCalls:
         return timed
 
     def install_torch(self, torch) -> None:
-        """torch.save (one function, also torch.serialization.save)."""
+        """torch.save (one function, also torch.serialization.save), and gc.collect (imported by
+        every Python process: the script's `gc.collect()` looks it up at call time, and its
+        `from gc import collect`, made later, gets the wrapped one)."""
         replace_torch_save(torch, lambda fn: self._wrap(fn, "save"))
+        gc.collect = self._wrap(gc.collect, "gc")
         self.installed = True
 
     def modules(self) -> list[str]:
@@ -113,10 +118,10 @@ class TimedCalls:
             if name.startswith(attr) and callable(fn):
                 setattr(cls, name, self._wrap(fn, kind))
 
-    def take(self) -> tuple[float, float]:
-        """(save, log) seconds since the last take: the step that just ended. Timed calls and
+    def take(self) -> tuple[float, float, float]:
+        """(save, log, gc) seconds since the last take: the step that just ended. Timed calls and
         takes both run on the training thread, so nothing is added between the read and the reset."""
         step = self.step
-        save, log = step["save"], step["log"]
-        step["save"] = step["log"] = 0.0
-        return save, log
+        save, log, collect = step["save"], step["log"], step["gc"]
+        step["save"] = step["log"] = step["gc"] = 0.0
+        return save, log, collect
