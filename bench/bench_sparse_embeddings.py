@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="perfdoctor-bench-"))
     script = tmp / "rec.py"
     script.write_text(WORKLOAD)
-    print(f"{'rows':>8} {'optimizer':<9} {'dense ms':>9} {'sparse ms':>9}  {'measured':>8}  {'expected':>8}  {'first fix':<6}")
+    print(f"{'rows':>8} {'optimizer':<9} {'dense ms':>9} {'sparse ms':>9}  {'measured':>8}  {'expected':>8}  "
+          f"{'first fix':<6}")
     for cfg in args.configs.split(","):
         rows, opt = cfg.split(":")
         out = tmp / f"run-{rows}-{opt}"

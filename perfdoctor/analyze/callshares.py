@@ -83,15 +83,16 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "calls.gc_share", "gc.share", "save.share", "save.interval_steps", "logging.share", "evaluation.share",
-         "evaluation.nograd_run_share")
+         "calls.nograd_share", "calls.gc_share", "gc.share", "save.share", "save.interval_steps", "logging.share",
+         "evaluation.share", "evaluation.nograd_run_share")
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False) -> dict:
     """calls.* over the steady steps; None unless the run timed the calls (`timed`,
     `optimizer_timed`, `nograd_timed`: child.json says so; a run directory from an older
     perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
-    (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share)."""
+    (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share);
+    calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories)."""
     out = dict.fromkeys(NAMES[:6])
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:

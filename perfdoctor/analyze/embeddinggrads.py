@@ -3,9 +3,10 @@
 An nn.Embedding (or EmbeddingBag) with sparse=False makes its weight's gradient as large as the
 whole table each backward pass: aten::embedding_dense_backward (EmbeddingBag:
 aten::_embedding_bag_dense_backward) allocates a table of zeros and adds the looked-up rows'
-gradients into it; a table looked up twice in a step gets two, which its backward node adds. With sparse=True the gradient holds the looked-up rows alone, so this time
-is what a sparse gradient saves in the backward pass (the optimizer's share is PD383's other
-part, from the census: collect/embeddings.py).
+gradients into it; a table looked up twice in a step gets two, which its backward node adds.
+With sparse=True the gradient holds the looked-up rows alone, so this time is what a sparse
+gradient saves in the backward pass (the optimizer's share is PD383's other part, from the
+census: collect/embeddings.py).
 
     embedding.dense_backward_share = host time of the backward nodes that run those ops (or of
                                      the ops outside a node) in the steps / the steps' time;
@@ -62,7 +63,8 @@ def embedding_grad_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     dense = rows[(inner | nodes)[rows]]
     top = outermost(t, dense) if len(dense) else dense
     top = np.array([r for r in top if inner[r] or _holds(t, r, dense, inner)], dtype=np.int64)
-    out["embedding.dense_backward_share"] = min(1.0, float(t.dur[top].astype(np.float64).sum()) / total) if len(top) else 0.0
+    dense_us = float(t.dur[top].astype(np.float64).sum()) if len(top) else 0.0
+    out["embedding.dense_backward_share"] = min(1.0, dense_us / total)
     return out
 
 
