@@ -50,13 +50,13 @@ def test_calls_on_the_training_thread_are_timed_once_and_others_not(monkeypatch)
     w.add_histogram("h")                       # 0.03 s: the nested add_scalar is inside it
     w.flush()
     st.save_file({}, "x")                      # 0.03 s
-    save, log = tc.take()
-    assert save == pytest.approx(0.03, abs=0.015) and log == pytest.approx(0.03, abs=0.015)
-    assert tc.take() == (0.0, 0.0)             # taken: the next step starts from nothing
+    save, log, collect = tc.take()
+    assert save == pytest.approx(0.03, abs=0.015) and log == pytest.approx(0.03, abs=0.015) and collect == 0.0
+    assert tc.take() == (0.0, 0.0, 0.0)        # taken: the next step starts from nothing
     t = threading.Thread(target=lambda: (w.add_scalar(), st.save_file({}, "y")))   # a background save
     t.start()
     t.join()
-    assert tc.take() == (0.0, 0.0)             # not on the training thread: not the step's
+    assert tc.take() == (0.0, 0.0, 0.0)        # not on the training thread: not the step's
     tc.poll()                                  # nothing new: nothing wrapped twice
     assert tc._wrap(w.add_scalar.__func__, "log") is tb.SummaryWriter.add_scalar
     assert not hasattr(tb.SummaryWriter.add_scalar.__wrapped__, "_perfdoctor_timed")
@@ -64,10 +64,11 @@ def test_calls_on_the_training_thread_are_timed_once_and_others_not(monkeypatch)
 
 def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     steps = [{"dur": 0.1, "save": 0.05, "log": 0.01, "opt": 0.02}, {"dur": 0.1, "opt": 0.02},
-             {"dur": 0.1, "save": 0.05}, {"dur": 0.1, "opt": 0.04}]
+             {"dur": 0.1, "save": 0.05, "gc": 0.03}, {"dur": 0.1, "opt": 0.04}]
     m = call_metrics(steps, timed=True)
     assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0, "calls.nograd_share": None,
-                 "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None}
+                 "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None,
+                 "calls.gc_share": pytest.approx(0.075)}
     assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
     # optimizer steps timed (collect/optclock.py): their share, whether the other calls were timed or not
     assert call_metrics(steps, timed=False, optimizer_timed=True)["calls.optimizer_share"] == pytest.approx(0.2)
@@ -76,9 +77,11 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     m.update({"stacks.checkpoint_share": 0.2, "stacks.checkpoint_interval_steps": 3.0,
               "stacks.logging_sync_share": 0.3})
     assert combined(m) == {"save.share": pytest.approx(0.25), "save.interval_steps": 2.0,
-                           "logging.share": 0.3, "evaluation.share": None}
+                           "logging.share": 0.3, "evaluation.share": None, "gc.share": pytest.approx(0.075)}
     assert combined({}) == {"save.share": None, "save.interval_steps": None, "logging.share": None,
-                            "evaluation.share": None}
+                            "evaluation.share": None, "gc.share": None}
+    # gc.collect() seen both ways: the larger (timed 7.5%, py-spy's samples 9%)
+    assert combined({**m, "stacks.gc_collect_share": 0.09})["gc.share"] == 0.09
     # an evaluation seen both ways: the larger measure (extra batches 8%, stacks 14%)
     assert combined({"loop.extra_batches_excess_share": 0.08, "stacks.evaluation_share": 0.14})[
         "evaluation.share"] == 0.14
