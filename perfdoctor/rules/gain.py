@@ -63,8 +63,8 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
     if unbounded and ceiling is None:
         cap = f"no ceiling ({unbounded})"
     basis = f"{label} is {100 * share:.1f}% of each step"
-    if ceiling is None and share >= 1:         # the whole step: no measured share bounds it
-        basis = f"nothing measured bounds {label}"
+    if share >= 1:      # the whole step: no measured share bounds it, or the label says what does
+        basis = f"nothing measured bounds {label}" if ceiling is None else label
     elif timed and ceiling_share is not None:
         basis = (f"{label} is {100 * ceiling_share:.1f}% of each un-profiled step (timed), "
                  f"{100 * share:.1f}% of each traced one")
