@@ -41,8 +41,9 @@ def build(torch, kind: str):
         model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
         return model, lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,)))
     if kind == "cnn":
-        model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
-                              nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                              nn.Linear(32, 10))
         return model, lambda n: (torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,)))
 
     class Gru(nn.Module):
