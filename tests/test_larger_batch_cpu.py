@@ -35,7 +35,9 @@ print("done")
 
 
 def _fixed(m: dict) -> float:
-    grows = (max(0.0, m["cpu.compute_share"] - (m["cpu.optimizer_large_op_share"] or 0))
+    batch = m["loop.model_call_batch"]
+    sample_loop = m["cpu.loop_share"] or 0 if batch > 1 and abs((m["cpu.loop_iterations"] or 0) - batch) <= 1 else 0
+    grows = ((max(0.0, m["cpu.compute_share"] - (m["cpu.optimizer_large_op_share"] or 0)) + sample_loop)
              * m["steps.time_median_ms"] / m["run.step_time_ms"] + (m["run.data_wait_share"] or 0))
     return 1 - min(1.0, grows)
 
@@ -95,6 +97,9 @@ def test_the_optimizers_large_ops_are_a_fixed_cost_and_an_unknown_one_reads_none
     assert g is not None and g.expected == pytest.approx(2 / (2 - (1 - 0.1 * 2 / 1.5 - 0.1)), rel=1e-6)
     assert _pd385(_metrics(**{"cpu.compute_share": 0.5})) is None          # 0.77 grows with the batch
     assert _pd385(_metrics(**{"loop.model_calls_per_step": 8})) is None     # a loop over samples: PD353
+    # a Python loop over the batch's 4 samples (a custom loss) grows with the batch; one of 12 does not
+    assert _pd385(_metrics(**{"cpu.loop_share": 0.3, "cpu.loop_iterations": 4})) is None
+    assert _pd385(_metrics(**{"cpu.loop_share": 0.3, "cpu.loop_iterations": 12})).expected == f.expected
     assert _pd385(_metrics(**{"trace.platform": "cuda"})) is None           # PD313's on a GPU
 
 
