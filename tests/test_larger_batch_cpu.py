@@ -107,3 +107,77 @@ def test_a_whole_step_share_with_a_ceiling_says_its_label():
     text = describe(1.5, 1.4, 2.0, 2.0, 1.0, "a doubled batch sharing one step's time")
     assert text.endswith("at most 2.00x (a doubled batch sharing one step's time)"), text
     assert describe(None, None, None, None, 1.0, "anomaly mode").endswith("(nothing measured bounds anomaly mode)")
+
+
+# --- tune's batch_scale trial (PD385): twice the DataLoader's batch, compared per sample ----------
+
+LOADERS = r"""
+import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+ds = TensorDataset(torch.randn(64, 3))
+plain = next(iter(DataLoader(ds, batch_size=4)))[0]
+sampled = next(iter(DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 4, False))))[0]
+print(len(plain), len(sampled))
+"""
+
+
+def test_batch_scale_doubles_an_int_batch_size_and_leaves_a_batch_sampler(tmp_path, capfd):
+    pytest.importorskip("torch")
+    from tunecases import injected
+    out, inj = injected(tmp_path, capfd, {"batch_scale": 2}, LOADERS)
+    bare_out, bare = injected(tmp_path, capfd, {}, LOADERS)
+    assert out.split() == ["8", "4"] and bare_out.split() == ["4", "4"]
+    assert "batch_scale" in inj["applied"] and "batch_scale" not in bare["applied"]
+    assert inj["loaders"][0]["asked"]["batch_size"] == 4          # what the script asked for
+    from perfdoctor.tune.apply import apply_text
+    assert apply_text({"batch_scale": 2}, inj, cuda=False).startswith("DataLoader(dataset, batch_size=8, ...)")
+
+
+def test_a_scaled_batchs_speedup_is_per_sample(tmp_path):
+    from tunecases import steady_run
+
+    from perfdoctor.tune.measure import speedup
+    base = steady_run(tmp_path, "base", 1.0)
+    scaled = steady_run(tmp_path, "scaled", 1.2, {"batch_scale": 2}, seed=1)
+    ratio, (lo, hi) = speedup([base], scaled)
+    assert ratio == pytest.approx(2 * base.step_s / scaled.step_s) and lo < ratio < hi
+    scaled.inject = {"applied": []}                 # a loop without a DataLoader: nothing was scaled
+    assert speedup([base], scaled)[0] == pytest.approx(base.step_s / scaled.step_s)
+
+
+def test_a_report_with_pd385_plans_the_trial_behind_allow_numerics():
+    from tunecases import facts
+
+    from perfdoctor.rules.tunable import tune_command
+    from perfdoctor.tune import plan
+    ours = [t for t in plan.plan(facts(small_batch=True, verdict="cpu_overhead", data_wait=0.1))
+            if "batch_scale" in t.changes]
+    assert len(ours) == 1 and ours[0].skip == "changes numerics: needs --allow-numerics"
+    allowed = next(t for t in plan.plan(facts(small_batch=True, verdict="cpu_overhead", data_wait=0.1),
+                                        allow_numerics=True) if "batch_scale" in t.changes)
+    assert allowed.skip is None and plan.rule_for(allowed.changes, {"PD385", "PD312"}) == "PD385"
+    assert not any("batch_scale" in t.changes for t in plan.plan(facts(small_batch=True, loader=None)))
+    assert tune_command(["PD385"], "train.py", cuda=False) == "perfdoctor tune --only PD385 --allow-numerics train.py"
+
+
+@pytest.mark.slow
+def test_tune_measures_a_doubled_batch_in_samples_per_second(tmp_path):
+    """The batch_size=1 MLP: the trial's steps are longer than the baseline's, its speed-up is per
+    sample, and its prediction is the report's PD385 gain."""
+    from tunecases import ptune
+    script = tmp_path / "bs1.py"
+    script.write_text(SCRIPT)
+    r = ptune("--only", "PD385", "--allow-numerics", "--budget", "30", "--out", tmp_path / "t", "-o",
+              tmp_path / "t.json", script, "1", "256", "3000")
+    assert r.returncode in (0, 3), r.stderr
+    import json
+    doc = json.loads((tmp_path / "t.json").read_text())
+    trial = next(t for t in doc["trials"] if t["changes"] == {"batch_scale": 2})
+    assert trial["status"] in ("faster", "slower", "no change", "inconclusive"), trial
+    report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
+    pd385 = next(f for f in report["findings"] if f["id"] == "PD385")
+    assert trial["rule"] == "PD385" and trial["predicted"] == pytest.approx(pd385["gain"]["expected"], abs=1e-4)
+    # the step of twice the samples is longer than the baseline's, yet each sample is faster
+    assert trial["step_time_s"] > min(doc["baseline"]["step_time_s"], *trial["baseline_step_time_s"])
+    assert trial["speedup"] > 1.2
+    assert "in samples per second" in r.stdout

@@ -24,6 +24,7 @@ key is one change the user could make by hand; the script itself is never edited
 | anomaly | "off": autograd anomaly detection stays off: the script's set_detect_anomaly(True) and detect_anomaly() (torch.set_anomaly_enabled(True, ...)) leave it off; the numerics are the same (PD374) |
 | distribution_checks | "off": torch.distributions checks no arguments (the default validate_args is False, and a distribution built with validate_args=True, or after set_default_validate_args(True), checks none either); the numerics are the same (PD379) |
 | attention_dropout | "off": torch.nn.functional.scaled_dot_product_attention runs with dropout_p=0 (nn.MultiheadAttention and the models that call it through torch.nn.functional alike): on a CPU, its fused kernel instead of the math path dropout forces (PD381); training without attention dropout changes the numerics |
+| batch_scale | k: a DataLoader built with an int batch_size (no batch_sampler) gets k times that batch_size, so each step trains on k times the samples (PD385: a step that is mostly a fixed cost; tune compares samples per second); the numerics change with the batch |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
@@ -163,6 +164,8 @@ def _loader(torch, st: _State) -> None:
             if a.get("pin_memory") and not torch.cuda.is_available():
                 a["pin_memory"] = False
             st.applied.update(want)
+        if st.changes.get("batch_scale") and os.getpid() == st.pid and _scale_batch(a, st.changes["batch_scale"]):
+            st.applied.add("batch_scale")
         if st.changes.get("index_batches") and os.getpid() == st.pid and index_batches(a):
             st.applied.add("index_batches")
         if st.changes.get("store_samples") and os.getpid() == st.pid:
@@ -177,6 +180,16 @@ def _loader(torch, st: _State) -> None:
                            "built": _built(ds.dataset if isinstance(ds, (StoredSamples, StoredStream)) else ds)})
         return out
     DataLoader.__init__ = __init__
+
+
+def _scale_batch(a: dict, k) -> bool:
+    """batch_scale: the DataLoader's int batch_size times k (a batch_sampler, or batch_size=None,
+    leaves nothing to scale: the change is not applied)."""
+    bs = a.get("batch_size")
+    if a.get("batch_sampler") is not None or not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+        return False
+    a["batch_size"] = bs * int(k)
+    return True
 
 
 CHECKPOINT_ONLY_KW = ("use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state")

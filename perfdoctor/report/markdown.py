@@ -16,9 +16,10 @@ from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, b
                                        device_text, first_step_shown, from_other_traces, role_labels,
                                        script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
                                        unranked_gain)
-from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, predicted_note, tune_baselines_note,
-                                            tune_best_step, tune_hint, tune_measured, tune_model_check,
-                                            tune_no_best, tune_only, tune_predicted, tune_step_times)
+from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, per_sample_note, predicted_note,
+                                            tune_baselines_note, tune_best_step, tune_hint, tune_measured,
+                                            tune_model_check, tune_no_best, tune_only, tune_predicted,
+                                            tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -195,6 +196,8 @@ def tune(doc: dict) -> str:
     if note := tune_baselines_note(doc):
         out += ["", f"_{M(note)}_"]
     if note := predicted_note(doc["trials"]):
+        out += ["", f"_{M(note)}_"]
+    if note := per_sample_note(doc["trials"]):
         out += ["", f"_{M(note)}_"]
     if checks := tune_model_check(doc["trials"]):
         out += ["", M(checks[0]) + (":" if len(checks) > 1 else ""), *(f"- {M(c)}" for c in checks[1:])]

@@ -29,6 +29,18 @@ def predicted_note(trials: list[dict]) -> str:
             "run of the script measured its own shares, and may expect another)")
 
 
+def per_sample_note(trials: list[dict]) -> str:
+    """Under tune's table when a trial scaled the batch (batch_scale): its step time is of a larger
+    batch, longer than the baseline's, and its speed-up is per sample (tune/measure.py)."""
+    scales = sorted({tr["changes"]["batch_scale"] for tr in trials if isinstance(tr, dict)
+                     and isinstance(tr.get("changes"), dict) and tr["changes"].get("batch_scale")})
+    if not scales:
+        return ""
+    k = "/".join(str(s) for s in scales)
+    return (f"batch_scale={k}: each step trains on {k} times the samples, so its step time is longer; its speed-up "
+            f"is in samples per second (the baseline's step time over the trial's, times {k})")
+
+
 def tune_measured(tr: dict) -> str:
     """A fix's trial in the report (`report --tune`): '1.03x (95% CI 0.23-4.55: inconclusive)', its
     interval and tune's status with the speed-up (the markdown had shown a bare **1.03x** where

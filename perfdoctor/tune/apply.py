@@ -81,6 +81,13 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         lines.append("attention dropout 0 in training  # e.g. attention_probs_dropout_prob=0.0 (BERT), attn_pdrop=0.0 "
                      "(GPT-2), nn.MultiheadAttention(..., dropout=0.0), dropout_p=0.0 in scaled_dot_product_attention: "
                      "SDPA's fused CPU kernel takes no dropout")
+    if changes.get("batch_scale"):
+        asked = ((inject.get("loaders") or [{}])[0]).get("asked") or {}
+        bs = asked.get("batch_size")
+        k = changes["batch_scale"]
+        lines.append(f"DataLoader(dataset, batch_size={bs * k if isinstance(bs, int) else f'{k} * batch_size'}, ...)  "
+                     f"# {k}x the samples a step (the speed-up is in samples per second); scale the learning rate "
+                     f"with it (lr x {k}, with a warm-up) and check the validation metric")
     if changes.get("distribution_checks") == "off":
         lines.append("torch.distributions.Distribution.set_default_validate_args(False)  # once at start-up, or "
                      "validate_args=False where a distribution is built")

@@ -216,10 +216,21 @@ def speedup(bases: list[Measured], new: Measured) -> tuple[float, tuple[float, f
     interval stays as wide): the interval pairs the trial with the baseline by step number, the
     baseline's runs averaged at each step number (the mean of their runs is the baseline's best
     figure for a step's work; pairing the trial with each run in turn would need the per-run
-    intervals combined, and each would hold only one run's noise)."""
+    intervals combined, and each would hold only one run's noise).
+    A run whose DataLoader batches were scaled (batch_scale k, applied) trains on k times the
+    samples a step: its speed-up is in samples per second, k x the step times' ratio."""
     from perfdoctor.stats.speedups import speedup as _speedup
     ratio, (lo, hi) = _speedup([b.estimate for b in bases], new.estimate, by_step=True)
-    return float(ratio), (float(lo), float(hi))
+    k = samples_scale(new) / samples_scale(bases[0])
+    return float(ratio * k), (float(lo * k), float(hi * k))
+
+
+def samples_scale(m: Measured) -> float:
+    """How many times the baseline's samples a step `m` trained on: its batch_scale where the
+    run applied it, else 1."""
+    k = (m.changes or {}).get("batch_scale")
+    applied = (m.inject or {}).get("applied") or []
+    return float(k) if isinstance(k, (int, float)) and k > 0 and "batch_scale" in applied else 1.0
 
 
 def loss_drift(base: Measured, new: Measured) -> dict | None:

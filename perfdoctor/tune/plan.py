@@ -124,6 +124,7 @@ class Facts:
     anomaly: bool = False             # autograd anomaly detection checks the backward (PD374 fired)
     distribution_checks: bool = False  # torch.distributions checks its arguments (PD379 fired)
     sdpa_dropout: bool = False        # attention dropout keeps the CPU's SDPA on its math path (PD381 fired)
+    small_batch: bool = False         # the step is mostly a fixed cost a larger batch shares (PD385 fired)
 
 
 def describe(changes: dict) -> str:
@@ -246,6 +247,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
         by_group["allocator"].append(Trial({"empty_cache": "off"}, "allocator", skip=cuda_skip))
     dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"
     numerics_skip = None if allow_numerics else "changes numerics: needs --allow-numerics"
+    if f.small_batch and f.loader is not None:     # twice the samples a step, compared per sample
+        by_group["numerics"].append(Trial({"batch_scale": 2}, "numerics", skip=numerics_skip))
     if f.sdpa_dropout:                # SDPA without dropout: its fused CPU kernel; training without attention dropout
         by_group["numerics"].append(Trial({"attention_dropout": "off"}, "numerics", skip=numerics_skip))
     if f.fp64 or f.half:              # float32 first: the step PD357 advises before any 16-bit autocast

@@ -55,7 +55,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         preprocess="PD306" in fixes,
         anomaly="PD374" in fixes,
         distribution_checks="PD379" in fixes,
-        sdpa_dropout="PD381" in fixes)
+        sdpa_dropout="PD381" in fixes,
+        small_batch="PD385" in fixes)
 
 
 def _material(fix: dict) -> bool:

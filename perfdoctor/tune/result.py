@@ -182,7 +182,7 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import UNCROPPED, console as _console, text
-    from perfdoctor.report.tune_labels import (budget_hint, predicted_note, tune_baselines_note,
+    from perfdoctor.report.tune_labels import (budget_hint, per_sample_note, predicted_note, tune_baselines_note,
                                                tune_best_step, tune_model_check, tune_no_best, tune_only,
                                                tune_predicted,
                                                tune_step_times)
@@ -224,6 +224,8 @@ def render(doc: dict, console=None) -> None:
     if note := tune_baselines_note(doc, column=wide):
         con.print(text(note, "dim"))
     if note := predicted_note(doc["trials"]):
+        con.print(text(note, "dim"))
+    if note := per_sample_note(doc["trials"]):
         con.print(text(note, "dim"))
     for i, line in enumerate(tune_model_check(doc["trials"])):
         con.print(text(("    " if i else "") + line, "dim" if i == 0 else ""))
