@@ -13,6 +13,7 @@ from perfdoctor.analyze.arrays import median, percentile, unique
 from perfdoctor.analyze.allocator import allocator_metrics, allocator_segments
 from perfdoctor.analyze.anomaly import anomaly_metrics
 from perfdoctor.analyze.embeddinggrads import embedding_grad_metrics
+from perfdoctor.analyze.gathers import gather_metrics
 from perfdoctor.analyze.attention import attention_metrics
 from perfdoctor.analyze.comm import comm_metrics
 from perfdoctor.analyze.compiletime import compile_metrics
@@ -122,6 +123,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m.update(tensor_loop_metrics(t, k, steps))
     m.update(anomaly_metrics(t, k, steps))
     m.update(embedding_grad_metrics(t, k, steps))
+    m.update(gather_metrics(t, k, steps))
     mem, series = memory_metrics(t, k, steps)
     if k.platform == "cpu":  # CPU [memory] events carry no device allocator information
         mem = {key: v for key, v in mem.items() if key == "memory.events"}
