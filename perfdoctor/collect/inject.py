@@ -25,6 +25,7 @@ key is one change the user could make by hand; the script itself is never edited
 | distribution_checks | "off": torch.distributions checks no arguments (the default validate_args is False, and a distribution built with validate_args=True, or after set_default_validate_args(True), checks none either); the numerics are the same (PD379) |
 | attention_dropout | "off": torch.nn.functional.scaled_dot_product_attention runs with dropout_p=0 (nn.MultiheadAttention and the models that call it through torch.nn.functional alike): on a CPU, its fused kernel instead of the math path dropout forces (PD381); training without attention dropout changes the numerics |
 | batch_scale | k: a DataLoader built with an int batch_size (no batch_sampler) gets k times that batch_size, so each step trains on k times the samples (PD385: a step that is mostly a fixed cost; tune compares samples per second); the numerics change with the batch |
+| gather_select | True: x[idx] on a CPU tensor with a 1-D integer tensor of non-negative row numbers is x.index_select(0, idx), the same rows; its backward index_add_ instead of index_put_(accumulate=True) (PD386; collect/inject_switches.py) |
 | save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
@@ -47,7 +48,7 @@ from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_loss import record_losses
 from perfdoctor.collect.inject_model import module_call
 from perfdoctor.collect.inject_store import StoredSamples, StoredStream, store_samples
-from perfdoctor.collect.inject_switches import attention_dropout, distribution_checks, set_anomaly
+from perfdoctor.collect.inject_switches import attention_dropout, distribution_checks, gather_select, set_anomaly
 
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 
@@ -101,7 +102,7 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
                     (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators),
                     (("anomaly",), set_anomaly), (("distribution_checks",), distribution_checks),
-                    (("attention_dropout",), attention_dropout)):
+                    (("attention_dropout",), attention_dropout), (("gather_select",), gather_select)):
         try:
             fn(torch, st)
         except Exception as exc:   # an injection that cannot be made is reported, the run goes on

@@ -1,7 +1,8 @@
 """torch's own switches a script turns on, which `perfdoctor tune` turns off for a trial
 (collect/inject.py's table): autograd anomaly detection (anomaly="off", PD374), torch.distributions'
 argument checks (distribution_checks="off", PD379), and attention dropout inside
-scaled_dot_product_attention (attention_dropout="off", PD381). Each function takes torch and
+scaled_dot_product_attention (attention_dropout="off", PD381); and one rewrite of the script's
+indexing, x[idx] gathered with index_select (gather_select=True, PD386). Each function takes torch and
 inject's session state (`st`: its changes, what was applied, the script's own calls)."""
 
 from __future__ import annotations
@@ -64,3 +65,27 @@ def attention_dropout(torch, st) -> None:
     scaled_dot_product_attention.__wrapped__ = orig
     scaled_dot_product_attention.__doc__ = orig.__doc__
     F.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def gather_select(torch, st) -> None:
+    """With gather_select=True: x[idx] on a CPU tensor, idx a 1-D int64/int32 tensor of row numbers
+    (none negative: index_select takes no negative numbers), is x.index_select(0, idx), the same
+    rows; its backward is index_add_, where x[idx]'s is index_put_(accumulate=True). Any other
+    index, a CUDA tensor, or code torch.compile traces goes to torch's own indexing."""
+    if not st.changes.get("gather_select"):
+        return
+    Tensor = torch.Tensor
+    orig = Tensor.__getitem__
+    ints = (torch.int64, torch.int32)
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+    def __getitem__(self, idx):
+        if (isinstance(idx, Tensor) and idx.dim() == 1 and idx.dtype in ints and self.dim() >= 1
+                and self.device.type == "cpu" and idx.device.type == "cpu" and not compiling()
+                and (idx.numel() == 0 or int(idx.min()) >= 0)):
+            if os.getpid() == st.pid:
+                st.applied.add("gather_select")
+            return self.index_select(0, idx)
+        return orig(self, idx)
+    __getitem__.__wrapped__ = orig
+    Tensor.__getitem__ = __getitem__

@@ -88,6 +88,9 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
         lines.append(f"DataLoader(dataset, batch_size={bs * k if isinstance(bs, int) else f'{k} * batch_size'}, ...)  "
                      f"# {k}x the samples a step (the speed-up is in samples per second); scale the learning rate "
                      f"with it (lr x {k}, with a warm-up) and check the validation metric")
+    if changes.get("gather_select"):
+        lines.append("x.index_select(0, idx)  # instead of x[idx], idx a 1-D tensor of row numbers: the same rows; its "
+                     "backward index_add_ instead of a one-row-at-a-time index_put_")
     if changes.get("distribution_checks") == "off":
         lines.append("torch.distributions.Distribution.set_default_validate_args(False)  # once at start-up, or "
                      "validate_args=False where a distribution is built")

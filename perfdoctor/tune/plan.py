@@ -125,6 +125,7 @@ class Facts:
     distribution_checks: bool = False  # torch.distributions checks its arguments (PD379 fired)
     sdpa_dropout: bool = False        # attention dropout keeps the CPU's SDPA on its math path (PD381 fired)
     small_batch: bool = False         # the step is mostly a fixed cost a larger batch shares (PD385 fired)
+    gathers: bool = False             # x[idx] and its backward take a material share of a CPU step (PD386 fired)
 
 
 def describe(changes: dict) -> str:
@@ -227,6 +228,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
         by_group["iterator"].append(Trial({"keep_iterator": True}, "iterator"))
     if f.per_sample:                  # a TensorDataset indexed once a batch, not once a sample
         by_group["indexing"].append(Trial({"index_batches": True}, "indexing"))
+    if f.gathers:                     # the same rows gathered with index_select (PD386: CPU runs alone)
+        by_group["indexing"].append(Trial({"gather_select": True}, "indexing"))
     if f.preprocess:                  # the samples prepared once: PD306's most, augmentations frozen
         by_group["preprocessing"].append(Trial({"store_samples": True}, "preprocessing", bound=STORED))
     if f.anomaly:                     # a debugging mode left on: the same numerics without its checks

@@ -56,7 +56,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         anomaly="PD374" in fixes,
         distribution_checks="PD379" in fixes,
         sdpa_dropout="PD381" in fixes,
-        small_batch="PD385" in fixes)
+        small_batch="PD385" in fixes,
+        gathers="PD386" in fixes)
 
 
 def _material(fix: dict) -> bool:
