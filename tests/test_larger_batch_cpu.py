@@ -181,3 +181,13 @@ def test_tune_measures_a_doubled_batch_in_samples_per_second(tmp_path):
     assert trial["step_time_s"] > min(doc["baseline"]["step_time_s"], *trial["baseline_step_time_s"])
     assert trial["speedup"] > 1.2
     assert "in samples per second" in r.stdout
+
+
+def test_the_tune_hint_offers_pd385_only_where_a_dataloader_has_a_batch_to_scale():
+    from perfdoctor.report.tune_labels import tune_hint
+    doc = {"run": {"command": "train.py", "steps": 100, "outcome": "completed", "exit_code": 0}, "verdict": {},
+           "traces": [{"metrics": {"trace.platform": "cpu", "input.loader_batch_size": 1}}],
+           "findings": [{"id": "PD385", "kind": "fix"}, {"id": "PD338", "kind": "fix"}]}
+    assert tune_hint(doc) == "perfdoctor tune --only PD385,PD338 --allow-numerics train.py"
+    doc["traces"][0]["metrics"]["input.loader_batch_size"] = None       # the loop makes its own batches
+    assert tune_hint(doc) == "perfdoctor tune --only PD338 train.py"

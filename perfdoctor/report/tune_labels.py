@@ -72,6 +72,8 @@ def tune_hint(doc: dict) -> str | None:
     platform = m.get("trace.platform")
     cuda = platform in ("cuda", "rocm") or (platform is None and m.get("gpu.util_mean") is not None)
     fixes = [f["id"] for f in doc.get("findings") or [] if f.get("kind", "fix") == "fix" and f.get("id")]
+    if m.get("input.loader_batch_size") is None:     # batch_scale scales a DataLoader's batch: none to scale
+        fixes = [f for f in fixes if f != "PD385"]
     return tune_command(fixes, run["command"], cuda)
 
 
