@@ -11,22 +11,22 @@ from runs import recorded
 
 pytestmark = pytest.mark.torch
 
-# A message-passing GNN over a random edge list; argv[2]: "index" gathers with h[src], "select"
-# with h.index_select(0, src) (the same rows)
-GNN = """
+# A message-passing GNN over a random edge list (N nodes, E edges, F features) gathering with GATHER
+GNN_MODEL = """
 import sys, torch, torch.nn as nn
 torch.manual_seed(0)
-N, E, F = 4000, 40000, 32
+N, E, F = SIZES
 src, dst = torch.randint(0, N, (E,)), torch.randint(0, N, (E,))
 x, y = torch.randn(N, F), torch.randint(0, 7, (N,))
 class Layer(nn.Module):
     def __init__(self):
         super().__init__(); self.lin = nn.Linear(F, F)
     def forward(self, h):
-        m = self.lin(h).index_select(0, src) if sys.argv[2] == "select" else self.lin(h)[src]
-        return torch.relu(torch.zeros_like(h).index_add_(0, dst, m))
+        return torch.relu(torch.zeros_like(h).index_add_(0, dst, GATHER))
 model = nn.Sequential(Layer(), Layer(), nn.Linear(F, 7))
 opt = torch.optim.Adam(model.parameters(), 1e-2)
+"""
+PROFILED = """
 with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
                             on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
     for _ in range(4):
@@ -34,6 +34,11 @@ with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, a
         opt.zero_grad(); loss.backward(); opt.step()
         prof.step()
 """
+
+
+def gnn(gather: str, sizes: str = "4000, 40000, 32", loop: str = PROFILED) -> str:
+    """The GNN's script: `gather` the rows as "self.lin(h)[src]" or "self.lin(h).index_select(0, src)"."""
+    return GNN_MODEL.replace("SIZES", sizes).replace("GATHER", gather) + loop
 
 
 def _by_hand(trace) -> tuple[float, float]:
@@ -51,7 +56,7 @@ def _by_hand(trace) -> tuple[float, float]:
 
 
 def test_a_gnn_gathering_with_advanced_indexing_is_offered_index_select(tmp_path):
-    names, doc = recorded(tmp_path, GNN.replace('sys.argv[2] == "select"', "False"))
+    names, doc = recorded(tmp_path, gnn("self.lin(h)[src]"))
     assert "autograd::engine::evaluate_function: IndexBackward0" in names
     m = doc["traces"][0]["metrics"]
     share, back = _by_hand(tmp_path / "t.json")
@@ -66,7 +71,7 @@ def test_a_gnn_gathering_with_advanced_indexing_is_offered_index_select(tmp_path
 
 
 def test_the_same_gnn_gathering_with_index_select_gets_no_finding(tmp_path):
-    names, doc = recorded(tmp_path, GNN.replace('sys.argv[2] == "select"', "True"))
+    names, doc = recorded(tmp_path, gnn("self.lin(h).index_select(0, src)"))
     assert "aten::index_select" in names and "aten::index" not in names
     m = doc["traces"][0]["metrics"]
     assert m["gather.index_share"] is None and m["gather.index_backward_share"] is None
@@ -113,23 +118,11 @@ def test_a_report_with_pd386_plans_the_gather_trial():
     assert tune_command(["PD386"], "train.py", cuda=False) == "perfdoctor tune --only PD386 train.py"
 
 
-LIVE_GNN = """
-import torch, torch.nn as nn
-torch.manual_seed(0)
-N, E, F = 8000, 100000, 64
-src, dst = torch.randint(0, N, (E,)), torch.randint(0, N, (E,))
-x, y = torch.randn(N, F), torch.randint(0, 7, (N,))
-class Layer(nn.Module):
-    def __init__(self):
-        super().__init__(); self.lin = nn.Linear(F, F)
-    def forward(self, h):
-        return torch.relu(torch.zeros_like(h).index_add_(0, dst, self.lin(h)[src]))
-model = nn.Sequential(Layer(), Layer(), nn.Linear(F, 7))
-opt = torch.optim.Adam(model.parameters(), 1e-2)
+LIVE_GNN = gnn("self.lin(h)[src]", "8000, 100000, 64", """
 for _ in range(400):
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
-"""
+""")
 
 
 @pytest.mark.slow
