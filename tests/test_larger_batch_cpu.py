@@ -38,7 +38,7 @@ def _fixed(m: dict) -> float:
     batch = m["loop.model_call_batch"]
     sample_loop = m["cpu.loop_share"] or 0 if batch > 1 and abs((m["cpu.loop_iterations"] or 0) - batch) <= 1 else 0
     grows = ((max(0.0, m["cpu.compute_share"] - (m["cpu.optimizer_large_op_share"] or 0)) + sample_loop)
-             * m["steps.time_median_ms"] / m["run.step_time_ms"] + (m["run.data_wait_share"] or 0))
+             * max(1.0, m["steps.time_median_ms"] / m["run.step_time_ms"]) + (m["run.data_wait_share"] or 0))
     return 1 - min(1.0, grows)
 
 
@@ -101,6 +101,8 @@ def test_the_optimizers_large_ops_are_a_fixed_cost_and_an_unknown_one_reads_none
     assert _pd385(_metrics(**{"cpu.loop_share": 0.3, "cpu.loop_iterations": 4})) is None
     assert _pd385(_metrics(**{"cpu.loop_share": 0.3, "cpu.loop_iterations": 12})).expected == f.expected
     assert _pd385(_metrics(**{"trace.platform": "cuda"})) is None           # PD313's on a GPU
+    # a steady window slower than the trace (a shared CPU) leaves the trace's own share: 0.55 grows
+    assert _pd385(_metrics(**{"cpu.compute_share": 0.45, "steps.time_median_ms": 2.0, "run.step_time_ms": 4.0})) is None
 
 
 def test_a_whole_step_share_with_a_ceiling_says_its_label():
