@@ -169,6 +169,21 @@ def test_acceptance_cpu_bound_loader(tmp_path):
         pytest.skip(f"the machine changed speed between tune and the reruns: the baseline's step took "
                     f"{', '.join(f'{1e3 * t:.0f}' for t in tuned)} ms in tune and "
                     f"{', '.join(f'{1e3 * t:.0f}' for t in again)} ms in the reruns")
+    # A claim the reruns do not support yet gets up to two more rounds of reruns (a base run and
+    # the setting's, interleaved) before it is judged: the truth is a distribution, and four pairs
+    # drawn in one stretch of the VM can all lie on one side of it (a CI run: tune 1.17x [1.05, 1.30]
+    # for 2 workers, reruns 0.53-0.76x; on this machine 2 workers ran 0.55x and 1.27x, both quiet).
+    def supported(w, trial):
+        return ((trial["status"] != "faster" or max(measured[w]) > 1.0)
+                and (trial["status"] != "slower" or min(measured[w]) < 1.10))
+    for w in (1, 2):
+        for k in (2, 3):
+            if by[f"num_workers={w}"]["status"] == "skipped" or supported(w, by[f"num_workers={w}"]):
+                break
+            bases.append(rerun(0, f"{k}-for{w}"))
+            reruns[w].append(rerun(w, k))
+            measured[w] = sorted(speedup(b, x)[0] for b in bases for x in reruns[w])
+    skip_if_shared(foreign)
     for w in (1, 2):
         trial = by[f"num_workers={w}"]
         # Where the report ranked another fix higher (a CI machine whose torch ran 1 thread:
