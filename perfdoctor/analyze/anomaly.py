@@ -40,10 +40,9 @@ NAMES = ("autograd.anomaly_checked_share", "autograd.anomaly_check_share")
 def anomaly_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
-    if len(steps) == 0 or total <= 0:
+    if total <= 0:
         return out
-    rows = np.flatnonzero(k.cpu_op)
-    rows = rows[steps.index_of(t.ts[rows]) >= 0]
+    rows = steps.inside(t, np.flatnonzero(k.cpu_op))
     # AccumulateGrad returns nothing to check (it writes the leaf's .grad)
     evaluate = t.name_mask(lambda n: n.startswith(EVALUATE) and not n.endswith("AccumulateGrad"))
     if not evaluate[rows].any():

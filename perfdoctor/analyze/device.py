@@ -52,7 +52,7 @@ def _launches(t: EventTable, k: Kinds, steps: Steps) -> dict:
     from_graph = graph_call[lr]
     single = ~from_graph
     calls = np.flatnonzero(k.runtime & graph_call)
-    calls = calls[steps.index_of(t.ts[calls]) >= 0]
+    calls = steps.inside(t, calls)
     return {"gpu.launch_bound_kernel_fraction": float(np.mean(t.dur[kd[single]] < t.dur[lr[single]]))
             if single.any() else None,
             "gpu.graph_kernel_share": float(np.mean(from_graph)) if len(kd) else None,

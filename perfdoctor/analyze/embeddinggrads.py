@@ -42,10 +42,9 @@ NAMES = ("embedding.dense_backward_share", "optimizer.zero_grad_share")
 def embedding_grad_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
-    if k.platform != "cpu" or len(steps) == 0 or total <= 0:
+    if k.platform != "cpu" or total <= 0:
         return out
-    rows = np.flatnonzero(k.cpu_op)
-    rows = rows[steps.index_of(t.ts[rows]) >= 0]
+    rows = steps.inside(t, np.flatnonzero(k.cpu_op))
     zero = rows[t.name_mask(lambda n: n.startswith("Optimizer.zero_grad#"))[rows]]
     if len(zero):
         start = t.ts[zero].astype(np.float64)

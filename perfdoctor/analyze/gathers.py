@@ -32,10 +32,9 @@ NAMES = ("gather.index_share", "gather.index_backward_share")
 def gather_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
-    if k.platform != "cpu" or len(steps) == 0 or total <= 0:
+    if k.platform != "cpu" or total <= 0:
         return out
-    rows = np.flatnonzero(k.cpu_op)
-    rows = rows[steps.index_of(t.ts[rows]) >= 0]
+    rows = steps.inside(t, np.flatnonzero(k.cpu_op))
     back = t.name_mask(lambda n: n == BACKWARD)
     ours = rows[(t.name_mask(lambda n: n == FORWARD) | back)[rows]]
     if not len(ours):

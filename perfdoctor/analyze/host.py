@@ -108,8 +108,7 @@ def exposed_idle(tl: Timeline, s: np.ndarray, e: np.ndarray, claimed: np.ndarray
 
 
 def _copies(t: EventTable, k: Kinds, steps: Steps, total: float, tl: Timeline) -> dict:
-    rows = np.flatnonzero(k.memcpy)
-    rows = rows[steps.index_of(t.ts[rows]) >= 0]
+    rows = steps.inside(t, np.flatnonzero(k.memcpy))
     h2d = t.name_mask(lambda s: "HtoD" in s)[rows]
     pageable = h2d & t.name_mask(lambda s: "Pageable" in s)[rows]
     # copy time no kernel runs beside: the copies serialise with compute (one stream), so the

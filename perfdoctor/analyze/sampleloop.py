@@ -185,7 +185,7 @@ def _edge(ops: np.ndarray, twins: np.ndarray) -> int:
 def step_ops(t: EventTable, k: Kinds, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
     """The aten::/autograd:: ops that start inside the steps, and the outermost of them."""
     ops = np.flatnonzero(k.cpu_op & t.name_mask(lambda n: n.startswith(("aten::", "autograd::"))))
-    ops = ops[steps.index_of(t.ts[ops]) >= 0]
+    ops = steps.inside(t, ops)
     return ops, outermost(t, ops)
 
 

@@ -91,6 +91,10 @@ class Steps:
             self._of_events = (t, self.index_of(t.ts))
         return self._of_events[1]
 
+    def inside(self, t: EventTable, rows: np.ndarray) -> np.ndarray:
+        """The rows among `rows` whose event starts inside a step."""
+        return rows[self.of_events(t)[rows] >= 0]
+
     def steady(self) -> np.ndarray:
         """Indices of steady-state steps: all but the first (warm-up) when there are 2 or more."""
         n = len(self)
