@@ -61,6 +61,7 @@ import numpy as np
 
 from perfdoctor.analyze import intervals
 from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.cellloops import NAMES as CELL_NAMES, backward_of, cell_loops
 from perfdoctor.analyze.cpuops import SMALL_OP_US, rnn_rows
 from perfdoctor.analyze.kinds import Kinds
 from perfdoctor.analyze.nesting import contained, outermost
@@ -73,7 +74,7 @@ MAX_BRANCH_LEVELS = 8          # occurrence counts below which branching_runs le
 INDEXING = ("aten::select", "aten::slice", "aten::index", "aten::narrow")
 INDEXING_BACKWARD = ("SelectBackward0", "SliceBackward0", "IndexBackward0", "NarrowBackward0")
 NAMES = ("cpu.loop_share", "cpu.loop_iterations", "cpu.loop_ops_per_iteration", "cpu.loop_op_median_us",
-         "cpu.loop_kept_op_share", "cpu.loop_python_share")
+         "cpu.loop_kept_op_share", "cpu.loop_python_share", *CELL_NAMES)
 
 
 def _indexing(name: str) -> bool:
@@ -211,8 +212,8 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
                           (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
-    loop_us, python_us, kept_us, longest, op_us = 0.0, 0.0, kept_loader_us, [], []
-    stretches: list[tuple[int, float, float]] = []        # (thread, start, end) of each run
+    kept_us = kept_loader_us
+    found: list[tuple[np.ndarray, float, tuple[int, int]]] = []   # each stretch: rows, period, its run
     for si in unique(top_step):
         for tid in unique(t.tid[top[top_step == si]]):
             rows = top[(top_step == si) & (t.tid[top] == tid)]
@@ -226,15 +227,30 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             kept_us += float(t.dur[rows[~covered]].sum())
             if not runs:
                 continue
-            longest.append(max(runs))
             period = median([r[1] for r in runs])
-            op_us.append(t.dur[rows[covered]].astype(np.float64))
             # contiguous covered stretches: first op's start to last op's end
             edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
             for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
-                loop_us += float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]] - t.ts[rows[a]])
-                python_us += _own_work(t, rows[a:b], period)
-                stretches.append((int(tid), float(t.ts[rows[a]]), float(t.ts[rows[b - 1]] + t.dur[rows[b - 1]])))
+                found.append((rows[a:b], period, max(runs)))
+    # a loop over an RNN cell's time steps is a recurrence, not a loop over samples: its ops stay
+    # (cellloops.py measures it for its own fix)
+    forward, backward = cell_loops(t, ops, top, [f[0] for f in found])
+    cells = [c or backward_of(f[0], backward) for f, c in zip(found, forward)]
+    out.update(_cell_loop_metrics(t, k, steps, [f[:2] for f, c in zip(found, forward) if c], backward))
+    loop_us, python_us, longest, op_us = 0.0, 0.0, {}, []
+    stretches: list[tuple[int, float, float]] = []        # (thread, start, end) of each run
+    for (rows, period, run), cell in zip(found, cells):
+        if cell:
+            kept_us += float(t.dur[rows].sum())
+            continue
+        key = (int(steps.index_of(t.ts[rows[:1]])[0]), int(t.tid[rows[0]]))
+        longest[key] = max(longest.get(key, run), run)
+        op_us.append(t.dur[rows].astype(np.float64))
+        end = float(t.ts[rows[-1]] + t.dur[rows[-1]])
+        loop_us += end - float(t.ts[rows[0]])
+        python_us += _own_work(t, rows, period)
+        stretches.append((int(t.tid[rows[0]]), float(t.ts[rows[0]]), end))
+    longest = list(longest.values())
     if not longest:
         out["cpu.loop_share"] = 0.0
         return out
@@ -248,6 +264,29 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out["cpu.loop_kept_op_share"] = min(1.0, kept)
     out["cpu.loop_python_share"] = min(out["cpu.loop_share"], python_us / total)
     return out
+
+
+def _cell_loop_metrics(t: EventTable, k: Kinds, steps: Steps, found: list, backward: np.ndarray) -> dict:
+    """rnn.cell_loop_* (cellloops.py) from the loop runs that call a cell ((rows, period) each)
+    and the backward nodes that walk them back."""
+    if not found:
+        return {}
+    iterations = [round(len(rows) / period) for rows, period in found]
+    found = [rows for rows, _ in found]
+    total = float(steps.duration.sum())
+    span = sum(float(t.ts[rows[-1]] + t.dur[rows[-1]] - t.ts[rows[0]]) for rows in found)
+    span += float(t.dur[backward].astype(np.float64).sum())
+    share = min(1.0, span / total)
+    kept = 1.0 - share
+    if k.platform != "cpu":            # the device work launched outside the loop stays too
+        dev, launch = device_launch_index(t, k)
+        known = np.flatnonzero(launch >= 0)
+        ours = np.zeros(len(dev), bool)
+        ours[known] = contained(t, launch[known], np.concatenate([*found, backward]))
+        s, e = intervals.clip(t.ts[dev[~ours]], (t.ts + t.dur)[dev[~ours]], *steps.span)
+        kept = max(kept, intervals.total(s, e) / total)
+    return {"rnn.cell_loop_share": share, "rnn.cell_loop_kept_share": min(1.0, kept),
+            "rnn.cell_loop_iterations": median(iterations)}
 
 
 def _own_work(t: EventTable, rows: np.ndarray, period: float) -> float:
