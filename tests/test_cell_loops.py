@@ -63,8 +63,9 @@ def test_a_loop_over_a_cell_is_a_recurrence_with_its_own_fix(tmp_path, kind):
     # the forward loop (a cell, an embedding and a slice a time step) and its backward: most of
     # the step, none of it a loop over samples
     assert m["rnn.cell_loop_iterations"] == pytest.approx(T, abs=1)
-    assert 0.5 < m["rnn.cell_loop_share"] <= 1 and m["rnn.cell_loop_kept_share"] == pytest.approx(
-        1 - m["rnn.cell_loop_share"])
+    # what stays is the ops outside the loop and its backward (the optimizer's, the loss's): less
+    # than the rest of the step, whose untraced time between ops goes with the loop
+    assert 0.5 < m["rnn.cell_loop_share"] <= 1 and 0 < m["rnn.cell_loop_kept_share"] < 1 - m["rnn.cell_loop_share"]
     assert not m["cpu.loop_share"]
     ids = [f["id"] for f in doc["findings"]]
     assert "PD387" in ids and "PD365" not in ids

@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfdoctor.analyze import intervals
-from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.arrays import isin, median, unique
 from perfdoctor.analyze.cellloops import NAMES as CELL_NAMES, backward_of, cell_loops
 from perfdoctor.analyze.cpuops import SMALL_OP_US, rnn_rows
 from perfdoctor.analyze.kinds import Kinds
@@ -206,7 +206,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     # rows of a packed sequence): a recurrence inside torch, no Python loop; its ops stay too
     rnn = rnn_rows(t, ops, top)
     kept_loader_us = float(t.dur[top[in_loader | rnn]].sum())
-    top = top[~(in_loader | rnn)]
+    every_top, top = top, top[~(in_loader | rnn)]
     takes_row = t.name_mask(_indexing)
     unbinds = t.name_mask(lambda n: n == "aten::unbind" or
                           (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
@@ -236,7 +236,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     # (cellloops.py measures it for its own fix)
     forward, backward = cell_loops(t, ops, top, [f[0] for f in found])
     cells = [c or backward_of(f[0], backward) for f, c in zip(found, forward)]
-    out.update(_cell_loop_metrics(t, k, steps, [f[:2] for f, c in zip(found, forward) if c], backward))
+    out.update(_cell_loop_metrics(t, k, steps, every_top, [f[:2] for f, c in zip(found, forward) if c], backward))
     loop_us, python_us, longest, op_us = 0.0, 0.0, {}, []
     stretches: list[tuple[int, float, float]] = []        # (thread, start, end) of each run
     for (rows, period, run), cell in zip(found, cells):
@@ -266,26 +266,30 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     return out
 
 
-def _cell_loop_metrics(t: EventTable, k: Kinds, steps: Steps, found: list, backward: np.ndarray) -> dict:
-    """rnn.cell_loop_* (cellloops.py) from the loop runs that call a cell ((rows, period) each)
-    and the backward nodes that walk them back."""
+def _cell_loop_metrics(t: EventTable, k: Kinds, steps: Steps, top: np.ndarray, found: list,
+                       backward: np.ndarray) -> dict:
+    """rnn.cell_loop_* (cellloops.py) from the loop runs that call a cell ((rows, period) each),
+    the backward nodes that walk them back and the steps' outermost ops (`top`)."""
     if not found:
         return {}
-    iterations = [round(len(rows) / period) for rows, period in found]
-    found = [rows for rows, _ in found]
     total = float(steps.duration.sum())
-    span = sum(float(t.ts[rows[-1]] + t.dur[rows[-1]] - t.ts[rows[0]]) for rows in found)
+    iterations = [round(len(rows) / period) for rows, period in found]
+    ours = np.concatenate([*(rows for rows, _ in found), backward])
+    span = sum(float(t.ts[rows[-1]] + t.dur[rows[-1]] - t.ts[rows[0]]) for rows, _ in found)
     span += float(t.dur[backward].astype(np.float64).sum())
-    share = min(1.0, span / total)
-    kept = 1.0 - share
+    # what stays: the ops outside the loop and its backward; the untraced time between ops goes
+    # with the loop as far as the ceiling goes (the autograd engine's set-up and release of a
+    # graph of nodes per time step: a hidden-32 LSTMCell loop over 128 steps measured 12.8x
+    # fused where the loop's own share allowed 4.1x)
+    kept = float(t.dur[top[~isin(top, ours)]].astype(np.float64).sum()) / total
     if k.platform != "cpu":            # the device work launched outside the loop stays too
         dev, launch = device_launch_index(t, k)
         known = np.flatnonzero(launch >= 0)
-        ours = np.zeros(len(dev), bool)
-        ours[known] = contained(t, launch[known], np.concatenate([*found, backward]))
-        s, e = intervals.clip(t.ts[dev[~ours]], (t.ts + t.dur)[dev[~ours]], *steps.span)
+        mine = np.zeros(len(dev), bool)
+        mine[known] = contained(t, launch[known], ours)
+        s, e = intervals.clip(t.ts[dev[~mine]], (t.ts + t.dur)[dev[~mine]], *steps.span)
         kept = max(kept, intervals.total(s, e) / total)
-    return {"rnn.cell_loop_share": share, "rnn.cell_loop_kept_share": min(1.0, kept),
+    return {"rnn.cell_loop_share": min(1.0, span / total), "rnn.cell_loop_kept_share": min(1.0, kept),
             "rnn.cell_loop_iterations": median(iterations)}
 
 
