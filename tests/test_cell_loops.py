@@ -79,3 +79,34 @@ def test_the_fused_module_has_no_cell_loop(tmp_path):
     m = doc["traces"][0]["metrics"]
     assert m["rnn.cell_loop_share"] is None and not m["cpu.loop_share"]
     assert "PD387" not in [f["id"] for f in doc["findings"]]
+
+
+def test_on_a_gpu_the_ceiling_keeps_the_device_work_launched_outside_the_loop(tmp_path):
+    """A CUDA step by hand: an 800 us kernel launched before a loop of 24 time steps (select, then
+    aten::lstm_cell launching a 3 us kernel), 1500 us a step. The loop is a recurrence (no PD365),
+    and the device work launched outside it stays: PD387's ceiling is 1500 / 800."""
+    from kineto import HandTrace
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    h = HandTrace()
+    step_us, loop_start, per_iter = 1500.0, 200.0, 40.0
+    for i in range(6):
+        s = 1000.0 + i * step_us
+        h.step(i, s, s + step_us)
+        h.op(1, s + 10, "aten::linear", 100)
+        h.launch(1, s + 20, "ampere_sgemm_128x64_tn", 800)
+        for j in range(T):
+            a = s + loop_start + j * per_iter
+            h.op(1, a, "aten::select", 5)
+            h.op(1, a + 8, "aten::lstm_cell", 25)
+            h.launch(1, a + 10, "_thnn_fused_lstm_cell_kernel", 3)
+    h.write(tmp_path / "cell.json")
+    doc = diagnose_path(str(tmp_path / "cell.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["rnn.cell_loop_iterations"] == pytest.approx(T, abs=1) and not m["cpu.loop_share"]
+    loop_end = loop_start + (T - 1) * per_iter + 33            # the last cell call ends 33 us in
+    assert m["rnn.cell_loop_share"] == pytest.approx((loop_end - loop_start) / step_us, abs=0.05)
+    assert m["rnn.cell_loop_kept_share"] == pytest.approx(800 / step_us, rel=0.01)
+    fix = next(f for f in doc["findings"] if f["id"] == "PD387")
+    assert fix["gain"]["ceiling"] == pytest.approx(step_us / 800, rel=0.01)
+    assert "PD365" not in [f["id"] for f in doc["findings"]]
