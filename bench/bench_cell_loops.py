@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args()
-    print("| cell | H | T | B | loop share | gemm share | compute share | measured | gemms kept | large ops kept | ceiling |")
+    print("| cell | H | T | B | loop share | gemm share | compute share | measured | gemms kept | large ops kept "
+          "| ceiling |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as d:
         for cell, H, T, B in SHAPES:

@@ -20,7 +20,7 @@ from that change by shape, a GRU 1.2x.
                                GPU the larger of that and the device's busy time on work not
                                launched from them. The untraced time between ops is not kept: the
                                autograd engine builds and frees a graph of nodes per time step
-                               (a hidden-32 LSTMCell loop over 128 steps measured 13.8x fused,
+                               (a hidden-32 LSTMCell loop over 128 steps measured 12.8-13.8x fused,
                                where the runs' own share allowed 4.1x)
     rnn.cell_loop_iterations = periods (time steps) in a forward run that calls a cell (median
                                over those runs)

@@ -44,7 +44,9 @@ stack, with no backward pass, is not told apart). Ops inside a DataLoader's __ne
 a map-style Dataset makes its batch one sample at a time by design (PD301, PD358 fix that), and
 they count among the ops that stay. An RNN module's time steps (its
 call and the backward nodes of the ops inside it, cpuops.rnn_rows) are left out the same way: a
-packed nn.LSTM's backward pass walks one SliceBackward0 per time step. What the trace cannot
+packed nn.LSTM's backward pass walks one SliceBackward0 per time step. A run that calls an RNN cell
+each period (nn.LSTMCell unrolled by hand: aten::lstm_cell) is a recurrence the trace does tell:
+it and its backward are measured by cellloops.py for PD387 and left out here. What the trace cannot
 tell: whether each iteration of a Python loop depends on the one before (a recurrence over time steps that index a sequence reads
 alike), so the fix says when it does not apply. A live run with Python stacks can: the source of
 the loop they sampled (analyze/recurrence.py, stacks.recurrent_loop_share).
@@ -279,7 +281,7 @@ def _cell_loop_metrics(t: EventTable, k: Kinds, steps: Steps, top: np.ndarray, f
     span += float(t.dur[backward].astype(np.float64).sum())
     # what stays: the ops outside the loop and its backward; the untraced time between ops goes
     # with the loop as far as the ceiling goes (the autograd engine's set-up and release of a
-    # graph of nodes per time step: a hidden-32 LSTMCell loop over 128 steps measured 12.8x
+    # graph of nodes per time step: a hidden-32 LSTMCell loop over 128 steps measured 12.8-13.8x
     # fused where the loop's own share allowed 4.1x)
     kept = float(t.dur[top[~isin(top, ours)]].astype(np.float64).sum()) / total
     if k.platform != "cpu":            # the device work launched outside the loop stays too
