@@ -57,7 +57,8 @@ def trainer(cell: str, H: int, T: int, B: int, fused: bool):
     return step
 
 
-def metrics(step, path: Path) -> dict:
+def diagnosed(step, path: Path) -> dict:
+    """The report (diagnose_path's document) of a trace of three steps after one of warm-up."""
     from torch.profiler import ProfilerActivity, profile
 
     from perfdoctor.diagnose.offline import diagnose_path
@@ -67,7 +68,7 @@ def metrics(step, path: Path) -> dict:
             step()
             p.step()
     p.export_chrome_trace(str(path))
-    return diagnose_path(str(path))["traces"][0]["metrics"]
+    return diagnose_path(str(path))
 
 
 def main() -> None:
@@ -81,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for cell, H, T, B in SHAPES:
             loop, fused = trainer(cell, H, T, B, False), trainer(cell, H, T, B, True)
-            m = metrics(loop, Path(d) / f"{cell}{H}.json")
+            m = diagnosed(loop, Path(d) / f"{cell}{H}.json")["traces"][0]["metrics"]
             times = {False: 0.0, True: 0.0}
             for f in (loop, fused):
                 f()

@@ -1,59 +1,29 @@
 """A Python loop over an RNN cell's time steps (analyze/cellloops.py, PD387), recorded by
-torch.profiler on the CPU: an nn.LSTMCell / nn.GRUCell unrolled by hand, its nn.LSTM twin, and a
-loop over a batch's samples beside a cell loop."""
+torch.profiler on the CPU (the bench's model: an nn.LSTMCell / nn.GRUCell unrolled by hand and its
+nn.LSTM twin), and a CUDA trace written by hand."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 
 T, B, H = 24, 8, 16
-
-
-def _trainer(kind: str):
-    torch = pytest.importorskip("torch", reason="torch records the trace")
-    nn = torch.nn
-    torch.manual_seed(0)
-    emb, out = nn.Embedding(32, H), nn.Linear(H, 32)
-    cell = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "fused": nn.LSTM}[kind](H, H)
-    params = [*emb.parameters(), *out.parameters(), *cell.parameters()]
-    opt = torch.optim.SGD(params, lr=0.01)
-    x = torch.randint(0, 32, (B, T + 1))
-
-    def forward(seq):
-        if kind == "fused":
-            return out(cell(emb(seq).transpose(0, 1))[0]).transpose(0, 1)
-        h = torch.zeros(B, H)
-        c = torch.zeros(B, H)
-        outs = []
-        for t in range(seq.size(1)):                 # one time step at a time: a recurrence
-            if kind == "lstm":
-                h, c = cell(emb(seq[:, t]), (h, c))
-            else:
-                h = cell(emb(seq[:, t]), h)
-            outs.append(out(h))
-        return torch.stack(outs, 1)
-
-    def step():
-        loss = nn.functional.cross_entropy(forward(x[:, :-1]).reshape(-1, 32), x[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return step
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def _report(tmp_path, kind: str) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    from perfdoctor.diagnose.offline import diagnose_path
-    step = _trainer(kind)
-    step()
-    with profile(activities=[ProfilerActivity.CPU]) as p:
-        for _ in range(3):
-            step()
-            p.step()
-    path = tmp_path / f"{kind}.json"
-    p.export_chrome_trace(str(path))
-    return diagnose_path(str(path))
+    """The report of a trace of bench/bench_cell_loops.py's model (hidden H, T time steps, batch B):
+    "lstm" and "gru" loop over nn.LSTMCell / nn.GRUCell, "fused" runs nn.LSTM."""
+    pytest.importorskip("torch", reason="torch records the trace")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_cell_loops as bench
+    finally:
+        sys.path.remove(str(BENCH))
+    step = bench.trainer("lstm" if kind == "fused" else kind, H, T, B, fused=kind == "fused")
+    return bench.diagnosed(step, tmp_path / f"{kind}.json")
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
