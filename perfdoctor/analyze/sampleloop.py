@@ -215,7 +215,8 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
     kept_us = kept_loader_us
-    found: list[tuple[np.ndarray, float, tuple[int, int]]] = []   # each stretch: rows, period, its run
+    # each stretch of a run: its rows, the period, and its step and thread's longest run
+    found: list[tuple[np.ndarray, float, tuple[int, int], tuple[int, int]]] = []
     for si in unique(top_step):
         for tid in unique(t.tid[top[top_step == si]]):
             rows = top[(top_step == si) & (t.tid[top] == tid)]
@@ -233,7 +234,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             # contiguous covered stretches: first op's start to last op's end
             edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
             for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
-                found.append((rows[a:b], period, max(runs)))
+                found.append((rows[a:b], period, max(runs), (int(si), int(tid))))
     # a loop over an RNN cell's time steps is a recurrence, not a loop over samples: its ops stay
     # (cellloops.py measures it for its own fix)
     forward, backward = cell_loops(t, ops, top, [f[0] for f in found])
@@ -241,17 +242,16 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out.update(_cell_loop_metrics(t, k, steps, every_top, [f[:2] for f, c in zip(found, forward) if c], backward))
     loop_us, python_us, longest, op_us = 0.0, 0.0, {}, []
     stretches: list[tuple[int, float, float]] = []        # (thread, start, end) of each run
-    for (rows, period, run), cell in zip(found, cells):
+    for (rows, period, run, step_thread), cell in zip(found, cells):
         if cell:
             kept_us += float(t.dur[rows].sum())
             continue
-        key = (int(steps.index_of(t.ts[rows[:1]])[0]), int(t.tid[rows[0]]))
-        longest[key] = max(longest.get(key, run), run)
+        longest[step_thread] = run
         op_us.append(t.dur[rows].astype(np.float64))
         end = float(t.ts[rows[-1]] + t.dur[rows[-1]])
         loop_us += end - float(t.ts[rows[0]])
         python_us += _own_work(t, rows, period)
-        stretches.append((int(t.tid[rows[0]]), float(t.ts[rows[0]]), end))
+        stretches.append((step_thread[1], float(t.ts[rows[0]]), end))
     longest = list(longest.values())
     if not longest:
         out["cpu.loop_share"] = 0.0
