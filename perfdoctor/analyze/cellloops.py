@@ -12,9 +12,10 @@ its input projections for all steps as one matrix product and no Python between 
 (cuDNN's kernels on a GPU). On a 2-core CPU (bench/bench_cell_loops.py) an LSTM measured 1.8-13.8x
 from that change by shape, a GRU 1.2x.
 
-    rnn.cell_loop_share      = host time of those runs (first op's start to last op's end, the
-                               Python between them included) and of the backward nodes that walk
-                               them back / the steps' time
+    rnn.cell_loop_share      = host time of those runs and of the backward walks that take them
+                               back (per step and thread, first op's or node's start to last one's
+                               end: the Python and the autograd engine's time between them
+                               included) / the steps' time
     rnn.cell_loop_kept_share = what the fused module leaves at the least: time of the steps'
                                outermost ops outside those runs and nodes / the steps' time; on a
                                GPU the larger of that and the device's busy time on work not
