@@ -238,7 +238,7 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     # wrapper counted the call: that call is the next step's, not a second one of this step)
     assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
                                "passes": 0, "fresh_passes": 0, "cpu_autocast": None,
-                               "dense_embeddings": None}
+                               "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -282,7 +282,7 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
     assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
                                          "passes": 1, "fresh_passes": 1, "cpu_autocast": None,
-                                         "dense_embeddings": None}
+                                         "dense_embeddings": None, "chained": 0, "sliced": 15, "rnn_module": None}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -313,7 +313,8 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     census.count(loss, (torch.zeros(3, 2), torch.zeros(3, 2)), {})
     census.boundary("optimizer")
     assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
-                             "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None}
+                             "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None, "chained": 0,
+                             "sliced": 0, "rnn_module": None}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch
@@ -922,7 +923,15 @@ def test_loop_metrics_from_the_census():
     assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_call_batch": 1,
                  "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3),
                  "loop.backward_passes_per_step": None, "loop.fresh_passes_per_step": None,
-                 "loop.extra_batches_excess_share": None, "loop.model_cpu_autocast": None}
+                 "loop.extra_batches_excess_share": None, "loop.model_cpu_autocast": None,
+                 "loop.model_call_chained_share": None, "loop.model_call_sliced_share": None,
+                 "loop.model_rnn_module": None}
+    # the calls that took the last call's state, of those after the first; a count past them is capped
+    shares = loop_metrics({"module": "CharRNN", "calls": 13, "chained": 12, "sliced": 6, "rnn_module": "LSTM"}, steady)
+    assert (shares["loop.model_call_chained_share"], shares["loop.model_call_sliced_share"]) == (1.0, 0.5)
+    assert shares["loop.model_rnn_module"] == "LSTM"
+    assert loop_metrics({"module": "Net", "calls": 4, "chained": 9}, steady)["loop.model_call_chained_share"] == 1.0
+    assert loop_metrics({"module": "Net", "calls": 1, "chained": 0}, steady)["loop.model_call_chained_share"] is None
     # the CPU autocast dtype the census saw; anything but a name is unknown
     assert loop_metrics({"module": "Net", "calls": 1, "cpu_autocast": "bfloat16"}, steady)["loop.model_cpu_autocast"] \
         == "bfloat16"

@@ -10,7 +10,9 @@ its first tensor argument (the batch it was given), and the dtype CPU autocast c
 
 The DataLoader batches per steady step, and the backward passes of the counted step, tell a
 per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
-accumulation over micro-batches (a batch and a backward pass per call). Passes that each begin from
+accumulation over micro-batches (a batch and a backward pass per call). Calls that take the state
+the call before returned (collect/chainedcalls.py) are a loop over a sequence's time steps, not its
+samples: a recurrence, which no batching of the calls can remove. Passes that each begin from
 no gradients (loop.fresh_passes_per_step: torch.autograd.grad calls, or backward passes after a
 reset) tell per-sample gradients taken one sample at a time (DP-SGD's clipping, influence scores)
 from accumulation, whose passes add to the gradients of the one before. A model called with no tensor
@@ -27,7 +29,8 @@ from perfdoctor.analyze.stepwait import extra_batches
 
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
          "loop.batches_per_step", "loop.backward_passes_per_step", "loop.fresh_passes_per_step",
-         "loop.extra_batches_excess_share", "loop.model_cpu_autocast")
+         "loop.extra_batches_excess_share", "loop.model_cpu_autocast", "loop.model_call_chained_share",
+         "loop.model_call_sliced_share", "loop.model_rnn_module")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -51,6 +54,12 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     out["loop.model_call_batch"] = batch if isinstance(batch, int) and batch >= 0 else None
     share = rc.get("batch_share")
     out["loop.model_call_batch_share"] = float(share) if isinstance(share, (int, float)) and 0 <= share <= 1 else None
+    for key, name in (("chained", "loop.model_call_chained_share"), ("sliced", "loop.model_call_sliced_share")):
+        n = rc.get(key)                   # of the calls after the first (collect/chainedcalls.py)
+        if isinstance(n, int) and n >= 0 and calls > 1:
+            out[name] = min(1.0, n / (calls - 1))
+    rnn = rc.get("rnn_module")
+    out["loop.model_rnn_module"] = rnn if isinstance(rnn, str) else None
     autocast = rc.get("cpu_autocast")
     out["loop.model_cpu_autocast"] = autocast if isinstance(autocast, str) else None
     passes = rc.get("passes")

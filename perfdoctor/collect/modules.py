@@ -30,6 +30,7 @@ import weakref
 from perfdoctor.collect import dynamoskip
 from perfdoctor.collect.dynamoskip import compiling_check
 from perfdoctor.collect.embeddings import DenseTables
+from perfdoctor.collect.chainedcalls import Chain
 
 MAX_MODULES = 64    # distinct modules counted in the census step
 _DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
@@ -43,14 +44,16 @@ class Census:
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
     most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
-    "cpu_autocast", "dense_embeddings" (embeddings.py)}, where batch is the most common leading
+    "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module"
+    (chainedcalls.py)}, where batch is the most common leading
     dimension of the calls of the modules called at least half as often as it, and batch_share
     that dimension's share of those calls; None until the step ends."""
 
-    def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = ()):
+    def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = (), rnn_types: tuple = ()):
         self.tensor = tensor_type
         self.cpu_autocast = cpu_autocast  # () -> the CPU autocast dtype's name in force, or None
         self.embedding_types = embedding_types
+        self.rnn_types = rnn_types
         self.reset()
 
     def reset(self) -> None:
@@ -64,6 +67,7 @@ class Census:
         self.last = None                  # (id(module), leading dim) of the last call counted
         self.autocast = None              # the CPU autocast dtype a counted call ran under
         self.tables = DenseTables(self.embedding_types)   # embedding tables with dense gradients (embeddings.py)
+        self.chain = Chain(self.tensor, self.rnn_types)   # calls that take the last one's state (chainedcalls.py)
 
     def boundary(self, mode) -> None:
         if (self.state == "counting" and mode == "module" and getattr(_DEPTH, "n", 0)
@@ -89,7 +93,7 @@ class Census:
         elif self.state == "counting":
             self.state = "done"
             if self.counts:
-                name, calls, _, ref = max(self.counts.values(), key=lambda c: c[1])
+                key, (name, calls, _, ref) = max(self.counts.items(), key=lambda kc: kc[1][1])
                 self.root = ref
                 # the batch of the modules called about as often (half as often or more): a step
                 # that calls submodules itself (a decoder unrolled over time steps: its embedding
@@ -103,7 +107,8 @@ class Census:
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / sum(leads.values()),
                                "modules": len(self.counts), "passes": self.passes, "fresh_passes": self.fresh,
-                               "cpu_autocast": self.autocast, "dense_embeddings": self.tables.result()}
+                               "cpu_autocast": self.autocast, "dense_embeddings": self.tables.result(),
+                               **self.chain.result(key)}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
@@ -120,6 +125,11 @@ class Census:
         c[2][lead] = c[2].get(lead, 0) + 1
         self.last = (id(module), lead)
         self.tables.call(module, args, kwargs)
+        self.chain.call(id(module), args, kwargs)
+
+    def returned(self, module, out) -> None:
+        """A counted outermost call returned `out`."""
+        self.chain.returned(id(module), out)
 
     def inner(self, module, args, kwargs) -> None:
         """A module called inside a counted outermost call: the autocast in force there (a model
@@ -129,6 +139,7 @@ class Census:
         if self.autocast is None and self.cpu_autocast is not None:
             self.autocast = self.cpu_autocast()
         self.tables.call(module, args, kwargs)
+        self.chain.inner(module)
 
     def _lead(self, args, kwargs):
         """The batch size of a call: the leading dimension of its first tensor argument; 1 for a
@@ -163,7 +174,8 @@ def watch(torch, session) -> None:
     steps (session.module_watch). Again after an optimizer took over from a fallback: a new census."""
     Module = torch.nn.Module
     orig = Module.__call__
-    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch), (torch.nn.Embedding, torch.nn.EmbeddingBag))
+    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch), (torch.nn.Embedding, torch.nn.EmbeddingBag),
+                            (torch.nn.RNNBase, torch.nn.RNNCellBase))
     if getattr(orig, "_perfdoctor", False):
         return
     compiling = compiling_check(torch)
@@ -199,9 +211,15 @@ def watch(torch, session) -> None:
             pass
         _DEPTH.n = 1
         try:
-            return orig(self, *args, **kwargs)
+            out = orig(self, *args, **kwargs)
         finally:
             _DEPTH.n = 0
+        if census.state == "counting":
+            try:
+                census.returned(self, out)
+            except Exception:
+                pass
+        return out
 
     def forget():                             # a forked child: not the trainer
         if Module.__call__ is __call__:

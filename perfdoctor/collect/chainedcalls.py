@@ -1,0 +1,78 @@
+"""Does each outermost call of the model take the state the call before it returned?
+
+A per-sample loop, `for i in range(B): out = model(x[i:i+1])`, and a loop over a sequence's time
+steps, `for t in range(T): out, h = model(x[:, t], h)`, both call the model many times a step,
+each on a slice of one tensor, and both look alike to the counts (collect/modules.py: many calls,
+a small leading dimension; a 1-D slice of token ids reads as one sample). Only the second passes
+on its state: an argument of call t+1 *is* a tensor call t returned. That is a recurrence, which
+cannot be batched across its calls (PD353 does not apply); where the slices come from one tensor
+that exists before the loop (the whole input sequence: teacher forcing, a known sequence) and the
+model runs an RNN module (nn.LSTM, nn.GRU, nn.RNN or their cells), one call over the whole
+sequence does the same work with one dispatch per layer, not per time step (PD388).
+
+Chain (the census's, for the counted step only) answers with per-module counts: "chained", the
+calls that took a tensor the same module's previous call returned (looked for two containers
+deep: `(out, (h, c))`); "sliced", the calls whose first tensor argument is a view of the same
+tensor as the previous call's; and "rnn_module", the class of the first RNN module run inside an
+outermost call. Weak references only: the counting keeps no tensor alive.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+DEPTH = 3             # containers looked into: model(x, (h, c)) -> (out, (h, c)) is two deep
+
+
+class Chain:
+    def __init__(self, tensor_type, rnn_types: tuple = ()):
+        self.tensor = tensor_type
+        self.rnn_types = rnn_types
+        self.out: dict = {}           # id(module) -> weak references to the tensors its last call returned
+        self.base: dict = {}          # id(module) -> a weak reference to its last call's first argument's base
+        self.counts: dict = {}        # id(module) -> [chained calls, sliced calls]
+        self.rnn_module = None
+
+    def call(self, key: int, args: tuple, kwargs: dict) -> None:
+        """An outermost call of module `key` begins."""
+        c = self.counts.setdefault(key, [0, 0])
+        mine = {id(r()) for r in self.out.get(key, ()) if r() is not None}
+        tensors = self._tensors((args, kwargs), DEPTH)
+        if mine and any(id(t) in mine for t in tensors):
+            c[0] += 1
+        base = getattr(tensors[0], "_base", None) if tensors else None
+        last = self.base.get(key)
+        if base is not None and last is not None and last() is base:
+            c[1] += 1
+        self.base[key] = _ref(base) if base is not None else None
+
+    def returned(self, key: int, out) -> None:
+        """An outermost call of module `key` returned `out`."""
+        self.out[key] = [r for r in (_ref(t) for t in self._tensors(out, DEPTH)) if r is not None]
+
+    def inner(self, module) -> None:
+        """A module called inside an outermost call."""
+        if self.rnn_module is None and self.rnn_types and isinstance(module, self.rnn_types):
+            self.rnn_module = type(module).__name__
+
+    def result(self, key: int) -> dict:
+        chained, sliced = self.counts.get(key, (0, 0))
+        return {"chained": chained, "sliced": sliced, "rnn_module": self.rnn_module}
+
+    def _tensors(self, v, depth: int) -> list:
+        if isinstance(v, self.tensor):
+            return [v]
+        if depth <= 0:
+            return []
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, (tuple, list)):
+            return [t for x in v[:16] for t in self._tensors(x, depth - 1)]
+        return []
+
+
+def _ref(t):
+    try:
+        return weakref.ref(t)
+    except TypeError:
+        return None
