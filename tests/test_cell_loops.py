@@ -80,3 +80,36 @@ def test_on_a_gpu_the_ceiling_keeps_the_device_work_launched_outside_the_loop(tm
     fix = next(f for f in doc["findings"] if f["id"] == "PD387")
     assert fix["gain"]["ceiling"] == pytest.approx(step_us / 800, rel=0.01)
     assert "PD365" not in [f["id"] for f in doc["findings"]]
+
+
+def test_a_loop_over_slices_split_off_before_it_is_found(tmp_path):
+    """pytorch/examples' time_sequence_prediction loops `for x_t in x.split(1, dim=1)`: every slice
+    is taken by one aten::split before the loop, none in it (as `for row in x:` takes its rows by
+    one aten::unbind). The loop over its two cells was found by nothing; it is PD387's."""
+    torch = pytest.importorskip("torch", reason="torch records the trace")
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    torch.manual_seed(0)
+    c1, c2, lin = torch.nn.LSTMCell(1, H), torch.nn.LSTMCell(H, H), torch.nn.Linear(H, 1)
+    x = torch.randn(B, T + 1)
+
+    def step():
+        h = c = h2 = c2_ = torch.zeros(B, H)
+        outs = []
+        for x_t in x[:, :-1].split(1, dim=1):
+            h, c = c1(x_t, (h, c))
+            h2, c2_ = c2(h, (h2, c2_))
+            outs.append(lin(h2))
+        loss = ((torch.cat(outs, 1) - x[:, 1:]) ** 2).mean()
+        loss.backward()
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        for _ in range(3):
+            step()
+            p.step()
+    p.export_chrome_trace(str(tmp_path / "split.json"))
+    doc = diagnose_path(str(tmp_path / "split.json"))
+    m = doc["traces"][0]["metrics"]
+    assert m["rnn.cell_loop_iterations"] == pytest.approx(T, abs=1) and m["rnn.cell_loop_share"] > 0.5
+    assert "PD387" in [f["id"] for f in doc["findings"]]

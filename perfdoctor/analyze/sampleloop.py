@@ -7,7 +7,8 @@ Written over the whole batch, the loop's ops become a few batched ops. In the tr
 run of the step's outermost ops (aten::*, autograd::*, on one thread, in time order) whose names
 repeat with a short period, many times over, each period taking a row of a tensor: an indexing
 op (aten::select, slice, index, narrow) or, in the backward pass, its backward node; or, for
-`for row in x:`, an aten::unbind just before the run (UnbindBackward0 just after it).
+`for row in x:`, an aten::unbind just before the run (UnbindBackward0 just after it), as for
+`for x_t in x.split(1, dim=1):` an aten::split (or chunk; SplitBackward0).
 
     cpu.loop_share          = host time of those runs (first op's start to last op's end, the
                               Python between the ops included) / the steps' time
@@ -74,6 +75,11 @@ MIN_ITERATIONS = 16
 MAX_PERIOD = 64
 MAX_BRANCH_LEVELS = 8          # occurrence counts below which branching_runs leaves names out (its passes)
 INDEXING = ("aten::select", "aten::slice", "aten::index", "aten::narrow")
+# `for row in x:` and `for x_t in x.split(1, dim=1):` (chunk) take every slice at once, before the
+# loop, and their backward nodes gather the slices' gradients after the loop's backward run (not
+# unsafe_split / unsafe_chunk: torch's own, as an LSTM cell splits its gates every time step)
+SPLITS = frozenset({"aten::unbind", "aten::split", "aten::split_with_sizes", "aten::chunk"})
+SPLIT_NODES = ("UnbindBackward0", "SplitBackward0", "SplitWithSizesBackward0")
 INDEXING_BACKWARD = ("SelectBackward0", "SliceBackward0", "IndexBackward0", "NarrowBackward0")
 NAMES = ("cpu.loop_share", "cpu.loop_iterations", "cpu.loop_ops_per_iteration", "cpu.loop_op_median_us",
          "cpu.loop_kept_op_share", "cpu.loop_python_share", *CELL_NAMES)
@@ -88,12 +94,12 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray |
     """Positions of `s` (name ids in time order) inside a run of MIN_ITERATIONS or more periods
     of at most MAX_PERIOD names, each period holding a position where `takes_row`; and each
     run's (iterations, period) at its smallest period. `for row in x:` takes its rows once, before
-    the loop (aten::unbind; UnbindBackward0 after the loop's backward run): a run with one within a
-    period of either end takes rows too. A period holding a position where
-    `own_params` (an AccumulateGrad node) is a stack of layers, each with parameters of its own:
-    a loop over samples shares them, and the backward pass accumulates each once. That run, and
-    any run of as many iterations (give or take the edge one: the stack's forward pass), is
-    left out."""
+    the loop (aten::unbind; UnbindBackward0 after the loop's backward run; x.split(1, dim=1) and
+    chunk likewise: SPLITS): a run with one within a period before or after it takes rows too.
+    A period holding a position where `own_params` (an AccumulateGrad node) is a stack of layers,
+    each with parameters of its own: a loop over samples shares them, and the backward pass
+    accumulates each once. That run, and any run of as many iterations (give or take the edge
+    one: the stack's forward pass), is left out."""
     n = len(s)
     own_params = np.zeros(n, bool) if own_params is None else own_params
     found: list[tuple[int, int, int, bool]] = []          # start, length, period, own parameters
@@ -105,8 +111,10 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray |
         long = ends - starts + p >= MIN_ITERATIONS * p
         for a, b in zip(starts[long], ends[long]):        # s[i] == s[i + p] for i in [a, b)
             length = b - a + p
-            rows = takes_row[a:a + p].any() or \
-                (unbinds is not None and unbinds[max(0, a - p):a + length + p].any())
+            # the split that took the rows lies outside the run: an LSTM cell's backward holds a
+            # SplitBackward0 in every period (its gates' chunk), which takes no rows of the input
+            rows = takes_row[a:a + p].any() or (unbinds is not None and (
+                unbinds[max(0, a - p):a].any() or unbinds[a + length:a + length + p].any()))
             if not rows or seen[a:a + length].all():
                 continue
             seen[a:a + length] = True
@@ -210,8 +218,8 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     kept_loader_us = float(t.dur[top[in_loader | rnn]].sum())
     every_top, top = top, top[~(in_loader | rnn)]
     takes_row = t.name_mask(_indexing)
-    unbinds = t.name_mask(lambda n: n == "aten::unbind" or
-                          (n.startswith("autograd::") and n.endswith("UnbindBackward0")))
+    unbinds = t.name_mask(lambda n: n in SPLITS or
+                          (n.startswith("autograd::") and n.rsplit(": ", 1)[-1] in SPLIT_NODES))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
     kept_us = kept_loader_us
