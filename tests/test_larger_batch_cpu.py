@@ -42,6 +42,7 @@ def _fixed(m: dict) -> float:
     return 1 - min(1.0, grows)
 
 
+@pytest.mark.quiet         # the fixed part of the step is a timing
 def test_a_batch_of_one_is_offered_a_larger_batch_first_and_no_workers_flag(tmp_path):
     """batch_size=1: the step is the loop's Python and the ops' dispatch (doubling measured
     1.76-1.89x in samples per second on the 2-core VM, bench/bench_larger_batch.py); the data wait
@@ -50,7 +51,10 @@ def test_a_batch_of_one_is_offered_a_larger_batch_first_and_no_workers_flag(tmp_
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_call_batch"] == 1 and m["input.loader_batch_size"] == 1
-    first = doc["findings"][0]
+    # where the run saw other work on its cores, "run on cores of your own" (PD348) may come first,
+    # and rightly (a CI run beside another test worker, before this test held the machine): the
+    # batch's fix comes next
+    first = [f for f in doc["findings"] if f["id"] != "PD348"][0]
     assert first["id"] == "PD385", [f["id"] for f in doc["findings"]]
     fixed = _fixed(m)
     assert fixed >= 0.5

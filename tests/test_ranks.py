@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from quiet import Foreign, skip_if_shared
 
 from perfdoctor.analyze.straggler import RankInput, cross_rank
 from perfdoctor.collect.ranks import DistOptions, identity, rank_dirs
@@ -400,11 +401,16 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
 @pytest.mark.slow       # a rank of this balanced job as a straggler
 def test_balanced_ranks_have_no_straggler(tmp_path):
     out = tmp_path / "run"
+    foreign = Foreign()
     r = _prun("--nproc-per-node", "2", "--skip-steps", "3", "--trace-steps", "10", DDP, "--steps", "40",
               "--width", "512", out=out)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = _merged(out)
-    # on a loaded machine one rank may fall behind waiting for a core: contention, not a straggler
+    # on a loaded machine one rank may fall behind waiting for a core: contention, not a straggler.
+    # Work outside this machine's processes (a CI run read a straggler while the test held the
+    # machine: the VM's host) is not seen as contention; where it was there, the timings measured it
+    if doc["ranks"]["metrics"]["ranks.wait_cause"] == "straggler":
+        skip_if_shared(foreign)
     assert doc["ranks"]["metrics"]["ranks.wait_cause"] in ("network", "none", "uneven", "contention")
     assert doc["verdict"]["rule"] != "PD115"
     assert not any(f["id"] == "PD360" for f in doc["findings"])

@@ -239,10 +239,12 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             if not runs:
                 continue
             period = median([r[1] for r in runs])
-            # contiguous covered stretches: first op's start to last op's end
+            # contiguous covered stretches: first op's start to last op's end, each at its own
+            # period (a forward run of 4 ops a time step and its backward of 18: the median, 11,
+            # read the forward's 24 time steps as 9)
             edge = np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))
             for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)):
-                found.append((rows[a:b], period, max(runs), (int(si), int(tid))))
+                found.append((rows[a:b], _period(t.name[rows[a:b]], period), max(runs), (int(si), int(tid))))
     # a loop over an RNN cell's time steps is a recurrence, not a loop over samples: its ops stay
     # (cellloops.py measures it for its own fix)
     forward, backward = cell_loops(t, ops, top, [f[0] for f in found])
@@ -289,7 +291,7 @@ def _cell_loop_metrics(t: EventTable, k: Kinds, steps: Steps, top: np.ndarray, f
     # the backward walk from its first node's start to its last's end, per step and thread: the
     # autograd engine's time between the nodes is the loop's too (tests/test_cell_loops.py's LSTM:
     # the nodes alone made the share 0.66-0.71 of a quiet step, the walk 0.83-0.86; beside two
-    # busy processes 0.35-0.66 and 0.48-0.91, a CI run read 0.43 from the nodes)
+    # busy processes 0.35-0.66 and 0.48-0.91; a loaded full test run read 0.43 from the nodes)
     walk = steps.of_events(t)[backward].astype(np.int64) * (1 + int(t.tid.max(initial=0))) + t.tid[backward]
     for key in np.unique(walk):
         nodes = backward[walk == key]
@@ -308,6 +310,15 @@ def _cell_loop_metrics(t: EventTable, k: Kinds, steps: Steps, top: np.ndarray, f
         kept = max(kept, intervals.total(s, e) / total)
     return {"rnn.cell_loop_share": min(1.0, span / total), "rnn.cell_loop_kept_share": min(1.0, kept),
             "rnn.cell_loop_iterations": median(iterations)}
+
+
+def _period(s: np.ndarray, fallback: float) -> float:
+    """The smallest period at which nine in ten of a stretch's names (ids, in time order) repeat;
+    `fallback` where none does (a loop with branches)."""
+    for p in range(1, min(MAX_PERIOD, len(s) // 2) + 1):
+        if np.mean(s[:-p] == s[p:]) >= 0.9:
+            return float(p)
+    return fallback
 
 
 def _own_work(t: EventTable, rows: np.ndarray, period: float) -> float:
