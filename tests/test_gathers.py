@@ -143,4 +143,10 @@ def test_tune_measures_gathering_with_index_select(tmp_path):
     assert trial["speedup"] > 1.0, trial
     report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
     pd386 = next(f for f in report["findings"] if f["id"] == "PD386")
-    assert trial["speedup"] <= pd386["gain"]["ceiling"] * 1.1
+    # the ceiling scales the traced share by the profiler's inflation of the step: where that
+    # reaches the whole step (a CI run: 0.73 of a step the trace made 1.51x longer), none is given
+    ceiling = pd386["gain"]["ceiling"]
+    if ceiling is None:
+        assert pd386["gain"]["ceiling_share"] == 1.0 and "no ceiling from this trace" in pd386["gain"]["text"]
+    else:
+        assert trial["speedup"] <= ceiling * 1.1

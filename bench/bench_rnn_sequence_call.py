@@ -1,0 +1,86 @@
+"""A model called once per time step against one call over the whole sequence (PD388), on this CPU.
+
+pytorch/examples' char_level_rnn shape: embedding, dropout, nn.LSTM / nn.GRU and an output layer,
+called once per character with the hidden state passed from call to call, against the same
+modules called once on the whole sequence. For each shape both versions train in one process, in
+alternating blocks (a noisy machine slows both alike); the speed-up is the ratio of their step
+times. Prints it beside PD388's ceiling, calls-fold (one call per time step: T).
+
+    python bench/bench_rnn_sequence_call.py [--blocks 4] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SHAPES = [("LSTM", 256, 2, 13, 32), ("LSTM", 64, 1, 32, 16), ("GRU", 256, 2, 13, 32), ("LSTM", 512, 2, 64, 64)]
+V = 28                                  # module, hidden, layers, time steps, batch; the vocabulary
+
+
+class CharRNN(nn.Module):
+    def __init__(self, kind: str, hidden: int, layers: int):
+        super().__init__()
+        self.embedding, self.dropout = nn.Embedding(V, 50), nn.Dropout(0.5)
+        self.rnn = getattr(nn, kind)(50, hidden, num_layers=layers, batch_first=True)
+        self.logits = nn.Linear(hidden, V)
+
+    def forward(self, x, hidden):
+        """x: [batch] token ids of one time step, or [batch, time] for the whole sequence."""
+        seq = x.dim() == 2
+        emb = self.dropout(self.embedding(x if seq else x.unsqueeze(1)))
+        out, hidden = self.rnn(emb, hidden)
+        return F.log_softmax(self.logits(out if seq else out[:, 0]), dim=-1), hidden
+
+
+def trainer(kind: str, hidden: int, layers: int, T: int, B: int, whole: bool):
+    torch.manual_seed(0)
+    model = CharRNN(kind, hidden, layers)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    data = torch.randint(0, V, (B, T + 1))
+
+    def step():
+        h = torch.zeros(layers, B, hidden)
+        state = (h, h.clone()) if kind == "LSTM" else h
+        if whole:
+            out, _ = model(data[:, :-1], state)
+        else:
+            outs = []
+            for t in range(T):
+                o, state = model(data[:, t], state)
+                outs.append(o)
+            out = torch.stack(outs, 1)
+        loss = F.nll_loss(out.reshape(-1, V), data[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    a = ap.parse_args()
+    print("| module | hidden | layers | T | batch | measured | ceiling (T) |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, H, L, T, B in SHAPES:
+        per_step, whole = trainer(kind, H, L, T, B, False), trainer(kind, H, L, T, B, True)
+        times = {False: 0.0, True: 0.0}
+        for f in (per_step, whole):
+            f()
+        for _ in range(a.blocks):
+            for is_whole, f in ((False, per_step), (True, whole)):
+                t0 = time.perf_counter()
+                for _ in range(a.steps):
+                    f()
+                times[is_whole] += time.perf_counter() - t0
+        print(f"| {kind} | {H} | {L} | {T} | {B} | {times[False] / times[True]:.2f}x | {T}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
