@@ -140,7 +140,7 @@ def test_loops_that_take_no_rows_are_not_per_sample_loops():
     # `for row in x:` unbinds x once before the loop: its periods take no row themselves
     s = np.array([9, 8] + [1, 2] * 20 + [3])
     assert periodic_runs(s, np.zeros(len(s), bool))[1] == []
-    assert max(periodic_runs(s, np.zeros(len(s), bool), unbinds=s == 9)[1]) == (20, 2)
+    assert max(periodic_runs(s, np.zeros(len(s), bool), splits=s == 9)[1]) == (20, 2)
     # 15 periods: under MIN_ITERATIONS
     s = np.array([1, 2] * 15 + [3, 4])
     assert periodic_runs(s, s == 1)[1] == []

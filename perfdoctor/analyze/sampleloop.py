@@ -90,7 +90,7 @@ def _indexing(name: str) -> bool:
 
 
 def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray | None = None,
-                  unbinds: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+                  splits: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Positions of `s` (name ids in time order) inside a run of MIN_ITERATIONS or more periods
     of at most MAX_PERIOD names, each period holding a position where `takes_row`; and each
     run's (iterations, period) at its smallest period. `for row in x:` takes its rows once, before
@@ -113,8 +113,8 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray |
             length = b - a + p
             # the split that took the rows lies outside the run: an LSTM cell's backward holds a
             # SplitBackward0 in every period (its gates' chunk), which takes no rows of the input
-            rows = takes_row[a:a + p].any() or (unbinds is not None and (
-                unbinds[max(0, a - p):a].any() or unbinds[a + length:a + length + p].any()))
+            rows = takes_row[a:a + p].any() or (splits is not None and (
+                splits[max(0, a - p):a].any() or splits[a + length:a + length + p].any()))
             if not rows or seen[a:a + length].all():
                 continue
             seen[a:a + length] = True
@@ -136,7 +136,7 @@ def periodic_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray |
 
 
 def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray | None = None,
-                   unbinds: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+                   splits: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """periodic_runs of a loop with a branch taken in some iterations only (a random flip in a
     per-sample augmentation: `if torch.rand(1).item() < 0.5: img = img.flip(2)`): its periods
     differ by that op, so no period repeats exactly. The branch's ops occur fewer times than the
@@ -152,7 +152,7 @@ def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray 
     if n < MIN_ITERATIONS:
         return none
     own_params = np.zeros(n, bool) if own_params is None else own_params
-    unbinds = np.zeros(n, bool) if unbinds is None else unbinds
+    splits = np.zeros(n, bool) if splits is None else splits
     names, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
     fixed = np.zeros(len(names), bool)
     fixed[np.unique(inverse[takes_row | own_params])] = True            # never left out
@@ -167,7 +167,7 @@ def branching_runs(s: np.ndarray, takes_row: np.ndarray, own_params: np.ndarray 
         if not out.any():
             continue
         keep = np.flatnonzero(~out[inverse])
-        covered, runs = periodic_runs(s[keep], takes_row[keep], own_params[keep], unbinds[keep])
+        covered, runs = periodic_runs(s[keep], takes_row[keep], own_params[keep], splits[keep])
         if not runs or int(covered.sum()) <= best_covered:
             continue
         full = np.zeros(n, bool)
@@ -218,7 +218,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     kept_loader_us = float(t.dur[top[in_loader | rnn]].sum())
     every_top, top = top, top[~(in_loader | rnn)]
     takes_row = t.name_mask(_indexing)
-    unbinds = t.name_mask(lambda n: n in SPLITS or
+    splits = t.name_mask(lambda n: n in SPLITS or
                           (n.startswith("autograd::") and n.rsplit(": ", 1)[-1] in SPLIT_NODES))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
@@ -232,9 +232,9 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
             if len(rows) < MIN_ITERATIONS:
                 kept_us += float(t.dur[rows].sum())
                 continue
-            covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows], unbinds[rows])
+            covered, runs = periodic_runs(t.name[rows], takes_row[rows], own_params[rows], splits[rows])
             if not runs:
-                covered, runs = branching_runs(t.name[rows], takes_row[rows], own_params[rows], unbinds[rows])
+                covered, runs = branching_runs(t.name[rows], takes_row[rows], own_params[rows], splits[rows])
             kept_us += float(t.dur[rows[~covered]].sum())
             if not runs:
                 continue

@@ -44,11 +44,11 @@ class Chain:
         last = self.base.get(key)
         if base is not None and last is not None and last() is base:
             c[1] += 1
-        self.base[key] = _ref(base) if base is not None else None
+        self.base[key] = weak_ref(base) if base is not None else None
 
     def returned(self, key: int, out) -> None:
         """An outermost call of module `key` returned `out`."""
-        self.out[key] = [r for r in (_ref(t) for t in self._tensors(out, DEPTH)) if r is not None]
+        self.out[key] = [r for r in (weak_ref(t) for t in self._tensors(out, DEPTH)) if r is not None]
 
     def inner(self, module) -> None:
         """A module called inside an outermost call."""
@@ -71,8 +71,10 @@ class Chain:
         return []
 
 
-def _ref(t):
+def weak_ref(obj):
+    """A weak reference to a tensor or a module, or None where its class allows none (__slots__
+    without __weakref__)."""
     try:
-        return weakref.ref(t)
+        return weakref.ref(obj)
     except TypeError:
         return None

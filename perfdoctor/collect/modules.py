@@ -25,12 +25,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 
 from perfdoctor.collect import dynamoskip
 from perfdoctor.collect.dynamoskip import compiling_check
 from perfdoctor.collect.embeddings import DenseTables
-from perfdoctor.collect.chainedcalls import Chain
+from perfdoctor.collect.chainedcalls import Chain, weak_ref as _ref
 
 MAX_MODULES = 64    # distinct modules counted in the census step
 _DEPTH = threading.local()     # module calls running on this thread: a call inside another is not outermost
@@ -159,13 +158,6 @@ def _cpu_autocast(torch) -> str | None:
     except Exception:                     # an older torch without the device argument
         return None
     return None
-
-
-def _ref(module):
-    try:
-        return weakref.ref(module)
-    except TypeError:                     # a module class with __slots__ and no __weakref__
-        return None
 
 
 def watch(torch, session) -> None:
