@@ -50,13 +50,14 @@ def test_calls_on_the_training_thread_are_timed_once_and_others_not(monkeypatch)
     w.add_histogram("h")                       # 0.03 s: the nested add_scalar is inside it
     w.flush()
     st.save_file({}, "x")                      # 0.03 s
-    save, log, collect = tc.take()
+    save, log, collect, convert = tc.take()
     assert save == pytest.approx(0.03, abs=0.015) and log == pytest.approx(0.03, abs=0.015) and collect == 0.0
-    assert tc.take() == (0.0, 0.0, 0.0)        # taken: the next step starts from nothing
+    assert convert == 0.0
+    assert tc.take() == (0.0, 0.0, 0.0, 0.0)   # taken: the next step starts from nothing
     t = threading.Thread(target=lambda: (w.add_scalar(), st.save_file({}, "y")))   # a background save
     t.start()
     t.join()
-    assert tc.take() == (0.0, 0.0, 0.0)        # not on the training thread: not the step's
+    assert tc.take() == (0.0, 0.0, 0.0, 0.0)   # not on the training thread: not the step's
     tc.poll()                                  # nothing new: nothing wrapped twice
     assert tc._wrap(w.add_scalar.__func__, "log") is tb.SummaryWriter.add_scalar
     assert not hasattr(tb.SummaryWriter.add_scalar.__wrapped__, "_perfdoctor_timed")
@@ -68,7 +69,7 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     m = call_metrics(steps, timed=True)
     assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0, "calls.nograd_share": None,
                  "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None,
-                 "calls.gc_share": pytest.approx(0.075)}
+                 "calls.gc_share": pytest.approx(0.075), "calls.convert_share": None}
     assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
     # optimizer steps timed (collect/optclock.py): their share, whether the other calls were timed or not
     assert call_metrics(steps, timed=False, optimizer_timed=True)["calls.optimizer_share"] == pytest.approx(0.2)

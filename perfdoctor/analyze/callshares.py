@@ -83,17 +83,19 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "calls.gc_share", "gc.share", "save.share", "save.interval_steps", "logging.share",
+         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "gc.share", "save.share", "save.interval_steps", "logging.share",
          "evaluation.share", "evaluation.nograd_run_share")
 
 
-def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False) -> dict:
+def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False,
+                 convert_timed: bool = False) -> dict:
     """calls.* over the steady steps; None unless the run timed the calls (`timed`,
     `optimizer_timed`, `nograd_timed`: child.json says so; a run directory from an older
     perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
     (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share);
-    calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories)."""
-    out = dict.fromkeys(NAMES[:6])
+    calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories);
+    calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`)."""
+    out = dict.fromkeys(NAMES[:7])
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
@@ -105,6 +107,8 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     out["calls.save_share"] = min(1.0, sum(save) / total)
     out["calls.log_share"] = min(1.0, sum(positive(s.get("log")) for s in recs) / total)
     out["calls.gc_share"] = min(1.0, sum(positive(s.get("gc")) for s in recs) / total)
+    if convert_timed:
+        out["calls.convert_share"] = min(1.0, sum(positive(s.get("conv")) for s in recs) / total)
     out["calls.save_interval_steps"] = _save_interval(recs, save)
     return out
 

@@ -244,14 +244,15 @@ class Session(StepSources):
         dur = end[0] - self.mark[0]
         if self.forked is not None:
             return dur
-        save, log, collect = self.calls.take()
+        save, log, collect, convert = self.calls.take()
         starts = self.iters.take()
         opt = self.opt_clock.take()
         nograd = self.nograd.take()
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
-                                 self.window.perturbed_next, skipped, save, log, starts, opt, nograd, collect))
+                                 self.window.perturbed_next, skipped, save, log, starts, opt, nograd, collect,
+                                 convert))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])
@@ -368,7 +369,8 @@ class Session(StepSources):
                     "torch_threads": self._torch_threads(), "cpu_bf16": cpu_bf16(), "cpu_fp16": cpu_fp16(),
                     "dataset_kind": dataset_kind(self.dataset_kinds),
                     "loaders": self.loader_kinds.info(),
-                    "timed_calls": self.calls.installed, "loader_iters": self.iters.info(),
+                    "timed_calls": self.calls.installed, "convert_timed": self.calls.converts,
+                    "loader_iters": self.iters.info(),
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),

@@ -259,7 +259,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     # a step(closure) runs forward and backward inside: its time is not the update's, and not counted
     opt_timed = res.child.get("optimizer_timed") is True and not opt.get("closure_calls")
     m.update(call_metrics(steady, res.child.get("timed_calls") is True, opt_timed,
-                          res.child.get("nograd_timed") is True))
+                          res.child.get("nograd_timed") is True, res.child.get("convert_timed") is True))
     m.update(run_optimizer_metrics(opt, m.get("optimizer.implementation")))
     m.update(param_metrics(res.child.get("param_dtypes"), (res.child.get("root_calls") or {}).get("dense_embeddings")))
     m.update(nograd_run_share(m))           # the trace window's no-grad evaluation, at the run's rate

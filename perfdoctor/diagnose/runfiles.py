@@ -38,7 +38,7 @@ SAMPLE = {"t": NUM, "unix": NUM, "trainer": PROC, "workers": [PROC], "helpers": 
           "gpu": [GPU], "cost_s": NUM}
 SAMPLE_REQUIRED = ("t", "unix", "system")
 STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode": STR, "profiled": BOOL,
-        "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "gc": NUM, "opt": NUM, "nograd": NUM, "istart": NUM,
+        "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "gc": NUM, "conv": NUM, "opt": NUM, "nograd": NUM, "istart": NUM,
         "ishut": NUM, "ifirst": NUM, "nfirst": INT, "peek": NUM, "peek_start": NUM, "peek_batches": INT,
         "peek_first": NUM, "npeek_first": INT, "peek_order": NUM}
 FETCH = {"!": ("pid", "batches", "wall_s"), "pid": INT, "batches": INT, "wall_s": NUM, "runq_s": NUM, "shm_s": NUM,
@@ -48,7 +48,7 @@ RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": 
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
          "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT, "cpu_bf16": BOOL, "cpu_fp16": BOOL,
-         "dataset_kind": STR, "timed_calls": BOOL, "optimizer_timed": BOOL, "nograd_timed": BOOL, "cpu_clock": STR,
+         "dataset_kind": STR, "timed_calls": BOOL, "convert_timed": BOOL, "optimizer_timed": BOOL, "nograd_timed": BOOL, "cpu_clock": STR,
          "loaders": [{"!": ("dataset", "batches"), "dataset": STR, "module": STR, "per_sample": BOOL,
                       "batch_size": INT, "workers": INT, "default_collate": BOOL, "start": STR, "batches": INT}],
          "optimizer": {"class": STR, "momentum": NUM, "fused": BOOL, "foreach": BOOL, "closure_calls": INT,
