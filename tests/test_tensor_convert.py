@@ -98,7 +98,8 @@ def test_the_scripts_warnings_are_the_same_under_run(tmp_path):
     r = prun("--no-trace", "--no-stacks", script, out=tmp_path / "run")
     assert r.returncode == alone.returncode == 0 and r.stdout == alone.stdout == "done\n"
     said = [x for x in alone.stderr.splitlines() if x.strip()]
-    assert len(said) == 6 and "warns.py:7: UserWarning: To copy construct" in said[0]     # 3 warnings, each with its line
+    # three warnings, each with its source line
+    assert len(said) == 6 and "warns.py:7: UserWarning: To copy construct" in said[0]
     assert r.stderr.splitlines()[:len(said)] == said
 
 

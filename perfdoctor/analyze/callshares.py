@@ -83,8 +83,8 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "gc.share", "save.share", "save.interval_steps", "logging.share",
-         "evaluation.share", "evaluation.nograd_run_share")
+         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "gc.share", "save.share", "save.interval_steps",
+         "logging.share", "evaluation.share", "evaluation.nograd_run_share")
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False,
