@@ -4,6 +4,7 @@ recorded", the first Adam never stepping again and each new one stepping once.""
 
 from __future__ import annotations
 
+import pytest
 from runs import child, prun_script, report, steps
 
 SCRIPT = r"""
@@ -29,18 +30,26 @@ def test_an_optimizer_built_again_every_step_still_makes_the_steps(tmp_path):
     assert r.stdout == "done\n"
     assert child(out)["mode"] == "optimizer"
     assert len(steps(out)) == 59                              # every optimizer step after the first ends one
-    notes = report(out)["run"]["notes"]
+    doc = report(out)
+    notes = doc["run"]["notes"]
     assert any("the Adam optimizer was built again over the same parameters 59 times (every step)" in n
                for n in notes), notes
     assert not any(n.startswith("optimizers step at different rates") for n in notes)
+    # built every step: a high flag and the fix to build it once (no modelled gain: unknown, said why)
+    assert doc["traces"][0]["metrics"]["optimizer.rebuilds_per_step"] == 1.0
+    ids = {f["id"]: f for f in doc["findings"] + doc["flags"]}
+    assert ids["PD223"]["severity"] == "high" and "PD390" in ids, sorted(ids)
+    assert ids["PD390"]["gain"] is None and "1.4-2.4x" in ids["PD390"]["no_gain_reason"]
 
 
 def test_one_built_every_ten_steps_is_said_so(tmp_path):
     r, out = prun_script(tmp_path, "rebuilt.py", SCRIPT, "10")
     assert r.stdout == "done\n"
     assert len(steps(out)) == 59
-    assert any("built again over the same parameters 5 times (once per 10 steps)" in n
-               for n in report(out)["run"]["notes"])
+    doc = report(out)
+    assert any("built again over the same parameters 5 times (once per 10 steps)" in n for n in doc["run"]["notes"])
+    assert doc["traces"][0]["metrics"]["optimizer.rebuilds_per_step"] == pytest.approx(5 / 59, abs=1e-6)
+    assert not {"PD223", "PD390"} & {f["id"] for f in doc["findings"] + doc["flags"]}     # said in a note only
 
 
 def test_optimizers_over_other_parameters_are_not_one_built_again():

@@ -92,7 +92,7 @@ class OptimizerSteps:
             self.notes.append(f"the {cls} optimizer was built again over the same parameters {self.rebuilt} times "
                               f"({'every step' if every < 1.5 else f'once per {every:.0f} steps'}): steps follow each "
                               f"new one; each starts its state over (momentum, Adam's moments: its first steps are "
-                              f"not the ones it would take), a cost to the numerics more than to the time: set the "
+                              f"not the ones it would take) and allocates it again at its first step: set the "
                               f"learning rate in optimizer.param_groups, or with torch.optim.lr_scheduler")
 
     def _hand_over(self, key, marks: list) -> None:

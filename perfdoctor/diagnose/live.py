@@ -261,6 +261,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(call_metrics(steady, res.child.get("timed_calls") is True, opt_timed,
                           res.child.get("nograd_timed") is True, res.child.get("convert_timed") is True))
     m.update(run_optimizer_metrics(opt, m.get("optimizer.implementation")))
+    rebuilt = opt.get("rebuilt")            # the primary optimizer built again (collect/optsteps.py)
+    m["optimizer.rebuilds_per_step"] = rebuilt / len(steps) if isinstance(rebuilt, int) and steps else None
     m.update(param_metrics(res.child.get("param_dtypes"), (res.child.get("root_calls") or {}).get("dense_embeddings")))
     m.update(nograd_run_share(m))           # the trace window's no-grad evaluation, at the run's rate
     m.update(compile_run_share(m))          # and its recompiles

@@ -52,7 +52,7 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "loaders": [{"!": ("dataset", "batches"), "dataset": STR, "module": STR, "per_sample": BOOL,
                       "batch_size": INT, "workers": INT, "default_collate": BOOL, "start": STR, "batches": INT}],
          "optimizer": {"class": STR, "momentum": NUM, "fused": BOOL, "foreach": BOOL, "closure_calls": INT,
-                       "tensors": INT, "elements": INT, "large_elements": INT}, "worker_info_used": BOOL,
+                       "rebuilt": INT, "tensors": INT, "elements": INT, "large_elements": INT}, "worker_info_used": BOOL,
          "loader_iters": {"installed": BOOL, "loaders": INT, "peeks": INT, "relabelled": INT, "workers": INT,
                           "restarting": BOOL, "prefetch": INT},
          "param_dtypes": {"*": INT},
