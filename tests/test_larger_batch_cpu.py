@@ -38,7 +38,9 @@ def _fixed(m: dict) -> float:
     batch = m["loop.model_call_batch"]
     sample_loop = m["cpu.loop_share"] or 0 if batch > 1 and abs((m["cpu.loop_iterations"] or 0) - batch) <= 1 else 0
     grows = ((max(0.0, m["cpu.compute_share"] - (m["cpu.optimizer_large_op_share"] or 0)) + sample_loop)
-             * max(1.0, m["steps.time_median_ms"] / m["run.step_time_ms"]) + (m["run.data_wait_share"] or 0))
+             * max(1.0, m["steps.time_median_ms"] / m["run.step_time_ms"]) + (m["run.data_wait_share"] or 0)
+             + max(m.get(k) or 0 for k in ("calls.convert_share", "calls.pre_forward_share",
+                                           "stacks.pre_forward_data_share")))
     return 1 - min(1.0, grows)
 
 

@@ -83,8 +83,8 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "gc.share", "save.share", "save.interval_steps",
-         "logging.share", "evaluation.share", "evaluation.nograd_run_share")
+         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "calls.pre_forward_share", "gc.share",
+         "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False,
@@ -94,13 +94,16 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
     (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share);
     calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories);
-    calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`)."""
-    out = dict.fromkeys(NAMES[:7])
+    calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`);
+    calls.pre_forward_share: from each step's start to the model's first training call, less the
+    data wait (`pre`, where the model's calls were watched: `nograd_timed`)."""
+    out = dict.fromkeys(NAMES[:8])
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
     if nograd_timed and total > 0:
         out["calls.nograd_share"] = nograd_share(recs, total)
+        out["calls.pre_forward_share"] = min(1.0, sum(positive(s.get("pre")) for s in recs) / total)
     if not timed or total <= 0:
         return out
     save = [positive(s.get("save")) for s in recs]

@@ -248,11 +248,15 @@ class Session(StepSources):
         starts = self.iters.take()
         opt = self.opt_clock.take()
         nograd = self.nograd.take()
+        first = self.nograd.first_call()
+        # the batch in the making: from the step's start to the model's first training call, less
+        # the DataLoader's wait (drawn before the forward in a loop over a loader)
+        pre = first - self.mark[0] - (end[1] - self.mark[1]) if first is not None and first > self.mark[0] else 0.0
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
                                  self.window.perturbed_next, skipped, save, log, starts, opt, nograd, collect,
-                                 convert))
+                                 convert, pre))
             self.window.perturbed_next = False
             if self.steps <= FLUSH_FIRST or end[0] - self.flushed_at >= FLUSH_S:
                 self._flush(end[0])
@@ -295,6 +299,7 @@ class Session(StepSources):
             self.calls.take()                   # saves and logs before the first step are no step's
             for clock in (self.iters, self.opt_clock, self.nograd):
                 clock.take()
+            self.nograd.first_call()
             return
         dur = self._record(end, skipped)
         if self.finished:                       # boundaries settled at the end: no window, no stop,

@@ -22,6 +22,10 @@ compiled in place (`model.compile()`) is timed around its compiled call; `torch.
 (OptimizedModule) has a __call__ of its own, which is what is wrapped then. Inside a graph that
 dynamo traces (the model called from a compiled function) nothing is timed.
 
+The same wrapper notes when the step's first call of that instance with grad mode on starts
+(`first_call`): from the step's start to there (less the DataLoader's wait) is the batch in the
+making (steps.jsonl `pre`, hooks.py), a few attribute reads once a step.
+
 What this misses: the evaluation's work before its first call and after its last (model.eval(),
 the last loss.item(): on a GPU, the wait for the last forward), and evaluations of another
 instance (an EMA copy, `model.module` under DDP). A lower bound.
@@ -44,6 +48,7 @@ class NogradClock:
         self.thread = thread          # the thread that runs the steps (TimedCalls.thread)
         self.step = 0.0               # seconds inside no-grad calls of the root since the last take()
         self.last = 0.0               # when the last of a run of no-grad calls ended (0: none running)
+        self.first = None             # when the step's first grad-mode call of the root started
         self.depth = 0
         self.root_id = None           # id() of the instance timed, checked against the weak reference
         self.ref = None
@@ -89,6 +94,8 @@ class NogradClock:
                 return call(mod, *args, **kwargs)
             if grad():
                 clock.last = 0.0      # a call with grad mode on ends a run of no-grad calls
+                if clock.first is None and id(mod) == clock.root_id and ident() == clock.thread:
+                    clock.first = perf()
                 return call(mod, *args, **kwargs)
             if id(mod) != clock.root_id or clock.depth or clock.off \
                     or clock.ref() is not mod or ident() != clock.thread:
@@ -115,6 +122,11 @@ class NogradClock:
                 del cls.__call__
         self.undo = undo
         self.timed = True
+
+    def first_call(self) -> float | None:
+        """When the step that just ended first called the root with grad mode on (perf_counter), or None."""
+        t, self.first = self.first, None
+        return t
 
     def take(self) -> float:
         """No-grad seconds since the last take: the step that just ended (both on the training thread)."""

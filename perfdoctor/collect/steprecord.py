@@ -147,7 +147,8 @@ _HEAD = ('{"step": %d, "end": %.6f, "dur": %.6f, "wait": %.6f, "batches": %d, "m
 
 def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bool, perturbed: bool,
           skipped: bool, save: float = 0.0, log: float = 0.0, starts: tuple = (0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0.0, 0),
-          opt: float = 0.0, nograd: float = 0.0, collect: float = 0.0, convert: float = 0.0) -> str:
+          opt: float = 0.0, nograd: float = 0.0, collect: float = 0.0, convert: float = 0.0,
+          pre: float = 0.0) -> str:
     """One steps.jsonl line. Formatted by hand (the values are numbers, booleans and a mode from
     SOURCES): json.dumps of the dict cost more than the rest of the hook together, and %-formats
     with the clipping spelled out take 2.2 us a line where f-strings with min/max took 3.6."""
@@ -177,6 +178,8 @@ def line(step: int, mark: tuple, end: tuple, dur: float, mode: str, profiled: bo
         out += ', "gc": %.6f' % (collect if collect < span else span)
     if convert > 0:          # inside torch.tensor / as_tensor on a Python list or tuple (timedcalls.py), s
         out += ', "conv": %.6f' % (convert if convert < span else span)
+    if pre > 0:              # from the step's start to the model's first training call, less the data wait, s
+        out += ', "pre": %.6f' % (pre if pre < span else span)
     if starts[0] > 0 or starts[1] > 0 or starts[3] > 0:   # DataLoader iterators (loaderiters.py), s
         out += ', "istart": %.6f, "ishut": %.6f, "ifirst": %.6f, "nfirst": %d' % starts[:4]
     if starts[4] > 0 or starts[6] > 0:     # peeks found in this step: their time, start and batches

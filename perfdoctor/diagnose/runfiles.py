@@ -38,7 +38,7 @@ SAMPLE = {"t": NUM, "unix": NUM, "trainer": PROC, "workers": [PROC], "helpers": 
           "gpu": [GPU], "cost_s": NUM}
 SAMPLE_REQUIRED = ("t", "unix", "system")
 STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode": STR, "profiled": BOOL,
-        "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "gc": NUM, "conv": NUM, "opt": NUM, "nograd": NUM, "istart": NUM,
+        "perturbed": BOOL, "skipped": BOOL, "save": NUM, "log": NUM, "gc": NUM, "conv": NUM, "pre": NUM, "opt": NUM, "nograd": NUM, "istart": NUM,
         "ishut": NUM, "ifirst": NUM, "nfirst": INT, "peek": NUM, "peek_start": NUM, "peek_batches": INT,
         "peek_first": NUM, "npeek_first": INT, "peek_order": NUM}
 FETCH = {"!": ("pid", "batches", "wall_s"), "pid": INT, "batches": INT, "wall_s": NUM, "runq_s": NUM, "shm_s": NUM,
