@@ -88,7 +88,7 @@ NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "ca
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False,
-                 convert_timed: bool = False) -> dict:
+                 convert_timed: bool = False, pre_timed: bool = False) -> dict:
     """calls.* over the steady steps; None unless the run timed the calls (`timed`,
     `optimizer_timed`, `nograd_timed`: child.json says so; a run directory from an older
     perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
@@ -96,13 +96,14 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories);
     calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`);
     calls.pre_forward_share: from each step's start to the model's first training call, less the
-    data wait (`pre`, where the model's calls were watched: `nograd_timed`)."""
+    data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none)."""
     out = dict.fromkeys(NAMES[:8])
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
     if nograd_timed and total > 0:
         out["calls.nograd_share"] = nograd_share(recs, total)
+    if pre_timed and total > 0:
         out["calls.pre_forward_share"] = min(1.0, sum(positive(s.get("pre")) for s in recs) / total)
     if not timed or total <= 0:
         return out

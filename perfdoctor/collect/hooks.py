@@ -379,7 +379,8 @@ class Session(StepSources):
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),
-                    "optimizer_timed": True, "optimizer": {**self.opt_clock.info(), "rebuilt": self.rebuilt}, "nograd_timed": self.nograd.timed,
+                    "optimizer_timed": True, "optimizer": {**self.opt_clock.info(), "rebuilt": self.rebuilt},
+                    "nograd_timed": self.nograd.timed, "pre_timed": self.nograd.timed,
                     "process_starts": self.starts.info(),
                     "cpu_clock": "thread"}      # steps' `cpu` from the thread's CPU clock (steprecord.py)
             try:               # a full disk must not turn the script's own ending into a crash

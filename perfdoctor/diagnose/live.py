@@ -259,7 +259,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     # a step(closure) runs forward and backward inside: its time is not the update's, and not counted
     opt_timed = res.child.get("optimizer_timed") is True and not opt.get("closure_calls")
     m.update(call_metrics(steady, res.child.get("timed_calls") is True, opt_timed,
-                          res.child.get("nograd_timed") is True, res.child.get("convert_timed") is True))
+                          res.child.get("nograd_timed") is True, res.child.get("convert_timed") is True,
+                          res.child.get("pre_timed") is True))
     m.update(run_optimizer_metrics(opt, m.get("optimizer.implementation")))
     rebuilt = opt.get("rebuilt")            # the primary optimizer built again (collect/optsteps.py)
     m["optimizer.rebuilds_per_step"] = rebuilt / len(steps) if isinstance(rebuilt, int) and steps else None
