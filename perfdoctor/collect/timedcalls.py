@@ -89,7 +89,7 @@ def _at_caller(fn, *a, **kw):
 
 class TimedCalls:
     def __init__(self):
-        self.step = {"save": 0.0, "log": 0.0, "gc": 0.0, "convert": 0.0}  # seconds in each kind since the last take()
+        self.step = {"save": 0.0, "log": 0.0, "gc": 0.0, "convert": 0.0}  # seconds in each since the last take()
         self.thread = threading.get_ident()     # the thread that runs the script (and its steps)
         self.depth = 0
         self.pending = list(LATER)
@@ -120,16 +120,14 @@ class TimedCalls:
         """torch.tensor or torch.as_tensor, timed where `data` is a Python list or tuple."""
         if getattr(fn, "_perfdoctor_timed", False):
             return fn
-        calls = self
-
-        step, thread, clock, ident = self.step, self.thread, time.perf_counter, threading.get_ident
+        calls, step, thread, clock, ident = self, self.step, self.thread, time.perf_counter, threading.get_ident
 
         @functools.wraps(fn)
         def convert_timed(data, *a, **kw):
             kind = type(data)
-            if kind in SCALARS:                 # the common call in a loop: one type test
+            if kind in SCALARS or compiling():  # the common call in a loop; Dynamo tracing: nothing of ours
                 return fn(data, *a, **kw)
-            if kind not in SEQUENCES or calls.depth or getattr(IN_LOADER, "n", 0) or compiling() or ident() != thread:
+            if kind not in SEQUENCES or calls.depth or getattr(IN_LOADER, "n", 0) or ident() != thread:
                 return _at_caller(fn, data, *a, **kw) if _may_warn(data, tensor_type) else fn(data, *a, **kw)
             calls.depth = 1
             t0 = clock()
