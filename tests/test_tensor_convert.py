@@ -23,10 +23,10 @@ def _rows(n=64, width=256):
     return [[float(i + j) for j in range(width)] for i in range(n)]
 
 
-def test_only_conversions_of_python_sequences_on_the_training_thread_are_timed():
+def test_only_conversions_of_python_sequences_on_the_training_thread_are_timed(monkeypatch):
     tc = TimedCalls()
     compiling = [False]
-    tensor = tc._wrap_convert(torch.tensor, lambda: compiling[0])
+    tensor = tc._wrap_convert(torch.tensor, lambda: compiling[0], torch.Tensor)
     rows = _rows()
     t0 = time.perf_counter()
     x = tensor(rows, dtype=torch.float32)
@@ -38,16 +38,21 @@ def test_only_conversions_of_python_sequences_on_the_training_thread_are_timed()
     with pytest.warns(UserWarning, match="copy construct"):
         assert tensor(arr).tolist() == arr.tolist()           # a tensor: not timed
     assert tensor(3.0).item() == 3.0                          # a scalar: not timed
-    assert tensor(data=(1, 2)).tolist() == [1, 2]                                # by keyword, a tuple: timed
+    assert tensor(data=(1, 2)).tolist() == [1, 2]             # by keyword, a tuple: timed
     assert tc.take()[3] > 0
     IN_LOADER.n = 1                  # collate inside a DataLoader's __next__: the step's data wait
     try:
         tensor(rows)
     finally:
         IN_LOADER.n = 0
+    import perfdoctor.collect.timedcalls as module
+    monkeypatch.setattr(module, "_at_caller", lambda *a, **kw: pytest.fail("the trampoline while Dynamo traces"))
     compiling[0] = True              # Dynamo tracing: the call goes straight to torch.tensor
     tensor(rows)
+    with pytest.warns(UserWarning, match="copy construct"):
+        tensor(arr)                  # not through the trampoline either (exec breaks a graph)
     compiling[0] = False
+    monkeypatch.undo()
     t = threading.Thread(target=lambda: tensor(rows))     # not the training thread
     t.start()
     t.join()
