@@ -105,8 +105,8 @@ def test_a_for_loop_adam_is_timed_and_pd338_expects_its_gain_on_the_untraced_sha
     own = float(re.search(r"OPT_SHARE ([\d.]+)", r.stdout).group(1))
     c = child(out)
     assert c["optimizer_timed"] is True
-    assert c["optimizer"] == {"class": "Adam", "momentum": None, "fused": None, "foreach": None, "closure_calls": 0, "rebuilt": 0,
-                              "tensors": 50, "elements": 12 * (64 * 64 + 3 * 64) + 650, "large_elements": 0}
+    assert c["optimizer"] == {"class": "Adam", "momentum": None, "fused": None, "foreach": None, "closure_calls": 0,
+                              "rebuilt": 0, "tensors": 50, "elements": 12 * (64 * 64 + 3 * 64) + 650, "large_elements": 0}
     recs = steps(out)
     assert all(0 < s["opt"] <= s["dur"] for s in recs[1:])
     doc = report(out)
