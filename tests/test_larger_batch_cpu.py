@@ -194,7 +194,12 @@ def test_tune_measures_a_doubled_batch_in_samples_per_second(tmp_path):
     # the samples is longer": expected 1.1x longer, a snapshot run read a trial step shorter than
     # every baseline's
     bases = [doc["baseline"]["step_time_s"], *trial["baseline_step_time_s"]]
-    assert 0.98 * 2 * min(bases) / trial["step_time_s"] <= trial["speedup"] <= 1.02 * 2 * max(bases) / trial["step_time_s"]
+    ratios = [2 * min(bases) / trial["step_time_s"], 2 * max(bases) / trial["step_time_s"]]
+    again = trial["confirm"] or {}
+    if again.get("speedup"):            # confirmed: both runs weighed together (a CI run: 1.95x, then 2.45x)
+        assert again["speedup"] == pytest.approx(2 * again["baseline_step_time_s"] / again["step_time_s"], rel=0.02)
+        ratios.append(again["speedup"])
+    assert 0.98 * min(ratios) <= trial["speedup"] <= 1.02 * max(ratios), (trial, ratios)
     assert trial["speedup"] > 1.2
     assert "in samples per second" in r.stdout
 
