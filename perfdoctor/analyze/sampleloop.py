@@ -219,7 +219,7 @@ def sample_loop_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     every_top, top = top, top[~(in_loader | rnn)]
     takes_row = t.name_mask(_indexing)
     splits = t.name_mask(lambda n: n in SPLITS or
-                          (n.startswith("autograd::") and n.rsplit(": ", 1)[-1] in SPLIT_NODES))
+                         (n.startswith("autograd::") and n.rsplit(": ", 1)[-1] in SPLIT_NODES))
     own_params = t.name_mask(lambda n: n.startswith("autograd::") and n.endswith("AccumulateGrad"))
     top_step = steps.index_of(t.ts[top])
     kept_us = kept_loader_us
