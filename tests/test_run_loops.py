@@ -400,6 +400,9 @@ def test_closure_optimizer_with_long_steps_gets_a_trace_of_a_whole_step(tmp_path
     assert all(s["dur"] > 2.4 for s in recs)                  # whole steps of ~2.5 s, the first one too
     c = child(out)
     assert c["step_source"] == "optimizer steps"
+    # every step timed, the first from its own start: 4 steps, not "5 steps, 4 timed" (pytorch/examples'
+    # time_sequence_prediction, --steps 4, read that)
+    assert c["first_step_timed"] is True and "4 steps (20 backward passes a step), all timed, in a " in r.stderr
     assert c["window"]["start_after_steps"] == 1 and c["window"]["recorded_steps"] == 1
     assert [s["step"] for s in recs if s["profiled"]] == [2]  # step 1 warm-up, step 2 traced
     doc = report(out)
@@ -452,6 +455,8 @@ def test_few_long_cpu_steps_need_no_profiler_warm_up_step(tmp_path):
     r = prun(script, 5, 1.2, out=out, env={"PERFDOCTOR_WARMUP_S": "3"})
     assert r.returncode == 0 and r.stdout == "few long: done\n", r.stderr
     c = child(out)
+    # the first step's end starts the clock: 5 steps, 4 timed
+    assert c["first_step_timed"] is False and "5 steps, 4 timed, in a " in r.stderr
     assert c["window"]["start_after_steps"] == 3 and c["window"]["profiler_warmup_steps"] == 0, c["window"]
     assert c["window"]["recorded_steps"] == 1 and c["profiler"] == "done"
     assert [s["step"] for s in steps(out) if s["profiled"]] == [4]

@@ -77,3 +77,17 @@ def test_with_two_kinds_the_traced_steps_median_is_no_other_state():
          "steps.time_median_ms": 1.55, "run.step_time_ms": 12.4, "run.step_time_median_ms": 10.6}
     assert any("in another state" in n for n in confidence("host", {**m, "run.step_kinds": 1})[1])
     assert not any("in another state" in n for n in confidence("host", {**m, "run.step_kinds": 2})[1])
+
+
+def test_a_trace_cut_inside_its_only_step_is_no_other_state():
+    """pytorch/examples' time_sequence_prediction (LBFGS, 22 s steps): the memory budget stopped the
+    trace 9.7 s into its only step, and the note that the trace caught the run in another state
+    followed the note that the step was cut. A cut step's length is no step's; with three traced
+    steps or more the median holds."""
+    m = {"share.device": 0.0, "share.input": 0.0, "share.host": 0.2, "share.communication": 0.0,
+         "cpu.compute_share": 0.8, "steps.source": "ProfilerStep", "steps.count": 1, "trace.platform": "cpu",
+         "steps.time_mean_ms": 9770.0, "steps.time_median_ms": 9770.0, "run.step_time_ms": 22229.0,
+         "run.step_time_median_ms": 22228.0, "run.step_kinds": 1}
+    assert any("in another state" in n for n in confidence("host", {**m, "trace.cut_s": None})[1])
+    assert not any("in another state" in n for n in confidence("host", {**m, "trace.cut_s": 9.7})[1])
+    assert any("in another state" in n for n in confidence("host", {**m, "trace.cut_s": 9.7, "steps.count": 4})[1])

@@ -131,8 +131,9 @@ def analyze(t: EventTable) -> TraceAnalysis:
     registry.check(m)
     notes = list(t.meta.notes) + list(steps.notes)
     if t.meta.cut_s is not None:
-        notes.append(f"`perfdoctor run` stopped this trace {t.meta.cut_s:.1f} s into its last step (the profiler's "
-                     "memory budget): that step is cut short, so its shares hold and its length does not")
+        notes.append(f"`perfdoctor run` stopped this trace inside its last step, {t.meta.cut_s:.1f} s after recording "
+                     "began (the profiler's memory budget): that step is cut short, so its shares hold and its length "
+                     "does not")
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,
                          gaps=gaps, memory_series=series if k.platform != "cpu" else {},
                          notes=notes, warnings=list(t.meta.warnings) + [w for w in (clock_warning(*early),) if w],
@@ -171,7 +172,7 @@ def _trace_metrics(t: EventTable, k: Kinds) -> dict:
             "trace.device_memory_bytes": dev.get("totalGlobalMem"),
             "trace.rank": t.meta.rank,
             "trace.world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
-            "trace.truncated": t.meta.truncated, "trace.windows": t.meta.windows,
+            "trace.truncated": t.meta.truncated, "trace.cut_s": t.meta.cut_s, "trace.windows": t.meta.windows,
             "trace.profiler_options": _profiler_options(t, k)}
 
 

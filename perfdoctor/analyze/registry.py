@@ -46,6 +46,9 @@ _m("trace.clock_early_share", "fraction", "Linked launches whose device work sta
 _m("trace.windows", "count", "Profiler windows of one process joined into this trace (1: a single window; diagnose/profwindows.py).")
 _m("trace.truncated", "bool", "The file ended early (profiler killed mid-write); only parsed events are used, and only "
    "the steps completed before the cut.")
+_m("trace.cut_s", "s", "`perfdoctor run` stopped recording inside the trace's last step, this long after recording "
+   "began (its memory budget; the trace header's perfdoctor_cut_s): that step is cut short, its shares hold and its "
+   "length does not. None when not cut.")
 # -- steps ---------------------------------------------------------------------------------
 _m("steps.count", "count", "Steps analysed.")
 _m("steps.source", "str", "What defined the steps: ProfilerStep, DataLoader iterations, optimizer steps, whole trace.")

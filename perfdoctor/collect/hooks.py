@@ -381,7 +381,7 @@ class Session(StepSources):
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),
                     "optimizer_timed": True, "optimizer": {**self.opt_clock.info(), "rebuilt": self.rebuilt},
                     "nograd_timed": self.nograd.timed, "pre_timed": self.nograd.timed,
-                    "process_starts": self.starts.info(),
+                    "process_starts": self.starts.info(), "first_step_timed": self.first_timed,
                     "cpu_clock": "thread"}      # steps' `cpu` from the thread's CPU clock (steprecord.py)
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:

@@ -20,6 +20,8 @@ class OptimizerSteps:
     """Mixed into hooks.Session through StepSources: its state (primary, others, optimizer_steps,
     optimizer_names, optimizer_dtypes, optimizer_sigs, rebuilt...) lives in the session."""
 
+    first_timed = False      # the first step was measured from its own start (a closure optimizer's)
+
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         self.opt_clock.pre()
         if self.mode != "optimizer":
@@ -61,6 +63,7 @@ class OptimizerSteps:
                                   f"inside its first step ({self.passes_in_optimizer}) are not steps")
                 self.mark = self.pre_mark
                 self.t_first = self.pre_mark[0]
+                self.first_timed = True
             self._boundary(skipped=skipped)
             return
         if key == self.primary:

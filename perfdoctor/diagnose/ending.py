@@ -95,6 +95,7 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
     why_no_trace tells (a trace file that could not be read)."""
     run = doc["run"]
     run["step_source"] = res.child.get("step_source")
+    run["first_step_timed"] = res.child.get("first_step_timed") is True    # a closure optimizer's (all timed)
     run["error"] = res.child.get("error")
     run["error_line"] = _headline(run["error"]) if isinstance(run["error"], str) and run["error"] else None
     if traced:

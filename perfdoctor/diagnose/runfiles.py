@@ -49,6 +49,7 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "profiler": STR, "trace_enabled": BOOL, "window": {"*": ANY}, "notes": [STR], "torch_imported": BOOL,
          "torch_version": STR, "cuda_available": BOOL, "torch_threads": INT, "cpu_bf16": BOOL, "cpu_fp16": BOOL,
          "dataset_kind": STR, "timed_calls": BOOL, "convert_timed": BOOL, "optimizer_timed": BOOL, "nograd_timed": BOOL, "pre_timed": BOOL, "cpu_clock": STR,
+         "first_step_timed": BOOL,
          "loaders": [{"!": ("dataset", "batches"), "dataset": STR, "module": STR, "per_sample": BOOL,
                       "batch_size": INT, "workers": INT, "default_collate": BOOL, "start": STR, "batches": INT}],
          "optimizer": {"class": STR, "momentum": NUM, "fused": BOOL, "foreach": BOOL, "closure_calls": INT,

@@ -136,7 +136,8 @@ def _run(run: dict | None, m: dict) -> str:
     line = ""
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        counted = steps_counted(m.get("run.steps"), source_text(run.get("step_source")) + passes_text(m))
+        counted = steps_counted(m.get("run.steps"), source_text(run.get("step_source")) + passes_text(m),
+                                run.get("first_step_timed"))
         line = ((f"{H(counted)}: " if counted else "")
                 + f"<b>{ms(t)} ms/step</b>"
                 + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")

@@ -170,13 +170,15 @@ def secondary_text(v: dict) -> str:
     return f"also 5% of the step or more: {', '.join(names)}" if names else ""
 
 
-def steps_counted(n, what: str = "") -> str:
+def steps_counted(n, what: str = "", all_timed: bool = False) -> str:
     """'100 steps, 99 timed' from run.steps (the timed ones: the first step's end starts the clock,
     so N steps are N - 1 timed; a user counted 100 and read "99 steps"), `what` after "steps"
-    (' (optimizer steps)'); '' when run.steps is no count above 0 (a report is input)."""
+    (' (optimizer steps)'); '' when run.steps is no count above 0 (a report is input).
+    `all_timed` (run.first_step_timed): the first step was timed from its own start (a closure
+    optimizer's, LBFGS: 4 steps read "5 steps, 4 timed"): 'N steps, all timed'."""
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         return ""
-    return f"{n + 1} steps{what}, {n} timed"
+    return f"{n} steps{what}, all timed" if all_timed is True else f"{n + 1} steps{what}, {n} timed"
 
 
 def first_step_shown(m: dict, wall_s) -> float | None:

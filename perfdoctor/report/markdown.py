@@ -52,7 +52,7 @@ def report(doc: dict, tune: dict | None = None) -> str:
         facts.append(f"{m['steps.count']} traced steps, median {ms(m['steps.time_median_ms'])} ms")
     if m.get("run.step_time_ms") is not None:
         ci, t = m.get("run.step_time_ci95_ms"), m["run.step_time_ms"]
-        counted = steps_counted(m.get("run.steps"))
+        counted = steps_counted(m.get("run.steps"), all_timed=(doc.get("run") or {}).get("first_step_timed"))
         rank = shown_rank(doc)
         facts.append(f"run{'' if rank is None else f' (rank {rank})'}: {counted + ': ' if counted else ''}**{ms(t)} ms/step**" + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
                      + f" over {m['run.steady_steps']} steady steps"

@@ -208,9 +208,9 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True, rank: int 
     whose = "" if rank is None else f"rank {rank} (the table below has every rank's): "
     if m.get("run.step_time_ms") is not None:
         c.print(Text(whose + _run_steps_line(m, run.get("wall_s"), run.get("steps_left_out"), run.get("step_source"),
-                                             run.get("step_time_reason"))
+                                             run.get("step_time_reason"), run.get("first_step_timed"))
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; {data_wait_text(m)}", style="dim"))
-    elif counted := steps_counted(run.get("steps")):
+    elif counted := steps_counted(run.get("steps"), all_timed=run.get("first_step_timed")):
         # a run of a step or two says how many it had (a user's --duration run showed no count at all)
         c.print(Text(f"{whose}{counted}: too few for a step time", style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
@@ -221,7 +221,7 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True, rank: int 
 
 
 def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None, source: str | None = None,
-                    reason: str | None = None) -> str:
+                    reason: str | None = None, all_timed: bool = False) -> str:
     """'100 steps, 99 timed, in a 24.1 s run: 193.6 ms/step (95% CI 191.4-195.9) over 87 steady
     steps (left out: 10 profiled, 2 warm-up)' (labels.steps_counted); the wall time is the whole
     run's (imports and set-up included), not the steps'. Steps that are not optimizer steps say
@@ -234,7 +234,7 @@ def _run_steps_line(m: dict, wall_s: float | None, left_out: dict | None = None,
     if (first_s := first_step_shown(m, wall_s)) is not None:    # set-up a material part of the run
         wall += f" (the first after {first_s:.1f} s)"
     what = T(source_text(source)) + passes_text(m)
-    return (f"{steps_counted(m.get('run.steps'), what) or 'steps'},{wall}: {ms(t)} ms/step"
+    return (f"{steps_counted(m.get('run.steps'), what, all_timed) or 'steps'},{wall}: {ms(t)} ms/step"
             + (f" (95% CI {ms(ci[0], t)}-{ms(ci[1], t)})" if ci else "")
             + f" over {m['run.steady_steps']} steady steps"
             + (f" (left out: {why})" if why else "")
