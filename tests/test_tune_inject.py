@@ -185,6 +185,34 @@ def test_autocast_on_a_float64_model_runs_it_in_bfloat16_only_on_top_of_float32(
     assert set(inj["applied"]) == {"float32", "autocast"} and "out torch.bfloat16" in out
 
 
+GAN_LOSSES = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0); torch.set_num_threads(1)
+    disc = nn.Sequential(nn.Linear(8, 1), nn.Sigmoid())
+    opt = torch.optim.SGD(disc.parameters(), lr=0.1)
+    bce = nn.BCELoss()
+    for step in range(12):
+        x, real = torch.rand(16, 8), torch.ones(16, 1)
+        out = disc(x)
+        loss = bce(out, real) + F.huber_loss(disc(x), real) + F.binary_cross_entropy(out, real)
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("dtypes", out.dtype, loss.dtype, flush=True)
+""")
+
+
+def test_autocast_runs_the_loss_under_it_as_the_fix_says(tmp_path, capfd):
+    """pytorch/examples' DCGAN: nn.BCELoss on the discriminator's bfloat16 output beside float32
+    labels failed the autocast trial ("Found dtype Float but expected BFloat16"), where the fix's
+    own code (the loss inside the autocast block) runs. Loss modules, and the functional losses
+    that refuse mixed dtypes, run under the trial's autocast: in float32, the model in bfloat16."""
+    out, inj = injected(tmp_path, capfd, {"autocast": "bfloat16"}, GAN_LOSSES)
+    assert inj["applied"] == ["autocast"] and "dtypes torch.bfloat16 torch.float32" in out
+    assert len(inj["losses"]) == 12
+    import torch
+    assert torch.nn.functional.binary_cross_entropy.__name__ == "binary_cross_entropy"   # this process: untouched
+    assert not hasattr(torch.nn.functional.binary_cross_entropy, "__wrapped__")
+
+
 CHECKPOINTED = textwrap.dedent("""
     from torch.utils.checkpoint import checkpoint
     import torch

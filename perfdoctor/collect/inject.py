@@ -12,7 +12,7 @@ key is one change the user could make by hand; the script itself is never edited
 | tf32 | torch.set_float32_matmul_precision("high") and cuDNN TF32 |
 | expandable_segments | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before the first CUDA allocation) |
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
-| autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters |
+| autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters, and around the loss (a torch.nn loss module; functional binary_cross_entropy and huber_loss, which refuse a 16-bit input beside a float32 target) |
 | float32 | True: a model with float64 (or bfloat16, float16) parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), tensors of that dtype entering it or any of its submodules become float32, and its float32 outputs take that dtype again, so the code around the model (loss, targets, metrics) still sees it |
 | channels_last | True: at its outermost call a module with 4-D (convolution) parameters is converted in place to torch.channels_last (Module.to(memory_format=...): the optimizer keeps the same Parameter objects), and the 4-D floating-point tensors entering it become channels_last |
 | compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |

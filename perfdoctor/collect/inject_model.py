@@ -2,7 +2,13 @@
 autocast, torch.compile, float32 for a float64 or 16-bit model, channels_last. Module.__call__
 is wrapped once; the outermost call of a module with parameters that require gradients (the
 model being trained) gets the changes, the calls inside it run as they are (a float32 model's
-submodules excepted: the float64 tensors its own code makes are cast on their way in)."""
+submodules excepted: the float64 tensors its own code makes are cast on their way in).
+
+Under autocast the loss runs under it too, as the fix advises ("the forward pass and the loss"):
+a loss module (torch.nn's _Loss) called outside the model, and the functional losses that refuse
+a bfloat16 input beside a float32 target (binary_cross_entropy, huber_loss: "Found dtype Float
+but expected BFloat16"; pytorch/examples' DCGAN, nn.BCELoss on its discriminator's output, failed
+its trial) wherever they are called. Autocast runs them in float32."""
 
 from __future__ import annotations
 
@@ -21,11 +27,17 @@ def module_call(torch, st) -> None:
     orig = Module.__call__
     f32t = torch.float32
     wider = (torch.float64, torch.bfloat16, torch.float16)     # the dtypes a model is made float32 from
+    Loss = torch.nn.modules.loss._Loss
+    if dtype is not None:
+        _losses_under_autocast(torch, st, dtype)
 
     def __call__(self, *args, **kwargs):
         local = st.local
         if os.getpid() != st.pid:
             return orig(self, *args, **kwargs)
+        if dtype is not None and isinstance(self, Loss) and not getattr(local, "depth", 0):
+            with torch.autocast(_device_type(torch, (args, kwargs)), dtype=dtype):
+                return orig(self, *args, **kwargs)
         if getattr(local, "depth", 0):
             if f32 and id(self) in st.converted:           # a submodule: its float64 (bf16...) inputs too
                 hit: list = []
@@ -65,6 +77,33 @@ def module_call(torch, st) -> None:
         finally:
             local.depth = 0
     Module.__call__ = __call__
+
+
+MIXED_DTYPE_LOSSES = ("binary_cross_entropy", "huber_loss")   # refuse a 16-bit input beside a float32 target
+
+
+def _losses_under_autocast(torch, st, dtype) -> None:
+    """torch.nn.functional's losses that refuse mixed dtypes run under autocast (module docstring)."""
+    F = torch.nn.functional
+    for name in MIXED_DTYPE_LOSSES:
+        fn = getattr(F, name, None)
+        if fn is None:
+            continue
+
+        def under(*args, __fn=fn, **kwargs):
+            if os.getpid() != st.pid:
+                return __fn(*args, **kwargs)
+            with torch.autocast(_device_type(torch, (args, kwargs)), dtype=dtype):
+                return __fn(*args, **kwargs)
+        under.__name__, under.__doc__, under.__wrapped__ = fn.__name__, fn.__doc__, fn
+        setattr(F, name, under)
+
+
+def _device_type(torch, obj) -> str:
+    """The device type of the first tensor in `obj` ("cpu" without one)."""
+    found: list = []
+    _tensors(torch, obj, lambda x: found.append(x.device.type) or x)
+    return found[0] if found else "cpu"
 
 
 def _cast(torch, obj, src, dst, hit: list | None = None):
