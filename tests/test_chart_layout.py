@@ -83,6 +83,10 @@ def test_every_step_axis_names_only_steps_the_run_had():
     bars = [float(x) for x in re.findall(r'<rect x="([\d.]+)" y="[\d.]+" width="[\d.]+" height="[\d.]+" fill="#3a7dc2"', pic)]
     bw = (svg.W - svg.LEFT - 20) / n
     assert ticks[40] == pytest.approx(bars[38] + bw / 2, abs=0.02) and ticks[2] == pytest.approx(bars[0] + bw / 2, abs=0.02)
+    # a closure optimizer's first step is timed from its own start ("40 steps, all timed"): 1-40
+    _, pic = step_chart(series, 10.0, all_timed=True)
+    assert "<title>step 1 (steady step): 10.0 ms" in pic and "<title>step 40 (steady step)" in pic
+    assert "<title>step 41 " not in pic
 
 
 def test_a_trace_without_steps_is_called_the_whole_trace(shared_traces, tmp_path):

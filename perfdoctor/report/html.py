@@ -155,7 +155,8 @@ def _run(run: dict | None, m: dict) -> str:
 
 
 def _every_step(run: dict | None, m: dict) -> str:
-    legend, pic = step_chart((run or {}).get("step_series"), m.get("run.step_time_ms"))
+    run = run or {}
+    legend, pic = step_chart(run.get("step_series"), m.get("run.step_time_ms"), run.get("first_step_timed"))
     if not pic:
         return ""
     return ("<h2>Every step</h2><section class=\"card\"><div class=\"legend\">" + legend + "</div>" + pic

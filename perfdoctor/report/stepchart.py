@@ -25,9 +25,13 @@ TOP_PAD = 14
 def _first(series: dict) -> int | None:
     """The first bar's step as the run line counts steps ("41 steps, 40 timed"): the series counts
     from 0 at the first step's end, which starts the clock, so its step 1 is the run's second step,
-    the first timed one (the chart had numbered the timed steps 1-40 under "41 steps")."""
+    the first timed one (the chart had numbered the timed steps 1-40 under "41 steps"); where the
+    first step was timed from its own start ("4 steps, all timed": a closure optimizer's, the
+    `all_timed` step_chart puts in the series) its step 1 is the first."""
     first = series.get("first_step")
-    return first + 1 if isinstance(first, int) and not isinstance(first, bool) else None
+    if not isinstance(first, int) or isinstance(first, bool):
+        return None
+    return first if series.get("all_timed") is True else first + 1
 
 
 def _title(series: dict, i: int) -> str:
@@ -40,10 +44,12 @@ def _title(series: dict, i: int) -> str:
             f"data wait {fmt_ms(series['wait_ms'][i])} ms{longest}")
 
 
-def step_chart(series: dict | None, step_ms: float | None = None) -> tuple[str, str]:
-    """`step_ms`: the run's step time (run.step_time_ms), drawn as a dashed line over the bars."""
+def step_chart(series: dict | None, step_ms: float | None = None, all_timed: bool = False) -> tuple[str, str]:
+    """`step_ms`: the run's step time (run.step_time_ms), drawn as a dashed line over the bars;
+    `all_timed`: the run's first step was timed (run.first_step_timed), and numbers 1."""
     if not series or not series.get("ms"):
         return "", ""
+    series = {**series, "all_timed": all_timed is True}
     vals, maxes, kinds = series["ms"], series.get("max_ms"), series["kind"]
     n = len(vals)
     tall = maxes or vals
