@@ -35,8 +35,9 @@ def module_call(torch, st) -> None:
         local = st.local
         if os.getpid() != st.pid:
             return orig(self, *args, **kwargs)
-        if dtype is not None and isinstance(self, Loss) and not getattr(local, "depth", 0):
-            with torch.autocast(_device_type(torch, (args, kwargs)), dtype=dtype):
+        if dtype is not None and isinstance(self, Loss) and not getattr(local, "depth", 0) \
+                and (device := _device_type(torch, (args, kwargs))) is not None:
+            with torch.autocast(device, dtype=dtype):
                 return orig(self, *args, **kwargs)
         if getattr(local, "depth", 0):
             if f32 and id(self) in st.converted:           # a submodule: its float64 (bf16...) inputs too
@@ -91,19 +92,24 @@ def _losses_under_autocast(torch, st, dtype) -> None:
             continue
 
         def under(*args, __fn=fn, **kwargs):
-            if os.getpid() != st.pid:
+            if os.getpid() != st.pid or (device := _device_type(torch, (args, kwargs))) is None:
                 return __fn(*args, **kwargs)
-            with torch.autocast(_device_type(torch, (args, kwargs)), dtype=dtype):
+            with torch.autocast(device, dtype=dtype):
                 return __fn(*args, **kwargs)
         under.__name__, under.__doc__, under.__wrapped__ = fn.__name__, fn.__doc__, fn
         setattr(F, name, under)
 
 
-def _device_type(torch, obj) -> str:
-    """The device type of the first tensor in `obj` ("cpu" without one)."""
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")     # the device types torch.autocast is known to take
+
+
+def _device_type(torch, obj) -> str | None:
+    """The device type of the first tensor in `obj` ("cpu" without one); None for one autocast may
+    not take (the call then runs as it is)."""
     found: list = []
     _tensors(torch, obj, lambda x: found.append(x.device.type) or x)
-    return found[0] if found else "cpu"
+    device = found[0] if found else "cpu"
+    return device if device in AUTOCAST_DEVICES else None
 
 
 def _cast(torch, obj, src, dst, hit: list | None = None):
