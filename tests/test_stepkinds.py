@@ -91,3 +91,7 @@ def test_a_trace_cut_inside_its_only_step_is_no_other_state():
     assert any("in another state" in n for n in confidence("host", {**m, "trace.cut_s": None})[1])
     assert not any("in another state" in n for n in confidence("host", {**m, "trace.cut_s": 9.7})[1])
     assert any("in another state" in n for n in confidence("host", {**m, "trace.cut_s": 9.7, "steps.count": 4})[1])
+    # and the header's median says it is a cut step's
+    from perfdoctor.report.labels import cut_text
+    assert cut_text({**m, "trace.cut_s": 9.7}) == " (cut short)" and cut_text(m) == ""
+    assert cut_text({**m, "trace.cut_s": 9.7, "steps.count": 4}) == ""

@@ -14,8 +14,9 @@ from __future__ import annotations
 from perfdoctor.analyze.ranks import spread_text
 from perfdoctor.report import svg
 from perfdoctor.report.fixcards import fixes_section, flags_section
-from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, data_wait_text,
-                                     device_text, first_step_shown, median_label, passes_text, rank_bound, role_labels, shown_trace, source_text, trace_bound,
+from perfdoctor.report.labels import (OUTCOME, abnormal_end, bound_title, breakdown_rows, cause_text, cut_text,
+                                     data_wait_text, device_text, first_step_shown, median_label, passes_text,
+                                     rank_bound, role_labels, shown_trace, source_text, trace_bound,
                                      secondary_text, steps_counted, windows_text)
 from perfdoctor.report.ranks_view import rank_notes, rank_title, several_hosts
 from perfdoctor.report.runcharts import run_charts
@@ -86,7 +87,8 @@ def _header(doc: dict, m: dict) -> str:
     n = len(doc["traces"])
     where = f"{n} traces in {doc['input']}" if n > 1 else doc["input"]
     steps = (f" · {m['steps.count']} step(s) from {m['steps.source']}{windows_text(m)} · "
-             f"{median_label(doc, True)} {ms(m['steps.time_median_ms'])} ms" if m.get("steps.count") else "")
+             f"{median_label(doc, True)} {ms(m['steps.time_median_ms'])} ms{cut_text(m)}"
+             if m.get("steps.count") else "")
     return (f"<h1>perfdoctor report</h1><div class=\"dim\">{H(where)}</div>"
             f"<div class=\"dim small\">{H(m.get('trace.platform'))} · {H(dev)}{H(steps)}</div>")
 

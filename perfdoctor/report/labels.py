@@ -212,6 +212,13 @@ def median_label(doc: dict, traced: bool) -> str:
     return "median traced step" if traced and doc.get("run") else "median step"
 
 
+def cut_text(m: dict) -> str:
+    """' (cut short)' after the traced steps' median where the memory budget stopped the trace
+    inside its last step and fewer than 3 were traced: the median is then that cut step's length,
+    no step's (an LBFGS step of 22 s read "median traced step 9770 ms")."""
+    return " (cut short)" if m.get("trace.cut_s") is not None and (m.get("steps.count") or 0) < 3 else ""
+
+
 def error_line(run: dict) -> str | None:
     """The script's error as one line (run.error_line: its first line, terminal codes removed; an
     older report has the whole message only)."""

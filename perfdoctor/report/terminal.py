@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.analyze.ranks import spread_text
-from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text,
+from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text, cut_text,
                                        data_wait_text, device_text, error_line, first_step_shown,
                                        from_other_traces, median_label, passes_text, role_labels, shown_rank,
                                        shown_trace, secondary_text, source_text, steps_counted, trace_bound, unranked_gain,
@@ -44,7 +44,8 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     c.print(Text(f"{T(m['trace.platform'])} · {dev} · "
                  + (f"{m['steps.count']} step(s) from {T(m['steps.source'])}" if traced else "no trace")
                  + windows_text(m)
-                 + (f" · {median_label(doc, traced)} {ms(median)} ms" if median is not None else ""), style="dim"))
+                 + (f" · {median_label(doc, traced)} {ms(median)} ms{cut_text(m) if traced else ''}"
+                    if median is not None else ""), style="dim"))
     c.print()
     c.print(Text.assemble((f" {T(bound_title(v['bound'], m))} ", "bold reverse"),
                           (f"  {v['confidence_label']} confidence ({v['confidence']:.2f})", "dim")))
