@@ -228,8 +228,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     est = step_estimate(steps, **loader_settings(run_dir, m))
     m.update(step_metrics(steps, res, est=est))
     m["machine.torch_threads"] = res.child.get("torch_threads")
-    m["machine.cpu_bf16"] = res.child.get("cpu_bf16")
-    m["machine.cpu_fp16"] = res.child.get("cpu_fp16")
+    m["machine.cpu_bf16"], m["machine.cpu_fp16"] = res.child.get("cpu_bf16"), res.child.get("cpu_fp16")
     kind = res.child.get("dataset_kind")     # the run's own reading, else the trace's Python frames'
     if kind in ("map", "iterable"):
         m["input.dataset_kind"] = kind
