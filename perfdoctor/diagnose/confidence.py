@@ -40,6 +40,13 @@ SHARED_RUNQ = 0.25
 LONG_STEPS = 0.1
 
 
+def median_is_cut(m: dict) -> bool:
+    """The traced steps' median is the length of a step the memory budget cut short: the trace
+    stopped inside its last step (trace.cut_s) and fewer than 3 were traced, so that step sets
+    the median; its length is no step's (its shares hold)."""
+    return m.get("trace.cut_s") is not None and (m.get("steps.count") or 0) < 3
+
+
 def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     """(confidence 0..1, notes explaining reductions, secondary causes >= 5% of the step)."""
     sh = {c: m.get(f"share.{c}") or 0.0 for c in ("device",) + CAUSES}
@@ -112,12 +119,10 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
     # beside traced steps 18x shorter)
     # (steps of two kinds in turn: a median is one kind's, and the traced few hold either)
     two_kinds = m.get("run.step_kinds") == 2
-    # (a trace the memory budget stopped inside its last step: that step's length is no step's, and
-    # of one or two traced steps it sets the median; an LBFGS step of 22 s, cut at 9.7 s, had read
-    # "the trace caught the run in another state" under the note that the step was cut)
-    cut = m.get("trace.cut_s") is not None and (m.get("steps.count") or 0) < 3
+    # (an LBFGS step of 22 s, cut at 9.7 s, had read "the trace caught the run in another state"
+    # under the note that the step was cut: median_is_cut)
     shorter = all(isinstance(x, (int, float)) and x > 0 for x in (med_t, med_s)) \
-        and med_s >= PROFILED_MUCH_SLOWER * med_t and not two_kinds and not cut
+        and med_s >= PROFILED_MUCH_SLOWER * med_t and not two_kinds and not median_is_cut(m)
     steady_wait, traced_wait = m.get("run.data_wait_share"), m.get("input.data_wait_host_share")
     if steady_wait is not None and traced_wait is not None and abs(steady_wait - traced_wait) >= 0.1:
         conf = min(conf, 0.5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from perfdoctor.analyze.ranks import bound_name
+from perfdoctor.diagnose.confidence import median_is_cut
 from perfdoctor.rules.gain import times
 
 BOUND_TITLE = {
@@ -213,10 +214,9 @@ def median_label(doc: dict, traced: bool) -> str:
 
 
 def cut_text(m: dict) -> str:
-    """' (cut short)' after the traced steps' median where the memory budget stopped the trace
-    inside its last step and fewer than 3 were traced: the median is then that cut step's length,
-    no step's (an LBFGS step of 22 s read "median traced step 9770 ms")."""
-    return " (cut short)" if m.get("trace.cut_s") is not None and (m.get("steps.count") or 0) < 3 else ""
+    """' (cut short)' after the traced steps' median where it is a cut step's length
+    (diagnose.confidence.median_is_cut: an LBFGS step of 22 s read "median traced step 9770 ms")."""
+    return " (cut short)" if median_is_cut(m) else ""
 
 
 def error_line(run: dict) -> str | None:
