@@ -177,7 +177,7 @@ def test_tune_measures_a_doubled_batch_in_samples_per_second(tmp_path):
     from tunecases import ptune
     script = tmp_path / "bs1.py"
     script.write_text(SCRIPT)
-    r = ptune("--only", "PD385", "--allow-numerics", "--budget", "60", "--out", tmp_path / "t", "-o",
+    r = ptune("--only", "PD385", "--allow-numerics", "--budget", "50", "--duration", "3", "--out", tmp_path / "t", "-o",
               tmp_path / "t.json", script, "1", "256", "3000")
     assert r.returncode in (0, 3), r.stderr
     import json
