@@ -971,14 +971,37 @@ def test_the_batch_in_the_making_is_the_work_before_the_first_forward_but_a_devi
     assert not before_forward(at(2), {}, source)                  # no forward seen in that function
 
 
+def test_tensor_math_after_the_forward_is_the_loss_whatever_torch_function_it_calls():
+    """A user trial's contrastive loss written out in the loop (`sim = a @ b.T / 0.1`, then
+    F.cross_entropy at several temperatures) read "python data" and "other": after the loop's first
+    forward call, a line that runs torch's tensor functions or nothing below it is the loss. Not a
+    line before the forward, one that calls numpy or a DataLoader, or one that copies to a device."""
+    from perfdoctor.analyze.stackcause import after_forward
+    text = {1: "for step in range(n):", 2: "    x = data[idx]", 3: "    a = enc(x)", 4: "    sim = a @ a.T / 0.1",
+            5: "    loss = F.cross_entropy(sim, labels)", 6: "    y = y.to(device)", 7: "    s = np.sum(p)"}
+    source = lambda file, line: text.get(line, "") if file == "/home/u/train.py" else ""  # noqa: E731
+    at = lambda line, *below: (("<module>", "/home/u/train.py", line), *below)  # noqa: E731
+    first = {("/home/u/train.py", "<module>"): 3}
+    ce = ("cross_entropy", SITE + "torch/nn/functional.py", 3494)
+    assert after_forward(at(4), first, source) and after_forward(at(5, ce), first, source)
+    assert not after_forward(at(2), first, source) and not after_forward(at(2, ce), first, source)    # before it
+    assert not after_forward(at(6), first, source)                                      # the copy's time
+    assert not after_forward(at(7, ("sum", SITE + "numpy/_core/fromnumeric.py", 1)), first, source)
+    assert not after_forward(at(5, ce), {}, source)                   # no forward seen in that function
+    # the loss in a helper the loop calls after its forward: its frame in the loop stands after it
+    helper = (("<module>", "/home/u/train.py", 5), ("contrastive", "/home/u/losses.py", 9), ce)
+    assert after_forward(helper, first, source)
+
+
 def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(tmp_path):
     """Python after the forward pass on values read from tensors is a metric of the step's
     results: logging_sync (PD351: read it every N steps), not batch preparation that DataLoader
     workers could take (PD352). A user trial (an F1 in numpy over `out.argmax(1).numpy()` every
     step, 25% of it) read "Move batch preparation into DataLoader workers"; computing it every 50
-    steps measured 1.49x. Batches made before the forward, and tensor math after it that reads
-    no value (a loss written out), stay python_data, as does all of it in a loop that calls the
-    model 8 times a step or more (a rollout: see attribute). Per 100 ms step: 20 ms of numpy at the
+    steps measured 1.49x. Batches made before the forward stay python_data; tensor math after it
+    that reads no value is the loss (a loss written out: no worker can make it ahead either); in a
+    loop that calls the model 8 times a step or more (a rollout: see attribute) all of it stays
+    python_data. Per 100 ms step: 20 ms of numpy at the
     batch's line, 30 ms forward, 10 ms of loss math, 20 ms backward, 20 ms in the metric."""
     f = tmp_path / "train.py"
     f.write_text(textwrap.dedent("""\
@@ -1016,8 +1039,9 @@ def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(
 
     m, causes = recording(forward=True, model_calls=1)
     assert causes["train.py:8"] == "step_results" and causes["train.py:2"] == "python_data"
+    assert causes["train.py:4"] == "loss"
     assert m["stacks.logging_sync_share"] == pytest.approx(0.2)
-    assert m["stacks.python_data_share"] == pytest.approx(0.3)         # the batch's numpy and the loss math
+    assert m["stacks.python_data_share"] == pytest.approx(0.2)         # the batch's numpy, not the loss math
     assert m["stacks.pre_forward_data_share"] == pytest.approx(0.2)    # the batch's numpy alone: before line 3
     # the model called 16 times a step (a rollout: the Python after a policy call steps the environment
     # on `a.numpy()` and makes the next call's input): none of it is read as a metric

@@ -76,7 +76,10 @@ ALIASES = {"torch.serialization.save": "torch.save", "torch.serialization.load":
            "torch.utils.data.dataloader._BaseDataLoaderIter.__next__": "DataLoader.__next__",
            "torch._dynamo.eval_frame.DisableContext.__call__.<locals>._fn": "torch.compile'd code"}
 CAUSES = ("checkpoint", "logging_sync", "evaluation", "data_loader", "model", "backward", "optimizer", "perfdoctor",
-          "producer_wait", "waiting", "garbage_collection", "periodic", "step_results", "python_data", "other")
+          "producer_wait", "waiting", "garbage_collection", "periodic", "step_results", "loss", "python_data",
+          "other")
+# torch's Python-level tensor functions: a loss or a metric written out in the loop calls these
+TENSOR_MATH_MODULES = ("torch.nn.functional", "torch.functional", "torch._tensor", "torch.nn._reduction")
 # An evaluation inside the training loop: anything under a function named for it (the user's
 # evaluate(), Lightning's evaluation loop, HF Trainer.evaluate / prediction_loop), or torch's
 # no_grad / inference_mode decorator (torch.utils._contextlib) above a forward pass or a loader
@@ -316,9 +319,8 @@ def results_work(stack: tuple, first_forward: dict[tuple[str, str], int], source
     """A python_data stack that works on the step's results: one of its user frames stands after
     the first line of its function that calls the forward pass (`first_forward`: (file, function)
     -> that line, from the forward passes' stacks), and that frame's line or one below it reads
-    values from tensors (.item(), .cpu(), .tolist(), .numpy()). Work before the forward, or
-    tensor math after it (a loss written out in the loop reads no value), stays batch
-    preparation: python_data."""
+    values from tensors (.item(), .cpu(), .tolist(), .numpy()). Work before the forward stays batch
+    preparation (python_data); tensor math after it that reads no value is the loss (after_forward)."""
     frames = [f for f in code_frames(stack) if f.kind == "user"]
     for i, f in enumerate(frames):
         first = first_forward.get((f.file, f.func))
@@ -343,3 +345,20 @@ def before_forward(stack: tuple, first_forward: dict[tuple[str, str], int], sour
         if first is not None and f.line < first:
             return True
     return False
+
+
+def after_forward(stack: tuple, first_forward: dict[tuple[str, str], int], source=linecache.getline) -> bool:
+    """Tensor math the loop does on the forward's output (a python_data or other stack): one of its
+    user frames stands after the first line of its function that calls the forward pass, and below
+    the innermost user frame run torch's tensor functions alone (F.cross_entropy, torch.einsum,
+    Tensor.__rsub__) or nothing (`sim = a @ b.T / t`): a loss written out, or a metric kept as a
+    tensor. It needs that output, so no DataLoader worker can make it ahead (PD352 is for the
+    batch); a user trial's contrastive loss read "python data" and "other". Not a line that copies
+    to a device (the copy's time, as in before_forward)."""
+    frames = code_frames(stack)
+    user = max((i for i, f in enumerate(frames) if f.kind == "user"), default=None)
+    if user is None or any(f.kind != "lib" or not _in(f.module, TENSOR_MATH_MODULES) for f in frames[user + 1:]):
+        return False
+    if line_says(frames[user].file, frames[user].line, DEVICE_COPY, source):
+        return False
+    return any(f.kind == "user" and first_forward.get((f.file, f.func), f.line) < f.line for f in frames[:user + 1])

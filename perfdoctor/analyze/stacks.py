@@ -26,7 +26,8 @@ import numpy as np
 from perfdoctor.analyze.arrays import median, unique
 from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.recurrence import recurrent_lines
-from perfdoctor.analyze.stackcause import CAUSES, before_forward, classify, forward_lines, results_work, user_code
+from perfdoctor.analyze.stackcause import (CAUSES, after_forward, before_forward, classify, forward_lines, results_work,
+                                           user_code)
 from perfdoctor.analyze.stackmarks import MARKS, Marks
 
 MIN_STEADY_STEPS = 3
@@ -264,6 +265,8 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
     for stack, c in memo.items():
         if not feeds and c[0] == "python_data" and results_work(stack, first_forward, source):
             memo[stack] = ("step_results", *c[1:])
+        elif not feeds and c[0] in ("python_data", "other") and after_forward(stack, first_forward, source):
+            memo[stack] = ("loss", *c[1:])
     # the batch made before the forward (not in a rollout, whose next input needs the last output)
     making = {stack for stack, c in memo.items()
               if not feeds and c[0] == "python_data" and before_forward(stack, first_forward, source)}
@@ -278,13 +281,14 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
             continue
         causes[c[0]] += wt
         pre_forward += wt if stack in making else 0.0
-        if c[0] in ("model", "python_data"):       # the forward pass and the loop's own tensor work
+        if c[0] in ("model", "loss", "python_data"):      # the forward pass and the loop's own tensor work
             if stack not in looped:
                 looped[stack] = any(line in recurrent_lines(file) for file, _, line in forward_lines(stack))
             recurring += wt if looped[stack] else 0.0
         _tally_row(frames, c, stack, wt, source)
     interval = _save_interval(saves, win, covered, span)
     share = {k: v / sampled for k, v in causes.items()}
+    own = causes["model"] + causes["loss"] + causes["python_data"]     # the loop's tensor work, for recurrence
     unread = _unread(main, segs)
     if unread is not None and unread >= UNREAD_NOTE:
         rep.notes.append(f"py-spy could not read {unread:.0%} of its samples of the trainer (stacks changing under a "
@@ -303,8 +307,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
               "stacks.gc_collect_share": float(share["garbage_collection"]),
               "stacks.checkpoint_interval_steps": interval,
               **marks.shares(sampled),
-              "stacks.recurrent_loop_share": (recurring / (causes["model"] + causes["python_data"])
-                                              if causes["model"] + causes["python_data"] > 0 else None),
+              "stacks.recurrent_loop_share": recurring / own if own > 0 else None,
               "stacks.own_threads_busy_share": _own_threads_busy(segs, trainer, main["t0_unix"], win, sampled, source)})
     rep.top = _top(frames, sampled, "trainer", TOP)
     rep.top += _workers([p for p in procs if p is not main], tally, source)
