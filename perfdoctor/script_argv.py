@@ -25,7 +25,7 @@ def launcher_words(target: Optional[list[str]], module: Optional[str],
     `perfdoctor run train.py ARGS` does, with perfdoctor's interpreter (a note says so when the named
     one is another); `perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console
     script, by name or path) is `-m torch.distributed.run`: the launcher is not a Python script of
-    its own to watch."""
+    its own to watch. `torchrun` False (tune): a launcher word or module is refused (NO_RANKS)."""
     argv = list(target or [])
     name = Path(argv[0]).name if argv else ""
     if module is None and PYTHON_WORD.fullmatch(name):
@@ -43,7 +43,16 @@ def launcher_words(target: Optional[list[str]], module: Optional[str],
         return argv, module
     if torchrun and module is None and name == "torchrun":
         return argv[1:], TORCHRUN
+    if not torchrun and (module in (TORCHRUN, "torchrun") or module is None and name == "torchrun"
+                         and not Path(argv[0]).is_file()):
+        raise PerfdoctorError(NO_RANKS)
     return target, module
+
+
+# `tune` times runs by the clock (--duration), which would stop ranks at different steps
+NO_RANKS = ("tune measures one process, not a torchrun job: tune the script as one process (its distributed setup "
+            "off), or measure a change on the job with `perfdoctor run --nproc-per-node N --max-steps S` before and "
+            "after it and `perfdoctor compare`")
 
 
 def module_args_to_module(argv: list[str], command) -> list[str]:

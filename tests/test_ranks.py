@@ -498,7 +498,11 @@ def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names
     assert words(["/venv/bin/torchrun", "t.py"], None) == (["t.py"], "torch.distributed.run")
     assert words(["torchrun.py", "x"], None) == (["torchrun.py", "x"], None)   # a script of that name
     assert words(["torchrun", "x"], "pkg") == (["torchrun", "x"], "pkg")
-    assert words(["torchrun", "t.py"], None, torchrun=False) == (["torchrun", "t.py"], None)      # tune
+    for given in ((["torchrun", "t.py"], None), (["t.py"], "torch.distributed.run"), (["t.py"], "torchrun")):
+        with pytest.raises(PerfdoctorError, match="tune measures one process, not a torchrun job"):
+            words(*given, torchrun=False)                                                       # tune
+    (tmp_path / "torchrun").write_text("print(1)\n")           # a script of that name, in the working directory
+    assert words([str(tmp_path / "torchrun"), "x"], None, torchrun=False) == ([str(tmp_path / "torchrun"), "x"], None)
     assert words(["python", "t.py", "--lr", "1"], None) == (["t.py", "--lr", "1"], None)
     assert words(["python3.11", "-m", "pkg.train", "-x"], None) == (["-x"], "pkg.train")
     assert words(["python", "x"], "pkg") == (["python", "x"], "pkg")          # the module's own argument
