@@ -988,9 +988,10 @@ def test_tensor_math_after_the_forward_is_the_loss_whatever_torch_function_it_ca
     assert not after_forward(at(6), first, source)                                      # the copy's time
     assert not after_forward(at(7, ("sum", SITE + "numpy/_core/fromnumeric.py", 1)), first, source)
     assert not after_forward(at(5, ce), {}, source)                   # no forward seen in that function
-    # the loss in a helper the loop calls after its forward: its frame in the loop stands after it
-    helper = (("<module>", "/home/u/train.py", 5), ("contrastive", "/home/u/losses.py", 9), ce)
-    assert after_forward(helper, first, source)
+    # a function the loop calls after its forward may make the next batch (nanoGPT's get_batch
+    # between the forward and the backward): only the innermost user frame's place counts
+    prefetch = (("<module>", "/home/u/train.py", 5), ("get_batch", "/home/u/train.py", 40))
+    assert not after_forward(prefetch, first, source)
 
 
 def test_a_metric_of_the_steps_results_is_read_every_step_not_batch_preparation(tmp_path):

@@ -348,17 +348,20 @@ def before_forward(stack: tuple, first_forward: dict[tuple[str, str], int], sour
 
 
 def after_forward(stack: tuple, first_forward: dict[tuple[str, str], int], source=linecache.getline) -> bool:
-    """Tensor math the loop does on the forward's output (a python_data or other stack): one of its
-    user frames stands after the first line of its function that calls the forward pass, and below
-    the innermost user frame run torch's tensor functions alone (F.cross_entropy, torch.einsum,
+    """Tensor math the loop does on the forward's output (a python_data or other stack): the
+    innermost user frame stands after the first line of its function that calls the forward pass,
+    and below it run torch's tensor functions alone (F.cross_entropy, torch.einsum,
     Tensor.__rsub__) or nothing (`sim = a @ b.T / t`): a loss written out, or a metric kept as a
     tensor. It needs that output, so no DataLoader worker can make it ahead (PD352 is for the
-    batch); a user trial's contrastive loss read "python data" and "other". Not a line that copies
-    to a device (the copy's time, as in before_forward)."""
+    batch); a user trial's contrastive loss read "python data" and "other". The innermost frame
+    alone: a function the loop calls after its forward may make the next batch (nanoGPT's
+    `X, Y = get_batch('train')` between the forward and the backward). Not a line that copies to
+    a device (the copy's time, as in before_forward)."""
     frames = code_frames(stack)
     user = max((i for i, f in enumerate(frames) if f.kind == "user"), default=None)
     if user is None or any(f.kind != "lib" or not _in(f.module, TENSOR_MATH_MODULES) for f in frames[user + 1:]):
         return False
     if line_says(frames[user].file, frames[user].line, DEVICE_COPY, source):
         return False
-    return any(f.kind == "user" and first_forward.get((f.file, f.func), f.line) < f.line for f in frames[:user + 1])
+    f = frames[user]
+    return first_forward.get((f.file, f.func), f.line) < f.line
