@@ -63,6 +63,30 @@ def test_injected_changes_reach_the_script(tmp_path, capfd):
     assert len(inj["losses"]) == 61 and all(isinstance(x, float) for x in inj["losses"])
 
 
+SCALED = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+scaler = torch.amp.GradScaler("cpu")          # a GradScaler left on where no float16 runs (nanoGPT's default)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(30):
+    loss = (model(x) - y).square().mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt); scaler.update(); opt.zero_grad()
+    print(f"{loss.item():.6f}")
+"""
+
+
+def test_a_loss_a_grad_scaler_scaled_is_kept_as_the_loss(tmp_path, capfd):
+    """tune's loss check read the scaled loss (times 65536 to start) where the script's loss is ~1:
+    the loss GradScaler.scale() was given is kept instead, as the script prints it."""
+    out, inj = injected(tmp_path, capfd, {}, SCALED)
+    printed = [float(x) for x in out.split()]
+    assert len(inj["losses"]) == 30 and inj["losses"] == pytest.approx(printed, rel=1e-5)
+    assert max(inj["losses"]) < 10
+
+
 def test_the_no_workers_trial_runs_a_loader_built_for_workers(tmp_path, capfd):
     """torch refuses persistent_workers, prefetch_factor and multiprocessing_context without
     workers: the num_workers=0 trial drops them, and the code to apply says so."""

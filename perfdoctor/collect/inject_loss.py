@@ -9,13 +9,17 @@ training step takes its gradients of, whichever way the script takes them.
   to compare, and tune says so).
 
 Losses are kept as detached tensors and converted at exit (inject.write_record), so no device
-sync is added to the step; LOSS_CAP of them at most, the first ones.
+sync is added to the step; LOSS_CAP of them at most, the first ones. A loss a GradScaler scaled
+(`scaler.scale(loss).backward()`) is kept as the loss it scaled: the scaled one is times 65536 to
+start, then times whatever the scaler makes of it (a nanoGPT-style run's check read 2.7e+05 for a
+loss of 4.2).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 from perfdoctor.collect.funcpasses import outside_transforms
 from perfdoctor.collect.passes import creates_graph
@@ -25,9 +29,11 @@ LOSS_CAP = 100_000                     # losses kept (one per step's gradient ca
 
 def record_losses(torch, st) -> None:
     """Wrap the three ways in; each loss goes to st.losses (inject._State)."""
+    unscaled = _scaled_losses(torch)
+
     def keep(t) -> None:
         if len(st.losses) < LOSS_CAP and isinstance(t, torch.Tensor) and t.numel() == 1 and os.getpid() == st.pid:
-            st.losses.append(t.detach())
+            st.losses.append(unscaled(t).detach())
 
     backward_orig = torch.Tensor.backward
 
@@ -63,3 +69,29 @@ def _func_values(torch, keep) -> None:
             return out
         return functools.update_wrapper(call, g)
     func.grad_and_value = functools.update_wrapper(grad_and_value, gv)
+
+
+def _scaled_losses(torch):
+    """Wrap GradScaler.scale (torch.cuda.amp's is the same class's): the scalar it returns -> the
+    loss it scaled, for as long as the scaled tensor lives. Returns the lookup: a tensor scale()
+    made gives its loss, any other itself. A disabled scaler returns the loss itself: nothing kept."""
+    made: dict[int, tuple] = {}
+    cls = getattr(getattr(getattr(torch, "amp", None), "grad_scaler", None), "GradScaler", None)
+    if cls is None or not callable(getattr(cls, "scale", None)):
+        return lambda t: t
+    orig = cls.scale
+
+    def scale(self, outputs):
+        out = orig(self, outputs)
+        if isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor) and out is not outputs \
+                and outputs.numel() == 1:
+            if len(made) >= 64:          # scaled losses never taken backward (the last of a run): forget them
+                made.clear()
+            made[id(out)] = (weakref.ref(out), outputs.detach())
+        return out
+    cls.scale = functools.update_wrapper(scale, orig)
+
+    def unscaled(t):
+        entry = made.pop(id(t), None)
+        return entry[1] if entry is not None and entry[0]() is t else t
+    return unscaled
