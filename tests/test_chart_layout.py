@@ -89,6 +89,21 @@ def test_every_step_axis_names_only_steps_the_run_had():
     assert "<title>step 41 " not in pic
 
 
+@pytest.mark.parametrize("first", [1, 22, 12345])
+def test_the_step_axis_name_ends_short_of_the_first_steps_number(first):
+    """A run whose steps began at 22 (an evaluation of 20 calls before the first optimizer step: a
+    nanoGPT-style loop) read "step22" under its chart: the name ends 6 px short of that number."""
+    from perfdoctor.report.stepchart import DIGIT_W
+    n = 300
+    series = {"k": 1, "first_step": first, "ms": [10.0] * n, "wait_ms": [0.0] * n, "kind": ["steady"] * n,
+              "steady": [0, n - 1]}
+    _, pic = step_chart(series, 10.0, all_timed=True)
+    tick = rf'<text x="([\d.]+)" y="[\d.]+" text-anchor="middle" fill="#555">{first}</text>'
+    x0 = float(re.search(tick, pic).group(1))
+    name = float(re.search(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end" fill="#555">step</text>', pic).group(1))
+    assert name <= x0 - DIGIT_W / 2 * len(str(first)) - 6 + 0.01 and name <= svg.LEFT - 8
+
+
 def test_a_trace_without_steps_is_called_the_whole_trace(shared_traces, tmp_path):
     """HTA's alexnet trace marks no steps: its pseudo-step read "step all" and its timeline "the
     steady step closest to the median"."""
