@@ -110,6 +110,32 @@ def test_different_commands_are_said_not_refused():
     assert compare_runs(before, after)["commands"]["differ"] is False
 
 
+def test_runs_of_two_batch_sizes_compare_samples_per_second_too():
+    """A DDP job at batch 32, then 64 (PD385's fix), read step time +15.8% and throughput -13.7%
+    "beyond noise" where it did 1.73x the samples per second: where both batch sizes are known and
+    differ, a samples/s row follows the throughput, its interval the step time's scaled by the
+    batch sizes' ratio; runs of one batch size, or of one not known, have none."""
+    rng = np.random.default_rng(5)
+    before = mk(0.100 * np.exp(rng.normal(0, 0.03, 40)), [0.1] * 5)
+    after = mk(0.116 * np.exp(rng.normal(0, 0.03, 40)), [0.1] * 5)
+    before.fingerprint["batch_size"], after.fingerprint["batch_size"] = 32, 64
+    rows = {r["metric"]: r for r in compare_runs(before, after)["rows"]}
+    assert list(rows)[:3] == ["step time", "throughput", "samples/s"]
+    st, sp = rows["step time"], rows["samples/s"]
+    assert st["change"] > 0.1 and st["beyond_noise"] is True
+    assert sp["before"] == pytest.approx(32e3 / st["before"]) and sp["after"] == pytest.approx(64e3 / st["after"])
+    assert sp["change"] == pytest.approx(2 / (1 + st["change"]) - 1) and sp["beyond_noise"] is True
+    lo, hi = (float(x) for x in st["noise"][5:-1].split("-"))
+    slo, shi = (float(x) for x in sp["noise"][5:-1].split("-"))
+    assert (slo, shi) == (pytest.approx(2 / hi, abs=0.011), pytest.approx(2 / lo, abs=0.011)) and slo > 1
+    assert sp["note"] == "batch 32 -> 64: batch size / step time"
+    from perfdoctor.report.values import value
+    assert value(sp["after"], sp["unit"]).endswith(" samples/s")
+    for b, a in ((32, 32), (None, 64), (32, None)):
+        before.fingerprint["batch_size"], after.fingerprint["batch_size"] = b, a
+        assert "samples/s" not in {r["metric"] for r in compare_runs(before, after)["rows"]}
+
+
 def test_a_thread_count_that_differs_is_told():
     """2 torch threads before, 1 after (PD348's fix on a shared machine): compare says so, and
     the gate notes it and decides all the same; runs that agree, or a side that does not know

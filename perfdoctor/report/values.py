@@ -24,13 +24,15 @@ def number(x: float) -> str:
 
 
 def value(v, unit: str) -> str:
-    """A comparison row's value in its unit: ms, steps/s, or a share."""
+    """A comparison row's value in its unit: ms, steps/s, samples/s, or a share."""
     if v is None:
         return "unknown"
     if unit == "ms":
         return ms_text(v)
     if unit == "steps/s":
         return f"{v:.2f} steps/s"
+    if unit == "samples/s":
+        return f"{v:.1f} samples/s"
     return f"{100 * v:.1f}%"
 
 
