@@ -126,14 +126,13 @@ def _x_axis(series: dict, n: int, bw: float, y: float) -> list[str]:
     k, first = series["k"], _first(series)
     first = first if first is not None else 1
     out = [f'<line x1="{LEFT}" y1="{_f(y)}" x2="{_f(LEFT + n * bw)}" y2="{_f(y)}" stroke="#999"/>']
-    ends = []
     for step in step_ticks(first, n * k):
         x = LEFT + bw * (step - first + 0.5) / k           # the middle of that step's place on the axis
-        ends.append(x - DIGIT_W / 2 * len(str(step)))
         out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}" stroke="#999"/>'
                    f'<text x="{_f(x)}" y="{_f(y + TICK_DY)}" text-anchor="middle" fill="#555">{step}</text>')
-    # the axis's name ends short of the first step's number ("step22" read as one word when a run's
-    # steps began at 22)
-    out.append(f'<text x="{_f(min(LEFT - 8, ends[0] - 6))}" y="{_f(y + TICK_DY)}" text-anchor="end" '
+    # the axis's name ends short of the first tick's number (step `first`, at bw / 2k): "step22" read
+    # as one word when a run's steps began at 22
+    first_left = LEFT + bw * 0.5 / k - DIGIT_W / 2 * len(str(first))
+    out.append(f'<text x="{_f(min(LEFT - 8, first_left - 6))}" y="{_f(y + TICK_DY)}" text-anchor="end" '
                f'fill="#555">step</text>')
     return out

@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.errors import PerfdoctorError
@@ -103,7 +105,6 @@ MAX_VALIDATED = 4096
 
 
 def _validated(path: Path, data: dict, known: frozenset[str]) -> tuple[Rule | None, list[RuleProblem]]:
-    import msgspec
     try:
         key = (str(path), msgspec.json.encode(data), known)
     except (TypeError, msgspec.EncodeError):      # a value JSON cannot carry: validate it every time
