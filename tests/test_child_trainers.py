@@ -168,3 +168,23 @@ def test_trainers_queueing_for_the_cores_are_told_to_share_them():
     assert "the 16 step(s) timed here are the launched process's own while" not in own
     assert "the 16 step(s) timed here are the launched process's own, while 2 python child" in own
     assert "no backward pass" not in own
+
+
+def test_no_note_offers_tune_where_the_steps_are_no_training():
+    """On a machine busy with other work the confidence note names PD348 and says tune measures
+    it; where the launched process's steps are a test after its trainers ran, tune would time that
+    test, so the note keeps PD348 and drops the offer (CI on a loaded 2-core machine showed it)."""
+    from perfdoctor.diagnose.childtrainers import LEAD, own_loop_only
+    from perfdoctor.diagnose.confidence import confidence
+    m = {"system.other_cores": 1.5, "run.runq_share": 0.6, "machine.torch_threads": 2}
+    _, notes, _ = confidence("host", m)
+    told = next(n for n in notes if "PD348" in n)
+    assert "`perfdoctor tune` measures it" in told
+    doc = {"run": {}, "verdict": {"summary": "s", "notes": list(notes)}, "traces": [
+        {"verdict": {"summary": "t", "notes": list(notes)}}]}
+    own_loop_only(doc, [{"mode": "dataloader"}], LEAD[0] + " 2 spawned child process(es)")
+    for v in (doc["verdict"], doc["traces"][0]["verdict"]):
+        assert not any("perfdoctor tune" in n for n in v["notes"]) and any("(PD348)" in n for n in v["notes"]), v
+    kept = {"run": {}, "verdict": {"summary": "s", "notes": list(notes)}, "traces": []}
+    own_loop_only(kept, [{"mode": "optimizer"}], LEAD[0] + " 2 spawned child process(es)")
+    assert kept["verdict"]["notes"] == notes and kept["run"]["training_elsewhere"] is False

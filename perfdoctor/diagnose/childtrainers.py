@@ -21,6 +21,8 @@ no step of its own it replaces "no bottleneck" as the reason the verdict is inco
 
 from __future__ import annotations
 
+from perfdoctor.diagnose.confidence import TUNE_MEASURES
+
 LEAD = ("the script trained in", "the script may train in")     # the notes' beginnings (live.py shows them first)
 MIN_CHILD_CORES = 0.25          # a child process busy a quarter of a core: work, not a helper's idling
 OVERSUBSCRIBED = 1.1            # runnable threads per usable core that queue (PD213's threshold)
@@ -112,3 +114,4 @@ def own_loop_only(doc: dict, steps: list[dict], note: str | None) -> None:
                 "note says how to diagnose them). ")
         for v in [doc["verdict"]] + [t["verdict"] for t in doc["traces"]]:
             v["summary"] = said + v["summary"]
+            v["notes"] = [n.replace(TUNE_MEASURES, "") for n in v.get("notes") or []]

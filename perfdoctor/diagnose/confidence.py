@@ -38,6 +38,7 @@ SHARED_RUNQ = 0.25
 # Long steps every N steps (analyze/longsteps.py) holding this share of the steady time, none of
 # them traced: PD218's line, where the usual step's breakdown leaves out more than its own error.
 LONG_STEPS = 0.1
+TUNE_MEASURES = "; `perfdoctor tune` measures it"    # dropped where tune would time no training (childtrainers)
 
 
 def median_is_cut(m: dict) -> bool:
@@ -192,7 +193,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      "to judge the job alone"
                      # an op split over threads waits for a parked one: its time is not the op's work
                      + (f"; its ops split over {threads:.0f} threads and wait for any the scheduler parks, so "
-                        "fewer threads can be many times faster here (PD348; `perfdoctor tune` measures it)"
+                        "fewer threads can be many times faster here (PD348" + TUNE_MEASURES + ")"
                         if isinstance(threads, (int, float)) and threads > 1 else ""))
     long_share, traced_long = m.get("loop.long_steps_share"), m.get("loop.long_steps_traced")
     every, traced_n = m.get("loop.long_steps_every"), m.get("steps.count")
