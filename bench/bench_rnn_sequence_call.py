@@ -4,7 +4,9 @@ pytorch/examples' char_level_rnn shape: embedding, dropout, nn.LSTM / nn.GRU and
 called once per character with the hidden state passed from call to call, against the same
 modules called once on the whole sequence. For each shape both versions train in one process, in
 alternating blocks (a noisy machine slows both alike); the speed-up is the ratio of their step
-times. Prints it beside PD388's ceiling, calls-fold (one call per time step: T).
+times. Prints it beside PD388's ceiling, calls-fold (one call per time step: T), and beside its
+expected gain as `perfdoctor run` models it: the layer alone timed both ways by the probe
+(collect/rnnprobe.py), that ratio on the layer's share of the per-time-step step.
 
     python bench/bench_rnn_sequence_call.py [--blocks 4] [--steps 8]
 """
@@ -66,8 +68,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args()
-    print("| module | hidden | layers | T | batch | measured | ceiling (T) |")
-    print("|---|---|---|---|---|---|---|")
+    from perfdoctor.collect.rnnprobe import measure
+    print("| module | hidden | layers | T | batch | measured | expected (probe) | ceiling (T) |")
+    print("|---|---|---|---|---|---|---|---|")
     for kind, H, L, T, B in SHAPES:
         per_step, whole = trainer(kind, H, L, T, B, False), trainer(kind, H, L, T, B, True)
         times = {False: 0.0, True: 0.0}
@@ -79,7 +82,15 @@ def main() -> None:
                 for _ in range(a.steps):
                     f()
                 times[is_whole] += time.perf_counter() - t0
-        print(f"| {kind} | {H} | {L} | {T} | {B} | {times[False] / times[True]:.2f}x | {T}x |", flush=True)
+        step_ms = 1e3 * times[False] / (a.blocks * a.steps)
+        cfg = {"kind": kind, "input_size": 50, "hidden_size": H, "num_layers": L, "bias": True, "batch_first": True,
+               "bidirectional": False, "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
+               "threads": torch.get_num_threads(), "input_shape": [B, 1, 50]}
+        probe = measure(cfg, T)
+        share = min(1.0, probe["per_call_ms"] / step_ms)
+        expected = 1 / (1 - share + share / probe["ratio"])
+        print(f"| {kind} | {H} | {L} | {T} | {B} | {times[False] / times[True]:.2f}x | {expected:.2f}x "
+              f"({share:.0%} at {probe['ratio']:.2f}x) | {T}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ samples (PD353), told by the census and by a live run."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from runs import prun_script, report
 
@@ -56,6 +58,22 @@ def test_time_steps_on_slices_of_one_input_with_the_state_passed_on_are_a_recurr
     r = _census(model, loop)
     # every call after the first took the state the one before returned, on the next slice of tokens
     assert (r["calls"], r["batch"], r["chained"], r["sliced"], r["rnn_module"]) == (13, 1, 12, 12, "LSTM")
+
+
+def test_the_rnn_layer_is_described_as_it_was_called():
+    """rnn_config: what the probe builds again, with the shape of the layer's first call."""
+    census = Census(torch.Tensor, rnn_types=(nn.RNNBase, nn.RNNCellBase))
+    class Encoder(nn.GRU):                     # a subclass: built again as the torch class it is
+        pass
+    gru = Encoder(8, 24, num_layers=3, bidirectional=True).double()
+    census.boundary("optimizer")
+    census.count(gru, (torch.zeros(5, 7, 8, dtype=torch.float64),), {})     # the loop calls it itself
+    census.boundary("optimizer")
+    cfg = census.result["rnn"]
+    assert census.result["rnn_module"] == "Encoder"
+    assert cfg == {"kind": "GRU", "input_size": 8, "hidden_size": 24, "num_layers": 3, "bias": True,
+                   "batch_first": False, "bidirectional": True, "proj_size": 0, "nonlinearity": None,
+                   "dtype": "float64", "device": "cpu", "threads": torch.get_num_threads(), "input_shape": [5, 7, 8]}
 
 
 def test_a_decoder_fed_its_own_output_passes_state_on_but_slices_nothing():
@@ -123,6 +141,20 @@ def test_run_offers_the_whole_sequence_call_not_batching_the_samples(tmp_path):
     ids = [f["id"] for f in doc["findings"]]
     assert "PD388" in ids and "PD353" not in ids
     fix = next(f for f in doc["findings"] if f["id"] == "PD388")
-    assert fix["gain"]["expected"] is None
     wait = m["run.data_wait_share"] or 0
     assert fix["gain"]["ceiling"] == pytest.approx(1 / (wait + (1 - wait) / 12), rel=0.02)
+    # the layer as the census saw it, built again after the run and timed both ways (rnnprobe.py)
+    child = json.loads((out / "child.json").read_text())["root_calls"]["rnn"]
+    assert {k: child[k] for k in ("kind", "input_size", "hidden_size", "num_layers", "batch_first", "input_shape")} \
+        == {"kind": "LSTM", "input_size": 16, "hidden_size": 64, "num_layers": 2, "batch_first": True,
+            "input_shape": [32, 1, 16]}
+    probe = json.loads((out / "rnn_probe.json").read_text())
+    assert (probe["calls"], probe["steps"], probe["batch"]) == (12, 12, 32)
+    assert m["rnn.probe_speedup"] == pytest.approx(probe["ratio"], rel=1e-3)      # the report rounds
+    assert m["rnn.probe_layer_share"] == pytest.approx(min(probe["per_call_ms"] / m["run.step_time_ms"], 1 - wait),
+                                                       rel=1e-3)
+    # the expected gain is that ratio on that share, under the ceiling
+    share, r = m["rnn.probe_layer_share"], m["rnn.probe_speedup"]
+    assert fix["gain"]["expected"] == pytest.approx(max(1.0, min(1 / (1 - share + share / r), fix["gain"]["ceiling"])),
+                                                    rel=1e-3)
+    assert any(n.startswith("timed the script's LSTM layer after the run") for n in doc["run"]["notes"])

@@ -158,3 +158,10 @@ def extra_batches(steps: list[dict]) -> dict | None:
             "time_share": extra_time / total,
             "excess_share": max(0.0, extra_time - len(extra) * typical) / total,
             "wait_share": (sum(s.get("wait") or 0.0 for s in extra) / wait) if wait > 0 else None}
+
+
+def few_steps_metrics(steps: list[dict]) -> dict:
+    """Data wait over every measured step, warm-up included: the steady-window statistics need
+    more steps than a run of a few long ones has, yet its wait was measured (PD114 reads it)."""
+    dur = sum(s["dur"] for s in steps)
+    return {"run.all_steps_wait_share": sum(s["wait"] for s in steps) / dur if dur > 0 else None}

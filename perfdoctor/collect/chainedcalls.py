@@ -13,14 +13,17 @@ sequence does the same work with one dispatch per layer, not per time step (PD38
 Chain (the census's, for the counted step only) answers with per-module counts: "chained", the
 calls that took a tensor the same module's previous call returned (looked for two containers
 deep: `(out, (h, c))`); "sliced", the calls whose first tensor argument is a view of the same
-tensor as the previous call's; and "rnn_module", the class of the first RNN module run inside an
-outermost call. Weak references only: the counting keeps no tensor alive.
+tensor as the previous call's; "rnn_module", the class of the first RNN module run inside an
+outermost call (or called as one), and "rnn", its configuration and the shape of its first call's
+input (rnn_config: what collect/rnnprobe.py builds again to time one call over the sequence).
+Weak references only: the counting keeps no tensor alive.
 """
 
 from __future__ import annotations
 
 import weakref
 
+RNN_KINDS = ("LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell")   # torch's classes the probe builds
 DEPTH = 3             # containers looked into: model(x, (h, c)) -> (out, (h, c)) is two deep
 
 
@@ -32,6 +35,7 @@ class Chain:
         self.base: dict = {}          # id(module) -> a weak reference to its last call's first argument's base
         self.counts: dict = {}        # id(module) -> [chained calls, sliced calls]
         self.rnn_module = None
+        self.rnn = None
 
     def call(self, key: int, args: tuple, kwargs: dict) -> None:
         """An outermost call of module `key` begins."""
@@ -50,14 +54,18 @@ class Chain:
         """An outermost call of module `key` returned `out`."""
         self.out[key] = [r for r in (weak_ref(t) for t in self._tensors(out, DEPTH)) if r is not None]
 
-    def inner(self, module) -> None:
-        """A module called inside an outermost call."""
+    def inner(self, module, args: tuple = ()) -> None:
+        """A module called inside an outermost call (or an outermost call of an RNN module)."""
         if self.rnn_module is None and self.rnn_types and isinstance(module, self.rnn_types):
             self.rnn_module = type(module).__name__
+            try:
+                self.rnn = rnn_config(module, args[0] if args and isinstance(args[0], self.tensor) else None)
+            except Exception:         # an RNN subclass without the usual attributes: no probe
+                self.rnn = None
 
     def result(self, key: int) -> dict:
         chained, sliced = self.counts.get(key, (0, 0))
-        return {"chained": chained, "sliced": sliced, "rnn_module": self.rnn_module}
+        return {"chained": chained, "sliced": sliced, "rnn_module": self.rnn_module, "rnn": self.rnn}
 
     def _tensors(self, v, depth: int) -> list:
         if isinstance(v, self.tensor):
@@ -69,6 +77,27 @@ class Chain:
         if isinstance(v, (tuple, list)):
             return [t for x in v[:16] for t in self._tensors(x, depth - 1)]
         return []
+
+
+def rnn_config(module, x) -> dict | None:
+    """What builds the same recurrent layer again: its torch class (a subclass's base), sizes and
+    options, its parameters' dtype and device, torch's thread count, and the shape of the input it
+    was called on (a module's [batch, time, features] or [time, batch, features] by batch_first, a
+    cell's [batch, features]; None for a PackedSequence). None for a class torch cannot build."""
+    import torch
+    kind = next((c.__name__ for c in type(module).__mro__
+                 if c.__name__ in RNN_KINDS and c.__module__.startswith("torch.nn")), None)
+    if kind is None:                  # torch's RNNBase subclassed from scratch: nothing to build again
+        return None
+    w = next(module.parameters())
+    return {"kind": kind, "input_size": int(module.input_size),
+            "hidden_size": int(module.hidden_size), "num_layers": int(getattr(module, "num_layers", 1)),
+            "bias": bool(module.bias), "batch_first": bool(getattr(module, "batch_first", False)),
+            "bidirectional": bool(getattr(module, "bidirectional", False)),
+            "proj_size": int(getattr(module, "proj_size", 0) or 0),
+            "nonlinearity": getattr(module, "nonlinearity", None),
+            "dtype": str(w.dtype).removeprefix("torch."), "device": str(w.device),
+            "threads": torch.get_num_threads(), "input_shape": list(x.shape) if x is not None else None}
 
 
 def weak_ref(obj):

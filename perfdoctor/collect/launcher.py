@@ -29,6 +29,7 @@ from pathlib import Path
 from perfdoctor.collect.child import ENV
 from perfdoctor.collect.cupti import teardown_env
 from perfdoctor.collect.rundir import claim
+from perfdoctor.collect.rnnprobe import maybe_probe
 from perfdoctor.collect.steprecord import FLUSH_S, first_step_recorded
 from perfdoctor.collect.threadstop import STOP_SIGNAL
 
@@ -246,6 +247,10 @@ def launch(cfg: RunConfig) -> RunResult:
                      f"last steps (up to {FLUSH_S:g} s of them) may be lost with it: the step counts cover the steps "
                      "written")
     res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)
+    # PD388's probe (rnnprobe.py) after the script, out of its wall time: in `run` and tune's traced baseline
+    if child.get("outcome") != "interrupted" and (cfg.changes is None or cfg.trace) \
+            and (said := maybe_probe(run_dir, child)):
+        notes.append(said)
     try:
         (run_dir / "run.json").write_text(json.dumps({
             "argv": cfg.argv, "module": cfg.module, "exit_code": exit_code, "signal": sig,

@@ -43,7 +43,7 @@ class Census:
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
     most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
-    "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module"
+    "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module", "rnn"
     (chainedcalls.py)}, where batch is the most common leading dimension of the calls of the
     modules called at least half as often as it, and batch_share that dimension's share of those
     calls; None until the step ends."""
@@ -125,6 +125,7 @@ class Census:
         self.last = (id(module), lead)
         self.tables.call(module, args, kwargs)
         self.chain.call(id(module), args, kwargs)
+        self.chain.inner(module, args)        # a loop that calls its nn.LSTM itself
 
     def returned(self, module, out) -> None:
         """A counted outermost call returned `out`."""
@@ -138,7 +139,7 @@ class Census:
         if self.autocast is None and self.cpu_autocast is not None:
             self.autocast = self.cpu_autocast()
         self.tables.call(module, args, kwargs)
-        self.chain.inner(module)
+        self.chain.inner(module, args)
 
     def _lead(self, args, kwargs):
         """The batch size of a call: the leading dimension of its first tensor argument; 1 for a

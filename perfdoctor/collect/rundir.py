@@ -18,8 +18,9 @@ RUN_FILES = ("run.json", "child.json", "steps.jsonl", "samples.json", "report.js
              "inject.json",                      # inject.json: under `perfdoctor tune`
              "worker_info.marker",               # a loader worker read get_worker_info() (hooks.py)
              "rank.json", "ranks.json",          # a rank of a multi-rank run; its parent (collect/ranks.py)
-             "report.html", "annotated.pt.trace.json.gz")   # report/outputs.py
-RUN_DIRS = ("trace", "stacks", "tensorboard", "ranks")
+             "report.html", "annotated.pt.trace.json.gz",   # report/outputs.py
+             "loaderfetch.jsonl", "rnn_probe.json")   # forked loader workers' totals; PD388's probe
+RUN_DIRS = ("trace", "stacks", "tensorboard", "ranks", "forked")
 # Any of these marks a directory as a run directory (report.json alone is a report, not a run).
 MARKERS = ("run.json", "child.json", "steps.jsonl", "samples.json")
 

@@ -28,12 +28,15 @@ from perfdoctor.analyze.memory import used_fraction
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
 from perfdoctor.analyze.stepseries import step_series
-from perfdoctor.analyze.stepwait import runq_runnable_share, runq_share, thread_awake_share, wait_busy_share
+from perfdoctor.analyze.rnnsequence import probe_metrics
+from perfdoctor.analyze.stepwait import (few_steps_metrics, runq_runnable_share, runq_share, thread_awake_share,
+                                         wait_busy_share)
 from perfdoctor.analyze.system import other_cores
 from perfdoctor.collect import forked
 from perfdoctor.collect.launcher import RunResult
 from perfdoctor.collect.loaderfetch import FILE as FETCH_FILE
 from perfdoctor.collect.optsteps import RATES_NOTE
+from perfdoctor.collect.rnnprobe import PROBE_FILE
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere, own_loop_only
 from perfdoctor.diagnose.document import build_document
@@ -245,6 +248,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(kept_metrics(steady, res.child.get("loader_iters"), pace))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
+    m.update(probe_metrics(_read_json(run_dir / PROBE_FILE), m))     # PD388's probe (collect/rnnprobe.py)
     m.update(long_step_metrics(steady, profiled(steps)))
     trained_elsewhere = elsewhere(kids, steps, m, res.child.get("process_starts"))
     kinds = kinds_note(steady)      # two kinds of step in turn: the thirds' medians flip between them, no drift
@@ -383,13 +387,6 @@ def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float |
     if not traced_ms or not steady_ms or not math.isfinite(traced_ms / steady_ms) or traced_ms <= 0 or steady_ms <= 0:
         return None
     return max(1.0, traced_ms / steady_ms)
-
-
-def few_steps_metrics(steps: list[dict]) -> dict:
-    """Data wait over every measured step, warm-up included: the steady-window statistics need
-    more steps than a run of a few long ones has, yet its wait was measured (PD114 reads it)."""
-    dur = sum(s["dur"] for s in steps)
-    return {"run.all_steps_wait_share": sum(s["wait"] for s in steps) / dur if dur > 0 else None}
 
 
 def write_run_events(run_dir: Path) -> None:

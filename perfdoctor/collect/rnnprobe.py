@@ -1,0 +1,170 @@
+"""Time the script's recurrent layer both ways: once per time step, and once over the sequence.
+
+A loop that calls its model once per time step, passing the state on (PD388), pays each call's
+fixed cost of the RNN layer T times a step: dispatch, the layer's setup (oneDNN builds its
+primitive and reorders the weights on every call on a CPU), the autograd graph per call; one call
+over the sequence pays it once. How much that is depends on the layer, the sizes, the dtype and
+the device, and no trace tells it from the work (bench/bench_rnn_sequence_call.py: LSTM 3.0-8.0x,
+GRU 1.5x). So it is measured: after the script has ended, a separate process builds the same
+layer again (collect/chainedcalls.py rnn_config: class, sizes, options, dtype, device, torch's
+thread count, the batch and time steps of its calls) and times, forward and backward, T calls of
+one call's time steps each, the state passed on, against one call over all T of them, in
+alternating repetitions. The script's own run is over by then: its steps are not slowed.
+
+maybe_probe(run_dir, child) runs it where the census saw PD388's signs (MIN_CALLS model calls or
+more a step, most of them taking the last call's state and the next slice of one input, an RNN
+module inside), writes RUN_DIR/rnn_probe.json and returns a note; analyze/rnnsequence.py turns it
+into the share of the step that one call would save.
+
+    python -m perfdoctor.collect.rnnprobe CONFIG.json OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROBE_FILE = "rnn_probe.json"
+MIN_CALLS = 8            # PD353's and PD388's floor: fewer calls a step are no loop worth the rewrite
+CHAINED = 0.5            # most calls take the last call's state and the next slice (PD388's condition)
+BUDGET_S = 2.0           # measuring time, after a warm-up of each way
+MIN_PAIRS, MAX_PAIRS = 3, 20
+TIMEOUT_S = 60           # torch's import and the device's start included
+
+
+def wanted(child: dict) -> tuple[dict, int] | None:
+    """(the layer's configuration, calls a step) where PD388's signs hold, else None."""
+    rc = child.get("root_calls") or {}
+    cfg, calls = rc.get("rnn"), rc.get("calls")
+    if not isinstance(cfg, dict) or not isinstance(calls, int) or calls < MIN_CALLS:
+        return None
+    chained, sliced = rc.get("chained"), rc.get("sliced")
+    if not all(isinstance(n, int) and n >= CHAINED * (calls - 1) for n in (chained, sliced)):
+        return None
+    return cfg, calls
+
+
+def maybe_probe(run_dir: Path, child: dict) -> str | None:
+    """Run the probe in its own process where it is wanted; the note it leaves, or None."""
+    found = wanted(child)
+    if found is None:
+        return None
+    cfg, calls = found
+    src, out = run_dir / "rnn_probe.config.json", run_dir / PROBE_FILE
+    t0 = time.monotonic()
+    try:
+        src.write_text(json.dumps({"config": cfg, "calls": calls}))
+        p = subprocess.run([sys.executable, "-m", "perfdoctor.collect.rnnprobe", str(src), str(out)],
+                           capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the {cfg.get('kind')} layer could not be timed over the whole sequence ({type(exc).__name__})"
+    finally:
+        src.unlink(missing_ok=True)
+    if p.returncode != 0 or not out.exists():
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return f"the {cfg.get('kind')} layer could not be timed over the whole sequence ({last})"
+    return (f"timed the script's {cfg.get('kind')} layer after the run ({time.monotonic() - t0:.1f} s, in a "
+            "separate process): its calls one time step at a time against one call over the sequence (PD388)")
+
+
+def _layers(torch, cfg: dict):
+    """(the layer as the loop calls it, the module that runs the whole sequence), both batch-first."""
+    nn = torch.nn
+    kind = cfg["kind"]
+    dtype, device = getattr(torch, cfg["dtype"]), torch.device(cfg["device"])
+    cell = kind.endswith("Cell")
+    base = kind[:-4] if cell else kind
+    opts: dict = {"bias": cfg["bias"], "batch_first": True}
+    if base == "RNN" and cfg.get("nonlinearity"):
+        opts["nonlinearity"] = cfg["nonlinearity"]
+    if not cell:
+        opts.update(num_layers=cfg["num_layers"], bidirectional=cfg["bidirectional"])
+        if base == "LSTM" and cfg.get("proj_size"):
+            opts["proj_size"] = cfg["proj_size"]
+    whole = getattr(nn, base)(cfg["input_size"], cfg["hidden_size"], **opts).to(device, dtype)
+    if not cell:
+        return whole, whole
+    step = getattr(nn, kind)(cfg["input_size"], cfg["hidden_size"], bias=cfg["bias"],
+                             **({"nonlinearity": cfg["nonlinearity"]} if base == "RNN" else {})).to(device, dtype)
+    return step, whole
+
+
+def _shape(cfg: dict) -> tuple[int, int]:
+    """(batch, time steps per call) of the calls the census saw."""
+    shape = cfg.get("input_shape") or []
+    if cfg["kind"].endswith("Cell"):
+        return (int(shape[0]) if len(shape) == 2 else 1), 1
+    if len(shape) == 3:
+        b, t = (shape[0], shape[1]) if cfg["batch_first"] else (shape[1], shape[0])
+        return int(b), int(t)
+    return 1, (int(shape[0]) if len(shape) == 2 else 1)          # unbatched [time, features]
+
+
+def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S) -> dict:
+    """Forward and backward of `calls` chained calls against one call over their time steps:
+    {"per_call_ms", "whole_ms" (each a whole step's worth), "ratio" (total time one way over the
+    other), "ratio_low", "ratio_high" (of the alternating pairs), "pairs", "batch", "steps"}."""
+    import torch
+    torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
+    step, whole = _layers(torch, cfg)
+    batch, per = _shape(cfg)
+    device, dtype = next(whole.parameters()).device, next(whole.parameters()).dtype
+    x = torch.randn(batch, calls * per, cfg["input_size"], device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cell = cfg["kind"].endswith("Cell")
+
+    def per_call() -> None:
+        state, outs = None, []
+        for i in range(calls):
+            if cell:
+                state = step(x[:, i], state)
+                outs.append(state[0] if isinstance(state, tuple) else state)
+            else:
+                out, state = step(x[:, i * per:(i + 1) * per], state)
+                outs.append(out)
+        torch.stack(outs).sum().backward()
+
+    def one_call() -> None:
+        out, _ = whole(x)
+        out.sum().backward()
+
+    def timed(fn) -> float:
+        for p in (*step.parameters(), *whole.parameters()):
+            p.grad = None
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t
+
+    timed(per_call), timed(one_call)                     # warm-up: the first call builds what it caches
+    pairs: list[tuple[float, float]] = []
+    t0 = time.perf_counter()
+    while len(pairs) < MAX_PAIRS and (len(pairs) < MIN_PAIRS or time.perf_counter() - t0 < budget_s):
+        if len(pairs) % 2:                               # alternate which way goes first
+            b = timed(one_call)
+            a = timed(per_call)
+        else:
+            a = timed(per_call)
+            b = timed(one_call)
+        pairs.append((a, b))
+    a_sum, b_sum = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+    ratios = [a / b for a, b in pairs if b > 0]
+    return {"per_call_ms": 1e3 * a_sum / len(pairs), "whole_ms": 1e3 * b_sum / len(pairs),
+            "ratio": a_sum / b_sum if b_sum > 0 else None, "ratio_low": min(ratios), "ratio_high": max(ratios),
+            "pairs": len(pairs), "batch": batch, "steps": calls * per, "calls": calls, "kind": cfg["kind"],
+            "device": str(device), "dtype": cfg["dtype"]}
+
+
+def main(argv: list[str]) -> int:
+    src, out = Path(argv[0]), Path(argv[1])
+    job = json.loads(src.read_text())
+    out.write_text(json.dumps(measure(job["config"], int(job["calls"]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
