@@ -5,7 +5,9 @@ one process, in alternating blocks (a noisy machine slows both alike), and the s
 ratio of their step times; a trace of the loop version gives the report's shares. Prints, per
 shape, the measured speed-up beside the ceiling (PD387) and two candidate models of the
 expected gain: the loop's matrix products kept (cpu.gemm_conv_share), or its large ops kept
-(cpu.compute_share).
+(cpu.compute_share); and the model PD387 uses under `perfdoctor run`: the cell alone timed T calls
+against the fused module over T steps by the probe (collect/rnnprobe.py), that ratio on the cell's
+share of the loop version's step, under the ceiling.
 
     python bench/bench_cell_loops.py [--blocks 4] [--steps 10]
 """
@@ -76,9 +78,10 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args()
+    from perfdoctor.collect.rnnprobe import measure
     print("| cell | H | T | B | loop share | gemm share | compute share | measured | gemms kept | large ops kept "
-          "| ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| probe | ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as d:
         for cell, H, T, B in SHAPES:
             loop, fused = trainer(cell, H, T, B, False), trainer(cell, H, T, B, True)
@@ -96,9 +99,16 @@ def main() -> None:
             gemm = min(share, m["cpu.gemm_conv_share"] or 0.0)
             large = max(0.0, min(share, 1 - (m["cpu.compute_share"] or 0.0)))
             kept = m["rnn.cell_loop_kept_share"] or 1.0
+            probe = measure({"kind": "LSTMCell" if cell == "lstm" else "GRUCell", "input_size": H, "hidden_size": H,
+                             "num_layers": 1, "bias": True, "batch_first": False, "bidirectional": False,
+                             "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
+                             "threads": torch.get_num_threads(), "input_shape": [B, H]}, T)
+            layer = min(1.0, probe["per_call_ms"] / (1e3 * times[False] / (a.blocks * a.steps)))
+            expected = min(1 / (1 - layer + layer / probe["ratio"]), 1 / kept)
             print(f"| {cell} | {H} | {T} | {B} | {share:.2f} | {m['cpu.gemm_conv_share'] or 0:.2f} | "
                   f"{m['cpu.compute_share'] or 0:.2f} | {times[False] / times[True]:.2f}x | "
-                  f"{1 / (1 - (share - gemm)):.2f}x | {1 / (1 - large):.2f}x | {1 / kept:.2f}x |", flush=True)
+                  f"{1 / (1 - (share - gemm)):.2f}x | {1 / (1 - large):.2f}x | "
+                  f"{expected:.2f}x ({layer:.0%} at {probe['ratio']:.2f}x) | {1 / kept:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ nn.LSTM twin), and a CUDA trace written by hand."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -115,3 +116,47 @@ def test_a_loop_over_slices_split_off_before_it_is_found(tmp_path):
     m = doc["traces"][0]["metrics"]
     assert m["rnn.cell_loop_iterations"] == pytest.approx(T, abs=1) and m["rnn.cell_loop_share"] > 0.5
     assert "PD387" in [f["id"] for f in doc["findings"]]
+
+
+CELL_SCRIPT = '''
+import sys, torch, torch.nn as nn
+dtype = getattr(torch, sys.argv[1])
+torch.manual_seed(0)
+c1, c2, lin = nn.LSTMCell(1, 32).to(dtype), nn.LSTMCell(32, 32).to(dtype), nn.Linear(32, 1).to(dtype)
+opt = torch.optim.SGD([*c1.parameters(), *c2.parameters(), *lin.parameters()], lr=0.1)
+x = torch.randn(16, 41, dtype=dtype)
+for step in range(40):
+    h = c = h2 = c2_ = torch.zeros(16, 32, dtype=dtype)
+    outs = []
+    for x_t in x[:, :-1].split(1, dim=1):           # time_sequence_prediction's loop
+        h, c = c1(x_t, (h, c))
+        h2, c2_ = c2(h, (h2, c2_))
+        outs.append(lin(h2))
+    loss = ((torch.cat(outs, 1) - x[:, 1:]) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.quiet         # the loop's share and the probe are timings
+def test_run_measures_the_cell_against_the_fused_module(tmp_path):
+    """Under `perfdoctor run` the loop's first cell is built again after the run and timed 40
+    calls against nn.LSTM over 40 steps (collect/rnnprobe.py): PD387's expected gain is that ratio
+    on the cell's part of the loop, the rest of the loop kept, under the ceiling."""
+    from runs import child, prun_script, report
+    _, out = prun_script(tmp_path, "cells.py", CELL_SCRIPT, "float32", trace=True)
+    doc, rc = report(out), child(out)["root_calls"]
+    assert (rc["rnn_module"], rc["rnn_calls"], rc["rnn"]["input_shape"]) == ("LSTMCell", 40, [16, 1])
+    m = doc["traces"][0]["metrics"]
+    assert m["rnn.cell_loop_iterations"] == pytest.approx(40, abs=1)
+    probe = json.loads((out / "rnn_probe.json").read_text())
+    assert (probe["kind"], probe["calls"], probe["batch"], probe["dtype"]) == ("LSTMCell", 40, 16, "float32")
+    fix = next(f for f in doc["findings"] if f["id"] == "PD387")
+    span, r = 1 - m["rnn.cell_loop_kept_share"], m["rnn.probe_speedup"]
+    part = min(m["rnn.probe_layer_share"], span)
+    s = span / (span - part + part / r)
+    want = max(1.0, min(1 / (1 - span + span / s), fix["gain"]["ceiling"]))
+    assert fix["gain"]["expected"] == pytest.approx(want, rel=2e-3)
+    assert any(n.startswith("timed the script's LSTMCell layer after the run") and n.endswith("(PD387)")
+               for n in doc["run"]["notes"])

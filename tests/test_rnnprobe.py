@@ -31,6 +31,13 @@ def test_the_probe_runs_only_on_pd388s_signs():
     assert wanted(_child(sliced=2)) is None                               # a decoder fed its own output
     assert wanted({"root_calls": {"calls": 12, "chained": 11, "sliced": 11, "rnn": "LSTM"}}) is None   # damaged
     assert wanted({}) is None
+    # a loop over a cell inside one model call (PD387): the cell's calls in the step
+    cell = {"root_calls": {"calls": 1, "chained": 0, "sliced": 0, "rnn_calls": 64, "rnn": _cfg(kind="LSTMCell")}}
+    assert wanted(cell) == (_cfg(kind="LSTMCell"), 64)
+    cell["root_calls"]["rnn_calls"] = 15                                  # under PD387's 16 time steps
+    assert wanted(cell) is None
+    cell["root_calls"].update(rnn_calls=64, rnn=_cfg())                   # a module called 64 times in one call
+    assert wanted(cell) is None
 
 
 def test_the_calls_shape_is_read_by_the_layers_layout():

@@ -14,8 +14,9 @@ Chain (the census's, for the counted step only) answers with per-module counts: 
 calls that took a tensor the same module's previous call returned (looked for two containers
 deep: `(out, (h, c))`); "sliced", the calls whose first tensor argument is a view of the same
 tensor as the previous call's; "rnn_module", the class of the first RNN module run inside an
-outermost call (or called as one), and "rnn", its configuration and the shape of its first call's
-input (rnn_config: what collect/rnnprobe.py builds again to time one call over the sequence).
+outermost call (or called as one), "rnn", its configuration and the shape of its first call's
+input (rnn_config: what collect/rnnprobe.py builds again to time one call over the sequence), and
+"rnn_calls", how many times the step called it (a loop over an nn.LSTMCell inside one call: PD387).
 Weak references only: the counting keeps no tensor alive.
 """
 
@@ -36,6 +37,8 @@ class Chain:
         self.counts: dict = {}        # id(module) -> [chained calls, sliced calls]
         self.rnn_module = None
         self.rnn = None
+        self.rnn_id = None            # id() of that first RNN module, and its calls in the step
+        self.rnn_calls = 0
 
     def call(self, key: int, args: tuple, kwargs: dict) -> None:
         """An outermost call of module `key` begins."""
@@ -57,15 +60,18 @@ class Chain:
     def inner(self, module, args: tuple = ()) -> None:
         """A module called inside an outermost call (or an outermost call of an RNN module)."""
         if self.rnn_module is None and self.rnn_types and isinstance(module, self.rnn_types):
-            self.rnn_module = type(module).__name__
+            self.rnn_module, self.rnn_id = type(module).__name__, id(module)
             try:
                 self.rnn = rnn_config(module, args[0] if args and isinstance(args[0], self.tensor) else None)
             except Exception:         # an RNN subclass without the usual attributes: no probe
                 self.rnn = None
+        if id(module) == self.rnn_id:
+            self.rnn_calls += 1
 
     def result(self, key: int) -> dict:
         chained, sliced = self.counts.get(key, (0, 0))
-        return {"chained": chained, "sliced": sliced, "rnn_module": self.rnn_module, "rnn": self.rnn}
+        return {"chained": chained, "sliced": sliced, "rnn_module": self.rnn_module, "rnn": self.rnn,
+                "rnn_calls": self.rnn_calls}
 
     def _tensors(self, v, depth: int) -> list:
         if isinstance(v, self.tensor):

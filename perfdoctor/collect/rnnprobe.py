@@ -11,10 +11,14 @@ thread count, the batch and time steps of its calls) and times, forward and back
 one call's time steps each, the state passed on, against one call over all T of them, in
 alternating repetitions. The script's own run is over by then: its steps are not slowed.
 
+The same holds for a loop over an RNN cell (nn.LSTMCell...) inside one model call (PD387): its T
+calls against nn.LSTM (nn.GRU, nn.RNN) over the T steps.
+
 maybe_probe(run_dir, child) runs it where the census saw PD388's signs (MIN_CALLS model calls or
 more a step, most of them taking the last call's state and the next slice of one input, an RNN
-module inside), writes RUN_DIR/rnn_probe.json and returns a note; analyze/rnnsequence.py turns it
-into the share of the step that one call would save.
+module inside) or PD387's (a cell called CELL_STEPS times or more in the step), writes
+RUN_DIR/rnn_probe.json and returns a note; analyze/rnnsequence.py turns it into the layer's share
+of the step and what one call does to it.
 
     python -m perfdoctor.collect.rnnprobe CONFIG.json OUT.json
 """
@@ -30,21 +34,28 @@ from pathlib import Path
 PROBE_FILE = "rnn_probe.json"
 MIN_CALLS = 8            # PD353's and PD388's floor: fewer calls a step are no loop worth the rewrite
 CHAINED = 0.5            # most calls take the last call's state and the next slice (PD388's condition)
+CELL_STEPS = 16          # PD387's floor: a loop over a cell of fewer time steps is not found in the trace
 BUDGET_S = 2.0           # measuring time, after a warm-up of each way
 MIN_PAIRS, MAX_PAIRS = 3, 20
 TIMEOUT_S = 60           # torch's import and the device's start included
 
 
 def wanted(child: dict) -> tuple[dict, int] | None:
-    """(the layer's configuration, calls a step) where PD388's signs hold, else None."""
+    """(the layer's configuration, its calls a step) where PD388's or PD387's signs hold, else None:
+    the model called MIN_CALLS times or more a step, most calls taking the last call's state and
+    the next slice of one input (PD388: one call of the layer per model call); or an RNN cell
+    called CELL_STEPS times or more in the step (a loop over the time steps inside the model: PD387)."""
     rc = child.get("root_calls") or {}
-    cfg, calls = rc.get("rnn"), rc.get("calls")
-    if not isinstance(cfg, dict) or not isinstance(calls, int) or calls < MIN_CALLS:
+    cfg, calls, cell_calls = rc.get("rnn"), rc.get("calls"), rc.get("rnn_calls")
+    if not isinstance(cfg, dict):
         return None
     chained, sliced = rc.get("chained"), rc.get("sliced")
-    if not all(isinstance(n, int) and n >= CHAINED * (calls - 1) for n in (chained, sliced)):
-        return None
-    return cfg, calls
+    if isinstance(calls, int) and calls >= MIN_CALLS \
+            and all(isinstance(n, int) and n >= CHAINED * (calls - 1) for n in (chained, sliced)):
+        return cfg, calls
+    if str(cfg.get("kind")).endswith("Cell") and isinstance(cell_calls, int) and cell_calls >= CELL_STEPS:
+        return cfg, cell_calls
+    return None
 
 
 def maybe_probe(run_dir: Path, child: dict) -> str | None:
@@ -53,6 +64,7 @@ def maybe_probe(run_dir: Path, child: dict) -> str | None:
     if found is None:
         return None
     cfg, calls = found
+    rule = "PD387" if str(cfg.get("kind")).endswith("Cell") else "PD388"    # a cell's loop is found in the trace
     src, out = run_dir / "rnn_probe.config.json", run_dir / PROBE_FILE
     t0 = time.monotonic()
     try:
@@ -67,7 +79,7 @@ def maybe_probe(run_dir: Path, child: dict) -> str | None:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return f"the {cfg.get('kind')} layer could not be timed over the whole sequence ({last})"
     return (f"timed the script's {cfg.get('kind')} layer after the run ({time.monotonic() - t0:.1f} s, in a "
-            "separate process): its calls one time step at a time against one call over the sequence (PD388)")
+            f"separate process): its calls one time step at a time against one call over the sequence ({rule})")
 
 
 def _layers(torch, cfg: dict):
