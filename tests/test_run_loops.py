@@ -238,7 +238,8 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     # wrapper counted the call: that call is the next step's, not a second one of this step)
     assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
                                "passes": 0, "fresh_passes": 0, "cpu_autocast": None,
-                               "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None}
+                               "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None,
+                               "rnn": None, "rnn_calls": 0}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -282,7 +283,8 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
     assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
                                          "passes": 1, "fresh_passes": 1, "cpu_autocast": None,
-                                         "dense_embeddings": None, "chained": 0, "sliced": 15, "rnn_module": None}
+                                         "dense_embeddings": None, "chained": 0, "sliced": 15, "rnn_module": None,
+                                         "rnn": None, "rnn_calls": 0}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -314,7 +316,7 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     census.boundary("optimizer")
     assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
                              "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None, "chained": 0,
-                             "sliced": 0, "rnn_module": None}
+                             "sliced": 0, "rnn_module": None, "rnn": None, "rnn_calls": 0}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch
@@ -626,9 +628,14 @@ def test_a_step_of_millions_of_events_is_traced_within_the_memory_budget(tmp_pat
     m = tr["metrics"]
     assert m["steps.count"] == 1 and m["steps.time_median_ms"] < 0.8 * m["run.step_time_ms"]
     assert 0 < win["cut"]["after_s"] < m["run.step_time_ms"] / 1e3
-    # the trace's header says where it was cut, so the trace alone tells the reader too; and the
+    # the trace's header says where it was cut, so the trace alone tells the reader too; the run's
+    # report says it once, in the run's own note; and the
     # closure call cut short is no optimizer update: its forward is not counted as the optimizer's
-    assert any(n.startswith("`perfdoctor run` stopped this trace") for n in tr["notes"]), tr["notes"]
+    from perfdoctor.analyze.pipeline import CUT_NOTE
+    from perfdoctor.diagnose.offline import diagnose_path
+    assert sum("cut short" in n for n in tr["notes"]) == 1, tr["notes"]
+    alone = diagnose_path(str(next((out / "trace").iterdir())))["traces"][0]["notes"]
+    assert any(n.startswith(CUT_NOTE) for n in alone), alone
     assert m["optimizer.closure"] is True and m["optimizer.ops_per_step"] == 0
     assert "PD338" not in {f["id"] for f in doc["findings"]} and "PD211" not in {f["id"] for f in doc["flags"]}
 

@@ -44,6 +44,8 @@ from perfdoctor.analyze.timeline import BREAKDOWN, Timeline, breakdown_matrix, b
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.trace.table import EventTable
 
+CUT_NOTE = "`perfdoctor run` stopped this trace inside its last step"   # the run's own note says it (live.py)
+
 MARKED_GAPS = 200      # idle gaps kept for the annotated trace (longest first)
 
 
@@ -131,7 +133,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     registry.check(m)
     notes = list(t.meta.notes) + list(steps.notes)
     if t.meta.cut_s is not None:
-        notes.append(f"`perfdoctor run` stopped this trace inside its last step, {t.meta.cut_s:.1f} s after recording "
+        notes.append(f"{CUT_NOTE}, {t.meta.cut_s:.1f} s after recording "
                      "began (the profiler's memory budget): that step is cut short, so its shares hold and its length "
                      "does not")
     return TraceAnalysis(path=t.meta.path, metrics=m, steps=steps, step_breakdown_ms=bm / 1e3,

@@ -26,7 +26,7 @@ from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
 from perfdoctor.analyze.loopcalls import loop_metrics
 from perfdoctor.analyze.memory import used_fraction
 from perfdoctor.analyze.params import param_metrics
-from perfdoctor.analyze.pipeline import TraceAnalysis, analyze
+from perfdoctor.analyze.pipeline import CUT_NOTE, TraceAnalysis, analyze
 from perfdoctor.analyze.stepseries import step_series
 from perfdoctor.analyze.rnnsequence import probe_metrics
 from perfdoctor.analyze.stepwait import (few_steps_metrics, runq_runnable_share, runq_share, thread_awake_share,
@@ -275,7 +275,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["loop.long_steps_unnamed_share"] = unexplained(m)
     registry.check(m)
     doc = build_document(str(run_dir), [(analysis, evaluate(rules, m))])
-    doc["traces"][0]["notes"] = list(doc["traces"][0]["notes"]) + notes
+    told = any(n.startswith(_LEAD[0]) for n in notes)      # the run's cut note (collect/window.py) says it first
+    doc["traces"][0]["notes"] = [n for n in doc["traces"][0]["notes"] if not (told and n.startswith(CUT_NOTE))] + notes
     doc["traces"][0]["warnings"] = list(doc["traces"][0]["warnings"]) + damaged
     argv = launched.get("argv") or []
     # quoted as a shell would need it (a path with spaces), so that it can be pasted back
