@@ -5,9 +5,10 @@ one process, in alternating blocks (a noisy machine slows both alike), and the s
 ratio of their step times; a trace of the loop version gives the report's shares. Prints, per
 shape, the measured speed-up beside the ceiling (PD387) and two candidate models of the
 expected gain: the loop's matrix products kept (cpu.gemm_conv_share), or its large ops kept
-(cpu.compute_share); and the model PD387 uses under `perfdoctor run`: the cell alone timed T calls
-against the fused module over T steps by the probe (collect/rnnprobe.py), that ratio on the cell's
-share of the loop version's step, under the ceiling.
+(cpu.compute_share); and the model PD387 uses under `perfdoctor run`: the cell, the embedding and
+the output layer called per time step, timed T calls against the fused module (and one call of
+each layer) over T steps by the probe (collect/rnnprobe.py), that ratio on their share of the
+loop version's step, under the ceiling.
 
     python bench/bench_cell_loops.py [--blocks 4] [--steps 10]
 """
@@ -102,9 +103,14 @@ def main() -> None:
             probe = measure({"kind": "LSTMCell" if cell == "lstm" else "GRUCell", "input_size": H, "hidden_size": H,
                              "num_layers": 1, "bias": True, "batch_first": False, "bidirectional": False,
                              "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
-                             "threads": torch.get_num_threads(), "input_shape": [B, H]}, T)
+                             "threads": torch.get_num_threads(), "input_shape": [B, H]}, T, layers=[
+                {"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": H, "sparse": False},
+                 "dtype": "float32", "device": "cpu", "input_shape": [B], "input_dtype": "int64"},
+                {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True}, "dtype": "float32",
+                 "device": "cpu", "input_shape": [B, H], "input_dtype": "float32"}])
             layer = min(1.0, probe["per_call_ms"] / (1e3 * times[False] / (a.blocks * a.steps)))
-            expected = min(1 / (1 - layer + layer / probe["ratio"]), 1 / kept)
+            part = min(layer, 1 - kept)                     # PD387's model: within the loop's span
+            expected = min(1 / (1 - part + part / probe["ratio"]), 1 / kept)
             print(f"| {cell} | {H} | {T} | {B} | {share:.2f} | {m['cpu.gemm_conv_share'] or 0:.2f} | "
                   f"{m['cpu.compute_share'] or 0:.2f} | {times[False] / times[True]:.2f}x | "
                   f"{1 / (1 - (share - gemm)):.2f}x | {1 / (1 - large):.2f}x | "

@@ -5,8 +5,9 @@ called once per character with the hidden state passed from call to call, agains
 modules called once on the whole sequence. For each shape both versions train in one process, in
 alternating blocks (a noisy machine slows both alike); the speed-up is the ratio of their step
 times. Prints it beside PD388's ceiling, calls-fold (one call per time step: T), and beside its
-expected gain as `perfdoctor run` models it: the layer alone timed both ways by the probe
-(collect/rnnprobe.py), that ratio on the layer's share of the per-time-step step.
+expected gain as `perfdoctor run` models it: the RNN layer, the embedding, dropout and output
+layer called per time step, timed both ways by the probe (collect/rnnprobe.py), that ratio on
+their share of the per-time-step step.
 
     python bench/bench_rnn_sequence_call.py [--blocks 4] [--steps 8]
 """
@@ -86,7 +87,13 @@ def main() -> None:
         cfg = {"kind": kind, "input_size": 50, "hidden_size": H, "num_layers": L, "bias": True, "batch_first": True,
                "bidirectional": False, "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
                "threads": torch.get_num_threads(), "input_shape": [B, 1, 50]}
-        probe = measure(cfg, T)
+        probe = measure(cfg, T, layers=[
+            {"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": 50, "sparse": False},
+             "dtype": "float32", "device": "cpu", "input_shape": [B], "input_dtype": "int64"},
+            {"kind": "Dropout", "opts": {"p": 0.5}, "dtype": None, "device": None, "input_shape": [B, 1, 50],
+             "input_dtype": "float32"},
+            {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True}, "dtype": "float32",
+             "device": "cpu", "input_shape": [B, H], "input_dtype": "float32"}])
         share = min(1.0, probe["per_call_ms"] / step_ms)
         expected = 1 / (1 - share + share / probe["ratio"])
         print(f"| {kind} | {H} | {L} | {T} | {B} | {times[False] / times[True]:.2f}x | {expected:.2f}x "

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from perfdoctor.analyze.rnnsequence import probe_metrics
+from perfdoctor.collect.rebuild import whole_shape
 from perfdoctor.collect.rnnprobe import PROBE_FILE, _shape, maybe_probe, wanted
 
 
@@ -19,25 +20,22 @@ def _cfg(**kw) -> dict:
     return dict(cfg, **kw)
 
 
-def _child(calls=12, chained=11, sliced=11, **kw) -> dict:
-    return {"root_calls": {"calls": calls, "chained": chained, "sliced": sliced, "rnn_module": "LSTM",
+def _child(calls=12, chained=11, **kw) -> dict:
+    return {"root_calls": {"calls": 1, "rnn_module": "LSTM", "rnn_calls": calls, "rnn_chained": chained,
                            "rnn": _cfg(**kw)}}
 
 
-def test_the_probe_runs_only_on_pd388s_signs():
+def test_the_probe_runs_where_the_layer_is_looped_over_time_steps():
+    """The step's most-called RNN layer called 8 times or more, most calls taking the state the
+    one before returned: outside the model (PD388), inside it (PD391) or a cell (PD387) alike."""
     assert wanted(_child()) == (_cfg(), 12)
-    assert wanted(_child(calls=7, chained=6, sliced=6)) is None          # under the rule's floor of calls
-    assert wanted(_child(chained=0)) is None                              # a per-sample loop: no state passed
-    assert wanted(_child(sliced=2)) is None                               # a decoder fed its own output
-    assert wanted({"root_calls": {"calls": 12, "chained": 11, "sliced": 11, "rnn": "LSTM"}}) is None   # damaged
+    assert wanted(_child(kind="LSTMCell")) == (_cfg(kind="LSTMCell"), 12)
+    assert wanted(_child(calls=7, chained=6)) is None                     # under the rule's floor of calls
+    assert wanted(_child(chained=5)) is None                              # calls on separate sequences
+    assert wanted(_child(calls=8, chained=4)) == (_cfg(), 8)              # half of the 7 after the first
+    assert wanted({"root_calls": {"rnn_calls": 12, "rnn_chained": 11, "rnn": "LSTM"}}) is None   # damaged
+    assert wanted({"root_calls": {"rnn_calls": "12", "rnn_chained": 11, "rnn": _cfg()}}) is None
     assert wanted({}) is None
-    # a loop over a cell inside one model call (PD387): the cell's calls in the step
-    cell = {"root_calls": {"calls": 1, "chained": 0, "sliced": 0, "rnn_calls": 64, "rnn": _cfg(kind="LSTMCell")}}
-    assert wanted(cell) == (_cfg(kind="LSTMCell"), 64)
-    cell["root_calls"]["rnn_calls"] = 15                                  # under PD387's 16 time steps
-    assert wanted(cell) is None
-    cell["root_calls"].update(rnn_calls=64, rnn=_cfg())                   # a module called 64 times in one call
-    assert wanted(cell) is None
 
 
 def test_the_calls_shape_is_read_by_the_layers_layout():
@@ -76,7 +74,7 @@ def test_a_probe_that_fails_leaves_a_note_not_a_traceback(tmp_path):
     assert note.startswith("the NoSuchRNN layer could not be timed over the whole sequence (") and "\n" not in note
     assert "AttributeError" in note and not (tmp_path / PROBE_FILE).exists()
     assert list(tmp_path.iterdir()) == []                                 # its config file is removed too
-    assert maybe_probe(tmp_path, {"root_calls": {"calls": 3}}) is None
+    assert maybe_probe(tmp_path, {"root_calls": {"rnn_calls": 3}}) is None
 
 
 def test_the_probe_file_gives_the_layers_share_and_speed_up():
@@ -111,3 +109,33 @@ def test_force_clears_a_probe_left_by_the_run_before(tmp_path):
     (tmp_path / FORKED / "123.json").write_text("{}")
     claim(tmp_path, True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_calls_input_becomes_the_whole_sequences():
+    assert whole_shape([32], 13) == [32, 13]                      # token ids of one time step
+    assert whole_shape([32, 1], 10) == [32, 10]                   # [batch, 1]: a time dimension of one
+    assert whole_shape([32, 1, 64], 10) == [32, 10, 64]
+    assert whole_shape([32, 256], 13) == [32, 13, 256]            # a cell's [batch, features]
+
+
+def test_the_layers_around_the_rnn_are_timed_with_it():
+    """An embedding, dropout, a linear layer and layer norm called once a time step, built from
+    their descriptions, each timed T calls against one call over the sequence with the RNN."""
+    pytest.importorskip("torch")
+    from perfdoctor.collect.rnnprobe import measure
+    layers = [{"kind": "Embedding", "opts": {"num_embeddings": 30, "embedding_dim": 16, "sparse": False},
+               "dtype": "float32", "device": "cpu", "input_shape": [8], "input_dtype": "int64"},
+              {"kind": "Dropout", "opts": {"p": 0.5}, "dtype": None, "device": None, "input_shape": [8, 1, 16],
+               "input_dtype": "float32"},
+              {"kind": "Linear", "opts": {"in_features": 64, "out_features": 30, "bias": True}, "dtype": "float32",
+               "device": "cpu", "input_shape": [8, 1, 64], "input_dtype": "float32"},
+              {"kind": "LayerNorm", "opts": {"normalized_shape": [64], "elementwise_affine": True},
+               "dtype": "float32", "device": "cpu", "input_shape": [8, 64], "input_dtype": "float32"},
+              {"kind": "Conv1d", "opts": {}, "input_shape": [8, 3]},                   # not built: refused
+              ]
+    with pytest.raises(ValueError, match="no layer of kind 'Conv1d'"):
+        measure(_cfg(), 12, budget_s=0.1, layers=layers)
+    alone = measure(_cfg(), 12, budget_s=0.3)
+    both = measure(_cfg(), 12, budget_s=0.3, layers=layers[:4])
+    assert alone["layers"] == [] and both["layers"] == ["Embedding", "Dropout", "Linear", "LayerNorm"]
+    assert both["per_call_ms"] > alone["per_call_ms"] and both["ratio"] > 1

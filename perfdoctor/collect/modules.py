@@ -43,9 +43,10 @@ class Census:
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
     most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
-    "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module", "rnn"
-    (chainedcalls.py)}, where batch is the most common leading dimension of the calls of the
-    modules called at least half as often as it, and batch_share that dimension's share of those
+    "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module", "rnn",
+    "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back" (chainedcalls.py)}, where batch is
+    the most common leading dimension of the calls of the modules called at least half as often
+    as it, and batch_share that dimension's share of those
     calls; None until the step ends."""
 
     def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = (), rnn_types: tuple = ()):
@@ -125,10 +126,10 @@ class Census:
         self.last = (id(module), lead)
         self.tables.call(module, args, kwargs)
         self.chain.call(id(module), args, kwargs)
-        self.chain.inner(module, args)        # a loop that calls its nn.LSTM itself
+        self.chain.inner(module, args, kwargs, outermost=True)   # a loop that calls its nn.LSTM itself
 
     def returned(self, module, out) -> None:
-        """A counted outermost call returned `out`."""
+        """A counted outermost call (or an RNN module's call inside one) returned `out`."""
         self.chain.returned(id(module), out)
 
     def inner(self, module, args, kwargs) -> None:
@@ -139,7 +140,7 @@ class Census:
         if self.autocast is None and self.cpu_autocast is not None:
             self.autocast = self.cpu_autocast()
         self.tables.call(module, args, kwargs)
-        self.chain.inner(module, args)
+        self.chain.inner(module, args, kwargs)
 
     def _lead(self, args, kwargs):
         """The batch size of a call: the leading dimension of its first tensor argument; 1 for a
@@ -180,12 +181,19 @@ def watch(torch, session) -> None:
             return orig(self, *args, **kwargs)
         if getattr(_DEPTH, "n", 0):
             census = session.census
-            if census.state == "counting":
+            if census.state != "counting":
+                return orig(self, *args, **kwargs)
+            try:
+                census.inner(self, args, kwargs)
+            except Exception:                 # never break the script's forward
+                pass
+            out = orig(self, *args, **kwargs)
+            if isinstance(self, census.rnn_types):      # its state passed on (chainedcalls.py)
                 try:
-                    census.inner(self, args, kwargs)
-                except Exception:             # never break the script's forward
+                    census.returned(self, out)
+                except Exception:
                     pass
-            return orig(self, *args, **kwargs)
+            return out
         if not dynamo_told[0]:                # dynamo loaded without torch.compile (its optimize())
             dynamo_told[0] = dynamoskip.mark_all()
         census = session.census

@@ -6,19 +6,21 @@ primitive and reorders the weights on every call on a CPU), the autograd graph p
 over the sequence pays it once. How much that is depends on the layer, the sizes, the dtype and
 the device, and no trace tells it from the work (bench/bench_rnn_sequence_call.py: LSTM 3.0-8.0x,
 GRU 1.5x). So it is measured: after the script has ended, a separate process builds the same
-layer again (collect/chainedcalls.py rnn_config: class, sizes, options, dtype, device, torch's
-thread count, the batch and time steps of its calls) and times, forward and backward, T calls of
-one call's time steps each, the state passed on, against one call over all T of them, in
-alternating repetitions. The script's own run is over by then: its steps are not slowed.
+layer again (collect/rebuild.py: class, sizes, options, dtype, device, torch's thread count, the
+batch and time steps of its calls), with the layers the loop calls as often around it that it can
+build (an embedding, dropout, a linear output layer, layer norm), and times, forward and backward,
+T calls of each, one call's time steps each, the state passed on, against one call of each over
+all T of them, in alternating repetitions. The layers are called each on an input of the shape the
+script gave it (not on each other's outputs). The script's own run is over by then: its steps
+are not slowed.
 
-The same holds for a loop over an RNN cell (nn.LSTMCell...) inside one model call (PD387): its T
-calls against nn.LSTM (nn.GRU, nn.RNN) over the T steps.
+The same holds for a loop over the RNN layer inside one model call (a decoder's per-token nn.GRU
+calls: PD391) and over an RNN cell (nn.LSTMCell...: PD387, against nn.LSTM over the T steps).
 
-maybe_probe(run_dir, child) runs it where the census saw PD388's signs (MIN_CALLS model calls or
-more a step, most of them taking the last call's state and the next slice of one input, an RNN
-module inside) or PD387's (a cell called CELL_STEPS times or more in the step), writes
-RUN_DIR/rnn_probe.json and returns a note; analyze/rnnsequence.py turns it into the layer's share
-of the step and what one call does to it.
+maybe_probe(run_dir, child) runs it where the census saw such a loop (the step's most-called RNN
+module called MIN_CALLS times or more, most calls taking the state the call before returned:
+wanted), writes RUN_DIR/rnn_probe.json and returns a note; analyze/rnnsequence.py turns it into
+the layer's share of the step and what one call does to it.
 
     python -m perfdoctor.collect.rnnprobe CONFIG.json OUT.json
 """
@@ -33,29 +35,22 @@ from pathlib import Path
 
 PROBE_FILE = "rnn_probe.json"
 MIN_CALLS = 8            # PD353's and PD388's floor: fewer calls a step are no loop worth the rewrite
-CHAINED = 0.5            # most calls take the last call's state and the next slice (PD388's condition)
-CELL_STEPS = 16          # PD387's floor: a loop over a cell of fewer time steps is not found in the trace
+CHAINED = 0.5            # most calls take the state the call before returned (PD388's condition)
 BUDGET_S = 2.0           # measuring time, after a warm-up of each way
 MIN_PAIRS, MAX_PAIRS = 3, 20
 TIMEOUT_S = 60           # torch's import and the device's start included
 
 
 def wanted(child: dict) -> tuple[dict, int] | None:
-    """(the layer's configuration, its calls a step) where PD388's or PD387's signs hold, else None:
-    the model called MIN_CALLS times or more a step, most calls taking the last call's state and
-    the next slice of one input (PD388: one call of the layer per model call); or an RNN cell
-    called CELL_STEPS times or more in the step (a loop over the time steps inside the model: PD387)."""
+    """(the layer's configuration, its calls a step) where the step called its RNN module (the
+    one it called most) MIN_CALLS times or more, most calls taking the state the one before
+    returned: a loop over time steps, outside the model (PD388) or inside it (PD391; an RNN cell:
+    PD387). Else None."""
     rc = child.get("root_calls") or {}
-    cfg, calls, cell_calls = rc.get("rnn"), rc.get("calls"), rc.get("rnn_calls")
-    if not isinstance(cfg, dict):
+    cfg, n, chained = rc.get("rnn"), rc.get("rnn_calls"), rc.get("rnn_chained")
+    if not isinstance(cfg, dict) or not isinstance(n, int) or not isinstance(chained, int) or n < MIN_CALLS:
         return None
-    chained, sliced = rc.get("chained"), rc.get("sliced")
-    if isinstance(calls, int) and calls >= MIN_CALLS \
-            and all(isinstance(n, int) and n >= CHAINED * (calls - 1) for n in (chained, sliced)):
-        return cfg, calls
-    if str(cfg.get("kind")).endswith("Cell") and isinstance(cell_calls, int) and cell_calls >= CELL_STEPS:
-        return cfg, cell_calls
-    return None
+    return (cfg, n) if chained >= CHAINED * (n - 1) else None
 
 
 def maybe_probe(run_dir: Path, child: dict) -> str | None:
@@ -64,11 +59,11 @@ def maybe_probe(run_dir: Path, child: dict) -> str | None:
     if found is None:
         return None
     cfg, calls = found
-    rule = "PD387" if str(cfg.get("kind")).endswith("Cell") else "PD388"    # a cell's loop is found in the trace
+    layers = [c for c in (child.get("root_calls") or {}).get("rnn_layers") or [] if isinstance(c, dict)]
     src, out = run_dir / "rnn_probe.config.json", run_dir / PROBE_FILE
     t0 = time.monotonic()
     try:
-        src.write_text(json.dumps({"config": cfg, "calls": calls}))
+        src.write_text(json.dumps({"config": cfg, "calls": calls, "layers": layers}))
         p = subprocess.run([sys.executable, "-m", "perfdoctor.collect.rnnprobe", str(src), str(out)],
                            capture_output=True, text=True, timeout=TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -79,7 +74,7 @@ def maybe_probe(run_dir: Path, child: dict) -> str | None:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return f"the {cfg.get('kind')} layer could not be timed over the whole sequence ({last})"
     return (f"timed the script's {cfg.get('kind')} layer after the run ({time.monotonic() - t0:.1f} s, in a "
-            f"separate process): its calls one time step at a time against one call over the sequence ({rule})")
+            "separate process): its calls one time step at a time against one call over the sequence")
 
 
 def _layers(torch, cfg: dict):
@@ -115,11 +110,15 @@ def _shape(cfg: dict) -> tuple[int, int]:
     return 1, (int(shape[0]) if len(shape) == 2 else 1)          # unbatched [time, features]
 
 
-def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S) -> dict:
-    """Forward and backward of `calls` chained calls against one call over their time steps:
-    {"per_call_ms", "whole_ms" (each a whole step's worth), "ratio" (total time one way over the
-    other), "ratio_low", "ratio_high" (of the alternating pairs), "pairs", "batch", "steps"}."""
+def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S, layers: list | tuple = ()) -> dict:
+    """Forward and backward of `calls` chained calls against one call over their time steps, of
+    the RNN layer and of `layers` (rebuild.config of the layers called as often: each T times on
+    one call's input against once on the whole sequence's): {"per_call_ms", "whole_ms" (each a
+    whole step's worth), "ratio" (total time one way over the other), "ratio_low", "ratio_high"
+    (of the alternating pairs), "pairs", "batch", "steps", "layers" (the kinds built)}."""
     import torch
+
+    from perfdoctor.collect.rebuild import build_layer, layer_input, whole_shape
     torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
     step, whole = _layers(torch, cfg)
     batch, per = _shape(cfg)
@@ -127,6 +126,16 @@ def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S) -> dict:
     x = torch.randn(batch, calls * per, cfg["input_size"], device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     cell = cfg["kind"].endswith("Cell")
+    around = []                                        # (layer, per-call inputs, whole input)
+    for lc in layers:
+        shape = lc.get("input_shape")
+        if not shape:
+            continue
+        layer = build_layer(torch, lc)
+        full = layer_input(torch, lc, whole_shape(shape, calls * per), device)
+        pieces = [_piece(full, shape, i, per).clone() for i in range(calls)]
+        around.append((layer, pieces, full))
+    params = [*step.parameters(), *whole.parameters(), *(p for layer, _, _ in around for p in layer.parameters())]
 
     def per_call() -> None:
         state, outs = None, []
@@ -137,14 +146,20 @@ def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S) -> dict:
             else:
                 out, state = step(x[:, i * per:(i + 1) * per], state)
                 outs.append(out)
-        torch.stack(outs).sum().backward()
+        total = torch.stack(outs).sum()
+        for layer, pieces, _ in around:
+            total = total + torch.stack([layer(p) for p in pieces]).sum()
+        total.backward()
 
     def one_call() -> None:
         out, _ = whole(x)
-        out.sum().backward()
+        total = out.sum()
+        for layer, _, full in around:
+            total = total + layer(full).sum()
+        total.backward()
 
     def timed(fn) -> float:
-        for p in (*step.parameters(), *whole.parameters()):
+        for p in params:
             p.grad = None
         sync()
         t = time.perf_counter()
@@ -168,13 +183,21 @@ def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S) -> dict:
     return {"per_call_ms": 1e3 * a_sum / len(pairs), "whole_ms": 1e3 * b_sum / len(pairs),
             "ratio": a_sum / b_sum if b_sum > 0 else None, "ratio_low": min(ratios), "ratio_high": max(ratios),
             "pairs": len(pairs), "batch": batch, "steps": calls * per, "calls": calls, "kind": cfg["kind"],
-            "device": str(device), "dtype": cfg["dtype"]}
+            "device": str(device), "dtype": cfg["dtype"], "layers": [type(layer).__name__ for layer, _, _ in around]}
+
+
+def _piece(full, shape: list[int], i: int, per: int):
+    """Call i's input, cut from the whole sequence's as the script's call had it: [batch, per, ...]
+    where its second dimension was the time steps, else [batch, ...] (one time step, squeezed)."""
+    if len(shape) >= 2 and shape[1] == per:
+        return full[:, i * per:(i + 1) * per]
+    return full[:, i] if full.dim() >= 2 else full[i]
 
 
 def main(argv: list[str]) -> int:
     src, out = Path(argv[0]), Path(argv[1])
     job = json.loads(src.read_text())
-    out.write_text(json.dumps(measure(job["config"], int(job["calls"]))))
+    out.write_text(json.dumps(measure(job["config"], int(job["calls"]), layers=job.get("layers") or ())))
     return 0
 
 

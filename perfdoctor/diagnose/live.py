@@ -28,7 +28,7 @@ from perfdoctor.analyze.memory import used_fraction
 from perfdoctor.analyze.params import param_metrics
 from perfdoctor.analyze.pipeline import CUT_NOTE, TraceAnalysis, analyze
 from perfdoctor.analyze.stepseries import step_series
-from perfdoctor.analyze.rnnsequence import probe_metrics
+from perfdoctor.analyze.rnnsequence import layer_call_metrics, probe_metrics
 from perfdoctor.analyze.stepwait import (few_steps_metrics, runq_runnable_share, runq_share, thread_awake_share,
                                          wait_busy_share)
 from perfdoctor.analyze.system import other_cores
@@ -248,7 +248,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(kept_metrics(steady, res.child.get("loader_iters"), pace))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop
     m.update(loop_metrics(res.child.get("root_calls"), steady))
-    m.update(probe_metrics(_read_json(run_dir / PROBE_FILE), m))     # PD388's probe (collect/rnnprobe.py)
+    m.update(layer_call_metrics(res.child.get("root_calls")))
+    m.update(probe_metrics(_read_json(run_dir / PROBE_FILE), m))     # the RNN probe (collect/rnnprobe.py)
     m.update(long_step_metrics(steady, profiled(steps)))
     trained_elsewhere = elsewhere(kids, steps, m, res.child.get("process_starts"))
     kinds = kinds_note(steady)      # two kinds of step in turn: the thirds' medians flip between them, no drift
