@@ -158,4 +158,5 @@ def test_run_measures_the_cell_against_the_fused_module(tmp_path):
     s = span / (span - part + part / r)
     want = max(1.0, min(1 / (1 - span + span / s), fix["gain"]["ceiling"]))
     assert fix["gain"]["expected"] == pytest.approx(want, rel=2e-3)
-    assert any(n.startswith("timed the script's LSTMCell layer after the run") for n in doc["run"]["notes"])
+    assert any(n.startswith("timed the script's LSTMCell layer and the layers called as often around it (Linear) "
+                            "after the run") for n in doc["run"]["notes"])

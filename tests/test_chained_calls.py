@@ -158,7 +158,8 @@ def test_run_offers_the_whole_sequence_call_not_batching_the_samples(tmp_path):
     share, r = m["rnn.probe_layer_share"], m["rnn.probe_speedup"]
     assert fix["gain"]["expected"] == pytest.approx(max(1.0, min(1 / (1 - share + share / r), fix["gain"]["ceiling"])),
                                                     rel=1e-3)
-    assert any(n.startswith("timed the script's LSTM layer after the run") for n in doc["run"]["notes"])
+    assert any(n.startswith("timed the script's LSTM layer and the layers called as often around it (Embedding, "
+                            "Dropout, Linear) after the run") for n in doc["run"]["notes"])
 
 
 class Decoder(nn.Module):

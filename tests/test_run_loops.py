@@ -240,7 +240,7 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
                                "passes": 0, "fresh_passes": 0, "cpu_autocast": None,
                                "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None,
                                "rnn": None, "rnn_calls": 0,
-                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0}
+                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -286,7 +286,7 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
                                          "passes": 1, "fresh_passes": 1, "cpu_autocast": None,
                                          "dense_embeddings": None, "chained": 0, "sliced": 15, "rnn_module": None,
                                          "rnn": None, "rnn_calls": 0,
-                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0}
+                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -319,7 +319,7 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
                              "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None, "chained": 0,
                              "sliced": 0, "rnn_module": None, "rnn": None, "rnn_calls": 0,
-                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0}
+                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch

@@ -247,7 +247,8 @@ def launch(cfg: RunConfig) -> RunResult:
                      f"last steps (up to {FLUSH_S:g} s of them) may be lost with it: the step counts cover the steps "
                      "written")
     res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)
-    # PD388's probe (rnnprobe.py) after the script, out of its wall time: in `run` and tune's traced baseline
+    # the RNN probe (rnnprobe.py: PD388, PD391, PD387) after the script, out of its wall time; in tune,
+    # in its traced baseline only
     if child.get("outcome") != "interrupted" and (cfg.changes is None or cfg.trace) \
             and (said := maybe_probe(run_dir, child)):
         notes.append(said)

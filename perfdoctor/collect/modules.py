@@ -44,10 +44,10 @@ class Census:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
     most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
     "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module", "rnn",
-    "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back" (chainedcalls.py)}, where batch is
-    the most common leading dimension of the calls of the modules called at least half as often
-    as it, and batch_share that dimension's share of those
-    calls; None until the step ends."""
+    "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back", "rnn_layers" (chainedcalls.py)},
+    where batch is the most common leading dimension of the calls of the modules called at least
+    half as often as it, and batch_share that dimension's share of those calls; None until the
+    step ends."""
 
     def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = (), rnn_types: tuple = ()):
         self.tensor = tensor_type

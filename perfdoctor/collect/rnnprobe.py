@@ -73,8 +73,11 @@ def maybe_probe(run_dir: Path, child: dict) -> str | None:
     if p.returncode != 0 or not out.exists():
         last = (p.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return f"the {cfg.get('kind')} layer could not be timed over the whole sequence ({last})"
-    return (f"timed the script's {cfg.get('kind')} layer after the run ({time.monotonic() - t0:.1f} s, in a "
-            "separate process): its calls one time step at a time against one call over the sequence")
+    kinds = ", ".join(str(c.get("kind")) for c in layers)
+    return (f"timed the script's {cfg.get('kind')} layer" + (f" and the layers called as often around it ({kinds})"
+                                                             if layers else "")
+            + f" after the run ({time.monotonic() - t0:.1f} s, in a separate process): their calls one time step "
+            "at a time against one call each over the sequence")
 
 
 def _layers(torch, cfg: dict):
