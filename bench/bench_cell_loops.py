@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+from rnn_ab import alternate, probed
 
 SHAPES = [("lstm", 64, 32, 16), ("lstm", 256, 64, 32), ("lstm", 512, 32, 64), ("lstm", 128, 100, 8),
           ("gru", 256, 64, 32), ("lstm", 32, 128, 4)]       # cell, hidden, time steps, batch
@@ -79,7 +79,6 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args()
-    from perfdoctor.collect.rnnprobe import measure
     print("| cell | H | T | B | loop share | gemm share | compute share | measured | gemms kept | large ops kept "
           "| probe | ceiling |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -87,34 +86,25 @@ def main() -> None:
         for cell, H, T, B in SHAPES:
             loop, fused = trainer(cell, H, T, B, False), trainer(cell, H, T, B, True)
             m = diagnosed(loop, Path(d) / f"{cell}{H}.json")["traces"][0]["metrics"]
-            times = {False: 0.0, True: 0.0}
-            for f in (loop, fused):
-                f()
-            for _ in range(a.blocks):
-                for is_fused, f in ((False, loop), (True, fused)):
-                    t0 = time.perf_counter()
-                    for _ in range(a.steps):
-                        f()
-                    times[is_fused] += time.perf_counter() - t0
+            loop_s, fused_s = alternate(loop, fused, a.blocks, a.steps)
             share = m["rnn.cell_loop_share"] or 0.0
             gemm = min(share, m["cpu.gemm_conv_share"] or 0.0)
             large = max(0.0, min(share, 1 - (m["cpu.compute_share"] or 0.0)))
             kept = m["rnn.cell_loop_kept_share"] or 1.0
-            probe = measure({"kind": "LSTMCell" if cell == "lstm" else "GRUCell", "input_size": H, "hidden_size": H,
-                             "num_layers": 1, "bias": True, "batch_first": False, "bidirectional": False,
-                             "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
-                             "threads": torch.get_num_threads(), "input_shape": [B, H]}, T, layers=[
-                {"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": H, "sparse": False},
-                 "dtype": "float32", "device": "cpu", "input_shape": [B], "input_dtype": "int64"},
-                {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True}, "dtype": "float32",
-                 "device": "cpu", "input_shape": [B, H], "input_dtype": "float32"}])
-            layer = min(1.0, probe["per_call_ms"] / (1e3 * times[False] / (a.blocks * a.steps)))
-            part = min(layer, 1 - kept)                     # PD387's model: within the loop's span
-            expected = min(1 / (1 - part + part / probe["ratio"]), 1 / kept)
+            expected, part, ratio = probed(
+                {"kind": "LSTMCell" if cell == "lstm" else "GRUCell", "input_size": H, "hidden_size": H,
+                 "num_layers": 1, "bias": True, "batch_first": False, "bidirectional": False, "proj_size": 0,
+                 "nonlinearity": None, "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
+                 "input_shape": [B, H]}, T,
+                [{"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": H, "sparse": False},
+                  "dtype": "float32", "device": "cpu", "input_shape": [B], "input_dtype": "int64"},
+                 {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True}, "dtype": "float32",
+                  "device": "cpu", "input_shape": [B, H], "input_dtype": "float32"}],
+                loop_s, span=1 - kept)                      # PD387's model: within the loop's span
             print(f"| {cell} | {H} | {T} | {B} | {share:.2f} | {m['cpu.gemm_conv_share'] or 0:.2f} | "
-                  f"{m['cpu.compute_share'] or 0:.2f} | {times[False] / times[True]:.2f}x | "
+                  f"{m['cpu.compute_share'] or 0:.2f} | {loop_s / fused_s:.2f}x | "
                   f"{1 / (1 - (share - gemm)):.2f}x | {1 / (1 - large):.2f}x | "
-                  f"{expected:.2f}x ({layer:.0%} at {probe['ratio']:.2f}x) | {1 / kept:.2f}x |", flush=True)
+                  f"{min(expected, 1 / kept):.2f}x ({part:.0%} at {ratio:.2f}x) | {1 / kept:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

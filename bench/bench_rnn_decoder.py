@@ -16,11 +16,11 @@ share of the per-token step.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from rnn_ab import alternate, probed
 
 SHAPES = [(128, 10, 32, 2500), (256, 10, 64, 2500), (64, 20, 32, 1000), (512, 15, 32, 4000)]   # hidden, T, batch, vocab
 
@@ -60,7 +60,6 @@ def trainer(hidden: int, T: int, B: int, V: int, whole: bool):
 
 
 def main() -> None:
-    from perfdoctor.collect.rnnprobe import measure
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
@@ -69,29 +68,17 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for H, T, B, V in SHAPES:
         per_token, whole = trainer(H, T, B, V, False), trainer(H, T, B, V, True)
-        times = {False: 0.0, True: 0.0}
-        for f in (per_token, whole):
-            f()
-        for _ in range(a.blocks):
-            for is_whole, f in ((False, per_token), (True, whole)):
-                t0 = time.perf_counter()
-                for _ in range(a.steps):
-                    f()
-                times[is_whole] += time.perf_counter() - t0
-        step_ms = 1e3 * times[False] / (a.blocks * a.steps)
-        probe = measure({"kind": "GRU", "input_size": H, "hidden_size": H, "num_layers": 1, "bias": True,
-                         "batch_first": True, "bidirectional": False, "proj_size": 0, "nonlinearity": None,
-                         "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
-                         "input_shape": [B, 1, H]}, T,
-                        layers=[{"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": H, "sparse": False},
-                                 "dtype": "float32", "device": "cpu", "input_shape": [B, 1], "input_dtype": "int64"},
-                                {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True},
-                                 "dtype": "float32", "device": "cpu", "input_shape": [B, 1, H],
-                                 "input_dtype": "float32"}])
-        share = min(1.0, probe["per_call_ms"] / step_ms)
-        expected = 1 / (1 - share + share / probe["ratio"])
-        print(f"| {H} | {T} | {B} | {V} | {times[False] / times[True]:.2f}x | {expected:.2f}x "
-              f"({share:.0%} at {probe['ratio']:.2f}x) | {T}x |", flush=True)
+        before_s, after_s = alternate(per_token, whole, a.blocks, a.steps)
+        expected, share, ratio = probed(
+            {"kind": "GRU", "input_size": H, "hidden_size": H, "num_layers": 1, "bias": True, "batch_first": True,
+             "bidirectional": False, "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
+             "threads": torch.get_num_threads(), "input_shape": [B, 1, H]}, T,
+            [{"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": H, "sparse": False},
+              "dtype": "float32", "device": "cpu", "input_shape": [B, 1], "input_dtype": "int64"},
+             {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True}, "dtype": "float32",
+              "device": "cpu", "input_shape": [B, 1, H], "input_dtype": "float32"}], before_s)
+        print(f"| {H} | {T} | {B} | {V} | {before_s / after_s:.2f}x | {expected:.2f}x ({share:.0%} at {ratio:.2f}x) "
+              f"| {T}x |", flush=True)
 
 
 if __name__ == "__main__":

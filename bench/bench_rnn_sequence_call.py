@@ -15,11 +15,11 @@ their share of the per-time-step step.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from rnn_ab import alternate, probed
 
 SHAPES = [("LSTM", 256, 2, 13, 32), ("LSTM", 64, 1, 32, 16), ("GRU", 256, 2, 13, 32), ("LSTM", 512, 2, 64, 64)]
 V = 28                                  # module, hidden, layers, time steps, batch; the vocabulary
@@ -69,35 +69,23 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args()
-    from perfdoctor.collect.rnnprobe import measure
     print("| module | hidden | layers | T | batch | measured | expected (probe) | ceiling (T) |")
     print("|---|---|---|---|---|---|---|---|")
     for kind, H, L, T, B in SHAPES:
         per_step, whole = trainer(kind, H, L, T, B, False), trainer(kind, H, L, T, B, True)
-        times = {False: 0.0, True: 0.0}
-        for f in (per_step, whole):
-            f()
-        for _ in range(a.blocks):
-            for is_whole, f in ((False, per_step), (True, whole)):
-                t0 = time.perf_counter()
-                for _ in range(a.steps):
-                    f()
-                times[is_whole] += time.perf_counter() - t0
-        step_ms = 1e3 * times[False] / (a.blocks * a.steps)
+        before_s, after_s = alternate(per_step, whole, a.blocks, a.steps)
         cfg = {"kind": kind, "input_size": 50, "hidden_size": H, "num_layers": L, "bias": True, "batch_first": True,
                "bidirectional": False, "proj_size": 0, "nonlinearity": None, "dtype": "float32", "device": "cpu",
                "threads": torch.get_num_threads(), "input_shape": [B, 1, 50]}
-        probe = measure(cfg, T, layers=[
+        expected, share, ratio = probed(cfg, T, [
             {"kind": "Embedding", "opts": {"num_embeddings": V, "embedding_dim": 50, "sparse": False},
              "dtype": "float32", "device": "cpu", "input_shape": [B], "input_dtype": "int64"},
             {"kind": "Dropout", "opts": {"p": 0.5}, "dtype": None, "device": None, "input_shape": [B, 1, 50],
              "input_dtype": "float32"},
             {"kind": "Linear", "opts": {"in_features": H, "out_features": V, "bias": True}, "dtype": "float32",
-             "device": "cpu", "input_shape": [B, H], "input_dtype": "float32"}])
-        share = min(1.0, probe["per_call_ms"] / step_ms)
-        expected = 1 / (1 - share + share / probe["ratio"])
-        print(f"| {kind} | {H} | {L} | {T} | {B} | {times[False] / times[True]:.2f}x | {expected:.2f}x "
-              f"({share:.0%} at {probe['ratio']:.2f}x) | {T}x |", flush=True)
+             "device": "cpu", "input_shape": [B, H], "input_dtype": "float32"}], before_s)
+        print(f"| {kind} | {H} | {L} | {T} | {B} | {before_s / after_s:.2f}x | {expected:.2f}x "
+              f"({share:.0%} at {ratio:.2f}x) | {T}x |", flush=True)
 
 
 if __name__ == "__main__":
