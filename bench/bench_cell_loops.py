@@ -15,13 +15,12 @@ loop version's step, under the ceiling.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from rnn_ab import alternate, probed
+from rnn_ab import alternate, options, probed
 
 SHAPES = [("lstm", 64, 32, 16), ("lstm", 256, 64, 32), ("lstm", 512, 32, 64), ("lstm", 128, 100, 8),
           ("gru", 256, 64, 32), ("lstm", 32, 128, 4)]       # cell, hidden, time steps, batch
@@ -75,10 +74,7 @@ def diagnosed(step, path: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=10)
-    a = ap.parse_args()
+    a = options(steps=10)
     print("| cell | H | T | B | loop share | gemm share | compute share | measured | gemms kept | large ops kept "
           "| probe | ceiling |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -15,12 +15,11 @@ share of the per-token step.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from rnn_ab import alternate, probed
+from rnn_ab import alternate, options, probed
 
 SHAPES = [(128, 10, 32, 2500), (256, 10, 64, 2500), (64, 20, 32, 1000), (512, 15, 32, 4000)]   # hidden, T, batch, vocab
 
@@ -60,10 +59,7 @@ def trainer(hidden: int, T: int, B: int, V: int, whole: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=8)
-    a = ap.parse_args()
+    a = options()
     print("| hidden | T | batch | vocabulary | measured | expected (probe) | ceiling (T) |")
     print("|---|---|---|---|---|---|---|")
     for H, T, B, V in SHAPES:

@@ -14,12 +14,11 @@ their share of the per-time-step step.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from rnn_ab import alternate, probed
+from rnn_ab import alternate, options, probed
 
 SHAPES = [("LSTM", 256, 2, 13, 32), ("LSTM", 64, 1, 32, 16), ("GRU", 256, 2, 13, 32), ("LSTM", 512, 2, 64, 64)]
 V = 28                                  # module, hidden, layers, time steps, batch; the vocabulary
@@ -65,10 +64,7 @@ def trainer(kind: str, hidden: int, layers: int, T: int, B: int, whole: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=8)
-    a = ap.parse_args()
+    a = options()
     print("| module | hidden | layers | T | batch | measured | expected (probe) | ceiling (T) |")
     print("|---|---|---|---|---|---|---|---|")
     for kind, H, L, T, B in SHAPES:

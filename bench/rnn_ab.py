@@ -3,7 +3,16 @@ RNN probe's model expects (collect/rnnprobe.py, analyze/rnnsequence.py) beside i
 
 from __future__ import annotations
 
+import argparse
 import time
+
+
+def options(steps: int = 8):
+    """--blocks (alternating blocks of each version, default 4) and --steps (steps a block)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap.parse_args()
 
 
 def alternate(before, after, blocks: int, steps: int) -> tuple[float, float]:
