@@ -36,6 +36,12 @@ def test_the_probe_runs_where_the_layer_is_looped_over_time_steps():
     assert wanted({"root_calls": {"rnn_calls": 12, "rnn_chained": 11, "rnn": "LSTM"}}) is None   # damaged
     assert wanted({"root_calls": {"rnn_calls": "12", "rnn_chained": 11, "rnn": _cfg()}}) is None
     assert wanted({}) is None
+    # an attention decoder: the layer's inputs made from its last output, no fix to measure
+    fed_back = _child()
+    fed_back["root_calls"]["rnn_fed_back"] = 11
+    assert wanted(fed_back) is None
+    fed_back["root_calls"]["rnn_fed_back"] = 2                             # a few: still the loop
+    assert wanted(fed_back) == (_cfg(), 12)
 
 
 def test_the_calls_shape_is_read_by_the_layers_layout():

@@ -44,13 +44,15 @@ TIMEOUT_S = 60           # torch's import and the device's start included
 def wanted(child: dict) -> tuple[dict, int] | None:
     """(the layer's configuration, its calls a step) where the step called its RNN module (the
     one it called most) MIN_CALLS times or more, most calls taking the state the one before
-    returned: a loop over time steps, outside the model (PD388) or inside it (PD391; an RNN cell:
-    PD387). Else None."""
+    returned and not most of them on an input made from its last output: a loop over time steps
+    one call over the sequence can run, outside the model (PD388) or inside it (PD391; an RNN
+    cell: PD387). Else None."""
     rc = child.get("root_calls") or {}
-    cfg, n, chained = rc.get("rnn"), rc.get("rnn_calls"), rc.get("rnn_chained")
-    if not isinstance(cfg, dict) or not isinstance(n, int) or not isinstance(chained, int) or n < MIN_CALLS:
+    cfg, n, chained, back = rc.get("rnn"), rc.get("rnn_calls"), rc.get("rnn_chained"), rc.get("rnn_fed_back") or 0
+    if not isinstance(cfg, dict) or not all(isinstance(v, int) for v in (n, chained, back)) or n < MIN_CALLS:
         return None
-    return (cfg, n) if chained >= CHAINED * (n - 1) else None
+    # an input made from the layer's last output (attention queried with its state): no rule's fix
+    return (cfg, n) if chained >= CHAINED * (n - 1) and back < CHAINED * (n - 1) else None
 
 
 def maybe_probe(run_dir: Path, child: dict) -> str | None:
