@@ -9,8 +9,8 @@ import math
 import pytest
 
 from perfdoctor.analyze.rnnsequence import probe_metrics
-from perfdoctor.collect.rebuild import whole_shape
-from perfdoctor.collect.rnnprobe import PROBE_FILE, _shape, maybe_probe, wanted
+from perfdoctor.collect.rebuild import rnn_call_shape as _shape, whole_shape
+from perfdoctor.collect.rnnprobe import PROBE_FILE, maybe_probe, wanted
 
 
 def _cfg(**kw) -> dict:

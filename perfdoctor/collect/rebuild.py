@@ -10,7 +10,7 @@ options, its parameters' dtype and device, the shape of the input it was called 
 sequence. Another module (the script's own class, a torch layer of another kind) is not built:
 its time is taken to stay.
 
-config runs in the script's process (torch imported there); build in the probe's.
+config runs in the script's process (torch imported there); build_rnn, build_layer and the shapes in the probe's.
 """
 
 from __future__ import annotations
@@ -62,6 +62,39 @@ def config(module, x) -> dict | None:
         return None
     return {"kind": kind, "opts": opts, **_weights(module), "input_shape": shape,
             "input_dtype": str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else None}
+
+
+def build_rnn(torch, cfg: dict):
+    """(the layer as the loop calls it, the module that runs the whole sequence), both batch-first."""
+    nn = torch.nn
+    kind = cfg["kind"]
+    dtype, device = getattr(torch, cfg["dtype"]), torch.device(cfg["device"])
+    cell = kind.endswith("Cell")
+    base = kind[:-4] if cell else kind
+    opts: dict = {"bias": cfg["bias"], "batch_first": True}
+    if base == "RNN" and cfg.get("nonlinearity"):
+        opts["nonlinearity"] = cfg["nonlinearity"]
+    if not cell:
+        opts.update(num_layers=cfg["num_layers"], bidirectional=cfg["bidirectional"])
+        if base == "LSTM" and cfg.get("proj_size"):
+            opts["proj_size"] = cfg["proj_size"]
+    whole = getattr(nn, base)(cfg["input_size"], cfg["hidden_size"], **opts).to(device, dtype)
+    if not cell:
+        return whole, whole
+    step = getattr(nn, kind)(cfg["input_size"], cfg["hidden_size"], bias=cfg["bias"],
+                             **({"nonlinearity": cfg["nonlinearity"]} if base == "RNN" else {})).to(device, dtype)
+    return step, whole
+
+
+def rnn_call_shape(cfg: dict) -> tuple[int, int]:
+    """(batch, time steps per call) of the calls the census saw."""
+    shape = cfg.get("input_shape") or []
+    if cfg["kind"].endswith("Cell"):
+        return (int(shape[0]) if len(shape) == 2 else 1), 1
+    if len(shape) == 3:
+        b, t = (shape[0], shape[1]) if cfg["batch_first"] else (shape[1], shape[0])
+        return int(b), int(t)
+    return 1, (int(shape[0]) if len(shape) == 2 else 1)          # unbatched [time, features]
 
 
 def build_layer(torch, cfg: dict):

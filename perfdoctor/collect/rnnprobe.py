@@ -82,39 +82,6 @@ def maybe_probe(run_dir: Path, child: dict) -> str | None:
             "at a time against one call each over the sequence")
 
 
-def _layers(torch, cfg: dict):
-    """(the layer as the loop calls it, the module that runs the whole sequence), both batch-first."""
-    nn = torch.nn
-    kind = cfg["kind"]
-    dtype, device = getattr(torch, cfg["dtype"]), torch.device(cfg["device"])
-    cell = kind.endswith("Cell")
-    base = kind[:-4] if cell else kind
-    opts: dict = {"bias": cfg["bias"], "batch_first": True}
-    if base == "RNN" and cfg.get("nonlinearity"):
-        opts["nonlinearity"] = cfg["nonlinearity"]
-    if not cell:
-        opts.update(num_layers=cfg["num_layers"], bidirectional=cfg["bidirectional"])
-        if base == "LSTM" and cfg.get("proj_size"):
-            opts["proj_size"] = cfg["proj_size"]
-    whole = getattr(nn, base)(cfg["input_size"], cfg["hidden_size"], **opts).to(device, dtype)
-    if not cell:
-        return whole, whole
-    step = getattr(nn, kind)(cfg["input_size"], cfg["hidden_size"], bias=cfg["bias"],
-                             **({"nonlinearity": cfg["nonlinearity"]} if base == "RNN" else {})).to(device, dtype)
-    return step, whole
-
-
-def _shape(cfg: dict) -> tuple[int, int]:
-    """(batch, time steps per call) of the calls the census saw."""
-    shape = cfg.get("input_shape") or []
-    if cfg["kind"].endswith("Cell"):
-        return (int(shape[0]) if len(shape) == 2 else 1), 1
-    if len(shape) == 3:
-        b, t = (shape[0], shape[1]) if cfg["batch_first"] else (shape[1], shape[0])
-        return int(b), int(t)
-    return 1, (int(shape[0]) if len(shape) == 2 else 1)          # unbatched [time, features]
-
-
 def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S, layers: list | tuple = ()) -> dict:
     """Forward and backward of `calls` chained calls against one call over their time steps, of
     the RNN layer and of `layers` (rebuild.config of the layers called as often: each T times on
@@ -123,10 +90,10 @@ def measure(cfg: dict, calls: int, budget_s: float = BUDGET_S, layers: list | tu
     (of the alternating pairs), "pairs", "batch", "steps", "layers" (the kinds built)}."""
     import torch
 
-    from perfdoctor.collect.rebuild import build_layer, layer_input, whole_shape
+    from perfdoctor.collect.rebuild import build_layer, build_rnn, layer_input, rnn_call_shape, whole_shape
     torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
-    step, whole = _layers(torch, cfg)
-    batch, per = _shape(cfg)
+    step, whole = build_rnn(torch, cfg)
+    batch, per = rnn_call_shape(cfg)
     device, dtype = next(whole.parameters()).device, next(whole.parameters()).dtype
     x = torch.randn(batch, calls * per, cfg["input_size"], device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
