@@ -340,3 +340,47 @@ def test_attention_ops_whose_kernels_no_launch_ties_to_never_crash(tmp_path):
     m = diagnose_path(str(p))["traces"][0]["metrics"]
     assert m["attention.manual_per_step"] == pytest.approx(1.0)
     assert m["attention.math_kernel_share"] is None
+
+
+@pytest.mark.torch
+def test_additive_attention_is_not_taken_for_a_dot_product_one(tmp_path):
+    """pytorch/tutorials' seq2seq decoder scores with Linear layers (Bahdanau: v^T tanh(W q + U k)),
+    over encoder outputs that are strided: the Linear runs as a matmul folded into one 2-D GEMM,
+    and its UnsafeViewBackward sat beside SoftmaxBackward as if it were the QK^T product (PD378
+    offered SDPA, which has no kernel for it). The dot-product (Luong) form of the same decoder
+    is attention SDPA runs."""
+    B, T, Hd = 8, 10, 32
+    lin = {n: torch.nn.Linear(Hd, o) for n, o in (("W", Hd), ("U", Hd), ("v", 1))}
+    enc = torch.randn(T, B, Hd, requires_grad=True)
+    query = torch.randn(B, 1, Hd, requires_grad=True)
+
+    def additive_step():
+        keys = enc.transpose(0, 1)                       # [B, T, H], not contiguous
+        scores = lin["v"](torch.tanh(lin["W"](query) + lin["U"](keys))).squeeze(2).unsqueeze(1)
+        return torch.bmm(torch.softmax(scores, dim=-1), keys)
+
+    def dot_step():
+        keys = enc.transpose(0, 1)
+        return torch.bmm(torch.softmax(torch.bmm(query, keys.transpose(1, 2)), dim=-1), keys)
+
+    # a decoder's loop: the Linears' gradients accumulate after the loop's backward, so the Linear's
+    # UnsafeViewBackward sits within four ops of SoftmaxBackward, as in the tutorial's trace
+    def additive():
+        return sum(additive_step() for _ in range(3))
+
+    def dot():
+        return sum(dot_step() for _ in range(3))
+
+    found = {}
+    for name, fn in (("additive", additive), ("dot", dot)):
+        _record(tmp_path / f"{name}.json", fn)
+        with open(tmp_path / f"{name}.json") as f:
+            names = [e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op"]
+        doc = diagnose_path(str(tmp_path / f"{name}.json"))
+        m = doc["traces"][0]["metrics"]
+        found[name] = (m["attention.manual_per_step"] * m["steps.count"], "PD378" in {f["id"] for f in doc["findings"]})
+        if name == "additive":      # the case: a Linear's matmul folded into one 2-D GEMM
+            assert any(n.endswith("UnsafeViewBackward0") for n in names)
+            assert any(n.endswith(": MmBackward0") for n in names)
+    assert found["additive"] == (0.0, False)
+    assert found["dot"][0] == 9.0           # three a step

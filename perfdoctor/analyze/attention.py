@@ -53,6 +53,11 @@ MM_RX = re.compile(r"^aten::(matmul|bmm|baddbmm|einsum)$|"
 # the view a matmul's result goes through: its backward node sits next to the BmmBackward that
 # does the GEMMs, and stands for the matmul only where no BmmBackward is in reach
 VIEW_OF_MM_RX = re.compile(r"^autograd::engine::evaluate_function: UnsafeViewBackward")
+# A matmul that folds into one 2-D GEMM had a 2-D operand: a weight (a Linear over a strided 3-D
+# input: x @ W), not the product of two activations that builds attention scores. Its view's
+# backward node is followed (past views) by this node; additive (Bahdanau) attention, whose scores
+# come from Linear layers, showed a Linear's UnsafeViewBackward beside SoftmaxBackward.
+WEIGHT_MM_RX = re.compile(r"^autograd::engine::evaluate_function: (Mm|Addmm)Backward")
 # Ops that only reshape, view or cast: they sit between the matmuls and the softmax in any
 # hand-written attention (the backward puts up to six between BmmBackward and SoftmaxBackward).
 SHAPE_RX = re.compile(r"^aten::(view|reshape|_unsafe_view|expand|transpose|t|permute|contiguous|clone|to|_to_copy|"
@@ -208,8 +213,8 @@ def _half_speedup(gemm_by_class: np.ndarray, ratios: tuple[float, float] | None)
 
 def _luts(t: EventTable) -> tuple[np.ndarray, ...]:
     """Per name code, in one pass over the names: is an op, a matmul, a softmax, backward, a
-    view/cast op, a matmul's view, a mask-building op."""
-    flags = np.zeros((7, len(t.names)), bool)
+    view/cast op, a matmul's view, a mask-building op, a 2-D GEMM's backward."""
+    flags = np.zeros((8, len(t.names)), bool)
     for i, n in enumerate(t.names):
         if OP_RX.match(n):
             flags[0, i] = True
@@ -219,7 +224,8 @@ def _luts(t: EventTable) -> tuple[np.ndarray, ...]:
             flags[4, i] = SHAPE_RX.match(n) is not None
             flags[5, i] = VIEW_OF_MM_RX.match(n) is not None
             flags[6, i] = MASK_RX.match(n) is not None
-    return flags[0], flags[1], flags[2], flags[3], flags[4], flags[5], flags[6]
+            flags[7, i] = WEIGHT_MM_RX.match(n) is not None
+    return tuple(flags)
 
 
 def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool]]:
@@ -227,8 +233,9 @@ def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool
 
     Each side of a softmax reaches to its nearest matmul within WINDOW outermost ops that are
     not views, nor past another softmax, and each end then takes in up to EDGE adjacent view and
-    cast ops; a matmul's UnsafeViewBackward counts only where its
-    BmmBackward is not in reach (the span must hold the GEMMs). Both matmuls are in the
+    cast ops; a matmul's UnsafeViewBackward counts only where its BmmBackward is not in reach (the
+    span must hold the GEMMs), and never where the next op past views is a 2-D GEMM's backward
+    (a weight's product: a Linear's, in additive attention). Both matmuls are in the
     softmax's own pass (a forward softmax and the backward matmuls that follow it on the same
     thread are a softmax head, not attention)."""
     top = outermost(t, rows)                        # in time order (rows: one thread)
@@ -237,13 +244,18 @@ def _matches(t: EventTable, rows: np.ndarray, luts) -> list[tuple[int, int, bool
     sm, mm, bwd, view_of_mm = luts[2][names], luts[1][names], luts[3][names], luts[5][names]
     shape = luts[4][names]
     counted = np.cumsum(~(shape | luts[6][names]))
+    # the first op from each position on that is not a view or cast: a view's own product
+    pos = np.where(shape, len(top), np.arange(len(top)))
+    next_op = np.minimum.accumulate(pos[::-1])[::-1]
+    after = np.append(next_op[1:], len(top))
+    weight_view = view_of_mm & (after < len(top)) & luts[7][names[np.minimum(after, len(top) - 1)]]
     out = []
     for i in np.flatnonzero(sm):
         ends = []
         for step, stop in ((-1, -1), (1, len(top))):
             found, j = None, i + step
             while j != stop and abs(int(counted[j]) - int(counted[i])) <= WINDOW and not sm[j]:
-                if mm[j] and bwd[j] == bwd[i]:
+                if mm[j] and bwd[j] == bwd[i] and not weight_view[j]:
                     found = j
                     if not view_of_mm[j]:
                         break
