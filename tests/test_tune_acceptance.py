@@ -173,8 +173,14 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     # the setting's, interleaved) before it is judged: the truth is a distribution, and four pairs
     # drawn in one stretch of the VM can all lie on one side of it (a CI run: tune 1.17x [1.05, 1.30]
     # for 2 workers, reruns 0.53-0.76x; on this machine 2 workers ran 0.55x and 1.27x, both quiet).
+    # A gain measured in one run that the budget left unconfirmed is said to be one (checked below
+    # for the recommended setting): it is the noise the confirmation is there for (a CI run: 2
+    # workers 1.40x [1.21, 1.61] in one run of tune, 0.86-0.96x in 16 rerun pairs).
+    def once(trial):
+        return trial["status"] == "faster" and "one run, not confirmed" in (trial.get("reason") or "")
+
     def supported(w, trial):
-        return ((trial["status"] != "faster" or max(measured[w]) > 1.0)
+        return ((trial["status"] != "faster" or once(trial) or max(measured[w]) > 1.0)
                 and (trial["status"] != "slower" or min(measured[w]) < 1.10))
     for w in (1, 2):
         for k in (2, 3):
@@ -195,7 +201,7 @@ def test_acceptance_cpu_bound_loader(tmp_path):
             continue
         print(f"num_workers={w}: tune {trial['speedup']:.2f}x {trial['ci95']} {trial['status']}, reruns {measured[w]}")
         assert trial["status"] != "failed", trial
-        if trial["status"] == "faster":
+        if trial["status"] == "faster" and not once(trial):
             assert max(measured[w]) > 1.0, (trial, measured)
         if trial["status"] == "slower":
             assert min(measured[w]) < 1.10, (trial, measured)
@@ -218,9 +224,9 @@ def test_acceptance_cpu_bound_loader(tmp_path):
     if best and "num_workers" in best["changes"]:
         w = best["changes"]["num_workers"]
         lo, hi = measured[w][0], measured[w][-1]
-        assert f"num_workers={w}" in doc["apply"] and hi > 1.0, (best, measured)
+        assert f"num_workers={w}" in doc["apply"], best
         if best["confirmed"]:               # two runs: within 25% of what the reruns support
-            assert 0.75 * lo <= best["speedup"] <= 1.25 * hi, (best, measured)
+            assert hi > 1.0 and 0.75 * lo <= best["speedup"] <= 1.25 * hi, (best, measured)
         else:                               # the budget ran out first (a slow machine): it says so
             said = " ".join(r.stdout.split())                       # rich wraps the line
             assert "one run (no budget left to confirm it)" in said, r.stdout
