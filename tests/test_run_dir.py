@@ -428,3 +428,26 @@ def test_step_records_read_in_bulk_as_line_by_line():
         bulk = rf.steps(rf._json_lines(lines))
         assert same(bulk, by_line(lines)), lines
     assert rf.steps(rf._json_lines(good))[0][0] == json.loads(good[0])     # the common case: as written
+
+
+def test_the_rnn_census_fields_of_child_json_are_conformed():
+    """child.json's root_calls carries the RNN layer the step called most (collect/chainedcalls.py):
+    a field of the wrong type (a hand edit, another writer) is read as unknown, so its metrics are
+    unknown, and a layer without its kind is left out; intact fields give their shares."""
+    from perfdoctor.analyze.rnnsequence import layer_call_metrics
+    from perfdoctor.diagnose import runfiles as rf
+    good = {"outcome": "completed", "root_calls": {
+        "module": "Seq2Seq", "calls": 1, "chained": 0, "sliced": 0, "rnn_module": "GRU",
+        "rnn": {"kind": "GRU", "input_size": 8, "hidden_size": 16, "input_shape": [4, 1, 8]},
+        "rnn_calls": 11, "rnn_chained": 10, "rnn_fed_sliced": 9, "rnn_fed_back": 0,
+        "rnn_layers": [{"kind": "Embedding", "opts": {"num_embeddings": 10}}, {"opts": {}}]}}
+    rc = rf.record(good, rf.CHILD)["root_calls"]
+    assert rc["rnn_layers"] == [{"kind": "Embedding", "opts": {"num_embeddings": 10}}]
+    m = layer_call_metrics(rc)
+    assert (m["rnn.layer_kind"], m["rnn.layer_calls_per_step"], m["rnn.layer_chained_share"],
+            m["rnn.layer_fed_sliced_share"], m["rnn.layer_fed_back_share"]) == ("GRU", 11, 1.0, 0.9, 0.0)
+    bad = json.loads(json.dumps(good))
+    bad["root_calls"].update(rnn_calls="11", rnn_fed_back=True, rnn={"kind": 3}, chained=1.5)
+    rc = rf.record(bad, rf.CHILD)["root_calls"]
+    assert "rnn_calls" not in rc and "rnn_fed_back" not in rc and "chained" not in rc and rc["rnn"] == {}
+    assert set(layer_call_metrics(rc).values()) == {None}

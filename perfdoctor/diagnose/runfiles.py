@@ -60,7 +60,11 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
          "process_starts": [{"!": ("count",), "method": STR, "target": STR, "via": STR, "count": INT}],
          "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
                         "passes": INT, "fresh_passes": INT, "cpu_autocast": STR,
-                        "dense_embeddings": {"elements": INT, "touched": INT, "tables": INT}}}
+                        "dense_embeddings": {"elements": INT, "touched": INT, "tables": INT},
+                        # collect/chainedcalls.py; "rnn" and "rnn_layers" are collect/rebuild.config's
+                        "chained": INT, "sliced": INT, "rnn_module": STR, "rnn": {"kind": STR, "*": ANY},
+                        "rnn_calls": INT, "rnn_chained": INT, "rnn_fed_sliced": INT, "rnn_fed_back": INT,
+                        "rnn_layers": [{"!": ("kind",), "kind": STR, "*": ANY}]}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,
         "host": STR, "pid": INT, "exit_code": INT, "signal": INT, "wall_s": NUM, "end_unix": NUM}
 
