@@ -43,18 +43,18 @@ def run_script(cfg, out: Output, dist: list, nproc_per_node: str | None, baselin
         opts, script, is_module = torchrun_passthrough(given + cfg.argv[1:])
         if not is_module and not Path(script[0]).is_file():
             raise PerfdoctorError(f"can't open file {script[0]!r}: no such file")
-        _multi_rank_checks(cfg.duration, baselines)
+        _multi_rank_checks(cfg.duration, baselines, _one_node(_option(opts, "--nnodes")))
         return _run_ranks(replace(cfg, argv=script, module=script[0] if is_module else None), opts, out)
     if nproc_per_node is not None or any(v is not None for v in dist):
         if nproc_per_node is None:
             raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
-        _multi_rank_checks(cfg.duration, baselines)
+        _multi_rank_checks(cfg.duration, baselines, _one_node(dist[0] if dist else None))
         _rank_counts(nproc_per_node, dist[0] if dist else None)
         return _run_ranks(cfg, DistOptions(nproc_per_node, *dist), out)
     ident = identity()
     if ident is not None:                    # started once per rank by the user's launcher
         if ident.world_size > 1:
-            _multi_rank_checks(cfg.duration, baselines)
+            _multi_rank_checks(cfg.duration, baselines, ident.local_world_size == ident.world_size)
         return _run_one_rank(cfg, ident, out)
     return _run_one(cfg, out, baselines, strict)
 
@@ -122,13 +122,29 @@ def _file_ends_mid_line(stream) -> bool:
         os.close(rfd)
 
 
-def _multi_rank_checks(duration: float | None, baselines: list[Path]) -> None:
-    if duration is not None:
-        raise PerfdoctorError("--duration would stop the ranks at different steps (the others would then wait in "
-                              "their collectives); use --max-steps with several ranks")
+def _multi_rank_checks(duration: float | None, baselines: list[Path], one_node: bool) -> None:
+    if duration is not None and not one_node:
+        # the ranks agree on their last step through a file of the node's run directory (sharedstop.py)
+        raise PerfdoctorError("--duration stops the ranks of one node together, not those of several nodes "
+                              "(the others would wait in their collectives); use --max-steps across nodes")
     if baselines:
         raise PerfdoctorError("--baseline gates a single-process run; gate a multi-rank run's ranks/rank-K "
                               "directories with `perfdoctor gate`")
+
+
+def _one_node(nnodes: str | None) -> bool:
+    return nnodes is None or str(nnodes) in ("1", "1:1")
+
+
+def _option(opts: list[str], flag: str) -> str | None:
+    """The value of torchrun's `flag` among its options (`--flag V`, `--flag=V`, or with `_`), else None."""
+    names = (flag, "--" + flag[2:].replace("-", "_"))
+    for i, a in enumerate(opts):
+        if a in names and i + 1 < len(opts):
+            return opts[i + 1]
+        if a.split("=", 1)[0] in names and "=" in a:
+            return a.split("=", 1)[1]
+    return None
 
 
 NPROC = re.compile(r"[1-9][0-9]{0,5}|auto|cpu|gpu|xpu")      # what torchrun's --nproc-per-node takes

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -710,3 +711,40 @@ def test_the_html_rank_section_says_what_the_terminal_says(shared_traces, tmp_pa
                 f"{rank['collective_wait_ms']:.1f} {100 * rank['collective_wait_share']:.0f}% |") in md
     for line, _ in notes:
         assert M(line.strip()) in md
+
+
+DDP_ENDLESS = DDP_PLAIN.replace("for step in range(2000):", "while True:")
+
+
+@pytest.mark.slow
+def test_duration_stops_every_rank_after_the_same_step(tmp_path):
+    """--duration on several ranks of one node (it was refused): each rank's launcher keeps its
+    clock, the first request writes the step to stop after and every rank stops there, so none
+    is left waiting in a collective for the grace period. The same through the user's launcher
+    (torchrun --no-python perfdoctor run). Across nodes it is refused in one line."""
+    script = tmp_path / "ddp_endless.py"
+    script.write_text(DDP_ENDLESS)
+    own = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
+           str(Path(sys.executable).parent / "perfdoctor"), "run"]
+    for name, cmd in (("nproc", [sys.executable, "-m", "perfdoctor", "run", "--nproc-per-node", "2"]),
+                      ("own", own)):
+        out = tmp_path / name
+        t0 = time.monotonic()
+        r = subprocess.run([*cmd, "--duration", "6", "--no-trace", "--no-stacks", "--out", str(out), str(script)],
+                           capture_output=True, text=True, timeout=120)
+        wall = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr[-3000:]
+        children = [json.loads((out / "ranks" / f"rank-{k}" / "child.json").read_text()) for k in (0, 1)]
+        runs = [json.loads((out / "ranks" / f"rank-{k}" / "run.json").read_text()) for k in (0, 1)]
+        assert [c["outcome"] for c in children] == ["stopped", "stopped"], (name, children)
+        steps = [c["steps"] for c in children]
+        assert steps[0] == steps[1] == children[0]["shared_stop"]["step"] > 20, (name, steps)
+        assert any(c["shared_stop"]["requested"] for c in children)
+        assert [x["stopped_by"] for x in runs] == ["duration", "duration"]
+        assert not any("did not stop within" in n for x in runs for n in x["notes"]), runs
+        assert wall < 6 + 25, wall                    # well inside the 30 s grace
+        assert not list((out / "ranks").glob(".stop-*"))      # the file of the launch went with it
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--nproc-per-node", "2", "--nnodes", "2",
+                        "--duration", "5", str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "--duration stops the ranks of one node together, not those of several nodes" in r.stderr

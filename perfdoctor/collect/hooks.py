@@ -5,7 +5,10 @@ autograd.grad calls), DataLoader iterations or outermost module calls (stepsourc
 one is chosen).
 
 Data wait. Time inside DataLoader iterators' __next__ (worker queue wait, or the whole
-loading work with num_workers=0), summed per step.
+loading work with num_workers=0), summed per step (loaderwait.py).
+
+Stop. --max-steps and --duration end the script at a step boundary; with several ranks, every
+rank at the same one (sharedstop.py).
 
 Trace: window.py places the torch.profiler window by steps and by time.
 
@@ -23,15 +26,15 @@ import threading
 import time
 from collections import deque
 
-from perfdoctor.collect import dynamoskip, forked, funcpasses, threadstop
+from perfdoctor.collect import dynamoskip, forked, funcpasses, loaderwait, threadstop
 from perfdoctor.collect.cpuflags import cpu_bf16, cpu_fp16
 from perfdoctor.collect.loaderfetch import FetchTimes
 from perfdoctor.collect.loaderiters import LoaderIters
 from perfdoctor.collect.loaderkinds import WORKER_INFO_MARKER, LoaderKinds, watch_worker_info
-from perfdoctor.collect.modules import IN_LOADER
 from perfdoctor.collect.nogradcalls import NogradClock
 from perfdoctor.collect.optclock import OptimizerClock
 from perfdoctor.collect.procstarts import ProcStarts
+from perfdoctor.collect.sharedstop import SharedStop
 from perfdoctor.collect.steprecord import FLUSH_FIRST, FLUSH_S, REREAD_S, SchedReads, dataset_kind, line, \
     start_mark
 from perfdoctor.collect.stepsource import PASS_FALLBACK, SOURCES, StepSources
@@ -104,6 +107,7 @@ class Session(StepSources):
         self.loader_marks: list = []     # batch requests since the last backward pass
         self.batches_since_pass = 0
         self.stop_requested = False
+        self.shared = SharedStop.from_cfg(cfg)   # --duration with several ranks: one step for all (sharedstop.py)
         # backward passes have nothing to tell: steps follow an optimizer, the census step is
         # over and no trace is being recorded (its memory budget is checked inside passes).
         # Set at each boundary; the backward wrapper then only calls through (passes.py)
@@ -170,7 +174,7 @@ class Session(StepSources):
             modules.watch(torch, self)
         except Exception as exc:
             self.notes.append(f"module calls cannot be watched ({type(exc).__name__}: {exc})")
-        self._wrap_dataloader()
+        loaderwait.wrap_next(self)
         self._wrap_grad_scaler()
         watch_worker_info(self.run_dir)
         try:
@@ -182,53 +186,6 @@ class Session(StepSources):
         except Exception as exc:
             self.notes.append(f"process starts cannot be counted ({type(exc).__name__}: {exc})")
         self.window.install(torch)
-
-    def _wrap_dataloader(self) -> None:
-        from torch.utils.data import dataloader as dl
-        base = dl._BaseDataLoaderIter
-        orig = base.__next__
-        session = self
-        drew = self.iters.drew
-        kinds = self.loader_kinds.count
-        try:
-            self.iters.install(dl)
-        except Exception as exc:
-            self.notes.append(f"DataLoader iterator starts cannot be timed ({type(exc).__name__}: {exc})")
-        try:
-            import torch.storage
-            from torch.utils.data._utils import fetch, worker
-            self.fetches.install(fetch, worker, torch.storage)
-        except Exception as exc:
-            self.notes.append(f"DataLoader workers' batches cannot be timed ({type(exc).__name__}: {exc})")
-
-        def __next__(it):
-            t0 = time.perf_counter()
-            session.window.check_memory(t0)         # a step of many batches can outgrow the trace's budget
-            session.dataset_kinds.add(getattr(it, "_dataset_kind", None))
-            if session.mode != "optimizer":
-                session._on_batch_request(t0)
-            got = False
-            outer = not getattr(IN_LOADER, "n", 0)
-            IN_LOADER.n = 1
-            # without workers the trainer makes the batch here: the process's CPU meanwhile (its
-            # intra-op threads too) tells computing from sleeping on storage, a socket or a lock
-            c0 = time.process_time() if outer and not getattr(it, "_num_workers", 1) else None
-            try:
-                batch = orig(it)
-                got = True                      # the StopIteration ending an epoch is no batch
-                return batch
-            finally:
-                if outer:
-                    IN_LOADER.n = 0
-                dt = time.perf_counter() - t0
-                if c0 is not None:
-                    session.cum_wait_cpu += time.process_time() - c0
-                session.cum_wait += dt
-                session.cum_batches += got
-                drew(it, got, dt)
-                if got:
-                    kinds(it)
-        base.__next__ = __next__
 
     # -- step sources -----------------------------------------------------------------------
     def _mark(self, t: float | None = None) -> tuple:
@@ -309,7 +266,8 @@ class Session(StepSources):
         self.window.on_boundary(self.steps - self.step_base, time.perf_counter(), self.t_first, dur)
         self.quiet_passes = (self.mode == "optimizer" and self.window.state != "recording"
                              and (self.census is None or self.census.state == "done"))
-        if self.stop_requested or (self.max_steps and self.steps - self.step_base >= self.max_steps):
+        stop = self.stop_requested if self.shared is None else self.shared.due(self.steps, self.stop_requested, dur)
+        if stop or (self.max_steps and self.steps - self.step_base >= self.max_steps):
             self.stopping = True
             if not _main():
                 threadstop.install(self)        # in front of a threading.excepthook the script set since
@@ -382,6 +340,7 @@ class Session(StepSources):
                     "optimizer_timed": True, "optimizer": {**self.opt_clock.info(), "rebuilt": self.rebuilt},
                     "nograd_timed": self.nograd.timed, "pre_timed": self.nograd.timed,
                     "process_starts": self.starts.info(), "first_step_timed": self.first_timed,
+                    "shared_stop": self.shared.info() if self.shared is not None else None,
                     "cpu_clock": "thread"}      # steps' `cpu` from the thread's CPU clock (steprecord.py)
             try:               # a full disk must not turn the script's own ending into a crash
                 with open(os.path.join(self.run_dir, "child.json"), "w") as f:

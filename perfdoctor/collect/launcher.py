@@ -58,6 +58,7 @@ class RunConfig:
     changes: dict | None = None          # `perfdoctor tune`: changes injected into the script (inject.py)
     progress: bool = True                # progress lines on a terminal (off in the ranks of a multi-rank run)
     output: Path | None = None           # the script's stdout and stderr into this file (tune), not through
+    stop_file: str | None = None         # --duration with several ranks: where they agree on the step to stop after
 
 
 @dataclass
@@ -159,7 +160,7 @@ def launch(cfg: RunConfig) -> RunResult:
     claim(run_dir, cfg.force)            # refuses (or with force, clears) a directory holding a run
     child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
-                 "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes}
+                 "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes, "stop_file": cfg.stop_file}
     cupti_env, child_cfg["teardown_cupti"] = teardown_env(os.environ, cfg.argv, cfg.module)   # cupti.py
     # kineto logs "USDT: profiler_start/stop" to stderr at its default level: lines the script
     # never printed. Level 6 silences kineto's own log, unless the user chose a level.
@@ -232,8 +233,11 @@ def launch(cfg: RunConfig) -> RunResult:
         # script had ended by itself, and its code is the one it gave
         sig, exit_code = None, child["exit_code"]
         notes.append("the --duration stop request arrived as the script was exiting by itself")
+    shared = child.get("shared_stop") if isinstance(child.get("shared_stop"), dict) else {}
     if child.get("outcome") == "stopped":
-        stopped_by = stopped_by or "max-steps"
+        # a rank that stopped at the step another rank's --duration chose stopped for --duration
+        agreed = isinstance(shared.get("step"), int) and isinstance(child.get("steps"), int)
+        stopped_by = stopped_by or ("duration" if agreed and child["steps"] >= shared["step"] else "max-steps")
     elif stopped_by == "duration" and not insisted and child.get("outcome") != "interrupted":
         # the script ended by itself after the request (it reached no step boundary in this
         # process to stop at: its training ran elsewhere, or it was ending anyway)

@@ -137,11 +137,16 @@ def run_rank(cfg: RunConfig, ident: RankId) -> tuple[RunResult, bool]:
         raise PerfdoctorError(f"cannot create the run directory {top}: {exc.strerror or exc}") from None
     mine = rank_dir(top, ident.rank)
     claim(mine, cfg.force)
+    if cfg.duration and ident.world_size > 1 and not cfg.stop_file:     # started by the user's launcher
+        cfg = replace(cfg, stop_file=str(top.resolve() / "ranks" / f".stop-{job_key()}"))
     res = launch(replace(cfg, run_dir=mine, force=True))
     info = {**asdict(ident), "host": socket.gethostname(), "pid": os.getpid(), "exit_code": res.exit_code,
             "signal": res.signal, "wall_s": round(res.wall_s, 3), "end_unix": round(time.time(), 3)}
     (mine / "rank.json").write_text(json.dumps(info, indent=1))
-    return res, _last_on_node(top, ident)
+    last = _last_on_node(top, ident)
+    if last and cfg.stop_file:
+        Path(cfg.stop_file).unlink(missing_ok=True)      # the node's ranks are done with it
+    return res, last
 
 
 def _last_on_node(top: Path, ident: RankId) -> bool:
@@ -226,7 +231,10 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
     top = Path(cfg.run_dir) if cfg.run_dir else _default_parent_dir(cfg)
     claim(top, cfg.force)
     rank_cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-    rank_cfg.update(run_dir=str(top.resolve()), force=cfg.force, duration=None, progress=False)
+    # --duration: each rank's launcher keeps the clock, and the ranks agree on the step to stop
+    # after through a file of this launch (collect/sharedstop.py)
+    stop = top.resolve() / "ranks" / f".stop-{os.getpid()}-{time.time_ns()}" if cfg.duration else None
+    rank_cfg.update(run_dir=str(top.resolve()), force=cfg.force, progress=False, stop_file=stop and str(stop))
     opts = dist.torchrun_args() if isinstance(dist, DistOptions) else list(dist)
     cmd = [sys.executable, "-m", "torch.distributed.run", *opts, "-m", "perfdoctor.collect.ranks"]
     env = dict(os.environ, **{CFG_ENV: json.dumps(rank_cfg)})
@@ -237,6 +245,8 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
         code = proc.wait()
     finally:
         restore_signals(old)
+        if stop is not None:
+            stop.unlink(missing_ok=True)
     sig = -code if code < 0 else None
     exit_code = 128 + sig if sig else code
     if forwarded and code != 0:
