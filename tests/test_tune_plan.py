@@ -361,3 +361,11 @@ def test_a_ranked_fix_under_a_material_gain_orders_no_trial_group():
     assert groups.index("loader") < groups.index("optimizer"), groups
     fixes["PD338"]["gain"]["ceiling"] = 1.3          # a ceiling that allows a material gain ranks it
     assert plan_facts(doc, fixes, b).ranked == ["PD348", "PD338"]
+
+
+def test_a_cpu_cnn_on_nchw_tensors_gets_a_channels_last_trial():
+    """PD392 (convolutions on NCHW tensors on the CPU, no modelled gain) is measured: the layout
+    trial runs on the CPU, where the CUDA settings are skipped; without the claim there is none."""
+    cl = [t for t in plan.plan(facts(nchw=True)) if t.changes == {"channels_last": True}]
+    assert len(cl) == 1 and cl[0].group == "layout" and cl[0].skip is None
+    assert not [t for t in plan.plan(facts()) if "channels_last" in t.changes]

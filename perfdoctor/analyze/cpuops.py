@@ -48,6 +48,13 @@ these. A backward node is matched by its sequence number alone (the forward's th
                          time: the work bf16 dot-product instructions shorten under CPU autocast
                          around the model (PD375)
 
+    cpu.conv_nd_share = time of the outermost 2-D and 3-D convolutions (aten::conv2d, conv3d and
+                         their transposes) and of the convolutions' backward (aten::
+                         convolution_backward) in the share of the forward convolutions' time
+                         they are (a 1-D one's backward has the same name), outside
+                         DataLoader.__next__ / the steps' time: the work channels_last can change
+                         (PD392)
+
 Outermost: an op not inside another op of that kind on its thread (an aten::linear holds an
 aten::addmm; a backward node holds its aten ops), so nothing is counted twice. SMALL_OP_US is 20
 microseconds: profiled, an op on a 2-element tensor takes 5-15 microseconds here, and an op under
@@ -74,10 +81,12 @@ GEMM_OPS = frozenset({"aten::linear", "aten::addmm", "aten::mm", "aten::bmm", "a
                       "aten::addbmm", "aten::einsum", "aten::_addmm_activation"})
 CONV_PREFIXES = ("aten::conv", "aten::_conv", "aten::mkldnn_convolution", "aten::cudnn_convolution",
                  "aten::slow_conv", "aten::_slow_conv", "aten::thnn_conv")
+CONV_ND_OPS = frozenset({"aten::conv2d", "aten::conv3d", "aten::conv_transpose2d", "aten::conv_transpose3d"})
+CONV_1D_OPS = frozenset({"aten::conv1d", "aten::conv_transpose1d"})
 SPARSE_OPS = frozenset({"aten::smm", "aten::hspmm", "aten::sspaddmm"})   # sparse products without "sparse" in their names
 NAMES = ("cpu.small_op_share", "cpu.ops_per_step", "cpu.op_median_us", "cpu.optimizer_large_op_share",
          "cpu.optimizer_op_share",
-         "cpu.rnn_small_op_share", "cpu.gemm_conv_share")
+         "cpu.rnn_small_op_share", "cpu.gemm_conv_share", "cpu.conv_nd_share")
 
 
 def _is_sparse(name: str) -> bool:
@@ -161,6 +170,18 @@ def compute_share(m: dict) -> dict:
     return {"cpu.compute_share": max(0.0, dev - (m.get("cpu.small_op_share") or 0.0))}
 
 
+def _conv_nd_share(t: EventTable, k: Kinds, ops: np.ndarray, total: float) -> float:
+    """cpu.conv_nd_share (module docstring), from the steps' aten and autograd ops `ops`."""
+    def timed(names) -> float:
+        rows = ops[t.name_mask(lambda n: n in names)[ops]]
+        rows = rows[~contained(t, rows, np.flatnonzero(k.dataloader))]
+        return float(t.dur[outermost(t, rows)].astype(np.float64).sum())
+    nd, one_d = timed(CONV_ND_OPS), timed(CONV_1D_OPS)
+    if nd <= 0:
+        return 0.0
+    return min(1.0, (nd + timed({"aten::convolution_backward"}) * nd / (nd + one_d)) / total)
+
+
 def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     out = dict.fromkeys(NAMES)
     total = float(steps.duration.sum())
@@ -189,6 +210,7 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     # BFloat16") where 74% of its step had been offered to bf16
     mm = mm[~contained(t, mm, np.flatnonzero(k.cpu_op & t.name_mask(_is_sparse)))]
     out["cpu.gemm_conv_share"] = min(1.0, float(t.dur[outermost(t, mm)].astype(np.float64).sum()) / total)
+    out["cpu.conv_nd_share"] = _conv_nd_share(t, k, ops, total)
     out["cpu.op_median_us"] = float(median(dur))
     opt = optimizer_step_rows(t, k, steps)
     if len(opt):

@@ -6,7 +6,8 @@ GPU its launch) once per sample, and each op does a sliver of the work it could 
 trace shows only many small ops; the hooks see the loop itself. During one whole step after the
 step source is chosen, `perfdoctor run` counts the outermost module calls (collect/modules.py,
 child.json "root_calls"): the module called most, how many times, and the leading dimension of
-its first tensor argument (the batch it was given), and the dtype CPU autocast cast to while it ran.
+its first tensor argument (the batch it was given), and the dtype CPU autocast cast to while it ran;
+and the memory format its convolutions' inputs came in (collect/convlayout.py).
 
 The DataLoader batches per steady step, and the backward passes of the counted step, tell a
 per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
@@ -29,8 +30,8 @@ from perfdoctor.analyze.stepwait import extra_batches
 
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
          "loop.batches_per_step", "loop.backward_passes_per_step", "loop.fresh_passes_per_step",
-         "loop.extra_batches_excess_share", "loop.model_cpu_autocast", "loop.model_call_chained_share",
-         "loop.model_call_sliced_share", "loop.model_rnn_module")
+         "loop.extra_batches_excess_share", "loop.model_cpu_autocast", "loop.conv_channels_last_share",
+         "loop.model_call_chained_share", "loop.model_call_sliced_share", "loop.model_rnn_module")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -62,6 +63,10 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     out["loop.model_rnn_module"] = rnn if isinstance(rnn, str) else None
     autocast = rc.get("cpu_autocast")
     out["loop.model_cpu_autocast"] = autocast if isinstance(autocast, str) else None
+    layout = rc.get("conv_layout") if isinstance(rc.get("conv_layout"), dict) else {}
+    n, cl = layout.get("calls"), layout.get("channels_last")
+    if isinstance(n, int) and isinstance(cl, int) and 0 <= cl <= n and n > 0:
+        out["loop.conv_channels_last_share"] = cl / n
     passes = rc.get("passes")
     out["loop.backward_passes_per_step"] = passes if isinstance(passes, int) and passes >= 0 else None
     fresh = rc.get("fresh_passes")

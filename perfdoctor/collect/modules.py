@@ -29,6 +29,7 @@ import time
 from perfdoctor.collect import dynamoskip
 from perfdoctor.collect.dynamoskip import compiling_check
 from perfdoctor.collect.embeddings import DenseTables
+from perfdoctor.collect.convlayout import ConvLayouts
 from perfdoctor.collect.chainedcalls import Chain, weak_ref as _ref
 
 MAX_MODULES = 64    # distinct modules counted in the census step
@@ -43,17 +44,20 @@ class Census:
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
     most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
-    "cpu_autocast", "dense_embeddings" (embeddings.py), "chained", "sliced", "rnn_module", "rnn",
-    "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back", "rnn_layers" (chainedcalls.py)},
+    "cpu_autocast", "dense_embeddings" (embeddings.py), "conv_layout" (convlayout.py), "chained",
+    "sliced", "rnn_module", "rnn", "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back",
+    "rnn_layers" (chainedcalls.py)},
     where batch is the most common leading dimension of the calls of the modules called at least
     half as often as it, and batch_share that dimension's share of those calls; None until the
     step ends."""
 
-    def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = (), rnn_types: tuple = ()):
+    def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = (), rnn_types: tuple = (),
+                 layouts=None):
         self.tensor = tensor_type
         self.cpu_autocast = cpu_autocast  # () -> the CPU autocast dtype's name in force, or None
         self.embedding_types = embedding_types
         self.rnn_types = rnn_types
+        self.new_layouts = layouts or ConvLayouts   # () -> a ConvLayouts (convlayout.py)
         self.reset()
 
     def reset(self) -> None:
@@ -68,6 +72,7 @@ class Census:
         self.autocast = None              # the CPU autocast dtype a counted call ran under
         self.tables = DenseTables(self.embedding_types)   # embedding tables with dense gradients (embeddings.py)
         self.chain = Chain(self.tensor, self.rnn_types)   # calls that take the last one's state (chainedcalls.py)
+        self.layouts = self.new_layouts()   # the convolutions' input formats (convlayout.py)
 
     def boundary(self, mode) -> None:
         if (self.state == "counting" and mode == "module" and getattr(_DEPTH, "n", 0)
@@ -108,7 +113,7 @@ class Census:
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / sum(leads.values()),
                                "modules": len(self.counts), "passes": self.passes, "fresh_passes": self.fresh,
                                "cpu_autocast": self.autocast, "dense_embeddings": self.tables.result(),
-                               **self.chain.result(key)}
+                               "conv_layout": self.layouts.result(), **self.chain.result(key)}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
@@ -125,6 +130,7 @@ class Census:
         c[2][lead] = c[2].get(lead, 0) + 1
         self.last = (id(module), lead)
         self.tables.call(module, args, kwargs)
+        self.layouts.call(module, args, kwargs)
         self.chain.call(id(module), args, kwargs)
         self.chain.inner(module, args, kwargs, outermost=True)   # a loop that calls its nn.LSTM itself
 
@@ -140,6 +146,7 @@ class Census:
         if self.autocast is None and self.cpu_autocast is not None:
             self.autocast = self.cpu_autocast()
         self.tables.call(module, args, kwargs)
+        self.layouts.call(module, args, kwargs)
         self.chain.inner(module, args, kwargs)
 
     def _lead(self, args, kwargs):
@@ -168,8 +175,10 @@ def watch(torch, session) -> None:
     steps (session.module_watch). Again after an optimizer took over from a fallback: a new census."""
     Module = torch.nn.Module
     orig = Module.__call__
-    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch), (torch.nn.Embedding, torch.nn.EmbeddingBag),
-                            (torch.nn.RNNBase, torch.nn.RNNCellBase))
+    nn = torch.nn
+    convs = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+    session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch), (nn.Embedding, nn.EmbeddingBag),
+                            (nn.RNNBase, nn.RNNCellBase), lambda: ConvLayouts(torch, convs))
     if getattr(orig, "_perfdoctor", False):
         return
     compiling = compiling_check(torch)

@@ -15,14 +15,13 @@ KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"
               "pin_memory": ("PD302",), "threads": ("PD341", "PD346", "PD348"), "optimizer": ("PD338",),
               "autocast": ("PD320", "PD375"), "compile": ("PD311", "PD344", "PD312"), "expandable_segments": ("PD324",),
               "cudnn_benchmark": (), "tf32": ("PD320",), "recompute": ("PD345",), "float32": ("PD357", "PD368"),
-              "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342",),
+              "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342", "PD392"),
               "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
               "anomaly": ("PD374",), "distribution_checks": ("PD379",), "attention_dropout": ("PD381",),
               "batch_scale": ("PD385",), "gather_select": ("PD386",)}
 NO_WORKERS_RULE = "PD347"       # num_workers=0, tried from a script that has workers
 WORKERS_RULE = "PD301"          # its model's [gain.let] `workers` (from none) and `added` (to some)
-CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "channels_last",
-                       "empty_cache"})
+CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "empty_cache"})
 OPT_IN = {"autocast": "--allow-numerics", "float32": "--allow-numerics", "compile": "--allow-compile",
           "attention_dropout": "--allow-numerics", "batch_scale": "--allow-numerics"}
 

@@ -6,8 +6,8 @@ whether a CUDA device exists (child.json). A trial is one dict of changes (colle
 the fix rule of the report whose gain it tests (its `gain.expected` is the prediction).
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
-optimizer implementation, CUDA settings (channels_last first where the report found convolutions
-on NCHW tensors: PD342), the loader's iterator kept where the report found iterators started for
+optimizer implementation, the memory layout (channels_last, where the report found convolutions
+on NCHW tensors: PD342 on a GPU, PD392 on the CPU), CUDA settings, the loader's iterator kept where the report found iterators started for
 a peek or re-created every step (PD355: collect/inject_iter.py), a TensorDataset indexed once a
 batch where the report found it fetched sample by sample (PD358), the loader's samples prepared
 once where the report offers preprocessing them (PD306: a bound, below), autograd anomaly
@@ -64,11 +64,11 @@ MAX_WORKER_CANDIDATES = 4
 PREFETCH_TRY = 4             # prefetch_factor tried against torch's default 2
 
 ORDER = {"input": ("iterator", "loader", "indexing", "preprocessing", "anomaly", "distributions", "threads",
-                   "optimizer", "checkpoint", "recompute", "cuda", "allocator", "numerics", "compile"),
+                   "optimizer", "checkpoint", "recompute", "layout", "cuda", "allocator", "numerics", "compile"),
          "host": ("anomaly", "distributions", "checkpoint", "iterator", "optimizer", "compile", "allocator",
-                  "recompute", "threads", "loader", "indexing", "preprocessing", "cuda", "numerics"),
-         "device": ("anomaly", "distributions", "numerics", "recompute", "allocator", "cuda", "compile", "checkpoint",
-                    "iterator", "optimizer", "loader", "indexing", "preprocessing", "threads")}
+                  "recompute", "threads", "loader", "indexing", "preprocessing", "layout", "cuda", "numerics"),
+         "device": ("anomaly", "distributions", "numerics", "recompute", "allocator", "layout", "cuda", "compile",
+                    "checkpoint", "iterator", "optimizer", "loader", "indexing", "preprocessing", "threads")}
 STORED = "a bound, not a setting: the samples prepared once and replayed, augmentations frozen; PD306 is the change"
 SAVE_EVERY = 100             # the save_every trial: PD350's model (one save every 100 steps)
 THREADS_FEWER, THREADS_MORE = ("PD348", "PD341"), ("PD346",)   # a threads trial's rules, by its direction
@@ -117,7 +117,7 @@ class Facts:
     worker_cores: float | None = None  # cores the script's DataLoader workers kept busy
     saturated: bool = False           # no idle core for more DataLoader workers (PD309 fired)
     modelled_workers: float | None = None   # the workers PD301's model credits (up to 8 for a loader that waits)
-    nchw: bool = False                # convolutions on NCHW tensors with layout conversions (PD342 fired)
+    nchw: bool = False                # convolutions on NCHW tensors: layout conversions (PD342) or a CPU's (PD392)
     peeks: bool = False               # DataLoader iterators started to peek, or re-created every step (PD355 fired)
     per_sample: bool = False          # an in-memory dataset fetched sample by sample (PD358 fired)
     preprocess: bool = False          # the report offers preprocessing the data set once (PD306 fired)
@@ -241,8 +241,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
     if f.frequent_saves:
         by_group["checkpoint"].append(Trial({"save_every": SAVE_EVERY}, "checkpoint"))
     cuda_skip = None if f.cuda else "no CUDA device"
-    if f.nchw:                        # the report's channels_last claim first: a layout change, numerics kept
-        by_group["cuda"].append(Trial({"channels_last": True}, "cuda", skip=cuda_skip))
+    if f.nchw:                        # a layout change, numerics kept: PD342 on a GPU, PD392 on the CPU
+        by_group["layout"].append(Trial({"channels_last": True}, "layout"))
     by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),
                          Trial({"expandable_segments": True}, "cuda", skip=cuda_skip)]

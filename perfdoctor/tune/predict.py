@@ -49,7 +49,7 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         demand=m.get("loader.threads_oversubscription"),
         worker_cores=_worker_cores(m),
         saturated="PD309" in fixes,
-        nchw="PD342" in fixes,
+        nchw="PD342" in fixes or "PD392" in fixes,
         peeks="PD355" in fixes,
         per_sample="PD358" in fixes,
         preprocess="PD306" in fixes,
