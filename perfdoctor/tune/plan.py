@@ -7,8 +7,9 @@ the fix rule of the report whose gain it tests (its `gain.expected` is the predi
 
 Groups and order. Each group is one knob a user would turn: the DataLoader, host threads, the
 optimizer implementation, the memory layout (channels_last, where the report found convolutions
-on NCHW tensors: PD342 on a GPU, PD392 on the CPU), CUDA settings, the loader's iterator kept where the report found iterators started for
-a peek or re-created every step (PD355: collect/inject_iter.py), a TensorDataset indexed once a
+on NCHW tensors: PD342 on a GPU, PD392 on the CPU), CUDA settings, the loader's iterator kept
+where the report found iterators started for a peek or re-created every step (PD355:
+collect/inject_iter.py), a TensorDataset indexed once a
 batch where the report found it fetched sample by sample (PD358), the loader's samples prepared
 once where the report offers preprocessing them (PD306: a bound, below), autograd anomaly
 detection left off where the report found it on (PD374: first on a host- or device-bound
