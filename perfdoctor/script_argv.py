@@ -49,9 +49,10 @@ def launcher_words(target: Optional[list[str]], module: Optional[str],
     return target, module
 
 
-# `tune` times runs by the clock (--duration), which would stop ranks at different steps
+# `tune`'s baseline diagnosis, trial comparisons and loss drift are one process's (its runs'
+# --duration would stop a job's ranks together now: collect/sharedstop.py)
 NO_RANKS = ("tune measures one process, not a torchrun job: tune the script as one process (its distributed setup "
-            "off), or measure a change on the job with `perfdoctor run --nproc-per-node N --max-steps S` before and "
+            "off), or measure a change on the job with `perfdoctor run --nproc-per-node N --duration S` before and "
             "after it and `perfdoctor compare`")
 
 
