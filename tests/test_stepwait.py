@@ -72,6 +72,14 @@ def test_steps_drawing_extra_batches_are_counted_with_their_time_and_wait():
     assert x["time_share"] == pytest.approx(0.05 / 0.14) and x["wait_share"] == pytest.approx(0.02 / 0.029)
     assert x["excess_share"] == pytest.approx((0.05 - 0.01) / 0.14)     # beyond a usual step's 10 ms
     assert extra_batches([train] * 30) is None
+    # four updates per batch (the loop draws its batch every 4th step): its own batch, not another loop
+    update = {"dur": 0.010, "wait": 0.0, "batches": 0}
+    fetch = {"dur": 0.030, "wait": 0.020, "batches": 1}
+    assert extra_batches(([fetch] + [update] * 3) * 5) is None
+    # and an evaluation drawing 5 batches beside them still is one
+    x = extra_batches(([fetch] + [update] * 3) * 5 + [dict(evaluate, batches=6)])
+    assert (x["steps"], x["usual"], x["most"]) == (1, 0, 6)
+    assert x["excess_share"] == pytest.approx((0.05 - 0.01) / (5 * 0.06 + 0.05))   # beyond the median of the rest
 
 
 def test_an_evaluation_inside_the_steps_is_offered_less_often_with_its_gain():

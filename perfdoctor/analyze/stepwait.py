@@ -140,18 +140,20 @@ def extra_batches(steps: list[dict]) -> dict | None:
     loader inside them): {"steps", "of", "usual", "most", "time_share", "excess_share",
     "wait_share"} (excess_share: their time beyond as many usual steps, the median usual step's
     duration each, over all the steps' time: what running that loop less often can save;
-    wait_share: their data wait over all the steps' data wait), or None when no step did."""
+    wait_share: their data wait over all the steps' data wait), or None when no step did. A step
+    that draws one batch where the usual step draws none is the loop's own batch, not another
+    loop: several updates per batch (GAN critics, PPO epochs over a batch) draw one every few steps."""
     recs = [s for s in steps if isinstance(s.get("batches"), (int, float)) and isinstance(s.get("dur"), (int, float))]
     if len(recs) < 3:
         return None
     counts = sorted(s["batches"] for s in recs)
     usual = counts[len(counts) // 2]
-    extra = [s for s in recs if s["batches"] > usual]
+    extra = [s for s in recs if s["batches"] > max(usual, 1)]
     total = sum(s["dur"] for s in recs)
     wait = sum(s.get("wait") or 0.0 for s in recs)
     if not extra or total <= 0:
         return None
-    plain = sorted(s["dur"] for s in recs if s["batches"] <= usual)
+    plain = sorted(s["dur"] for s in recs if s["batches"] <= max(usual, 1))
     typical = plain[len(plain) // 2]
     extra_time = sum(s["dur"] for s in extra)
     return {"steps": len(extra), "of": len(recs), "usual": usual, "most": max(s["batches"] for s in extra),
