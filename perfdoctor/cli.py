@@ -226,9 +226,14 @@ def tune(
     show_output: bool = typer.Option(False, "--show-output",
                                      help="Pass every run's output through to this terminal (default: into "
                                           "output.log in each run's directory; a failed run's last lines are shown)."),
+    nproc_per_node: Optional[str] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", metavar="N",
+                                                 help="Tune a data-parallel job: every run starts N ranks on this "
+                                                      "machine through torchrun; its step time is the slowest "
+                                                      "rank's."),
 ) -> None:
     """Measure zero-code changes (DataLoader workers, threads, optimizer, CUDA flags...) on the
     unmodified script, each in a fresh run against the baseline, and print the best as code.
+    A torchrun job of one node is tuned whole: --nproc-per-node N, or its torchrun command line.
 
     Exit code: 0 tuned (whatever the trials found); 1 the baseline run of the script failed;
     2 usage error; 3 the baseline could not be measured (too few steps); 130 interrupted."""
@@ -237,15 +242,16 @@ def tune(
     from perfdoctor.tune.session import TuneFailed, TuneOptions, Tuner
 
     from perfdoctor.script_argv import launcher_words, script_argv
-    target, module = launcher_words(target, module, torchrun=False)
-    argv = script_argv("tune", tune, target, module)
+    from perfdoctor.tune.job import job_command
+    target, module = launcher_words(target, module)
+    argv, module, dist = job_command(script_argv("tune", tune, target, module), module, nproc_per_node)
     if output is not None:              # before the budget is spent, not after it
         from perfdoctor.report.outputs import check_writable
         check_writable(output, [] if module else [Path(argv[0])])
     tuner = Tuner(TuneOptions(argv=argv, module=module, budget_s=budget, out=out, run_s=duration, max_steps=max_steps,
                               allow_numerics=allow_numerics, allow_compile=allow_compile,
                               rule_dirs=[str(d) for d in rules_dirs or []], stacks=stacks, only=only_names(only),
-                              show_output=show_output))
+                              show_output=show_output, dist=dist))
     from perfdoctor.report.outputs import format_for
     form = format_for(_form(fmt), output, ("markdown",))
     try:

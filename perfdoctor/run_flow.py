@@ -7,7 +7,6 @@ one line on stderr and never replaces it (stdout belongs to the script).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import stat
@@ -32,7 +31,7 @@ def run_script(cfg, out: Output, dist: list, nproc_per_node: str | None, baselin
                strict: bool) -> int:
     """The exit code of `perfdoctor run`. `cfg`: a collect.launcher.RunConfig; `dist`: the
     torchrun options other than --nproc-per-node (DistOptions' order), None where not given."""
-    from perfdoctor.collect.ranks import DistOptions, identity, torchrun_passthrough
+    from perfdoctor.collect.ranks import DistOptions, check_rank_counts, identity, one_node, torchrun_passthrough
 
     for b in baselines:
         if not b.exists():
@@ -40,16 +39,15 @@ def run_script(cfg, out: Output, dist: list, nproc_per_node: str | None, baselin
     if cfg.module in ("torch.distributed.run", "torchrun"):   # `perfdoctor run -m torch.distributed.run ... SCRIPT`
         # torchrun options written before the first unknown one were taken as perfdoctor's: hand them back
         given = DistOptions(nproc_per_node, *dist).flags()
-        opts, script, is_module = torchrun_passthrough(given + cfg.argv[1:])
-        if not is_module and not Path(script[0]).is_file():
-            raise PerfdoctorError(f"can't open file {script[0]!r}: no such file")
-        _multi_rank_checks(cfg.duration, baselines, _one_node(_option(opts, "--nnodes")))
-        return _run_ranks(replace(cfg, argv=script, module=script[0] if is_module else None), opts, out)
+        line = torchrun_passthrough(given + cfg.argv[1:])
+        _multi_rank_checks(cfg.duration, baselines, one_node(line.nnodes))
+        return _run_ranks(replace(cfg, argv=line.script, module=line.script[0] if line.is_module else None),
+                          line.opts, out)
     if nproc_per_node is not None or any(v is not None for v in dist):
         if nproc_per_node is None:
             raise PerfdoctorError("--nnodes, --node-rank, --master-addr/--master-port and --rdzv-* need --nproc-per-node")
-        _multi_rank_checks(cfg.duration, baselines, _one_node(dist[0] if dist else None))
-        _rank_counts(nproc_per_node, dist[0] if dist else None)
+        _multi_rank_checks(cfg.duration, baselines, one_node(dist[0] if dist else None))
+        check_rank_counts(nproc_per_node, dist[0] if dist else None)
         return _run_ranks(cfg, DistOptions(nproc_per_node, *dist), out)
     ident = identity()
     if ident is not None:                    # started once per rank by the user's launcher
@@ -130,33 +128,6 @@ def _multi_rank_checks(duration: float | None, baselines: list[Path], one_node: 
     if baselines:
         raise PerfdoctorError("--baseline gates a single-process run; gate a multi-rank run's ranks/rank-K "
                               "directories with `perfdoctor gate`")
-
-
-def _one_node(nnodes: str | None) -> bool:
-    return nnodes is None or str(nnodes) in ("1", "1:1")
-
-
-def _option(opts: list[str], flag: str) -> str | None:
-    """The value of torchrun's `flag` among its options (`--flag V`, `--flag=V`, or with `_`), else None."""
-    names = (flag, "--" + flag[2:].replace("-", "_"))
-    for i, a in enumerate(opts):
-        if a in names and i + 1 < len(opts):
-            return opts[i + 1]
-        if a.split("=", 1)[0] in names and "=" in a:
-            return a.split("=", 1)[1]
-    return None
-
-
-NPROC = re.compile(r"[1-9][0-9]{0,5}|auto|cpu|gpu|xpu")      # what torchrun's --nproc-per-node takes
-NNODES = re.compile(r"[1-9][0-9]{0,5}(?::[1-9][0-9]{0,5})?")   # N or MIN:MAX
-
-
-def _rank_counts(nproc: str, nnodes: str | None) -> None:
-    """A rank count torchrun would refuse with a traceback: one line before anything starts."""
-    if not NPROC.fullmatch(str(nproc)):
-        raise PerfdoctorError(f"--nproc-per-node {nproc!r}: give a number of ranks of 1 or more (or auto, cpu, gpu)")
-    if nnodes is not None and not NNODES.fullmatch(str(nnodes)):
-        raise PerfdoctorError(f"--nnodes {nnodes!r}: give a number of nodes of 1 or more, or MIN:MAX")
 
 
 def _run_ranks(cfg, dist, out: Output) -> int:

@@ -18,14 +18,13 @@ TORCHRUN = "torch.distributed.run"
 PYTHON_WORD = re.compile(r"python(\d+(\.\d+)?)?")
 
 
-def launcher_words(target: Optional[list[str]], module: Optional[str],
-                    torchrun: bool = True) -> tuple[Optional[list[str]], Optional[str]]:
+def launcher_words(target: Optional[list[str]], module: Optional[str]) -> tuple[Optional[list[str]], Optional[str]]:
     """A command line as the user would type it without perfdoctor: `perfdoctor run python train.py
     ARGS` (or `python -m pkg.train ARGS`) runs the script as
     `perfdoctor run train.py ARGS` does, with perfdoctor's interpreter (a note says so when the named
     one is another); `perfdoctor run torchrun [TORCHRUN OPTIONS] SCRIPT ARGS` (the launcher's console
     script, by name or path) is `-m torch.distributed.run`: the launcher is not a Python script of
-    its own to watch. `torchrun` False (tune): a launcher word or module is refused (NO_RANKS)."""
+    its own to watch."""
     argv = list(target or [])
     name = Path(argv[0]).name if argv else ""
     if module is None and PYTHON_WORD.fullmatch(name):
@@ -41,19 +40,9 @@ def launcher_words(target: Optional[list[str]], module: Optional[str],
                                   "perfdoctor's interpreter): set it in the environment (PYTHONUNBUFFERED=1, "
                                   "PYTHONOPTIMIZE=1, PYTHONWARNINGS=..., PYTHONDEVMODE=1) and give the script")
         return argv, module
-    if torchrun and module is None and name == "torchrun":
+    if module is None and name == "torchrun":
         return argv[1:], TORCHRUN
-    if not torchrun and (module in (TORCHRUN, "torchrun") or module is None and name == "torchrun"
-                         and not Path(argv[0]).is_file()):
-        raise PerfdoctorError(NO_RANKS)
     return target, module
-
-
-# `tune`'s baseline diagnosis, trial comparisons and loss drift are one process's (its runs'
-# --duration would stop a job's ranks together now: collect/sharedstop.py)
-NO_RANKS = ("tune measures one process, not a torchrun job: tune the script as one process (its distributed setup "
-            "off), or measure a change on the job with `perfdoctor run --nproc-per-node N --duration S` before and "
-            "after it and `perfdoctor compare`")
 
 
 def module_args_to_module(argv: list[str], command) -> list[str]:

@@ -581,17 +581,6 @@ def test_usage_errors_are_one_line_with_exit_2(args, says):
     assert "╭" not in r.stderr and "Usage:" not in r.stderr
 
 
-@pytest.mark.parametrize("words", [["torchrun", "--nproc-per-node", "2", "t.py"],
-                                   ["-m", "torch.distributed.run", "t.py"]])
-def test_tune_of_a_torchrun_job_is_refused_in_one_line(words):
-    """`run` takes a torchrun command line; tune times runs by the clock, which would stop ranks at
-    different steps: it says so and what to do (it said "can't open file 'torchrun'")."""
-    r = run("tune", *words)
-    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("perfdoctor: error: tune measures one process, not a torchrun job")
-    assert "perfdoctor compare" in r.stderr
-
-
 def test_a_tune_file_is_read_whatever_the_format(trace, tmp_path):
     """--tune with the terminal or JSON format was never opened: a missing file passed silently and
     a good one was ignored without a word. It is read first (exit 2 before the load), and the

@@ -465,14 +465,20 @@ def test_exit_code_as_torchrun_gives_it(tmp_path):
     assert codes[0] in ((0, 143) if term else (0,)), (codes, r.stderr[-2000:])
 
 
-def test_torchrun_passthrough_splits_options_from_the_script():
-    from perfdoctor.collect.ranks import torchrun_passthrough
-    opts, script, is_module = torchrun_passthrough(["--nproc_per_node", "2", "--max-restarts", "0", "train.py",
-                                                    "--lr", "3", "-m", "x"])
+def test_torchrun_passthrough_splits_options_from_the_script(tmp_path, monkeypatch):
+    from perfdoctor.collect.ranks import one_node, torchrun_passthrough
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PerfdoctorError, match="can't open file 'train.py': no such file"):
+        torchrun_passthrough(["--nproc_per_node", "2", "train.py"])
+    (tmp_path / "train.py").write_text("pass\n")
+    opts, script, is_module, nnodes = torchrun_passthrough(["--nproc_per_node", "2", "--max-restarts", "0", "train.py",
+                                                            "--lr", "3", "-m", "x"])
     assert opts == ["--nproc_per_node", "2", "--max-restarts", "0"] and not is_module
-    assert script == ["train.py", "--lr", "3", "-m", "x"]
-    opts, script, is_module = torchrun_passthrough(["--nproc-per-node", "2", "-m", "pkg.train", "--epochs", "1"])
-    assert opts == ["--nproc-per-node", "2"] and script == ["pkg.train", "--epochs", "1"] and is_module
+    assert script == ["train.py", "--lr", "3", "-m", "x"] and one_node(nnodes)
+    opts, script, is_module, nnodes = torchrun_passthrough(["--nproc-per-node", "2", "--nnodes=2", "-m", "pkg.train",
+                                                            "--epochs", "1"])
+    assert opts == ["--nproc-per-node", "2", "--nnodes=2"] and script == ["pkg.train", "--epochs", "1"] and is_module
+    assert nnodes == "2" and not one_node(nnodes)
 
 
 @pytest.mark.slow
@@ -499,11 +505,6 @@ def test_a_launcher_or_interpreter_as_the_first_word_runs_the_script_as_it_names
     assert words(["/venv/bin/torchrun", "t.py"], None) == (["t.py"], "torch.distributed.run")
     assert words(["torchrun.py", "x"], None) == (["torchrun.py", "x"], None)   # a script of that name
     assert words(["torchrun", "x"], "pkg") == (["torchrun", "x"], "pkg")
-    for given in ((["torchrun", "t.py"], None), (["t.py"], "torch.distributed.run"), (["t.py"], "torchrun")):
-        with pytest.raises(PerfdoctorError, match="tune measures one process, not a torchrun job"):
-            words(*given, torchrun=False)                                                       # tune
-    (tmp_path / "torchrun").write_text("print(1)\n")           # a script of that name, in the working directory
-    assert words([str(tmp_path / "torchrun"), "x"], None, torchrun=False) == ([str(tmp_path / "torchrun"), "x"], None)
     assert words(["python", "t.py", "--lr", "1"], None) == (["t.py", "--lr", "1"], None)
     assert words(["python3.11", "-m", "pkg.train", "-x"], None) == (["-x"], "pkg.train")
     assert words(["python", "x"], "pkg") == (["python", "x"], "pkg")          # the module's own argument

@@ -36,6 +36,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from perfdoctor.collect.launcher import RunConfig, RunResult, forward_signals, launch, restore_signals
 from perfdoctor.collect.rundir import claim, is_run_dir
@@ -205,10 +206,19 @@ class DistOptions:
         return out
 
 
-def torchrun_passthrough(argv: list[str]) -> tuple[list[str], list[str], bool]:
-    """`perfdoctor run -m torch.distributed.run [TORCHRUN OPTIONS] SCRIPT ARGS` (or `-m torchrun`):
-    (torchrun's own options, [SCRIPT, *ARGS], whether SCRIPT is a module), parsed by torchrun's
-    parser; the options then start perfdoctor's per-rank launcher instead of the script."""
+class TorchrunLine(NamedTuple):
+    """A torchrun command line split: its own options, [SCRIPT, *ARGS], whether SCRIPT is a
+    module, and its --nnodes (torch's default "1:1" when not given)."""
+    opts: list[str]
+    script: list[str]
+    is_module: bool
+    nnodes: str
+
+
+def torchrun_passthrough(argv: list[str]) -> TorchrunLine:
+    """`perfdoctor run -m torch.distributed.run [TORCHRUN OPTIONS] SCRIPT ARGS` (or `-m torchrun`),
+    parsed by torchrun's parser; the options then start perfdoctor's per-rank launcher instead of
+    the script."""
     from torch.distributed.run import get_args_parser
     try:
         args = get_args_parser().parse_args(argv)
@@ -222,7 +232,25 @@ def torchrun_passthrough(argv: list[str]) -> tuple[list[str], list[str], bool]:
     if cut < 0 or argv[cut:] != script:
         raise PerfdoctorError("cannot tell torch.distributed.run's options from the script's arguments")
     opts = [a for a in argv[:cut] if a not in ("-m", "--module")]
-    return opts, script, bool(args.module)
+    if not args.module and not Path(script[0]).is_file():
+        raise PerfdoctorError(f"can't open file {script[0]!r}: no such file")
+    return TorchrunLine(opts, script, bool(args.module), str(args.nnodes))
+
+
+def one_node(nnodes: str | None) -> bool:
+    return nnodes is None or str(nnodes) in ("1", "1:1")
+
+
+NPROC = re.compile(r"[1-9][0-9]{0,5}|auto|cpu|gpu|xpu")      # what torchrun's --nproc-per-node takes
+NNODES = re.compile(r"[1-9][0-9]{0,5}(?::[1-9][0-9]{0,5})?")   # N or MIN:MAX
+
+
+def check_rank_counts(nproc: str, nnodes: str | None) -> None:
+    """A rank count torchrun would refuse with a traceback: one line before anything starts."""
+    if not NPROC.fullmatch(str(nproc)):
+        raise PerfdoctorError(f"--nproc-per-node {nproc!r}: give a number of ranks of 1 or more (or auto, cpu, gpu)")
+    if nnodes is not None and not NNODES.fullmatch(str(nnodes)):
+        raise PerfdoctorError(f"--nnodes {nnodes!r}: give a number of nodes of 1 or more, or MIN:MAX")
 
 
 def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
@@ -239,7 +267,14 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
     cmd = [sys.executable, "-m", "torch.distributed.run", *opts, "-m", "perfdoctor.collect.ranks"]
     env = dict(os.environ, **{CFG_ENV: json.dumps(rank_cfg)})
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env)
+    # `output` (tune's runs): torchrun's own lines go where the ranks' output goes (each rank's
+    # launcher appends its script's there)
+    log = open(cfg.output, "ab", buffering=0) if cfg.output is not None else None
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    finally:
+        if log is not None:
+            log.close()
     forwarded, old = forward_signals(proc)
     try:
         code = proc.wait()

@@ -56,13 +56,16 @@ MEASURE_FIXES = "measure these fixes on the script:"     # the line above tune_h
 
 def tune_hint(doc: dict) -> str | None:
     """Under a run's fixes: the `perfdoctor tune` command line that measures those of them a trial
-    can test on this device (rules/tunable.py), on the same script; None for a trace alone, a
-    multi-rank run (tune runs one process), a run without a step in the launched process, or
-    fixes no trial tests."""
+    can test on this device (rules/tunable.py), on the same script (a job of one node's ranks: with
+    --nproc-per-node, tune runs the job whole); None for a trace alone, a job across nodes, a run
+    without a step in the launched process, or fixes no trial tests."""
     from perfdoctor.rules.tunable import tune_command
 
     run = doc.get("run") or {}
-    if not run.get("command") or doc.get("ranks") or doc.get("cross_rank") or not doc.get("traces"):
+    if not run.get("command") or doc.get("cross_rank") or not doc.get("traces"):
+        return None
+    nproc = _one_node_ranks(doc["ranks"]) if doc.get("ranks") else None
+    if doc.get("ranks") and nproc is None:
         return None
     if run.get("steps") == 0 or run.get("training_elsewhere"):
         return None               # tune measures the launched process's steps: none, or no training (children trained)
@@ -74,7 +77,14 @@ def tune_hint(doc: dict) -> str | None:
     fixes = [f["id"] for f in doc.get("findings") or [] if f.get("kind", "fix") == "fix" and f.get("id")]
     if m.get("input.loader_batch_size") is None:     # batch_scale scales a DataLoader's batch: none to scale
         fixes = [f for f in fixes if f != "PD385"]
-    return tune_command(fixes, run["command"], cuda)
+    return tune_command(fixes, run["command"], cuda, nproc)
+
+
+def _one_node_ranks(sec: dict) -> int | None:
+    """The ranks of a job that ran whole on one host (every rank of its world found, one host), else None."""
+    count, hosts = sec.get("count"), {r.get("host") for r in sec.get("per_rank") or []}
+    ok = isinstance(count, int) and count > 1 and count == sec.get("world_size") and len(hosts) == 1
+    return count if ok else None
 
 
 def tune_only(doc: dict) -> str:

@@ -54,10 +54,11 @@ def knobs_of(fix_id: str) -> list[str]:
             [k for k, rules in KNOB_RULES.items() if fix_id in rules])
 
 
-def tune_command(fix_ids: list[str], command: str | None, cuda: bool) -> str | None:
+def tune_command(fix_ids: list[str], command: str | None, cuda: bool, nproc: int | None = None) -> str | None:
     """`perfdoctor tune --only ...` for those of `fix_ids` (the report's fixes, in its order) that
-    a trial on this device can measure, with the opt-in flags their trials need; None when
-    none can, or the script's command line is unknown."""
+    a trial on this device can measure, with the opt-in flags their trials need (and
+    --nproc-per-node for a job of `nproc` ranks); None when none can, or the script's command
+    line is unknown."""
     if not command:
         return None
     ids, flags = [], []
@@ -68,4 +69,5 @@ def tune_command(fix_ids: list[str], command: str | None, cuda: bool) -> str | N
             flags += [OPT_IN[k] for k in knobs if k in OPT_IN and OPT_IN[k] not in flags]
     if not ids:
         return None
-    return shlex.join(["perfdoctor", "tune", "--only", ",".join(ids), *flags]) + " " + command
+    ranks = ["--nproc-per-node", str(nproc)] if nproc else []
+    return shlex.join(["perfdoctor", "tune", *ranks, "--only", ",".join(ids), *flags]) + " " + command

@@ -52,6 +52,8 @@ class Measured:
     error: str | None = None           # why the run cannot be used (crash, too few steps)
     other_load: float | None = None    # cores used by other processes during the run
     cores: int | None = None
+    ranks: int = 1                     # a job's ranks (tune/job.py): its step time is pace_rank's
+    pace_rank: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -64,18 +66,26 @@ class Measured:
 
 def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, *, run_s: float | None,
              max_steps: int | None, trace: bool = False, result=None, stacks: bool | None = False,
-             output: Path | None = None) -> Measured:
+             output: Path | None = None, dist: list[str] | None = None) -> Measured:
     """Launch the script once (trace and Python stacks off unless asked: `stacks` None is `run`'s
     auto mode) and measure it: `run_s` seconds of
     training from its first step (a slow import or compile does not eat the steps), a script
     with no step by startup_limit(run_s) stopped then. `result` receives the launcher's
     RunResult (the baseline's diagnosis needs it). `output`: a file for the script's stdout and
-    stderr (else they pass through)."""
+    stderr (else they pass through). `dist`: torchrun's options, for a job of several ranks
+    (tune/job.py)."""
     from perfdoctor.collect.launcher import RunConfig, launch
 
     cfg = RunConfig(argv=list(argv), module=module, run_dir=run_dir, max_steps=max_steps, duration=run_s,
                     duration_from="first-step", startup_s=startup_limit(run_s) if run_s else None,
                     trace=trace, stacks=stacks, changes=dict(changes), output=output)
+    if dist is not None:
+        from perfdoctor.collect.ranks import launch_ranks
+        from perfdoctor.tune.job import measure_job
+        res = launch_ranks(cfg, dist)
+        if result is not None:
+            result.append(res)
+        return measure_job(run_dir, changes, res.exit_code, res.wall_s)
     res = launch(cfg)
     if result is not None:
         result.append(res)

@@ -1,7 +1,7 @@
 """`perfdoctor tune`'s result: the JSON document (-o FILE) and the terminal table.
 
 Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
-data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
+ranks, pace_rank, data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
 speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, closing, dir, command, only, failed
@@ -63,7 +63,8 @@ def _trial_doc(o: Outcome, fixes: dict) -> dict:
 def _head(t: Tuner) -> dict:
     """What every tune document starts with, tuned or not: the tool, the command, the budget."""
     return {"schema_version": SCHEMA_VERSION, "tool": f"perfdoctor {__version__}",
-            "command": " ".join((["-m"] if t.o.module else []) + list(t.o.argv)), "dir": str(t.dir),
+            "command": " ".join((["torchrun", *t.o.dist] if t.o.dist else []) + (["-m"] if t.o.module else [])
+                                + list(t.o.argv)), "dir": str(t.dir),
             "budget_s": t.o.budget_s, "elapsed_s": round(t.elapsed(), 1), "run_s": round(t.run_s, 1)}
 
 
@@ -79,6 +80,7 @@ def build(t: Tuner) -> dict:
         "closing": str(t.closing.run_dir) if t.closing else None,
         "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
                      "median_s": _t(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
+                     "ranks": b.ranks, "pace_rank": b.pace_rank,
                      "verdict_title": t.verdict_title(),
                      "data_wait_share": _r(est.wait_share, 4), "stacks_note": _stacks_note(t.doc),
                      "repeats": [{"dir": str(x.run_dir), "step_time_s": _t(x.step_s)} for x in t.baselines[1:]]},

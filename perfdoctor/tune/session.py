@@ -82,6 +82,7 @@ class TuneOptions:
     stacks: bool | None = None          # the baseline's Python stacks: None auto (as `run`), True on, False off
     only: frozenset[str] | None = None  # --only: the trial groups and fix ids to try (plan.only_names)
     show_output: bool = False           # --show-output: every run's output through, not to output.log
+    dist: list[str] | None = None       # a job's torchrun options (--nproc-per-node: tune/job.py), None: one process
 
 
 class Tuner(Verification):
@@ -136,6 +137,7 @@ class Tuner(Verification):
     def _baseline(self) -> None:
         from perfdoctor.diagnose.live import diagnose_run
         from perfdoctor.report.json_out import to_json
+        from perfdoctor.tune.job import diagnose_job
 
         self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s"
                  + ("" if self.o.show_output else f"; each run's output goes to {OUTPUT} in its directory under "
@@ -147,7 +149,8 @@ class Tuner(Verification):
         b = self._launch(self.dir / "baseline", {}, trace=True, result=res, stacks=self.o.stacks)
         if res and b.steps:
             try:
-                self.doc = diagnose_run(res[0], self.o.rule_dirs)
+                self.doc = diagnose_job(b.run_dir, self.o.rule_dirs) if self.o.dist else diagnose_run(res[0],
+                                                                                                    self.o.rule_dirs)
                 (b.run_dir / "report.json").write_bytes(to_json(self.doc))
             except Exception as exc:   # no report: trials still run, without predictions
                 self.log(f"the baseline's diagnosis failed ({type(exc).__name__}: {exc}); no predictions")
@@ -166,7 +169,8 @@ class Tuner(Verification):
         self.fixes = {f.get("id"): f for f in self.doc.get("findings") or [] if f.get("id")}
         self.facts = self._facts(b)
         self.noisy, self.noise_head = baseline_noise(b)
-        self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps); verdict "
+        self.log(f"baseline: {_ms(b.step_s)}/step ({b.estimate.n} steady steps"
+                 + (f"; the slowest of {b.ranks} ranks, rank {b.pace_rank}" if b.ranks > 1 else "") + "); verdict "
                  f"{self.verdict_title()}; {self.noise_text}")
         if self._fits(3):                    # a second run, then at least one trial and the run after it
             again = self._repeat_baseline()
@@ -181,6 +185,7 @@ class Tuner(Verification):
 
     def _facts(self, b: Measured) -> planmod.Facts:
         f = predict.facts(self.doc, self.fixes, b)
+        f.cores = max(1, f.cores // b.ranks)           # a job's ranks share the node's cores
         if predict.WORKERS_RULE in self.fixes:
             f.modelled_workers = predict.modelled_workers(self.doc, self.o.rule_dirs)
         return f
@@ -236,10 +241,11 @@ class Tuner(Verification):
                 stacks: bool | None = False) -> Measured:
         t = time.monotonic()
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
-                     trace=trace, result=result, stacks=stacks, output=None if self.o.show_output else run_dir / OUTPUT)
+                     trace=trace, result=result, stacks=stacks, output=None if self.o.show_output else run_dir / OUTPUT,
+                     dist=self.o.dist)
         self.longest = max(self.longest, time.monotonic() - t)
         self.last = m
-        if _read_json(run_dir / "run.json").get("forwarded_signals"):
+        if _read_json(run_dir / ("ranks.json" if self.o.dist else "run.json")).get("forwarded_signals"):
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
         return m
 
