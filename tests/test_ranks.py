@@ -374,6 +374,13 @@ def test_slow_rank_is_named_and_the_other_waits_in_the_all_reduce(tmp_path):
     assert colls and colls[0]["name"] == "all_reduce"
     fix = next(f for f in doc["findings"] if f["id"] == "PD360")
     assert 1 < fix["gain"]["expected"] <= fix["gain"]["ceiling"]          # bounded by the measured wait
+    # other processes' cores leave out both ranks' own CPU: rank 0's own report, which takes rank 1
+    # to use what rank 0 (waiting) does, counts rank 1's busy loading as other work
+    from perfdoctor.analyze.system import ranks_other_cores
+    rank1 = json.loads((out / "ranks" / "rank-1" / "report.json").read_text())
+    each = [x["traces"][0]["metrics"] for x in (rank0, rank1)]
+    merged = doc["traces"][0]["metrics"]["system.other_cores"]
+    assert merged == ranks_other_cores(each) and merged <= each[0]["system.other_cores"] + 0.05
     assert "Across 2 rank(s)" in r.stderr and "straggler" in r.stderr
     # the run line's figures are the slowest rank's, and it says so (uneven inputs had shown one
     # rank's step count as the job's)

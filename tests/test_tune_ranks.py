@@ -183,3 +183,17 @@ def test_a_jobs_run_is_measured_at_its_slowest_rank_and_fails_with_a_failed_rank
     assert measure_job(tmp_path / "c", {}, 1, 5.0).error == "the script failed (torchrun exit code 1)"
     (tmp_path / "d").mkdir()
     assert measure_job(tmp_path / "d", {}, 1, 5.0).error.startswith("the script failed (torchrun exit code 1; no rank")
+
+
+def test_the_other_load_of_a_job_leaves_out_every_ranks_own_cpu():
+    """A rank that waits for a busy straggler used 0.2 of a core, the straggler 1.0: one rank's own
+    figure, doubled for its sibling, called 0.8 cores "other processes" on a quiet machine."""
+    from perfdoctor.analyze.system import ranks_other_cores as job_other_cores
+    quiet = [{"system.cpu_busy_share": 0.61, "machine.cpu_count": 2, "loader.trainer_cpu_mean": 0.2},
+             {"system.cpu_busy_share": 0.59, "machine.cpu_count": 2, "loader.trainer_cpu_mean": 1.0}]
+    assert job_other_cores(quiet) == 0.0
+    busy = [dict(m, **{"system.cpu_busy_share": 0.9}) for m in quiet]
+    assert job_other_cores(busy) == pytest.approx(0.6)
+    workers = [dict(quiet[0]), dict(quiet[1], **{"loader.workers": 2, "loader.worker_cpu_mean": 0.1})]
+    assert job_other_cores([dict(m, **{"system.cpu_busy_share": 0.75}) for m in workers]) == pytest.approx(0.1)
+    assert job_other_cores([quiet[0], {"machine.cpu_count": 2}]) is None

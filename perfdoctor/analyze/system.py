@@ -238,6 +238,23 @@ def other_cores(m: dict, siblings: int = 0) -> float | None:
     return round(max(0.0, busy * cores - own * (1 + max(0, siblings))), 2)
 
 
+def ranks_other_cores(systems: list[dict]) -> float | None:
+    """Cores that processes other than a job's ranks on one machine and their DataLoader workers
+    used, from each rank's system metrics: the machine's busy cores (each rank sampled the same
+    machine: their mean) less every rank's own. other_cores with `siblings` takes the other ranks
+    to use as much as the one measured, which a rank that waits for a busy straggler does not
+    (0.96 of 2 cores "other" on a quiet machine). None when unknown."""
+    busy, own = [], 0.0
+    for m in systems:
+        share, cores = m.get("system.cpu_busy_share"), m.get("machine.cpu_count")
+        trainer = m.get("loader.trainer_cpu_mean")
+        if share is None or not cores or trainer is None:
+            return None
+        busy.append(share * cores)
+        own += trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
+    return round(max(0.0, sum(busy) / len(busy) - own), 2) if busy else None
+
+
 def _loader_numbers(samples, procs_of, flat) -> dict:
     cpu = [p["cpu_percent"] / 100 for p in flat if p.get("cpu_percent") is not None]
     states = [p.get("state") for p in flat if p.get("state")]
@@ -375,3 +392,4 @@ def wait_cpu_of(steps: list[dict]) -> tuple[float, float] | None:
     cpu = float((positives(steps, "wcpu")[ok] + positives(steps, "runq")[ok] * np.minimum(1.0, w / dur)).sum())
     wait = float(w.sum())
     return (cpu, wait) if wait > 0 else None
+

@@ -22,6 +22,7 @@ from pathlib import Path
 from perfdoctor import inputjson
 from perfdoctor.analyze import registry
 from perfdoctor.analyze.straggler import PARTS, RankInput, cross_rank
+from perfdoctor.analyze.system import ranks_other_cores
 from perfdoctor.collect.ranks import rank_dirs
 from perfdoctor.diagnose.confidence import label
 from perfdoctor.diagnose.live import StepsOnly, diagnose_dir
@@ -104,8 +105,11 @@ def _merge(input_path: str, docs: list[dict], infos: list[dict], dirs: list[str]
     its metrics and the ranks.* metrics; its trace first, then the others, each labelled; and the
     `ranks` section (each rank's row, `dirs` where its run directory or trace is)."""
     pace = _pace_index(infos, ranks_m)
+    # other processes' cores with every rank's own CPU left out (each rank's report takes its
+    # siblings to use what it does)
+    host = {} if (other := _host_other_cores(docs, infos, pace)) is None else {"system.other_cores": other}
     m = {k: v for k, v in docs[pace]["traces"][0]["metrics"].items() if k in registry.REGISTRY}
-    m.update(ranks_m)
+    m.update(ranks_m, **host)
     registry.check(m)
     cluster = build_document(input_path, [(StepsOnly(input_path, m), evaluate(rules, m))])
     out = dict(docs[pace])
@@ -117,12 +121,20 @@ def _merge(input_path: str, docs: list[dict], infos: list[dict], dirs: list[str]
     elif out["verdict"].get("bound") == own.get("bound"):
         out["verdict"] = _no_surer(out["verdict"], own, rank)
     out["input"] = input_path
-    pace_trace = dict(out["traces"][0], metrics={**out["traces"][0]["metrics"], **ranks_m})
+    pace_trace = dict(out["traces"][0], metrics={**out["traces"][0]["metrics"], **ranks_m, **host})
     out["traces"] = [pace_trace] + [doc["traces"][0] for i, doc in enumerate(docs) if i != pace]
     for t, i in zip(out["traces"], [pace] + [i for i in range(len(docs)) if i != pace]):
         t["label"] = f"rank {infos[i]['rank']}"
     out["ranks"] = _ranks_section(dirs, infos, docs, rows, ranks_m, pace)
     return out
+
+
+def _host_other_cores(docs: list[dict], infos: list[dict], pace: int) -> float | None:
+    """Other processes' cores on the pace rank's host, from the system metrics of every rank there
+    (analyze/system.ranks_other_cores); None for one rank there, or traces alone (no host)."""
+    host = infos[pace].get("host")
+    same = [d["traces"][0]["metrics"] for d, i in zip(docs, infos) if host and i.get("host") == host]
+    return ranks_other_cores(same) if len(same) > 1 else None
 
 
 def _straggler_verdict(v: dict, m: dict, own: dict, rank: int) -> dict:

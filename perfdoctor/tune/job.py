@@ -61,19 +61,18 @@ def job_command(argv: list[str], module: str | None, nproc: str | None) -> tuple
 def measure_job(top: Path, changes: dict, exit_code: int, wall_s: float):
     """The job's run as one Measured (tune/measure.py): its slowest rank's, under the job's
     directory, exit code and wall time; the first failed rank's error, named."""
-    from perfdoctor.analyze.system import other_cores
+    from perfdoctor.analyze.system import ranks_other_cores
     from perfdoctor.collect.ranks import rank_dirs
     from perfdoctor.tune.measure import Measured, _read_json, measure_dir, system_of
 
-    ranks, found = [], rank_dirs(top)
-    for k, d in found:
+    ranks, systems = [], []
+    for k, d in rank_dirs(top):
         info, run = _read_json(d / "rank.json"), _read_json(d / "run.json")
         code = info.get("exit_code") if isinstance(info.get("exit_code"), int) else exit_code
         late = run.get("stopped_by") == "duration" and any(
             str(n).startswith("the script did not stop within") for n in run.get("notes") or [])
-        m = measure_dir(d, changes, code, _read_json(d / "child.json"), wall_s, stopped_late=late)
-        m.other_load = other_cores(system_of(d), len(found) - 1)    # the job's other ranks are not other work
-        ranks.append((k, m))
+        ranks.append((k, measure_dir(d, changes, code, _read_json(d / "child.json"), wall_s, stopped_late=late)))
+        systems.append(system_of(d))
     if not ranks:
         m = Measured(top, dict(changes), exit_code, "killed", wall_s)
         m.error = f"the script failed (torchrun exit code {exit_code}; no rank's run directory)"
@@ -81,7 +80,7 @@ def measure_job(top: Path, changes: dict, exit_code: int, wall_s: float):
     failed = [(k, m) for k, m in ranks if not m.ok]
     k, pace = failed[0] if failed else max(ranks, key=lambda r: r[1].step_s)
     job = replace(pace, run_dir=top, exit_code=exit_code, wall_s=wall_s, inject=_job_inject(ranks),
-                  other_load=max((m.other_load for _, m in ranks if m.other_load is not None), default=None),
+                  other_load=ranks_other_cores(systems),
                   ranks=len(ranks), pace_rank=k)
     if failed:
         job.error = f"{pace.error} on rank {k}"
