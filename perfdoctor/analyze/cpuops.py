@@ -173,13 +173,18 @@ def compute_share(m: dict) -> dict:
 def _conv_nd_share(t: EventTable, k: Kinds, ops: np.ndarray, total: float) -> float:
     """cpu.conv_nd_share (module docstring), from the steps' aten and autograd ops `ops`."""
     def timed(names) -> float:
-        rows = ops[t.name_mask(lambda n: n in names)[ops]]
-        rows = rows[~contained(t, rows, np.flatnonzero(k.dataloader))]
+        rows = _outside_loader(t, k, ops[t.name_mask(lambda n: n in names)[ops]])
         return float(t.dur[outermost(t, rows)].astype(np.float64).sum())
     nd, one_d = timed(CONV_ND_OPS), timed(CONV_1D_OPS)
     if nd <= 0:
         return 0.0
     return min(1.0, (nd + timed({"aten::convolution_backward"}) * nd / (nd + one_d)) / total)
+
+
+def _outside_loader(t: EventTable, k: Kinds, rows: np.ndarray) -> np.ndarray:
+    """`rows` but the batches' own (a blur in DataLoader.__next__ with num_workers=0): autocast or
+    a memory format around the model leaves the loader's work as it is."""
+    return rows[~contained(t, rows, np.flatnonzero(k.dataloader))]
 
 
 def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
@@ -200,10 +205,7 @@ def cpu_op_metrics(t: EventTable, k: Kinds, steps: Steps) -> dict:
     rnn = rnn_rows(t, ops, top)
     out["cpu.rnn_small_op_share"] = min(1.0, float(small[rnn].sum()) / total)
     out["cpu.ops_per_step"] = len(top) / len(steps)
-    mm = ops[t.name_mask(is_gemm_conv)[ops]]          # outermost of their own kind: linear holds addmm
-    # not the batches' own (a blur in DataLoader.__next__ with num_workers=0): autocast around the
-    # model leaves the loader's work as it is
-    mm = mm[~contained(t, mm, np.flatnonzero(k.dataloader))]
+    mm = _outside_loader(t, k, ops[t.name_mask(is_gemm_conv)[ops]])   # outermost of their kind: linear holds addmm
     # nor a sparse product's dense kernel (torch.sparse.mm: an aten::addmm inside
     # aten::_sparse_addmm, an aten::mm inside SparseAddmmBackward0): autocast has no bf16 sparse
     # product, and a GCN's torch.sparse.mm under it failed ("expected scalar type Float but found
