@@ -580,6 +580,34 @@ def test_a_crash_of_many_lines_is_told_in_its_first_line(tmp_path):
     assert f"<b>The script crashed (exit code 1): {first}</b>" in html.render(doc)
 
 
+def test_details_give_the_fixes_worth_a_look_in_full(tmp_path):
+    """--details promises every fix in full with its code: the fixes worth a look (no modelled
+    gain) had one line of titles, their evidence and code only in `perfdoctor rules show`."""
+    import io
+
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.report.sanitize import console
+    from perfdoctor.report.terminal import render
+
+    p = tmp_path / "input.pt.trace.json"
+    tg.write(tg.TraceSpec(steps=[tg.StepSpec(data_wait_us=4000, kernels=2, kernel_us=50)] * 20), p)
+    doc = diagnose_path(str(p))
+    rest = [f for f in doc["findings"] if not f["ranked"]]
+    assert len(rest) >= 2
+    c = console(file=io.StringIO(), width=400)
+    render(doc, c, details=True)
+    out = c.file.getvalue()
+    assert "Also worth a look (no modelled gain, or none expected here):\n" in out
+    for f in rest:
+        assert f"  - {f['title']}" in out and f["summary"].split(". ")[0] in out and f"[{f['id']} · " in out
+    ram = next(f for f in rest if f["id"] == "PD304")
+    assert f"  - {ram['title']} (at most {ram['gain']['ceiling']:.2f}x)" in out
+    assert ram["fix"]["snippet"].splitlines()[0] in out
+    c = console(file=io.StringIO(), width=400)
+    render(doc, c)                       # the one-screen report keeps its top three
+    assert "Also worth a look" not in c.file.getvalue() and ram["summary"] not in c.file.getvalue()
+
+
 def test_unranked_fixes_say_what_their_model_expects():
     """A fix ranked out because its model expects ~1.00x is not called one without a model: the
     details and the HTML give its expected gain and ceiling (nanoGPT on the CPU: PD338, the
@@ -589,7 +617,7 @@ def test_unranked_fixes_say_what_their_model_expects():
     from perfdoctor.report import fixcards
     from perfdoctor.report.labels import unranked_gain
     from perfdoctor.report.sanitize import console
-    from perfdoctor.report.terminal import _fixes
+    from perfdoctor.report.terminal_fixes import fixes as _fixes
 
     small = {"id": "PD338", "title": "Use the fused optimizer", "ranked": False,
              "gain": {"expected": 1.004, "ceiling": 1.0095}}

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.analyze.ranks import spread_text
-from perfdoctor.report.labels import (OUTCOME, WORTH_A_LOOK, bound_title, cite, breakdown_rows, cause_text, cut_text,
-                                       data_wait_text, device_text, error_line, first_step_shown,
-                                       from_other_traces, median_label, passes_text, role_labels, shown_rank,
-                                       shown_trace, secondary_text, source_text, steps_counted, trace_bound, unranked_gain,
-                                       windows_text)
+from perfdoctor.report.labels import (OUTCOME, bound_title, breakdown_rows, cause_text, cut_text, data_wait_text,
+                                       device_text, error_line, first_step_shown, median_label, passes_text,
+                                       role_labels, shown_rank, shown_trace, secondary_text, source_text,
+                                       steps_counted, trace_bound, windows_text)
 
+from perfdoctor.report.terminal_fixes import fixes as _fixes, top_fixes as _top_fixes
+from perfdoctor.report.termtext import elsewhere as _elsewhere, line as _line, para as _para
 from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
-from perfdoctor.rules.gain import times
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
-TOP = 3          # fixes in the one-screen report
 
 
 def render(doc: dict, console: Console | None = None, details: bool = False) -> None:
@@ -103,30 +101,6 @@ def _nothing_measured(doc: dict, traced: bool) -> str | None:
     return "what this run measured" if steps or not doc.get("run") else None
 
 
-def _no_fix(c: Console, of: str | None, blank: bool = True) -> None:
-    """'No fix ... applies to this trace.' (after a blank line); nothing where nothing was measured."""
-    if of:
-        if blank:
-            c.print()
-        c.print(Text(f"No fix with a measurable speed-up applies to {of}.", style="bold"))
-
-
-def _para(c: Console, s: str, indent: int, style: str = "") -> None:
-    """A paragraph whose wrapped lines keep its indentation (not padded to the console's width:
-    a file or a pipe gets an unlimited one, sanitize.console)."""
-    c.print(Padding(text(s, style=style), (0, 0, 0, indent), expand=False))
-
-
-def _code(c: Console, code: str, indent: int) -> None:
-    """Code, never wrapped mid-line: a line wider than the screen is cut with an ellipsis."""
-    for line in code.rstrip().splitlines():
-        c.print(Padding(text(line, style="cyan"), (0, 0, 0, indent), expand=False), no_wrap=True, overflow="ellipsis")
-
-
-def _line(c: Console, t: Text) -> None:
-    c.print(t, no_wrap=True, overflow="ellipsis")
-
-
 def _evidence(c: Console, v: dict) -> None:
     ev = v.get("evidence") or {}
     if not ev:
@@ -136,54 +110,6 @@ def _evidence(c: Console, v: dict) -> None:
         table.add_row("  " + T(k), text(number(x) if isinstance(x, float) else x))
     c.print(Text(f"  evidence ({T(v.get('rule') or '-')}):", style="dim"))
     c.print(table)
-
-
-def _gain_column(g: dict) -> str:
-    """'~2.56x (max 4.19x)  ', padded to one width: the numbers come before the title, so a
-    narrow terminal cuts the title, never the gain."""
-    exp, cap = g.get("expected"), g.get("ceiling")
-    head = f"~{times(exp)}" if exp else "?"
-    tail = f" (max {times(cap)})" if cap else ""
-    return f"{head + tail:<18}  "
-
-
-def _elsewhere(doc: dict, item: dict) -> tuple[str, str]:
-    """' [trace a, trace b]' after the id (a narrow terminal cuts the title, not this): the
-    traces a fix or flag comes from when the shown trace lacks it (labels.from_other_traces)."""
-    where = from_other_traces(doc, item)
-    return (f" [{T(where)}]" if where else ""), "dim"
-
-
-def _top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
-    findings = doc["findings"]
-    ranked = [f for f in findings if f["ranked"]]
-    if not findings:
-        _no_fix(c, none_of)
-        return
-    c.print()
-    if ranked:
-        c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
-    else:           # only fixes whose gain no model bounds: still the advice there is
-        c.print(Text("No fix has a measurable modelled gain here; worth a look (? no model, ~ expected, "
-                     "max: its ceiling)", style="bold"))
-    shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
-    for i, f in enumerate(shown, 1):
-        if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
-            _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
-        _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
-                               _elsewhere(doc, f), (T(f" {f['title']}"), "bold")))
-    rest = len(findings) - len(shown)
-    if rest:
-        _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
-    if _tie_broken(ranked[:TOP]):
-        _line(c, Text("    (gains within 2% of each other: the fix on the verdict's bottleneck first)", style="dim"))
-
-
-def _tie_broken(ranked: list[dict]) -> bool:
-    """A shown fix ranked above one with a larger expected gain: rules.engine.rank_key's near-tie
-    bucket put the verdict's bottleneck first (a user read 1.13x above 1.14x as a mistake)."""
-    gains = [(f.get("gain") or {}).get("expected") or 0.0 for f in ranked]
-    return any(b > a for a, b in zip(gains, gains[1:]))
 
 
 def _flags_compact(c: Console, doc: dict) -> None:
@@ -277,33 +203,6 @@ def _stacks(c: Console, st: dict | None, details: bool = True) -> None:
                                (T(f"  {t['code']}") if t.get("code") else "", "cyan")))
 
 
-def _fixes(c: Console, doc: dict, none_of: str | None) -> None:
-    findings = doc["findings"]
-    ranked = [f for f in findings if f["ranked"]]
-    rest = [f for f in findings if not f["ranked"]]
-    if not findings:
-        _no_fix(c, none_of)
-        return
-    c.print()
-    if ranked:
-        c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
-                     "ceiling: the Amdahl bound on the measured share)", style="bold"))
-    else:
-        _no_fix(c, none_of, blank=False)
-    for i, f in enumerate(ranked, 1):
-        _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f)))
-        _para(c, f["gain"]["text"], 4, "green")
-        _para(c, f["summary"], 4)
-        _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
-        if f["fix"]["snippet"]:
-            _code(c, f["fix"]["snippet"], 6)
-        _para(c, f"[{f['id']} · {cite(f['source'])}]", 4, "dim")
-    if rest:
-        _para(c, f"Also {WORTH_A_LOOK}: "
-              + "; ".join(f"{f['title']} ({f['id']}{unranked_gain(f)})" for f in rest), 2, "dim")
-    c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
-
-
 def _flags(c: Console, doc: dict) -> None:
     flags = doc["flags"]
     if not flags:
@@ -380,12 +279,6 @@ def _ranks(c: Console, doc: dict) -> None:
         table.add_row(text(t["label"]), f"{ms(med)} ms" if med is not None else "-", text(trace_bound(t)),
                       text(", ".join(f["slug"] for f in t["flags"]) or "-"))
     c.print(table)
-
-
-def _first_sentence(text: str) -> str:
-    text = " ".join(text.split())
-    end = text.find(". ")
-    return text if end == -1 else text[: end + 1]
 
 
 def _short(s: str, n: int = 48) -> str:

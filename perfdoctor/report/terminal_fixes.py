@@ -1,0 +1,111 @@
+"""The terminal report's fixes: the top ones on the one-screen report, every one in full with
+--details (the ranked ones with their expected gain, then those worth a look)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from perfdoctor.report.labels import WORTH_A_LOOK, cite, unranked_gain
+from perfdoctor.report.sanitize import terminal as T
+from perfdoctor.report.termtext import code as _code, elsewhere as _elsewhere, line as _line, para as _para
+from perfdoctor.rules.gain import times
+
+TOP = 3          # fixes in the one-screen report
+
+
+def no_fix(c: Console, of: str | None, blank: bool = True) -> None:
+    """'No fix ... applies to this trace.' (after a blank line); nothing where nothing was measured."""
+    if of:
+        if blank:
+            c.print()
+        c.print(Text(f"No fix with a measurable speed-up applies to {of}.", style="bold"))
+
+
+def _gain_column(g: dict) -> str:
+    """'~2.56x (max 4.19x)  ', padded to one width: the numbers come before the title, so a
+    narrow terminal cuts the title, never the gain."""
+    exp, cap = g.get("expected"), g.get("ceiling")
+    head = f"~{times(exp)}" if exp else "?"
+    tail = f" (max {times(cap)})" if cap else ""
+    return f"{head + tail:<18}  "
+
+
+def top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
+    findings = doc["findings"]
+    ranked = [f for f in findings if f["ranked"]]
+    if not findings:
+        no_fix(c, none_of)
+        return
+    c.print()
+    if ranked:
+        c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
+    else:           # only fixes whose gain no model bounds: still the advice there is
+        c.print(Text("No fix has a measurable modelled gain here; worth a look (? no model, ~ expected, "
+                     "max: its ceiling)", style="bold"))
+    shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
+    for i, f in enumerate(shown, 1):
+        if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
+            _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
+        _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
+                               _elsewhere(doc, f), (T(f" {f['title']}"), "bold")))
+    rest = len(findings) - len(shown)
+    if rest:
+        _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
+    if _tie_broken(ranked[:TOP]):
+        _line(c, Text("    (gains within 2% of each other: the fix on the verdict's bottleneck first)", style="dim"))
+
+
+def _tie_broken(ranked: list[dict]) -> bool:
+    """A shown fix ranked above one with a larger expected gain: rules.engine.rank_key's near-tie
+    bucket put the verdict's bottleneck first (a user read 1.13x above 1.14x as a mistake)."""
+    gains = [(f.get("gain") or {}).get("expected") or 0.0 for f in ranked]
+    return any(b > a for a, b in zip(gains, gains[1:]))
+
+
+def fixes(c: Console, doc: dict, none_of: str | None) -> None:
+    findings = doc["findings"]
+    ranked = [f for f in findings if f["ranked"]]
+    rest = [f for f in findings if not f["ranked"]]
+    if not findings:
+        no_fix(c, none_of)
+        return
+    c.print()
+    if ranked:
+        c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
+                     "ceiling: the Amdahl bound on the measured share)", style="bold"))
+    else:
+        no_fix(c, none_of, blank=False)
+    for i, f in enumerate(ranked, 1):
+        _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f)))
+        _fix_body(c, f)
+    if rest and all(f.get("summary") and f.get("fix") for f in rest):
+        # in full as the ranked ones (--details: every fix with its evidence and code)
+        c.print(Text(f"  Also {WORTH_A_LOOK}:", style="bold"))
+        for f in rest:
+            gain = unranked_gain(f)[2:]          # "expected ~1.00x, at most 1.01x", or ""
+            _line(c, Text.assemble((T(f"  - {f['title']}"), "bold"), (f" ({T(gain)})" if gain else "", "dim"),
+                                   _elsewhere(doc, f)))
+            _fix_body(c, f, gain=False)
+    elif rest:
+        _para(c, f"Also {WORTH_A_LOOK}: "
+              + "; ".join(f"{f['title']} ({f['id']}{unranked_gain(f)})" for f in rest), 2, "dim")
+    c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
+
+
+def _fix_body(c: Console, f: dict, gain: bool = True) -> None:
+    """A fix in full under its title: its gain (ranked ones), what was measured, the fix and its
+    code, its rule and source."""
+    if gain and (f.get("gain") or {}).get("text"):
+        _para(c, f["gain"]["text"], 4, "green")
+    _para(c, f["summary"], 4)
+    _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
+    if f["fix"].get("snippet"):
+        _code(c, f["fix"]["snippet"], 6)
+    _para(c, f"[{f['id']} · {cite(f['source'])}]", 4, "dim")
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    end = text.find(". ")
+    return text if end == -1 else text[: end + 1]
