@@ -606,6 +606,15 @@ def test_details_give_the_fixes_worth_a_look_in_full(tmp_path):
     c = console(file=io.StringIO(), width=400)
     render(doc, c)                       # the one-screen report keeps its top three
     assert "Also worth a look" not in c.file.getvalue() and ram["summary"] not in c.file.getvalue()
+    # the HTML page: each one's title a line, unfolded on a click into the same
+    from html import escape
+
+    from perfdoctor.report import html
+    page = html.render(doc)
+    assert page.count("<li><details><summary>") == len(rest)
+    item = page[page.index(f"<li><details><summary>{escape(ram['title'])}"):]
+    item = item[:item.index("</details></li>")]
+    assert escape(ram["summary"]) in item and "<pre><code>" in item and "PD304 · article 003" in item
 
 
 def test_unranked_fixes_say_what_their_model_expects():

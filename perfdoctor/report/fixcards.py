@@ -94,14 +94,26 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
             + ("; the black mark is the speed-up tune measured." if marked else ".") + "</p>"
             if ranked else "<h2>Fixes</h2><p>No fix with a measurable speed-up applies.</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
-            + "".join(f"<li>{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>"
-                      + (f", measured by tune: <b>{H(tune_measured(meas))}</b>" if (meas := measured.get(f["id"])) else "")
-                      + f"{from_note(doc, f)}</li>" for f in rest)
-            + "</ul></section>") if rest else ""
+            + "".join(_worth_a_look(doc, f, measured.get(f["id"])) for f in rest) + "</ul></section>") if rest else ""
     cmd = tune_hint(doc) if tune is None else None     # with tune's JSON the cards show what it measured
     measure = (f"<section class=\"card\"><b>{H(MEASURE_FIXES.capitalize())}</b>"
                f"<pre><code>{H(cmd)}</code></pre></section>") if cmd else ""
     return head + "".join(cards) + more + measure
+
+
+def _worth_a_look(doc: dict, f: dict, meas: dict | None) -> str:
+    """A fix worth a look: its title, id and ceiling, and, unfolded on a click, what was measured,
+    the fix and its code, and its source."""
+    line = (f"{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>"
+            + (f", measured by tune: <b>{H(tune_measured(meas))}</b>" if meas else "") + from_note(doc, f))
+    fix = f.get("fix") or {}
+    body = ((f"<p>{H(f['summary'])}</p>" if f.get("summary") else "")
+            + (f"<p><b>Fix:</b> {H(fix['text'])}</p>" if fix.get("text") else "")
+            + (f"<pre><code>{H_block(fix['snippet'])}</code></pre>" if fix.get("snippet") else ""))
+    if not body:
+        return f"<li>{line}</li>"
+    source = f"<div class=\"dim small\">{H(f['id'])} · {H(cite(f.get('source') or {}))}</div>"
+    return f"<li><details><summary>{line}</summary>{body}{source}</details></li>"
 
 
 def H_block(s: str) -> str:
