@@ -39,6 +39,7 @@ kept as detached tensors and converted at exit, so no device sync is added to th
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -146,6 +147,11 @@ def _loader(torch, st: _State) -> None:
     sig = inspect.signature(orig)
     want = {k: st.changes[k] for k in DATALOADER_KEYS if k in st.changes}
 
+    # the original's signature, name and docstring (functools.wraps: inspect.signature follows
+    # __wrapped__): Lightning reads the DataLoader's parameters from its signature to build it
+    # again with a DistributedSampler, and from (*args, **kwargs) it rebuilt the loader with
+    # batches of one sample (a DDP job's 32 became 1 in every tune run, 7x "faster")
+    @functools.wraps(orig)
     def __init__(self, *args, **kwargs):
         try:
             ba = sig.bind(self, *args, **kwargs)
@@ -299,6 +305,7 @@ def _optimizer(torch, st: _State) -> None:
         params = inspect.signature(cls.__init__).parameters
         orig = cls.__init__
 
+        @functools.wraps(orig)
         def __init__(self, *args, _orig=orig, _cls=cls, _params=params, **kwargs):
             rec = {"class": _cls.__name__, "foreach": kwargs.get("foreach"), "fused": kwargs.get("fused"),
                    "supports": [k for k in ("foreach", "fused") if k in _params]}
