@@ -533,7 +533,7 @@ def test_index_batches_draws_the_same_rows_with_one_indexing_a_batch(tmp_path, c
     assert plan.rule_for({"index_batches": True}, {"PD358"}) == "PD358"
 
 
-REBUILT = textwrap.dedent("""
+LIGHTNING_REBUILT = textwrap.dedent("""
     import inspect
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -562,6 +562,6 @@ def test_a_loader_lightning_builds_again_keeps_its_batches(tmp_path, capfd, chan
     (32 in the script: 5.4 ms/step where the job takes 40). The wrapper keeps the signature; a
     change still reaches the loader built again."""
     pytest.importorskip("lightning")
-    out, rec = injected(tmp_path, capfd, changes, REBUILT)
+    out, rec = injected(tmp_path, capfd, changes, LIGHTNING_REBUILT)
     assert f"rebuilt batch 32 workers {changes.get('num_workers', 0)} named __init__ True" in out, out
     assert rec["applied"] == list(changes)
