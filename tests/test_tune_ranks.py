@@ -61,8 +61,8 @@ def test_tune_of_a_torchrun_job_measures_workers_on_every_rank(tmp_path):
     script = tmp_path / "ddp_sleepy.py"
     script.write_text(SLEEPY_DDP)
     foreign = Foreign()
-    r = ptune("--only", "PD301", "--budget", "50", "--duration", "3", "--out", tmp_path / "t", "-o", tmp_path / "t.json",
-              "torchrun", "--nproc-per-node", "2", script, timeout=240)
+    r = ptune("--only", "PD301", "--budget", "50", "--duration", "3", "--out", tmp_path / "t",
+              "-o", tmp_path / "t.json", "torchrun", "--nproc-per-node", "2", script, timeout=240)
     if r.returncode == 3:
         skip_if_shared(foreign)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -160,7 +160,8 @@ def _rank_run(top: Path, k: int, ms: float, outcome: str = "stopped", code: int 
     durs = ms / 1e3 * (1 + 0.01 * np.random.default_rng(k).standard_normal(60))
     ends = np.cumsum(durs)
     (d / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "end": float(e), "dur": float(x), "wait": 0.0,
-                                                       "batches": 1}) + "\n" for i, (e, x) in enumerate(zip(ends, durs))))
+                                                       "batches": 1}) + "\n"
+                                           for i, (e, x) in enumerate(zip(ends, durs))))
     (d / "child.json").write_text(json.dumps({"outcome": outcome, "steps": 60, "error": error}))
     (d / "rank.json").write_text(json.dumps({"rank": k, "world_size": 2, "exit_code": code}))
     (d / "run.json").write_text(json.dumps({"stopped_by": "duration" if outcome == "stopped" else None, "notes": []}))

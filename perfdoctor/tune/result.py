@@ -1,8 +1,8 @@
 """`perfdoctor tune`'s result: the JSON document (-o FILE) and the terminal table.
 
 Document (docs/commands.md, the tune JSON table): baseline {step_time_s, ci95, median_s, steps, dir, verdict,
-ranks, pace_rank, data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted, step_time_s,
-speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
+ranks, pace_rank, data_wait_share, stacks_note, repeats}, trials[] {changes, label, group, rule, bound, predicted,
+step_time_s, speedup, ci95, status, reason, dir, loss, confirm, model_check}, best {changes, speedup, ci95, confirmed} or null,
 apply (text), untested[] {id, title, ranked, expected, ceiling},
 skipped_for_budget, budget_s, elapsed_s, run_s, noisy, noise, run_spread, closing, dir, command, only, failed
 (null; when the baseline could not be tuned, {exit_code, error}, with baseline null and no trial: failed_doc).
