@@ -65,12 +65,13 @@ def measure_job(top: Path, changes: dict, exit_code: int, wall_s: float):
     from perfdoctor.collect.ranks import rank_dirs
     from perfdoctor.tune.measure import Measured, _read_json, measure_dir, system_of
 
-    ranks, systems = [], []
+    ranks, systems, stopped_late = [], [], False
     for k, d in rank_dirs(top):
         info, run = _read_json(d / "rank.json"), _read_json(d / "run.json")
         code = info.get("exit_code") if isinstance(info.get("exit_code"), int) else exit_code
         late = run.get("stopped_by") == "duration" and any(
             str(n).startswith("the script did not stop within") for n in run.get("notes") or [])
+        stopped_late |= late
         ranks.append((k, measure_dir(d, changes, code, _read_json(d / "child.json"), wall_s, stopped_late=late)))
         systems.append(system_of(d))
     if not ranks:
@@ -84,7 +85,7 @@ def measure_job(top: Path, changes: dict, exit_code: int, wall_s: float):
                   ranks=len(ranks), pace_rank=k)
     if failed:
         job.error = f"{pace.error} on rank {k}"
-    elif exit_code != 0:
+    elif exit_code != 0 and not stopped_late:    # a rank perfdoctor interrupted after the stop's grace did not fail
         job.error = f"the script failed (torchrun exit code {exit_code})"
     return job
 
