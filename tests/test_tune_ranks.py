@@ -70,6 +70,10 @@ def test_tune_of_a_torchrun_job_measures_workers_on_every_rank(tmp_path):
     assert doc["command"] == f"torchrun --nproc-per-node 2 --standalone {script}"
     base = doc["baseline"]
     assert base["ranks"] == 2 and base["pace_rank"] in (0, 1) and "the slowest of 2 ranks" in r.stderr
+    said = f"steady steps (the slowest of 2 ranks, rank {base['pace_rank']}); verdict"
+    from perfdoctor.report import markdown
+    assert said in " ".join(r.stdout.split())                       # the table's header (the terminal wraps it)
+    assert said.replace("(", "\\(").replace(")", "\\)") in markdown.tune(doc)
     # the baseline's diagnosis is the job's, merged over its ranks
     report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
     assert report["ranks"]["count"] == 2 and any(f["id"] == "PD301" for f in report["findings"])

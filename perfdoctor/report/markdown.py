@@ -16,7 +16,7 @@ from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, b
                                        device_text, first_step_shown, from_other_traces, role_labels,
                                        script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
                                        unranked_gain)
-from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, per_sample_note, predicted_note,
+from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, pace_text, per_sample_note, predicted_note,
                                             tune_baselines_note, tune_best_step, tune_hint, tune_measured,
                                             tune_model_check, tune_no_best, tune_only, tune_predicted,
                                             tune_step_times)
@@ -181,7 +181,7 @@ def tune(doc: dict) -> str:
     b = doc["baseline"]
     out = [f"### perfdoctor tune: {M(doc['command'])}", "",
            f"Baseline {s_as_ms(b['step_time_s'])}/step (95% CI {s_as_ms(b['ci95'][0])}-{s_as_ms(b['ci95'][1])}) over {b['steps']} "
-           f"steady steps; verdict {M(b.get('verdict_title') or b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
+           f"steady steps{M(pace_text(b))}; verdict {M(b.get('verdict_title') or b['verdict'] or 'unknown')}; {M(doc['noise'])}", "",
            *([M(tune_only(doc)), ""] if doc.get("only") else []),
            "| change | step time | vs baseline | speed-up | 95% CI | predicted | status |", "|---|--:|--:|--:|--:|--:|---|"]
     for tr in doc["trials"]:

@@ -202,3 +202,10 @@ def budget_hint(doc: dict) -> str:
     """After the trials tune skipped for lack of budget: how large a budget would run them."""
     need = doc.get("budget_for_all_s")
     return f"--budget {need:.0f} would run them all, at this run length" if need else "raise --budget to run them"
+
+
+def pace_text(baseline: dict) -> str:
+    """' (the slowest of 2 ranks, rank 1)' after a job's baseline step time (tune/job.py: a job's
+    step time is its slowest rank's); '' for one process."""
+    n, k = baseline.get("ranks"), baseline.get("pace_rank")
+    return f" (the slowest of {n} ranks, rank {k})" if isinstance(n, int) and n > 1 and k is not None else ""

@@ -184,15 +184,14 @@ def render(doc: dict, console=None) -> None:
     from rich.table import Table
 
     from perfdoctor.report.sanitize import UNCROPPED, console as _console, text
-    from perfdoctor.report.tune_labels import (budget_hint, per_sample_note, predicted_note, tune_baselines_note,
-                                               tune_best_step, tune_model_check, tune_no_best, tune_only,
-                                               tune_predicted,
-                                               tune_step_times)
+    from perfdoctor.report.tune_labels import (budget_hint, pace_text, per_sample_note, predicted_note,
+                                               tune_baselines_note, tune_best_step, tune_model_check, tune_no_best,
+                                               tune_only, tune_predicted, tune_step_times)
     con = console or _console()
     b = doc["baseline"]
     con.print(text("perfdoctor tune", "bold") + text(f" {doc['command']}"))
     con.print(text(f"baseline: {s_as_ms(b['step_time_s'])}/step [{s_as_ms(b['ci95'][0])}, {s_as_ms(b['ci95'][1])}] over "
-                   f"{b['steps']} steady steps; verdict {_verdict(b)}; {doc['noise']}"))
+                   f"{b['steps']} steady steps{pace_text(b)}; verdict {_verdict(b)}; {doc['noise']}"))
     if doc.get("only"):
         con.print(text(tune_only(doc)))
     tab = Table(show_edge=False, pad_edge=False)
