@@ -110,6 +110,8 @@ def test_the_job_command_from_tunes_options_or_a_torchrun_command_line(tmp_path,
         ([str(script), "-x"], None, ["--nproc-per-node", "4", "--standalone"])
     assert job_command([tr, "--nproc_per_node=2", "--rdzv-endpoint", "localhost:0", "-m", "pkg.train"], tr, None) == \
         (["pkg.train"], "pkg.train", ["--nproc_per_node=2", "--rdzv-endpoint", "localhost:0"])
+    assert job_command([tr, "--nproc-per-node", "2", "--master_port", "29512", str(script)], tr, None)[2] == \
+        ["--nproc-per-node", "2", "--master_port", "29512"]              # its port, not a free one
     with pytest.raises(PerfdoctorError, match="this node only"):
         job_command([tr, "--nnodes", "2", "--nproc-per-node", "2", str(script)], tr, None)
     monkeypatch.setenv("RANK", "1")

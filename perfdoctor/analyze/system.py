@@ -234,8 +234,12 @@ def other_cores(m: dict, siblings: int = 0) -> float | None:
     busy, cores, trainer = m.get("system.cpu_busy_share"), m.get("machine.cpu_count"), m.get("loader.trainer_cpu_mean")
     if busy is None or not cores or trainer is None:
         return None
-    own = trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
-    return round(max(0.0, busy * cores - own * (1 + max(0, siblings))), 2)
+    return round(max(0.0, busy * cores - _own_cores(m) * (1 + max(0, siblings))), 2)
+
+
+def _own_cores(m: dict) -> float:
+    """The trainer's cores and its DataLoader workers' (their count x each one's mean)."""
+    return m["loader.trainer_cpu_mean"] + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
 
 
 def ranks_other_cores(systems: list[dict]) -> float | None:
@@ -251,7 +255,7 @@ def ranks_other_cores(systems: list[dict]) -> float | None:
         if share is None or not cores or trainer is None:
             return None
         busy.append(share * cores)
-        own += trainer + (m.get("loader.workers") or 0) * (m.get("loader.worker_cpu_mean") or 0.0)
+        own += _own_cores(m)
     return round(max(0.0, sum(busy) / len(busy) - own), 2) if busy else None
 
 

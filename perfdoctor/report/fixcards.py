@@ -80,14 +80,11 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
             speed, _, interval = tune_measured(meas).partition(" ")
             mtxt = (f"<div><b>measured by tune: {H(speed)}</b> {H(interval)} with {H(meas.get('label'))}</div>"
                     + _model_check(meas.get("model_check")))
-        snippet = f["fix"].get("snippet")
+        model = (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>"
+                 if g.get("model") else "")
         cards.append(
             f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{from_note(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
-            + _gain_bar(g, meas) + mtxt
-            + f"<p>{H(f['summary'])}</p><p><b>Fix:</b> {H(f['fix']['text'])}</p>"
-            + (f"<pre><code>{H_block(snippet)}</code></pre>" if snippet else "")
-            + (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>" if g.get("model") else "")
-            + f"<div class=\"dim small\">{H(f['id'])} · {H(cite(f.get('source') or {}))}</div></section>")
+            + _gain_bar(g, meas) + mtxt + _fix_body(f) + model + _source(f) + "</section>")
     head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
             "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
             "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
@@ -106,14 +103,20 @@ def _worth_a_look(doc: dict, f: dict, meas: dict | None) -> str:
     the fix and its code, and its source."""
     line = (f"{H(f['title'])} <span class=\"dim\">({H(f['id'])}{H(unranked_gain(f))})</span>"
             + (f", measured by tune: <b>{H(tune_measured(meas))}</b>" if meas else "") + from_note(doc, f))
+    body = _fix_body(f)
+    return f"<li><details><summary>{line}</summary>{body}{_source(f)}</details></li>" if body else f"<li>{line}</li>"
+
+
+def _fix_body(f: dict) -> str:
+    """What was measured, the fix and its code: a ranked fix's card and a fix worth a look alike."""
     fix = f.get("fix") or {}
-    body = ((f"<p>{H(f['summary'])}</p>" if f.get("summary") else "")
+    return ((f"<p>{H(f['summary'])}</p>" if f.get("summary") else "")
             + (f"<p><b>Fix:</b> {H(fix['text'])}</p>" if fix.get("text") else "")
             + (f"<pre><code>{H_block(fix['snippet'])}</code></pre>" if fix.get("snippet") else ""))
-    if not body:
-        return f"<li>{line}</li>"
-    source = f"<div class=\"dim small\">{H(f['id'])} · {H(cite(f.get('source') or {}))}</div>"
-    return f"<li><details><summary>{line}</summary>{body}{source}</details></li>"
+
+
+def _source(f: dict) -> str:
+    return f"<div class=\"dim small\">{H(f['id'])} · {H(cite(f.get('source') or {}))}</div>"
 
 
 def H_block(s: str) -> str:

@@ -17,10 +17,10 @@ def para(c: Console, s: str, indent: int, style: str = "") -> None:
     c.print(Padding(text(s, style=style), (0, 0, 0, indent), expand=False))
 
 
-def code(c: Console, code: str, indent: int) -> None:
+def code(c: Console, snippet: str, indent: int) -> None:
     """Code, never wrapped mid-line: a line wider than the screen is cut with an ellipsis."""
-    for line in code.rstrip().splitlines():
-        c.print(Padding(text(line, style="cyan"), (0, 0, 0, indent), expand=False), no_wrap=True, overflow="ellipsis")
+    for row in snippet.rstrip().splitlines():
+        c.print(Padding(text(row, style="cyan"), (0, 0, 0, indent), expand=False), no_wrap=True, overflow="ellipsis")
 
 
 def line(c: Console, t: Text) -> None:

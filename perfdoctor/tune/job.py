@@ -50,8 +50,10 @@ def job_command(argv: list[str], module: str | None, nproc: str | None) -> tuple
         line = torchrun_passthrough(given + argv[1:])
         if not one_node(line.nnodes):
             raise PerfdoctorError(SEVERAL_NODES)
-        return line.script, line.script[0] if line.is_module else None, line.opts + ["--standalone"] * (
-            not any(o.split("=", 1)[0] in ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint") for o in line.opts))
+        named = {o.split("=", 1)[0].replace("_", "-") for o in line.opts}
+        # as DistOptions.torchrun_args: a free port on this node unless the line names where to meet
+        local = not named & {"--standalone", "--rdzv-endpoint", "--master-addr", "--master-port"}
+        return line.script, line.script[0] if line.is_module else None, line.opts + ["--standalone"] * local
     if nproc is None:
         return argv, module, None
     check_rank_counts(nproc, None)
@@ -63,17 +65,17 @@ def measure_job(top: Path, changes: dict, exit_code: int, wall_s: float):
     directory, exit code and wall time; the first failed rank's error, named."""
     from perfdoctor.analyze.system import ranks_other_cores
     from perfdoctor.collect.ranks import rank_dirs
-    from perfdoctor.tune.measure import Measured, _read_json, measure_dir, system_of
+    from perfdoctor.tune.measure import Measured, _read_json, measure_dir, stopped_late, system_of
 
-    ranks, systems, stopped_late = [], [], False
+    ranks, systems, any_late = [], [], False
     for k, d in rank_dirs(top):
         info, run = _read_json(d / "rank.json"), _read_json(d / "run.json")
         code = info.get("exit_code") if isinstance(info.get("exit_code"), int) else exit_code
-        late = run.get("stopped_by") == "duration" and any(
-            str(n).startswith("the script did not stop within") for n in run.get("notes") or [])
-        stopped_late |= late
-        ranks.append((k, measure_dir(d, changes, code, _read_json(d / "child.json"), wall_s, stopped_late=late)))
+        late = stopped_late(run.get("stopped_by"), run.get("notes") or [])
+        any_late |= late
         systems.append(system_of(d))
+        ranks.append((k, measure_dir(d, changes, code, _read_json(d / "child.json"), wall_s, stopped_late=late,
+                                     system=systems[-1])))
     if not ranks:
         m = Measured(top, dict(changes), exit_code, "killed", wall_s)
         m.error = f"the script failed (torchrun exit code {exit_code}; no rank's run directory)"
@@ -85,7 +87,7 @@ def measure_job(top: Path, changes: dict, exit_code: int, wall_s: float):
                   ranks=len(ranks), pace_rank=k)
     if failed:
         job.error = f"{pace.error} on rank {k}"
-    elif exit_code != 0 and not stopped_late:    # a rank perfdoctor interrupted after the stop's grace did not fail
+    elif exit_code != 0 and not any_late:    # a rank perfdoctor interrupted after the stop's grace did not fail
         job.error = f"the script failed (torchrun exit code {exit_code})"
     return job
 
@@ -103,7 +105,3 @@ def _job_inject(ranks: list) -> dict:
     first["notes"] = list(dict.fromkeys(notes))
     return first
 
-
-def diagnose_job(run_dir: Path, rule_dirs: list[str]) -> dict:
-    from perfdoctor.diagnose.ranks import diagnose_ranks
-    return diagnose_ranks(run_dir, rule_dirs)

@@ -91,8 +91,13 @@ def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, 
         result.append(res)
     # --duration's stop waits for a step boundary, then insists (SIGINT, SIGKILL): a script still
     # starting (or in a step) by then ends 130 or killed by perfdoctor, not by failing
-    late = res.stopped_by == "duration" and any(n.startswith("the script did not stop within") for n in res.notes)
-    return measure_dir(run_dir, changes, res.exit_code, res.child, res.wall_s, stopped_late=late)
+    return measure_dir(run_dir, changes, res.exit_code, res.child, res.wall_s,
+                       stopped_late=stopped_late(res.stopped_by, res.notes))
+
+
+def stopped_late(stopped_by: str | None, notes: list) -> bool:
+    """--duration's stop interrupted the script after its grace (the launcher's note says so)."""
+    return stopped_by == "duration" and any(str(n).startswith("the script did not stop within") for n in notes)
 
 
 def startup_limit(run_s: float) -> float:
@@ -102,9 +107,10 @@ def startup_limit(run_s: float) -> float:
 
 
 def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_s: float, *,
-                stopped_late: bool = False) -> Measured:
+                stopped_late: bool = False, system: dict | None = None) -> Measured:
     """`stopped_late`: perfdoctor interrupted the script after --duration's grace (not a failure:
-    measured from the steps it took, usually too few)."""
+    measured from the steps it took, usually too few). `system`: the run's system metrics
+    (system_of), where the caller read them already."""
     from perfdoctor.diagnose.live import loader_settings, read_steps
     from perfdoctor.gate.load import other_load_of
     from perfdoctor.stats.steptime import estimate
@@ -117,7 +123,7 @@ def measure_dir(run_dir: Path, changes: dict, exit_code: int, child: dict, wall_
     if (outcome not in ("stopped", *FINISHED) or exit_code != 0) and not stopped_late:
         why = gist(child.get("error")) or (f"exit code {exit_code}" if exit_code else outcome)
         m.error = f"the script failed ({why})"
-    system = system_of(run_dir)
+    system = system_of(run_dir) if system is None else system
     m.other_load, m.cores = other_load_of(system)
     loader = loader_settings(run_dir, system)          # as `run` and `gate` read the same directory
     if m.steps:

@@ -137,7 +137,7 @@ class Tuner(Verification):
     def _baseline(self) -> None:
         from perfdoctor.diagnose.live import diagnose_run
         from perfdoctor.report.json_out import to_json
-        from perfdoctor.tune.job import diagnose_job
+        from perfdoctor.diagnose.ranks import diagnose_ranks
 
         self.log(f"baseline: the script as it is, {self.run_s:.0f} s per run, budget {self.o.budget_s:.0f} s"
                  + ("" if self.o.show_output else f"; each run's output goes to {OUTPUT} in its directory under "
@@ -149,8 +149,8 @@ class Tuner(Verification):
         b = self._launch(self.dir / "baseline", {}, trace=True, result=res, stacks=self.o.stacks)
         if res and b.steps:
             try:
-                self.doc = diagnose_job(b.run_dir, self.o.rule_dirs) if self.o.dist else diagnose_run(res[0],
-                                                                                                    self.o.rule_dirs)
+                self.doc = (diagnose_ranks(b.run_dir, self.o.rule_dirs) if self.o.dist
+                            else diagnose_run(res[0], self.o.rule_dirs))
                 (b.run_dir / "report.json").write_bytes(to_json(self.doc))
             except Exception as exc:   # no report: trials still run, without predictions
                 self.log(f"the baseline's diagnosis failed ({type(exc).__name__}: {exc}); no predictions")
