@@ -16,8 +16,10 @@ from perfdoctor.errors import PerfdoctorError
 from perfdoctor.tune.job import SEVERAL_NODES, UNDER_LAUNCHER, _job_inject, job_command
 from perfdoctor.tune.measure import Measured
 
-# every sample waits 1.5 ms on storage (a sleep: a slow disk needs no core, so DataLoader workers
-# overlap it with the ranks' compute on 2 cores as well as on 64)
+# every sample waits 3 ms on storage (a sleep: a slow disk needs no core, so DataLoader workers
+# overlap it with the ranks' compute on 2 cores as well as on 64). 12 ms of a ~30 ms step: at 1.5 ms
+# (6 of 24) one worker measured 1.28x [1.10, 1.50] alone and inconclusive beside another test,
+# whose load stretches the compute but not the wait
 SLEEPY_DDP = textwrap.dedent("""
     import os, sys, time
     import torch, torch.distributed as dist
@@ -29,7 +31,7 @@ SLEEPY_DDP = textwrap.dedent("""
             return 100000
 
         def __getitem__(self, i):
-            time.sleep(0.0015)
+            time.sleep(0.003)
             return torch.full((256,), float(i % 7)), i % 10
 
     dist.init_process_group("gloo")
