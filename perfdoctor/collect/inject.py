@@ -11,6 +11,7 @@ key is one change the user could make by hand; the script itself is never edited
 | cudnn_benchmark | torch.backends.cudnn.benchmark = True |
 | tf32 | torch.set_float32_matmul_precision("high") and cuDNN TF32 |
 | expandable_segments | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before the first CUDA allocation) |
+| keep_host_memory | True: glibc's malloc keeps freed blocks in the process: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the script's environment (set by the launcher: inject_switches.launch_env), PD393 |
 | optimizer | "foreach" or "fused": the torch.optim implementation, where the optimizer class accepts it |
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters, and around the loss (a torch.nn loss module; functional binary_cross_entropy and huber_loss, which refuse a 16-bit input beside a float32 target) |
 | float32 | True: a model with float64 (or bfloat16, float16) parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), tensors of that dtype entering it or any of its submodules become float32, and its float32 outputs take that dtype again, so the code around the model (loss, targets, metrics) still sees it |
@@ -49,7 +50,8 @@ from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_loss import record_losses
 from perfdoctor.collect.inject_model import module_call
 from perfdoctor.collect.inject_store import StoredSamples, StoredStream, store_samples
-from perfdoctor.collect.inject_switches import attention_dropout, distribution_checks, gather_select, set_anomaly
+from perfdoctor.collect.inject_switches import (attention_dropout, distribution_checks, gather_select, keep_host_memory,
+                                               set_anomaly)
 
 DATALOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 
@@ -98,7 +100,8 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
         return
     st = _state = _State(torch, dict(changes), run_dir)
     st.watch, st.steps = watch, steps or (lambda: st.save_calls)
-    for key, fn in ((("expandable_segments",), _alloc), (("threads",), _threads), (DATALOADER_KEYS, _loader),
+    for key, fn in ((("expandable_segments",), _alloc), (("keep_host_memory",), keep_host_memory),
+                    (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
                     (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators),

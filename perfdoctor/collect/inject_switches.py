@@ -2,7 +2,8 @@
 (collect/inject.py's table): autograd anomaly detection (anomaly="off", PD374), torch.distributions'
 argument checks (distribution_checks="off", PD379), and attention dropout inside
 scaled_dot_product_attention (attention_dropout="off", PD381); and one rewrite of the script's
-indexing, x[idx] gathered with index_select (gather_select=True, PD386). Each function takes torch and
+indexing, x[idx] gathered with index_select (gather_select=True, PD386); and glibc's malloc keeping
+what it frees (keep_host_memory=True, PD393). Each function takes torch and
 inject's session state (`st`: its changes, what was applied, the script's own calls)."""
 
 from __future__ import annotations
@@ -89,3 +90,32 @@ def gather_select(torch, st) -> None:
         return orig(self, idx)
     __getitem__.__wrapped__ = orig
     Tensor.__getitem__ = __getitem__
+
+
+
+# glibc's malloc: blocks up to 4 GiB from its heap, which it never trims below 64 GiB (the variables'
+# values are sizes in bytes; glibc reads them at the process's first allocation)
+KEEP_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+
+
+def launch_env(changes: dict | None) -> dict:
+    """The environment variables a change needs before python starts (collect/launcher.py sets
+    them for the script's process): keep_host_memory's."""
+    return dict(KEEP_ENV) if (changes or {}).get("keep_host_memory") else {}
+
+
+def keep_host_memory(torch, st) -> None:
+    """keep_host_memory=True (PD393): glibc's malloc keeps the blocks the step frees in the process
+    (KEEP_ENV, set by the launcher) instead of unmapping each large one and faulting it in again
+    the next step. Said not to apply where the variables did not reach the process or the C library
+    is not glibc. (mallopt from inside the process, after torch's import, left a word-level LSTM
+    5.6K faults a step of 85K and half of its kernel time: the variables took it to 340.)"""
+    if not st.changes.get("keep_host_memory"):
+        return
+    import platform
+    if platform.libc_ver()[0] != "glibc":
+        raise RuntimeError("the C library is not glibc: its MALLOC_ variables do nothing")
+    missing = [k for k, v in KEEP_ENV.items() if os.environ.get(k) != v]
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} not set in the script's environment")
+    st.applied.add("keep_host_memory")

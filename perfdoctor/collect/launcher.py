@@ -28,6 +28,7 @@ from pathlib import Path
 
 from perfdoctor.collect.child import ENV
 from perfdoctor.collect.cupti import teardown_env
+from perfdoctor.collect.inject_switches import launch_env
 from perfdoctor.collect.rundir import claim
 from perfdoctor.collect.rnnprobe import maybe_probe
 from perfdoctor.collect.steprecord import FLUSH_S, first_step_recorded
@@ -165,7 +166,7 @@ def launch(cfg: RunConfig) -> RunResult:
     # kineto logs "USDT: profiler_start/stop" to stderr at its default level: lines the script
     # never printed. Level 6 silences kineto's own log, unless the user chose a level.
     quiet = {} if "KINETO_LOG_LEVEL" in os.environ else {"KINETO_LOG_LEVEL": "6"}
-    env = dict(os.environ, **cupti_env, **quiet)
+    env = dict(os.environ, **cupti_env, **quiet, **launch_env(cfg.changes))     # inject_switches.py
     notes: list[str] = [child_cfg["teardown_cupti"]["note"]] if child_cfg["teardown_cupti"]["note"] else []
     t0 = time.monotonic()
     unbuffered = ["-u"] if getattr(sys.stdout, "write_through", False) else []   # python -u (torchrun's workers)

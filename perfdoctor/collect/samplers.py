@@ -28,9 +28,10 @@ on a core look 75% busy (BOOT_FIX).
 Life counters, cumulative over the process's whole life (from create_time, whether or not it was
 sampled then), so that a short run or a short-lived worker is judged over all of its time rather
 than by how many point samples landed in it: cpu_life_s (user + system time of all its threads,
-/proc/<pid>/stat), runq_life_s (run-queue wait of its live threads, schedstat) and blkio_life_s
-(block-IO delay, /proc/<pid>/stat field 42: None unless the kernel's delay accounting is on,
-kernel.task_delayacct=1 or the delayacct boot flag; a note says so).
+/proc/<pid>/stat; sys_life_s the system part), minflt_life (minor page faults), runq_life_s
+(run-queue wait of its live threads, schedstat) and blkio_life_s (block-IO delay,
+/proc/<pid>/stat field 42: None unless the kernel's delay accounting is on, kernel.task_delayacct=1
+or the delayacct boot flag; a note says so).
 
 Sampling is faster while the run is young (YOUNG_INTERVAL for the first YOUNG_S seconds): the
 imports, the first steps and a run stopped after a few dozen steps all fall there.
@@ -298,9 +299,9 @@ class SystemSampler:
                     rb = rc = None
                 try:
                     ct = p.cpu_times()
-                    cpu_life = ct.user + ct.system
+                    cpu_life, sys_life = ct.user + ct.system, ct.system
                 except (psutil.AccessDenied, AttributeError):
-                    cpu_life = None
+                    cpu_life = sys_life = None
                 try:
                     rss = p.memory_info().rss or None      # 0: the process is exiting (its pages gone)
                 except (psutil.AccessDenied, AttributeError):
@@ -318,8 +319,9 @@ class SystemSampler:
              "sched_cpu_s": round(tr.sched_cpu_ns / 1e9, 6) if tr.sched_ok else None,
              "runq_wait_s": round(tr.runq_ns / 1e9, 6) if tr.sched_ok else None,
              "cpu_life_s": round(cpu_life, 3) if cpu_life is not None else None,
+             "sys_life_s": round(sys_life, 3) if sys_life is not None else None,
              "runq_life_s": round(tr.life_runq_ns / 1e9, 6) if tr.life_runq_ns is not None else None,
-             "blkio_life_s": _blkio_s(tr.pid) if self._delayacct else None}
+             **_stat_counters(tr.pid, self._delayacct)}
         tr.primed = True
         return d, kids
 
@@ -385,13 +387,14 @@ def _delayacct_on() -> bool:
     return "delayacct" in cmdline.split()
 
 
-def _blkio_s(pid: int) -> float | None:
-    """Seconds the process (all its threads) waited for block IO over its life (field 42)."""
+def _stat_counters(pid: int, delayacct: bool) -> dict:
+    """From /proc/<pid>/stat, over the process's life: minflt_life (minor page faults: pages the
+    kernel mapped in, zeroed, on first touch; field 10) and blkio_life_s (seconds its threads waited
+    for block IO, field 42; None without delay accounting)."""
     text = read_text(f"/proc/{pid}/stat")
-    if not text:
-        return None
-    fields = text[text.rfind(")") + 2:].split()       # fields from 3 (state) on
-    try:
-        return round(int(fields[42 - 3]) / _CLK_TCK, 3)
-    except (IndexError, ValueError):
-        return None
+    fields = text[text.rfind(")") + 2:].split() if text else []      # fields from 3 (state) on
+
+    def field(n: int) -> int | None:
+        return int(fields[n - 3]) if len(fields) > n - 3 and fields[n - 3].isdigit() else None
+    blkio = field(42) if delayacct else None
+    return {"minflt_life": field(10), "blkio_life_s": round(blkio / _CLK_TCK, 3) if blkio is not None else None}

@@ -157,6 +157,7 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict],
     if dropped:
         data["notes"].append(f"{dropped} malformed system sample(s) in samples.json were left out")
     try:
+        from perfdoctor.analyze.hostalloc import host_alloc
         from perfdoctor.analyze.memgrowth import memory_growth
         from perfdoctor.analyze.runseries import first_step_s, run_series
         from perfdoctor.analyze.system import system_metrics, wait_cpu_of
@@ -168,6 +169,7 @@ def _system(run_dir: Path, steps: list[dict], kids: list[dict],
     wait_cpu = wait_cpu_of(steps)
     metrics, sampling = windowed_metrics(samples, steps, notes, lambda got, said: system_metrics(got, said, wait_cpu))
     metrics.update(memory_growth(samples, steps))
+    metrics.update(host_alloc(samples, steps))
     metrics["run.first_step_s"] = first_step_s(samples, steps)
     return metrics, notes, sampling, run_series(samples, steps)
 

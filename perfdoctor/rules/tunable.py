@@ -18,7 +18,7 @@ KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"
               "empty_cache": ("PD343",), "save_every": ("PD350",), "channels_last": ("PD342", "PD392"),
               "keep_iterator": ("PD355",), "index_batches": ("PD358",), "store_samples": ("PD306",),
               "anomaly": ("PD374",), "distribution_checks": ("PD379",), "attention_dropout": ("PD381",),
-              "batch_scale": ("PD385",), "gather_select": ("PD386",)}
+              "batch_scale": ("PD385",), "gather_select": ("PD386",), "keep_host_memory": ("PD393",)}
 NO_WORKERS_RULE = "PD347"       # num_workers=0, tried from a script that has workers
 WORKERS_RULE = "PD301"          # its model's [gain.let] `workers` (from none) and `added` (to some)
 CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "empty_cache"})

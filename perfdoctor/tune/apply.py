@@ -111,6 +111,10 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                      "thread (torch.distributed.checkpoint.async_save)")
     if changes.get("expandable_segments"):
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # in the environment, before python starts")
+    if changes.get("keep_host_memory"):
+        from perfdoctor.collect.inject_switches import KEEP_ENV
+        lines.append("export " + " ".join(f"{k}={v}" for k, v in KEEP_ENV.items()) + "  # glibc: in the environment, "
+                     "before python starts (or LD_PRELOAD jemalloc / tcmalloc)")
     return "\n".join(lines)
 
 

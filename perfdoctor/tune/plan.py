@@ -127,6 +127,7 @@ class Facts:
     sdpa_dropout: bool = False        # attention dropout keeps the CPU's SDPA on its math path (PD381 fired)
     small_batch: bool = False         # the step is mostly a fixed cost a larger batch shares (PD385 fired)
     gathers: bool = False             # x[idx] and its backward take a material share of a CPU step (PD386 fired)
+    host_faults: bool = False         # freed host memory faulted in again every step (PD393 fired)
 
 
 def describe(changes: dict) -> str:
@@ -247,6 +248,8 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
     by_group["cuda"] += [Trial({"cudnn_benchmark": True}, "cuda", skip=cuda_skip),
                          Trial({"tf32": True}, "cuda", skip=cuda_skip),
                          Trial({"expandable_segments": True}, "cuda", skip=cuda_skip)]
+    if f.host_faults:                 # glibc's malloc keeps what it frees: no fresh pages every step
+        by_group["allocator"].append(Trial({"keep_host_memory": True}, "allocator"))
     if f.empty_cache_calls:           # each call frees the allocator's cache, which the next steps refill
         by_group["allocator"].append(Trial({"empty_cache": "off"}, "allocator", skip=cuda_skip))
     dtype = "bfloat16" if (f.bf16 or not f.cuda) else "float16"

@@ -57,7 +57,8 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         distribution_checks="PD379" in fixes,
         sdpa_dropout="PD381" in fixes,
         small_batch="PD385" in fixes,
-        gathers="PD386" in fixes)
+        gathers="PD386" in fixes,
+        host_faults="PD393" in fixes)
 
 
 def _material(fix: dict) -> bool:
