@@ -92,7 +92,6 @@ def gather_select(torch, st) -> None:
     Tensor.__getitem__ = __getitem__
 
 
-
 # glibc's malloc: blocks up to 4 GiB from its heap, which it never trims below 64 GiB (the variables'
 # values are sizes in bytes; glibc reads them at the process's first allocation)
 KEEP_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
