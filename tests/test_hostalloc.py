@@ -107,7 +107,7 @@ LM_HEAD = textwrap.dedent("""
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc on Linux")
 def test_an_output_layer_faulted_in_every_step_is_told_and_kept_memory_stops_it(tmp_path):
     """A step whose 64 MiB tensors glibc unmaps when they are freed faults them in again every
-    step: PD393 says so, with its gain under its ceiling; with tune's keep_host_memory the same
+    step: PD393 says so, with the faults' kernel time as its ceiling; with tune's keep_host_memory the same
     script takes a fraction of those pages and of that kernel time (counts and a CPU time's split,
     not timings). How many pages stay differs between runs of the same command (2% to 25% of
     them: where the process's other mappings leave glibc's heap room to grow)."""
@@ -123,7 +123,9 @@ def test_an_output_layer_faulted_in_every_step_is_told_and_kept_memory_stops_it(
     assert m["host.page_faults_per_step"] >= 2 * 64 * 2 ** 20 / 4096, m["host.page_faults_per_step"]
     assert m["host.fault_cpu_share"] >= 0.05
     f = next(f for f in runs["as-is"][1]["findings"] if f["id"] == "PD393")
-    assert 1 < f["gain"]["expected"] < f["gain"]["ceiling"]
+    # no expected gain (the rule's measurements: 0.91x to 1.68x), the faults' kernel time its ceiling
+    share = m["host.fault_cpu_share"] * m["run.thread_awake_share"]
+    assert f["gain"]["expected"] is None and f["gain"]["ceiling"] == pytest.approx(1 / (1 - share), rel=1e-3)
     kept_dir, kept = runs["kept"]
     assert "keep_host_memory" in json.loads((kept_dir / "inject.json").read_text())["applied"]
     k = kept["traces"][0]["metrics"]

@@ -9,8 +9,9 @@ for fresh pages every step: each first touch of a 4 KiB page is a minor fault th
 it, counted as the process's system CPU time. A user's word-level LSTM (a 33K-word vocabulary,
 700 tokens a step: ~92 MB of logits) faulted ~10 million times in 35 s, 27% of its CPU time in the
 kernel; with the freed memory kept in the process (glibc's MALLOC_MMAP_THRESHOLD_ and
-MALLOC_TRIM_THRESHOLD_), 250 thousand faults, the kernel's share 2%, and its steps ran 1.55x
-faster. The torch CPU allocator has no cache of its own.
+MALLOC_TRIM_THRESHOLD_), 250 thousand faults, the kernel's share 2%, and its steps ran 1.10-1.28x
+faster (PD393 lists what the fix measured elsewhere). The torch CPU allocator has no cache of its
+own.
 
 Metrics, over the steady window (analyze/windows.step_windows), from the trainer's cumulative
 counters at its first and last sample there (collect/samplers.py: minflt_life, sys_life_s,
