@@ -124,7 +124,6 @@ def test_one_calls_input_becomes_the_whole_sequences():
     assert whole_shape([32, 256], 13) == [32, 13, 256]            # a cell's [batch, features]
 
 
-@pytest.mark.quiet      # two measurements' times compared: beside another test's run the one with layers read 0.9x
 def test_the_layers_around_the_rnn_are_timed_with_it():
     """An embedding, dropout, a linear layer and layer norm called once a time step, built from
     their descriptions, each timed T calls against one call over the sequence with the RNN."""
@@ -145,4 +144,7 @@ def test_the_layers_around_the_rnn_are_timed_with_it():
     alone = measure(_cfg(), 12, budget_s=0.3)
     both = measure(_cfg(), 12, budget_s=0.3, layers=layers[:4])
     assert alone["layers"] == [] and both["layers"] == ["Embedding", "Dropout", "Linear", "LayerNorm"]
-    assert both["per_call_ms"] > alone["per_call_ms"] and both["ratio"] > 1
+    # each measurement alternates its two ways in pairs: their ratio holds on a loaded machine. Two
+    # measurements' times do not (with the layers 14.8 and 15.7 ms a step, without 16.2 and 18.4:
+    # two suite runs, one of them with the test alone)
+    assert both["ratio"] > 1 and alone["ratio"] > 1 and both["pairs"] >= 1
