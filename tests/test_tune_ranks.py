@@ -55,6 +55,7 @@ SLEEPY_DDP = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.quiet      # it judges a speed-up: beside the other worker's test it read "inconclusive" twice
 def test_tune_of_a_torchrun_job_measures_workers_on_every_rank(tmp_path):
     """A 2-rank DDP job whose loader waits on storage in the ranks' main processes: tune, given
     the job's torchrun command line, runs the baseline and the workers trial as whole jobs; the
