@@ -106,16 +106,8 @@ def test_gather_select_gathers_the_same_rows_with_index_select(tmp_path, capfd):
 
 
 def test_a_report_with_pd386_plans_the_gather_trial():
-    from tunecases import facts
-
-    from perfdoctor.rules.tunable import tune_command
-    from perfdoctor.tune import plan
-    ours = [t for t in plan.plan(facts(gathers=True, verdict="cpu_compute", data_wait=0.0))
-            if "gather_select" in t.changes]
-    assert len(ours) == 1 and ours[0].skip is None and ours[0].group == "indexing"
-    assert plan.rule_for(ours[0].changes, {"PD386", "PD375"}) == "PD386"
-    assert not any("gather_select" in t.changes for t in plan.plan(facts()))
-    assert tune_command(["PD386"], "train.py", cuda=False) == "perfdoctor tune --only PD386 train.py"
+    from tunecases import planned_once
+    planned_once("PD386", "gather_select", "indexing", gathers=True)
 
 
 LIVE_GNN = gnn("self.lin(h)[src]", "8000, 100000, 64", """

@@ -10,7 +10,7 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
-from tunecases import facts, launch
+from tunecases import launch, planned_once
 
 from perfdoctor.analyze.hostalloc import FAULT_COST_S, host_alloc
 from perfdoctor.collect.inject_switches import KEEP_ENV, keep_host_memory, launch_env
@@ -74,15 +74,8 @@ def test_keep_host_memory_needs_its_variables_in_the_scripts_environment(monkeyp
 
 
 def test_a_report_with_pd393_plans_the_allocator_trial():
-    from perfdoctor.rules.tunable import tune_command
-    from perfdoctor.tune import plan
     from perfdoctor.tune.apply import apply_text
-    ours = [t for t in plan.plan(facts(host_faults=True, verdict="cpu_compute", data_wait=0.0))
-            if "keep_host_memory" in t.changes]
-    assert len(ours) == 1 and ours[0].skip is None and ours[0].group == "allocator"
-    assert plan.rule_for(ours[0].changes, {"PD393", "PD375"}) == "PD393"
-    assert not any("keep_host_memory" in t.changes for t in plan.plan(facts()))
-    assert tune_command(["PD393"], "train.py", cuda=False) == "perfdoctor tune --only PD393 train.py"
+    planned_once("PD393", "keep_host_memory", "allocator", host_faults=True)
     assert apply_text({"keep_host_memory": True}, {}, cuda=False).startswith(
         "export MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736  # glibc")
 

@@ -31,6 +31,18 @@ def facts(**kw) -> plan.Facts:
     return plan.Facts(**base)
 
 
+def planned_once(rule: str, knob: str, group: str, **fact) -> None:
+    """A report whose `fact` (a Facts field: `rule` fired) plans `knob`'s trial once, in `group`, not
+    skipped, predicted by `rule` (beside PD375, which a CPU report also ranks); a report without it
+    plans none; and `run`'s tune hint offers `--only rule`."""
+    from perfdoctor.rules.tunable import tune_command
+    ours = [t for t in plan.plan(facts(**fact, verdict="cpu_compute", data_wait=0.0)) if knob in t.changes]
+    assert len(ours) == 1 and ours[0].skip is None and ours[0].group == group
+    assert plan.rule_for(ours[0].changes, {rule, "PD375"}) == rule
+    assert not any(knob in t.changes for t in plan.plan(facts()))
+    assert tune_command([rule], "train.py", cuda=False) == f"perfdoctor tune --only {rule} train.py"
+
+
 def steady_run(tmp_path, name, ms, changes=None, seed=0):
     """A run of 60 steady steps around `ms` milliseconds (1% jitter), as measure_dir leaves one."""
     from perfdoctor.stats.steptime import estimate_durations

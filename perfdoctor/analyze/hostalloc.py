@@ -36,7 +36,6 @@ from perfdoctor.analyze.windows import select, step_windows
 
 MIN_STEPS = 10
 MIN_CPU_S = 0.5
-PAGE_BYTES = 4096
 FAULT_COST_S = 2e-6
 
 NAMES = ("host.page_faults_per_step", "host.kernel_cpu_share", "host.fault_cpu_share")
