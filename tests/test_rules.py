@@ -367,7 +367,7 @@ def test_ceilings_bound_the_share_of_an_unprofiled_step():
     """A run whose traced steps ran 1.5x longer than its steady ones: the share a fix attacks is at
     most 1.5x larger un-profiled (the profiler only adds time), so its ceiling uses that; the
     expected gain stays on the measured share. A faster traced window lowers no ceiling."""
-    from perfdoctor.diagnose.live import trace_inflation
+    from perfdoctor.stats.steptime import trace_inflation
     assert trace_inflation(15.0, 10.0) == 1.5 and trace_inflation(8.0, 10.0) == 1.0
     assert trace_inflation(None, 10.0) is None and trace_inflation(12.0, 0.0) is None
 

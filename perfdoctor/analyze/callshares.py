@@ -83,12 +83,13 @@ SIGNIFICANT = 0.5   # a step's no-grad time beyond the median step's, as a share
 TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
-         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "calls.pre_forward_share", "gc.share",
+         "calls.nograd_share", "calls.gc_share", "calls.convert_share", "calls.pre_forward_share",
+         "calls.convert_traced_share", "gc.share",
          "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
 
 
 def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False, nograd_timed: bool = False,
-                 convert_timed: bool = False, pre_timed: bool = False) -> dict:
+                 convert_timed: bool = False, pre_timed: bool = False, profiled: list[dict] = ()) -> dict:
     """calls.* over the steady steps; None unless the run timed the calls (`timed`,
     `optimizer_timed`, `nograd_timed`: child.json says so; a run directory from an older
     perfdoctor has no `save`/`log`/`opt`/`nograd` fields). calls.optimizer_share: optimizer.step()
@@ -96,8 +97,9 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories);
     calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`);
     calls.pre_forward_share: from each step's start to the model's first training call, less the
-    data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none)."""
-    out = dict.fromkeys(NAMES[:8])
+    data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none);
+    calls.convert_traced_share: the conversions in the `profiled` steps (traced_convert_share)."""
+    out = dict.fromkeys(NAMES[:9]) | traced_convert_share(profiled, convert_timed)
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
@@ -115,6 +117,15 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
         out["calls.convert_share"] = min(1.0, sum(positive(s.get("conv")) for s in recs) / total)
     out["calls.save_interval_steps"] = _save_interval(recs, save)
     return out
+
+
+def traced_convert_share(profiled: list[dict], convert_timed: bool) -> dict:
+    """calls.convert_traced_share: the conversions' time in the profiled steps over those steps'
+    time, the share to set against the trace's breakdown.other (the steady window's share is
+    another window's: beside a busy process the two differed by more than 0.1)."""
+    recs, total = timed_steps(profiled)
+    share = min(1.0, sum(positive(s.get("conv")) for s in recs) / total) if convert_timed and total > 0 else None
+    return {"calls.convert_traced_share": share}
 
 
 def nograd_share(recs: list[dict], total: float) -> float | None:
@@ -144,7 +155,8 @@ def combined(m: dict) -> dict:
     evaluation.share from the extra-batch steps, the stacks' evaluation frames, the trace's
     no-grad forward after the backward pass (analyze/evalforward.py), at the run's rate where
     evaluation.nograd_run_share has it (below), else the traced window's, and the run's timed
-    no-grad calls of the model (calls.nograd_share)."""
+    no-grad calls of the model (calls.nograd_share); untraced.unnamed_share: the trace's untraced
+    share less the conversions timed in its steps (the steady steps' where those were not timed)."""
     save = [(m.get(share), m.get(interval)) for share, interval in
             (("calls.save_share", "calls.save_interval_steps"),
              ("stacks.checkpoint_share", "stacks.checkpoint_interval_steps")) if m.get(share) is not None]
@@ -157,7 +169,13 @@ def combined(m: dict) -> dict:
     collect = [m[k] for k in ("calls.gc_share", "stacks.gc_collect_share") if m.get(k) is not None]
     return {"save.share": best[0], "save.interval_steps": best[1] if best[0] else None,
             "logging.share": max(logs) if logs else None, "evaluation.share": max(evals) if evals else None,
-            "gc.share": max(collect) if collect else None}
+            "gc.share": max(collect) if collect else None, "untraced.unnamed_share": _unnamed(m)}
+
+
+def _unnamed(m: dict) -> float | None:
+    other, traced = m.get("breakdown.other"), m.get("calls.convert_traced_share")
+    named = traced if traced is not None else m.get("calls.convert_share") or 0.0
+    return None if other is None else max(0.0, other - named)
 
 
 def nograd_run_share(m: dict) -> dict:

@@ -87,6 +87,7 @@ def analyze(t: EventTable) -> TraceAnalysis:
     m["trace.clock_early_share"] = early[0]
     m.update(_step_metrics(steps))
     m.update({f"breakdown.{r}": float(v) / total for r, v in zip(BREAKDOWN, bm.sum(axis=0))})
+    m["untraced.unnamed_share"] = m["breakdown.other"]     # a live run names part of it (callshares.combined)
     m.update(_input_metrics(t, k, tl, total))
     m["input.dataset_kind"] = traced_dataset_kind(t)      # a live run's own reading replaces it
     m["input.iterable_replayed"] = iterable_replayed(m)    # False for a map-style one, else unknown here

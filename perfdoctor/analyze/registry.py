@@ -69,6 +69,7 @@ for _role, _doc in (
         ("cpu_exec", "the host runs traced CPU ops and the device is idle"),
         ("other", "nothing traced runs (untraced Python, waiting) and the device is idle")):
     _m(f"breakdown.{_role}", "share", f"Share of step time in which {_doc}. The eight shares sum to 1.")
+_m("untraced.unnamed_share", "share", "breakdown.other less the untraced time perfdoctor run names: the traced window's conversions of Python lists (calls.convert_traced_share; the steady window's calls.convert_share where the traced steps were not timed). breakdown.other for a trace alone.")
 # -- the four competing shares behind the verdict (sum to 1) ---------------------------------
 _m("share.device", "share", "Device busy: kernels + copies + memsets (on CPU-only runs: the model's traced ops).")
 _m("share.input", "share", "Exposed data wait (= breakdown.data_loading).")

@@ -9,7 +9,6 @@ Metrics come from three places, each saying only what it measured:
 
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,7 @@ from perfdoctor.diagnose.stepnotes import KIND_STEPS, drift_note, extra_batches_
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
 from perfdoctor.rules.loader import load_rules
-from perfdoctor.stats.steptime import StepEstimate, estimate
+from perfdoctor.stats.steptime import StepEstimate, estimate, trace_inflation
 from perfdoctor.trace import prefetch
 from perfdoctor.trace.loader import load_trace, run_trace_files as run_traces
 
@@ -266,7 +265,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     opt_timed = res.child.get("optimizer_timed") is True and not opt.get("closure_calls")
     m.update(call_metrics(steady, res.child.get("timed_calls") is True, opt_timed,
                           res.child.get("nograd_timed") is True, res.child.get("convert_timed") is True,
-                          res.child.get("pre_timed") is True))
+                          res.child.get("pre_timed") is True, profiled(steps)))
     m.update(run_optimizer_metrics(opt, m.get("optimizer.implementation")))
     rebuilt = opt.get("rebuilt")            # the primary optimizer built again (collect/optsteps.py)
     m["optimizer.rebuilds_per_step"] = rebuilt / len(steps) if isinstance(rebuilt, int) and steps else None
@@ -383,14 +382,6 @@ def _load(path: Path):
         return pending.finish()
     finally:
         pending.close()
-
-
-def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float | None:
-    """Traced over un-profiled step time, never below 1 (a traced window that ran faster than
-    the steady one lowers no ceiling); None unless both are known."""
-    if not traced_ms or not steady_ms or not math.isfinite(traced_ms / steady_ms) or traced_ms <= 0 or steady_ms <= 0:
-        return None
-    return max(1.0, traced_ms / steady_ms)
 
 
 def write_run_events(run_dir: Path) -> None:

@@ -317,3 +317,11 @@ def _finish(durs, waits, total, first, dropped, num_workers, ends, ids=None) -> 
         est.reason = (f"step times stay correlated over {need} steps (2 burst cycles), more than "
                       f"1/{MIN_BLOCKS} of the {n} steady steps: run longer")
     return est
+
+
+def trace_inflation(traced_ms: float | None, steady_ms: float | None) -> float | None:
+    """Traced over un-profiled step time, never below 1 (a traced window that ran faster than
+    the steady one lowers no ceiling); None unless both are known."""
+    if not traced_ms or not steady_ms or not math.isfinite(traced_ms / steady_ms) or traced_ms <= 0 or steady_ms <= 0:
+        return None
+    return max(1.0, traced_ms / steady_ms)
