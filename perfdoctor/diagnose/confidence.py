@@ -237,9 +237,11 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                      "as a CPU-only run. Record with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
     # untraced time the stacks name is evidence, not a gap: the loop's wait on its own producers, its
     # blocking on its own line, its Python data work (PD370's verdict rests on the first; 84% waiting
-    # read "low confidence, 0.40")
+    # read "low confidence, 0.40"); so is the untraced time the run timed (untraced.unnamed_share
+    # leaves out the conversions of Python lists: 69% of a step)
     named = sum(m.get(f"stacks.{k}_share") or 0 for k in ("producer_wait", "waiting", "python_data"))
-    if (m.get("breakdown.other") or 0) - named > 0.5:
+    unnamed = m.get("untraced.unnamed_share")
+    if ((m.get("breakdown.other") if unnamed is None else unnamed) or 0) - named > 0.5:
         conf = min(conf, 0.4)
         notes.append("most of the step is untraced host time (Python outside ops, compilation, waits); "
                      + ("the Python stacks below name it" if m.get("stacks.steady_steps")
