@@ -207,7 +207,8 @@ def test_sparse_products_are_no_bf16_work(tmp_path):
         for _ in range(4):
             torch.sparse.mm(adj, lin(x)).sum().backward()
             p.step()
-    m = analyze(load_trace(path)).metrics
+    analysis = analyze(load_trace(path))
+    m = analysis.metrics
     # a plain walk: the outermost products outside any sparse op, in the steps, against the steps
     ev = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
     steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
@@ -224,7 +225,10 @@ def test_sparse_products_are_no_bf16_work(tmp_path):
             elif any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps):
                 dense += e["dur"]
         stack.append(e)
-    total = sum(s["dur"] for s in steps)
+    # the analysis' steps: on a loaded machine the profiler's stop ran the last ProfilerStep 4.5 ms
+    # past its last op, a tail analyze/steps.py cuts (the plain sum read the share 1.05-1.10x low)
+    total = float(analysis.steps.duration.sum())
+    assert total <= sum(s["dur"] for s in steps) + 1
     # the sparse products weigh (about as much as the dense ones: which is longer is the machine's
     # load, a CI run had them 31 and 35 ms), so counting them would change the share
     assert dense > 0 and sparse > 0.2 * dense
