@@ -70,7 +70,7 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0, "calls.nograd_share": None,
                  "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None,
                  "calls.gc_share": pytest.approx(0.075), "calls.convert_share": None,
-                 "calls.pre_forward_share": None}
+                 "calls.pre_forward_share": None, "calls.convert_traced_share": None}
     assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
     # optimizer steps timed (collect/optclock.py): their share, whether the other calls were timed or not
     assert call_metrics(steps, timed=False, optimizer_timed=True)["calls.optimizer_share"] == pytest.approx(0.2)
@@ -79,9 +79,10 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     m.update({"stacks.checkpoint_share": 0.2, "stacks.checkpoint_interval_steps": 3.0,
               "stacks.logging_sync_share": 0.3})
     assert combined(m) == {"save.share": pytest.approx(0.25), "save.interval_steps": 2.0,
-                           "logging.share": 0.3, "evaluation.share": None, "gc.share": pytest.approx(0.075)}
+                           "logging.share": 0.3, "evaluation.share": None, "gc.share": pytest.approx(0.075),
+                           "untraced.unnamed_share": None}
     assert combined({}) == {"save.share": None, "save.interval_steps": None, "logging.share": None,
-                            "evaluation.share": None, "gc.share": None}
+                            "evaluation.share": None, "gc.share": None, "untraced.unnamed_share": None}
     # gc.collect() seen both ways: the larger (timed 7.5%, py-spy's samples 9%)
     assert combined({**m, "stacks.gc_collect_share": 0.09})["gc.share"] == 0.09
     # an evaluation seen both ways: the larger measure (extra batches 8%, stacks 14%)
