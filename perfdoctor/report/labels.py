@@ -68,6 +68,10 @@ def trace_bound(t: dict) -> str:
 
 # the fixes that are not ranked: no model of their gain, or one that expects too little to rank
 WORTH_A_LOOK = "worth a look (no modelled gain, or none expected here)"
+# the heading where every fix is one of those: not "no fix applies" (a CPU loop of small ops read
+# "No fix with a measurable speed-up applies" above torch.compile, which tune then measured at 11x)
+NO_FIX = "No fix with a measurable speed-up applies."       # no fix at all
+NONE_MODELLED = "No fix has a modelled gain here; the fixes below are worth a look, and tune measures them"
 
 
 # The four articles the fix rules cite by file name (`source.article`, e.g. 003_7bbbd8e6e30a68ae.txt):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.compare_text import compare_lines
-from perfdoctor.report.labels import (BOUND_TITLE, WORTH_A_LOOK, abnormal_end, bound_title, breakdown_rows,
-                                       device_text, first_step_shown, from_other_traces, role_labels,
+from perfdoctor.report.labels import (BOUND_TITLE, NO_FIX, NONE_MODELLED, WORTH_A_LOOK, abnormal_end, bound_title,
+                                       breakdown_rows, device_text, first_step_shown, from_other_traces, role_labels,
                                        script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
                                        unranked_gain)
 from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, pace_text, per_sample_note, predicted_note,
@@ -136,7 +136,7 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
     measure = (["", MEASURE_FIXES.capitalize(), "", _fence(cmd, "sh")]
                if tune is None and (cmd := tune_hint(doc)) else [])
     if not ranked:      # the fixes worth a look may still be measured (CPU bf16 autocast, say)
-        return ["No fix with a measurable speed-up applies.", "", *also, *measure, *([""] if also or measure else [])]
+        return [f"{NONE_MODELLED}." if rest else NO_FIX, "", *also, *measure, *([""] if also or measure else [])]
     out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}

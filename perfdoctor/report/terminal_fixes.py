@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from perfdoctor.report.labels import WORTH_A_LOOK, cite, unranked_gain
+from perfdoctor.report.labels import NONE_MODELLED, WORTH_A_LOOK, cite, unranked_gain
 from perfdoctor.report.sanitize import terminal as T
 from perfdoctor.report.termtext import code as _code, elsewhere as _elsewhere, line as _line, para as _para
 from perfdoctor.rules.gain import times
@@ -41,8 +41,7 @@ def top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
     if ranked:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
     else:           # only fixes whose gain no model bounds: still the advice there is
-        c.print(Text("No fix has a measurable modelled gain here; worth a look (? no model, ~ expected, "
-                     "max: its ceiling)", style="bold"))
+        c.print(Text(f"{NONE_MODELLED} (? no model, ~ expected, max: its ceiling)", style="bold"))
     shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
     for i, f in enumerate(shown, 1):
         if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
