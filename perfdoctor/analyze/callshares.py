@@ -98,8 +98,8 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`);
     calls.pre_forward_share: from each step's start to the model's first training call, less the
     data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none);
-    calls.convert_traced_share: the conversions in the `profiled` steps (traced_convert_share)."""
-    out = dict.fromkeys(NAMES[:9]) | traced_convert_share(profiled, convert_timed)
+    calls.convert_traced_share: the conversions in the `profiled` steps (_traced_convert_share)."""
+    out = dict.fromkeys(NAMES[:9]) | _traced_convert_share(profiled, convert_timed)
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
@@ -119,7 +119,7 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     return out
 
 
-def traced_convert_share(profiled: list[dict], convert_timed: bool) -> dict:
+def _traced_convert_share(profiled: list[dict], convert_timed: bool) -> dict:
     """calls.convert_traced_share: the conversions' time in the profiled steps over those steps'
     time, the share to set against the trace's breakdown.other (the steady window's share is
     another window's: beside a busy process the two differed by more than 0.1)."""
