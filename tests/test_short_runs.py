@@ -86,3 +86,57 @@ def test_a_run_max_steps_cut_too_short_says_how_many_would_do():
     assert more_steps(reason, False, 8, "duration", None) == reason          # --duration: no step count to name
     assert more_steps(None, True, 40, "max-steps", 80) is None               # enough: nothing to add
     assert more_steps("a drift", False, 12, "max-steps", 80) == "a drift"    # enough steps, another reason
+
+
+
+def test_a_run_duration_cut_too_short_by_a_late_first_step_says_what_would_do():
+    """run --duration counts from the launch: a torch.compile'd simulation whose first step ended
+    26 s after its launch got one step from --duration 8, and "too few for a step time" alone."""
+    from perfdoctor.diagnose.ending import late_start_hint, more_steps
+    steps = [{"dur": 0.2}, {"dur": None}]
+    config = {"duration": 8, "duration_from": "launch", "trace": False, "skip": 5, "active": 5}
+    hint = late_start_hint(steps, 26.0, config)
+    # 1.25 x 26 s of start-up, then 2 warm-up and 10 steady steps at 0.2 s, half as many again
+    assert hint == "--duration counts from the launch, and the first step ended 26 s after it: --duration 37 or more " \
+                   "would leave enough"
+    traced = late_start_hint(steps, 26.0, {**config, "trace": True})     # and the trace's 5 + 5 + 1 steps
+    assert traced.endswith("--duration 40 or more would leave enough")
+    assert more_steps("no steady steps", False, 0, "duration", None, hint) == f"no steady steps; {hint}"
+    assert more_steps("no steady steps", False, 0, None, None, hint) == "no steady steps"   # ended by itself
+    assert more_steps(None, True, 40, "duration", None, hint) is None                       # enough steps
+    for unknown in ({**config, "duration": None}, {**config, "duration_from": "first-step"}, {}):
+        assert late_start_hint(steps, 26.0, unknown) is None       # no duration, or tune's clock
+    assert late_start_hint(steps, None, config) is None and late_start_hint([], 26.0, config) is None
+    assert late_start_hint(steps, 26.0, {**config, "skip": "5", "trace": True}) is not None     # a damaged field
+
+
+LATE = """
+import sys, time, torch
+time.sleep(float(sys.argv[1]))                       # loading, compiling: before the first step
+m = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for step in range(400):
+    m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.slow
+def test_the_duration_a_late_first_step_is_told_to_ask_for_leaves_enough_steps(tmp_path):
+    """A script whose first step ends after --duration's seconds (counted from the launch) stops
+    after it; its report names a --duration, and a run with that one has a step time."""
+    import re
+
+    from runs import prun
+    script = tmp_path / "late.py"
+    script.write_text(LATE)
+    r = prun("--no-trace", "--duration", "2", script, "3", out=tmp_path / "short")
+    assert r.returncode == 0, r.stderr
+    said = re.search(r"too few for a step time \(.*--duration counts from the launch, and the first step ended "
+                     r"(\d+) s after it: --duration (\d+) or more would leave enough\)", re.sub(r"\s+", " ", r.stderr))
+    assert said, r.stderr
+    assert int(said[1]) >= 3                 # the sleep, torch's import and the first step
+    r = prun("--no-trace", "--duration", said[2], script, "3", out=tmp_path / "enough")
+    assert r.returncode == 0, r.stderr
+    run = json.loads((tmp_path / "enough" / "report.json").read_text())
+    assert run["traces"][0]["metrics"]["run.step_time_conclusive"] is True, run["run"]["step_time_reason"]

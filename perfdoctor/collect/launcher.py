@@ -161,7 +161,8 @@ def launch(cfg: RunConfig) -> RunResult:
     claim(run_dir, cfg.force)            # refuses (or with force, clears) a directory holding a run
     child_cfg = {"run_dir": str(run_dir.resolve()), "argv": cfg.argv, "module": cfg.module,
                  "max_steps": cfg.max_steps, "skip": cfg.skip, "active": cfg.active,
-                 "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes, "stop_file": cfg.stop_file}
+                 "memory": cfg.memory, "trace": cfg.trace, "changes": cfg.changes, "stop_file": cfg.stop_file,
+                 "duration": cfg.duration, "duration_from": cfg.duration_from}
     cupti_env, child_cfg["teardown_cupti"] = teardown_env(os.environ, cfg.argv, cfg.module)   # cupti.py
     # kineto logs "USDT: profiler_start/stop" to stderr at its default level: lines the script
     # never printed. Level 6 silences kineto's own log, unless the user chose a level.

@@ -8,6 +8,7 @@ samples alone, gets its confidence capped with the reason stated.
 
 from __future__ import annotations
 
+import math
 import re
 
 from perfdoctor.collect.launcher import RunResult
@@ -154,14 +155,48 @@ def steps_only_verdict(doc: dict, res: RunResult, steps: list[dict], traced: boo
                               f"system samples, so its confidence is capped at {cap}"]
 
 
-def more_steps(reason: str | None, conclusive: bool, n: int, stopped_by: str | None, max_steps) -> str | None:
+def more_steps(reason: str | None, conclusive: bool, n: int, stopped_by: str | None, max_steps,
+               late: str | None = None) -> str | None:
     """The step time's reason, with the --max-steps that would have left enough steady steps when
     --max-steps ended the run too soon (a user's --max-steps 20 left 8 after the trace, "need 10",
     and no word of what to ask for): the steps added at the end lengthen the run of undisturbed
-    steps after the trace, which is the longest one then."""
+    steps after the trace, which is the longest one then. When --duration ended it too soon, the
+    `late` hint (late_start_hint) where there is one."""
     from perfdoctor.stats.steptime import MIN_STEPS
-    if (conclusive or stopped_by != "max-steps" or not isinstance(max_steps, int) or isinstance(max_steps, bool)
-            or n >= MIN_STEPS):
+    if conclusive or n >= MIN_STEPS:
         return reason
-    hint = f"--max-steps {max_steps + MIN_STEPS - n} or more would leave enough"
+    if stopped_by == "max-steps" and isinstance(max_steps, int) and not isinstance(max_steps, bool):
+        hint = f"--max-steps {max_steps + MIN_STEPS - n} or more would leave enough"
+    elif stopped_by == "duration" and late:
+        hint = late
+    else:
+        return reason
     return f"{reason}; {hint}" if reason else hint
+
+
+def late_start_hint(steps: list[dict], first_s: float | None, config: dict) -> str | None:
+    """`run --duration` counts from the launch (run.json's config: duration_from "launch"), so a
+    script whose first step ends late in it has few steps left (a torch.compile'd simulation's
+    first step ended 24 s after its launch, and --duration 8 left it that one): the --duration that
+    leaves enough, from when the first step ended and the recorded steps' pace, for the steps the
+    window sets aside (warm-up, the trace's own and the one after its export) and MIN_STEPS
+    steady ones, half as many again for the pace's change, and a quarter more start-up (the same
+    script's first step ended 24-34 s after its launch in three runs). None without a duration, a
+    first step's time or a timed step."""
+    from perfdoctor.stats.steptime import MIN_STEPS, WARMUP_MIN
+    duration, durs = config.get("duration"), [s["dur"] for s in steps if _positive(s.get("dur"))]
+    if not _positive(duration) or config.get("duration_from", "launch") != "launch" or not _positive(first_s) \
+            or not durs:
+        return None
+    traced = _count(config.get("skip")) + _count(config.get("active")) + 1 if config.get("trace") else 0
+    want = math.ceil(1.25 * first_s + 1.5 * (WARMUP_MIN + MIN_STEPS + traced) * sum(durs) / len(durs))
+    return (f"--duration counts from the launch, and the first step ended {first_s:.0f} s after it: "
+            f"--duration {max(want, math.ceil(duration) + 1)} or more would leave enough")
+
+
+def _count(x) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0

@@ -39,7 +39,7 @@ from perfdoctor.collect.rnnprobe import PROBE_FILE
 from perfdoctor.diagnose import runfiles
 from perfdoctor.diagnose.childtrainers import LEAD as CHILD_LEAD, elsewhere, own_loop_only
 from perfdoctor.diagnose.document import build_document
-from perfdoctor.diagnose.ending import more_steps, outcome, steps_only_verdict, why_no_trace
+from perfdoctor.diagnose.ending import late_start_hint, more_steps, outcome, steps_only_verdict, why_no_trace
 from perfdoctor.diagnose.stepnotes import KIND_STEPS, drift_note, extra_batches_note, kinds_note, shared_note
 from perfdoctor.errors import TraceFormatError
 from perfdoctor.rules.engine import evaluate
@@ -280,7 +280,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     told = any(n.startswith(_LEAD[0]) for n in notes)      # the run's cut note (collect/window.py) says it first
     doc["traces"][0]["notes"] = [n for n in doc["traces"][0]["notes"] if not (told and n.startswith(CUT_NOTE))] + notes
     doc["traces"][0]["warnings"] = list(doc["traces"][0]["warnings"]) + damaged
-    argv = launched.get("argv") or []
+    argv, config = launched.get("argv") or [], launched.get("config") or {}
     # quoted as a shell would need it (a path with spaces), so that it can be pasted back
     command = shlex.join((["-m"] if launched.get("module") else []) + [str(a) for a in argv]) or None
     doc["run"] = {"dir": str(run_dir), "command": command, "outcome": m["run.outcome"], "exit_code": res.exit_code,
@@ -288,7 +288,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
                   "wall_s": round(res.wall_s, 3) if res.wall_s is not None else None,
                   "steps": len(steps), "steps_left_out": {k: v for k, v in est.dropped.items() if v},
                   "step_time_reason": more_steps(est.reason, est.conclusive, est.n, res.stopped_by,
-                                                 (launched.get("config") or {}).get("max_steps")),
+                                                 config.get("max_steps"),
+                                                 late_start_hint(steps, m.get("run.first_step_s"), config)),
                   "trace": [str(t) for t in traces], "notes": notes,
                   "sampling": sampling, "series": series, "step_series": step_series(steps, est.first, est.n)}
     doc["stacks"] = stacks

@@ -139,7 +139,9 @@ def _run_header(c: Console, run: dict, m: dict, details: bool = True, rank: int 
                      + f"; median {ms(m['run.step_time_median_ms'])} ms; {data_wait_text(m)}", style="dim"))
     elif counted := steps_counted(run.get("steps"), all_timed=run.get("first_step_timed")):
         # a run of a step or two says how many it had (a user's --duration run showed no count at all)
-        c.print(Text(f"{whose}{counted}: too few for a step time", style="dim"))
+        why = run.get("step_time_reason")      # with what would leave enough (ending.more_steps)
+        c.print(Text(f"{whose}{counted}: too few for a step time" + (f" ({T(why)})" if isinstance(why, str) and why
+                                                                     else ""), style="dim"))
     board = f"  (tensorboard --logdir {run['dir']})" if run.get("steps") else ""   # nothing to plot before a step
     c.print(text(f"run directory: {run['dir']}{board}", style="dim"))
     notes = run.get("notes", [])
