@@ -183,20 +183,14 @@ def late_start_hint(steps: list[dict], first_s: float | None, config: dict) -> s
     steady ones, half as many again for the pace's change, and a quarter more start-up (the same
     script's first step ended 24-34 s after its launch in three runs). None without a duration, a
     first step's time or a timed step."""
+    from perfdoctor.analyze.stepwait import positive
     from perfdoctor.stats.steptime import MIN_STEPS, WARMUP_MIN
-    duration, durs = config.get("duration"), [s["dur"] for s in steps if _positive(s.get("dur"))]
-    if not _positive(duration) or config.get("duration_from", "launch") != "launch" or not _positive(first_s) \
-            or not durs:
+    duration, first = positive(config.get("duration")), positive(first_s)
+    durs = [d for d in (positive(s.get("dur")) for s in steps) if d > 0]
+    launch = config.get("duration_from", "launch") == "launch"       # tune's runs count from the first step
+    if not (launch and durs and 0 < duration < math.inf and 0 < first < math.inf):
         return None
-    traced = _count(config.get("skip")) + _count(config.get("active")) + 1 if config.get("trace") else 0
-    want = math.ceil(1.25 * first_s + 1.5 * (WARMUP_MIN + MIN_STEPS + traced) * sum(durs) / len(durs))
-    return (f"--duration counts from the launch, and the first step ended {first_s:.0f} s after it: "
+    traced = int(positive(config.get("skip")) + positive(config.get("active"))) + 1 if config.get("trace") else 0
+    want = math.ceil(1.25 * first + 1.5 * (WARMUP_MIN + MIN_STEPS + traced) * sum(durs) / len(durs))
+    return (f"--duration counts from the launch, and the first step ended {first:.0f} s after it: "
             f"--duration {max(want, math.ceil(duration) + 1)} or more would leave enough")
-
-
-def _count(x) -> int:
-    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
-
-
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
