@@ -192,7 +192,8 @@ def test_a_loop_converting_its_batch_from_lists_is_told_to_convert_once(tmp_path
     # the conversions' untraced time has its name: "profile the Python" counts only the rest of it
     # (random.sample, the modules' Python: 14% of the step alone, at its threshold's side)
     assert m["calls.convert_traced_share"] > 0.25, m["calls.convert_traced_share"]
-    assert m["untraced.unnamed_share"] == pytest.approx(m["breakdown.other"] - m["calls.convert_traced_share"], abs=1e-5)
+    unnamed = m["breakdown.other"] - m["calls.convert_traced_share"]
+    assert m["untraced.unnamed_share"] == pytest.approx(unnamed, abs=1e-5)
     pd317 = [f for f in report["findings"] if f["id"] == "PD317"]
     assert not pd317 or f"{100 * m['untraced.unnamed_share']:.1f}%" in pd317[0]["summary"]
 
