@@ -136,6 +136,7 @@ def test_the_duration_a_late_first_step_is_told_to_ask_for_leaves_enough_steps(t
                      r"(\d+) s after it: --duration (\d+) or more would leave enough\)", re.sub(r"\s+", " ", r.stderr))
     assert said, r.stderr
     assert int(said[1]) >= 3                 # the sleep, torch's import and the first step
+    assert "the profiled ones" not in said[0]          # no trace: no profiled step stood in
     r = prun("--no-trace", "--duration", said[2], script, "3", out=tmp_path / "enough")
     assert r.returncode == 0, r.stderr
     run = json.loads((tmp_path / "enough" / "report.json").read_text())

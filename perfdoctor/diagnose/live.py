@@ -79,7 +79,8 @@ def step_estimate(steps: list[dict], num_workers: int | None = None,
     disturbed (a run shorter than the profiled window), the disturbed steps stand in, marked
     inconclusive."""
     est = estimate(steps, num_workers=num_workers, prefetch_factor=prefetch_factor)
-    if est.n == 0 and steps:
+    # (a run without a trace whose steps were all warm-up has none to stand in: its own reason)
+    if est.n == 0 and any(s.get("profiled") or s.get("perturbed") for s in steps):
         est = estimate([{**s, "profiled": False, "perturbed": False} for s in steps],
                        num_workers=num_workers, prefetch_factor=prefetch_factor)
         est.conclusive = False
