@@ -88,7 +88,6 @@ def test_a_run_max_steps_cut_too_short_says_how_many_would_do():
     assert more_steps("a drift", False, 12, "max-steps", 80) == "a drift"    # enough steps, another reason
 
 
-
 def test_a_run_duration_cut_too_short_by_a_late_first_step_says_what_would_do():
     """run --duration counts from the launch: a torch.compile'd simulation whose first step ended
     26 s after its launch got one step from --duration 8, and "too few for a step time" alone."""
@@ -140,4 +139,7 @@ def test_the_duration_a_late_first_step_is_told_to_ask_for_leaves_enough_steps(t
     r = prun("--no-trace", "--duration", said[2], script, "3", out=tmp_path / "enough")
     assert r.returncode == 0, r.stderr
     run = json.loads((tmp_path / "enough" / "report.json").read_text())
-    assert run["traces"][0]["metrics"]["run.step_time_conclusive"] is True, run["run"]["step_time_reason"]
+    m = run["traces"][0]["metrics"]
+    if (m["run.first_step_s"] or 0) > 1.25 * int(said[1]) + 1:       # the hint's margin for a slower start-up
+        pytest.skip(f"the second run started {m['run.first_step_s']:.0f} s in, the first {said[1]} s (a busy machine)")
+    assert m["run.step_time_conclusive"] is True, run["run"]["step_time_reason"]
