@@ -746,7 +746,8 @@ def test_duration_stops_every_rank_after_the_same_step(tmp_path):
         runs = [json.loads((out / "ranks" / f"rank-{k}" / "run.json").read_text()) for k in (0, 1)]
         assert [c["outcome"] for c in children] == ["stopped", "stopped"], (name, children)
         steps = [c["steps"] for c in children]
-        assert steps[0] == steps[1] == children[0]["shared_stop"]["step"] > 20, (name, steps)
+        # how many steps fit in the 6 s depends on how long two torch imports took (17 on a busy CI)
+        assert steps[0] == steps[1] == children[0]["shared_stop"]["step"] > 0, (name, steps)
         assert any(c["shared_stop"]["requested"] for c in children)
         assert [x["stopped_by"] for x in runs] == ["duration", "duration"]
         assert not any("did not stop within" in n for x in runs for n in x["notes"]), runs

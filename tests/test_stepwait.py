@@ -201,7 +201,9 @@ def test_a_threads_cpu_time_on_steps_shorter_than_a_tick_adds_up(tmp_path, mode)
     if mode == "busy":
         assert m["run.thread_awake_share"] >= 0.9 and sleep < 0.0003, (m["run.thread_awake_share"], sleep)
     else:
-        assert 0.0035 <= sleep <= 0.0060, sleep        # the 4 ms sleep (and the timer's slack) a step
+        # the 4 ms sleep a step, and its wake-up's lateness: a VM's idle vCPU waits for the host to run
+        # it again (6.1 ms on a busy CI). An undercounted CPU clock shows in the busy loop's < 0.3 ms.
+        assert 0.0035 <= sleep <= 0.0080, sleep
         # asleep at least those 3.5 ms of every step, however long the queueing for a core (a
         # loaded machine) makes the rest: ~0.3 awake on a quiet machine, where a step is ~6 ms
         step = sum(s["dur"] for s in steps[20:]) / (len(steps) - 20)
