@@ -73,8 +73,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command()
 def report(
     path: Path = typer.Argument(..., help="A torch.profiler trace (.json, .json.gz, *.pt.trace.json[.gz]), "
-                                          "a directory of them (one per rank/worker), or a `perfdoctor run` "
-                                          "directory (re-diagnosed as run did)."),
+                                          "a directory of them (one per rank/worker), a `perfdoctor run` "
+                                          "directory (re-diagnosed as run did), or a tune directory (its baseline's "
+                                          "report with the gains measured)."),
     fmt: Format = typer.Option(Format.terminal, "--format", "-f", metavar="FORMAT",
                                help="terminal (one screen), json, html (one self-contained file) or markdown "
                                     "(md; pull requests, job summaries); on stdout, or in the -o file."),
@@ -87,23 +88,29 @@ def report(
                                             help="Also write a copy of the trace with the findings as events of "
                                                  "category perfdoctor (open it in Perfetto UI or TensorBoard)."),
     tune_json: Optional[Path] = typer.Option(None, "--tune", metavar="TUNE.json",
-                                             help="tune's JSON: the measured gains beside the expected ones "
-                                                  "(found by itself for a run directory inside a tune directory)."),
+                                             help="tune's JSON: the measured gains under the fixes (found by "
+                                                  "itself for a run directory inside a tune directory)."),
     rules_dirs: Optional[list[Path]] = typer.Option(None, "--rules", metavar="DIR",
                                                     help="Extra rule directory (repeatable), added to the built-in rules."),
 ) -> None:
     """Diagnose a recorded trace: verdict, ranked fixes, breakdown, flags and the numbers behind them."""
     from perfdoctor.diagnose.offline import diagnose_path
-    from perfdoctor.report.outputs import check_writable, emit, format_for, report_inputs, tune_for
+    from perfdoctor.report.outputs import check_writable, emit, format_for, report_inputs, tune_baseline, tune_for
+    from perfdoctor.report.sanitize import terminal
 
+    if (base := tune_baseline(path)) is not None:
+        what = "a tune directory" if path.is_dir() else "a tune's result"
+        print(f"perfdoctor: note: {terminal(str(path))} is {what}: the report of its baseline run, with the gains "
+              "the tune measured under the fixes", file=sys.stderr)
+        path = base
     for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
         check_writable(dest, report_inputs(path))
     given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
     form = format_for(_form(fmt), output)
-    shows_tune = form in ("html", "markdown")
+    shows_tune = form != "json"
     if given is not None and not shows_tune:
-        print("perfdoctor: note: --tune's measured gains are shown by --format html and markdown only",
+        print("perfdoctor: note: --tune's measured gains are not in the JSON report (they are in tune's JSON)",
               file=sys.stderr)
     tune = (given or tune_for(path, None)) if shows_tune else None
     if annotate is not None:

@@ -584,16 +584,75 @@ def test_usage_errors_are_one_line_with_exit_2(args, says):
 def test_a_tune_file_is_read_whatever_the_format(trace, tmp_path):
     """--tune with the terminal or JSON format was never opened: a missing file passed silently and
     a good one was ignored without a word. It is read first (exit 2 before the load), and the
-    formats that do not show it say so."""
+    format that does not show it (JSON) says so."""
     r = run("report", trace, "--tune", tmp_path / "missing.json")
     assert r.returncode == 2 and r.stderr == f"perfdoctor: error: --tune {tmp_path / 'missing.json'}: no such file\n"
     good = tmp_path / "tune.json"
     good.write_text('{"trials": []}')
-    for fmt in ("terminal", "json"):
+    r = run("report", trace, "--tune", good, "-f", "json")
+    assert r.returncode == 0 and "--tune's measured gains are not in the JSON report" in r.stderr
+    for fmt in ("terminal", "markdown", "html"):
         r = run("report", trace, "--tune", good, "-f", fmt)
-        assert r.returncode == 0 and "--tune's measured gains are shown by --format html and markdown only" in r.stderr
-    r = run("report", trace, "--tune", good, "-f", "markdown")
-    assert r.returncode == 0 and "--tune" not in r.stderr
+        assert r.returncode == 0 and "--tune" not in r.stderr, fmt
+
+
+def test_the_terminal_shows_what_tune_measured_under_each_fix(trace, tmp_path):
+    """`report --tune` in the terminal (the format most read) said the measured gains were in html
+    and markdown only: each fix tune measured has its measurement under it, on the one screen and
+    with --details, ranked or worth a look; tune's command to measure them is then left out."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    findings = diagnose_path(str(trace))["findings"]
+    ranked = [f["id"] for f in findings if f["ranked"]]
+    assert len(ranked) >= 2, [f["id"] for f in findings]
+    title = {f["id"]: f["title"] for f in findings}
+    trials = [{"rule": ranked[0], "speedup": 1.52, "ci95": [1.31, 1.77], "status": "faster", "label": "a"},
+              {"rule": ranked[0], "speedup": 1.10, "ci95": [1.0, 1.2], "status": "inconclusive", "label": "b"},
+              {"rule": ranked[1], "speedup": 0.91, "ci95": [0.85, 0.97], "status": "slower", "label": "c"}]
+    tune = tmp_path / "tune.json"
+    tune.write_text(json.dumps({"trials": trials}))
+    env = {**os.environ, "COLUMNS": "200"}
+    plain, short, full = (run("report", trace, *more, env=env) for more in ((), ("--tune", tune),
+                                                                              ("--tune", tune, "--details")))
+    assert plain.returncode == short.returncode == full.returncode == 0, short.stderr
+    assert "measured by tune" not in plain.stdout
+    for out in (short.stdout, full.stdout):       # the best trial of each rule, under that fix
+        lines = out.splitlines()
+        for rid, want in ((ranked[0], "1.52x (95% CI 1.31-1.77; faster)"),
+                          (ranked[1], "0.91x (95% CI 0.85-0.97; slower)")):
+            at = next(i for i, x in enumerate(lines) if x.rstrip().endswith(title[rid]))
+            below = next(x for x in lines[at:] if "measured by tune" in x)
+            assert below.strip() == f"measured by tune: {want}", (rid, below)
+        assert out.count("measured by tune") == 2 and "1.10x" not in out
+    assert "perfdoctor tune" not in short.stdout
+
+
+def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp_run, tmp_path):
+    """`report TUNE_DIR` (a user's guess after a tune) read tune.json as a trace and exited 2: it is
+    the report of the tune's baseline run with the gains measured; tune's JSON under another name
+    given as a trace says what it is, in one line (exit 2)."""
+    import shutil
+    tuned = tmp_path / "tuned"
+    shutil.copytree(mlp_run("a"), tuned / "baseline")
+    doc = json.loads((tuned / "baseline" / "report.json").read_text())
+    rid = doc["findings"][0]["id"]
+    result = {"tool": "perfdoctor 0.1.0", "command": "x.py", "baseline": {"dir": str(tuned / "baseline")},
+              "trials": [{"rule": rid, "speedup": 1.21, "ci95": [1.1, 1.3], "status": "faster", "label": "x",
+                          "dir": str(tuned / "01-x")}]}
+    (tuned / "tune.json").write_text(json.dumps(result))
+    env = {**os.environ, "COLUMNS": "200"}
+    base = run("report", tuned / "baseline", "--tune", tuned / "tune.json", env=env)
+    for given, what in ((tuned, "a tune directory"), (tuned / "tune.json", "a tune's result")):
+        r = run("report", given, env=env)
+        assert r.returncode == 0 and r.stdout == base.stdout, r.stderr
+        assert r.stderr == (f"perfdoctor: note: {given} is {what}: the report of its baseline run, with the gains the "
+                            "tune measured under the fixes\n")
+    assert "measured by tune: 1.21x (95% CI 1.10-1.30; faster)" in base.stdout
+    md = run("report", tuned, "-f", "markdown")
+    assert "measured by tune: **1.21x \\(95% CI 1.10-1.30; faster\\)**" in md.stdout
+    shutil.copy(tuned / "tune.json", tmp_path / "result.json")
+    r = run("report", tmp_path / "result.json")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "the result of `perfdoctor tune`, not a trace" in r.stderr
 
 
 def test_a_tune_file_with_fields_of_other_types_is_read_as_unknown(trace, tmp_path):

@@ -735,7 +735,7 @@ def test_run_with_a_format_but_no_output_file_says_where_that_report_is(monkeypa
     import perfdoctor.report.terminal as term
     from perfdoctor.report.outputs import emit
 
-    monkeypatch.setattr(term, "render", lambda doc, con, details=False: None)
+    monkeypatch.setattr(term, "render", lambda doc, con, details=False, tune=None: None)
     emit({"run": {"dir": "runs/r1"}}, "json", None, stderr=True)
     emit({"run": {"dir": "runs/r1"}}, "html", None, stderr=True)
     emit({"run": {"dir": "runs/r1"}}, "terminal", None, stderr=True)

@@ -103,6 +103,13 @@ def test_tune_document_on_a_small_script(tmp_path):
     for t in doc["trials"]:                 # "predicted" is the report's expected gain of the tested fix
         want = expected.get(t["rule"])
         assert t["predicted"] == (None if want is None else pytest.approx(want, abs=1e-4))
+    # `report TUNE_DIR`: the baseline's report, every fix tune measured with its measurement under it
+    from perfdoctor.report.tune_labels import measured_by_rule, tune_measured
+    shown = subprocess.run([sys.executable, "-m", "perfdoctor", "report", "--details", str(tmp_path / "t")],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0 and "is a tune directory" in shown.stderr, shown.stderr
+    for rid, tr in measured_by_rule(doc).items():
+        assert (f"measured by tune: {tune_measured(tr)}" in shown.stdout) == (rid in expected), rid
 
 
 @pytest.mark.quiet

@@ -6,21 +6,11 @@ command that measures them; the flags."""
 from __future__ import annotations
 
 from perfdoctor.report.labels import NO_FIX, NONE_MODELLED, WORTH_A_LOOK, cite, from_other_traces, unranked_gain
-from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint, tune_measured
+from perfdoctor.report.tune_labels import MEASURE_FIXES, measured_by_rule, tune_hint, tune_measured
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.rules.gain import times
 
 SEV_COLOUR = {"high": "#c0392b", "medium": "#d68910", "low": "#2874a6"}
-
-
-def measured_by_rule(tune: dict | None) -> dict[str, dict]:
-    """The best measured trial of each rule, from tune's JSON."""
-    out: dict[str, dict] = {}
-    for tr in (tune or {}).get("trials") or []:
-        rid, sp = tr.get("rule"), tr.get("speedup")
-        if rid and sp is not None and tr.get("status") != "failed" and (rid not in out or sp > out[rid]["speedup"]):
-            out[rid] = tr
-    return out
 
 
 def saved_share(speedup: float) -> float:

@@ -16,9 +16,9 @@ from perfdoctor.report.labels import (BOUND_TITLE, NO_FIX, NONE_MODELLED, WORTH_
                                        breakdown_rows, device_text, first_step_shown, from_other_traces, role_labels,
                                        script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
                                        unranked_gain)
-from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, pace_text, per_sample_note, predicted_note,
-                                            tune_baselines_note, tune_best_step, tune_hint, tune_measured,
-                                            tune_model_check, tune_no_best, tune_only, tune_predicted,
+from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, measured_by_rule, pace_text, per_sample_note,
+                                            predicted_note, tune_baselines_note, tune_best_step, tune_hint,
+                                            tune_measured, tune_model_check, tune_no_best, tune_only, tune_predicted,
                                             tune_step_times)
 from perfdoctor.report.sanitize import markdown as M, terminal
 from perfdoctor.report.values import change, changes_label, number, s_as_ms, value
@@ -121,8 +121,6 @@ def _val(x) -> str:
 
 
 def _fixes(doc: dict, tune: dict | None) -> list[str]:
-    from perfdoctor.report.fixcards import measured_by_rule
-
     ranked = [f for f in doc["findings"] if f["ranked"]][:TOP_FIXES]
     # the fixes without a modelled gain (or none expected here), as the terminal lists them: the
     # tune command below can name one (a bf16 fix, max 2.20x, was in its --only and nowhere else)

@@ -117,10 +117,23 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
             return
     from perfdoctor.report.sanitize import console
     from perfdoctor.report.terminal import render
-    render(doc, console(stderr=stderr), details=details)
+    render(doc, console(stderr=stderr), details=details, tune=tune)
     if where is not None:
         from perfdoctor.report.sanitize import terminal
         print(terminal(f"the {where.suffix[1:]} report: {where} (-o FILE writes a copy)"), file=stream)
+
+
+def tune_baseline(path: Path) -> Path | None:
+    """`report TUNE_DIR` (or its tune.json): the tune's baseline run, which the report diagnoses with
+    the gains the tune measured under its fixes (tune.json had been read as a trace: exit 2)."""
+    from perfdoctor.collect.rundir import is_run_dir
+
+    p = Path(path)
+    found = p / "tune.json" if p.is_dir() else p
+    if is_run_dir(p) or found.name != "tune.json" or not found.is_file():
+        return None
+    base = found.parent / "baseline"
+    return base if base.is_dir() else None
 
 
 def tune_for(path: Path, explicit: Path | None) -> dict | None:

@@ -23,9 +23,10 @@ SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR = 28
 
 
-def render(doc: dict, console: Console | None = None, details: bool = False) -> None:
+def render(doc: dict, console: Console | None = None, details: bool = False, tune: dict | None = None) -> None:
     """The report on one screen (verdict, breakdown, the top fixes and flags in a line each), or
-    with details=True everything: evidence, notes, fixes in full with their snippets, gaps, tables."""
+    with details=True everything: evidence, notes, fixes in full with their snippets, gaps, tables.
+    tune: tune's JSON, whose measured gains go under the fixes (and replace the command to measure them)."""
     c = console or _console()
     v = doc["verdict"]
     first = shown_trace(doc)
@@ -62,18 +63,18 @@ def render(doc: dict, console: Console | None = None, details: bool = False) -> 
     _breakdown(c, first)
     _stacks(c, doc.get("stacks"), details)
     if details:
-        _fixes(c, doc, none_of)
+        _fixes(c, doc, none_of, tune)
         _flags(c, doc)
         _gaps(c, first)
         _details(c, first)
     else:
-        _top_fixes(c, doc, none_of)
+        _top_fixes(c, doc, none_of, tune)
         _flags_compact(c, doc)
     if details:
         _trace_notes(c, doc)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
-    if cmd := tune_hint(doc):         # a command to paste: never wrapped nor cut (the terminal folds it)
+    if tune is None and (cmd := tune_hint(doc)):    # a command to paste: never wrapped nor cut (the terminal folds it)
         c.print(Text(MEASURE_FIXES, style="dim"))
         c.print(Text("    " + T(cmd)), no_wrap=True, overflow="ignore", crop=False)
     if not details:

@@ -1,5 +1,6 @@
 """The terminal report's fixes: the top ones on the one-screen report, every one in full with
---details (the ranked ones with their expected gain, then those worth a look)."""
+--details (the ranked ones with their expected gain, then those worth a look), each with the gain
+`perfdoctor tune` measured where its JSON is given (`report --tune`, `report TUNE_DIR`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.text import Text
 from perfdoctor.report.labels import NONE_MODELLED, WORTH_A_LOOK, cite, unranked_gain
 from perfdoctor.report.sanitize import terminal as T
 from perfdoctor.report.termtext import code as _code, elsewhere as _elsewhere, line as _line, para as _para
+from perfdoctor.report.tune_labels import measured_by_rule, tune_measured
 from perfdoctor.rules.gain import times
 
 TOP = 3          # fixes in the one-screen report
@@ -31,8 +33,15 @@ def _gain_column(g: dict) -> str:
     return f"{head + tail:<18}  "
 
 
-def top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
+def _measured(c: Console, trial: dict | None, indent: int) -> None:
+    """'measured by tune: 0.66x (95% CI 0.55-0.82; slower)' under a fix tune measured."""
+    if trial:
+        _line(c, Text.assemble((" " * indent + "measured by tune: ", "dim"), (T(tune_measured(trial)), "bold")))
+
+
+def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) -> None:
     findings = doc["findings"]
+    measured = measured_by_rule(tune)
     ranked = [f for f in findings if f["ranked"]]
     if not findings:
         no_fix(c, none_of)
@@ -48,6 +57,7 @@ def top_fixes(c: Console, doc: dict, none_of: str | None) -> None:
             _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
         _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
                                _elsewhere(doc, f), (T(f" {f['title']}"), "bold")))
+        _measured(c, measured.get(f["id"]), 24)     # under the rule id
     rest = len(findings) - len(shown)
     if rest:
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
@@ -62,8 +72,9 @@ def _tie_broken(ranked: list[dict]) -> bool:
     return any(b > a for a, b in zip(gains, gains[1:]))
 
 
-def fixes(c: Console, doc: dict, none_of: str | None) -> None:
+def fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) -> None:
     findings = doc["findings"]
+    measured = measured_by_rule(tune)
     ranked = [f for f in findings if f["ranked"]]
     rest = [f for f in findings if not f["ranked"]]
     if not findings:
@@ -77,7 +88,7 @@ def fixes(c: Console, doc: dict, none_of: str | None) -> None:
         no_fix(c, none_of, blank=False)
     for i, f in enumerate(ranked, 1):
         _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f)))
-        _fix_body(c, f)
+        _fix_body(c, f, measured=measured.get(f["id"]))
     if rest and all(f.get("summary") and f.get("fix") for f in rest):
         # in full as the ranked ones (--details: every fix with its evidence and code)
         c.print(Text(f"  Also {WORTH_A_LOOK}:", style="bold"))
@@ -85,18 +96,20 @@ def fixes(c: Console, doc: dict, none_of: str | None) -> None:
             gain = unranked_gain(f)[2:]          # "expected ~1.00x, at most 1.01x", or ""
             _line(c, Text.assemble((T(f"  - {f['title']}"), "bold"), (f" ({T(gain)})" if gain else "", "dim"),
                                    _elsewhere(doc, f)))
-            _fix_body(c, f, gain=False)
+            _fix_body(c, f, gain=False, measured=measured.get(f["id"]))
     elif rest:
-        _para(c, f"Also {WORTH_A_LOOK}: "
-              + "; ".join(f"{f['title']} ({f['id']}{unranked_gain(f)})" for f in rest), 2, "dim")
+        said = [f"{f['title']} ({f['id']}{unranked_gain(f)})"
+                + (f", measured by tune: {tune_measured(m)}" if (m := measured.get(f["id"])) else "") for f in rest]
+        _para(c, f"Also {WORTH_A_LOOK}: " + "; ".join(said), 2, "dim")
     c.print(Text("  `perfdoctor rules show ID`: the full fix, its gain model and assumption.", style="dim"))
 
 
-def _fix_body(c: Console, f: dict, gain: bool = True) -> None:
-    """A fix in full under its title: its gain (ranked ones), what was measured, the fix and its
-    code, its rule and source."""
+def _fix_body(c: Console, f: dict, gain: bool = True, measured: dict | None = None) -> None:
+    """A fix in full under its title: its gain (ranked ones) and tune's measurement, what was
+    measured, the fix and its code, its rule and source."""
     if gain and (f.get("gain") or {}).get("text"):
         _para(c, f["gain"]["text"], 4, "green")
+    _measured(c, measured, 4)
     _para(c, f["summary"], 4)
     _para(c, f"fix: {_first_sentence(f['fix']['text'])}", 4)
     if f["fix"].get("snippet"):

@@ -41,6 +41,16 @@ def per_sample_note(trials: list[dict]) -> str:
             f"is in samples per second (the baseline's step time over the trial's, times {k})")
 
 
+def measured_by_rule(tune: dict | None) -> dict[str, dict]:
+    """The best measured trial of each rule, from tune's JSON."""
+    out: dict[str, dict] = {}
+    for tr in (tune or {}).get("trials") or []:
+        rid, sp = tr.get("rule"), tr.get("speedup")
+        if rid and sp is not None and tr.get("status") != "failed" and (rid not in out or sp > out[rid]["speedup"]):
+            out[rid] = tr
+    return out
+
+
 def tune_measured(tr: dict) -> str:
     """A fix's trial in the report (`report --tune`): '1.03x (95% CI 0.23-4.55: inconclusive)', its
     interval and tune's status with the speed-up (the markdown had shown a bare **1.03x** where

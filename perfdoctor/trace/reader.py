@@ -303,5 +303,9 @@ def _whole_document(buf: bytes) -> None:
         # a report perfdoctor wrote (report.json, --format json): its input is what to diagnose
         raise TraceFormatError("this is a perfdoctor report, not a trace: give `perfdoctor report` the trace or "
                                "the run directory it came from, or `perfdoctor compare` two such reports")
+    if isinstance(obj, dict) and str(obj.get("tool")).startswith("perfdoctor") and "trials" in obj:
+        raise TraceFormatError("this is the result of `perfdoctor tune`, not a trace: give `perfdoctor report` "
+                               "its tune directory (the baseline's report with the gains measured), or --tune this "
+                               "file with that run")
     raise TraceFormatError("JSON object has no 'traceEvents' array" + ("; keys: " + ", ".join(keys) if keys else
                                                                        " (an empty object)"))
