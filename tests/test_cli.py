@@ -653,6 +653,9 @@ def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp
     r = run("report", tmp_path / "result.json")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "the result of `perfdoctor tune`, not a trace" in r.stderr
+    r = run("compare", tuned, tuned / "baseline")          # compare and gate take runs: its runs are named
+    assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune directory, not a run: give its runs "
+                                              f"({tuned / 'baseline'}, or a trial's directory beside it)\n")
 
 
 def test_a_tune_file_with_fields_of_other_types_is_read_as_unknown(trace, tmp_path):
