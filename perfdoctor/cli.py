@@ -96,13 +96,10 @@ def report(
     """Diagnose a recorded trace: verdict, ranked fixes, breakdown, flags and the numbers behind them."""
     from perfdoctor.diagnose.offline import diagnose_path
     from perfdoctor.report.outputs import check_writable, emit, format_for, report_inputs, tune_baseline, tune_for
-    from perfdoctor.report.sanitize import terminal
 
-    if (base := tune_baseline(path)) is not None:
-        what = "a tune directory" if path.is_dir() else "a tune's result"
-        print(f"perfdoctor: note: {terminal(str(path))} is {what}: the report of its baseline run, with the gains "
-              "the tune measured under the fixes", file=sys.stderr)
-        path = base
+    if (tuned := tune_baseline(path)) is not None:
+        path, note = tuned
+        print(f"perfdoctor: note: {note}", file=sys.stderr)
     for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
         check_writable(dest, report_inputs(path))
     given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load

@@ -629,7 +629,9 @@ def test_the_terminal_shows_what_tune_measured_under_each_fix(trace, tmp_path):
 def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp_run, tmp_path):
     """`report TUNE_DIR` (a user's guess after a tune) read tune.json as a trace and exited 2: it is
     the report of the tune's baseline run with the gains measured; tune's JSON under another name
-    given as a trace says what it is, in one line (exit 2)."""
+    given as a trace says what it is, in one line (exit 2). Where tune timed the baseline again
+    (baseline-2/, no trace: its first run had too few steady steps), the report is the traced run's,
+    whose fixes tune measured (a user trial on nanoGPT got baseline-2's, with no fix and no gain)."""
     import shutil
     tuned = tmp_path / "tuned"
     shutil.copytree(mlp_run("a"), tuned / "baseline")
@@ -644,9 +646,18 @@ def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp
     for given, what in ((tuned, "a tune directory"), (tuned / "tune.json", "a tune's result")):
         r = run("report", given, env=env)
         assert r.returncode == 0 and r.stdout == base.stdout, r.stderr
-        assert r.stderr == (f"perfdoctor: note: {given} is {what}: the report of its baseline run, with the gains the "
-                            "tune measured under the fixes\n")
+        assert r.stderr == (f"perfdoctor: note: {given} is {what}: the report of its baseline run ({tuned / 'baseline'}), "
+                            "with the gains the tune measured under the fixes\n")
     assert "measured by tune: 1.21x (95% CI 1.10-1.30; faster)" in base.stdout
+    shutil.copytree(mlp_run("b"), tuned / "baseline-2")
+    for diagnosed in ({"report_dir": str(tuned / "baseline")}, {}):         # a tune.json of before report_dir
+        again = {**result, "baseline": {"dir": str(tuned / "baseline-2"), "step_time_s": 0.0123, **diagnosed}}
+        (tuned / "tune.json").write_text(json.dumps(again))
+        r = run("report", tuned, env=env)
+        assert r.returncode == 0 and r.stdout == base.stdout, r.stderr
+        assert r.stderr.endswith(f"({tuned / 'baseline'}), with the gains the tune measured under the fixes; that run had "
+                                 "too few steady steps for a step time, and tune timed the baseline again without a "
+                                 "trace: 12 ms/step (baseline-2)\n"), r.stderr
     md = run("report", tuned, "-f", "markdown")
     assert "measured by tune: **1.21x \\(95% CI 1.10-1.30; faster\\)**" in md.stdout
     shutil.copy(tuned / "tune.json", tmp_path / "result.json")

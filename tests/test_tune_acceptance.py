@@ -36,6 +36,7 @@ def test_tune_document_on_a_small_script(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["baseline"]["step_time_s"] > 0 and doc["baseline"]["steps"] >= 10
+    assert doc["baseline"]["report_dir"] == str(tmp_path / "t" / "baseline")     # the fixes' report: the traced run
     # the baseline ran twice before any trial, and their spread is in every interval
     from perfdoctor.stats.speedups import run_spread
     times = [doc["baseline"]["step_time_s"]] + [x["step_time_s"] for x in doc["baseline"]["repeats"]]

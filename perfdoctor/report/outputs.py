@@ -123,17 +123,43 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
         print(terminal(f"the {where.suffix[1:]} report: {where} (-o FILE writes a copy)"), file=stream)
 
 
-def tune_baseline(path: Path) -> Path | None:
+def tune_baseline(path: Path) -> tuple[Path, str] | None:
     """`report TUNE_DIR` (or its tune.json): the tune's baseline run, which the report diagnoses with
-    the gains the tune measured under its fixes (tune.json had been read as a trace: exit 2)."""
+    the gains the tune measured under its fixes (tune.json had been read as a trace: exit 2), and
+    the note that says so."""
     from perfdoctor.collect.rundir import is_run_dir
 
     p = Path(path)
     found = p / "tune.json" if p.is_dir() else p
     if is_run_dir(p) or found.name != "tune.json" or not found.is_file():
         return None
-    base = found.parent / "baseline"
-    return base if base.is_dir() else None
+    try:
+        doc = inputjson.loads(inputjson.read_bytes(found))
+    except (OSError, ValueError, RecursionError):
+        return None
+    # the traced baseline whose report gave the fixes tune measured (baseline/, also where tune timed
+    # the baseline again in baseline-2/: that run, without a trace, has no fixes of its own to show)
+    shown, timed = _baseline_dirs(doc)
+    base = found.parent / shown
+    if not base.is_dir():
+        return None
+    from perfdoctor.report.sanitize import terminal
+    what = "a tune directory" if p.is_dir() else "a tune's result"
+    note = (f"{terminal(str(path))} is {what}: the report of its baseline run ({terminal(str(base))}), with the gains "
+            "the tune measured under the fixes")
+    step = (doc.get("baseline") or {}).get("step_time_s")
+    if timed and timed != shown and isinstance(step, (int, float)):
+        note += (f"; that run had too few steady steps for a step time, and tune timed the baseline again "
+                 f"without a trace: {1e3 * step:.0f} ms/step ({terminal(timed)})")
+    return base, note
+
+
+def _baseline_dirs(tune: dict) -> list[str]:
+    """The names of tune's diagnosed baseline run (report_dir; a file without it: tune's first run,
+    always baseline/) and of its timed one."""
+    base = tune.get("baseline") if isinstance(tune, dict) and isinstance(tune.get("baseline"), dict) else {}
+    named = [Path(d).name if isinstance(d, str) and d else "" for d in (base.get("report_dir"), base.get("dir"))]
+    return [named[0] or "baseline", named[1]]
 
 
 def tune_for(path: Path, explicit: Path | None) -> dict | None:
@@ -177,9 +203,9 @@ def _tune_runs(tune: dict) -> set[str]:
     found beside a run directory is that run's tune only if the run is one of them (a run next to
     another script's `tune -o tune.json` drew that tune's measurements on its own fixes)."""
     base = tune.get("baseline") if isinstance(tune.get("baseline"), dict) else {}
-    dirs = [base.get("dir")] + [r.get("dir") for r in base.get("repeats") or [] if isinstance(r, dict)]
+    dirs = [r.get("dir") for r in base.get("repeats") or [] if isinstance(r, dict)]
     dirs += [t.get("dir") for t in tune.get("trials") or [] if isinstance(t, dict)]
-    return {Path(d).name for d in dirs if isinstance(d, str) and d}
+    return {Path(d).name for d in dirs if isinstance(d, str) and d} | {d for d in _baseline_dirs(tune) if d}
 
 
 def run_files(doc: dict, run_dir: Path) -> list[str]:

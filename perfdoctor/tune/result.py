@@ -80,6 +80,7 @@ def build(t: Tuner) -> dict:
         "closing": str(t.closing.run_dir) if t.closing else None,
         "baseline": {"step_time_s": _t(est.step_s), "ci95": [_t(est.ci95[0]), _t(est.ci95[1])],
                      "median_s": _t(est.median_s), "steps": est.n, "dir": str(b.run_dir), "verdict": verdict,
+                     "report_dir": str(t.diagnosed) if t.diagnosed else None,
                      "ranks": b.ranks, "pace_rank": b.pace_rank,
                      "verdict_title": t.verdict_title(),
                      "data_wait_share": _r(est.wait_share, 4), "stacks_note": _stacks_note(t.doc),

@@ -103,6 +103,7 @@ class Tuner(Verification):
         self.spread: float | None = None    # run-to-run spread of the baseline runs (stats.speedups.run_spread)
         self.spread_text = ""
         self.doc: dict = {}
+        self.diagnosed: Path | None = None       # the run whose report gives the fixes and predictions
         self.facts: planmod.Facts | None = None
         self.fixes: dict = {}
 
@@ -152,6 +153,7 @@ class Tuner(Verification):
                 self.doc = (diagnose_ranks(b.run_dir, self.o.rule_dirs) if self.o.dist
                             else diagnose_run(res[0], self.o.rule_dirs))
                 (b.run_dir / "report.json").write_bytes(to_json(self.doc))
+                self.diagnosed = b.run_dir
             except Exception as exc:   # no report: trials still run, without predictions
                 self.log(f"the baseline's diagnosis failed ({type(exc).__name__}: {exc}); no predictions")
         if b.error and b.error.startswith("the script failed"):
