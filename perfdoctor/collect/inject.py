@@ -350,7 +350,7 @@ def write_record() -> None:
     losses = []
     for t in st.losses:
         try:
-            v = float(t.float().cpu())
+            v = t if isinstance(t, float) else float(t.float().cpu())
             losses.append(v if v == v and abs(v) != float("inf") else str(v))
         except Exception:
             losses.append(None)

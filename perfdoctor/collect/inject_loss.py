@@ -8,8 +8,11 @@ training step takes its gradients of, whichever way the script takes them.
   transform and not while compiling (torch.func.grad returns no value: such a loop has no loss
   to compare, and tune says so).
 
-Losses are kept as detached tensors and converted at exit (inject.write_record), so no device
-sync is added to the step; LOSS_CAP of them at most, the first ones. A loss a GradScaler scaled
+A loss on the CPU is kept as its float at once; a device's as a detached tensor, converted at exit
+(inject.write_record), so no device sync is added to the step; LOSS_CAP of them at most, the first
+ones. (Thousands of CPU scalar tensors kept alive among a step's freed activations pinned glibc's
+heap: nanoGPT's trainer grew 6 MB a step under tune, flat without it, and its baseline's report
+blamed the script for it, PD216.) A loss a GradScaler scaled
 (`scaler.scale(loss).backward()`) is kept as the loss it scaled: the scaled one is times 65536 to
 start, then times whatever the scaler makes of it (a nanoGPT-style run's check read 2.7e+05 for a
 loss of 4.2).
@@ -33,7 +36,8 @@ def record_losses(torch, st) -> None:
 
     def keep(t) -> None:
         if len(st.losses) < LOSS_CAP and isinstance(t, torch.Tensor) and t.numel() == 1 and os.getpid() == st.pid:
-            st.losses.append(unscaled(t).detach())
+            loss = unscaled(t).detach()
+            st.losses.append(float(loss) if loss.device.type == "cpu" else loss)
 
     backward_orig = torch.Tensor.backward
 
