@@ -212,3 +212,39 @@ def test_the_tune_hint_offers_pd385_only_where_a_dataloader_has_a_batch_to_scale
     assert tune_hint(doc) == "perfdoctor tune --only PD385,PD338 --allow-numerics train.py"
     doc["traces"][0]["metrics"]["input.loader_batch_size"] = None       # the loop makes its own batches
     assert tune_hint(doc) == "perfdoctor tune --only PD338 train.py"
+
+
+# A transformer layer trained with gradient accumulation: argv[1] micro-batches of argv[2]
+# sequences a step, the batch made in the loop (no DataLoader), as nanoGPT's train.py does.
+ACCUMULATING = r"""
+import sys, torch
+torch.manual_seed(0)
+micro, bs = int(sys.argv[1]), int(sys.argv[2])
+layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+head = torch.nn.Linear(64, 50)
+model = torch.nn.Sequential(layer, head)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(30):
+    for _ in range(micro):
+        x, y = torch.randn(bs, 16, 64), torch.randint(0, 50, (bs * 16,))
+        loss = torch.nn.functional.cross_entropy(model(x).view(-1, 50), y) / micro
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_gradient_accumulation_over_small_micro_batches_is_offered_fewer_larger_ones(tmp_path):
+    """nanoGPT on a CPU (40 micro-batches of 16 sequences a step) got no advice on its batch: PD385
+    needs one model call a step, and its text says accumulation keeps the small batch's cost. Its
+    8-fold accumulation of micro-batches of 4 sequences is told to merge them (PD394), bounded by
+    the 8 micro-batches, with no modelled gain (nanoGPT measured more than the ops' shares give)."""
+    r, out = prun_script(tmp_path, "accumulate.py", ACCUMULATING, "8", "4", trace=True)
+    doc = report(out)
+    m = doc["traces"][0]["metrics"]
+    assert (m["loop.backward_passes_per_step"], m["loop.fresh_passes_per_step"], m["loop.model_calls_per_step"],
+            m["loop.model_call_batch"]) == (8, 1, 8, 4)
+    fix = next(f for f in doc["findings"] if f["id"] == "PD394")
+    assert fix["gain"]["ceiling"] == pytest.approx(8.0) and fix["gain"]["expected"] is None
+    assert "accumulates gradients over 8 micro-batches of 4" in fix["summary"]
+    assert "PD385" not in {f["id"] for f in doc["findings"]}
