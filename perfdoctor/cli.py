@@ -97,11 +97,14 @@ def report(
     from perfdoctor.diagnose.offline import diagnose_path
     from perfdoctor.report.outputs import check_writable, emit, format_for, report_inputs, tune_baseline, tune_for
 
-    if (tuned := tune_baseline(path)) is not None:
-        path, note = tuned
+    reads = report_inputs(path) + ([tune_json] if tune_json is not None else [])
+    if (tuned := tune_baseline(path)) is not None:       # a tune: its baseline's report, with its JSON
+        path, found, note = tuned
         print(f"perfdoctor: note: {note}", file=sys.stderr)
+        reads += report_inputs(path)
+        tune_json = tune_json or found
     for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
-        check_writable(dest, report_inputs(path))
+        check_writable(dest, reads)
     given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
     form = format_for(_form(fmt), output)

@@ -646,8 +646,8 @@ def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp
     for given, what in ((tuned, "a tune directory"), (tuned / "tune.json", "a tune's result")):
         r = run("report", given, env=env)
         assert r.returncode == 0 and r.stdout == base.stdout, r.stderr
-        assert r.stderr == (f"perfdoctor: note: {given} is {what}: the report of its baseline run ({tuned / 'baseline'}), "
-                            "with the gains the tune measured under the fixes\n")
+        assert r.stderr == (f"perfdoctor: note: {given} is {what}: the report of its baseline run "
+                            f"({tuned / 'baseline'}), with the gains the tune measured under the fixes\n")
     assert "measured by tune: 1.21x (95% CI 1.10-1.30; faster)" in base.stdout
     shutil.copytree(mlp_run("b"), tuned / "baseline-2")
     for diagnosed in ({"report_dir": str(tuned / "baseline")}, {}):         # a tune.json of before report_dir
@@ -655,18 +655,33 @@ def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp
         (tuned / "tune.json").write_text(json.dumps(again))
         r = run("report", tuned, env=env)
         assert r.returncode == 0 and r.stdout == base.stdout, r.stderr
-        assert r.stderr.endswith(f"({tuned / 'baseline'}), with the gains the tune measured under the fixes; that run had "
-                                 "too few steady steps for a step time, and tune timed the baseline again without a "
-                                 "trace: 12 ms/step (baseline-2)\n"), r.stderr
+        assert r.stderr.endswith(f"({tuned / 'baseline'}), with the gains the tune measured under the fixes; that "
+                                 "run had too few steady steps for a step time, and tune timed the baseline again "
+                                 "without a trace: 12 ms/step (baseline-2)\n"), r.stderr
     md = run("report", tuned, "-f", "markdown")
     assert "measured by tune: **1.21x \\(95% CI 1.10-1.30; faster\\)**" in md.stdout
     shutil.copy(tuned / "tune.json", tmp_path / "result.json")
     r = run("report", tmp_path / "result.json")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "the result of `perfdoctor tune`, not a trace" in r.stderr
-    r = run("compare", tuned, tuned / "baseline")          # compare and gate take runs: its runs are named
-    assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune directory, not a run: give its runs "
-                                              f"({tuned / 'baseline'}, or a trial's directory beside it)\n")
+    # -o may not replace tune's JSON, which the report reads (refused before the load, exit 2)
+    r = run("report", tuned, "-f", "json", "-o", tuned / "tune.json")
+    assert r.returncode == 2 and "cannot write" in r.stderr and "an input of this command" in r.stderr
+    # a tune that failed (no baseline measured, no trial): its baseline run's report, and nothing measured
+    (tuned / "tune.json").write_text(json.dumps({"tool": "perfdoctor 0.1.0", "baseline": None, "trials": []}))
+    r = run("report", tuned, env=env)
+    assert r.returncode == 0 and r.stderr.endswith(f"({tuned / 'baseline'}), the tune measured no fix\n"), r.stderr
+    # a tune.json that is not tune's (a script's settings) is no tune; a tune whose baseline run is gone says so
+    (tuned / "tune.json").write_text(json.dumps({"lr": 0.1, "baseline": "x"}))
+    assert "is a tune" not in run("report", tuned).stderr
+    (tuned / "tune.json").write_text(json.dumps(again))
+    shutil.rmtree(tuned / "baseline")
+    r = run("report", tuned)
+    assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune whose baseline run {tuned / 'baseline'} "
+                                              "is not there (moved or deleted): give `perfdoctor report` that run\n")
+    r = run("compare", tuned, tuned / "baseline-2")        # compare and gate take runs: its runs are named
+    assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune directory, not a run: give one of "
+                                              f"its runs (baseline-2 in {tuned})\n")
 
 
 def test_a_tune_file_with_fields_of_other_types_is_read_as_unknown(trace, tmp_path):

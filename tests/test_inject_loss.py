@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     head = torch.nn.Linear(64, 65)
     opt = torch.optim.AdamW([*layer.parameters(), *head.parameters()], lr=1e-3)
     rss = []
-    for step in range(10):
+    for step in range(16):
         for micro in range(20):
             x = torch.randn(16, 64, 64)
             y = torch.randint(0, 65, (16 * 64,))
@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
         opt.step()
         opt.zero_grad(set_to_none=True)
         rss.append(psutil.Process().memory_info().rss)
-    print((rss[-1] - rss[2]) / 2**20, len(st.losses) + len(kept), type((st.losses or kept)[-1]).__name__)
+    print((rss[-1] - rss[4]) / 2**20, len(st.losses) + len(kept), type((st.losses or kept)[-1]).__name__)
 """)
 
 
@@ -55,9 +55,42 @@ def _grown(tmp_path, mode: str) -> tuple[float, int, str]:
 def test_recorded_cpu_losses_leave_the_heap_as_the_script_left_it(tmp_path):
     pytest.importorskip("torch")
     mine, n, kind = _grown(tmp_path, "perfdoctor")
-    assert (n, kind) == (200, "float")              # every micro-batch's loss, kept as its value
+    assert (n, kind) == (320, "float")              # every micro-batch's loss, kept as its value
     control, _, control_kind = _grown(tmp_path, "tensors")
     assert control_kind == "Tensor"
-    if control < 4:
-        pytest.skip(f"this allocator does not grow with kept scalar tensors ({control:.1f} MiB over 8 steps)")
-    assert mine < control / 3, (mine, control)       # 7.5 MiB kept tensors, ~1 MiB the values
+    if control < 6:
+        pytest.skip(f"this allocator does not grow with kept scalar tensors ({control:.1f} MiB over 12 steps)")
+    assert mine < control / 2, (mine, control)       # 11.5-13.5 MiB kept tensors, 1.5-3.8 MiB the values
+
+
+# Losses that cannot be read as a value where the script's call takes them: a fake tensor (what
+# torch.compile differentiates with autograd.grad while it builds a backward graph) and a complex
+# loss (backward with its grad given); then a plain CPU loss.
+ODD = textwrap.dedent("""
+    import os, types
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from perfdoctor.collect.inject_loss import record_losses
+    st = types.SimpleNamespace(losses=[], pid=os.getpid())
+    record_losses(torch, st)
+    with FakeTensorMode():
+        x = torch.randn(3, requires_grad=True)
+        torch.autograd.grad((x * x).sum(), [x])
+    z = torch.randn(3, dtype=torch.complex64, requires_grad=True)
+    (z * z).sum().backward(torch.tensor(1 + 0j))
+    w = torch.randn(3, requires_grad=True)
+    (w * w).sum().backward()
+    print(" ".join(type(v).__name__ for v in st.losses))
+""")
+
+
+def test_a_loss_without_a_value_at_the_call_is_kept_as_a_tensor_and_the_call_goes_on(tmp_path):
+    """float() of the loss inside the script's own backward/autograd.grad call must never fail it:
+    a fake tensor (torch.compile's backward graph capture) or a complex loss stays a detached tensor,
+    as every loss did, and only a plain real CPU loss becomes its value."""
+    pytest.importorskip("torch")
+    script = tmp_path / "odd.py"
+    script.write_text(ODD)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["FakeTensor", "Tensor", "float"], r.stdout

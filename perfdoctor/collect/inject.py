@@ -33,8 +33,9 @@ Whatever the changes, the session also records what the script asked for (DataLo
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache,
 anomaly-detection and checkpoint-save calls, its DataLoader iterator starts; under float32, the submodules the model's own code fed float64) and each step's loss (inject_loss.py: backward() on a scalar, autograd.grad, torch.func.grad_and_value), and
 writes them to <run>/inject.json when the process exits: `tune` needs the script's original
-settings to word the code change, and the losses to compare numerics between runs. Losses are
-kept as detached tensors and converted at exit, so no device sync is added to the step.
+settings to word the code change, and the losses to compare numerics between runs. A CPU loss is
+kept as its value, a device's as a detached tensor converted at exit, so no device sync is added
+to the step (inject_loss.py).
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ training step takes its gradients of, whichever way the script takes them.
   transform and not while compiling (torch.func.grad returns no value: such a loop has no loss
   to compare, and tune says so).
 
-A loss on the CPU is kept as its float at once; a device's as a detached tensor, converted at exit
-(inject.write_record), so no device sync is added to the step; LOSS_CAP of them at most, the first
+A plain tensor's loss on the CPU is kept as its float at once; any other (a device's, a tensor
+subclass's: the fake tensors torch.compile differentiates with autograd.grad while it builds a
+backward graph have no value) as a detached tensor, converted at exit (inject.write_record), so no
+device sync is added to the step and no conversion can fail inside the script's call; LOSS_CAP of them at most, the first
 ones. (Thousands of CPU scalar tensors kept alive among a step's freed activations pinned glibc's
 heap: nanoGPT's trainer grew 6 MB a step under tune, flat without it, and its baseline's report
 blamed the script for it, PD216.) A loss a GradScaler scaled
@@ -37,7 +39,12 @@ def record_losses(torch, st) -> None:
     def keep(t) -> None:
         if len(st.losses) < LOSS_CAP and isinstance(t, torch.Tensor) and t.numel() == 1 and os.getpid() == st.pid:
             loss = unscaled(t).detach()
-            st.losses.append(float(loss) if loss.device.type == "cpu" else loss)
+            if type(loss) is torch.Tensor and loss.device.type == "cpu" and not loss.is_complex():
+                try:
+                    loss = float(loss)
+                except Exception:        # recording never breaks the step: kept as the tensor
+                    pass
+            st.losses.append(loss)
 
     backward_orig = torch.Tensor.backward
 

@@ -196,9 +196,14 @@ def _read_report(report: Path) -> dict:
 def _diagnosed(p: Path, notes: list[str]) -> dict:
     """The report of a run directory that has none, made as `perfdoctor report DIR` makes it."""
     if not (is_run_dir(p) or is_multi_rank(p)):
-        if (p / "tune.json").is_file() and (p / "baseline").is_dir():
-            raise PerfdoctorError(f"{p}: a tune directory, not a run: give its runs ({p / 'baseline'}, or a trial's "
-                                  "directory beside it)")
+        if (p / "tune.json").is_file():
+            try:
+                runs = sorted(d.name for d in p.iterdir() if is_run_dir(d) or is_multi_rank(d))
+            except OSError:
+                runs = []
+            raise PerfdoctorError(f"{p}: a tune directory, not a run: give one of its runs ("
+                                  + (", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "") if runs else "none left")
+                                  + f" in {p})")
         raise PerfdoctorError(f"{p}: no report.json and no run files in this directory (is it a `perfdoctor run` "
                               "directory?)")
     from perfdoctor.diagnose.offline import diagnose_path

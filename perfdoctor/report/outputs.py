@@ -123,10 +123,11 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
         print(terminal(f"the {where.suffix[1:]} report: {where} (-o FILE writes a copy)"), file=stream)
 
 
-def tune_baseline(path: Path) -> tuple[Path, str] | None:
-    """`report TUNE_DIR` (or its tune.json): the tune's baseline run, which the report diagnoses with
-    the gains the tune measured under its fixes (tune.json had been read as a trace: exit 2), and
-    the note that says so."""
+def tune_baseline(path: Path) -> tuple[Path, Path, str] | None:
+    """`report TUNE_DIR` (or its tune.json): (the tune's baseline run, which the report diagnoses
+    with the gains the tune measured under its fixes, tune's JSON, the note that says so); None
+    for anything else (tune.json had been read as a trace: exit 2). A tune whose baseline run is
+    gone is a one-line error."""
     from perfdoctor.collect.rundir import is_run_dir
 
     p = Path(path)
@@ -137,29 +138,36 @@ def tune_baseline(path: Path) -> tuple[Path, str] | None:
         doc = inputjson.loads(inputjson.read_bytes(found))
     except (OSError, ValueError, RecursionError):
         return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("trials"), list)
+            and str(doc.get("tool")).startswith("perfdoctor")):
+        return None
     # the traced baseline whose report gave the fixes tune measured (baseline/, also where tune timed
     # the baseline again in baseline-2/: that run, without a trace, has no fixes of its own to show)
     shown, timed = _baseline_dirs(doc)
-    base = found.parent / shown
-    if not base.is_dir():
-        return None
+    base = found.parent / (shown or timed or "baseline")     # a tune that failed: its baseline run's failure
     from perfdoctor.report.sanitize import terminal
+    if not base.is_dir():
+        raise PerfdoctorError(f"{terminal(str(path))}: a tune whose baseline run {terminal(str(base))} is not there "
+                              "(moved or deleted): give `perfdoctor report` that run")
     what = "a tune directory" if p.is_dir() else "a tune's result"
-    note = (f"{terminal(str(path))} is {what}: the report of its baseline run ({terminal(str(base))}), with the gains "
-            "the tune measured under the fixes")
-    step = (doc.get("baseline") or {}).get("step_time_s")
-    if timed and timed != shown and isinstance(step, (int, float)):
+    measured = any(isinstance(t, dict) and isinstance(t.get("speedup"), (int, float)) for t in doc["trials"])
+    note = (f"{terminal(str(path))} is {what}: the report of its baseline run ({terminal(str(base))}), "
+            + ("with the gains the tune measured under the fixes" if measured else "the tune measured no fix"))
+    step = doc["baseline"].get("step_time_s") if isinstance(doc.get("baseline"), dict) else None
+    if shown and timed and timed != shown and isinstance(step, (int, float)):
         note += (f"; that run had too few steady steps for a step time, and tune timed the baseline again "
                  f"without a trace: {1e3 * step:.0f} ms/step ({terminal(timed)})")
-    return base, note
+    return base, found, note
 
 
-def _baseline_dirs(tune: dict) -> list[str]:
-    """The names of tune's diagnosed baseline run (report_dir; a file without it: tune's first run,
-    always baseline/) and of its timed one."""
-    base = tune.get("baseline") if isinstance(tune, dict) and isinstance(tune.get("baseline"), dict) else {}
-    named = [Path(d).name if isinstance(d, str) and d else "" for d in (base.get("report_dir"), base.get("dir"))]
-    return [named[0] or "baseline", named[1]]
+def _baseline_dirs(tune: dict) -> tuple[str | None, str | None]:
+    """The names of tune's diagnosed baseline run (report_dir; a file from before report_dir: tune's
+    first run, always baseline/) and of its timed one (dir); None for a tune without a baseline."""
+    base = tune.get("baseline") if isinstance(tune, dict) else None
+    if not isinstance(base, dict):
+        return None, None
+    rep, timed = (Path(d).name if isinstance(d, str) and d else None for d in (base.get("report_dir"), base.get("dir")))
+    return (rep or ("baseline" if "report_dir" not in base else None)), timed
 
 
 def tune_for(path: Path, explicit: Path | None) -> dict | None:

@@ -305,7 +305,7 @@ def _whole_document(buf: bytes) -> None:
                                "the run directory it came from, or `perfdoctor compare` two such reports")
     if isinstance(obj, dict) and str(obj.get("tool")).startswith("perfdoctor") and "trials" in obj:
         raise TraceFormatError("this is the result of `perfdoctor tune`, not a trace: give `perfdoctor report` "
-                               "its tune directory (the baseline's report with the gains measured), or --tune this "
-                               "file with that run")
+                               "its tune directory (the baseline's report with the gains measured), or the baseline "
+                               "run with --tune FILE")
     raise TraceFormatError("JSON object has no 'traceEvents' array" + ("; keys: " + ", ".join(keys) if keys else
                                                                        " (an empty object)"))
