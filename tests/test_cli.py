@@ -677,8 +677,9 @@ def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp
     (tuned / "tune.json").write_text(json.dumps(again))
     shutil.rmtree(tuned / "baseline")
     r = run("report", tuned)
-    assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune whose baseline run {tuned / 'baseline'} "
-                                              "is not there (moved or deleted): give `perfdoctor report` that run\n")
+    assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune whose baseline run "
+                                              f"{tuned / 'baseline'} is not there (moved or deleted): give "
+                                              "`perfdoctor report` that run\n")
     r = run("compare", tuned, tuned / "baseline-2")        # compare and gate take runs: its runs are named
     assert r.returncode == 2 and r.stderr == (f"perfdoctor: error: {tuned}: a tune directory, not a run: give one of "
                                               f"its runs (baseline-2 in {tuned})\n")

@@ -11,10 +11,10 @@ training step takes its gradients of, whichever way the script takes them.
 A plain tensor's loss on the CPU is kept as its float at once; any other (a device's, a tensor
 subclass's: the fake tensors torch.compile differentiates with autograd.grad while it builds a
 backward graph have no value) as a detached tensor, converted at exit (inject.write_record), so no
-device sync is added to the step and no conversion can fail inside the script's call; LOSS_CAP of them at most, the first
-ones. (Thousands of CPU scalar tensors kept alive among a step's freed activations pinned glibc's
-heap: nanoGPT's trainer grew 6 MB a step under tune, flat without it, and its baseline's report
-blamed the script for it, PD216.) A loss a GradScaler scaled
+device sync is added to the step and no conversion can fail inside the script's call. LOSS_CAP of
+them at most, the first ones. (Thousands of CPU scalar tensors kept alive among a step's freed
+activations pinned glibc's heap: nanoGPT's trainer grew 6 MB a step under tune, flat without it,
+and its baseline's report blamed the script for it, PD216.) A loss a GradScaler scaled
 (`scaler.scale(loss).backward()`) is kept as the loss it scaled: the scaled one is times 65536 to
 start, then times whatever the scaler makes of it (a nanoGPT-style run's check read 2.7e+05 for a
 loss of 4.2).
