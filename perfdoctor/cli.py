@@ -97,15 +97,15 @@ def report(
     from perfdoctor.diagnose.offline import diagnose_path
     from perfdoctor.report.outputs import check_writable, emit, format_for, report_inputs, tune_baseline, tune_for
 
-    reads = report_inputs(path) + ([tune_json] if tune_json is not None else [])
+    reads = report_inputs(path) + ([tune_json] if tune_json is not None else [])    # a tune's: its tune.json
+    tuned_doc = None
     if (tuned := tune_baseline(path)) is not None:       # a tune: its baseline's report, with its JSON
-        path, found, note = tuned
+        path, tuned_doc, note = tuned
         print(f"perfdoctor: note: {note}", file=sys.stderr)
         reads += report_inputs(path)
-        tune_json = tune_json or found
     for dest in (d for d in (output, annotate) if d is not None):     # before the load, never over the input
         check_writable(dest, reads)
-    given = tune_for(path, tune_json) if tune_json is not None else None      # a bad file: exit 2 before the load
+    given = tune_for(path, tune_json) if tune_json is not None else tuned_doc  # a bad file: exit 2 before the load
     doc = diagnose_path(str(path), [str(d) for d in rules_dirs or []])
     form = format_for(_form(fmt), output)
     shows_tune = form != "json"

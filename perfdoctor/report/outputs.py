@@ -123,9 +123,10 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
         print(terminal(f"the {where.suffix[1:]} report: {where} (-o FILE writes a copy)"), file=stream)
 
 
-def tune_baseline(path: Path) -> tuple[Path, Path, str] | None:
+def tune_baseline(path: Path) -> tuple[Path, dict, str] | None:
     """`report TUNE_DIR` (or its tune.json): (the tune's baseline run, which the report diagnoses
-    with the gains the tune measured under its fixes, tune's JSON, the note that says so); None
+    with the gains the tune measured under its fixes, tune's JSON as tune_for reads it, the note
+    that says so); None
     for anything else (tune.json had been read as a trace: exit 2). A tune whose baseline run is
     gone is a one-line error."""
     from perfdoctor.collect.rundir import is_run_dir
@@ -157,7 +158,7 @@ def tune_baseline(path: Path) -> tuple[Path, Path, str] | None:
     if shown and timed and timed != shown and isinstance(step, (int, float)):
         note += (f"; that run had too few steady steps for a step time, and tune timed the baseline again "
                  f"without a trace: {1e3 * step:.0f} ms/step ({terminal(timed)})")
-    return base, found, note
+    return base, {**doc, "trials": _trials(doc["trials"])}, note
 
 
 def _baseline_dirs(tune: dict) -> tuple[str | None, str | None]:
