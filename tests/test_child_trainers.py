@@ -36,6 +36,7 @@ if __name__ == "__main__":
         with torch.no_grad():
             for x, in DataLoader(TensorDataset(torch.randn(int(sys.argv[4]) * 64, 256)), batch_size=64):
                 model(x)
+                time.sleep(float(sys.argv[5]) if len(sys.argv) > 5 else 0)
 """
 
 
@@ -131,13 +132,16 @@ def test_process_starts_are_counted_by_method_and_function_without_fixing_the_st
 def test_a_test_loop_after_spawned_trainers_is_said_to_be_no_training(tmp_path):
     """pytorch/examples' Hogwild!: the trainers run in spawned processes, then the main process
     tests the model. Its steps are that test (DataLoader batches, no backward pass): the note and
-    the verdict say so, and no tune is offered (it would measure the test)."""
+    the verdict say so, and no tune is offered (it would measure the test). The test lasts 3 s, so
+    the sampled means are over its steps' window, where no child runs any more: the children's CPU
+    is read over the whole run (a busy CI's slower test had filled that window, and no note came)."""
     script, out = _script(tmp_path)
     r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(script), "spawn", "300", "0",
-                        "60"], capture_output=True, text=True, timeout=300)
+                        "60", "0.05"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads((out / "report.json").read_text())
     assert doc["run"]["steps"] > 8 and json.loads((out / "child.json").read_text())["mode"] == "dataloader"
+    assert doc["run"]["sampling"]["window"] == "steps" and doc["run"]["sampling"]["whole_run"]["loader.workers"] == 2
     # the children's CPU (~0.96 core each, sampled) says they trained
     note = next(n for n in doc["run"]["notes"] if n.startswith("the script trained in"))
     assert "running train(), started with multiprocessing (spawn start method): the " in note, note

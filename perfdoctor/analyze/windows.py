@@ -97,7 +97,8 @@ def windowed_metrics(samples: list[dict], steps: list[dict], notes: list[str],
         entry.update({k: _r(vals.get(k)) for k in PHASE_METRICS})
         sampling["phases"][phase] = entry
     whole = metrics_of(samples, []) if len(samples) >= 2 else {}
-    sampling["whole_run"] = {"samples": len(samples), **{k: _r(whole.get(k)) for k in PHASE_METRICS}}
+    sampling["whole_run"] = {"samples": len(samples), "loader.workers": whole.get("loader.workers"),
+                             **{k: _r(whole.get(k)) for k in PHASE_METRICS}}
     return metrics, sampling
 
 

@@ -28,10 +28,13 @@ MIN_CHILD_CORES = 0.25          # a child process busy a quarter of a core: work
 OVERSUBSCRIBED = 1.1            # runnable threads per usable core that queue (PD213's threshold)
 
 
-def elsewhere(kids: list[dict], steps: list[dict], m: dict, starts: list[dict] | None = None) -> str | None:
+def elsewhere(kids: list[dict], steps: list[dict], m: dict, starts: list[dict] | None = None,
+              whole: dict | None = None) -> str | None:
     """kids: the forked children's step records (collect/forked.read); starts: the processes the
     launched process started through multiprocessing (child.json process_starts,
-    collect/procstarts.py)."""
+    collect/procstarts.py); whole: the sampled means over the whole run (the `sampling` section's
+    whole_run), for trainers that had finished before the launched process's own steps began (its
+    steps window then saw no child: a Hogwild! test loop long enough to fill that window)."""
     if kids:
         n, total = len(kids), sum(k["steps"] for k in kids)
         own = (f"the {len(steps)} step(s) timed here are the launched process's own" if steps
@@ -43,6 +46,10 @@ def elsewhere(kids: list[dict], steps: list[dict], m: dict, starts: list[dict] |
                 "train function called directly)")
     workers, cpu = m.get("loader.workers"), m.get("loader.worker_cpu_mean")
     busy = bool(workers and cpu is not None and cpu >= MIN_CHILD_CORES)
+    if not busy and whole:
+        w, c = whole.get("loader.workers"), whole.get("loader.worker_cpu_mean")
+        if w and c is not None and c >= MIN_CHILD_CORES:
+            workers, cpu, busy, m = w, c, True, whole       # their queueing too, from the same samples
     spawned = [s for s in starts or [] if s.get("method") in ("spawn", "forkserver") and s.get("count")]
     if not steps and spawned:
         return _spawned(spawned, workers if busy else None, cpu) + _queued(m, busy)
