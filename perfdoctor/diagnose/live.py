@@ -253,7 +253,8 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m.update(layer_call_metrics(res.child.get("root_calls")))
     m.update(probe_metrics(_read_json(run_dir / PROBE_FILE), m))     # the RNN probe (collect/rnnprobe.py)
     m.update(long_step_metrics(steady, profiled(steps)))
-    trained_elsewhere = elsewhere(kids, steps, m, res.child.get("process_starts"), sampling.get("whole_run"))
+    trained_elsewhere = elsewhere(kids, steps, m, res.child.get("process_starts"),
+                                  (sampling or {}).get("whole_run"))
     kinds = kinds_note(steady)      # two kinds of step in turn: the thirds' medians flip between them, no drift
     m["run.step_kinds"] = 2 if kinds else 1 if len(steady) >= KIND_STEPS else None
     notes += ([trained_elsewhere] if trained_elsewhere else []) + extra_batches_note(steady) \
