@@ -626,6 +626,30 @@ def test_the_terminal_shows_what_tune_measured_under_each_fix(trace, tmp_path):
     assert "perfdoctor tune" not in short.stdout
 
 
+def test_a_fix_tune_measured_below_the_top_ones_is_shown_with_its_place(trace, tmp_path):
+    """A nanoGPT tune: the one fix measured faster ranked 4th (a larger ceiling above it), and the
+    one screen hid it under "+1 more". It is shown after the top ones, with its place."""
+    from perfdoctor.diagnose.offline import diagnose_path
+    from perfdoctor.report.terminal_fixes import TOP
+    findings = diagnose_path(str(trace))["findings"]
+    order = [f for f in findings if f["ranked"]] + [f for f in findings if not f["ranked"]]
+    assert len(order) > TOP, [f["id"] for f in order]
+    last = order[-1]
+    tune = tmp_path / "tune.json"
+    tune.write_text(json.dumps({"trials": [{"rule": last["id"], "speedup": 1.3, "ci95": [1.2, 1.4],
+                                            "status": "faster", "label": "a"}]}))
+    env = {**os.environ, "COLUMNS": "200"}
+    plain, short = run("report", trace, env=env), run("report", trace, "--tune", tune, env=env)
+    assert last["title"] not in plain.stdout and "measured by tune" not in plain.stdout
+    lines = short.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.rstrip().endswith(last["title"]))
+    assert lines[at - 1].strip() == "measured by tune, further down the ranking:", lines[at - 1]
+    assert lines[at].lstrip().startswith(f"{len(order)}. ") and last["id"] in lines[at], lines[at]
+    assert lines[at + 1].strip() == "measured by tune: 1.30x (95% CI 1.20-1.40; faster)"
+    rest = len(order) - TOP - 1
+    assert (f"+ {rest} more" in short.stdout) == (rest > 0) and f"+ {rest + 1} more" in plain.stdout
+
+
 def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp_run, tmp_path):
     """`report TUNE_DIR` (a user's guess after a tune) read tune.json as a trace and exited 2: it is
     the report of the tune's baseline run with the gains measured; tune's JSON under another name
