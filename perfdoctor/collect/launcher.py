@@ -31,13 +31,14 @@ from perfdoctor.collect.cupti import teardown_env
 from perfdoctor.collect.inject_switches import launch_env
 from perfdoctor.collect.rundir import claim
 from perfdoctor.collect.rnnprobe import maybe_probe
-from perfdoctor.collect.steprecord import FLUSH_S, first_step_recorded
+from perfdoctor.collect.steprecord import FLUSH_S, first_step_recorded, steps_after_trace
 from perfdoctor.collect.threadstop import STOP_SIGNAL
 
 STOP_GRACE_S = 30.0
 PROGRESS_EVERY_S = 5.0
 SIGINT_WAIT_S = 0.25     # how long a SIGINT to perfdoctor waits for word that the child got it too
 SIGINT_FRESH_S = 1.0     # word older than this is of another SIGINT
+TAIL_WAIT = 3.0          # trace_tail's wait: at most this many times --duration
 
 
 @dataclass
@@ -60,6 +61,8 @@ class RunConfig:
     progress: bool = True                # progress lines on a terminal (off in the ranks of a multi-rank run)
     output: Path | None = None           # the script's stdout and stderr into this file (tune), not through
     stop_file: str | None = None         # --duration with several ranks: where they agree on the step to stop after
+    trace_tail: int = 0                  # with a trace: --duration's stop waits for this many steps after the
+                                         # traced ones (tune's traced baseline), at most TAIL_WAIT durations
 
 
 @dataclass
@@ -324,7 +327,10 @@ class _DurationClock:
     (`tune`: a run's length is then its training's, however long the script takes to import,
     load and compile before it; a trial of torch.compile whose first step compiles for 40 s
     still trains as long as the baseline). A script that records no step within `startup_s` of
-    its launch is stopped then."""
+    its launch is stopped then. With cfg.trace_tail, the stop also waits for that many steps after
+    the traced ones (up to TAIL_WAIT durations): a script of 1.2 s steps (nanoGPT on a CPU) had 8
+    left after the trace window in tune's 30 s baseline, too few to measure, and tune ran it again
+    for 60 s without a trace."""
 
     def __init__(self, cfg: RunConfig, steps_path: Path, t0: float):
         self.cfg, self.path, self.t0 = cfg, steps_path, t0
@@ -339,7 +345,12 @@ class _DurationClock:
         if self.start is None and first_step_recorded(self.path):
             self.start = now                     # the first step's record is written as it ends
         if self.start is not None:
-            return "" if now - self.start >= self.cfg.duration else None
+            if now - self.start < self.cfg.duration:
+                return None
+            tail = self.cfg.trace_tail if self.cfg.trace else 0
+            if tail and now - self.start < TAIL_WAIT * self.cfg.duration and steps_after_trace(self.path, tail) < tail:
+                return None              # long steps: the trace window left too few to measure
+            return ""
         if self.cfg.startup_s is not None and now - self.t0 >= self.cfg.startup_s:
             return (f"no training step within {self.cfg.startup_s:.0f} s of the launch (--duration counts "
                     "from the first step): asked the script to stop")

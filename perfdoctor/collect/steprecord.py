@@ -33,6 +33,28 @@ def first_step_recorded(steps_path) -> bool:
         return False
 
 
+def steps_after_trace(steps_path, want: int) -> int:
+    """How many steps (up to `want`) steps.jsonl's last lines hold after its last profiled or
+    perturbed step: the undisturbed steps a measurement of a traced run can use so far. Reads
+    the file's tail only (a fast loop writes thousands of lines a second); records not yet
+    written (FLUSH_S) are not counted."""
+    try:
+        with open(steps_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            start = max(0, size - 512 * (want + 1))      # ~250 bytes a record
+            f.seek(start)
+            lines = f.read().splitlines()[1 if start else 0:]     # the first may be cut
+    except OSError:
+        return 0
+    n = 0
+    for line in reversed(lines):
+        if b'"profiled": true' in line or b'"perturbed": true' in line or n >= want:
+            break
+        n += line.startswith(b"{") and line.endswith(b"}")
+    return n
+
+
 _SCHED_FDS: dict[int, int] = {}      # threading.get_ident() -> open /proc/thread-self/schedstat
 if hasattr(os, "register_at_fork"):  # a forked child keeps the thread's ident, not its thread: open anew
     os.register_at_fork(after_in_child=_SCHED_FDS.clear)

@@ -31,6 +31,7 @@ from perfdoctor.stats import steptime
 DIVERGE = 0.10
 STARTUP_MIN_S, STARTUP_RUNS = 60.0, 4      # startup_limit
 MIN_LOSSES = 8
+TRACE_TAIL = 2 * steptime.MIN_STEPS     # the traced baseline runs on until this many steps follow its trace
 
 # the outcomes of a script that ran to its own end: "exit" is sys.exit(0) from the loop
 FINISHED = ("completed", "exit")
@@ -78,7 +79,8 @@ def run_once(argv: list[str], module: str | None, run_dir: Path, changes: dict, 
 
     cfg = RunConfig(argv=list(argv), module=module, run_dir=run_dir, max_steps=max_steps, duration=run_s,
                     duration_from="first-step", startup_s=startup_limit(run_s) if run_s else None,
-                    trace=trace, stacks=stacks, changes=dict(changes), output=output)
+                    trace=trace, stacks=stacks, changes=dict(changes), output=output,
+                    trace_tail=TRACE_TAIL if trace else 0)
     if dist is not None:
         from perfdoctor.collect.ranks import launch_ranks
         from perfdoctor.tune.job import measure_job
