@@ -365,6 +365,49 @@ def test_compare_says_when_other_processes_loaded_a_side(tmp_path):
     assert not any("busy with other work" in n for n in compare_runs(quiet, report("q2", 0.4))["notes"])
 
 
+def test_compare_says_when_a_neighbour_made_a_sides_training_thread_queue(tmp_path):
+    """A user trial: a neighbour's half core (below gate's busy threshold) queued the before run's
+    training thread 16% of its steps' time, and compare called channels_last's ~1.3x a 2.3x change,
+    "beyond noise: yes". The step rows' word says the machine was shared, and a note says which
+    side waited; a wait of the script's own threads (no neighbour) is the script's, and not noted."""
+    from perfdoctor.gate.compare import compare_runs, render_compare
+    from perfdoctor.gate.load import load_run
+    from perfdoctor.report.markdown import compare as compare_md
+    from perfdoctor.report.sanitize import console
+
+    def report(name, ms, other, runq):
+        d = {"schema_version": 2, "verdict": {"bound": "device"}, "findings": [],
+             "traces": [{"metrics": {"run.step_time_ms": ms, "machine.cpu_count": 2, "system.other_cores": other,
+                                     "run.runq_share": runq}}],
+             "run": {"command": "train.py"}}
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(d))
+        return load_run(f)
+
+    queued, quiet = report("b", 274.5, 0.46, 0.16), report("a", 117.1, 0.02, 0.005)
+    doc = compare_runs(queued, quiet)
+    want = ("before: its training thread waited for a CPU 16% of its steps' time while other processes used 0.46 "
+            "of 2 cores (PD214): that step time carries the wait, and the change with it; compare runs on a quiet "
+            "machine")
+    assert want in doc["notes"] and doc["machine_shared"] is True, doc["notes"]
+    own = compare_runs(report("o", 274.5, 0.05, 0.16), quiet)        # its own threads queued: no note
+    assert own["machine_shared"] is False and not any("waited for a CPU" in n for n in own["notes"])
+    busy = compare_runs(report("x", 274.5, 0.9, 0.16), quiet)        # busy: the busy note only
+    assert busy["machine_shared"] is True and not any("waited for a CPU" in n for n in busy["notes"])
+    # these reports have no step records (noise unknown): the rows as runs with them give them
+    for r in doc["rows"]:
+        r["beyond_noise"] = True
+    c = console(record=True, width=250)
+    render_compare(doc, c)
+    shown = c.export_text()
+    assert shown.count("yes, on a shared machine (note)") == 2, shown         # step time and throughput
+    assert compare_md(doc).count("**yes, on a shared machine (note)**") == 2
+    doc["machine_shared"] = False
+    c = console(record=True, width=250)
+    render_compare(doc, c)
+    assert "shared machine" not in c.export_text() and "shared machine" not in compare_md(doc)
+
+
 def test_a_rule_a_run_could_not_evaluate_is_neither_new_nor_gone(tmp_path):
     """A tune trial's run has no trace: compare listed every trace rule of the baseline as "gone"
     (a user trial: "gone: PD338, PD375, PD312, PD317" where only the fused optimizer had changed)."""

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfdoctor.gate.load import RunData, busy_texts, command_warning, fingerprint_diff, load_run, same_command, settings_diff
-from perfdoctor.report.compare_text import compare_lines
+from perfdoctor.gate.load import (RunData, busy_texts, command_warning, fingerprint_diff, load_run, queued_texts,
+                                  same_command, settings_diff)
+from perfdoctor.report.compare_text import beyond_word, compare_lines
 from perfdoctor.report.labels import MIN_SHARE, bound_title, script_failure
 from perfdoctor.report.values import change, value
 from perfdoctor.stats.speedups import speedup
@@ -85,6 +86,8 @@ def compare_runs(b: RunData, a: RunData) -> dict:
     fb, fa = b.fix_ids, a.fix_ids
     diffs, unknown = fingerprint_diff(b.fingerprint, a.fingerprint)
     differ, warning = command_warning([b], a, ("before", "after"))
+    busy = busy_texts([("before", b), ("after", a)])
+    queued = [] if busy else queued_texts([("before", b), ("after", a)])
     return {"before": b.label, "after": a.label, "rows": rows,
             "verdict": {"before": b.verdict, "after": a.verdict, "changed": b.verdict != a.verdict},
             # as the reports' badges say it: a CPU-only run's "device" is COMPUTE-BOUND (CPU), not a GPU
@@ -97,8 +100,10 @@ def compare_runs(b: RunData, a: RunData) -> dict:
             + [f"{side}: the script {e}: its steps cover the run up to that failure"
                for side, r in (("before", b), ("after", a)) if (e := script_failure(r.doc.get("run")))]
             + ([f"the machine was busy with other work ({'; '.join(busy)} used by other processes): the step times "
-                "carry that load (gate calls such runs inconclusive)"]
-               if (busy := busy_texts([("before", b), ("after", a)])) else []),
+                "carry that load (gate calls such runs inconclusive)"] if busy else [])
+            + ([f"{'; '.join(queued)}: that step time carries the wait, and the change with it; compare runs on a "
+                "quiet machine"] if queued else []),
+            "machine_shared": bool(busy or queued),
             "step_noise": _step_noise(rows[0]),
             "commands": {"before": b.command, "after": a.command, "differ": differ, "warning": warning}}
 
@@ -192,6 +197,8 @@ def render_compare(doc: dict, console=None) -> None:
         t.add_column(col, no_wrap=col in ("metric", "change"))
     for r in doc["rows"]:
         beyond = {True: text("yes", "bold"), False: "no", None: "unknown"}[r["beyond_noise"]]
+        if shared := beyond_word(doc, r):
+            beyond = text(shared, "bold")
         noise = r["noise"] or "unknown"
         if r["note"].startswith("secondary"):
             noise, beyond = "secondary figure", ""

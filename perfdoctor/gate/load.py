@@ -326,6 +326,24 @@ def busy_texts(runs: list[tuple[str, "RunData"]], max_other_load: float | None =
             for load, cores in [other_load_of(r.metrics)] if shared_by_others(load, cores, share)]
 
 
+QUEUED = 0.10          # the training thread queued for a CPU this share of its steps' time (PD214's threshold)
+NEIGHBOUR_CORES = 0.25  # ... while other processes used at least this many cores: the wait is the machine's
+
+
+def queued_texts(runs: list[tuple[str, "RunData"]]) -> list[str]:
+    """'before: its training thread waited for a CPU 16% of its steps' time while other processes
+    used 0.46 of 2 cores' for each run slowed by a neighbour below busy_texts' threshold (a user
+    trial: a neighbour's half core made the before run 1.6x slower than the script alone, and
+    compare called channels_last's 1.3x a 2.3x change, "beyond noise")."""
+    out = []
+    for label, r in runs:
+        q, (other, cores) = r.metrics.get("run.runq_share"), other_load_of(r.metrics)
+        if isinstance(q, (int, float)) and q >= QUEUED and other is not None and other >= NEIGHBOUR_CORES:
+            out.append(f"{label}: its training thread waited for a CPU {100 * q:.0f}% of its steps' time while "
+                       f"other processes used {other:.2f} of {cores or '?'} cores (PD214)")
+    return out
+
+
 BOUND_WORDS = {"input": "input-bound", "input_cpu": "input-bound (CPU)", "input_io": "input-bound (IO)",
                "host": "host-bound", "device": "device-bound", "communication": "communication-bound",
                "inconclusive": "inconclusive"}

@@ -7,6 +7,15 @@ rules left unevaluated, no notes."""
 from __future__ import annotations
 
 UNCHECKED = (("before", "unchecked_before"), ("after", "unchecked_after"))
+SHARED_ROWS = ("step time", "throughput")       # the rows a shared machine's load is in
+SHARED_YES = "yes, on a shared machine (note)"  # their "beyond noise" then (doc["machine_shared"])
+
+
+def beyond_word(doc: dict, row: dict) -> str | None:
+    """The "beyond noise" word of a row where a shared machine qualifies it, else None."""
+    if row.get("beyond_noise") and doc.get("machine_shared") and row.get("metric") in SHARED_ROWS:
+        return SHARED_YES
+    return None
 
 
 def ids_line(what: str, d: dict) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from perfdoctor.report.compare_text import compare_lines
+from perfdoctor.report.compare_text import beyond_word, compare_lines
 from perfdoctor.report.labels import (BOUND_TITLE, NO_FIX, NONE_MODELLED, WORTH_A_LOOK, abnormal_end, bound_title,
                                        breakdown_rows, device_text, first_step_shown, from_other_traces, role_labels,
                                        script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
@@ -158,6 +158,8 @@ def compare(doc: dict) -> str:
            "| metric | before | after | change | noise | beyond noise |", "|---|--:|--:|--:|--:|---|"]
     for r in doc["rows"]:
         beyond = {True: "**yes**", False: "no", None: "unknown"}[r["beyond_noise"]]
+        if shared := beyond_word(doc, r):
+            beyond = f"**{shared}**"
         noise = M(r["noise"] or "unknown")
         if r["note"].startswith("secondary"):
             noise, beyond = "", "secondary figure"
