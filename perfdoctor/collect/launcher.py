@@ -75,6 +75,7 @@ class RunResult:
     stopped_by: str | None = None        # "max-steps" | "duration" | None
     notes: list[str] = field(default_factory=list)
     created: list[Path] = field(default_factory=list)   # the folders launch created (run_dir, parents), deepest first
+    tail_s: float = 0.0                  # how long trace_tail kept the run past its duration
 
 
 def default_run_dir(cfg: RunConfig, root: str = "perfdoctor-runs") -> Path:
@@ -255,7 +256,8 @@ def launch(cfg: RunConfig) -> RunResult:
         notes.append("the script ended before perfdoctor could record its summary (killed?); the records of its "
                      f"last steps (up to {FLUSH_S:g} s of them) may be lost with it: the step counts cover the steps "
                      "written")
-    res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created)
+    res = RunResult(run_dir, exit_code, sig, time.monotonic() - t0, child, stopped_by, notes, created,
+                    clock.tail_s)
     # the RNN probe (rnnprobe.py: PD388, PD391, PD387) after the script, out of its wall time; in tune,
     # in its traced baseline only
     if child.get("outcome") != "interrupted" and (cfg.changes is None or cfg.trace) \
@@ -335,6 +337,7 @@ class _DurationClock:
     def __init__(self, cfg: RunConfig, steps_path: Path, t0: float):
         self.cfg, self.path, self.t0 = cfg, steps_path, t0
         self.start = t0 if cfg.duration_from == "launch" else None
+        self.tail_s = 0.0                        # past the duration, waiting for trace_tail's steps
 
     def due(self) -> str | None:
         """None while the run goes on; "" when the duration has passed; a note when the script
@@ -349,6 +352,7 @@ class _DurationClock:
                 return None
             tail = self.cfg.trace_tail if self.cfg.trace else 0
             if tail and now - self.start < TAIL_WAIT * self.cfg.duration and steps_after_trace(self.path, tail) < tail:
+                self.tail_s = now - self.start - self.cfg.duration
                 return None              # long steps: the trace window left too few to measure
             return ""
         if self.cfg.startup_s is not None and now - self.t0 >= self.cfg.startup_s:

@@ -241,11 +241,12 @@ class Tuner(Verification):
     # -- runs ----------------------------------------------------------------------------
     def _launch(self, run_dir: Path, changes: dict, trace: bool = False, result=None,
                 stacks: bool | None = False) -> Measured:
-        t = time.monotonic()
+        t, got = time.monotonic(), ([] if result is None else result)
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
-                     trace=trace, result=result, stacks=stacks, output=None if self.o.show_output else run_dir / OUTPUT,
+                     trace=trace, result=got, stacks=stacks, output=None if self.o.show_output else run_dir / OUTPUT,
                      dist=self.o.dist)
-        self.longest = max(self.longest, time.monotonic() - t)
+        # a traced run kept on for the steps after its trace (trace_tail) is longer than the runs to come
+        self.longest = max(self.longest, time.monotonic() - t - (got[0].tail_s if got else 0.0))
         self.last = m
         if _read_json(run_dir / ("ranks.json" if self.o.dist else "run.json")).get("forwarded_signals"):
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
