@@ -350,3 +350,26 @@ def test_the_boot_time_fix_keeps_the_uptime_read_least_disturbed(monkeypatch):
     monkeypatch.setattr(mc, "read_text", lambda path: next(uptimes))
     monkeypatch.setattr(mc.psutil, "boot_time", lambda: 50.0)
     assert mc.boot_fix() == pytest.approx(0.00025)
+
+
+def test_a_birth_is_dated_on_the_boot_time_read_now(monkeypatch):
+    """A CI's pytest worker computed psutil's boot correction at import and dated a process born
+    25 minutes later 0.29 s early (the VM's clock had moved): a birth is the process's time since
+    boot on the boot time read when it is first seen; an older psutil (no monotonic create_time)
+    keeps its own date and the correction."""
+    from perfdoctor.collect import machine_counters as mc
+
+    class New:
+        def create_time(self, monotonic=False):
+            return 30.0 if monotonic else 1000.5
+
+    class Old:
+        def create_time(self):
+            return 1000.5
+
+    monkeypatch.setattr(mc, "boot_unix", lambda: 970.25)
+    assert mc.born(New()) == pytest.approx(1000.25)
+    monkeypatch.setattr(mc.psutil, "boot_time", lambda: 970.0)
+    assert mc.born(Old()) == pytest.approx(1000.75)
+    monkeypatch.setattr(mc, "boot_unix", lambda: None)          # no /proc/uptime: psutil's own
+    assert mc.born(New()) == pytest.approx(1000.5) and mc.born(Old()) == pytest.approx(1000.5)

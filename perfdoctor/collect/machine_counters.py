@@ -186,12 +186,11 @@ def cgroup_cpu_quota(pid: int) -> float | None:
     return None
 
 
-def boot_fix() -> float:
-    """Seconds to add to psutil's create_time: the true boot time (now less /proc/uptime) less
-    psutil's (btime, whole seconds). 0 where /proc/uptime is missing or the two disagree by more
-    than the truncation can explain. The uptime is read between two clock reads, the tightest
-    pair of a few tries kept: a read preempted on a loaded machine (0.8 s in a CI run) moved
-    every process's birth that much later."""
+def boot_unix() -> float | None:
+    """The boot time as the wall clock stands now: the clock less /proc/uptime, the uptime read
+    between two clock reads, the tightest pair of a few tries kept (a read preempted on a loaded
+    machine, 0.8 s in a CI run, moved every process's birth that much later). None where
+    /proc/uptime cannot be read."""
     try:
         reads = []
         for _ in range(5):
@@ -199,7 +198,30 @@ def boot_fix() -> float:
             reads.append((t1 - t0, (t0 + t1) / 2 - up))
             if t1 - t0 < 0.001:
                 break
-        fix = min(reads)[1] - psutil.boot_time()
+        return min(reads)[1]
     except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def boot_fix() -> float:
+    """Seconds to add to psutil's create_time: the true boot time (boot_unix) less psutil's
+    (btime, whole seconds). 0 where /proc/uptime is missing or the two disagree by more than the
+    truncation can explain."""
+    boot = boot_unix()
+    if boot is None:
         return 0.0
+    fix = boot - psutil.boot_time()
     return fix if 0.0 <= fix < 1.0 else 0.0
+
+
+def born(proc) -> float:
+    """A process's start in wall-clock seconds: its time since boot (/proc/<pid>/stat's starttime,
+    psutil's create_time(monotonic=True)) after the boot time read now. psutil's create_time adds
+    /proc/stat's btime, whole seconds (up to 1 s early), and a correction read once at import went
+    stale as the clock moved: a CI's long-lived test process dated a new process 0.29 s early."""
+    try:
+        since = proc.create_time(monotonic=True)
+    except TypeError:                        # psutil before 7: no monotonic create_time
+        return proc.create_time() + boot_fix()
+    boot = boot_unix()
+    return boot + since if boot is not None else proc.create_time()

@@ -22,9 +22,9 @@ forked worker's pages shared with the trainer count in both), and sched_cpu_s / 
 seconds on a CPU / waiting in a run queue for one, from /proc/<pid>/task/*/schedstat summed
 over the threads (per-thread deltas are accumulated, so exited threads keep their share; a
 process with more than MAX_THREADS_READ threads falls back to the main thread's line).
-create_time is psutil's, corrected for the boot time it reads from /proc/stat's btime, which
-Linux truncates to whole seconds: up to a second early, which made a 3-second worker that spun
-on a core look 75% busy (BOOT_FIX).
+create_time is the process's time since boot on the boot time read as it is first seen
+(machine_counters.born): psutil's adds /proc/stat's btime, which Linux truncates to whole
+seconds, up to a second early, which made a 3-second worker that spun on a core look 75% busy.
 Life counters, cumulative over the process's whole life (from create_time, whether or not it was
 sampled then), so that a short run or a short-lived worker is judged over all of its time rather
 than by how many point samples landed in it: cpu_life_s (user + system time of all its threads,
@@ -57,7 +57,7 @@ import time
 import psutil
 
 from perfdoctor.collect.gpu_counters import GpuCounters
-from perfdoctor.collect.machine_counters import MachineCounters, boot_fix, read_text
+from perfdoctor.collect.machine_counters import MachineCounters, born, read_text
 
 MAX_THREADS_READ = 256                     # per-thread schedstat/children reads per process
 YOUNG_S = 10.0                             # the run's first seconds ...
@@ -66,8 +66,6 @@ DELAYACCT_NOTE = ("block-IO delay accounting is off on this kernel (kernel.task_
                   "come from the sampled process states, not from per-process IO delay counters")
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-
-BOOT_FIX = boot_fix()
 _HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
                  "compile_worker", "torch._inductor", "multiprocessing.popen_spawn_posix")
 _FORKSERVER_MARK = "multiprocessing.forkserver"
@@ -232,7 +230,7 @@ class SystemSampler:
                 # for the old process; with pid_max in the millions this is not guarded.)
                 return tr
             p = psutil.Process(pid)
-            tr = _Tracked(p, p.create_time() + BOOT_FIX)
+            tr = _Tracked(p, born(p))
             tr.ppid = p.ppid()
             self._tracked[pid] = tr
             return tr
