@@ -37,7 +37,9 @@ SLEEPY_DDP = textwrap.dedent("""
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    print("rank", dist.get_rank(), "of", dist.get_world_size(), flush=True)
+    # one string: the ranks write to one output.log unbuffered, and print's arguments are written one
+    # by one ("rankrank  10 of  2of" in a CI run)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
     data = Sleepy()
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, shuffle=False))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
