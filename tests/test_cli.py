@@ -643,11 +643,17 @@ def test_a_fix_tune_measured_below_the_top_ones_is_shown_with_its_place(trace, t
     assert last["title"] not in plain.stdout and "measured by tune" not in plain.stdout
     lines = short.stdout.splitlines()
     at = next(i for i, x in enumerate(lines) if x.rstrip().endswith(last["title"]))
-    assert lines[at - 1].strip() == "measured by tune, further down the ranking:", lines[at - 1]
+    assert lines[at - 1].strip() == "measured faster by tune, further down the ranking:", lines[at - 1]
     assert lines[at].lstrip().startswith(f"{len(order)}. ") and last["id"] in lines[at], lines[at]
     assert lines[at + 1].strip() == "measured by tune: 1.30x (95% CI 1.20-1.40; faster)"
     rest = len(order) - TOP - 1
     assert (f"+ {rest} more" in short.stdout) == (rest > 0) and f"+ {rest + 1} more" in plain.stdout
+    # slower or inconclusive: under --details only (the one screen keeps its length)
+    tune.write_text(json.dumps({"trials": [{"rule": last["id"], "speedup": 1.1, "ci95": [0.9, 1.3],
+                                            "status": "inconclusive", "label": "a"}]}))
+    again = run("report", trace, "--tune", tune, env=env)
+    assert last["title"] not in again.stdout and "further down" not in again.stdout
+    assert "measured by tune" not in again.stdout
 
 
 def test_report_of_a_tune_directory_is_its_baselines_with_the_measured_gains(mlp_run, tmp_path):

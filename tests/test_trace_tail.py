@@ -23,40 +23,61 @@ def _write(path, flags):
 def test_steps_after_the_last_disturbed_one_are_counted_from_the_files_tail(tmp_path):
     p = tmp_path / "steps.jsonl"
     assert steps_after_trace(p, 5) == 0                      # no file yet
+    _write(p, [(False, False)] * 3)
+    assert steps_after_trace(p, 5) == 5                      # no trace window yet: nothing to wait for
     _write(p, [(False, False)] * 3000 + [(True, False)] * 5 + [(False, True)] + [(False, False)] * 3)
     assert steps_after_trace(p, 5) == 3
+    with open(p, "a") as f:
+        f.write('{"step": 9999, "end": 1, "dur"')         # a line being written is no step yet
+    assert steps_after_trace(p, 5) == 3
+    with open(p, "a") as f:
+        f.write(', "wait": 0.0}\n')
     _write(p, [(False, False)] * 40)
     assert steps_after_trace(p, 5) == 5 and steps_after_trace(p, 30) == 30
-    with open(p, "a") as f:
-        f.write('{"step": 9999, "end": 1, "dur"')         # a line being written
-    assert steps_after_trace(p, 30) == 30
 
 
-def test_the_duration_stop_waits_for_the_steps_after_the_trace_then_gives_up(tmp_path):
+class _Clock:
+    """time.monotonic for the launcher's clock: moved by hand, never by a busy machine."""
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+def test_the_duration_stop_waits_for_the_steps_after_the_trace_then_gives_up(tmp_path, monkeypatch):
+    import perfdoctor.collect.launcher as launcher
+    clock_time = _Clock()
+    monkeypatch.setattr(launcher, "time", clock_time)
     p = tmp_path / "steps.jsonl"
     _write(p, [(False, False)] * 2 + [(True, False)] * 3 + [(False, False)] * 2)
-    cfg = RunConfig(argv=["x.py"], duration=0.2, trace_tail=4)
-    clock = _DurationClock(cfg, p, time.monotonic())
-    time.sleep(0.25)
+    cfg = RunConfig(argv=["x.py"], duration=10.0, trace_tail=4)
+    clock = _DurationClock(cfg, p, clock_time.now)
+    assert clock.due() is None                                # the first step starts the clock
+    clock_time.now += 9.0
+    assert clock.due() is None and clock.tail_s == 0.0        # within the duration
+    clock_time.now += 2.0
     assert clock.due() is None                                # 2 of the 4 steps after the trace
-    assert 0 < clock.tail_s < 0.2                             # past the duration, for tune's budget
+    assert clock.tail_s == pytest.approx(1.0)                 # past the duration, for tune's budget
     _write(p, [(False, False)] * 2)
     assert clock.due() == ""
     # without a trace, or without trace_tail, the duration alone decides
-    for other in (RunConfig(argv=["x.py"], duration=0.2, trace_tail=4, trace=False),
-                  RunConfig(argv=["x.py"], duration=0.2)):
-        q = tmp_path / f"{id(other)}.jsonl"
+    for k, other in enumerate((RunConfig(argv=["x.py"], duration=10.0, trace_tail=4, trace=False),
+                               RunConfig(argv=["x.py"], duration=10.0))):
+        q = tmp_path / f"{k}.jsonl"
         _write(q, [(True, False)] * 3)
-        c = _DurationClock(other, q, time.monotonic())
-        time.sleep(0.25)
+        c = _DurationClock(other, q, clock_time.now)
+        assert c.due() is None
+        clock_time.now += 10.0
         assert c.due() == ""
     # at most TAIL_WAIT durations: a script whose steps never come still stops
     q = tmp_path / "stuck.jsonl"
     _write(q, [(True, False)] * 3)
-    c = _DurationClock(cfg, q, time.monotonic())
-    time.sleep(0.25)
+    c = _DurationClock(cfg, q, clock_time.now)
     assert c.due() is None
-    time.sleep(0.2 * TAIL_WAIT)
+    clock_time.now += 10.0 * TAIL_WAIT - 0.5
+    assert c.due() is None
+    clock_time.now += 0.5
     assert c.due() == ""
 
 

@@ -98,6 +98,7 @@ def windowed_metrics(samples: list[dict], steps: list[dict], notes: list[str],
         sampling["phases"][phase] = entry
     whole = metrics_of(samples, []) if len(samples) >= 2 else {}
     sampling["whole_run"] = {"samples": len(samples), "loader.workers": whole.get("loader.workers"),
+                             "loader.worker_runq_wait_mean": _r(whole.get("loader.worker_runq_wait_mean")),
                              **{k: _r(whole.get(k)) for k in PHASE_METRICS}}
     return metrics, sampling
 

@@ -142,7 +142,8 @@ def run_rank(cfg: RunConfig, ident: RankId) -> tuple[RunResult, bool]:
         cfg = replace(cfg, stop_file=str(top.resolve() / "ranks" / f".stop-{job_key()}"))
     res = launch(replace(cfg, run_dir=mine, force=True))
     info = {**asdict(ident), "host": socket.gethostname(), "pid": os.getpid(), "exit_code": res.exit_code,
-            "signal": res.signal, "wall_s": round(res.wall_s, 3), "end_unix": round(time.time(), 3)}
+            "signal": res.signal, "wall_s": round(res.wall_s, 3), "end_unix": round(time.time(), 3),
+            "tail_s": round(res.tail_s, 3)}
     (mine / "rank.json").write_text(json.dumps(info, indent=1))
     last = _last_on_node(top, ident)
     if last and cfg.stop_file:
@@ -293,7 +294,19 @@ def launch_ranks(cfg: RunConfig, dist: DistOptions | list[str]) -> RunResult:
         "argv": cfg.argv, "module": cfg.module, "launcher": "torch.distributed.run", "command": cmd[1:],
         "exit_code": exit_code, "signal": sig, "wall_s": round(wall, 3), "forwarded_signals": forwarded,
         "dist": asdict(dist) if isinstance(dist, DistOptions) else {"torchrun_options": opts}}, indent=1))
-    return RunResult(top, exit_code, sig, wall, {}, None, [])
+    return RunResult(top, exit_code, sig, wall, {}, None, [], tail_s=_tail_s(top))
+
+
+def _tail_s(top: Path) -> float:
+    """The longest time a rank's trace_tail kept it past its duration (rank.json)."""
+    out = 0.0
+    for _, d in rank_dirs(top):
+        try:
+            v = json.loads((d / "rank.json").read_text()).get("tail_s")
+        except (OSError, ValueError, AttributeError):
+            continue
+        out = max(out, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else out
+    return out
 
 
 def _default_parent_dir(cfg: RunConfig) -> Path:

@@ -35,9 +35,10 @@ def first_step_recorded(steps_path) -> bool:
 
 def steps_after_trace(steps_path, want: int) -> int:
     """How many steps (up to `want`) steps.jsonl's last lines hold after its last profiled or
-    perturbed step: the undisturbed steps a measurement of a traced run can use so far. Reads
-    the file's tail only (a fast loop writes thousands of lines a second); records not yet
-    written (FLUSH_S) are not counted."""
+    perturbed step: the undisturbed steps a measurement of a traced run can use so far. `want`
+    where the file holds no such step (the trace window not reached, or never recorded: a script
+    running its own profiler), so that nothing is waited for. Reads the file's tail only (a fast
+    loop writes thousands of lines a second); records not yet written (FLUSH_S) are not counted."""
     try:
         with open(steps_path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -50,9 +51,9 @@ def steps_after_trace(steps_path, want: int) -> int:
     n = 0
     for line in reversed(lines):
         if b'"profiled": true' in line or b'"perturbed": true' in line or n >= want:
-            break
+            return min(n, want)
         n += line.startswith(b"{") and line.endswith(b"}")
-    return n
+    return want          # no trace window in the file (none yet, or none recorded): nothing to wait for
 
 
 _SCHED_FDS: dict[int, int] = {}      # threading.get_ident() -> open /proc/thread-self/schedstat

@@ -14,7 +14,11 @@
   (python descendants of the trainer); with no step in the launched process, DataLoader workers
   of an untimed loop look the same, so the note says "if they train".
 
-elsewhere(kids, steps, m, starts) -> one note, or None. The note goes into the run's notes, and with
+Their CPU is read over the steps window, or, where the launched process's own steps are no
+training, over the whole run (trainers spawned and joined before a test loop long enough to fill
+that window: none of them ran during it).
+
+elsewhere(kids, steps, m, starts, whole) -> one note, or None. The note goes into the run's notes, and with
 no step of its own it replaces "no bottleneck" as the reason the verdict is inconclusive
 (diagnose/ending.py).
 """
@@ -46,7 +50,7 @@ def elsewhere(kids: list[dict], steps: list[dict], m: dict, starts: list[dict] |
                 "train function called directly)")
     workers, cpu = m.get("loader.workers"), m.get("loader.worker_cpu_mean")
     busy = bool(workers and cpu is not None and cpu >= MIN_CHILD_CORES)
-    if not busy and whole:
+    if not busy and whole and (not steps or untrained(steps)):
         w, c = whole.get("loader.workers"), whole.get("loader.worker_cpu_mean")
         if w and c is not None and c >= MIN_CHILD_CORES:
             workers, cpu, busy, m = w, c, True, whole       # their queueing too, from the same samples

@@ -7,7 +7,7 @@ rules left unevaluated, no notes."""
 from __future__ import annotations
 
 UNCHECKED = (("before", "unchecked_before"), ("after", "unchecked_after"))
-SHARED_ROWS = ("step time", "throughput")       # the rows a shared machine's load is in
+SHARED_ROWS = ("step time", "throughput", "samples/s")       # the rows a shared machine's load is in
 SHARED_YES = "yes, on a shared machine (note)"  # their "beyond noise" then (doc["machine_shared"])
 
 

@@ -60,7 +60,7 @@ def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = No
         _measured(c, measured.get(f["id"]), 24)     # under the rule id
     later = _measured_later(ranked, findings, shown, measured)
     if later:
-        _line(c, Text("    measured by tune, further down the ranking:", style="dim"))
+        _line(c, Text("    measured faster by tune, further down the ranking:", style="dim"))
     for i, f in later:
         _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
                                _elsewhere(doc, f), (T(f" {f['title']}"), "bold")))
@@ -75,11 +75,13 @@ def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = No
 
 def _measured_later(ranked: list[dict], findings: list[dict], shown: list[dict],
                     measured: dict) -> list[tuple[int, dict]]:
-    """The fixes tune measured that the top ones leave out, with their places in the ranking (a
-    nanoGPT tune: a 40x ceiling ranked above the one fix measured faster, which the one screen
-    then hid under "+1 more")."""
+    """The fixes tune measured faster that the top ones leave out, with their places in the ranking
+    (a nanoGPT tune: a 40x ceiling ranked above the one fix measured faster, which the one screen
+    then hid under "+1 more"). Slower and inconclusive ones stay under --details: the one screen
+    keeps its length."""
     order = ranked + [f for f in findings if not f["ranked"]]
-    return [(i, f) for i, f in enumerate(order, 1) if f["id"] in measured and all(f is not g for g in shown)]
+    return [(i, f) for i, f in enumerate(order, 1) if (measured.get(f["id"]) or {}).get("status") == "faster"
+            and all(f is not g for g in shown)]
 
 
 def _tie_broken(ranked: list[dict]) -> bool:

@@ -79,8 +79,8 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                      "from the training run: a debugging mode")
     if changes.get("attention_dropout") == "off":
         lines.append("attention dropout 0 in training  # e.g. attention_probs_dropout_prob=0.0 (BERT), attn_pdrop=0.0 "
-                     "(GPT-2), m.dropout = 0.0 on each nn.MultiheadAttention (nn.Transformer's dropout= would also turn "
-                     "off its residual and feed-forward dropout), dropout_p=0.0 in scaled_dot_product_attention: "
+                     "(GPT-2), m.dropout = 0.0 on each nn.MultiheadAttention (nn.Transformer's dropout= would also "
+                     "turn off its residual and feed-forward dropout), dropout_p=0.0 in scaled_dot_product_attention: "
                      "SDPA's fused CPU kernel takes no dropout")
     if changes.get("batch_scale"):
         asked = ((inject.get("loaders") or [{}])[0]).get("asked") or {}
