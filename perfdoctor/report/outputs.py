@@ -126,9 +126,8 @@ def emit(doc: dict, fmt: str, output: Path | None, details: bool = False, tune: 
 def tune_baseline(path: Path) -> tuple[Path, dict, str] | None:
     """`report TUNE_DIR` (or its tune.json): (the tune's baseline run, which the report diagnoses
     with the gains the tune measured under its fixes, tune's JSON as tune_for reads it, the note
-    that says so); None
-    for anything else (tune.json had been read as a trace: exit 2). A tune whose baseline run is
-    gone is a one-line error."""
+    that says so); None for anything else (tune.json had been read as a trace: exit 2). A tune
+    whose baseline run is gone is a one-line error (errors.exit_with sanitises it)."""
     from perfdoctor.collect.rundir import is_run_dir
 
     p = Path(path)
@@ -146,10 +145,10 @@ def tune_baseline(path: Path) -> tuple[Path, dict, str] | None:
     # the baseline again in baseline-2/: that run, without a trace, has no fixes of its own to show)
     shown, timed = _baseline_dirs(doc)
     base = found.parent / (shown or timed or "baseline")     # a tune that failed: its baseline run's failure
-    from perfdoctor.report.sanitize import terminal
     if not base.is_dir():
-        raise PerfdoctorError(f"{terminal(str(path))}: a tune whose baseline run {terminal(str(base))} is not there "
-                              "(moved or deleted): give `perfdoctor report` that run")
+        raise PerfdoctorError(f"{path}: a tune whose baseline run {base} is not there (moved or deleted): give "
+                              "`perfdoctor report` that run")
+    from perfdoctor.report.sanitize import terminal
     what = "a tune directory" if p.is_dir() else "a tune's result"
     measured = any(isinstance(t, dict) and isinstance(t.get("speedup"), (int, float)) for t in doc["trials"])
     note = (f"{terminal(str(path))} is {what}: the report of its baseline run ({terminal(str(base))}), "
