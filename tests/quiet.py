@@ -105,7 +105,7 @@ def _own() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def busy_cores(seconds: float = 3.0) -> float:
+def busy_cores(seconds: float = 1.0) -> float:
     """Cores busy right now (over a few seconds), while this test runs nothing."""
     try:
         b0, _ = _stat()
@@ -137,7 +137,7 @@ class Foreign:
         return max(0.0, ((b1 - self.b0) - (o1 - self.o0)) / max(t1 - self.t0, 1e-6))
 
 
-def skip_if_shared(foreign: Foreign | None = None, seconds: float = 3.0) -> None:
+def skip_if_shared(foreign: Foreign | None = None, seconds: float = 1.0) -> None:
     """Skip the calling test when other work kept QUIET cores or more busy (before it, or during
     it when `foreign` is given)."""
     if not _exclusive:

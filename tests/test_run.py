@@ -178,16 +178,14 @@ def test_missing_script_is_a_usage_error(tmp_path):
 
 
 # Steps per run: enough measured time after the ~3 s of imports for the 0.5 s samplers to see
-# the steady state (examples/ README numbers: fast IO steps need a few hundred).
+# the steady state. The IO-bound example's verdict and split: tests/test_short_runs.py.
 @pytest.mark.quiet
 @pytest.mark.parametrize("script,args,n,bound,split", [
     ("cpu_bound_loader.py", ["--workers", "0"], 30, "input_cpu", "cpu"),
     ("cpu_bound_loader.py", ["--workers", "2"], 150, "input_cpu", "cpu"),
-    ("io_bound_loader.py", ["--workers", "0", "--size-mb", "256", "--steps", "100000"], 300, "input_io", "io"),
-    ("io_bound_loader.py", ["--workers", "2", "--size-mb", "256", "--steps", "100000"], 400, "input_io", "io"),
     ("compute_bound.py", [], 15, "device", None),
     ("overhead_bound.py", [], 60, "host", None),
-], ids=["cpu-loader-w0", "cpu-loader-w2", "io-loader-w0", "io-loader-w2", "compute", "overhead"])
+], ids=["cpu-loader-w0", "cpu-loader-w2", "compute", "overhead"])
 def test_examples_get_their_verdict(tmp_path, script, args, n, bound, split):
     out = tmp_path / "run"
     r = prun("--max-steps", str(n), EX / script, *args, out=out)

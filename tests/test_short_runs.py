@@ -56,9 +56,12 @@ def test_io_bound_run_stopped_after_40_steps_gets_the_io_split(tmp_path, workers
         # without delay accounting the split reads the loader's runnable time: reads served by the
         # page cache are CPU work (a CI run: runnable 65%, split "cpu"), and the storage was not the wait
         pytest.skip(f"the loader ran {m['loader.runnable_share']:.0%} of the time: reads served from the page cache")
-    assert m["run.steps"] == 40
+    assert m["run.steps"] == 40 and m["steps.source"] == "ProfilerStep"
     assert m["input.split"] == "io", (m["loader.runnable_share"], doc["run"]["notes"])
     assert doc["verdict"]["bound"] == "input_io"
+    assert m["gpu.util_mean"] is None and "no NVIDIA GPU found" in " ".join(doc["run"]["notes"])
+    # the loader's buffers and the page cache warming up are no leak
+    assert m["host.rss_growth_per_step_bytes"] in (0.0, None) and "PD216" not in {f["id"] for f in doc["flags"]}
 
 
 def test_a_run_that_ended_before_its_trace_says_when_the_trace_opens():
