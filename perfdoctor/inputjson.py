@@ -46,3 +46,11 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 def read_text(path: str | os.PathLike, errors: str = "strict") -> str:
     """read_bytes(path) as UTF-8 text (UnicodeDecodeError, a ValueError, with errors="strict")."""
     return read_bytes(path).decode("utf-8", errors)
+
+
+def perfdoctor_doc(obj, kind: str) -> bool:
+    """`obj` is a document perfdoctor wrote: kind "report" (report.json, --format json: a verdict)
+    or "tune" (tune.json, tune -o FILE: its trials, a list)."""
+    if not (isinstance(obj, dict) and str(obj.get("tool")).startswith("perfdoctor")):
+        return False
+    return "verdict" in obj if kind == "report" else isinstance(obj.get("trials"), list)

@@ -394,6 +394,10 @@ def test_compare_says_when_a_neighbour_made_a_sides_training_thread_queue(tmp_pa
     assert own["machine_shared"] is False and not any("waited for a CPU" in n for n in own["notes"])
     busy = compare_runs(report("x", 274.5, 0.9, 0.16), quiet)        # busy: the busy note only
     assert busy["machine_shared"] is True and not any("waited for a CPU" in n for n in busy["notes"])
+    # the threshold is PD214's (rules/PD214-cpu-contention.toml), said once more in gate/load.py
+    from perfdoctor.gate.load import QUEUED
+    from perfdoctor.rules.loader import load_rules
+    assert next(r.when for r in load_rules() if r.id == "PD214") == f"run.runq_share >= {QUEUED}"
     # these reports have no step records (noise unknown): the rows as runs with them give them
     for r in doc["rows"]:
         r["beyond_noise"] = True

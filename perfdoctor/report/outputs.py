@@ -138,8 +138,7 @@ def tune_baseline(path: Path) -> tuple[Path, dict, str] | None:
         doc = inputjson.loads(inputjson.read_bytes(found))
     except (OSError, ValueError, RecursionError):
         return None
-    if not (isinstance(doc, dict) and isinstance(doc.get("trials"), list)
-            and str(doc.get("tool")).startswith("perfdoctor")):
+    if not inputjson.perfdoctor_doc(doc, "tune"):
         return None
     # the traced baseline whose report gave the fixes tune measured (baseline/, also where tune timed
     # the baseline again in baseline-2/: that run, without a trace, has no fixes of its own to show)

@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 import msgspec
 
 from perfdoctor.errors import TraceFormatError
+from perfdoctor.inputjson import perfdoctor_doc
 from perfdoctor.trace import decode, schema
 from perfdoctor.trace.source import ReadState, Source
 
@@ -299,11 +300,11 @@ def _whole_document(buf: bytes) -> None:
         kind = {type(None): "null", str: "a string", dict: "an object", bool: "a boolean"}.get(
             type(obj["traceEvents"]), "a number")
         raise TraceFormatError(f"'traceEvents' is {kind}, not an array of events")
-    if isinstance(obj, dict) and str(obj.get("tool")).startswith("perfdoctor") and "verdict" in obj:
+    if perfdoctor_doc(obj, "report"):
         # a report perfdoctor wrote (report.json, --format json): its input is what to diagnose
         raise TraceFormatError("this is a perfdoctor report, not a trace: give `perfdoctor report` the trace or "
                                "the run directory it came from, or `perfdoctor compare` two such reports")
-    if isinstance(obj, dict) and str(obj.get("tool")).startswith("perfdoctor") and "trials" in obj:
+    if perfdoctor_doc(obj, "tune"):
         raise TraceFormatError("this is the result of `perfdoctor tune`, not a trace: give `perfdoctor report` "
                                "its tune directory (the baseline's report with the gains measured), or the baseline "
                                "run with --tune FILE")
