@@ -238,7 +238,7 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     # wrapper counted the call: that call is the next step's, not a second one of this step)
     assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
                                "passes": 0, "fresh_passes": 0, "cpu_autocast": None, "conv_layout": None,
-                               "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None,
+                               "padding": None, "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None,
                                "rnn": None, "rnn_calls": 0,
                                "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
@@ -284,7 +284,8 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
     assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
                                          "passes": 1, "fresh_passes": 1, "cpu_autocast": None, "conv_layout": None,
-                                         "dense_embeddings": None, "chained": 0, "sliced": 15, "rnn_module": None,
+                                         "padding": None, "dense_embeddings": None, "chained": 0, "sliced": 15,
+                                         "rnn_module": None,
                                          "rnn": None, "rnn_calls": 0,
                                "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
     doc = report(out)
@@ -318,7 +319,8 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     census.boundary("optimizer")
     assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
                              "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None, "conv_layout": None,
-                             "chained": 0, "sliced": 0, "rnn_module": None, "rnn": None, "rnn_calls": 0,
+                             "padding": None, "chained": 0, "sliced": 0, "rnn_module": None, "rnn": None,
+                             "rnn_calls": 0,
                                "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
     census.reset()
     census.boundary("optimizer")
@@ -941,7 +943,7 @@ def test_loop_metrics_from_the_census():
                  "loop.extra_batches_excess_share": None, "loop.model_cpu_autocast": None,
                  "loop.conv_channels_last_share": None,
                  "loop.model_call_chained_share": None, "loop.model_call_sliced_share": None,
-                 "loop.model_rnn_module": None}
+                 "loop.model_rnn_module": None, "loop.padding_share": None, "loop.padding_source": None}
     # the calls that took the last call's state, of those after the first; a count past them is capped
     shares = loop_metrics({"module": "CharRNN", "calls": 13, "chained": 12, "sliced": 6, "rnn_module": "LSTM"}, steady)
     assert (shares["loop.model_call_chained_share"], shares["loop.model_call_sliced_share"]) == (1.0, 0.5)

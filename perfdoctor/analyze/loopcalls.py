@@ -31,7 +31,8 @@ from perfdoctor.analyze.stepwait import extra_batches
 NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
          "loop.batches_per_step", "loop.backward_passes_per_step", "loop.fresh_passes_per_step",
          "loop.extra_batches_excess_share", "loop.model_cpu_autocast", "loop.conv_channels_last_share",
-         "loop.model_call_chained_share", "loop.model_call_sliced_share", "loop.model_rnn_module")
+         "loop.model_call_chained_share", "loop.model_call_sliced_share", "loop.model_rnn_module",
+         "loop.padding_share", "loop.padding_source")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -67,6 +68,11 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     n, cl = layout.get("calls"), layout.get("channels_last")
     if isinstance(n, int) and isinstance(cl, int) and 0 <= cl <= n and n > 0:
         out["loop.conv_channels_last_share"] = cl / n
+    pad = rc.get("padding") if isinstance(rc.get("padding"), dict) else {}
+    n, padded = pad.get("positions"), pad.get("pad")
+    if isinstance(n, int) and isinstance(padded, int) and 0 <= padded <= n and n > 0:
+        out["loop.padding_share"] = padded / n
+        out["loop.padding_source"] = pad.get("source") if isinstance(pad.get("source"), str) else None
     passes = rc.get("passes")
     out["loop.backward_passes_per_step"] = passes if isinstance(passes, int) and passes >= 0 else None
     fresh = rc.get("fresh_passes")

@@ -29,6 +29,7 @@ import time
 from perfdoctor.collect import dynamoskip
 from perfdoctor.collect.dynamoskip import compiling_check
 from perfdoctor.collect.embeddings import DenseTables
+from perfdoctor.collect.padding import Padding
 from perfdoctor.collect.convlayout import ConvLayouts
 from perfdoctor.collect.chainedcalls import Chain, weak_ref as _ref
 
@@ -44,7 +45,8 @@ class Census:
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
     most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
-    "cpu_autocast", "dense_embeddings" (embeddings.py), "conv_layout" (convlayout.py), "chained",
+    "cpu_autocast", "dense_embeddings" (embeddings.py), "conv_layout" (convlayout.py), "padding"
+    (padding.py), "chained",
     "sliced", "rnn_module", "rnn", "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back",
     "rnn_layers" (chainedcalls.py)},
     where batch is the most common leading dimension of the calls of the modules called at least
@@ -71,6 +73,7 @@ class Census:
         self.last = None                  # (id(module), leading dim) of the last call counted
         self.autocast = None              # the CPU autocast dtype a counted call ran under
         self.tables = DenseTables(self.embedding_types)   # embedding tables with dense gradients (embeddings.py)
+        self.padding = Padding(self.tensor, self.embedding_types)   # padded positions in the inputs (padding.py)
         self.chain = Chain(self.tensor, self.rnn_types)   # calls that take the last one's state (chainedcalls.py)
         self.layouts = self.new_layouts()   # the convolutions' input formats (convlayout.py)
 
@@ -113,7 +116,8 @@ class Census:
                 self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / sum(leads.values()),
                                "modules": len(self.counts), "passes": self.passes, "fresh_passes": self.fresh,
                                "cpu_autocast": self.autocast, "dense_embeddings": self.tables.result(),
-                               "conv_layout": self.layouts.result(), **self.chain.result(key)}
+                               "conv_layout": self.layouts.result(), "padding": self.padding.result(),
+                               **self.chain.result(key)}
             self.counts = {}
 
     def count(self, module, args, kwargs) -> None:
@@ -131,6 +135,7 @@ class Census:
         self.last = (id(module), lead)
         self.tables.call(module, args, kwargs)
         self.layouts.call(module, args, kwargs)
+        self.padding.call(module, args, kwargs)
         self.chain.call(id(module), args, kwargs)
         self.chain.inner(module, args, kwargs, outermost=True)   # a loop that calls its nn.LSTM itself
 
@@ -147,6 +152,7 @@ class Census:
             self.autocast = self.cpu_autocast()
         self.tables.call(module, args, kwargs)
         self.layouts.call(module, args, kwargs)
+        self.padding.call(module, args, kwargs)
         self.chain.inner(module, args, kwargs)
 
     def _lead(self, args, kwargs):

@@ -62,6 +62,7 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
                         "passes": INT, "fresh_passes": INT, "cpu_autocast": STR,
                         "dense_embeddings": {"elements": INT, "touched": INT, "tables": INT},
                         "conv_layout": {"calls": INT, "channels_last": INT},
+                        "padding": {"pad": INT, "positions": INT, "source": STR},
                         # collect/chainedcalls.py; "rnn" and "rnn_layers" are collect/rebuild.config's
                         "chained": INT, "sliced": INT, "rnn_module": STR, "rnn": {"kind": STR, "*": ANY},
                         "rnn_calls": INT, "rnn_chained": INT, "rnn_fed_sliced": INT, "rnn_fed_back": INT,
