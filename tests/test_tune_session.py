@@ -548,3 +548,34 @@ def test_trials_skipped_for_the_budget_run_when_the_closing_run_frees_it(monkeyp
     assert [x.run_dir.name for x in again.bases] == ["baseline-3", "baseline-4"]
     t._skipped_again()                       # nothing left to run: nothing launched
     assert len(launched) == 5
+
+
+def test_a_dropout_off_trial_shows_its_loss_drift_and_is_refused_only_when_the_loss_diverges(monkeypatch, tmp_path):
+    """PD381's trial changes the regularisation (a user trial's tune.json had "loss": null for it):
+    its loss drift is recorded, a loss that ends well above the baseline's refuses it, and a script
+    whose loss is not seen is measured all the same (precision trials fail then)."""
+    base_losses = [2.0 - 0.01 * i for i in range(40)]
+    t, _ = _tuner_on(monkeypatch, tmp_path, {"01-attention_dropout=off": 80.0, "02-attention_dropout=off": 80.0,
+                                             "03-attention_dropout=off": 80.0, "04-autocast=bfloat16": 80.0})
+    t.baselines = [steady_run(tmp_path, "baseline", 100.0, seed=9)]
+    t.baselines[0].inject["losses"] = base_losses
+    t.noisy, t.noise_head = False, "quiet"
+    real = t._launch
+
+    def with_losses(losses):
+        def launch(d, ch, **k):
+            m = real(d, ch, **k)
+            m.inject["losses"] = losses
+            return m
+        return launch
+    monkeypatch.setattr(t, "_launch", with_losses([x - 0.05 for x in base_losses]))   # lower: no dropout
+    a = t._trial(plan.Trial({"attention_dropout": "off"}, "numerics"))
+    assert a.status == "faster" and a.loss is not None and not a.loss["diverged"], (a.status, a.reason)
+    monkeypatch.setattr(t, "_launch", with_losses([x + 1.0 for x in base_losses]))    # ends far above
+    b = t._trial(plan.Trial({"attention_dropout": "off"}, "numerics"))
+    assert b.status == "failed" and b.reason.startswith("refused: loss drift"), b.reason
+    monkeypatch.setattr(t, "_launch", with_losses([]))                               # no loss seen
+    c = t._trial(plan.Trial({"attention_dropout": "off"}, "numerics"))
+    assert c.loss is None and c.status == "faster", (c.status, c.reason)
+    d = t._trial(plan.Trial({"autocast": "bfloat16"}, "numerics"))                    # precision: not comparable
+    assert d.status == "failed" and "the loss could not be compared" in d.reason

@@ -370,11 +370,11 @@ class Tuner(Verification):
             out.status, out.reason = "failed", m.error
         else:
             self._judge(out)
-            if {"autocast", "compile", "float32"} & set(t.changes):
-                out.loss = loss_drift(self.baselines[0], m)
-                if out.loss is None:
+            if {"autocast", "compile", "float32", "attention_dropout"} & set(t.changes):
+                out.loss = loss_drift(self.baselines[0], m)    # dropout off: no loss is no refusal
+                if out.loss is None and set(t.changes) != {"attention_dropout"}:
                     out.status, out.reason = "failed", no_drift_reason(self.baselines[0], m)
-                elif out.loss["diverged"]:
+                elif out.loss is not None and out.loss["diverged"]:
                     out.status, out.reason = "failed", "refused: " + out.loss["text"]
             missing = [k for k in t.changes if k not in (m.inject.get("applied") or [])]
             if missing and out.status != "failed":
