@@ -302,6 +302,15 @@ def test_traced_steps_far_shorter_than_the_steady_ones_are_not_firm():
     assert conf == 0.5
     [note] = [n for n in notes if "the traced steps took" in n]
     assert note.startswith("the traced steps took 432.3 ms (median) and the steady ones 2232 ms, 5.2x as long")
+    assert note.endswith("rerun, on a quiet machine if it is shared")      # no run queue measured: either cause
+    # a user's RL loop: neither the trace nor the steady steps queued for a CPU; its episodes grew
+    # as the policy learnt, and a rerun on a quiet machine would trace the same early steps
+    grown = {**m, "run.traced_runq_share": 0.0, "run.runq_share": 0.009, "run.steps": 335}
+    [note] = [n for n in confidence("device", grown)[1] if "the traced steps took" in n]
+    assert "the steps' work changed" in note and note.endswith("--skip-steps 167 (half of its 335 steps)"), note
+    for busy in ({"run.traced_runq_share": 0.3}, {"run.runq_share": 0.2}):       # the machine may have changed
+        [note] = [n for n in confidence("device", {**grown, **busy})[1] if "the traced steps took" in n]
+        assert "--skip-steps" not in note and note.endswith("on a quiet machine if it is shared"), note
     # a steady step 1.5x the traced one (a quieter moment, noise) keeps the verdict firm
     assert confidence("device", {**m, "run.step_time_median_ms": 650.0})[0] == 1.0
     # their waits differ too, and for that reason, not the profiler's pace (a user's loader that

@@ -35,6 +35,7 @@ PROFILED_MUCH_SLOWER = 2.0
 # its time (PD214 flags a tenth; a quarter moves every share of the step).
 SHARED_CORES = 0.5
 SHARED_RUNQ = 0.25
+QUEUED_WORK = 0.05   # below this run-queue share the training thread had a CPU whenever it wanted one
 # Long steps every N steps (analyze/longsteps.py) holding this share of the steady time, none of
 # them traced: PD218's line, where the usual step's breakdown leaves out more than its own error.
 LONG_STEPS = 0.1
@@ -176,11 +177,22 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         # same work a step, the machine's load flipping between two paces)
         conf = min(conf, 0.5)
         from perfdoctor.stats.steptime import ms
-        notes.append(f"the traced steps took {ms(med_t)} ms (median) and the steady ones {ms(med_s)} ms, "
-                     f"{med_s / med_t:.1f}x as long, though the profiler only adds time: the trace caught the run "
-                     "in another state (other work on the machine came or went, or the steps' work changed), so "
-                     "its breakdown and shares may not describe most of the run; rerun, on a quiet machine if "
-                     "it is shared")
+        head = (f"the traced steps took {ms(med_t)} ms (median) and the steady ones {ms(med_s)} ms, "
+                f"{med_s / med_t:.1f}x as long, though the profiler only adds time: the trace caught the run ")
+        steps, runq = m.get("run.steps"), m.get("run.runq_share")
+        if isinstance(queued, (int, float)) and isinstance(runq, (int, float)) and max(queued, runq) < QUEUED_WORK \
+                and isinstance(steps, int) and steps >= 20:
+            # neither the traced steps nor the steady ones queued for a CPU: the machine did not
+            # change, the steps' work did (a user's RL loop: episodes that grow as the policy
+            # learns, traced at steps 7-12 of 335; "rerun on a quiet machine" would trace the same)
+            notes.append(head + "in another state: neither the traced steps nor the steady ones waited for a CPU, so "
+                         "the steps' work changed (as where episodes or sequences grow through a run), and its "
+                         "breakdown and shares describe the early steps only; trace later in the run: "
+                         f"--skip-steps {steps // 2} (half of its {steps} steps)")
+        else:
+            notes.append(head + "in another state (other work on the machine came or went, or the steps' work "
+                         "changed), so its breakdown and shares may not describe most of the run; rerun, on a quiet "
+                         "machine if it is shared")
     # another job took cores and the training thread queued for them: the shares describe this
     # run on a shared machine, not the job alone (its own threads queueing it are the job's)
     other, runq = m.get("system.other_cores"), m.get("run.runq_share")
