@@ -112,3 +112,19 @@ def test_the_padding_record_is_read_only_when_it_adds_up():
     for bad in ({"pad": 129, "positions": 128}, {"pad": 1, "positions": 0}, {"pad": -1, "positions": 8},
                 {"pad": "1", "positions": 8}, None, [1, 2]):
         assert read(bad) == (None, None), bad
+
+
+def test_no_count_is_read_while_a_cuda_graph_is_captured():
+    """Reading a device mask's count syncs with the device, which invalidates a CUDA graph being
+    captured: the count is skipped then (a meta tensor stands for the device's here)."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.collect.modules import Census
+    from perfdoctor.collect.padding import Padding
+    mask = torch.zeros(2, 4, dtype=torch.bool, device="meta")
+    p = Padding(torch.Tensor, (), capturing=lambda: True)
+    p.call(torch.nn.MultiheadAttention(4, 1), (), {"key_padding_mask": mask})
+    assert p.result() is None
+    p.call(torch.nn.MultiheadAttention(4, 1), (), {"key_padding_mask": torch.tensor([[True, False]])})   # on the CPU
+    assert p.result() == {"pad": 1, "positions": 2, "source": "key_padding_mask"}
+    census = Census(torch.Tensor, capturing=lambda: True)       # the census hands its check on
+    assert census.padding.capturing() is True

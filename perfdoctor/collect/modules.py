@@ -54,8 +54,9 @@ class Census:
     step ends."""
 
     def __init__(self, tensor_type, cpu_autocast=None, embedding_types: tuple = (), rnn_types: tuple = (),
-                 layouts=None):
+                 layouts=None, capturing=None):
         self.tensor = tensor_type
+        self.capturing = capturing        # () -> a CUDA graph is being captured (padding.py reads no count then)
         self.cpu_autocast = cpu_autocast  # () -> the CPU autocast dtype's name in force, or None
         self.embedding_types = embedding_types
         self.rnn_types = rnn_types
@@ -73,7 +74,7 @@ class Census:
         self.last = None                  # (id(module), leading dim) of the last call counted
         self.autocast = None              # the CPU autocast dtype a counted call ran under
         self.tables = DenseTables(self.embedding_types)   # embedding tables with dense gradients (embeddings.py)
-        self.padding = Padding(self.tensor, self.embedding_types)   # padded positions in the inputs (padding.py)
+        self.padding = Padding(self.tensor, self.embedding_types, self.capturing)   # padded positions (padding.py)
         self.chain = Chain(self.tensor, self.rnn_types)   # calls that take the last one's state (chainedcalls.py)
         self.layouts = self.new_layouts()   # the convolutions' input formats (convlayout.py)
 
@@ -175,6 +176,14 @@ def _cpu_autocast(torch) -> str | None:
     return None
 
 
+def _capturing(torch) -> bool:
+    """A CUDA graph is being captured on the current stream (True where that cannot be told)."""
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return True
+
+
 def watch(torch, session) -> None:
     """Wrap Module.__call__ until the session has a step source and its census is done
     (session.on_root_call, Census), or for good while a module compiled in place marks the
@@ -184,7 +193,8 @@ def watch(torch, session) -> None:
     nn = torch.nn
     convs = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
     session.census = Census(torch.Tensor, lambda: _cpu_autocast(torch), (nn.Embedding, nn.EmbeddingBag),
-                            (nn.RNNBase, nn.RNNCellBase), lambda: ConvLayouts(torch, convs))
+                            (nn.RNNBase, nn.RNNCellBase), lambda: ConvLayouts(torch, convs),
+                            lambda: _capturing(torch))
     if getattr(orig, "_perfdoctor", False):
         return
     compiling = compiling_check(torch)

@@ -21,7 +21,8 @@ Each distinct tensor is counted once (the mask a TransformerEncoder hands every 
 batch's positions). The result, beside the census's (child.json "root_calls" "padding"):
 {"pad": padded positions, "positions": all positions, "source": the way it was read}, from the
 first way in the order above that saw any; None where none did. Reading a mask's count is a
-host-device sync on a GPU: only in the census step, which is a warm-up step.
+host-device sync on a GPU: only in the census step, which is a warm-up step, and never while a
+CUDA graph is being captured.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ MAX_TENSORS = 256     # distinct tensors read in the census step
 
 
 class Padding:
-    def __init__(self, tensor_type=None, embedding_types: tuple = ()):
+    def __init__(self, tensor_type=None, embedding_types: tuple = (), capturing=None):
         self.tensor = tensor_type
         self.embedding_types = embedding_types    # (nn.Embedding,): padding_idx read from these
+        self.capturing = capturing                # () -> a CUDA graph is being captured: no sync then
         self.seen: dict = {}                      # id() -> the tensor counted (held: no id reused)
         self.counts = {s: [0, 0] for s in SOURCES}   # source -> [padded positions, positions]
 
@@ -56,6 +58,8 @@ class Padding:
     def _count(self, source: str, x, padded) -> None:
         if id(x) in self.seen or x.numel() == 0:
             return
+        if x.device.type != "cpu" and self.capturing is not None and self.capturing():
+            return        # a count read during a CUDA graph's capture would invalidate the capture
         self.seen[id(x)] = x
         c = self.counts[source]
         c[0] += int(padded(x).sum().item())
