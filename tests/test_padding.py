@@ -126,5 +126,8 @@ def test_no_count_is_read_while_a_cuda_graph_is_captured():
     assert p.result() is None
     p.call(torch.nn.MultiheadAttention(4, 1), (), {"key_padding_mask": torch.tensor([[True, False]])})   # on the CPU
     assert p.result() == {"pad": 1, "positions": 2, "source": "key_padding_mask"}
+    p = Padding(torch.Tensor, (), capturing=lambda: False)      # a count that cannot be read: none
+    p.call(torch.nn.MultiheadAttention(4, 1), (), {"key_padding_mask": mask})
+    assert p.result() is None
     census = Census(torch.Tensor, capturing=lambda: True)       # the census hands its check on
     assert census.padding.capturing() is True

@@ -556,7 +556,9 @@ def test_a_dropout_off_trial_shows_its_loss_drift_and_is_refused_only_when_the_l
     whose loss is not seen is measured all the same (precision trials fail then)."""
     base_losses = [2.0 - 0.01 * i for i in range(40)]
     t, _ = _tuner_on(monkeypatch, tmp_path, {"01-attention_dropout=off": 80.0, "02-attention_dropout=off": 80.0,
-                                             "03-attention_dropout=off": 80.0, "04-autocast=bfloat16": 80.0})
+                                             "03-attention_dropout=off": 80.0,
+                                             "04-attention_dropout=off_optimizer=foreach": 80.0,
+                                             "05-autocast=bfloat16": 80.0})
     t.baselines = [steady_run(tmp_path, "baseline", 100.0, seed=9)]
     t.baselines[0].inject["losses"] = base_losses
     t.noisy, t.noise_head = False, "quiet"
@@ -577,5 +579,7 @@ def test_a_dropout_off_trial_shows_its_loss_drift_and_is_refused_only_when_the_l
     monkeypatch.setattr(t, "_launch", with_losses([]))                               # no loss seen
     c = t._trial(plan.Trial({"attention_dropout": "off"}, "numerics"))
     assert c.loss is None and c.status == "faster", (c.status, c.reason)
+    both = t._trial(plan.Trial({"attention_dropout": "off", "optimizer": "foreach"}, "combined"))   # no precision
+    assert both.loss is None and both.status == "faster", (both.status, both.reason)
     d = t._trial(plan.Trial({"autocast": "bfloat16"}, "numerics"))                    # precision: not comparable
     assert d.status == "failed" and "the loss could not be compared" in d.reason

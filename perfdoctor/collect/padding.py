@@ -42,6 +42,12 @@ class Padding:
     def call(self, module, args, kwargs) -> None:
         if self.tensor is None or len(self.seen) >= MAX_TENSORS:
             return
+        try:
+            self._call(module, args, kwargs)
+        except Exception:         # a tensor that cannot be read (a fake or traced one): the census goes on
+            pass
+
+    def _call(self, module, args, kwargs) -> None:
         for name, v in kwargs.items():
             if not isinstance(v, self.tensor) or not isinstance(name, str):
                 continue

@@ -372,7 +372,7 @@ class Tuner(Verification):
             self._judge(out)
             if {"autocast", "compile", "float32", "attention_dropout"} & set(t.changes):
                 out.loss = loss_drift(self.baselines[0], m)    # dropout off: no loss is no refusal
-                if out.loss is None and set(t.changes) != {"attention_dropout"}:
+                if out.loss is None and {"autocast", "compile", "float32"} & set(t.changes):
                     out.status, out.reason = "failed", no_drift_reason(self.baselines[0], m)
                 elif out.loss is not None and out.loss["diverged"]:
                     out.status, out.reason = "failed", "refused: " + out.loss["text"]
