@@ -509,7 +509,7 @@ def test_before_the_trials_tune_says_how_many_the_budget_leaves_room_for(tmp_pat
     [line] = said
     assert line == ("the budget leaves room for about 4 of the 5 trials planned (a run takes ~10 s, and each trial "
                     "a baseline run again on this noisy machine; fewer once a faster one takes 2 runs to confirm); "
-                    "--budget 150 would run them all")
+                    "--budget ~150 would run them all")
     assert t._fits(1 + t._reserve())        # what _trial asks of the first: room for it and its baseline
 
 

@@ -280,9 +280,8 @@ class Tuner(Verification):
         if not n or per <= 0:
             return
         # as _trial decides: a trial runs while it and the runs it leaves (a noisy machine's baseline
-        # after it, or a quiet one's closing run) fit; a faster trial's confirmation (two runs) comes
-        # out of what is left then ("room for about 0", then a trial ran: the confirmation had been
-        # counted up front)
+        # after it, or a quiet one's closing run) fit; a faster trial's confirmation (two runs) comes out
+        # of what is left then ("room for about 0", then a trial ran: it had been counted up front)
         left = self.o.budget_s - self.elapsed() - (0 if self.noisy else self.longest)
         room = max(0, int(left // per))
         if room >= n:
@@ -290,7 +289,8 @@ class Tuner(Verification):
         need = self.budget_for(n)
         self.log(f"the budget leaves room for about {room} of the {n} trials planned (a run takes ~{self.longest:.0f} s"
                  + (", and each trial a baseline run again on this noisy machine" if self.noisy else "")
-                 + f"; fewer once a faster one takes {CONFIRM_RUNS} runs to confirm); --budget {need:.0f} would run them all")
+                 + f"; fewer once a faster one takes {CONFIRM_RUNS} runs to confirm); "
+                 f"--budget ~{need:.0f} would run them all")
 
     def budget_for(self, n: int) -> float | None:
         """About how large a --budget runs `n` more trials: the time spent, and a run as long as
