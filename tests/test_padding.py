@@ -59,7 +59,10 @@ def test_padded_batches_are_read_and_get_length_buckets_first(tmp_path):
     # expected: the model's ops less the padded share of them (linear); the ceiling: all of them
     # quadratic in the positions
     assert f["gain"]["expected"] == pytest.approx(1 / (1 - ops * p), rel=1e-3)
-    assert f["gain"]["ceiling"] == pytest.approx(1 / (1 - ops * (1 - (1 - p) ** 2)), rel=1e-3)
+    # (the profiler lengthens the ops, never shortens them: the share may be that much larger un-profiled)
+    share = min(1.0, ops * (1 - (1 - p) ** 2) * max(1.0, m["run.trace_inflation"] or 1.0))
+    assert f["gain"]["ceiling_share"] == pytest.approx(share, rel=1e-3)
+    assert f["gain"]["ceiling"] == (None if share >= 1 else pytest.approx(1 / (1 - share), rel=1e-3))
 
 
 def test_sequences_of_one_length_have_no_padding_to_remove(tmp_path):
