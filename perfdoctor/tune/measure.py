@@ -31,6 +31,10 @@ from perfdoctor.stats import steptime
 DIVERGE = 0.10
 STARTUP_MIN_S, STARTUP_RUNS = 60.0, 4      # startup_limit
 MIN_LOSSES = 8
+# trials whose loss is compared with the baseline's: precision and compilation must show theirs
+# (a trial without one is not comparable, and fails); attention dropout off shows it where seen
+LOSS_REQUIRED = frozenset({"autocast", "compile", "float32"})
+LOSS_CHECKED = LOSS_REQUIRED | {"attention_dropout"}
 TRACE_TAIL = 2 * steptime.MIN_STEPS     # the traced baseline runs on until this many steps follow its trace
 
 # the outcomes of a script that ran to its own end: "exit" is sys.exit(0) from the loop

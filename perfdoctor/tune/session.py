@@ -55,8 +55,8 @@ from perfdoctor.report.sanitize import terminal as _terminal
 from perfdoctor.stats.speedups import run_spread, with_run_spread
 from perfdoctor.tune import plan as planmod, predict
 from perfdoctor.tune.noise import NOISY_CI, NOISY_RUNS, baseline_noise, busy as _busy, own_half as _own_half
-from perfdoctor.tune.measure import (Measured, _read_json, judged, longer_runs, loss_drift, no_drift_reason,
-                                     output_tail, run_once, speedup)
+from perfdoctor.tune.measure import (LOSS_CHECKED, LOSS_REQUIRED, Measured, _read_json, judged, longer_runs, loss_drift,
+                                     no_drift_reason, output_tail, run_once, speedup)
 from perfdoctor.tune.verify import CONFIRM_RUNS, Outcome, Verification, _ms, add_reason as _add_reason
 
 RUN_S_MIN, RUN_S_MAX, RUNS_PER_BUDGET = 8.0, 45.0, 8
@@ -370,9 +370,9 @@ class Tuner(Verification):
             out.status, out.reason = "failed", m.error
         else:
             self._judge(out)
-            if {"autocast", "compile", "float32", "attention_dropout"} & set(t.changes):
-                out.loss = loss_drift(self.baselines[0], m)    # dropout off: no loss is no refusal
-                if out.loss is None and {"autocast", "compile", "float32"} & set(t.changes):
+            if LOSS_CHECKED & set(t.changes):
+                out.loss = loss_drift(self.baselines[0], m)
+                if out.loss is None and LOSS_REQUIRED & set(t.changes):
                     out.status, out.reason = "failed", no_drift_reason(self.baselines[0], m)
                 elif out.loss is not None and out.loss["diverged"]:
                     out.status, out.reason = "failed", "refused: " + out.loss["text"]
