@@ -114,7 +114,7 @@ def step_metrics(steps: list[dict], res: RunResult, num_workers: int | None = No
     """run.* metrics: the steady-state step time (wall time of the steady window / its steps, with
     its block-bootstrap CI), the window's data-wait share, and median/p90 as secondary figures."""
     est = est or step_estimate(steps, num_workers, prefetch_factor)
-    steady = steps[est.first:est.first + est.n]
+    steady = est.window(steps)
     ms = (lambda x: None if x is None else 1e3 * x)
     return {"run.steps": len(steps), "run.outcome": outcome(res),
             "run.exit_code": res.exit_code, "run.stopped_early": res.stopped_by is not None,
@@ -243,7 +243,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     m["input.iterable_replayed"] = iterable_replayed(m)
     m["run.trace_inflation"] = trace_inflation(m.get("steps.time_mean_ms"), m.get("run.step_time_ms"))
     m.update(few_steps_metrics(steps))
-    steady = steps[est.first:est.first + est.n]
+    steady = est.window(steps)
     m.update(start_metrics(steady, res.child.get("loader_iters")))
     m.update(fetch_metrics(steady, fetches))
     pace = kept_pace_ms(m.get("loader.fetch_ms"), m.get("run.runq_runnable_share"), m.get("loader.fetch_wall_ms"))

@@ -118,7 +118,7 @@ def _drift_notes(b: RunData, a: RunData) -> list[str]:
     for side, r in (("before", b), ("after", a)):
         est = r.steady if r.steps else None
         if est is not None and est.n:
-            out += [f"{side}: {n}" for n in drift_note(r.steps[est.first:est.first + est.n])]
+            out += [f"{side}: {n}" for n in drift_note(est.window(r.steps))]
     return out
 
 

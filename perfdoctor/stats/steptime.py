@@ -97,6 +97,10 @@ class StepEstimate:
     def steps_per_s(self) -> float | None:
         return 1.0 / self.step_s if self.step_s else None
 
+    def window(self, steps: list) -> list:
+        """The steady window's entries of `steps`, the list this estimate was made from."""
+        return steps[self.first:self.first + self.n]
+
     def describe(self) -> str:
         parts = [f"{v} {k.replace('_', ' ')}" for k, v in self.dropped.items() if v]
         where = f"{self.n} of {self.total} steps" + (f" (dropped {', '.join(parts)})" if parts else "")
