@@ -36,7 +36,8 @@ def test_each_loader_is_described_by_its_first_batch_and_counted():
                   (DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), 16, False), batch_size=None), 2),
                   (DataLoader(Stream(), batch_size=2), 3))
     assert info[0] == {"dataset": "TensorDataset", "module": "torch.utils.data.dataset", "per_sample": True,
-                       "batch_size": 8, "workers": 0, "default_collate": True, "start": None, "batches": 5}
+                       "batch_size": 8, "workers": 0, "default_collate": True, "start": None, "batches": 5,
+                       "grad_batches": 5}
     # batch_size=None with a batch sampler: the dataset is indexed once per batch
     assert info[2]["dataset"] == "TensorDataset" and info[2]["per_sample"] is False and info[2]["batches"] == 2
     assert info[1]["dataset"] == "Stream" and info[1]["per_sample"] is False     # an iterable: no indexing
@@ -63,6 +64,66 @@ def test_a_dataset_with_getitems_fetches_batches():
     assert info[0]["dataset"] == "Batched" and info[0]["per_sample"] is False
     assert loader_metrics(None)["input.dataset_class"] is None
     assert loader_metrics([{"dataset": 3, "batches": "x"}])["input.dataset_class"] is None     # hostile child.json
+
+
+def test_the_training_loader_is_the_one_drawn_with_autograd_on():
+    """A validation loop under torch.no_grad() inside the steps can draw more batches than the
+    training loop (a user's: 32 batches of 64 every 10 steps beside one of 256 a step): the loader
+    drawn with autograd on is the training one, its batch size the run's (compare's samples/s)."""
+    ds = TensorDataset(torch.randn(64, 3))
+    train, val = DataLoader(ds, batch_size=16), DataLoader(ds, batch_size=4)
+    kinds = LoaderKinds()
+    t, v = iter(train), iter(val)
+    for _ in range(2):
+        kinds.count(t, torch.is_grad_enabled())
+        next(t)
+        with torch.no_grad():
+            for _ in range(5):
+                next(v)
+                kinds.count(v, torch.is_grad_enabled())
+    info = kinds.info()
+    assert [(x["batch_size"], x["batches"], x["grad_batches"]) for x in info] == [(4, 10, 0), (16, 2, 2)]
+    assert loader_metrics(info)["input.loader_batch_size"] == 16
+    # an older child.json, without grad_batches: the loader that yielded the most
+    assert loader_metrics([{k: v for k, v in x.items() if k != "grad_batches"} for x in info])[
+        "input.loader_batch_size"] == 4
+
+
+VALIDATING = r"""
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+train = DataLoader(TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1)), batch_size=128, shuffle=True)
+val = DataLoader(TensorDataset(torch.randn(256, 16), torch.randn(256, 1)), batch_size=16)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(4):
+    for i, (x, y) in enumerate(train):
+        opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+        if i % 2 == 0:                       # 16 validation batches every other step
+            model.eval()
+            with torch.no_grad():
+                for vx, vy in val:
+                    torch.nn.functional.mse_loss(model(vx), vy).item()
+            model.train()
+"""
+
+
+def test_a_validation_loop_inside_the_steps_is_not_the_training_batch(tmp_path):
+    """Live: the validation every other step draws 8 batches of 16 a step and calls the model
+    on each, the training one batch of 128: the run's loader batch size and model-call batch are
+    the training loop's (both had read 16, and compare's samples/s with them)."""
+    script = tmp_path / "validating.py"
+    script.write_text(VALIDATING)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--out", str(out), str(script)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    child = json.loads((out / "child.json").read_text())
+    assert [(x["batch_size"], x["grad_batches"] > 0) for x in child["loaders"]] == [(16, False), (128, True)]
+    assert (child["root_calls"]["calls"], child["root_calls"]["batch"]) == (1, 128)
+    m = json.loads((out / "report.json").read_text())["traces"][0]["metrics"]
+    assert m["input.loader_batch_size"] == 128 and m["loop.model_call_batch"] == 128
 
 
 TRAIN = r"""

@@ -1015,3 +1015,40 @@ def test_workers_reading_get_worker_info_are_seen(tmp_path, mode):
     from perfdoctor.collect.hooks import WORKER_INFO_MARKER
     from perfdoctor.collect.rundir import RUN_FILES
     assert WORKER_INFO_MARKER in RUN_FILES and (out / WORKER_INFO_MARKER).exists() is (mode == "shard")
+
+
+def test_evaluation_calls_in_the_counted_step_describe_it_only_without_training_calls():
+    """A validation loop inside the counted step (the model in eval mode, autograd off) calls the
+    model more often than training does: the step's calls and batch are the training calls'; a
+    step of evaluation calls alone (an inference loop) is described by them."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.collect.modules import Census
+    model = torch.nn.Linear(4, 2)
+    census = Census(torch.Tensor, grad=torch.is_grad_enabled)
+    census.boundary("optimizer")
+    census.count(model, (torch.zeros(256, 4),), {})
+    model.eval()
+    with torch.no_grad():
+        for _ in range(32):
+            census.count(model, (torch.zeros(64, 4),), {})
+    model.train()
+    census.boundary("optimizer")
+    assert (census.result["calls"], census.result["batch"]) == (1, 256)
+    census.reset()
+    census.boundary("module")
+    model.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            census.count(model, (torch.zeros(64, 4),), {})
+        census.boundary("module")
+    assert (census.result["calls"], census.result["batch"]) == (3, 64)
+    model.train()
+    # an RL rollout under no_grad with the policy in train mode is the step's own work
+    census.reset()
+    census.boundary("optimizer")
+    with torch.no_grad():
+        for _ in range(20):
+            census.count(model, (torch.zeros(4),), {})
+    census.count(model, (torch.zeros(20, 4),), {})
+    census.boundary("optimizer")
+    assert (census.result["calls"], census.result["batch"]) == (21, 1)

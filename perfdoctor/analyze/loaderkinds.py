@@ -1,7 +1,10 @@
 """input.dataset_class, input.per_sample_fetch, input.loader_batch_size, input.default_collate,
 input.loader_workers and input.worker_start from child.json's `loaders`
-(collect/loaderkinds.py): the loader that yielded the most batches is the training one (an
-evaluation loader yields fewer: it runs once per epoch or less).
+(collect/loaderkinds.py): the training loader is the one that yielded the most batches with
+autograd on (an evaluation loop under torch.no_grad() draws its batches with it off: a user's loop
+validated 32 batches of 64 every 10 steps, 3.2 a step, beside one training batch of 256), else,
+where none says (an older run; a validation loop without no_grad), the one that yielded the most
+(an evaluation loader yields fewer: it runs once per epoch or less).
 
 input.dataset_kind from a trace alone (traced_dataset_kind), where it holds Python frames
 (with_stack=True) of a loader that fetches in the trainer: torch's map-style fetcher indexes the
@@ -34,7 +37,7 @@ def loader_metrics(loaders) -> dict:
     rows = [x for x in loaders or [] if isinstance(x, dict) and isinstance(x.get("batches"), int)]
     if not rows:
         return out
-    top = max(rows, key=lambda x: x["batches"])
+    top = max(rows, key=lambda x: (_count(x.get("grad_batches")), x["batches"]))
     cls = top.get("dataset")
     out["input.dataset_class"] = cls if isinstance(cls, str) and cls != "?" else None
     per = top.get("per_sample")
@@ -48,6 +51,10 @@ def loader_metrics(loaders) -> dict:
     start = top.get("start")
     out["input.worker_start"] = start if start in ("fork", "spawn", "forkserver") else None
     return out
+
+
+def _count(v) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def iterable_replayed(m: dict) -> bool | None:

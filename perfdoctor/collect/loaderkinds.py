@@ -14,6 +14,8 @@ batches are counted per description. info() lists the descriptions, most batches
                  forked worker inherits perfdoctor's get_worker_info watch, others do not
   default_collate  torch's default_collate makes the batch (False: the script's collate_fn)
   batches        batches drawn from loaders so described
+  grad_batches   of which drawn with autograd on: a validation loop under torch.no_grad() (or
+                 inference_mode) draws its batches with it off, a training loop with it on
 
 A TensorDataset fetched sample by sample indexes each of its tensors batch_size times and stacks
 the rows again, where one indexing with the batch's indices would do (PD358).
@@ -33,19 +35,24 @@ WORKER_INFO_MARKER = "worker_info.marker"     # a DataLoader worker read get_wor
 
 class LoaderKinds:
     def __init__(self):
-        self.batches: dict[tuple, int] = {}
+        self.batches: dict[tuple, list] = {}      # description -> [batches, of which with autograd on]
 
-    def count(self, it) -> None:
+    def count(self, it, grad: bool = True) -> None:
         key = it.__dict__.get("_perfdoctor_kind")
         if key is None:
             key = it.__dict__["_perfdoctor_kind"] = _describe(it)
-        if key in self.batches or len(self.batches) < MAX_KINDS:
-            self.batches[key] = self.batches.get(key, 0) + 1
+        c = self.batches.get(key)
+        if c is None:
+            if len(self.batches) >= MAX_KINDS:
+                return
+            c = self.batches[key] = [0, 0]
+        c[0] += 1
+        c[1] += bool(grad)
 
     def info(self) -> list[dict]:
         return [{"dataset": k[0], "module": k[1], "per_sample": k[2], "batch_size": k[3], "workers": k[4],
-                 "default_collate": k[5], "start": k[6], "batches": n}
-                for k, n in sorted(self.batches.items(), key=lambda kv: -kv[1])]
+                 "default_collate": k[5], "start": k[6], "batches": n, "grad_batches": g}
+                for k, (n, g) in sorted(self.batches.items(), key=lambda kv: -kv[1][0])]
 
 
 def _describe(it) -> tuple:

@@ -17,8 +17,10 @@ from perfdoctor.collect.modules import IN_LOADER
 def wrap_next(session) -> None:
     """Time every DataLoader iterator's __next__ for `session` (hooks.Session): its wait, batches,
     the trainer's CPU inside it without workers, iterator starts and peeks, and the workers' fetches."""
+    import torch
     from torch.utils.data import dataloader as dl
     base = dl._BaseDataLoaderIter
+    grad = torch.is_grad_enabled
     orig = base.__next__
     drew = session.iters.drew
     kinds = session.loader_kinds.count
@@ -59,6 +61,6 @@ def wrap_next(session) -> None:
             session.cum_batches += got
             drew(it, got, dt)
             if got:
-                kinds(it)
+                kinds(it, grad())
     base.__next__ = __next__
 
