@@ -1175,3 +1175,18 @@ def test_odd_events_in_a_recording_are_left_out_and_the_rest_attributed(tmp_path
     m: dict = {}
     sec = run_stacks(run, steps, m, [])
     assert sec is not None and m["stacks.checkpoint_share"] == pytest.approx(0.6)
+
+
+def test_skipped_stacks_are_said_where_the_trainer_does_its_own_loading(tmp_path):
+    """A step of little host time but a data wait the trainer computes itself (num_workers=0:
+    the Dataset's Python is the trainer's, and the stacks name its lines) says why there are no
+    stacks, as a host-bound one does; with workers the loading is theirs, and nothing is said."""
+    from perfdoctor.diagnose.live import run_stacks
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / collect_stacks.META).write_text(json.dumps(
+        {"mode": "auto", "skipped": "no_idle_core", "idle_cores": 0.0, "cores": 2, "idle_cores_needed": 0.5}))
+    base = {"breakdown.other": 0.02, "share.host": 0.02, "share.input": 0.78}
+    for workers, said in ((0, True), (2, False), (None, False)):
+        notes: list[str] = []
+        assert run_stacks(tmp_path, [], {**base, "input.loader_workers": workers}, notes) is None
+        assert notes == ([collect_stacks.skipped_note(0.0, 2)] if said else []), workers

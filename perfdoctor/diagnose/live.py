@@ -332,9 +332,12 @@ def run_stacks(run_dir: Path, steps: list[dict], m: dict, notes: list[str]) -> d
         meta = _read_json(run_dir / "stacks" / "pyspy.meta.json")
         if meta.get("skipped"):
             # worth saying where the step has host time the stacks would have named (5%: the
-            # materiality of the rules that use them)
+            # materiality of the rules that use them), the trainer's own loading included: with
+            # num_workers=0 the Dataset's Python is the trainer's, and the stacks name its lines
+            # (a user's per-pixel augmentation loop, 52% of the step, went unsaid)
             host = max(m.get("breakdown.other") or 0.0, m.get("share.host") or 0.0)
-            if host >= 0.05 or m.get("breakdown.other") is None:
+            loads = (m.get("share.input") or 0.0) if m.get("input.loader_workers") == 0 else 0.0
+            if max(host, loads) >= 0.05 or m.get("breakdown.other") is None:
                 notes.append(skipped_note(_number(meta, "idle_cores"), _number(meta, "cores"),
                                           _number(meta, "idle_cores_needed") or MIN_IDLE_CORES))
         elif (run_dir / "stacks" / "pyspy.meta.json").is_file():
