@@ -182,6 +182,12 @@ def test_no_trial_for_what_the_script_already_does():
     assert "num_workers=2" not in labels and "threads=2" not in labels
     assert not any(t.group in ("optimizer", "threads") for t in trials)
     assert "pin_memory=True" not in labels
+    # a fused optimizer gets no foreach trial (a step back), on the CPU or a GPU
+    for cuda in (False, True):
+        fused = plan.plan(facts(cuda=cuda, optimizers=[dict(SGD, fused=True)]))
+        assert not any(t.group == "optimizer" for t in fused), cuda
+    assert [t.changes for t in plan.plan(facts(optimizers=[dict(SGD, foreach=True)])) if t.group == "optimizer"] \
+        == [{"optimizer": "fused"}]
 
 
 def test_refinements_build_on_the_best_worker_count():

@@ -221,9 +221,11 @@ def plan(f: Facts, *, allow_numerics: bool = False, allow_compile: bool = False,
                                          skip="other processes kept the cores busy: more threads would queue for "
                                               "them (rerun on a quiet machine)" if f.contended else None))
     # On the CPU fused first: it is what PD338 advises there (foreach measured 0.8-1.19x, fused
-    # faster on every bench model), so a short budget measures it rather than foreach.
+    # faster on every bench model), so a short budget measures it rather than foreach. An optimizer
+    # already fused is left alone: foreach would be a step back (a user's fused AdamW got a foreach
+    # trial, which took a short budget's time)
     for impl in ("foreach", "fused") if f.cuda else ("fused", "foreach"):
-        opts = [o for o in f.optimizers if impl in o.get("supports", []) and not o.get(impl)]
+        opts = [o for o in f.optimizers if impl in o.get("supports", []) and not o.get(impl) and not o.get("fused")]
         if opts:
             by_group["optimizer"].append(Trial({"optimizer": impl}, "optimizer"))
     if f.peeks:                       # the loader's iterator kept, not started again for a batch or two
