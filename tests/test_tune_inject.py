@@ -341,6 +341,32 @@ def test_save_every_writes_one_checkpoint_in_n(tmp_path, capfd):
     assert apply_text({"save_every": 100}, inj, cuda=False).startswith("if step % 100 == 0: save(...)  # torch.save / save_file")
 
 
+LIGHTNING_SAVING = textwrap.dedent("""
+    import os, tempfile
+    import torch
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    torch.set_num_threads(1)
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    io, d = TorchCheckpointIO(), tempfile.mkdtemp()
+    for step in range(20):
+        opt.zero_grad(); m(torch.randn(4, 8)).sum().backward(); opt.step()
+        io.save_checkpoint({"state_dict": m.state_dict()}, os.path.join(d, f"{step}.ckpt"))
+    print("written", sorted(int(n.split(".")[0]) for n in os.listdir(d)), flush=True)
+""")
+
+
+def test_save_every_thins_lightnings_checkpoint_writes(tmp_path, capfd):
+    """Lightning's checkpoint writer serialises into a buffer with torch.save and writes the bytes
+    itself: save_every thins its saves (a user's every-step ModelCheckpoint trial had failed as
+    "never reached" after 42 saves), each counted once (its torch.save inside is the same save)."""
+    pytest.importorskip("lightning")
+    for changes, written in (({}, list(range(20))), ({"save_every": 5}, [0, 5, 10, 15])):
+        out, inj = injected(tmp_path, capfd, changes, LIGHTNING_SAVING)
+        assert f"written {written}\n" in out, out
+        assert inj["save_calls"] == 20 and inj["applied"] == (["save_every"] if changes else [])
+
+
 def test_without_changes_nothing_is_injected(tmp_path, capfd):
     res, d = launch(tmp_path, None)
     assert res.exit_code == 0 and "threads 1 workers 0" in capfd.readouterr().out

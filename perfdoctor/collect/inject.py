@@ -27,7 +27,7 @@ key is one change the user could make by hand; the script itself is never edited
 | attention_dropout | "off": torch.nn.functional.scaled_dot_product_attention runs with dropout_p=0 (nn.MultiheadAttention and the models that call it through torch.nn.functional alike): on a CPU, its fused kernel instead of the math path dropout forces (PD381); training without attention dropout changes the numerics |
 | batch_scale | k: a DataLoader built with an int batch_size (no batch_sampler) gets k times that batch_size, so each step trains on k times the samples (PD385: a step that is mostly a fixed cost; tune compares samples per second); the numerics change with the batch |
 | gather_select | True: x[idx] on a CPU tensor with a 1-D integer tensor of non-negative row numbers is x.index_select(0, idx), the same rows; its backward index_add_ instead of index_put_(accumulate=True) (PD386; collect/inject_switches.py) |
-| save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
+| save_every | N: the script's checkpoint saves to a file (torch.save, safetensors' save_file, Lightning's TorchCheckpointIO; collect/inject_saves.py) are written in one step of N, the first step that saves included (every save of that step); the others return at once; saves to a buffer always run |
 
 Whatever the changes, the session also records what the script asked for (DataLoader arguments and where each was built,
 optimizer classes, its thread count, its activation-checkpoint, torch.cuda.empty_cache,
@@ -50,6 +50,7 @@ import threading
 from perfdoctor.collect.inject_iter import index_batches, keep_iterators
 from perfdoctor.collect.inject_loss import record_losses
 from perfdoctor.collect.inject_model import module_call
+from perfdoctor.collect.inject_saves import saves
 from perfdoctor.collect.inject_store import StoredSamples, StoredStream, store_samples
 from perfdoctor.collect.inject_switches import (attention_dropout, distribution_checks, gather_select, keep_host_memory,
                                                set_anomaly)
@@ -105,7 +106,7 @@ def apply(torch, changes: dict | None, run_dir: str, watch=None, steps=None) -> 
                     (("threads",), _threads), (DATALOADER_KEYS, _loader),
                     (("cudnn_benchmark", "tf32"), _cuda_flags), (("optimizer",), _optimizer),
                     (("autocast", "compile", "float32", "channels_last"), module_call), (("recompute",), _checkpoint),
-                    (("empty_cache",), _empty_cache), (("save_every",), _saves), (("keep_iterator",), keep_iterators),
+                    (("empty_cache",), _empty_cache), (("save_every",), saves), (("keep_iterator",), keep_iterators),
                     (("anomaly",), set_anomaly), (("distribution_checks",), distribution_checks),
                     (("attention_dropout",), attention_dropout), (("gather_select",), gather_select)):
         try:
@@ -246,44 +247,6 @@ def _empty_cache(torch, st: _State) -> None:
     empty_cache.__wrapped__ = orig
     empty_cache.__doc__ = orig.__doc__
     mem.empty_cache = torch.cuda.empty_cache = empty_cache
-
-
-def _saves(torch, st: _State) -> None:
-    """Count the script's checkpoint saves; with save_every=N let them through in one step of N:
-    every save of the first step that saves, then of the first step that saves N or more steps
-    after it, ... (what saving N times less often costs: PD350's model, one save every N steps;
-    a model and its optimizer saved in one step stay together). A skipped save returns None, as
-    the save functions do; the file on disk is the last one written. A save into a buffer
-    (io.BytesIO: a deep copy, a size check) is no checkpoint: it always runs."""
-    every = st.changes.get("save_every")
-
-    def wrap(fn, target: str):
-        def save(*args, **kwargs):
-            if os.getpid() != st.pid:
-                return fn(*args, **kwargs)
-            st.save_calls += 1
-            dest = args[1] if len(args) > 1 else kwargs.get(target)
-            if every and isinstance(dest, (str, bytes, os.PathLike)):
-                st.applied.add("save_every")
-                step = st.steps()
-                if st.saved_at is not None and st.saved_at != step and step - st.saved_at < int(every):
-                    return None
-                st.saved_at = step
-            return fn(*args, **kwargs)
-        save.__wrapped__ = fn
-        save.__doc__ = getattr(fn, "__doc__", None)
-        return save
-    from perfdoctor.collect.timedcalls import SAFETENSORS_SAVE, replace_torch_save
-
-    replace_torch_save(torch, lambda fn: wrap(fn, "f"))
-    module, name = SAFETENSORS_SAVE
-
-    def on_safetensors(mod):
-        fn = getattr(mod, name, None)
-        if callable(fn):
-            setattr(mod, name, wrap(fn, "filename"))
-    if st.watch is not None:
-        st.watch(module, on_safetensors)
 
 
 def _cuda_flags(torch, st: _State) -> None:
