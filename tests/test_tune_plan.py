@@ -358,15 +358,41 @@ def test_a_ranked_fix_under_a_material_gain_orders_no_trial_group():
                         child={}, estimate=SimpleNamespace(wait_share=0.89))
     doc = {"verdict": {"bound": "input_cpu"}, "flags": [],
            "traces": [{"metrics": {"machine.cpu_count": 2}}]}
-    fixes = {"PD348": {"ranked": True, "gain": {"expected": 1.17}},
+    fixes = {"PD348": {"ranked": True, "on_bottleneck": True, "gain": {"expected": 1.17}},
              "PD338": {"ranked": True, "gain": {"expected": 1.02, "ceiling": 1.04}},
              "PD309": {"ranked": False}}
     f = plan_facts(doc, fixes, b)
     assert f.ranked == ["PD348"] and f.saturated
     groups = [t.group for t in plan.plan(f) if t.skip is None]
     assert groups.index("loader") < groups.index("optimizer"), groups
-    fixes["PD338"]["gain"]["ceiling"] = 1.3          # a ceiling that allows a material gain ranks it
+    fixes["PD338"]["gain"]["ceiling"] = 1.3          # a ceiling that allows a material gain ranks it,
+    assert plan_facts(doc, fixes, b).ranked == ["PD348"]   # off the bottleneck: if it outweighs the wait
+    fixes["PD338"]["on_bottleneck"] = True
     assert plan_facts(doc, fixes, b).ranked == ["PD348", "PD338"]
+
+
+def test_an_input_bound_step_measures_its_input_before_fixes_off_the_bottleneck():
+    """A user's tabular loop waited 81% of its steps for samples built from Python values: the
+    report ranked sparse embeddings (~1.20x, no ceiling) and a fused optimizer (~1.12x, max 1.14x),
+    both off the bottleneck, and PD306 unranked; tune spent its budget on optimizer=fused and left
+    store_samples (2.7x when asked for; 3.5x by hand) skipped. Fixes off the bottleneck that cannot
+    gain the wait's 1 / (1 - 0.81) order nothing: the preprocessing bound is measured first."""
+    from types import SimpleNamespace
+
+    from perfdoctor.tune.predict import facts as plan_facts
+    b = SimpleNamespace(inject={"loaders": [{"asked": LOADER0}], "optimizers": [SGD], "threads": 1},
+                        child={}, estimate=SimpleNamespace(wait_share=0.81))
+    doc = {"verdict": {"bound": "input_cpu"}, "flags": [], "traces": [{"metrics": {"machine.cpu_count": 2}}]}
+    fixes = {"PD383": {"ranked": True, "on_bottleneck": False, "gain": {"expected": 1.20}},
+             "PD338": {"ranked": True, "on_bottleneck": False, "gain": {"expected": 1.12, "ceiling": 1.14}},
+             "PD306": {"ranked": False, "on_bottleneck": True}, "PD309": {"ranked": False}}
+    f = plan_facts(doc, fixes, b)
+    assert f.ranked == [] and f.preprocess
+    groups = [t.group for t in plan.plan(f) if t.skip is None]
+    assert groups.index("preprocessing") < groups.index("optimizer"), groups
+    # on a host-bound verdict the same fixes keep their ranks
+    doc["verdict"]["bound"] = "host"
+    assert plan_facts(doc, fixes, b).ranked == ["PD383", "PD338"]
 
 
 def test_a_cpu_cnn_on_nchw_tensors_gets_a_channels_last_trial():

@@ -19,7 +19,9 @@ the report found saving a material share of the step: PD350), numerics (opt-in),
 (opt-in). The report's
 ranked fixes order the groups first: the group of its first-ranked fix runs first, and so on
 (the trial that tests the report's top claim is never the one a short budget leaves out); a fix
-whose ceiling is under a material gain (1 + MIN_EFFECT) orders nothing (predict._material). The
+whose ceiling is under a material gain (1 + MIN_EFFECT) orders nothing (predict._material), nor,
+on an input-bound verdict, one off the bottleneck that cannot gain the data wait's Amdahl bound
+(predict._outweighs_the_wait). The
 other groups follow in the verdict's order (input-bound: the loader first; host/overhead-bound:
 optimizer and compilation first; device-bound: numerics and CUDA first), and a data wait of at
 least MATERIAL_WAIT of the step puts the loader first among them whatever the verdict, unless
