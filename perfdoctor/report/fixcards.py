@@ -5,7 +5,8 @@ command that measures them; the flags."""
 
 from __future__ import annotations
 
-from perfdoctor.report.labels import NO_FIX, NONE_MODELLED, WORTH_A_LOOK, cite, from_other_traces, unranked_gain
+from perfdoctor.report.labels import (NO_FIX, NONE_MODELLED, WORTH_A_LOOK, cite, from_other_traces, off_bottleneck_note,
+                                      unranked_gain)
 from perfdoctor.report.tune_labels import MEASURE_FIXES, measured_by_rule, tune_hint, tune_measured
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.rules.gain import times
@@ -79,6 +80,7 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
             "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
             "time the change removes (1 - 1/speed-up: 1.25x a fifth, 2x half, 4x three quarters)"
             + ("; the black mark is the speed-up tune measured." if marked else ".") + "</p>"
+            + (f"<p class=\"small\"><b>{H(note)}</b></p>" if (note := off_bottleneck_note(doc)) else "")
             if ranked else f"<h2>Fixes</h2><p>{H(NONE_MODELLED + '.' if rest else NO_FIX)}</p>")
     more = (f"<section class=\"card\"><b>Also {H(WORTH_A_LOOK)}</b><ul class=\"notes\">"
             + "".join(_worth_a_look(doc, f, measured.get(f["id"])) for f in rest) + "</ul></section>") if rest else ""

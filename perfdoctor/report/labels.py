@@ -72,6 +72,31 @@ WORTH_A_LOOK = "worth a look (no modelled gain, or none expected here)"
 # "No fix with a measurable speed-up applies" above torch.compile, which tune then measured at 11x)
 NO_FIX = "No fix with a measurable speed-up applies."       # no fix at all
 NONE_MODELLED = "No fix has a modelled gain here; the fixes below are worth a look, and tune measures them"
+OFF_BOTTLENECK_SHARE = 0.5     # the bottleneck's share of the step from which the note below is said
+
+
+def off_bottleneck_note(doc: dict) -> str | None:
+    """Where the verdict's bottleneck holds most of the step, every ranked fix is off it and some
+    fix worth a look is on it: what the ranked ones can gain at most (Amdahl on the rest of the
+    step) and which fixes are the bottleneck's. A user's tabular loop waited 78% of its steps
+    for its samples: "1. ~1.20x sparse embeddings, 2. ~1.12x fused optimizer" read as the advice,
+    and preprocessing, worth a look below them, measured 3.5x."""
+    from perfdoctor.rules.model import target_of
+
+    findings = doc.get("findings") or []
+    ranked = [f for f in findings if f.get("ranked")]
+    own = [f["id"] for f in findings if not f.get("ranked") and f.get("on_bottleneck")]
+    target = target_of((doc.get("verdict") or {}).get("bound"))
+    m = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
+    share = m.get(f"share.{target}") if target in ("input", "host", "device", "communication") else None
+    if not ranked or not own or any(f.get("on_bottleneck") for f in ranked) \
+            or not isinstance(share, (int, float)) or not OFF_BOTTLENECK_SHARE <= share < 1:
+        return None
+    name = {"input": "the data wait", "host": "the host's time", "device": "the device's time",
+            "communication": "communication"}[target]
+    return (f"{name} holds {share:.1%} of the step, and the fixes ranked here are off it: even all together they gain "
+            f"at most {1 / share:.2f}x (the rest of the step); its own ({', '.join(own)}) have no modelled gain: code changes "
+            "whose effect the trace cannot size")
 
 
 # The four articles the fix rules cite by file name (`source.article`, e.g. 003_7bbbd8e6e30a68ae.txt):

@@ -13,9 +13,9 @@ import re
 
 from perfdoctor.report.compare_text import beyond_word, compare_lines
 from perfdoctor.report.labels import (BOUND_TITLE, NO_FIX, NONE_MODELLED, WORTH_A_LOOK, abnormal_end, bound_title,
-                                       breakdown_rows, device_text, first_step_shown, from_other_traces, role_labels,
-                                       script_failure, secondary_text, shown_rank, shown_trace, steps_counted,
-                                       unranked_gain)
+                                       breakdown_rows, device_text, first_step_shown, from_other_traces,
+                                       off_bottleneck_note, role_labels, script_failure, secondary_text, shown_rank,
+                                       shown_trace, steps_counted, unranked_gain)
 from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, measured_by_rule, pace_text, per_sample_note,
                                             predicted_note, tune_baselines_note, tune_best_step, tune_hint,
                                             tune_measured, tune_model_check, tune_no_best, tune_only, tune_predicted,
@@ -135,7 +135,9 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
                if tune is None and (cmd := tune_hint(doc)) else [])
     if not ranked:      # the fixes worth a look may still be measured (CPU bf16 autocast, say)
         return [f"{NONE_MODELLED}." if rest else NO_FIX, "", *also, *measure, *([""] if also or measure else [])]
-    out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", ""]
+    note = off_bottleneck_note(doc)
+    out = ["**Fixes** (expected gain: a model of the change, never above its ceiling)", "",
+           *([f"*{M(note)}*", ""] if note else [])]
     for i, f in enumerate(ranked, 1):
         g = f.get("gain") or {}
         meas = measured.get(f["id"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from perfdoctor.report.labels import NONE_MODELLED, WORTH_A_LOOK, cite, unranked_gain
+from perfdoctor.report.labels import NONE_MODELLED, WORTH_A_LOOK, cite, off_bottleneck_note, unranked_gain
 from perfdoctor.report.sanitize import terminal as T
 from perfdoctor.report.termtext import code as _code, elsewhere as _elsewhere, line as _line, para as _para
 from perfdoctor.report.tune_labels import measured_by_rule, tune_measured
@@ -49,6 +49,8 @@ def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = No
     c.print()
     if ranked:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
+        if note := off_bottleneck_note(doc):
+            _para(c, note, 4, "dim")
     else:           # only fixes whose gain no model bounds: still the advice there is
         c.print(Text(f"{NONE_MODELLED} (? no model, ~ expected, max: its ceiling)", style="bold"))
     shown = ranked[:TOP] + [f for f in findings if not f["ranked"]][:max(0, TOP - len(ranked))]
@@ -106,6 +108,8 @@ def fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) 
     if ranked:
         c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
                      "ceiling: the Amdahl bound on the measured share)", style="bold"))
+        if note := off_bottleneck_note(doc):
+            _para(c, note, 2, "dim")
     else:
         no_fix(c, none_of, blank=False)
     for i, f in enumerate(ranked, 1):
