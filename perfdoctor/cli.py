@@ -127,7 +127,7 @@ def run(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1,
                                             help="Stop the script at a step boundary after N measured steps."),
     duration: Optional[float] = typer.Option(None, "--duration", min=1, callback=_not_nan, metavar="SECONDS",
-                                             help="Stop the script at a step boundary this long after launch (imports included)."),
+                                             help="Stop the script at a step boundary this long after launch."),
     skip_steps: int = typer.Option(5, "--skip-steps", min=0, help="Warm-up steps before the trace window."),
     trace_steps: int = typer.Option(5, "--trace-steps", min=1, help="Steps recorded by torch.profiler."),
     memory: bool = typer.Option(False, "--memory", help="Also profile memory (allocator events) in the trace."),

@@ -95,8 +95,8 @@ def off_bottleneck_note(doc: dict) -> str | None:
     name = {"input": "the data wait", "host": "the host's time", "device": "the device's time",
             "communication": "communication"}[target]
     return (f"{name} holds {share:.1%} of the step, and the fixes ranked here are off it: even all together they gain "
-            f"at most {1 / share:.2f}x (the rest of the step); its own ({', '.join(own)}) have no modelled gain: code changes "
-            "whose effect the trace cannot size")
+            f"at most {1 / share:.2f}x (the rest of the step); its own ({', '.join(own)}) have no modelled gain: "
+            "code changes whose effect the trace cannot size")
 
 
 # The four articles the fix rules cite by file name (`source.article`, e.g. 003_7bbbd8e6e30a68ae.txt):

@@ -28,11 +28,12 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
     m = _metrics(doc)
     inj = b.inject
     loaders = inj.get("loaders") or []
+    bound, wait = (doc.get("verdict") or {}).get("bound"), getattr(b.estimate, "wait_share", None)
     return planmod.Facts(
         cores=int(m.get("machine.cpu_count") or os.cpu_count() or 1),
         cuda=bool(b.child.get("cuda_available")),
-        verdict=(doc.get("verdict") or {}).get("bound"),
-        data_wait=getattr(b.estimate, "wait_share", None),
+        verdict=bound,
+        data_wait=wait,
         loader=loaders[0]["asked"] if loaders else None,
         optimizers=inj.get("optimizers") or [],
         threads=inj.get("threads"),
@@ -44,7 +45,7 @@ def facts(doc: dict, fixes: dict, b) -> planmod.Facts:
         compiled=bool(m.get("fusion.compiled")),
         graph_replay=bool((fixes.get("PD311") or {}).get("ranked")),
         ranked=[i for i, f in fixes.items() if f.get("ranked") and f.get("kind", "fix") == "fix" and _material(f)
-                and _outweighs_the_wait(f, (doc.get("verdict") or {}).get("bound"), getattr(b.estimate, "wait_share", None))],
+                and _outweighs_the_wait(f, bound, wait)],
         contended="cpu-contention" in {f.get("slug") for f in doc.get("flags") or []},
         other_cores=m.get("system.other_cores"),
         demand=m.get("loader.threads_oversubscription"),
