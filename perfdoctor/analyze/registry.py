@@ -88,7 +88,7 @@ _m("input.data_wait_share", "share", "Exposed data wait: share of step time the 
 _m("input.data_wait_host_share", "share", "Share of step time the host spends inside DataLoader/DataPipe __next__, overlapped or not.")
 _m("input.loader", "str", "single_process, multi_process, datapipe, or None when no loader annotation is traced.")
 _m("input.worker_info_used", "bool", "Whether a DataLoader worker called torch.utils.data.get_worker_info() (perfdoctor run; forked workers only): an IterableDataset that does shards its stream. False: no worker did (or the workers were spawned); None for a trace or an older run.")
-_m("input.dataset_class", "str", "Class name of the dataset of the DataLoader that yielded the most batches ('Subset of X' for a Subset of X; perfdoctor run); None for a trace alone.")
+_m("input.dataset_class", "str", "Class name of the dataset of the training DataLoader: the one that yielded the most batches with autograd on (a validation loop under no_grad draws with it off), else the most batches ('Subset of X' for a Subset of X; perfdoctor run); None for a trace alone.")
 _m("input.per_sample_fetch", "bool", "That loader makes each batch sample by sample: map-style with batch_size set and a dataset without __getitems__, so dataset[i] runs once per sample and default_collate stacks the results (perfdoctor run).")
 _m("input.loader_batch_size", "count", "That loader's batch_size (None with batch_size=None or unknown).")
 _m("input.loader_workers", "count", "That loader's num_workers (perfdoctor run; None for a trace alone).")
