@@ -311,6 +311,11 @@ def test_traced_steps_far_shorter_than_the_steady_ones_are_not_firm():
     for busy in ({"run.traced_runq_share": 0.3}, {"run.runq_share": 0.2}):       # the machine may have changed
         [note] = [n for n in confidence("device", {**grown, **busy})[1] if "the traced steps took" in n]
         assert "--skip-steps" not in note and note.endswith("on a quiet machine if it is shared"), note
+    # a user's GPT-2: traced 458 ms with no queueing, steady 6.5 s queued 49%: work came after the trace
+    came = {**m, "run.traced_runq_share": 0.0, "run.runq_share": 0.49, "run.steps": 40}
+    [note] = [n for n in confidence("device", came)[1] if "the traced steps took" in n]
+    assert "before other work took the cores: the steady steps waited for a CPU 49% of their time, the traced " \
+           "ones 0%" in note and "--skip-steps" not in note, note
     # a steady step 1.5x the traced one (a quieter moment, noise) keeps the verdict firm
     assert confidence("device", {**m, "run.step_time_median_ms": 650.0})[0] == 1.0
     # their waits differ too, and for that reason, not the profiler's pace (a user's loader that

@@ -189,6 +189,14 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                          "the steps' work changed (as where episodes or sequences grow through a run), and its "
                          "breakdown and shares describe the early steps only; trace later in the run: "
                          f"--skip-steps {steps // 2} (half of its {steps} steps)")
+        elif isinstance(queued, (int, float)) and isinstance(runq, (int, float)) and queued < QUEUED_WORK \
+                and runq >= SHARED_RUNQ:
+            # the steady steps queued for a CPU and the traced ones did not: work came after the
+            # trace (a user's GPT-2: 458 ms traced, 6.5 s steady once a neighbour took a core and
+            # torch's two threads waited for each other), and the trace is the job without it
+            notes.append(head + f"before other work took the cores: the steady steps waited for a CPU {runq:.0%} of "
+                         f"their time, the traced ones {queued:.0%}, so its breakdown and shares describe the job "
+                         "without that load; the step time is the run's with it")
         else:
             notes.append(head + "in another state (other work on the machine came or went, or the steps' work "
                          "changed), so its breakdown and shares may not describe most of the run; rerun, on a quiet "
