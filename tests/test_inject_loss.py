@@ -54,13 +54,16 @@ def _grown(tmp_path, mode: str) -> tuple[float, int, str]:
 
 def test_recorded_cpu_losses_leave_the_heap_as_the_script_left_it(tmp_path):
     pytest.importorskip("torch")
-    mine, n, kind = _grown(tmp_path, "perfdoctor")
-    assert (n, kind) == (320, "float")              # every micro-batch's loss, kept as its value
-    control, _, control_kind = _grown(tmp_path, "tensors")
-    assert control_kind == "Tensor"
+    import statistics
+    # the heap's growth over 12 steps varies from run to run (the values: -1.3 to 5.9 MiB, the
+    # tensors: 9.5 to 13.0 MiB; one CI run read 5.9 against 9.5): the median of three runs of each
+    runs = {mode: [_grown(tmp_path, mode) for _ in range(3)] for mode in ("perfdoctor", "tensors")}
+    assert {(n, kind) for _, n, kind in runs["perfdoctor"]} == {(320, "float")}   # every loss, kept as its value
+    assert {kind for _, _, kind in runs["tensors"]} == {"Tensor"}
+    mine, control = (statistics.median(mib for mib, _, _ in runs[mode]) for mode in ("perfdoctor", "tensors"))
     if control < 6:
         pytest.skip(f"this allocator does not grow with kept scalar tensors ({control:.1f} MiB over 12 steps)")
-    assert mine < control / 2, (mine, control)       # 11.5-13.5 MiB kept tensors, 1.5-3.8 MiB the values
+    assert mine < control / 2, (runs, mine, control)   # 11.5-13.5 MiB kept tensors, 1.5-3.8 MiB the values
 
 
 # Losses that cannot be read as a value where the script's call takes them: a fake tensor (what
