@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+from runs import child, prun_script, report
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset  # noqa: E402
@@ -113,16 +110,11 @@ def test_a_validation_loop_inside_the_steps_is_not_the_training_batch(tmp_path):
     """Live: the validation every other step draws 8 batches of 16 a step and calls the model
     on each, the training one batch of 128: the run's loader batch size and model-call batch are
     the training loop's (both had read 16, and compare's samples/s with them)."""
-    script = tmp_path / "validating.py"
-    script.write_text(VALIDATING)
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--no-trace", "--out", str(out), str(script)],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    child = json.loads((out / "child.json").read_text())
-    assert [(x["batch_size"], x["grad_batches"] > 0) for x in child["loaders"]] == [(16, False), (128, True)]
-    assert (child["root_calls"]["calls"], child["root_calls"]["batch"]) == (1, 128)
-    m = json.loads((out / "report.json").read_text())["traces"][0]["metrics"]
+    _, out = prun_script(tmp_path, "validating.py", VALIDATING)
+    loaders, calls = child(out)["loaders"], child(out)["root_calls"]
+    assert [(x["batch_size"], x["grad_batches"] > 0) for x in loaders] == [(16, False), (128, True)]
+    assert (calls["calls"], calls["batch"]) == (1, 128)
+    m = report(out)["traces"][0]["metrics"]
     assert m["input.loader_batch_size"] == 128 and m["loop.model_call_batch"] == 128
 
 
@@ -140,15 +132,10 @@ for epoch in range(6):
 
 
 def test_run_offers_whole_batch_indexing_for_a_tensor_dataset(tmp_path):
-    script = tmp_path / "tensor_data.py"
-    script.write_text(TRAIN)
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "perfdoctor", "run", "--out", str(out), str(script)],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    child = json.loads((out / "child.json").read_text())
-    assert child["loaders"][0]["dataset"] == "TensorDataset" and child["loaders"][0]["batches"] == 6 * 64
-    doc = json.loads((out / "report.json").read_text())
+    _, out = prun_script(tmp_path, "tensor_data.py", TRAIN, trace=True)
+    loader = child(out)["loaders"][0]
+    assert loader["dataset"] == "TensorDataset" and loader["batches"] == 6 * 64
+    doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["input.dataset_class"] == "TensorDataset" and m["input.per_sample_fetch"] is True
     # 128 dataset[i] calls and a stack per batch against a linear layer: most of the step is the wait

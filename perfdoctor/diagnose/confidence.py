@@ -180,8 +180,8 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
         head = (f"the traced steps took {ms(med_t)} ms (median) and the steady ones {ms(med_s)} ms, "
                 f"{med_s / med_t:.1f}x as long, though the profiler only adds time: the trace caught the run ")
         steps, runq = m.get("run.steps"), m.get("run.runq_share")
-        if isinstance(queued, (int, float)) and isinstance(runq, (int, float)) and max(queued, runq) < QUEUED_WORK \
-                and isinstance(steps, int) and steps >= 20:
+        queues = isinstance(queued, (int, float)) and isinstance(runq, (int, float))   # both measured
+        if queues and max(queued, runq) < QUEUED_WORK and isinstance(steps, int) and steps >= 20:
             # neither the traced steps nor the steady ones queued for a CPU: the machine did not
             # change, the steps' work did (a user's RL loop: episodes that grow as the policy
             # learns, traced at steps 7-12 of 335; "rerun on a quiet machine" would trace the same)
@@ -189,8 +189,7 @@ def confidence(bound: str, m: dict) -> tuple[float, list[str], list[str]]:
                          "the steps' work changed (as where episodes or sequences grow through a run), and its "
                          "breakdown and shares describe the early steps only; trace later in the run: "
                          f"--skip-steps {steps // 2} (half of its {steps} steps)")
-        elif isinstance(queued, (int, float)) and isinstance(runq, (int, float)) and queued < QUEUED_WORK \
-                and runq >= SHARED_RUNQ:
+        elif queues and queued < QUEUED_WORK and runq >= SHARED_RUNQ:
             # the steady steps queued for a CPU and the traced ones did not: work came after the
             # trace (a user's GPT-2: 458 ms traced, 6.5 s steady once a neighbour took a core and
             # torch's two threads waited for each other), and the trace is the job without it

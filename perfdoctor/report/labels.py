@@ -73,6 +73,8 @@ WORTH_A_LOOK = "worth a look (no modelled gain, or none expected here)"
 NO_FIX = "No fix with a measurable speed-up applies."       # no fix at all
 NONE_MODELLED = "No fix has a modelled gain here; the fixes below are worth a look, and tune measures them"
 OFF_BOTTLENECK_SHARE = 0.5     # the bottleneck's share of the step from which the note below is said
+BOTTLENECK_NAMES = {"input": "the data wait", "host": "the host's time", "device": "the device's time",
+                    "communication": "communication"}     # by rules.model.target_of; share.<key> is its share
 
 
 def off_bottleneck_note(doc: dict) -> str | None:
@@ -89,13 +91,11 @@ def off_bottleneck_note(doc: dict) -> str | None:
     own = [f["id"] for f in findings if not f.get("ranked") and f.get("on_bottleneck")]
     target = target_of((doc.get("verdict") or {}).get("bound"))
     m = ((doc.get("traces") or [{}])[0].get("metrics")) or {}
-    share = m.get(f"share.{target}") if target in ("input", "host", "device", "communication") else None
+    share = m.get(f"share.{target}") if target in BOTTLENECK_NAMES else None
     if not ranked or not own or any(f.get("on_bottleneck") for f in ranked) \
             or not isinstance(share, (int, float)) or not OFF_BOTTLENECK_SHARE <= share <= 1:
         return None
-    name = {"input": "the data wait", "host": "the host's time", "device": "the device's time",
-            "communication": "communication"}[target]
-    return (f"{name} holds {share:.1%} of the step, and the fixes ranked here are off it; its own "
+    return (f"{BOTTLENECK_NAMES[target]} holds {share:.1%} of the step, and the fixes ranked here are off it; its own "
             f"({', '.join(own)}) have no modelled gain: code changes whose effect the trace cannot size, "
             "listed below them")
 

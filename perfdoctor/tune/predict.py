@@ -70,9 +70,7 @@ def _material(fix: dict) -> bool:
     trials ran)."""
     from perfdoctor.tune.measure import MIN_EFFECT
 
-    g = fix.get("gain") or {}
-    top = g.get("ceiling") if g.get("ceiling") is not None else g.get("expected")
-    return not isinstance(top, (int, float)) or top >= 1 + MIN_EFFECT
+    return _may_gain(fix, 1 + MIN_EFFECT)
 
 
 def _outweighs_the_wait(fix: dict, bound, wait) -> bool:
@@ -85,9 +83,14 @@ def _outweighs_the_wait(fix: dict, bound, wait) -> bool:
     if fix.get("on_bottleneck") is True or not str(bound or "").startswith("input") \
             or not isinstance(wait, (int, float)) or not 0 < wait < 1:
         return True
+    return _may_gain(fix, 1 / (1 - wait))
+
+
+def _may_gain(fix: dict, bar: float) -> bool:
+    """The fix's ceiling, else its expected gain, reaches `bar`; an unknown one may."""
     g = fix.get("gain") or {}
     top = g.get("ceiling") if g.get("ceiling") is not None else g.get("expected")
-    return not isinstance(top, (int, float)) or top >= 1 / (1 - wait)
+    return not isinstance(top, (int, float)) or top >= bar
 
 
 def _worker_cores(m: dict) -> float | None:
