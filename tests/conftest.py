@@ -3,6 +3,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -82,19 +83,37 @@ def pytest_runtest_protocol(item, nextitem):
     keep = nextitem is not None and nextitem.get_closest_marker("quiet") is not None
     t0 = time.time()
     with machine_share(item.config, quiet, keep):
-        t1 = time.time()
+        t1, cpu, busy = time.time(), _cpu(), _machine_busy()
         yield
-    _timeline(item, quiet, t0, t1, time.time())
+    _timeline(item, quiet, t0, t1, time.time(), _cpu() - cpu, _machine_busy() - busy)
 
 
-def _timeline(item, quiet: bool, asked: float, held: float, done: float) -> None:
+def _cpu() -> float:
+    """CPU seconds of this worker and of the children it waited for (the scripts a test runs)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _machine_busy() -> float:
+    """Seconds every core of the machine has been busy (/proc/stat: all but idle and iowait)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _timeline(item, quiet: bool, asked: float, held: float, done: float, cpu: float, busy: float) -> None:
     """PERFDOCTOR_TEST_TIMELINE=FILE: one JSON line per test (worker, test, quiet, when it asked for
-    the machine, got it and ended), for tests/timeline.py to tell where a suite's wall time goes."""
+    the machine, got it and ended, the CPU seconds it used, the machine's busy core-seconds while it
+    ran), for tests/timeline.py to tell where a suite's wall time goes."""
     path = os.environ.get("PERFDOCTOR_TEST_TIMELINE")
     if path and item.config.rootpath == REPO:          # not the sessions tests/test_quiet.py starts
         worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
         line = json.dumps({"worker": worker, "test": item.nodeid, "quiet": quiet,
-                           "asked": asked, "held": held, "done": done})
+                           "asked": asked, "held": held, "done": done, "cpu": round(cpu, 2),
+                           "busy": round(busy, 2)})
         with open(path, "a") as f:
             f.write(line + "\n")
 
