@@ -55,7 +55,8 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
              unbounded: str | None = None, setting: str | None = None) -> str:
     """'expected ~1.30x (1.20-1.45x), at most 1.50x (data wait is 33.0% of each step)'; with a
     ceiling share above the share (the profiler slowed the traced steps): '... of each traced
-    step, up to 41.0% of an un-profiled one'; `timed`: the ceiling share was timed on un-profiled
+    step, up to 41.0% of an un-profiled one' (where that reaches the whole step: 'may be nearly all
+    of an un-profiled one'); `timed`: the ceiling share was timed on un-profiled
     steps: '... 37.9% of each un-profiled step (timed), 44.5% of each traced one'; `unbounded`: why
     the share bounds nothing here (gain.unbounded): 'no ceiling (why), ...'; `setting`: what the
     expected gain assumes is done (gain.expected_with): 'expected ~3.58x with 8 workers ...'."""
@@ -68,6 +69,11 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
     elif timed and ceiling_share is not None:
         basis = (f"{label} is {100 * ceiling_share:.1f}% of each un-profiled step (timed), "
                  f"{100 * share:.1f}% of each traced one")
+    elif ceiling_share is not None and ceiling_share >= 0.9995:
+        # the profiler slowed the traced steps so much that the share, scaled to an un-profiled
+        # step, reached all of it: '65.8% ..., up to 100.0% of an un-profiled one' read as nonsense
+        basis = (f"{label} is {100 * share:.1f}% of each traced step; the profiler slowed those steps "
+                 "so much that it may be nearly all of an un-profiled one")
     elif ceiling_share is not None and ceiling_share > share + 0.0005:
         basis = f"{label} is {100 * share:.1f}% of each traced step, up to {100 * ceiling_share:.1f}% of an un-profiled one"
     if expected is None:
