@@ -77,8 +77,8 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
                  False)]
     line = f"  the wait is {WAIT_CAUSE.get(cause, cause)}"
     if cause == "straggler" and m.get("ranks.slowest_ratio") is not None:
-        line += (f" (*): rank {m['ranks.slowest_rank']} does {m['ranks.slowest_ratio']:.2f}x the work per step "
-                 f"of rank {m['ranks.fastest_rank']}, which waits {cell_pct(m['ranks.straggler_wait_share_max'])} "
+        line += (f" (*): rank {m['ranks.slowest_rank']} is busy {m['ranks.slowest_ratio']:.2f}x as long per step "
+                 f"as rank {m['ranks.fastest_rank']}, which waits {cell_pct(m['ranks.straggler_wait_share_max'])} "
                  "of its step for it")
     elif cause == "network" and (m.get("ranks.straggler_wait_share_max") or 0) >= MATERIAL:
         # the transfer is the larger part, not all of it: a rank waits that much more than the others;
