@@ -644,6 +644,16 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     gone = {"count": 1, "world_size": 2, "per_rank": sec["per_rank"][:1], "metrics": {"ranks.wait_cause": None}}
     assert rank_notes(gone)[0][0].startswith("  collective waits unknown (1 of the job's 2 ranks here)")
     assert "(no trace on some rank)" in rank_notes({**gone, "count": 2, "per_rank": sec["per_rank"]})[0][0]
+    # a straggler whose step thread used about the CPU the others did (a balanced job under another
+    # job's load: 2.7% of a step more) is said to have spent its extra time off that CPU
+    strag = {**sec, "metrics": {**sec["metrics"], "ranks.wait_cause": "straggler", "ranks.slowest_rank": 0,
+                                "ranks.fastest_rank": 1, "ranks.slowest_ratio": 1.85, "ranks.straggler_wait_share_max": 0.34}}
+    for extra, said in ((0.027, True), (0.2, False), (None, False)):
+        strag["metrics"]["ranks.slowest_extra_cpu_share"] = extra
+        lines = [t for t, _ in rank_notes(strag)]
+        assert "rank 0 is busy 1.85x as long per step as rank 1, which waits 34% of its step" in lines[0]
+        assert any(t.startswith("  rank 0's step thread used about as much CPU per step as the others' (+3% of its "
+                                "step): its extra time was spent off that CPU") for t in lines) == said, (extra, lines)
 
 
 def test_the_html_rank_table_has_the_terminals_columns():

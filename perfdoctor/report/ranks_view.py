@@ -90,7 +90,8 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
     elif cause == "straggler":
         line += f" (*): rank {sec.get('slowest_rank')}"
     line += uneven_detail(m)
-    out = [(line, False),
+    out = [(line, False)] + _off_cpu(m, cause)
+    out += [
            (f"  every rank waits at least {cell_pct(m.get('ranks.network_wait_share'))} of the step (the "
             f"collective itself); waiting for slower ranks: {cell_pct(m.get('ranks.straggler_wait_share'))} on average"
             + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
@@ -101,3 +102,17 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
                     "batches joined, under torch.distributed.algorithms.Join, or left); each rank's figures are "
                     "over its own steps", False))
     return out
+
+
+def _off_cpu(m: dict, cause: str) -> list[tuple[str, bool]]:
+    """A straggler whose step thread used about as much CPU per step as the others' (its CPU time
+    beyond their mean under MATERIAL of its step): its extra time is not more work of its own on
+    that thread. A user's balanced DDP job under another job's load read 'rank 0 does 1.85x the
+    work' with 2.7% of a step more CPU time; a rank that sleeps or waits for its data reads so too."""
+    extra = m.get("ranks.slowest_extra_cpu_share")
+    if cause != "straggler" or extra is None or extra >= MATERIAL:
+        return []
+    return [(f"  rank {m.get('ranks.slowest_rank')}'s step thread used about as much CPU per step as the others' "
+             f"(+{cell_pct(extra)} of its step): its extra time was spent off that CPU, waiting (storage, a sleep, "
+             "its loader's workers, other threads) or slowed by other load on its cores, not in more work of its own",
+             True)]
