@@ -647,7 +647,8 @@ def test_ranks_that_never_communicate_are_not_described_by_their_collectives():
     # a straggler whose step thread used about the CPU the others did (a balanced job under another
     # job's load: 2.7% of a step more) is said to have spent its extra time off that CPU
     strag = {**sec, "metrics": {**sec["metrics"], "ranks.wait_cause": "straggler", "ranks.slowest_rank": 0,
-                                "ranks.fastest_rank": 1, "ranks.slowest_ratio": 1.85, "ranks.straggler_wait_share_max": 0.34}}
+                                "ranks.fastest_rank": 1, "ranks.slowest_ratio": 1.85,
+                                "ranks.straggler_wait_share_max": 0.34}}
     for extra, said in ((0.027, True), (0.2, False), (None, False)):
         strag["metrics"]["ranks.slowest_extra_cpu_share"] = extra
         lines = [t for t, _ in rank_notes(strag)]
