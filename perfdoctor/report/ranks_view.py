@@ -90,8 +90,7 @@ def rank_notes(sec: dict) -> list[tuple[str, bool]]:
     elif cause == "straggler":
         line += f" (*): rank {sec.get('slowest_rank')}"
     line += uneven_detail(m)
-    out = [(line, False)] + _off_cpu(m, cause)
-    out += [
+    out = [(line, False), *_off_cpu(m, cause),
            (f"  every rank waits at least {cell_pct(m.get('ranks.network_wait_share'))} of the step (the "
             f"collective itself); waiting for slower ranks: {cell_pct(m.get('ranks.straggler_wait_share'))} on average"
             + (f" (paired over {m['ranks.paired_steps']} profiled steps)" if m.get("ranks.paired_steps") else ""),
