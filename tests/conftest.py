@@ -81,11 +81,13 @@ def pytest_runtest_protocol(item, nextitem):
     from quiet import machine_share
     quiet = item.get_closest_marker("quiet") is not None
     keep = nextitem is not None and nextitem.get_closest_marker("quiet") is not None
+    path = os.environ.get("PERFDOCTOR_TEST_TIMELINE") if item.config.rootpath == REPO else None
     t0 = time.time()
     with machine_share(item.config, quiet, keep):
-        t1, cpu, busy = time.time(), _cpu(), _machine_busy()
+        t1, cpu, busy = (time.time(), _cpu(), _machine_busy()) if path else (0.0, 0.0, 0.0)
         yield
-    _timeline(item, quiet, t0, t1, time.time(), _cpu() - cpu, _machine_busy() - busy)
+    if path:            # not the sessions tests/test_quiet.py starts
+        _timeline(path, item, quiet, t0, t1, time.time(), _cpu() - cpu, _machine_busy() - busy)
 
 
 def _cpu() -> float:
@@ -104,18 +106,16 @@ def _machine_busy() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _timeline(item, quiet: bool, asked: float, held: float, done: float, cpu: float, busy: float) -> None:
+def _timeline(path: str, item, quiet: bool, asked: float, held: float, done: float, cpu: float,
+              busy: float) -> None:
     """PERFDOCTOR_TEST_TIMELINE=FILE: one JSON line per test (worker, test, quiet, when it asked for
     the machine, got it and ended, the CPU seconds it used, the machine's busy core-seconds while it
     ran), for tests/timeline.py to tell where a suite's wall time goes."""
-    path = os.environ.get("PERFDOCTOR_TEST_TIMELINE")
-    if path and item.config.rootpath == REPO:          # not the sessions tests/test_quiet.py starts
-        worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
-        line = json.dumps({"worker": worker, "test": item.nodeid, "quiet": quiet,
-                           "asked": asked, "held": held, "done": done, "cpu": round(cpu, 2),
-                           "busy": round(busy, 2)})
-        with open(path, "a") as f:
-            f.write(line + "\n")
+    worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
+    line = json.dumps({"worker": worker, "test": item.nodeid, "quiet": quiet, "asked": asked, "held": held,
+                       "done": done, "cpu": round(cpu, 2), "busy": round(busy, 2)})
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ outside, and the long tests that mostly wait (their scripts sleep, or wait for a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import defaultdict
 
@@ -45,7 +46,6 @@ def main(path: str, top: int = 15) -> None:
 
 def _cpu(rows: list[dict], span: float, top: int) -> None:
     """The CPU the tests used against the time the cores had, inside quiet holds and outside."""
-    import os
     cores = os.cpu_count() or 1
     quiet = [r for r in rows if r["quiet"]]
     held = sum(r["done"] - r["held"] for r in quiet)

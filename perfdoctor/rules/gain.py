@@ -69,13 +69,13 @@ def describe(expected: float | None, low: float | None, high: float | None, ceil
     elif timed and ceiling_share is not None:
         basis = (f"{label} is {100 * ceiling_share:.1f}% of each un-profiled step (timed), "
                  f"{100 * share:.1f}% of each traced one")
-    elif ceiling_share is not None and ceiling_share >= 0.9995:
-        # the profiler slowed the traced steps so much that the share, scaled to an un-profiled
-        # step, reached all of it: '65.8% ..., up to 100.0% of an un-profiled one' read as nonsense
-        basis = (f"{label} is {100 * share:.1f}% of each traced step; the profiler slowed those steps "
-                 "so much that it may be nearly all of an un-profiled one")
     elif ceiling_share is not None and ceiling_share > share + 0.0005:
         basis = f"{label} is {100 * share:.1f}% of each traced step, up to {100 * ceiling_share:.1f}% of an un-profiled one"
+        if ceiling_share >= 0.9995:
+            # the profiler slowed the traced steps so much that the share, scaled to an un-profiled
+            # step, reached all of it: '65.8% ..., up to 100.0% of an un-profiled one' read as nonsense
+            basis = (f"{label} is {100 * share:.1f}% of each traced step; the profiler slowed those steps "
+                     "so much that it may be nearly all of an un-profiled one")
     if expected is None:
         return f"{cap}, no model of the expected gain ({basis})"
     assumes = f" {setting}" if setting else ""
