@@ -16,7 +16,7 @@ key is one change the user could make by hand; the script itself is never edited
 | autocast | "bfloat16" or "float16": torch.autocast around the outermost call of a module with parameters, and around the loss (a torch.nn loss module; functional binary_cross_entropy and huber_loss, which refuse a 16-bit input beside a float32 target) |
 | float32 | True: a model with float64 (or bfloat16, float16) parameters trains in float32: at its outermost call it is converted in place (Module.float(): the optimizer keeps the same Parameter objects), tensors of that dtype entering it or any of its submodules become float32, and its float32 outputs take that dtype again, so the code around the model (loss, targets, metrics) still sees it |
 | channels_last | True: at its outermost call a module with 4-D (convolution) parameters is converted in place to torch.channels_last (Module.to(memory_format=...): the optimizer keeps the same Parameter objects), and the 4-D floating-point tensors entering it become channels_last |
-| compile | True: torch.compile of that outermost module (nn.Module.compile, in place); a string: that mode |
+| compile | True: that outermost module's calls run through torch.compile(module), made at its first call, as `model = torch.compile(model)` would (collect/inject_model.py); a string: that mode |
 | recompute | "off": torch.utils.checkpoint.checkpoint(fn, *args) calls fn(*args) directly (activations kept) |
 | empty_cache | "off": torch.cuda.empty_cache() returns at once (the caching allocator keeps its free blocks) |
 | index_batches | True: a DataLoader over a TensorDataset fetching sample by sample gets a BatchSampler as its sampler and batch_size=None: one indexing a batch (collect/inject_iter.py) |
@@ -74,7 +74,7 @@ class _State:
         self.watch = None                        # child.py's import watcher (apply's `watch`)
         self.steps = None                        # the run's step count so far (apply's `steps`)
         self.saved_at: int | None = None         # the step whose saves save_every last let through
-        self.compiled: set[int] = set()
+        self.compiled: dict = {}                 # id(module) -> torch.compile(module), from its first call (compile)
         self.converted: dict = {}                # id of each module made float32 -> its former dtype (float32)
         self.channels_last: dict = {}            # id of each outermost module seen -> made channels_last (channels_last)
         self.inner_f64: set[str] = set()         # classes of submodules the model's own code fed float64

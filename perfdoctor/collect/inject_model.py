@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from perfdoctor.collect import dynamoskip
+
 
 def module_call(torch, st) -> None:
     dtype_name = st.changes.get("autocast")
@@ -28,12 +30,13 @@ def module_call(torch, st) -> None:
     f32t = torch.float32
     wider = (torch.float64, torch.bfloat16, torch.float16)     # the dtypes a model is made float32 from
     Loss = torch.nn.modules.loss._Loss
+    compiling = dynamoskip.compiling_check(torch)
     if dtype is not None:
         _losses_under_autocast(torch, st, dtype)
 
     def __call__(self, *args, **kwargs):
         local = st.local
-        if os.getpid() != st.pid:
+        if compiling() or os.getpid() != st.pid:    # traced by Dynamo (a compiled model's layers): as it is
             return orig(self, *args, **kwargs)
         if dtype is not None and isinstance(self, Loss) and not getattr(local, "depth", 0) \
                 and (device := _device_type(torch, (args, kwargs))) is not None:
@@ -64,20 +67,34 @@ def module_call(torch, st) -> None:
                 args, kwargs = _cast(torch, (args, kwargs), back, f32t)
             if cl:
                 args, kwargs = _channels_last(torch, st, self, (args, kwargs))
-            if comp and id(self) not in st.compiled:
-                st.compiled.add(id(self))
-                self.compile(**({"mode": comp} if isinstance(comp, str) else {}))
-                st.applied.add("compile")
+            call = orig
+            if comp:
+                call = _compiled(torch, st, self, comp, orig)
             if dtype is not None:
                 with torch.autocast(first.device.type, dtype=dtype):
                     st.applied.add("autocast")
-                    out = orig(self, *args, **kwargs)
+                    out = call(self, *args, **kwargs)
             else:
-                out = orig(self, *args, **kwargs)
+                out = call(self, *args, **kwargs)
             return _cast(torch, out, f32t, back) if back is not None else out
         finally:
             local.depth = 0
-    Module.__call__ = __call__
+    # its frame runs as Python inside a compiled model's eager parts (what it calls is compiled as
+    # it would be without it): a compile trial measures the compile a user's model.compile() gets
+    Module.__call__ = dynamoskip.keep_out(__call__, recursive=False)
+
+
+def _compiled(torch, st, module, comp, orig):
+    """The call of `module` through torch.compile(module) (an OptimizedModule sharing its
+    parameters, made at its first call): what `model = torch.compile(model)` runs. Not
+    module.compile(): on torch 2.13 that compiles nothing of a module of torch's own (nn.Sequential:
+    Dynamo skips its _call_impl and forward as torch's files, and runs them eagerly, slower for its
+    frame callback). Its own outermost call is an inner one (depth 1): it passes through."""
+    opt = st.compiled.get(id(module))
+    if opt is None:
+        opt = st.compiled[id(module)] = torch.compile(module, **({"mode": comp} if isinstance(comp, str) else {}))
+        st.applied.add("compile")
+    return lambda _self, *args, **kwargs: orig(opt, *args, **kwargs)
 
 
 MIXED_DTYPE_LOSSES = ("binary_cross_entropy", "huber_loss")   # refuse a 16-bit input beside a float32 target
@@ -86,13 +103,14 @@ MIXED_DTYPE_LOSSES = ("binary_cross_entropy", "huber_loss")   # refuse a 16-bit 
 def _losses_under_autocast(torch, st, dtype) -> None:
     """torch.nn.functional's losses that refuse mixed dtypes run under autocast (module docstring)."""
     F = torch.nn.functional
+    compiling = dynamoskip.compiling_check(torch)
     for name in MIXED_DTYPE_LOSSES:
         fn = getattr(F, name, None)
         if fn is None:
             continue
 
         def under(*args, __fn=fn, **kwargs):
-            if os.getpid() != st.pid or (device := _device_type(torch, (args, kwargs))) is None:
+            if compiling() or os.getpid() != st.pid or (device := _device_type(torch, (args, kwargs))) is None:
                 return __fn(*args, **kwargs)
             with torch.autocast(device, dtype=dtype):
                 return __fn(*args, **kwargs)

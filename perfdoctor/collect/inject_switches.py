@@ -36,9 +36,10 @@ def distribution_checks(torch, st) -> None:
     dist = torch.distributions.Distribution
     dist.set_default_validate_args(False)
     orig = dist.__init__
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
     def __init__(self, batch_shape=torch.Size(), event_shape=torch.Size(), validate_args=None):
-        if os.getpid() == st.pid:
+        if not compiling() and os.getpid() == st.pid:     # Dynamo cannot trace os.getpid: no graph break
             st.applied.add("distribution_checks")
         orig(self, batch_shape, event_shape, validate_args=False)
     __init__.__wrapped__ = orig

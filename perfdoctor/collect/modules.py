@@ -175,6 +175,13 @@ class Census:
         return None
 
 
+# the census's bookkeeping runs as Python, never compiled: called from the class wrapper inside a
+# module compiled in place, Dynamo compiled Census.inner as a frame of its own and guarded it on
+# the census's counts, recompiling at every call until its recompile limit (dynamoskip.py)
+for _fn in (Census.count, Census.inner, Census.returned, Census.boundary):
+    dynamoskip.keep_out(_fn, recursive=True)
+
+
 def _cpu_autocast(torch) -> str | None:
     """The dtype torch.autocast("cpu") casts to where it is on ("bfloat16"), or None."""
     try:
@@ -279,6 +286,9 @@ def hook_steps(module, session):
         session.module_watch = id(module)
         return None
 
+    compiling = compiling_check(session.torch)
+
     def pre(mod, args):
-        session.on_module_step(time.perf_counter())
-    return module.register_forward_pre_hook(pre)
+        if not compiling():           # traced inside a compiled function: nothing of ours in its graph
+            session.on_module_step(time.perf_counter())
+    return module.register_forward_pre_hook(dynamoskip.keep_out(pre, recursive=True))

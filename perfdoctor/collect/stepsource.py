@@ -274,3 +274,9 @@ def _by_hand(short: bool = False) -> str:
         return ("so the script updates its parameters by hand or inside torch.compile'd code (where perfdoctor's "
                 "optimizer hooks step aside, not to break the graph)")
     return "so the script updates its parameters by hand"
+
+
+# called from the module class wrapper (modules.py), which Dynamo may meet inside a module
+# compiled in place: bookkeeping, run as Python (dynamoskip.py)
+for _fn in (StepSources.on_root_call, StepSources.on_module_step):
+    dynamoskip.keep_out(_fn, recursive=True)
