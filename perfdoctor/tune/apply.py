@@ -65,8 +65,8 @@ def apply_text(changes: dict, inject: dict, cuda: bool) -> str:
                      "# around the model's forward (and the loss)")
     if changes.get("compile"):
         mode = f', mode="{changes["compile"]}"' if isinstance(changes["compile"], str) else ""
-        lines.append(f"model = torch.compile(model{mode})  # before the training loop (what the trial ran; model.compile() "
-                     "in place compiled nothing of an nn.Sequential on torch 2.13)")
+        lines.append(f"model = torch.compile(model{mode})  # before the training loop (what the trial ran; "
+                     "model.compile() in place compiled nothing of an nn.Sequential on torch 2.13)")
     if changes.get("recompute") == "off":
         n = inject.get("checkpoint_calls")
         lines.append("y = block(x)  # instead of torch.utils.checkpoint.checkpoint(block, x): memory permitting"
