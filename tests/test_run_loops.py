@@ -236,7 +236,8 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
     assert c["mode"] == "module" and c["step_source"] == "calls of the outermost module (one per step)"
     # one call of the model per step (its pre-hook, which marks the step, runs after the class
     # wrapper counted the call: that call is the next step's, not a second one of this step)
-    assert c["root_calls"] == {"module": "Sequential", "calls": 1, "batch": 16, "batch_share": 1.0, "modules": 1,
+    assert c["root_calls"] == {"module": "Sequential", "calls": 1, "grad_calls": 0,
+                               "batch": 16, "batch_share": 1.0, "modules": 1,
                                "passes": 0, "fresh_passes": 0, "cpu_autocast": None, "conv_layout": None,
                                "padding": None, "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None,
                                "rnn": None, "rnn_calls": 0,
@@ -282,7 +283,8 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     r, out = prun_script(tmp_path, "per_sample.py", PER_SAMPLE)
     assert r.stdout == "per-sample: done\n"
     assert child(out)["mode"] == "optimizer"                  # the 16 forward passes before a backward: no module source
-    assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "batch": 1, "batch_share": 1.0, "modules": 2,
+    assert child(out)["root_calls"] == {"module": "Sequential", "calls": 16, "grad_calls": 16,
+                                        "batch": 1, "batch_share": 1.0, "modules": 2,
                                          "passes": 1, "fresh_passes": 1, "cpu_autocast": None, "conv_layout": None,
                                          "padding": None, "dense_embeddings": None, "chained": 0, "sliced": 15,
                                          "rnn_module": None,
@@ -304,6 +306,51 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
     assert not any(f["id"] == "PD353" for f in report(out)["findings"])
 
 
+ROLLOUT = r"""
+import sys, torch
+torch.manual_seed(0)
+policy = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+graph = "--graph" in sys.argv
+for update in range(40):
+    states, actions, logps = [], [], []
+    s = torch.zeros(4)
+    with torch.set_grad_enabled(graph):           # acting: one state at a time, the next made from it
+        for t in range(24):
+            dist = torch.distributions.Categorical(logits=policy(s))
+            a = dist.sample()
+            states.append(s); actions.append(a); logps.append(dist.log_prob(a))
+            s = torch.tanh(s + 0.1 * float(a.item()) + 0.05 * torch.randn(4))
+    if graph:
+        logp = torch.stack(logps)
+    else:                                         # one batched pass over the episode for the loss
+        logp = torch.log_softmax(policy(torch.stack(states)), -1).gather(1, torch.stack(actions)[:, None])[:, 0]
+    loss = -(logp * torch.linspace(1, 0, 24)).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("rollout: done")
+"""
+
+
+def test_a_rollout_under_no_grad_then_one_batched_pass_is_not_told_to_batch_its_samples(tmp_path):
+    """PD353's own advice for a policy-gradient loop: act under torch.no_grad(), then recompute the
+    log-probabilities in one batched pass. A user who did so was still told to batch 108 calls: the
+    census counted the rollout's calls too. Only the calls with autograd on are the graphs the
+    backward pass walks; the loop that builds its loss call by call is still told."""
+    r, out = prun_script(tmp_path, "rollout.py", ROLLOUT)
+    assert r.stdout == "rollout: done\n"
+    rc = child(out)["root_calls"]
+    assert (rc["calls"], rc["grad_calls"], rc["batch"]) == (25, 1, 1)
+    doc = report(out)
+    assert doc["traces"][0]["metrics"]["loop.model_grad_calls_per_step"] == 1
+    assert not any(f["id"] == "PD353" for f in doc["findings"])
+    out = tmp_path / "graph"
+    r = prun("--no-trace", tmp_path / "rollout.py", "--graph", out=out)
+    assert r.returncode == 0, r.stderr
+    rc = child(out)["root_calls"]
+    assert (rc["calls"], rc["grad_calls"], rc["batch"]) == (24, 24, 1)
+    assert any(f["id"] == "PD353" for f in report(out)["findings"])
+
+
 def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
     """A 1-D input is one unbatched sample to torch's layers: an RL rollout calling its policy on
     one state of 4 numbers 20 times a step read as 20 calls with a batch of 4, and PD353 (batch
@@ -317,7 +364,8 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
         census.count(policy, (torch.zeros(4),), {})    # one state: 1-D
     census.count(loss, (torch.zeros(3, 2), torch.zeros(3, 2)), {})
     census.boundary("optimizer")
-    assert census.result == {"module": "Linear", "calls": 20, "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
+    assert census.result == {"module": "Linear", "calls": 20, "grad_calls": 20,
+                             "batch": 1, "batch_share": 1.0, "modules": 2, "passes": 0,
                              "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None, "conv_layout": None,
                              "padding": None, "chained": 0, "sliced": 0, "rnn_module": None, "rnn": None,
                              "rnn_calls": 0,
@@ -936,8 +984,10 @@ def test_the_end_of_an_epoch_is_no_extra_batch(tmp_path):
 def test_loop_metrics_from_the_census():
     from perfdoctor.analyze.loopcalls import loop_metrics
     steady = [{"batches": 1}, {"batches": 1}, {"batches": 2}]
-    m = loop_metrics({"module": "Net", "calls": 32, "batch": 1, "batch_share": 0.97, "modules": 1}, steady)
-    assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_call_batch": 1,
+    m = loop_metrics({"module": "Net", "calls": 32, "grad_calls": 32, "batch": 1, "batch_share": 0.97, "modules": 1},
+                     steady)
+    assert m == {"loop.model_name": "Net", "loop.model_calls_per_step": 32, "loop.model_grad_calls_per_step": 32,
+                 "loop.model_call_batch": 1,
                  "loop.model_call_batch_share": 0.97, "loop.batches_per_step": pytest.approx(4 / 3),
                  "loop.backward_passes_per_step": None, "loop.fresh_passes_per_step": None,
                  "loop.extra_batches_excess_share": None, "loop.model_cpu_autocast": None,
@@ -965,6 +1015,10 @@ def test_loop_metrics_from_the_census():
     fresh = [loop_metrics({"module": "Net", "calls": 16, "passes": p, "fresh_passes": f}, steady)["loop.fresh_passes_per_step"]
              for p, f in ((16, 16), (16, 1), (4, 16), (None, 3), (16, -1), (16, 2.5))]
     assert fresh == [16, 1, None, None, None, None]
+    # calls with autograd on are some of the calls: more than there were, or not a count, unknown
+    grad = [loop_metrics({"module": "Net", "calls": 16, "grad_calls": g}, steady)["loop.model_grad_calls_per_step"]
+            for g in (0, 1, 16, 17, -1, 2.5, None)]
+    assert grad == [0, 1, 16, None, None, None, None]
 
 
 def test_autograd_grad_steps_only_on_weights():
@@ -1052,3 +1106,4 @@ def test_evaluation_calls_in_the_counted_step_describe_it_only_without_training_
     census.count(model, (torch.zeros(20, 4),), {})
     census.boundary("optimizer")
     assert (census.result["calls"], census.result["batch"]) == (21, 1)
+    assert census.result["grad_calls"] == 1           # what the step's backward pass walks (PD353)

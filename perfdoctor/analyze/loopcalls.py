@@ -6,8 +6,9 @@ GPU its launch) once per sample, and each op does a sliver of the work it could 
 trace shows only many small ops; the hooks see the loop itself. During one whole step after the
 step source is chosen, `perfdoctor run` counts the outermost module calls (collect/modules.py,
 child.json "root_calls"): the module called most, how many times, and the leading dimension of
-its first tensor argument (the batch it was given), and the dtype CPU autocast cast to while it ran;
-and the memory format its convolutions' inputs came in (collect/convlayout.py).
+its first tensor argument (the batch it was given), how many of its calls ran with autograd on
+(a rollout under torch.no_grad() builds no graph for the backward pass to walk), and the dtype
+CPU autocast cast to while it ran; and the memory format its convolutions' inputs came in (collect/convlayout.py).
 
 The DataLoader batches per steady step, and the backward passes of the counted step, tell a
 per-sample loop (one batch, many calls, one backward pass over their summed loss) from gradient
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 from perfdoctor.analyze.stepwait import extra_batches
 
-NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_call_batch", "loop.model_call_batch_share",
+NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_grad_calls_per_step", "loop.model_call_batch",
+         "loop.model_call_batch_share",
          "loop.batches_per_step", "loop.backward_passes_per_step", "loop.fresh_passes_per_step",
          "loop.extra_batches_excess_share", "loop.model_cpu_autocast", "loop.conv_channels_last_share",
          "loop.model_call_chained_share", "loop.model_call_sliced_share", "loop.model_rnn_module",
@@ -52,6 +54,8 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
         return out
     out["loop.model_name"] = rc.get("module") if isinstance(rc.get("module"), str) else None
     out["loop.model_calls_per_step"] = calls
+    grad = rc.get("grad_calls")
+    out["loop.model_grad_calls_per_step"] = grad if isinstance(grad, int) and 0 <= grad <= calls else None
     batch = rc.get("batch")
     out["loop.model_call_batch"] = batch if isinstance(batch, int) and batch >= 0 else None
     share = rc.get("batch_share")

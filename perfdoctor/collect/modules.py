@@ -44,7 +44,8 @@ class Census:
     size, for a model that takes a batch; 1 for a 1-D tensor: one unbatched sample); and the
     backward passes of that step, and how many of them began from no gradients (fresh_passes:
     gradients per call, not accumulated). `result` (child.json "root_calls"): the module called
-    most, {"module", "calls", "batch", "batch_share", "modules", "passes", "fresh_passes",
+    most, {"module", "calls", "grad_calls" (of them, those made with autograd on), "batch", "batch_share",
+    "modules", "passes", "fresh_passes",
     "cpu_autocast", "dense_embeddings" (embeddings.py), "conv_layout" (convlayout.py), "padding"
     (padding.py), "chained",
     "sliced", "rnn_module", "rnn", "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back",
@@ -71,14 +72,14 @@ class Census:
 
     def reset(self) -> None:
         self.state = "wait"               # wait -> counting (a step boundary with a source) -> done
-        self.counts: dict = {}            # id(module) -> [class name, calls, {leading dim: calls}, ref]
+        self.counts: dict = {}            # id(module) -> [class name, calls, {leading dim: calls}, ref, grad calls]
         self.evals: dict = {}             # the same, of evaluation calls (eval mode, autograd off)
         self.passes = 0                   # backward passes and autograd.grad calls in the counted step
         self.fresh = 0                    # of which start from no gradients: autograd.grad calls, or
                                           # backward passes after a gradient reset (passes.py)
         self.result = None
         self.root = None                  # a weak reference to the module called most, once done (nogradcalls.py)
-        self.last = None                  # (id(module), leading dim) of the last call counted
+        self.last = None                  # (counts, id(module), leading dim, autograd on) of the last call counted
         self.autocast = None              # the CPU autocast dtype a counted call ran under
         self.tables = DenseTables(self.embedding_types)   # embedding tables with dense gradients (embeddings.py)
         self.padding = Padding(self.tensor, self.embedding_types, self.capturing)   # padded positions (padding.py)
@@ -91,9 +92,10 @@ class Census:
             # a boundary inside an outermost call: the chosen module's pre-hook, which runs after
             # the class wrapper counted the call; that call starts the next step, not this one
             # (an inference loop calling its model once per iteration read as 2 calls a step)
-            counts, key, lead = self.last
+            counts, key, lead, grad = self.last
             c = counts[key]
             c[1] -= 1
+            c[4] -= grad
             c[2][lead] -= 1
             if not c[2][lead]:
                 del c[2][lead]
@@ -110,7 +112,7 @@ class Census:
             self.state = "done"
             self.counts = self.counts or self.evals
             if self.counts:
-                key, (name, calls, _, ref) = max(self.counts.items(), key=lambda kc: kc[1][1])
+                key, (name, calls, _, ref, grad_calls) = max(self.counts.items(), key=lambda kc: kc[1][1])
                 self.root = ref
                 # the batch of the modules called about as often (half as often or more): a step
                 # that calls submodules itself (a decoder unrolled over time steps: its embedding
@@ -122,27 +124,30 @@ class Census:
                         for lead, k in c[2].items():
                             leads[lead] = leads.get(lead, 0) + k
                 batch, n = max(leads.items(), key=lambda kv: kv[1])
-                self.result = {"module": name, "calls": calls, "batch": batch, "batch_share": n / sum(leads.values()),
-                               "modules": len(self.counts), "passes": self.passes, "fresh_passes": self.fresh,
-                               "cpu_autocast": self.autocast, "dense_embeddings": self.tables.result(),
-                               "conv_layout": self.layouts.result(), "padding": self.padding.result(),
+                self.result = {"module": name, "calls": calls, "grad_calls": grad_calls, "batch": batch,
+                               "batch_share": n / sum(leads.values()), "modules": len(self.counts),
+                               "passes": self.passes, "fresh_passes": self.fresh, "cpu_autocast": self.autocast,
+                               "dense_embeddings": self.tables.result(), "conv_layout": self.layouts.result(),
+                               "padding": self.padding.result(),
                                **self.chain.result(key)}
             self.counts, self.evals = {}, {}
 
     def count(self, module, args, kwargs) -> None:
         self.last = None
-        counts = self.evals if self.grad is not None and not module.training and not self.grad() else self.counts
+        grad = self.grad() if self.grad is not None else True
+        counts = self.evals if not module.training and not grad else self.counts
         c = counts.get(id(module))
         if c is None:
             if len(counts) >= MAX_MODULES:
                 return
-            c = counts[id(module)] = [type(module).__name__, 0, {}, _ref(module)]
+            c = counts[id(module)] = [type(module).__name__, 0, {}, _ref(module), 0]
         c[1] += 1
+        c[4] += grad
         if self.autocast is None and self.cpu_autocast is not None:
             self.autocast = self.cpu_autocast()
         lead = self._lead(args, kwargs)
         c[2][lead] = c[2].get(lead, 0) + 1
-        self.last = (counts, id(module), lead)
+        self.last = (counts, id(module), lead, grad)
         self.tables.call(module, args, kwargs)
         self.layouts.call(module, args, kwargs)
         self.padding.call(module, args, kwargs)
