@@ -122,3 +122,27 @@ def test_markdown_and_html_reports_of_a_run_name_the_tune_command_too(mlp_run, t
     # a command from hostile arguments is escaped in the page
     evil = {**doc, "run": {**doc["run"], "command": "t.py --name '</code><script>x</script>'"}}
     assert "<script>x" not in html.render(evil) and "&lt;script&gt;x" in html.render(evil)
+
+
+def test_the_suggested_tune_command_asks_for_stacks_where_a_fix_rests_on_them_alone():
+    """A user's REINFORCE run offered `perfdoctor tune --only PD379,...`: PD379 fires on the Python
+    stacks alone, which tune's baseline (auto, as `run`) left out on the busy machine, so its trial
+    was never planned. The command asks for them; STACKS_ONLY is what the rules say."""
+    from perfdoctor.rules.loader import load_rules
+    from perfdoctor.rules.tunable import STACKS_ONLY, fixes_tested, tune_command
+    rests = {r.id for r in load_rules() if r.id in fixes_tested() and r.when_names
+             and all(n.startswith("stacks.") for n in r.when_names)}
+    assert STACKS_ONLY == rests and "PD379" in rests
+    assert tune_command(["PD312", "PD379", "PD338"], "rl.py 300", cuda=False) == \
+        "perfdoctor tune --only PD312,PD379,PD338 --allow-compile --stacks rl.py 300"
+    assert "--stacks" not in tune_command(["PD312", "PD338"], "rl.py", cuda=False)
+
+
+def test_the_one_screen_names_the_measured_fixes_it_left_out():
+    """The command under the one screen's three fixes measured a PD338 the screen did not show
+    (under "+3 more"): the line above it says where it is."""
+    from perfdoctor.report.tune_labels import MEASURE_FIXES, further_down
+    cmd = "perfdoctor tune --only PD379,PD312,PD338,PD346 --allow-compile --stacks rl.py 300"
+    assert further_down(MEASURE_FIXES, cmd, ["PD379", "PD353", "PD312"]) == \
+        "measure these fixes on the script (PD338, PD346 further down the ranking: --details):"
+    assert further_down(MEASURE_FIXES, cmd, ["PD379", "PD312", "PD338", "PD346"]) == MEASURE_FIXES

@@ -14,7 +14,7 @@ from perfdoctor.report.labels import (OUTCOME, bound_title, breakdown_rows, caus
 
 from perfdoctor.report.terminal_fixes import fixes as _fixes, top_fixes as _top_fixes
 from perfdoctor.report.termtext import elsewhere as _elsewhere, line as _line, para as _para
-from perfdoctor.report.tune_labels import MEASURE_FIXES, tune_hint
+from perfdoctor.report.tune_labels import MEASURE_FIXES, further_down, tune_hint
 from perfdoctor.report.sanitize import console as _console, terminal as T, text
 from perfdoctor.report.values import number
 from perfdoctor.stats.steptime import inconclusive_text, left_out_text, ms
@@ -68,14 +68,14 @@ def render(doc: dict, console: Console | None = None, details: bool = False, tun
         _gaps(c, first)
         _details(c, first)
     else:
-        _top_fixes(c, doc, none_of, tune)
+        on_screen = _top_fixes(c, doc, none_of, tune)
         _flags_compact(c, doc)
     if details:
         _trace_notes(c, doc)
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if tune is None and (cmd := tune_hint(doc)):    # a command to paste: never wrapped nor cut (the terminal folds it)
-        c.print(Text(MEASURE_FIXES, style="dim"))
+        c.print(Text(MEASURE_FIXES if details else further_down(MEASURE_FIXES, cmd, on_screen), style="dim"))
         c.print(Text("    " + T(cmd)), no_wrap=True, overflow="ignore", crop=False)
     if not details:
         c.print(Text("--details: evidence, the fixes in full with code, gaps and tables; --format html: "

@@ -39,13 +39,14 @@ def _measured(c: Console, trial: dict | None, indent: int) -> None:
         _line(c, Text.assemble((" " * indent + "measured by tune: ", "dim"), (T(tune_measured(trial)), "bold")))
 
 
-def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) -> None:
+def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) -> list[str]:
+    """The one screen's fixes; returns the ids it showed."""
     findings = doc["findings"]
     measured = measured_by_rule(tune)
     ranked = [f for f in findings if f["ranked"]]
     if not findings:
         no_fix(c, none_of)
-        return
+        return []
     c.print()
     if ranked:
         c.print(Text("Top fixes (~ expected gain, max: its ceiling, ? no model)", style="bold"))
@@ -69,6 +70,7 @@ def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = No
         _line(c, Text(f"    + {rest} more (--details, or `perfdoctor rules show ID`)", style="dim"))
     if _tie_broken(ranked[:TOP]):
         _line(c, Text("    (gains within 2% of each other: the fix on the verdict's bottleneck first)", style="dim"))
+    return [f["id"] for f in shown]
 
 
 def _top_line(c: Console, doc: dict, i: int, f: dict, measured: dict) -> None:
@@ -103,7 +105,7 @@ def fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) 
     rest = [f for f in findings if not f["ranked"]]
     if not findings:
         no_fix(c, none_of)
-        return
+        return []
     c.print()
     if ranked:
         c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "

@@ -4,6 +4,8 @@ command line a run's report offers under its fixes (tune_hint)."""
 
 from __future__ import annotations
 
+import re
+
 from perfdoctor.report.labels import script_failure, shown_trace
 from perfdoctor.report.values import s_as_ms
 
@@ -88,6 +90,14 @@ def tune_hint(doc: dict) -> str | None:
     if m.get("input.loader_batch_size") is None:     # batch_scale scales a DataLoader's batch: none to scale
         fixes = [f for f in fixes if f != "PD385"]
     return tune_command(fixes, run["command"], cuda, nproc)
+
+
+def further_down(line: str, cmd: str, shown: list[str]) -> str:
+    """MEASURE_FIXES under the one screen's fixes, naming those of the command's --only that the
+    screen left out (a user asked where the PD338 it measured was: under "+3 more")."""
+    m = re.search(r"--only (\S+)", cmd)
+    hidden = [i for i in (m.group(1).split(",") if m else []) if i not in shown]
+    return f"{line[:-1]} ({', '.join(hidden)} further down the ranking: --details):" if hidden else line
 
 
 def _one_node_ranks(sec: dict) -> int | None:

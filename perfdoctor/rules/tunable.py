@@ -22,6 +22,11 @@ KNOB_RULES = {"num_workers": ("PD301",), "persistent_workers": ("PD356", "PD301"
 NO_WORKERS_RULE = "PD347"       # num_workers=0, tried from a script that has workers
 WORKERS_RULE = "PD301"          # its model's [gain.let] `workers` (from none) and `added` (to some)
 CUDA_ONLY = frozenset({"pin_memory", "cudnn_benchmark", "tf32", "expandable_segments", "empty_cache"})
+# Fixes a trial tests whose rule rests on the Python stacks alone (its condition names stacks.*
+# metrics only): tune's baseline must record them (--stacks) for the rule to fire and its trial to
+# be planned, where the auto mode, as `run`'s, leaves them out on a busy machine (test_tune_only
+# checks this against the rules)
+STACKS_ONLY = frozenset({"PD379"})
 OPT_IN = {"autocast": "--allow-numerics", "float32": "--allow-numerics", "compile": "--allow-compile",
           "attention_dropout": "--allow-numerics", "batch_scale": "--allow-numerics"}
 
@@ -56,9 +61,9 @@ def knobs_of(fix_id: str) -> list[str]:
 
 def tune_command(fix_ids: list[str], command: str | None, cuda: bool, nproc: int | None = None) -> str | None:
     """`perfdoctor tune --only ...` for those of `fix_ids` (the report's fixes, in its order) that
-    a trial on this device can measure, with the opt-in flags their trials need (and
-    --nproc-per-node for a job of `nproc` ranks); None when none can, or the script's command
-    line is unknown."""
+    a trial on this device can measure, with the opt-in flags their trials need, --stacks where
+    one rests on the stacks alone (STACKS_ONLY), and --nproc-per-node for a job of `nproc` ranks;
+    None when none can, or the script's command line is unknown."""
     if not command:
         return None
     ids, flags = [], []
@@ -69,5 +74,7 @@ def tune_command(fix_ids: list[str], command: str | None, cuda: bool, nproc: int
             flags += [OPT_IN[k] for k in knobs if k in OPT_IN and OPT_IN[k] not in flags]
     if not ids:
         return None
+    if STACKS_ONLY.intersection(ids):
+        flags.append("--stacks")
     ranks = ["--nproc-per-node", str(nproc)] if nproc else []
     return shlex.join(["perfdoctor", "tune", *ranks, "--only", ",".join(ids), *flags]) + " " + command
