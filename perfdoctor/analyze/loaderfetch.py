@@ -35,6 +35,11 @@ as another job's (system.other_cores). `sampled_workers_or_fetched` then takes t
 num_workers (child.json loader_iters) and, where the samples saw no worker at all, a worker's
 CPU use from the fetch lines: sum(cpu_s) / sum(at - first) over the workers that drew two batches
 or more (a worker's CPU from its first fetch to its line, over that time).
+
+    input.sample_random_share = fetches that drew random numbers / fetches probed
+
+over the first few fetches of the trainer and of each worker (collect/samplerandom.py): random
+augmentation, which no preprocessing done once can store (PD224).
 """
 
 from __future__ import annotations
@@ -103,3 +108,14 @@ def sampled_workers_or_fetched(m: dict, info: dict | None, lines: list[dict]) ->
         if oc is not None:
             out["system.other_cores"] = oc
     return out
+
+
+def random_draw_metrics(lines: list[dict], trainer: dict | None) -> dict:
+    """input.sample_random_share: of the fetches probed (collect/samplerandom.py: the first few of
+    the trainer's own, child.json "sample_random", and of each worker's, its last line), the share
+    that drew random numbers from torch's, Python's or numpy's global generator; None where none
+    was probed (no DataLoader, a spawned worker, an older run)."""
+    probes = last_per_worker(lines) + ([trainer] if isinstance(trainer, dict) else [])
+    probed = sum(int(positive(p.get("probed"))) for p in probes)
+    drew = sum(min(int(positive(p.get("drew"))), int(positive(p.get("probed")))) for p in probes)
+    return {"input.sample_random_share": drew / probed if probed > 0 else None}

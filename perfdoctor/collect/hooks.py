@@ -334,6 +334,7 @@ class Session(StepSources):
                     "loaders": self.loader_kinds.info(),
                     "timed_calls": self.calls.installed, "convert_timed": self.calls.converts,
                     "loader_iters": self.iters.info(),
+                    "sample_random": self.fetches.trainer.info(),   # collect/samplerandom.py
                     "worker_info_used": os.path.exists(os.path.join(self.run_dir, WORKER_INFO_MARKER)),
                     "root_calls": self.census.result if self.census is not None else None,
                     "param_dtypes": self.optimizer_dtypes.get(self.primary),

@@ -26,7 +26,9 @@ FIRST_FLUSH on, every FLUSH_S while it fetches, and when it exits as its loop re
 (multiprocessing runs its finalizers then). Persistent workers are often not let return: at the
 trainer's exit multiprocessing terminates daemonic children (SIGTERM) before the loader shuts
 them down. The doubling keeps at least half of such a worker's batches in its last line.
-A line: {"pid", "batches", "wall_s", "runq_s", "shm_s", "cpu_s", "first", "last", "at"} (cpu_s:
+A line: {"pid", "batches", "wall_s", "runq_s", "shm_s", "cpu_s", "first", "last", "at", "probed",
+"drew"} (probed, drew: its first fetches probed for random draws, and those that drew: samplerandom.py;
+the trainer's own fetches' are child.json "sample_random"; cpu_s:
 the worker process's CPU time from its first fetch to the line; first, last, at: Unix times of
 its first and latest fetch and of the line). The totals are cumulative: a reader keeps each pid's last line
 (analyze/loaderfetch.py). Cost per batch in a worker: two clock reads and two 60-byte procfs
@@ -40,6 +42,8 @@ import json
 import os
 import sys
 import time
+
+from perfdoctor.collect.samplerandom import RandomDraws
 
 FILE = "loaderfetch.jsonl"
 FLUSH_S = 10.0          # seconds between a fetching worker's lines
@@ -57,13 +61,14 @@ def _without_this_frame(e: BaseException) -> None:
 
 class _Worker:
     """One worker process's totals (a forked worker inherits the trainer's object: keyed by pid)."""
-    __slots__ = ("pid", "batches", "wall", "runq", "shm", "inside", "first", "last", "flushed", "fd", "cpu0")
+    __slots__ = ("pid", "batches", "wall", "runq", "shm", "inside", "first", "last", "flushed", "fd", "cpu0", "draws")
 
     def __init__(self):
         self.pid = os.getpid()
         self.batches, self.wall, self.runq, self.shm = 0, 0.0, 0.0, 0.0
         self.inside = False                 # a fetch is running (shared-memory allocations count)
         self.first = self.last = self.flushed = 0.0
+        self.draws = RandomDraws()          # its first fetches' random draws (samplerandom.py)
         try:
             self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:                     # not Linux, or no schedstat: the queueing is unknown (0)
@@ -84,6 +89,7 @@ class FetchTimes:
         self.path = os.path.join(run_dir, FILE)
         self.worker: _Worker | None = None
         self.installed = False
+        self.trainer = RandomDraws()        # the trainer's own fetches' draws (num_workers=0)
 
     def install(self, fetch_module, worker_module, storage_module) -> None:
         """Wrap fetch() of torch.utils.data._utils.fetch's fetchers (`worker_module`:
@@ -99,11 +105,15 @@ class FetchTimes:
 
             def fetch(fetcher, index, _orig=orig):
                 w = times._mine() if worker_module.get_worker_info() is not None else None   # None: the trainer
+                draws = times.trainer if w is None else w.draws
+                state = draws.before()
                 if w is not None:
                     q0, t0 = w.run_delay(), time.perf_counter()
                     w.inside = True
                 try:
-                    return _orig(fetcher, index)
+                    out = _orig(fetcher, index)
+                    draws.after(state)
+                    return out
                 except BaseException as e:
                     _without_this_frame(e)
                     raise
@@ -162,7 +172,8 @@ class FetchTimes:
         line = json.dumps({"pid": w.pid, "batches": w.batches, "wall_s": round(w.wall, 6),
                            "runq_s": round(w.runq, 6), "shm_s": round(w.shm, 6),
                            "cpu_s": round(time.process_time() - w.cpu0, 6),
-                           "first": w.first, "last": w.last, "at": w.flushed}) + "\n"
+                           "first": w.first, "last": w.last, "at": w.flushed,
+                           "probed": w.draws.probed, "drew": w.draws.drew}) + "\n"
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

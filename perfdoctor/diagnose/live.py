@@ -18,7 +18,7 @@ from perfdoctor.analyze import registry
 from perfdoctor.analyze.callshares import call_metrics, combined, nograd_run_share
 from perfdoctor.analyze.compiletime import compile_run_share
 from perfdoctor.analyze.fusedcpu import run_optimizer_metrics
-from perfdoctor.analyze.loaderfetch import fetch_metrics, sampled_workers_or_fetched
+from perfdoctor.analyze.loaderfetch import fetch_metrics, random_draw_metrics, sampled_workers_or_fetched
 from perfdoctor.analyze.loaderkinds import iterable_replayed, loader_metrics
 from perfdoctor.analyze.loaderstarts import kept_metrics, kept_pace_ms, start_metrics, without_peeks
 from perfdoctor.analyze.longsteps import long_step_metrics, unexplained
@@ -246,6 +246,7 @@ def diagnose_run(res: RunResult, rule_dirs: list[str] | None = None) -> dict:
     steady = est.window(steps)
     m.update(start_metrics(steady, res.child.get("loader_iters")))
     m.update(fetch_metrics(steady, fetches))
+    m.update(random_draw_metrics(fetches, res.child.get("sample_random")))
     pace = kept_pace_ms(m.get("loader.fetch_ms"), m.get("run.runq_runnable_share"), m.get("loader.fetch_wall_ms"))
     m.update(kept_metrics(steady, res.child.get("loader_iters"), pace))
     steady = without_peeks(steady)          # a peek before the epoch is no other loop

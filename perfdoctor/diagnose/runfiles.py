@@ -42,7 +42,7 @@ STEP = {"step": INT, "end": NUM, "dur": NUM, "wait": NUM, "batches": NUM, "mode"
         "ishut": NUM, "ifirst": NUM, "nfirst": INT, "peek": NUM, "peek_start": NUM, "peek_batches": INT,
         "peek_first": NUM, "npeek_first": INT, "peek_order": NUM}
 FETCH = {"!": ("pid", "batches", "wall_s"), "pid": INT, "batches": INT, "wall_s": NUM, "runq_s": NUM, "shm_s": NUM,
-         "cpu_s": NUM, "first": NUM, "last": NUM, "at": NUM}
+         "cpu_s": NUM, "first": NUM, "last": NUM, "at": NUM, "probed": INT, "drew": INT}
 RUN = {"argv": [STR], "module": STR, "exit_code": INT, "signal": INT, "wall_s": NUM, "stopped_by": STR,
        "forwarded_signals": [INT], "notes": [STR], "config": {"*": ANY}}
 CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": STR, "step_source": STR,
@@ -58,8 +58,9 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
                           "restarting": BOOL, "prefetch": INT},
          "param_dtypes": {"*": INT},
          "process_starts": [{"!": ("count",), "method": STR, "target": STR, "via": STR, "count": INT}],
-         "root_calls": {"module": STR, "calls": INT, "batch": INT, "batch_share": NUM, "modules": INT,
-                        "passes": INT, "fresh_passes": INT, "cpu_autocast": STR,
+         "sample_random": {"probed": INT, "drew": INT},       # collect/samplerandom.py
+         "root_calls": {"module": STR, "calls": INT, "grad_calls": INT, "batch": INT, "batch_share": NUM,
+                        "modules": INT, "passes": INT, "fresh_passes": INT, "cpu_autocast": STR,
                         "dense_embeddings": {"elements": INT, "touched": INT, "tables": INT},
                         "conv_layout": {"calls": INT, "channels_last": INT},
                         "padding": {"pad": INT, "positions": INT, "source": STR},
