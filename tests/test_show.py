@@ -856,3 +856,39 @@ def test_a_near_tie_broken_by_the_verdict_is_said_on_the_screen(shared_traces):
     console = Console(record=True, width=200)
     render(doc, console)
     assert "gains within 2% of each other" in console.export_text()
+
+
+def test_a_fix_whose_share_overlaps_one_above_it_says_their_gains_do_not_add():
+    """PD341 (fit threads to the cores) and PD348 (cores of your own) both expect the step's
+    queueing for a CPU to go: a user read them, ranked 1.78x each, as two gains."""
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report.labels import overlapping
+    from perfdoctor.report.terminal_fixes import fixes, top_fixes
+
+    def fix(i, slug, exp, overlaps=()):
+        return {"id": i, "slug": slug, "kind": "fix", "title": f"title of {i}", "ranked": True, "summary": "s",
+                "fix": {"text": "t", "snippet": None}, "evidence": {}, "source": {"article": "a", "section": "s"},
+                "gain": {"expected": exp, "ceiling": exp, "overlaps": list(overlaps)}}
+    a = fix("PD348", "threads-for-free-cores", 1.78, ["fit-threads-to-cores"])
+    b = fix("PD341", "fit-threads-to-cores", 1.77, ["threads-for-free-cores"])
+    c = fix("PD338", "fused-optimizer", 1.05)
+    assert overlapping(b, [a]) == "PD348" and overlapping(a, []) is None and overlapping(c, [a, b]) is None
+    assert overlapping(fix("X", "x", 1.1), [fix("Y", "y", 1.2, ["x"])]) == "Y"     # named the other way round
+    doc = {"findings": [a, b, c], "traces": [{"label": "t", "findings": ["PD348", "PD341", "PD338"]}]}
+    out = io.StringIO()
+    shown = top_fixes(Console(file=out, width=200), doc, None)
+    lines = out.getvalue().splitlines()
+    assert shown == ["PD348", "PD341", "PD338"]
+    assert next(x for x in lines if "PD341" in x).endswith("(its share overlaps PD348's: the gains do not add)")
+    assert not next(x for x in lines if "PD348" in x).endswith(")")
+    out = io.StringIO()
+    fixes(Console(file=out, width=200), doc, None)
+    assert " 2. title of PD341 (its share overlaps PD348's: the gains do not add)" in out.getvalue().splitlines()
+    from perfdoctor.report.markdown import _fixes
+    for f in (a, b):
+        f["gain"]["text"] = "~1.78x"
+    md = _fixes({**doc, "run": {}}, None)
+    assert "2. **title of PD341**: \\~1.78x; its share overlaps PD348's: the gains do not add (PD341)" in md

@@ -328,3 +328,17 @@ def uneven_detail(m: dict) -> str:
         return ""
     return (f"; of the wait for slower ranks, {share:.0%} was for rank {m.get('ranks.slowest_rank')}, "
             f"the busiest in {last} of {paired} paired steps")
+
+
+SAME_SHARE = "its share overlaps {}'s: the gains do not add"
+
+
+def overlapping(f: dict, above: list[dict]) -> str | None:
+    """The id of a fix in `above` whose share `f`'s overlaps (a rule's gain.overlaps names the
+    other's slug, either way round): PD341 and PD348 both expect the step's queueing for a CPU
+    to go, and a user read two ~1.78x fixes as two gains. None where it overlaps none of them."""
+    mine = set((f.get("gain") or {}).get("overlaps") or ())
+    for e in above:
+        if e.get("slug") in mine or f.get("slug") in ((e.get("gain") or {}).get("overlaps") or ()):
+            return e.get("id")
+    return None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 
 from perfdoctor.report.compare_text import beyond_word, compare_lines
-from perfdoctor.report.labels import (BOUND_TITLE, NO_FIX, NONE_MODELLED, WORTH_A_LOOK, abnormal_end, bound_title,
-                                       breakdown_rows, device_text, first_step_shown, from_other_traces,
-                                       off_bottleneck_note, role_labels, script_failure, secondary_text, shown_rank,
-                                       shown_trace, steps_counted, unranked_gain)
+from perfdoctor.report.labels import (BOUND_TITLE, NO_FIX, NONE_MODELLED, SAME_SHARE, WORTH_A_LOOK, abnormal_end,
+                                       bound_title, breakdown_rows, device_text, first_step_shown, from_other_traces,
+                                       off_bottleneck_note, overlapping, role_labels, script_failure, secondary_text,
+                                       shown_rank, shown_trace, steps_counted, unranked_gain)
 from perfdoctor.report.tune_labels import (MEASURE_FIXES, budget_hint, measured_by_rule, pace_text, per_sample_note,
                                             predicted_note, tune_baselines_note, tune_best_step, tune_hint,
                                             tune_measured, tune_model_check, tune_no_best, tune_only, tune_predicted,
@@ -143,6 +143,8 @@ def _fixes(doc: dict, tune: dict | None) -> list[str]:
         meas = measured.get(f["id"])
         extra = f"; measured by tune: **{M(tune_measured(meas))}**" if meas else ""
         where = from_other_traces(doc, f)
+        same = overlapping(f, ranked[:i - 1])
+        extra += f"; {M(SAME_SHARE.format(same))}" if same else ""
         out.append(f"{i}. **{M(f['title'])}**: {M(g.get('text') or '')}{extra} ({M(f['id'])}"
                    + (f"; from {M(where)})" if where else ")"))
     if also:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from perfdoctor.report.labels import NONE_MODELLED, WORTH_A_LOOK, cite, off_bottleneck_note, unranked_gain
+from perfdoctor.report.labels import (NONE_MODELLED, SAME_SHARE, WORTH_A_LOOK, cite, off_bottleneck_note, overlapping,
+                                      unranked_gain)
 from perfdoctor.report.sanitize import terminal as T
 from perfdoctor.report.termtext import code as _code, elsewhere as _elsewhere, line as _line, para as _para
 from perfdoctor.report.tune_labels import measured_by_rule, tune_measured
@@ -58,12 +59,12 @@ def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = No
     for i, f in enumerate(shown, 1):
         if ranked and i == len(ranked) + 1:      # the rest of the screen: fixes no model ranks
             _line(c, Text(f"    {WORTH_A_LOOK}:", style="dim"))
-        _top_line(c, doc, i, f, measured)
+        _top_line(c, doc, i, f, measured, shown[:i - 1])
     later = _measured_later(ranked, findings, shown, measured)
     if later:
         _line(c, Text("    measured faster by tune, further down the ranking:", style="dim"))
     for i, f in later:
-        _top_line(c, doc, i, f, measured)
+        _top_line(c, doc, i, f, measured, shown)
     shown += [f for _, f in later]
     rest = len(findings) - len(shown)
     if rest:
@@ -73,10 +74,13 @@ def top_fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = No
     return [f["id"] for f in shown]
 
 
-def _top_line(c: Console, doc: dict, i: int, f: dict, measured: dict) -> None:
-    """' 1. ~1.19x (max 1.35x)  PD348 Title' and what tune measured of it under the rule id."""
+def _top_line(c: Console, doc: dict, i: int, f: dict, measured: dict, above: list[dict]) -> None:
+    """' 1. ~1.19x (max 1.35x)  PD348 Title' and what tune measured of it under the rule id; a fix
+    whose share overlaps one listed above it says so."""
+    same = overlapping(f, above)
     _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
-                           _elsewhere(doc, f), (T(f" {f['title']}"), "bold")))
+                           _elsewhere(doc, f), (T(f" {f['title']}"), "bold"),
+                           (f" ({SAME_SHARE.format(same)})" if same else "", "dim")))
     _measured(c, measured.get(f["id"]), 24)
 
 
@@ -105,7 +109,7 @@ def fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) 
     rest = [f for f in findings if not f["ranked"]]
     if not findings:
         no_fix(c, none_of)
-        return []
+        return
     c.print()
     if ranked:
         c.print(Text("Fixes, ranked by expected gain (a model of the change, never above its "
@@ -115,7 +119,9 @@ def fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) 
     else:
         no_fix(c, none_of, blank=False)
     for i, f in enumerate(ranked, 1):
-        _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f)))
+        same = overlapping(f, ranked[:i - 1])
+        _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f),
+                               (f" ({SAME_SHARE.format(same)})" if same else "", "dim")))
         _fix_body(c, f, measured=measured.get(f["id"]))
     if rest and all(f.get("summary") and f.get("fix") for f in rest):
         # in full as the ranked ones (--details: every fix with its evidence and code)
