@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from perfdoctor.analyze.memgrowth import MIN_GROWTH_BYTES, growth_rate, memory_growth
+from perfdoctor.analyze.memgrowth import MIN_GROWTH_BYTES, growth_rate, growth_slowdown, memory_growth
 from perfdoctor.rules.expr import human_bytes
 
 MIB = 2 ** 20
@@ -33,6 +33,19 @@ def test_a_warm_up_that_levels_off_is_no_growth():
     # one jump in the middle (a buffer allocated once): only one half grows
     jump = series(lambda t: 400 * MIB + (200 * MIB if t > 10 else 0), noise=1 * MIB)
     assert growth_rate(jump) == 0.0
+
+
+def test_a_leak_keeps_its_pace_and_a_filling_cache_slows_down():
+    """A user's detection loop (new padded shapes each step) grew 2.2 then 0.9 MiB a step and
+    levelled off later: PD216 had told it to look for outputs kept alive (PD225 now)."""
+    leak = series(lambda t: 500 * MIB + 10 * MIB * t, noise=2 * MIB)
+    assert growth_slowdown(leak) == pytest.approx(1.0, abs=0.1)
+    filling = series(lambda t: 400 * MIB + 600 * MIB * (1 - np.exp(-t / 12)), noise=1 * MIB)   # toward a size
+    assert growth_rate(filling) > 0 and growth_slowdown(filling) < 0.5
+    assert growth_slowdown(series(lambda t: 400 * MIB, noise=1 * MIB)) is None                # no growth
+    assert growth_slowdown(series(lambda t: 400 * MIB, n=5)) is None
+    m = memory_growth(_samples(lambda t: 300 * MIB + 20 * MIB * t), _steps())
+    assert m["host.rss_growth_slowdown"] == pytest.approx(1.0, abs=0.05)
 
 
 def test_growth_below_one_malloc_arena_is_not_told_from_noise():

@@ -27,6 +27,8 @@ a step for 2 MiB kept each step, under a CI neighbour's load).
 
 Metrics (None: the samples cannot tell; 0.0: measured, and no persistent growth):
   host.rss_growth_per_step_bytes   the trainer's resident memory (RSS)
+  host.rss_growth_slowdown         of that growth, the second half's slope over the first's: ~1 for a
+                                   leak, well under 1 for a cache filling up (PD225)
   host.rss_peak_bytes              the trainer's peak RSS over the run
   loader.workers_rss_growth_per_step_bytes  the DataLoader workers', each judged on its own
                                    samples and summed (a cache in the Dataset grows in every worker);
@@ -51,8 +53,8 @@ WARM_FRACTION = 0.1
 HALF_RATE = 0.3
 MIN_GROWTH_BYTES = 64 * 2 ** 20
 
-NAMES = ("host.rss_growth_per_step_bytes", "host.rss_peak_bytes", "host.ram_runway_steps",
-         "loader.workers_rss_growth_per_step_bytes",
+NAMES = ("host.rss_growth_per_step_bytes", "host.rss_growth_slowdown", "host.rss_peak_bytes",
+         "host.ram_runway_steps", "loader.workers_rss_growth_per_step_bytes",
          "gpu.memory_growth_per_step_bytes", "gpu.memory_runway_steps")
 
 
@@ -65,6 +67,22 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float:
 def growth_rate(points: list[tuple[float, float]]) -> float | None:
     """Bytes per unit of x (a step, a second) of persistent growth over (x, bytes) points; 0.0 when
     the memory does not grow for good; None with fewer than MIN_SAMPLES points."""
+    fit = _fit(points)
+    return fit if fit is None or isinstance(fit, float) else fit[0]
+
+
+def growth_slowdown(points: list[tuple[float, float]]) -> float | None:
+    """Of a persistent growth, the second half's slope over the first's: ~1 for a leak, which
+    keeps its pace; well under 1 for a cache filling towards its size (a user's detection loop,
+    new padded shapes each step: 2.2 then 0.9 MiB a step, flat from ~375 of 500 steps); None
+    without persistent growth."""
+    fit = _fit(points)
+    return None if fit is None or isinstance(fit, float) or fit[1][0] <= 0 else fit[1][1] / fit[1][0]
+
+
+def _fit(points: list[tuple[float, float]]):
+    """(whole slope, (first half's, second half's)) of a persistent growth; 0.0 without one; None
+    with fewer than MIN_SAMPLES points."""
     pts = sorted(p for p in points if p[1] is not None)
     if len(pts) < MIN_SAMPLES:
         return None
@@ -75,7 +93,7 @@ def growth_rate(points: list[tuple[float, float]]) -> float | None:
         return 0.0
     mid = len(t) // 2
     halves = (_slope(t[:mid + 1], y[:mid + 1]), _slope(t[mid:], y[mid:]))
-    return whole if min(halves) >= HALF_RATE * whole else 0.0
+    return (whole, halves) if min(halves) >= HALF_RATE * whole else 0.0
 
 
 def _window(samples: list[dict], steps: list[dict]) -> tuple[list[dict], np.ndarray | None]:
@@ -140,6 +158,7 @@ def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes") or None) for s in picked]   # 0: exiting
     per = growth_rate(_at_steps(host, ends))
     out["host.rss_growth_per_step_bytes"] = per
+    out["host.rss_growth_slowdown"] = growth_slowdown(_at_steps(host, ends))
     wper = _workers_growth(picked, ends)
     out["loader.workers_rss_growth_per_step_bytes"] = wper
     avail = [v for s in picked if (v := (s.get("system") or {}).get("ram_available_bytes"))]
