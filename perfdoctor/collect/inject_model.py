@@ -80,7 +80,7 @@ def module_call(torch, st) -> None:
         finally:
             local.depth = 0
     # its frame runs as Python inside a compiled model's eager parts (what it calls is compiled as
-    # it would be without it): a compile trial measures the compile a user's model.compile() gets
+    # it would be without it): a compile trial measures what a user's torch.compile(model) gets
     Module.__call__ = dynamoskip.keep_out(__call__, recursive=False)
 
 

@@ -25,19 +25,21 @@ PROBES = 4              # fetches probed in each process
 
 class RandomDraws:
     """One process's probes: `probed` fetches, of which `drew` changed a generator's state."""
-    __slots__ = ("probed", "drew")
+    __slots__ = ("probed", "drew", "unreadable")
 
     def __init__(self):
         self.probed = 0
         self.drew = 0
+        self.unreadable = False     # a generator's state could not be read: probe no more
 
     def before(self):
         """The generators' states before a fetch, or None once PROBES fetches were probed."""
-        if self.probed >= PROBES:
+        if self.probed >= PROBES or self.unreadable:
             return None
         try:
             return _states()
-        except Exception:           # a generator that cannot be read: this fetch is not probed
+        except Exception:           # a generator that cannot be read: no fetch is probed
+            self.unreadable = True
             return None
 
     def after(self, state) -> None:
