@@ -892,3 +892,6 @@ def test_a_fix_whose_share_overlaps_one_above_it_says_their_gains_do_not_add():
         f["gain"]["text"] = "~1.78x"
     md = _fixes({**doc, "run": {}}, None)
     assert "2. **title of PD341**: \\~1.78x; its share overlaps PD348's: the gains do not add (PD341)" in md
+    from perfdoctor.report.fixcards import fixes_section
+    html = fixes_section(doc, None)
+    assert html.count("the gains do not add") == 1 and "overlaps PD348&#x27;s" in html

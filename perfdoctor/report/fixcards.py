@@ -5,8 +5,8 @@ command that measures them; the flags."""
 
 from __future__ import annotations
 
-from perfdoctor.report.labels import (NO_FIX, NONE_MODELLED, WORTH_A_LOOK, cite, from_other_traces, off_bottleneck_note,
-                                      unranked_gain)
+from perfdoctor.report.labels import (NO_FIX, NONE_MODELLED, SAME_SHARE, WORTH_A_LOOK, cite, from_other_traces,
+                                      off_bottleneck_note, overlapping, unranked_gain)
 from perfdoctor.report.tune_labels import MEASURE_FIXES, measured_by_rule, tune_hint, tune_measured
 from perfdoctor.report.sanitize import html as H
 from perfdoctor.rules.gain import times
@@ -73,8 +73,11 @@ def fixes_section(doc: dict, tune: dict | None) -> str:
                     + _model_check(meas.get("model_check")))
         model = (f"<p class=\"dim small\">model: {H(g.get('model'))}; assumption: {H(g.get('assumption'))}</p>"
                  if g.get("model") else "")
+        same = overlapping(f, ranked[:i - 1])
+        same = f"<div class=\"dim small\">{H(SAME_SHARE.format(same))}</div>" if same else ""
         cards.append(
             f"<section class=\"card fix\"><h3>{i}. {H(f['title'])}{from_note(doc, f)}</h3><div class=\"gain\">{H(g.get('text') or '')}</div>"
+            + same
             + _gain_bar(g, meas) + mtxt + _fix_body(f) + model + _source(f) + "</section>")
     head = ("<h2>Fixes, ranked by expected gain</h2><p class=\"dim small\">The expected gain models the change; it never "
             "exceeds its ceiling (light bar: the Amdahl bound on the measured share). A bar's length is the share of the step "
