@@ -146,3 +146,13 @@ def test_the_one_screen_names_the_measured_fixes_it_left_out():
     assert further_down(MEASURE_FIXES, cmd, ["PD379", "PD353", "PD312"]) == \
         "measure these fixes on the script (PD338, PD346 further down the ranking: --details):"
     assert further_down(MEASURE_FIXES, cmd, ["PD379", "PD312", "PD338", "PD346"]) == MEASURE_FIXES
+
+
+def test_only_a_fix_the_stacks_alone_find_records_the_baselines_stacks():
+    """`tune --only PD379` on a busy machine: the auto mode left the baseline without stacks, PD379
+    was never raised and no trial planned. Naming it (or its group) turns them on; --no-stacks wins."""
+    assert plan.baseline_stacks(None, plan.only_names(["PD379"])) is True
+    assert plan.baseline_stacks(None, plan.only_names(["distributions"])) is True
+    assert plan.baseline_stacks(None, plan.only_names(["PD338,loader"])) is None        # auto, as `run`
+    assert plan.baseline_stacks(False, plan.only_names(["PD379"])) is False
+    assert plan.baseline_stacks(None, None) is None

@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass, field
 
 from perfdoctor.errors import PerfdoctorError
-from perfdoctor.rules.tunable import KNOB_RULES, NO_WORKERS_RULE, fixes_tested
+from perfdoctor.rules.tunable import KNOB_RULES, NO_WORKERS_RULE, STACKS_ONLY, fixes_tested
 
 MATERIAL_WAIT = 0.05         # data wait share of the step from which the loader group comes first
 FREE_CORE = 0.5              # a core counts as free when other processes leave it idle at least this much
@@ -307,6 +307,15 @@ def only_names(values: list[str] | None) -> frozenset[str] | None:
     if unknown:
         raise PerfdoctorError(f"--only: unknown {', '.join(unknown)}; {known}")
     return frozenset(n if n in groups else n.upper() for n in names)
+
+
+def baseline_stacks(stacks: bool | None, only: frozenset[str] | None) -> bool | None:
+    """The baseline's --stacks: as given; on where --only names a fix only the stacks find
+    (rules/tunable.py STACKS_ONLY) or its group, whose trial is planned from the baseline's report
+    (the auto mode leaves it without stacks on a busy machine: `--only PD379` planned nothing)."""
+    if stacks is None and only and (only & STACKS_ONLY or "distributions" in only):
+        return True
+    return stacks
 
 
 def wanted(t: Trial, only: frozenset[str] | None) -> bool:

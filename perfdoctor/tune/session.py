@@ -144,10 +144,10 @@ class Tuner(Verification):
                  + ("" if self.o.show_output else f"; each run's output goes to {OUTPUT} in its directory under "
                     f"{self.dir} (--show-output shows it here instead)"))
         res: list = []
-        # with Python stacks, as `run` records them (auto: only where a core is idle, so they cost
-        # the job nothing): without them the fixes the stacks find (PD369 a loop waiting on its
-        # own producer threads, PD351/352/354) were never raised, nor listed as not measured
-        b = self._launch(self.dir / "baseline", {}, trace=True, result=res, stacks=self.o.stacks)
+        # with Python stacks as `run` records them (auto: where a core is idle), or --only's: without
+        # them the fixes the stacks find (PD369, PD351/352/354, PD379) were never raised nor listed
+        b = self._launch(self.dir / "baseline", {}, trace=True, result=res,
+                         stacks=planmod.baseline_stacks(self.o.stacks, self.o.only))
         if res and b.steps:
             try:
                 self.doc = (diagnose_ranks(b.run_dir, self.o.rule_dirs) if self.o.dist
