@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfdoctor.analyze.arrays import median, unique
+from perfdoctor.analyze.callsite import settle_all
 from perfdoctor.analyze.gilwait import busy, own_thread
 from perfdoctor.analyze.recurrence import recurrent_lines
 from perfdoctor.analyze.stackcause import (CAUSES, after_forward, before_forward, classify, forward_lines, results_work,
@@ -227,6 +228,7 @@ def attribute(procs: list[dict], meta: dict, steps: list[dict], source=linecache
             if when else ""))
         return rep
     win = _Windows(steady) if steady else None
+    segs[trainer] = settle_all(segs[trainer])     # call sites py-spy read after the call returned (callsite.py)
 
     def tally(ss, t0):
         a = float(t0) + np.array([s[0] for s in ss]) / 1e6
