@@ -343,6 +343,9 @@ def test_a_rollout_under_no_grad_then_one_batched_pass_is_not_told_to_batch_its_
     doc = report(out)
     assert doc["traces"][0]["metrics"]["loop.model_grad_calls_per_step"] == 1
     assert not any(f["id"] == "PD353" for f in doc["findings"])
+    # the first episode's actions came before any optimizer step: a rollout, not an evaluation
+    note = next(n for n in doc["run"]["notes"] if "with no optimizer step" in n)
+    assert "(a rollout under torch.no_grad() before the first update" in note and "evaluation" not in note, note
     out = tmp_path / "graph"
     r = prun("--no-trace", tmp_path / "rollout.py", "--graph", out=out)
     assert r.returncode == 0, r.stderr
