@@ -681,6 +681,12 @@ def test_fixes_off_a_bottleneck_that_holds_most_of_the_step_say_what_they_can_ga
     assert off_bottleneck_note({**doc, "findings": [dict(sparse, on_bottleneck=True), pre]}) is None
     assert off_bottleneck_note({**doc, "traces": [{"metrics": {"share.input": 0.4}}]}) is None
     assert off_bottleneck_note({**doc, "findings": [sparse]}) is None
+    # a CPU run's compute-bound step: its ops' time, not a device's (a user read "the device's time" there)
+    cpu = {**doc, "verdict": {"bound": "device"},
+           "traces": [{"metrics": {"share.device": 0.85, "trace.platform": "cpu"}}]}
+    assert off_bottleneck_note(cpu).startswith("the CPU ops' time holds 85.0% of the step")
+    gpu = {**cpu, "traces": [{"metrics": {"share.device": 0.85, "trace.platform": "cuda"}}]}
+    assert off_bottleneck_note(gpu).startswith("the device's time holds 85.0%")
 
 
 # --- perfdoctor run ----------------------------------------------------------------------------

@@ -95,7 +95,8 @@ def off_bottleneck_note(doc: dict) -> str | None:
     if not ranked or not own or any(f.get("on_bottleneck") for f in ranked) \
             or not isinstance(share, (int, float)) or not OFF_BOTTLENECK_SHARE <= share <= 1:
         return None
-    return (f"{BOTTLENECK_NAMES[target]} holds {share:.1%} of the step, and the fixes ranked here are off it; its own "
+    name = "the CPU ops' time" if target == "device" and m.get("trace.platform") == "cpu" else BOTTLENECK_NAMES[target]
+    return (f"{name} holds {share:.1%} of the step, and the fixes ranked here are off it; its own "
             f"({', '.join(own)}) have no modelled gain: code changes whose effect the trace cannot size, "
             "listed below them")
 
