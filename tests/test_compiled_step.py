@@ -54,19 +54,30 @@ def _dynamo(stdout: str) -> dict:
     return json.loads(re.search(r"^DYNAMO (.*)$", stdout, re.M).group(1))
 
 
-def test_a_compiled_step_compiles_as_it_does_bare_and_its_steps_are_seen(tmp_path):
+def _ours(files: list) -> list:
+    """The files of perfdoctor's own among `files` (a clone named perfdoctor holds torch too)."""
+    ours = str(Path(perfdoctor.__file__).resolve().parent)
+    return [f for f in files if str(Path(f).resolve()).startswith(ours)]
+
+
+def _bare_and_watched(tmp_path, name: str, text: str):
+    """The script run bare and under `perfdoctor run --no-trace`: (Dynamo's counters bare, under
+    run, the run directory, run's result)."""
     pytest.importorskip("torch")
-    script = tmp_path / "compiled_step.py"
-    script.write_text(SCRIPT)
+    script = tmp_path / name
+    script.write_text(text)
     b = bare(script)
     assert b.returncode == 0, b.stderr
     out = tmp_path / "run"
     r = prun("--no-trace", script, out=out)
     assert r.returncode == 0, r.stderr
-    alone, watched = _dynamo(b.stdout), _dynamo(r.stdout)
+    return _dynamo(b.stdout), _dynamo(r.stdout), out, r
+
+
+def test_a_compiled_step_compiles_as_it_does_bare_and_its_steps_are_seen(tmp_path):
+    alone, watched, out, _ = _bare_and_watched(tmp_path, "compiled_step.py", SCRIPT)
     assert watched["breaks"] == alone["breaks"] and watched["graphs"] == alone["graphs"]
-    ours = str(Path(perfdoctor.__file__).resolve().parent)          # a clone named perfdoctor holds torch too
-    assert not [f for f in watched["files"] if str(Path(f).resolve()).startswith(ours)]   # none of our frames
+    assert not _ours(watched["files"])                     # none of our frames
     assert set(watched["files"]) <= set(alone["files"])
     assert alone["breaks"] and alone["graphs"] >= 2          # torch breaks at backward and in Optimizer.step
     recs = steps(out)
@@ -102,9 +113,6 @@ print("DYNAMO " + json.dumps({"breaks": dict(counters["graph_break"]), "graphs":
 """
 
 
-def _ours(files: list) -> list:
-    ours = str(Path(perfdoctor.__file__).resolve().parent)
-    return [f for f in files if str(Path(f).resolve()).startswith(ours)]
 
 
 def test_a_model_compiled_in_place_never_compiles_the_census(tmp_path):
@@ -112,15 +120,7 @@ def test_a_model_compiled_in_place_never_compiles_the_census(tmp_path):
     torch 2.13 it compiles none of torch's own frames): the census the class wrapper calls there
     in the counted step was handed to Dynamo as a frame of its own, guarded on its counts and
     recompiled at every call up to Dynamo's recompile limit (a user's REINFORCE loop)."""
-    pytest.importorskip("torch")
-    script = tmp_path / "inplace.py"
-    script.write_text(PER_CALL.replace("COMPILE", "policy.compile()"))
-    b = bare(script)
-    assert b.returncode == 0, b.stderr
-    out = tmp_path / "run"
-    r = prun("--no-trace", script, out=out)
-    assert r.returncode == 0, r.stderr
-    alone, watched = _dynamo(b.stdout), _dynamo(r.stdout)
+    alone, watched, out, r = _bare_and_watched(tmp_path, "inplace.py", PER_CALL.replace("COMPILE", "policy.compile()"))
     assert not _ours(watched["files"]), watched["files"]
     assert watched["graphs"] == alone["graphs"] and watched["breaks"] == alone["breaks"]
     assert "recompile_limit" not in r.stderr
