@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from runs import bare, child, prun, steps
+from runs import bare, child, prun, report, steps
 
 import perfdoctor
 
@@ -84,6 +84,9 @@ def test_a_compiled_step_compiles_as_it_does_bare_and_its_steps_are_seen(tmp_pat
     assert len(recs) >= 55 and {s["mode"] for s in recs} == {"backward"}
     # the step source's note, as the child wrote it (the terminal wraps it at its width)
     assert any("inside torch.compile'd code" in n for n in child(out)["notes"])
+    # a step compiled whole is no model compiled in place: its graphs were counted (PD226 stays off)
+    assert child(out)["root_calls"] is None or not child(out)["root_calls"].get("compiled_in_place")
+    assert "PD226" not in [f["id"] for f in report(out)["flags"]]
 
 
 # A policy called once per action, as an RL rollout calls it: many outermost calls a step, each
@@ -124,7 +127,12 @@ def test_a_model_compiled_in_place_never_compiles_the_census(tmp_path):
     assert not _ours(watched["files"]), watched["files"]
     assert watched["graphs"] == alone["graphs"] and watched["breaks"] == alone["breaks"]
     assert "recompile_limit" not in r.stderr
-    assert child(out)["root_calls"]["calls"] == 12                # the census still counted the step
+    rc = child(out)["root_calls"]
+    assert rc["calls"] == 12                                       # the census still counted the step
+    # and it compiled nothing: the run says so (PD226), from Dynamo's own count
+    assert (rc["compiled_in_place"], rc["dynamo_graphs"], alone["graphs"]) == (True, 0, 0)
+    flags = [f["id"] for f in report(out)["flags"]]
+    assert "PD226" in flags
 
 
 def test_tunes_compile_trial_compiles_as_torch_compile_of_the_model_does(tmp_path, capfd):

@@ -241,7 +241,8 @@ def test_inference_loop_steps_are_calls_of_the_outermost_module(tmp_path):
                                "passes": 0, "fresh_passes": 0, "cpu_autocast": None, "conv_layout": None,
                                "padding": None, "dense_embeddings": None, "chained": 0, "sliced": 0, "rnn_module": None,
                                "rnn": None, "rnn_calls": 0,
-                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
+                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": [],
+                               "compiled_in_place": False, "dynamo_graphs": None}
     assert report(out)["traces"][0]["metrics"]["loop.model_calls_per_step"] == 1
     assert any("outermost module (Sequential)" in n for n in report(out)["run"]["notes"])
 
@@ -289,7 +290,8 @@ def test_a_per_sample_loop_is_named_with_its_calls(tmp_path):
                                          "padding": None, "dense_embeddings": None, "chained": 0, "sliced": 15,
                                          "rnn_module": None,
                                          "rnn": None, "rnn_calls": 0,
-                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
+                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": [],
+                               "compiled_in_place": False, "dynamo_graphs": 0}
     doc = report(out)
     m = doc["traces"][0]["metrics"]
     assert m["loop.model_calls_per_step"] == 16 and m["loop.model_call_batch"] == 1 and m["loop.batches_per_step"] == 1
@@ -372,7 +374,8 @@ def test_a_policy_called_on_one_state_at_a_time_is_a_batch_of_one():
                              "fresh_passes": 0, "cpu_autocast": None, "dense_embeddings": None, "conv_layout": None,
                              "padding": None, "chained": 0, "sliced": 0, "rnn_module": None, "rnn": None,
                              "rnn_calls": 0,
-                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": []}
+                               "rnn_chained": 0, "rnn_fed_sliced": 0, "rnn_fed_back": 0, "rnn_layers": [],
+                               "compiled_in_place": False}
     census.reset()
     census.boundary("optimizer")
     census.count(policy, (torch.zeros(32, 4),), {})    # a batch of states; a scalar has no batch
@@ -996,7 +999,8 @@ def test_loop_metrics_from_the_census():
                  "loop.extra_batches_excess_share": None, "loop.model_cpu_autocast": None,
                  "loop.conv_channels_last_share": None,
                  "loop.model_call_chained_share": None, "loop.model_call_sliced_share": None,
-                 "loop.model_rnn_module": None, "loop.padding_share": None, "loop.padding_source": None}
+                 "loop.model_rnn_module": None, "loop.padding_share": None, "loop.padding_source": None,
+                 "loop.model_compiled_in_place": None, "loop.dynamo_graphs": None}
     # the calls that took the last call's state, of those after the first; a count past them is capped
     shares = loop_metrics({"module": "CharRNN", "calls": 13, "chained": 12, "sliced": 6, "rnn_module": "LSTM"}, steady)
     assert (shares["loop.model_call_chained_share"], shares["loop.model_call_sliced_share"]) == (1.0, 0.5)
@@ -1022,6 +1026,11 @@ def test_loop_metrics_from_the_census():
     grad = [loop_metrics({"module": "Net", "calls": 16, "grad_calls": g}, steady)["loop.model_grad_calls_per_step"]
             for g in (0, 1, 16, 17, -1, 2.5, None)]
     assert grad == [0, 1, 16, None, None, None, None]
+    # compiled in place, and Dynamo's graphs at the exit (PD226); anything else unknown
+    both = loop_metrics({"module": "Net", "calls": 1, "compiled_in_place": True, "dynamo_graphs": 0}, steady)
+    assert (both["loop.model_compiled_in_place"], both["loop.dynamo_graphs"]) == (True, 0)
+    odd = loop_metrics({"module": "Net", "calls": 1, "compiled_in_place": 1, "dynamo_graphs": True}, steady)
+    assert (odd["loop.model_compiled_in_place"], odd["loop.dynamo_graphs"]) == (None, None)
 
 
 def test_autograd_grad_steps_only_on_weights():

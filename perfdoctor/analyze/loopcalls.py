@@ -34,7 +34,7 @@ NAMES = ("loop.model_name", "loop.model_calls_per_step", "loop.model_grad_calls_
          "loop.batches_per_step", "loop.backward_passes_per_step", "loop.fresh_passes_per_step",
          "loop.extra_batches_excess_share", "loop.model_cpu_autocast", "loop.conv_channels_last_share",
          "loop.model_call_chained_share", "loop.model_call_sliced_share", "loop.model_rnn_module",
-         "loop.padding_share", "loop.padding_source")
+         "loop.padding_share", "loop.padding_source", "loop.model_compiled_in_place", "loop.dynamo_graphs")
 
 
 def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
@@ -77,6 +77,10 @@ def loop_metrics(root_calls: dict | None, steady_steps: list[dict]) -> dict:
     if isinstance(n, int) and isinstance(padded, int) and 0 <= padded <= n and n > 0:
         out["loop.padding_share"] = padded / n
         out["loop.padding_source"] = pad.get("source") if isinstance(pad.get("source"), str) else None
+    inplace, graphs = rc.get("compiled_in_place"), rc.get("dynamo_graphs")     # PD226
+    out["loop.model_compiled_in_place"] = inplace if isinstance(inplace, bool) else None
+    out["loop.dynamo_graphs"] = graphs if isinstance(graphs, int) and not isinstance(graphs, bool) and graphs >= 0 \
+        else None
     passes = rc.get("passes")
     out["loop.backward_passes_per_step"] = passes if isinstance(passes, int) and passes >= 0 else None
     fresh = rc.get("fresh_passes")

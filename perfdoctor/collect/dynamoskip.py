@@ -111,3 +111,13 @@ def compiling_check(torch):
     """torch.compiler.is_compiling (true while torch.compile traces), or a check that is always
     false on a torch without it."""
     return getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
+def graphs_compiled() -> int | None:
+    """The graphs Dynamo compiled in this process so far (its own counters), or None where the
+    script never loaded Dynamo (it compiled nothing: perfdoctor does not import it to say so)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else None
+    except Exception:
+        return None

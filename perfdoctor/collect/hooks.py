@@ -322,6 +322,8 @@ class Session(StepSources):
             elif self.pending:
                 self.notes.append(f"{len(self.pending)} step record(s) were not written: the script ended "
                                   "while one was being recorded")
+            if self.census is not None and isinstance(self.census.result, dict):
+                self.census.result["dynamo_graphs"] = dynamoskip.graphs_compiled()   # PD226
             info = {"outcome": outcome, "exit_code": exit_code, "error": error, "steps": self.steps,
                     "mode": self.mode, "step_source": SOURCES.get(self.source),
                     "profiler": self.window.state, "trace_enabled": self.window.enabled,

@@ -49,7 +49,8 @@ class Census:
     "cpu_autocast", "dense_embeddings" (embeddings.py), "conv_layout" (convlayout.py), "padding"
     (padding.py), "chained",
     "sliced", "rnn_module", "rnn", "rnn_calls", "rnn_chained", "rnn_fed_sliced", "rnn_fed_back",
-    "rnn_layers" (chainedcalls.py)},
+    "rnn_layers" (chainedcalls.py), "compiled_in_place" (the module was compiled in place:
+    model.compile()), and "dynamo_graphs" (hooks.py adds it at the exit: dynamoskip.graphs_compiled)},
     where batch is the most common leading dimension of the calls of the modules called at least
     half as often as it, and batch_share that dimension's share of those calls; None until the
     step ends.
@@ -129,6 +130,8 @@ class Census:
                                "passes": self.passes, "fresh_passes": self.fresh, "cpu_autocast": self.autocast,
                                "dense_embeddings": self.tables.result(), "conv_layout": self.layouts.result(),
                                "padding": self.padding.result(),
+                               "compiled_in_place": getattr(ref(), "_compiled_call_impl", None) is not None
+                               if ref is not None else None,
                                **self.chain.result(key)}
             self.counts, self.evals = {}, {}
 

@@ -67,7 +67,8 @@ CHILD = {"outcome": STR, "exit_code": INT, "error": STR, "steps": INT, "mode": S
                         # collect/chainedcalls.py; "rnn" and "rnn_layers" are collect/rebuild.config's
                         "chained": INT, "sliced": INT, "rnn_module": STR, "rnn": {"kind": STR, "*": ANY},
                         "rnn_calls": INT, "rnn_chained": INT, "rnn_fed_sliced": INT, "rnn_fed_back": INT,
-                        "rnn_layers": [{"!": ("kind",), "kind": STR, "*": ANY}]}}
+                        "rnn_layers": [{"!": ("kind",), "kind": STR, "*": ANY}],
+                        "compiled_in_place": BOOL, "dynamo_graphs": INT}}
 RANK = {"rank": INT, "world_size": INT, "local_rank": INT, "local_world_size": INT, "node": STR, "source": STR,
         "host": STR, "pid": INT, "exit_code": INT, "signal": INT, "wall_s": NUM, "end_unix": NUM}
 
