@@ -58,7 +58,7 @@ def settle_all(segs: list, lines_of=linecache.getlines) -> list:
     file and function, at most WINDOW lines before the line read (the nearest call by text alone
     may be another branch's: `if batched: ...sample()` read late at the next line, where the else
     branch's `d.sample()` stood between). Left as read where no sample shows such a site."""
-    reads = {seg[2]: _read(seg[2], lines_of) for seg in segs}
+    reads = {stack: _read(stack, lines_of) for stack in dict.fromkeys(seg[2] for seg in segs)}   # once a stack
     sites: dict = {}                        # (file, func, callee) -> {line: segments read there}
     for seg in segs:
         r = reads[seg[2]]

@@ -67,8 +67,7 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float:
 def growth_rate(points: list[tuple[float, float]]) -> float | None:
     """Bytes per unit of x (a step, a second) of persistent growth over (x, bytes) points; 0.0 when
     the memory does not grow for good; None with fewer than MIN_SAMPLES points."""
-    fit = _fit(points)
-    return fit if fit is None or isinstance(fit, float) else fit[0]
+    return growth(points)[0]
 
 
 def growth_slowdown(points: list[tuple[float, float]]) -> float | None:
@@ -76,24 +75,24 @@ def growth_slowdown(points: list[tuple[float, float]]) -> float | None:
     keeps its pace; well under 1 for a cache filling towards its size (a user's detection loop,
     new padded shapes each step: 2.2 then 0.9 MiB a step, flat from ~375 of 500 steps); None
     without persistent growth."""
-    fit = _fit(points)
-    return None if fit is None or isinstance(fit, float) or fit[1][0] <= 0 else fit[1][1] / fit[1][0]
+    return growth(points)[1]
 
 
-def _fit(points: list[tuple[float, float]]):
-    """(whole slope, (first half's, second half's)) of a persistent growth; 0.0 without one; None
-    with fewer than MIN_SAMPLES points."""
+def growth(points: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """(growth_rate, growth_slowdown) of (x, bytes) points, from one fit."""
     pts = sorted(p for p in points if p[1] is not None)
     if len(pts) < MIN_SAMPLES:
-        return None
+        return None, None
     t = np.array([p[0] for p in pts], dtype=float)
     y = np.array([p[1] for p in pts], dtype=float)
     whole = _slope(t, y)
     if whole <= 0 or whole * (t[-1] - t[0]) < MIN_GROWTH_BYTES:
-        return 0.0
+        return 0.0, None
     mid = len(t) // 2
-    halves = (_slope(t[:mid + 1], y[:mid + 1]), _slope(t[mid:], y[mid:]))
-    return (whole, halves) if min(halves) >= HALF_RATE * whole else 0.0
+    first, second = _slope(t[:mid + 1], y[:mid + 1]), _slope(t[mid:], y[mid:])
+    if min(first, second) < HALF_RATE * whole:
+        return 0.0, None
+    return whole, second / first
 
 
 def _window(samples: list[dict], steps: list[dict]) -> tuple[list[dict], np.ndarray | None]:
@@ -156,9 +155,8 @@ def memory_growth(samples: list[dict], steps: list[dict]) -> dict:
     if not picked:
         return out
     host = [(s["unix"], (s.get("trainer") or {}).get("rss_bytes") or None) for s in picked]   # 0: exiting
-    per = growth_rate(_at_steps(host, ends))
+    per, out["host.rss_growth_slowdown"] = growth(_at_steps(host, ends))
     out["host.rss_growth_per_step_bytes"] = per
-    out["host.rss_growth_slowdown"] = growth_slowdown(_at_steps(host, ends))
     wper = _workers_growth(picked, ends)
     out["loader.workers_rss_growth_per_step_bytes"] = wper
     avail = [v for s in picked if (v := (s.get("system") or {}).get("ram_available_bytes"))]

@@ -67,15 +67,13 @@ def module_call(torch, st) -> None:
                 args, kwargs = _cast(torch, (args, kwargs), back, f32t)
             if cl:
                 args, kwargs = _channels_last(torch, st, self, (args, kwargs))
-            call = orig
-            if comp:
-                call = _compiled(torch, st, self, comp, orig)
+            target = _compiled(torch, st, self, comp) if comp else self
             if dtype is not None:
                 with torch.autocast(first.device.type, dtype=dtype):
                     st.applied.add("autocast")
-                    out = call(self, *args, **kwargs)
+                    out = orig(target, *args, **kwargs)
             else:
-                out = call(self, *args, **kwargs)
+                out = orig(target, *args, **kwargs)
             return _cast(torch, out, f32t, back) if back is not None else out
         finally:
             local.depth = 0
@@ -84,17 +82,18 @@ def module_call(torch, st) -> None:
     Module.__call__ = dynamoskip.keep_out(__call__, recursive=False)
 
 
-def _compiled(torch, st, module, comp, orig):
-    """The call of `module` through torch.compile(module) (an OptimizedModule sharing its
-    parameters, made at its first call): what `model = torch.compile(model)` runs. Not
-    module.compile(): on torch 2.13 that compiles nothing of a module of torch's own (nn.Sequential:
-    Dynamo skips its _call_impl and forward as torch's files, and runs them eagerly, slower for its
-    frame callback). Its own outermost call is an inner one (depth 1): it passes through."""
+def _compiled(torch, st, module, comp):
+    """torch.compile(module) (an OptimizedModule sharing its parameters, made at its first call),
+    which the module's outermost calls are run through: what `model = torch.compile(model)` runs.
+    Not module.compile(): on torch 2.13 that compiles nothing of a module of torch's own
+    (nn.Sequential: Dynamo skips its _call_impl and forward as torch's files, and runs them
+    eagerly, slower for its frame callback). Its own outermost call is an inner one (depth 1): it
+    passes through."""
     opt = st.compiled.get(id(module))
     if opt is None:
         opt = st.compiled[id(module)] = torch.compile(module, **({"mode": comp} if isinstance(comp, str) else {}))
         st.applied.add("compile")
-    return lambda _self, *args, **kwargs: orig(opt, *args, **kwargs)
+    return opt
 
 
 MIXED_DTYPE_LOSSES = ("binary_cross_entropy", "huber_loss")   # refuse a 16-bit input beside a float32 target

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from perfdoctor.collect.dynamoskip import compiling_check
+
 
 def set_anomaly(torch, st) -> None:
     """Count the script's turning autograd anomaly detection on (set_detect_anomaly(True),
@@ -36,7 +38,7 @@ def distribution_checks(torch, st) -> None:
     dist = torch.distributions.Distribution
     dist.set_default_validate_args(False)
     orig = dist.__init__
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+    compiling = compiling_check(torch)
 
     def __init__(self, batch_shape=torch.Size(), event_shape=torch.Size(), validate_args=None):
         if not compiling() and os.getpid() == st.pid:     # Dynamo cannot trace os.getpid: no graph break
@@ -79,7 +81,7 @@ def gather_select(torch, st) -> None:
     Tensor = torch.Tensor
     orig = Tensor.__getitem__
     ints = (torch.int64, torch.int32)
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+    compiling = compiling_check(torch)
 
     def __getitem__(self, idx):
         if (isinstance(idx, Tensor) and idx.dim() == 1 and idx.dtype in ints and self.dim() >= 1
