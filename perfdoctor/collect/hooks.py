@@ -100,6 +100,7 @@ class Session(StepSources):
         self.root_calls: dict = {}       # id(module) -> [class name, marks of its outermost calls...]
         self.module_hook = None          # the chosen module's forward pre-hook (source "module")
         self.module_skip = False
+        self.module_training = False     # the chosen module was in training mode (a rollout, not an evaluation)
         self.census = None               # modules.Census, set when module calls are watched
         self.module_watch = None         # id of a chosen module compiled in place (the class wrapper marks its steps)
         self.group_marks: list = []      # backward passes that follow a gradient reset

@@ -177,7 +177,7 @@ class StepSources(OptimizerSteps):
         from perfdoctor.collect import modules
         name = marks[0]
         self.root_calls = {}
-        self.module_training = bool(getattr(module, "training", False))   # a rollout, not an evaluation
+        self.module_training = bool(getattr(module, "training", False))
         self._choose("module", marks[1:], f"no optimizer step, backward pass or DataLoader batch in the first "
                      f"{len(marks) - 1} calls of the outermost module ({name}): a step is one call of it")
         if module is not None:
@@ -229,7 +229,7 @@ class StepSources(OptimizerSteps):
         # backward passes are no evaluation: many micro-batches accumulated before the first update
         why = ("gradients accumulated over them before the first update?" if self.source.startswith("backward")
                else "a rollout under torch.no_grad() before the first update, the model in training mode?"
-               if self.source == "module" and getattr(self, "module_training", False)
+               if self.source == "module" and self.module_training
                else "an evaluation before training?")
         self.notes.append(f"the first {self.steps} step(s) were {old} with no optimizer step ({why}); an optimizer "
                           "stepped then, and steps follow optimizer steps from "
