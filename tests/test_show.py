@@ -901,3 +901,8 @@ def test_a_fix_whose_share_overlaps_one_above_it_says_their_gains_do_not_add():
     from perfdoctor.report.fixcards import fixes_section
     html = fixes_section(doc, None)
     assert html.count("the gains do not add") == 1 and "overlaps PD348&#x27;s" in html
+    # a rule id from a user's rule directory reaches the terminal sanitised
+    hostile = fix("PD9\x1b[31m", "hostile", 1.9, ["fit-threads-to-cores"])
+    out = io.StringIO()
+    top_fixes(Console(file=out, width=200), {**doc, "findings": [hostile, b]}, None)
+    assert "\x1b[31m" not in out.getvalue() and "its share overlaps PD9" in out.getvalue()

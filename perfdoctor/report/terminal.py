@@ -75,7 +75,7 @@ def render(doc: dict, console: Console | None = None, details: bool = False, tun
     for w in dict.fromkeys(w for t in doc["traces"] for w in t["warnings"]):
         _para(c, f"warning: {w}", 0, "yellow")
     if tune is None and (cmd := tune_hint(doc)):    # a command to paste: never wrapped nor cut (the terminal folds it)
-        c.print(Text(MEASURE_FIXES if details else further_down(MEASURE_FIXES, cmd, on_screen), style="dim"))
+        c.print(Text(MEASURE_FIXES if details else T(further_down(MEASURE_FIXES, cmd, on_screen)), style="dim"))
         c.print(Text("    " + T(cmd)), no_wrap=True, overflow="ignore", crop=False)
     if not details:
         c.print(Text("--details: evidence, the fixes in full with code, gaps and tables; --format html: "

@@ -80,7 +80,7 @@ def _top_line(c: Console, doc: dict, i: int, f: dict, measured: dict, above: lis
     same = overlapping(f, above)
     _line(c, Text.assemble((f" {i}. ", "bold"), (_gain_column(f.get("gain") or {}), "green"), (T(f["id"]), "dim"),
                            _elsewhere(doc, f), (T(f" {f['title']}"), "bold"),
-                           (f" ({SAME_SHARE.format(same)})" if same else "", "dim")))
+                           (f" ({T(SAME_SHARE.format(same))})" if same else "", "dim")))
     _measured(c, measured.get(f["id"]), 24)
 
 
@@ -121,7 +121,7 @@ def fixes(c: Console, doc: dict, none_of: str | None, tune: dict | None = None) 
     for i, f in enumerate(ranked, 1):
         same = overlapping(f, ranked[:i - 1])
         _line(c, Text.assemble((T(f" {i}. {f['title']}"), "bold"), _elsewhere(doc, f),
-                               (f" ({SAME_SHARE.format(same)})" if same else "", "dim")))
+                               (f" ({T(SAME_SHARE.format(same))})" if same else "", "dim")))
         _fix_body(c, f, measured=measured.get(f["id"]))
     if rest and all(f.get("summary") and f.get("fix") for f in rest):
         # in full as the ranked ones (--details: every fix with its evidence and code)
