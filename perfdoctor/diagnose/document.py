@@ -152,8 +152,12 @@ def _flag_doc(f: Finding) -> dict:
 
 def _finding_doc(f: Finding, platform: str | None = None) -> dict:
     """`platform`: the trace's (trace.platform); a CPU-only trace gets the rule's snippet_cpu, when it has
-    one, instead of its snippet (no CUDA-only code such as TF32 flags or pin_memory on a CPU run)."""
+    one, instead of its snippet (no CUDA-only code such as TF32 flags or pin_memory on a CPU run). A rule
+    with snippet_by shows the snippet its evidence's value names (the script's optimizer class), if any."""
     r = f.rule
+    snippet = r.snippet_cpu if platform == "cpu" and r.snippet_cpu else r.snippet
+    if r.snippet_by and isinstance(f.evidence.get(r.snippet_by), str):
+        snippet = r.snippets.get(f.evidence[r.snippet_by], snippet)
     gain = None
     if r.gain is not None:
         gain = {"expected": f.expected, "range": [f.low, f.high] if f.low is not None else None,
@@ -163,7 +167,7 @@ def _finding_doc(f: Finding, platform: str | None = None) -> dict:
                 "overlaps": r.gain.overlaps}
     return {"id": r.id, "slug": r.slug, "kind": r.kind, "title": r.title, "summary": f.summary,
             "evidence": f.evidence, "ranked": f.ranked, "modelled": f.modelled, "on_bottleneck": f.on_bottleneck, "gain": gain, "no_gain_reason": r.no_gain_reason,
-            "fix": {"text": " ".join((r.fix_text or "").split()), "snippet": r.snippet_cpu if platform == "cpu" and r.snippet_cpu else r.snippet,
+            "fix": {"text": " ".join((r.fix_text or "").split()), "snippet": snippet,
                     "snippet_lang": r.snippet_lang},
             "source": r.source}
 

@@ -79,6 +79,8 @@ def render_show(r: Rule, console: Console | None = None) -> None:
         c.print(text("  on a CPU-only trace, instead:"))
         for line in r.snippet_cpu.rstrip().splitlines():
             c.print(text("    " + line, style="cyan"))
+    if r.snippets:
+        c.print(text(f"  where {r.snippet_by} is {', '.join(r.snippets)}: that one's own snippet"))
     if r.kind == "fix" and (knobs := knobs_of(r.id)):
         flags = sorted({OPT_IN[k] for k in knobs if k in OPT_IN})
         c.print(Text("measured by", style="bold"))

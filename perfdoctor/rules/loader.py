@@ -210,6 +210,14 @@ def parse_rule(path: Path, data: dict, known: set[str] | frozenset[str]) -> tupl
             bad("a fix needs [gain] (share, speedup, assumption, label) or no_gain_reason")
         if not fix.get("text"):
             bad("a fix needs [fix] text")
+    by = fix.get("snippet_by") if isinstance(fix.get("snippet_by"), str) else None
+    snippets = fix.get("snippets") if isinstance(fix.get("snippets"), dict) else {}
+    if (by is None) != (not snippets):
+        bad("[fix] snippet_by and [fix.snippets] go together")
+    elif by is not None and by not in evidence:
+        bad(f"[fix] snippet_by {by!r} must be one of the rule's evidence metrics")
+    if not all(isinstance(v, str) for v in snippets.values()):
+        bad("[fix.snippets] values must be strings")
     if data.get("severity", "medium") not in SEVERITIES:
         bad(f"severity must be one of {SEVERITIES}")
     targets = data.get("targets", [])
@@ -229,7 +237,8 @@ def parse_rule(path: Path, data: dict, known: set[str] | frozenset[str]) -> tupl
                 severity=data.get("severity", "medium"), evidence=evidence, gain=gain,
                 no_gain_reason=no_gain, fix_text=fix.get("text"), snippet=fix.get("snippet"),
                 snippet_cpu=fix.get("snippet_cpu"),
-                snippet_lang=fix.get("snippet_lang", "python"), when_names=when_names, targets=targets), []
+                snippet_lang=fix.get("snippet_lang", "python"), snippet_by=by, snippets=dict(snippets),
+                when_names=when_names, targets=targets), []
 
 
 EXPECTED_KEYS = ("expected_speedup", "expected_share", "expected_range", "model")
@@ -243,7 +252,8 @@ SUB_TYPES = {"source": {"article": _STR, "section": _STR, "also": (list,)},
                       "expected_share": _NUM, "expected_range": (list,), "model": _STR, "work": (bool,),
                       "unprofiled_share": _NUM, "unbounded": _STR, "unbounded_reason": _STR, "let": (dict,),
                       "expected_with": _STR},
-             "fix": {"text": _STR, "snippet": _STR, "snippet_cpu": _STR, "snippet_lang": _STR}}
+             "fix": {"text": _STR, "snippet": _STR, "snippet_cpu": _STR, "snippet_lang": _STR, "snippet_by": _STR,
+                     "snippets": (dict,)}}
 CASE_TYPES = {"name": _STR, "metrics": (dict,), "fires": (bool,), "gain": (list,), "expected": (list,)}
 
 

@@ -84,6 +84,8 @@ class Rule:
     snippet: str | None = None
     snippet_cpu: str | None = None            # shown instead of snippet on CPU-only traces (no CUDA lines)
     snippet_lang: str = "python"
+    snippet_by: str | None = None             # an evidence metric whose value picks a snippet from `snippets`
+    snippets: dict[str, str] = field(default_factory=dict)
     when_names: list[str] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)   # fixes: the verdict classes they address
 
