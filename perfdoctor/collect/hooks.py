@@ -119,6 +119,7 @@ class Session(StepSources):
         self.opt_clock = OptimizerClock()  # time inside optimizer.step(), per step
         self.starts = ProcStarts()       # processes the script starts (a spawned trainer runs without hooks)
         self.nograd = NogradClock(self.calls.thread)   # the root module's no-grad calls, per step
+        self.nograd.wait_now = lambda: self.cum_wait
         self.iters = LoaderIters()       # DataLoader iterator starts and peeks, per step
         self.fetches = FetchTimes(self.run_dir)   # what a loader worker spends making a batch
         os.makedirs(self.run_dir, exist_ok=True)
@@ -206,10 +207,10 @@ class Session(StepSources):
         starts = self.iters.take()
         opt = self.opt_clock.take()
         nograd = self.nograd.take()
-        first = self.nograd.first_call()
-        # the batch in the making: from the step's start to the model's first training call, less
-        # the DataLoader's wait (drawn before the forward in a loop over a loader)
-        pre = first - self.mark[0] - (end[1] - self.mark[1]) if first is not None and first > self.mark[0] else 0.0
+        # the batch in the making: from the step's start, and each optimizer step's end, to the
+        # model's next training call, less the DataLoader's wait (nogradcalls.py)
+        pre = self.nograd.take_pre()
+        self.nograd.open(end[0], end[1])
         with self.lock:
             self.steps += 1
             self.pending.append((self.steps, self.mark, end, dur, self.mode, self.window.recording,
@@ -257,7 +258,8 @@ class Session(StepSources):
             self.calls.take()                   # saves and logs before the first step are no step's
             for clock in (self.iters, self.opt_clock, self.nograd):
                 clock.take()
-            self.nograd.first_call()
+            self.nograd.take_pre()
+            self.nograd.open(end[0], end[1])
             return
         dur = self._record(end, skipped)
         if self.finished:                       # boundaries settled at the end: no window, no stop,

@@ -22,9 +22,12 @@ compiled in place (`model.compile()`) is timed around its compiled call; `torch.
 (OptimizedModule) has a __call__ of its own, which is what is wrapped then. Inside a graph that
 dynamo traces (the model called from a compiled function) nothing is timed.
 
-The same wrapper notes when the step's first call of that instance with grad mode on starts
-(`first_call`): from the step's start to there (less the DataLoader's wait) is the batch in the
-making (steps.jsonl `pre`, hooks.py), a few attribute reads once a step.
+The same wrapper closes the gaps that the step's start and each optimizer step's end open (`open`,
+`close`): from there to that instance's next call with grad mode on, less the DataLoader's wait,
+is the batch in the making (steps.jsonl `pre`, their sum over the step, hooks.py), a few
+attribute reads a gap. Each optimizer's step opens one, not only the step's first: a GAN's step
+ends at its discriminator's optimizer, and its batch is drawn after the generator's step, before
+the next discriminator call (a generator called before the model counts in the gap too).
 
 What this misses: the evaluation's work before its first call and after its last (model.eval(),
 the last loss.item(): on a GPU, the wait for the last forward), and evaluations of another
@@ -48,7 +51,10 @@ class NogradClock:
         self.thread = thread          # the thread that runs the steps (TimedCalls.thread)
         self.step = 0.0               # seconds inside no-grad calls of the root since the last take()
         self.last = 0.0               # when the last of a run of no-grad calls ended (0: none running)
-        self.first = None             # when the step's first grad-mode call of the root started
+        self.opened = None            # (perf_counter, DataLoader wait) of the step's start or an optimizer
+                                      # step's end, until the root's next grad-mode call closes the gap
+        self.pre = 0.0                # seconds of those gaps since the last take_pre(), less the wait
+        self.wait_now = None          # the session's cumulative DataLoader wait (a callable)
         self.depth = 0
         self.root_id = None           # id() of the instance timed, checked against the weak reference
         self.ref = None
@@ -94,8 +100,8 @@ class NogradClock:
                 return call(mod, *args, **kwargs)
             if grad():
                 clock.last = 0.0      # a call with grad mode on ends a run of no-grad calls
-                if clock.first is None and id(mod) == clock.root_id and ident() == clock.thread:
-                    clock.first = perf()
+                if clock.opened is not None and id(mod) == clock.root_id and ident() == clock.thread:
+                    clock.close(perf())
                 return call(mod, *args, **kwargs)
             if id(mod) != clock.root_id or clock.depth or clock.off \
                     or clock.ref() is not mod or ident() != clock.thread:
@@ -123,9 +129,20 @@ class NogradClock:
         self.undo = undo
         self.timed = True
 
-    def first_call(self) -> float | None:
-        """When the step that just ended first called the root with grad mode on (perf_counter), or None."""
-        t, self.first = self.first, None
+    def open(self, t: float, wait: float) -> None:
+        """A step starts, or an optimizer's step ends, at `t` (the DataLoader's cumulative wait then:
+        `wait`): the time to the root's next call with grad mode on is the next batch in the making."""
+        self.opened = (t, wait)
+
+    def close(self, t: float) -> None:
+        (t0, w0), self.opened = self.opened, None
+        gap = t - t0 - ((self.wait_now() - w0) if self.wait_now is not None else 0.0)
+        if gap > 0:
+            self.pre += gap
+
+    def take_pre(self) -> float:
+        """The gaps closed since the last take: the step that just ended's batch in the making."""
+        t, self.pre = self.pre, 0.0
         return t
 
     def take(self) -> float:

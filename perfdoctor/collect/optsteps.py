@@ -11,6 +11,8 @@ Several optimizers stepping at different rates (a GAN's critic and generator) ar
 
 from __future__ import annotations
 
+import time
+
 RATES_NOTE = "optimizers step at different rates"   # the note's start (the report leads with it)
 HANDOVER = 16                # another optimizer's steps in a row, none of the primary's, before steps follow it
 MAX_IDS = 4096               # parameters whose ids make an optimizer's signature (a count past that)
@@ -36,6 +38,8 @@ class OptimizerSteps:
                 self.forked.step()
             return
         self.opt_clock.post(optimizer, args, kwargs, skipped)     # before the boundary: this step's time
+        if not skipped:              # the next batch is made from here to the model's next call
+            self.nograd.open(time.perf_counter(), self.cum_wait)
         if not skipped:
             self.optimizer_calls += 1
         key = id(optimizer)
