@@ -583,3 +583,28 @@ def test_a_dropout_off_trial_shows_its_loss_drift_and_is_refused_only_when_the_l
     assert both.loss is None and both.status == "faster", (both.status, both.reason)
     d = t._trial(plan.Trial({"autocast": "bfloat16"}, "numerics"))                    # precision: not comparable
     assert d.status == "failed" and "the loss could not be compared" in d.reason
+
+
+def test_a_compile_trials_compiling_does_not_size_the_runs_to_come(monkeypatch, tmp_path):
+    """A user's Lightning tune (--budget 360): runs of 31-38 s, the compile trial 57 s with its
+    compiling; the next trial and the best one's confirmation were then sized at 57 s each, skipped
+    for lack of budget, and 110 s of it was left unspent. The runs to come are sized by the others."""
+    from perfdoctor.tune import session as S
+    t = S.Tuner(S.TuneOptions(argv=["train.py"], out=tmp_path, budget_s=360), log=lambda s: None)
+    now = {"t": 0.0}
+    lengths = {"baseline": 34.0, "01-optimizer=fused": 32.0, "02-compile=True": 57.0,
+               "03-compile=reduce-overhead": 61.0, "04-threads=1": 40.0}
+
+    def fake_run_once(argv, module, run_dir, changes, **k):
+        now["t"] += lengths[run_dir.name]
+        return steady_run(tmp_path, run_dir.name, 100.0, changes)
+    monkeypatch.setattr(S, "run_once", fake_run_once)
+    monkeypatch.setattr(S.time, "monotonic", lambda: now["t"])
+    for name, changes in (("baseline", {}), ("01-optimizer=fused", {"optimizer": "fused"}),
+                          ("02-compile=True", {"compile": True})):
+        t._launch(tmp_path / name, changes)
+    assert t.longest == 34.0
+    t._launch(tmp_path / "03-compile=reduce-overhead", {"compile": "reduce-overhead"})
+    assert t.longest == 34.0
+    t._launch(tmp_path / "04-threads=1", {"threads": 1})      # a longer run of another trial counts
+    assert t.longest == 40.0

@@ -16,10 +16,9 @@
    goes weighs on both sides. Every speed-up interval pairs the trial
    with the baseline by step number (measure.speedup): a script that seeds its per-step work
    (image sizes, data order) repeats it step for step in every run, and it cancels.
-3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline;
-   a trial is started only when the time left in the budget covers it and the runs it leaves
-   after it (Tuner._reserve), each as long as the longest so far; the others are reported as
-   skipped for lack of budget.
+3. Trials (plan.py), each a fresh child run in its own directory, as long as the baseline; a trial
+   starts only when the time left covers it and the runs it leaves after it (Tuner._reserve), each
+   as long as the longest so far but compile trials; the others are skipped for lack of budget.
 4. Refinements of the best loader setting.
 5. The closing baseline (verify.py): the baseline runs again, and each trial that was compared
    with the baseline runs before it only is compared with those and this one, pooled, so that a
@@ -245,8 +244,9 @@ class Tuner(Verification):
         m = run_once(self.o.argv, self.o.module, run_dir, changes, run_s=self.run_s, max_steps=self.o.max_steps,
                      trace=trace, result=got, stacks=stacks, output=None if self.o.show_output else run_dir / OUTPUT,
                      dist=self.o.dist)
-        # a traced run kept on for the steps after its trace (trace_tail) is longer than the runs to come
-        self.longest = max(self.longest, time.monotonic() - t - (got[0].tail_s if got else 0.0))
+        # a traced run's tail (trace_tail) and a compile trial's compiling (57 s, others 31-38 s) are no run to come
+        if not changes.get("compile"):
+            self.longest = max(self.longest, time.monotonic() - t - (got[0].tail_s if got else 0.0))
         self.last = m
         if _read_json(run_dir / ("ranks.json" if self.o.dist else "run.json")).get("forwarded_signals"):
             raise KeyboardInterrupt           # Ctrl-C / SIGTERM reached the script: stop tuning (exit 130)
