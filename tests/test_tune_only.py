@@ -43,6 +43,9 @@ def test_an_unknown_name_is_a_usage_error_that_lists_the_known_ones(tmp_path):
     with pytest.raises(PerfdoctorError) as e:
         plan.only_names(["loader,PD999"])
     assert e.value.exit_code == 2 and "unknown PD999;" in str(e.value) and "loader" in str(e.value)
+    with pytest.raises(PerfdoctorError) as e:    # a fix of the report's that is a code change: said so
+        plan.only_names(["PD395"])
+    assert e.value.exit_code == 2 and str(e.value).startswith("--only: no trial tests PD395 (a change to the code")
     for empty in ([""], [" , "]):      # `--only "$FIXES"` with the variable empty: said, not "everything"
         with pytest.raises(PerfdoctorError) as e:
             plan.only_names(empty)

@@ -59,6 +59,7 @@ import math
 from dataclasses import dataclass, field
 
 from perfdoctor.errors import PerfdoctorError
+from perfdoctor.rules.loader import builtin_rules_dir
 from perfdoctor.rules.tunable import KNOB_RULES, NO_WORKERS_RULE, STACKS_ONLY, fixes_tested
 
 MATERIAL_WAIT = 0.05         # data wait share of the step from which the loader group comes first
@@ -304,6 +305,12 @@ def only_names(values: list[str] | None) -> frozenset[str] | None:
     if not names:
         raise PerfdoctorError(f"--only: no name given; {known}")
     unknown = sorted(n for n in names if n not in groups and n.upper() not in fixes)
+    rule_ids = {f.name[:5] for f in builtin_rules_dir().glob("PD*.toml")}
+    untested = [n.upper() for n in unknown if n.upper() in rule_ids]
+    if untested:              # a rule id no trial tests (a user tried --only PD395: its fix is a code change)
+        raise PerfdoctorError(f"--only: no trial tests {', '.join(untested)} (a change to the code, which tune "
+                              f"cannot make: the report's fix says what to change, then `perfdoctor compare`); "
+                              f"{known}")
     if unknown:
         raise PerfdoctorError(f"--only: unknown {', '.join(unknown)}; {known}")
     return frozenset(n if n in groups else n.upper() for n in names)
