@@ -51,7 +51,7 @@ def test_the_chart_cuts_a_warm_up_step_above_the_steady_ones_and_says_so():
     assert max(ticks) == 50.0                                  # the steady window's longest step
     assert "step 2 (warm-up, transient or partial cycle): 2500 ms, data wait 0.0 ms (cut at the top" in pic
     assert "step 21 (steady step): 50.0 ms" in pic      # the 20th timed step, the run's 21st
-    assert "profiled (traced)" in legend and "steady window" in legend and "data wait" not in legend
+    assert "profiled: traced" in legend and "steady window" in legend and "data wait" not in legend
     assert step_chart(None) == ("", "")
 
 
