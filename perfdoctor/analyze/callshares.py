@@ -84,7 +84,7 @@ TRAINING = ("optimizer", "backward")    # steps.jsonl modes of a training step
 
 NAMES = ("calls.save_share", "calls.save_interval_steps", "calls.log_share", "calls.optimizer_share",
          "calls.nograd_share", "calls.gc_share", "calls.convert_share", "calls.pre_forward_share",
-         "calls.convert_traced_share", "gc.share",
+         "calls.convert_traced_share", "calls.pre_forward_typical_share", "gc.share",
          "save.share", "save.interval_steps", "logging.share", "evaluation.share", "evaluation.nograd_run_share")
 
 
@@ -98,8 +98,9 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`);
     calls.pre_forward_share: from each step's start to the model's first training call, less the
     data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none);
-    calls.convert_traced_share: the conversions in the `profiled` steps (_traced_convert_share)."""
-    out = dict.fromkeys(NAMES[:9]) | _traced_convert_share(profiled, convert_timed)
+    calls.convert_traced_share: the conversions in the `profiled` steps (_traced_convert_share);
+    calls.pre_forward_typical_share: the median steady step's `pre` over its time."""
+    out = dict.fromkeys(NAMES[:10]) | _traced_convert_share(profiled, convert_timed)
     recs, total = timed_steps(steady)
     if optimizer_timed and total > 0:
         out["calls.optimizer_share"] = min(1.0, sum(positive(s.get("opt")) for s in recs) / total)
@@ -107,6 +108,9 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
         out["calls.nograd_share"] = nograd_share(recs, total)
     if pre_timed and total > 0:
         out["calls.pre_forward_share"] = min(1.0, sum(positive(s.get("pre")) for s in recs) / total)
+        # the median step's: a batch is made every step, where an export or an evaluation after some
+        # updates fills a few long ones (a script's own profiler: 75% of the time, a typical step's 2%)
+        out["calls.pre_forward_typical_share"] = median([min(1.0, positive(s.get("pre")) / s["dur"]) for s in recs])
     if not timed or total <= 0:
         return out
     save = [positive(s.get("save")) for s in recs]
