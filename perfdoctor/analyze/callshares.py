@@ -96,8 +96,8 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     (collect/optclock.py); calls.nograd_share: the model's no-grad calls (nograd_share);
     calls.gc_share: gc.collect() (`gc`, timed since this field came: 0 in older run directories);
     calls.convert_share: torch.tensor / as_tensor on Python lists (`conv`, where `convert_timed`);
-    calls.pre_forward_share: from each step's start to the model's first training call, less the
-    data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none);
+    calls.pre_forward_share: from each step's start and each optimizer step's end to the model's next
+    training call, less the data wait (`pre`, where the model's calls were watched: `pre_timed`; older runs had none);
     calls.convert_traced_share: the conversions in the `profiled` steps (_traced_convert_share);
     calls.pre_forward_typical_share: the median steady step's `pre` over its time."""
     out = dict.fromkeys(NAMES[:10]) | _traced_convert_share(profiled, convert_timed)
@@ -109,7 +109,7 @@ def call_metrics(steady: list[dict], timed: bool, optimizer_timed: bool = False,
     if pre_timed and total > 0:
         out["calls.pre_forward_share"] = min(1.0, sum(positive(s.get("pre")) for s in recs) / total)
         # the median step's: a batch is made every step, where an export or an evaluation after some
-        # updates fills a few long ones (a script's own profiler: 75% of the time, a typical step's 2%)
+        # updates fills a few long ones (a script's own profiler: 75% of the time, the median step's 15%)
         out["calls.pre_forward_typical_share"] = median([min(1.0, positive(s.get("pre")) / s["dur"]) for s in recs])
     if not timed or total <= 0:
         return out

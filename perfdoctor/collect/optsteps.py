@@ -38,9 +38,8 @@ class OptimizerSteps:
                 self.forked.step()
             return
         self.opt_clock.post(optimizer, args, kwargs, skipped)     # before the boundary: this step's time
-        if not skipped:              # the next batch is made from here to the model's next call
-            self.nograd.open(time.perf_counter(), self.cum_wait)
         if not skipped:
+            self.nograd.open(time.perf_counter(), self.cum_wait)   # the next batch: from here to the model's next call
             self.optimizer_calls += 1
         key = id(optimizer)
         if key not in self.optimizer_names:
