@@ -298,12 +298,15 @@ def test_tune_measures_what_preprocessing_once_gives_as_a_bound(tmp_path):
     assert stored["status"] == "faster" and stored["speedup"] > 3, stored
     assert stored["reason"].startswith("a bound, not a setting")
     # on this CPU-only run the wait's share bounds nothing (PD306's gain.unbounded): the bound
-    # measured 4.38x against a ceiling of 3.78x, and >3x against 2.94x under a CI neighbour's load
+    # measured 4.38x against a ceiling of 3.78x, and >3x against 2.94x under a CI neighbour's load.
+    # The probes found no random draw in the Dataset's fetches: PD306 expects a gain (the wait ~20x
+    # faster), a low estimate on a CPU, where the rest of the step speeds up too
     check = stored["model_check"]
-    assert check["rule"] == "PD306" and check["ceiling"] is None and check["verdict"] == "unmodelled", check
+    assert check["rule"] == "PD306" and check["ceiling"] is None and check["expected"] > 2, check
+    assert check["verdict"] in ("agrees", "above"), check
     report = json.loads((tmp_path / "t" / "baseline" / "report.json").read_text())
     gain = next(f["gain"] for f in report["findings"] if f["id"] == "PD306")
     assert gain["ceiling"] is None and gain["share"] > 0.5                  # a wait of most of the step
-    assert gain["text"].startswith("no ceiling (on a CPU-only run the rest of the step"), gain
+    assert gain["expected"] > 2 and "no ceiling (on a CPU-only run the rest of the step" in gain["text"], gain
     assert not doc["best"] or doc["best"]["changes"] != {"store_samples": True}
     assert "store_samples" not in doc["apply"]
