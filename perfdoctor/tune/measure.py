@@ -274,7 +274,9 @@ def loss_drift(base: Measured, new: Measured) -> dict | None:
     late_a, late_b = sum(x for x, _ in q) / len(q), sum(y for _, y in q) / len(q)
     early_a = sum(x for x, _ in pairs[:len(q)]) / len(q)
     diverged = late_b > late_a + DIVERGE * max(abs(late_a), early_a - late_a)
-    text = (f"loss drift {100 * drift:.1f}% over {n} steps; last quarter {late_b:.4g} vs {late_a:.4g}"
+    # backward passes, not steps (4 a step under accumulation), each loss as backward() got it (divided by
+    # the accumulation steps where the script scales it: a user read 1.225 beside its printed 4.9)
+    text = (f"loss drift {100 * drift:.1f}% over {n} backward passes; last quarter {late_b:.4g} vs {late_a:.4g}"
             + (" (diverges)" if diverged else ""))
     return {"drift": round(drift, 4), "steps": n, "diverged": diverged, "text": text}
 
