@@ -2,9 +2,11 @@
 
 import re
 
+import pytest
+
 from perfdoctor.diagnose.document import _finding_doc
 from perfdoctor.rules.engine import Finding
-from perfdoctor.rules.loader import load_rules
+from perfdoctor.rules.loader import RulesInvalid, load_rules
 
 # Code that only does something on an NVIDIA GPU (a `torch.cuda.is_available()` guard is fine).
 CUDA_ONLY = re.compile(r"allow_tf32|pin_memory\s*=\s*True|cudnn\.|\.cuda\(\)|torch\.cuda\.(?!is_available)")
@@ -45,9 +47,6 @@ def test_snippet_by_shows_the_scripts_own_optimizer_class():
 
 
 def test_snippet_by_must_name_an_evidence_metric(tmp_path):
-    import pytest
-
-    from perfdoctor.rules.loader import RulesInvalid
     pd338 = next(r for r in load_rules() if r.id == "PD338")
     text = open(pd338.path).read().replace('id = "PD338"', 'id = "PD991"').replace(
         'slug = "fused-optimizer"', 'slug = "fused-optimizer-copy"')
