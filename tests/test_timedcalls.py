@@ -70,7 +70,8 @@ def test_shares_come_from_the_steady_steps_and_the_larger_source_wins():
     assert m == {"calls.save_share": pytest.approx(0.25), "calls.save_interval_steps": 2.0, "calls.nograd_share": None,
                  "calls.log_share": pytest.approx(0.025), "calls.optimizer_share": None,
                  "calls.gc_share": pytest.approx(0.075), "calls.convert_share": None,
-                 "calls.pre_forward_share": None, "calls.convert_traced_share": None}
+                 "calls.pre_forward_share": None, "calls.convert_traced_share": None,
+                 "calls.pre_forward_typical_share": None}
     assert set(call_metrics(steps, timed=False).values()) == {None}        # an older run directory
     # optimizer steps timed (collect/optclock.py): their share, whether the other calls were timed or not
     assert call_metrics(steps, timed=False, optimizer_timed=True)["calls.optimizer_share"] == pytest.approx(0.2)
