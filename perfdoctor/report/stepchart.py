@@ -11,7 +11,7 @@ the rest, so a bar above it is cut, marked, and keeps its value in its title.
 from __future__ import annotations
 
 from perfdoctor.report.sanitize import html as H
-from perfdoctor.report.svg import FONT, LEFT, TICK_DY, W, _f, _ticks
+from perfdoctor.report.svg import FONT, LEFT, TICK_DY, W, _f, _rect, _ticks
 from perfdoctor.stats.steptime import ms as fmt_ms
 
 KIND = {"steady": ("#3a7dc2", "steady step"), "profiled": ("#e6a817", "profiled: traced"),
@@ -78,11 +78,10 @@ def step_chart(series: dict | None, step_ms: float | None = None, all_timed: boo
         # chart had carried each title three times)
         x, title = LEFT + i * bw, H(_title(series, i))
         yv, yw = y_of(v), y_of(min(w, v))
-        parts.append(f'<g><title>{title}</title><rect x="{_f(x)}" y="{_f(yv)}" width="{_f(max(bar_w, 0.4))}" '
-                     f'height="{_f(yw - yv)}" fill="{KIND.get(kind, KIND["outside"])[0]}"/>')
+        fill = KIND.get(kind, KIND["outside"])[0]
+        parts.append(f'<g><title>{title}</title>' + _rect(x, yv, bar_w, yw - yv, fill, ""))
         if w > 0:
-            parts.append(f'<rect x="{_f(x)}" y="{_f(yw)}" width="{_f(max(bar_w, 0.4))}" '
-                         f'height="{_f(y0 + H_PLOT - yw)}" fill="{WAIT[0]}"/>')
+            parts.append(_rect(x, yw, bar_w, y0 + H_PLOT - yw, WAIT[0], ""))
         if maxes and maxes[i] > v:              # a bin's longest step: a whisker up to it, and a tick
             ym, xm = y_of(maxes[i]), x + bar_w / 2
             parts.append(f'<line x1="{_f(xm)}" y1="{_f(yv)}" x2="{_f(xm)}" y2="{_f(ym)}" stroke="#555" '

@@ -63,8 +63,9 @@ def _axis(x0: float, width: float, span: float, y: float, unit: str = "ms") -> l
 
 
 def _rect(x, y, w, h, fill, title: str, extra: str = "") -> str:
-    return (f'<rect x="{_f(x)}" y="{_f(y)}" width="{_f(max(w, 0.4))}" height="{_f(h)}" fill="{fill}"{extra}>'
-            f'<title>{H(title)}</title></rect>')
+    """A rect with its title; title "" for one inside a group that carries the title."""
+    head = f'<rect x="{_f(x)}" y="{_f(y)}" width="{_f(max(w, 0.4))}" height="{_f(h)}" fill="{fill}"{extra}'
+    return f'{head}><title>{H(title)}</title></rect>' if title else f'{head}/>'
 
 
 def step_name(label, whole: bool = False) -> str:
